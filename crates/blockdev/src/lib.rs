@@ -1,0 +1,2 @@
+//! Namespace storage backends (filled in by the controller work).
+#![forbid(unsafe_code)]

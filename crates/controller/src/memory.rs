@@ -1,0 +1,42 @@
+//! The controller's view of the outside world: guest memory and interrupts.
+//! Implemented over vfio-user DMA maps and eventfds by the `vnvme` crate, and
+//! by an in-process fake in tests.
+
+/// A guest memory access that failed: the address is not mapped (or the
+/// access crosses out of a mapping), or the mapping does not allow it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum DmaError {
+    #[error("guest address {addr:#x}+{len:#x} is not mapped")]
+    Unmapped { addr: u64, len: u64 },
+    #[error("guest address {addr:#x}+{len:#x} is mapped without the needed permission")]
+    Permission { addr: u64, len: u64 },
+}
+
+/// Guest physical memory as the device sees it (IOVAs given by DMA_MAP).
+///
+/// Every address comes from the guest and is hostile: implementations check
+/// bounds and never panic. Accesses may span two adjacent mappings only if the
+/// implementation supports it; otherwise they fail with `Unmapped`.
+pub trait GuestMemory: Send + Sync {
+    /// Copies `buf.len()` bytes from guest address `addr` into `buf`.
+    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), DmaError>;
+    /// Copies `buf` to guest address `addr`.
+    fn write(&self, addr: u64, buf: &[u8]) -> Result<(), DmaError>;
+    /// Writes `len` zero bytes at `addr` (reads from a null namespace).
+    fn zero(&self, addr: u64, len: u64) -> Result<(), DmaError>;
+    /// Atomically loads the aligned little-endian dword at `addr` with
+    /// acquire ordering (shadow doorbells, §5.8).
+    fn load_u32(&self, addr: u64) -> Result<u32, DmaError>;
+    /// Atomically stores the aligned little-endian dword at `addr` with
+    /// release ordering (EventIdx, §5.8).
+    fn store_u32(&self, addr: u64, value: u32) -> Result<(), DmaError>;
+}
+
+/// Where the controller's interrupts go: MSI-X vectors (eventfds given by
+/// SET_IRQS) or, when MSI-X is disabled, the INTx pin.
+pub trait InterruptSink: Send + Sync {
+    /// Signals MSI-X vector `vector`, or asserts INTx if MSI-X is not enabled.
+    fn signal(&self, vector: u16);
+    /// Deasserts INTx (level triggered; no-op for MSI-X).
+    fn deassert_intx(&self) {}
+}

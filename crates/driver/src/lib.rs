@@ -1,0 +1,1 @@
+//! A user-space NVMe host driver (filled in by the driver work).

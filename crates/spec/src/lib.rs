@@ -1,0 +1,22 @@
+//! NVMe data structures shared by the controller and the driver.
+//!
+//! No I/O and no `unsafe`: registers are bitfield structs, queue entries and
+//! identify/log structures are `zerocopy` structs with little-endian fields
+//! (alignment 1, so a structure can be read from any byte offset of guest
+//! memory), and opcodes and statuses are open newtypes: a value the guest
+//! sends that we do not know is kept as it is, never a panic.
+//!
+//! Section numbers cite NVM Express Base Specification 2.0 unless noted.
+#![forbid(unsafe_code)]
+
+pub mod command;
+pub mod feature;
+pub mod identify;
+pub mod log;
+pub mod opcode;
+pub mod regs;
+pub mod status;
+
+pub use command::{Command, Completion};
+pub use opcode::{AdminOpcode, NvmOpcode};
+pub use status::Status;

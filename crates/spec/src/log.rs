@@ -1,0 +1,232 @@
+//! Log pages (§5.16): identifiers and the structures the controller returns.
+
+use zerocopy::little_endian::{U16, U32, U64};
+use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
+
+/// Log Page Identifier, an open newtype (§5.16, Figure 202).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LogPageId(pub u8);
+
+impl LogPageId {
+    pub const ERROR_INFORMATION: Self = Self(0x01);
+    pub const SMART_HEALTH: Self = Self(0x02);
+    pub const FIRMWARE_SLOT: Self = Self(0x03);
+    pub const CHANGED_NAMESPACES: Self = Self(0x04);
+    pub const COMMANDS_SUPPORTED_AND_EFFECTS: Self = Self(0x05);
+}
+
+/// Get Log Page command fields (§5.16, Figures 197-200).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GetLogPage {
+    pub lid: LogPageId,
+    /// Log Specific Parameter.
+    pub lsp: u8,
+    /// Retain Asynchronous Event.
+    pub rae: bool,
+    /// Number of dwords to return, 1-based (NUMD + 1).
+    pub dwords: u32,
+    /// Log Page Offset in bytes.
+    pub offset: u64,
+}
+
+impl GetLogPage {
+    pub fn parse(cdw10: u32, cdw11: u32, cdw12: u32, cdw13: u32) -> Self {
+        let numd_z = (cdw10 >> 16) | ((cdw11 & 0xFFFF) << 16);
+        Self {
+            lid: LogPageId(cdw10 as u8),
+            lsp: ((cdw10 >> 8) & 0x7F) as u8,
+            rae: cdw10 & (1 << 15) != 0,
+            dwords: numd_z.saturating_add(1),
+            offset: u64::from(cdw12) | (u64::from(cdw13) << 32),
+        }
+    }
+
+    /// Command dwords 10 to 13 for this request (`dwords` must be >= 1).
+    pub fn to_cdws(self) -> [u32; 4] {
+        let numd_z = self.dwords.saturating_sub(1);
+        [
+            u32::from(self.lid.0)
+                | (u32::from(self.lsp & 0x7F) << 8)
+                | (u32::from(self.rae) << 15)
+                | (numd_z << 16),
+            numd_z >> 16,
+            self.offset as u32,
+            (self.offset >> 32) as u32,
+        ]
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> u64 {
+        u64::from(self.dwords) * 4
+    }
+
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+}
+
+/// Error Information Log Entry (§5.16.1.2, Figure 205): 64 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct ErrorLogEntry {
+    /// Error Count: unique, increasing; 0 means the entry is invalid.
+    pub error_count: U64,
+    pub sqid: U16,
+    pub cid: U16,
+    /// Status Field: phase (bit 0) and status (15:1), as in the CQE.
+    pub status: U16,
+    /// Parameter Error Location: byte (7:0) and bit (10:8) in the command.
+    pub param_error_location: U16,
+    pub lba: U64,
+    pub nsid: U32,
+    pub vendor_info_available: u8,
+    pub trtype: u8,
+    _rsvd30: [u8; 2],
+    pub command_specific: U64,
+    pub trtype_specific: U16,
+    _rsvd42: [u8; 22],
+}
+
+const _: () = assert!(core::mem::size_of::<ErrorLogEntry>() == 64);
+
+/// SMART / Health Information log (§5.16.1.3, Figure 207): 512 bytes.
+/// 128-bit counters are stored as 16 little-endian bytes.
+#[repr(C)]
+#[derive(Clone, Debug, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct SmartLog {
+    pub critical_warning: u8,
+    /// Composite Temperature in kelvins.
+    pub composite_temperature: U16,
+    pub available_spare: u8,
+    pub available_spare_threshold: u8,
+    pub percentage_used: u8,
+    pub endurance_group_summary: u8,
+    _rsvd7: [u8; 25],
+    /// Data Units Read, in thousands of 512-byte units.
+    pub data_units_read: [u8; 16],
+    pub data_units_written: [u8; 16],
+    pub host_read_commands: [u8; 16],
+    pub host_write_commands: [u8; 16],
+    pub controller_busy_time: [u8; 16],
+    pub power_cycles: [u8; 16],
+    pub power_on_hours: [u8; 16],
+    pub unsafe_shutdowns: [u8; 16],
+    pub media_errors: [u8; 16],
+    pub error_log_entries: [u8; 16],
+    pub warning_temp_time: U32,
+    pub critical_temp_time: U32,
+    pub temperature_sensors: [U16; 8],
+    pub thermal_transitions: [U32; 4],
+    _rsvd232: [u8; 280],
+}
+
+const _: () = assert!(core::mem::size_of::<SmartLog>() == 512);
+
+/// Stores a counter into a 128-bit little-endian SMART field.
+pub fn set_u128(field: &mut [u8; 16], value: u128) {
+    *field = value.to_le_bytes();
+}
+
+/// Reads a 128-bit little-endian SMART field.
+pub fn get_u128(field: &[u8; 16]) -> u128 {
+    u128::from_le_bytes(*field)
+}
+
+/// Changed Namespace List log (§5.16.1.5): up to 1024 NSIDs; if more changed,
+/// the first entry is 0xFFFF_FFFF and the rest zero.
+pub type ChangedNamespaceList = [U32; 1024];
+
+/// Commands Supported and Effects log (§5.16.1.6, Figure 210): 4096 bytes.
+#[repr(C)]
+#[derive(Clone, Debug, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct CommandEffectsLog {
+    /// Admin Command Supported, indexed by opcode.
+    pub acs: [U32; 256],
+    /// I/O Command Supported, indexed by opcode.
+    pub iocs: [U32; 256],
+    _rsvd2048: [u8; 2048],
+}
+
+const _: () = assert!(core::mem::size_of::<CommandEffectsLog>() == 4096);
+
+/// Commands Supported and Effects entry bits (§5.16.1.6, Figure 211).
+pub mod effects {
+    /// Command Supported.
+    pub const CSUPP: u32 = 1 << 0;
+    /// Logical Block Content Change.
+    pub const LBCC: u32 = 1 << 1;
+    /// Namespace Capability Change.
+    pub const NCC: u32 = 1 << 2;
+    /// Namespace Inventory Change.
+    pub const NIC: u32 = 1 << 3;
+    /// Controller Capability Change.
+    pub const CCC: u32 = 1 << 4;
+    /// Command Submission and Execution: 001b no other command to the namespace at once.
+    pub const CSE_NAMESPACE: u32 = 1 << 16;
+}
+
+/// Asynchronous event completion dword 0 (§5.2, Figure 150): type (2:0),
+/// information (15:8), log page identifier (23:16).
+pub mod async_event {
+    pub const TYPE_ERROR: u8 = 0;
+    pub const TYPE_SMART: u8 = 1;
+    pub const TYPE_NOTICE: u8 = 2;
+    pub const TYPE_IO_COMMAND_SET: u8 = 6;
+    pub const TYPE_VENDOR: u8 = 7;
+    /// Notice information: Namespace Attribute Changed.
+    pub const NOTICE_NS_ATTRIBUTE_CHANGED: u8 = 0x00;
+
+    pub fn dword0(kind: u8, info: u8, lid: u8) -> u32 {
+        u32::from(kind & 0x7) | (u32::from(info) << 8) | (u32::from(lid) << 16)
+    }
+}
+
+macro_rules! zeroed {
+    ($t:ty) => {
+        impl $t {
+            /// An all-zero structure, boxed.
+            pub fn new_boxed() -> Box<Self> {
+                <Self as FromZeros>::new_box_zeroed().unwrap_or_else(|_| std::process::abort())
+            }
+        }
+    };
+}
+zeroed!(SmartLog);
+zeroed!(CommandEffectsLog);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::mem::offset_of;
+
+    #[test]
+    fn smart_log_offsets_match_the_spec() {
+        assert_eq!(offset_of!(SmartLog, composite_temperature), 1);
+        assert_eq!(offset_of!(SmartLog, data_units_read), 32);
+        assert_eq!(offset_of!(SmartLog, host_read_commands), 64);
+        assert_eq!(offset_of!(SmartLog, power_cycles), 112);
+        assert_eq!(offset_of!(SmartLog, error_log_entries), 176);
+        assert_eq!(offset_of!(SmartLog, temperature_sensors), 200);
+    }
+
+    #[test]
+    fn get_log_page_round_trips() {
+        let g = GetLogPage {
+            lid: LogPageId::SMART_HEALTH,
+            lsp: 0,
+            rae: true,
+            dwords: 128,
+            offset: 8,
+        };
+        let [a, b, c, d] = g.to_cdws();
+        assert_eq!(GetLogPage::parse(a, b, c, d), g);
+        assert_eq!(a & 0xFF, 2);
+        assert_eq!(a >> 16, 127);
+    }
+
+    #[test]
+    fn get_log_page_with_all_ones_numd_does_not_overflow() {
+        let g = GetLogPage::parse(0xFFFF_0002, 0xFFFF, 0, 0);
+        assert_eq!(g.dwords, u32::MAX);
+    }
+}

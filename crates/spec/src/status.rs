@@ -1,0 +1,250 @@
+//! Completion status (§4.6.1): Status Code Type, Status Code, More, DNR.
+
+use core::fmt;
+
+/// The 15-bit status field of a completion (DW3 bits 31:17), without the
+/// phase tag: SC (7:0), SCT (10:8), CRD (12:11), M (13), DNR (14).
+///
+/// An open newtype: any value read from a device is kept as it is.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+pub struct Status(u16);
+
+/// Status Code Type values (§4.6.1.1).
+pub mod sct {
+    pub const GENERIC: u8 = 0;
+    pub const COMMAND_SPECIFIC: u8 = 1;
+    pub const MEDIA: u8 = 2;
+    pub const PATH: u8 = 3;
+    pub const VENDOR: u8 = 7;
+}
+
+impl Status {
+    const fn code(sct: u8, sc: u8) -> Self {
+        Self(((sct as u16 & 0x7) << 8) | sc as u16)
+    }
+
+    pub const fn from_raw(raw: u16) -> Self {
+        Self(raw & 0x7FFF)
+    }
+
+    pub const fn raw(self) -> u16 {
+        self.0
+    }
+
+    /// Status Code.
+    pub const fn sc(self) -> u8 {
+        self.0 as u8
+    }
+
+    /// Status Code Type.
+    pub const fn sct(self) -> u8 {
+        ((self.0 >> 8) & 0x7) as u8
+    }
+
+    /// More: more status information is in the Error Information log.
+    pub const fn more(self) -> bool {
+        self.0 & (1 << 13) != 0
+    }
+
+    /// Do Not Retry.
+    pub const fn dnr(self) -> bool {
+        self.0 & (1 << 14) != 0
+    }
+
+    pub const fn with_dnr(self, dnr: bool) -> Self {
+        if dnr {
+            Self(self.0 | (1 << 14))
+        } else {
+            Self(self.0 & !(1 << 14))
+        }
+    }
+
+    pub const fn with_more(self, more: bool) -> Self {
+        if more {
+            Self(self.0 | (1 << 13))
+        } else {
+            Self(self.0 & !(1 << 13))
+        }
+    }
+
+    /// The same status code (type and code), ignoring CRD, More and DNR.
+    pub const fn same_code(self, other: Status) -> bool {
+        (self.0 & 0x7FF) == (other.0 & 0x7FF)
+    }
+
+    pub const fn is_success(self) -> bool {
+        self.0 & 0x7FF == 0
+    }
+
+    // Generic Command Status (SCT 0, §4.6.1.2.1).
+    pub const SUCCESS: Self = Self::code(sct::GENERIC, 0x00);
+    pub const INVALID_OPCODE: Self = Self::code(sct::GENERIC, 0x01);
+    pub const INVALID_FIELD: Self = Self::code(sct::GENERIC, 0x02);
+    pub const CID_CONFLICT: Self = Self::code(sct::GENERIC, 0x03);
+    pub const DATA_TRANSFER_ERROR: Self = Self::code(sct::GENERIC, 0x04);
+    pub const ABORTED_POWER_LOSS: Self = Self::code(sct::GENERIC, 0x05);
+    pub const INTERNAL_ERROR: Self = Self::code(sct::GENERIC, 0x06);
+    pub const ABORTED_BY_REQUEST: Self = Self::code(sct::GENERIC, 0x07);
+    pub const ABORTED_SQ_DELETION: Self = Self::code(sct::GENERIC, 0x08);
+    pub const INVALID_NAMESPACE_OR_FORMAT: Self = Self::code(sct::GENERIC, 0x0B);
+    pub const COMMAND_SEQUENCE_ERROR: Self = Self::code(sct::GENERIC, 0x0C);
+    pub const INVALID_PRP_OFFSET: Self = Self::code(sct::GENERIC, 0x13);
+    pub const INVALID_SGL_DESCRIPTOR_TYPE: Self = Self::code(sct::GENERIC, 0x11);
+    pub const ADMIN_COMMAND_MEDIA_NOT_READY: Self = Self::code(sct::GENERIC, 0x24);
+    pub const LBA_OUT_OF_RANGE: Self = Self::code(sct::GENERIC, 0x80);
+    pub const CAPACITY_EXCEEDED: Self = Self::code(sct::GENERIC, 0x81);
+    pub const NAMESPACE_NOT_READY: Self = Self::code(sct::GENERIC, 0x82);
+    pub const RESERVATION_CONFLICT: Self = Self::code(sct::GENERIC, 0x83);
+    pub const FORMAT_IN_PROGRESS: Self = Self::code(sct::GENERIC, 0x84);
+
+    // Command Specific Status (SCT 1, §4.6.1.2.2 and per command).
+    pub const INVALID_CQ: Self = Self::code(sct::COMMAND_SPECIFIC, 0x00);
+    pub const INVALID_QID: Self = Self::code(sct::COMMAND_SPECIFIC, 0x01);
+    pub const INVALID_QUEUE_SIZE: Self = Self::code(sct::COMMAND_SPECIFIC, 0x02);
+    pub const ABORT_LIMIT_EXCEEDED: Self = Self::code(sct::COMMAND_SPECIFIC, 0x03);
+    pub const AER_LIMIT_EXCEEDED: Self = Self::code(sct::COMMAND_SPECIFIC, 0x05);
+    pub const INVALID_INTERRUPT_VECTOR: Self = Self::code(sct::COMMAND_SPECIFIC, 0x08);
+    pub const INVALID_LOG_PAGE: Self = Self::code(sct::COMMAND_SPECIFIC, 0x09);
+    pub const INVALID_FORMAT: Self = Self::code(sct::COMMAND_SPECIFIC, 0x0A);
+    pub const INVALID_QUEUE_DELETION: Self = Self::code(sct::COMMAND_SPECIFIC, 0x0C);
+    pub const FEATURE_NOT_SAVEABLE: Self = Self::code(sct::COMMAND_SPECIFIC, 0x0D);
+    pub const FEATURE_NOT_CHANGEABLE: Self = Self::code(sct::COMMAND_SPECIFIC, 0x0E);
+    pub const FEATURE_NOT_NAMESPACE_SPECIFIC: Self = Self::code(sct::COMMAND_SPECIFIC, 0x0F);
+    pub const NAMESPACE_INSUFFICIENT_CAPACITY: Self = Self::code(sct::COMMAND_SPECIFIC, 0x15);
+    pub const NAMESPACE_ID_UNAVAILABLE: Self = Self::code(sct::COMMAND_SPECIFIC, 0x16);
+    pub const NAMESPACE_ALREADY_ATTACHED: Self = Self::code(sct::COMMAND_SPECIFIC, 0x18);
+    pub const NAMESPACE_IS_PRIVATE: Self = Self::code(sct::COMMAND_SPECIFIC, 0x19);
+    pub const NAMESPACE_NOT_ATTACHED: Self = Self::code(sct::COMMAND_SPECIFIC, 0x1A);
+    pub const CONTROLLER_LIST_INVALID: Self = Self::code(sct::COMMAND_SPECIFIC, 0x1C);
+    /// NVM command set: Conflicting Attributes (e.g. DSM range count).
+    pub const CONFLICTING_ATTRIBUTES: Self = Self::code(sct::COMMAND_SPECIFIC, 0x80);
+
+    // Media and Data Integrity Errors (SCT 2, §4.6.1.2.3).
+    pub const WRITE_FAULT: Self = Self::code(sct::MEDIA, 0x80);
+    pub const UNRECOVERED_READ_ERROR: Self = Self::code(sct::MEDIA, 0x81);
+    pub const COMPARE_FAILURE: Self = Self::code(sct::MEDIA, 0x85);
+
+    /// A short name for logs, counters and JSON ("invalid-field"), or the
+    /// numeric form for codes this crate does not name.
+    pub fn name(self) -> &'static str {
+        const NAMES: &[(Status, &str)] = &[
+            (Status::SUCCESS, "success"),
+            (Status::INVALID_OPCODE, "invalid-opcode"),
+            (Status::INVALID_FIELD, "invalid-field"),
+            (Status::CID_CONFLICT, "cid-conflict"),
+            (Status::DATA_TRANSFER_ERROR, "data-transfer-error"),
+            (Status::ABORTED_POWER_LOSS, "aborted-power-loss"),
+            (Status::INTERNAL_ERROR, "internal-error"),
+            (Status::ABORTED_BY_REQUEST, "aborted-by-request"),
+            (Status::ABORTED_SQ_DELETION, "aborted-sq-deletion"),
+            (
+                Status::INVALID_NAMESPACE_OR_FORMAT,
+                "invalid-namespace-or-format",
+            ),
+            (Status::COMMAND_SEQUENCE_ERROR, "command-sequence-error"),
+            (Status::INVALID_PRP_OFFSET, "invalid-prp-offset"),
+            (
+                Status::INVALID_SGL_DESCRIPTOR_TYPE,
+                "invalid-sgl-descriptor-type",
+            ),
+            (
+                Status::ADMIN_COMMAND_MEDIA_NOT_READY,
+                "admin-command-media-not-ready",
+            ),
+            (Status::LBA_OUT_OF_RANGE, "lba-out-of-range"),
+            (Status::CAPACITY_EXCEEDED, "capacity-exceeded"),
+            (Status::NAMESPACE_NOT_READY, "namespace-not-ready"),
+            (Status::RESERVATION_CONFLICT, "reservation-conflict"),
+            (Status::FORMAT_IN_PROGRESS, "format-in-progress"),
+            (Status::INVALID_CQ, "invalid-cq"),
+            (Status::INVALID_QID, "invalid-qid"),
+            (Status::INVALID_QUEUE_SIZE, "invalid-queue-size"),
+            (Status::ABORT_LIMIT_EXCEEDED, "abort-limit-exceeded"),
+            (Status::AER_LIMIT_EXCEEDED, "aer-limit-exceeded"),
+            (Status::INVALID_INTERRUPT_VECTOR, "invalid-interrupt-vector"),
+            (Status::INVALID_LOG_PAGE, "invalid-log-page"),
+            (Status::INVALID_FORMAT, "invalid-format"),
+            (Status::INVALID_QUEUE_DELETION, "invalid-queue-deletion"),
+            (Status::FEATURE_NOT_SAVEABLE, "feature-not-saveable"),
+            (Status::FEATURE_NOT_CHANGEABLE, "feature-not-changeable"),
+            (
+                Status::FEATURE_NOT_NAMESPACE_SPECIFIC,
+                "feature-not-namespace-specific",
+            ),
+            (
+                Status::NAMESPACE_INSUFFICIENT_CAPACITY,
+                "namespace-insufficient-capacity",
+            ),
+            (Status::NAMESPACE_ID_UNAVAILABLE, "namespace-id-unavailable"),
+            (
+                Status::NAMESPACE_ALREADY_ATTACHED,
+                "namespace-already-attached",
+            ),
+            (Status::NAMESPACE_IS_PRIVATE, "namespace-is-private"),
+            (Status::NAMESPACE_NOT_ATTACHED, "namespace-not-attached"),
+            (Status::CONTROLLER_LIST_INVALID, "controller-list-invalid"),
+            (Status::CONFLICTING_ATTRIBUTES, "conflicting-attributes"),
+            (Status::WRITE_FAULT, "write-fault"),
+            (Status::UNRECOVERED_READ_ERROR, "unrecovered-read-error"),
+            (Status::COMPARE_FAILURE, "compare-failure"),
+        ];
+        NAMES
+            .iter()
+            .find(|(s, _)| s.same_code(self))
+            .map_or("unknown", |(_, n)| n)
+    }
+}
+
+impl fmt::Debug for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Status(sct={:#x}, sc={:#04x} {}",
+            self.sct(),
+            self.sc(),
+            self.name()
+        )?;
+        if self.more() {
+            f.write_str(", more")?;
+        }
+        if self.dnr() {
+            f.write_str(", dnr")?;
+        }
+        f.write_str(")")
+    }
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} (sct {:#x}, sc {:#04x}{})",
+            self.name(),
+            self.sct(),
+            self.sc(),
+            if self.dnr() { ", dnr" } else { "" }
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn namespace_not_ready_is_generic_0x82_and_distinct_from_media_0x82() {
+        assert_eq!(Status::NAMESPACE_NOT_READY.sct(), sct::GENERIC);
+        assert_eq!(Status::NAMESPACE_NOT_READY.sc(), 0x82);
+        let guard_check = Status::from_raw((u16::from(sct::MEDIA) << 8) | 0x82);
+        assert!(!guard_check.same_code(Status::NAMESPACE_NOT_READY));
+        assert_eq!(guard_check.name(), "unknown");
+    }
+
+    #[test]
+    fn dnr_and_more_do_not_change_the_code() {
+        let s = Status::INVALID_FIELD.with_dnr(true).with_more(true);
+        assert!(s.dnr() && s.more());
+        assert!(s.same_code(Status::INVALID_FIELD));
+        assert!(!s.with_dnr(false).dnr());
+    }
+}

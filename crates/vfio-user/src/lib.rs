@@ -1,0 +1,1 @@
+//! The vfio-user protocol (filled in by the vfio-user work).
