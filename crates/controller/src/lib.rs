@@ -1,7 +1,34 @@
 //! The NVMe controller. Knows nothing of sockets: it sees guest memory through
 //! [`GuestMemory`] and raises interrupts through [`InterruptSink`].
+//!
+//! * [`Controller`] — BAR0 registers and doorbells, enable/reset, workers.
+//! * `regs` — the register file; `doorbell` — doorbell slots and sources;
+//!   `queue` — SQ/CQ rings; `worker` — queue worker threads;
+//!   [`prp`] — PRP data pointers; `io` — NVM commands; `admin` — admin
+//!   commands; [`stats`] — counters.
 #![forbid(unsafe_code)]
 
+mod admin;
+mod config;
+mod controller;
+mod doorbell;
+mod io;
 pub mod memory;
+mod namespace;
+pub mod prp;
+mod queue;
+mod regs;
+mod state;
+pub mod stats;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
+mod worker;
 
+#[cfg(test)]
+mod tests;
+
+pub use config::{ConfigError, ControllerConfig, NamespaceConfig};
+pub use controller::Controller;
 pub use memory::{DmaError, GuestMemory, InterruptSink};
+pub use stats::{ControllerStats, QueueStats};
+pub use vnvme_blockdev::BlockDevice;

@@ -39,4 +39,9 @@ pub trait InterruptSink: Send + Sync {
     fn signal(&self, vector: u16);
     /// Deasserts INTx (level triggered; no-op for MSI-X).
     fn deassert_intx(&self) {}
+    /// Whether MSI-X is enabled. When it is not, INTMS/INTMC mask the
+    /// (INTx or MSI) interrupt and the controller holds it while masked.
+    fn msix_enabled(&self) -> bool {
+        true
+    }
 }

@@ -1,1 +1,40 @@
-//! A user-space NVMe host driver (filled in by the driver work).
+//! A user-space NVMe host driver.
+//!
+//! The driver talks to a device through [`DeviceAccess`] (BAR0 registers,
+//! DMA memory, interrupts); [`VfioUserAccess`] implements it over a
+//! vfio-user socket. [`Controller::init`] brings the controller up and
+//! creates one [`IoQueue`] per thread; the admin queue sits behind a mutex,
+//! the I/O path takes no lock.
+//!
+//! ```no_run
+//! # use std::sync::Arc;
+//! # use vnvme_driver::{Controller, DeviceAccess, InitOptions, VfioUserAccess};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let access = Arc::new(VfioUserAccess::connect("/run/vnvme.sock")?);
+//! let ctrl = Controller::init(access.clone(), InitOptions::default())?;
+//! let mut q = ctrl.take_io_queue(0)?;
+//! let mut buf = access.dma_alloc(4096)?;
+//! q.read(1, 0, 8, &mut buf)?;
+//! # Ok(()) }
+//! ```
+
+pub mod access;
+pub mod admin;
+pub mod controller;
+pub mod doorbell;
+pub mod error;
+pub mod io;
+#[cfg(test)]
+mod mock;
+pub mod namespace;
+pub mod prp;
+pub mod queue;
+mod vfio_user_access;
+
+pub use access::{AccessError, DeviceAccess, DmaBuffer, DmaPool, Interrupt};
+pub use controller::{Controller, InitOptions};
+pub use error::Error;
+pub use io::IoQueue;
+pub use namespace::Namespace;
+pub use queue::QueueCounters;
+pub use vfio_user_access::VfioUserAccess;

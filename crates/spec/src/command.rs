@@ -38,9 +38,10 @@ impl Command {
 
     /// A command with the given opcode and command identifier, all else zero.
     pub fn new(opcode: u8, cid: u16) -> Self {
-        let mut c = Self::default();
-        c.cdw0 = U32::new(u32::from(opcode) | (u32::from(cid) << 16));
-        c
+        Self {
+            cdw0: U32::new(u32::from(opcode) | (u32::from(cid) << 16)),
+            ..Self::default()
+        }
     }
 
     pub fn opcode(&self) -> u8 {

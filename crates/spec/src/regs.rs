@@ -44,7 +44,7 @@ impl Doorbell {
         }
         let index = rel / stride;
         let qid = u16::try_from(index / 2).ok()?;
-        Some(if index % 2 == 0 {
+        Some(if index.is_multiple_of(2) {
             Doorbell::SqTail(qid)
         } else {
             Doorbell::CqHead(qid)

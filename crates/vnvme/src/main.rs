@@ -1,1 +1,76 @@
-fn main() {}
+//! `vnvme`: serve an emulated NVMe controller over vfio-user, drive one with
+//! the user-space driver, and benchmark the two.
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+use vnvme::serve::{self, ServeOptions};
+use vnvme::tools;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "vnvme",
+    version,
+    about = "An NVMe controller served over vfio-user, a user-space NVMe driver, and their benchmarks"
+)]
+struct Cli {
+    /// More logging on stderr (-v debug, -vv trace); RUST_LOG overrides.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Serve an NVMe controller on a vfio-user socket (for QEMU's vfio-user-pci or `vnvme` tools).
+    Serve(ServeOptions),
+    /// Print the Identify Controller data of a vfio-user NVMe device, like `nvme id-ctrl`.
+    IdCtrl(DeviceArgs),
+    /// List the namespaces of a vfio-user NVMe device, like `nvme list`.
+    List(DeviceArgs),
+}
+
+#[derive(Args, Debug)]
+struct DeviceArgs {
+    /// The vfio-user server socket.
+    #[arg(long, short = 's', default_value = serve::DEFAULT_SOCKET)]
+    socket: PathBuf,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+fn init_logging(verbose: u8) {
+    let default = match verbose {
+        0 => "info",
+        1 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.verbose);
+    let result = match cli.command {
+        Command::Serve(opts) => serve::run(opts),
+        Command::IdCtrl(d) => tools::id_ctrl(&d.socket, d.json),
+        Command::List(d) => tools::list(&d.socket, d.json),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("vnvme: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,67 @@
+//! Admin command set (NVMe Base 2.0 §5): dispatch, and the small commands.
+
+mod features;
+mod identify;
+mod log;
+mod queues;
+
+use vnvme_spec::{AdminOpcode, Command, Status};
+
+use crate::state::{Ctx, Outcome, AERL};
+
+/// Admin opcodes this controller implements (Commands Supported and Effects).
+pub(crate) const SUPPORTED: &[AdminOpcode] = &[
+    AdminOpcode::DELETE_IO_SQ,
+    AdminOpcode::CREATE_IO_SQ,
+    AdminOpcode::GET_LOG_PAGE,
+    AdminOpcode::DELETE_IO_CQ,
+    AdminOpcode::CREATE_IO_CQ,
+    AdminOpcode::IDENTIFY,
+    AdminOpcode::ABORT,
+    AdminOpcode::SET_FEATURES,
+    AdminOpcode::GET_FEATURES,
+    AdminOpcode::ASYNC_EVENT_REQUEST,
+];
+
+pub(crate) fn invalid_field() -> Status {
+    Status::INVALID_FIELD.with_dnr(true)
+}
+
+/// Executes one admin command.
+pub(crate) fn execute(ctx: &mut Ctx<'_>, cmd: &Command) -> Outcome {
+    let op = AdminOpcode(cmd.opcode());
+    if !SUPPORTED.contains(&op) {
+        return Outcome::from_result(Err(Status::INVALID_OPCODE.with_dnr(true)));
+    }
+    if cmd.fuse() != 0 || cmd.psdt() != 0 {
+        return Outcome::from_result(Err(invalid_field()));
+    }
+    match op {
+        AdminOpcode::ASYNC_EVENT_REQUEST => async_event_request(ctx, cmd),
+        _ => Outcome::from_result(match op {
+            AdminOpcode::IDENTIFY => identify::identify(ctx, cmd).map(|()| 0),
+            AdminOpcode::CREATE_IO_CQ => queues::create_cq(ctx, cmd).map(|()| 0),
+            AdminOpcode::CREATE_IO_SQ => queues::create_sq(ctx, cmd).map(|()| 0),
+            AdminOpcode::DELETE_IO_CQ => queues::delete_cq(ctx, cmd).map(|()| 0),
+            AdminOpcode::DELETE_IO_SQ => queues::delete_sq(ctx, cmd).map(|()| 0),
+            AdminOpcode::GET_FEATURES => features::get(ctx, cmd),
+            AdminOpcode::SET_FEATURES => features::set(ctx, cmd),
+            AdminOpcode::GET_LOG_PAGE => log::get_log_page(ctx, cmd).map(|()| 0),
+            // Abort (§5.1): commands complete synchronously, so there is never
+            // one to abort; dword 0 bit 0 set means "not aborted".
+            AdminOpcode::ABORT => Ok(1),
+            _ => Err(Status::INVALID_OPCODE.with_dnr(true)),
+        }),
+    }
+}
+
+/// Asynchronous Event Request (§5.2): held until an event occurs; at most
+/// AERL + 1 outstanding.
+fn async_event_request(ctx: &mut Ctx<'_>, cmd: &Command) -> Outcome {
+    let mut e = ctx.shared.events.lock();
+    if e.outstanding.len() > usize::from(AERL) {
+        return Outcome::from_result(Err(Status::AER_LIMIT_EXCEEDED.with_dnr(true)));
+    }
+    e.outstanding.push(cmd.cid());
+    Outcome::Deferred
+}

@@ -1,0 +1,158 @@
+//! Create and Delete I/O Submission/Completion Queue (§5.4, §5.5, §5.6, §5.7).
+
+use std::sync::atomic::Ordering;
+
+use vnvme_spec::regs::{Cc, Doorbell};
+use vnvme_spec::{Command, Completion, Status};
+
+use super::invalid_field;
+use crate::queue::{Cq, Sq};
+use crate::state::Ctx;
+
+fn invalid_qid() -> Status {
+    Status::INVALID_QID.with_dnr(true)
+}
+
+/// Fields common to both create commands: QID (CDW10 15:0), QSIZE (CDW10
+/// 31:16, 0's based), PC (CDW11 bit 0), and the base address in PRP1.
+struct CreateQueue {
+    qid: u16,
+    entries: u32,
+    base: u64,
+}
+
+fn parse_create(
+    ctx: &Ctx<'_>,
+    cmd: &Command,
+    limit_z: u16,
+    entry_size_ok: bool,
+) -> Result<CreateQueue, Status> {
+    let qid = cmd.cdw10.get() as u16;
+    let qsize_z = (cmd.cdw10.get() >> 16) as u16;
+    if qid == 0 || u32::from(qid) > u32::from(limit_z) + 1 {
+        return Err(invalid_qid());
+    }
+    if qsize_z == 0 || qsize_z > ctx.shared.config.mqes_z {
+        return Err(Status::INVALID_QUEUE_SIZE.with_dnr(true));
+    }
+    if !entry_size_ok {
+        return Err(invalid_field());
+    }
+    let base = cmd.prp1.get();
+    if base & (ctx.session.page_size - 1) != 0 {
+        return Err(Status::INVALID_PRP_OFFSET.with_dnr(true));
+    }
+    // CAP.CQR = 1: physically contiguous queues only.
+    if cmd.cdw11.get() & 1 == 0 {
+        return Err(invalid_field());
+    }
+    Ok(CreateQueue {
+        qid,
+        entries: u32::from(qsize_z) + 1,
+        base,
+    })
+}
+
+/// Create I/O Completion Queue (§5.4): IEN (CDW11 bit 1), IV (CDW11 31:16).
+pub(super) fn create_cq(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> {
+    let shared = ctx.shared;
+    let ncqa_z = shared.admin.lock().ncqa_z;
+    let cc = Cc::from(shared.cc.load(Ordering::Acquire));
+    let entry_ok = 1usize << cc.iocqes() == Completion::SIZE;
+    let qid = cmd.cdw10.get() as u16;
+    let slot = shared.cqs.get(usize::from(qid)).ok_or_else(invalid_qid)?;
+    if qid == 0 {
+        return Err(invalid_qid());
+    }
+    let mut g = slot.lock();
+    if g.is_some() {
+        return Err(invalid_qid());
+    }
+    let q = parse_create(ctx, cmd, ncqa_z, entry_ok)?;
+    let ien = cmd.cdw11.get() & 2 != 0;
+    let iv = (cmd.cdw11.get() >> 16) as u16;
+    if iv >= shared.config.msix_vectors {
+        return Err(Status::INVALID_INTERRUPT_VECTOR.with_dnr(true));
+    }
+    *g = Some(Cq::new(q.qid, q.base, q.entries, ien, iv));
+    shared
+        .doorbells
+        .open(Doorbell::CqHead(q.qid), q.entries, shared.worker_for(q.qid));
+    shared.admin.lock().io_queues_created = true;
+    Ok(())
+}
+
+/// Create I/O Submission Queue (§5.5): CQID (CDW11 31:16).
+pub(super) fn create_sq(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> {
+    let shared = ctx.shared;
+    let cqid = (cmd.cdw11.get() >> 16) as u16;
+    // CQ 0 is the admin CQ, never an I/O SQ's (and locked by this worker).
+    if cqid == 0 {
+        return Err(Status::INVALID_CQ.with_dnr(true));
+    }
+    let nsqa_z = shared.admin.lock().nsqa_z;
+    let cc = Cc::from(shared.cc.load(Ordering::Acquire));
+    let entry_ok = 1usize << cc.iosqes() == Command::SIZE;
+    let qid = cmd.cdw10.get() as u16;
+    if qid == 0 {
+        return Err(invalid_qid());
+    }
+    let slot = shared.sqs.get(usize::from(qid)).ok_or_else(invalid_qid)?;
+    let mut g = slot.lock();
+    if g.is_some() {
+        return Err(invalid_qid());
+    }
+    let cq_slot = shared
+        .cqs
+        .get(usize::from(cqid))
+        .ok_or(Status::INVALID_CQ.with_dnr(true))?;
+    let mut cq_guard = cq_slot.lock();
+    let cq = cq_guard.as_mut().ok_or(Status::INVALID_CQ.with_dnr(true))?;
+    let q = parse_create(ctx, cmd, nsqa_z, entry_ok)?;
+    cq.sq_refs = cq.sq_refs.saturating_add(1);
+    *g = Some(Sq::new(q.qid, q.base, q.entries, cqid));
+    shared
+        .doorbells
+        .open(Doorbell::SqTail(q.qid), q.entries, shared.worker_for(cqid));
+    shared.admin.lock().io_queues_created = true;
+    Ok(())
+}
+
+/// Delete I/O Submission Queue (§5.7). Commands complete synchronously, so
+/// none is outstanding to abort.
+pub(super) fn delete_sq(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> {
+    let shared = ctx.shared;
+    let qid = cmd.cdw10.get() as u16;
+    if qid == 0 {
+        return Err(invalid_qid());
+    }
+    let slot = shared.sqs.get(usize::from(qid)).ok_or_else(invalid_qid)?;
+    let mut g = slot.lock();
+    let sq = g.take().ok_or_else(invalid_qid)?;
+    shared.doorbells.close(Doorbell::SqTail(qid));
+    if let Some(cq_slot) = shared.cqs.get(usize::from(sq.cqid)) {
+        if let Some(cq) = cq_slot.lock().as_mut() {
+            cq.sq_refs = cq.sq_refs.saturating_sub(1);
+        }
+    }
+    Ok(())
+}
+
+/// Delete I/O Completion Queue (§5.6): refused while an SQ still uses it.
+pub(super) fn delete_cq(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> {
+    let shared = ctx.shared;
+    let qid = cmd.cdw10.get() as u16;
+    if qid == 0 {
+        return Err(invalid_qid());
+    }
+    let slot = shared.cqs.get(usize::from(qid)).ok_or_else(invalid_qid)?;
+    let mut g = slot.lock();
+    match g.as_ref() {
+        None => return Err(invalid_qid()),
+        Some(cq) if cq.sq_refs > 0 => return Err(Status::INVALID_QUEUE_DELETION.with_dnr(true)),
+        Some(_) => {}
+    }
+    *g = None;
+    shared.doorbells.close(Doorbell::CqHead(qid));
+    Ok(())
+}

@@ -1,0 +1,469 @@
+//! The controller: BAR0 register and doorbell accesses from the control
+//! thread, enable/reset/shutdown, and the worker threads' lifecycle.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use vnvme_spec::log::async_event;
+use vnvme_spec::regs::{offset, shutdown, Doorbell};
+
+use crate::config::{ConfigError, ControllerConfig, NamespaceConfig};
+use crate::doorbell::{Doorbells, Invalid, TrapOutcome};
+use crate::memory::{GuestMemory, InterruptSink};
+use crate::namespace::Namespace;
+use crate::queue::{Cq, Sq};
+use crate::regs::{Action, Regs};
+use crate::state::{AdminState, ErrorLog, Events, Session, Shared};
+use crate::stats::{ControllerStats, Stats};
+use crate::worker::{self, WorkerShared};
+
+/// End of the doorbell page in BAR0 (doorbells for up to 512 queue pairs at
+/// DSTRD 0; the MSI-X table follows at 0x2000).
+const DOORBELL_END: u64 = 0x2000;
+
+struct Attachment {
+    mem: Arc<dyn GuestMemory>,
+    irq: Arc<dyn InterruptSink>,
+}
+
+/// State only the control thread touches.
+struct Control {
+    regs: Regs,
+    attachment: Option<Attachment>,
+    threads: Vec<JoinHandle<()>>,
+    /// CC.SHN completed since the last enable (for SMART unsafe shutdowns).
+    clean_shutdown: bool,
+}
+
+/// An NVMe controller. `Send + Sync`; every method takes `&self`.
+///
+/// Threading: [`mmio_read`](Self::mmio_read) and
+/// [`mmio_write`](Self::mmio_write) run on the caller's (vfio-user control)
+/// thread. Register accesses take an internal lock; doorbell writes do not —
+/// they store the value in an atomic slot and kick the worker that owns the
+/// queue. Commands run on `config.workers` queue worker threads that exist
+/// while the controller is enabled (CSTS.RDY = 1).
+pub struct Controller {
+    shared: Arc<Shared>,
+    control: Mutex<Control>,
+}
+
+impl std::fmt::Debug for Controller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Controller")
+            .field("shared", &self.shared)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Controller {
+    /// BAR0 size: registers at 0, doorbells 0x1000..0x2000, MSI-X table at
+    /// 0x2000 and PBA at 0x3000 (owned by the PCI layer).
+    pub const BAR0_SIZE: u64 = 0x4000;
+
+    pub fn new(
+        config: ControllerConfig,
+        namespaces: Vec<NamespaceConfig>,
+    ) -> Result<Self, ConfigError> {
+        if config.workers == 0 {
+            return Err(ConfigError::NoWorkers);
+        }
+        // Doorbells for qids 0..=max_io_queues must fit below the MSI-X table.
+        let max_by_bar = ((DOORBELL_END - offset::DOORBELLS) / 8 - 1) as u16;
+        if config.max_io_queues == 0 || config.max_io_queues > max_by_bar {
+            return Err(ConfigError::MaxIoQueues(config.max_io_queues));
+        }
+        if config.msix_vectors == 0 || config.msix_vectors > 2048 {
+            return Err(ConfigError::MsixVectors(config.msix_vectors));
+        }
+        if config.mqes_z == 0 {
+            return Err(ConfigError::Mqes);
+        }
+        if config.mdts == 0 || config.mdts > 12 {
+            return Err(ConfigError::Mdts(config.mdts));
+        }
+        let mut map = BTreeMap::new();
+        for nc in &namespaces {
+            let ns = Namespace::new(nc)?;
+            if map.insert(ns.nsid, Arc::new(ns)).is_some() {
+                return Err(ConfigError::DuplicateNsid(nc.nsid));
+            }
+        }
+        let nn = map.keys().next_back().copied().unwrap_or(0);
+        let vwc = map.values().any(|ns| ns.backend.volatile_cache());
+        let qids = usize::from(config.max_io_queues) + 1;
+        let shared = Shared {
+            namespaces: map,
+            nn,
+            vwc,
+            doorbells: Doorbells::new(qids),
+            sqs: (0..qids).map(|_| Mutex::new(None)).collect(),
+            cqs: (0..qids).map(|_| Mutex::new(None)).collect(),
+            admin: Mutex::new(AdminState::new(&config)),
+            events: Mutex::new(Events::default()),
+            error_log: Mutex::new(ErrorLog::default()),
+            stats: Stats::new(qids),
+            workers: (0..config.workers)
+                .map(|_| WorkerShared::default())
+                .collect(),
+            cc: AtomicU32::new(0),
+            ready: AtomicBool::new(false),
+            fatal: AtomicBool::new(false),
+            intm: AtomicU32::new(0),
+            intx_held: AtomicBool::new(false),
+            coalescing: AtomicU32::new(0),
+            coalescing_disabled: (0..config.msix_vectors)
+                .map(|_| AtomicBool::new(false))
+                .collect(),
+            wce: AtomicBool::new(true),
+            created: Instant::now(),
+            config,
+        };
+        let regs = Regs::new(&shared.config);
+        Ok(Self {
+            shared: Arc::new(shared),
+            control: Mutex::new(Control {
+                regs,
+                attachment: None,
+                threads: Vec::new(),
+                clean_shutdown: true,
+            }),
+        })
+    }
+
+    /// A new client: its guest memory and interrupts. Namespaces (and their
+    /// data) persist across clients. Replaces any previous client.
+    pub fn attach(&self, mem: Arc<dyn GuestMemory>, irq: Arc<dyn InterruptSink>) {
+        let mut ctl = self.control.lock();
+        self.detach_locked(&mut ctl);
+        ctl.attachment = Some(Attachment { mem, irq });
+        self.shared
+            .stats
+            .power_cycles
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The client is gone: stop the workers, reset the controller, drop its
+    /// memory and interrupts.
+    pub fn detach(&self) {
+        let mut ctl = self.control.lock();
+        self.detach_locked(&mut ctl);
+    }
+
+    fn detach_locked(&self, ctl: &mut Control) {
+        if ctl.attachment.is_none() {
+            return;
+        }
+        if ctl.regs.cc.en() && !ctl.clean_shutdown {
+            self.shared
+                .stats
+                .unsafe_shutdowns
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        self.controller_reset(ctl);
+        ctl.regs = Regs::new(&self.shared.config);
+        ctl.attachment = None;
+    }
+
+    /// Controller-level reset (vfio-user DEVICE_RESET, FLR): as CC.EN = 0,
+    /// and every register back to its reset value.
+    pub fn reset(&self) {
+        let mut ctl = self.control.lock();
+        self.controller_reset(&mut ctl);
+        ctl.regs = Regs::new(&self.shared.config);
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> ControllerStats {
+        self.shared.stats.snapshot()
+    }
+
+    /// Reads BAR0. 4- and 8-byte aligned accesses (1 and 2 bytes within a
+    /// dword too); unknown registers and doorbells read as 0. Never panics.
+    pub fn mmio_read(&self, offset: u64, data: &mut [u8]) {
+        data.fill(0);
+        if offset >= offset::DOORBELLS {
+            return;
+        }
+        let len = data.len() as u64;
+        let aligned = matches!(len, 1 | 2 | 4 | 8) && offset.is_multiple_of(len);
+        if !aligned {
+            self.shared
+                .stats
+                .invalid_register_accesses
+                .fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let ctl = self.control.lock();
+        let read32 = |off: u64| {
+            let mut v = ctl.regs.read32(off);
+            if off == offset::CSTS && self.shared.fatal.load(Ordering::Acquire) {
+                v |= 1 << 1;
+            }
+            v
+        };
+        let dword = offset & !3;
+        let value = if len == 8 {
+            u64::from(read32(offset)) | (u64::from(read32(offset + 4)) << 32)
+        } else {
+            u64::from(read32(dword) >> ((offset - dword) * 8))
+        };
+        let bytes = value.to_le_bytes();
+        data.copy_from_slice(bytes.get(..data.len()).unwrap_or_default());
+    }
+
+    /// Writes BAR0: registers (4 or 8 bytes, aligned) and doorbells (4
+    /// bytes). Bad accesses are ignored and counted. Never panics.
+    pub fn mmio_write(&self, offset: u64, data: &[u8]) {
+        let value = match *data {
+            [a, b, c, d] if offset.is_multiple_of(4) => {
+                Some(u64::from(u32::from_le_bytes([a, b, c, d])))
+            }
+            [a, b, c, d, e, f, g, h] if offset.is_multiple_of(8) && offset < offset::DOORBELLS => {
+                Some(u64::from_le_bytes([a, b, c, d, e, f, g, h]))
+            }
+            _ => None,
+        };
+        let Some(value) = value else {
+            self.shared
+                .stats
+                .invalid_register_accesses
+                .fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        if (offset::DOORBELLS..DOORBELL_END).contains(&offset) {
+            match Doorbell::decode(offset, 0) {
+                Some(db) => self.doorbell_write(db, value as u32),
+                None => {
+                    self.shared
+                        .stats
+                        .invalid_register_accesses
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            return;
+        }
+        if offset >= offset::DOORBELLS {
+            return;
+        }
+        let mut ctl = self.control.lock();
+        if data.len() == 8 {
+            self.register_write(&mut ctl, offset, value as u32);
+            self.register_write(&mut ctl, offset + 4, (value >> 32) as u32);
+        } else {
+            self.register_write(&mut ctl, offset, value as u32);
+        }
+    }
+
+    /// The doorbell trap: count, validate, store, kick. Lock-free except for
+    /// the worker's pending list.
+    fn doorbell_write(&self, db: Doorbell, value: u32) {
+        let shared = &*self.shared;
+        let qid = match db {
+            Doorbell::SqTail(q) | Doorbell::CqHead(q) => q,
+        };
+        let counters = shared.stats.queue(qid);
+        if let Some(c) = counters {
+            match db {
+                Doorbell::SqTail(_) => c.sq_doorbell_traps.fetch_add(1, Ordering::Relaxed),
+                Doorbell::CqHead(_) => c.cq_doorbell_traps.fetch_add(1, Ordering::Relaxed),
+            };
+        }
+        match shared.doorbells.trap(db, value) {
+            TrapOutcome::Kick { worker, doorbell } => {
+                if let Some(w) = shared.workers.get(worker) {
+                    w.push(doorbell);
+                }
+            }
+            TrapOutcome::Stored => {}
+            TrapOutcome::Ignored(why) => {
+                match counters {
+                    Some(c) => c.invalid_doorbell_writes.fetch_add(1, Ordering::Relaxed),
+                    None => shared
+                        .stats
+                        .invalid_doorbell_writes_no_queue
+                        .fetch_add(1, Ordering::Relaxed),
+                };
+                tracing::debug!(?db, value, ?why, "invalid doorbell write ignored");
+                let info = match why {
+                    Invalid::NoSuchQueue => 0x00,
+                    Invalid::BadValue => 0x01,
+                };
+                shared.async_event(async_event::TYPE_ERROR, info, 0x01);
+            }
+        }
+    }
+
+    fn register_write(&self, ctl: &mut Control, off: u64, value: u32) {
+        let action = ctl.regs.write32(off, value);
+        self.shared.intm.store(ctl.regs.intm, Ordering::Release);
+        self.shared
+            .cc
+            .store(u32::from(ctl.regs.cc), Ordering::Release);
+        match action {
+            None => {}
+            Some(Action::Enable) => self.enable(ctl),
+            Some(Action::Disable) => {
+                self.controller_reset(ctl);
+            }
+            Some(Action::Shutdown) => {
+                for ns in self.shared.namespaces.values() {
+                    if let Err(e) = ns.backend.flush() {
+                        tracing::warn!(nsid = ns.nsid, "flush at shutdown failed: {e}");
+                    }
+                }
+                ctl.clean_shutdown = true;
+                ctl.regs.csts.set_shst(shutdown::COMPLETE);
+            }
+            Some(Action::SubsystemReset) => {
+                self.controller_reset(ctl);
+                ctl.regs = Regs::new(&self.shared.config);
+                ctl.regs.csts.set_nssro(true);
+            }
+            Some(Action::Unmasked) => {
+                let held = self.shared.intx_held.swap(false, Ordering::AcqRel);
+                if let (true, Some(a)) = (held, &ctl.attachment) {
+                    a.irq.signal(0);
+                }
+            }
+        }
+        self.shared.intm.store(ctl.regs.intm, Ordering::Release);
+        self.shared
+            .cc
+            .store(u32::from(ctl.regs.cc), Ordering::Release);
+    }
+
+    /// CC.EN 0 -> 1 (§3.5.1): validate, create the admin queues, start the
+    /// workers, set CSTS.RDY. A bad configuration sets CSTS.CFS instead.
+    fn enable(&self, ctl: &mut Control) {
+        let shared = &*self.shared;
+        let page_size = match ctl.regs.validate_enable() {
+            Ok(p) => p,
+            Err(why) => {
+                tracing::warn!("enable refused: {why}");
+                shared.stats.fatal_errors.fetch_add(1, Ordering::Relaxed);
+                ctl.regs.csts.set_cfs(true);
+                return;
+            }
+        };
+        let Some(att) = &ctl.attachment else {
+            tracing::warn!("enable refused: no client attached");
+            ctl.regs.csts.set_cfs(true);
+            return;
+        };
+        let session = Arc::new(Session {
+            mem: att.mem.clone(),
+            irq: att.irq.clone(),
+            page_size,
+        });
+        self.stop_workers(ctl);
+        self.clear_queues();
+        let asqs = u32::from(ctl.regs.aqa.asqs_z()) + 1;
+        let acqs = u32::from(ctl.regs.aqa.acqs_z()) + 1;
+        let mut cq = Cq::new(0, ctl.regs.acq, acqs, true, 0);
+        cq.sq_refs = 1;
+        if let (Some(sq_slot), Some(cq_slot)) = (shared.sqs.first(), shared.cqs.first()) {
+            *sq_slot.lock() = Some(Sq::new(0, ctl.regs.asq, asqs, 0));
+            *cq_slot.lock() = Some(cq);
+        }
+        shared.doorbells.open(Doorbell::SqTail(0), asqs, 0);
+        shared.doorbells.open(Doorbell::CqHead(0), acqs, 0);
+        for (i, w) in shared.workers.iter().enumerate() {
+            w.rearm();
+            let (sh, se) = (self.shared.clone(), session.clone());
+            let spawned = std::thread::Builder::new()
+                .name(format!("vnvme-q{i}"))
+                .spawn(move || worker::run(sh, se, i));
+            match spawned {
+                Ok(t) => ctl.threads.push(t),
+                Err(e) => {
+                    tracing::error!("spawning queue worker {i}: {e}");
+                    self.stop_workers(ctl);
+                    self.clear_queues();
+                    ctl.regs.csts.set_cfs(true);
+                    return;
+                }
+            }
+        }
+        ctl.clean_shutdown = false;
+        shared.fatal.store(false, Ordering::Release);
+        shared.ready.store(true, Ordering::Release);
+        shared.stats.enables.fetch_add(1, Ordering::Relaxed);
+        ctl.regs.csts.set_cfs(false);
+        ctl.regs.csts.set_rdy(true);
+    }
+
+    /// Controller reset (§3.7.2): stop the workers, delete every queue,
+    /// drop outstanding AERs, return features to defaults, clear CSTS.RDY.
+    fn controller_reset(&self, ctl: &mut Control) {
+        let shared = &*self.shared;
+        let was_enabled = ctl.regs.cc.en() || ctl.regs.csts.rdy();
+        shared.ready.store(false, Ordering::Release);
+        self.stop_workers(ctl);
+        self.clear_queues();
+        *shared.admin.lock() = AdminState::new(&shared.config);
+        *shared.events.lock() = Events::default();
+        shared.coalescing.store(0, Ordering::Relaxed);
+        for cd in &shared.coalescing_disabled {
+            cd.store(false, Ordering::Relaxed);
+        }
+        shared.wce.store(true, Ordering::Relaxed);
+        shared.fatal.store(false, Ordering::Release);
+        shared.intx_held.store(false, Ordering::Relaxed);
+        ctl.regs.cc.set_en(false);
+        ctl.regs.csts.set_rdy(false);
+        ctl.regs.csts.set_cfs(false);
+        ctl.regs.csts.set_shst(shutdown::NONE);
+        shared.cc.store(u32::from(ctl.regs.cc), Ordering::Release);
+        if was_enabled {
+            shared
+                .stats
+                .controller_resets
+                .fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn stop_workers(&self, ctl: &mut Control) {
+        for w in &self.shared.workers {
+            w.stop();
+        }
+        for t in ctl.threads.drain(..) {
+            if t.join().is_err() {
+                tracing::error!("a queue worker panicked");
+            }
+        }
+    }
+
+    fn clear_queues(&self) {
+        let shared = &*self.shared;
+        for s in &shared.sqs {
+            *s.lock() = None;
+        }
+        for c in &shared.cqs {
+            *c.lock() = None;
+        }
+        shared.doorbells.close_all();
+    }
+}
+
+// The glue shares the controller across threads with `Arc`.
+const _: () = {
+    const fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Controller>();
+};
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        let ctl = self.control.get_mut();
+        for w in &self.shared.workers {
+            w.stop();
+        }
+        for t in ctl.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}

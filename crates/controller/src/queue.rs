@@ -1,0 +1,178 @@
+//! Submission and completion queue rings in guest memory (§3.3.1, §4.1):
+//! head/tail arithmetic, phase tag, validation of doorbell values.
+
+use std::time::Instant;
+
+use vnvme_spec::regs::Doorbell;
+use vnvme_spec::{Command, Completion};
+use zerocopy::IntoBytes;
+
+use crate::doorbell::{DoorbellSource, Doorbells};
+use crate::memory::{DmaError, GuestMemory};
+
+/// A submission queue. Owned by one worker; sits in `Shared::sqs[qid]`.
+#[derive(Debug)]
+pub(crate) struct Sq {
+    pub qid: u16,
+    pub base: u64,
+    /// Entries (2..=65536).
+    pub size: u32,
+    pub head: u32,
+    /// Last valid tail seen.
+    pub tail: u32,
+    pub cqid: u16,
+    pub source: DoorbellSource,
+}
+
+impl Sq {
+    pub fn new(qid: u16, base: u64, size: u32, cqid: u16) -> Self {
+        Self {
+            qid,
+            base,
+            size,
+            head: 0,
+            tail: 0,
+            cqid,
+            source: DoorbellSource::Register,
+        }
+    }
+
+    /// Re-reads the tail from the doorbell source. Returns `false` if the
+    /// value is invalid (ignored, the old tail kept).
+    pub fn refresh_tail(&mut self, doorbells: &Doorbells, mem: &dyn GuestMemory) -> bool {
+        let v = self.source.read(doorbells, Doorbell::SqTail(self.qid), mem);
+        if v < self.size {
+            self.tail = v;
+            true
+        } else {
+            false
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.head == self.tail
+    }
+
+    /// Fetches the entry at head and advances head.
+    pub fn pop(&mut self, mem: &dyn GuestMemory) -> Result<Command, DmaError> {
+        let mut cmd = Command::default();
+        let addr = self
+            .base
+            .wrapping_add(u64::from(self.head) * Command::SIZE as u64);
+        mem.read(addr, cmd.as_mut_bytes())?;
+        self.head = if self.head + 1 >= self.size {
+            0
+        } else {
+            self.head + 1
+        };
+        Ok(cmd)
+    }
+}
+
+/// A completion queue. Owned by the worker of its qid; sits in `Shared::cqs`.
+#[derive(Debug)]
+pub(crate) struct Cq {
+    pub qid: u16,
+    pub base: u64,
+    pub size: u32,
+    pub head: u32,
+    pub tail: u32,
+    pub phase: bool,
+    /// Interrupts enabled (IEN) and the vector (IV).
+    pub ien: bool,
+    pub iv: u16,
+    pub source: DoorbellSource,
+    /// SQs that post here (a CQ in use cannot be deleted).
+    pub sq_refs: u32,
+    /// Completions posted since the last interrupt, and when the first was.
+    pub irq_pending: u32,
+    pub irq_since: Option<Instant>,
+    /// Last rejected head value, so a bad write is counted once.
+    pub bad_head: Option<u32>,
+}
+
+impl Cq {
+    pub fn new(qid: u16, base: u64, size: u32, ien: bool, iv: u16) -> Self {
+        Self {
+            qid,
+            base,
+            size,
+            head: 0,
+            tail: 0,
+            phase: true,
+            ien,
+            iv,
+            source: DoorbellSource::Register,
+            sq_refs: 0,
+            irq_pending: 0,
+            irq_since: None,
+            bad_head: None,
+        }
+    }
+
+    /// Entries from `from` forward to `to` around the ring.
+    fn distance(&self, from: u32, to: u32) -> u32 {
+        if to >= from {
+            to - from
+        } else {
+            self.size - from + to
+        }
+    }
+
+    /// Re-reads the head from the doorbell source. A head beyond the queue or
+    /// past the entries posted so far is ignored; returns `Err(value)` the
+    /// first time a given bad value is seen.
+    pub fn refresh_head(
+        &mut self,
+        doorbells: &Doorbells,
+        mem: &dyn GuestMemory,
+    ) -> Result<(), u32> {
+        let v = self.source.read(doorbells, Doorbell::CqHead(self.qid), mem);
+        if v == self.head {
+            return Ok(());
+        }
+        if v < self.size && self.distance(self.head, v) <= self.distance(self.head, self.tail) {
+            self.head = v;
+            self.bad_head = None;
+            return Ok(());
+        }
+        if self.bad_head == Some(v) {
+            return Ok(());
+        }
+        self.bad_head = Some(v);
+        Err(v)
+    }
+
+    pub fn is_full(&self) -> bool {
+        let next = if self.tail + 1 >= self.size {
+            0
+        } else {
+            self.tail + 1
+        };
+        next == self.head
+    }
+
+    /// Writes `cqe` (its phase set here) at tail and advances tail. The
+    /// dword holding the phase tag is stored last, with release ordering, so
+    /// the host never sees a new phase with stale contents.
+    pub fn post(&mut self, mem: &dyn GuestMemory, mut cqe: Completion) -> Result<(), DmaError> {
+        let addr = self
+            .base
+            .wrapping_add(u64::from(self.tail) * Completion::SIZE as u64);
+        let dw3 = (cqe.dw3.get() & !(1 << 16)) | (u32::from(self.phase) << 16);
+        cqe.dw3.set(dw3);
+        let bytes = cqe.as_bytes();
+        mem.write(addr, bytes.get(..12).unwrap_or_default())?;
+        mem.store_u32(addr.wrapping_add(12), dw3)?;
+        self.tail += 1;
+        if self.tail >= self.size {
+            self.tail = 0;
+            self.phase = !self.phase;
+        }
+        self.irq_pending = self.irq_pending.saturating_add(1);
+        if self.irq_since.is_none() {
+            self.irq_since = Some(Instant::now());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,276 @@
+//! State shared by the control thread and the queue workers.
+//!
+//! Lock order (never take an earlier lock while holding a later one):
+//! `sqs[0]` -> `cqs[0]` -> `sqs[n]` -> `cqs[n]`; `admin`, `events` and
+//! `error_log` are leaves (nothing is locked while holding them). Only the
+//! admin queue's worker takes I/O queue locks while holding the admin ones,
+//! and admin commands reject queue id 0 before locking anything.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use vnvme_spec::log::{async_event, ErrorLogEntry};
+use vnvme_spec::regs::Doorbell;
+use vnvme_spec::{Command, Status};
+use zerocopy::little_endian::{U16, U32, U64};
+
+use crate::config::ControllerConfig;
+use crate::doorbell::Doorbells;
+use crate::memory::{GuestMemory, InterruptSink};
+use crate::namespace::Namespace;
+use crate::prp::Segment;
+use crate::queue::{Cq, Sq};
+use crate::stats::Stats;
+use crate::worker::WorkerShared;
+
+/// Asynchronous Event Request Limit, 0's based (Identify Controller AERL).
+pub(crate) const AERL: u8 = 3;
+/// Error Log Page Entries, 0's based (ELPE).
+pub(crate) const ELPE: u8 = 63;
+const MAX_QUEUED_EVENTS: usize = 16;
+
+/// What enable gives the workers: the client's memory and interrupts, and
+/// the page size chosen in CC.MPS.
+pub(crate) struct Session {
+    pub mem: Arc<dyn GuestMemory>,
+    pub irq: Arc<dyn InterruptSink>,
+    pub page_size: u64,
+}
+
+/// Admin-only state, changed by admin commands (a leaf lock).
+#[derive(Debug, Clone)]
+pub(crate) struct AdminState {
+    /// Granted I/O queues (Number of Queues), 0's based.
+    pub nsqa_z: u16,
+    pub ncqa_z: u16,
+    /// An I/O queue was created since the last reset: Number of Queues can
+    /// no longer change.
+    pub io_queues_created: bool,
+    pub arbitration: u32,
+    pub async_event_config: u32,
+    pub power_state: u32,
+    pub temperature_threshold: u32,
+    pub error_recovery: u32,
+    pub write_atomicity: u32,
+}
+
+impl AdminState {
+    pub fn new(config: &ControllerConfig) -> Self {
+        let q = config.max_io_queues.saturating_sub(1);
+        Self {
+            nsqa_z: q,
+            ncqa_z: q,
+            io_queues_created: false,
+            arbitration: 0,
+            async_event_config: 0,
+            power_state: 0,
+            temperature_threshold: 0x0157,
+            error_recovery: 0,
+            write_atomicity: 0,
+        }
+    }
+}
+
+/// Outstanding Asynchronous Event Requests and events not yet reported (§5.2).
+#[derive(Debug, Default)]
+pub(crate) struct Events {
+    /// CIDs of outstanding AER commands.
+    pub outstanding: Vec<u16>,
+    /// Completion dword 0 of events waiting for an AER.
+    pub queue: VecDeque<u32>,
+    /// Event types (bit per type) reported and not yet cleared by reading
+    /// their log page: further events of that type are dropped (§5.2).
+    pub masked: u8,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct ErrorLog {
+    pub count: u64,
+    /// Newest first.
+    pub entries: VecDeque<ErrorLogEntry>,
+}
+
+pub(crate) struct Shared {
+    pub config: ControllerConfig,
+    pub namespaces: BTreeMap<u32, Arc<Namespace>>,
+    /// Identify Controller NN: the largest NSID.
+    pub nn: u32,
+    /// Some namespace's backend has a volatile write cache.
+    pub vwc: bool,
+    pub doorbells: Doorbells,
+    /// Indexed by queue id, `0..=max_io_queues`.
+    pub sqs: Vec<Mutex<Option<Sq>>>,
+    pub cqs: Vec<Mutex<Option<Cq>>>,
+    pub admin: Mutex<AdminState>,
+    pub events: Mutex<Events>,
+    pub error_log: Mutex<ErrorLog>,
+    pub stats: Stats,
+    pub workers: Vec<WorkerShared>,
+    /// CC as last written (workers read IOSQES/IOCQES at queue creation).
+    pub cc: AtomicU32,
+    /// CSTS.RDY as workers and doorbell traps see it.
+    pub ready: AtomicBool,
+    /// A fatal error (CSTS.CFS): queue memory unreachable. Workers stop.
+    pub fatal: AtomicBool,
+    /// Interrupt mask (INTMS) for non-MSI-X interrupts, and whether an
+    /// interrupt was held back by it.
+    pub intm: AtomicU32,
+    pub intx_held: AtomicBool,
+    /// Interrupt Coalescing feature value (THR 7:0, TIME 15:8).
+    pub coalescing: AtomicU32,
+    /// Interrupt Vector Configuration: coalescing disabled, per vector.
+    pub coalescing_disabled: Vec<AtomicBool>,
+    /// Volatile Write Cache enabled (feature 06h).
+    pub wce: AtomicBool,
+    pub created: Instant,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("nn", &self.nn)
+            .field("ready", &self.ready)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Shared {
+    /// The worker that owns the queue pair whose CQ is `cqid`: SQs live with
+    /// their CQ, so a CQ is only ever posted to by one thread.
+    pub fn worker_for(&self, cqid: u16) -> usize {
+        let n = self.workers.len().max(1);
+        if cqid == 0 {
+            0
+        } else {
+            usize::from(cqid - 1) % n
+        }
+    }
+
+    /// Active namespace `nsid`, or Invalid Namespace or Format.
+    pub fn namespace(&self, nsid: u32) -> Result<&Arc<Namespace>, Status> {
+        self.namespaces
+            .get(&nsid)
+            .ok_or(Status::INVALID_NAMESPACE_OR_FORMAT.with_dnr(true))
+    }
+
+    /// Queues SQ `qid` for a pass by its worker (outside a doorbell trap).
+    pub fn kick_sq(&self, qid: u16) {
+        if let Some(w) = self.doorbells.request(Doorbell::SqTail(qid)) {
+            if let Some(worker) = self.workers.get(w) {
+                worker.push(Doorbell::SqTail(qid));
+            }
+        }
+    }
+
+    /// Records an asynchronous event (§5.2) and wakes the admin queue to
+    /// report it. Events of a masked type, or arriving while not ready, are
+    /// dropped.
+    pub fn async_event(&self, kind: u8, info: u8, lid: u8) {
+        if !self.ready.load(Ordering::Acquire) {
+            return;
+        }
+        if kind == async_event::TYPE_NOTICE {
+            let aec = self.admin.lock().async_event_config;
+            if aec & vnvme_spec::feature::aec::NAMESPACE_ATTRIBUTE == 0 {
+                return;
+            }
+        }
+        let bit = 1u8 << (kind & 0x7);
+        {
+            let mut e = self.events.lock();
+            if e.masked & bit != 0 || e.queue.len() >= MAX_QUEUED_EVENTS {
+                return;
+            }
+            e.masked |= bit;
+            e.queue.push_back(async_event::dword0(kind, info, lid));
+        }
+        self.kick_sq(0);
+    }
+
+    /// Sets CSTS.CFS: the controller cannot reach its queues.
+    pub fn set_fatal(&self, why: &str) {
+        if !self.fatal.swap(true, Ordering::AcqRel) {
+            self.stats.fatal_errors.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!("controller fatal status: {why}");
+        }
+    }
+
+    /// Adds a failed command to the Error Information log.
+    pub fn log_error(&self, sqid: u16, cmd: &Command, status: Status) {
+        let mut log = self.error_log.lock();
+        log.count = log.count.wrapping_add(1).max(1);
+        let mut e = ErrorLogEntry::default();
+        e.error_count = U64::new(log.count);
+        e.sqid = U16::new(sqid);
+        e.cid = U16::new(cmd.cid());
+        e.status = U16::new(status.raw() << 1);
+        e.param_error_location = U16::new(0xFFFF);
+        e.nsid = U32::new(cmd.nsid.get());
+        log.entries.push_front(e);
+        log.entries.truncate(usize::from(ELPE) + 1);
+    }
+}
+
+/// Per-worker scratch buffers, reused across commands.
+#[derive(Debug, Default)]
+pub(crate) struct Scratch {
+    pub segs: Vec<Segment>,
+    pub buf: Vec<u8>,
+    pub buf2: Vec<u8>,
+}
+
+/// What a command handler has at hand.
+pub(crate) struct Ctx<'a> {
+    pub shared: &'a Shared,
+    pub session: &'a Session,
+    pub scratch: &'a mut Scratch,
+}
+
+/// How a command finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Done {
+        dw0: u32,
+        status: Status,
+    },
+    /// Completed later (Asynchronous Event Request).
+    Deferred,
+}
+
+impl Outcome {
+    pub fn ok(dw0: u32) -> Self {
+        Outcome::Done {
+            dw0,
+            status: Status::SUCCESS,
+        }
+    }
+
+    pub fn from_result(r: Result<u32, Status>) -> Self {
+        match r {
+            Ok(dw0) => Self::ok(dw0),
+            Err(status) => Outcome::Done { dw0: 0, status },
+        }
+    }
+}
+
+impl Ctx<'_> {
+    /// Copies `data` to the host buffer described by the command's PRPs.
+    pub fn send(&mut self, cmd: &Command, data: &[u8]) -> Result<(), Status> {
+        let len = data.len() as u64;
+        if len > self.shared.config.max_transfer() {
+            return Err(Status::INVALID_FIELD.with_dnr(true));
+        }
+        crate::prp::map(
+            &*self.session.mem,
+            cmd.prp1.get(),
+            cmd.prp2.get(),
+            len,
+            self.session.page_size,
+            &mut self.scratch.segs,
+        )?;
+        crate::prp::write_to_guest(&*self.session.mem, &self.scratch.segs, data)
+    }
+}

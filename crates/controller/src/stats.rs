@@ -1,0 +1,231 @@
+//! Counters: incremented on the hot path with relaxed atomics, read as a
+//! serde snapshot by [`Controller::stats`](crate::Controller::stats).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use serde::Serialize;
+use vnvme_spec::{AdminOpcode, NvmOpcode, Status};
+
+/// Counters of one queue id (its SQ and its CQ).
+#[derive(Debug, Default)]
+pub(crate) struct QueueCounters {
+    pub sq_doorbell_traps: AtomicU64,
+    pub cq_doorbell_traps: AtomicU64,
+    pub shadow_reads: AtomicU64,
+    pub eventidx_writes: AtomicU64,
+    pub commands: AtomicU64,
+    pub errors: AtomicU64,
+    pub interrupts: AtomicU64,
+    pub invalid_doorbell_writes: AtomicU64,
+}
+
+/// Number of distinct status codes (SCT 3 bits, SC 8 bits).
+const STATUS_CODES: usize = 0x800;
+
+#[derive(Debug)]
+pub(crate) struct Stats {
+    /// Indexed by queue id, `0..=max_io_queues`.
+    pub queues: Vec<QueueCounters>,
+    admin_ops: Vec<AtomicU64>,
+    io_ops: Vec<AtomicU64>,
+    statuses: Vec<AtomicU64>,
+    /// Doorbell writes naming a queue id beyond the controller's limit.
+    pub invalid_doorbell_writes_no_queue: AtomicU64,
+    /// Register accesses with a bad size or alignment.
+    pub invalid_register_accesses: AtomicU64,
+    pub controller_resets: AtomicU64,
+    pub enables: AtomicU64,
+    pub fatal_errors: AtomicU64,
+    // SMART / health.
+    pub data_units_read_512: AtomicU64,
+    pub data_units_written_512: AtomicU64,
+    pub host_read_commands: AtomicU64,
+    pub host_write_commands: AtomicU64,
+    pub power_cycles: AtomicU64,
+    pub unsafe_shutdowns: AtomicU64,
+    pub media_errors: AtomicU64,
+}
+
+fn counters(n: usize) -> Vec<AtomicU64> {
+    (0..n).map(|_| AtomicU64::new(0)).collect()
+}
+
+impl Stats {
+    pub fn new(queue_ids: usize) -> Self {
+        Self {
+            queues: (0..queue_ids).map(|_| QueueCounters::default()).collect(),
+            admin_ops: counters(256),
+            io_ops: counters(256),
+            statuses: counters(STATUS_CODES),
+            invalid_doorbell_writes_no_queue: AtomicU64::new(0),
+            invalid_register_accesses: AtomicU64::new(0),
+            controller_resets: AtomicU64::new(0),
+            enables: AtomicU64::new(0),
+            fatal_errors: AtomicU64::new(0),
+            data_units_read_512: AtomicU64::new(0),
+            data_units_written_512: AtomicU64::new(0),
+            host_read_commands: AtomicU64::new(0),
+            host_write_commands: AtomicU64::new(0),
+            power_cycles: AtomicU64::new(0),
+            unsafe_shutdowns: AtomicU64::new(0),
+            media_errors: AtomicU64::new(0),
+        }
+    }
+
+    pub fn queue(&self, qid: u16) -> Option<&QueueCounters> {
+        self.queues.get(usize::from(qid))
+    }
+
+    pub fn command(&self, qid: u16, opcode: u8) {
+        let table = if qid == 0 {
+            &self.admin_ops
+        } else {
+            &self.io_ops
+        };
+        if let Some(c) = table.get(usize::from(opcode)) {
+            c.fetch_add(1, Relaxed);
+        }
+        if let Some(q) = self.queue(qid) {
+            q.commands.fetch_add(1, Relaxed);
+        }
+    }
+
+    pub fn completion(&self, qid: u16, status: Status) {
+        if let Some(c) = self.statuses.get(usize::from(status.raw() & 0x7FF)) {
+            c.fetch_add(1, Relaxed);
+        }
+        if !status.is_success() {
+            if let Some(q) = self.queue(qid) {
+                q.errors.fetch_add(1, Relaxed);
+            }
+        }
+    }
+
+    pub fn snapshot(&self) -> ControllerStats {
+        let mut s = ControllerStats::default();
+        for (qid, q) in self.queues.iter().enumerate() {
+            let qs = QueueStats {
+                qid: qid as u16,
+                sq_doorbell_traps: q.sq_doorbell_traps.load(Relaxed),
+                cq_doorbell_traps: q.cq_doorbell_traps.load(Relaxed),
+                shadow_reads: q.shadow_reads.load(Relaxed),
+                eventidx_writes: q.eventidx_writes.load(Relaxed),
+                commands: q.commands.load(Relaxed),
+                errors: q.errors.load(Relaxed),
+                interrupts: q.interrupts.load(Relaxed),
+                invalid_doorbell_writes: q.invalid_doorbell_writes.load(Relaxed),
+            };
+            s.sq_doorbell_traps += qs.sq_doorbell_traps;
+            s.cq_doorbell_traps += qs.cq_doorbell_traps;
+            s.shadow_reads += qs.shadow_reads;
+            s.eventidx_writes += qs.eventidx_writes;
+            s.commands += qs.commands;
+            s.errors += qs.errors;
+            s.interrupts += qs.interrupts;
+            s.invalid_doorbell_writes += qs.invalid_doorbell_writes;
+            if qs
+                != (QueueStats {
+                    qid: qs.qid,
+                    ..Default::default()
+                })
+            {
+                s.queues.push(qs);
+            }
+        }
+        let nq = self.invalid_doorbell_writes_no_queue.load(Relaxed);
+        s.invalid_doorbell_writes += nq;
+        for (op, c) in self.admin_ops.iter().enumerate() {
+            let n = c.load(Relaxed);
+            if n != 0 {
+                s.admin_commands
+                    .insert(AdminOpcode(op as u8).to_string(), n);
+            }
+        }
+        for (op, c) in self.io_ops.iter().enumerate() {
+            let n = c.load(Relaxed);
+            if n != 0 {
+                s.io_commands.insert(NvmOpcode(op as u8).to_string(), n);
+            }
+        }
+        for (raw, c) in self.statuses.iter().enumerate() {
+            let n = c.load(Relaxed);
+            if n != 0 {
+                let st = Status::from_raw(raw as u16);
+                let key = match st.name() {
+                    "unknown" => format!("sct{:x}-sc{:02x}", st.sct(), st.sc()),
+                    name => name.to_string(),
+                };
+                s.completions.insert(key, n);
+            }
+        }
+        s.invalid_register_accesses = self.invalid_register_accesses.load(Relaxed);
+        s.controller_resets = self.controller_resets.load(Relaxed);
+        s.enables = self.enables.load(Relaxed);
+        s.fatal_errors = self.fatal_errors.load(Relaxed);
+        s
+    }
+}
+
+/// Counters of one queue id in a [`ControllerStats`] snapshot.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct QueueStats {
+    pub qid: u16,
+    /// SQ tail doorbell writes that trapped (MMIO).
+    pub sq_doorbell_traps: u64,
+    /// CQ head doorbell writes that trapped (MMIO).
+    pub cq_doorbell_traps: u64,
+    /// Shadow doorbell reads (Doorbell Buffer Config; 0 until it exists).
+    pub shadow_reads: u64,
+    /// EventIdx writes (Doorbell Buffer Config; 0 until it exists).
+    pub eventidx_writes: u64,
+    /// Commands fetched from this SQ.
+    pub commands: u64,
+    /// Completions with a non-success status posted for this SQ.
+    pub errors: u64,
+    /// Interrupts raised for this CQ.
+    pub interrupts: u64,
+    /// Doorbell values ignored: beyond the queue size, for a queue that does
+    /// not exist, or a CQ head skipping entries not yet posted.
+    pub invalid_doorbell_writes: u64,
+}
+
+/// A snapshot of the controller's counters, cumulative since construction.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ControllerStats {
+    pub sq_doorbell_traps: u64,
+    pub cq_doorbell_traps: u64,
+    pub shadow_reads: u64,
+    pub eventidx_writes: u64,
+    pub interrupts: u64,
+    pub commands: u64,
+    pub errors: u64,
+    pub invalid_doorbell_writes: u64,
+    pub invalid_register_accesses: u64,
+    pub controller_resets: u64,
+    pub enables: u64,
+    /// Times CSTS.CFS was set (bad enable, unreachable queue memory).
+    pub fatal_errors: u64,
+    /// Admin commands by opcode name.
+    pub admin_commands: BTreeMap<String, u64>,
+    /// I/O commands by opcode name.
+    pub io_commands: BTreeMap<String, u64>,
+    /// Completions by status name ("success", "invalid-field", ...).
+    pub completions: BTreeMap<String, u64>,
+    /// Queues with any non-zero counter.
+    pub queues: Vec<QueueStats>,
+}
+
+impl ControllerStats {
+    /// Counters of queue `qid` (zeroes if it never counted anything).
+    pub fn queue(&self, qid: u16) -> QueueStats {
+        self.queues
+            .iter()
+            .find(|q| q.qid == qid)
+            .cloned()
+            .unwrap_or(QueueStats {
+                qid,
+                ..Default::default()
+            })
+    }
+}

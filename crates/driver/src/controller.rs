@@ -1,0 +1,503 @@
+//! Controller initialisation (NVMe 2.0 §3.5.1), reset and shutdown, and the
+//! admin command path.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use vnvme_spec::command::Command;
+use vnvme_spec::feature::{FeatureId, NumberOfQueues};
+use vnvme_spec::identify::{Cns, IdentifyController, IdentifyNamespace, IDENTIFY_SIZE};
+use vnvme_spec::regs::{offset, shutdown, Aqa, Cap, Cc, Crto, Csts};
+use vnvme_spec::{Completion, Status};
+use zerocopy::FromBytes;
+
+use crate::access::{DeviceAccess, DmaBuffer, Interrupt, PAGE_SIZE};
+use crate::admin::{self, AdminQueue};
+use crate::error::Error;
+use crate::io::IoQueue;
+use crate::namespace::Namespace;
+use crate::queue::{Backoff, QueuePair};
+
+/// How to bring the controller up.
+#[derive(Debug, Clone)]
+pub struct InitOptions {
+    /// I/O queue pairs to create (one per thread). The controller may grant fewer.
+    pub io_queues: u16,
+    /// Entries per I/O queue (capped by CAP.MQES).
+    pub queue_depth: u16,
+    /// Entries of the admin queues (capped by CAP.MQES and 4096).
+    pub admin_depth: u16,
+    /// Use MSI-X interrupts if the device offers them; else poll.
+    pub interrupts: bool,
+    /// Overrides the ready timeout derived from CAP.TO and CRTO.
+    pub ready_timeout: Option<Duration>,
+    /// Time an admin command may take.
+    pub admin_timeout: Duration,
+    /// Time a synchronous I/O command may take.
+    pub io_timeout: Duration,
+    /// The driver's own transfer limit per command, further bounded by MDTS.
+    pub max_transfer: usize,
+}
+
+impl Default for InitOptions {
+    fn default() -> Self {
+        Self {
+            io_queues: 1,
+            queue_depth: 256,
+            admin_depth: 32,
+            interrupts: true,
+            ready_timeout: None,
+            admin_timeout: Duration::from_secs(10),
+            io_timeout: Duration::from_secs(30),
+            max_transfer: 1 << 20,
+        }
+    }
+}
+
+/// An initialised NVMe controller.
+#[derive(Debug)]
+pub struct Controller {
+    access: Arc<dyn DeviceAccess>,
+    opts: InitOptions,
+    cap: Cap,
+    version: u32,
+    ready_timeout: Duration,
+    admin: Mutex<AdminQueue>,
+    identify: Arc<IdentifyController>,
+    namespaces: Arc<[Namespace]>,
+    io_queues: Mutex<Vec<Option<IoQueue>>>,
+    io_queue_count: u16,
+    max_transfer: usize,
+    interrupts: bool,
+    generation: Arc<AtomicU64>,
+    init_admin_commands: u64,
+}
+
+/// Everything `bring_up` produces; the part of a controller a reset replaces.
+struct Live {
+    cap: Cap,
+    version: u32,
+    ready_timeout: Duration,
+    admin: AdminQueue,
+    identify: Arc<IdentifyController>,
+    namespaces: Arc<[Namespace]>,
+    io_queues: Vec<Option<IoQueue>>,
+    max_transfer: usize,
+    interrupts: bool,
+}
+
+impl Controller {
+    /// Resets and initialises the controller behind `access`: admin queue,
+    /// Identify, Number of Queues, one I/O queue pair per requested thread,
+    /// and the active namespaces.
+    pub fn init(access: Arc<dyn DeviceAccess>, opts: InitOptions) -> Result<Self, Error> {
+        let generation = Arc::new(AtomicU64::new(0));
+        let live = bring_up(&access, &opts, &generation)?;
+        Ok(Self::from_live(access, opts, generation, live))
+    }
+
+    fn from_live(
+        access: Arc<dyn DeviceAccess>,
+        opts: InitOptions,
+        generation: Arc<AtomicU64>,
+        live: Live,
+    ) -> Self {
+        let init_admin_commands = live.admin.commands;
+        let io_queue_count = u16::try_from(live.io_queues.len()).unwrap_or(u16::MAX);
+        Self {
+            access,
+            opts,
+            cap: live.cap,
+            version: live.version,
+            ready_timeout: live.ready_timeout,
+            admin: Mutex::new(live.admin),
+            identify: live.identify,
+            namespaces: live.namespaces,
+            io_queues: Mutex::new(live.io_queues),
+            io_queue_count,
+            max_transfer: live.max_transfer,
+            interrupts: live.interrupts,
+            generation,
+            init_admin_commands,
+        }
+    }
+
+    /// Sends any admin command and waits for it. With `data`, PRP1/PRP2 are
+    /// set to cover the whole buffer. An error status is [`Error::AdminCommand`].
+    pub fn admin(&self, cmd: Command, data: Option<&mut DmaBuffer>) -> Result<Completion, Error> {
+        self.admin
+            .lock()
+            .execute(cmd, data.map(|d| &*d), self.opts.admin_timeout)
+    }
+
+    /// Takes I/O queue pair `index` (0-based; its qid is `index + 1`) for
+    /// exclusive use by one thread.
+    pub fn take_io_queue(&self, index: usize) -> Result<IoQueue, Error> {
+        let qid = u16::try_from(index + 1).unwrap_or(u16::MAX);
+        let mut queues = self.io_queues.lock();
+        let slot = queues.get_mut(index).ok_or(Error::NoSuchQueue(qid))?;
+        slot.take().ok_or(Error::QueueTaken(qid))
+    }
+
+    /// I/O queue pairs created (what the controller granted, up to what was asked).
+    pub fn io_queue_count(&self) -> u16 {
+        self.io_queue_count
+    }
+
+    /// The Identify Controller data read at initialisation.
+    pub fn identify(&self) -> &IdentifyController {
+        &self.identify
+    }
+
+    /// Active namespaces the driver can use, in NSID order.
+    pub fn namespaces(&self) -> &[Namespace] {
+        &self.namespaces
+    }
+
+    pub fn cap(&self) -> Cap {
+        self.cap
+    }
+
+    /// The VS register.
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
+    /// Largest transfer of one command: the driver limit bounded by MDTS.
+    pub fn max_transfer(&self) -> usize {
+        self.max_transfer
+    }
+
+    /// How long the controller may take to become ready (CAP.TO, CRTO or the override).
+    pub fn ready_timeout(&self) -> Duration {
+        self.ready_timeout
+    }
+
+    /// Whether I/O queues were given interrupt vectors.
+    pub fn interrupts_enabled(&self) -> bool {
+        self.interrupts
+    }
+
+    /// Admin commands sent during initialisation (identify, number of
+    /// queues, queue creation, namespace scan).
+    pub fn init_admin_commands(&self) -> u64 {
+        self.init_admin_commands
+    }
+
+    /// Admin commands sent since initialisation began.
+    pub fn admin_commands(&self) -> u64 {
+        self.admin.lock().commands
+    }
+
+    /// The device access the controller was built on.
+    pub fn access(&self) -> &Arc<dyn DeviceAccess> {
+        &self.access
+    }
+
+    /// Resets the controller (CC.EN = 0) and initialises it again with the
+    /// same options. I/O queues taken before become stale: their next
+    /// submission fails with [`Error::StaleQueue`].
+    pub fn reset(&mut self) -> Result<(), Error> {
+        self.generation.fetch_add(1, Ordering::Relaxed);
+        self.access.disable_interrupts()?;
+        let live = bring_up(&self.access, &self.opts, &self.generation)?;
+        let access = Arc::clone(&self.access);
+        let generation = Arc::clone(&self.generation);
+        *self = Self::from_live(access, self.opts.clone(), generation, live);
+        Ok(())
+    }
+
+    /// Normal shutdown (CC.SHN = 01b), waiting for CSTS.SHST = complete.
+    /// I/O queues become stale.
+    pub fn shutdown(&self) -> Result<(), Error> {
+        self.generation.fetch_add(1, Ordering::Relaxed);
+        let cc = Cc::from(self.access.read32(offset::CC)?).with_shn(shutdown::NORMAL);
+        self.access.write32(offset::CC, cc.into())?;
+        // RTD3E (µs) is the device's own estimate; never wait less than 5 s.
+        let rtd3e = Duration::from_micros(u64::from(self.identify.rtd3e.get()));
+        let timeout = rtd3e.clamp(Duration::from_secs(5), Duration::from_secs(60));
+        wait_csts(&self.access, timeout, "complete shutdown", false, |c| {
+            c.shst() == shutdown::COMPLETE
+        })?;
+        self.access.disable_interrupts()?;
+        Ok(())
+    }
+}
+
+/// Polls CSTS until `done`, failing on timeout, or on CFS when `fatal_is_error`.
+fn wait_csts(
+    access: &Arc<dyn DeviceAccess>,
+    timeout: Duration,
+    what: &'static str,
+    fatal_is_error: bool,
+    done: impl Fn(Csts) -> bool,
+) -> Result<Csts, Error> {
+    let deadline = Instant::now() + timeout;
+    let mut backoff = Backoff::default();
+    loop {
+        let raw = access.read32(offset::CSTS)?;
+        // All ones is what a vanished PCI device reads as: never "ready".
+        if raw == u32::MAX {
+            return Err(Error::ControllerFatal(what));
+        }
+        let csts = Csts::from(raw);
+        if done(csts) {
+            return Ok(csts);
+        }
+        if fatal_is_error && csts.cfs() {
+            return Err(Error::ControllerFatal(what));
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(Error::ReadyTimeout { what, timeout });
+        }
+        backoff.pause(deadline - now);
+    }
+}
+
+fn bring_up(
+    access: &Arc<dyn DeviceAccess>,
+    opts: &InitOptions,
+    generation: &Arc<AtomicU64>,
+) -> Result<Live, Error> {
+    let cap = Cap::from(access.read64(offset::CAP)?);
+    let version = access.read32(offset::VS)?;
+    if cap.css() & 1 == 0 {
+        return Err(Error::Unsupported(
+            "CAP.CSS lacks the NVM command set".into(),
+        ));
+    }
+    if cap.mpsmin() != 0 {
+        return Err(Error::Unsupported(format!(
+            "CAP.MPSMIN {} (4 KiB pages required)",
+            cap.mpsmin()
+        )));
+    }
+    // Linux waits max(CRTO.CRWMT, CAP.TO): some devices report CRTO = 0.
+    let crto = Crto::from(access.read32(offset::CRTO)?);
+    let units = u64::from(cap.to()).max(u64::from(crto.crwmt())).max(1);
+    let ready_timeout = opts
+        .ready_timeout
+        .unwrap_or(Duration::from_millis(500 * units));
+    let dstrd = cap.dstrd();
+    let mqes = u32::from(cap.mqes_z()) + 1;
+
+    // §3.5.1: disable first; the controller may be enabled from before.
+    let cc = Cc::from(access.read32(offset::CC)?);
+    if cc.en() {
+        access.write32(offset::CC, cc.with_en(false).into())?;
+    }
+    wait_csts(access, ready_timeout, "clear CSTS.RDY", false, |c| !c.rdy())?;
+
+    let mut vectors: Vec<Option<Interrupt>> = Vec::new();
+    if opts.interrupts {
+        match access.enable_interrupts(opts.io_queues.saturating_add(1)) {
+            Ok(v) => vectors = v.into_iter().map(Some).collect(),
+            Err(e) => tracing::warn!(error = %e, "interrupts unavailable, polling"),
+        }
+    }
+    let admin_irq = vectors.first_mut().and_then(Option::take);
+
+    let admin_size = clamp_depth(opts.admin_depth, mqes.min(4096));
+    let admin_qp = QueuePair::new(
+        access,
+        0,
+        admin_size,
+        dstrd,
+        opts.max_transfer.max(IDENTIFY_SIZE),
+    )?;
+    let aqa = Aqa::new()
+        .with_asqs_z(admin_size - 1)
+        .with_acqs_z(admin_size - 1);
+    access.write32(offset::AQA, aqa.into())?;
+    access.write64(offset::ASQ, admin_qp.sq_iova())?;
+    access.write64(offset::ACQ, admin_qp.cq_iova())?;
+    let cc = Cc::new()
+        .with_en(true)
+        .with_css(0)
+        .with_mps(0)
+        .with_ams(0)
+        .with_iosqes(6)
+        .with_iocqes(4);
+    access.write32(offset::CC, cc.into())?;
+    wait_csts(access, ready_timeout, "set CSTS.RDY", true, |c| c.rdy())?;
+    let mut admin = AdminQueue::new(admin_qp, admin_irq);
+    let timeout = opts.admin_timeout;
+
+    let buf = access.dma_alloc(IDENTIFY_SIZE)?;
+    admin.execute(admin::identify(Cns::CONTROLLER, 0), Some(&buf), timeout)?;
+    let identify = IdentifyController::read_from_bytes(&buf.to_vec())
+        .map_err(|_| Error::Unsupported("short identify data".into()))?;
+    let max_transfer = max_transfer(opts.max_transfer, identify.mdts, cap.mpsmin());
+
+    let mut pairs = Vec::new();
+    if opts.io_queues > 0 {
+        let want = NumberOfQueues {
+            nsqr_z: opts.io_queues - 1,
+            ncqr_z: opts.io_queues - 1,
+        };
+        let cqe = admin.execute(
+            admin::set_features(FeatureId::NUMBER_OF_QUEUES, want.to_dword()),
+            None,
+            timeout,
+        )?;
+        // The answer holds NSQA/NCQA (0's based): what was allocated, which
+        // may be fewer, or more, than asked for.
+        let got = NumberOfQueues::from_dword(cqe.dw0.get());
+        let count = u32::from(opts.io_queues)
+            .min(u32::from(got.nsqr_z) + 1)
+            .min(u32::from(got.ncqr_z) + 1) as u16;
+        let depth = clamp_depth(opts.queue_depth, mqes);
+        for qid in 1..=count {
+            let qp = QueuePair::new(access, qid, depth, dstrd, max_transfer)?;
+            let irq = vectors.get_mut(usize::from(qid)).and_then(Option::take);
+            let vector = irq.as_ref().map(|_| qid);
+            admin.execute(
+                admin::create_io_cq(qid, depth, qp.cq_iova(), vector),
+                None,
+                timeout,
+            )?;
+            admin.execute(
+                admin::create_io_sq(qid, depth, qp.sq_iova(), qid),
+                None,
+                timeout,
+            )?;
+            pairs.push((qp, irq));
+        }
+    }
+    let interrupts = pairs.iter().any(|(_, irq)| irq.is_some());
+
+    let namespaces: Arc<[Namespace]> =
+        scan_namespaces(access, &mut admin, &identify, ready_timeout, timeout)?.into();
+    let io_queues = pairs
+        .into_iter()
+        .map(|(qp, irq)| {
+            Some(IoQueue::new(
+                qp,
+                irq,
+                Arc::clone(&namespaces),
+                Arc::clone(generation),
+                opts.io_timeout,
+            ))
+        })
+        .collect();
+    Ok(Live {
+        cap,
+        version,
+        ready_timeout,
+        admin,
+        identify: Arc::new(identify),
+        namespaces,
+        io_queues,
+        max_transfer,
+        interrupts,
+    })
+}
+
+fn clamp_depth(want: u16, mqes: u32) -> u16 {
+    u32::from(want)
+        .clamp(2, mqes.max(2))
+        .min(u32::from(u16::MAX)) as u16
+}
+
+/// The transfer limit: the driver's own, bounded by MDTS (units of
+/// CAP.MPSMIN pages, a power of two; 0 = no limit), never below one page.
+pub fn max_transfer(driver_limit: usize, mdts: u8, mpsmin: u8) -> usize {
+    let page = PAGE_SIZE << mpsmin;
+    let device = match mdts {
+        0 => usize::MAX,
+        m => 1usize
+            .checked_shl(u32::from(m))
+            .and_then(|p| p.checked_mul(page))
+            .unwrap_or(usize::MAX),
+    };
+    driver_limit.min(device).max(PAGE_SIZE)
+}
+
+/// Identify active namespace list, then Identify Namespace for each,
+/// retrying only Namespace Not Ready (generic, DNR clear) until the ready
+/// timeout; namespaces that fail otherwise or have an unusable format are skipped.
+fn scan_namespaces(
+    access: &Arc<dyn DeviceAccess>,
+    admin: &mut AdminQueue,
+    identify: &IdentifyController,
+    ready_timeout: Duration,
+    timeout: Duration,
+) -> Result<Vec<Namespace>, Error> {
+    let buf = access.dma_alloc(IDENTIFY_SIZE)?;
+    let nsids: Vec<u32> = match admin.execute(
+        admin::identify(Cns::ACTIVE_NAMESPACES, 0),
+        Some(&buf),
+        timeout,
+    ) {
+        Ok(_) => {
+            let mut list = Vec::new();
+            for chunk in buf.to_vec().chunks_exact(4) {
+                let nsid = u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+                // Zero ends the list; the list is increasing, so anything
+                // else is a device bug and is dropped.
+                if nsid == 0 {
+                    break;
+                }
+                if list.last().is_none_or(|&l| nsid > l) {
+                    list.push(nsid);
+                }
+            }
+            list
+        }
+        // Before NVMe 1.1, CNS 02h did not exist: try every NSID up to NN.
+        Err(Error::AdminCommand { status, .. }) if status.same_code(Status::INVALID_FIELD) => {
+            (1..=identify.nn.get().min(1024)).collect()
+        }
+        Err(e) => return Err(e),
+    };
+    let deadline = Instant::now() + ready_timeout;
+    let mut namespaces = Vec::new();
+    for nsid in nsids {
+        buf.fill(0, IDENTIFY_SIZE, 0)?;
+        let mut delay = Duration::from_millis(1);
+        let result = loop {
+            match admin.execute(admin::identify(Cns::NAMESPACE, nsid), Some(&buf), timeout) {
+                Err(Error::AdminCommand { status, .. })
+                    if status.same_code(Status::NAMESPACE_NOT_READY)
+                        && !status.dnr()
+                        && Instant::now() + delay < deadline =>
+                {
+                    std::thread::sleep(delay);
+                    delay = (delay * 2).min(Duration::from_millis(100));
+                }
+                other => break other,
+            }
+        };
+        match result {
+            Ok(_) => {
+                let id = IdentifyNamespace::read_from_bytes(&buf.to_vec())
+                    .map_err(|_| Error::Unsupported("short identify data".into()))?;
+                match Namespace::from_identify(nsid, id) {
+                    Ok(ns) => namespaces.push(ns),
+                    Err(why) => tracing::info!(nsid, ?why, "skipping namespace"),
+                }
+            }
+            Err(Error::AdminCommand { status, .. }) => {
+                tracing::info!(nsid, %status, "skipping namespace");
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(namespaces)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn max_transfer_is_bounded_by_mdts_and_driver_limit() {
+        assert_eq!(max_transfer(1 << 20, 0, 0), 1 << 20);
+        assert_eq!(max_transfer(1 << 20, 5, 0), 128 << 10);
+        assert_eq!(max_transfer(1 << 20, 255, 0), 1 << 20);
+        assert_eq!(max_transfer(0, 5, 0), PAGE_SIZE);
+    }
+}

@@ -1,0 +1,311 @@
+//! I/O queue pairs: owned by one thread each, no lock on the I/O path.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use vnvme_spec::command::Command;
+use vnvme_spec::{Completion, NvmOpcode};
+
+use crate::access::{DmaBuffer, Interrupt};
+use crate::error::Error;
+use crate::namespace::Namespace;
+use crate::queue::{Backoff, QueueCounters, QueuePair, REAP_CAP};
+
+/// One I/O submission/completion queue pair (SQ id = CQ id = `qid`).
+///
+/// Commands are submitted with [`submit`](Self::submit) (one doorbell each)
+/// or [`enqueue`](Self::enqueue) + [`ring`](Self::ring) (one doorbell per
+/// batch), and reaped with [`poll`](Self::poll) / [`wait`](Self::wait).
+/// The data buffer of a command must stay alive until its completion is reaped.
+#[derive(Debug)]
+pub struct IoQueue {
+    qp: QueuePair,
+    interrupt: Option<Interrupt>,
+    namespaces: Arc<[Namespace]>,
+    /// Completions reaped while a synchronous call waited for another CID.
+    pending: VecDeque<Completion>,
+    generation: Arc<AtomicU64>,
+    my_generation: u64,
+    timeout: Duration,
+}
+
+impl IoQueue {
+    pub(crate) fn new(
+        qp: QueuePair,
+        interrupt: Option<Interrupt>,
+        namespaces: Arc<[Namespace]>,
+        generation: Arc<AtomicU64>,
+        timeout: Duration,
+    ) -> Self {
+        let my_generation = generation.load(Ordering::Relaxed);
+        Self {
+            qp,
+            interrupt,
+            namespaces,
+            pending: VecDeque::new(),
+            generation,
+            my_generation,
+            timeout,
+        }
+    }
+
+    pub fn qid(&self) -> u16 {
+        self.qp.qid()
+    }
+
+    /// Queue size in entries (at most `size - 1` commands in flight).
+    pub fn size(&self) -> u16 {
+        self.qp.size()
+    }
+
+    /// Commands submitted and not yet reaped.
+    pub fn outstanding(&self) -> usize {
+        self.qp.outstanding()
+    }
+
+    /// Whether completions arrive by interrupt (else [`wait`](Self::wait) polls).
+    pub fn has_interrupt(&self) -> bool {
+        self.interrupt.is_some()
+    }
+
+    /// Largest data transfer of one command, in bytes.
+    pub fn max_transfer(&self) -> usize {
+        self.qp.max_transfer()
+    }
+
+    pub fn counters(&self) -> QueueCounters {
+        self.qp.counters
+    }
+
+    pub fn namespace(&self, nsid: u32) -> Result<&Namespace, Error> {
+        self.namespaces
+            .iter()
+            .find(|n| n.nsid == nsid)
+            .ok_or(Error::NoSuchNamespace(nsid))
+    }
+
+    fn check_live(&self) -> Result<(), Error> {
+        // Relaxed: a reset happens under the controller's `&mut`, which the
+        // caller must order with this thread anyway; this only catches misuse.
+        if self.generation.load(Ordering::Relaxed) != self.my_generation {
+            return Err(Error::StaleQueue(self.qid()));
+        }
+        Ok(())
+    }
+
+    /// Writes `cmd` to the SQ without ringing the doorbell. The command's
+    /// CID is replaced by a free one, which is returned; PRPs are as given.
+    pub fn enqueue(&mut self, mut cmd: Command) -> Result<u16, Error> {
+        self.check_live()?;
+        let cid = self.qp.alloc_cid()?;
+        cmd.set_cid(cid);
+        self.push_or_free(cid, &cmd)?;
+        Ok(cid)
+    }
+
+    fn push_or_free(&mut self, cid: u16, cmd: &Command) -> Result<(), Error> {
+        self.qp.push(cmd).inspect_err(|_| self.qp.free_cid(cid))
+    }
+
+    /// Rings the SQ tail doorbell for everything enqueued since the last ring.
+    pub fn ring(&mut self) -> Result<(), Error> {
+        self.qp.ring()
+    }
+
+    /// Submits one command (a passthrough: PRPs as given) and rings.
+    pub fn submit(&mut self, cmd: Command) -> Result<u16, Error> {
+        let cid = self.enqueue(cmd)?;
+        self.ring()?;
+        Ok(cid)
+    }
+
+    /// Submits several commands with a single doorbell write.
+    pub fn submit_batch(&mut self, cmds: &[Command]) -> Result<Vec<u16>, Error> {
+        let mut cids = Vec::with_capacity(cmds.len());
+        for cmd in cmds {
+            match self.enqueue(*cmd) {
+                Ok(cid) => cids.push(cid),
+                Err(e) => {
+                    // What was enqueued must still reach the device.
+                    self.ring()?;
+                    return Err(e);
+                }
+            }
+        }
+        self.ring()?;
+        Ok(cids)
+    }
+
+    /// Enqueues a read or write of `nblocks` blocks at `lba` to/from `buf`
+    /// (PRPs built here, bounded by MDTS), without ringing.
+    pub fn enqueue_rw(
+        &mut self,
+        opcode: NvmOpcode,
+        nsid: u32,
+        lba: u64,
+        nblocks: u32,
+        buf: &DmaBuffer,
+    ) -> Result<u16, Error> {
+        self.check_live()?;
+        let ns = self.namespace(nsid)?;
+        if nblocks == 0 || nblocks > 1 << 16 {
+            return Err(Error::InvalidRequest(format!(
+                "{nblocks} blocks (NLB allows 1 to 65536)"
+            )));
+        }
+        let len =
+            usize::try_from(u64::from(nblocks) * u64::from(ns.lba_size)).unwrap_or(usize::MAX);
+        let mut cmd = Command::new(opcode.0, 0);
+        cmd.nsid = nsid.into();
+        cmd.cdw10 = (lba as u32).into();
+        cmd.cdw11 = ((lba >> 32) as u32).into();
+        // NLB is 0's based.
+        cmd.cdw12 = (nblocks - 1).into();
+        let cid = self.qp.alloc_cid()?;
+        cmd.set_cid(cid);
+        if let Err(e) = self.qp.set_data(&mut cmd, cid, buf, len) {
+            self.qp.free_cid(cid);
+            return Err(e);
+        }
+        self.push_or_free(cid, &cmd)?;
+        Ok(cid)
+    }
+
+    /// Submits a read (async: reap with poll/wait).
+    pub fn submit_read(
+        &mut self,
+        nsid: u32,
+        lba: u64,
+        nblocks: u32,
+        buf: &DmaBuffer,
+    ) -> Result<u16, Error> {
+        let cid = self.enqueue_rw(NvmOpcode::READ, nsid, lba, nblocks, buf)?;
+        self.ring()?;
+        Ok(cid)
+    }
+
+    /// Submits a write (async).
+    pub fn submit_write(
+        &mut self,
+        nsid: u32,
+        lba: u64,
+        nblocks: u32,
+        buf: &DmaBuffer,
+    ) -> Result<u16, Error> {
+        let cid = self.enqueue_rw(NvmOpcode::WRITE, nsid, lba, nblocks, buf)?;
+        self.ring()?;
+        Ok(cid)
+    }
+
+    /// Reads `nblocks` at `lba` into `buf` and waits for the completion.
+    pub fn read(
+        &mut self,
+        nsid: u32,
+        lba: u64,
+        nblocks: u32,
+        buf: &mut DmaBuffer,
+    ) -> Result<Completion, Error> {
+        let cid = self.submit_read(nsid, lba, nblocks, buf)?;
+        self.complete(cid, NvmOpcode::READ)
+    }
+
+    /// Writes `nblocks` at `lba` from `buf` and waits for the completion.
+    pub fn write(
+        &mut self,
+        nsid: u32,
+        lba: u64,
+        nblocks: u32,
+        buf: &DmaBuffer,
+    ) -> Result<Completion, Error> {
+        let cid = self.submit_write(nsid, lba, nblocks, buf)?;
+        self.complete(cid, NvmOpcode::WRITE)
+    }
+
+    /// Flushes the volatile write cache of `nsid` and waits.
+    pub fn flush(&mut self, nsid: u32) -> Result<Completion, Error> {
+        let mut cmd = Command::new(NvmOpcode::FLUSH.0, 0);
+        cmd.nsid = nsid.into();
+        let cid = self.submit(cmd)?;
+        self.complete(cid, NvmOpcode::FLUSH)
+    }
+
+    /// Submits `cmd` and waits for its completion (synchronous passthrough).
+    /// An error status is returned as the completion, not as an `Err`.
+    pub fn execute(&mut self, cmd: Command) -> Result<Completion, Error> {
+        let cid = self.submit(cmd)?;
+        self.wait_cid(cid)
+    }
+
+    fn complete(&mut self, cid: u16, opcode: NvmOpcode) -> Result<Completion, Error> {
+        let cqe = self.wait_cid(cid)?;
+        if !cqe.status().is_success() {
+            return Err(Error::IoCommand {
+                qid: self.qid(),
+                opcode,
+                status: cqe.status(),
+            });
+        }
+        Ok(cqe)
+    }
+
+    /// Waits for the completion of `cid`; other completions reaped meanwhile
+    /// are kept for the next [`poll`](Self::poll).
+    pub fn wait_cid(&mut self, cid: u16) -> Result<Completion, Error> {
+        let timeout = self.timeout;
+        self.qp
+            .wait_for(cid, self.interrupt.as_ref(), &mut self.pending, timeout)?
+            .ok_or_else(|| Error::CommandTimeout {
+                what: "I/O command".to_string(),
+                qid: self.qp.qid(),
+                cid,
+                timeout,
+            })
+    }
+
+    /// Moves up to `max` completions into `out` without waiting; writes the
+    /// CQ head doorbell once if any were reaped from the ring.
+    pub fn poll(&mut self, out: &mut Vec<Completion>, max: usize) -> Result<usize, Error> {
+        let max = max.min(REAP_CAP);
+        let mut n = 0;
+        while n < max {
+            match self.pending.pop_front() {
+                Some(c) => out.push(c),
+                None => break,
+            }
+            n += 1;
+        }
+        if n < max {
+            n += self.qp.reap(out, max - n)?;
+        }
+        Ok(n)
+    }
+
+    /// Like [`poll`](Self::poll), but waits up to `timeout` (interrupt or
+    /// polling with backoff) for at least one completion.
+    pub fn wait(
+        &mut self,
+        out: &mut Vec<Completion>,
+        max: usize,
+        timeout: Duration,
+    ) -> Result<usize, Error> {
+        let deadline = Instant::now() + timeout;
+        let mut backoff = Backoff::default();
+        loop {
+            let n = self.poll(out, max)?;
+            if n > 0 {
+                return Ok(n);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::WaitTimeout {
+                    qid: self.qid(),
+                    timeout,
+                });
+            }
+            self.qp
+                .idle(self.interrupt.as_ref(), deadline - now, &mut backoff)?;
+        }
+    }
+}

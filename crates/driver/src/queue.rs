@@ -1,0 +1,537 @@
+//! A submission/completion queue pair in host memory (NVMe 2.0 §3.3): ring
+//! index math, command slots, phase-bit reaping and data pointers. Shared by
+//! the admin queue and the I/O queues; owned by one thread at a time.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use vnvme_spec::command::Command;
+use vnvme_spec::regs::Doorbell;
+use vnvme_spec::Completion;
+
+use crate::access::{AccessError, DeviceAccess, DmaBuffer, Interrupt, PAGE_SIZE};
+use crate::doorbell::DoorbellRegister;
+use crate::error::Error;
+use crate::prp;
+
+/// Completions reaped per poll when the caller asks for more: keeps one
+/// poll bounded even against a device that keeps posting.
+pub const REAP_CAP: usize = 256;
+
+/// The next index of a ring of `size` entries.
+pub fn ring_next(index: u16, size: u16) -> u16 {
+    let next = u32::from(index) + 1;
+    if next >= u32::from(size) {
+        0
+    } else {
+        next as u16
+    }
+}
+
+/// Entries between `head` and `tail` of a ring of `size` (occupied entries).
+pub fn ring_used(head: u16, tail: u16, size: u16) -> u16 {
+    if tail >= head {
+        tail - head
+    } else {
+        size.wrapping_sub(head).wrapping_add(tail)
+    }
+}
+
+/// Whether one more entry fits: a ring of `size` holds at most `size - 1`.
+pub fn ring_has_room(head: u16, tail: u16, size: u16) -> bool {
+    ring_used(head, tail, size) + 1 < size
+}
+
+/// Counters of one queue pair. Plain integers: the queue has one owner.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueCounters {
+    pub submitted: u64,
+    pub completions: u64,
+    pub sq_doorbell_writes: u64,
+    pub cq_doorbell_writes: u64,
+    pub interrupts_waited: u64,
+    /// Completions whose command identifier was not in flight (ignored).
+    pub spurious_completions: u64,
+}
+
+/// Command identifiers in flight; a CID is also the index of the command's
+/// reserved PRP list pages.
+#[derive(Debug)]
+struct CidTable {
+    free: Vec<u16>,
+    in_flight: Vec<bool>,
+}
+
+impl CidTable {
+    fn new(slots: u16) -> Self {
+        Self {
+            free: (0..slots).rev().collect(),
+            in_flight: vec![false; usize::from(slots)],
+        }
+    }
+
+    fn alloc(&mut self) -> Option<u16> {
+        let cid = self.free.pop()?;
+        self.in_flight[usize::from(cid)] = true;
+        Some(cid)
+    }
+
+    /// Marks `cid` complete; false if it was not in flight (a device bug).
+    fn release(&mut self, cid: u16) -> bool {
+        match self.in_flight.get_mut(usize::from(cid)) {
+            Some(f) if *f => {
+                *f = false;
+                self.free.push(cid);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn outstanding(&self) -> usize {
+        self.in_flight.len() - self.free.len()
+    }
+}
+
+/// Memory and state of one queue pair.
+#[derive(Debug)]
+pub(crate) struct QueuePair {
+    qid: u16,
+    size: u16,
+    sq: DmaBuffer,
+    cq: DmaBuffer,
+    sq_tail: u16,
+    sq_head: u16,
+    cq_head: u16,
+    phase: bool,
+    sq_db: DoorbellRegister,
+    cq_db: DoorbellRegister,
+    cids: CidTable,
+    prp_lists: Option<DmaBuffer>,
+    lists_per_slot: usize,
+    max_transfer: usize,
+    pub counters: QueueCounters,
+}
+
+impl QueuePair {
+    /// Allocates the rings (zeroed, so the first pass expects phase 1) and one
+    /// PRP list area per command slot for transfers up to `max_transfer`.
+    pub fn new(
+        access: &Arc<dyn DeviceAccess>,
+        qid: u16,
+        size: u16,
+        dstrd: u8,
+        max_transfer: usize,
+    ) -> Result<Self, AccessError> {
+        let size = size.max(2);
+        let sq = access.dma_alloc(usize::from(size) * Command::SIZE)?;
+        let cq = access.dma_alloc(usize::from(size) * Completion::SIZE)?;
+        let slots = size - 1;
+        let lists_per_slot = prp::list_pages_for_max_transfer(max_transfer);
+        let prp_lists = match lists_per_slot {
+            0 => None,
+            n => Some(access.dma_alloc(usize::from(slots) * n * PAGE_SIZE)?),
+        };
+        Ok(Self {
+            qid,
+            size,
+            sq,
+            cq,
+            sq_tail: 0,
+            sq_head: 0,
+            cq_head: 0,
+            phase: true,
+            sq_db: DoorbellRegister::new(Arc::clone(access), Doorbell::SqTail(qid), dstrd),
+            cq_db: DoorbellRegister::new(Arc::clone(access), Doorbell::CqHead(qid), dstrd),
+            cids: CidTable::new(slots),
+            prp_lists,
+            lists_per_slot,
+            max_transfer,
+            counters: QueueCounters::default(),
+        })
+    }
+
+    pub fn qid(&self) -> u16 {
+        self.qid
+    }
+
+    pub fn size(&self) -> u16 {
+        self.size
+    }
+
+    pub fn sq_iova(&self) -> u64 {
+        self.sq.iova()
+    }
+
+    pub fn cq_iova(&self) -> u64 {
+        self.cq.iova()
+    }
+
+    pub fn max_transfer(&self) -> usize {
+        self.max_transfer
+    }
+
+    /// Commands submitted and not yet completed.
+    pub fn outstanding(&self) -> usize {
+        self.cids.outstanding()
+    }
+
+    /// Reserves a command identifier.
+    pub fn alloc_cid(&mut self) -> Result<u16, Error> {
+        self.cids.alloc().ok_or(Error::QueueFull(self.qid))
+    }
+
+    /// Gives back a CID reserved with [`Self::alloc_cid`] but never submitted.
+    pub fn free_cid(&mut self, cid: u16) {
+        self.cids.release(cid);
+    }
+
+    /// Points `cmd`'s PRP1/PRP2 at `len` bytes of `buf`, using `cid`'s list pages.
+    pub fn set_data(
+        &mut self,
+        cmd: &mut Command,
+        cid: u16,
+        buf: &DmaBuffer,
+        len: usize,
+    ) -> Result<(), Error> {
+        if len > buf.len() {
+            return Err(Error::BufferTooSmall {
+                len,
+                buffer: buf.len(),
+            });
+        }
+        let per_slot = self.lists_per_slot;
+        let (base, lists) = match &self.prp_lists {
+            Some(l) => (
+                l.iova() + (usize::from(cid) * per_slot * PAGE_SIZE) as u64,
+                l,
+            ),
+            None => (0, &self.sq),
+        };
+        let slot_offset = usize::from(cid) * per_slot * PAGE_SIZE;
+        let mut failed = None;
+        let p = prp::build(
+            buf.iova(),
+            len,
+            self.max_transfer,
+            base,
+            per_slot,
+            |page, i, v| {
+                let at = slot_offset + page * PAGE_SIZE + i * 8;
+                if let Err(e) = lists.store_u64(at, v) {
+                    failed.get_or_insert(e);
+                }
+            },
+        )?;
+        if let Some(e) = failed {
+            return Err(e.into());
+        }
+        cmd.prp1 = p.prp1.into();
+        cmd.prp2 = p.prp2.into();
+        Ok(())
+    }
+
+    /// Writes `cmd` (whose CID is already set) at the SQ tail without
+    /// ringing the doorbell.
+    pub fn push(&mut self, cmd: &Command) -> Result<(), Error> {
+        if !ring_has_room(self.sq_head, self.sq_tail, self.size) {
+            return Err(Error::QueueFull(self.qid));
+        }
+        self.sq
+            .write_obj(usize::from(self.sq_tail) * Command::SIZE, cmd)?;
+        self.sq_tail = ring_next(self.sq_tail, self.size);
+        self.counters.submitted += 1;
+        Ok(())
+    }
+
+    /// Rings the SQ tail doorbell if entries were pushed since the last ring.
+    pub fn ring(&mut self) -> Result<(), Error> {
+        // Between two rings at most `size - 1` entries can be pushed, so the
+        // tail cannot come back around to the last published value.
+        if self.sq_db.last() != self.sq_tail {
+            self.sq_db.ring(self.sq_tail)?;
+            self.counters.sq_doorbell_writes = self.sq_db.writes();
+        }
+        Ok(())
+    }
+
+    /// Reaps up to `max` (at most [`REAP_CAP`]) new completions into `out`,
+    /// by phase tag, then writes the CQ head doorbell once for the batch.
+    pub fn reap(&mut self, out: &mut impl Extend<Completion>, max: usize) -> Result<usize, Error> {
+        let max = max.min(REAP_CAP);
+        let mut n = 0;
+        while n < max {
+            let at = usize::from(self.cq_head) * Completion::SIZE;
+            // DW3 holds the phase tag; its acquire load orders the reads of
+            // the rest of the entry after it.
+            let dw3 = self.cq.load_u32(at + 12)?;
+            if (dw3 & (1 << 16) != 0) != self.phase {
+                break;
+            }
+            let cqe: Completion = self.cq.read_obj(at)?;
+            self.cq_head = ring_next(self.cq_head, self.size);
+            if self.cq_head == 0 {
+                self.phase = !self.phase;
+            }
+            n += 1;
+            // A hostile or buggy device: ignore heads outside the ring.
+            if cqe.sq_head() < self.size {
+                self.sq_head = cqe.sq_head();
+            }
+            if self.cids.release(cqe.cid()) {
+                self.counters.completions += 1;
+                out.extend(Some(cqe));
+            } else {
+                self.counters.spurious_completions += 1;
+                tracing::debug!(
+                    qid = self.qid,
+                    cid = cqe.cid(),
+                    "completion for a command not in flight"
+                );
+            }
+        }
+        if n > 0 {
+            self.cq_db.ring(self.cq_head)?;
+            self.counters.cq_doorbell_writes = self.cq_db.writes();
+        }
+        Ok(n)
+    }
+
+    /// Waits for the completion of `cid`, keeping other completions in
+    /// `stash`. Uses `interrupt` if given, else polls with backoff.
+    pub fn wait_for(
+        &mut self,
+        cid: u16,
+        interrupt: Option<&Interrupt>,
+        stash: &mut VecDeque<Completion>,
+        timeout: Duration,
+    ) -> Result<Option<Completion>, Error> {
+        let deadline = Instant::now() + timeout;
+        let mut backoff = Backoff::default();
+        loop {
+            if let Some(pos) = stash.iter().position(|c| c.cid() == cid) {
+                return Ok(stash.remove(pos));
+            }
+            if self.reap(stash, REAP_CAP)? > 0 {
+                continue;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(None);
+            }
+            self.idle(interrupt, deadline - now, &mut backoff)?;
+        }
+    }
+
+    /// Waits (bounded by `left`) for something to reap: an interrupt if there
+    /// is one, else a spin, yield or short sleep.
+    pub fn idle(
+        &mut self,
+        interrupt: Option<&Interrupt>,
+        left: Duration,
+        backoff: &mut Backoff,
+    ) -> Result<(), Error> {
+        match interrupt {
+            Some(irq) => {
+                if irq
+                    .wait(left.min(Duration::from_millis(100)))
+                    .map_err(Error::Interrupt)?
+                {
+                    self.counters.interrupts_waited += 1;
+                }
+            }
+            None => backoff.pause(left),
+        }
+        Ok(())
+    }
+
+    #[cfg(test)]
+    pub fn cq(&self) -> &DmaBuffer {
+        &self.cq
+    }
+}
+
+/// Busy-poll first (latency), then yield, then sleep up to 1 ms (CPU).
+#[derive(Debug, Default)]
+pub(crate) struct Backoff {
+    rounds: u32,
+}
+
+impl Backoff {
+    pub fn pause(&mut self, left: Duration) {
+        self.rounds = self.rounds.saturating_add(1);
+        match self.rounds {
+            0..=64 => std::hint::spin_loop(),
+            65..=128 => std::thread::yield_now(),
+            r => {
+                let us = 10u64 << (r - 129).min(7);
+                std::thread::sleep(Duration::from_micros(us).min(left));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::access::{BoxError, DmaMapper, DmaPool, DmaRegion};
+    use parking_lot::Mutex;
+    use vnvme_spec::Status;
+
+    /// A device that only records register writes.
+    #[derive(Debug)]
+    struct Recorder {
+        pool: DmaPool,
+        writes: Mutex<Vec<(u64, u32)>>,
+    }
+
+    struct NoMapper;
+    impl DmaMapper for NoMapper {
+        fn map(&self, _: &DmaRegion) -> Result<(), BoxError> {
+            Ok(())
+        }
+        fn unmap(&self, _: u64, _: usize) {}
+    }
+
+    impl DeviceAccess for Recorder {
+        fn read32(&self, _: u64) -> Result<u32, AccessError> {
+            Ok(0)
+        }
+        fn write32(&self, offset: u64, value: u32) -> Result<(), AccessError> {
+            self.writes.lock().push((offset, value));
+            Ok(())
+        }
+        fn dma_alloc(&self, size: usize) -> Result<DmaBuffer, AccessError> {
+            self.pool.alloc(size)
+        }
+        fn enable_interrupts(&self, _: u16) -> Result<Vec<Interrupt>, AccessError> {
+            Ok(Vec::new())
+        }
+    }
+
+    fn setup(size: u16) -> (Arc<Recorder>, QueuePair) {
+        let rec = Arc::new(Recorder {
+            pool: DmaPool::new(Arc::new(NoMapper), DmaPool::DEFAULT_CHUNK),
+            writes: Mutex::new(Vec::new()),
+        });
+        let access: Arc<dyn DeviceAccess> = rec.clone();
+        let qp = QueuePair::new(&access, 1, size, 0, 128 << 10).unwrap();
+        (rec, qp)
+    }
+
+    fn post(qp: &QueuePair, slot: u16, cid: u16, phase: bool) {
+        let c = Completion::new(0, slot, 1, cid, phase, Status::SUCCESS);
+        qp.cq().write_obj(usize::from(slot) * 16, &c).unwrap();
+    }
+
+    #[test]
+    fn ring_index_math_wraps() {
+        assert_eq!(ring_next(0, 4), 1);
+        assert_eq!(ring_next(3, 4), 0);
+        assert_eq!(ring_next(u16::MAX, u16::MAX), 0);
+        assert_eq!(ring_used(1, 3, 4), 2);
+        assert_eq!(ring_used(3, 1, 4), 2);
+        assert!(ring_has_room(0, 2, 4));
+        assert!(!ring_has_room(0, 3, 4), "a ring keeps one entry empty");
+        assert!(!ring_has_room(2, 1, 4));
+    }
+
+    #[test]
+    fn reap_stops_at_stale_phase_and_rings_cq_head_once() {
+        let (rec, mut qp) = setup(4);
+        let a = qp.alloc_cid().unwrap();
+        let b = qp.alloc_cid().unwrap();
+        post(&qp, 0, a, true);
+        post(&qp, 1, b, true);
+        let mut out = VecDeque::new();
+        assert_eq!(qp.reap(&mut out, 16).unwrap(), 2);
+        assert_eq!(out.iter().map(|c| c.cid()).collect::<Vec<_>>(), [a, b]);
+        assert_eq!(
+            *rec.writes.lock(),
+            [(0x1000 + 3 * 4, 2)],
+            "one CQ1 head write"
+        );
+        assert_eq!(qp.reap(&mut out, 16).unwrap(), 0);
+        assert_eq!(
+            rec.writes.lock().len(),
+            1,
+            "no doorbell when nothing reaped"
+        );
+    }
+
+    #[test]
+    fn reap_flips_phase_on_wrap() {
+        let (_rec, mut qp) = setup(3);
+        let mut out = VecDeque::new();
+        for slot in 0..3u16 {
+            let cid = qp.alloc_cid().unwrap();
+            post(&qp, slot, cid, true);
+            qp.reap(&mut out, 1).unwrap();
+        }
+        // Slot 0 still holds phase 1 from the first pass: not new.
+        assert_eq!(qp.reap(&mut out, 16).unwrap(), 0);
+        let cid = qp.alloc_cid().unwrap();
+        post(&qp, 0, cid, false);
+        assert_eq!(qp.reap(&mut out, 16).unwrap(), 1);
+        assert_eq!(out.len(), 4);
+    }
+
+    #[test]
+    fn reap_respects_the_cap_and_ignores_unknown_cids() {
+        let (_rec, mut qp) = setup(8);
+        let cids: Vec<u16> = (0..3).map(|_| qp.alloc_cid().unwrap()).collect();
+        post(&qp, 0, cids[0], true);
+        post(&qp, 1, 6, true); // never submitted
+        post(&qp, 2, cids[1], true);
+        let mut out = VecDeque::new();
+        assert_eq!(qp.reap(&mut out, 1).unwrap(), 1);
+        assert_eq!(qp.reap(&mut out, 16).unwrap(), 2);
+        assert_eq!(out.len(), 2);
+        assert_eq!(qp.counters.spurious_completions, 1);
+        assert_eq!(qp.outstanding(), 1);
+    }
+
+    #[test]
+    fn submit_batch_rings_sq_tail_once() {
+        let (rec, mut qp) = setup(8);
+        for _ in 0..3 {
+            let cid = qp.alloc_cid().unwrap();
+            qp.push(&Command::new(0x02, cid)).unwrap();
+        }
+        qp.ring().unwrap();
+        qp.ring().unwrap();
+        assert_eq!(*rec.writes.lock(), [(0x1000 + 2 * 4, 3)]);
+        assert_eq!(qp.counters.sq_doorbell_writes, 1);
+    }
+
+    #[test]
+    fn cids_run_out_at_queue_size_minus_one() {
+        let (_rec, mut qp) = setup(4);
+        for _ in 0..3 {
+            qp.alloc_cid().unwrap();
+        }
+        assert!(matches!(qp.alloc_cid(), Err(Error::QueueFull(1))));
+    }
+
+    #[test]
+    fn set_data_writes_the_prp_list_of_the_commands_slot() {
+        let (_rec, mut qp) = setup(4);
+        let access: Arc<dyn DeviceAccess> = _rec.clone();
+        let data = access.dma_alloc(16384).unwrap();
+        let cid = qp.alloc_cid().unwrap();
+        let cid = qp.alloc_cid().unwrap().max(cid);
+        let mut cmd = Command::new(0x02, cid);
+        qp.set_data(&mut cmd, cid, &data, 16384).unwrap();
+        assert_eq!(cmd.prp1.get(), data.iova());
+        let lists = qp.prp_lists.clone().unwrap();
+        assert_eq!(cmd.prp2.get(), lists.iova() + u64::from(cid) * 4096);
+        let at = usize::from(cid) * 4096;
+        assert_eq!(lists.load_u64(at).unwrap(), data.iova() + 4096);
+        assert_eq!(lists.load_u64(at + 16).unwrap(), data.iova() + 12288);
+        assert!(matches!(
+            qp.set_data(&mut cmd, cid, &data, 20000),
+            Err(Error::BufferTooSmall { .. })
+        ));
+    }
+}

@@ -1,0 +1,598 @@
+//! An NVMe PCI Express endpoint function: type 0 header, 64-bit memory BAR0,
+//! and the capability list PM -> MSI-X -> PCI Express.
+
+use crate::config::ConfigSpace;
+
+/// Vendor ID used by default: 0x7E57 ("TEST"). It is *not* registered with
+/// the PCI-SIG; it was chosen so hosts bind the device by its class code
+/// (01:08:02, NVM Express) and apply no vendor-specific quirks. Override it in
+/// [`PciConfig`] to impersonate a real device (e.g. 0x1B36:0x0010 is QEMU's
+/// NVMe controller, for which Linux enables quirks).
+pub const DEFAULT_VENDOR_ID: u16 = 0x7e57;
+/// Device ID used by default: 0x4E56 ("NV").
+pub const DEFAULT_DEVICE_ID: u16 = 0x4e56;
+/// Class code: mass storage (01), non-volatile memory (08), NVM Express I/O
+/// controller (02).
+pub const CLASS_CODE_NVME: u32 = 0x01_08_02;
+
+/// Type 0 header offsets (PCI Local Bus 3.0 §6.1).
+pub mod offset {
+    pub const VENDOR_ID: usize = 0x00;
+    pub const DEVICE_ID: usize = 0x02;
+    pub const COMMAND: usize = 0x04;
+    pub const STATUS: usize = 0x06;
+    pub const REVISION: usize = 0x08;
+    pub const CLASS_PROG_IF: usize = 0x09;
+    pub const CACHE_LINE_SIZE: usize = 0x0c;
+    pub const HEADER_TYPE: usize = 0x0e;
+    pub const BAR0: usize = 0x10;
+    pub const BAR1: usize = 0x14;
+    pub const SUBSYSTEM_VENDOR_ID: usize = 0x2c;
+    pub const SUBSYSTEM_ID: usize = 0x2e;
+    pub const ROM_BAR: usize = 0x30;
+    pub const CAPABILITIES_PTR: usize = 0x34;
+    pub const INTERRUPT_LINE: usize = 0x3c;
+    pub const INTERRUPT_PIN: usize = 0x3d;
+}
+
+/// Command register bits.
+pub mod command {
+    pub const MEMORY_SPACE: u16 = 1 << 1;
+    pub const BUS_MASTER: u16 = 1 << 2;
+    pub const PARITY_ERROR_RESPONSE: u16 = 1 << 6;
+    pub const SERR_ENABLE: u16 = 1 << 8;
+    pub const INTX_DISABLE: u16 = 1 << 10;
+}
+
+/// Status register bits.
+pub mod status {
+    pub const INTERRUPT_STATUS: u16 = 1 << 3;
+    pub const CAPABILITIES_LIST: u16 = 1 << 4;
+    pub const MASTER_DATA_PARITY_ERROR: u16 = 1 << 8;
+    pub const SIGNALED_TARGET_ABORT: u16 = 1 << 11;
+    pub const RECEIVED_TARGET_ABORT: u16 = 1 << 12;
+    pub const RECEIVED_MASTER_ABORT: u16 = 1 << 13;
+    pub const SIGNALED_SYSTEM_ERROR: u16 = 1 << 14;
+    pub const DETECTED_PARITY_ERROR: u16 = 1 << 15;
+    /// The error bits, all write-1-to-clear.
+    pub const W1C: u16 = MASTER_DATA_PARITY_ERROR
+        | SIGNALED_TARGET_ABORT
+        | RECEIVED_TARGET_ABORT
+        | RECEIVED_MASTER_ABORT
+        | SIGNALED_SYSTEM_ERROR
+        | DETECTED_PARITY_ERROR;
+}
+
+/// Capability IDs.
+pub mod cap_id {
+    pub const POWER_MANAGEMENT: u8 = 0x01;
+    pub const PCI_EXPRESS: u8 = 0x10;
+    pub const MSIX: u8 = 0x11;
+}
+
+/// Where our capabilities live.
+pub const PM_CAP: usize = 0x40;
+pub const MSIX_CAP: usize = 0x50;
+pub const PCIE_CAP: usize = 0x60;
+
+/// MSI-X Message Control bits.
+pub mod msix_ctrl {
+    pub const TABLE_SIZE_MASK: u16 = 0x07ff;
+    pub const FUNCTION_MASK: u16 = 1 << 14;
+    pub const ENABLE: u16 = 1 << 15;
+}
+
+/// BAR0 memory type bits: 64-bit (10b in bits 2:1), not prefetchable.
+const BAR_MEM_64: u32 = 0b100;
+
+/// What the caller chooses about the function.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PciConfig {
+    pub vendor: u16,
+    pub device: u16,
+    pub subsystem_vendor: u16,
+    pub subsystem: u16,
+    pub revision: u8,
+    /// Size of BAR0: a power of two, at least 4 KiB.
+    pub bar0_size: u64,
+    /// Number of MSI-X vectors, 1..=2048.
+    pub msix_vectors: u16,
+    /// (BIR, offset) of the MSI-X table; only BAR0 exists, so BIR must be 0.
+    pub msix_table: (u8, u32),
+    /// (BIR, offset) of the PBA.
+    pub msix_pba: (u8, u32),
+}
+
+impl Default for PciConfig {
+    /// 16 KiB BAR0: registers at 0, doorbells at 0x1000, MSI-X table at
+    /// 0x2000, PBA at 0x3000; 64 vectors.
+    fn default() -> Self {
+        Self {
+            vendor: DEFAULT_VENDOR_ID,
+            device: DEFAULT_DEVICE_ID,
+            subsystem_vendor: DEFAULT_VENDOR_ID,
+            subsystem: DEFAULT_DEVICE_ID,
+            revision: 1,
+            bar0_size: 16 * 1024,
+            msix_vectors: 64,
+            msix_table: (0, 0x2000),
+            msix_pba: (0, 0x3000),
+        }
+    }
+}
+
+/// A [`PciConfig`] that cannot describe a function.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PciError {
+    #[error("BAR0 size {0:#x} is not a power of two of at least 4 KiB")]
+    Bar0Size(u64),
+    #[error("{0} MSI-X vectors is outside 1..=2048")]
+    MsixVectors(u16),
+    #[error("MSI-X {what} at BIR {bir} offset {offset:#x} is not 8-byte aligned inside BAR0")]
+    MsixPlacement {
+        what: &'static str,
+        bir: u8,
+        offset: u32,
+    },
+    #[error("MSI-X table and PBA overlap")]
+    MsixOverlap,
+}
+
+/// The function's configuration space and what follows from it.
+#[derive(Debug, Clone)]
+pub struct PciFunction {
+    config: ConfigSpace,
+    initial: ConfigSpace,
+    params: PciConfig,
+}
+
+impl PciFunction {
+    /// An NVMe controller function.
+    pub fn nvme(params: PciConfig) -> Result<Self, PciError> {
+        let size = params.bar0_size;
+        if !size.is_power_of_two() || size < 4096 {
+            return Err(PciError::Bar0Size(size));
+        }
+        if params.msix_vectors == 0 || params.msix_vectors > 2048 {
+            return Err(PciError::MsixVectors(params.msix_vectors));
+        }
+        let n = u64::from(params.msix_vectors);
+        let table = check_placement("table", params.msix_table, n * 16, size)?;
+        let pba = check_placement("PBA", params.msix_pba, n.div_ceil(64) * 8, size)?;
+        if table.0 < pba.1 && pba.0 < table.1 {
+            return Err(PciError::MsixOverlap);
+        }
+
+        let mut c = ConfigSpace::default();
+        c.define(offset::VENDOR_ID, 2, params.vendor.into(), 0, 0);
+        c.define(offset::DEVICE_ID, 2, params.device.into(), 0, 0);
+        let cmd_writable = command::MEMORY_SPACE
+            | command::BUS_MASTER
+            | command::PARITY_ERROR_RESPONSE
+            | command::SERR_ENABLE
+            | command::INTX_DISABLE;
+        c.define(offset::COMMAND, 2, 0, cmd_writable.into(), 0);
+        c.define(
+            offset::STATUS,
+            2,
+            status::CAPABILITIES_LIST.into(),
+            0,
+            status::W1C.into(),
+        );
+        c.define(offset::REVISION, 1, params.revision.into(), 0, 0);
+        c.define(offset::CLASS_PROG_IF, 3, CLASS_CODE_NVME, 0, 0);
+        c.define(offset::CACHE_LINE_SIZE, 1, 0, 0xff, 0);
+        c.define(offset::HEADER_TYPE, 1, 0, 0, 0);
+        // 64-bit BAR0/BAR1: the address bits below the size are read-only 0,
+        // so writing all ones reads back the size mask.
+        let mask = !(size - 1);
+        c.define(offset::BAR0, 4, BAR_MEM_64, (mask as u32) & !0xf, 0);
+        c.define(offset::BAR1, 4, 0, (mask >> 32) as u32, 0);
+        c.define(
+            offset::SUBSYSTEM_VENDOR_ID,
+            2,
+            params.subsystem_vendor.into(),
+            0,
+            0,
+        );
+        c.define(offset::SUBSYSTEM_ID, 2, params.subsystem.into(), 0, 0);
+        c.define(offset::ROM_BAR, 4, 0, 0, 0);
+        c.define(offset::CAPABILITIES_PTR, 1, PM_CAP as u32, 0, 0);
+        c.define(offset::INTERRUPT_LINE, 1, 0, 0xff, 0);
+        c.define(offset::INTERRUPT_PIN, 1, 1, 0, 0); // INTA#
+
+        // Power Management (PCI PM 1.2 §3.2): version 3, D0 only.
+        c.define(PM_CAP, 1, cap_id::POWER_MANAGEMENT.into(), 0, 0);
+        c.define(PM_CAP + 1, 1, MSIX_CAP as u32, 0, 0);
+        c.define(PM_CAP + 2, 2, 0x0003, 0, 0);
+        // PMCSR: PowerState (1:0) writable, No_Soft_Reset (3) set, PME_Status W1C.
+        c.define(PM_CAP + 4, 2, 1 << 3, 0x0003, 1 << 15);
+
+        // MSI-X (PCI 3.0 §6.8.2).
+        c.define(MSIX_CAP, 1, cap_id::MSIX.into(), 0, 0);
+        c.define(MSIX_CAP + 1, 1, PCIE_CAP as u32, 0, 0);
+        let ctrl = params.msix_vectors - 1;
+        let ctrl_writable = msix_ctrl::ENABLE | msix_ctrl::FUNCTION_MASK;
+        c.define(MSIX_CAP + 2, 2, ctrl.into(), ctrl_writable.into(), 0);
+        c.define(
+            MSIX_CAP + 4,
+            4,
+            params.msix_table.1 | u32::from(params.msix_table.0),
+            0,
+            0,
+        );
+        c.define(
+            MSIX_CAP + 8,
+            4,
+            params.msix_pba.1 | u32::from(params.msix_pba.0),
+            0,
+            0,
+        );
+
+        // PCI Express capability, version 2, endpoint (PCIe Base 4.0 §7.5.3).
+        c.define(PCIE_CAP, 1, cap_id::PCI_EXPRESS.into(), 0, 0);
+        c.define(PCIE_CAP + 1, 1, 0, 0, 0);
+        c.define(PCIE_CAP + 2, 2, 0x0002, 0, 0);
+        // Device Capabilities: 128-byte max payload, role-based error reporting.
+        c.define(PCIE_CAP + 4, 4, 1 << 15, 0, 0);
+        // Device Control: error reporting enables, relaxed ordering, max
+        // payload, extended tag, no snoop, max read request are writable; not
+        // Initiate FLR (no FLR offered).
+        c.define(PCIE_CAP + 8, 2, 0x2810, 0x7fff, 0);
+        // Device Status: error detected bits are W1C.
+        c.define(PCIE_CAP + 0xa, 2, 0, 0, 0x000f);
+        // Link: 2.5 GT/s x1.
+        c.define(PCIE_CAP + 0xc, 4, 0x0000_0011, 0, 0);
+        c.define(PCIE_CAP + 0x10, 2, 0, 0x00cb, 0);
+        c.define(PCIE_CAP + 0x12, 2, 0x0011, 0, 0);
+        c.define(PCIE_CAP + 0x2c, 4, 1 << 1, 0, 0); // Link Capabilities 2: 2.5 GT/s
+        c.define(PCIE_CAP + 0x30, 2, 1, 0, 0); // Link Control 2: target 2.5 GT/s
+                                               // Extended space at 0x100 reads as an empty list (all zeros).
+
+        Ok(Self {
+            initial: c.clone(),
+            config: c,
+            params,
+        })
+    }
+
+    /// The parameters the function was built from.
+    pub fn params(&self) -> &PciConfig {
+        &self.params
+    }
+
+    /// Guest config read: any size at any offset; out of range reads 0.
+    pub fn config_read(&self, offset: u64, buf: &mut [u8]) {
+        self.config.read(offset, buf);
+    }
+
+    /// Guest config write: any size at any offset; read-only bits are kept,
+    /// W1C bits clear, out of range is ignored.
+    pub fn config_write(&mut self, offset: u64, data: &[u8]) {
+        self.config.write(offset, data);
+    }
+
+    /// Back to power-on state (a function-level reset).
+    pub fn reset(&mut self) {
+        self.config = self.initial.clone();
+    }
+
+    /// The raw storage, for device-side updates.
+    pub fn config_space(&self) -> &ConfigSpace {
+        &self.config
+    }
+
+    pub fn command(&self) -> u16 {
+        self.config.get_u16(offset::COMMAND)
+    }
+
+    pub fn status(&self) -> u16 {
+        self.config.get_u16(offset::STATUS)
+    }
+
+    /// The guest-programmed BAR0 address (64-bit, flag bits removed).
+    pub fn bar0_address(&self) -> u64 {
+        let lo = u64::from(self.config.get_u32(offset::BAR0) & !0xf);
+        let hi = u64::from(self.config.get_u32(offset::BAR1));
+        (hi << 32 | lo) & !(self.params.bar0_size - 1)
+    }
+
+    pub fn memory_enabled(&self) -> bool {
+        self.command() & command::MEMORY_SPACE != 0
+    }
+
+    pub fn bus_master_enabled(&self) -> bool {
+        self.command() & command::BUS_MASTER != 0
+    }
+
+    pub fn intx_disabled(&self) -> bool {
+        self.command() & command::INTX_DISABLE != 0
+    }
+
+    fn msix_control(&self) -> u16 {
+        self.config.get_u16(MSIX_CAP + 2)
+    }
+
+    pub fn msix_enabled(&self) -> bool {
+        self.msix_control() & msix_ctrl::ENABLE != 0
+    }
+
+    pub fn msix_function_masked(&self) -> bool {
+        self.msix_control() & msix_ctrl::FUNCTION_MASK != 0
+    }
+
+    pub fn msix_vectors(&self) -> u16 {
+        self.params.msix_vectors
+    }
+
+    /// Status.Interrupt Status reflects the device's INTx# level.
+    pub fn set_intx_status(&mut self, asserted: bool) {
+        let s = self.config.get_u16(offset::STATUS);
+        let s = if asserted {
+            s | status::INTERRUPT_STATUS
+        } else {
+            s & !status::INTERRUPT_STATUS
+        };
+        self.config.set_u16(offset::STATUS, s);
+    }
+
+    /// The device sets a status error bit (the guest clears it with W1C).
+    pub fn set_status_bits(&mut self, bits: u16) {
+        let s = self.config.get_u16(offset::STATUS) | (bits & status::W1C);
+        self.config.set_u16(offset::STATUS, s);
+    }
+
+    /// Walks the capability list for `id`; bounded against loops.
+    pub fn find_capability(&self, id: u8) -> Option<usize> {
+        let mut ptr = usize::from(self.config.get_u8(offset::CAPABILITIES_PTR) & !3);
+        for _ in 0..48 {
+            if ptr < 0x40 {
+                return None;
+            }
+            if self.config.get_u8(ptr) == id {
+                return Some(ptr);
+            }
+            ptr = usize::from(self.config.get_u8(ptr + 1) & !3);
+        }
+        None
+    }
+}
+
+/// Checks a table/PBA placement; returns its [start, end) in BAR0.
+fn check_placement(
+    what: &'static str,
+    (bir, offset): (u8, u32),
+    len: u64,
+    bar0: u64,
+) -> Result<(u64, u64), PciError> {
+    let err = PciError::MsixPlacement { what, bir, offset };
+    if bir != 0 || offset % 8 != 0 {
+        return Err(err);
+    }
+    let end = u64::from(offset) + len;
+    if end > bar0 {
+        return Err(err);
+    }
+    Ok((u64::from(offset), end))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f() -> PciFunction {
+        PciFunction::nvme(PciConfig::default()).unwrap()
+    }
+
+    fn read32(f: &PciFunction, off: u64) -> u32 {
+        let mut b = [0u8; 4];
+        f.config_read(off, &mut b);
+        u32::from_le_bytes(b)
+    }
+
+    fn read16(f: &PciFunction, off: u64) -> u16 {
+        let mut b = [0u8; 2];
+        f.config_read(off, &mut b);
+        u16::from_le_bytes(b)
+    }
+
+    #[test]
+    fn ids_and_class_code_are_read_only() {
+        let mut f = f();
+        assert_eq!(
+            read32(&f, 0),
+            u32::from(DEFAULT_DEVICE_ID) << 16 | u32::from(DEFAULT_VENDOR_ID)
+        );
+        assert_eq!(read32(&f, 8) >> 8, CLASS_CODE_NVME);
+        f.config_write(0, &[0xff; 4]);
+        f.config_write(8, &[0xff; 4]);
+        f.config_write(0x2c, &[0xff; 4]);
+        assert_eq!(read16(&f, 0), DEFAULT_VENDOR_ID);
+        assert_eq!(read32(&f, 8) >> 8, CLASS_CODE_NVME);
+        assert_eq!(read16(&f, 0x2e), DEFAULT_DEVICE_ID);
+        // Header type, BIST, capability pointer, interrupt pin: read-only.
+        f.config_write(0x3d, &[4]);
+        assert_eq!(read16(&f, 0x3c) >> 8, 1);
+        f.config_write(0x3c, &[0x0b]);
+        assert_eq!(read16(&f, 0x3c) & 0xff, 0x0b);
+    }
+
+    #[test]
+    fn command_register_keeps_read_only_bits() {
+        let mut f = f();
+        f.config_write(4, &0xffffu16.to_le_bytes());
+        assert_eq!(
+            f.command(),
+            command::MEMORY_SPACE
+                | command::BUS_MASTER
+                | command::PARITY_ERROR_RESPONSE
+                | command::SERR_ENABLE
+                | command::INTX_DISABLE
+        );
+        assert!(f.bus_master_enabled() && f.memory_enabled() && f.intx_disabled());
+        f.config_write(4, &[0, 0]);
+        assert!(!f.bus_master_enabled() && !f.intx_disabled());
+    }
+
+    #[test]
+    fn status_error_bits_are_write_one_to_clear() {
+        let mut f = f();
+        f.set_status_bits(status::RECEIVED_MASTER_ABORT | status::DETECTED_PARITY_ERROR);
+        f.set_intx_status(true);
+        // Writing 0 changes nothing; writing 1 clears only that bit.
+        f.config_write(6, &[0, 0]);
+        assert_ne!(f.status() & status::RECEIVED_MASTER_ABORT, 0);
+        f.config_write(6, &status::RECEIVED_MASTER_ABORT.to_le_bytes());
+        assert_eq!(f.status() & status::RECEIVED_MASTER_ABORT, 0);
+        assert_ne!(f.status() & status::DETECTED_PARITY_ERROR, 0);
+        // Read-only status bits survive a write of all ones.
+        f.config_write(6, &0xffffu16.to_le_bytes());
+        assert_eq!(
+            f.status(),
+            status::CAPABILITIES_LIST | status::INTERRUPT_STATUS
+        );
+        // A dword write to 4 touches command and status at once.
+        f.set_status_bits(status::SIGNALED_SYSTEM_ERROR);
+        f.config_write(
+            4,
+            &(u32::from(status::SIGNALED_SYSTEM_ERROR) << 16 | 2).to_le_bytes(),
+        );
+        assert_eq!(f.status() & status::SIGNALED_SYSTEM_ERROR, 0);
+        assert!(f.memory_enabled());
+    }
+
+    #[test]
+    fn bar0_sizing_returns_the_size_and_address_programs() {
+        let mut f = PciFunction::nvme(PciConfig {
+            bar0_size: 0x4000,
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(read32(&f, 0x10), BAR_MEM_64);
+        f.config_write(0x10, &[0xff; 4]);
+        f.config_write(0x14, &[0xff; 4]);
+        let lo = read32(&f, 0x10);
+        let hi = read32(&f, 0x14);
+        assert_eq!(lo & 0xf, BAR_MEM_64, "type bits are read-only");
+        let size = !((u64::from(hi) << 32) | u64::from(lo & !0xf)) + 1;
+        assert_eq!(size, 0x4000);
+        f.config_write(0x10, &0xfebf_0000u32.to_le_bytes());
+        f.config_write(0x14, &1u32.to_le_bytes());
+        assert_eq!(f.bar0_address(), 0x1_febf_0000);
+        // Unaligned byte writes only touch writable bits.
+        f.config_write(0x11, &[0xff]);
+        assert_eq!(f.bar0_address(), 0x1_febf_c000);
+        // No other BAR, no expansion ROM.
+        f.config_write(0x18, &[0xff; 4]);
+        f.config_write(0x30, &[0xff; 4]);
+        assert_eq!(read32(&f, 0x18), 0);
+        assert_eq!(read32(&f, 0x30), 0);
+    }
+
+    #[test]
+    fn capability_chain_finds_pm_msix_and_pcie() {
+        let f = f();
+        assert_ne!(f.status() & status::CAPABILITIES_LIST, 0);
+        let mut seen = Vec::new();
+        let mut mb = [0u8; 1];
+        f.config_read(0x34, &mut mb);
+        let mut ptr = u64::from(mb[0]);
+        while ptr != 0 {
+            let mut h = [0u8; 2];
+            f.config_read(ptr, &mut h);
+            seen.push((h[0], ptr));
+            ptr = u64::from(h[1]);
+        }
+        assert_eq!(
+            seen,
+            vec![
+                (cap_id::POWER_MANAGEMENT, PM_CAP as u64),
+                (cap_id::MSIX, MSIX_CAP as u64),
+                (cap_id::PCI_EXPRESS, PCIE_CAP as u64)
+            ]
+        );
+        assert_eq!(f.find_capability(cap_id::MSIX), Some(MSIX_CAP));
+        assert_eq!(f.find_capability(0x05), None);
+        // PCIe: version 2, endpoint.
+        assert_eq!(read16(&f, PCIE_CAP as u64 + 2), 0x0002);
+        // MSI-X table/PBA location and size.
+        assert_eq!(
+            read16(&f, MSIX_CAP as u64 + 2) & msix_ctrl::TABLE_SIZE_MASK,
+            63
+        );
+        assert_eq!(read32(&f, MSIX_CAP as u64 + 4), 0x2000);
+        assert_eq!(read32(&f, MSIX_CAP as u64 + 8), 0x3000);
+        // Empty extended capability list.
+        assert_eq!(read32(&f, 0x100), 0);
+    }
+
+    #[test]
+    fn msix_enable_and_function_mask_are_writable_table_size_is_not() {
+        let mut f = f();
+        assert!(!f.msix_enabled());
+        let ctrl = MSIX_CAP as u64 + 2;
+        f.config_write(ctrl, &0xffffu16.to_le_bytes());
+        assert!(f.msix_enabled() && f.msix_function_masked());
+        assert_eq!(read16(&f, ctrl) & msix_ctrl::TABLE_SIZE_MASK, 63);
+        f.config_write(ctrl + 1, &[0x80]);
+        assert!(f.msix_enabled() && !f.msix_function_masked());
+        f.config_write(MSIX_CAP as u64 + 4, &[0xff; 4]);
+        assert_eq!(read32(&f, MSIX_CAP as u64 + 4), 0x2000);
+        f.reset();
+        assert!(!f.msix_enabled());
+    }
+
+    #[test]
+    fn pm_state_is_writable_and_pcie_device_status_is_w1c() {
+        let mut f = f();
+        f.config_write(PM_CAP as u64 + 4, &[0x03, 0]);
+        assert_eq!(read16(&f, PM_CAP as u64 + 4) & 3, 3);
+        assert_ne!(
+            read16(&f, PM_CAP as u64 + 4) & (1 << 3),
+            0,
+            "No_Soft_Reset stays"
+        );
+        f.config_write(PCIE_CAP as u64 + 8, &[0xff, 0xff]);
+        assert_eq!(read16(&f, PCIE_CAP as u64 + 8) & 0x8000, 0, "no FLR");
+    }
+
+    #[test]
+    fn bad_configs_are_refused() {
+        let bad = |c: PciConfig| PciFunction::nvme(c).unwrap_err();
+        assert_eq!(
+            bad(PciConfig {
+                bar0_size: 0x3000,
+                ..Default::default()
+            }),
+            PciError::Bar0Size(0x3000)
+        );
+        assert_eq!(
+            bad(PciConfig {
+                msix_vectors: 0,
+                ..Default::default()
+            }),
+            PciError::MsixVectors(0)
+        );
+        assert!(matches!(
+            bad(PciConfig {
+                msix_table: (1, 0x2000),
+                ..Default::default()
+            }),
+            PciError::MsixPlacement { .. }
+        ));
+        assert!(matches!(
+            bad(PciConfig {
+                msix_pba: (0, 0x3ffc),
+                ..Default::default()
+            }),
+            PciError::MsixPlacement { .. }
+        ));
+        assert_eq!(
+            bad(PciConfig {
+                msix_pba: (0, 0x2008),
+                ..Default::default()
+            }),
+            PciError::MsixOverlap
+        );
+    }
+}

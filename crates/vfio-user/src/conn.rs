@@ -1,0 +1,419 @@
+//! Message framing over a Unix stream socket (with SCM_RIGHTS), shared by the
+//! server and the client.
+//!
+//! Both ends of a vfio-user connection receive requests *and* replies on the
+//! same socket (we do not negotiate twin-socket mode). [`Conn`] therefore uses a
+//! leader/follower receive scheme: any thread that waits for something (the
+//! control thread for the next command, a device worker for the reply to its
+//! DMA_READ, a client thread for its reply) becomes the socket's reader if no
+//! other thread is reading, reads exactly one message, files it (replies by
+//! message id for the thread waiting on it, requests in a queue) and hands the
+//! reader role back. So a worker never needs the control thread to be free to
+//! get its reply, and the control thread can itself issue DMA requests while
+//! handling a command without deadlocking.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::io::{self, IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+use rustix::event::{PollFd, PollFlags, Timespec};
+use rustix::net::{
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
+};
+use zerocopy::IntoBytes;
+
+use crate::wire::{flags, Header, HEADER_SIZE};
+use crate::Error;
+
+/// Maximum number of fds accepted in one message; more are closed and the
+/// message is answered with EINVAL.
+pub const MAX_MSG_FDS: usize = 16;
+/// Maximum `count` of one REGION/DMA read or write (also the default of the spec).
+pub const MAX_DATA_XFER_SIZE: usize = 1 << 20;
+/// Largest message accepted: a full data transfer plus its fixed parts.
+pub const MAX_MSG_SIZE: usize = HEADER_SIZE + 64 + MAX_DATA_XFER_SIZE;
+/// How long a peer may stall in the middle of a message, or keep us from
+/// sending one, before the connection is dropped.
+const IO_STALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// Past this many unprocessed incoming requests, threads that only wait for a
+/// reply stop reading, so a flooding peer cannot grow the queue without bound.
+const MAX_QUEUED_REQUESTS: usize = 256;
+
+/// One received message.
+#[derive(Debug)]
+pub struct Message {
+    pub header: Header,
+    pub payload: Vec<u8>,
+    pub fds: Vec<OwnedFd>,
+    /// More fds were sent than [`MAX_MSG_FDS`]; the extra ones were closed.
+    pub fds_truncated: bool,
+}
+
+#[derive(Debug, Default)]
+struct RecvState {
+    reader_busy: bool,
+    waiting: HashSet<u16>,
+    replies: HashMap<u16, Message>,
+    requests: VecDeque<Message>,
+    closed: bool,
+    /// The error that closed the connection, for the control thread.
+    fatal: Option<Error>,
+}
+
+/// A framed, thread-safe vfio-user connection.
+#[derive(Debug)]
+pub struct Conn {
+    stream: UnixStream,
+    send_lock: Mutex<()>,
+    state: Mutex<RecvState>,
+    cv: Condvar,
+    next_id: AtomicU16,
+}
+
+/// What a waiting thread takes out of the receive state.
+pub enum Wanted {
+    /// The reply to our message id.
+    Reply(u16),
+    /// The next request.
+    Request,
+    /// Our reply, or any request (client side: requests are served inline).
+    ReplyOrRequest(u16),
+}
+
+impl Conn {
+    pub fn new(stream: UnixStream) -> io::Result<Self> {
+        stream.set_read_timeout(Some(IO_STALL_TIMEOUT))?;
+        stream.set_write_timeout(Some(IO_STALL_TIMEOUT))?;
+        Ok(Self {
+            stream,
+            send_lock: Mutex::new(()),
+            state: Mutex::new(RecvState::default()),
+            cv: Condvar::new(),
+            next_id: AtomicU16::new(0),
+        })
+    }
+
+    pub fn next_msg_id(&self) -> u16 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Closes the connection: wakes every waiter and makes the peer see EOF.
+    pub fn shutdown(&self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        let mut st = self.state.lock();
+        st.closed = true;
+        st.replies.clear();
+        st.requests.clear();
+        self.cv.notify_all();
+    }
+
+    /// Sends one message whole (header, payload parts, fds) under the send
+    /// lock, so concurrent senders never interleave.
+    pub fn send(
+        &self,
+        header: &Header,
+        parts: &[&[u8]],
+        fds: &[BorrowedFd<'_>],
+    ) -> Result<(), Error> {
+        let total = HEADER_SIZE + parts.iter().map(|p| p.len()).sum::<usize>();
+        if total > MAX_MSG_SIZE || fds.len() > MAX_MSG_FDS {
+            return Err(Error::TooLarge(total));
+        }
+        let mut header = *header;
+        header.msg_size = u32::try_from(total).map_err(|_| Error::TooLarge(total))?;
+        // Header plus up to three parts without allocating (the posted
+        // doorbell path); more parts are joined.
+        let joined: Vec<u8>;
+        let mut slices: [&[u8]; 4] = [header.as_bytes(), &[], &[], &[]];
+        if parts.len() <= 3 {
+            for (slot, p) in slices[1..].iter_mut().zip(parts) {
+                *slot = p;
+            }
+        } else {
+            joined = parts.concat();
+            slices[1] = &joined;
+        }
+        let guard = self.send_lock.lock();
+        let mut sent = 0usize;
+        while sent < total {
+            let mut skip = sent;
+            let mut iov = [IoSlice::new(&[]); 4];
+            let mut n_iov = 0;
+            for s in slices {
+                if skip >= s.len() {
+                    skip -= s.len();
+                    continue;
+                }
+                iov[n_iov] = IoSlice::new(&s[skip..]);
+                n_iov += 1;
+                skip = 0;
+            }
+            let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_MSG_FDS))];
+            let mut control = SendAncillaryBuffer::new(&mut space);
+            // The fds travel with the first byte of the message.
+            if sent == 0 && !fds.is_empty() {
+                control.push(SendAncillaryMessage::ScmRights(fds));
+            }
+            match rustix::net::sendmsg(
+                &self.stream,
+                &iov[..n_iov],
+                &mut control,
+                SendFlags::NOSIGNAL,
+            ) {
+                Ok(n) => sent += n,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => {
+                    // A partial message would desynchronise the stream for good.
+                    drop(guard);
+                    self.shutdown();
+                    return Err(Error::Io(e.into()));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Registers interest in the reply to `msg_id`; call before sending the
+    /// request so a fast reply is not dropped.
+    pub fn expect_reply(&self, msg_id: u16) {
+        let mut st = self.state.lock();
+        st.waiting.insert(msg_id);
+        st.replies.remove(&msg_id);
+    }
+
+    /// Drops interest in `msg_id` (after a timeout or an error).
+    pub fn forget_reply(&self, msg_id: u16) {
+        let mut st = self.state.lock();
+        st.waiting.remove(&msg_id);
+        st.replies.remove(&msg_id);
+    }
+
+    /// Waits for what `wanted` names, until `deadline` (None: forever).
+    /// Returns `Ok(None)` on timeout.
+    pub fn wait(
+        &self,
+        wanted: &Wanted,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Message>, Error> {
+        let mut st = self.state.lock();
+        loop {
+            let taken = match *wanted {
+                Wanted::Reply(id) => take_reply(&mut st, id),
+                Wanted::Request => st.requests.pop_front(),
+                Wanted::ReplyOrRequest(id) => {
+                    take_reply(&mut st, id).or_else(|| st.requests.pop_front())
+                }
+            };
+            if let Some(msg) = taken {
+                return Ok(Some(msg));
+            }
+            if st.closed {
+                if matches!(wanted, Wanted::Request) {
+                    if let Some(e) = st.fatal.take() {
+                        return Err(e);
+                    }
+                }
+                return Err(Error::Disconnected);
+            }
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return Ok(None);
+            }
+            let may_read =
+                matches!(wanted, Wanted::Request) || st.requests.len() < MAX_QUEUED_REQUESTS;
+            if !st.reader_busy && may_read {
+                st.reader_busy = true;
+                drop(st);
+                let res = read_message(
+                    &self.stream,
+                    deadline.map(|d| d.saturating_duration_since(now)),
+                );
+                st = self.state.lock();
+                st.reader_busy = false;
+                match res {
+                    Ok(Some(msg)) => file_message(&mut st, msg),
+                    Ok(None) => {}
+                    Err(e) => {
+                        // The owner shuts the socket down (the server may
+                        // still answer an oversized message first).
+                        st.closed = true;
+                        st.fatal = Some(e);
+                    }
+                }
+                self.cv.notify_all();
+            } else {
+                match deadline {
+                    Some(d) => {
+                        self.cv.wait_until(&mut st, d);
+                    }
+                    None => self.cv.wait(&mut st),
+                }
+            }
+        }
+    }
+}
+
+fn take_reply(st: &mut RecvState, id: u16) -> Option<Message> {
+    let msg = st.replies.remove(&id)?;
+    st.waiting.remove(&id);
+    Some(msg)
+}
+
+fn file_message(st: &mut RecvState, msg: Message) {
+    if msg.header.is_reply() {
+        if st.waiting.contains(&msg.header.msg_id) {
+            st.replies.insert(msg.header.msg_id, msg);
+        } else {
+            tracing::debug!(msg_id = msg.header.msg_id, "dropping unexpected reply");
+        }
+    } else {
+        st.requests.push_back(msg);
+    }
+}
+
+/// Reads one whole message. `Ok(None)`: nothing arrived within `timeout`.
+fn read_message(stream: &UnixStream, timeout: Option<Duration>) -> Result<Option<Message>, Error> {
+    if !wait_readable(stream, timeout)? {
+        return Ok(None);
+    }
+    let mut fds = Vec::new();
+    let mut fds_truncated = false;
+    let mut hbuf = [0u8; HEADER_SIZE];
+    let got = recv_fill(stream, &mut hbuf, &mut fds, &mut fds_truncated, true)?;
+    if got == 0 {
+        return Err(Error::Disconnected);
+    }
+    if got < HEADER_SIZE {
+        return Err(Error::Protocol(format!("truncated header ({got} bytes)")));
+    }
+    let header = crate::wire::read_prefix::<Header>(&hbuf)
+        .ok_or_else(|| Error::Protocol("short header".into()))?;
+    let size = header.msg_size as usize;
+    if size < HEADER_SIZE {
+        return Err(Error::Protocol(format!(
+            "message size {size} smaller than its header"
+        )));
+    }
+    if size > MAX_MSG_SIZE {
+        return Err(Error::Oversized {
+            msg_id: header.msg_id,
+            command: header.command,
+            size,
+        });
+    }
+    let mut payload = vec![0u8; size - HEADER_SIZE];
+    let got = recv_fill(stream, &mut payload, &mut fds, &mut fds_truncated, false)?;
+    if got < payload.len() {
+        return Err(Error::Protocol(format!(
+            "truncated message: {got} of {} payload bytes",
+            payload.len()
+        )));
+    }
+    Ok(Some(Message {
+        header,
+        payload,
+        fds,
+        fds_truncated,
+    }))
+}
+
+/// Waits until the socket is readable; false on timeout.
+fn wait_readable(stream: &UnixStream, timeout: Option<Duration>) -> Result<bool, Error> {
+    let ts = timeout.map(|t| Timespec {
+        tv_sec: i64::try_from(t.as_secs()).unwrap_or(i64::MAX),
+        tv_nsec: i64::from(t.subsec_nanos()),
+    });
+    loop {
+        let mut pfd = [PollFd::new(stream, PollFlags::IN)];
+        match rustix::event::poll(&mut pfd, ts.as_ref()) {
+            Ok(0) => return Ok(false),
+            Ok(_) => return Ok(true),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(Error::Io(e.into())),
+        }
+    }
+}
+
+/// Fills `buf` with recvmsg calls, collecting fds. Returns the bytes read,
+/// less than `buf.len()` only at end of stream. `at_start`: EOF before any
+/// byte is a clean close.
+fn recv_fill(
+    stream: &UnixStream,
+    buf: &mut [u8],
+    fds: &mut Vec<OwnedFd>,
+    fds_truncated: &mut bool,
+    at_start: bool,
+) -> Result<usize, Error> {
+    let mut got = 0;
+    while got < buf.len() {
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_MSG_FDS))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let mut iov = [IoSliceMut::new(&mut buf[got..])];
+        let res = rustix::net::recvmsg(
+            stream.as_fd(),
+            &mut iov,
+            &mut control,
+            RecvFlags::CMSG_CLOEXEC,
+        );
+        let msg = match res {
+            Ok(m) => m,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(rustix::io::Errno::AGAIN) => {
+                return Err(Error::Protocol(
+                    "peer stalled in the middle of a message".into(),
+                ))
+            }
+            Err(e) => return Err(Error::Io(e.into())),
+        };
+        if msg.flags.contains(ReturnFlags::CTRUNC) {
+            *fds_truncated = true;
+        }
+        for cmsg in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(rights) = cmsg {
+                for fd in rights {
+                    if fds.len() < MAX_MSG_FDS {
+                        fds.push(fd);
+                    } else {
+                        *fds_truncated = true;
+                    }
+                }
+            }
+        }
+        if msg.bytes == 0 {
+            if at_start && got == 0 {
+                return Ok(0);
+            }
+            return Ok(got);
+        }
+        got += msg.bytes;
+    }
+    Ok(got)
+}
+
+/// Builds a reply header for `req`.
+pub fn reply_header(req: &Header) -> Header {
+    Header {
+        msg_id: req.msg_id,
+        command: req.command,
+        msg_size: 0,
+        flags: flags::TYPE_REPLY,
+        error: 0,
+    }
+}
+
+/// Builds an error reply header for `req`.
+pub fn error_header(req: &Header, errno: i32) -> Header {
+    Header {
+        msg_id: req.msg_id,
+        command: req.command,
+        msg_size: 0,
+        flags: flags::TYPE_REPLY | flags::ERROR,
+        error: u32::try_from(errno).unwrap_or(libc::EINVAL as u32),
+    }
+}

@@ -1,0 +1,657 @@
+//! The server side: one client at a time, commands handled on the calling
+//! thread, replies with real errnos.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rustix::event::{PollFd, PollFlags, Timespec};
+use zerocopy::IntoBytes;
+
+use crate::conn::{
+    error_header, reply_header, Conn, Message, Wanted, MAX_DATA_XFER_SIZE, MAX_MSG_FDS,
+};
+use crate::dma::{DmaSpace, MAX_DMA_MAPS};
+use crate::wire::*;
+use crate::{Device, Errno, Error};
+
+/// How often a blocked server looks at its `stop` flag.
+const STOP_POLL: Duration = Duration::from_millis(100);
+
+/// Serves a [`Device`] to vfio-user clients.
+#[derive(Debug)]
+pub struct Server<D: Device> {
+    device: D,
+}
+
+/// State of one client connection.
+struct Session {
+    conn: Arc<Conn>,
+    dma: Option<DmaSpace>,
+    /// (flags, size) per region index, read once at VERSION so region
+    /// accesses (doorbell traps) need no `region_info` call.
+    regions: Vec<Option<(u32, u64)>>,
+}
+
+/// Region indexes whose info is cached; others are looked up per access.
+const CACHED_REGIONS: u32 = 16;
+
+/// What a handler answers: the reply payload and an optional fd to pass.
+type Handled = Result<Vec<u8>, Errno>;
+
+impl<D: Device> Server<D> {
+    pub fn new(device: D) -> Self {
+        Self { device }
+    }
+
+    pub fn device(&self) -> &D {
+        &self.device
+    }
+
+    pub fn device_mut(&mut self) -> &mut D {
+        &mut self.device
+    }
+
+    pub fn into_device(self) -> D {
+        self.device
+    }
+
+    /// Serves one already-connected stream until it closes or errors. Calls
+    /// `attach` after VERSION and `detach` when the client goes. A clean
+    /// disconnect is `Ok(())`.
+    pub fn serve_stream(&mut self, stream: UnixStream) -> Result<(), Error> {
+        self.serve(stream, None)
+    }
+
+    /// Accepts clients one at a time on `listener` until `stop` is set; when
+    /// one disconnects (or misbehaves) the device is detached and the next is
+    /// accepted.
+    pub fn serve_listener(
+        &mut self,
+        listener: &UnixListener,
+        stop: &AtomicBool,
+    ) -> Result<(), Error> {
+        let ts = Timespec {
+            tv_sec: 0,
+            tv_nsec: STOP_POLL.as_nanos() as i64,
+        };
+        while !stop.load(Ordering::Relaxed) {
+            let mut pfd = [PollFd::new(listener, PollFlags::IN)];
+            match rustix::event::poll(&mut pfd, Some(&ts)) {
+                Ok(0) => continue,
+                Ok(_) => {}
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(Error::Io(e.into())),
+            }
+            let stream = match listener.accept() {
+                Ok((s, _)) => s,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Err(Error::Io(e)),
+            };
+            tracing::info!("vfio-user client connected");
+            match self.serve(stream, Some(stop)) {
+                Ok(()) => tracing::info!("vfio-user client disconnected"),
+                Err(e) => tracing::warn!(error = %e, "vfio-user client dropped"),
+            }
+        }
+        Ok(())
+    }
+
+    fn serve(&mut self, stream: UnixStream, stop: Option<&AtomicBool>) -> Result<(), Error> {
+        stream.set_nonblocking(false)?;
+        let conn = Arc::new(Conn::new(stream)?);
+        let mut session = Session {
+            conn: conn.clone(),
+            dma: None,
+            regions: Vec::new(),
+        };
+        let result = self.run(&mut session, stop);
+        // Order matters: first fail any DMA_READ/WRITE a worker is waiting
+        // for, then let the device stop its workers, then unmap.
+        conn.shutdown();
+        if let Some(dma) = session.dma.take() {
+            self.device.detach();
+            dma.unmap_all();
+        }
+        match result {
+            Err(Error::Disconnected) => Ok(()),
+            r => r,
+        }
+    }
+
+    fn run(&mut self, s: &mut Session, stop: Option<&AtomicBool>) -> Result<(), Error> {
+        loop {
+            let deadline = stop.map(|_| Instant::now() + STOP_POLL);
+            let msg = match s.conn.wait(&Wanted::Request, deadline) {
+                Ok(Some(m)) => m,
+                Ok(None) => {
+                    if stop.is_some_and(|f| f.load(Ordering::Relaxed)) {
+                        return Ok(());
+                    }
+                    continue;
+                }
+                Err(Error::Oversized {
+                    msg_id,
+                    command,
+                    size,
+                }) => {
+                    // The body was not read, so the stream cannot be resynchronised:
+                    // answer, then close.
+                    let req = Header {
+                        msg_id,
+                        command,
+                        ..Default::default()
+                    };
+                    let _ = s.conn.send(&error_header(&req, libc::E2BIG), &[], &[]);
+                    return Err(Error::Oversized {
+                        msg_id,
+                        command,
+                        size,
+                    });
+                }
+                Err(e) => return Err(e),
+            };
+            self.handle(s, msg)?;
+        }
+    }
+
+    /// Handles one request and sends its reply (unless NO_REPLY).
+    fn handle(&mut self, s: &mut Session, msg: Message) -> Result<(), Error> {
+        let hdr = msg.header;
+        let no_reply = hdr.no_reply();
+        if hdr.msg_type() != flags::TYPE_COMMAND {
+            return send_result(s, &hdr, no_reply, Err(libc::EINVAL), None);
+        }
+        let fd_limit = match hdr.command {
+            cmd::DMA_MAP => 1,
+            cmd::DEVICE_SET_IRQS => MAX_MSG_FDS,
+            _ => 0,
+        };
+        if msg.fds_truncated || msg.fds.len() > fd_limit {
+            tracing::debug!(command = hdr.command, fds = msg.fds.len(), "unexpected fds");
+            return send_result(s, &hdr, no_reply, Err(libc::EINVAL), None);
+        }
+        if s.dma.is_none() && hdr.command != cmd::VERSION {
+            return send_result(s, &hdr, no_reply, Err(libc::EINVAL), None);
+        }
+        let payload = &msg.payload[..];
+        let mut fds = msg.fds;
+        match hdr.command {
+            cmd::VERSION => {
+                let r = self.version(s, payload);
+                send_result(s, &hdr, no_reply, r, None)
+            }
+            cmd::DMA_MAP => {
+                let r = self.dma_map(s, payload, fds.pop());
+                send_result(s, &hdr, no_reply, r, None)
+            }
+            cmd::DMA_UNMAP => {
+                let r = self.dma_unmap(s, payload);
+                send_result(s, &hdr, no_reply, r, None)
+            }
+            cmd::DEVICE_GET_INFO => {
+                let r = self.device_info(payload);
+                send_result(s, &hdr, no_reply, r, None)
+            }
+            cmd::DEVICE_GET_REGION_INFO => {
+                // The fd borrows from the device, so reply here.
+                let (r, fd) = match self.region_info(payload) {
+                    Ok((bytes, fd)) => (Ok(bytes), fd),
+                    Err(e) => (Err(e), None),
+                };
+                send_result(s, &hdr, no_reply, r, fd)
+            }
+            cmd::DEVICE_GET_IRQ_INFO => {
+                let r = self.irq_info(payload);
+                send_result(s, &hdr, no_reply, r, None)
+            }
+            cmd::DEVICE_SET_IRQS => {
+                let r = self.set_irqs(payload, fds);
+                send_result(s, &hdr, no_reply, r, None)
+            }
+            cmd::REGION_READ => {
+                let r = self.region_read(s, payload);
+                send_result(s, &hdr, no_reply, r, None)
+            }
+            cmd::REGION_WRITE => {
+                let r = self.region_write(s, payload);
+                if let Err(errno) = r {
+                    if no_reply {
+                        tracing::debug!(errno, "posted REGION_WRITE failed");
+                    }
+                }
+                send_result(s, &hdr, no_reply, r, None)
+            }
+            cmd::DEVICE_RESET => {
+                self.device.reset();
+                send_result(s, &hdr, no_reply, Ok(Vec::new()), None)
+            }
+            // Not offered: ioeventfds need a hypervisor on our side.
+            cmd::DEVICE_GET_REGION_IO_FDS => {
+                send_result(s, &hdr, no_reply, Err(libc::ENOTSUP), None)
+            }
+            _ => {
+                tracing::debug!(command = hdr.command, "unknown vfio-user command");
+                send_result(s, &hdr, no_reply, Err(libc::ENOSYS), None)
+            }
+        }
+    }
+
+    fn version(&mut self, s: &mut Session, payload: &[u8]) -> Handled {
+        if s.dma.is_some() {
+            return Err(libc::EINVAL);
+        }
+        let v = read_prefix::<Version>(payload).ok_or(libc::EINVAL)?;
+        if v.major != 0 {
+            return Err(libc::ENOTSUP);
+        }
+        let caps = parse_version_caps(&payload[size_of::<Version>()..])?;
+        let reply_caps = serde_json::json!({
+            "capabilities": {
+                "max_msg_fds": MAX_MSG_FDS,
+                "max_data_xfer_size": MAX_DATA_XFER_SIZE,
+                "max_dma_maps": MAX_DMA_MAPS,
+                "pgsizes": 4096,
+            }
+        });
+        let mut out = Version { major: 0, minor: 0 }.as_bytes().to_vec();
+        out.extend_from_slice(reply_caps.to_string().as_bytes());
+        out.push(0);
+        s.regions = (0..CACHED_REGIONS)
+            .map(|i| {
+                self.device
+                    .region_info(i)
+                    .map(|(info, _)| (info.flags, info.size))
+            })
+            .collect();
+        let dma = DmaSpace::with_conn(Some(s.conn.clone()), caps.max_data_xfer_size);
+        s.dma = Some(dma.clone());
+        self.device.attach(dma);
+        Ok(out)
+    }
+
+    fn dma_map(&mut self, s: &mut Session, payload: &[u8], fd: Option<OwnedFd>) -> Handled {
+        let m = read_prefix::<DmaMap>(payload).ok_or(libc::EINVAL)?;
+        if (m.argsz as usize) < size_of::<DmaMap>() || m.argsz as usize > payload.len() {
+            return Err(libc::EINVAL);
+        }
+        if m.flags & !(DMA_MAP_FLAG_READ | DMA_MAP_FLAG_WRITE) != 0 {
+            return Err(libc::EINVAL);
+        }
+        let dma = s.dma.as_ref().ok_or(libc::EINVAL)?;
+        let readable = m.flags & DMA_MAP_FLAG_READ != 0;
+        let writable = m.flags & DMA_MAP_FLAG_WRITE != 0;
+        match fd {
+            Some(fd) => dma.map_fd(m.address, m.size, fd.as_fd(), m.offset, readable, writable)?,
+            None => dma.map_remote(m.address, m.size, readable, writable)?,
+        }
+        Ok(Vec::new())
+    }
+
+    fn dma_unmap(&mut self, s: &mut Session, payload: &[u8]) -> Handled {
+        let u = read_prefix::<DmaUnmap>(payload).ok_or(libc::EINVAL)?;
+        if (u.argsz as usize) < size_of::<DmaUnmap>() {
+            return Err(libc::EINVAL);
+        }
+        let dma = s.dma.as_ref().ok_or(libc::EINVAL)?;
+        if u.flags & DMA_UNMAP_FLAG_GET_DIRTY_BITMAP != 0
+            || u.flags & !(DMA_UNMAP_FLAG_ALL | 1) != 0
+        {
+            return Err(libc::ENOTSUP);
+        }
+        if u.flags & DMA_UNMAP_FLAG_ALL != 0 {
+            if u.address != 0 || u.size != 0 {
+                return Err(libc::EINVAL);
+            }
+            self.device.dma_unmapping(0, u64::MAX);
+            dma.unmap_all();
+        } else {
+            self.device.dma_unmapping(u.address, u.size);
+            dma.unmap(u.address, u.size)?;
+        }
+        let reply = DmaUnmap {
+            argsz: size_of::<DmaUnmap>() as u32,
+            ..u
+        };
+        Ok(reply.as_bytes().to_vec())
+    }
+
+    fn device_info(&mut self, payload: &[u8]) -> Handled {
+        let argsz = read_prefix::<u32>(payload).ok_or(libc::EINVAL)?;
+        if (argsz as usize) < size_of::<DeviceInfoWire>() {
+            return Err(libc::EINVAL);
+        }
+        let info = self.device.device_info();
+        let w = DeviceInfoWire {
+            argsz: size_of::<DeviceInfoWire>() as u32,
+            flags: info.flags,
+            num_regions: info.num_regions,
+            num_irqs: info.num_irqs,
+        };
+        Ok(w.as_bytes().to_vec())
+    }
+
+    fn region_info(
+        &self,
+        payload: &[u8],
+    ) -> Result<(Vec<u8>, Option<std::os::fd::BorrowedFd<'_>>), Errno> {
+        // Only argsz and index are required; the rest may be left out.
+        let mut req = [0u8; size_of::<RegionInfoWire>()];
+        let n = payload.len().min(req.len());
+        if n < 12 {
+            return Err(libc::EINVAL);
+        }
+        req[..n].copy_from_slice(&payload[..n]);
+        let req = read_prefix::<RegionInfoWire>(&req).ok_or(libc::EINVAL)?;
+        if (req.argsz as usize) < size_of::<RegionInfoWire>() {
+            return Err(libc::EINVAL);
+        }
+        let (info, fd) = self.device.region_info(req.index).ok_or(libc::EINVAL)?;
+        let mut flags = info.flags & (VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE);
+        let base = size_of::<RegionInfoWire>();
+        let mut caps = Vec::new();
+        if fd.is_some() {
+            flags |= VFIO_REGION_INFO_FLAG_MMAP;
+            if !info.sparse_areas.is_empty() {
+                flags |= VFIO_REGION_INFO_FLAG_CAPS;
+                let cap = CapHeader {
+                    id: VFIO_REGION_INFO_CAP_SPARSE_MMAP,
+                    version: 1,
+                    next: 0,
+                };
+                caps.extend_from_slice(cap.as_bytes());
+                let nr_areas = u32::try_from(info.sparse_areas.len()).map_err(|_| libc::EINVAL)?;
+                caps.extend_from_slice(
+                    SparseMmapWire {
+                        nr_areas,
+                        reserved: 0,
+                    }
+                    .as_bytes(),
+                );
+                for a in &info.sparse_areas {
+                    caps.extend_from_slice(
+                        SparseAreaWire {
+                            offset: a.offset,
+                            size: a.size,
+                        }
+                        .as_bytes(),
+                    );
+                }
+            }
+        }
+        let full = u32::try_from(base + caps.len()).map_err(|_| libc::EINVAL)?;
+        let fits = req.argsz >= full;
+        let w = RegionInfoWire {
+            argsz: full,
+            flags,
+            index: req.index,
+            // As the kernel does: with too small an argsz, say how much is
+            // needed and leave the capabilities out.
+            cap_offset: if fits && !caps.is_empty() {
+                base as u32
+            } else {
+                0
+            },
+            size: info.size,
+            offset: 0,
+        };
+        let mut out = w.as_bytes().to_vec();
+        if fits {
+            out.extend_from_slice(&caps);
+        }
+        Ok((out, fd))
+    }
+
+    fn irq_info(&mut self, payload: &[u8]) -> Handled {
+        let mut req = [0u8; size_of::<IrqInfoWire>()];
+        let n = payload.len().min(req.len());
+        if n < 12 {
+            return Err(libc::EINVAL);
+        }
+        req[..n].copy_from_slice(&payload[..n]);
+        let req = read_prefix::<IrqInfoWire>(&req).ok_or(libc::EINVAL)?;
+        if (req.argsz as usize) < size_of::<IrqInfoWire>() {
+            return Err(libc::EINVAL);
+        }
+        let info = self.device.irq_info(req.index).ok_or(libc::EINVAL)?;
+        let w = IrqInfoWire {
+            argsz: size_of::<IrqInfoWire>() as u32,
+            flags: info.flags,
+            index: req.index,
+            count: info.count,
+        };
+        Ok(w.as_bytes().to_vec())
+    }
+
+    fn set_irqs(&mut self, payload: &[u8], fds: Vec<OwnedFd>) -> Handled {
+        let set = read_prefix::<IrqSet>(payload).ok_or(libc::EINVAL)?;
+        if (set.argsz as usize) < size_of::<IrqSet>() {
+            return Err(libc::EINVAL);
+        }
+        let data_flags = set.flags & VFIO_IRQ_SET_DATA_MASK;
+        let action = set.flags & VFIO_IRQ_SET_ACTION_MASK_ALL;
+        if set.flags & !(VFIO_IRQ_SET_DATA_MASK | VFIO_IRQ_SET_ACTION_MASK_ALL) != 0
+            || data_flags.count_ones() != 1
+            || action.count_ones() != 1
+        {
+            return Err(libc::EINVAL);
+        }
+        let info = self.device.irq_info(set.index).ok_or(libc::EINVAL)?;
+        let end = set.start.checked_add(set.count).ok_or(libc::EINVAL)?;
+        let disable_all = data_flags == VFIO_IRQ_SET_DATA_NONE && set.count == 0;
+        if disable_all {
+            if set.start != 0 {
+                return Err(libc::EINVAL);
+            }
+        } else if set.count == 0 || end > info.count {
+            return Err(libc::EINVAL);
+        }
+        match data_flags {
+            VFIO_IRQ_SET_DATA_EVENTFD => {
+                if !fds.is_empty() && fds.len() != set.count as usize {
+                    return Err(libc::EINVAL);
+                }
+                self.device
+                    .set_irqs(set.index, set.flags, set.start, set.count, fds)?;
+            }
+            VFIO_IRQ_SET_DATA_NONE => {
+                if !fds.is_empty() {
+                    return Err(libc::EINVAL);
+                }
+                self.device
+                    .set_irqs(set.index, set.flags, set.start, set.count, Vec::new())?;
+            }
+            _ => {
+                // DATA_BOOL: one byte per vector follows the structure.
+                if !fds.is_empty() {
+                    return Err(libc::EINVAL);
+                }
+                let data = payload
+                    .get(size_of::<IrqSet>()..size_of::<IrqSet>() + set.count as usize)
+                    .ok_or(libc::EINVAL)?;
+                let flags = (set.flags & !VFIO_IRQ_SET_DATA_BOOL) | VFIO_IRQ_SET_DATA_NONE;
+                for (i, b) in data.iter().enumerate() {
+                    if *b != 0 {
+                        self.device.set_irqs(
+                            set.index,
+                            flags,
+                            set.start + i as u32,
+                            1,
+                            Vec::new(),
+                        )?;
+                    }
+                }
+            }
+        }
+        Ok(Vec::new())
+    }
+
+    /// Checks an access against the region's size and permission.
+    fn check_region(
+        &self,
+        s: &Session,
+        index: u32,
+        offset: u64,
+        count: u32,
+        need: u32,
+    ) -> Result<(), Errno> {
+        if count as usize > MAX_DATA_XFER_SIZE {
+            return Err(libc::E2BIG);
+        }
+        let (flags, size) = match s.regions.get(index as usize) {
+            Some(cached) => cached.ok_or(libc::EINVAL)?,
+            None => self
+                .device
+                .region_info(index)
+                .map(|(i, _)| (i.flags, i.size))
+                .ok_or(libc::EINVAL)?,
+        };
+        if flags & need == 0 {
+            return Err(libc::EINVAL);
+        }
+        let end = offset.checked_add(u64::from(count)).ok_or(libc::EINVAL)?;
+        if end > size {
+            return Err(libc::EINVAL);
+        }
+        Ok(())
+    }
+
+    fn region_read(&mut self, s: &Session, payload: &[u8]) -> Handled {
+        let a = read_prefix::<RegionAccess>(payload).ok_or(libc::EINVAL)?;
+        self.check_region(s, a.region, a.offset, a.count, VFIO_REGION_INFO_FLAG_READ)?;
+        let mut out = a.as_bytes().to_vec();
+        let head = out.len();
+        out.resize(head + a.count as usize, 0);
+        self.device
+            .region_read(a.region, a.offset, &mut out[head..])?;
+        Ok(out)
+    }
+
+    fn region_write(&mut self, s: &Session, payload: &[u8]) -> Handled {
+        let a = read_prefix::<RegionAccess>(payload).ok_or(libc::EINVAL)?;
+        let data = &payload[size_of::<RegionAccess>()..];
+        if data.len() != a.count as usize {
+            return Err(libc::EINVAL);
+        }
+        self.check_region(s, a.region, a.offset, a.count, VFIO_REGION_INFO_FLAG_WRITE)?;
+        self.device.region_write(a.region, a.offset, data)?;
+        Ok(a.as_bytes().to_vec())
+    }
+}
+
+fn send_result(
+    s: &Session,
+    req: &Header,
+    no_reply: bool,
+    result: Handled,
+    fd: Option<std::os::fd::BorrowedFd<'_>>,
+) -> Result<(), Error> {
+    if no_reply {
+        return Ok(());
+    }
+    match result {
+        Ok(payload) => {
+            let fds: Vec<_> = fd.into_iter().collect();
+            s.conn.send(&reply_header(req), &[&payload], &fds)
+        }
+        Err(errno) => s.conn.send(&error_header(req, errno), &[], &[]),
+    }
+}
+
+/// The capabilities we use from a VERSION message.
+#[derive(Debug)]
+pub(crate) struct PeerCaps {
+    pub max_msg_fds: usize,
+    pub max_data_xfer_size: usize,
+}
+
+/// Parses the optional NUL-terminated JSON of a VERSION message. Unknown
+/// fields are ignored; malformed JSON, a missing NUL or a known field of the
+/// wrong type is EINVAL.
+pub(crate) fn parse_version_caps(data: &[u8]) -> Result<PeerCaps, Errno> {
+    let mut caps = PeerCaps {
+        max_msg_fds: 1,
+        max_data_xfer_size: MAX_DATA_XFER_SIZE,
+    };
+    if data.is_empty() {
+        return Ok(caps);
+    }
+    let nul = data.iter().position(|b| *b == 0).ok_or(libc::EINVAL)?;
+    let json = &data[..nul];
+    if json.is_empty() {
+        return Ok(caps);
+    }
+    let v: serde_json::Value = serde_json::from_slice(json).map_err(|_| libc::EINVAL)?;
+    let obj = v.as_object().ok_or(libc::EINVAL)?;
+    let Some(c) = obj.get("capabilities") else {
+        return Ok(caps);
+    };
+    let c = c.as_object().ok_or(libc::EINVAL)?;
+    let number = |name: &str| -> Result<Option<u64>, Errno> {
+        match c.get(name) {
+            None => Ok(None),
+            Some(v) => v.as_u64().map(Some).ok_or(libc::EINVAL),
+        }
+    };
+    if let Some(n) = number("max_msg_fds")? {
+        caps.max_msg_fds = usize::try_from(n).unwrap_or(usize::MAX);
+    }
+    if let Some(n) = number("max_data_xfer_size")? {
+        if n == 0 {
+            return Err(libc::EINVAL);
+        }
+        caps.max_data_xfer_size = usize::try_from(n)
+            .unwrap_or(usize::MAX)
+            .min(MAX_DATA_XFER_SIZE);
+    }
+    number("pgsizes")?;
+    number("max_dma_maps")?;
+    if let Some(m) = c.get("migration") {
+        m.as_object().ok_or(libc::EINVAL)?;
+    }
+    if let Some(w) = c.get("write_multiple") {
+        w.as_bool().ok_or(libc::EINVAL)?;
+    }
+    Ok(caps)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_caps_parse_leniently() {
+        let ok = br#"{"capabilities":{"max_msg_fds":16,"max_data_xfer_size":4096,"pgsizes":4096,"max_dma_maps":65535,"migration":{"pgsize":4096},"write_multiple":true,"other":[1]}}"#;
+        let mut v = ok.to_vec();
+        v.push(0);
+        let caps = parse_version_caps(&v).unwrap();
+        assert_eq!(caps.max_msg_fds, 16);
+        assert_eq!(caps.max_data_xfer_size, 4096);
+        assert!(parse_version_caps(b"").is_ok());
+        assert!(parse_version_caps(b"\0").is_ok());
+        assert!(parse_version_caps(b"{}\0").is_ok());
+    }
+
+    #[test]
+    fn version_caps_reject_malformed() {
+        assert_eq!(
+            parse_version_caps(b"{}").unwrap_err(),
+            libc::EINVAL,
+            "no NUL"
+        );
+        assert_eq!(parse_version_caps(b"{\0").unwrap_err(), libc::EINVAL);
+        assert_eq!(parse_version_caps(b"[1]\0").unwrap_err(), libc::EINVAL);
+        assert_eq!(
+            parse_version_caps(b"{\"capabilities\":3}\0").unwrap_err(),
+            libc::EINVAL
+        );
+        assert_eq!(
+            parse_version_caps(b"{\"capabilities\":{\"max_msg_fds\":\"x\"}}\0").unwrap_err(),
+            libc::EINVAL
+        );
+        assert_eq!(parse_version_caps(b"\xff\xfe\0").unwrap_err(), libc::EINVAL);
+    }
+}

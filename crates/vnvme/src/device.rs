@@ -1,0 +1,289 @@
+//! The NVMe PCI function served over vfio-user: PCI config space (region 7),
+//! BAR0 (region 0: controller registers and doorbells, then the MSI-X table
+//! and PBA), and interrupts as eventfds.
+
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use vnvme_controller::{Controller, ControllerConfig, NamespaceConfig};
+use vnvme_pci::{MsixTable, PciConfig, PciFunction, CONFIG_SPACE_SIZE};
+use vnvme_vfio_user::{
+    irq, region, DeviceInfo, DmaSpace, Errno, IrqInfo, RegionInfo, VFIO_DEVICE_FLAGS_PCI,
+    VFIO_DEVICE_FLAGS_RESET, VFIO_IRQ_INFO_AUTOMASKED, VFIO_IRQ_INFO_EVENTFD,
+    VFIO_IRQ_INFO_MASKABLE, VFIO_IRQ_INFO_NORESIZE, VFIO_IRQ_SET_ACTION_TRIGGER,
+    VFIO_IRQ_SET_DATA_EVENTFD, VFIO_IRQ_SET_DATA_NONE, VFIO_REGION_INFO_FLAG_READ,
+    VFIO_REGION_INFO_FLAG_WRITE,
+};
+
+use crate::interrupts::EventfdInterrupts;
+use crate::memory::DmaMemory;
+use crate::namespace::NamespaceSpec;
+
+/// BAR0 layout: registers and doorbells belong to the controller, then the
+/// MSI-X table and PBA (one page each).
+const MSIX_TABLE: u64 = 0x2000;
+const MSIX_PBA: u64 = 0x3000;
+/// The MSI-X table has one page: 256 vectors of 16 bytes.
+const MAX_VECTORS: u16 = 256;
+
+/// Controller options shared by `vnvme serve` and `vnvme bench`.
+#[derive(Args, Debug, Clone)]
+pub struct DeviceOptions {
+    /// Serial number reported by Identify Controller.
+    #[arg(long, default_value = "VNVME0001")]
+    pub serial: String,
+    /// I/O queue pairs the controller grants at most.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=255))]
+    pub max_io_queues: u16,
+    /// MSI-X vectors (default: one per I/O queue plus the admin queue); fewer than queues means vectors are shared.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub msix_vectors: Option<u16>,
+    /// Queue worker threads in the controller.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub workers: u64,
+}
+
+impl Default for DeviceOptions {
+    fn default() -> Self {
+        Self {
+            serial: "VNVME0001".into(),
+            max_io_queues: 64,
+            msix_vectors: None,
+            workers: 1,
+        }
+    }
+}
+
+/// The vfio-user device: a PCI function whose BAR0 is an NVMe controller.
+#[derive(Debug)]
+pub struct NvmeDevice {
+    ctrl: Arc<Controller>,
+    pci: PciFunction,
+    msix: MsixTable,
+    irqs: Arc<EventfdInterrupts>,
+}
+
+impl NvmeDevice {
+    pub fn new(opts: &DeviceOptions, namespaces: &[NamespaceSpec]) -> Result<Self> {
+        let vectors = opts
+            .msix_vectors
+            .unwrap_or(opts.max_io_queues.saturating_add(1))
+            .min(MAX_VECTORS);
+        if namespaces.len() > 1024 {
+            bail!(
+                "at most 1024 namespaces are supported ({} given)",
+                namespaces.len()
+            );
+        }
+        let pci_config = PciConfig {
+            bar0_size: Controller::BAR0_SIZE,
+            msix_vectors: vectors,
+            msix_table: (0, MSIX_TABLE as u32),
+            msix_pba: (0, MSIX_PBA as u32),
+            ..PciConfig::default()
+        };
+        let pci = PciFunction::nvme(pci_config.clone()).context("building the PCI function")?;
+        let config = ControllerConfig {
+            serial: opts.serial.clone(),
+            max_io_queues: opts.max_io_queues,
+            msix_vectors: vectors,
+            workers: usize::try_from(opts.workers).unwrap_or(1),
+            vid: pci_config.vendor,
+            ssvid: pci_config.subsystem_vendor,
+            ..ControllerConfig::default()
+        };
+        let namespaces = namespaces
+            .iter()
+            .zip(1u32..)
+            .map(|(spec, nsid)| NamespaceConfig {
+                nsid,
+                lba_size: 4096,
+                backend: spec.open(),
+            })
+            .collect();
+        let ctrl =
+            Controller::new(config, namespaces).context("configuring the NVMe controller")?;
+        Ok(Self {
+            ctrl: Arc::new(ctrl),
+            pci,
+            msix: MsixTable::new(vectors),
+            irqs: Arc::default(),
+        })
+    }
+
+    /// The controller, for counters.
+    pub fn controller(&self) -> &Arc<Controller> {
+        &self.ctrl
+    }
+
+    /// Interrupts that had no eventfd to go to.
+    pub fn dropped_interrupts(&self) -> u64 {
+        self.irqs.dropped()
+    }
+
+    fn vectors(&self) -> u32 {
+        u32::from(self.pci.msix_vectors())
+    }
+}
+
+impl vnvme_vfio_user::Device for NvmeDevice {
+    fn device_info(&self) -> DeviceInfo {
+        DeviceInfo {
+            flags: VFIO_DEVICE_FLAGS_PCI | VFIO_DEVICE_FLAGS_RESET,
+            num_regions: region::COUNT,
+            num_irqs: irq::COUNT,
+        }
+    }
+
+    fn region_info(&self, index: u32) -> Option<(RegionInfo, Option<BorrowedFd<'_>>)> {
+        let rw = VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE;
+        let info = match index {
+            region::BAR0 => RegionInfo {
+                flags: rw,
+                size: Controller::BAR0_SIZE,
+                sparse_areas: Vec::new(),
+            },
+            region::CONFIG => RegionInfo {
+                flags: rw,
+                size: CONFIG_SPACE_SIZE as u64,
+                sparse_areas: Vec::new(),
+            },
+            i if i < region::COUNT => RegionInfo::default(),
+            _ => return None,
+        };
+        Some((info, None))
+    }
+
+    fn irq_info(&self, index: u32) -> Option<IrqInfo> {
+        let eventfd = VFIO_IRQ_INFO_EVENTFD;
+        Some(match index {
+            irq::INTX => IrqInfo {
+                flags: eventfd | VFIO_IRQ_INFO_MASKABLE | VFIO_IRQ_INFO_AUTOMASKED,
+                count: 1,
+            },
+            irq::MSI => IrqInfo {
+                flags: eventfd,
+                count: 0,
+            },
+            irq::MSIX => IrqInfo {
+                flags: eventfd | VFIO_IRQ_INFO_NORESIZE,
+                count: self.vectors(),
+            },
+            irq::ERR | irq::REQ => IrqInfo {
+                flags: eventfd,
+                count: 1,
+            },
+            _ => return None,
+        })
+    }
+
+    fn region_read(&mut self, index: u32, offset: u64, buf: &mut [u8]) -> Result<(), Errno> {
+        match index {
+            region::BAR0 if offset >= MSIX_PBA => self.msix.pba_read(offset - MSIX_PBA, buf),
+            region::BAR0 if offset >= MSIX_TABLE => self.msix.table_read(offset - MSIX_TABLE, buf),
+            region::BAR0 => self.ctrl.mmio_read(offset, buf),
+            region::CONFIG => self.pci.config_read(offset, buf),
+            _ => return Err(libc_einval()),
+        }
+        Ok(())
+    }
+
+    fn region_write(&mut self, index: u32, offset: u64, data: &[u8]) -> Result<(), Errno> {
+        match index {
+            // The PBA is read-only.
+            region::BAR0 if offset >= MSIX_PBA => {}
+            region::BAR0 if offset >= MSIX_TABLE => {
+                self.msix.table_write(offset - MSIX_TABLE, data)
+            }
+            region::BAR0 => self.ctrl.mmio_write(offset, data),
+            region::CONFIG => self.pci.config_write(offset, data),
+            _ => return Err(libc_einval()),
+        }
+        Ok(())
+    }
+
+    fn set_irqs(
+        &mut self,
+        index: u32,
+        flags: u32,
+        start: u32,
+        count: u32,
+        fds: Vec<OwnedFd>,
+    ) -> Result<(), Errno> {
+        let end = start.checked_add(count).ok_or_else(libc_einval)?;
+        let eventfds = flags & VFIO_IRQ_SET_DATA_EVENTFD != 0;
+        let trigger = flags & VFIO_IRQ_SET_ACTION_TRIGGER != 0;
+        let (first, n) = (start as usize, count as usize);
+        match index {
+            irq::MSIX => {
+                if end > self.vectors() {
+                    return Err(libc_einval());
+                }
+                if eventfds && trigger {
+                    if fds.is_empty() {
+                        self.irqs.clear_msix(first, n.max(1));
+                    } else {
+                        self.irqs.set_msix(first, fds);
+                    }
+                } else if flags & VFIO_IRQ_SET_DATA_NONE != 0 && trigger {
+                    if count == 0 {
+                        self.irqs.clear_msix(0, 0);
+                    } else {
+                        // A loopback trigger: fire the vectors now.
+                        for v in start..end {
+                            vnvme_controller::InterruptSink::signal(&*self.irqs, v as u16);
+                        }
+                    }
+                }
+            }
+            irq::INTX => {
+                if end > 1 {
+                    return Err(libc_einval());
+                }
+                if eventfds && trigger {
+                    self.irqs.set_intx(fds.into_iter().next());
+                } else if flags & VFIO_IRQ_SET_DATA_NONE != 0 && trigger && count == 0 {
+                    self.irqs.set_intx(None);
+                }
+                // MASK/UNMASK of INTx need no action: interrupts are edges on the eventfd.
+            }
+            irq::MSI => {
+                if count != 0 {
+                    return Err(libc_einval());
+                }
+            }
+            // Error and request notifiers: accepted, never signalled.
+            irq::ERR | irq::REQ => {
+                if end > 1 {
+                    return Err(libc_einval());
+                }
+            }
+            _ => return Err(libc_einval()),
+        }
+        Ok(())
+    }
+
+    fn attach(&mut self, dma: DmaSpace) {
+        self.ctrl
+            .attach(Arc::new(DmaMemory(dma)), Arc::clone(&self.irqs) as _);
+    }
+
+    fn detach(&mut self) {
+        self.ctrl.detach();
+        self.irqs.clear();
+        self.pci.reset();
+        self.msix.reset();
+    }
+
+    fn reset(&mut self) {
+        self.ctrl.reset();
+        self.pci.reset();
+        self.msix.reset();
+    }
+}
+
+fn libc_einval() -> Errno {
+    libc::EINVAL
+}

@@ -1,0 +1,85 @@
+//! Interrupts to the client: MSI-X vectors and INTx as eventfds handed over
+//! by SET_IRQS.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::RwLock;
+use vnvme_controller::InterruptSink;
+
+/// The eventfds a client gave for each vector. A vector with an MSI-X
+/// eventfd is signalled there; otherwise INTx is used if the client gave
+/// one; otherwise the interrupt is dropped and counted (a driver that polls
+/// needs none).
+#[derive(Debug, Default)]
+pub struct EventfdInterrupts {
+    msix: RwLock<Vec<Option<File>>>,
+    intx: RwLock<Option<File>>,
+    dropped: AtomicU64,
+}
+
+impl EventfdInterrupts {
+    /// Sets MSI-X eventfds for vectors `start..start + fds.len()`, growing the
+    /// table up to `max_vectors` (the caller has checked the range).
+    pub fn set_msix(&self, start: usize, fds: Vec<OwnedFd>) {
+        let mut table = self.msix.write();
+        for (i, fd) in fds.into_iter().enumerate() {
+            let v = start + i;
+            if table.len() <= v {
+                table.resize_with(v + 1, || None);
+            }
+            table[v] = Some(File::from(fd));
+        }
+    }
+
+    /// Removes MSI-X eventfds for `start..start + count` (count 0: all).
+    pub fn clear_msix(&self, start: usize, count: usize) {
+        let mut table = self.msix.write();
+        if count == 0 {
+            table.clear();
+        } else {
+            for slot in table.iter_mut().skip(start).take(count) {
+                *slot = None;
+            }
+        }
+    }
+
+    pub fn set_intx(&self, fd: Option<OwnedFd>) {
+        *self.intx.write() = fd.map(File::from);
+    }
+
+    /// Forgets every eventfd (the client went away).
+    pub fn clear(&self) {
+        self.msix.write().clear();
+        *self.intx.write() = None;
+    }
+
+    /// Interrupts that had nowhere to go.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    fn kick(file: &File) -> bool {
+        // An eventfd counter only overflows after 2^64 - 2 kicks; EAGAIN then
+        // is harmless since the reader is already due to wake.
+        (&*file).write_all(&1u64.to_ne_bytes()).is_ok()
+    }
+}
+
+impl InterruptSink for EventfdInterrupts {
+    fn signal(&self, vector: u16) {
+        if let Some(Some(file)) = self.msix.read().get(usize::from(vector)) {
+            if Self::kick(file) {
+                return;
+            }
+        }
+        if let Some(file) = self.intx.read().as_ref() {
+            if Self::kick(file) {
+                return;
+            }
+        }
+        self.dropped.fetch_add(1, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,85 @@
+# guest-lib.sh - helpers for guest test scripts (busybox sh). run-guest.sh / run-test.sh append this file
+# to the initramfs as /guest-lib.sh; a test starts with:   . /guest-lib.sh
+#
+#   log MSG...                 print "TEST: MSG" (stands out in the console log)
+#   die MSG...                 print "TEST: FAIL: MSG" and exit 1
+#   cmdline_get KEY [DEFAULT]  value of rig.KEY=VALUE on the kernel command line (run-test.sh --append)
+#   wait_nvme [SECS] [DEV]     wait until block device DEV (default /dev/nvme0n1) exists, up to SECS (10)
+#   nvme_errors                print kernel log lines that look like nvme trouble (timeout, reset, error...)
+#   check_no_nvme_errors       fail (return 1, lines printed) if nvme_errors finds anything
+#   fio_json NAME [FIO ARGS]   run one fio job (group reporting) and print one line
+#                                RESULT {"name":..,"iops":..,"read_iops":..,"write_iops":..,"bw_kib":..,
+#                                        "lat_mean_us":..,"clat_p50_us":..,"clat_p99_us":..,"io_kib":..,"runtime_ms":..,"err":..}
+#                              (read fields when the job reads, else write fields); return = fio's status
+#   result_json JSON           print "RESULT JSON" (one line); run-test.sh collects these lines
+#   fio_randread NAME ENGINE QD [SECS] [DEV]   4 KiB random read, direct, time based (default 10 s)
+
+log() { echo "TEST: $*"; }
+die() { echo "TEST: FAIL: $*"; exit 1; }
+
+cmdline_get() {
+  for _w in $(cat /proc/cmdline); do
+    case "$_w" in "rig.$1="*) echo "${_w#rig.$1=}"; return 0;; esac
+  done
+  echo "${2:-}"
+}
+
+wait_nvme() {
+  _secs=${1:-10}; _dev=${2:-/dev/nvme0n1}; _i=0
+  while [ ! -b "$_dev" ]; do
+    [ $_i -ge $((_secs * 10)) ] && { echo "TEST: $_dev did not appear within $_secs s"; return 1; }
+    sleep 0.1; _i=$((_i + 1))
+  done
+  return 0
+}
+
+nvme_errors() {
+  dmesg | grep -iE 'nvme' | grep -iE 'timeout|timed out|reset|error|abort|fail|disabl|offline|I/O [0-9]+ QID|dead|removing' \
+    | grep -viE 'failfast|Shutdown timeout set'
+}
+
+check_no_nvme_errors() {
+  _e=$(nvme_errors)
+  if [ -n "$_e" ]; then
+    echo "TEST: nvme errors in dmesg:"; echo "$_e" | sed 's/^/  /'
+    return 1
+  fi
+  return 0
+}
+
+result_json() { echo "RESULT $*"; }
+
+# fio terse v3 fields (1-based): 5 error; read: 6 KiB, 7 bw KiB/s, 8 iops, 18-37 clat percentiles, 40 lat mean us;
+# write: 47 KiB, 48 bw, 49 iops, 59-78 clat percentiles, 81 lat mean us
+fio_json() {
+  _name=$1; shift
+  _out=$(fio --name="$_name" --group_reporting --output-format=terse --terse-version=3 "$@" 2>&1)
+  _rc=$?
+  _line=$(echo "$_out" | grep '^3;' | tail -1)
+  if [ -z "$_line" ]; then
+    echo "TEST: fio $_name failed (status $_rc):"; echo "$_out" | tail -10 | sed 's/^/  /'
+    _msg=$(echo "$_out" | tail -1 | tr -d '"\\' | cut -c1-200)
+    echo "RESULT {\"name\":\"$_name\",\"err\":\"fio status $_rc: $_msg\"}"
+    [ $_rc = 0 ] && _rc=1
+    return $_rc
+  fi
+  echo "$_line" | awk -F';' -v name="$_name" '
+    function pct(a, b, want,   i, kv) {     # clat percentile "99.000000%=123" in fields a..b
+      for (i = a; i <= b; i++) { split($i, kv, "%="); if (kv[1] + 0 == want) return kv[2] + 0 }
+      return -1
+    }
+    {
+      rd = ($8 + 0 > 0 || $49 + 0 == 0)
+      if (rd) { bw = $7; lat = $40; p50 = pct(18, 37, 50); p99 = pct(18, 37, 99) }
+      else    { bw = $48; lat = $81; p50 = pct(59, 78, 50); p99 = pct(59, 78, 99) }
+      printf "RESULT {\"name\":\"%s\",\"iops\":%d,\"read_iops\":%d,\"write_iops\":%d,\"bw_kib\":%d,\"lat_mean_us\":%.1f,\"clat_p50_us\":%d,\"clat_p99_us\":%d,\"io_kib\":%d,\"runtime_ms\":%d,\"err\":%d}\n",
+        name, $8 + $49, $8, $49, bw, lat, p50, p99, $6 + $47, ($9 > $50 ? $9 : $50), $5
+    }'
+  [ "$(echo "$_line" | cut -d';' -f5)" = 0 ] || return 1
+  return $_rc
+}
+
+fio_randread() {
+  fio_json "$1" --filename="${5:-/dev/nvme0n1}" --rw=randread --bs=4k --direct=1 --ioengine="$2" \
+    --iodepth="$3" --numjobs=1 --time_based --runtime="${4:-10}" --ramp_time=1
+}

@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# run-test.sh - boot the rig guest, run one guest script in it, exit with that script's exit status.
+#
+# usage: run-test.sh [--qemu-nvme [--dbcs on|off] | --vfio-user SOCK] [options] GUEST_SCRIPT
+#   --qemu-nvme         QEMU's built-in nvme, null-co backend reading zeroes (default)
+#   --dbcs on|off       shadow doorbells (Doorbell Buffer Config) of the built-in nvme (QEMU default: on)
+#   --vfio-user SOCK    attach a vfio-user-pci device connected to the server socket SOCK, a HOST path
+#                       (its folder is bind-mounted read-only into the chroot in a private mount namespace,
+#                       so nothing leaks if the harness dies); no built-in nvme then
+#   --socket-wait SECS  wait up to SECS for SOCK to appear (default 10)
+#   --timeout SECS      hard limit for the whole run, QEMU is killed then (default 300); exit 124
+#   --append "ARGS"     extra kernel command line (e.g. "nvme.poll_queues=1 rig.qd=32"; guest scripts
+#                       read rig.KEY=VALUE with cmdline_get KEY); repeatable
+#   --qemu-arg ARG      extra raw QEMU argument (no spaces inside); repeatable
+#   --pidfile FILE      write QEMU's pid to FILE once it runs (a test can kill QEMU mid-I/O); removed at exit
+#   --log FILE          console log (default $VNVME_RIG_CACHE/logs/NAME-DATE-PID.log); its path is printed
+#   --results FILE      also write the guest's RESULT lines there, without the "RESULT " prefix (JSON lines)
+#   -v                  also copy the console to stdout as it comes
+#   GUEST_SCRIPT        host path; runs in the guest as /test.sh under busybox sh (cwd /tmp); it may
+#                       ". /guest-lib.sh" (wait_nvme, check_no_nvme_errors, fio_json, ...)
+# Output: stdout gets the guest's "RESULT ..." lines (and the console with -v); stderr gets harness lines.
+# Exit status: the guest script's (from the "RIG-EXIT=<n>" line /init prints); 124 = timeout;
+#   125 = no RIG-EXIT line (QEMU failed, guest crashed or was killed; the last 30 console lines are shown);
+#   126 = harness error (rig not set up, socket missing, bad usage).
+# All run-guest.sh variables apply (RIG_MEM, RIG_SMP, RIG_NVME, RIG_APPEND, RIG_QEMU_ARGS, ...).
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+CACHE=${VNVME_RIG_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vnvme-rig}
+CHROOT=${RIG_CHROOT:-$CACHE/trixie}
+export VNVME_RIG_CACHE=$CACHE RIG_CHROOT=$CHROOT
+
+usage() { sed -n '4,24p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 126; }
+err() { echo "run-test: $*" >&2; exit 126; }
+MODE=qemu DBCS= SOCK= SOCKWAIT=10 TIMEOUT=300 APPEND= QARGS= PIDFILE= LOG= RESULTS= VERBOSE=0 SCRIPT=
+while [ $# -gt 0 ]; do
+  case $1 in
+    --qemu-nvme) MODE=qemu ;;
+    --dbcs) [ $# -ge 2 ] || usage; case $2 in on|off) DBCS=$2;; *) err "--dbcs takes on or off";; esac; shift ;;
+    --vfio-user) [ $# -ge 2 ] || usage; MODE=vfio; SOCK=$2; shift ;;
+    --socket-wait) [ $# -ge 2 ] || usage; SOCKWAIT=$2; shift ;;
+    --timeout) [ $# -ge 2 ] || usage; TIMEOUT=$2; shift ;;
+    --append) [ $# -ge 2 ] || usage; APPEND="$APPEND $2"; shift ;;
+    --qemu-arg) [ $# -ge 2 ] || usage; QARGS="$QARGS $2"; shift ;;
+    --pidfile) [ $# -ge 2 ] || usage; PIDFILE=$2; shift ;;
+    --log) [ $# -ge 2 ] || usage; LOG=$2; shift ;;
+    --results) [ $# -ge 2 ] || usage; RESULTS=$2; shift ;;
+    -v|--verbose) VERBOSE=1 ;;
+    -h|--help) usage ;;
+    -*) err "unknown option $1 (see --help)" ;;
+    *) [ -z "$SCRIPT" ] || err "one guest script only"; SCRIPT=$1 ;;
+  esac
+  shift
+done
+[ -n "$SCRIPT" ] || usage
+[ -f "$SCRIPT" ] || err "no such guest script: $SCRIPT"
+case $TIMEOUT in ''|*[!0-9]*) err "--timeout takes whole seconds";; esac
+[ "$MODE" = vfio ] && [ -n "$DBCS" ] && err "--dbcs applies to --qemu-nvme only"
+[ "$(id -u)" = 0 ] || err "must run as root (chroot)"
+[ -x "$CHROOT/usr/bin/qemu-system-x86_64" ] || err "rig not set up (no QEMU in $CHROOT): run tests/guest/setup.sh"
+NAME=$(basename "$SCRIPT"); NAME=${NAME%.sh}
+if [ -z "$LOG" ]; then mkdir -p "$CACHE/logs"; LOG=$CACHE/logs/$NAME-$(date +%Y%m%d-%H%M%S)-$$.log; fi
+mkdir -p "$(dirname "$LOG")"; : > "$LOG"
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/rig-test.XXXXXX")
+export RIG_PIDFILE=${PIDFILE:-$TMP/qemu.pid}
+rm -f "$RIG_PIDFILE"
+
+RG= TAILPID= MNT=
+qemu_pid() { cat "$RIG_PIDFILE" 2>/dev/null || true; }
+stop_qemu() {   # TERM, then KILL after 3 s
+  local q; q=$(qemu_pid)
+  [ -n "$q" ] && kill -0 "$q" 2>/dev/null || return 0
+  kill -TERM "$q" 2>/dev/null || true
+  for _ in $(seq 30); do kill -0 "$q" 2>/dev/null || return 0; sleep 0.1; done
+  kill -KILL "$q" 2>/dev/null || true
+}
+cleanup() {
+  if [ -n "$RG" ] && kill -0 "$RG" 2>/dev/null; then stop_qemu; kill "$RG" 2>/dev/null || true; wait "$RG" 2>/dev/null || true; fi
+  [ -n "$TAILPID" ] && { kill "$TAILPID" 2>/dev/null || true; }
+  [ -n "$MNT" ] && { rmdir "$MNT" 2>/dev/null || true; }
+  rm -f "$RIG_PIDFILE"; rm -rf "$TMP"
+}
+trap cleanup EXIT
+trap 'exit 143' TERM
+trap 'exit 130' INT
+
+export RIG_APPEND="${RIG_APPEND:-}$APPEND"
+export RIG_QEMU_ARGS="${RIG_QEMU_ARGS:-}$QARGS"
+LAUNCH=("$HERE/run-guest.sh" "$SCRIPT")
+if [ "$MODE" = vfio ]; then
+  for _ in $(seq $((SOCKWAIT * 10))); do [ -S "$SOCK" ] && break; sleep 0.1; done
+  [ -S "$SOCK" ] || err "no vfio-user socket at $SOCK (waited $SOCKWAIT s)"
+  SDIR=$(cd "$(dirname "$SOCK")" && pwd -P); SBASE=$(basename "$SOCK")
+  CREAL=$(cd "$CHROOT" && pwd -P)
+  case "$SDIR/" in
+    "$CREAL"/*) export RIG_VFIO_USER=${SDIR#"$CREAL"}/$SBASE ;;      # already inside the chroot
+    *) MNT=$(mktemp -d "$CHROOT/run/rig-sock.XXXXXX")
+       export RIG_VFIO_USER=${MNT#"$CHROOT"}/$SBASE
+       # private mount namespace: the bind mount exists only for QEMU, and vanishes with it
+       LAUNCH=(unshare -m --propagation private bash -c
+               'mount --bind "$1" "$2" && mount -o remount,bind,ro "$2" && shift 2 && exec "$@"'
+               _ "$SDIR" "$MNT" "${LAUNCH[@]}") ;;
+  esac
+  export RIG_NO_NVME=1
+  DESC="vfio-user $SOCK"
+else
+  unset RIG_VFIO_USER
+  export RIG_NO_NVME=0
+  [ -n "$DBCS" ] && export RIG_NVME="dbcs=$DBCS${RIG_NVME:+,$RIG_NVME}"
+  DESC="qemu nvme${RIG_NVME:+ ($RIG_NVME)}"
+fi
+
+echo "run-test: $NAME on $DESC, timeout ${TIMEOUT}s, log $LOG" >&2
+T0=${EPOCHREALTIME/./}
+"${LAUNCH[@]}" > "$LOG" 2>&1 &
+RG=$!
+if [ "$VERBOSE" = 1 ]; then tail -n +1 -s 0.2 -f --pid="$RG" "$LOG" & TAILPID=$!; fi
+TIMEDOUT=0
+while kill -0 "$RG" 2>/dev/null; do
+  if [ $(( (${EPOCHREALTIME/./} - T0) / 1000000 )) -ge "$TIMEOUT" ]; then
+    TIMEDOUT=1
+    echo "run-test: timeout after ${TIMEOUT}s: killing QEMU (pid $(qemu_pid))" >&2
+    stop_qemu
+    break
+  fi
+  sleep 0.2
+done
+set +e; wait "$RG"; RGRC=$?; set -e
+RG=
+[ -n "$TAILPID" ] && { wait "$TAILPID" 2>/dev/null || true; TAILPID=; }
+WALL=$(( (${EPOCHREALTIME/./} - T0) / 1000 ))
+
+CLEAN=$TMP/console.txt
+tr -d '\r' < "$LOG" > "$CLEAN"
+CODE=$(grep -ao 'RIG-EXIT=[0-9]\+' "$CLEAN" | tail -1 | cut -d= -f2 || true)
+BOOT=$(sed -n 's/.*RIG: init start uptime=\([0-9.]*\).*/\1/p' "$CLEAN" | head -1)
+grep -a '^RESULT ' "$CLEAN" > "$TMP/results" || true
+[ "$VERBOSE" = 1 ] || cat "$TMP/results"
+[ -n "$RESULTS" ] && sed 's/^RESULT //' "$TMP/results" > "$RESULTS"
+tail30() { echo "---- last 30 console lines ($LOG) ----" >&2; tail -n 30 "$CLEAN" >&2; echo "----" >&2; }
+SUM="wall $((WALL / 1000)).$(printf %03d $((WALL % 1000)) | cut -c1)s, guest /init at ${BOOT:-?}s uptime, log $LOG"
+if [ $TIMEDOUT = 1 ]; then
+  tail30; echo "run-test: $NAME: TIMEOUT ($SUM)" >&2; exit 124
+fi
+if [ -z "$CODE" ]; then
+  tail30; echo "run-test: $NAME: no RIG-EXIT line: QEMU exited with $RGRC ($SUM)" >&2; exit 125
+fi
+echo "run-test: $NAME: exit $CODE ($SUM)" >&2
+exit "$CODE"

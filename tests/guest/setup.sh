@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# setup.sh - install the vnvme guest rig on a Debian bookworm machine (as root), idempotently:
+#   host: debootstrap (apt-get update + install, only if missing)
+#   $VNVME_RIG_CACHE/trixie : Debian trixie chroot with QEMU 11.1 (trixie-backports, has vfio-user-pci)
+#   $VNVME_RIG_CACHE/guest  : guest kernel + initramfs (busybox, fio, nvme-cli, nvme.ko)
+# Each step is skipped when its stamp file records the hash of the scripts that produced it (and the
+# outputs are still there), so a second run takes a second or two.
+#
+# usage: setup.sh [--force] [--smoke]
+#   --force   rebuild both steps even if the stamps match
+#   --smoke   afterwards boot the guest once with QEMU's built-in nvme and check the exit-status plumbing
+# Variables: VNVME_RIG_CACHE (default ~/.cache/vnvme-rig), RIG_CHROOT, RIG_OUT, RIG_MIRROR (see the scripts).
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+CACHE=${VNVME_RIG_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vnvme-rig}
+CHROOT=${RIG_CHROOT:-$CACHE/trixie}
+OUT=${RIG_OUT:-$CACHE/guest}
+export VNVME_RIG_CACHE=$CACHE RIG_CHROOT=$CHROOT RIG_OUT=$OUT
+FORCE=0 SMOKE=0
+for a in "$@"; do
+  case $a in
+    --force) FORCE=1 ;;
+    --smoke) SMOKE=1 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown argument $a" >&2; exit 2 ;;
+  esac
+done
+die() { echo "rig: ERROR: $*" >&2; exit 1; }
+now() { date +%s; }
+[ "$(id -u)" = 0 ] || die "setup.sh must run as root (debootstrap, chroot and mount need it)"
+[ "$(uname -m)" = x86_64 ] || die "x86_64 host needed (got $(uname -m))"
+for c in sha256sum chroot mount mountpoint; do command -v $c >/dev/null || die "missing host command: $c"; done
+mkdir -p "$CACHE" "$OUT"
+T0=$(now)
+
+hash_of() { cat "$@" | sha256sum | cut -c1-16; }
+CHROOT_HASH=$(hash_of "$HERE/make-chroot.sh")
+GUEST_HASH=$(hash_of "$HERE/build-guest.sh" "$HERE"/tests/*.sh <(echo "$CHROOT_HASH"))
+CHROOT_STAMP=$CACHE/.chroot.stamp
+GUEST_STAMP=$OUT/.guest.stamp
+
+# --- 1. chroot with QEMU ---
+qemu_version() { chroot "$CHROOT" qemu-system-x86_64 --version 2>/dev/null | head -1 | awk '{print $4}'; }
+APT_UPDATE=1   # the guest step refreshes apt lists unless the chroot step just did
+if [ $FORCE = 0 ] && [ "$(cat "$CHROOT_STAMP" 2>/dev/null)" = "$CHROOT_HASH" ] && [ -x "$CHROOT/usr/bin/qemu-system-x86_64" ]; then
+  mountpoint -q "$CHROOT/proc" || mount -t proc proc "$CHROOT/proc"
+  echo "rig: chroot ready (QEMU $(qemu_version), cached)"
+else
+  echo "rig: building chroot $CHROOT (debootstrap trixie + QEMU from trixie-backports) ..."
+  t=$(now)
+  rm -f "$CHROOT_STAMP" "$GUEST_STAMP"
+  "$HERE/make-chroot.sh" > "$CACHE/make-chroot.log" 2>&1 \
+    || { tail -20 "$CACHE/make-chroot.log" >&2; die "make-chroot.sh failed (log: $CACHE/make-chroot.log)"; }
+  V=$(qemu_version)
+  case $V in 1[1-9].*|[2-9][0-9].*) ;; *) die "QEMU in the chroot is '$V', need >= 11.1 (vfio-user-pci)";; esac
+  echo "$CHROOT_HASH" > "$CHROOT_STAMP"
+  APT_UPDATE=0
+  echo "rig: chroot ready (QEMU $V) in $(( $(now) - t )) s"
+fi
+chroot "$CHROOT" qemu-system-x86_64 -device help 2>/dev/null | grep -q '"vfio-user-pci"' \
+  || die "QEMU in $CHROOT has no vfio-user-pci device"
+
+# --- 2. guest kernel + initramfs ---
+if [ $FORCE = 0 ] && [ "$(cat "$GUEST_STAMP" 2>/dev/null)" = "$GUEST_HASH" ] && [ -f "$OUT/vmlinuz" ] \
+   && { [ -f "$OUT/initramfs.cpio.gz" ] || [ -f "$OUT/initramfs.cpio" ]; }; then
+  echo "rig: guest ready (kernel $(cat "$OUT/kernel-version"), cached)"
+else
+  echo "rig: building guest kernel + initramfs into $OUT ..."
+  t=$(now)
+  rm -f "$GUEST_STAMP"
+  RIG_APT_UPDATE=$APT_UPDATE "$HERE/build-guest.sh" > "$OUT/build-guest.log" 2>&1 \
+    || { tail -20 "$OUT/build-guest.log" >&2; die "build-guest.sh failed (log: $OUT/build-guest.log)"; }
+  echo "$GUEST_HASH" > "$GUEST_STAMP"
+  echo "rig: guest built in $(( $(now) - t )) s (kernel $(cat "$OUT/kernel-version"))"
+fi
+
+# --- 3. optional smoke test ---
+if [ $SMOKE = 1 ]; then
+  S=$(mktemp "${TMPDIR:-/tmp}/rig-smoke.XXXXXX.sh")
+  trap 'rm -f "$S"' EXIT
+  printf '. /guest-lib.sh\nwait_nvme 10 || exit 9\nnvme list\nexit 7\n' > "$S"
+  set +e; "$HERE/run-test.sh" --qemu-nvme --timeout 120 "$S"; rc=$?; set -e
+  [ $rc = 7 ] || die "smoke test: expected guest exit 7, got $rc"
+  echo "rig: smoke test passed (guest booted, nvme seen, exit status 7 came back)"
+fi
+echo "rig: ready in $(( $(now) - T0 )) s (cache $CACHE)"
