@@ -1,3 +1,4 @@
+# shellcheck shell=sh
 # guest-lib.sh - helpers for guest test scripts (busybox sh). run-guest.sh / run-test.sh append this file
 # to the initramfs as /guest-lib.sh; a test starts with:   . /guest-lib.sh
 #

@@ -31,7 +31,7 @@ export VNVME_RIG_CACHE=$CACHE RIG_CHROOT=$CHROOT
 
 usage() { sed -n '4,24p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 126; }
 err() { echo "run-test: $*" >&2; exit 126; }
-MODE=qemu DBCS= SOCK= SOCKWAIT=10 TIMEOUT=300 APPEND= QARGS= PIDFILE= LOG= RESULTS= VERBOSE=0 SCRIPT=
+MODE=qemu DBCS='' SOCK='' SOCKWAIT=10 TIMEOUT=300 APPEND='' QARGS='' PIDFILE='' LOG='' RESULTS='' VERBOSE=0 SCRIPT=''
 while [ $# -gt 0 ]; do
   case $1 in
     --qemu-nvme) MODE=qemu ;;
@@ -58,13 +58,16 @@ case $TIMEOUT in ''|*[!0-9]*) err "--timeout takes whole seconds";; esac
 [ "$(id -u)" = 0 ] || err "must run as root (chroot)"
 [ -x "$CHROOT/usr/bin/qemu-system-x86_64" ] || err "rig not set up (no QEMU in $CHROOT): run tests/guest/setup.sh"
 NAME=$(basename "$SCRIPT"); NAME=${NAME%.sh}
-if [ -z "$LOG" ]; then mkdir -p "$CACHE/logs"; LOG=$CACHE/logs/$NAME-$(date +%Y%m%d-%H%M%S)-$$.log; fi
+if [ -z "$LOG" ]; then   # default log folder: keep the newest 200
+  mkdir -p "$CACHE/logs"; LOG=$CACHE/logs/$NAME-$(date +%Y%m%d-%H%M%S)-$$.log
+  { ls -1t "$CACHE"/logs/*.log 2>/dev/null || true; } | tail -n +201 | xargs -r rm -f
+fi
 mkdir -p "$(dirname "$LOG")"; : > "$LOG"
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/rig-test.XXXXXX")
 export RIG_PIDFILE=${PIDFILE:-$TMP/qemu.pid}
 rm -f "$RIG_PIDFILE"
 
-RG= TAILPID= MNT=
+RG='' TAILPID='' MNT=''
 qemu_pid() { cat "$RIG_PIDFILE" 2>/dev/null || true; }
 stop_qemu() {   # TERM, then KILL after 3 s
   local q; q=$(qemu_pid)

@@ -6,8 +6,9 @@
 # Each step is skipped when its stamp file records the hash of the scripts that produced it (and the
 # outputs are still there), so a second run takes a second or two.
 #
-# usage: setup.sh [--force] [--smoke]
+# usage: setup.sh [--force] [--smoke] | --clean
 #   --force   rebuild both steps even if the stamps match
+#   --clean   unmount $RIG_CHROOT/proc and delete the whole cache (never rm -rf it by hand while proc is mounted)
 #   --smoke   afterwards boot the guest once with QEMU's built-in nvme and check the exit-status plumbing
 # Variables: VNVME_RIG_CACHE (default ~/.cache/vnvme-rig), RIG_CHROOT, RIG_OUT, RIG_MIRROR (see the scripts).
 set -euo pipefail
@@ -16,12 +17,13 @@ CACHE=${VNVME_RIG_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vnvme-rig}
 CHROOT=${RIG_CHROOT:-$CACHE/trixie}
 OUT=${RIG_OUT:-$CACHE/guest}
 export VNVME_RIG_CACHE=$CACHE RIG_CHROOT=$CHROOT RIG_OUT=$OUT
-FORCE=0 SMOKE=0
+FORCE=0 SMOKE=0 CLEAN=0
 for a in "$@"; do
   case $a in
     --force) FORCE=1 ;;
     --smoke) SMOKE=1 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    --clean) CLEAN=1 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown argument $a" >&2; exit 2 ;;
   esac
 done
@@ -30,6 +32,13 @@ now() { date +%s; }
 [ "$(id -u)" = 0 ] || die "setup.sh must run as root (debootstrap, chroot and mount need it)"
 [ "$(uname -m)" = x86_64 ] || die "x86_64 host needed (got $(uname -m))"
 for c in sha256sum chroot mount mountpoint; do command -v $c >/dev/null || die "missing host command: $c"; done
+if [ $CLEAN = 1 ]; then
+  # unmount anything under the cache (proc in the chroot), deepest first, then delete on this filesystem only
+  awk -v c="$CACHE/" 'index($2"/", c) == 1 {print $2}' /proc/mounts | sort -r | while read -r m; do umount "$m" || umount -l "$m"; done
+  rm -rf --one-file-system "$CACHE"
+  echo "rig: removed $CACHE"
+  exit 0
+fi
 mkdir -p "$CACHE" "$OUT"
 T0=$(now)
 

@@ -43,3 +43,85 @@ fn write_then_read_back_a_ram_namespace() {
     q.read(1, 100, 4, &mut rbuf).unwrap();
     assert_eq!(rbuf.to_vec(), pattern);
 }
+
+/// A pattern unique to (thread, block) so misdirected data is caught.
+fn pattern(seed: u32, len: usize) -> Vec<u8> {
+    (0..len as u32)
+        .map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed) >> 13) as u8)
+        .collect()
+}
+
+#[test]
+fn four_queue_pairs_on_four_threads() {
+    let opts = InitOptions {
+        io_queues: 4,
+        ..InitOptions::default()
+    };
+    let (_srv, access, ctrl) = start(&["64M:ram"], opts);
+    assert_eq!(ctrl.io_queue_count(), 4);
+    let queues: Vec<_> = (0..4).map(|i| ctrl.take_io_queue(i).unwrap()).collect();
+    std::thread::scope(|s| {
+        for (t, mut q) in queues.into_iter().enumerate() {
+            let access = Arc::clone(&access);
+            s.spawn(move || {
+                // Each thread owns its own LBA range: blocks t*1000 ...
+                for i in 0..50u32 {
+                    let data = pattern(t as u32 * 1000 + i, 8192);
+                    let w = access.dma_alloc(data.len()).unwrap();
+                    w.write_bytes(0, &data).unwrap();
+                    let lba = t as u64 * 1000 + u64::from(i) * 2;
+                    q.write(1, lba, 2, &w).unwrap();
+                    let mut r = access.dma_alloc(data.len()).unwrap();
+                    q.read(1, lba, 2, &mut r).unwrap();
+                    assert_eq!(r.to_vec(), data, "thread {t} block {i}");
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn transfers_that_need_prp_lists_cross_pages() {
+    let (_srv, access, ctrl) = start(&["64M:ram"], InitOptions::default());
+    let mut q = ctrl.take_io_queue(0).unwrap();
+    // 128 KiB (MDTS) needs a PRP list of 31 entries; 12 KiB needs PRP1 + PRP2 + list.
+    for blocks in [1u32, 2, 3, 17, 32] {
+        let data = pattern(blocks, blocks as usize * 4096);
+        let w = access.dma_alloc(data.len()).unwrap();
+        w.write_bytes(0, &data).unwrap();
+        q.write(1, 500, blocks, &w).unwrap();
+        let mut r = access.dma_alloc(data.len()).unwrap();
+        q.read(1, 500, blocks, &mut r).unwrap();
+        assert_eq!(r.to_vec(), data, "{blocks} blocks");
+    }
+}
+
+#[test]
+fn reset_and_reenable_keeps_ram_data() {
+    let (_srv, access, mut ctrl) = start(&["64M:ram"], InitOptions::default());
+    let data = pattern(7, 4096);
+    {
+        let mut q = ctrl.take_io_queue(0).unwrap();
+        let w = access.dma_alloc(4096).unwrap();
+        w.write_bytes(0, &data).unwrap();
+        q.write(1, 9, 1, &w).unwrap();
+    }
+    ctrl.reset().unwrap();
+    let mut q = ctrl.take_io_queue(0).unwrap();
+    let mut r = access.dma_alloc(4096).unwrap();
+    q.read(1, 9, 1, &mut r).unwrap();
+    assert_eq!(r.to_vec(), data);
+}
+
+#[test]
+fn a_command_past_the_end_fails_with_lba_out_of_range() {
+    let (_srv, access, ctrl) = start(&["1M:ram"], InitOptions::default());
+    let mut q = ctrl.take_io_queue(0).unwrap();
+    let mut r = access.dma_alloc(4096).unwrap();
+    let err = q.read(1, 256, 1, &mut r).unwrap_err();
+    assert_eq!(
+        err.status(),
+        Some(vnvme_spec::Status::LBA_OUT_OF_RANGE.with_dnr(true)),
+        "{err}"
+    );
+}

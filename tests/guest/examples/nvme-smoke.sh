@@ -1,3 +1,4 @@
+# shellcheck shell=sh
 # nvme-smoke.sh - guest script: identify the controller and run fio 4 KiB randread (io_uring) at QD 1 and 32.
 #   run-test.sh --qemu-nvme examples/nvme-smoke.sh
 #   rig.runtime=SECS on the kernel command line (run-test.sh --append rig.runtime=3) shortens the fio runs.

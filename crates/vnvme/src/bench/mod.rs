@@ -1,0 +1,249 @@
+//! `vnvme bench`: IOPS, traps per I/O and interrupts per I/O against queue
+//! depth, for each doorbell mode, with the controller and the driver in one
+//! process over a real vfio-user socketpair.
+
+mod io;
+mod plot;
+mod report;
+
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use serde::Serialize;
+use vnvme_controller::DoorbellMode;
+use vnvme_driver::{Controller, DeviceAccess, InitOptions, IoQueue};
+
+use crate::device::{DeviceOptions, NvmeDevice};
+use crate::inproc::InProcess;
+use crate::namespace::{Backend, NamespaceSpec};
+use crate::size::parse_size;
+
+pub use io::Pattern;
+
+/// The access pattern, as fio names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Rw {
+    Randread,
+    Randwrite,
+    Randrw,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BackendArg {
+    Null,
+    Ram,
+}
+
+/// A comma-separated list on the command line (`--qd 1,4,32`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct List<T>(pub Vec<T>);
+
+impl<T: FromStr> FromStr for List<T>
+where
+    T::Err: std::fmt::Display,
+{
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let items = s
+            .split(',')
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .map(|t| t.parse::<T>().map_err(|e| format!("'{t}': {e}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        if items.is_empty() {
+            return Err("the list is empty".into());
+        }
+        Ok(Self(items))
+    }
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct BenchOptions {
+    /// Doorbell modes to measure, comma separated (trap, shadow, adaptive, mmap-poll).
+    #[arg(long, default_value = "trap,shadow,adaptive,mmap-poll")]
+    pub modes: List<DoorbellMode>,
+    /// Queue depths per queue, comma separated (1 to 1023).
+    #[arg(long, default_value = "1,2,4,8,16,32,64,128")]
+    pub qd: List<u16>,
+    /// Namespace backend.
+    #[arg(long, value_enum, default_value = "null")]
+    pub backend: BackendArg,
+    /// Access pattern (4 KiB blocks).
+    #[arg(long, value_enum, default_value = "randread")]
+    pub rw: Rw,
+    /// Seconds per measured point (fractions allowed).
+    #[arg(long, default_value = "1.5")]
+    pub runtime: f64,
+    /// Driver threads, one I/O queue pair each.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub queues: u16,
+    /// Namespace size.
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    pub size: u64,
+    /// Reap completions by busy polling instead of waiting for interrupts.
+    #[arg(long)]
+    pub poll: bool,
+    /// Write the results as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Draw IOPS and traps per I/O against queue depth (SVG).
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+}
+
+/// One measured point. The field names are read by other tools: keep them.
+#[derive(Debug, Clone, Serialize)]
+pub struct Run {
+    pub mode: String,
+    pub qd: u16,
+    pub rw: Rw,
+    pub queues: u16,
+    pub iops: f64,
+    pub traps_per_io: f64,
+    pub sq_traps_per_io: f64,
+    pub cq_traps_per_io: f64,
+    pub interrupts_per_io: f64,
+    pub lat_p50_us: f64,
+    pub lat_p99_us: f64,
+    pub ios: u64,
+    pub errors: u64,
+    /// What the driver used: "mmio", "shadow" or "mapped".
+    pub driver_doorbells: String,
+}
+
+pub fn run(opts: &BenchOptions) -> Result<Vec<Run>> {
+    if !(opts.runtime > 0.0 && opts.runtime <= 3600.0) {
+        bail!("--runtime must be between 0 and 3600 seconds (got {})", opts.runtime);
+    }
+    if let Some(bad) = opts.qd.0.iter().find(|&&q| q == 0 || q > 1023) {
+        bail!("--qd {bad} is out of range: queue depths go from 1 to 1023");
+    }
+    let runtime = Duration::from_secs_f64(opts.runtime);
+    let max_qd = opts.qd.0.iter().copied().max().unwrap_or(1);
+    let total = opts.modes.0.len() * opts.qd.0.len();
+    eprintln!(
+        "bench: {} modes x {} queue depths, {:.1} s each, {} thread(s), {:?} on a {} namespace (about {:.0} s)",
+        opts.modes.0.len(),
+        opts.qd.0.len(),
+        opts.runtime,
+        opts.queues,
+        opts.rw,
+        match opts.backend {
+            BackendArg::Null => "null",
+            BackendArg::Ram => "ram",
+        },
+        opts.runtime * total as f64 + 0.2 * opts.modes.0.len() as f64
+    );
+    let mut runs = Vec::new();
+    for &mode in &opts.modes.0 {
+        let mut bench = ModeBench::start(mode, opts, max_qd)?;
+        for &qd in &opts.qd.0 {
+            let run = bench.measure(qd, opts, runtime)?;
+            eprintln!(
+                "bench: [{:>2}/{total}] {:<9} qd {:>3}: {:>9.0} IOPS, {:.3} traps/IO, {:.3} irq/IO",
+                runs.len() + 1,
+                run.mode,
+                qd,
+                run.iops,
+                run.traps_per_io,
+                run.interrupts_per_io
+            );
+            runs.push(run);
+        }
+    }
+    Ok(runs)
+}
+
+/// Runs the benchmark and writes what was asked for.
+pub fn main(opts: &BenchOptions) -> Result<()> {
+    let runs = run(opts)?;
+    print!("{}", report::table(&runs));
+    if let Some(path) = &opts.json {
+        let doc = serde_json::json!({ "runs": runs, "machine": report::machine() });
+        std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("bench: wrote {}", path.display());
+    }
+    if let Some(path) = &opts.plot {
+        std::fs::write(path, plot::svg(&runs)).with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("bench: wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// One controller in one doorbell mode, with the driver attached.
+struct ModeBench {
+    mode: DoorbellMode,
+    inproc: InProcess,
+    access: Arc<dyn DeviceAccess>,
+    driver: Controller,
+    queues: Vec<IoQueue>,
+}
+
+impl ModeBench {
+    fn start(mode: DoorbellMode, opts: &BenchOptions, max_qd: u16) -> Result<Self> {
+        let spec = NamespaceSpec {
+            size: opts.size,
+            backend: match opts.backend {
+                BackendArg::Null => Backend::Null,
+                BackendArg::Ram => Backend::Ram,
+            },
+        };
+        let device_opts = DeviceOptions { doorbells: mode, max_io_queues: opts.queues, ..DeviceOptions::default() };
+        let device = NvmeDevice::new(&device_opts, &[spec])?;
+        let mut inproc = InProcess::start(device)?;
+        let access: Arc<dyn DeviceAccess> = Arc::new(inproc.access()?);
+        let init = InitOptions {
+            io_queues: opts.queues,
+            // A ring of N entries holds N - 1 commands.
+            queue_depth: max_qd.saturating_add(1).max(2),
+            interrupts: !opts.poll,
+            ..InitOptions::default()
+        };
+        let driver = Controller::init(Arc::clone(&access), init).context("driver initialisation")?;
+        if driver.io_queue_count() < opts.queues {
+            bail!("the controller granted {} I/O queues, {} asked", driver.io_queue_count(), opts.queues);
+        }
+        if driver.namespaces().is_empty() {
+            bail!("the controller reported no usable namespace");
+        }
+        let queues = (0..usize::from(opts.queues))
+            .map(|i| driver.take_io_queue(i))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self { mode, inproc, access, driver, queues })
+    }
+
+    fn measure(&mut self, qd: u16, opts: &BenchOptions, runtime: Duration) -> Result<Run> {
+        let before = self.inproc.controller().stats();
+        let pattern = Pattern { rw: opts.rw, qd, runtime, block_size: 4096 };
+        let results = io::run_threads(&mut self.queues, &self.access, &pattern)?;
+        let after = self.inproc.controller().stats();
+        let summary = io::Summary::merge(results);
+        let ios = summary.ios.max(1) as f64;
+        let sq = after.sq_doorbell_traps.saturating_sub(before.sq_doorbell_traps) as f64;
+        let cq = after.cq_doorbell_traps.saturating_sub(before.cq_doorbell_traps) as f64;
+        let irq = after.interrupts.saturating_sub(before.interrupts) as f64;
+        Ok(Run {
+            mode: self.mode.to_string(),
+            qd,
+            rw: opts.rw,
+            queues: opts.queues,
+            iops: summary.ios as f64 / summary.elapsed.as_secs_f64().max(1e-9),
+            traps_per_io: (sq + cq) / ios,
+            sq_traps_per_io: sq / ios,
+            cq_traps_per_io: cq / ios,
+            interrupts_per_io: irq / ios,
+            lat_p50_us: summary.percentile_us(50.0),
+            lat_p99_us: summary.percentile_us(99.0),
+            ios: summary.ios,
+            errors: summary.errors,
+            driver_doorbells: self.driver.doorbell_kind().to_string(),
+        })
+    }
+}
