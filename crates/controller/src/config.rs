@@ -1,6 +1,7 @@
 //! Controller and namespace configuration, checked once at construction.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use vnvme_blockdev::BlockDevice;
 
@@ -36,6 +37,12 @@ pub struct ControllerConfig {
     pub cntlid: u16,
     /// NVM Subsystem NQN; derived from the serial when `None`.
     pub subnqn: Option<String>,
+    /// How the host's doorbell writes reach the queue workers.
+    pub doorbells: DoorbellMode,
+    /// Adaptive mode: how long a worker keeps polling the shadow doorbells
+    /// without finding work before it arms EventIdx and sleeps. Mmap-poll
+    /// mode: how long it spins before backing off to short sleeps.
+    pub idle_poll: Duration,
 }
 
 impl Default for ControllerConfig {
@@ -54,6 +61,8 @@ impl Default for ControllerConfig {
             ssvid: 0x1af4,
             cntlid: 1,
             subnqn: None,
+            doorbells: DoorbellMode::default(),
+            idle_poll: DEFAULT_IDLE_POLL,
         }
     }
 }
@@ -68,6 +77,74 @@ impl ControllerConfig {
         self.subnqn
             .clone()
             .unwrap_or_else(|| format!("nqn.2024-01.io.vnvme:{}", self.serial))
+    }
+}
+
+/// Default [`ControllerConfig::idle_poll`].
+pub const DEFAULT_IDLE_POLL: Duration = Duration::from_micros(100);
+
+/// How doorbell writes reach the controller (DESIGN.md, "Doorbells").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DoorbellMode {
+    /// No shadow buffers (OACS bit 8 clear): every SQ tail and CQ head update
+    /// is a register write that traps.
+    Trap,
+    /// Doorbell Buffer Config (§5.8) with QEMU's algorithm: process on trap,
+    /// then publish EventIdx = the value seen, fence, re-read the shadow.
+    Shadow,
+    /// Doorbell Buffer Config; while busy the worker polls the shadow
+    /// doorbells and keeps EventIdx behind them so the host never traps;
+    /// after [`ControllerConfig::idle_poll`] without work it arms EventIdx,
+    /// fences, re-reads, and sleeps until a trap.
+    #[default]
+    Adaptive,
+    /// OACS bit 8 clear; BAR0's doorbell page is shared memory the client
+    /// maps (sparse mmap) and the worker polls it: no traps at all.
+    MmapPoll,
+}
+
+impl DoorbellMode {
+    pub const ALL: [DoorbellMode; 4] = [
+        DoorbellMode::Trap,
+        DoorbellMode::Shadow,
+        DoorbellMode::Adaptive,
+        DoorbellMode::MmapPoll,
+    ];
+
+    /// Whether Doorbell Buffer Config is advertised (OACS bit 8) and accepted.
+    pub fn uses_dbbuf(self) -> bool {
+        matches!(self, DoorbellMode::Shadow | DoorbellMode::Adaptive)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DoorbellMode::Trap => "trap",
+            DoorbellMode::Shadow => "shadow",
+            DoorbellMode::Adaptive => "adaptive",
+            DoorbellMode::MmapPoll => "mmap-poll",
+        }
+    }
+}
+
+impl std::fmt::Display for DoorbellMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A doorbell mode name that is not one of `trap|shadow|adaptive|mmap-poll`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown doorbell mode {0:?} (expected trap, shadow, adaptive or mmap-poll)")]
+pub struct UnknownDoorbellMode(pub String);
+
+impl std::str::FromStr for DoorbellMode {
+    type Err = UnknownDoorbellMode;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|m| m.name() == s)
+            .ok_or_else(|| UnknownDoorbellMode(s.to_string()))
     }
 }
 

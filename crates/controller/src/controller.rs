@@ -7,12 +7,12 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use vnvme_spec::log::async_event;
 use vnvme_spec::regs::{offset, shutdown, Doorbell};
 
-use crate::config::{ConfigError, ControllerConfig, NamespaceConfig};
-use crate::doorbell::{Doorbells, Invalid, TrapOutcome};
+use crate::config::{ConfigError, ControllerConfig, DoorbellMode, NamespaceConfig};
+use crate::doorbell::{DoorbellPage, Doorbells, HeapDoorbellPage, Invalid, TrapOutcome};
 use crate::memory::{GuestMemory, InterruptSink};
 use crate::namespace::Namespace;
 use crate::queue::{Cq, Sq};
@@ -69,6 +69,18 @@ impl Controller {
         config: ControllerConfig,
         namespaces: Vec<NamespaceConfig>,
     ) -> Result<Self, ConfigError> {
+        Self::with_doorbell_page(config, namespaces, None)
+    }
+
+    /// As [`new`](Self::new), with the shared doorbell page a
+    /// [`DoorbellMode::MmapPoll`] controller polls (the memory behind BAR0's
+    /// sparse-mmap area 0x1000..0x2000). Without one, mmap-poll uses a page
+    /// in the heap that only register writes reach. Ignored in other modes.
+    pub fn with_doorbell_page(
+        config: ControllerConfig,
+        namespaces: Vec<NamespaceConfig>,
+        page: Option<Arc<dyn DoorbellPage>>,
+    ) -> Result<Self, ConfigError> {
         if config.workers == 0 {
             return Err(ConfigError::NoWorkers);
         }
@@ -96,11 +108,19 @@ impl Controller {
         let nn = map.keys().next_back().copied().unwrap_or(0);
         let vwc = map.values().any(|ns| ns.backend.volatile_cache());
         let qids = usize::from(config.max_io_queues) + 1;
+        let page = match config.doorbells {
+            DoorbellMode::MmapPoll => {
+                Some(page.unwrap_or_else(|| Arc::new(HeapDoorbellPage::default())))
+            }
+            _ => None,
+        };
         let shared = Shared {
             namespaces: map,
             nn,
             vwc,
-            doorbells: Doorbells::new(qids),
+            doorbells: Doorbells::new(qids, page),
+            dbbuf: RwLock::new(None),
+            dbbuf_on: AtomicBool::new(false),
             sqs: (0..qids).map(|_| Mutex::new(None)).collect(),
             cqs: (0..qids).map(|_| Mutex::new(None)).collect(),
             admin: Mutex::new(AdminState::new(&config)),
@@ -187,6 +207,7 @@ impl Controller {
     pub fn mmio_read(&self, offset: u64, data: &mut [u8]) {
         data.fill(0);
         if offset >= offset::DOORBELLS {
+            self.doorbell_read(offset, data);
             return;
         }
         let len = data.len() as u64;
@@ -214,6 +235,19 @@ impl Controller {
         };
         let bytes = value.to_le_bytes();
         data.copy_from_slice(bytes.get(..data.len()).unwrap_or_default());
+    }
+
+    /// Doorbells read as 0, except in mmap-poll mode where the page is the
+    /// doorbells' memory and reads return what the guest wrote there.
+    fn doorbell_read(&self, offset: u64, data: &mut [u8]) {
+        let Some(page) = self.shared.doorbells.page() else {
+            return;
+        };
+        if offset >= DOORBELL_END || data.len() != 4 || !offset.is_multiple_of(4) {
+            return;
+        }
+        let index = ((offset - offset::DOORBELLS) / 4) as u32;
+        data.copy_from_slice(&page.load(index).to_le_bytes());
     }
 
     /// Writes BAR0: registers (4 or 8 bytes, aligned) and doorbells (4
@@ -273,7 +307,16 @@ impl Controller {
                 Doorbell::CqHead(_) => c.cq_doorbell_traps.fetch_add(1, Ordering::Relaxed),
             };
         }
-        match shared.doorbells.trap(db, value) {
+        let outcome = shared.doorbells.trap(db, value);
+        if !matches!(outcome, TrapOutcome::Ignored(_)) {
+            // Before the kick: the worker reads the shadow or page, not the
+            // register.
+            match shared.doorbells.page() {
+                Some(page) => page.store(db.index(), value),
+                None => shared.shadow_trap(db, value),
+            }
+        }
+        match outcome {
             TrapOutcome::Kick { worker, doorbell } => {
                 if let Some(w) = shared.workers.get(worker) {
                     w.push(doorbell);
@@ -366,8 +409,11 @@ impl Controller {
         let acqs = u32::from(ctl.regs.aqa.acqs_z()) + 1;
         let mut cq = Cq::new(0, ctl.regs.acq, acqs, true, 0);
         cq.sq_refs = 1;
+        cq.set_source(shared.source_for(Doorbell::CqHead(0)));
+        let mut sq = Sq::new(0, ctl.regs.asq, asqs, 0);
+        sq.set_source(shared.source_for(Doorbell::SqTail(0)));
         if let (Some(sq_slot), Some(cq_slot)) = (shared.sqs.first(), shared.cqs.first()) {
-            *sq_slot.lock() = Some(Sq::new(0, ctl.regs.asq, asqs, 0));
+            *sq_slot.lock() = Some(sq);
             *cq_slot.lock() = Some(cq);
         }
         shared.doorbells.open(Doorbell::SqTail(0), asqs, 0);
@@ -405,6 +451,7 @@ impl Controller {
         shared.ready.store(false, Ordering::Release);
         self.stop_workers(ctl);
         self.clear_queues();
+        shared.clear_dbbuf();
         *shared.admin.lock() = AdminState::new(&shared.config);
         *shared.events.lock() = Events::default();
         shared.coalescing.store(0, Ordering::Relaxed);

@@ -3,6 +3,7 @@
 //!
 //! * [`Controller`] — BAR0 registers and doorbells, enable/reset, workers.
 //! * `regs` — the register file; `doorbell` — doorbell slots and sources;
+//!   `shadow` — Doorbell Buffer Config buffers and EventIdx;
 //!   `queue` — SQ/CQ rings; `worker` — queue worker threads;
 //!   [`prp`] — PRP data pointers; `io` — NVM commands; `admin` — admin
 //!   commands; [`stats`] — counters.
@@ -18,6 +19,7 @@ mod namespace;
 pub mod prp;
 mod queue;
 mod regs;
+mod shadow;
 mod state;
 pub mod stats;
 #[cfg(any(test, feature = "testing"))]
@@ -27,7 +29,11 @@ mod worker;
 #[cfg(test)]
 mod tests;
 
-pub use config::{ConfigError, ControllerConfig, NamespaceConfig};
+pub use config::{
+    ConfigError, ControllerConfig, DoorbellMode, NamespaceConfig, UnknownDoorbellMode,
+    DEFAULT_IDLE_POLL,
+};
+pub use doorbell::{DoorbellPage, HeapDoorbellPage, DOORBELL_PAGE_DWORDS};
 pub use controller::Controller;
 pub use memory::{DmaError, GuestMemory, InterruptSink};
 pub use stats::{ControllerStats, QueueStats};

@@ -1,14 +1,17 @@
 //! Submission and completion queue rings in guest memory (§3.3.1, §4.1):
 //! head/tail arithmetic, phase tag, validation of doorbell values.
 
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use vnvme_spec::regs::Doorbell;
 use vnvme_spec::{Command, Completion};
 use zerocopy::IntoBytes;
 
-use crate::doorbell::{DoorbellSource, Doorbells};
+use crate::doorbell::DoorbellSource;
 use crate::memory::{DmaError, GuestMemory};
+use crate::shadow::EventIdx;
+use crate::state::Shared;
 
 /// A submission queue. Owned by one worker; sits in `Shared::sqs[qid]`.
 #[derive(Debug)]
@@ -22,6 +25,36 @@ pub(crate) struct Sq {
     pub tail: u32,
     pub cqid: u16,
     pub source: DoorbellSource,
+    /// Last SQ EventIdx written (shadow sources).
+    pub event_idx: EventIdx,
+}
+
+/// Reads `db` from `source`, counting shadow reads and failures. A failed
+/// read is "no new value".
+fn read_source(
+    source: DoorbellSource,
+    shared: &Shared,
+    db: Doorbell,
+    qid: u16,
+    mem: &dyn GuestMemory,
+) -> Option<u32> {
+    let r = source.read(&shared.doorbells, db, mem);
+    if source.is_shadow() {
+        if let Some(q) = shared.stats.queue(qid) {
+            q.shadow_reads.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    match r {
+        Ok(v) => Some(v),
+        Err(e) => {
+            // No stand-in: the register may be older than what the shadow
+            // already gave (a late trap, or none at all while polling), and
+            // going backwards would replay old entries. No new work, until
+            // the host configures new buffers or resets the controller.
+            shared.shadow_error(e);
+            None
+        }
+    }
 }
 
 impl Sq {
@@ -34,13 +67,17 @@ impl Sq {
             tail: 0,
             cqid,
             source: DoorbellSource::Register,
+            event_idx: EventIdx::default(),
         }
     }
 
     /// Re-reads the tail from the doorbell source. Returns `false` if the
-    /// value is invalid (ignored, the old tail kept).
-    pub fn refresh_tail(&mut self, doorbells: &Doorbells, mem: &dyn GuestMemory) -> bool {
-        let v = self.source.read(doorbells, Doorbell::SqTail(self.qid), mem);
+    /// value is invalid or unreadable (ignored, the old tail kept).
+    pub fn refresh_tail(&mut self, shared: &Shared, mem: &dyn GuestMemory) -> bool {
+        let Some(v) = read_source(self.source, shared, Doorbell::SqTail(self.qid), self.qid, mem)
+        else {
+            return false;
+        };
         if v < self.size {
             self.tail = v;
             true
@@ -51,6 +88,12 @@ impl Sq {
 
     pub fn is_empty(&self) -> bool {
         self.head == self.tail
+    }
+
+    /// Switches to `source` (Doorbell Buffer Config, queue creation).
+    pub fn set_source(&mut self, source: DoorbellSource) {
+        self.source = source;
+        self.event_idx.reset();
     }
 
     /// Fetches the entry at head and advances head.
@@ -82,6 +125,8 @@ pub(crate) struct Cq {
     pub ien: bool,
     pub iv: u16,
     pub source: DoorbellSource,
+    /// Last CQ EventIdx written (shadow sources).
+    pub event_idx: EventIdx,
     /// SQs that post here (a CQ in use cannot be deleted).
     pub sq_refs: u32,
     /// Completions posted since the last interrupt, and when the first was.
@@ -103,6 +148,7 @@ impl Cq {
             ien,
             iv,
             source: DoorbellSource::Register,
+            event_idx: EventIdx::default(),
             sq_refs: 0,
             irq_pending: 0,
             irq_since: None,
@@ -122,12 +168,11 @@ impl Cq {
     /// Re-reads the head from the doorbell source. A head beyond the queue or
     /// past the entries posted so far is ignored; returns `Err(value)` the
     /// first time a given bad value is seen.
-    pub fn refresh_head(
-        &mut self,
-        doorbells: &Doorbells,
-        mem: &dyn GuestMemory,
-    ) -> Result<(), u32> {
-        let v = self.source.read(doorbells, Doorbell::CqHead(self.qid), mem);
+    pub fn refresh_head(&mut self, shared: &Shared, mem: &dyn GuestMemory) -> Result<(), u32> {
+        let Some(v) = read_source(self.source, shared, Doorbell::CqHead(self.qid), self.qid, mem)
+        else {
+            return Ok(());
+        };
         if v == self.head {
             return Ok(());
         }
@@ -141,6 +186,12 @@ impl Cq {
         }
         self.bad_head = Some(v);
         Err(v)
+    }
+
+    /// Switches to `source` (Doorbell Buffer Config, queue creation).
+    pub fn set_source(&mut self, source: DoorbellSource) {
+        self.source = source;
+        self.event_idx.reset();
     }
 
     pub fn is_full(&self) -> bool {

@@ -37,6 +37,14 @@ pub(crate) struct Stats {
     pub controller_resets: AtomicU64,
     pub enables: AtomicU64,
     pub fatal_errors: AtomicU64,
+    /// Shadow doorbell / EventIdx accesses that failed (buffer unmapped).
+    pub shadow_errors: AtomicU64,
+    /// Queue workers going from asleep to running.
+    pub worker_wakeups: AtomicU64,
+    /// Adaptive mode: times a worker armed EventIdx to go to sleep.
+    pub eventidx_arms: AtomicU64,
+    /// Doorbell Buffer Config commands that succeeded.
+    pub dbbuf_configs: AtomicU64,
     // SMART / health.
     pub data_units_read_512: AtomicU64,
     pub data_units_written_512: AtomicU64,
@@ -63,6 +71,10 @@ impl Stats {
             controller_resets: AtomicU64::new(0),
             enables: AtomicU64::new(0),
             fatal_errors: AtomicU64::new(0),
+            shadow_errors: AtomicU64::new(0),
+            worker_wakeups: AtomicU64::new(0),
+            eventidx_arms: AtomicU64::new(0),
+            dbbuf_configs: AtomicU64::new(0),
             data_units_read_512: AtomicU64::new(0),
             data_units_written_512: AtomicU64::new(0),
             host_read_commands: AtomicU64::new(0),
@@ -163,6 +175,10 @@ impl Stats {
         s.controller_resets = self.controller_resets.load(Relaxed);
         s.enables = self.enables.load(Relaxed);
         s.fatal_errors = self.fatal_errors.load(Relaxed);
+        s.shadow_errors = self.shadow_errors.load(Relaxed);
+        s.worker_wakeups = self.worker_wakeups.load(Relaxed);
+        s.eventidx_arms = self.eventidx_arms.load(Relaxed);
+        s.dbbuf_configs = self.dbbuf_configs.load(Relaxed);
         s
     }
 }
@@ -206,6 +222,16 @@ pub struct ControllerStats {
     pub enables: u64,
     /// Times CSTS.CFS was set (bad enable, unreachable queue memory).
     pub fatal_errors: u64,
+    /// Shadow doorbell / EventIdx buffer accesses that failed (the host
+    /// unmapped them); the queue sees no new work, CSTS.CFS is not set.
+    pub shadow_errors: u64,
+    /// Queue workers waking from sleep (condvar or mmap-poll back-off) to
+    /// run: with adaptive polling, far fewer than doorbell traps.
+    pub worker_wakeups: u64,
+    /// Adaptive mode: EventIdx armed (= tail seen) before a worker slept.
+    pub eventidx_arms: u64,
+    /// Successful Doorbell Buffer Config commands.
+    pub dbbuf_configs: u64,
     /// Admin commands by opcode name.
     pub admin_commands: BTreeMap<String, u64>,
     /// I/O commands by opcode name.

@@ -1,5 +1,5 @@
 //! Queue workers: threads that fetch commands, execute them and post
-//! completions, woken by doorbell traps.
+//! completions, woken by doorbell traps — or polling, per doorbell mode.
 //!
 //! Each worker has a pending list (SQs whose tail moved, CQs whose head moved
 //! while the worker waited on them) behind a mutex and condvar. A trap pushes
@@ -7,11 +7,23 @@
 //! SQ free — and the worker drains the list, processing each SQ for at most
 //! its size in commands before requeueing it behind the others.
 //!
-//! Adaptive polling (next issue) fits in `run`: after a pass that found work,
-//! keep polling the owned queues' doorbell sources for a while instead of
-//! waiting on the condvar.
+//! Per [`DoorbellMode`]:
+//! * `trap`: sleep on the condvar; run what traps kick.
+//! * `shadow` (QEMU): as trap; each pass ends by publishing SQ EventIdx =
+//!   tail seen, a full fence and a re-read of the shadow tail (and CQ
+//!   EventIdx = head, fence, re-read head after posting).
+//! * `adaptive`: once Doorbell Buffer Config is on, after a wake-up keep
+//!   polling every owned SQ's shadow tail, EventIdx kept one behind what was
+//!   seen so the host never needs to trap; after `idle_poll` without work,
+//!   arm EventIdx = tail seen, fence, re-read every shadow tail, and sleep
+//!   only if none moved. A host that moves a tail after our re-read sees the
+//!   armed EventIdx and traps, and the trap's kick is in the pending list
+//!   before the worker can wait: no lost wake-up.
+//! * `mmap-poll`: poll the shared doorbell page; when idle, spin for
+//!   `idle_poll`, then sleep on the condvar for 10 µs doubling to 200 µs
+//!   (the latency a request arriving then pays), woken early by kicks.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,9 +33,18 @@ use vnvme_spec::regs::Doorbell;
 use vnvme_spec::{Completion, Status};
 
 use crate::admin;
+use crate::config::DoorbellMode;
 use crate::io;
-use crate::queue::Cq;
+use crate::queue::{Cq, Sq};
+use crate::shadow::{barrier, behind};
 use crate::state::{Ctx, Outcome, Scratch, Session, Shared};
+
+/// Longest mmap-poll back-off sleep.
+const MAX_BACKOFF: Duration = Duration::from_micros(200);
+const MIN_BACKOFF: Duration = Duration::from_micros(10);
+/// Idle polls between `yield_now` calls, so a core shared with the guest's
+/// vCPUs is not monopolised while polling.
+const POLLS_PER_YIELD: u32 = 16;
 
 #[derive(Debug, Default)]
 struct Pending {
@@ -38,6 +59,9 @@ struct Pending {
 pub(crate) struct WorkerShared {
     pending: Mutex<Pending>,
     cv: Condvar,
+    /// Something is in `pending` (set and cleared with its lock held), for
+    /// polling workers to check without the lock.
+    kicked: AtomicBool,
 }
 
 impl WorkerShared {
@@ -47,12 +71,14 @@ impl WorkerShared {
             Doorbell::SqTail(q) => p.sqs.push(q),
             Doorbell::CqHead(q) => p.cqs.push(q),
         }
+        self.kicked.store(true, Ordering::Release);
         drop(p);
         self.cv.notify_one();
     }
 
     pub fn stop(&self) {
         self.pending.lock().stop = true;
+        self.kicked.store(true, Ordering::Release);
         self.cv.notify_one();
     }
 
@@ -60,6 +86,7 @@ impl WorkerShared {
     pub fn rearm(&self) {
         let mut p = self.pending.lock();
         *p = Pending::default();
+        self.kicked.store(false, Ordering::Release);
     }
 }
 
@@ -73,6 +100,17 @@ enum Pass {
     Stalled(u16),
 }
 
+/// What a pass does with EventIdx (shadow sources only; a no-op otherwise).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EventIdxPolicy {
+    /// QEMU: EventIdx = value seen, fence, re-read.
+    Publish,
+    /// Adaptive while polling: EventIdx = value seen - 1 (mod 2^16), where
+    /// neither the Linux nor the SPDK need-event test fires for any move the
+    /// host can make (short of filling the ring completely).
+    Behind,
+}
+
 struct Local {
     sqs: Vec<u16>,
     cqs: Vec<u16>,
@@ -81,6 +119,24 @@ struct Local {
     /// CQs holding a coalesced interrupt.
     timers: Vec<u16>,
     scratch: Scratch,
+    /// SQs this worker owns (polling modes), and the doorbell generation
+    /// the list was built at.
+    owned: Vec<u16>,
+    generation: Option<u64>,
+}
+
+/// How long `take_kicks` may block.
+#[derive(Debug, Clone, Copy)]
+enum Wait {
+    No,
+    For(Duration),
+    Until(Option<Instant>),
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Phase {
+    Asleep,
+    Polling { idle_since: Instant, idle_polls: u32 },
 }
 
 /// The worker thread's body. Returns when stopped.
@@ -88,67 +144,256 @@ pub(crate) fn run(shared: Arc<Shared>, session: Arc<Session>, index: usize) {
     let Some(me) = shared.workers.get(index) else {
         return;
     };
+    let mode = shared.config.doorbells;
+    let policy = if mode == DoorbellMode::Adaptive {
+        EventIdxPolicy::Behind
+    } else {
+        EventIdxPolicy::Publish
+    };
     let mut local = Local {
         sqs: Vec::new(),
         cqs: Vec::new(),
         stalled: Vec::new(),
         timers: Vec::new(),
         scratch: Scratch::default(),
+        owned: Vec::new(),
+        generation: None,
     };
+    let mut phase = Phase::Asleep;
+    let mut backoff = MIN_BACKOFF;
     loop {
-        {
-            let mut p = me.pending.lock();
-            loop {
-                if p.stop {
-                    return;
+        let wait = match (phase, mode) {
+            (Phase::Polling { .. }, _) => Wait::No,
+            (Phase::Asleep, DoorbellMode::MmapPoll) => Wait::For(backoff),
+            (Phase::Asleep, _) => Wait::Until(next_deadline(&shared, &local.timers)),
+        };
+        let Some((slept, kicked)) = take_kicks(me, &mut local, wait) else {
+            return;
+        };
+        let mut work = run_kicked(&shared, &session, &mut local, policy);
+        let polls = match mode {
+            DoorbellMode::MmapPoll => true,
+            DoorbellMode::Adaptive => shared.dbbuf_on.load(Ordering::Acquire),
+            DoorbellMode::Trap | DoorbellMode::Shadow => false,
+        };
+        if polls {
+            work += poll_owned(&shared, &session, &mut local, index, policy);
+        }
+        if slept && (kicked || work > 0) {
+            shared.stats.worker_wakeups.fetch_add(1, Ordering::Relaxed);
+        }
+        fire_timers(&shared, &session, &mut local.timers);
+        if !polls {
+            phase = Phase::Asleep;
+            continue;
+        }
+        let now = Instant::now();
+        phase = match phase {
+            _ if work > 0 => {
+                backoff = MIN_BACKOFF;
+                Phase::Polling {
+                    idle_since: now,
+                    idle_polls: 0,
                 }
-                if !p.sqs.is_empty() || !p.cqs.is_empty() {
+            }
+            // A kick with nothing to do still starts a polling period: the
+            // host is active.
+            Phase::Asleep if mode == DoorbellMode::Adaptive && kicked => Phase::Polling {
+                idle_since: now,
+                idle_polls: 0,
+            },
+            Phase::Asleep => {
+                if slept {
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                }
+                Phase::Asleep
+            }
+            Phase::Polling {
+                idle_since,
+                idle_polls,
+            } => {
+                if now.saturating_duration_since(idle_since) < shared.config.idle_poll {
+                    if idle_polls % POLLS_PER_YIELD == POLLS_PER_YIELD - 1 {
+                        std::thread::yield_now();
+                    } else {
+                        std::hint::spin_loop();
+                    }
+                    Phase::Polling {
+                        idle_since,
+                        idle_polls: idle_polls.wrapping_add(1),
+                    }
+                } else if mode == DoorbellMode::Adaptive && arm(&shared, &session, &local) {
+                    Phase::Polling {
+                        idle_since: now,
+                        idle_polls: 0,
+                    }
+                } else {
+                    backoff = MIN_BACKOFF;
+                    Phase::Asleep
+                }
+            }
+        };
+    }
+}
+
+/// Takes the pending kicks into `local`, blocking as `wait` allows. Returns
+/// `None` when stopped, else whether it blocked and whether there were kicks.
+fn take_kicks(me: &WorkerShared, local: &mut Local, wait: Wait) -> Option<(bool, bool)> {
+    if matches!(wait, Wait::No) && !me.kicked.load(Ordering::Acquire) {
+        return Some((false, false));
+    }
+    let mut p = me.pending.lock();
+    let mut slept = false;
+    loop {
+        if p.stop {
+            return None;
+        }
+        if !p.sqs.is_empty() || !p.cqs.is_empty() {
+            break;
+        }
+        match wait {
+            Wait::No => break,
+            Wait::For(d) => {
+                if slept {
                     break;
                 }
-                match next_deadline(&shared, &local.timers) {
-                    Some(at) => {
-                        if me.cv.wait_until(&mut p, at).timed_out() {
-                            break;
-                        }
-                    }
-                    None => me.cv.wait(&mut p),
+                slept = true;
+                me.cv.wait_for(&mut p, d);
+            }
+            Wait::Until(Some(at)) => {
+                slept = true;
+                if me.cv.wait_until(&mut p, at).timed_out() {
+                    break;
                 }
             }
-            std::mem::swap(&mut p.sqs, &mut local.sqs);
-            std::mem::swap(&mut p.cqs, &mut local.cqs);
-        }
-        for cqid in std::mem::take(&mut local.cqs) {
-            local.stalled.retain(|&(sq, cq)| {
-                if cq == cqid {
-                    local.sqs.push(sq);
-                    false
-                } else {
-                    true
-                }
-            });
-        }
-        let sqs = std::mem::take(&mut local.sqs);
-        for &qid in &sqs {
-            shared.doorbells.take_pending(Doorbell::SqTail(qid));
-            let mut ctx = Ctx {
-                shared: &shared,
-                session: &session,
-                scratch: &mut local.scratch,
-            };
-            match process_sq(&mut ctx, qid, &mut local.timers) {
-                Pass::Idle => {}
-                Pass::More => shared.kick_sq(qid),
-                Pass::Stalled(cqid) => {
-                    if !local.stalled.contains(&(qid, cqid)) {
-                        local.stalled.push((qid, cqid));
-                    }
-                }
+            Wait::Until(None) => {
+                slept = true;
+                me.cv.wait(&mut p);
             }
         }
-        local.sqs = sqs;
-        local.sqs.clear();
-        fire_timers(&shared, &session, &mut local.timers);
     }
+    let kicked = !p.sqs.is_empty() || !p.cqs.is_empty();
+    std::mem::swap(&mut p.sqs, &mut local.sqs);
+    std::mem::swap(&mut p.cqs, &mut local.cqs);
+    me.kicked.store(false, Ordering::Release);
+    Some((slept, kicked))
+}
+
+/// Runs the kicked queues: CQ kicks release the SQs stalled on them; each
+/// kicked SQ gets one pass. Returns the commands run.
+fn run_kicked(
+    shared: &Shared,
+    session: &Session,
+    local: &mut Local,
+    policy: EventIdxPolicy,
+) -> u32 {
+    for cqid in std::mem::take(&mut local.cqs) {
+        local.stalled.retain(|&(sq, cq)| {
+            if cq == cqid {
+                local.sqs.push(sq);
+                false
+            } else {
+                true
+            }
+        });
+    }
+    let sqs = std::mem::take(&mut local.sqs);
+    let mut work = 0;
+    for &qid in &sqs {
+        shared.doorbells.take_pending(Doorbell::SqTail(qid));
+        work += run_pass(shared, session, local, qid, policy);
+    }
+    local.sqs = sqs;
+    local.sqs.clear();
+    work
+}
+
+/// One pass over SQ `qid`, with its outcome recorded.
+fn run_pass(
+    shared: &Shared,
+    session: &Session,
+    local: &mut Local,
+    qid: u16,
+    policy: EventIdxPolicy,
+) -> u32 {
+    let mut ctx = Ctx {
+        shared,
+        session,
+        scratch: &mut local.scratch,
+    };
+    let (pass, done) = process_sq(&mut ctx, qid, &mut local.timers, policy);
+    match pass {
+        Pass::Idle => {}
+        Pass::More => shared.kick_sq(qid),
+        Pass::Stalled(cqid) => {
+            if !local.stalled.contains(&(qid, cqid)) {
+                local.stalled.push((qid, cqid));
+            }
+        }
+    }
+    done
+}
+
+/// Polling modes: one pass over every SQ this worker owns.
+fn poll_owned(
+    shared: &Shared,
+    session: &Session,
+    local: &mut Local,
+    index: usize,
+    policy: EventIdxPolicy,
+) -> u32 {
+    let generation = shared.doorbells.generation();
+    if local.generation != Some(generation) {
+        local.owned.clear();
+        for qid in 0..shared.doorbells.queue_ids() {
+            let qid = qid as u16;
+            if shared.doorbells.owned_by(Doorbell::SqTail(qid), index) {
+                local.owned.push(qid);
+            }
+        }
+        local.generation = Some(generation);
+    }
+    let owned = std::mem::take(&mut local.owned);
+    let mut work = 0;
+    for &qid in &owned {
+        work += run_pass(shared, session, local, qid, policy);
+    }
+    local.owned = owned;
+    work
+}
+
+/// Adaptive mode, before sleeping: EventIdx = tail seen for every owned SQ,
+/// a full fence, then re-read every shadow tail. Returns `true` if one moved
+/// (keep polling). Either that re-read sees a host's new tail, or the host's
+/// EventIdx read (after its own fence) sees ours and it traps.
+fn arm(shared: &Shared, session: &Session, local: &Local) -> bool {
+    shared.stats.eventidx_arms.fetch_add(1, Ordering::Relaxed);
+    let mem = &*session.mem;
+    let with_sq = |qid: u16, f: &mut dyn FnMut(&mut Sq)| {
+        if let Some(slot) = shared.sqs.get(usize::from(qid)) {
+            if let Some(sq) = slot.lock().as_mut() {
+                f(sq);
+            }
+        }
+    };
+    let mut seen = Vec::with_capacity(local.owned.len());
+    for &qid in &local.owned {
+        with_sq(qid, &mut |sq| {
+            let tail = sq.tail;
+            sq.event_idx
+                .publish(shared, qid, sq.source, tail as u16, true, mem);
+            seen.push((qid, tail));
+        });
+    }
+    barrier();
+    let mut moved = false;
+    for &(qid, tail) in &seen {
+        with_sq(qid, &mut |sq| {
+            sq.refresh_tail(shared, mem);
+            moved |= sq.tail != tail;
+        });
+    }
+    moved
 }
 
 /// Aggregation Time of the Interrupt Coalescing feature.
@@ -224,7 +469,7 @@ fn raise(shared: &Shared, session: &Session, cq: &mut Cq) {
 
 /// Reads the CQ head; a bad value is ignored, counted and reported.
 fn refresh_cq_head(shared: &Shared, session: &Session, cq: &mut Cq) {
-    if cq.refresh_head(&shared.doorbells, &*session.mem).is_err() {
+    if cq.refresh_head(shared, &*session.mem).is_err() {
         if let Some(q) = shared.stats.queue(cq.qid) {
             q.invalid_doorbell_writes.fetch_add(1, Ordering::Relaxed);
         }
@@ -232,80 +477,159 @@ fn refresh_cq_head(shared: &Shared, session: &Session, cq: &mut Cq) {
     }
 }
 
-/// One bounded pass over SQ `qid`: at most its size in commands.
-fn process_sq(ctx: &mut Ctx<'_>, qid: u16, timers: &mut Vec<u16>) -> Pass {
+/// CQ EventIdx = head, fence, re-read the head: the host's next head update
+/// traps (QEMU after posting; every mode when the CQ is full and we need the
+/// head to move).
+/// Unless `force`, an EventIdx already equal to the head is not rewritten
+/// (a stalled queue polled again).
+fn arm_cq(shared: &Shared, session: &Session, cq: &mut Cq, force: bool) {
+    let head = cq.head as u16;
+    if cq
+        .event_idx
+        .publish(shared, cq.qid, cq.source, head, force, &*session.mem)
+    {
+        barrier();
+        refresh_cq_head(shared, session, cq);
+    }
+}
+
+/// Adaptive: CQ EventIdx one behind the head seen (the host never traps on
+/// a head update unless the worker arms it because the CQ is full).
+fn publish_cq_behind(shared: &Shared, cq: &mut Cq, mem: &dyn crate::memory::GuestMemory) {
+    let ei = behind(cq.head as u16);
+    cq.event_idx.publish(shared, cq.qid, cq.source, ei, false, mem);
+}
+
+/// The admin queue's sources follow Doorbell Buffer Config, which runs on
+/// this worker while it holds the admin queue's locks.
+fn refresh_admin_sources(shared: &Shared, sq: &mut Sq, cq: &mut Cq) {
+    let s = shared.source_for(Doorbell::SqTail(0));
+    if s != sq.source {
+        sq.set_source(s);
+    }
+    let c = shared.source_for(Doorbell::CqHead(0));
+    if c != cq.source {
+        cq.set_source(c);
+    }
+}
+
+/// One bounded pass over SQ `qid`: at most its size in commands. Returns
+/// how the pass ended and the commands it ran.
+fn process_sq(
+    ctx: &mut Ctx<'_>,
+    qid: u16,
+    timers: &mut Vec<u16>,
+    policy: EventIdxPolicy,
+) -> (Pass, u32) {
     let shared = ctx.shared;
     let session = ctx.session;
     let Some(sq_slot) = shared.sqs.get(usize::from(qid)) else {
-        return Pass::Idle;
+        return (Pass::Idle, 0);
     };
     let mut sq_guard = sq_slot.lock();
     let Some(sq) = sq_guard.as_mut() else {
-        return Pass::Idle;
+        return (Pass::Idle, 0);
     };
     let Some(cq_slot) = shared.cqs.get(usize::from(sq.cqid)) else {
-        return Pass::Idle;
+        return (Pass::Idle, 0);
     };
     let mut cq_guard = cq_slot.lock();
     let Some(cq) = cq_guard.as_mut() else {
-        return Pass::Idle;
+        return (Pass::Idle, 0);
     };
     if shared.fatal.load(Ordering::Acquire) {
-        return Pass::Idle;
+        return (Pass::Idle, 0);
     }
     let mem = &*session.mem;
-    sq.refresh_tail(&shared.doorbells, mem);
-    let mut budget = sq.size;
-    let mut pass = Pass::Idle;
-    while !sq.is_empty() {
-        if budget == 0 {
-            pass = Pass::More;
-            break;
-        }
+    sq.refresh_tail(shared, mem);
+    if policy == EventIdxPolicy::Behind && !sq.is_empty() {
+        // Before posting: a host that reaps what this pass posts must
+        // already see EventIdx behind its head, or it would trap. (Not over
+        // an EventIdx armed because the CQ is full.)
         refresh_cq_head(shared, session, cq);
-        if cq.is_full() {
-            // Ask the next head write to kick us, then look once more so a
-            // write that raced with the flag is not lost.
-            shared.doorbells.wait_for_head(Doorbell::CqHead(cq.qid));
-            refresh_cq_head(shared, session, cq);
-            if cq.is_full() {
-                pass = Pass::Stalled(cq.qid);
-                break;
-            }
-        }
-        let cmd = match sq.pop(mem) {
-            Ok(cmd) => cmd,
-            Err(_) => {
-                shared.set_fatal("submission queue entry unreadable");
-                return Pass::Idle;
-            }
-        };
-        budget -= 1;
-        shared.stats.command(qid, cmd.opcode());
-        let outcome = if qid == 0 {
-            admin::execute(ctx, &cmd)
-        } else {
-            io::execute(ctx, &cmd)
-        };
-        if let Outcome::Done { dw0, status } = outcome {
-            shared.stats.completion(qid, status);
-            if !status.is_success() {
-                shared.log_error(qid, &cmd, status);
-            }
-            let cqe = Completion::new(dw0, sq.head as u16, qid, cmd.cid(), false, status);
-            if cq.post(mem, cqe).is_err() {
-                shared.set_fatal("completion queue unwritable");
-                return Pass::Idle;
-            }
+        if !cq.is_full() {
+            publish_cq_behind(shared, cq, mem);
         }
     }
+    let mut budget = sq.size;
+    let mut done = 0u32;
+    let pass = 'pass: loop {
+        while !sq.is_empty() {
+            if budget == 0 {
+                break 'pass Pass::More;
+            }
+            refresh_cq_head(shared, session, cq);
+            if cq.is_full() {
+                // Ask the next head write to kick us (and, with shadow
+                // doorbells, to trap), then look once more so a write that
+                // raced with the flag is not lost.
+                shared.doorbells.wait_for_head(Doorbell::CqHead(cq.qid));
+                arm_cq(shared, session, cq, false);
+                refresh_cq_head(shared, session, cq);
+                if cq.is_full() {
+                    break 'pass Pass::Stalled(cq.qid);
+                }
+            }
+            let cmd = match sq.pop(mem) {
+                Ok(cmd) => cmd,
+                Err(_) => {
+                    shared.set_fatal("submission queue entry unreadable");
+                    return (Pass::Idle, done);
+                }
+            };
+            budget -= 1;
+            done += 1;
+            shared.stats.command(qid, cmd.opcode());
+            let outcome = if qid == 0 {
+                admin::execute(ctx, &cmd)
+            } else {
+                io::execute(ctx, &cmd)
+            };
+            if let Outcome::Done { dw0, status } = outcome {
+                shared.stats.completion(qid, status);
+                if !status.is_success() {
+                    shared.log_error(qid, &cmd, status);
+                }
+                let cqe = Completion::new(dw0, sq.head as u16, qid, cmd.cid(), false, status);
+                if cq.post(mem, cqe).is_err() {
+                    shared.set_fatal("completion queue unwritable");
+                    return (Pass::Idle, done);
+                }
+            }
+        }
+        let tail = sq.tail as u16;
+        match policy {
+            EventIdxPolicy::Publish => {
+                if sq.event_idx.publish(shared, qid, sq.source, tail, true, mem) {
+                    barrier();
+                    sq.refresh_tail(shared, mem);
+                    if !sq.is_empty() {
+                        continue 'pass;
+                    }
+                }
+            }
+            EventIdxPolicy::Behind => {
+                sq.event_idx
+                    .publish(shared, qid, sq.source, behind(tail), false, mem);
+            }
+        }
+        break Pass::Idle;
+    };
     if qid == 0 {
+        refresh_admin_sources(shared, sq, cq);
         deliver_events(shared, session, cq, sq.head as u16);
+    }
+    if !matches!(pass, Pass::Stalled(_)) {
+        match policy {
+            EventIdxPolicy::Publish if done > 0 => arm_cq(shared, session, cq, true),
+            EventIdxPolicy::Publish => {}
+            EventIdxPolicy::Behind => publish_cq_behind(shared, cq, mem),
+        }
     }
     if !settle_interrupt(shared, session, cq, Instant::now()) && !timers.contains(&cq.qid) {
         timers.push(cq.qid);
     }
-    pass
+    (pass, done)
 }
 
 /// Completes outstanding Asynchronous Event Requests with queued events.

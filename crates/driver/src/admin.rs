@@ -60,6 +60,15 @@ pub fn create_io_sq(qid: u16, size: u16, iova: u64, cqid: u16) -> Command {
     c
 }
 
+/// Doorbell Buffer Config (§5.8): PRP1 = shadow doorbell buffer, PRP2 =
+/// EventIdx buffer, one memory page each.
+pub fn doorbell_buffer_config(shadow_iova: u64, event_idx_iova: u64) -> Command {
+    let mut c = Command::new(AdminOpcode::DOORBELL_BUFFER_CONFIG.0, 0);
+    c.prp1 = shadow_iova.into();
+    c.prp2 = event_idx_iova.into();
+    c
+}
+
 /// Delete I/O Submission Queue (§5.7).
 pub fn delete_io_sq(qid: u16) -> Command {
     let mut c = Command::new(AdminOpcode::DELETE_IO_SQ.0, 0);
@@ -156,6 +165,13 @@ mod tests {
         assert_eq!(sq.cdw10.get(), 3 | (63 << 16));
         assert_eq!(sq.cdw11.get(), 1 | (3 << 16));
         assert_eq!(sq.prp1.get(), 0x2000);
+    }
+
+    #[test]
+    fn doorbell_buffer_config_puts_the_pages_in_prp1_and_prp2() {
+        let c = doorbell_buffer_config(0x4000, 0x5000);
+        assert_eq!(c.opcode(), 0x7C);
+        assert_eq!((c.prp1.get(), c.prp2.get()), (0x4000, 0x5000));
     }
 
     #[test]

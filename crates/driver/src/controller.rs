@@ -8,17 +8,18 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use vnvme_spec::command::Command;
 use vnvme_spec::feature::{FeatureId, NumberOfQueues};
-use vnvme_spec::identify::{Cns, IdentifyController, IdentifyNamespace, IDENTIFY_SIZE};
-use vnvme_spec::regs::{offset, shutdown, Aqa, Cap, Cc, Crto, Csts};
+use vnvme_spec::identify::{oacs, Cns, IdentifyController, IdentifyNamespace, IDENTIFY_SIZE};
+use vnvme_spec::regs::{offset, shutdown, Aqa, Cap, Cc, Crto, Csts, Doorbell};
 use vnvme_spec::{Completion, Status};
 use zerocopy::FromBytes;
 
 use crate::access::{DeviceAccess, DmaBuffer, Interrupt, PAGE_SIZE};
 use crate::admin::{self, AdminQueue};
+use crate::doorbell::{DoorbellKind, NeedEvent, ShadowBuffers};
 use crate::error::Error;
 use crate::io::IoQueue;
 use crate::namespace::Namespace;
-use crate::queue::{Backoff, QueuePair};
+use crate::queue::{Backoff, QueueCounters, QueuePair};
 
 /// How to bring the controller up.
 #[derive(Debug, Clone)]
@@ -39,6 +40,21 @@ pub struct InitOptions {
     pub io_timeout: Duration,
     /// The driver's own transfer limit per command, further bounded by MDTS.
     pub max_transfer: usize,
+    /// Send Doorbell Buffer Config (§5.8) when Identify Controller OACS bit 8
+    /// offers it, and use shadow doorbells with EventIdx. If the command
+    /// fails, the driver falls back to register writes.
+    pub shadow_doorbells: bool,
+    /// Shadow the admin queue's doorbells too, as the spec allows. Linux
+    /// does not (false reproduces it).
+    pub shadow_admin: bool,
+    /// The need-event test deciding, per shadow update, whether the register
+    /// must be written as well.
+    pub need_event: NeedEvent,
+    /// Map BAR0 areas the device offers as memory (the doorbell page, as
+    /// vfio-user sparse mmap): doorbell writes become plain stores the device
+    /// polls. When every doorbell in use is mapped, Doorbell Buffer Config is
+    /// not sent: shadow updates would only add work.
+    pub map_doorbells: bool,
 }
 
 impl Default for InitOptions {
@@ -52,6 +68,10 @@ impl Default for InitOptions {
             admin_timeout: Duration::from_secs(10),
             io_timeout: Duration::from_secs(30),
             max_transfer: 1 << 20,
+            shadow_doorbells: true,
+            shadow_admin: true,
+            need_event: NeedEvent::Linux,
+            map_doorbells: true,
         }
     }
 }
@@ -71,6 +91,7 @@ pub struct Controller {
     io_queue_count: u16,
     max_transfer: usize,
     interrupts: bool,
+    doorbell_kind: DoorbellKind,
     generation: Arc<AtomicU64>,
     init_admin_commands: u64,
 }
@@ -86,6 +107,7 @@ struct Live {
     io_queues: Vec<Option<IoQueue>>,
     max_transfer: usize,
     interrupts: bool,
+    doorbell_kind: DoorbellKind,
 }
 
 impl Controller {
@@ -119,6 +141,7 @@ impl Controller {
             io_queue_count,
             max_transfer: live.max_transfer,
             interrupts: live.interrupts,
+            doorbell_kind: live.doorbell_kind,
             generation,
             init_admin_commands,
         }
@@ -180,8 +203,19 @@ impl Controller {
         self.interrupts
     }
 
+    /// How the I/O queues' doorbells reach the device: register writes,
+    /// shadow doorbells, or a mapped doorbell page.
+    pub fn doorbell_kind(&self) -> DoorbellKind {
+        self.doorbell_kind
+    }
+
+    /// Counters of the admin queue (doorbell writes and shadow updates).
+    pub fn admin_counters(&self) -> QueueCounters {
+        self.admin.lock().qp.counters
+    }
+
     /// Admin commands sent during initialisation (identify, number of
-    /// queues, queue creation, namespace scan).
+    /// queues, Doorbell Buffer Config, queue creation, namespace scan).
     pub fn init_admin_commands(&self) -> u64 {
         self.init_admin_commands
     }
@@ -283,6 +317,13 @@ fn bring_up(
         .unwrap_or(Duration::from_millis(500 * units));
     let dstrd = cap.dstrd();
     let mqes = u32::from(cap.mqes_z()) + 1;
+    // Before the first doorbell write: from here on, doorbells inside a
+    // mapped area are stores, not traps.
+    if opts.map_doorbells {
+        if let Err(e) = access.map_registers() {
+            tracing::warn!(error = %e, "mapping BAR0 areas failed, doorbells will trap");
+        }
+    }
 
     // §3.5.1: disable first; the controller may be enabled from before.
     let cc = Cc::from(access.read32(offset::CC)?);
@@ -332,8 +373,7 @@ fn bring_up(
         .map_err(|_| Error::Unsupported("short identify data".into()))?;
     let max_transfer = max_transfer(opts.max_transfer, identify.mdts, cap.mpsmin());
 
-    let mut pairs = Vec::new();
-    if opts.io_queues > 0 {
+    let count = if opts.io_queues > 0 {
         let want = NumberOfQueues {
             nsqr_z: opts.io_queues - 1,
             ncqr_z: opts.io_queues - 1,
@@ -346,26 +386,53 @@ fn bring_up(
         // The answer holds NSQA/NCQA (0's based): what was allocated, which
         // may be fewer, or more, than asked for.
         let got = NumberOfQueues::from_dword(cqe.dw0.get());
-        let count = u32::from(opts.io_queues)
+        u32::from(opts.io_queues)
             .min(u32::from(got.nsqr_z) + 1)
-            .min(u32::from(got.ncqr_z) + 1) as u16;
-        let depth = clamp_depth(opts.queue_depth, mqes);
-        for qid in 1..=count {
-            let qp = QueuePair::new(access, qid, depth, dstrd, max_transfer)?;
-            let irq = vectors.get_mut(usize::from(qid)).and_then(Option::take);
-            let vector = irq.as_ref().map(|_| qid);
-            admin.execute(
-                admin::create_io_cq(qid, depth, qp.cq_iova(), vector),
-                None,
-                timeout,
-            )?;
-            admin.execute(
-                admin::create_io_sq(qid, depth, qp.sq_iova(), qid),
-                None,
-                timeout,
-            )?;
-            pairs.push((qp, irq));
+            .min(u32::from(got.ncqr_z) + 1) as u16
+    } else {
+        0
+    };
+
+    let all_mapped = (0..=count).all(|qid| {
+        [Doorbell::SqTail(qid), Doorbell::CqHead(qid)]
+            .into_iter()
+            .all(|db| access.is_mapped(db.offset(dstrd)))
+    });
+    let (doorbell_kind, shadow) = if all_mapped {
+        (DoorbellKind::Mapped, None)
+    } else if opts.shadow_doorbells && identify.oacs.get() & oacs::DOORBELL_BUFFER_CONFIG != 0 {
+        match enable_shadow(access, &mut admin, dstrd, count, opts.need_event, timeout)? {
+            Some(bufs) => (DoorbellKind::Shadow, Some(bufs)),
+            None => (DoorbellKind::Mmio, None),
         }
+    } else {
+        (DoorbellKind::Mmio, None)
+    };
+    if let (Some(bufs), true) = (&shadow, opts.shadow_admin) {
+        admin.qp.attach_shadow(bufs)?;
+    }
+
+    let mut pairs = Vec::new();
+    let depth = clamp_depth(opts.queue_depth, mqes);
+    for qid in 1..=count {
+        let mut qp = QueuePair::new(access, qid, depth, dstrd, max_transfer)?;
+        if let Some(bufs) = &shadow {
+            // The slots start at zero, like the queue's indexes.
+            qp.attach_shadow(bufs)?;
+        }
+        let irq = vectors.get_mut(usize::from(qid)).and_then(Option::take);
+        let vector = irq.as_ref().map(|_| qid);
+        admin.execute(
+            admin::create_io_cq(qid, depth, qp.cq_iova(), vector),
+            None,
+            timeout,
+        )?;
+        admin.execute(
+            admin::create_io_sq(qid, depth, qp.sq_iova(), qid),
+            None,
+            timeout,
+        )?;
+        pairs.push((qp, irq));
     }
     let interrupts = pairs.iter().any(|(_, irq)| irq.is_some());
 
@@ -393,7 +460,48 @@ fn bring_up(
         io_queues,
         max_transfer,
         interrupts,
+        doorbell_kind,
     })
+}
+
+/// Sends Doorbell Buffer Config (§5.8) with two fresh zeroed pages. Called
+/// after Number of Queues and before any I/O queue exists: every I/O queue
+/// then lives its whole life with shadow doorbells (Linux moved its enable
+/// before I/O starts in 2024, after I/O timed out when it came later).
+/// Returns `None`, logging why, when the slots of `max_qid` would not fit a
+/// page or the device fails the command: the driver then keeps register
+/// doorbells, as Linux does.
+fn enable_shadow(
+    access: &Arc<dyn DeviceAccess>,
+    admin: &mut AdminQueue,
+    dstrd: u8,
+    max_qid: u16,
+    need_event: NeedEvent,
+    timeout: Duration,
+) -> Result<Option<ShadowBuffers>, Error> {
+    if !ShadowBuffers::fits(dstrd, max_qid) {
+        tracing::info!(
+            dstrd,
+            max_qid,
+            "shadow doorbells do not fit a page, using registers"
+        );
+        return Ok(None);
+    }
+    let bufs = ShadowBuffers::new(
+        access.dma_alloc(PAGE_SIZE)?,
+        access.dma_alloc(PAGE_SIZE)?,
+        dstrd,
+        need_event,
+    );
+    let cmd = admin::doorbell_buffer_config(bufs.shadow_iova(), bufs.event_idx_iova());
+    match admin.execute(cmd, None, timeout) {
+        Ok(_) => Ok(Some(bufs)),
+        Err(Error::AdminCommand { status, .. }) => {
+            tracing::info!(%status, "Doorbell Buffer Config failed, using registers");
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 fn clamp_depth(want: u16, mqes: u32) -> u16 {

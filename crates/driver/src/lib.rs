@@ -6,6 +6,13 @@
 //! creates one [`IoQueue`] per thread; the admin queue sits behind a mutex,
 //! the I/O path takes no lock.
 //!
+//! Doorbells ([`DoorbellKind`], chosen at initialisation from what the device
+//! offers and [`InitOptions`]): a mapped doorbell page when the device offers
+//! it as sparse mmap (`map_doorbells`); else shadow doorbells with EventIdx
+//! when Identify Controller OACS bit 8 is set (`shadow_doorbells`,
+//! `shadow_admin`, `need_event`); else one register write per update.
+//! [`QueueCounters`] tells traps, mapped stores and shadow updates apart.
+//!
 //! ```no_run
 //! # use std::sync::Arc;
 //! # use vnvme_driver::{Controller, DeviceAccess, InitOptions, VfioUserAccess};
@@ -31,8 +38,9 @@ pub mod prp;
 pub mod queue;
 mod vfio_user_access;
 
-pub use access::{AccessError, DeviceAccess, DmaBuffer, DmaPool, Interrupt};
+pub use access::{AccessError, DeviceAccess, DmaBuffer, DmaPool, Interrupt, MappedArea};
 pub use controller::{Controller, InitOptions};
+pub use doorbell::{DoorbellKind, NeedEvent};
 pub use error::Error;
 pub use io::IoQueue;
 pub use namespace::Namespace;

@@ -2,13 +2,20 @@
 //! the driver without a socket. Commands run synchronously inside the SQ
 //! doorbell write. It walks PRPs with its own code (not `prp::build`), so
 //! the tests check the driver's data pointers independently.
+//!
+//! Doorbell modes: register traps; Doorbell Buffer Config (§5.8) with the
+//! QEMU algorithm (after each SQ pass publish EventIdx, then re-read the
+//! shadow tail), where a shadow update that skips the register is only seen
+//! by [`MockDevice::poll`], the stand-in for a polling worker; and a mapped
+//! doorbell page, whose stores run the doorbell at once like an infinitely
+//! fast poller, counted apart from traps.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 use vnvme_spec::command::Command;
-use vnvme_spec::identify::{IdentifyController, IdentifyNamespace};
+use vnvme_spec::identify::{oacs, IdentifyController, IdentifyNamespace};
 use vnvme_spec::regs::{offset, Cap, Cc, Csts, Doorbell};
 use vnvme_spec::{AdminOpcode, Completion, NvmOpcode, Status};
 use zerocopy::IntoBytes;
@@ -30,6 +37,27 @@ pub struct MockConfig {
     /// NSIDs in the active list whose identify fails with Invalid Namespace.
     pub invalid: Vec<u32>,
     pub blocks: u64,
+    /// OACS bit 8: Doorbell Buffer Config offered.
+    pub dbbuf: bool,
+    /// Doorbell Buffer Config fails with this status.
+    pub dbbuf_fails: Option<Status>,
+    /// Where the device keeps the EventIdx of I/O queues (the admin queue
+    /// is always [`EventIdxMode::Armed`]).
+    pub event_idx: EventIdxMode,
+    /// Offer the doorbell page (BAR0 0x1000..0x2000) as mappable memory.
+    pub mapped_doorbells: bool,
+}
+
+/// Where the device puts EventIdx after it has seen a doorbell value `v`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventIdxMode {
+    /// EventIdx = `v` (QEMU): the next update writes the register.
+    Armed,
+    /// EventIdx = `v - 1` mod queue size (a polling device): no update ever
+    /// crosses it, so the driver never writes the register.
+    Behind,
+    /// Never written by the device; the test sets it ([`MockDevice::set_event_idx`]).
+    Manual,
 }
 
 impl Default for MockConfig {
@@ -44,6 +72,10 @@ impl Default for MockConfig {
             not_ready: HashMap::new(),
             invalid: Vec::new(),
             blocks: 16384,
+            dbbuf: false,
+            dbbuf_fails: None,
+            event_idx: EventIdxMode::Armed,
+            mapped_doorbells: false,
         }
     }
 }
@@ -61,6 +93,7 @@ struct Cq {
     base: u64,
     size: u16,
     tail: u16,
+    head: u16,
     phase: bool,
     iv: Option<u16>,
 }
@@ -72,6 +105,8 @@ pub struct MockStats {
     pub cq_doorbells: u64,
     pub interrupts: u64,
     pub io_commands: u64,
+    /// Doorbell values stored to the mapped doorbell page (no trap).
+    pub mapped_doorbells: u64,
 }
 
 #[derive(Debug)]
@@ -88,6 +123,10 @@ struct State {
     buffers: Vec<DmaBuffer>,
     irqs: Vec<Interrupt>,
     stats: MockStats,
+    /// Doorbell Buffer Config: (shadow doorbell page, EventIdx page) IOVAs.
+    dbbuf: Option<(u64, u64)>,
+    /// The mapped doorbell page, once the driver has mapped it.
+    mapped: Option<DmaBuffer>,
 }
 
 #[derive(Debug)]
@@ -128,6 +167,8 @@ impl MockDevice {
                 buffers: Vec::new(),
                 irqs: Vec::new(),
                 stats: MockStats::default(),
+                dbbuf: None,
+                mapped: None,
             }),
         })
     }
@@ -143,6 +184,45 @@ impl MockDevice {
     pub fn ns_bytes(&self, nsid: u32, at: usize, len: usize) -> Vec<u8> {
         self.state.lock().data[&nsid][at..at + len].to_vec()
     }
+
+    /// What a polling worker does: for every queue, read the shadow value
+    /// (or the mapped doorbell), process, and publish EventIdx.
+    pub fn poll(&self) {
+        let mut s = self.state.lock();
+        let mut sqids: Vec<u16> = s.sqs.keys().copied().collect();
+        sqids.sort_unstable();
+        for qid in sqids {
+            if let Some(tail) = s.polled_value(Doorbell::SqTail(qid)) {
+                s.run_sq(qid, tail);
+            }
+        }
+        let mut cqids: Vec<u16> = s.cqs.keys().copied().collect();
+        cqids.sort_unstable();
+        for qid in cqids {
+            if let Some(head) = s.polled_value(Doorbell::CqHead(qid)) {
+                s.cq_head(qid, head);
+            }
+        }
+    }
+
+    /// Writes EventIdx of `db` (for [`EventIdxMode::Manual`]).
+    pub fn set_event_idx(&self, db: Doorbell, value: u16) {
+        let s = self.state.lock();
+        let (_, eis) = s.dbbuf.expect("Doorbell Buffer Config not done");
+        s.write(eis + db_slot(db), &u32::from(value).to_le_bytes());
+    }
+
+    /// The value the driver stored in `db`'s shadow slot.
+    pub fn shadow_value(&self, db: Doorbell) -> Option<u32> {
+        let s = self.state.lock();
+        let (dbs, _) = s.dbbuf?;
+        s.read_u32(dbs + db_slot(db))
+    }
+}
+
+/// Offset of a doorbell in the shadow / EventIdx pages (CAP.DSTRD = 0).
+fn db_slot(db: Doorbell) -> u64 {
+    u64::from(db.index()) * 4
 }
 
 impl State {
@@ -175,6 +255,11 @@ impl State {
             Some((b, off)) => b.write_bytes(off, data).is_ok(),
             None => false,
         }
+    }
+
+    fn read_u32(&self, iova: u64) -> Option<u32> {
+        let mut b = [0u8; 4];
+        self.read(iova, &mut b).then(|| u32::from_le_bytes(b))
     }
 
     fn read_u64(&self, iova: u64) -> Option<u64> {
@@ -219,6 +304,8 @@ impl State {
         let csize = ((self.aqa >> 16) & 0xFFF) as u16 + 1;
         self.sqs.clear();
         self.cqs.clear();
+        // The buffers are not retained across a reset.
+        self.dbbuf = None;
         self.sqs.insert(
             0,
             Sq {
@@ -235,6 +322,7 @@ impl State {
                 base: self.acq,
                 size: csize,
                 tail: 0,
+                head: 0,
                 phase: true,
                 iv,
             },
@@ -244,32 +332,105 @@ impl State {
         }
     }
 
-    fn doorbell(&mut self, db: Doorbell, value: u32) {
+    /// A doorbell value arriving by trap (or by a store to the mapped page).
+    fn doorbell(&mut self, db: Doorbell, value: u32, trap: bool) {
+        match (db, trap) {
+            (Doorbell::CqHead(_), true) => self.stats.cq_doorbells += 1,
+            (Doorbell::SqTail(_), true) => self.stats.sq_doorbells += 1,
+            (_, false) => self.stats.mapped_doorbells += 1,
+        }
+        let value = value as u16;
+        // QEMU: an admin trap copies the value into the shadow slot, so a
+        // host that does not shadow the admin queue keeps the shadow view
+        // consistent.
+        if let (Doorbell::SqTail(0) | Doorbell::CqHead(0), Some((dbs, _))) = (db, self.dbbuf) {
+            self.write(dbs + db_slot(db), &u32::from(value).to_le_bytes());
+        }
         match db {
-            Doorbell::CqHead(_) => self.stats.cq_doorbells += 1,
-            Doorbell::SqTail(qid) => {
-                self.stats.sq_doorbells += 1;
-                let Some(mut sq) = self.sqs.get(&qid).copied() else {
-                    return;
-                };
-                let tail = value as u16;
-                while sq.head != tail && tail < sq.size {
-                    let mut raw = [0u8; 64];
-                    self.read(sq.base + u64::from(sq.head) * 64, &mut raw);
-                    sq.head = (sq.head + 1) % sq.size;
-                    let cmd = Command::from_slice(&raw).unwrap_or_default();
-                    let (status, dw0) = if qid == 0 {
-                        self.admin(&cmd)
-                    } else {
-                        self.io(&cmd)
-                    };
-                    self.post(sq.cqid, qid, sq.head, &cmd, status, dw0);
-                    if let Some(s) = self.sqs.get_mut(&qid) {
-                        s.head = sq.head;
-                    }
+            Doorbell::CqHead(qid) => self.cq_head(qid, value),
+            Doorbell::SqTail(qid) => self.run_sq(qid, value),
+        }
+    }
+
+    /// The value a polling worker reads for `db`: the mapped doorbell if
+    /// there is one, else the shadow slot. `None` without either.
+    fn polled_value(&self, db: Doorbell) -> Option<u16> {
+        if let Some(page) = &self.mapped {
+            let at = usize::try_from(db.offset(0) - offset::DOORBELLS).ok()?;
+            return page.load_u32(at).ok().map(|v| v as u16);
+        }
+        let (dbs, _) = self.dbbuf?;
+        self.read_u32(dbs + db_slot(db)).map(|v| v as u16)
+    }
+
+    /// EventIdx to publish after seeing `value` on a queue of `size`.
+    fn event_idx_for(&self, qid: u16, value: u16, size: u16) -> Option<u16> {
+        let mode = if qid == 0 {
+            EventIdxMode::Armed
+        } else {
+            self.cfg.event_idx
+        };
+        match mode {
+            EventIdxMode::Armed => Some(value),
+            EventIdxMode::Behind => Some((value + size - 1) % size),
+            EventIdxMode::Manual => None,
+        }
+    }
+
+    fn publish_event_idx(&self, db: Doorbell, value: u16, size: u16) {
+        let qid = match db {
+            Doorbell::SqTail(q) | Doorbell::CqHead(q) => q,
+        };
+        if let (Some((_, eis)), Some(ei)) = (self.dbbuf, self.event_idx_for(qid, value, size)) {
+            self.write(eis + db_slot(db), &u32::from(ei).to_le_bytes());
+        }
+    }
+
+    /// Processes SQ `qid` up to `tail`; with shadow buffers, then publishes
+    /// EventIdx and re-reads the shadow tail until it stops moving (QEMU).
+    fn run_sq(&mut self, qid: u16, mut tail: u16) {
+        for _ in 0..64 {
+            let Some(mut sq) = self.sqs.get(&qid).copied() else {
+                return;
+            };
+            while sq.head != tail && tail < sq.size {
+                let mut raw = [0u8; 64];
+                self.read(sq.base + u64::from(sq.head) * 64, &mut raw);
+                sq.head = (sq.head + 1) % sq.size;
+                let cmd = Command::from_slice(&raw).unwrap_or_default();
+                // The command is consumed before it runs (Doorbell Buffer
+                // Config seeds the shadow tail from the head).
+                if let Some(s) = self.sqs.get_mut(&qid) {
+                    s.head = sq.head;
                 }
+                let (status, dw0) = if qid == 0 {
+                    self.admin(&cmd)
+                } else {
+                    self.io(&cmd)
+                };
+                self.post(sq.cqid, qid, sq.head, &cmd, status, dw0);
+            }
+            if self.dbbuf.is_none() || self.mapped.is_some() {
+                return;
+            }
+            self.publish_event_idx(Doorbell::SqTail(qid), sq.head, sq.size);
+            match self.polled_value(Doorbell::SqTail(qid)) {
+                Some(t) if t != sq.head => tail = t,
+                _ => return,
             }
         }
+    }
+
+    /// A new CQ head; with shadow buffers, publishes the CQ EventIdx.
+    fn cq_head(&mut self, qid: u16, head: u16) {
+        let Some(cq) = self.cqs.get_mut(&qid) else {
+            return;
+        };
+        if head < cq.size {
+            cq.head = head;
+        }
+        let (head, size) = (cq.head, cq.size);
+        self.publish_event_idx(Doorbell::CqHead(qid), head, size);
     }
 
     fn post(
@@ -292,6 +453,11 @@ impl State {
         }
         let iv = cq.iv;
         self.write(at, cqe.as_bytes());
+        // QEMU: after posting, publish the CQ EventIdx from the shadow head
+        // (this part was missing at first and caused timeouts).
+        if let Some(head) = self.polled_value(Doorbell::CqHead(cqid)) {
+            self.cq_head(cqid, head);
+        }
         if let Some(irq) = iv.and_then(|v| self.irqs.get(usize::from(v))) {
             irq.signal().unwrap();
             self.stats.interrupts += 1;
@@ -308,6 +474,9 @@ impl State {
                     1 => {
                         let mut id = IdentifyController::new_boxed();
                         id.mdts = self.cfg.mdts;
+                        if self.cfg.dbbuf {
+                            id.oacs = oacs::DOORBELL_BUFFER_CONFIG.into();
+                        }
                         id.nn = self.cfg.nsids.iter().copied().max().unwrap_or(0).into();
                         id.as_bytes().to_vec()
                     }
@@ -364,10 +533,12 @@ impl State {
                         base: cmd.prp1.get(),
                         size: (cdw10 >> 16) as u16 + 1,
                         tail: 0,
+                        head: 0,
                         phase: true,
                         iv,
                     },
                 );
+                self.new_queue_slots(Doorbell::CqHead(qid), (cdw10 >> 16) as u16 + 1);
                 (Status::SUCCESS, 0)
             }
             AdminOpcode::CREATE_IO_SQ => {
@@ -376,17 +547,20 @@ impl State {
                 if !self.cqs.contains_key(&cqid) {
                     return (Status::INVALID_CQ.with_dnr(true), 0);
                 }
+                let size = (cdw10 >> 16) as u16 + 1;
                 self.sqs.insert(
                     qid,
                     Sq {
                         base: cmd.prp1.get(),
-                        size: (cdw10 >> 16) as u16 + 1,
+                        size,
                         head: 0,
                         cqid,
                     },
                 );
+                self.new_queue_slots(Doorbell::SqTail(qid), size);
                 (Status::SUCCESS, 0)
             }
+            AdminOpcode::DOORBELL_BUFFER_CONFIG => self.doorbell_buffer_config(cmd),
             AdminOpcode::DELETE_IO_SQ => {
                 self.sqs.remove(&(cdw10 as u16));
                 (Status::SUCCESS, 0)
@@ -396,6 +570,52 @@ impl State {
                 (Status::SUCCESS, 0)
             }
             _ => (Status::INVALID_OPCODE.with_dnr(true), 0),
+        }
+    }
+
+    /// Doorbell Buffer Config (§5.8): two distinct page-aligned pages.
+    fn doorbell_buffer_config(&mut self, cmd: &Command) -> (Status, u32) {
+        if !self.cfg.dbbuf {
+            return (Status::INVALID_OPCODE.with_dnr(true), 0);
+        }
+        if let Some(status) = self.cfg.dbbuf_fails {
+            return (status, 0);
+        }
+        let (dbs, eis) = (cmd.prp1.get(), cmd.prp2.get());
+        let valid = dbs % 4096 == 0
+            && eis % 4096 == 0
+            && dbs != eis
+            && self.mem(dbs, 4096).is_some()
+            && self.mem(eis, 4096).is_some();
+        if !valid {
+            return (Status::INVALID_FIELD.with_dnr(true), 0);
+        }
+        self.dbbuf = Some((dbs, eis));
+        // Seed the shadow slots of the queues that exist (the admin queue)
+        // with the values seen so far.
+        let sqs: Vec<(u16, u16)> = self.sqs.iter().map(|(&q, sq)| (q, sq.head)).collect();
+        for (qid, head) in sqs {
+            self.write(
+                dbs + db_slot(Doorbell::SqTail(qid)),
+                &u32::from(head).to_le_bytes(),
+            );
+        }
+        let cqs: Vec<(u16, u16)> = self.cqs.iter().map(|(&q, cq)| (q, cq.head)).collect();
+        for (qid, head) in cqs {
+            self.write(
+                dbs + db_slot(Doorbell::CqHead(qid)),
+                &u32::from(head).to_le_bytes(),
+            );
+        }
+        (Status::SUCCESS, 0)
+    }
+
+    /// A created queue starts with a zero shadow slot (hosts may leave stale
+    /// values) and the EventIdx its mode gives for value 0.
+    fn new_queue_slots(&mut self, db: Doorbell, size: u16) {
+        if let Some((dbs, _)) = self.dbbuf {
+            self.write(dbs + db_slot(db), &0u32.to_le_bytes());
+            self.publish_event_idx(db, 0, size);
         }
     }
 
@@ -479,9 +699,14 @@ impl DeviceAccess for MockDevice {
             offset::ACQ => s.acq = (s.acq & !0xFFFF_FFFF) | u64::from(value),
             0x34 => s.acq = (s.acq & 0xFFFF_FFFF) | (u64::from(value) << 32),
             _ => {
+                let page = s.mapped.clone();
+                let mapped = page.as_ref().and_then(|p| {
+                    let at = usize::try_from(off.checked_sub(offset::DOORBELLS)?).ok()?;
+                    p.store_u32(at, value).ok()
+                });
                 if let Some(db) = Doorbell::decode(off, 0) {
                     if Csts::from(s.csts).rdy() {
-                        s.doorbell(db, value);
+                        s.doorbell(db, value, mapped.is_none());
                     }
                 }
             }
@@ -515,263 +740,22 @@ impl DeviceAccess for MockDevice {
         self.state.lock().irqs.clear();
         Ok(())
     }
+
+    fn map_registers(&self) -> Result<bool, AccessError> {
+        let mut s = self.state.lock();
+        if s.cfg.mapped_doorbells && s.mapped.is_none() {
+            s.mapped = Some(self.pool.alloc(4096)?);
+        }
+        Ok(s.mapped.is_some())
+    }
+
+    fn is_mapped(&self, off: u64) -> bool {
+        self.state.lock().mapped.is_some() && (offset::DOORBELLS..0x2000).contains(&off)
+    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::controller::{Controller, InitOptions};
-    use crate::error::Error;
-    use crate::prp::PrpError;
-    use std::time::Duration;
+mod tests;
 
-    fn init(cfg: MockConfig, opts: InitOptions) -> (Arc<MockDevice>, Result<Controller, Error>) {
-        let dev = MockDevice::new(cfg);
-        let ctrl = Controller::init(dev.clone(), opts);
-        (dev, ctrl)
-    }
-
-    fn pattern(len: usize, seed: u8) -> Vec<u8> {
-        (0..len)
-            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-            .collect()
-    }
-
-    #[test]
-    fn init_sends_2n_plus_3_plus_ns_admin_commands() {
-        let cfg = MockConfig {
-            nsids: vec![1, 2],
-            ..Default::default()
-        };
-        let opts = InitOptions {
-            io_queues: 3,
-            ..Default::default()
-        };
-        let (dev, ctrl) = init(cfg, opts);
-        let ctrl = ctrl.unwrap();
-        assert_eq!(ctrl.io_queue_count(), 3);
-        assert_eq!(ctrl.namespaces().len(), 2);
-        assert_eq!(ctrl.namespaces()[1].nsid, 2);
-        assert_eq!(ctrl.namespaces()[0].lba_size, 512);
-        assert_eq!(ctrl.init_admin_commands(), 2 * 3 + 3 + 2);
-        let creates = dev.stats(|s| {
-            s.admin_opcodes
-                .iter()
-                .filter(|&&o| o == 0x05 || o == 0x01)
-                .count()
-        });
-        assert_eq!(creates, 6, "no create-learn-delete-recreate");
-        assert!(!ctrl.interrupts_enabled());
-    }
-
-    #[test]
-    fn init_uses_the_granted_number_of_queues() {
-        let cfg = MockConfig {
-            max_queues: 2,
-            ..Default::default()
-        };
-        let opts = InitOptions {
-            io_queues: 8,
-            ..Default::default()
-        };
-        let ctrl = init(cfg, opts).1.unwrap();
-        assert_eq!(ctrl.io_queue_count(), 2);
-        assert!(ctrl.take_io_queue(1).is_ok());
-        assert!(matches!(ctrl.take_io_queue(1), Err(Error::QueueTaken(2))));
-        assert!(matches!(ctrl.take_io_queue(2), Err(Error::NoSuchQueue(3))));
-    }
-
-    #[test]
-    fn controller_that_never_becomes_ready_times_out() {
-        let cfg = MockConfig {
-            never_ready: true,
-            ..Default::default()
-        };
-        let opts = InitOptions {
-            ready_timeout: Some(Duration::from_millis(30)),
-            ..Default::default()
-        };
-        let err = init(cfg, opts).1.unwrap_err();
-        assert!(
-            matches!(
-                err,
-                Error::ReadyTimeout {
-                    what: "set CSTS.RDY",
-                    ..
-                }
-            ),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn namespace_not_ready_is_retried_and_invalid_namespace_skipped() {
-        let cfg = MockConfig {
-            nsids: vec![1, 2, 3],
-            not_ready: [(1, 3)].into(),
-            invalid: vec![2],
-            ..Default::default()
-        };
-        let (dev, ctrl) = init(cfg, InitOptions::default());
-        let ctrl = ctrl.unwrap();
-        let nsids: Vec<u32> = ctrl.namespaces().iter().map(|n| n.nsid).collect();
-        assert_eq!(nsids, [1, 3]);
-        let identifies = dev.stats(|s| s.admin_opcodes.iter().filter(|&&o| o == 0x06).count());
-        // Controller, list, nsid 1 four times, nsid 2 once, nsid 3 once.
-        assert_eq!(identifies, 1 + 1 + 4 + 1 + 1);
-    }
-
-    #[test]
-    fn zero_namespaces_finishes_init() {
-        let cfg = MockConfig {
-            nsids: vec![],
-            ..Default::default()
-        };
-        let ctrl = init(cfg, InitOptions::default()).1.unwrap();
-        assert!(ctrl.namespaces().is_empty());
-    }
-
-    #[test]
-    fn write_then_read_round_trips_through_a_prp_list_at_an_offset() {
-        let (dev, ctrl) = init(MockConfig::default(), InitOptions::default());
-        let ctrl = ctrl.unwrap();
-        let mut q = ctrl.take_io_queue(0).unwrap();
-        let access = ctrl.access();
-        let whole = access.dma_alloc(40960).unwrap();
-        // 32 KiB starting 512 bytes into a page: 9 pages, a PRP list.
-        let seg = whole.subrange(512, 32768).unwrap();
-        let data = pattern(32768, 7);
-        seg.write_bytes(0, &data).unwrap();
-        q.write(1, 100, 64, &seg).unwrap();
-        assert_eq!(dev.ns_bytes(1, 100 * 512, 32768), data);
-        let mut back = access.dma_alloc(32768).unwrap();
-        q.read(1, 100, 64, &mut back).unwrap();
-        assert_eq!(back.to_vec(), data);
-        q.flush(1).unwrap();
-        let c = q.counters();
-        assert_eq!((c.submitted, c.completions), (3, 3));
-        assert_eq!((c.sq_doorbell_writes, c.cq_doorbell_writes), (3, 3));
-    }
-
-    #[test]
-    fn large_transfer_uses_chained_prp_lists() {
-        let cfg = MockConfig {
-            blocks: 16384,
-            ..Default::default()
-        };
-        let opts = InitOptions {
-            max_transfer: 4 << 20,
-            queue_depth: 4,
-            ..Default::default()
-        };
-        let (dev, ctrl) = init(cfg, opts);
-        let ctrl = ctrl.unwrap();
-        let mut q = ctrl.take_io_queue(0).unwrap();
-        // 3 MiB: PRP1 + 767 list entries over two chained list pages.
-        let len = 3 << 20;
-        let buf = ctrl.access().dma_alloc(len).unwrap();
-        let data = pattern(len, 3);
-        buf.write_bytes(0, &data).unwrap();
-        q.write(1, 8, (len / 512) as u32, &buf).unwrap();
-        assert_eq!(dev.ns_bytes(1, 8 * 512, len), data);
-    }
-
-    #[test]
-    fn transfer_over_mdts_is_rejected_before_submission() {
-        let cfg = MockConfig {
-            mdts: 2,
-            ..Default::default()
-        };
-        let (dev, ctrl) = init(cfg, InitOptions::default());
-        let ctrl = ctrl.unwrap();
-        assert_eq!(ctrl.max_transfer(), 16384);
-        let mut q = ctrl.take_io_queue(0).unwrap();
-        let mut buf = ctrl.access().dma_alloc(32768).unwrap();
-        let before = dev.stats(|s| s.sq_doorbells);
-        let err = q.read(1, 0, 64, &mut buf).unwrap_err();
-        assert!(
-            matches!(err, Error::Prp(PrpError::TooLarge { .. })),
-            "{err}"
-        );
-        assert_eq!(dev.stats(|s| s.sq_doorbells), before);
-        assert_eq!(q.outstanding(), 0, "the command slot was given back");
-        q.read(1, 0, 32, &mut buf).unwrap();
-    }
-
-    #[test]
-    fn batch_costs_one_sq_and_one_cq_doorbell() {
-        let (dev, ctrl) = init(MockConfig::default(), InitOptions::default());
-        let ctrl = ctrl.unwrap();
-        let mut q = ctrl.take_io_queue(0).unwrap();
-        let bufs: Vec<_> = (0..8)
-            .map(|_| ctrl.access().dma_alloc(4096).unwrap())
-            .collect();
-        let before = dev.stats(|s| (s.sq_doorbells, s.cq_doorbells));
-        for (i, b) in bufs.iter().enumerate() {
-            q.enqueue_rw(NvmOpcode::READ, 1, i as u64 * 8, 8, b)
-                .unwrap();
-        }
-        q.ring().unwrap();
-        let mut out = Vec::new();
-        assert_eq!(q.wait(&mut out, 64, Duration::from_secs(1)).unwrap(), 8);
-        assert!(out.iter().all(|c| c.status().is_success()));
-        let after = dev.stats(|s| (s.sq_doorbells, s.cq_doorbells));
-        assert_eq!((after.0 - before.0, after.1 - before.1), (1, 1));
-        assert_eq!(q.counters().sq_doorbell_writes, 1);
-    }
-
-    #[test]
-    fn admin_error_status_is_typed() {
-        let ctrl = init(MockConfig::default(), InitOptions::default())
-            .1
-            .unwrap();
-        let err = ctrl.admin(Command::new(0x3F, 0), None).unwrap_err();
-        assert!(
-            err.status().unwrap().same_code(Status::INVALID_OPCODE),
-            "{err}"
-        );
-        let mut q = ctrl.take_io_queue(0).unwrap();
-        let mut buf = ctrl.access().dma_alloc(4096).unwrap();
-        let err = q.read(1, 16383, 8, &mut buf).unwrap_err();
-        assert!(err.status().unwrap().same_code(Status::LBA_OUT_OF_RANGE));
-        assert!(matches!(
-            q.read(9, 0, 1, &mut buf),
-            Err(Error::NoSuchNamespace(9))
-        ));
-    }
-
-    #[test]
-    fn io_queues_get_their_own_msix_vector() {
-        let cfg = MockConfig {
-            msix_vectors: 8,
-            ..Default::default()
-        };
-        let opts = InitOptions {
-            io_queues: 2,
-            ..Default::default()
-        };
-        let (dev, ctrl) = init(cfg, opts);
-        let ctrl = ctrl.unwrap();
-        assert!(ctrl.interrupts_enabled());
-        assert_eq!(dev.cq_vector(0), Some(0));
-        assert_eq!(dev.cq_vector(1), Some(1));
-        assert_eq!(dev.cq_vector(2), Some(2));
-        let mut q = ctrl.take_io_queue(1).unwrap();
-        assert!(q.has_interrupt());
-        q.flush(1).unwrap();
-        assert!(dev.stats(|s| s.interrupts) >= 1);
-    }
-
-    #[test]
-    fn reset_makes_old_queues_stale_and_new_ones_work() {
-        let (_dev, ctrl) = init(MockConfig::default(), InitOptions::default());
-        let mut ctrl = ctrl.unwrap();
-        let mut old = ctrl.take_io_queue(0).unwrap();
-        ctrl.reset().unwrap();
-        assert!(matches!(old.flush(1), Err(Error::StaleQueue(1))));
-        let mut q = ctrl.take_io_queue(0).unwrap();
-        q.flush(1).unwrap();
-        ctrl.shutdown().unwrap();
-        assert!(matches!(q.flush(1), Err(Error::StaleQueue(1))));
-    }
-}
+#[cfg(test)]
+mod doorbell_tests;

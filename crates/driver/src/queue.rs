@@ -11,7 +11,7 @@ use vnvme_spec::regs::Doorbell;
 use vnvme_spec::Completion;
 
 use crate::access::{AccessError, DeviceAccess, DmaBuffer, Interrupt, PAGE_SIZE};
-use crate::doorbell::DoorbellRegister;
+use crate::doorbell::{DoorbellRegister, ShadowBuffers};
 use crate::error::Error;
 use crate::prp;
 
@@ -48,8 +48,19 @@ pub fn ring_has_room(head: u16, tail: u16, size: u16) -> bool {
 pub struct QueueCounters {
     pub submitted: u64,
     pub completions: u64,
+    /// SQ tail register writes sent to the device (traps on an emulated
+    /// controller).
     pub sq_doorbell_writes: u64,
+    /// CQ head register writes sent to the device (traps).
     pub cq_doorbell_writes: u64,
+    /// SQ tail values stored to the mapped doorbell page (no trap).
+    pub sq_mapped_writes: u64,
+    /// CQ head values stored to the mapped doorbell page (no trap).
+    pub cq_mapped_writes: u64,
+    /// SQ tail values stored in the shadow doorbell buffer.
+    pub sq_shadow_updates: u64,
+    /// CQ head values stored in the shadow doorbell buffer.
+    pub cq_shadow_updates: u64,
     pub interrupts_waited: u64,
     /// Completions whose command identifier was not in flight (ignored).
     pub spurious_completions: u64,
@@ -172,6 +183,12 @@ impl QueuePair {
         self.max_transfer
     }
 
+    /// Routes both doorbells through their slots in the shadow buffers.
+    pub fn attach_shadow(&mut self, bufs: &ShadowBuffers) -> Result<(), AccessError> {
+        self.sq_db.attach_shadow(bufs)?;
+        self.cq_db.attach_shadow(bufs)
+    }
+
     /// Commands submitted and not yet completed.
     pub fn outstanding(&self) -> usize {
         self.cids.outstanding()
@@ -250,8 +267,11 @@ impl QueuePair {
         // Between two rings at most `size - 1` entries can be pushed, so the
         // tail cannot come back around to the last published value.
         if self.sq_db.last() != self.sq_tail {
-            self.sq_db.ring(self.sq_tail)?;
+            let rung = self.sq_db.ring(self.sq_tail);
             self.counters.sq_doorbell_writes = self.sq_db.writes();
+            self.counters.sq_shadow_updates = self.sq_db.shadow_updates();
+            self.counters.sq_mapped_writes = self.sq_db.mapped_writes();
+            rung?;
         }
         Ok(())
     }
@@ -292,8 +312,11 @@ impl QueuePair {
             }
         }
         if n > 0 {
-            self.cq_db.ring(self.cq_head)?;
+            let rung = self.cq_db.ring(self.cq_head);
             self.counters.cq_doorbell_writes = self.cq_db.writes();
+            self.counters.cq_shadow_updates = self.cq_db.shadow_updates();
+            self.counters.cq_mapped_writes = self.cq_db.mapped_writes();
+            rung?;
         }
         Ok(n)
     }

@@ -1,17 +1,19 @@
 //! [`DeviceAccess`] over a vfio-user connection: BAR0 through REGION_READ /
-//! REGION_WRITE, DMA memory as memfds handed over with DMA_MAP, MSI-X
-//! vectors as eventfds given with SET_IRQS.
+//! REGION_WRITE or, where the device offers sparse mmap areas, through a
+//! mapping; DMA memory as memfds handed over with DMA_MAP; MSI-X vectors as
+//! eventfds given with SET_IRQS.
 
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 use vnvme_vfio_user::{irq, region, Client};
 
 use crate::access::{
     AccessError, BoxError, DeviceAccess, DmaBuffer, DmaMapper, DmaPool, DmaRegion, Interrupt,
+    MappedArea,
 };
 
 /// PCI config space offsets used to turn MSI-X on (PCI Local Bus 3.0 §6.2, §6.8.2).
@@ -50,12 +52,19 @@ impl DmaMapper for ClientMapper {
 /// An NVMe device reached over a vfio-user socket.
 ///
 /// Register writes are posted (REGION_WRITE with NO_REPLY, as QEMU does for
-/// BARs); a later read on the same socket is ordered after them.
+/// BARs); a later read on the same socket is ordered after them. After
+/// [`map_registers`](DeviceAccess::map_registers) has mapped BAR0's sparse
+/// mmap areas, accesses inside them are atomic loads and stores on the
+/// mapping, and the writes that still go over the socket wait for their
+/// reply, as QEMU does once any region is mapped.
 #[derive(Debug)]
 pub struct VfioUserAccess {
     client: Arc<Client>,
     pool: DmaPool,
     msix_enabled: Mutex<bool>,
+    /// BAR0 areas mapped by `map_registers`; set once, kept until drop, so
+    /// the register path reads it without a lock.
+    mapped: OnceLock<Vec<MappedArea>>,
 }
 
 impl VfioUserAccess {
@@ -80,7 +89,52 @@ impl VfioUserAccess {
             client,
             pool,
             msix_enabled: Mutex::new(false),
+            mapped: OnceLock::new(),
         }
+    }
+
+    /// The BAR0 areas mapped so far (empty before `map_registers`, or when
+    /// the device offers none).
+    pub fn mapped_areas(&self) -> &[MappedArea] {
+        self.mapped.get().map_or(&[], Vec::as_slice)
+    }
+
+    /// Maps every sparse mmap area of BAR0 that the device offers with an
+    /// fd. Areas that are malformed or fail to map are skipped with a
+    /// warning: the registers there stay reachable over the socket.
+    fn map_bar0_areas(&self) -> Result<Vec<MappedArea>, vnvme_vfio_user::Error> {
+        let (info, fd) = self.client.region_info(region::BAR0)?;
+        let Some(fd) = fd else {
+            return Ok(Vec::new());
+        };
+        // A region flagged mappable without sparse areas would be mappable
+        // whole; we map only what is offered area by area, since registers
+        // such as CC must keep trapping.
+        let mut areas = Vec::new();
+        for area in &info.sparse_areas {
+            let inside = area
+                .offset
+                .checked_add(area.size)
+                .is_some_and(|end| end <= info.size);
+            let mapped = if inside {
+                MappedArea::map(fd.as_fd(), area.offset, area.size)
+            } else {
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    "area outside the region",
+                ))
+            };
+            match mapped {
+                Ok(m) => areas.push(m),
+                Err(e) => tracing::warn!(
+                    error = %e,
+                    offset = area.offset,
+                    size = area.size,
+                    "not mapping a BAR0 sparse mmap area"
+                ),
+            }
+        }
+        Ok(areas)
     }
 
     /// The underlying client (config space, region info, reset...).
@@ -149,6 +203,9 @@ impl VfioUserAccess {
 
 impl DeviceAccess for VfioUserAccess {
     fn read32(&self, offset: u64) -> Result<u32, AccessError> {
+        if let Some(v) = self.mapped_areas().iter().find_map(|a| a.load_u32(offset)) {
+            return Ok(v);
+        }
         let mut b = [0u8; 4];
         self.client
             .region_read(region::BAR0, offset, &mut b)
@@ -160,12 +217,39 @@ impl DeviceAccess for VfioUserAccess {
     }
 
     fn write32(&self, offset: u64, value: u32) -> Result<(), AccessError> {
-        self.client
-            .region_write_posted(region::BAR0, offset, &value.to_le_bytes())
-            .map_err(|e| AccessError::RegisterWrite {
-                offset,
-                source: e.into(),
-            })
+        let areas = self.mapped_areas();
+        if areas.iter().any(|a| a.store_u32(offset, value)) {
+            return Ok(());
+        }
+        let bytes = value.to_le_bytes();
+        // With a mapping in place, a posted socket write could be overtaken
+        // by later stores to the mapping that the device sees at once (QEMU
+        // stops posting for the same reason): wait for the reply.
+        let sent = if areas.is_empty() {
+            self.client
+                .region_write_posted(region::BAR0, offset, &bytes)
+        } else {
+            self.client.region_write(region::BAR0, offset, &bytes)
+        };
+        sent.map_err(|e| AccessError::RegisterWrite {
+            offset,
+            source: e.into(),
+        })
+    }
+
+    fn map_registers(&self) -> Result<bool, AccessError> {
+        if self.mapped.get().is_none() {
+            let areas = self
+                .map_bar0_areas()
+                .map_err(|e| AccessError::MapRegisters(e.into()))?;
+            // A concurrent caller may have won: its areas stay, ours unmap.
+            let _ = self.mapped.set(areas);
+        }
+        Ok(!self.mapped_areas().is_empty())
+    }
+
+    fn is_mapped(&self, offset: u64) -> bool {
+        self.mapped_areas().iter().any(|a| a.contains(offset))
     }
 
     fn dma_alloc(&self, size: usize) -> Result<DmaBuffer, AccessError> {

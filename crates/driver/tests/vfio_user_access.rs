@@ -1,7 +1,8 @@
 //! `VfioUserAccess` against the real vfio-user server over a socketpair,
-//! with a tiny device: registers, DMA reach, MSI-X enable and eventfds.
+//! with a tiny device: registers, DMA reach, MSI-X enable and eventfds, and
+//! a doorbell page offered as a sparse mmap area of a memfd.
 
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,7 +10,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use vnvme_driver::{DeviceAccess, VfioUserAccess};
 use vnvme_vfio_user::{
-    irq, region, Device, DeviceInfo, DmaSpace, Errno, IrqInfo, RegionInfo, Server,
+    irq, region, Device, DeviceInfo, DmaSpace, Errno, IrqInfo, RegionInfo, Server, SparseArea,
     VFIO_DEVICE_FLAGS_PCI, VFIO_DEVICE_FLAGS_RESET, VFIO_IRQ_INFO_EVENTFD,
     VFIO_REGION_INFO_FLAG_READ, VFIO_REGION_INFO_FLAG_WRITE,
 };
@@ -22,9 +23,20 @@ struct Shared {
     config: Vec<u8>,
     dma: Option<DmaSpace>,
     irq_fds: Vec<OwnedFd>,
+    /// BAR0 offsets written over the socket, in order.
+    bar0_writes: Vec<u64>,
 }
 
-struct TinyDevice(Arc<Mutex<Shared>>);
+/// BAR0 offset whose socket writes the device fails with EIO.
+const FAILING_REGISTER: u64 = 0x40;
+
+/// How the device offers BAR0 for mapping.
+struct Mmap {
+    fd: OwnedFd,
+    areas: Vec<SparseArea>,
+}
+
+struct TinyDevice(Arc<Mutex<Shared>>, Option<Mmap>);
 
 impl Device for TinyDevice {
     fn device_info(&self) -> DeviceInfo {
@@ -41,13 +53,14 @@ impl Device for TinyDevice {
             region::CONFIG => 256,
             _ => 0,
         };
+        let mmap = self.1.as_ref().filter(|_| index == region::BAR0);
         Some((
             RegionInfo {
                 flags: VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE,
                 size,
-                sparse_areas: Vec::new(),
+                sparse_areas: mmap.map(|m| m.areas.clone()).unwrap_or_default(),
             },
-            None,
+            mmap.map(|m| m.fd.as_fd()),
         ))
     }
 
@@ -72,6 +85,12 @@ impl Device for TinyDevice {
 
     fn region_write(&mut self, index: u32, offset: u64, data: &[u8]) -> Result<(), Errno> {
         let mut s = self.0.lock();
+        if index == region::BAR0 {
+            s.bar0_writes.push(offset);
+            if offset == FAILING_REGISTER {
+                return Err(libc::EIO);
+            }
+        }
         let dst = if index == region::CONFIG {
             &mut s.config
         } else {
@@ -108,6 +127,29 @@ impl Device for TinyDevice {
 }
 
 fn setup() -> (VfioUserAccess, Arc<Mutex<Shared>>) {
+    setup_with(None)
+}
+
+/// A memfd of `file_len` bytes offered as BAR0 `areas`; fd offset == region offset.
+fn doorbell_memfd(file_len: u64, areas: &[(u64, u64)]) -> Mmap {
+    let fd = rustix::fs::memfd_create("tiny-bar0", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+    rustix::fs::ftruncate(&fd, file_len).unwrap();
+    Mmap {
+        fd,
+        areas: areas
+            .iter()
+            .map(|&(offset, size)| SparseArea { offset, size })
+            .collect(),
+    }
+}
+
+fn read_memfd_u32(fd: &OwnedFd, offset: u64) -> u32 {
+    let mut b = [0u8; 4];
+    rustix::io::pread(fd, &mut b, offset).unwrap();
+    u32::from_le_bytes(b)
+}
+
+fn setup_with(mmap: Option<Mmap>) -> (VfioUserAccess, Arc<Mutex<Shared>>) {
     let mut config = vec![0u8; 256];
     config[0x06] = 1 << 4; // status: capability list
     config[0x34] = 0x40;
@@ -121,7 +163,7 @@ fn setup() -> (VfioUserAccess, Arc<Mutex<Shared>>) {
         ..Default::default()
     }));
     let (a, b) = UnixStream::pair().unwrap();
-    let dev = TinyDevice(shared.clone());
+    let dev = TinyDevice(shared.clone(), mmap);
     std::thread::spawn(move || Server::new(dev).serve_stream(b));
     (VfioUserAccess::from_stream(a).unwrap(), shared)
 }
@@ -171,4 +213,79 @@ fn enabling_interrupts_sets_bus_master_and_msix_enable_and_passes_eventfds() {
     assert!(irqs[2].wait(Duration::from_secs(5)).unwrap());
     assert!(!irqs[1].wait(Duration::from_millis(1)).unwrap());
     access.disable_interrupts().unwrap();
+}
+
+#[test]
+fn sparse_mmap_doorbell_page_is_mapped_and_its_stores_send_no_message() {
+    let mmap = doorbell_memfd(0x2000, &[(0x1000, 0x1000)]);
+    let fd = mmap.fd.try_clone().unwrap();
+    let (access, shared) = setup_with(Some(mmap));
+    assert!(!access.is_mapped(0x1008));
+    assert!(access.map_registers().unwrap());
+    assert!(access.is_mapped(0x1008));
+    assert!(
+        !access.is_mapped(0x14),
+        "registers outside the area still trap"
+    );
+    assert_eq!(access.mapped_areas().len(), 1);
+
+    access.write32(0x1008, 7).unwrap();
+    access.write32(0x100C, 0xABCD).unwrap();
+    assert_eq!(
+        read_memfd_u32(&fd, 0x1008),
+        7,
+        "the device's memfd sees the store"
+    );
+    assert_eq!(read_memfd_u32(&fd, 0x100C), 0xABCD);
+    rustix::io::pwrite(&fd, &9u32.to_le_bytes(), 0x1010).unwrap();
+    assert_eq!(
+        access.read32(0x1010).unwrap(),
+        9,
+        "loads come from the mapping too"
+    );
+
+    access.write32(0x14, 1).unwrap();
+    // A socket read orders everything sent before it.
+    assert_eq!(access.read32(0x14).unwrap(), 1);
+    assert_eq!(
+        shared.lock().bar0_writes,
+        [0x14],
+        "no message for the doorbells"
+    );
+}
+
+#[test]
+fn once_mapped_socket_register_writes_wait_for_their_reply() {
+    let mmap = doorbell_memfd(0x2000, &[(0x1000, 0x1000)]);
+    let (access, _shared) = setup_with(Some(mmap));
+    access
+        .write32(FAILING_REGISTER, 1)
+        .expect("posted: the device's error is not reported");
+    assert!(access.map_registers().unwrap());
+    assert!(
+        access.write32(FAILING_REGISTER, 1).is_err(),
+        "with a reply, the device's error is seen"
+    );
+}
+
+#[test]
+fn without_sparse_areas_nothing_is_mapped_and_writes_stay_posted() {
+    let (access, shared) = setup();
+    assert!(!access.map_registers().unwrap());
+    assert!(!access.is_mapped(0x1000));
+    access.write32(FAILING_REGISTER, 1).unwrap();
+    access.write32(0x1000, 3).unwrap();
+    assert_eq!(access.read32(0x1000).unwrap(), 3);
+    assert_eq!(shared.lock().bar0_writes, [FAILING_REGISTER, 0x1000]);
+}
+
+#[test]
+fn areas_past_the_end_of_the_file_or_misaligned_are_not_mapped() {
+    // Touching a page past the end of the memfd would raise SIGBUS.
+    let mmap = doorbell_memfd(0x1000, &[(0x1000, 0x1000), (0x800, 0x1000)]);
+    let (access, shared) = setup_with(Some(mmap));
+    assert!(!access.map_registers().unwrap());
+    access.write32(0x1000, 5).unwrap();
+    assert_eq!(access.read32(0x1000).unwrap(), 5);
+    assert_eq!(shared.lock().bar0_writes, [0x1000]);
 }

@@ -54,7 +54,12 @@ pub(crate) fn identify_controller(shared: &Shared) -> Box<IdentifyController> {
     id.oaes = U32::new(1 << 8);
     // CNTRLTYPE 1: I/O controller.
     id.cntrltype = 1;
-    id.oacs = U16::new(c.oacs_extra & !oacs::SECURITY);
+    let dbbuf = if c.doorbells.uses_dbbuf() {
+        oacs::DOORBELL_BUFFER_CONFIG
+    } else {
+        0
+    };
+    id.oacs = U16::new((c.oacs_extra & !(oacs::SECURITY | oacs::DOORBELL_BUFFER_CONFIG)) | dbbuf);
     id.acl = 3;
     id.aerl = AERL;
     // FRMW: slot 1 read only, one slot.

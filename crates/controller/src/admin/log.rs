@@ -37,7 +37,7 @@ pub(super) fn get_log_page(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Statu
         LogPageId::FIRMWARE_SLOT => (firmware_slot_log(shared), None),
         // No namespace changes happen yet: an empty list.
         LogPageId::CHANGED_NAMESPACES => (vec![0; 4096], Some(async_event::TYPE_NOTICE)),
-        LogPageId::COMMANDS_SUPPORTED_AND_EFFECTS => (effects_log(), None),
+        LogPageId::COMMANDS_SUPPORTED_AND_EFFECTS => (effects_log(&ctx.shared.config), None),
         _ => return Err(invalid_field()),
     };
     let start = usize::try_from(req.offset)
@@ -121,9 +121,9 @@ fn firmware_slot_log(shared: &Shared) -> Vec<u8> {
     page
 }
 
-fn effects_log() -> Vec<u8> {
+fn effects_log(config: &crate::ControllerConfig) -> Vec<u8> {
     let mut log = CommandEffectsLog::new_boxed();
-    for op in super::SUPPORTED {
+    for op in super::SUPPORTED.iter().filter(|&&op| super::supported(op, config)) {
         if let Some(e) = log.acs.get_mut(usize::from(op.0)) {
             *e = U32::new(effects::CSUPP);
         }

@@ -1,5 +1,6 @@
 //! Admin command set (NVMe Base 2.0 §5): dispatch, and the small commands.
 
+mod dbbuf;
 mod features;
 mod identify;
 mod log;
@@ -21,7 +22,15 @@ pub(crate) const SUPPORTED: &[AdminOpcode] = &[
     AdminOpcode::SET_FEATURES,
     AdminOpcode::GET_FEATURES,
     AdminOpcode::ASYNC_EVENT_REQUEST,
+    AdminOpcode::DOORBELL_BUFFER_CONFIG,
 ];
+
+/// Whether this controller accepts `op` (Doorbell Buffer Config only in the
+/// modes that advertise it in OACS).
+pub(crate) fn supported(op: AdminOpcode, config: &crate::ControllerConfig) -> bool {
+    SUPPORTED.contains(&op)
+        && (op != AdminOpcode::DOORBELL_BUFFER_CONFIG || config.doorbells.uses_dbbuf())
+}
 
 pub(crate) fn invalid_field() -> Status {
     Status::INVALID_FIELD.with_dnr(true)
@@ -30,7 +39,7 @@ pub(crate) fn invalid_field() -> Status {
 /// Executes one admin command.
 pub(crate) fn execute(ctx: &mut Ctx<'_>, cmd: &Command) -> Outcome {
     let op = AdminOpcode(cmd.opcode());
-    if !SUPPORTED.contains(&op) {
+    if !supported(op, &ctx.shared.config) {
         return Outcome::from_result(Err(Status::INVALID_OPCODE.with_dnr(true)));
     }
     if cmd.fuse() != 0 || cmd.psdt() != 0 {
@@ -47,6 +56,9 @@ pub(crate) fn execute(ctx: &mut Ctx<'_>, cmd: &Command) -> Outcome {
             AdminOpcode::GET_FEATURES => features::get(ctx, cmd),
             AdminOpcode::SET_FEATURES => features::set(ctx, cmd),
             AdminOpcode::GET_LOG_PAGE => log::get_log_page(ctx, cmd).map(|()| 0),
+            AdminOpcode::DOORBELL_BUFFER_CONFIG => {
+                dbbuf::doorbell_buffer_config(ctx, cmd).map(|()| 0)
+            }
             // Abort (§5.1): commands complete synchronously, so there is never
             // one to abort; dword 0 bit 0 set means "not aborted".
             AdminOpcode::ABORT => Ok(1),

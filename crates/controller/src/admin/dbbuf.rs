@@ -1,0 +1,139 @@
+//! Doorbell Buffer Config (NVMe Base 2.0 §5.8; 1.3 §5.7): the host gives a
+//! shadow doorbell buffer (PRP1) and an EventIdx buffer (PRP2), one memory
+//! page each, laid out like the doorbell registers.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use vnvme_spec::regs::Doorbell;
+use vnvme_spec::{Command, Status};
+
+use super::invalid_field;
+use crate::memory::GuestMemory;
+use crate::shadow::Dbbuf;
+use crate::state::{Ctx, Shared};
+
+/// The two buffers, checked.
+struct Buffers {
+    shadow: u64,
+    event_idx: u64,
+    /// Queue ids whose doorbells the buffers hold: every queue the controller
+    /// can grant, plus the admin queue.
+    queue_ids: u16,
+}
+
+/// Checks the command (§5.8): both pages aligned to CC.MPS, distinct, and
+/// big enough for the doorbells of every queue the controller can grant
+/// (`(4 << DSTRD) * 2 * (max I/O queues + 1)` bytes, DSTRD = 0), and
+/// both reachable. Anything else is Invalid Field in Command with DNR —
+/// unreachable memory included: the spec lists a bad address under Invalid
+/// Field, and the host learns it now rather than through a silent queue.
+fn parse(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Buffers, Status> {
+    let page = ctx.session.page_size;
+    let shadow = cmd.prp1.get();
+    let event_idx = cmd.prp2.get();
+    if page == 0 || shadow % page != 0 || event_idx % page != 0 || shadow == event_idx {
+        return Err(invalid_field());
+    }
+    // What the controller can grant, not what Number of Queues granted so
+    // far: the host may still raise NSQA/NCQA before creating queues.
+    let queue_ids = ctx.shared.config.max_io_queues.saturating_add(1);
+    let bytes = 8 * u64::from(queue_ids);
+    if bytes > page {
+        return Err(invalid_field());
+    }
+    let buf = &mut ctx.scratch.buf;
+    buf.clear();
+    buf.resize(bytes as usize, 0);
+    let mem = &*ctx.session.mem;
+    if mem.read(shadow, buf).is_err() || mem.read(event_idx, buf).is_err() {
+        tracing::debug!(shadow, event_idx, "doorbell buffer config: buffer not mapped");
+        return Err(invalid_field());
+    }
+    Ok(Buffers {
+        shadow,
+        event_idx,
+        queue_ids,
+    })
+}
+
+/// Doorbell Buffer Config. Queues that already exist keep working: each
+/// open doorbell's shadow slot and EventIdx are seeded with its current
+/// value (so the host's next move past it traps), then its queue switches to
+/// the shadow source. The admin queue's own source is switched by its worker
+/// after this command completes (it holds those locks).
+pub(super) fn doorbell_buffer_config(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> {
+    let b = parse(ctx, cmd)?;
+    let shared = ctx.shared;
+    let mem = ctx.session.mem.clone();
+    let seeded = {
+        // The write lock keeps trap-path copies out while seeding.
+        let mut guard = shared.dbbuf.write();
+        let previous = guard.take();
+        let new = Dbbuf {
+            shadow: b.shadow,
+            event_idx: b.event_idx,
+            mem: mem.clone(),
+            warned: AtomicBool::new(false),
+        };
+        let ok = seed(shared, &new, previous.as_ref(), &*mem, b.queue_ids);
+        if ok {
+            *guard = Some(new);
+        }
+        shared.dbbuf_on.store(ok, Ordering::Release);
+        ok
+    };
+    // Switch (or, on failure, revert) every I/O queue's source. Lock order:
+    // this worker holds sqs[0] and cqs[0]; take sqs[n], then cqs[n].
+    for qid in 1..shared.doorbells.queue_ids() {
+        let qid = qid as u16;
+        if let Some(slot) = shared.sqs.get(usize::from(qid)) {
+            if let Some(sq) = slot.lock().as_mut() {
+                sq.set_source(shared.source_for(Doorbell::SqTail(qid)));
+            }
+        }
+        if let Some(slot) = shared.cqs.get(usize::from(qid)) {
+            if let Some(cq) = slot.lock().as_mut() {
+                cq.set_source(shared.source_for(Doorbell::CqHead(qid)));
+            }
+        }
+    }
+    if !seeded {
+        return Err(invalid_field());
+    }
+    shared.stats.dbbuf_configs.fetch_add(1, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Writes each open doorbell's current value to its shadow slot and its
+/// EventIdx. The current value is the previous shadow buffer's (a host
+/// re-configuring while shadow doorbells are on rings the shadow, not the
+/// register), else the register's.
+fn seed(
+    shared: &Shared,
+    new: &Dbbuf,
+    previous: Option<&Dbbuf>,
+    mem: &dyn GuestMemory,
+    queue_ids: u16,
+) -> bool {
+    for qid in 0..queue_ids {
+        for db in [Doorbell::SqTail(qid), Doorbell::CqHead(qid)] {
+            if !shared.doorbells.is_open(db) {
+                continue;
+            }
+            let register = shared.doorbells.register_value(db);
+            let value = previous
+                .and_then(|p| p.source(db).read(&shared.doorbells, db, mem).ok())
+                .unwrap_or(register);
+            let crate::doorbell::DoorbellSource::Shadow { shadow, event_idx } = new.source(db)
+            else {
+                return false;
+            };
+            if mem.store_u32(shadow, value).is_err() || mem.store_u32(event_idx, value).is_err()
+            {
+                return false;
+            }
+            shared.doorbells.shadow_seeded(db, value);
+        }
+    }
+    true
+}
