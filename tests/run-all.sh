@@ -1,9 +1,23 @@
 #!/usr/bin/env bash
 # Runs every test of the project: the cargo workspace's unit and in-process
-# tests (controller, protocol, driver end to end over a real socketpair).
+# tests (controller, protocol, driver end to end over a real socketpair), then
+# the guest suite: a real Linux guest under QEMU 11.1's vfio-user-pci driving
+# `vnvme serve` (tests/guest/, about 3 minutes after a 1 minute cold setup).
 # Usage: tests/run-all.sh            (from anywhere; as root on Debian bookworm)
+#        VNVME_SKIP_GUEST=1 tests/run-all.sh   cargo tests only
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 echo "== cargo test (workspace)"
 cargo test --workspace --all-targets 2>&1
+
+if [ "${VNVME_SKIP_GUEST:-0}" = 1 ]; then
+  echo "== guest suite skipped (VNVME_SKIP_GUEST=1)"
+  exit 0
+fi
+echo "== guest rig (tests/guest/setup.sh)"
+tests/guest/setup.sh
+echo "== cargo build --release -p vnvme"
+cargo build --release -p vnvme 2>&1
+echo "== guest suite (tests/guest/run-vnvme-tests.sh)"
+tests/guest/run-vnvme-tests.sh

@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use vnvme_blockdev::BlockDevice;
 
+use crate::vendor::VendorCommands;
+
 /// How the controller presents itself and how much it grants. Everything here
 /// is chosen by the operator, not the guest.
 #[derive(Debug, Clone)]
@@ -43,6 +45,9 @@ pub struct ControllerConfig {
     /// without finding work before it arms EventIdx and sleeps. Mmap-poll
     /// mode: how long it spins before backing off to short sleeps.
     pub idle_poll: Duration,
+    /// Handlers of vendor specific admin and I/O opcodes (C0h-FFh); the
+    /// default holds the built-in examples (see [`crate::vendor`]).
+    pub vendor: VendorCommands,
 }
 
 impl Default for ControllerConfig {
@@ -63,6 +68,7 @@ impl Default for ControllerConfig {
             subnqn: None,
             doorbells: DoorbellMode::default(),
             idle_poll: DEFAULT_IDLE_POLL,
+            vendor: VendorCommands::builtin(),
         }
     }
 }

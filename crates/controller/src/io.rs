@@ -74,6 +74,10 @@ impl WriteZeroes {
 
 /// Executes an I/O command; every failure is an NVMe status.
 pub(crate) fn execute(ctx: &mut Ctx<'_>, cmd: &Command) -> Outcome {
+    if NvmOpcode(cmd.opcode()).is_vendor_specific() {
+        let set = crate::vendor::CommandSet::Io;
+        return Outcome::from_result(crate::vendor::execute(ctx, set, cmd));
+    }
     Outcome::from_result(run(ctx, cmd).map(|()| 0))
 }
 

@@ -6,7 +6,8 @@
 //!   `shadow` — Doorbell Buffer Config buffers and EventIdx;
 //!   `queue` — SQ/CQ rings; `worker` — queue worker threads;
 //!   [`prp`] — PRP data pointers; `io` — NVM commands; `admin` — admin
-//!   commands; [`stats`] — counters.
+//!   commands; [`vendor`] — vendor specific opcodes (C0h-FFh); [`stats`] —
+//!   counters.
 #![forbid(unsafe_code)]
 
 mod admin;
@@ -24,6 +25,7 @@ mod state;
 pub mod stats;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod vendor;
 mod worker;
 
 #[cfg(test)]
@@ -33,8 +35,9 @@ pub use config::{
     ConfigError, ControllerConfig, DoorbellMode, NamespaceConfig, UnknownDoorbellMode,
     DEFAULT_IDLE_POLL,
 };
-pub use doorbell::{DoorbellPage, HeapDoorbellPage, DOORBELL_PAGE_DWORDS};
 pub use controller::Controller;
+pub use doorbell::{DoorbellPage, HeapDoorbellPage, DOORBELL_PAGE_DWORDS};
 pub use memory::{DmaError, GuestMemory, InterruptSink};
 pub use stats::{ControllerStats, QueueStats};
+pub use vendor::{VendorCommand, VendorCommands};
 pub use vnvme_blockdev::BlockDevice;

@@ -74,8 +74,13 @@ impl Sq {
     /// Re-reads the tail from the doorbell source. Returns `false` if the
     /// value is invalid or unreadable (ignored, the old tail kept).
     pub fn refresh_tail(&mut self, shared: &Shared, mem: &dyn GuestMemory) -> bool {
-        let Some(v) = read_source(self.source, shared, Doorbell::SqTail(self.qid), self.qid, mem)
-        else {
+        let Some(v) = read_source(
+            self.source,
+            shared,
+            Doorbell::SqTail(self.qid),
+            self.qid,
+            mem,
+        ) else {
             return false;
         };
         if v < self.size {
@@ -169,8 +174,13 @@ impl Cq {
     /// past the entries posted so far is ignored; returns `Err(value)` the
     /// first time a given bad value is seen.
     pub fn refresh_head(&mut self, shared: &Shared, mem: &dyn GuestMemory) -> Result<(), u32> {
-        let Some(v) = read_source(self.source, shared, Doorbell::CqHead(self.qid), self.qid, mem)
-        else {
+        let Some(v) = read_source(
+            self.source,
+            shared,
+            Doorbell::CqHead(self.qid),
+            self.qid,
+            mem,
+        ) else {
             return Ok(());
         };
         if v == self.head {

@@ -12,8 +12,10 @@
 //! queue memory being gone: the worker treats a failed shadow read as "no new
 //! work", counts it (`shadow_errors`), warns once per configuration, and does
 //! not set CSTS.CFS. Traps still kick the worker, which still reads the
-//! shadow; a host that wants its queues back issues Doorbell Buffer Config
-//! again or resets the controller.
+//! shadow (the register is no stand-in: it can be older than what the shadow
+//! already gave, and going backwards would replay old entries), so the
+//! admin queue stalls too; a reset (CC.EN = 0, a register write) drops the
+//! buffers and brings everything back.
 
 use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::Arc;
@@ -83,10 +85,7 @@ impl Shared {
             return;
         };
         let addr = d.shadow.wrapping_add(offset(db));
-        if let Err(e) = self
-            .doorbells
-            .copy_trap_to_shadow(db, value, addr, &*d.mem)
-        {
+        if let Err(e) = self.doorbells.copy_trap_to_shadow(db, value, addr, &*d.mem) {
             self.shadow_failed(d, e);
         }
     }

@@ -136,7 +136,10 @@ enum Wait {
 #[derive(Debug, Clone, Copy)]
 enum Phase {
     Asleep,
-    Polling { idle_since: Instant, idle_polls: u32 },
+    Polling {
+        idle_since: Instant,
+        idle_polls: u32,
+    },
 }
 
 /// The worker thread's body. Returns when stopped.
@@ -497,7 +500,8 @@ fn arm_cq(shared: &Shared, session: &Session, cq: &mut Cq, force: bool) {
 /// a head update unless the worker arms it because the CQ is full).
 fn publish_cq_behind(shared: &Shared, cq: &mut Cq, mem: &dyn crate::memory::GuestMemory) {
     let ei = behind(cq.head as u16);
-    cq.event_idx.publish(shared, cq.qid, cq.source, ei, false, mem);
+    cq.event_idx
+        .publish(shared, cq.qid, cq.source, ei, false, mem);
 }
 
 /// The admin queue's sources follow Doorbell Buffer Config, which runs on
@@ -600,7 +604,10 @@ fn process_sq(
         let tail = sq.tail as u16;
         match policy {
             EventIdxPolicy::Publish => {
-                if sq.event_idx.publish(shared, qid, sq.source, tail, true, mem) {
+                if sq
+                    .event_idx
+                    .publish(shared, qid, sq.source, tail, true, mem)
+                {
                     barrier();
                     sq.refresh_tail(shared, mem);
                     if !sq.is_empty() {

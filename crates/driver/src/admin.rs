@@ -108,8 +108,26 @@ impl AdminQueue {
     /// returned as [`Error::AdminCommand`].
     pub fn execute(
         &mut self,
-        mut cmd: Command,
+        cmd: Command,
         data: Option<&DmaBuffer>,
+        timeout: Duration,
+    ) -> Result<Completion, Error> {
+        let opcode = AdminOpcode(cmd.opcode());
+        let cqe = self.submit_wait(cmd, data.map(|b| (b.iova(), b.len())), timeout)?;
+        let status = cqe.status();
+        if !status.is_success() {
+            return Err(Error::AdminCommand { opcode, status });
+        }
+        Ok(cqe)
+    }
+
+    /// Submits `cmd` with PRPs for `len` bytes at device address `iova`
+    /// when `data` is `Some((iova, len))`, and waits for its completion,
+    /// whatever its status. On an error before submission nothing is sent.
+    pub fn submit_wait(
+        &mut self,
+        mut cmd: Command,
+        data: Option<(u64, usize)>,
         timeout: Duration,
     ) -> Result<Completion, Error> {
         // Completions of commands that timed out earlier are of no use now.
@@ -117,7 +135,7 @@ impl AdminQueue {
         let cid = self.qp.alloc_cid()?;
         cmd.set_cid(cid);
         let prepared = match data {
-            Some(buf) => self.qp.set_data(&mut cmd, cid, buf, buf.len()),
+            Some((iova, len)) => self.qp.set_data_at(&mut cmd, cid, iova, len),
             None => Ok(()),
         }
         .and_then(|()| self.qp.push(&cmd));
@@ -128,20 +146,14 @@ impl AdminQueue {
         self.commands += 1;
         self.qp.ring()?;
         let opcode = AdminOpcode(cmd.opcode());
-        let cqe = self
-            .qp
+        self.qp
             .wait_for(cid, self.interrupt.as_ref(), &mut self.stash, timeout)?
             .ok_or_else(|| Error::CommandTimeout {
                 what: format!("admin command {opcode}"),
                 qid: 0,
                 cid,
                 timeout,
-            })?;
-        let status = cqe.status();
-        if !status.is_success() {
-            return Err(Error::AdminCommand { opcode, status });
-        }
-        Ok(cqe)
+            })
     }
 }
 

@@ -155,6 +155,19 @@ impl Controller {
             .execute(cmd, data.map(|d| &*d), self.opts.admin_timeout)
     }
 
+    /// Sends `cmd` on the admin queue with PRPs for `len` bytes at `iova`
+    /// when `data` is `Some((iova, len))`, and waits; the completion is
+    /// returned whatever its status (the passthrough path).
+    pub(crate) fn admin_raw(
+        &self,
+        cmd: Command,
+        data: Option<(u64, usize)>,
+    ) -> Result<Completion, Error> {
+        self.admin
+            .lock()
+            .submit_wait(cmd, data, self.opts.admin_timeout)
+    }
+
     /// Takes I/O queue pair `index` (0-based; its qid is `index + 1`) for
     /// exclusive use by one thread.
     pub fn take_io_queue(&self, index: usize) -> Result<IoQueue, Error> {

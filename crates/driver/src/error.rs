@@ -43,6 +43,16 @@ pub enum Error {
     Prp(#[from] PrpError),
     #[error("transfer of {len} bytes does not fit a {buffer}-byte buffer")]
     BufferTooSmall { len: usize, buffer: usize },
+    #[error("transfer of {len} bytes exceeds the controller's maximum of {max} bytes (MDTS)")]
+    TransferTooLarge { len: usize, max: usize },
+    #[error("opcode {opcode:#04x} transfers {expected}, but the buffer is for {given}")]
+    WrongDirection {
+        opcode: u8,
+        expected: &'static str,
+        given: &'static str,
+    },
+    #[error("registered buffer {index} does not exist ({count} registered)")]
+    NoSuchBuffer { index: usize, count: usize },
     #[error("invalid request: {0}")]
     InvalidRequest(String),
     #[error("namespace {0} is not active or was skipped at initialisation")]

@@ -97,16 +97,34 @@ impl IoQueue {
 
     /// Writes `cmd` to the SQ without ringing the doorbell. The command's
     /// CID is replaced by a free one, which is returned; PRPs are as given.
-    pub fn enqueue(&mut self, mut cmd: Command) -> Result<u16, Error> {
-        self.check_live()?;
-        let cid = self.qp.alloc_cid()?;
-        cmd.set_cid(cid);
-        self.push_or_free(cid, &cmd)?;
-        Ok(cid)
+    pub fn enqueue(&mut self, cmd: Command) -> Result<u16, Error> {
+        self.enqueue_data(cmd, None)
     }
 
     fn push_or_free(&mut self, cid: u16, cmd: &Command) -> Result<(), Error> {
         self.qp.push(cmd).inspect_err(|_| self.qp.free_cid(cid))
+    }
+
+    /// Like [`enqueue`](Self::enqueue), with PRPs built for `len` bytes at
+    /// device address `iova` when `data` is `Some((iova, len))` (the
+    /// passthrough path: the caller has checked the buffer). On error
+    /// nothing is written and no CID stays reserved.
+    pub(crate) fn enqueue_data(
+        &mut self,
+        mut cmd: Command,
+        data: Option<(u64, usize)>,
+    ) -> Result<u16, Error> {
+        self.check_live()?;
+        let cid = self.qp.alloc_cid()?;
+        cmd.set_cid(cid);
+        if let Some((iova, len)) = data {
+            if let Err(e) = self.qp.set_data_at(&mut cmd, cid, iova, len) {
+                self.qp.free_cid(cid);
+                return Err(e);
+            }
+        }
+        self.push_or_free(cid, &cmd)?;
+        Ok(cid)
     }
 
     /// Rings the SQ tail doorbell for everything enqueued since the last ring.

@@ -13,6 +13,10 @@
 //! `shadow_admin`, `need_event`); else one register write per update.
 //! [`QueueCounters`] tells traps, mapped stores and shadow updates apart.
 //!
+//! Passthrough ([`passthru`]): any admin or I/O command, synchronous
+//! ([`Controller::admin_passthru`], [`IoQueue::passthru`]) or asynchronous
+//! with tokens and registered buffers ([`AsyncQueue`]).
+//!
 //! ```no_run
 //! # use std::sync::Arc;
 //! # use vnvme_driver::{Controller, DeviceAccess, InitOptions, VfioUserAccess};
@@ -34,6 +38,7 @@ pub mod io;
 #[cfg(test)]
 mod mock;
 pub mod namespace;
+pub mod passthru;
 pub mod prp;
 pub mod queue;
 mod vfio_user_access;
@@ -44,5 +49,8 @@ pub use doorbell::{DoorbellKind, NeedEvent};
 pub use error::Error;
 pub use io::IoQueue;
 pub use namespace::Namespace;
+pub use passthru::{
+    AsyncCompletion, AsyncQueue, BufferSlice, DataDirection, PassthruCompletion, PassthruData,
+};
 pub use queue::QueueCounters;
 pub use vfio_user_access::VfioUserAccess;

@@ -218,6 +218,18 @@ impl QueuePair {
                 buffer: buf.len(),
             });
         }
+        self.set_data_at(cmd, cid, buf.iova(), len)
+    }
+
+    /// Points `cmd`'s PRP1/PRP2 at `len` bytes from device address `iova`
+    /// (inside a buffer the caller has checked), using `cid`'s list pages.
+    pub fn set_data_at(
+        &mut self,
+        cmd: &mut Command,
+        cid: u16,
+        iova: u64,
+        len: usize,
+    ) -> Result<(), Error> {
         let per_slot = self.lists_per_slot;
         let (base, lists) = match &self.prp_lists {
             Some(l) => (
@@ -229,7 +241,7 @@ impl QueuePair {
         let slot_offset = usize::from(cid) * per_slot * PAGE_SIZE;
         let mut failed = None;
         let p = prp::build(
-            buf.iova(),
+            iova,
             len,
             self.max_transfer,
             base,

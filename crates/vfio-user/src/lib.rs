@@ -19,6 +19,7 @@ mod client;
 mod conn;
 mod dma;
 mod server;
+mod shared;
 pub mod wire;
 
 use std::io;
@@ -28,6 +29,7 @@ pub use client::Client;
 pub use conn::{MAX_DATA_XFER_SIZE, MAX_MSG_FDS, MAX_MSG_SIZE};
 pub use dma::{DmaError, DmaSpace, MAX_DMA_MAPS, REMOTE_DMA_TIMEOUT};
 pub use server::Server;
+pub use shared::SharedRegion;
 pub use wire::{
     VFIO_DEVICE_FLAGS_PCI, VFIO_DEVICE_FLAGS_RESET, VFIO_IRQ_INFO_AUTOMASKED,
     VFIO_IRQ_INFO_EVENTFD, VFIO_IRQ_INFO_MASKABLE, VFIO_IRQ_INFO_NORESIZE,

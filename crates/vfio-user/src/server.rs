@@ -162,6 +162,17 @@ impl<D: Device> Server<D> {
     fn handle(&mut self, s: &mut Session, msg: Message) -> Result<(), Error> {
         let hdr = msg.header;
         let no_reply = hdr.no_reply();
+        // One line per message at trace (`vnvme -vv serve`): how a client
+        // such as QEMU actually talks to us, for debugging and replay tests.
+        tracing::trace!(
+            msg_id = hdr.msg_id,
+            command = hdr.command,
+            bytes = msg.payload.len(),
+            fds = msg.fds.len(),
+            no_reply,
+            payload = %HexPrefix(&msg.payload),
+            "request"
+        );
         if hdr.msg_type() != flags::TYPE_COMMAND {
             return send_result(s, &hdr, no_reply, Err(libc::EINVAL), None);
         }
@@ -558,6 +569,23 @@ fn send_result(
             s.conn.send(&reply_header(req), &[&payload], &fds)
         }
         Err(errno) => s.conn.send(&error_header(req, errno), &[], &[]),
+    }
+}
+
+/// The first bytes of a payload in hex, for trace logs (REGION_WRITE data
+/// and DMA_MAP arguments fit; bulk transfers are cut).
+struct HexPrefix<'a>(&'a [u8]);
+
+impl std::fmt::Display for HexPrefix<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        const SHOWN: usize = 48;
+        for b in self.0.iter().take(SHOWN) {
+            write!(f, "{b:02x}")?;
+        }
+        if self.0.len() > SHOWN {
+            write!(f, "..")?;
+        }
+        Ok(())
     }
 }
 

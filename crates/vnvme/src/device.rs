@@ -7,14 +7,16 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use vnvme_controller::{Controller, ControllerConfig, NamespaceConfig};
+use vnvme_controller::{
+    Controller, ControllerConfig, DoorbellMode, DoorbellPage, NamespaceConfig, DEFAULT_IDLE_POLL,
+};
 use vnvme_pci::{MsixTable, PciConfig, PciFunction, CONFIG_SPACE_SIZE};
 use vnvme_vfio_user::{
-    irq, region, DeviceInfo, DmaSpace, Errno, IrqInfo, RegionInfo, VFIO_DEVICE_FLAGS_PCI,
-    VFIO_DEVICE_FLAGS_RESET, VFIO_IRQ_INFO_AUTOMASKED, VFIO_IRQ_INFO_EVENTFD,
-    VFIO_IRQ_INFO_MASKABLE, VFIO_IRQ_INFO_NORESIZE, VFIO_IRQ_SET_ACTION_TRIGGER,
-    VFIO_IRQ_SET_DATA_EVENTFD, VFIO_IRQ_SET_DATA_NONE, VFIO_REGION_INFO_FLAG_READ,
-    VFIO_REGION_INFO_FLAG_WRITE,
+    irq, region, DeviceInfo, DmaSpace, Errno, IrqInfo, RegionInfo, SharedRegion, SparseArea,
+    VFIO_DEVICE_FLAGS_PCI, VFIO_DEVICE_FLAGS_RESET, VFIO_IRQ_INFO_AUTOMASKED,
+    VFIO_IRQ_INFO_EVENTFD, VFIO_IRQ_INFO_MASKABLE, VFIO_IRQ_INFO_NORESIZE,
+    VFIO_IRQ_SET_ACTION_TRIGGER, VFIO_IRQ_SET_DATA_EVENTFD, VFIO_IRQ_SET_DATA_NONE,
+    VFIO_REGION_INFO_FLAG_READ, VFIO_REGION_INFO_FLAG_WRITE,
 };
 
 use crate::interrupts::EventfdInterrupts;
@@ -25,6 +27,9 @@ use crate::namespace::NamespaceSpec;
 /// MSI-X table and PBA (one page each).
 const MSIX_TABLE: u64 = 0x2000;
 const MSIX_PBA: u64 = 0x3000;
+/// BAR0's doorbell page, offered for mmap in mmap-poll mode.
+const DOORBELLS: u64 = 0x1000;
+const DOORBELLS_SIZE: u64 = 0x1000;
 /// The MSI-X table has one page: 256 vectors of 16 bytes.
 const MAX_VECTORS: u16 = 256;
 
@@ -43,6 +48,16 @@ pub struct DeviceOptions {
     /// Queue worker threads in the controller.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
     pub workers: u64,
+    /// How guest doorbell writes reach the controller: trap (every write is
+    /// a vfio-user message), shadow (Doorbell Buffer Config, QEMU's
+    /// algorithm), adaptive (shadow doorbells polled while busy, armed when
+    /// idle) or mmap-poll (the doorbell page is shared memory the workers poll).
+    #[arg(long, value_name = "MODE", default_value_t = DoorbellMode::Adaptive)]
+    pub doorbells: DoorbellMode,
+    /// Adaptive: microseconds of polling without work before a worker arms
+    /// EventIdx and sleeps. Mmap-poll: spin time before backing off.
+    #[arg(long, value_name = "US", value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+    pub idle_poll_us: Option<u64>,
 }
 
 impl Default for DeviceOptions {
@@ -52,6 +67,8 @@ impl Default for DeviceOptions {
             max_io_queues: 64,
             msix_vectors: None,
             workers: 1,
+            doorbells: DoorbellMode::default(),
+            idle_poll_us: None,
         }
     }
 }
@@ -63,6 +80,25 @@ pub struct NvmeDevice {
     pci: PciFunction,
     msix: MsixTable,
     irqs: Arc<EventfdInterrupts>,
+    /// Mmap-poll: BAR0 as a memfd (offset in the fd == offset in BAR0), of
+    /// which only the doorbell page is offered for mmap.
+    doorbell_region: Option<Arc<SharedRegion>>,
+}
+
+/// The doorbell page inside BAR0's shared region.
+struct SharedDoorbells(Arc<SharedRegion>);
+
+impl DoorbellPage for SharedDoorbells {
+    fn load(&self, index: u32) -> u32 {
+        self.0.load_u32(DOORBELLS as usize + index as usize * 4)
+    }
+
+    fn store(&self, index: u32, value: u32) {
+        if u64::from(index) * 4 < DOORBELLS_SIZE {
+            self.0
+                .store_u32(DOORBELLS as usize + index as usize * 4, value);
+        }
+    }
 }
 
 impl NvmeDevice {
@@ -92,8 +128,22 @@ impl NvmeDevice {
             workers: usize::try_from(opts.workers).unwrap_or(1),
             vid: pci_config.vendor,
             ssvid: pci_config.subsystem_vendor,
+            doorbells: opts.doorbells,
+            idle_poll: opts
+                .idle_poll_us
+                .map_or(DEFAULT_IDLE_POLL, std::time::Duration::from_micros),
             ..ControllerConfig::default()
         };
+        let doorbell_region = match opts.doorbells {
+            DoorbellMode::MmapPoll => Some(Arc::new(
+                SharedRegion::new("vnvme-bar0", (DOORBELLS + DOORBELLS_SIZE) as usize)
+                    .context("creating the shared doorbell page")?,
+            )),
+            _ => None,
+        };
+        let page = doorbell_region
+            .as_ref()
+            .map(|r| Arc::new(SharedDoorbells(r.clone())) as Arc<dyn DoorbellPage>);
         let namespaces = namespaces
             .iter()
             .zip(1u32..)
@@ -103,13 +153,14 @@ impl NvmeDevice {
                 backend: spec.open(),
             })
             .collect();
-        let ctrl =
-            Controller::new(config, namespaces).context("configuring the NVMe controller")?;
+        let ctrl = Controller::with_doorbell_page(config, namespaces, page)
+            .context("configuring the NVMe controller")?;
         Ok(Self {
             ctrl: Arc::new(ctrl),
             pci,
             msix: MsixTable::new(vectors),
             irqs: Arc::default(),
+            doorbell_region,
         })
     }
 
@@ -139,6 +190,19 @@ impl vnvme_vfio_user::Device for NvmeDevice {
 
     fn region_info(&self, index: u32) -> Option<(RegionInfo, Option<BorrowedFd<'_>>)> {
         let rw = VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE;
+        if let (region::BAR0, Some(shared)) = (index, &self.doorbell_region) {
+            // Mmap-poll: the client maps the doorbell page; its guest's
+            // doorbell writes land in memory the workers poll.
+            let info = RegionInfo {
+                flags: rw,
+                size: Controller::BAR0_SIZE,
+                sparse_areas: vec![SparseArea {
+                    offset: DOORBELLS,
+                    size: DOORBELLS_SIZE,
+                }],
+            };
+            return Some((info, Some(shared.fd())));
+        }
         let info = match index {
             region::BAR0 => RegionInfo {
                 flags: rw,
@@ -286,4 +350,52 @@ impl vnvme_vfio_user::Device for NvmeDevice {
 
 fn libc_einval() -> Errno {
     libc::EINVAL
+}
+
+#[cfg(test)]
+mod tests {
+    use vnvme_vfio_user::Device;
+
+    use super::*;
+
+    fn device(mode: DoorbellMode) -> NvmeDevice {
+        let opts = DeviceOptions {
+            doorbells: mode,
+            ..DeviceOptions::default()
+        };
+        NvmeDevice::new(&opts, &["1M:null".parse().unwrap()]).unwrap()
+    }
+
+    #[test]
+    fn mmap_poll_offers_the_doorbell_page_for_mmap() {
+        let mut d = device(DoorbellMode::MmapPoll);
+        let (info, fd) = d.region_info(region::BAR0).unwrap();
+        assert_eq!(
+            info.sparse_areas,
+            vec![SparseArea {
+                offset: 0x1000,
+                size: 0x1000
+            }]
+        );
+        assert!(fd.is_some());
+        // A guest store into the mapped page is what register reads return.
+        d.doorbell_region.as_ref().unwrap().store_u32(0x1008, 5);
+        let mut b = [0u8; 4];
+        d.region_read(region::BAR0, 0x1008, &mut b).unwrap();
+        assert_eq!(u32::from_le_bytes(b), 5);
+    }
+
+    #[test]
+    fn other_modes_offer_no_mmap() {
+        for mode in [
+            DoorbellMode::Trap,
+            DoorbellMode::Shadow,
+            DoorbellMode::Adaptive,
+        ] {
+            let d = device(mode);
+            let (info, fd) = d.region_info(region::BAR0).unwrap();
+            assert!(info.sparse_areas.is_empty(), "{mode}");
+            assert!(fd.is_none(), "{mode}");
+        }
+    }
 }

@@ -2,12 +2,13 @@
 //! command, driver-side tools and the benchmarks.
 #![forbid(unsafe_code)]
 
-// (bench is wired once the doorbell modes land) pub mod bench;
+pub mod bench;
 pub mod device;
 pub mod inproc;
 pub mod interrupts;
 pub mod memory;
 pub mod namespace;
+pub mod passthru;
 pub mod serve;
 pub mod size;
 pub mod tools;

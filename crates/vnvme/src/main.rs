@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
+use vnvme::bench::{self, BenchOptions};
 use vnvme::serve::{self, ServeOptions};
 use vnvme::tools;
 
@@ -26,12 +27,19 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Measure IOPS, traps per I/O and interrupts per I/O against queue depth for each doorbell mode
+    /// (controller and driver in this process, over a real vfio-user socketpair).
+    Bench(BenchOptions),
     /// Serve an NVMe controller on a vfio-user socket (for QEMU's vfio-user-pci or `vnvme` tools).
     Serve(ServeOptions),
     /// Print the Identify Controller data of a vfio-user NVMe device, like `nvme id-ctrl`.
     IdCtrl(DeviceArgs),
     /// List the namespaces of a vfio-user NVMe device, like `nvme list`.
     List(DeviceArgs),
+    /// Send any admin command and print its completion, like `nvme admin-passthru`.
+    AdminPassthru(vnvme::passthru::PassthruArgs),
+    /// Send any I/O command (on I/O queue 1) and print its completion, like `nvme io-passthru`.
+    IoPassthru(vnvme::passthru::PassthruArgs),
 }
 
 #[derive(Args, Debug)]
@@ -63,9 +71,12 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.verbose);
     let result = match cli.command {
+        Command::Bench(opts) => bench::main(&opts),
         Command::Serve(opts) => serve::run(opts),
         Command::IdCtrl(d) => tools::id_ctrl(&d.socket, d.json),
         Command::List(d) => tools::list(&d.socket, d.json),
+        Command::AdminPassthru(a) => vnvme::passthru::run(&a, vnvme::passthru::Queue::Admin),
+        Command::IoPassthru(a) => vnvme::passthru::run(&a, vnvme::passthru::Queue::Io),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

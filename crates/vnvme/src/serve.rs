@@ -2,11 +2,14 @@
 
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+
+use vnvme_controller::Controller;
 
 use crate::device::{DeviceOptions, NvmeDevice};
 use crate::namespace::NamespaceSpec;
@@ -22,6 +25,10 @@ pub struct ServeOptions {
     /// A namespace, SIZE[:null|ram] (e.g. 1G:ram); repeat for more. NSIDs are given in order from 1.
     #[arg(long = "ns", value_name = "SIZE[:BACKEND]", default_value = "1G:ram")]
     pub namespaces: Vec<NamespaceSpec>,
+    /// Write the controller's counters as JSON to FILE every second and at
+    /// exit (replaced atomically: write a temporary file, then rename).
+    #[arg(long, value_name = "FILE")]
+    pub stats: Option<PathBuf>,
     #[command(flatten)]
     pub device: DeviceOptions,
 }
@@ -40,9 +47,33 @@ pub fn run(opts: ServeOptions) -> Result<()> {
         "serving NVMe controller over vfio-user; attach with -device '{{\"driver\":\"vfio-user-pci\",\"socket\":{{\"path\":\"{}\",\"type\":\"unix\"}}}}'",
         opts.socket.display()
     );
+    let stats = opts.stats.clone().map(|path| {
+        let ctrl = Arc::clone(device.controller());
+        let done = Arc::new(AtomicBool::new(false));
+        let d = Arc::clone(&done);
+        let thread = std::thread::Builder::new()
+            .name("vnvme-stats".into())
+            .spawn(move || stats_loop(&ctrl, &path, &d));
+        (done, thread)
+    });
+    let ctrl = Arc::clone(device.controller());
     let mut server = vnvme_vfio_user::Server::new(device);
     let result = server.serve_listener(&listener, &stop);
     let _ = std::fs::remove_file(&opts.socket);
+    if let Some((done, thread)) = stats {
+        done.store(true, Ordering::Release);
+        match thread {
+            Ok(t) => {
+                let _ = t.join();
+            }
+            Err(e) => tracing::warn!("stats thread did not start: {e}"),
+        }
+    }
+    if let Some(path) = &opts.stats {
+        if let Err(e) = write_stats(&ctrl, path) {
+            tracing::warn!("writing stats to {}: {e:#}", path.display());
+        }
+    }
     match result {
         Ok(()) => {
             tracing::info!("stopped");
@@ -75,4 +106,60 @@ fn bind(path: &Path) -> Result<UnixListener> {
         }
     }
     UnixListener::bind(path).with_context(|| format!("binding vfio-user socket {}", path.display()))
+}
+
+/// Rewrites the stats file every second until `done`.
+fn stats_loop(ctrl: &Controller, path: &Path, done: &AtomicBool) {
+    let mut last_error: Option<String> = None;
+    let mut next = Instant::now();
+    while !done.load(Ordering::Acquire) {
+        if Instant::now() >= next {
+            next += Duration::from_secs(1);
+            match write_stats(ctrl, path) {
+                Ok(()) => last_error = None,
+                Err(e) => {
+                    // Warn once per distinct failure, not every second.
+                    let msg = format!("{e:#}");
+                    if last_error.as_deref() != Some(msg.as_str()) {
+                        tracing::warn!("writing stats to {}: {msg}", path.display());
+                        last_error = Some(msg);
+                    }
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Writes the counters as JSON to a temporary file next to `path`, then
+/// renames it over `path`, so a reader never sees half a file.
+pub fn write_stats(ctrl: &Controller, path: &Path) -> Result<()> {
+    let json = serde_json::to_vec_pretty(&ctrl.stats()).context("serialising counters")?;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    std::fs::write(&tmp, json).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path)
+        .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::namespace::NamespaceSpec;
+
+    #[test]
+    fn stats_file_is_complete_json() {
+        let dir = std::env::temp_dir().join(format!("vnvme-stats-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("stats.json");
+        let ns: NamespaceSpec = "1M:null".parse().unwrap();
+        let device = NvmeDevice::new(&DeviceOptions::default(), &[ns]).unwrap();
+        write_stats(device.controller(), &path).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(v["sq_doorbell_traps"], 0);
+        assert!(v.get("worker_wakeups").is_some());
+        assert!(v.get("shadow_errors").is_some());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

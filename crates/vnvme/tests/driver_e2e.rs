@@ -125,3 +125,36 @@ fn a_command_past_the_end_fails_with_lba_out_of_range() {
         "{err}"
     );
 }
+
+#[test]
+fn a_full_batch_of_commands_completes_once_each() {
+    let opts = InitOptions {
+        queue_depth: 64,
+        ..InitOptions::default()
+    };
+    let (_srv, access, ctrl) = start(&["16M:null"], opts);
+    let mut q = ctrl.take_io_queue(0).unwrap();
+    let bufs: Vec<_> = (0..32).map(|_| access.dma_alloc(4096).unwrap()).collect();
+    for round in 0..50 {
+        let mut cids: Vec<u16> = bufs
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                q.enqueue_rw(vnvme_spec::NvmOpcode::READ, 1, i as u64, 1, b)
+                    .unwrap()
+            })
+            .collect();
+        q.ring().unwrap();
+        let mut seen = Vec::new();
+        while seen.len() < 32 {
+            let mut out = Vec::new();
+            q.wait(&mut out, 256, std::time::Duration::from_secs(5))
+                .unwrap();
+            seen.extend(out.iter().map(|c| c.cid()));
+        }
+        assert_eq!(q.outstanding(), 0, "round {round}");
+        seen.sort_unstable();
+        cids.sort_unstable();
+        assert_eq!(seen, cids, "round {round}");
+    }
+}

@@ -31,7 +31,11 @@ fn parse(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Buffers, Status> {
     let page = ctx.session.page_size;
     let shadow = cmd.prp1.get();
     let event_idx = cmd.prp2.get();
-    if page == 0 || shadow % page != 0 || event_idx % page != 0 || shadow == event_idx {
+    if page == 0
+        || !shadow.is_multiple_of(page)
+        || !event_idx.is_multiple_of(page)
+        || shadow == event_idx
+    {
         return Err(invalid_field());
     }
     // What the controller can grant, not what Number of Queues granted so
@@ -46,7 +50,11 @@ fn parse(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Buffers, Status> {
     buf.resize(bytes as usize, 0);
     let mem = &*ctx.session.mem;
     if mem.read(shadow, buf).is_err() || mem.read(event_idx, buf).is_err() {
-        tracing::debug!(shadow, event_idx, "doorbell buffer config: buffer not mapped");
+        tracing::debug!(
+            shadow,
+            event_idx,
+            "doorbell buffer config: buffer not mapped"
+        );
         return Err(invalid_field());
     }
     Ok(Buffers {
@@ -128,8 +136,7 @@ fn seed(
             else {
                 return false;
             };
-            if mem.store_u32(shadow, value).is_err() || mem.store_u32(event_idx, value).is_err()
-            {
+            if mem.store_u32(shadow, value).is_err() || mem.store_u32(event_idx, value).is_err() {
                 return false;
             }
             shared.doorbells.shadow_seeded(db, value);

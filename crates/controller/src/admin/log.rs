@@ -1,5 +1,6 @@
 //! Get Log Page (§5.16): error information, SMART / health, firmware slot,
-//! changed namespace list, commands supported and effects.
+//! changed namespace list, commands supported and effects (including the
+//! registered vendor specific opcodes).
 
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -12,6 +13,7 @@ use zerocopy::IntoBytes;
 
 use super::invalid_field;
 use crate::state::{Ctx, Shared, ELPE};
+use crate::vendor::CommandSet;
 
 pub(super) fn get_log_page(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> {
     let req = GetLogPage::parse(
@@ -123,7 +125,10 @@ fn firmware_slot_log(shared: &Shared) -> Vec<u8> {
 
 fn effects_log(config: &crate::ControllerConfig) -> Vec<u8> {
     let mut log = CommandEffectsLog::new_boxed();
-    for op in super::SUPPORTED.iter().filter(|&&op| super::supported(op, config)) {
+    for op in super::SUPPORTED
+        .iter()
+        .filter(|&&op| super::supported(op, config))
+    {
         if let Some(e) = log.acs.get_mut(usize::from(op.0)) {
             *e = U32::new(effects::CSUPP);
         }
@@ -132,6 +137,16 @@ fn effects_log(config: &crate::ControllerConfig) -> Vec<u8> {
         let lbcc = op.data_transfer() == 1 || op.0 == 0x08 || op.0 == 0x09;
         if let Some(e) = log.iocs.get_mut(usize::from(op.0)) {
             *e = U32::new(effects::CSUPP | if lbcc { effects::LBCC } else { 0 });
+        }
+    }
+    for (op, bits) in config.vendor.effects(CommandSet::Admin) {
+        if let Some(e) = log.acs.get_mut(usize::from(op)) {
+            *e = U32::new(bits);
+        }
+    }
+    for (op, bits) in config.vendor.effects(CommandSet::Io) {
+        if let Some(e) = log.iocs.get_mut(usize::from(op)) {
+            *e = U32::new(bits);
         }
     }
     log.as_bytes().to_vec()

@@ -39,6 +39,10 @@ pub(crate) fn invalid_field() -> Status {
 /// Executes one admin command.
 pub(crate) fn execute(ctx: &mut Ctx<'_>, cmd: &Command) -> Outcome {
     let op = AdminOpcode(cmd.opcode());
+    if op.is_vendor_specific() {
+        let set = crate::vendor::CommandSet::Admin;
+        return Outcome::from_result(crate::vendor::execute(ctx, set, cmd));
+    }
     if !supported(op, &ctx.shared.config) {
         return Outcome::from_result(Err(Status::INVALID_OPCODE.with_dnr(true)));
     }

@@ -354,4 +354,3 @@ fn async_event_request_limit_and_invalid_doorbell_event() {
     assert_eq!(c.dw0.get() & 0x7, 0, "error event type");
     assert_eq!((c.dw0.get() >> 16) & 0xFF, 1, "error log page");
 }
-

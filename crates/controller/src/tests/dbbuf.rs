@@ -55,7 +55,10 @@ fn dbbuf_after_io_queues_exist_seeds_current_values() {
     h.enable();
     h.create_pair(1, 16);
     for _ in 0..3 {
-        assert!(h.submit(1, rw(NvmOpcode::READ, 1, 0, 1, DATA, 0)).status().is_success());
+        assert!(h
+            .submit(1, rw(NvmOpcode::READ, 1, 0, 1, DATA, 0))
+            .status()
+            .is_success());
     }
     h.enable_dbbuf();
     // SQ 1 tail and CQ 1 head are 3; EventIdx equal so the next move traps.
@@ -64,7 +67,10 @@ fn dbbuf_after_io_queues_exist_seeds_current_values() {
     assert_eq!(h.eventidx_slot(2), 3);
     assert_eq!(h.eventidx_slot(3), 3);
     let before = h.ctrl.stats().queue(1);
-    assert!(h.submit(1, rw(NvmOpcode::READ, 1, 0, 1, DATA, 0)).status().is_success());
+    assert!(h
+        .submit(1, rw(NvmOpcode::READ, 1, 0, 1, DATA, 0))
+        .status()
+        .is_success());
     let after = h.ctrl.stats().queue(1);
     assert_eq!(after.sq_doorbell_traps - before.sq_doorbell_traps, 1);
     assert!(after.shadow_reads > 0);
@@ -86,7 +92,10 @@ fn queue_creation_zeroes_stale_shadow_slots() {
         assert_eq!(h.eventidx_slot(index), 0, "eventidx {index}");
     }
     for _ in 0..20 {
-        assert!(h.submit(1, rw(NvmOpcode::READ, 1, 0, 1, DATA, 0)).status().is_success());
+        assert!(h
+            .submit(1, rw(NvmOpcode::READ, 1, 0, 1, DATA, 0))
+            .status()
+            .is_success());
     }
 }
 
@@ -110,7 +119,10 @@ fn reset_drops_the_buffers() {
     h.enable();
     h.enable_dbbuf();
     h.create_pair(1, 16);
-    assert!(h.submit(1, rw(NvmOpcode::READ, 1, 0, 1, DATA, 0)).status().is_success());
+    assert!(h
+        .submit(1, rw(NvmOpcode::READ, 1, 0, 1, DATA, 0))
+        .status()
+        .is_success());
     h.write32(offset::CC, 0);
     assert!(!h.csts().rdy());
     h.dbbuf = None;
@@ -126,7 +138,10 @@ fn reset_drops_the_buffers() {
     h.push(1, rw(NvmOpcode::READ, 1, 0, 1, DATA, 0));
     h.mem.store_u32(SHADOW + 8, 1).unwrap();
     std::thread::sleep(Duration::from_millis(20));
-    assert!(h.peek_cqe(1).is_none(), "shadow write without trap is not seen");
+    assert!(
+        h.peek_cqe(1).is_none(),
+        "shadow write without trap is not seen"
+    );
     let reads = h.ctrl.stats().queue(1).shadow_reads;
     h.ring_sq(1);
     assert!(h.reap(1).status().is_success());
@@ -186,7 +201,10 @@ fn unmapped_shadow_buffers_never_crash_or_hang() {
         h.enable();
         h.enable_dbbuf();
         h.create_pair(1, 16);
-        assert!(h.submit(1, rw(NvmOpcode::READ, 1, 0, 1, DATA, 0)).status().is_success());
+        assert!(h
+            .submit(1, rw(NvmOpcode::READ, 1, 0, 1, DATA, 0))
+            .status()
+            .is_success());
         // The client unmaps both buffers.
         *holey.hole.lock() = Some(SHADOW..EVENTIDX + 0x1000);
         // The host's shadow writes fail too: ring the register directly.
@@ -206,6 +224,9 @@ fn unmapped_shadow_buffers_never_crash_or_hang() {
         h.mem.zero(ACQ, 4096).unwrap();
         h.enable();
         h.create_pair(1, 16);
-        assert!(h.submit(1, rw(NvmOpcode::READ, 1, 0, 1, DATA, 0)).status().is_success());
+        assert!(h
+            .submit(1, rw(NvmOpcode::READ, 1, 0, 1, DATA, 0))
+            .status()
+            .is_success());
     }
 }

@@ -180,7 +180,6 @@ impl Host {
         need
     }
 
-
     fn write32(&self, off: u64, v: u32) {
         self.ctrl.mmio_write(off, &v.to_le_bytes());
     }
@@ -395,7 +394,6 @@ fn get_log(lid: u8, dwords: u32, offset: u64, buf: u64) -> Command {
     c.cdw13 = U32::new((offset >> 32) as u32);
     c
 }
-
 
 mod admin;
 mod dbbuf;

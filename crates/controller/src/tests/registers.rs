@@ -84,4 +84,3 @@ fn bad_register_accesses_never_panic() {
     }
     assert!(h.ctrl.stats().invalid_register_accesses > 0);
 }
-

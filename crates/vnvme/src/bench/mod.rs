@@ -3,6 +3,7 @@
 //! process over a real vfio-user socketpair.
 
 mod io;
+pub mod passthru;
 mod plot;
 mod report;
 
@@ -22,7 +23,7 @@ use crate::inproc::InProcess;
 use crate::namespace::{Backend, NamespaceSpec};
 use crate::size::parse_size;
 
-pub use io::Pattern;
+pub use io::{Pattern, Submit};
 
 /// The access pattern, as fio names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
@@ -86,6 +87,9 @@ pub struct BenchOptions {
     /// Namespace size.
     #[arg(long, default_value = "1G", value_parser = parse_size)]
     pub size: u64,
+    /// When the driver rings the SQ doorbell: per-io (like a guest kernel; what the seeds measured) or batch.
+    #[arg(long, value_enum, default_value = "per-io")]
+    pub submit: Submit,
     /// Reap completions by busy polling instead of waiting for interrupts.
     #[arg(long)]
     pub poll: bool,
@@ -104,6 +108,7 @@ pub struct Run {
     pub qd: u16,
     pub rw: Rw,
     pub queues: u16,
+    pub submit: Submit,
     pub iops: f64,
     pub traps_per_io: f64,
     pub sq_traps_per_io: f64,
@@ -119,7 +124,10 @@ pub struct Run {
 
 pub fn run(opts: &BenchOptions) -> Result<Vec<Run>> {
     if !(opts.runtime > 0.0 && opts.runtime <= 3600.0) {
-        bail!("--runtime must be between 0 and 3600 seconds (got {})", opts.runtime);
+        bail!(
+            "--runtime must be between 0 and 3600 seconds (got {})",
+            opts.runtime
+        );
     }
     if let Some(bad) = opts.qd.0.iter().find(|&&q| q == 0 || q > 1023) {
         bail!("--qd {bad} is out of range: queue depths go from 1 to 1023");
@@ -171,7 +179,8 @@ pub fn main(opts: &BenchOptions) -> Result<()> {
         eprintln!("bench: wrote {}", path.display());
     }
     if let Some(path) = &opts.plot {
-        std::fs::write(path, plot::svg(&runs)).with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(path, plot::svg(&runs))
+            .with_context(|| format!("writing {}", path.display()))?;
         eprintln!("bench: wrote {}", path.display());
     }
     Ok(())
@@ -195,7 +204,11 @@ impl ModeBench {
                 BackendArg::Ram => Backend::Ram,
             },
         };
-        let device_opts = DeviceOptions { doorbells: mode, max_io_queues: opts.queues, ..DeviceOptions::default() };
+        let device_opts = DeviceOptions {
+            doorbells: mode,
+            max_io_queues: opts.queues,
+            ..DeviceOptions::default()
+        };
         let device = NvmeDevice::new(&device_opts, &[spec])?;
         let mut inproc = InProcess::start(device)?;
         let access: Arc<dyn DeviceAccess> = Arc::new(inproc.access()?);
@@ -206,9 +219,14 @@ impl ModeBench {
             interrupts: !opts.poll,
             ..InitOptions::default()
         };
-        let driver = Controller::init(Arc::clone(&access), init).context("driver initialisation")?;
+        let driver =
+            Controller::init(Arc::clone(&access), init).context("driver initialisation")?;
         if driver.io_queue_count() < opts.queues {
-            bail!("the controller granted {} I/O queues, {} asked", driver.io_queue_count(), opts.queues);
+            bail!(
+                "the controller granted {} I/O queues, {} asked",
+                driver.io_queue_count(),
+                opts.queues
+            );
         }
         if driver.namespaces().is_empty() {
             bail!("the controller reported no usable namespace");
@@ -216,24 +234,41 @@ impl ModeBench {
         let queues = (0..usize::from(opts.queues))
             .map(|i| driver.take_io_queue(i))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Self { mode, inproc, access, driver, queues })
+        Ok(Self {
+            mode,
+            inproc,
+            access,
+            driver,
+            queues,
+        })
     }
 
     fn measure(&mut self, qd: u16, opts: &BenchOptions, runtime: Duration) -> Result<Run> {
         let before = self.inproc.controller().stats();
-        let pattern = Pattern { rw: opts.rw, qd, runtime, block_size: 4096 };
+        let pattern = Pattern {
+            rw: opts.rw,
+            qd,
+            runtime,
+            block_size: 4096,
+            submit: opts.submit,
+        };
         let results = io::run_threads(&mut self.queues, &self.access, &pattern)?;
         let after = self.inproc.controller().stats();
         let summary = io::Summary::merge(results);
         let ios = summary.ios.max(1) as f64;
-        let sq = after.sq_doorbell_traps.saturating_sub(before.sq_doorbell_traps) as f64;
-        let cq = after.cq_doorbell_traps.saturating_sub(before.cq_doorbell_traps) as f64;
+        let sq = after
+            .sq_doorbell_traps
+            .saturating_sub(before.sq_doorbell_traps) as f64;
+        let cq = after
+            .cq_doorbell_traps
+            .saturating_sub(before.cq_doorbell_traps) as f64;
         let irq = after.interrupts.saturating_sub(before.interrupts) as f64;
         Ok(Run {
             mode: self.mode.to_string(),
             qd,
             rw: opts.rw,
             queues: opts.queues,
+            submit: opts.submit,
             iops: summary.ios as f64 / summary.elapsed.as_secs_f64().max(1e-9),
             traps_per_io: (sq + cq) / ios,
             sq_traps_per_io: sq / ios,

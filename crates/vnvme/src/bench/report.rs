@@ -18,7 +18,9 @@ fn kilo(v: f64) -> String {
 
 /// IOPS of the `trap` run at the same depth, for the gain column.
 fn trap_iops(runs: &[Run], qd: u16) -> Option<f64> {
-    runs.iter().find(|r| r.mode == "trap" && r.qd == qd).map(|r| r.iops)
+    runs.iter()
+        .find(|r| r.mode == "trap" && r.qd == qd)
+        .map(|r| r.iops)
 }
 
 /// Modes and depths in the order they were measured.
@@ -42,10 +44,22 @@ pub fn table(runs: &[Run]) -> String {
     let _ = writeln!(
         s,
         "\n{:<10} {:>4} {:>9} {:>9} {:>7} {:>7} {:>7} {:>8} {:>8} {:>7} {:>7}",
-        "mode", "qd", "IOPS", "traps/IO", "SQ", "CQ", "irq/IO", "p50 us", "p99 us", "gain", "errors"
+        "mode",
+        "qd",
+        "IOPS",
+        "traps/IO",
+        "SQ",
+        "CQ",
+        "irq/IO",
+        "p50 us",
+        "p99 us",
+        "gain",
+        "errors"
     );
     for r in runs {
-        let gain = trap_iops(runs, r.qd).filter(|t| *t > 0.0).map_or("-".to_string(), |t| format!("{:.2}x", r.iops / t));
+        let gain = trap_iops(runs, r.qd)
+            .filter(|t| *t > 0.0)
+            .map_or("-".to_string(), |t| format!("{:.2}x", r.iops / t));
         let _ = writeln!(
             s,
             "{:<10} {:>4} {:>9} {:>9.3} {:>7.3} {:>7.3} {:>7.3} {:>8.1} {:>8.1} {:>7} {:>7}",
@@ -65,7 +79,9 @@ pub fn table(runs: &[Run]) -> String {
     let (modes, qds) = axes(runs);
     for (title, cell) in [
         ("IOPS", &(|r: &Run| kilo(r.iops)) as &dyn Fn(&Run) -> String),
-        ("doorbell traps per I/O", &|r: &Run| format!("{:.2}", r.traps_per_io)),
+        ("doorbell traps per I/O", &|r: &Run| {
+            format!("{:.2}", r.traps_per_io)
+        }),
     ] {
         let _ = write!(s, "\n{title}\n{:<10}", "iodepth");
         for q in &qds {
@@ -75,7 +91,10 @@ pub fn table(runs: &[Run]) -> String {
         for m in &modes {
             let _ = write!(s, "{m:<10}");
             for q in &qds {
-                let v = runs.iter().find(|r| &r.mode == m && r.qd == *q).map_or("-".to_string(), cell);
+                let v = runs
+                    .iter()
+                    .find(|r| &r.mode == m && r.qd == *q)
+                    .map_or("-".to_string(), cell);
                 let _ = write!(s, " {v:>8}");
             }
             s.push('\n');
@@ -89,7 +108,10 @@ pub fn machine() -> Value {
     let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
     let cpu_model = read("/proc/cpuinfo")
         .lines()
-        .find_map(|l| l.strip_prefix("model name").map(|v| v.trim_start_matches([' ', '\t', ':']).to_string()))
+        .find_map(|l| {
+            l.strip_prefix("model name")
+                .map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())
+        })
         .unwrap_or_default();
     json!({
         "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
@@ -110,6 +132,7 @@ mod tests {
             qd,
             rw: Rw::Randread,
             queues: 1,
+            submit: crate::bench::Submit::PerIo,
             iops,
             traps_per_io: 2.0,
             sq_traps_per_io: 1.0,
@@ -125,11 +148,18 @@ mod tests {
 
     #[test]
     fn table_shows_gain_over_trap_at_the_same_depth() {
-        let t = table(&[run("trap", 1, 1000.0), run("adaptive", 1, 4000.0), run("adaptive", 2, 8000.0)]);
+        let t = table(&[
+            run("trap", 1, 1000.0),
+            run("adaptive", 1, 4000.0),
+            run("adaptive", 2, 8000.0),
+        ]);
         assert!(t.contains("4.00x"), "{t}");
         assert!(t.contains("IOPS\niodepth"), "{t}");
         // No trap run at depth 2: no gain to show.
-        let line = t.lines().find(|l| l.starts_with("adaptive") && l.contains("   2 ")).unwrap();
+        let line = t
+            .lines()
+            .find(|l| l.starts_with("adaptive") && l.contains("   2 "))
+            .unwrap();
         assert!(line.contains(" - "), "{line}");
     }
 }

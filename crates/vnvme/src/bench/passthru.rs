@@ -1,0 +1,441 @@
+//! `vnvme bench passthru`: the seed's table (nvme-async-passthrough.txt) —
+//! 4 KiB random reads at queue depths 1 to 128 through synchronous
+//! passthrough, asynchronous passthrough and the driver's block read API,
+//! with the controller and the driver in one process over a real vfio-user
+//! socketpair.
+//!
+//! Synchronous passthrough has one command in flight by construction: one
+//! caller thread submits a command and waits for it before the next, as
+//! fio's sync engines ignore `iodepth`. Its rows therefore all measure
+//! depth 1; the column is repeated so the table reads like the seed's.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use serde::Serialize;
+use vnvme_driver::{
+    AsyncCompletion, AsyncQueue, BufferSlice, Controller, DeviceAccess, DmaBuffer, InitOptions,
+    IoQueue, PassthruData,
+};
+use vnvme_spec::{Command, NvmOpcode};
+
+use super::io::{self as block, Pattern, Submit};
+use super::{BackendArg, List, Rw};
+use crate::device::{DeviceOptions, NvmeDevice};
+use crate::inproc::InProcess;
+use crate::namespace::{Backend, NamespaceSpec};
+use crate::size::parse_size;
+
+const NSID: u32 = 1;
+const BLOCK: usize = 4096;
+const SYNC_NOTE: &str =
+    "sync passthrough keeps one command in flight by construction (one caller, \
+     submit then wait, like fio's sync engine ignoring iodepth): its QD column is always 1";
+
+/// The API a run goes through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Api {
+    /// `IoQueue::passthru`: submit, wait, one at a time.
+    Sync,
+    /// `AsyncQueue`: tokens, registered buffers, batched doorbells and reaping.
+    Async,
+    /// `IoQueue::enqueue_rw` + `ring` + `wait`, as `vnvme bench` does.
+    Block,
+}
+
+impl std::str::FromStr for Api {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        <Self as ValueEnum>::from_str(s, true)
+    }
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct PassthruOptions {
+    /// Queue depths, comma separated (1 to 1023).
+    #[arg(long, default_value = "1,2,4,8,16,32,64,128")]
+    pub qd: List<u16>,
+    /// APIs to measure, comma separated (sync, async, block).
+    #[arg(long, default_value = "sync,async,block")]
+    pub apis: List<Api>,
+    /// Seconds per measured point (fractions allowed).
+    #[arg(long, default_value = "1")]
+    pub runtime: f64,
+    /// Namespace backend.
+    #[arg(long, value_enum, default_value = "null")]
+    pub backend: BackendArg,
+    /// Namespace size.
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    pub size: u64,
+    /// When async and block ring the SQ doorbell: once for all the commands
+    /// a reaped batch frees (batch, io_uring style) or after every command
+    /// (per-io, like a kernel's queue_rq). Sync rings once per command.
+    #[arg(long, value_enum, default_value = "batch")]
+    pub submit: Submit,
+    /// Reap completions by busy polling instead of waiting for interrupts.
+    #[arg(long)]
+    pub poll: bool,
+    /// Write the results as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// One measured point. The field names are read by other tools: keep them.
+#[derive(Debug, Clone, Serialize)]
+pub struct PassthruRun {
+    pub api: Api,
+    pub qd: u16,
+    pub iops: f64,
+    pub lat_p50_us: f64,
+    pub lat_p99_us: f64,
+    pub ios: u64,
+    pub errors: u64,
+}
+
+/// Runs the benchmark, prints the table, writes the JSON if asked.
+pub fn main(opts: &PassthruOptions) -> Result<()> {
+    let runs = run(opts)?;
+    print!("{}", table(&runs));
+    if let Some(path) = &opts.json {
+        let doc = serde_json::json!({
+            "runs": runs,
+            "note": SYNC_NOTE,
+            "machine": super::report::machine(),
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("bench: wrote {}", path.display());
+    }
+    Ok(())
+}
+
+pub fn run(opts: &PassthruOptions) -> Result<Vec<PassthruRun>> {
+    if !(opts.runtime > 0.0 && opts.runtime <= 3600.0) {
+        bail!(
+            "--runtime must be between 0 and 3600 seconds (got {})",
+            opts.runtime
+        );
+    }
+    if let Some(bad) = opts.qd.0.iter().find(|&&q| q == 0 || q > 1023) {
+        bail!("--qd {bad} is out of range: queue depths go from 1 to 1023");
+    }
+    let runtime = Duration::from_secs_f64(opts.runtime);
+    let max_qd = opts.qd.0.iter().copied().max().unwrap_or(1);
+    let spec = NamespaceSpec {
+        size: opts.size,
+        backend: match opts.backend {
+            BackendArg::Null => Backend::Null,
+            BackendArg::Ram => Backend::Ram,
+        },
+    };
+    let device_opts = DeviceOptions {
+        max_io_queues: 1,
+        ..DeviceOptions::default()
+    };
+    let mut inproc = InProcess::start(NvmeDevice::new(&device_opts, &[spec])?)?;
+    let access: Arc<dyn DeviceAccess> = Arc::new(inproc.access()?);
+    let init = InitOptions {
+        io_queues: 1,
+        // A ring of N entries holds N - 1 commands.
+        queue_depth: max_qd.saturating_add(1).max(2),
+        interrupts: !opts.poll,
+        ..InitOptions::default()
+    };
+    let driver = Controller::init(Arc::clone(&access), init).context("driver initialisation")?;
+    let blocks = driver
+        .namespaces()
+        .iter()
+        .find(|n| n.nsid == NSID)
+        .filter(|n| n.lba_size as usize == BLOCK)
+        .map(|n| n.blocks)
+        .context("namespace 1 with 4096-byte blocks")?;
+    let mut q = Some(driver.take_io_queue(0)?);
+    let total = opts.apis.0.len() * opts.qd.0.len();
+    eprintln!(
+        "bench passthru: {total} points of {:.1} s, 4 KiB random reads, {} doorbells, {:?} submission, {}",
+        opts.runtime,
+        device_opts.doorbells,
+        opts.submit,
+        if opts.poll { "polling" } else { "interrupts" }
+    );
+    eprintln!("bench passthru: {SYNC_NOTE}");
+    let mut runs = Vec::new();
+    for &qd in &opts.qd.0 {
+        for &api in &opts.apis.0 {
+            let queue = q.take().context("the I/O queue was lost")?;
+            let (queue, run) = measure(api, qd, queue, &access, blocks, runtime, opts.submit)?;
+            q = Some(queue);
+            eprintln!(
+                "bench passthru: [{:>2}/{total}] {:<5} qd {:>3}: {:>9.0} IOPS, p50 {:.1} us, p99 {:.1} us",
+                runs.len() + 1,
+                format!("{api:?}").to_lowercase(),
+                qd,
+                run.iops,
+                run.lat_p50_us,
+                run.lat_p99_us
+            );
+            runs.push(run);
+        }
+    }
+    Ok(runs)
+}
+
+/// xorshift64*: cheap, good enough to spread LBAs.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+}
+
+/// A 4 KiB Read (one 4096-byte block) of a random LBA.
+fn read_command(rng: &mut Rng, blocks: u64) -> Command {
+    let lba = rng.next() % blocks.max(1);
+    let mut cmd = Command::new(NvmOpcode::READ.0, 0);
+    cmd.nsid = NSID.into();
+    cmd.cdw10 = (lba as u32).into();
+    cmd.cdw11 = ((lba >> 32) as u32).into();
+    // NLB, 0's based: one block.
+    cmd.cdw12 = 0.into();
+    cmd
+}
+
+/// Latencies in nanoseconds and counts of one point.
+#[derive(Default)]
+struct Tally {
+    ios: u64,
+    errors: u64,
+    latencies_ns: Vec<u32>,
+}
+
+impl Tally {
+    fn record(&mut self, t0: Instant, now: Instant, ok: bool) {
+        self.ios += 1;
+        self.errors += u64::from(!ok);
+        let ns = now.duration_since(t0).as_nanos();
+        self.latencies_ns
+            .push(u32::try_from(ns).unwrap_or(u32::MAX));
+    }
+
+    fn into_run(mut self, api: Api, qd: u16, elapsed: Duration) -> PassthruRun {
+        self.latencies_ns.sort_unstable();
+        let pct = |p: f64| -> f64 {
+            let n = self.latencies_ns.len();
+            if n == 0 {
+                return 0.0;
+            }
+            let rank = ((p / 100.0) * (n - 1) as f64).round() as usize;
+            f64::from(self.latencies_ns[rank.min(n - 1)]) / 1000.0
+        };
+        PassthruRun {
+            api,
+            qd,
+            iops: self.ios as f64 / elapsed.as_secs_f64().max(1e-9),
+            lat_p50_us: pct(50.0),
+            lat_p99_us: pct(99.0),
+            ios: self.ios,
+            errors: self.errors,
+        }
+    }
+}
+
+fn measure(
+    api: Api,
+    qd: u16,
+    q: IoQueue,
+    access: &Arc<dyn DeviceAccess>,
+    blocks: u64,
+    runtime: Duration,
+    submit: Submit,
+) -> Result<(IoQueue, PassthruRun)> {
+    let seed = 0x9E37_79B9_7F4A_7C15 ^ u64::from(qd);
+    match api {
+        Api::Sync => sync(q, qd, access, blocks, runtime, seed),
+        Api::Async => asynchronous(q, qd, access, blocks, runtime, seed, submit),
+        Api::Block => {
+            let mut queues = [q];
+            let pattern = Pattern {
+                rw: Rw::Randread,
+                qd,
+                runtime,
+                block_size: BLOCK as u32,
+                submit,
+            };
+            let summary = block::Summary::merge(block::run_threads(&mut queues, access, &pattern)?);
+            let [q] = queues;
+            let run = PassthruRun {
+                api,
+                qd,
+                iops: summary.ios as f64 / summary.elapsed.as_secs_f64().max(1e-9),
+                lat_p50_us: summary.percentile_us(50.0),
+                lat_p99_us: summary.percentile_us(99.0),
+                ios: summary.ios,
+                errors: summary.errors,
+            };
+            Ok((q, run))
+        }
+    }
+}
+
+/// One caller, one command at a time, whatever `qd` says.
+fn sync(
+    mut q: IoQueue,
+    qd: u16,
+    access: &Arc<dyn DeviceAccess>,
+    blocks: u64,
+    runtime: Duration,
+    seed: u64,
+) -> Result<(IoQueue, PassthruRun)> {
+    let buf = access.dma_alloc(BLOCK)?;
+    let mut rng = Rng(seed);
+    let mut tally = Tally {
+        latencies_ns: Vec::with_capacity(1 << 20),
+        ..Tally::default()
+    };
+    let start = Instant::now();
+    let deadline = start + runtime;
+    loop {
+        let t0 = Instant::now();
+        if t0 >= deadline {
+            break;
+        }
+        let done = q.passthru(
+            read_command(&mut rng, blocks),
+            Some(PassthruData::read(&buf, BLOCK)),
+        )?;
+        tally.record(t0, Instant::now(), done.is_success());
+    }
+    Ok((q, tally.into_run(Api::Sync, qd, start.elapsed())))
+}
+
+/// `qd` commands in flight through the asynchronous passthrough: one
+/// registered buffer per slot, the slot as token, one doorbell per batch
+/// of resubmissions (or one per command with [`Submit::PerIo`]).
+fn asynchronous(
+    q: IoQueue,
+    qd: u16,
+    access: &Arc<dyn DeviceAccess>,
+    blocks: u64,
+    runtime: Duration,
+    seed: u64,
+    submit: Submit,
+) -> Result<(IoQueue, PassthruRun)> {
+    let slots = usize::from(qd);
+    let mut aq = AsyncQueue::new(q);
+    if slots > aq.capacity() {
+        bail!(
+            "queue depth {qd} does not fit a queue of {} commands",
+            aq.capacity()
+        );
+    }
+    let bufs: Vec<DmaBuffer> = (0..slots)
+        .map(|_| access.dma_alloc(BLOCK))
+        .collect::<Result<_, _>>()?;
+    let first = aq.register_buffers(bufs);
+    let mut rng = Rng(seed);
+    let mut started = vec![Instant::now(); slots];
+    let mut tally = Tally {
+        latencies_ns: Vec::with_capacity(1 << 20),
+        ..Tally::default()
+    };
+    let mut done: Vec<AsyncCompletion> = Vec::with_capacity(256);
+    let start = Instant::now();
+    let deadline = start + runtime;
+    for (slot, t0) in started.iter_mut().enumerate() {
+        *t0 = Instant::now();
+        let data = BufferSlice::read(first + slot, BLOCK);
+        aq.prepare(read_command(&mut rng, blocks), Some(data), slot as u64)?;
+    }
+    aq.submit()?;
+    while aq.in_flight() > 0 {
+        done.clear();
+        aq.wait(&mut done, 1, Duration::from_secs(10))
+            .context("waiting for completions")?;
+        let now = Instant::now();
+        for c in &done {
+            let slot = usize::try_from(c.token).unwrap_or(usize::MAX);
+            let Some(t0) = started.get_mut(slot) else {
+                continue;
+            };
+            tally.record(*t0, now, c.completion.is_success());
+            if now < deadline {
+                *t0 = Instant::now();
+                let data = BufferSlice::read(first + slot, BLOCK);
+                aq.prepare(read_command(&mut rng, blocks), Some(data), c.token)?;
+                if submit == Submit::PerIo {
+                    aq.submit()?;
+                }
+            }
+        }
+        aq.submit()?;
+    }
+    let elapsed = start.elapsed();
+    let (q, _bufs) = aq.into_inner();
+    Ok((q, tally.into_run(Api::Async, qd, elapsed)))
+}
+
+/// The seed's table: a row per queue depth, IOPS (thousands) per API, the
+/// async/sync and async/block ratios, then latency percentiles.
+pub fn table(runs: &[PassthruRun]) -> String {
+    use std::fmt::Write as _;
+    let get = |api: Api, qd: u16| runs.iter().find(|r| r.api == api && r.qd == qd);
+    let mut qds: Vec<u16> = runs.iter().map(|r| r.qd).collect();
+    qds.dedup();
+    let kiops =
+        |r: Option<&PassthruRun>| r.map_or("-".to_string(), |r| format!("{:.1}", r.iops / 1e3));
+    let lat = |r: Option<&PassthruRun>| {
+        r.map_or("-".to_string(), |r| {
+            format!("{:.1}/{:.1}", r.lat_p50_us, r.lat_p99_us)
+        })
+    };
+    let ratio = |a: Option<&PassthruRun>, b: Option<&PassthruRun>| match (a, b) {
+        (Some(a), Some(b)) if b.iops > 0.0 => format!("{:.2}x", a.iops / b.iops),
+        _ => "-".to_string(),
+    };
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "fio-like randread, 4k bs, 1 thread; Kiops with varying QD"
+    );
+    let _ = writeln!(out, "(* {SYNC_NOTE})");
+    let _ = writeln!(
+        out,
+        "{:>4} {:>9} {:>9} {:>9} {:>10} {:>11} {:>14} {:>14} {:>14}",
+        "QD",
+        "Sync-PT*",
+        "Async-PT",
+        "Block",
+        "async/sync",
+        "async/block",
+        "sync p50/p99",
+        "async p50/p99",
+        "block p50/p99"
+    );
+    for qd in qds {
+        let (s, a, b) = (get(Api::Sync, qd), get(Api::Async, qd), get(Api::Block, qd));
+        let _ = writeln!(
+            out,
+            "{:>4} {:>9} {:>9} {:>9} {:>10} {:>11} {:>14} {:>14} {:>14}",
+            qd,
+            kiops(s),
+            kiops(a),
+            kiops(b),
+            ratio(a, s),
+            ratio(a, b),
+            lat(s),
+            lat(a),
+            lat(b)
+        );
+    }
+    let _ = writeln!(out, "(latencies in microseconds, submission to reaping)");
+    out
+}

@@ -1,0 +1,251 @@
+#!/usr/bin/env bash
+# run-vnvme-tests.sh - the guest suite: a real Linux guest (QEMU 11.1 vfio-user-pci, TCG) drives one running
+# `vnvme serve` through every test, one boot per test. Prints one line per test and a last line
+# "N passed, M failed"; exits 1 if any test failed (126: could not even start).
+#
+# usage: tests/guest/run-vnvme-tests.sh [--compare] [--keep] [TEST...]
+#   TEST       run only these (names below); default all
+#   --compare  also run the randread test on QEMU's built-in nvme (null-co) for reference IOPS
+#   --keep     keep the temp folder (server log, console logs, stats) even when everything passed
+# Needs: tests/guest/setup.sh done, root. The server binary is $VNVME if set, else the workspace's
+# release build ($CARGO_TARGET_DIR or target/), built with `cargo build --release -p vnvme` if missing.
+# Tests:
+#   identify   id-ctrl model/serial/firmware, nvme list, id-ns, smart-log, get-feature 7, OACS bit 8
+#   verify     fio writes the whole 256 MiB RAM namespace (4 KiB random, 128 KiB sequential) with crc32c
+#              verify headers and reads it back verified
+#   randread   fio 4 KiB randread io_uring at QD 1 and 32; no nvme timeout/reset/error in dmesg
+#   shadow     (only with --doorbells and --stats) QD 32 randread uses shadow doorbells: shadow reads > 0,
+#              <= 0.3 doorbell traps per I/O, from the server's --stats JSON
+#   reset      controller reset from inside the guest (twice), then verified I/O
+#   kill       QEMU SIGKILLed mid-I/O; the server survives; a new QEMU boots on it and passes fio verify
+set -uo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+GT=$HERE/tests
+ALL="identify verify randread shadow reset kill"
+COMPARE=0 KEEP=0 ONLY=''
+while [ $# -gt 0 ]; do
+  case $1 in
+    --compare) COMPARE=1 ;;
+    --keep) KEEP=1 ;;
+    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "run-vnvme-tests: unknown option $1" >&2; exit 126 ;;
+    *) case " $ALL " in *" $1 "*) ONLY="$ONLY $1" ;; *) echo "run-vnvme-tests: unknown test $1" >&2; exit 126 ;; esac ;;
+  esac
+  shift
+done
+[ -n "$ONLY" ] || ONLY=$ALL
+
+NS_BYTES=$((256 << 20))
+SERIAL=VNVMEGUEST01
+RT=${RIG_RUNTIME:-5}          # seconds per fio randread point
+
+# --- the server binary ---
+if [ -z "${VNVME:-}" ]; then
+  VNVME=${CARGO_TARGET_DIR:-$ROOT/target}/release/vnvme
+  if [ ! -x "$VNVME" ]; then
+    echo "run-vnvme-tests: building $VNVME (cargo build --release -p vnvme)"
+    (cd "$ROOT" && cargo build --release -p vnvme) >&2 || { echo "run-vnvme-tests: build failed" >&2; exit 126; }
+  fi
+fi
+[ -x "$VNVME" ] || { echo "run-vnvme-tests: no server binary $VNVME" >&2; exit 126; }
+FR=$("$VNVME" --version | awk '{print $2}')
+SERVE_HELP=$("$VNVME" serve --help 2>&1)
+has_opt() { case $SERVE_HELP in *"$1"*) return 0 ;; esac; return 1; }
+
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/vnvme-guest.XXXXXX")
+SOCK=$TMP/vnvme.sock STATS=$TMP/stats.json SLOG=$TMP/serve.log
+SPID=''
+cleanup() {
+  if [ -n "$SPID" ] && kill -0 "$SPID" 2>/dev/null; then
+    kill -TERM "$SPID" 2>/dev/null
+    for _ in $(seq 50); do kill -0 "$SPID" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$SPID" 2>/dev/null || true
+  fi
+  if [ "$KEEP" = 1 ] || [ "${FAILED:-1}" != 0 ]; then echo "run-vnvme-tests: logs kept in $TMP"; else rm -rf "$TMP"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# --- start the server: one process for the whole suite (the kill test relies on that) ---
+ARGS=(serve --socket "$SOCK" --ns "$((NS_BYTES >> 20))M:ram" --serial "$SERIAL")
+DBBUF=''      # expected OACS bit 8, empty = unknown (older server without --doorbells)
+if has_opt --doorbells; then ARGS+=(--doorbells adaptive); DBBUF=1; fi
+HAVE_STATS=0
+if has_opt --stats; then ARGS+=(--stats "$STATS"); HAVE_STATS=1; fi
+"$VNVME" "${ARGS[@]}" > "$SLOG" 2>&1 &
+SPID=$!
+for _ in $(seq 100); do [ -S "$SOCK" ] && break; kill -0 "$SPID" 2>/dev/null || break; sleep 0.1; done
+if [ ! -S "$SOCK" ]; then
+  echo "run-vnvme-tests: server did not start:"; tail -20 "$SLOG"; FAILED=1; exit 126
+fi
+echo "run-vnvme-tests: $VNVME ${ARGS[*]} (pid $SPID), doorbells: $([ -n "$DBBUF" ] && echo adaptive || echo "no --doorbells option"), stats: $([ $HAVE_STATS = 1 ] && echo "$STATS" || echo 'no --stats option')"
+
+PASSED=0 FAILED=0 SKIPPED=0
+report() {   # STATUS NAME SECONDS DETAIL
+  printf '%-4s %-10s %6.1fs  %s\n' "$1" "$2" "$3" "$4"
+  case $1 in PASS) PASSED=$((PASSED + 1)) ;; FAIL) FAILED=$((FAILED + 1)) ;; SKIP) SKIPPED=$((SKIPPED + 1)) ;; esac
+}
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+server_alive() { kill -0 "$SPID" 2>/dev/null; }
+# the guest's RESULT lines of a run: "name iops" pairs, for the summary
+iops_of() { sed -n 's/.*"name":"\([^"]*\)","iops":\([0-9]*\).*/\1=\2/p' "$1" | tr '\n' ' '; }
+
+# boot: NAME GUEST_SCRIPT [run-test.sh options...]; sets RC, OUT (RESULT lines), LOG (console)
+boot() {
+  local name=$1 script=$2; shift 2
+  OUT=$TMP/$name.results LOG=$TMP/$name.console
+  "$HERE/run-test.sh" --vfio-user "$SOCK" --log "$LOG" --results "$OUT" "$@" "$script" > /dev/null 2> "$TMP/$name.harness"
+  RC=$?
+}
+fail_detail() {   # why a boot failed: the guest's FAIL lines, else the harness's last line
+  local d
+  d=$(grep -h 'TEST: FAIL' "$LOG" 2>/dev/null | sed 's/^TEST: FAIL: //' | head -3 | tr '\n' ';')
+  [ -n "$d" ] || d=$(tail -1 "$TMP/$1.harness")
+  echo "exit $RC: $d (console $LOG)"
+}
+
+# --- stats: counters from the server's --stats JSON (first occurrence of a key = the controller total) ---
+stat_num() { grep -o "\"$1\": *[0-9]*" "$STATS" 2>/dev/null | head -1 | grep -o '[0-9]*$'; }
+stats_snapshot() {   # prints "sq_traps cq_traps shadow_reads commands" or nothing
+  local a b c d
+  a=$(stat_num sq_doorbell_traps); b=$(stat_num cq_doorbell_traps); c=$(stat_num shadow_reads); d=$(stat_num commands)
+  [ -n "$a" ] && [ -n "$b" ] && [ -n "$c" ] && [ -n "$d" ] && echo "$a $b $c $d"
+}
+stats_fresh() {   # wait up to 5 s for the stats file to be rewritten after now (it may be periodic)
+  local t0; t0=$(date +%s)
+  for _ in $(seq 50); do
+    [ -f "$STATS" ] && [ "$(stat -c %Y "$STATS" 2>/dev/null || echo 0)" -gt "$t0" ] && return 0
+    sleep 0.1
+  done
+  return 0
+}
+
+t_identify() {
+  local t0; t0=$(now)
+  boot identify "$GT/vnvme-identify.sh" --timeout 120 \
+    --append "rig.serial=$SERIAL rig.fr=$FR rig.ns_bytes=$NS_BYTES${DBBUF:+ rig.dbbuf=$DBBUF}"
+  if [ $RC = 0 ]; then
+    report PASS identify "$(since "$t0")" "$(grep -h 'TEST: id-ctrl' "$LOG" | sed 's/^TEST: id-ctrl: //')"
+  else
+    report FAIL identify "$(since "$t0")" "$(fail_detail identify)"
+  fi
+}
+
+t_verify() {
+  local t0; t0=$(now)
+  boot verify "$GT/vnvme-fio-verify.sh" --timeout 300 --append "rig.size=$NS_BYTES"
+  if [ $RC = 0 ]; then
+    report PASS verify "$(since "$t0")" "$((NS_BYTES >> 20)) MiB written and read back verified, 4k random + 128k sequential: $(iops_of "$OUT")"
+  else
+    report FAIL verify "$(since "$t0")" "$(fail_detail verify)"
+  fi
+}
+
+t_randread() {
+  local t0; t0=$(now)
+  boot randread "$GT/vnvme-randread.sh" --timeout 180 --append "rig.runtime=$RT rig.qds=1,32"
+  if [ $RC = 0 ]; then
+    report PASS randread "$(since "$t0")" "IOPS $(iops_of "$OUT")"
+  else
+    report FAIL randread "$(since "$t0")" "$(fail_detail randread)"
+  fi
+}
+
+t_shadow() {
+  local t0 s0 s1; t0=$(now)
+  if [ -z "$DBBUF" ] || [ $HAVE_STATS = 0 ]; then
+    report SKIP shadow 0 "server has no --doorbells/--stats option: shadow doorbell counters not checked"
+    return
+  fi
+  stats_fresh; s0=$(stats_snapshot)
+  if [ -z "$s0" ]; then
+    report SKIP shadow "$(since "$t0")" "no sq/cq_doorbell_traps, shadow_reads, commands in $STATS"
+    return
+  fi
+  boot shadow "$GT/vnvme-randread.sh" --timeout 180 --append "rig.runtime=$((RT * 2)) rig.qds=32"
+  stats_fresh; s1=$(stats_snapshot)
+  if [ $RC != 0 ]; then report FAIL shadow "$(since "$t0")" "$(fail_detail shadow)"; return; fi
+  # whole boot: admin commands and the partition scan are noise next to ~100K reads at QD 32
+  read -r a0 b0 c0 d0 <<< "$s0"; read -r a1 b1 c1 d1 <<< "$s1"
+  local traps=$(( (a1 - a0) + (b1 - b0) )) shadow=$((c1 - c0)) cmds=$((d1 - d0))
+  local per; per=$(awk -v t=$traps -v c=$cmds 'BEGIN { printf "%.3f", c ? t / c : 99 }')
+  local detail="$cmds commands, $traps doorbell traps ($per per command), $shadow shadow reads; $(iops_of "$OUT")"
+  if [ "$shadow" -gt 0 ] && awk -v p="$per" 'BEGIN { exit !(p <= 0.3) }'; then
+    report PASS shadow "$(since "$t0")" "$detail"
+  else
+    report FAIL shadow "$(since "$t0")" "want shadow reads > 0 and <= 0.3 traps per I/O: $detail"
+  fi
+}
+
+t_reset() {
+  local t0; t0=$(now)
+  boot reset "$GT/vnvme-reset.sh" --timeout 180
+  if [ $RC = 0 ]; then
+    report PASS reset "$(since "$t0")" "$(grep -h 'TEST: reset' "$LOG" | sed 's/^TEST: //' | tr '\n' ';') $(iops_of "$OUT")"
+  else
+    report FAIL reset "$(since "$t0")" "$(fail_detail reset)"
+  fi
+}
+
+t_kill() {
+  local t0 pidfile bg qpid waited=0; t0=$(now)
+  pidfile=$TMP/kill.qemu.pid LOG=$TMP/kill-busy.console
+  "$HERE/run-test.sh" --vfio-user "$SOCK" --log "$LOG" --pidfile "$pidfile" --timeout 180 \
+    --append "rig.runtime=60" "$GT/vnvme-busy.sh" > /dev/null 2> "$TMP/kill-busy.harness" &
+  bg=$!
+  # wait until fio runs in the guest, let I/O flow 3 s, then SIGKILL QEMU
+  while ! grep -q BUSY-IO-STARTING "$LOG" 2>/dev/null; do
+    if ! kill -0 $bg 2>/dev/null || [ $waited -ge 600 ]; then break; fi
+    sleep 0.1; waited=$((waited + 1))
+  done
+  if ! grep -q BUSY-IO-STARTING "$LOG" 2>/dev/null; then
+    wait $bg; RC=$?
+    report FAIL kill "$(since "$t0")" "the busy guest never started I/O: $(fail_detail kill-busy)"
+    return
+  fi
+  sleep 3
+  qpid=$(cat "$pidfile" 2>/dev/null)
+  [ -n "$qpid" ] && kill -KILL "$qpid" 2>/dev/null
+  wait $bg; RC=$?
+  if [ $RC != 125 ]; then
+    report FAIL kill "$(since "$t0")" "QEMU pid '$qpid' was not killed mid-I/O (run-test exit $RC, expected 125; console $LOG)"
+    return
+  fi
+  if ! server_alive; then
+    report FAIL kill "$(since "$t0")" "the server died when QEMU was killed (log $SLOG)"
+    return
+  fi
+  # the same server, a new QEMU: boots and passes a verified write/read
+  boot kill-after "$GT/vnvme-fio-verify.sh" --timeout 180 --append "rig.size=64M rig.name=after-kill"
+  if [ $RC = 0 ]; then
+    report PASS kill "$(since "$t0")" "QEMU killed mid-I/O; new QEMU on the same server: $(iops_of "$OUT")"
+  else
+    report FAIL kill "$(since "$t0")" "after the kill: $(fail_detail kill-after)"
+  fi
+}
+
+T0=$(now)
+for t in $ONLY; do
+  if ! server_alive; then
+    report FAIL "$t" 0 "the server is not running any more (log $SLOG)"
+    continue
+  fi
+  "t_$t"
+done
+
+if [ $COMPARE = 1 ]; then   # reference figures, not a test
+  "$HERE/run-test.sh" --qemu-nvme --timeout 180 --append "rig.runtime=$RT rig.qds=1,32" \
+    --results "$TMP/qemu-nvme.results" "$GT/vnvme-randread.sh" > /dev/null 2>&1
+  echo "reference: QEMU built-in nvme (null-co) randread IOPS $(iops_of "$TMP/qemu-nvme.results")"
+  [ -f "$TMP/randread.results" ] && echo "reference: vnvme (RAM)               randread IOPS $(iops_of "$TMP/randread.results")"
+fi
+
+server_alive || { echo "run-vnvme-tests: the server exited during the suite (log $SLOG)"; FAILED=$((FAILED + 1)); }
+if grep -qiE 'panic|ERROR' "$SLOG"; then
+  echo "run-vnvme-tests: server log has errors:"; grep -iE 'panic|ERROR' "$SLOG" | head -5 | sed 's/^/  /'
+fi
+echo "run-vnvme-tests: $(since "$T0")s total, $SKIPPED skipped"
+echo "$PASSED passed, $FAILED failed"
+[ $FAILED = 0 ]

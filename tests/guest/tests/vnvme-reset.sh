@@ -1,0 +1,21 @@
+# shellcheck shell=sh
+# vnvme-reset.sh - guest test (run-vnvme-tests.sh): I/O, then a controller reset from inside the guest
+# (sysfs reset_controller: disable, re-enable, queues re-created), then verified I/O again.
+. /guest-lib.sh
+wait_nvme 10 || die "no /dev/nvme0n1"
+C=/sys/class/nvme/nvme0
+fio_randread reset-before io_uring 8 2 || die "I/O before the reset failed"
+for i in 1 2; do
+  echo 1 > $C/reset_controller || die "writing reset_controller failed"
+  n=0
+  while [ "$(cat $C/state)" != live ]; do
+    [ $n -ge 300 ] && die "controller state '$(cat $C/state)' 30 s after reset $i"
+    sleep 0.1; n=$((n + 1))
+  done
+  log "reset $i: controller live again after ~$((n / 10)).$((n % 10)) s"
+done
+fio_json reset-after-verify --filename=/dev/nvme0n1 --rw=randwrite --bs=4k --size=32M --ioengine=io_uring \
+  --direct=1 --iodepth=16 --verify=crc32c --verify_fatal=1 || die "verified I/O after the reset failed"
+fio_randread reset-after io_uring 32 2 || die "randread after the reset failed"
+check_no_nvme_errors || exit 1
+exit 0
