@@ -48,7 +48,33 @@ pub struct ControllerConfig {
     /// Handlers of vendor specific admin and I/O opcodes (C0h-FFh); the
     /// default holds the built-in examples (see [`crate::vendor`]).
     pub vendor: VendorCommands,
+    /// The host's patience: CAP.TO and CRTO.CRWMT/CRIMT (500 ms units,
+    /// rounded up, and raised to cover the longest [`Readiness::After`]
+    /// delay). A [`Readiness::Never`] namespace answers Namespace Not Ready
+    /// with DNR = 1 once this long has passed since enable. Default 5 s.
+    pub ready_timeout: Duration,
+    /// Namespaces the subsystem supports (Identify Controller NN is the
+    /// larger of this and the largest configured NSID): Namespace
+    /// Management creates at most this many in all. At most
+    /// [`MAX_NAMESPACES`]. Default 16.
+    pub max_namespaces: u32,
+    /// Total NVM capacity in bytes (TNVMCAP) that namespaces are allocated
+    /// from; configured namespaces count against it, and it is raised to
+    /// their total if smaller. What is left (UNVMCAP) is what Namespace
+    /// Management can create RAM-backed namespaces in. Default 0: no room
+    /// beyond the configured namespaces.
+    pub nvm_capacity: u64,
+    /// How long Format NVM keeps a namespace busy (I/O to it gets Format In
+    /// Progress meanwhile). Default 0: the format completes at once.
+    pub format_duration: Duration,
 }
+
+/// Largest [`ControllerConfig::max_namespaces`]: an Identify namespace list
+/// holds 1024 entries.
+pub const MAX_NAMESPACES: u32 = 1024;
+
+/// Default [`ControllerConfig::ready_timeout`].
+pub const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Default for ControllerConfig {
     fn default() -> Self {
@@ -69,6 +95,10 @@ impl Default for ControllerConfig {
             doorbells: DoorbellMode::default(),
             idle_poll: DEFAULT_IDLE_POLL,
             vendor: VendorCommands::builtin(),
+            ready_timeout: DEFAULT_READY_TIMEOUT,
+            max_namespaces: 16,
+            nvm_capacity: 0,
+            format_duration: Duration::ZERO,
         }
     }
 }
@@ -154,14 +184,132 @@ impl std::str::FromStr for DoorbellMode {
     }
 }
 
-/// One namespace: its id, logical block size, and storage.
+/// One entry of the controller's LBA format table (NVM Command Set §4.1.5.1,
+/// LBAF[]): data bytes per logical block and metadata bytes per block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LbaFormatSpec {
+    /// Logical block data size in bytes (512 or 4096).
+    pub data_size: u32,
+    /// Metadata bytes per logical block (0, 8 or 64).
+    pub metadata_size: u16,
+}
+
+/// The LBA formats every namespace reports in Identify Namespace LBAF[]
+/// (NLBAF = `LBA_FORMATS.len() - 1`), by index:
+///
+/// | index | data | metadata |
+/// |---|---|---|
+/// | 0 | 512 | 0 |
+/// | 1 | 512 | 8 |
+/// | 2 | 512 | 64 |
+/// | 3 | 4096 | 0 (the default) |
+/// | 4 | 4096 | 8 |
+/// | 5 | 4096 | 64 |
+///
+/// Formats with metadata transfer it either with the data (extended LBAs,
+/// FLBAS bit 4) or in a separate buffer at MPTR, as chosen at Format NVM
+/// (MSET) or in [`NamespaceConfig::extended_metadata`].
+pub const LBA_FORMATS: &[LbaFormatSpec] = &[
+    LbaFormatSpec { data_size: 512, metadata_size: 0 },
+    LbaFormatSpec { data_size: 512, metadata_size: 8 },
+    LbaFormatSpec { data_size: 512, metadata_size: 64 },
+    LbaFormatSpec { data_size: 4096, metadata_size: 0 },
+    LbaFormatSpec { data_size: 4096, metadata_size: 8 },
+    LbaFormatSpec { data_size: 4096, metadata_size: 64 },
+];
+
+/// Index in [`LBA_FORMATS`] of 4096-byte blocks without metadata.
+pub const DEFAULT_FORMAT_INDEX: u8 = 3;
+
+/// Index in [`LBA_FORMATS`] of `data_size`-byte blocks without metadata.
+pub fn format_index_for(data_size: u32) -> Option<u8> {
+    LBA_FORMATS
+        .iter()
+        .position(|f| f.data_size == data_size && f.metadata_size == 0)
+        .and_then(|i| u8::try_from(i).ok())
+}
+
+/// When a namespace becomes ready after the controller is enabled (CC.EN
+/// 0 -> 1). Until then I/O to it completes with Namespace Not Ready (generic
+/// 0x82) and Identify CNS 08h reports NSTAT.NRDY = 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Readiness {
+    /// Ready as soon as the controller is.
+    #[default]
+    Immediate,
+    /// Ready this long after each enable; then a Namespace Attribute Changed
+    /// event is raised (if enabled in Asynchronous Event Configuration).
+    After(Duration),
+    /// Never ready: Namespace Not Ready with DNR = 0 until the controller's
+    /// ready timeout (CRTO.CRWMT) has passed since enable, DNR = 1 after.
+    Never,
+}
+
+/// One namespace: its id, LBA format, storage and how it behaves at start.
 #[derive(Debug, Clone)]
 pub struct NamespaceConfig {
     /// Namespace ID, 1..=0xFFFF_FFFE, unique.
     pub nsid: u32,
-    /// Logical block size: 512 or 4096.
+    /// Logical block data size: 512 or 4096. Must equal
+    /// `LBA_FORMATS[format_index].data_size`; [`NamespaceConfig::new`] and
+    /// [`NamespaceConfig::with_format`] keep the two in step.
     pub lba_size: u32,
     pub backend: Arc<dyn BlockDevice>,
+    /// When the namespace becomes ready (default: at once).
+    pub readiness: Readiness,
+    /// Attached to this controller at start (default true). A detached
+    /// namespace is allocated but inactive: Identify CNS 00h returns zeroes
+    /// and I/O gets Invalid Namespace or Format until Namespace Attachment.
+    pub attached: bool,
+    /// Index into [`LBA_FORMATS`] (default [`DEFAULT_FORMAT_INDEX`], or the
+    /// no-metadata format of `lba_size` with [`NamespaceConfig::new`]).
+    pub format_index: u8,
+    /// For formats with metadata: extended LBAs (metadata follows each
+    /// block's data in one buffer, FLBAS bit 4) rather than a separate
+    /// buffer at MPTR. Default false.
+    pub extended_metadata: bool,
+}
+
+impl NamespaceConfig {
+    /// A ready, attached namespace of `lba_size`-byte blocks (512 or 4096)
+    /// without metadata. Another `lba_size` keeps the default format index
+    /// and is refused by [`crate::Controller::new`].
+    pub fn new(nsid: u32, lba_size: u32, backend: Arc<dyn BlockDevice>) -> Self {
+        Self {
+            nsid,
+            lba_size,
+            backend,
+            readiness: Readiness::Immediate,
+            attached: true,
+            format_index: format_index_for(lba_size).unwrap_or(DEFAULT_FORMAT_INDEX),
+            extended_metadata: false,
+        }
+    }
+
+    /// Selects LBA format `index` (see [`LBA_FORMATS`]) and the matching
+    /// `lba_size`. An unknown index is kept and refused at construction.
+    pub fn with_format(mut self, index: u8) -> Self {
+        self.format_index = index;
+        if let Some(f) = LBA_FORMATS.get(usize::from(index)) {
+            self.lba_size = f.data_size;
+        }
+        self
+    }
+
+    pub fn with_readiness(mut self, readiness: Readiness) -> Self {
+        self.readiness = readiness;
+        self
+    }
+
+    pub fn with_attached(mut self, attached: bool) -> Self {
+        self.attached = attached;
+        self
+    }
+
+    /// The format this configuration selects, if the index is valid.
+    pub fn format(&self) -> Option<LbaFormatSpec> {
+        LBA_FORMATS.get(usize::from(self.format_index)).copied()
+    }
 }
 
 /// A configuration the controller cannot serve.
@@ -185,4 +333,17 @@ pub enum ConfigError {
     LbaSize { nsid: u32, lba_size: u32 },
     #[error("namespace {0}: backend is smaller than one logical block")]
     TooSmall(u32),
+    #[error("namespace {nsid}: LBA format index {index} is not in the format table")]
+    FormatIndex { nsid: u32, index: u8 },
+    #[error("namespace {nsid}: LBA size {lba_size} does not match format {index} ({data_size}-byte blocks)")]
+    FormatMismatch {
+        nsid: u32,
+        lba_size: u32,
+        index: u8,
+        data_size: u32,
+    },
+    #[error("max_namespaces must be at most {max}, got {got}")]
+    MaxNamespaces { got: u32, max: u32 },
+    #[error("ready_timeout must be 500 ms..=32767 s, got {0:?}")]
+    ReadyTimeout(Duration),
 }

@@ -5,13 +5,15 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
 use vnvme_spec::log::async_event;
 use vnvme_spec::regs::{offset, shutdown, Doorbell};
 
-use crate::config::{ConfigError, ControllerConfig, DoorbellMode, NamespaceConfig};
+use crate::config::{
+    ConfigError, ControllerConfig, DoorbellMode, NamespaceConfig, Readiness, MAX_NAMESPACES,
+};
 use crate::doorbell::{DoorbellPage, Doorbells, HeapDoorbellPage, Invalid, TrapOutcome};
 use crate::memory::{GuestMemory, InterruptSink};
 use crate::namespace::Namespace;
@@ -19,11 +21,14 @@ use crate::queue::{Cq, Sq};
 use crate::regs::{Action, Regs};
 use crate::state::{AdminState, ErrorLog, Events, Session, Shared};
 use crate::stats::{ControllerStats, Stats};
+use crate::subsystem::{ChangedNamespaces, Namespaces, ReadyTimer};
 use crate::worker::{self, WorkerShared};
 
 /// End of the doorbell page in BAR0 (doorbells for up to 512 queue pairs at
 /// DSTRD 0; the MSI-X table follows at 0x2000).
 const DOORBELL_END: u64 = 0x2000;
+/// CRTO.CRWMT is 16 bits of 500 ms units.
+const MAX_READY_TIMEOUT: Duration = Duration::from_millis(500 * 0xFFFF);
 
 struct Attachment {
     mem: Arc<dyn GuestMemory>,
@@ -77,7 +82,7 @@ impl Controller {
     /// sparse-mmap area 0x1000..0x2000). Without one, mmap-poll uses a page
     /// in the heap that only register writes reach. Ignored in other modes.
     pub fn with_doorbell_page(
-        config: ControllerConfig,
+        mut config: ControllerConfig,
         namespaces: Vec<NamespaceConfig>,
         page: Option<Arc<dyn DoorbellPage>>,
     ) -> Result<Self, ConfigError> {
@@ -98,6 +103,15 @@ impl Controller {
         if config.mdts == 0 || config.mdts > 12 {
             return Err(ConfigError::Mdts(config.mdts));
         }
+        if config.max_namespaces > MAX_NAMESPACES {
+            return Err(ConfigError::MaxNamespaces {
+                got: config.max_namespaces,
+                max: MAX_NAMESPACES,
+            });
+        }
+        if config.ready_timeout.is_zero() || config.ready_timeout > MAX_READY_TIMEOUT {
+            return Err(ConfigError::ReadyTimeout(config.ready_timeout));
+        }
         let mut map = BTreeMap::new();
         for nc in &namespaces {
             let ns = Namespace::new(nc)?;
@@ -105,7 +119,26 @@ impl Controller {
                 return Err(ConfigError::DuplicateNsid(nc.nsid));
             }
         }
-        let nn = map.keys().next_back().copied().unwrap_or(0);
+        // CRWMT must cover the slowest namespace: a host that waits that
+        // long after enable sees every namespace that will become ready.
+        let slowest = map
+            .values()
+            .filter_map(|ns| match ns.readiness {
+                Readiness::After(d) => Some(d),
+                _ => None,
+            })
+            .max()
+            .unwrap_or_default();
+        config.ready_timeout = config.ready_timeout.max(slowest).min(MAX_READY_TIMEOUT);
+        let nn = map
+            .keys()
+            .next_back()
+            .copied()
+            .unwrap_or(0)
+            .max(config.max_namespaces);
+        let tnvmcap = config
+            .nvm_capacity
+            .max(Namespaces::allocated_bytes(&map));
         let vwc = map.values().any(|ns| ns.backend.volatile_cache());
         let qids = usize::from(config.max_io_queues) + 1;
         let page = match config.doorbells {
@@ -115,8 +148,12 @@ impl Controller {
             _ => None,
         };
         let shared = Shared {
-            namespaces: map,
+            namespaces: Namespaces::new(map),
             nn,
+            tnvmcap,
+            changed: Mutex::new(ChangedNamespaces::default()),
+            ready_timer: ReadyTimer::default(),
+            enabled_at: Mutex::new(None),
             vwc,
             doorbells: Doorbells::new(qids, page),
             dbbuf: RwLock::new(None),
@@ -200,6 +237,45 @@ impl Controller {
     /// A snapshot of the counters.
     pub fn stats(&self) -> ControllerStats {
         self.shared.stats.snapshot()
+    }
+
+    /// The pin-based interrupt's level (NVMe Base 2.0 §3.5.1.1, pin-based
+    /// interrupts): some CQ with interrupts enabled, whose vector INTMS does
+    /// not mask, holds completions the host has not consumed (tail != head,
+    /// the head re-read from its doorbell source, shadow included).
+    ///
+    /// vfio-user carries INTx as an eventfd, an edge: the client (QEMU)
+    /// asserts the line on it, masks, deasserts at the next BAR access and
+    /// sends UNMASK. A completion signalled while the line was still asserted
+    /// adds no new edge; the glue asks this at UNMASK and signals again while
+    /// it holds, which makes the edge a level.
+    pub fn intx_asserted(&self) -> bool {
+        let mem = match &self.control.lock().attachment {
+            Some(a) => Arc::clone(&a.mem),
+            None => return false,
+        };
+        let shared = &*self.shared;
+        let intm = shared.intm.load(Ordering::Acquire);
+        for slot in &shared.cqs {
+            let mut guard = slot.lock();
+            let Some(cq) = guard.as_mut() else {
+                continue;
+            };
+            if !cq.ien || intm & (1u32 << (cq.iv & 31)) != 0 {
+                continue;
+            }
+            if cq.refresh_head(shared, &*mem).is_err() {
+                // As the worker does for a bad head: counted and reported once.
+                if let Some(q) = shared.stats.queue(cq.qid) {
+                    q.invalid_doorbell_writes.fetch_add(1, Ordering::Relaxed);
+                }
+                shared.async_event(async_event::TYPE_ERROR, 0x01, 0x01);
+            }
+            if cq.head != cq.tail {
+                return true;
+            }
+        }
+        false
     }
 
     /// Reads BAR0. 4- and 8-byte aligned accesses (1 and 2 bytes within a
@@ -354,7 +430,7 @@ impl Controller {
                 self.controller_reset(ctl);
             }
             Some(Action::Shutdown) => {
-                for ns in self.shared.namespaces.values() {
+                for ns in self.shared.namespaces.active_list() {
                     if let Err(e) = ns.backend.flush() {
                         tracing::warn!(nsid = ns.nsid, "flush at shutdown failed: {e}");
                     }
@@ -435,6 +511,11 @@ impl Controller {
                 }
             }
         }
+        let now = Instant::now();
+        *shared.enabled_at.lock() = Some(now);
+        if let Some(t) = ReadyTimer::start(&self.shared, now) {
+            ctl.threads.push(t);
+        }
         ctl.clean_shutdown = false;
         shared.fatal.store(false, Ordering::Release);
         shared.ready.store(true, Ordering::Release);
@@ -449,6 +530,7 @@ impl Controller {
         let shared = &*self.shared;
         let was_enabled = ctl.regs.cc.en() || ctl.regs.csts.rdy();
         shared.ready.store(false, Ordering::Release);
+        *shared.enabled_at.lock() = None;
         self.stop_workers(ctl);
         self.clear_queues();
         shared.clear_dbbuf();
@@ -475,6 +557,7 @@ impl Controller {
     }
 
     fn stop_workers(&self, ctl: &mut Control) {
+        self.shared.ready_timer.stop();
         for w in &self.shared.workers {
             w.stop();
         }
@@ -506,6 +589,7 @@ const _: () = {
 impl Drop for Controller {
     fn drop(&mut self) {
         let ctl = self.control.get_mut();
+        self.shared.ready_timer.stop();
         for w in &self.shared.workers {
             w.stop();
         }

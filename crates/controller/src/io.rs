@@ -2,15 +2,16 @@
 //! typed requests, then executed against the namespace's backend.
 
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 use vnvme_spec::{Command, NvmOpcode, Status};
 
+use crate::config::Readiness;
 use crate::namespace::Namespace;
 use crate::prp;
 use crate::state::{Ctx, Outcome};
 
-/// Broadcast NSID: Flush applies to every namespace.
-const NSID_ALL: u32 = 0xFFFF_FFFF;
+use crate::namespace::NSID_ALL;
 
 fn invalid_field() -> Status {
     Status::INVALID_FIELD.with_dnr(true)
@@ -28,35 +29,53 @@ pub(crate) const SUPPORTED: &[NvmOpcode] = &[
 
 /// Read, Write and Compare (§3.2.4, §3.2.6, §3.2.1): SLBA in CDW10-11,
 /// NLB (0's based) in CDW12 15:0, FUA in CDW12 bit 30.
+///
+/// With metadata, `len` (backend bytes: data and metadata of each block,
+/// see [`crate::namespace`]) differs from what moves through the PRPs:
+/// extended LBAs move all of it there (`data_len == len`); separate
+/// metadata moves `data_len` bytes of data through the PRPs and
+/// `meta_len` bytes through the contiguous buffer at MPTR.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ReadWrite {
     pub offset: u64,
     pub len: u64,
+    /// Bytes through PRP1/PRP2 (bounded by MDTS).
+    pub data_len: u64,
+    /// Bytes through MPTR (0 without separate metadata).
+    pub meta_len: u64,
+    /// Logical block data bytes, for the SMART data unit counters.
+    pub block_bytes: u64,
     pub fua: bool,
 }
 
 impl ReadWrite {
     pub fn parse(cmd: &Command, ns: &Namespace, max_transfer: u64) -> Result<Self, Status> {
         let slba = u64::from(cmd.cdw10.get()) | (u64::from(cmd.cdw11.get()) << 32);
+        // NLB <= 65536 and at most 4160 bytes per block: no overflow.
         let nlb = u64::from(cmd.cdw12.get() & 0xFFFF) + 1;
-        if nlb << ns.lba_shift > max_transfer {
+        let data_len = nlb * ns.data_bytes_per_block();
+        if data_len > max_transfer {
             return Err(invalid_field());
         }
         let (offset, len) = ns.byte_range(slba, nlb)?;
         Ok(Self {
             offset,
             len,
+            data_len,
+            meta_len: nlb * ns.separate_metadata_per_block(),
+            block_bytes: nlb << ns.lba_shift,
             fua: cmd.cdw12.get() & (1 << 30) != 0,
         })
     }
 }
 
-/// Write Zeroes (§3.2.7): SLBA, NLB, DEAC (CDW12 bit 25).
+/// Write Zeroes (§3.2.7): SLBA, NLB, DEAC (CDW12 bit 25), FUA (bit 30).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct WriteZeroes {
     pub offset: u64,
     pub len: u64,
     pub deallocate: bool,
+    pub fua: bool,
 }
 
 impl WriteZeroes {
@@ -68,6 +87,7 @@ impl WriteZeroes {
             offset,
             len,
             deallocate: cmd.cdw12.get() & (1 << 25) != 0,
+            fua: cmd.cdw12.get() & (1 << 30) != 0,
         })
     }
 }
@@ -91,12 +111,17 @@ fn run(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> {
     }
     let nsid = cmd.nsid.get();
     if op == NvmOpcode::FLUSH && nsid == NSID_ALL {
-        for ns in ctx.shared.namespaces.values() {
+        for ns in ctx.shared.namespaces.active_list() {
             ns.backend.flush().map_err(|_| internal())?;
         }
         return Ok(());
     }
-    let ns = ctx.shared.namespace(nsid)?.clone();
+    let ns = ctx.shared.namespace(nsid)?;
+    if ns.readiness != Readiness::Immediate || ns.formatting_until.is_some() {
+        let now = Instant::now();
+        let enabled_at = *ctx.shared.enabled_at.lock();
+        ns.check_usable(now, enabled_at, ctx.shared.config.ready_timeout)?;
+    }
     match op {
         NvmOpcode::READ => read(ctx, cmd, &ns),
         NvmOpcode::WRITE => write(ctx, cmd, &ns),
@@ -109,6 +134,14 @@ fn run(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> {
             } else {
                 ns.backend.write_zeroes(wz.offset, wz.len)
             };
+            // FUA, or a disabled volatile write cache: durable now.
+            let r = r.and_then(|()| {
+                if wz.fua || !ctx.shared.wce.load(Ordering::Relaxed) {
+                    ns.backend.flush()
+                } else {
+                    Ok(())
+                }
+            });
             r.map_err(|_| write_fault(ctx))
         }
         NvmOpcode::DATASET_MANAGEMENT => dataset_management(ctx, cmd, &ns),
@@ -148,13 +181,92 @@ fn map_prps(ctx: &mut Ctx<'_>, cmd: &Command, len: u64) -> Result<(), Status> {
     )
 }
 
+fn data_transfer_error() -> Status {
+    Status::DATA_TRANSFER_ERROR.with_dnr(true)
+}
+
+/// Copies the host's data (and separate metadata) of `rw` into `out`, in
+/// the backend layout.
+fn gather(
+    ctx: &mut Ctx<'_>,
+    cmd: &Command,
+    ns: &Namespace,
+    rw: &ReadWrite,
+    out: &mut Vec<u8>,
+) -> Result<(), Status> {
+    map_prps(ctx, cmd, rw.data_len)?;
+    out.clear();
+    out.resize(rw.len as usize, 0);
+    if rw.meta_len == 0 {
+        return prp::read_from_guest(&*ctx.session.mem, &ctx.scratch.segs, out);
+    }
+    let mut data = std::mem::take(&mut ctx.scratch.split);
+    let mut meta = std::mem::take(&mut ctx.scratch.meta);
+    data.resize(rw.data_len as usize, 0);
+    meta.resize(rw.meta_len as usize, 0);
+    let r = prp::read_from_guest(&*ctx.session.mem, &ctx.scratch.segs, &mut data).and_then(|()| {
+        ctx.session
+            .mem
+            .read(cmd.mptr.get(), &mut meta)
+            .map_err(|_| data_transfer_error())
+    });
+    if r.is_ok() {
+        let (lba, ms) = (1usize << ns.lba_shift, usize::from(ns.ms));
+        for ((block, d), m) in out
+            .chunks_exact_mut(lba + ms)
+            .zip(data.chunks_exact(lba))
+            .zip(meta.chunks_exact(ms))
+        {
+            let (bd, bm) = block.split_at_mut(lba);
+            bd.copy_from_slice(d);
+            bm.copy_from_slice(m);
+        }
+    }
+    ctx.scratch.split = data;
+    ctx.scratch.meta = meta;
+    r
+}
+
+/// Copies `media` (backend layout) to the host's data buffer (and the
+/// separate metadata buffer at MPTR).
+fn scatter(
+    ctx: &mut Ctx<'_>,
+    cmd: &Command,
+    ns: &Namespace,
+    rw: &ReadWrite,
+    media: &[u8],
+) -> Result<(), Status> {
+    map_prps(ctx, cmd, rw.data_len)?;
+    if rw.meta_len == 0 {
+        return prp::write_to_guest(&*ctx.session.mem, &ctx.scratch.segs, media);
+    }
+    let mut data = std::mem::take(&mut ctx.scratch.split);
+    let mut meta = std::mem::take(&mut ctx.scratch.meta);
+    data.clear();
+    meta.clear();
+    let (lba, ms) = (1usize << ns.lba_shift, usize::from(ns.ms));
+    for block in media.chunks_exact(lba + ms) {
+        let (d, m) = block.split_at(lba);
+        data.extend_from_slice(d);
+        meta.extend_from_slice(m);
+    }
+    let r = prp::write_to_guest(&*ctx.session.mem, &ctx.scratch.segs, &data).and_then(|()| {
+        ctx.session
+            .mem
+            .write(cmd.mptr.get(), &meta)
+            .map_err(|_| data_transfer_error())
+    });
+    ctx.scratch.split = data;
+    ctx.scratch.meta = meta;
+    r
+}
+
 fn read(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace) -> Result<(), Status> {
     let rw = ReadWrite::parse(cmd, ns, ctx.shared.config.max_transfer())?;
-    map_prps(ctx, cmd, rw.len)?;
     let mut buf = std::mem::take(&mut ctx.scratch.buf);
     buf.resize(rw.len as usize, 0);
     let r = match ns.backend.read(rw.offset, &mut buf) {
-        Ok(()) => prp::write_to_guest(&*ctx.session.mem, &ctx.scratch.segs, &buf),
+        Ok(()) => scatter(ctx, cmd, ns, &rw, &buf),
         Err(_) => Err(read_error(ctx)),
     };
     ctx.scratch.buf = buf;
@@ -162,45 +274,41 @@ fn read(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace) -> Result<(), Status> 
     stats.host_read_commands.fetch_add(1, Ordering::Relaxed);
     stats
         .data_units_read_512
-        .fetch_add(rw.len >> 9, Ordering::Relaxed);
+        .fetch_add(rw.block_bytes >> 9, Ordering::Relaxed);
     r
 }
 
 fn write(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace) -> Result<(), Status> {
     let rw = ReadWrite::parse(cmd, ns, ctx.shared.config.max_transfer())?;
-    map_prps(ctx, cmd, rw.len)?;
     let mut buf = std::mem::take(&mut ctx.scratch.buf);
-    buf.resize(rw.len as usize, 0);
-    let mut r = prp::read_from_guest(&*ctx.session.mem, &ctx.scratch.segs, &mut buf);
+    let mut r = gather(ctx, cmd, ns, &rw, &mut buf);
     if r.is_ok() {
-        r = ns
-            .backend
-            .write(rw.offset, &buf)
-            .map_err(|_| write_fault(ctx));
+        // FUA, or a disabled volatile write cache: durable before the
+        // completion is posted.
+        let written = if rw.fua || !ctx.shared.wce.load(Ordering::Relaxed) {
+            ns.backend.write_fua(rw.offset, &buf)
+        } else {
+            ns.backend.write(rw.offset, &buf)
+        };
+        r = written.map_err(|_| write_fault(ctx));
     }
     ctx.scratch.buf = buf;
     r?;
-    // FUA, or a disabled volatile write cache, makes the write durable now.
-    let write_through = rw.fua || !ctx.shared.wce.load(Ordering::Relaxed);
-    if write_through && ns.backend.volatile_cache() {
-        ns.backend.flush().map_err(|_| write_fault(ctx))?;
-    }
     let stats = &ctx.shared.stats;
     stats.host_write_commands.fetch_add(1, Ordering::Relaxed);
     stats
         .data_units_written_512
-        .fetch_add(rw.len >> 9, Ordering::Relaxed);
+        .fetch_add(rw.block_bytes >> 9, Ordering::Relaxed);
     Ok(())
 }
 
+/// Compare: data and metadata, extended or separate.
 fn compare(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace) -> Result<(), Status> {
     let rw = ReadWrite::parse(cmd, ns, ctx.shared.config.max_transfer())?;
-    map_prps(ctx, cmd, rw.len)?;
     let mut host = std::mem::take(&mut ctx.scratch.buf);
     let mut media = std::mem::take(&mut ctx.scratch.buf2);
-    host.resize(rw.len as usize, 0);
     media.resize(rw.len as usize, 0);
-    let r = prp::read_from_guest(&*ctx.session.mem, &ctx.scratch.segs, &mut host).and_then(|()| {
+    let r = gather(ctx, cmd, ns, &rw, &mut host).and_then(|()| {
         ns.backend
             .read(rw.offset, &mut media)
             .map_err(|_| read_error(ctx))?;

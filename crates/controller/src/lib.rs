@@ -23,6 +23,7 @@ mod regs;
 mod shadow;
 mod state;
 pub mod stats;
+mod subsystem;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod vendor;
@@ -32,8 +33,9 @@ mod worker;
 mod tests;
 
 pub use config::{
-    ConfigError, ControllerConfig, DoorbellMode, NamespaceConfig, UnknownDoorbellMode,
-    DEFAULT_IDLE_POLL,
+    format_index_for, ConfigError, ControllerConfig, DoorbellMode, LbaFormatSpec,
+    NamespaceConfig, Readiness, UnknownDoorbellMode, DEFAULT_FORMAT_INDEX, DEFAULT_IDLE_POLL,
+    DEFAULT_READY_TIMEOUT, LBA_FORMATS, MAX_NAMESPACES,
 };
 pub use controller::Controller;
 pub use doorbell::{DoorbellPage, HeapDoorbellPage, DOORBELL_PAGE_DWORDS};

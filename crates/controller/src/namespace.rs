@@ -1,22 +1,56 @@
-//! Namespaces: an NSID, an LBA format and a backend (NVM Command Set §4.1.5).
+//! Namespaces: an NSID, an LBA format, a backend, and the state a host can
+//! see change — attachment, readiness, a format in progress (NVM Command Set
+//! §4.1.5, NVMe Base 2.0 §8.3 namespace management).
+//!
+//! A [`Namespace`] is immutable: attach, detach and Format NVM replace the
+//! `Arc` in the controller's map, so a command that already holds one runs
+//! to completion against a consistent view.
+//!
+//! Storage layout: logical block `i` occupies `stride` bytes at `i * stride`
+//! of the backend, its data followed by its metadata (the extended-LBA
+//! layout). Extended-LBA transfers copy that layout as is; separate
+//! metadata (MPTR) is split from and merged into it.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use vnvme_blockdev::BlockDevice;
 use vnvme_spec::identify::{IdentifyNamespace, LbaFormat};
 use vnvme_spec::Status;
 use zerocopy::little_endian::{U16, U64};
 
-use crate::config::{ConfigError, NamespaceConfig};
+use crate::config::{ConfigError, LbaFormatSpec, NamespaceConfig, Readiness, LBA_FORMATS};
 
-#[derive(Debug)]
+/// NSIDs 1..=0xFFFF_FFFE are valid; 0xFFFF_FFFF is the broadcast value.
+pub(crate) const NSID_ALL: u32 = 0xFFFF_FFFF;
+
+/// MC (Metadata Capabilities): bit 0 extended LBAs, bit 1 separate buffer.
+const MC_EXTENDED_AND_SEPARATE: u8 = 0x03;
+
+#[derive(Debug, Clone)]
 pub(crate) struct Namespace {
     pub nsid: u32,
-    /// log2 of the LBA size (9 or 12).
+    /// Index into [`LBA_FORMATS`].
+    pub format_index: u8,
+    /// log2 of the data size (9 or 12).
     pub lba_shift: u8,
+    /// Metadata bytes per block (0, 8 or 64).
+    pub ms: u16,
+    /// Metadata is transferred with the data (FLBAS bit 4).
+    pub extended: bool,
     /// Namespace size in logical blocks.
     pub nsze: u64,
     pub backend: Arc<dyn BlockDevice>,
+    pub readiness: Readiness,
+    /// Attached to this (the only) controller: the namespace is active.
+    pub attached: bool,
+    /// A Format NVM is in progress until then: I/O gets Format In Progress.
+    pub formatting_until: Option<Instant>,
+}
+
+/// Data and metadata byte sizes for a format; `None` for an unknown index.
+fn format(index: u8) -> Option<LbaFormatSpec> {
+    LBA_FORMATS.get(usize::from(index)).copied()
 }
 
 impl Namespace {
@@ -24,53 +58,155 @@ impl Namespace {
         if c.nsid == 0 || c.nsid >= 0xFFFF_FFFE {
             return Err(ConfigError::Nsid(c.nsid));
         }
-        let lba_shift = match c.lba_size {
-            512 => 9,
-            4096 => 12,
-            lba_size => {
-                return Err(ConfigError::LbaSize {
-                    nsid: c.nsid,
-                    lba_size,
-                })
-            }
-        };
-        let nsze = c.backend.size() >> lba_shift;
-        if nsze == 0 {
-            return Err(ConfigError::TooSmall(c.nsid));
+        if c.lba_size != 512 && c.lba_size != 4096 {
+            return Err(ConfigError::LbaSize {
+                nsid: c.nsid,
+                lba_size: c.lba_size,
+            });
         }
-        Ok(Self {
+        let f = format(c.format_index).ok_or(ConfigError::FormatIndex {
             nsid: c.nsid,
-            lba_shift,
-            nsze,
-            backend: c.backend.clone(),
+            index: c.format_index,
+        })?;
+        if f.data_size != c.lba_size {
+            return Err(ConfigError::FormatMismatch {
+                nsid: c.nsid,
+                lba_size: c.lba_size,
+                index: c.format_index,
+                data_size: f.data_size,
+            });
+        }
+        let ns = Self::with_format(
+            c.nsid,
+            c.backend.clone(),
+            c.format_index,
+            c.extended_metadata,
+        )
+        .ok_or(ConfigError::TooSmall(c.nsid))?;
+        Ok(Self {
+            readiness: c.readiness,
+            attached: c.attached,
+            ..ns
         })
     }
 
-    /// Byte offset and length of `nlb` blocks at `slba`, or LBA Out of Range.
-    pub fn byte_range(&self, slba: u64, nlb: u64) -> Result<(u64, u64), Status> {
-        match slba.checked_add(nlb) {
-            Some(end) if end <= self.nsze => Ok((slba << self.lba_shift, nlb << self.lba_shift)),
-            _ => Err(Status::LBA_OUT_OF_RANGE.with_dnr(true)),
+    /// A ready, attached namespace over `backend` in format `index`, or
+    /// `None` if the index is unknown or the backend holds no whole block.
+    pub fn with_format(
+        nsid: u32,
+        backend: Arc<dyn BlockDevice>,
+        index: u8,
+        extended: bool,
+    ) -> Option<Self> {
+        let f = format(index)?;
+        let lba_shift = f.data_size.trailing_zeros() as u8;
+        let stride = u64::from(f.data_size) + u64::from(f.metadata_size);
+        let nsze = backend.size() / stride;
+        (nsze > 0).then_some(Self {
+            nsid,
+            format_index: index,
+            lba_shift,
+            ms: f.metadata_size,
+            extended: extended && f.metadata_size > 0,
+            nsze,
+            backend,
+            readiness: Readiness::Immediate,
+            attached: true,
+            formatting_until: None,
+        })
+    }
+
+    /// Bytes per logical block in the backend: data plus metadata.
+    pub fn stride(&self) -> u64 {
+        (1u64 << self.lba_shift) + u64::from(self.ms)
+    }
+
+    /// Bytes moved through the data pointer (PRPs) per block: metadata too
+    /// for extended LBAs.
+    pub fn data_bytes_per_block(&self) -> u64 {
+        if self.extended {
+            self.stride()
+        } else {
+            1u64 << self.lba_shift
         }
     }
 
-    /// Identify Namespace (CNS 00h): one LBA format, no metadata, deallocated
-    /// blocks read as zeroes.
+    /// Metadata bytes moved through MPTR per block (separate metadata).
+    pub fn separate_metadata_per_block(&self) -> u64 {
+        if self.extended {
+            0
+        } else {
+            u64::from(self.ms)
+        }
+    }
+
+    /// Backend byte offset and length of `nlb` blocks at `slba`, or LBA Out
+    /// of Range.
+    pub fn byte_range(&self, slba: u64, nlb: u64) -> Result<(u64, u64), Status> {
+        let out_of_range = || Status::LBA_OUT_OF_RANGE.with_dnr(true);
+        match slba.checked_add(nlb) {
+            // nsze * stride <= backend size, so neither product overflows.
+            Some(end) if end <= self.nsze => Ok((slba * self.stride(), nlb * self.stride())),
+            _ => Err(out_of_range()),
+        }
+    }
+
+    /// Whether I/O may run now: Namespace Not Ready (DNR = 0, or 1 for a
+    /// never-ready namespace once the host's ready timeout has passed since
+    /// enable) or Format In Progress otherwise.
+    pub fn check_usable(
+        &self,
+        now: Instant,
+        enabled_at: Option<Instant>,
+        ready_timeout: Duration,
+    ) -> Result<(), Status> {
+        let since_enable = enabled_at.map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
+        match self.readiness {
+            Readiness::Immediate => {}
+            Readiness::After(d) if since_enable >= d => {}
+            Readiness::After(_) => return Err(Status::NAMESPACE_NOT_READY.with_dnr(false)),
+            Readiness::Never => {
+                return Err(Status::NAMESPACE_NOT_READY.with_dnr(since_enable >= ready_timeout))
+            }
+        }
+        match self.formatting_until {
+            Some(until) if now < until => Err(Status::FORMAT_IN_PROGRESS.with_dnr(false)),
+            _ => Ok(()),
+        }
+    }
+
+    /// NSTAT.NRDY (Identify CNS 08h): ready at `since_enable`.
+    pub fn is_ready(&self, since_enable: Duration) -> bool {
+        match self.readiness {
+            Readiness::Immediate => true,
+            Readiness::After(d) => since_enable >= d,
+            Readiness::Never => false,
+        }
+    }
+
+    /// Identify Namespace (CNS 00h, 11h): every entry of [`LBA_FORMATS`],
+    /// extended or separate metadata, deallocated blocks read as zeroes.
     pub fn identify(&self) -> Box<IdentifyNamespace> {
         let mut id = IdentifyNamespace::new_boxed();
         id.nsze = U64::new(self.nsze);
         id.ncap = U64::new(self.nsze);
         id.nuse = U64::new(self.nsze);
-        // NSFEAT bit 0: thin provisioning is not reported; bit 2 DAE: the
-        // deallocated-or-unwritten error is not supported.
-        id.nlbaf_z = 0;
-        id.set_format_index(0, false);
+        // NSFEAT bit 0: thin provisioning is not reported; DLFEAT bits 2:0
+        // = 001b: deallocated blocks read as zeroes.
+        id.nlbaf_z = (LBA_FORMATS.len() - 1) as u8;
+        id.set_format_index(self.format_index, self.extended);
+        id.mc = MC_EXTENDED_AND_SEPARATE;
         id.dlfeat = 0x01;
-        id.lbaf[0] = LbaFormat {
-            ms: U16::new(0),
-            lbads: self.lba_shift,
-            rp: 0,
-        };
+        for (slot, f) in id.lbaf.iter_mut().zip(LBA_FORMATS) {
+            *slot = LbaFormat {
+                ms: U16::new(f.metadata_size),
+                lbads: f.data_size.trailing_zeros() as u8,
+                // Relative Performance: 00b best for the plain formats.
+                rp: u8::from(f.metadata_size != 0),
+            };
+        }
+        let bytes = u128::from(self.backend.size());
+        id.nvmcap = bytes.to_le_bytes();
         id.nguid = self.nguid();
         id.eui64.copy_from_slice(&self.nguid()[8..]);
         id

@@ -6,9 +6,13 @@ use vnvme_spec::regs::{offset, shutdown, version, Aqa, Cap, Cc, Crto, Csts, NSSR
 
 use crate::config::ControllerConfig;
 
-/// CAP.TO and CRTO, in 500 ms units: 5 s (we are ready at once; this is the
-/// host's patience, not ours).
-const READY_TIMEOUT: u8 = 10;
+/// CRTO.CRWMT/CRIMT in 500 ms units: `ready_timeout` rounded up (at least
+/// 1). This is the host's patience: the controller is ready at once, its
+/// namespaces may not be (see [`crate::Readiness`]).
+fn ready_timeout_units(config: &ControllerConfig) -> u16 {
+    let units = config.ready_timeout.as_millis().div_ceil(500).max(1);
+    u16::try_from(units).unwrap_or(u16::MAX)
+}
 /// Largest memory page size supported: 2^(12 + 4) = 64 KiB.
 pub(crate) const MPSMAX: u8 = 4;
 
@@ -43,10 +47,12 @@ pub(crate) struct Regs {
 
 impl Regs {
     pub fn new(config: &ControllerConfig) -> Self {
+        let timeout = ready_timeout_units(config);
         let cap = Cap::new()
             .with_mqes_z(config.mqes_z)
             .with_cqr(true)
-            .with_to(READY_TIMEOUT)
+            // CAP.TO is 8 bits: hosts that read CRTO (CAP.CRMS set) use it.
+            .with_to(u8::try_from(timeout).unwrap_or(u8::MAX))
             .with_dstrd(0)
             .with_nssrs(true)
             .with_css(1)
@@ -64,8 +70,8 @@ impl Regs {
             asq: 0,
             acq: 0,
             crto: Crto::new()
-                .with_crwmt(u16::from(READY_TIMEOUT))
-                .with_crimt(u16::from(READY_TIMEOUT)),
+                .with_crwmt(timeout)
+                .with_crimt(timeout),
         }
     }
 

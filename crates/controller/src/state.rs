@@ -6,7 +6,7 @@
 //! admin queue's worker takes I/O queue locks while holding the admin ones,
 //! and admin commands reject queue id 0 before locking anything.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -25,6 +25,7 @@ use crate::prp::Segment;
 use crate::queue::{Cq, Sq};
 use crate::shadow::Dbbuf;
 use crate::stats::Stats;
+use crate::subsystem::{ChangedNamespaces, Namespaces, ReadyTimer};
 use crate::worker::WorkerShared;
 
 /// Asynchronous Event Request Limit, 0's based (Identify Controller AERL).
@@ -96,9 +97,18 @@ pub(crate) struct ErrorLog {
 
 pub(crate) struct Shared {
     pub config: ControllerConfig,
-    pub namespaces: BTreeMap<u32, Arc<Namespace>>,
-    /// Identify Controller NN: the largest NSID.
+    /// Allocated namespaces (attached or not).
+    pub namespaces: Namespaces,
+    /// Identify Controller NN: the largest NSID the subsystem supports.
     pub nn: u32,
+    /// TNVMCAP: bytes namespaces are allocated from.
+    pub tnvmcap: u64,
+    /// Changed Namespace List log (04h).
+    pub changed: Mutex<ChangedNamespaces>,
+    /// Makes slow namespaces ready after enable.
+    pub ready_timer: ReadyTimer,
+    /// When CC.EN last went to 1 (namespace readiness counts from it).
+    pub enabled_at: Mutex<Option<Instant>>,
     /// Some namespace's backend has a volatile write cache.
     pub vwc: bool,
     pub doorbells: Doorbells,
@@ -155,10 +165,11 @@ impl Shared {
         }
     }
 
-    /// Active namespace `nsid`, or Invalid Namespace or Format.
-    pub fn namespace(&self, nsid: u32) -> Result<&Arc<Namespace>, Status> {
+    /// Active (allocated and attached) namespace `nsid`, or Invalid
+    /// Namespace or Format.
+    pub fn namespace(&self, nsid: u32) -> Result<Arc<Namespace>, Status> {
         self.namespaces
-            .get(&nsid)
+            .active(nsid)
             .ok_or(Status::INVALID_NAMESPACE_OR_FORMAT.with_dnr(true))
     }
 
@@ -226,6 +237,10 @@ pub(crate) struct Scratch {
     pub segs: Vec<Segment>,
     pub buf: Vec<u8>,
     pub buf2: Vec<u8>,
+    /// Separate metadata (MPTR) of the command in flight, and its data
+    /// while split from or merged with the metadata.
+    pub meta: Vec<u8>,
+    pub split: Vec<u8>,
 }
 
 /// What a command handler has at hand.
@@ -278,5 +293,24 @@ impl Ctx<'_> {
             &mut self.scratch.segs,
         )?;
         crate::prp::write_to_guest(&*self.session.mem, &self.scratch.segs, data)
+    }
+
+    /// Copies `len` bytes (at most MDTS) from the host buffer described by
+    /// the command's PRPs into `out`.
+    pub fn receive(&mut self, cmd: &Command, len: usize, out: &mut Vec<u8>) -> Result<(), Status> {
+        if len as u64 > self.shared.config.max_transfer() {
+            return Err(Status::INVALID_FIELD.with_dnr(true));
+        }
+        crate::prp::map(
+            &*self.session.mem,
+            cmd.prp1.get(),
+            cmd.prp2.get(),
+            len as u64,
+            self.session.page_size,
+            &mut self.scratch.segs,
+        )?;
+        out.clear();
+        out.resize(len, 0);
+        crate::prp::read_from_guest(&*self.session.mem, &self.scratch.segs, out)
     }
 }

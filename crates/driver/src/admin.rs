@@ -1,17 +1,19 @@
 //! The admin queue and builders of the admin commands the driver sends
 //! (NVMe 2.0 §5).
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use vnvme_spec::command::Command;
 use vnvme_spec::feature::FeatureId;
 use vnvme_spec::identify::Cns;
-use vnvme_spec::{AdminOpcode, Completion};
+use vnvme_spec::log::{GetLogPage, LogPageId};
+use vnvme_spec::{AdminOpcode, Completion, Status};
 
-use crate::access::{DmaBuffer, Interrupt};
+use crate::access::DmaBuffer;
 use crate::error::Error;
-use crate::queue::QueuePair;
+use crate::irq::QueueIrq;
+use crate::queue::{QueuePair, REAP_CAP};
 
 /// Identify (§5.17): CNS in CDW10 7:0, CNTID in 31:16.
 pub fn identify(cns: Cns, nsid: u32) -> Command {
@@ -69,6 +71,32 @@ pub fn doorbell_buffer_config(shadow_iova: u64, event_idx_iova: u64) -> Command 
     c
 }
 
+/// Get Log Page (§5.16) of `bytes` (a multiple of 4) from offset 0;
+/// `rae` retains the asynchronous event (else reading the log clears it).
+pub fn get_log_page(lid: LogPageId, nsid: u32, bytes: u32, rae: bool) -> Command {
+    let mut c = Command::new(AdminOpcode::GET_LOG_PAGE.0, 0);
+    c.nsid = nsid.into();
+    let [d10, d11, d12, d13] = GetLogPage {
+        lid,
+        lsp: 0,
+        rae,
+        dwords: (bytes / 4).max(1),
+        offset: 0,
+    }
+    .to_cdws();
+    c.cdw10 = d10.into();
+    c.cdw11 = d11.into();
+    c.cdw12 = d12.into();
+    c.cdw13 = d13.into();
+    c
+}
+
+/// Asynchronous Event Request (§5.2): completes when the controller has an
+/// event to report, with the event in dword 0.
+pub fn async_event_request() -> Command {
+    Command::new(AdminOpcode::ASYNC_EVENT_REQUEST.0, 0)
+}
+
 /// Delete I/O Submission Queue (§5.7).
 pub fn delete_io_sq(qid: u16) -> Command {
     let mut c = Command::new(AdminOpcode::DELETE_IO_SQ.0, 0);
@@ -87,19 +115,28 @@ pub fn delete_io_cq(qid: u16) -> Command {
 #[derive(Debug)]
 pub(crate) struct AdminQueue {
     pub qp: QueuePair,
-    pub interrupt: Option<Interrupt>,
+    pub interrupt: Option<QueueIrq>,
     stash: VecDeque<Completion>,
     /// Admin commands submitted since initialisation began.
     pub commands: u64,
+    /// The same, by opcode.
+    pub by_opcode: BTreeMap<AdminOpcode, u64>,
+    /// The outstanding Asynchronous Event Request, if any.
+    aer_cid: Option<u16>,
+    /// Completions of Asynchronous Event Requests not yet handled.
+    events: VecDeque<Completion>,
 }
 
 impl AdminQueue {
-    pub fn new(qp: QueuePair, interrupt: Option<Interrupt>) -> Self {
+    pub fn new(qp: QueuePair, interrupt: Option<QueueIrq>) -> Self {
         Self {
             qp,
             interrupt,
             stash: VecDeque::new(),
             commands: 0,
+            by_opcode: BTreeMap::new(),
+            aer_cid: None,
+            events: VecDeque::new(),
         }
     }
 
@@ -121,17 +158,8 @@ impl AdminQueue {
         Ok(cqe)
     }
 
-    /// Submits `cmd` with PRPs for `len` bytes at device address `iova`
-    /// when `data` is `Some((iova, len))`, and waits for its completion,
-    /// whatever its status. On an error before submission nothing is sent.
-    pub fn submit_wait(
-        &mut self,
-        mut cmd: Command,
-        data: Option<(u64, usize)>,
-        timeout: Duration,
-    ) -> Result<Completion, Error> {
-        // Completions of commands that timed out earlier are of no use now.
-        self.stash.clear();
+    /// Writes `cmd` with a fresh CID (and PRPs for `data`) and rings; returns the CID.
+    fn submit(&mut self, mut cmd: Command, data: Option<(u64, usize)>) -> Result<u16, Error> {
         let cid = self.qp.alloc_cid()?;
         cmd.set_cid(cid);
         let prepared = match data {
@@ -144,17 +172,99 @@ impl AdminQueue {
             return Err(e);
         }
         self.commands += 1;
+        *self.by_opcode.entry(AdminOpcode(cmd.opcode())).or_default() += 1;
         self.qp.ring()?;
-        let opcode = AdminOpcode(cmd.opcode());
-        self.qp
-            .wait_for(cid, self.interrupt.as_ref(), &mut self.stash, timeout)?
-            .ok_or_else(|| Error::CommandTimeout {
-                what: format!("admin command {opcode}"),
-                qid: 0,
-                cid,
-                timeout,
-            })
+        Ok(cid)
     }
+
+    /// Submits `cmd` with PRPs for `len` bytes at device address `iova`
+    /// when `data` is `Some((iova, len))`, and waits for its completion,
+    /// whatever its status. On an error before submission nothing is sent.
+    pub fn submit_wait(
+        &mut self,
+        cmd: Command,
+        data: Option<(u64, usize)>,
+        timeout: Duration,
+    ) -> Result<Completion, Error> {
+        // Completions of commands that timed out earlier are of no use now;
+        // an asynchronous event is, and is kept.
+        self.keep_events();
+        self.stash.clear();
+        let opcode = AdminOpcode(cmd.opcode());
+        let cid = self.submit(cmd, data)?;
+        let cqe = self
+            .qp
+            .wait_for(cid, self.interrupt.as_ref(), &mut self.stash, timeout)?;
+        self.keep_events();
+        cqe.ok_or_else(|| Error::CommandTimeout {
+            what: format!("admin command {opcode}"),
+            qid: 0,
+            cid,
+            timeout,
+        })
+    }
+
+    /// Submits an Asynchronous Event Request unless one is outstanding. It
+    /// completes whenever the controller has an event: its completion is
+    /// kept for [`take_events`](Self::take_events).
+    pub fn arm_async_event(&mut self) -> Result<(), Error> {
+        if self.aer_cid.is_none() {
+            self.aer_cid = Some(self.submit(async_event_request(), None)?);
+        }
+        Ok(())
+    }
+
+    /// Whether an Asynchronous Event Request is outstanding.
+    pub fn async_event_armed(&self) -> bool {
+        self.aer_cid.is_some()
+    }
+
+    /// Moves the completion of the outstanding AER from the stash to the events.
+    fn keep_events(&mut self) {
+        let Some(cid) = self.aer_cid else { return };
+        if let Some(pos) = self.stash.iter().position(|c| c.cid() == cid) {
+            if let Some(cqe) = self.stash.remove(pos) {
+                self.events.push_back(cqe);
+                self.aer_cid = None;
+            }
+        }
+    }
+
+    /// Reaps without waiting (up to `wait` for an interrupt when nothing is
+    /// there) and returns the completions of Asynchronous Event Requests
+    /// seen so far. An AER must be re-armed by the caller.
+    pub fn take_events(&mut self, wait: Duration) -> Result<Vec<Completion>, Error> {
+        let deadline = std::time::Instant::now() + wait;
+        let mut backoff = crate::queue::Backoff::default();
+        loop {
+            let ticket = self.interrupt.as_ref().map_or(0, QueueIrq::ticket);
+            self.qp.reap(&mut self.stash, REAP_CAP)?;
+            self.keep_events();
+            let now = std::time::Instant::now();
+            if !self.events.is_empty() || self.aer_cid.is_none() || now >= deadline {
+                return Ok(self.events.drain(..).collect());
+            }
+            self.qp
+                .idle(self.interrupt.as_ref(), ticket, deadline - now, &mut backoff)?;
+        }
+    }
+
+    /// Counts by opcode name, for reports.
+    pub fn by_opcode_names(&self) -> BTreeMap<String, u64> {
+        named(&self.by_opcode)
+    }
+}
+
+/// `counts` keyed by the opcode's spec name (or `opcode-0xNN`).
+pub(crate) fn named(counts: &BTreeMap<AdminOpcode, u64>) -> BTreeMap<String, u64> {
+    counts.iter().map(|(op, n)| (op.to_string(), *n)).collect()
+}
+
+/// Namespace Not Ready that may be retried: status code type generic, code
+/// 0x82, DNR clear. (0x82 of another type is something else, e.g. a media
+/// error; DNR set means the same command will fail again.)
+pub fn is_retryable_not_ready(status: Status) -> bool {
+    status.same_code(Status::NAMESPACE_NOT_READY) && !status.dnr()
 }
 
 #[cfg(test)]

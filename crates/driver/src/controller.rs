@@ -1,25 +1,32 @@
 //! Controller initialisation (NVMe 2.0 §3.5.1), reset and shutdown, and the
 //! admin command path.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use vnvme_spec::command::Command;
-use vnvme_spec::feature::{FeatureId, NumberOfQueues};
-use vnvme_spec::identify::{oacs, Cns, IdentifyController, IdentifyNamespace, IDENTIFY_SIZE};
-use vnvme_spec::regs::{offset, shutdown, Aqa, Cap, Cc, Crto, Csts, Doorbell};
-use vnvme_spec::{Completion, Status};
+use vnvme_spec::feature::{aec, FeatureId, NumberOfQueues};
+use vnvme_spec::identify::{oacs, Cns, IdentifyController, IDENTIFY_SIZE};
+use vnvme_spec::regs::{self, offset, shutdown, Aqa, Cap, Cc, Crto, Csts, Doorbell};
+use vnvme_spec::{AdminOpcode, Completion, Status};
 use zerocopy::FromBytes;
 
-use crate::access::{DeviceAccess, DmaBuffer, Interrupt, PAGE_SIZE};
+use crate::access::{DeviceAccess, DmaBuffer, PAGE_SIZE};
 use crate::admin::{self, AdminQueue};
 use crate::doorbell::{DoorbellKind, NeedEvent, ShadowBuffers};
 use crate::error::Error;
+use crate::init::{InitMode, QueueSetup};
 use crate::io::IoQueue;
-use crate::namespace::Namespace;
+use crate::irq;
+use crate::namespace::{self, Namespace, NamespaceSet, NamespaceState, Probe, ProbeCtx};
 use crate::queue::{Backoff, QueueCounters, QueuePair};
+
+mod events;
+
+pub use events::AsyncEvent;
 
 /// How to bring the controller up.
 #[derive(Debug, Clone)]
@@ -55,6 +62,14 @@ pub struct InitOptions {
     /// polls. When every doorbell in use is mapped, Doorbell Buffer Config is
     /// not sent: shadow updates would only add work.
     pub map_doorbells: bool,
+    /// Fast (each queue created once) or the old learning dance, kept only
+    /// to measure what it cost.
+    pub init_mode: InitMode,
+    /// Enable Namespace Attribute Notices (Set Features 0Bh) when Identify
+    /// Controller OAES bit 8 offers them, and keep one Asynchronous Event
+    /// Request outstanding: [`Controller::poll_events`] then picks up
+    /// namespaces attached or made ready later.
+    pub async_events: bool,
 }
 
 impl Default for InitOptions {
@@ -72,6 +87,8 @@ impl Default for InitOptions {
             shadow_admin: true,
             need_event: NeedEvent::Linux,
             map_doorbells: true,
+            init_mode: InitMode::Fast,
+            async_events: true,
         }
     }
 }
@@ -86,14 +103,28 @@ pub struct Controller {
     ready_timeout: Duration,
     admin: Mutex<AdminQueue>,
     identify: Arc<IdentifyController>,
-    namespaces: Arc<[Namespace]>,
+    namespaces: Arc<NamespaceSet>,
+    /// Every NSID of the active list and what became of it, by NSID.
+    ns_report: Mutex<BTreeMap<u32, NamespaceState>>,
+    /// Identify CNS 08h (NSTAT) is used: an NVMe 2.0 controller.
+    nstat: bool,
     io_queues: Mutex<Vec<Option<IoQueue>>>,
     io_queue_count: u16,
     max_transfer: usize,
     interrupts: bool,
+    vectors: u16,
     doorbell_kind: DoorbellKind,
     generation: Arc<AtomicU64>,
-    init_admin_commands: u64,
+    init: InitStats,
+}
+
+/// What initialisation cost.
+#[derive(Debug, Clone, Default)]
+struct InitStats {
+    admin_commands: u64,
+    by_opcode: BTreeMap<AdminOpcode, u64>,
+    io_commands: u64,
+    duration: Duration,
 }
 
 /// Everything `bring_up` produces; the part of a controller a reset replaces.
@@ -103,11 +134,15 @@ struct Live {
     ready_timeout: Duration,
     admin: AdminQueue,
     identify: Arc<IdentifyController>,
-    namespaces: Arc<[Namespace]>,
+    namespaces: Arc<NamespaceSet>,
+    ns_report: BTreeMap<u32, NamespaceState>,
+    nstat: bool,
     io_queues: Vec<Option<IoQueue>>,
     max_transfer: usize,
     interrupts: bool,
+    vectors: u16,
     doorbell_kind: DoorbellKind,
+    init: InitStats,
 }
 
 impl Controller {
@@ -126,7 +161,6 @@ impl Controller {
         generation: Arc<AtomicU64>,
         live: Live,
     ) -> Self {
-        let init_admin_commands = live.admin.commands;
         let io_queue_count = u16::try_from(live.io_queues.len()).unwrap_or(u16::MAX);
         Self {
             access,
@@ -137,13 +171,16 @@ impl Controller {
             admin: Mutex::new(live.admin),
             identify: live.identify,
             namespaces: live.namespaces,
+            ns_report: Mutex::new(live.ns_report),
+            nstat: live.nstat,
             io_queues: Mutex::new(live.io_queues),
             io_queue_count,
             max_transfer: live.max_transfer,
             interrupts: live.interrupts,
+            vectors: live.vectors,
             doorbell_kind: live.doorbell_kind,
             generation,
-            init_admin_commands,
+            init: live.init,
         }
     }
 
@@ -187,9 +224,15 @@ impl Controller {
         &self.identify
     }
 
-    /// Active namespaces the driver can use, in NSID order.
-    pub fn namespaces(&self) -> &[Namespace] {
-        &self.namespaces
+    /// Namespaces the driver can use now, in NSID order.
+    pub fn namespaces(&self) -> Vec<Namespace> {
+        self.namespaces.snapshot().1.to_vec()
+    }
+
+    /// Every namespace of the active list and its state: ready, not ready
+    /// yet, or skipped, with the reason.
+    pub fn namespace_report(&self) -> Vec<NamespaceState> {
+        self.ns_report.lock().values().cloned().collect()
     }
 
     pub fn cap(&self) -> Cap {
@@ -216,6 +259,12 @@ impl Controller {
         self.interrupts
     }
 
+    /// MSI-X vectors in use (0 when polling). Fewer than queues + 1 means
+    /// some are shared (see [`crate::irq`]).
+    pub fn interrupt_vectors(&self) -> u16 {
+        self.vectors
+    }
+
     /// How the I/O queues' doorbells reach the device: register writes,
     /// shadow doorbells, or a mapped doorbell page.
     pub fn doorbell_kind(&self) -> DoorbellKind {
@@ -227,10 +276,33 @@ impl Controller {
         self.admin.lock().qp.counters
     }
 
-    /// Admin commands sent during initialisation (identify, number of
-    /// queues, Doorbell Buffer Config, queue creation, namespace scan).
+    /// Admin commands sent during initialisation (see [`crate::init`] for
+    /// the list), the Asynchronous Event Request left outstanding included.
     pub fn init_admin_commands(&self) -> u64 {
-        self.init_admin_commands
+        self.init.admin_commands
+    }
+
+    /// [`init_admin_commands`](Self::init_admin_commands) by opcode name
+    /// ([`AdminOpcode`]'s, e.g. `"create-io-cq"`).
+    pub fn init_admin_by_opcode(&self) -> BTreeMap<String, u64> {
+        admin::named(&self.init.by_opcode)
+    }
+
+    /// I/O commands sent during initialisation: the reads of
+    /// [`InitMode::Learning`], 0 otherwise.
+    pub fn init_io_commands(&self) -> u64 {
+        self.init.io_commands
+    }
+
+    /// How long [`init`](Self::init) (or the last reset) took, namespace
+    /// readiness waits included.
+    pub fn init_duration(&self) -> Duration {
+        self.init.duration
+    }
+
+    /// Admin commands sent since initialisation began, by opcode name.
+    pub fn admin_by_opcode(&self) -> BTreeMap<String, u64> {
+        self.admin.lock().by_opcode_names()
     }
 
     /// Admin commands sent since initialisation began.
@@ -309,6 +381,7 @@ fn bring_up(
     opts: &InitOptions,
     generation: &Arc<AtomicU64>,
 ) -> Result<Live, Error> {
+    let started = Instant::now();
     let cap = Cap::from(access.read64(offset::CAP)?);
     let version = access.read32(offset::VS)?;
     if cap.css() & 1 == 0 {
@@ -345,14 +418,13 @@ fn bring_up(
     }
     wait_csts(access, ready_timeout, "clear CSTS.RDY", false, |c| !c.rdy())?;
 
-    let mut vectors: Vec<Option<Interrupt>> = Vec::new();
+    let mut vectors = Vec::new();
     if opts.interrupts {
         match access.enable_interrupts(opts.io_queues.saturating_add(1)) {
-            Ok(v) => vectors = v.into_iter().map(Some).collect(),
+            Ok(v) => vectors = v,
             Err(e) => tracing::warn!(error = %e, "interrupts unavailable, polling"),
         }
     }
-    let admin_irq = vectors.first_mut().and_then(Option::take);
 
     let admin_size = clamp_depth(opts.admin_depth, mqes.min(4096));
     let admin_qp = QueuePair::new(
@@ -377,7 +449,8 @@ fn bring_up(
         .with_iocqes(4);
     access.write32(offset::CC, cc.into())?;
     wait_csts(access, ready_timeout, "set CSTS.RDY", true, |c| c.rdy())?;
-    let mut admin = AdminQueue::new(admin_qp, admin_irq);
+    // Polled until the number of queues, hence the vector sharing, is known.
+    let mut admin = AdminQueue::new(admin_qp, None);
     let timeout = opts.admin_timeout;
 
     let buf = access.dma_alloc(IDENTIFY_SIZE)?;
@@ -405,6 +478,11 @@ fn bring_up(
     } else {
         0
     };
+    // Vectors are mapped from what is known now (granted queues and
+    // vectors), never learnt: see `crate::irq`.
+    let n_vectors = u16::try_from(vectors.len()).unwrap_or(u16::MAX);
+    let (admin_irq, mut io_irqs) = irq::assign(vectors, count);
+    admin.interrupt = admin_irq;
 
     let all_mapped = (0..=count).all(|qid| {
         [Doorbell::SqTail(qid), Doorbell::CqHead(qid)]
@@ -425,44 +503,74 @@ fn bring_up(
         admin.qp.attach_shadow(bufs)?;
     }
 
-    let mut pairs = Vec::new();
-    let depth = clamp_depth(opts.queue_depth, mqes);
-    for qid in 1..=count {
-        let mut qp = QueuePair::new(access, qid, depth, dstrd, max_transfer)?;
-        if let Some(bufs) = &shadow {
-            // The slots start at zero, like the queue's indexes.
-            qp.attach_shadow(bufs)?;
-        }
-        let irq = vectors.get_mut(usize::from(qid)).and_then(Option::take);
-        let vector = irq.as_ref().map(|_| qid);
-        admin.execute(
-            admin::create_io_cq(qid, depth, qp.cq_iova(), vector),
-            None,
-            timeout,
-        )?;
-        admin.execute(
-            admin::create_io_sq(qid, depth, qp.sq_iova(), qid),
-            None,
-            timeout,
-        )?;
-        pairs.push((qp, irq));
-    }
-    let interrupts = pairs.iter().any(|(_, irq)| irq.is_some());
+    let setup = QueueSetup {
+        access,
+        count,
+        depth: clamp_depth(opts.queue_depth, mqes),
+        dstrd,
+        max_transfer,
+        shadow: shadow.as_ref(),
+        vectors: n_vectors,
+        timeout,
+    };
+    let mut pairs = setup.create(&mut admin)?;
 
-    let namespaces: Arc<[Namespace]> =
-        scan_namespaces(access, &mut admin, &identify, ready_timeout, timeout)?.into();
+    // Before the namespace scan, so that a namespace turning ready or
+    // attached after it was looked at is still reported.
+    let events = opts.async_events && identify.oaes.get() & (1 << 8) != 0;
+    if events {
+        if let Err(e) = admin.execute(
+            admin::set_features(FeatureId::ASYNC_EVENT_CONFIG, aec::NAMESPACE_ATTRIBUTE),
+            None,
+            timeout,
+        ) {
+            tracing::info!(error = %e, "namespace attribute notices unavailable");
+        }
+    }
+    let nstat = version >= regs::version(2, 0, 0);
+    let deadline = Instant::now() + ready_timeout;
+    let (found, ns_report) = scan_namespaces(
+        &mut ProbeCtx {
+            admin: &mut admin,
+            buf: &buf,
+            timeout,
+            deadline: Some(deadline),
+            nstat,
+        },
+        &identify,
+    )?;
+
+    let mut io_commands = 0;
+    if opts.init_mode == InitMode::Learning && count > 0 {
+        let (again, reads) = setup.relearn(&mut admin, pairs, &io_irqs, found.first())?;
+        pairs = again;
+        io_commands = reads;
+    }
+    if events {
+        admin.arm_async_event()?;
+    }
+
+    let namespaces = Arc::new(NamespaceSet::new(found));
+    let interrupts = io_irqs.iter().any(Option::is_some);
     let io_queues = pairs
         .into_iter()
+        .zip(io_irqs.iter_mut())
         .map(|(qp, irq)| {
             Some(IoQueue::new(
                 qp,
-                irq,
+                irq.take(),
                 Arc::clone(&namespaces),
                 Arc::clone(generation),
                 opts.io_timeout,
             ))
         })
         .collect();
+    let init = InitStats {
+        admin_commands: admin.commands,
+        by_opcode: admin.by_opcode.clone(),
+        io_commands,
+        duration: started.elapsed(),
+    };
     Ok(Live {
         cap,
         version,
@@ -470,10 +578,14 @@ fn bring_up(
         admin,
         identify: Arc::new(identify),
         namespaces,
+        ns_report,
+        nstat,
         io_queues,
         max_transfer,
         interrupts,
+        vectors: if interrupts { n_vectors } else { 0 },
         doorbell_kind,
+        init,
     })
 }
 
@@ -537,25 +649,21 @@ pub fn max_transfer(driver_limit: usize, mdts: u8, mpsmin: u8) -> usize {
     driver_limit.min(device).max(PAGE_SIZE)
 }
 
-/// Identify active namespace list, then Identify Namespace for each,
-/// retrying only Namespace Not Ready (generic, DNR clear) until the ready
-/// timeout; namespaces that fail otherwise or have an unusable format are skipped.
-fn scan_namespaces(
-    access: &Arc<dyn DeviceAccess>,
-    admin: &mut AdminQueue,
+/// The Active Namespace ID list (CNS 02h). Before
+/// NVMe 1.1 CNS 02h did not exist: then every NSID up to NN (at most 1024).
+pub(crate) fn active_nsids(
+    cx: &mut ProbeCtx<'_>,
     identify: &IdentifyController,
-    ready_timeout: Duration,
-    timeout: Duration,
-) -> Result<Vec<Namespace>, Error> {
-    let buf = access.dma_alloc(IDENTIFY_SIZE)?;
-    let nsids: Vec<u32> = match admin.execute(
+) -> Result<Vec<u32>, Error> {
+    cx.buf.fill(0, IDENTIFY_SIZE, 0)?;
+    match cx.admin.execute(
         admin::identify(Cns::ACTIVE_NAMESPACES, 0),
-        Some(&buf),
-        timeout,
+        Some(cx.buf),
+        cx.timeout,
     ) {
         Ok(_) => {
             let mut list = Vec::new();
-            for chunk in buf.to_vec().chunks_exact(4) {
+            for chunk in cx.buf.to_vec().chunks_exact(4) {
                 let nsid = u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
                 // Zero ends the list; the list is increasing, so anything
                 // else is a device bug and is dropped.
@@ -566,48 +674,36 @@ fn scan_namespaces(
                     list.push(nsid);
                 }
             }
-            list
+            Ok(list)
         }
-        // Before NVMe 1.1, CNS 02h did not exist: try every NSID up to NN.
         Err(Error::AdminCommand { status, .. }) if status.same_code(Status::INVALID_FIELD) => {
-            (1..=identify.nn.get().min(1024)).collect()
+            Ok((1..=identify.nn.get().min(1024)).collect())
         }
-        Err(e) => return Err(e),
-    };
-    let deadline = Instant::now() + ready_timeout;
-    let mut namespaces = Vec::new();
-    for nsid in nsids {
-        buf.fill(0, IDENTIFY_SIZE, 0)?;
-        let mut delay = Duration::from_millis(1);
-        let result = loop {
-            match admin.execute(admin::identify(Cns::NAMESPACE, nsid), Some(&buf), timeout) {
-                Err(Error::AdminCommand { status, .. })
-                    if status.same_code(Status::NAMESPACE_NOT_READY)
-                        && !status.dnr()
-                        && Instant::now() + delay < deadline =>
-                {
-                    std::thread::sleep(delay);
-                    delay = (delay * 2).min(Duration::from_millis(100));
-                }
-                other => break other,
-            }
-        };
-        match result {
-            Ok(_) => {
-                let id = IdentifyNamespace::read_from_bytes(&buf.to_vec())
-                    .map_err(|_| Error::Unsupported("short identify data".into()))?;
-                match Namespace::from_identify(nsid, id) {
-                    Ok(ns) => namespaces.push(ns),
-                    Err(why) => tracing::info!(nsid, ?why, "skipping namespace"),
-                }
-            }
-            Err(Error::AdminCommand { status, .. }) => {
-                tracing::info!(nsid, %status, "skipping namespace");
-            }
-            Err(e) => return Err(e),
+        Err(e) => Err(e),
+    }
+}
+
+/// The active namespace list, then [`namespace::probe`] for each (retrying
+/// Namespace Not Ready until the context's deadline). With no namespace
+/// this is one command and no wait.
+fn scan_namespaces(
+    cx: &mut ProbeCtx<'_>,
+    identify: &IdentifyController,
+) -> Result<(Vec<Namespace>, BTreeMap<u32, NamespaceState>), Error> {
+    let mut found = Vec::new();
+    let mut report = BTreeMap::new();
+    for nsid in active_nsids(cx, identify)? {
+        let probe = namespace::probe(cx, nsid)?;
+        let state = probe.state(nsid);
+        if let Some(reason) = &state.reason {
+            tracing::info!(nsid, state = %state.state, reason, "namespace not used");
+        }
+        report.insert(nsid, state);
+        if let Probe::Ready(ns) = probe {
+            found.push(ns);
         }
     }
-    Ok(namespaces)
+    Ok((found, report))
 }
 
 #[cfg(test)]

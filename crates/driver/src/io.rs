@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 use vnvme_spec::command::Command;
 use vnvme_spec::{Completion, NvmOpcode};
 
-use crate::access::{DmaBuffer, Interrupt};
+use crate::access::DmaBuffer;
 use crate::error::Error;
-use crate::namespace::Namespace;
+use crate::irq::QueueIrq;
+use crate::namespace::{Namespace, NamespaceSet};
 use crate::queue::{Backoff, QueueCounters, QueuePair, REAP_CAP};
 
 /// One I/O submission/completion queue pair (SQ id = CQ id = `qid`).
@@ -22,8 +23,11 @@ use crate::queue::{Backoff, QueueCounters, QueuePair, REAP_CAP};
 #[derive(Debug)]
 pub struct IoQueue {
     qp: QueuePair,
-    interrupt: Option<Interrupt>,
+    interrupt: Option<QueueIrq>,
+    /// The controller's namespaces as of `ns_version`.
     namespaces: Arc<[Namespace]>,
+    ns_set: Arc<NamespaceSet>,
+    ns_version: u64,
     /// Completions reaped while a synchronous call waited for another CID.
     pending: VecDeque<Completion>,
     generation: Arc<AtomicU64>,
@@ -34,16 +38,19 @@ pub struct IoQueue {
 impl IoQueue {
     pub(crate) fn new(
         qp: QueuePair,
-        interrupt: Option<Interrupt>,
-        namespaces: Arc<[Namespace]>,
+        interrupt: Option<QueueIrq>,
+        ns_set: Arc<NamespaceSet>,
         generation: Arc<AtomicU64>,
         timeout: Duration,
     ) -> Self {
         let my_generation = generation.load(Ordering::Relaxed);
+        let (ns_version, namespaces) = ns_set.snapshot();
         Self {
             qp,
             interrupt,
             namespaces,
+            ns_set,
+            ns_version,
             pending: VecDeque::new(),
             generation,
             my_generation,
@@ -70,6 +77,16 @@ impl IoQueue {
         self.interrupt.is_some()
     }
 
+    /// The MSI-X vector this queue's completions raise, if any.
+    pub fn interrupt_vector(&self) -> Option<u16> {
+        self.interrupt.as_ref().map(QueueIrq::vector)
+    }
+
+    /// Whether that vector is shared with other queues.
+    pub fn shares_vector(&self) -> bool {
+        self.interrupt.as_ref().is_some_and(QueueIrq::is_shared)
+    }
+
     /// Largest data transfer of one command, in bytes.
     pub fn max_transfer(&self) -> usize {
         self.qp.max_transfer()
@@ -79,11 +96,26 @@ impl IoQueue {
         self.qp.counters
     }
 
+    /// Takes the controller's namespace list again if a rescan changed it.
+    fn sync_namespaces(&mut self) {
+        if self.ns_set.version() != self.ns_version {
+            (self.ns_version, self.namespaces) = self.ns_set.snapshot();
+        }
+    }
+
+    /// A namespace this queue can do I/O to (as of its last read or write,
+    /// or [`refresh_namespaces`](Self::refresh_namespaces)).
     pub fn namespace(&self, nsid: u32) -> Result<&Namespace, Error> {
         self.namespaces
             .iter()
             .find(|n| n.nsid == nsid)
             .ok_or(Error::NoSuchNamespace(nsid))
+    }
+
+    /// Takes namespaces found by a rescan since this queue last looked
+    /// (reads and writes do this themselves).
+    pub fn refresh_namespaces(&mut self) {
+        self.sync_namespaces();
     }
 
     fn check_live(&self) -> Result<(), Error> {
@@ -167,6 +199,7 @@ impl IoQueue {
         buf: &DmaBuffer,
     ) -> Result<u16, Error> {
         self.check_live()?;
+        self.sync_namespaces();
         let ns = self.namespace(nsid)?;
         if nblocks == 0 || nblocks > 1 << 16 {
             return Err(Error::InvalidRequest(format!(
@@ -311,6 +344,7 @@ impl IoQueue {
         let deadline = Instant::now() + timeout;
         let mut backoff = Backoff::default();
         loop {
+            let ticket = self.interrupt.as_ref().map_or(0, QueueIrq::ticket);
             let n = self.poll(out, max)?;
             if n > 0 {
                 return Ok(n);
@@ -323,7 +357,7 @@ impl IoQueue {
                 });
             }
             self.qp
-                .idle(self.interrupt.as_ref(), deadline - now, &mut backoff)?;
+                .idle(self.interrupt.as_ref(), ticket, deadline - now, &mut backoff)?;
         }
     }
 }

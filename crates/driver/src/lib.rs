@@ -34,7 +34,9 @@ pub mod admin;
 pub mod controller;
 pub mod doorbell;
 pub mod error;
+pub mod init;
 pub mod io;
+pub mod irq;
 #[cfg(test)]
 mod mock;
 pub mod namespace;
@@ -44,11 +46,12 @@ pub mod queue;
 mod vfio_user_access;
 
 pub use access::{AccessError, DeviceAccess, DmaBuffer, DmaPool, Interrupt, MappedArea};
-pub use controller::{Controller, InitOptions};
+pub use controller::{AsyncEvent, Controller, InitOptions};
 pub use doorbell::{DoorbellKind, NeedEvent};
 pub use error::Error;
 pub use io::IoQueue;
-pub use namespace::Namespace;
+pub use init::InitMode;
+pub use namespace::{Namespace, NamespaceState, NsState};
 pub use passthru::{
     AsyncCompletion, AsyncQueue, BufferSlice, DataDirection, PassthruCompletion, PassthruData,
 };

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use vnvme_spec::command::Command;
-use vnvme_spec::identify::{oacs, IdentifyController, IdentifyNamespace};
+use vnvme_spec::identify::{oacs, IdentifyController};
 use vnvme_spec::regs::{offset, Cap, Cc, Csts, Doorbell};
 use vnvme_spec::{AdminOpcode, Completion, NvmOpcode, Status};
 use zerocopy::IntoBytes;
@@ -46,6 +46,16 @@ pub struct MockConfig {
     pub event_idx: EventIdxMode,
     /// Offer the doorbell page (BAR0 0x1000..0x2000) as mappable memory.
     pub mapped_doorbells: bool,
+    /// The VS register (NVMe 2.0 and later: the driver reads NSTAT).
+    pub version: u32,
+    /// Identify Controller OAES bit 8: Namespace Attribute Notices.
+    pub aen: bool,
+    /// Identify Namespace answers these statuses first, in order.
+    pub statuses: HashMap<u32, Vec<Status>>,
+    /// Namespaces whose format carries 8 bytes of metadata.
+    pub metadata: Vec<u32>,
+    /// Identify CNS 08h reports NSTAT not ready this many times first.
+    pub nstat_not_ready: HashMap<u32, u32>,
 }
 
 /// Where the device puts EventIdx after it has seen a doorbell value `v`.
@@ -76,6 +86,11 @@ impl Default for MockConfig {
             dbbuf_fails: None,
             event_idx: EventIdxMode::Armed,
             mapped_doorbells: false,
+            version: 0x0001_0400,
+            aen: false,
+            statuses: HashMap::new(),
+            metadata: Vec::new(),
+            nstat_not_ready: HashMap::new(),
         }
     }
 }
@@ -127,6 +142,9 @@ struct State {
     dbbuf: Option<(u64, u64)>,
     /// The mapped doorbell page, once the driver has mapped it.
     mapped: Option<DmaBuffer>,
+    events: ns::Events,
+    /// CNS of every Identify received.
+    identify_cns: Vec<u8>,
 }
 
 #[derive(Debug)]
@@ -169,6 +187,8 @@ impl MockDevice {
                 stats: MockStats::default(),
                 dbbuf: None,
                 mapped: None,
+                events: ns::Events::default(),
+                identify_cns: Vec::new(),
             }),
         })
     }
@@ -403,6 +423,9 @@ impl State {
                 if let Some(s) = self.sqs.get_mut(&qid) {
                     s.head = sq.head;
                 }
+                if qid == 0 && self.defer_admin(&cmd) {
+                    continue;
+                }
                 let (status, dw0) = if qid == 0 {
                     self.admin(&cmd)
                 } else {
@@ -470,6 +493,7 @@ impl State {
         let cdw11 = cmd.cdw11.get();
         match AdminOpcode(cmd.opcode()) {
             AdminOpcode::IDENTIFY => {
+                self.identify_cns.push(cdw10 as u8);
                 let page: Vec<u8> = match cdw10 & 0xFF {
                     1 => {
                         let mut id = IdentifyController::new_boxed();
@@ -478,6 +502,9 @@ impl State {
                             id.oacs = oacs::DOORBELL_BUFFER_CONFIG.into();
                         }
                         id.nn = self.cfg.nsids.iter().copied().max().unwrap_or(0).into();
+                        if self.cfg.aen {
+                            id.oaes = (1u32 << 8).into();
+                        }
                         id.as_bytes().to_vec()
                     }
                     2 => {
@@ -488,23 +515,14 @@ impl State {
                         }
                         page
                     }
-                    0 => {
-                        let nsid = cmd.nsid.get();
-                        if let Some(left) = self.cfg.not_ready.get_mut(&nsid) {
-                            if *left > 0 {
-                                *left -= 1;
-                                return (Status::NAMESPACE_NOT_READY, 0);
-                            }
-                        }
-                        if self.cfg.invalid.contains(&nsid) || !self.cfg.nsids.contains(&nsid) {
-                            return (Status::INVALID_NAMESPACE_OR_FORMAT.with_dnr(true), 0);
-                        }
-                        let mut id = IdentifyNamespace::new_boxed();
-                        id.nsze = self.cfg.blocks.into();
-                        id.ncap = self.cfg.blocks.into();
-                        id.lbaf[0].lbads = 9;
-                        id.as_bytes().to_vec()
-                    }
+                    0 => match self.identify_ns(cmd.nsid.get()) {
+                        Ok(page) => page,
+                        Err(status) => return (status, 0),
+                    },
+                    8 => match self.identify_ns_independent(cmd.nsid.get()) {
+                        Ok(page) => page,
+                        Err(status) => return (status, 0),
+                    },
                     _ => return (Status::INVALID_FIELD.with_dnr(true), 0),
                 };
                 let segs = match self.prp_segments(cmd, 4096) {
@@ -524,6 +542,9 @@ impl State {
                 let ncq = (cdw11 >> 16).min(max);
                 (Status::SUCCESS, nsq | (ncq << 16))
             }
+            // Asynchronous Event Configuration: accepted.
+            AdminOpcode::SET_FEATURES if cdw10 & 0xFF == 0x0B => (Status::SUCCESS, 0),
+            AdminOpcode::GET_LOG_PAGE => self.get_log_page(cmd),
             AdminOpcode::CREATE_IO_CQ => {
                 let qid = cdw10 as u16;
                 let iv = (cdw11 & 2 != 0).then_some((cdw11 >> 16) as u16);
@@ -667,7 +688,7 @@ impl DeviceAccess for MockDevice {
         Ok(match off {
             offset::CAP => s.cap() as u32,
             0x04 => (s.cap() >> 32) as u32,
-            offset::VS => 0x0001_0400,
+            offset::VS => s.cfg.version,
             offset::CC => s.cc,
             offset::CSTS => s.csts,
             offset::AQA => s.aqa,
@@ -754,8 +775,13 @@ impl DeviceAccess for MockDevice {
     }
 }
 
+mod ns;
+
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod init_tests;
 
 #[cfg(test)]
 mod doorbell_tests;

@@ -1,8 +1,19 @@
-//! Active namespaces as the driver sees them after initialisation.
+//! Namespaces as the driver sees them: discovery (Identify, readiness),
+//! what was skipped and why, and the set the I/O queues use, which a rescan
+//! replaces.
 
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use vnvme_spec::identify::IdentifyNamespace;
+use parking_lot::RwLock;
+use vnvme_spec::identify::{Cns, IdentifyNamespace, IdentifyNsIndependent, IDENTIFY_SIZE};
+use zerocopy::FromBytes;
+
+use crate::access::DmaBuffer;
+use crate::admin::{self, is_retryable_not_ready, AdminQueue};
+use crate::error::Error;
 
 /// A namespace the driver can do I/O to.
 #[derive(Debug, Clone)]
@@ -27,6 +38,194 @@ pub enum Skip {
     Metadata,
     /// LBADS outside 512 B ..= 64 KiB.
     LbaSize(u8),
+}
+
+impl fmt::Display for Skip {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Skip::Inactive => f.write_str("inactive (NSZE is 0)"),
+            Skip::Metadata => f.write_str("unsupported LBA format: metadata"),
+            Skip::LbaSize(lbads) => write!(f, "unsupported LBA format: LBADS {lbads}"),
+        }
+    }
+}
+
+/// Where a namespace stands with the driver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NsState {
+    /// Identified, supported and ready: I/O queues can use it.
+    Ready,
+    /// Still Namespace Not Ready (or NSTAT not ready) when the readiness
+    /// timeout ran out: picked up later by [`Controller::poll_events`]
+    /// or [`Controller::rescan`].
+    ///
+    /// [`Controller::poll_events`]: crate::Controller::poll_events
+    /// [`Controller::rescan`]: crate::Controller::rescan
+    NotReady,
+    /// Not usable, without retry: Invalid Namespace or Format, any status
+    /// with DNR set, another error, or a format the driver does not support.
+    Skipped,
+}
+
+impl fmt::Display for NsState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            NsState::Ready => "ready",
+            NsState::NotReady => "not-ready",
+            NsState::Skipped => "skipped",
+        })
+    }
+}
+
+/// One namespace of the active list and what the driver made of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamespaceState {
+    pub nsid: u32,
+    pub state: NsState,
+    /// Why it is not ready or skipped.
+    pub reason: Option<String>,
+}
+
+/// The outcome of probing one NSID.
+#[derive(Debug)]
+pub(crate) enum Probe {
+    Ready(Namespace),
+    NotReady(String),
+    Skipped(String),
+}
+
+impl Probe {
+    pub fn state(&self, nsid: u32) -> NamespaceState {
+        let (state, reason) = match self {
+            Probe::Ready(_) => (NsState::Ready, None),
+            Probe::NotReady(r) => (NsState::NotReady, Some(r.clone())),
+            Probe::Skipped(r) => (NsState::Skipped, Some(r.clone())),
+        };
+        NamespaceState {
+            nsid,
+            state,
+            reason,
+        }
+    }
+}
+
+/// How [`probe`] talks to the controller.
+pub(crate) struct ProbeCtx<'a> {
+    pub admin: &'a mut AdminQueue,
+    /// One Identify page.
+    pub buf: &'a DmaBuffer,
+    pub timeout: Duration,
+    /// Retries of Namespace Not Ready stop here; `None` means no retry.
+    pub deadline: Option<Instant>,
+    /// Identify CNS 08h exists (NVMe 2.0): NSTAT tells readiness.
+    pub nstat: bool,
+}
+
+/// Identify `nsid` (CNS 00h), check its format, then (NVMe 2.0) its NSTAT
+/// (CNS 08h). Namespace Not Ready (generic 0x82, DNR clear) and NSTAT not
+/// ready are retried with backoff until the deadline; anything else is a
+/// skip with the reason, without retry. Only transport errors are `Err`.
+pub(crate) fn probe(cx: &mut ProbeCtx<'_>, nsid: u32) -> Result<Probe, Error> {
+    let mut backoff = Duration::from_millis(1);
+    let id = loop {
+        cx.buf.fill(0, IDENTIFY_SIZE, 0)?;
+        match cx.admin.execute(admin::identify(Cns::NAMESPACE, nsid), Some(cx.buf), cx.timeout) {
+            Ok(_) => break IdentifyNamespace::read_from_bytes(&cx.buf.to_vec())
+                .map_err(|_| Error::Unsupported("short identify data".into()))?,
+            Err(Error::AdminCommand { status, .. }) if is_retryable_not_ready(status) => {
+                if !pause(cx.deadline, &mut backoff) {
+                    return Ok(Probe::NotReady(format!("identify: {status}")));
+                }
+            }
+            Err(Error::AdminCommand { status, .. }) => {
+                return Ok(Probe::Skipped(format!("identify: {status}")))
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    let ns = match Namespace::from_identify(nsid, id) {
+        Ok(ns) => ns,
+        Err(why) => return Ok(Probe::Skipped(why.to_string())),
+    };
+    if !cx.nstat {
+        return Ok(Probe::Ready(ns));
+    }
+    loop {
+        cx.buf.fill(0, IDENTIFY_SIZE, 0)?;
+        let why = match cx.admin.execute(
+            admin::identify(Cns::NS_INDEPENDENT, nsid),
+            Some(cx.buf),
+            cx.timeout,
+        ) {
+            Ok(_) => {
+                let ind = IdentifyNsIndependent::read_from_bytes(&cx.buf.to_vec())
+                    .map_err(|_| Error::Unsupported("short identify data".into()))?;
+                if ind.nstat & 1 != 0 {
+                    return Ok(Probe::Ready(ns));
+                }
+                "NSTAT: not ready".to_string()
+            }
+            Err(Error::AdminCommand { status, .. }) if is_retryable_not_ready(status) => {
+                format!("identify (CNS 08h): {status}")
+            }
+            Err(Error::AdminCommand { status, .. }) => {
+                return Ok(Probe::Skipped(format!("identify (CNS 08h): {status}")))
+            }
+            Err(e) => return Err(e),
+        };
+        if !pause(cx.deadline, &mut backoff) {
+            return Ok(Probe::NotReady(why));
+        }
+    }
+}
+
+/// Sleeps `backoff` (doubling, up to 50 ms) if that ends before `deadline`;
+/// false when it would not (time to give up).
+fn pause(deadline: Option<Instant>, backoff: &mut Duration) -> bool {
+    let Some(deadline) = deadline else {
+        return false;
+    };
+    if Instant::now() + *backoff >= deadline {
+        return false;
+    }
+    std::thread::sleep(*backoff);
+    *backoff = (*backoff * 2).min(Duration::from_millis(50));
+    true
+}
+
+/// The namespaces I/O queues may use. A rescan replaces the list and bumps
+/// the version; a queue compares the version (one atomic load) before each
+/// read or write and takes the new list when it moved.
+#[derive(Debug, Default)]
+pub(crate) struct NamespaceSet {
+    version: AtomicU64,
+    list: RwLock<Arc<[Namespace]>>,
+}
+
+impl NamespaceSet {
+    pub fn new(list: Vec<Namespace>) -> Self {
+        Self {
+            version: AtomicU64::new(0),
+            list: RwLock::new(list.into()),
+        }
+    }
+
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+
+    pub fn snapshot(&self) -> (u64, Arc<[Namespace]>) {
+        let list = self.list.read();
+        (self.version(), Arc::clone(&list))
+    }
+
+    /// Replaces the list (kept in NSID order).
+    pub fn replace(&self, mut list: Vec<Namespace>) {
+        list.sort_by_key(|n| n.nsid);
+        let mut guard = self.list.write();
+        *guard = list.into();
+        self.version.fetch_add(1, Ordering::Release);
+    }
 }
 
 impl Namespace {

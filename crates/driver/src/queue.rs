@@ -10,9 +10,10 @@ use vnvme_spec::command::Command;
 use vnvme_spec::regs::Doorbell;
 use vnvme_spec::Completion;
 
-use crate::access::{AccessError, DeviceAccess, DmaBuffer, Interrupt, PAGE_SIZE};
+use crate::access::{AccessError, DeviceAccess, DmaBuffer, PAGE_SIZE};
 use crate::doorbell::{DoorbellRegister, ShadowBuffers};
 use crate::error::Error;
+use crate::irq::QueueIrq;
 use crate::prp;
 
 /// Completions reaped per poll when the caller asks for more: keeps one
@@ -338,7 +339,7 @@ impl QueuePair {
     pub fn wait_for(
         &mut self,
         cid: u16,
-        interrupt: Option<&Interrupt>,
+        interrupt: Option<&QueueIrq>,
         stash: &mut VecDeque<Completion>,
         timeout: Duration,
     ) -> Result<Option<Completion>, Error> {
@@ -348,6 +349,7 @@ impl QueuePair {
             if let Some(pos) = stash.iter().position(|c| c.cid() == cid) {
                 return Ok(stash.remove(pos));
             }
+            let ticket = interrupt.map_or(0, QueueIrq::ticket);
             if self.reap(stash, REAP_CAP)? > 0 {
                 continue;
             }
@@ -355,22 +357,24 @@ impl QueuePair {
             if now >= deadline {
                 return Ok(None);
             }
-            self.idle(interrupt, deadline - now, &mut backoff)?;
+            self.idle(interrupt, ticket, deadline - now, &mut backoff)?;
         }
     }
 
     /// Waits (bounded by `left`) for something to reap: an interrupt if there
-    /// is one, else a spin, yield or short sleep.
+    /// is one, else a spin, yield or short sleep. `ticket` is
+    /// [`QueueIrq::ticket`] taken before the CQ was last found empty.
     pub fn idle(
         &mut self,
-        interrupt: Option<&Interrupt>,
+        interrupt: Option<&QueueIrq>,
+        ticket: u64,
         left: Duration,
         backoff: &mut Backoff,
     ) -> Result<(), Error> {
         match interrupt {
             Some(irq) => {
                 if irq
-                    .wait(left.min(Duration::from_millis(100)))
+                    .wait(ticket, left.min(Duration::from_millis(100)))
                     .map_err(Error::Interrupt)?
                 {
                     self.counters.interrupts_waited += 1;
@@ -410,7 +414,7 @@ impl Backoff {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::access::{BoxError, DmaMapper, DmaPool, DmaRegion};
+    use crate::access::{BoxError, DmaMapper, DmaPool, DmaRegion, Interrupt};
     use parking_lot::Mutex;
     use vnvme_spec::Status;
 

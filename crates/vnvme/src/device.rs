@@ -8,14 +8,15 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use vnvme_controller::{
-    Controller, ControllerConfig, DoorbellMode, DoorbellPage, NamespaceConfig, DEFAULT_IDLE_POLL,
+    Controller, ControllerConfig, DoorbellMode, DoorbellPage, DEFAULT_IDLE_POLL,
+    DEFAULT_READY_TIMEOUT,
 };
 use vnvme_pci::{MsixTable, PciConfig, PciFunction, CONFIG_SPACE_SIZE};
 use vnvme_vfio_user::{
     irq, region, DeviceInfo, DmaSpace, Errno, IrqInfo, RegionInfo, SharedRegion, SparseArea,
     VFIO_DEVICE_FLAGS_PCI, VFIO_DEVICE_FLAGS_RESET, VFIO_IRQ_INFO_AUTOMASKED,
     VFIO_IRQ_INFO_EVENTFD, VFIO_IRQ_INFO_MASKABLE, VFIO_IRQ_INFO_NORESIZE,
-    VFIO_IRQ_SET_ACTION_TRIGGER, VFIO_IRQ_SET_DATA_EVENTFD, VFIO_IRQ_SET_DATA_NONE,
+    VFIO_IRQ_SET_ACTION_TRIGGER, VFIO_IRQ_SET_ACTION_UNMASK, VFIO_IRQ_SET_DATA_EVENTFD, VFIO_IRQ_SET_DATA_NONE,
     VFIO_REGION_INFO_FLAG_READ, VFIO_REGION_INFO_FLAG_WRITE,
 };
 
@@ -58,6 +59,27 @@ pub struct DeviceOptions {
     /// EventIdx and sleeps. Mmap-poll: spin time before backing off.
     #[arg(long, value_name = "US", value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
     pub idle_poll_us: Option<u64>,
+    /// Model number reported by Identify Controller.
+    #[arg(long, default_value = "vnvme")]
+    pub model: String,
+    /// How long hosts should wait for namespaces to become ready (CRTO,
+    /// CAP.TO; raised to cover the slowest `ready=`), and after which a
+    /// never-ready namespace answers with DNR set. Default 5s.
+    #[arg(long, value_name = "DURATION", value_parser = crate::namespace::parse_duration)]
+    pub ready_timeout: Option<std::time::Duration>,
+    /// Namespaces the subsystem supports (Identify Controller NN, at most
+    /// 1024): the limit for Namespace Management.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(0..=1024))]
+    pub max_namespaces: u32,
+    /// Total NVM capacity (TNVMCAP) namespaces are allocated from; what the
+    /// configured namespaces leave is where Namespace Management creates
+    /// RAM namespaces. Default: no room beyond the configured namespaces.
+    #[arg(long, value_name = "SIZE", value_parser = crate::size::parse_size)]
+    pub nvm_capacity: Option<u64>,
+    /// How long Format NVM keeps a namespace busy (I/O gets Format In
+    /// Progress meanwhile). Default 0.
+    #[arg(long, value_name = "DURATION", value_parser = crate::namespace::parse_duration)]
+    pub format_duration: Option<std::time::Duration>,
 }
 
 impl Default for DeviceOptions {
@@ -69,6 +91,11 @@ impl Default for DeviceOptions {
             workers: 1,
             doorbells: DoorbellMode::default(),
             idle_poll_us: None,
+            model: "vnvme".into(),
+            ready_timeout: None,
+            max_namespaces: 16,
+            nvm_capacity: None,
+            format_duration: None,
         }
     }
 }
@@ -132,6 +159,11 @@ impl NvmeDevice {
             idle_poll: opts
                 .idle_poll_us
                 .map_or(DEFAULT_IDLE_POLL, std::time::Duration::from_micros),
+            model: opts.model.clone(),
+            ready_timeout: opts.ready_timeout.unwrap_or(DEFAULT_READY_TIMEOUT),
+            max_namespaces: opts.max_namespaces,
+            nvm_capacity: opts.nvm_capacity.unwrap_or(0),
+            format_duration: opts.format_duration.unwrap_or_default(),
             ..ControllerConfig::default()
         };
         let doorbell_region = match opts.doorbells {
@@ -147,12 +179,11 @@ impl NvmeDevice {
         let namespaces = namespaces
             .iter()
             .zip(1u32..)
-            .map(|(spec, nsid)| NamespaceConfig {
-                nsid,
-                lba_size: 4096,
-                backend: spec.open(),
+            .map(|(spec, nsid)| {
+                spec.config(nsid)
+                    .with_context(|| format!("namespace {nsid}"))
             })
-            .collect();
+            .collect::<Result<Vec<_>>>()?;
         let ctrl = Controller::with_doorbell_page(config, namespaces, page)
             .context("configuring the NVMe controller")?;
         Ok(Self {
@@ -310,8 +341,19 @@ impl vnvme_vfio_user::Device for NvmeDevice {
                     self.irqs.set_intx(fds.into_iter().next());
                 } else if flags & VFIO_IRQ_SET_DATA_NONE != 0 && trigger && count == 0 {
                     self.irqs.set_intx(None);
+                } else if flags & VFIO_IRQ_SET_DATA_NONE != 0
+                    && flags & VFIO_IRQ_SET_ACTION_UNMASK != 0
+                {
+                    // The client deasserted the line (at a BAR access after
+                    // an interrupt) and unmasks: a level still high means
+                    // completions signalled while it was asserted are
+                    // unconsumed, so assert it again.
+                    if self.ctrl.intx_asserted() {
+                        self.irqs.signal_intx();
+                    }
                 }
-                // MASK/UNMASK of INTx need no action: interrupts are edges on the eventfd.
+                // MASK needs no action: each interrupt is an edge on the
+                // eventfd, and UNMASK re-checks the level.
             }
             irq::MSI => {
                 if count != 0 {

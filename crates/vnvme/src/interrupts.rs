@@ -4,7 +4,7 @@
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::RwLock;
 use vnvme_controller::InterruptSink;
@@ -13,10 +13,17 @@ use vnvme_controller::InterruptSink;
 /// eventfd is signalled there; otherwise INTx is used if the client gave
 /// one; otherwise the interrupt is dropped and counted (a driver that polls
 /// needs none).
+///
+/// INTx is a level the controller computes
+/// ([`Controller::intx_asserted`](vnvme_controller::Controller::intx_asserted)):
+/// every interrupt is an edge on the eventfd, and the device glue signals
+/// again when the client unmasks while the level holds.
 #[derive(Debug, Default)]
 pub struct EventfdInterrupts {
     msix: RwLock<Vec<Option<File>>>,
     intx: RwLock<Option<File>>,
+    /// An INTx eventfd is set and no MSI-X one: the guest uses the pin.
+    intx_mode: AtomicBool,
     dropped: AtomicU64,
 }
 
@@ -32,6 +39,8 @@ impl EventfdInterrupts {
             }
             table[v] = Some(File::from(fd));
         }
+        drop(table);
+        self.update_mode();
     }
 
     /// Removes MSI-X eventfds for `start..start + count` (count 0: all).
@@ -44,16 +53,31 @@ impl EventfdInterrupts {
                 *slot = None;
             }
         }
+        drop(table);
+        self.update_mode();
     }
 
     pub fn set_intx(&self, fd: Option<OwnedFd>) {
         *self.intx.write() = fd.map(File::from);
+        self.update_mode();
     }
 
     /// Forgets every eventfd (the client went away).
     pub fn clear(&self) {
         self.msix.write().clear();
         *self.intx.write() = None;
+        self.update_mode();
+    }
+
+    fn update_mode(&self) {
+        let pin = self.intx.read().is_some() && self.msix.read().iter().all(Option::is_none);
+        self.intx_mode.store(pin, Ordering::Release);
+    }
+
+    /// Signals the INTx eventfd (the level still holds at UNMASK). Returns
+    /// whether there was one to signal.
+    pub fn signal_intx(&self) -> bool {
+        self.intx.read().as_ref().is_some_and(Self::kick)
     }
 
     /// Interrupts that had nowhere to go.
@@ -81,5 +105,13 @@ impl InterruptSink for EventfdInterrupts {
             }
         }
         self.dropped.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `false` while the guest uses the INTx pin (an INTx eventfd and no
+    /// MSI-X one): the controller then honours INTMS/INTMC and has the host
+    /// trap on CQ head updates, the BAR access on which QEMU deasserts the
+    /// line and unmasks.
+    fn msix_enabled(&self) -> bool {
+        !self.intx_mode.load(Ordering::Acquire)
     }
 }

@@ -29,7 +29,7 @@ struct Cli {
 enum Command {
     /// Measure IOPS, traps per I/O and interrupts per I/O against queue depth for each doorbell mode
     /// (controller and driver in this process, over a real vfio-user socketpair).
-    Bench(BenchOptions),
+    Bench(BenchCommand),
     /// Serve an NVMe controller on a vfio-user socket (for QEMU's vfio-user-pci or `vnvme` tools).
     Serve(ServeOptions),
     /// Print the Identify Controller data of a vfio-user NVMe device, like `nvme id-ctrl`.
@@ -40,6 +40,22 @@ enum Command {
     AdminPassthru(vnvme::passthru::PassthruArgs),
     /// Send any I/O command (on I/O queue 1) and print its completion, like `nvme io-passthru`.
     IoPassthru(vnvme::passthru::PassthruArgs),
+}
+
+#[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
+struct BenchCommand {
+    #[command(subcommand)]
+    which: Option<BenchWhich>,
+    #[command(flatten)]
+    opts: BenchOptions,
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchWhich {
+    /// 4 KiB random reads through sync passthrough, async passthrough and the block API, against queue depth
+    /// (the seed's async passthrough table).
+    Passthru(bench::passthru::PassthruOptions),
 }
 
 #[derive(Args, Debug)]
@@ -71,7 +87,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.verbose);
     let result = match cli.command {
-        Command::Bench(opts) => bench::main(&opts),
+        Command::Bench(BenchCommand { which: None, opts }) => bench::main(&opts),
+        Command::Bench(BenchCommand { which: Some(BenchWhich::Passthru(opts)), .. }) => bench::passthru::main(&opts),
         Command::Serve(opts) => serve::run(opts),
         Command::IdCtrl(d) => tools::id_ctrl(&d.socket, d.json),
         Command::List(d) => tools::list(&d.socket, d.json),

@@ -1,57 +1,185 @@
-//! Namespace descriptions from the command line: `SIZE[:null|ram]`.
+//! Namespace descriptions from the command line:
+//! `SIZE[:null|ram][,ready=DURATION][,never-ready][,detached][,format=N]`,
+//! or a file or block device: `PATH:file` (its size) or `SIZE:file=PATH`
+//! (created, or extended, to SIZE), with the same options.
 
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use vnvme_blockdev::BlockDevice;
+use vnvme_controller::{NamespaceConfig, Readiness, DEFAULT_FORMAT_INDEX, LBA_FORMATS};
 
 use crate::size::parse_size;
 
 /// The storage behind a namespace.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Backend {
     /// Reads return zeroes, writes are dropped.
     Null,
     /// Kept in memory for the life of the server.
     Ram,
+    /// A regular file or a block device, on io_uring, locked while served.
+    File(PathBuf),
 }
 
-/// A namespace as given on the command line.
+impl FromStr for Backend {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "null" => Ok(Backend::Null),
+            "ram" => Ok(Backend::Ram),
+            "file" => Err("the file backend needs a path: PATH:file or SIZE:file=PATH".into()),
+            other => match other.strip_prefix("file=") {
+                Some("") | None => Err(format!(
+                    "unknown backend '{other}': use null, ram, PATH:file or SIZE:file=PATH"
+                )),
+                Some(path) => Ok(Backend::File(path.into())),
+            },
+        }
+    }
+}
+
+/// A namespace as given on the command line or in a configuration file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NamespaceSpec {
+    /// Bytes; 0 for a file backend means the file's own size.
     pub size: u64,
     pub backend: Backend,
+    /// When it becomes ready after each controller enable.
+    pub readiness: Readiness,
+    /// Attached at start (a detached namespace is allocated but inactive).
+    pub attached: bool,
+    /// Index into [`LBA_FORMATS`].
+    pub format_index: u8,
+}
+
+impl NamespaceSpec {
+    /// A ready, attached namespace of 4 KiB blocks.
+    pub fn new(size: u64, backend: Backend) -> Self {
+        Self {
+            size,
+            backend,
+            readiness: Readiness::Immediate,
+            attached: true,
+            format_index: DEFAULT_FORMAT_INDEX,
+        }
+    }
+
+    /// Creates the backend; only a file can fail (missing, too small, not
+    /// writable, locked by another vnvme).
+    pub fn open(&self) -> anyhow::Result<Arc<dyn BlockDevice>> {
+        Ok(match &self.backend {
+            Backend::Null => Arc::new(vnvme_blockdev::NullDevice::new(self.size)),
+            Backend::Ram => Arc::new(vnvme_blockdev::RamDevice::new(self.size)),
+            Backend::File(path) => {
+                let size = (self.size != 0).then_some(self.size);
+                Arc::new(vnvme_blockdev::FileDevice::open(path, size)?)
+            }
+        })
+    }
+
+    /// The controller's configuration of this namespace as `nsid`.
+    pub fn config(&self, nsid: u32) -> anyhow::Result<NamespaceConfig> {
+        Ok(NamespaceConfig::new(nsid, 4096, self.open()?)
+            .with_format(self.format_index)
+            .with_readiness(self.readiness)
+            .with_attached(self.attached))
+    }
+
+    /// Checks the size (a non-zero multiple of 4096) and the format index.
+    pub fn validate(&self) -> Result<(), String> {
+        let file_sized = self.size == 0 && matches!(self.backend, Backend::File(_));
+        if !file_sized && (self.size < 4096 || !self.size.is_multiple_of(4096)) {
+            return Err(format!(
+                "namespace size {} must be a non-zero multiple of 4096 bytes",
+                self.size
+            ));
+        }
+        check_format_index(self.format_index)
+    }
+}
+
+/// An LBA format index must name an entry of [`LBA_FORMATS`].
+pub fn check_format_index(index: u8) -> Result<(), String> {
+    if usize::from(index) < LBA_FORMATS.len() {
+        return Ok(());
+    }
+    let list: Vec<String> = LBA_FORMATS
+        .iter()
+        .enumerate()
+        .map(|(i, f)| format!("{i}: {}+{}", f.data_size, f.metadata_size))
+        .collect();
+    Err(format!(
+        "LBA format {index} does not exist (formats: {})",
+        list.join(", ")
+    ))
+}
+
+/// Parses a duration: a number with a unit of `ns`, `us`, `ms`, `s`, `m` or
+/// `h` (`250ms`, `5s`, `1.5s`); a bare `0` is zero.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let t = text.trim();
+    let bad = || {
+        format!("invalid duration '{text}': use a number with a unit, e.g. 250ms, 5s or 1m")
+    };
+    if t == "0" {
+        return Ok(Duration::ZERO);
+    }
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .ok_or_else(bad)?;
+    let (number, unit) = t.split_at(split);
+    let n: f64 = number.parse().map_err(|_| bad())?;
+    let seconds_per_unit = match unit.trim() {
+        "ns" => 1e-9,
+        "us" | "µs" => 1e-6,
+        "ms" => 1e-3,
+        "s" => 1.0,
+        "m" | "min" => 60.0,
+        "h" => 3600.0,
+        _ => return Err(bad()),
+    };
+    Duration::try_from_secs_f64(n * seconds_per_unit).map_err(|_| bad())
 }
 
 impl FromStr for NamespaceSpec {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        let (size, backend) = match s.split_once(':') {
-            Some((size, backend)) => (size, backend),
-            None => (s, "ram"),
+        let mut parts = s.split(',');
+        let head = parts.next().unwrap_or_default();
+        let mut spec = if let Some(path) = head.strip_suffix(":file") {
+            // PATH:file: the size is the file's, known once it is opened.
+            NamespaceSpec::new(0, Backend::File(path.into()))
+        } else {
+            let (size, backend) = match head.split_once(':') {
+                Some((size, backend)) => (size, backend.parse()?),
+                None => (head, Backend::Ram),
+            };
+            NamespaceSpec::new(parse_size(size)?, backend)
         };
-        let size = parse_size(size)?;
-        if size < 4096 || size % 4096 != 0 {
-            return Err(format!(
-                "namespace size {size} must be a non-zero multiple of 4096 bytes"
-            ));
+        for option in parts {
+            match option.split_once('=') {
+                Some(("ready", d)) => spec.readiness = Readiness::After(parse_duration(d)?),
+                Some(("format", n)) => {
+                    spec.format_index = n
+                        .parse()
+                        .map_err(|_| format!("format '{n}' is not an LBA format index"))?;
+                }
+                None if option == "never-ready" => spec.readiness = Readiness::Never,
+                None if option == "detached" => spec.attached = false,
+                _ => {
+                    return Err(format!(
+                        "unknown namespace option '{option}': use ready=DURATION, never-ready, detached or format=N"
+                    ))
+                }
+            }
         }
-        let backend = match backend {
-            "null" => Backend::Null,
-            "ram" => Backend::Ram,
-            other => return Err(format!("unknown backend '{other}': use null or ram")),
-        };
-        Ok(Self { size, backend })
-    }
-}
-
-impl NamespaceSpec {
-    pub fn open(&self) -> Arc<dyn BlockDevice> {
-        match self.backend {
-            Backend::Null => Arc::new(vnvme_blockdev::NullDevice::new(self.size)),
-            Backend::Ram => Arc::new(vnvme_blockdev::RamDevice::new(self.size)),
-        }
+        spec.validate()?;
+        Ok(spec)
     }
 }
 
@@ -61,20 +189,75 @@ mod tests {
 
     #[test]
     fn namespace_specs_parse() {
+        assert_eq!("1G:null".parse(), Ok(NamespaceSpec::new(1 << 30, Backend::Null)));
+        assert_eq!("64M".parse(), Ok(NamespaceSpec::new(64 << 20, Backend::Ram)));
+    }
+
+    #[test]
+    fn namespace_spec_options_parse() {
+        let spec: NamespaceSpec = "1G:null,ready=250ms,detached,format=1".parse().unwrap();
+        assert_eq!(spec.size, 1 << 30);
+        assert_eq!(spec.backend, Backend::Null);
         assert_eq!(
-            "1G:null".parse(),
-            Ok(NamespaceSpec {
-                size: 1 << 30,
-                backend: Backend::Null
-            })
+            spec.readiness,
+            Readiness::After(Duration::from_millis(250))
         );
-        assert_eq!(
-            "64M".parse(),
-            Ok(NamespaceSpec {
-                size: 64 << 20,
-                backend: Backend::Ram
-            })
-        );
+        assert!(!spec.attached);
+        assert_eq!(spec.format_index, 1);
+        let spec: NamespaceSpec = "64M,never-ready".parse().unwrap();
+        assert_eq!(spec.readiness, Readiness::Never);
+        assert!(spec.attached);
+        assert_eq!(spec.format_index, DEFAULT_FORMAT_INDEX);
+        let spec: NamespaceSpec = "64M,ready=5s".parse().unwrap();
+        assert_eq!(spec.readiness, Readiness::After(Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn namespace_spec_becomes_controller_config() {
+        let c = "1M:ram,format=1,detached,ready=1s"
+            .parse::<NamespaceSpec>()
+            .unwrap()
+            .config(7)
+            .unwrap();
+        assert_eq!((c.nsid, c.lba_size, c.format_index), (7, 512, 1));
+        assert!(!c.attached);
+        assert_eq!(c.readiness, Readiness::After(Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn file_namespace_specs_parse() {
+        let spec: NamespaceSpec = "/var/lib/ns1.img:file".parse().unwrap();
+        assert_eq!(spec, NamespaceSpec::new(0, Backend::File("/var/lib/ns1.img".into())));
+        let spec: NamespaceSpec = "1G:file=/tmp/a:b.img,ready=1s".parse().unwrap();
+        assert_eq!(spec.size, 1 << 30);
+        assert_eq!(spec.backend, Backend::File("/tmp/a:b.img".into()));
+        assert_eq!(spec.readiness, Readiness::After(Duration::from_secs(1)));
+        for bad in ["1G:file", "1G:file="] {
+            let err = bad.parse::<NamespaceSpec>().unwrap_err();
+            assert!(err.contains("PATH:file or SIZE:file=PATH"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn file_namespace_open_errors_name_the_path() {
+        let spec: NamespaceSpec = "/nonexistent/vnvme-ns.img:file".parse().unwrap();
+        let err = format!("{:#}", spec.open().unwrap_err());
+        assert!(err.contains("/nonexistent/vnvme-ns.img does not exist"), "{err}");
+    }
+
+    #[test]
+    fn durations_parse_with_units() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        for bad in ["soon", "5", "ms", "5 parsecs", "-1s", "1e400s"] {
+            assert!(
+                parse_duration(bad).unwrap_err().contains("invalid duration"),
+                "{bad}"
+            );
+        }
     }
 
     #[test]
@@ -87,5 +270,17 @@ mod tests {
             .parse::<NamespaceSpec>()
             .unwrap_err()
             .contains("multiple of 4096"));
+        assert!("1G,ready=soon"
+            .parse::<NamespaceSpec>()
+            .unwrap_err()
+            .contains("invalid duration 'soon'"));
+        assert!("1G,format=9"
+            .parse::<NamespaceSpec>()
+            .unwrap_err()
+            .contains("LBA format 9 does not exist"));
+        assert!("1G,fast"
+            .parse::<NamespaceSpec>()
+            .unwrap_err()
+            .contains("unknown namespace option 'fast'"));
     }
 }

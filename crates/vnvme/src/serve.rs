@@ -22,7 +22,8 @@ pub struct ServeOptions {
     /// The vfio-user socket to listen on (a stale socket file is replaced; a live one is an error).
     #[arg(long, short = 's', default_value = DEFAULT_SOCKET)]
     pub socket: PathBuf,
-    /// A namespace, SIZE[:null|ram] (e.g. 1G:ram); repeat for more. NSIDs are given in order from 1.
+    /// A namespace, SIZE[:null|ram] (e.g. 1G:ram), or a file or block device: PATH:file (its size)
+    /// or SIZE:file=PATH (created or extended to SIZE); repeat for more. NSIDs are given in order from 1.
     #[arg(long = "ns", value_name = "SIZE[:BACKEND]", default_value = "1G:ram")]
     pub namespaces: Vec<NamespaceSpec>,
     /// Write the controller's counters as JSON to FILE every second and at

@@ -107,7 +107,7 @@ pub(super) fn set(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
         FeatureId::VOLATILE_WRITE_CACHE => {
             let enable = value & 1 != 0;
             if !enable && shared.wce.swap(false, Ordering::AcqRel) {
-                for ns in shared.namespaces.values() {
+                for ns in shared.namespaces.active_list() {
                     ns.backend
                         .flush()
                         .map_err(|_| Status::INTERNAL_ERROR.with_dnr(true))?;

@@ -12,7 +12,7 @@ use zerocopy::IntoBytes;
 use super::invalid_field;
 use crate::state::{Ctx, Shared, AERL, ELPE};
 
-const NSID_ALL: u32 = 0xFFFF_FFFF;
+use crate::namespace::NSID_ALL;
 
 fn invalid_ns() -> Status {
     Status::INVALID_NAMESPACE_OR_FORMAT.with_dnr(true)
@@ -26,9 +26,13 @@ pub(super) fn identify(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> {
     let page: Vec<u8> = match cns {
         Cns::NAMESPACE => identify_namespace(shared, nsid)?,
         Cns::CONTROLLER => identify_controller(shared).as_bytes().to_vec(),
-        Cns::ACTIVE_NAMESPACES => active_namespaces(shared, nsid)?,
+        Cns::ACTIVE_NAMESPACES => namespace_list(shared, nsid, true)?,
         Cns::NS_DESCRIPTORS => descriptors(shared, nsid)?,
         Cns::NS_INDEPENDENT => ns_independent(shared, nsid)?,
+        Cns::ALLOCATED_NAMESPACES => namespace_list(shared, nsid, false)?,
+        Cns::ALLOCATED_NAMESPACE => allocated_namespace(shared, nsid)?,
+        Cns::NS_CONTROLLERS => namespace_controllers(shared, nsid, cmd)?,
+        Cns::CONTROLLERS => controller_list(shared, true, cmd),
         // I/O Command Set specific Identify Controller (CNS 06h) for the NVM
         // command set: no limits beyond MDTS, all zeroes.
         Cns(0x06) if csi == 0 => vec![0; IDENTIFY_SIZE],
@@ -59,7 +63,12 @@ pub(crate) fn identify_controller(shared: &Shared) -> Box<IdentifyController> {
     } else {
         0
     };
-    id.oacs = U16::new((c.oacs_extra & !(oacs::SECURITY | oacs::DOORBELL_BUFFER_CONFIG)) | dbbuf);
+    id.oacs = U16::new(
+        (c.oacs_extra & !(oacs::SECURITY | oacs::DOORBELL_BUFFER_CONFIG))
+            | dbbuf
+            | oacs::FORMAT_NVM
+            | oacs::NS_MANAGEMENT,
+    );
     id.acl = 3;
     id.aerl = AERL;
     // FRMW: slot 1 read only, one slot.
@@ -73,6 +82,13 @@ pub(crate) fn identify_controller(shared: &Shared) -> Box<IdentifyController> {
     id.sqes = 0x66;
     id.cqes = 0x44;
     id.nn = U32::new(shared.nn);
+    let allocated = shared
+        .namespaces
+        .update(|map| crate::subsystem::Namespaces::allocated_bytes(map));
+    id.tnvmcap = u128::from(shared.tnvmcap).to_le_bytes();
+    id.unvmcap = u128::from(shared.tnvmcap.saturating_sub(allocated)).to_le_bytes();
+    // FNA = 0: Format NVM and its erase apply to one namespace at a time.
+    id.fna = 0;
     id.oncs = U16::new(oncs::COMPARE | oncs::DATASET_MANAGEMENT | oncs::WRITE_ZEROES);
     // VWC bit 0: present; bits 2:1 = 11b: Flush with NSID FFFFFFFFh supported.
     id.vwc = u8::from(shared.vwc) | 0x06;
@@ -91,29 +107,74 @@ pub(crate) fn identify_controller(shared: &Shared) -> Box<IdentifyController> {
     id
 }
 
-/// Identify Namespace (CNS 00h): active -> its data; inactive but valid ->
-/// zeroes; NSID FFFFFFFFh -> common capabilities (zeroes here).
+/// Identify Namespace (CNS 00h): active -> its data; inactive (detached
+/// or unallocated) but valid -> zeroes; NSID FFFFFFFFh -> common
+/// capabilities (zeroes here).
 fn identify_namespace(shared: &Shared, nsid: u32) -> Result<Vec<u8>, Status> {
-    if nsid == 0 || (nsid > shared.nn && nsid != NSID_ALL) {
-        return Err(invalid_ns());
-    }
-    Ok(match shared.namespaces.get(&nsid) {
+    check_nsid(shared, nsid)?;
+    Ok(match shared.namespaces.active(nsid) {
         Some(ns) => ns.identify().as_bytes().to_vec(),
         None => vec![0; IDENTIFY_SIZE],
     })
 }
 
-/// Active Namespace ID list (CNS 02h): active NSIDs greater than `nsid`.
-fn active_namespaces(shared: &Shared, nsid: u32) -> Result<Vec<u8>, Status> {
+/// NSID 0 and NSIDs above NN (other than FFFFFFFFh) are invalid.
+fn check_nsid(shared: &Shared, nsid: u32) -> Result<(), Status> {
+    if nsid == 0 || (nsid > shared.nn && nsid != NSID_ALL) {
+        return Err(invalid_ns());
+    }
+    Ok(())
+}
+
+/// Identify Namespace for an allocated NSID (CNS 11h): as CNS 00h, whether
+/// attached or not; unallocated -> zeroes.
+fn allocated_namespace(shared: &Shared, nsid: u32) -> Result<Vec<u8>, Status> {
+    if nsid == NSID_ALL {
+        return Err(invalid_ns());
+    }
+    check_nsid(shared, nsid)?;
+    Ok(match shared.namespaces.get(nsid) {
+        Some(ns) => ns.identify().as_bytes().to_vec(),
+        None => vec![0; IDENTIFY_SIZE],
+    })
+}
+
+/// Active (CNS 02h) or Allocated (CNS 10h) Namespace ID list: NSIDs greater
+/// than `nsid`, at most 1024.
+fn namespace_list(shared: &Shared, nsid: u32, active_only: bool) -> Result<Vec<u8>, Status> {
     if nsid >= 0xFFFF_FFFE {
         return Err(invalid_ns());
     }
     let mut page = vec![0u8; IDENTIFY_SIZE];
-    let ids = shared.namespaces.keys().filter(|&&id| id > nsid).take(1024);
+    let ids = shared.namespaces.ids_after(nsid, active_only, 1024);
     for (slot, id) in page.chunks_exact_mut(4).zip(ids) {
         slot.copy_from_slice(&id.to_le_bytes());
     }
     Ok(page)
+}
+
+/// A Controller List (§4.6.1.x): number of identifiers, then the ids, each
+/// 16 bits. Ours holds this controller if `include` and its CNTLID is at
+/// least CDW10.CNTID (31:16).
+fn controller_list(shared: &Shared, include: bool, cmd: &Command) -> Vec<u8> {
+    let from = (cmd.cdw10.get() >> 16) as u16;
+    let cntlid = shared.config.cntlid;
+    let mut page = vec![0u8; IDENTIFY_SIZE];
+    if include && cntlid >= from {
+        page[..2].copy_from_slice(&1u16.to_le_bytes());
+        page[2..4].copy_from_slice(&cntlid.to_le_bytes());
+    }
+    page
+}
+
+/// Controllers attached to an allocated namespace (CNS 12h).
+fn namespace_controllers(shared: &Shared, nsid: u32, cmd: &Command) -> Result<Vec<u8>, Status> {
+    if nsid == NSID_ALL {
+        return Err(invalid_ns());
+    }
+    check_nsid(shared, nsid)?;
+    let attached = shared.namespaces.active(nsid).is_some();
+    Ok(controller_list(shared, attached, cmd))
 }
 
 /// Namespace Identification Descriptor list (CNS 03h): NGUID and CSI.
@@ -127,15 +188,16 @@ fn descriptors(shared: &Shared, nsid: u32) -> Result<Vec<u8>, Status> {
     Ok(page)
 }
 
-/// I/O Command Set Independent Identify Namespace (CNS 08h).
+/// I/O Command Set Independent Identify Namespace (CNS 08h): zeroes for an
+/// inactive NSID; for an active one NSTAT bit 0 (NRDY) says whether it is
+/// ready for I/O.
 fn ns_independent(shared: &Shared, nsid: u32) -> Result<Vec<u8>, Status> {
-    if nsid == 0 || (nsid > shared.nn && nsid != NSID_ALL) {
-        return Err(invalid_ns());
-    }
+    check_nsid(shared, nsid)?;
     let mut id = IdentifyNsIndependent::new_boxed();
-    if shared.namespaces.contains_key(&nsid) {
-        // NSTAT bit 0: namespace ready.
-        id.nstat = 1;
+    if let Some(ns) = shared.namespaces.active(nsid) {
+        let now = std::time::Instant::now();
+        id.nstat = u8::from(ns.is_ready(shared.since_enable(now)));
+        id.nmic = 0;
     }
     Ok(id.as_bytes().to_vec())
 }

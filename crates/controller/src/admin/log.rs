@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use vnvme_spec::log::{
     async_event, effects, set_u128, CommandEffectsLog, GetLogPage, LogPageId, SmartLog,
 };
-use vnvme_spec::{Command, Status};
+use vnvme_spec::{AdminOpcode, Command, Status};
 use zerocopy::little_endian::U32;
 use zerocopy::IntoBytes;
 
@@ -37,8 +37,7 @@ pub(super) fn get_log_page(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Statu
             (smart_log(shared), Some(async_event::TYPE_SMART))
         }
         LogPageId::FIRMWARE_SLOT => (firmware_slot_log(shared), None),
-        // No namespace changes happen yet: an empty list.
-        LogPageId::CHANGED_NAMESPACES => (vec![0; 4096], Some(async_event::TYPE_NOTICE)),
+        LogPageId::CHANGED_NAMESPACES => (shared.changed.lock().page(), Some(async_event::TYPE_NOTICE)),
         LogPageId::COMMANDS_SUPPORTED_AND_EFFECTS => (effects_log(&ctx.shared.config), None),
         _ => return Err(invalid_field()),
     };
@@ -50,6 +49,11 @@ pub(super) fn get_log_page(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Statu
     let mut out = page.get(start..).unwrap_or_default().to_vec();
     out.resize(len as usize, 0);
     ctx.send(cmd, &out)?;
+    if req.lid == LogPageId::CHANGED_NAMESPACES && !req.rae {
+        // Clear what the host has now seen: a change that arrived after the
+        // page was taken stays for the next read.
+        shared.changed.lock().acknowledge(&page);
+    }
     if let Some(kind) = event_type {
         if !req.rae {
             shared.events.lock().masked &= !(1u8 << kind);
@@ -129,8 +133,17 @@ fn effects_log(config: &crate::ControllerConfig) -> Vec<u8> {
         .iter()
         .filter(|&&op| super::supported(op, config))
     {
+        // What a host must rescan after the command (Linux does after
+        // passthrough commands with NCC or NIC).
+        let extra = match *op {
+            AdminOpcode::NAMESPACE_MANAGEMENT | AdminOpcode::NAMESPACE_ATTACHMENT => {
+                effects::NIC | effects::NCC
+            }
+            AdminOpcode::FORMAT_NVM => effects::LBCC | effects::NCC,
+            _ => 0,
+        };
         if let Some(e) = log.acs.get_mut(usize::from(op.0)) {
-            *e = U32::new(effects::CSUPP);
+            *e = U32::new(effects::CSUPP | extra);
         }
     }
     for op in crate::io::SUPPORTED {

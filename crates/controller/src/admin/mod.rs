@@ -4,6 +4,7 @@ mod dbbuf;
 mod features;
 mod identify;
 mod log;
+mod namespaces;
 mod queues;
 
 use vnvme_spec::{AdminOpcode, Command, Status};
@@ -23,6 +24,9 @@ pub(crate) const SUPPORTED: &[AdminOpcode] = &[
     AdminOpcode::GET_FEATURES,
     AdminOpcode::ASYNC_EVENT_REQUEST,
     AdminOpcode::DOORBELL_BUFFER_CONFIG,
+    AdminOpcode::NAMESPACE_MANAGEMENT,
+    AdminOpcode::NAMESPACE_ATTACHMENT,
+    AdminOpcode::FORMAT_NVM,
 ];
 
 /// Whether this controller accepts `op` (Doorbell Buffer Config only in the
@@ -60,6 +64,9 @@ pub(crate) fn execute(ctx: &mut Ctx<'_>, cmd: &Command) -> Outcome {
             AdminOpcode::GET_FEATURES => features::get(ctx, cmd),
             AdminOpcode::SET_FEATURES => features::set(ctx, cmd),
             AdminOpcode::GET_LOG_PAGE => log::get_log_page(ctx, cmd).map(|()| 0),
+            AdminOpcode::NAMESPACE_MANAGEMENT => namespaces::namespace_management(ctx, cmd),
+            AdminOpcode::NAMESPACE_ATTACHMENT => namespaces::namespace_attachment(ctx, cmd),
+            AdminOpcode::FORMAT_NVM => namespaces::format_nvm(ctx, cmd),
             AdminOpcode::DOORBELL_BUFFER_CONFIG => {
                 dbbuf::doorbell_buffer_config(ctx, cmd).map(|()| 0)
             }

@@ -109,11 +109,7 @@ impl Host {
 
     fn with(config: ControllerConfig, lba_size: u32) -> Self {
         let backend = Arc::new(RamDevice::new(NS_BLOCKS * u64::from(lba_size)));
-        let ns = NamespaceConfig {
-            nsid: 1,
-            lba_size,
-            backend: backend.clone(),
-        };
+        let ns = NamespaceConfig::new(1, lba_size, backend.clone());
         let ctrl = Controller::new(config, vec![ns]).unwrap();
         let mem = Arc::new(VecMemory::new(MEM_SIZE));
         let irq = Arc::new(CountingIrq::default());
@@ -397,7 +393,9 @@ fn get_log(lid: u8, dwords: u32, offset: u64, buf: u64) -> Command {
 
 mod admin;
 mod dbbuf;
+mod durability;
 mod io;
 mod modes;
+mod namespaces;
 mod registers;
 mod stress;

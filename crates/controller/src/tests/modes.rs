@@ -82,11 +82,7 @@ fn shadow_mode_busy_controller_takes_many_submissions_for_one_trap() {
     });
     let ctrl = Controller::new(
         mode_config(DoorbellMode::Shadow),
-        vec![NamespaceConfig {
-            nsid: 1,
-            lba_size: 512,
-            backend: gated.clone(),
-        }],
+        vec![NamespaceConfig::new(1, 512, gated.clone())],
     )
     .unwrap();
     let mut h = Host::new();
@@ -195,11 +191,7 @@ fn mmap_poll_mode_serves_the_page_without_traps() {
             idle_poll: Duration::from_micros(20),
             ..mode_config(DoorbellMode::MmapPoll)
         },
-        vec![NamespaceConfig {
-            nsid: 1,
-            lba_size: 512,
-            backend,
-        }],
+        vec![NamespaceConfig::new(1, 512, backend)],
         Some(page.clone()),
     )
     .unwrap();

@@ -71,11 +71,7 @@ fn adaptive_mode_never_loses_a_wakeup() {
     };
     let ctrl = Controller::new(
         config,
-        vec![NamespaceConfig {
-            nsid: 1,
-            lba_size: 512,
-            backend,
-        }],
+        vec![NamespaceConfig::new(1, 512, backend)],
     )
     .unwrap();
     let mut h = Host::new();

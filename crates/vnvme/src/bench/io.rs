@@ -112,7 +112,7 @@ fn run_one(
     const NSID: u32 = 1;
     let ns = q.namespace(NSID).context("namespace 1")?;
     let (lba_size, blocks) = (ns.lba_size, ns.blocks);
-    if pattern.block_size % lba_size != 0 {
+    if lba_size == 0 || !pattern.block_size.is_multiple_of(lba_size) {
         bail!(
             "block size {} is not a multiple of the LBA size {lba_size}",
             pattern.block_size

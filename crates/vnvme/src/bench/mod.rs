@@ -1,7 +1,10 @@
 //! `vnvme bench`: IOPS, traps per I/O and interrupts per I/O against queue
 //! depth, for each doorbell mode, with the controller and the driver in one
-//! process over a real vfio-user socketpair.
+//! process over a real vfio-user socketpair. With `--guest`, the same
+//! against QEMU's built-in nvme in a real Linux guest (see [`guest`]).
 
+pub mod guest;
+pub mod init;
 mod io;
 pub mod passthru;
 mod plot;
@@ -78,7 +81,7 @@ pub struct BenchOptions {
     /// Access pattern (4 KiB blocks).
     #[arg(long, value_enum, default_value = "randread")]
     pub rw: Rw,
-    /// Seconds per measured point (fractions allowed).
+    /// Seconds per measured point (fractions allowed; with --guest the default is 8).
     #[arg(long, default_value = "1.5")]
     pub runtime: f64,
     /// Driver threads, one I/O queue pair each.
@@ -99,6 +102,13 @@ pub struct BenchOptions {
     /// Draw IOPS and traps per I/O against queue depth (SVG).
     #[arg(long)]
     pub plot: Option<PathBuf>,
+    /// Boot the tests/guest Linux guest (QEMU, TCG) once per device: QEMU's built-in nvme (dbcs on,
+    /// off) and `vnvme serve` in each of --modes, and run fio randread at each --qd and --engines.
+    #[arg(long)]
+    pub guest: bool,
+    /// With --guest: fio engines, comma separated (io_uring, libaio).
+    #[arg(long, default_value = "io_uring,libaio")]
+    pub engines: List<guest::Engine>,
 }
 
 /// One measured point. The field names are read by other tools: keep them.
@@ -170,6 +180,9 @@ pub fn run(opts: &BenchOptions) -> Result<Vec<Run>> {
 
 /// Runs the benchmark and writes what was asked for.
 pub fn main(opts: &BenchOptions) -> Result<()> {
+    if opts.guest {
+        return guest::main(&guest::GuestBenchOptions::from_bench(opts));
+    }
     let runs = run(opts)?;
     print!("{}", report::table(&runs));
     if let Some(path) = &opts.json {
@@ -197,13 +210,13 @@ struct ModeBench {
 
 impl ModeBench {
     fn start(mode: DoorbellMode, opts: &BenchOptions, max_qd: u16) -> Result<Self> {
-        let spec = NamespaceSpec {
-            size: opts.size,
-            backend: match opts.backend {
+        let spec = NamespaceSpec::new(
+            opts.size,
+            match opts.backend {
                 BackendArg::Null => Backend::Null,
                 BackendArg::Ram => Backend::Ram,
             },
-        };
+        );
         let device_opts = DeviceOptions {
             doorbells: mode,
             max_io_queues: opts.queues,

@@ -126,13 +126,13 @@ pub fn run(opts: &PassthruOptions) -> Result<Vec<PassthruRun>> {
     }
     let runtime = Duration::from_secs_f64(opts.runtime);
     let max_qd = opts.qd.0.iter().copied().max().unwrap_or(1);
-    let spec = NamespaceSpec {
-        size: opts.size,
-        backend: match opts.backend {
+    let spec = NamespaceSpec::new(
+        opts.size,
+        match opts.backend {
             BackendArg::Null => Backend::Null,
             BackendArg::Ram => Backend::Ram,
         },
-    };
+    );
     let device_opts = DeviceOptions {
         max_io_queues: 1,
         ..DeviceOptions::default()

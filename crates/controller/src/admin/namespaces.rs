@@ -1,0 +1,228 @@
+//! Namespace Management (§5.22), Namespace Attachment (§5.23) and Format
+//! NVM (NVM Command Set §4.2). Namespaces created here are RAM backed and
+//! allocated from TNVMCAP; this controller (CNTLID from the configuration)
+//! is the only one in the subsystem.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use vnvme_spec::{Command, Status};
+
+use super::invalid_field;
+use crate::config::LBA_FORMATS;
+use crate::namespace::{Namespace, NSID_ALL};
+use crate::state::{Ctx, Shared};
+use crate::subsystem::Namespaces;
+
+fn invalid_ns() -> Status {
+    Status::INVALID_NAMESPACE_OR_FORMAT.with_dnr(true)
+}
+
+fn invalid_format() -> Status {
+    Status::INVALID_FORMAT.with_dnr(true)
+}
+
+/// The host-specified fields of a create (Identify Namespace layout).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Create {
+    nsze: u64,
+    ncap: u64,
+    format_index: u8,
+    extended: bool,
+}
+
+impl Create {
+    /// Bytes 7:0 NSZE, 15:8 NCAP, 26 FLBAS, 29 DPS, 30 NMIC.
+    fn parse(data: &[u8]) -> Result<Self, Status> {
+        let u64_at = |at: usize| -> u64 {
+            let mut b = [0u8; 8];
+            if let Some(s) = data.get(at..at + 8) {
+                b.copy_from_slice(s);
+            }
+            u64::from_le_bytes(b)
+        };
+        let byte = |at: usize| data.get(at).copied().unwrap_or(0);
+        let (nsze, ncap, flbas) = (u64_at(0), u64_at(8), byte(26));
+        let format_index = (flbas & 0xF) | ((flbas >> 1) & 0x30);
+        if usize::from(format_index) >= LBA_FORMATS.len() {
+            return Err(invalid_format());
+        }
+        // No end-to-end protection; private namespaces only (one controller).
+        if byte(29) & 0x7 != 0 || byte(30) & 0x1 != 0 {
+            return Err(invalid_field());
+        }
+        // Thin provisioning is not supported: NCAP must equal NSZE.
+        if nsze == 0 || ncap != nsze {
+            return Err(invalid_field());
+        }
+        Ok(Self {
+            nsze,
+            ncap,
+            format_index,
+            extended: flbas & 0x10 != 0,
+        })
+    }
+}
+
+/// Namespace Management: SEL (CDW10 3:0) 0 create, 1 delete; CSI (CDW11
+/// 31:24) must be the NVM command set. Create returns the new NSID in
+/// completion dword 0.
+pub(super) fn namespace_management(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
+    match cmd.cdw10.get() & 0xF {
+        0 => create(ctx, cmd),
+        1 => delete(ctx.shared, cmd.nsid.get()).map(|()| 0),
+        _ => Err(invalid_field()),
+    }
+}
+
+fn create(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
+    if cmd.nsid.get() != 0 || cmd.cdw11.get() >> 24 != 0 {
+        return Err(invalid_field());
+    }
+    let mut data = std::mem::take(&mut ctx.scratch.buf);
+    let r = ctx.receive(cmd, 4096, &mut data);
+    let req = r.and_then(|()| Create::parse(&data));
+    ctx.scratch.buf = data;
+    let req = req?;
+    let format = LBA_FORMATS
+        .get(usize::from(req.format_index))
+        .ok_or_else(invalid_format)?;
+    let stride = u64::from(format.data_size) + u64::from(format.metadata_size);
+    let shared = ctx.shared;
+    shared.namespaces.update(|map| {
+        let free = shared
+            .tnvmcap
+            .saturating_sub(Namespaces::allocated_bytes(map));
+        let bytes = req
+            .ncap
+            .checked_mul(stride)
+            .filter(|&b| b <= free)
+            .ok_or(Status::NAMESPACE_INSUFFICIENT_CAPACITY.with_dnr(true))?;
+        let limit = usize::try_from(shared.config.max_namespaces).unwrap_or(usize::MAX);
+        let nsid = (1..=shared.nn)
+            .find(|id| !map.contains_key(id))
+            .filter(|_| map.len() < limit)
+            .ok_or(Status::NAMESPACE_ID_UNAVAILABLE.with_dnr(true))?;
+        let backend = Arc::new(vnvme_blockdev::RamDevice::new(bytes));
+        let mut ns = Namespace::with_format(nsid, backend, req.format_index, req.extended)
+            .ok_or(Status::NAMESPACE_INSUFFICIENT_CAPACITY.with_dnr(true))?;
+        // Allocated, not attached (§8.3.2): the host attaches it next.
+        ns.attached = false;
+        map.insert(nsid, Arc::new(ns));
+        tracing::debug!(nsid, bytes, "namespace created");
+        Ok(nsid)
+    })
+}
+
+/// Deletes `nsid` (FFFFFFFFh: every namespace). Deleting an attached
+/// namespace detaches it first, which the host hears about.
+fn delete(shared: &Shared, nsid: u32) -> Result<(), Status> {
+    if nsid == 0 || (nsid > shared.nn && nsid != NSID_ALL) {
+        return Err(invalid_ns());
+    }
+    let removed: Vec<Arc<Namespace>> = shared.namespaces.update(|map| {
+        if nsid == NSID_ALL {
+            std::mem::take(map).into_values().collect()
+        } else {
+            map.remove(&nsid).into_iter().collect()
+        }
+    });
+    if removed.is_empty() && nsid != NSID_ALL {
+        return Err(invalid_ns());
+    }
+    for ns in removed.iter().filter(|ns| ns.attached) {
+        shared.namespace_changed(ns.nsid);
+    }
+    Ok(())
+}
+
+/// Namespace Attachment: SEL (CDW10 3:0) 0 attach, 1 detach; a Controller
+/// List in the data buffer that must name exactly this controller.
+pub(super) fn namespace_attachment(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
+    let attach = match cmd.cdw10.get() & 0xF {
+        0 => true,
+        1 => false,
+        _ => return Err(invalid_field()),
+    };
+    let nsid = cmd.nsid.get();
+    let shared = ctx.shared;
+    if nsid == 0 || nsid == NSID_ALL || nsid > shared.nn {
+        return Err(invalid_ns());
+    }
+    let mut data = std::mem::take(&mut ctx.scratch.buf);
+    let r = ctx.receive(cmd, 4096, &mut data);
+    let list_ok = r.map(|()| controller_list_is_ours(&data, shared.config.cntlid));
+    ctx.scratch.buf = data;
+    if !list_ok? {
+        return Err(Status::CONTROLLER_LIST_INVALID.with_dnr(true));
+    }
+    shared.namespaces.update(|map| {
+        let ns = map.get_mut(&nsid).ok_or_else(invalid_ns)?;
+        match (attach, ns.attached) {
+            (true, true) => return Err(Status::NAMESPACE_ALREADY_ATTACHED.with_dnr(true)),
+            (false, false) => return Err(Status::NAMESPACE_NOT_ATTACHED.with_dnr(true)),
+            _ => {}
+        }
+        Arc::make_mut(ns).attached = attach;
+        Ok(())
+    })?;
+    shared.namespace_changed(nsid);
+    Ok(0)
+}
+
+/// A Controller List: count (16 bits) then that many CNTLIDs. Ours is valid
+/// when it names this controller once and nothing else.
+fn controller_list_is_ours(data: &[u8], cntlid: u16) -> bool {
+    let id_at = |i: usize| {
+        data.get(i * 2..i * 2 + 2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+    };
+    id_at(0) == Some(1) && id_at(1) == Some(cntlid)
+}
+
+/// Format NVM: LBAF (CDW10 3:0, upper bits 13:12), MSET (bit 4: extended
+/// LBAs), PI (7:5, must be 0), SES (11:9: 0 none, 1 user data erase; the
+/// data is erased either way). Takes `format_duration` in the background:
+/// I/O meanwhile gets Format In Progress.
+pub(super) fn format_nvm(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
+    let cdw10 = cmd.cdw10.get();
+    let index = ((cdw10 & 0xF) | ((cdw10 >> 8) & 0x30)) as u8;
+    let extended = cdw10 & (1 << 4) != 0;
+    if usize::from(index) >= LBA_FORMATS.len() || (cdw10 >> 5) & 0x7 != 0 {
+        return Err(invalid_format());
+    }
+    if (cdw10 >> 9) & 0x7 > 1 {
+        return Err(invalid_field());
+    }
+    let nsid = cmd.nsid.get();
+    let shared = ctx.shared;
+    let targets: Vec<u32> = if nsid == NSID_ALL {
+        shared.namespaces.ids_after(0, true, usize::MAX)
+    } else {
+        shared.namespace(nsid)?;
+        vec![nsid]
+    };
+    let until = Instant::now().checked_add(shared.config.format_duration);
+    for id in targets {
+        let Some(old) = shared.namespaces.active(id) else {
+            continue;
+        };
+        let mut ns = Namespace::with_format(id, old.backend.clone(), index, extended)
+            .ok_or_else(invalid_format)?;
+        // Erase before the new format is visible: no read may see old data
+        // under it.
+        ns.backend
+            .write_zeroes(0, ns.backend.size())
+            .map_err(|_| Status::INTERNAL_ERROR.with_dnr(true))?;
+        ns.readiness = old.readiness;
+        ns.attached = old.attached;
+        ns.formatting_until = until.filter(|_| !shared.config.format_duration.is_zero());
+        shared.namespaces.update(|map| {
+            // Deleted or detached meanwhile: leave it.
+            if let Some(slot) = map.get_mut(&id).filter(|s| Arc::ptr_eq(s, &old)) {
+                *slot = Arc::new(ns);
+            }
+        });
+    }
+    Ok(0)
+}

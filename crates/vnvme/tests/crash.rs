@@ -1,0 +1,400 @@
+//! Nothing acknowledged as durable is lost when the server dies.
+//!
+//! A writer drives `vnvme serve --ns SIZE:file=PATH` (a child process)
+//! through the user-space driver: batches of single-block writes, some with
+//! FUA, and Flushes, every block's content encoding (LBA, generation). The
+//! server is killed with SIGKILL at random points, with commands in flight,
+//! then restarted on the same file, and every block is read back:
+//!
+//! * a block whose write completed before a completed Flush, or completed
+//!   with FUA, holds that generation (or a later one that was written);
+//! * any other block holds one of the generations written to it since its
+//!   last durable one (old or new), never anything else: no torn or
+//!   misdirected data, no garbage.
+//!
+//! The seed is printed; `VNVME_CRASH_SEED=N` replays a run.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use vnvme_driver::{Controller, DeviceAccess, DmaBuffer, InitOptions, IoQueue, VfioUserAccess};
+use vnvme_spec::{Command as NvmeCommand, NvmOpcode};
+
+const BIN: &str = env!("CARGO_BIN_EXE_vnvme");
+const BLOCK: usize = 4096;
+/// 1 MiB namespace: few enough blocks that writes often overwrite.
+const BLOCKS: u64 = 256;
+const ROUNDS: usize = 24;
+/// Writes in flight at once (distinct blocks).
+const MAX_BATCH: usize = 8;
+const NSID: u32 = 1;
+const MAGIC: &[u8; 8] = b"VNVMECRS";
+
+/// xorshift64*: small, seeded, good enough to pick kill points.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// The content of `lba` at generation `generation` (0: never written, zeroes).
+fn block(lba: u64, generation: u32) -> Vec<u8> {
+    let mut b = vec![0u8; BLOCK];
+    if generation == 0 {
+        return b;
+    }
+    b[..8].copy_from_slice(MAGIC);
+    b[8..16].copy_from_slice(&lba.to_le_bytes());
+    b[16..20].copy_from_slice(&generation.to_le_bytes());
+    let mut x = (lba << 32 | u64::from(generation)) | 1;
+    for chunk in b[24..].chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
+    }
+    b
+}
+
+/// The generation a block holds, or a description of why it is garbage.
+fn decode(lba: u64, data: &[u8]) -> Result<u32, String> {
+    if data.iter().all(|&b| b == 0) {
+        return Ok(0);
+    }
+    if &data[..8] != MAGIC {
+        return Err(format!("no magic: starts {:02x?}", &data[..24]));
+    }
+    let at = u64::from_le_bytes(data[8..16].try_into().unwrap());
+    let generation = u32::from_le_bytes(data[16..20].try_into().unwrap());
+    if at != lba {
+        return Err(format!("holds the data of LBA {at} (generation {generation})"));
+    }
+    if data != block(lba, generation) {
+        return Err(format!("generation {generation} header over torn or corrupt data"));
+    }
+    Ok(generation)
+}
+
+/// What the writer knows about one block.
+#[derive(Debug, Default, Clone)]
+struct BlockState {
+    /// Guaranteed to survive: completed before a completed Flush, or FUA.
+    durable: u32,
+    /// Written (submitted) since `durable`; any may be what a crash leaves.
+    candidates: Vec<u32>,
+    /// What the medium holds as far as this server life knows: the last
+    /// completed write, or what was read back after the restart. A Flush
+    /// makes it durable.
+    current: u32,
+}
+
+impl BlockState {
+    fn allows(&self, generation: u32) -> bool {
+        generation == self.durable || self.candidates.contains(&generation)
+    }
+
+    fn make_durable(&mut self, generation: u32) {
+        if generation > self.durable {
+            self.durable = generation;
+            self.candidates.retain(|&g| g > generation);
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Tally {
+    acknowledged_writes: u64,
+    fua_writes: u64,
+    flushes: u64,
+    blocks_checked: u64,
+    durable_checked: u64,
+    unflushed_new: u64,
+    unflushed_old: u64,
+}
+
+struct Server {
+    child: Child,
+    socket: PathBuf,
+    log: PathBuf,
+}
+
+impl Server {
+    fn start(dir: &Path, image: &Path) -> Self {
+        let socket = dir.join("vnvme.sock");
+        let log = dir.join("serve.log");
+        let _ = std::fs::remove_file(&socket);
+        let child = Command::new(BIN)
+            .args(["serve", "--doorbells", "trap", "--socket"])
+            .arg(&socket)
+            .arg("--ns")
+            .arg(format!("{}:file={}", BLOCKS * BLOCK as u64, image.display()))
+            .stderr(std::fs::File::create(&log).unwrap())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut server = Self { child, socket, log };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !server.socket.exists() {
+            if let Some(status) = server.child.try_wait().unwrap() {
+                panic!("serve exited with {status}: {}", server.stderr());
+            }
+            assert!(Instant::now() < deadline, "serve did not create its socket");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        server
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn connect(&self) -> (Arc<dyn DeviceAccess>, Controller) {
+        // The socket file appears at bind(), a moment before listen().
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let access = loop {
+            match VfioUserAccess::connect(&self.socket) {
+                Ok(a) => break a,
+                Err(e) if Instant::now() < deadline => {
+                    let _ = e;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(e) => panic!("connecting: {e}; serve said: {}", self.stderr()),
+            }
+        };
+        let access: Arc<dyn DeviceAccess> = Arc::new(access);
+        let opts = InitOptions {
+            io_queues: 1,
+            queue_depth: 64,
+            io_timeout: Duration::from_secs(10),
+            ..InitOptions::default()
+        };
+        let ctrl = Controller::init(Arc::clone(&access), opts)
+            .unwrap_or_else(|e| panic!("init: {e}; serve said: {}", self.stderr()));
+        (access, ctrl)
+    }
+
+    fn kill(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    fn stop(mut self) {
+        let pid = rustix::process::Pid::from_child(&self.child);
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "serve exited with {status}");
+    }
+}
+
+/// Reads every block back and checks it against the model.
+fn verify(
+    q: &mut IoQueue,
+    access: &Arc<dyn DeviceAccess>,
+    model: &mut [BlockState],
+    tally: &mut Tally,
+    round: usize,
+) {
+    const PER_READ: u32 = 32;
+    let mut buf = access.dma_alloc(PER_READ as usize * BLOCK).unwrap();
+    for first in (0..BLOCKS).step_by(PER_READ as usize) {
+        q.read(NSID, first, PER_READ, &mut buf).unwrap();
+        let data = buf.to_vec();
+        for (i, bytes) in data.chunks_exact(BLOCK).enumerate() {
+            let lba = first + i as u64;
+            let state = &mut model[lba as usize];
+            let generation = decode(lba, bytes).unwrap_or_else(|e| {
+                panic!("round {round}: LBA {lba} is garbage: {e} (model {state:?})")
+            });
+            assert!(
+                state.allows(generation),
+                "round {round}: LBA {lba} holds generation {generation}, which is neither \
+                 the durable one nor written since: {state:?}"
+            );
+            tally.blocks_checked += 1;
+            if state.durable > 0 {
+                tally.durable_checked += 1;
+            }
+            if !state.candidates.is_empty() {
+                if generation == state.durable {
+                    tally.unflushed_old += 1;
+                } else {
+                    tally.unflushed_new += 1;
+                }
+            }
+            state.current = generation;
+        }
+    }
+}
+
+fn write_command(lba: u64, buf: &DmaBuffer) -> NvmeCommand {
+    let mut cmd = NvmeCommand::new(NvmOpcode::WRITE.0, 0);
+    cmd.nsid = NSID.into();
+    cmd.cdw10 = (lba as u32).into();
+    cmd.cdw11 = ((lba >> 32) as u32).into();
+    // NLB 0 (one block), FUA (bit 30).
+    cmd.cdw12 = (1u32 << 30).into();
+    cmd.prp1 = buf.iova().into();
+    cmd
+}
+
+/// Writes and flushes until `kill_at`, then kills the server with
+/// commands in flight.
+#[allow(clippy::too_many_arguments)]
+fn write_until_killed(
+    server: Server,
+    q: &mut IoQueue,
+    bufs: &[DmaBuffer],
+    model: &mut [BlockState],
+    tally: &mut Tally,
+    rng: &mut Rng,
+    next_generation: &mut u32,
+    kill_at: Instant,
+) {
+    loop {
+        let killing = Instant::now() >= kill_at;
+        if rng.below(5) == 0 {
+            let mut flush = NvmeCommand::new(NvmOpcode::FLUSH.0, 0);
+            flush.nsid = NSID.into();
+            let cid = q.submit(flush).unwrap();
+            if killing {
+                return kill_soon(server, rng);
+            }
+            let cqe = q.wait_cid(cid).unwrap();
+            assert!(cqe.status().is_success(), "flush: {cqe:?}");
+            tally.flushes += 1;
+            for state in model.iter_mut() {
+                state.make_durable(state.current);
+            }
+            continue;
+        }
+        let n = 1 + rng.below(MAX_BATCH as u64) as usize;
+        let mut in_flight: HashMap<u16, (u64, u32, bool)> = HashMap::new();
+        let mut lbas: Vec<u64> = Vec::with_capacity(n);
+        while lbas.len() < n {
+            let lba = rng.below(BLOCKS);
+            if !lbas.contains(&lba) {
+                lbas.push(lba);
+            }
+        }
+        for (lba, buf) in lbas.iter().zip(bufs) {
+            *next_generation += 1;
+            let generation = *next_generation;
+            buf.write_bytes(0, &block(*lba, generation)).unwrap();
+            let fua = rng.below(4) == 0;
+            let cid = if fua {
+                q.enqueue(write_command(*lba, buf)).unwrap()
+            } else {
+                q.enqueue_rw(NvmOpcode::WRITE, NSID, *lba, 1, buf).unwrap()
+            };
+            model[*lba as usize].candidates.push(generation);
+            in_flight.insert(cid, (*lba, generation, fua));
+        }
+        q.ring().unwrap();
+        if killing {
+            return kill_soon(server, rng);
+        }
+        let mut done = Vec::new();
+        while !in_flight.is_empty() {
+            done.clear();
+            q.wait(&mut done, 64, Duration::from_secs(10)).unwrap();
+            for cqe in &done {
+                let (lba, generation, fua) = in_flight
+                    .remove(&cqe.cid())
+                    .unwrap_or_else(|| panic!("unexpected completion {cqe:?}"));
+                assert!(cqe.status().is_success(), "write LBA {lba}: {cqe:?}");
+                let state = &mut model[lba as usize];
+                state.current = generation;
+                tally.acknowledged_writes += 1;
+                if fua {
+                    tally.fua_writes += 1;
+                    state.make_durable(generation);
+                }
+            }
+        }
+    }
+}
+
+/// Kills the server after a random few microseconds, while it works on
+/// what was just submitted.
+fn kill_soon(server: Server, rng: &mut Rng) {
+    let spin_until = Instant::now() + Duration::from_micros(rng.below(400));
+    while Instant::now() < spin_until {
+        std::hint::spin_loop();
+    }
+    server.kill();
+}
+
+#[test]
+fn acknowledged_durable_writes_survive_sigkill() {
+    let seed = std::env::var("VNVME_CRASH_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+                | 1
+        });
+    println!("crash test seed {seed} (replay with VNVME_CRASH_SEED={seed})");
+    let mut rng = Rng(seed);
+    let dir = std::env::temp_dir().join(format!("vnvme-crash-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let image = dir.join("ns.img");
+    let mut model = vec![BlockState::default(); BLOCKS as usize];
+    let mut tally = Tally::default();
+    let mut next_generation = 0u32;
+    let started = Instant::now();
+
+    for round in 0..=ROUNDS {
+        let server = Server::start(&dir, &image);
+        let (access, ctrl) = server.connect();
+        let mut q = ctrl.take_io_queue(0).unwrap();
+        verify(&mut q, &access, &mut model, &mut tally, round);
+        if round == ROUNDS {
+            server.stop();
+            break;
+        }
+        let bufs: Vec<DmaBuffer> = (0..MAX_BATCH)
+            .map(|_| access.dma_alloc(BLOCK).unwrap())
+            .collect();
+        let kill_at = Instant::now() + Duration::from_millis(5 + rng.below(100));
+        write_until_killed(
+            server,
+            &mut q,
+            &bufs,
+            &mut model,
+            &mut tally,
+            &mut rng,
+            &mut next_generation,
+            kill_at,
+        );
+    }
+    println!(
+        "crash test: {ROUNDS} SIGKILL rounds in {:.1?}; {} writes acknowledged ({} FUA), \
+         {} flushes; {} blocks read back and checked, {} of them with a durable write, \
+         {} unflushed blocks found new and {} old",
+        started.elapsed(),
+        tally.acknowledged_writes,
+        tally.fua_writes,
+        tally.flushes,
+        tally.blocks_checked,
+        tally.durable_checked,
+        tally.unflushed_new,
+        tally.unflushed_old,
+    );
+    assert!(tally.durable_checked > 0, "no durable write was ever checked");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,10 @@
+//! Harnesses behind the `cargo fuzz` targets in `fuzz_targets/`: each takes
+//! structured input (`arbitrary`) and must neither panic nor hang.
+//!
+//! * [`controller`] — the NVMe controller over fake guest memory;
+//! * [`server`] — the vfio-user server with the NVMe device, over a socketpair;
+//! * [`driver`] — the user-space driver against a hostile device.
+
+pub mod controller;
+pub mod driver;
+pub mod server;
