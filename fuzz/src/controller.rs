@@ -38,9 +38,15 @@ const MAX_IO_QUEUES: u16 = 4;
 #[derive(Arbitrary, Debug, Clone, Copy)]
 pub enum Addr {
     /// A page (or an offset in one) of the data area.
-    Data { page: u8, offset: u16 },
+    Data {
+        page: u8,
+        offset: u16,
+    },
     /// A well-known structure: 0 ASQ, 1 ACQ, 2 shadow, 3 EventIdx, 4.. I/O queues.
-    Known { which: u8, offset: u16 },
+    Known {
+        which: u8,
+        offset: u16,
+    },
     /// Anywhere in the first 4 GiB (mostly unmapped).
     Low(u32),
     Raw(u64),
@@ -102,29 +108,65 @@ impl Sqe {
 #[derive(Arbitrary, Debug)]
 pub enum Op {
     /// AQA, ASQ, ACQ, CC.EN = 1 as a host does it (queues of the given sizes).
-    Enable { asqs_z: u8, acqs_z: u8 },
+    Enable {
+        asqs_z: u8,
+        acqs_z: u8,
+    },
     /// Any register or doorbell write, 4 or 8 bytes, possibly unaligned.
-    WriteReg { offset: u16, value: u64, wide: bool },
-    ReadReg { offset: u16, len: u8 },
+    WriteReg {
+        offset: u16,
+        value: u64,
+        wide: bool,
+    },
+    ReadReg {
+        offset: u16,
+        len: u8,
+    },
     /// Arbitrary bytes into guest memory (SQEs, PRP lists, shadow values).
-    WriteMem { addr: Addr, bytes: Vec<u8> },
+    WriteMem {
+        addr: Addr,
+        bytes: Vec<u8>,
+    },
     /// A PRP list: `entries` at `addr`.
-    PrpList { addr: Addr, entries: Vec<Addr> },
+    PrpList {
+        addr: Addr,
+        entries: Vec<Addr>,
+    },
     /// A command at the admin SQ tail the host tracks, the doorbell rung,
     /// and a short wait for the completion.
     Admin(Sqe),
     /// The same on I/O queue `qid` (created or not).
-    Io { qid: u8, sqe: Sqe },
+    Io {
+        qid: u8,
+        sqe: Sqe,
+    },
     /// Create I/O CQ + SQ `qid` in their usual place (host-shaped).
-    CreatePair { qid: u8, size_z: u8, iv: u8, irq: bool },
+    CreatePair {
+        qid: u8,
+        size_z: u8,
+        iv: u8,
+        irq: bool,
+    },
     /// Doorbell Buffer Config with the test buffers (or hostile ones).
-    DbbufConfig { shadow: Addr, eventidx: Addr, canonical: bool },
+    DbbufConfig {
+        shadow: Addr,
+        eventidx: Addr,
+        canonical: bool,
+    },
     /// Any value into doorbell `index` (register trap).
-    Doorbell { index: u16, value: u32 },
+    Doorbell {
+        index: u16,
+        value: u32,
+    },
     /// Any value into shadow doorbell slot `index` (no trap).
-    Shadow { index: u8, value: u32 },
+    Shadow {
+        index: u8,
+        value: u32,
+    },
     /// Let the workers run.
-    Poll { micros: u8 },
+    Poll {
+        micros: u8,
+    },
     Reset,
     /// The client goes away and comes back (new attachment).
     Reattach,
@@ -372,9 +414,6 @@ fn step(host: &mut Host, op: Op) {
             host.ctrl.attach(host.mem.clone(), host.irq.clone());
             host.rings = [None; MAX_IO_QUEUES as usize + 1];
         }
-        Op::IntxMode(on) => host
-            .irq
-            .intx
-            .store(on, std::sync::atomic::Ordering::SeqCst),
+        Op::IntxMode(on) => host.irq.intx.store(on, std::sync::atomic::Ordering::SeqCst),
     }
 }

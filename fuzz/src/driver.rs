@@ -13,8 +13,7 @@ use arbitrary::Arbitrary;
 use parking_lot::Mutex;
 use vnvme_driver::access::{BoxError, DmaMapper, DmaRegion};
 use vnvme_driver::{
-    AccessError, Controller, DeviceAccess, DmaBuffer, DmaPool, InitOptions, Interrupt,
-    PassthruData,
+    AccessError, Controller, DeviceAccess, DmaBuffer, DmaPool, InitOptions, Interrupt, PassthruData,
 };
 use vnvme_spec::{Command, Completion, Status};
 use zerocopy::{FromBytes, IntoBytes};
@@ -50,11 +49,32 @@ pub struct Reply {
 
 #[derive(Arbitrary, Debug)]
 pub enum Op {
-    Read { nsid: u32, lba: u64, blocks: u16 },
-    Write { nsid: u32, lba: u64, blocks: u16 },
-    Flush { nsid: u32 },
-    Admin { opcode: u8, nsid: u32, cdw10: u32, len: u16 },
-    Io { opcode: u8, nsid: u32, cdw10: u32, cdw12: u32, len: u16 },
+    Read {
+        nsid: u32,
+        lba: u64,
+        blocks: u16,
+    },
+    Write {
+        nsid: u32,
+        lba: u64,
+        blocks: u16,
+    },
+    Flush {
+        nsid: u32,
+    },
+    Admin {
+        opcode: u8,
+        nsid: u32,
+        cdw10: u32,
+        len: u16,
+    },
+    Io {
+        opcode: u8,
+        nsid: u32,
+        cdw10: u32,
+        cdw12: u32,
+        len: u16,
+    },
     Poll,
 }
 
@@ -153,7 +173,9 @@ impl State {
                 break;
             }
             q.sq_head = (q.sq_head + 1) % q.sq_size.max(1);
-            let Ok(cmd) = Command::read_from_bytes(&b) else { break };
+            let Ok(cmd) = Command::read_from_bytes(&b) else {
+                break;
+            };
             if qid == 0 {
                 self.learn(&cmd);
             }
@@ -170,12 +192,28 @@ impl State {
         match cmd.opcode() {
             0x05 => {
                 self.cqs.retain(|(q, _)| *q != qid);
-                self.cqs.push((qid, Cq { base: cmd.prp1.get(), size, tail: 0, phase: true }));
+                self.cqs.push((
+                    qid,
+                    Cq {
+                        base: cmd.prp1.get(),
+                        size,
+                        tail: 0,
+                        phase: true,
+                    },
+                ));
             }
             0x01 => {
                 self.sqs.retain(|(q, _)| *q != qid);
                 let cqid = (cmd.cdw11.get() >> 16) as u16;
-                self.sqs.push((qid, Queue { sq: cmd.prp1.get(), sq_size: size, sq_head: 0, cqid }));
+                self.sqs.push((
+                    qid,
+                    Queue {
+                        sq: cmd.prp1.get(),
+                        sq_size: size,
+                        sq_head: 0,
+                        cqid,
+                    },
+                ));
             }
             _ => {}
         }
@@ -258,8 +296,24 @@ impl DeviceAccess for Hostile {
                 s.cc = value;
                 if was == 0 && value & 1 == 1 {
                     let (asq, acq, aqa) = (s.asq, s.acq, s.aqa);
-                    s.sqs = vec![(0, Queue { sq: asq, sq_size: (aqa & 0xFFF) as u16 + 1, sq_head: 0, cqid: 0 })];
-                    s.cqs = vec![(0, Cq { base: acq, size: ((aqa >> 16) & 0xFFF) as u16 + 1, tail: 0, phase: true })];
+                    s.sqs = vec![(
+                        0,
+                        Queue {
+                            sq: asq,
+                            sq_size: (aqa & 0xFFF) as u16 + 1,
+                            sq_head: 0,
+                            cqid: 0,
+                        },
+                    )];
+                    s.cqs = vec![(
+                        0,
+                        Cq {
+                            base: acq,
+                            size: ((aqa >> 16) & 0xFFF) as u16 + 1,
+                            tail: 0,
+                            phase: true,
+                        },
+                    )];
                 }
             }
             0x24 => s.aqa = value,
@@ -326,7 +380,9 @@ pub fn run(input: Input) {
     let Ok(ctrl) = Controller::init(access.clone(), opts) else {
         return;
     };
-    let Ok(mut buf) = access.dma_alloc(64 << 10) else { return };
+    let Ok(mut buf) = access.dma_alloc(64 << 10) else {
+        return;
+    };
     let mut q = ctrl.take_io_queue(0).ok();
     for op in input.ops.into_iter().take(32) {
         match op {
@@ -345,7 +401,12 @@ pub fn run(input: Input) {
                     let _ = q.flush(nsid);
                 }
             }
-            Op::Admin { opcode, nsid, cdw10, len } => {
+            Op::Admin {
+                opcode,
+                nsid,
+                cdw10,
+                len,
+            } => {
                 let mut c = Command::new(opcode, 0);
                 c.nsid = nsid.into();
                 c.cdw10 = cdw10.into();
@@ -353,7 +414,13 @@ pub fn run(input: Input) {
                 let data = (len > 0).then(|| PassthruData::read(&buf, len));
                 let _ = ctrl.admin_passthru(c, data);
             }
-            Op::Io { opcode, nsid, cdw10, cdw12, len } => {
+            Op::Io {
+                opcode,
+                nsid,
+                cdw10,
+                cdw12,
+                len,
+            } => {
                 if let Some(q) = q.as_mut() {
                     let mut c = Command::new(opcode, 0);
                     c.nsid = nsid.into();

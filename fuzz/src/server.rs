@@ -36,7 +36,9 @@ const ACQ: u64 = 0x2000;
 #[derive(Arbitrary, Debug, Clone, Copy)]
 pub enum Fd {
     /// A memfd of `pages` 4 KiB pages (the guest RAM when `pages == 0`).
-    Memfd { pages: u8 },
+    Memfd {
+        pages: u8,
+    },
     Eventfd,
     /// A pipe end: not mappable, not an eventfd.
     Pipe,
@@ -44,7 +46,12 @@ pub enum Fd {
 
 #[derive(Arbitrary, Debug)]
 pub enum Msg {
-    Version { major: u16, minor: u16, json: Vec<u8>, nul: bool },
+    Version {
+        major: u16,
+        minor: u16,
+        json: Vec<u8>,
+        nul: bool,
+    },
     /// VERSION with sane capabilities (most inputs start with it).
     Hello,
     DmaMap {
@@ -56,30 +63,89 @@ pub enum Msg {
         fd: Option<Fd>,
     },
     /// The guest RAM memfd mapped at `iova_page * 4 KiB` (`size` pages, 0 = all).
-    MapRam { iova_page: u16, size_pages: u8, writable: bool },
-    DmaUnmap { iova: u64, size: u64, flags: u32, argsz: u32 },
+    MapRam {
+        iova_page: u16,
+        size_pages: u8,
+        writable: bool,
+    },
+    DmaUnmap {
+        iova: u64,
+        size: u64,
+        flags: u32,
+        argsz: u32,
+    },
     /// Unmap what `MapRam` mapped.
-    UnmapRam { iova_page: u16, size_pages: u8 },
-    GetInfo { argsz: u32 },
-    GetRegionInfo { argsz: u32, index: u32, short: u8 },
-    GetIrqInfo { argsz: u32, index: u32 },
-    SetIrqs { argsz_delta: i8, flags: u32, index: u32, start: u32, count: u32, fds: Vec<Fd>, data: Vec<u8> },
-    RegionRead { index: u32, offset: u64, count: u32 },
-    RegionWrite { index: u32, offset: u64, data: Vec<u8>, posted: bool },
+    UnmapRam {
+        iova_page: u16,
+        size_pages: u8,
+    },
+    GetInfo {
+        argsz: u32,
+    },
+    GetRegionInfo {
+        argsz: u32,
+        index: u32,
+        short: u8,
+    },
+    GetIrqInfo {
+        argsz: u32,
+        index: u32,
+    },
+    SetIrqs {
+        argsz_delta: i8,
+        flags: u32,
+        index: u32,
+        start: u32,
+        count: u32,
+        fds: Vec<Fd>,
+        data: Vec<u8>,
+    },
+    RegionRead {
+        index: u32,
+        offset: u64,
+        count: u32,
+    },
+    RegionWrite {
+        index: u32,
+        offset: u64,
+        data: Vec<u8>,
+        posted: bool,
+    },
     /// A 4-byte BAR0 register or doorbell write (0..0x4000).
-    Bar0 { offset: u16, value: u32, posted: bool },
+    Bar0 {
+        offset: u16,
+        value: u32,
+        posted: bool,
+    },
     /// Admin queue at ASQ/ACQ, CC.EN = 1.
-    EnableNvme { qsize_z: u8 },
+    EnableNvme {
+        qsize_z: u8,
+    },
     /// Bytes into guest RAM (SQEs, PRP lists, data).
-    Guest { offset: u32, bytes: Vec<u8> },
+    Guest {
+        offset: u32,
+        bytes: Vec<u8>,
+    },
     /// An SQE into admin SQ slot `slot` and the tail doorbell set past it.
-    AdminCmd { slot: u8, sqe: [u8; 64] },
+    AdminCmd {
+        slot: u8,
+        sqe: [u8; 64],
+    },
     Reset,
     /// Any header and payload, any fds.
-    Raw { command: u16, flags: u32, msg_id: u16, size_delta: i32, payload: Vec<u8>, fds: Vec<Fd> },
+    Raw {
+        command: u16,
+        flags: u32,
+        msg_id: u16,
+        size_delta: i32,
+        payload: Vec<u8>,
+        fds: Vec<Fd>,
+    },
     /// Bytes straight into the stream (framing abuse).
     Bytes(Vec<u8>),
-    Pause { micros: u16 },
+    Pause {
+        micros: u16,
+    },
 }
 
 #[derive(Arbitrary, Debug)]
@@ -115,14 +181,23 @@ impl Client {
         if self.broken {
             return;
         }
-        let owned: Vec<OwnedFd> = fds.iter().take(20).filter_map(|f| self.make_fd(*f)).collect();
+        let owned: Vec<OwnedFd> = fds
+            .iter()
+            .take(20)
+            .filter_map(|f| self.make_fd(*f))
+            .collect();
         let borrowed: Vec<BorrowedFd<'_>> = owned.iter().map(|f| f.as_fd()).collect();
         let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(20))];
         let mut control = SendAncillaryBuffer::new(&mut space);
         if !borrowed.is_empty() {
             control.push(SendAncillaryMessage::ScmRights(&borrowed));
         }
-        match rustix::net::sendmsg(&self.sock, &[IoSlice::new(bytes)], &mut control, SendFlags::NOSIGNAL) {
+        match rustix::net::sendmsg(
+            &self.sock,
+            &[IoSlice::new(bytes)],
+            &mut control,
+            SendFlags::NOSIGNAL,
+        ) {
             Ok(n) if n < bytes.len() => {
                 if self.sock.write_all(&bytes[n..]).is_err() {
                     self.broken = true;
@@ -188,8 +263,12 @@ fn reader(mut sock: UnixStream, answer: bool) {
         if sock.read_exact(&mut hdr).is_err() {
             return;
         }
-        let Ok(h) = Header::read_from_bytes(&hdr) else { return };
-        let len = (h.msg_size as usize).saturating_sub(HEADER_SIZE).min(4 << 20);
+        let Ok(h) = Header::read_from_bytes(&hdr) else {
+            return;
+        };
+        let len = (h.msg_size as usize)
+            .saturating_sub(HEADER_SIZE)
+            .min(4 << 20);
         let mut payload = vec![0u8; len];
         if sock.read_exact(&mut payload).is_err() {
             return;
@@ -280,7 +359,12 @@ pub fn run(input: Input) {
 
 fn step(c: &mut Client, m: Msg) {
     match m {
-        Msg::Version { major, minor, json, nul } => {
+        Msg::Version {
+            major,
+            minor,
+            json,
+            nul,
+        } => {
             let mut p = le32s(&[]);
             p.extend_from_slice(&major.to_le_bytes());
             p.extend_from_slice(&minor.to_le_bytes());
@@ -298,53 +382,120 @@ fn step(c: &mut Client, m: Msg) {
             p.push(0);
             c.send(cmd::VERSION, 0, &p, &[]);
         }
-        Msg::DmaMap { iova, size, offset, flags, argsz_delta, fd } => {
+        Msg::DmaMap {
+            iova,
+            size,
+            offset,
+            flags,
+            argsz_delta,
+            fd,
+        } => {
             let argsz = (32i64 + i64::from(argsz_delta)).max(0) as u32;
             let p = dma_map_payload(argsz, flags, offset, iova, size);
             let fds: Vec<Fd> = fd.into_iter().collect();
             c.send(cmd::DMA_MAP, 0, &p, &fds);
         }
-        Msg::MapRam { iova_page, size_pages, writable } => {
-            let size = if size_pages == 0 { RAM } else { u64::from(size_pages) * 4096 };
+        Msg::MapRam {
+            iova_page,
+            size_pages,
+            writable,
+        } => {
+            let size = if size_pages == 0 {
+                RAM
+            } else {
+                u64::from(size_pages) * 4096
+            };
             let f = 1 | if writable { 2 } else { 0 };
             let p = dma_map_payload(32, f, 0, u64::from(iova_page) * 4096, size);
             c.send(cmd::DMA_MAP, 0, &p, &[Fd::Memfd { pages: 0 }]);
         }
-        Msg::DmaUnmap { iova, size, flags, argsz } => {
-            c.send(cmd::DMA_UNMAP, 0, &unmap_payload(argsz, flags, iova, size), &[]);
+        Msg::DmaUnmap {
+            iova,
+            size,
+            flags,
+            argsz,
+        } => {
+            c.send(
+                cmd::DMA_UNMAP,
+                0,
+                &unmap_payload(argsz, flags, iova, size),
+                &[],
+            );
         }
-        Msg::UnmapRam { iova_page, size_pages } => {
-            let size = if size_pages == 0 { RAM } else { u64::from(size_pages) * 4096 };
-            c.send(cmd::DMA_UNMAP, 0, &unmap_payload(24, 0, u64::from(iova_page) * 4096, size), &[]);
+        Msg::UnmapRam {
+            iova_page,
+            size_pages,
+        } => {
+            let size = if size_pages == 0 {
+                RAM
+            } else {
+                u64::from(size_pages) * 4096
+            };
+            c.send(
+                cmd::DMA_UNMAP,
+                0,
+                &unmap_payload(24, 0, u64::from(iova_page) * 4096, size),
+                &[],
+            );
         }
         Msg::GetInfo { argsz } => {
             let mut p = le32s(&[argsz, 0, 0, 0]);
             p.truncate((argsz as usize).min(16));
             c.send(cmd::DEVICE_GET_INFO, 0, &p, &[]);
         }
-        Msg::GetRegionInfo { argsz, index, short } => {
+        Msg::GetRegionInfo {
+            argsz,
+            index,
+            short,
+        } => {
             let mut p = le32s(&[argsz, 0, index, 0, 0, 0, 0, 0]);
             p.truncate(32usize.saturating_sub(usize::from(short % 33)));
             c.send(cmd::DEVICE_GET_REGION_INFO, 0, &p, &[]);
         }
         Msg::GetIrqInfo { argsz, index } => {
-            c.send(cmd::DEVICE_GET_IRQ_INFO, 0, &le32s(&[argsz, 0, index, 0]), &[]);
+            c.send(
+                cmd::DEVICE_GET_IRQ_INFO,
+                0,
+                &le32s(&[argsz, 0, index, 0]),
+                &[],
+            );
         }
-        Msg::SetIrqs { argsz_delta, flags, index, start, count, fds, data } => {
+        Msg::SetIrqs {
+            argsz_delta,
+            flags,
+            index,
+            start,
+            count,
+            fds,
+            data,
+        } => {
             let argsz = (20i64 + i64::from(argsz_delta)).max(0) as u32;
             let mut p = le32s(&[argsz, flags, index, start, count]);
             p.extend_from_slice(&data[..data.len().min(64)]);
             c.send(cmd::DEVICE_SET_IRQS, 0, &p, &fds);
         }
-        Msg::RegionRead { index, offset, count } => {
+        Msg::RegionRead {
+            index,
+            offset,
+            count,
+        } => {
             let mut p = offset.to_le_bytes().to_vec();
             p.extend_from_slice(&le32s(&[index, count]));
             c.send(cmd::REGION_READ, 0, &p, &[]);
         }
-        Msg::RegionWrite { index, offset, data, posted } => {
+        Msg::RegionWrite {
+            index,
+            offset,
+            data,
+            posted,
+        } => {
             c.region_write(index, offset, &data[..data.len().min(8192)], posted);
         }
-        Msg::Bar0 { offset, value, posted } => {
+        Msg::Bar0 {
+            offset,
+            value,
+            posted,
+        } => {
             c.region_write(0, u64::from(offset % 0x4000), &value.to_le_bytes(), posted);
         }
         Msg::EnableNvme { qsize_z } => {
@@ -356,14 +507,23 @@ fn step(c: &mut Client, m: Msg) {
             c.region_write(0, 0x30, &ACQ.to_le_bytes(), true);
             c.region_write(0, 0x14, &0x0046_0001u32.to_le_bytes(), false);
         }
-        Msg::Guest { offset, bytes } => c.guest_write(u64::from(offset), &bytes[..bytes.len().min(8192)]),
+        Msg::Guest { offset, bytes } => {
+            c.guest_write(u64::from(offset), &bytes[..bytes.len().min(8192)])
+        }
         Msg::AdminCmd { slot, sqe } => {
             let slot = u64::from(slot % 64);
             c.guest_write(ASQ + slot * 64, &sqe);
             c.region_write(0, 0x1000, &((slot as u32 + 1) % 64).to_le_bytes(), true);
         }
         Msg::Reset => c.send(cmd::DEVICE_RESET, 0, &[], &[]),
-        Msg::Raw { command, flags, msg_id, size_delta, payload, fds } => {
+        Msg::Raw {
+            command,
+            flags,
+            msg_id,
+            size_delta,
+            payload,
+            fds,
+        } => {
             let payload = &payload[..payload.len().min(8192)];
             let size = (HEADER_SIZE + payload.len()) as i64 + i64::from(size_delta);
             let h = Header {
@@ -378,6 +538,8 @@ fn step(c: &mut Client, m: Msg) {
             c.send_raw(&bytes, &fds);
         }
         Msg::Bytes(b) => c.send_raw(&b[..b.len().min(8192)], &[]),
-        Msg::Pause { micros } => std::thread::sleep(Duration::from_micros(u64::from(micros % 2000))),
+        Msg::Pause { micros } => {
+            std::thread::sleep(Duration::from_micros(u64::from(micros % 2000)))
+        }
     }
 }

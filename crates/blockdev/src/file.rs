@@ -12,9 +12,10 @@
 //! * Deallocate punches a hole (`FALLOC_FL_PUNCH_HOLE | KEEP_SIZE`: on a
 //!   block device the kernel zeroes by unmapping, never leaving stale data,
 //!   unlike `BLKDISCARD`); where that is not supported it zeroes the range.
-//! * The file is locked (`flock(LOCK_EX | LOCK_NB)`) for the life of the
-//!   device, so two vnvme processes never serve the same file; a block
-//!   device is also opened `O_EXCL`, which fails while it is mounted.
+//! * The file is locked (`flock(LOCK_EX | LOCK_NB)`, retried for a moment)
+//!   for the life of the device, so two vnvme processes never serve the
+//!   same file; a block device is also opened `O_EXCL`, which fails while
+//!   it is mounted.
 //!
 //! Each call is one io_uring submit-and-wait on a lane (ring + bounce
 //! buffer) taken from a pool: concurrent callers each get their own.
@@ -25,6 +26,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
@@ -122,7 +124,7 @@ impl FileDevice {
     pub fn open(path: impl AsRef<Path>, size: Option<u64>) -> Result<Self, FileError> {
         let path = path.as_ref().to_path_buf();
         if let Some(n) = size {
-            if n == 0 || n % SIZE_GRANULE != 0 {
+            if n == 0 || !n.is_multiple_of(SIZE_GRANULE) {
                 return Err(FileError::BadSize { path, size: n });
             }
         }
@@ -158,7 +160,7 @@ impl FileDevice {
                 .len()
         };
         let size = match size {
-            None if current == 0 || current % SIZE_GRANULE != 0 => {
+            None if current == 0 || !current.is_multiple_of(SIZE_GRANULE) => {
                 return Err(FileError::BadSize {
                     path,
                     size: current,
@@ -256,7 +258,7 @@ impl FileDevice {
     /// aligned and the file system allows it.
     fn fd_for(&self, offset: u64, len: usize) -> RawFd {
         match &self.direct {
-            Some(d) if offset % ALIGN as u64 == 0 && len % ALIGN == 0 => {
+            Some(d) if offset.is_multiple_of(ALIGN as u64) && len.is_multiple_of(ALIGN) => {
                 bump(&self.counters.direct_ops);
                 d.as_raw_fd()
             }
@@ -344,12 +346,26 @@ fn open_error(path: &Path, e: io::Error) -> FileError {
     }
 }
 
+/// How long a held lock is retried. A server that was just killed keeps
+/// its lock for a moment after it exits: the kernel tears its io_uring
+/// down asynchronously, and in-flight operations hold the file open.
+const LOCK_WAIT: Duration = Duration::from_secs(2);
+
 fn lock(file: &File, path: &Path) -> Result<(), FileError> {
     use rustix::fs::{flock, FlockOperation};
-    match flock(file, FlockOperation::NonBlockingLockExclusive) {
-        Ok(()) => Ok(()),
-        Err(rustix::io::Errno::WOULDBLOCK) => Err(FileError::Locked(path.to_path_buf())),
-        Err(e) => Err(FileError::Open(path.to_path_buf(), e.into())),
+    let deadline = Instant::now() + LOCK_WAIT;
+    loop {
+        match flock(file, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => return Ok(()),
+            Err(rustix::io::Errno::WOULDBLOCK) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(rustix::io::Errno::WOULDBLOCK) => {
+                return Err(FileError::Locked(path.to_path_buf()))
+            }
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(FileError::Open(path.to_path_buf(), e.into())),
+        }
     }
 }
 

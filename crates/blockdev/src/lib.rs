@@ -114,12 +114,25 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
 /// outlive the submission.
 #[derive(Debug)]
 pub enum BlockRequest {
-    Read { offset: u64, len: usize },
+    Read {
+        offset: u64,
+        len: usize,
+    },
     /// `fua`: durable before completion (see [`BlockDevice::write_fua`]).
-    Write { offset: u64, data: Vec<u8>, fua: bool },
+    Write {
+        offset: u64,
+        data: Vec<u8>,
+        fua: bool,
+    },
     Flush,
-    WriteZeroes { offset: u64, len: u64 },
-    Discard { offset: u64, len: u64 },
+    WriteZeroes {
+        offset: u64,
+        len: u64,
+    },
+    Discard {
+        offset: u64,
+        len: u64,
+    },
 }
 
 /// A finished asynchronous operation: the token given to `submit`, and the

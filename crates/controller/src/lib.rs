@@ -17,6 +17,7 @@ mod doorbell;
 mod io;
 pub mod memory;
 mod namespace;
+mod poll_window;
 pub mod prp;
 mod queue;
 mod regs;

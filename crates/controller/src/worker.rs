@@ -14,11 +14,14 @@
 //!   EventIdx = head, fence, re-read head after posting).
 //! * `adaptive`: once Doorbell Buffer Config is on, after a wake-up keep
 //!   polling every owned SQ's shadow tail, EventIdx kept one behind what was
-//!   seen so the host never needs to trap; after `idle_poll` without work,
-//!   arm EventIdx = tail seen, fence, re-read every shadow tail, and sleep
-//!   only if none moved. A host that moves a tail after our re-read sees the
-//!   armed EventIdx and traps, and the trap's kick is in the pending list
-//!   before the worker can wait: no lost wake-up.
+//!   seen so the host never needs to trap; after the worker's poll window
+//!   (adaptive, at most `idle_poll`: see [`crate::poll_window`]) without
+//!   work, arm EventIdx = tail seen, fence, re-read every shadow tail, and
+//!   sleep only if none moved. A host that moves a tail after our re-read
+//!   sees the armed EventIdx and traps, and the trap's kick is in the pending
+//!   list before the worker can wait: no lost wake-up. While the guest uses
+//!   the INTx pin, CQ EventIdx is armed instead of kept behind, so the host's
+//!   head update traps: that BAR access is where QEMU deasserts the line.
 //! * `mmap-poll`: poll the shared doorbell page; when idle, spin for
 //!   `idle_poll`, then sleep on the condvar for 10 µs doubling to 200 µs
 //!   (the latency a request arriving then pays), woken early by kicks.
@@ -35,6 +38,7 @@ use vnvme_spec::{Completion, Status};
 use crate::admin;
 use crate::config::DoorbellMode;
 use crate::io;
+use crate::poll_window::PollWindow;
 use crate::queue::{Cq, Sq};
 use crate::shadow::{barrier, behind};
 use crate::state::{Ctx, Outcome, Scratch, Session, Shared};
@@ -164,6 +168,9 @@ pub(crate) fn run(shared: Arc<Shared>, session: Arc<Session>, index: usize) {
     };
     let mut phase = Phase::Asleep;
     let mut backoff = MIN_BACKOFF;
+    let mut window = PollWindow::new(shared.config.idle_poll);
+    // Adaptive: when the worker last had work before it went to sleep.
+    let mut slept_after: Option<Instant> = None;
     loop {
         let wait = match (phase, mode) {
             (Phase::Polling { .. }, _) => Wait::No,
@@ -191,6 +198,18 @@ pub(crate) fn run(shared: Arc<Shared>, session: Arc<Session>, index: usize) {
             continue;
         }
         let now = Instant::now();
+        if mode == DoorbellMode::Adaptive && work > 0 {
+            match phase {
+                Phase::Polling { idle_since, .. } => {
+                    window.found(now.saturating_duration_since(idle_since), work);
+                }
+                Phase::Asleep => {
+                    if let Some(t) = slept_after.take() {
+                        window.woke(now.saturating_duration_since(t), work);
+                    }
+                }
+            }
+        }
         phase = match phase {
             _ if work > 0 => {
                 backoff = MIN_BACKOFF;
@@ -215,7 +234,11 @@ pub(crate) fn run(shared: Arc<Shared>, session: Arc<Session>, index: usize) {
                 idle_since,
                 idle_polls,
             } => {
-                if now.saturating_duration_since(idle_since) < shared.config.idle_poll {
+                let limit = match mode {
+                    DoorbellMode::Adaptive => window.current(),
+                    _ => shared.config.idle_poll,
+                };
+                if now.saturating_duration_since(idle_since) < limit {
                     if idle_polls % POLLS_PER_YIELD == POLLS_PER_YIELD - 1 {
                         std::thread::yield_now();
                     } else {
@@ -225,10 +248,16 @@ pub(crate) fn run(shared: Arc<Shared>, session: Arc<Session>, index: usize) {
                         idle_since,
                         idle_polls: idle_polls.wrapping_add(1),
                     }
-                } else if mode == DoorbellMode::Adaptive && arm(&shared, &session, &local) {
-                    Phase::Polling {
-                        idle_since: now,
-                        idle_polls: 0,
+                } else if mode == DoorbellMode::Adaptive {
+                    window.expired();
+                    if arm(&shared, &session, &local) {
+                        Phase::Polling {
+                            idle_since: now,
+                            idle_polls: 0,
+                        }
+                    } else {
+                        slept_after = Some(idle_since);
+                        Phase::Asleep
                     }
                 } else {
                     backoff = MIN_BACKOFF;
@@ -498,10 +527,19 @@ fn arm_cq(shared: &Shared, session: &Session, cq: &mut Cq, force: bool) {
 
 /// Adaptive: CQ EventIdx one behind the head seen (the host never traps on
 /// a head update unless the worker arms it because the CQ is full).
-fn publish_cq_behind(shared: &Shared, cq: &mut Cq, mem: &dyn crate::memory::GuestMemory) {
+///
+/// Except while the guest uses the INTx pin: then EventIdx = head, so the
+/// host's next head update traps. QEMU deasserts the line only at a BAR
+/// access; without one after the host reaped, the line would stay asserted
+/// and the guest's interrupt controller would redeliver it endlessly.
+fn publish_cq_behind(shared: &Shared, session: &Session, cq: &mut Cq) {
+    if cq.ien && !session.irq.msix_enabled() {
+        arm_cq(shared, session, cq, false);
+        return;
+    }
     let ei = behind(cq.head as u16);
     cq.event_idx
-        .publish(shared, cq.qid, cq.source, ei, false, mem);
+        .publish(shared, cq.qid, cq.source, ei, false, &*session.mem);
 }
 
 /// The admin queue's sources follow Doorbell Buffer Config, which runs on
@@ -552,7 +590,7 @@ fn process_sq(
         // an EventIdx armed because the CQ is full.)
         refresh_cq_head(shared, session, cq);
         if !cq.is_full() {
-            publish_cq_behind(shared, cq, mem);
+            publish_cq_behind(shared, session, cq);
         }
     }
     let mut budget = sq.size;
@@ -630,7 +668,7 @@ fn process_sq(
         match policy {
             EventIdxPolicy::Publish if done > 0 => arm_cq(shared, session, cq, true),
             EventIdxPolicy::Publish => {}
-            EventIdxPolicy::Behind => publish_cq_behind(shared, cq, mem),
+            EventIdxPolicy::Behind => publish_cq_behind(shared, session, cq),
         }
     }
     if !settle_interrupt(shared, session, cq, Instant::now()) && !timers.contains(&cq.qid) {

@@ -56,6 +56,9 @@ enum BenchWhich {
     /// 4 KiB random reads through sync passthrough, async passthrough and the block API, against queue depth
     /// (the seed's async passthrough table).
     Passthru(bench::passthru::PassthruOptions),
+    /// Admin commands at driver initialisation (fast against the old learning dance) and the time
+    /// until every namespace is usable, per number of I/O queues (the seed's nvmewin fast-init table).
+    Init(bench::init::InitBenchOptions),
 }
 
 #[derive(Args, Debug)]
@@ -89,6 +92,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Bench(BenchCommand { which: None, opts }) => bench::main(&opts),
         Command::Bench(BenchCommand { which: Some(BenchWhich::Passthru(opts)), .. }) => bench::passthru::main(&opts),
+        Command::Bench(BenchCommand { which: Some(BenchWhich::Init(opts)), .. }) => bench::init::main(&opts),
         Command::Serve(opts) => serve::run(opts),
         Command::IdCtrl(d) => tools::id_ctrl(&d.socket, d.json),
         Command::List(d) => tools::list(&d.socket, d.json),

@@ -152,6 +152,12 @@ impl FromStr for NamespaceSpec {
         let mut parts = s.split(',');
         let head = parts.next().unwrap_or_default();
         let mut spec = if let Some(path) = head.strip_suffix(":file") {
+            if parse_size(path).is_ok() {
+                // `1G:file`: a size, not a path (a file named so: `./1G:file`).
+                return Err(format!(
+                    "'{head}': the file backend needs a path: PATH:file or SIZE:file=PATH"
+                ));
+            }
             // PATH:file: the size is the file's, known once it is opened.
             NamespaceSpec::new(0, Backend::File(path.into()))
         } else {
@@ -227,7 +233,10 @@ mod tests {
     #[test]
     fn file_namespace_specs_parse() {
         let spec: NamespaceSpec = "/var/lib/ns1.img:file".parse().unwrap();
-        assert_eq!(spec, NamespaceSpec::new(0, Backend::File("/var/lib/ns1.img".into())));
+        assert_eq!(
+            spec,
+            NamespaceSpec::new(0, Backend::File("/var/lib/ns1.img".into()))
+        );
         let spec: NamespaceSpec = "1G:file=/tmp/a:b.img,ready=1s".parse().unwrap();
         assert_eq!(spec.size, 1 << 30);
         assert_eq!(spec.backend, Backend::File("/tmp/a:b.img".into()));
@@ -242,7 +251,10 @@ mod tests {
     fn file_namespace_open_errors_name_the_path() {
         let spec: NamespaceSpec = "/nonexistent/vnvme-ns.img:file".parse().unwrap();
         let err = format!("{:#}", spec.open().unwrap_err());
-        assert!(err.contains("/nonexistent/vnvme-ns.img does not exist"), "{err}");
+        assert!(
+            err.contains("/nonexistent/vnvme-ns.img does not exist"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -24,8 +24,14 @@ pub struct ServeOptions {
     pub socket: PathBuf,
     /// A namespace, SIZE[:null|ram] (e.g. 1G:ram), or a file or block device: PATH:file (its size)
     /// or SIZE:file=PATH (created or extended to SIZE); repeat for more. NSIDs are given in order from 1.
-    #[arg(long = "ns", value_name = "SIZE[:BACKEND]", default_value = "1G:ram")]
+    /// Options follow commas: ready=DURATION (Namespace Not Ready until then after each enable),
+    /// never-ready, detached, format=N (LBA format index). Default (without --config): 1G:ram.
+    #[arg(long = "ns", value_name = "SIZE[:BACKEND][,OPTION]...")]
     pub namespaces: Vec<NamespaceSpec>,
+    /// A TOML file describing the controller and its namespaces (see `vnvme::config`); flags given
+    /// on the command line override it, and --ns replaces its namespaces.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// Write the controller's counters as JSON to FILE every second and at
     /// exit (replaced atomically: write a temporary file, then rename).
     #[arg(long, value_name = "FILE")]
@@ -34,7 +40,16 @@ pub struct ServeOptions {
     pub device: DeviceOptions,
 }
 
-pub fn run(opts: ServeOptions) -> Result<()> {
+pub fn run(mut opts: ServeOptions) -> Result<()> {
+    if let Some(path) = &opts.config {
+        let file = crate::config::ServeConfig::load(path)?;
+        opts.device = file.apply(&opts.device);
+        if opts.namespaces.is_empty() {
+            opts.namespaces = file.namespaces;
+        }
+    } else if opts.namespaces.is_empty() {
+        opts.namespaces = vec!["1G:ram".parse().map_err(anyhow::Error::msg)?];
+    }
     let device = NvmeDevice::new(&opts.device, &opts.namespaces)?;
     let listener = bind(&opts.socket)?;
     let stop = Arc::new(AtomicBool::new(false));

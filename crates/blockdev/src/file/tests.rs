@@ -109,7 +109,10 @@ fn discard_punches_a_hole_that_reads_as_zeroes() {
     let c = dev.counters();
     if c.holes_punched == 1 {
         let after = std::fs::metadata(&path).unwrap().blocks();
-        assert!(after < allocated, "{after} blocks after, {allocated} before");
+        assert!(
+            after < allocated,
+            "{after} blocks after, {allocated} before"
+        );
     } else {
         eprintln!("note: no hole punching here: discard wrote zeroes ({c:?})");
     }
@@ -225,7 +228,9 @@ fn a_read_only_file_is_reported_as_not_writable() {
     std::fs::write(&path, vec![0u8; 8192]).unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o444)).unwrap();
     if rustix::process::geteuid().is_root() {
-        eprintln!("note: running as root, file modes are not enforced: checking the EACCES mapping only");
+        eprintln!(
+            "note: running as root, file modes are not enforced: checking the EACCES mapping only"
+        );
         let err = open_error(&path, io::Error::from_raw_os_error(libc::EACCES));
         assert_eq!(
             err.to_string(),
@@ -302,7 +307,9 @@ fn block_device_round_trip_and_exclusive_open() {
     assert!(bigger.is_err());
     let err = FileDevice::open(&dev_path.0, Some(8 << 20)).unwrap_err();
     assert!(matches!(err, FileError::TooSmall { .. }), "{err}");
-    assert!(err.to_string().contains("smaller than the 8388608 bytes requested"));
+    assert!(err
+        .to_string()
+        .contains("smaller than the 8388608 bytes requested"));
     drop(dev_path);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,0 +1,451 @@
+//! `vnvme serve --config FILE`: the controller and its namespaces in TOML.
+//!
+//! ```toml
+//! serial = "VNVME0042"
+//! model = "vnvme slow-start"
+//! doorbells = "adaptive"      # trap | shadow | adaptive | mmap-poll
+//! max_io_queues = 8
+//! msix_vectors = 4            # fewer than queues: CQs share vectors
+//! workers = 2
+//! ready_timeout = "5s"        # CRTO; never-ready namespaces get DNR after it
+//! max_namespaces = 16         # NN
+//! nvm_capacity = "2G"         # TNVMCAP for Namespace Management
+//! format_duration = "100ms"   # Format In Progress this long
+//!
+//! [[namespaces]]              # NSID 1
+//! size = "1G"
+//! backend = "ram"             # null | ram | file (with path = "...")
+//!
+//! [[namespaces]]              # NSID 2
+//! size = "256M"
+//! ready = "5s"                # Namespace Not Ready until 5 s after enable
+//! format = 0                  # index into LBA_FORMATS (512 + 0)
+//!
+//! [[namespaces]]              # NSID 3
+//! size = "64M"
+//! never_ready = true
+//! attached = false
+//! ```
+//!
+//! Errors name the file, line and field:
+//! `config.toml:7: namespaces[1].ready: invalid duration 'soon' ...`.
+
+use std::ops::Range;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+use toml::Spanned;
+use vnvme_controller::{DoorbellMode, Readiness};
+
+use crate::device::DeviceOptions;
+use crate::namespace::{check_format_index, parse_duration, Backend, NamespaceSpec};
+use crate::size::parse_size;
+
+/// A configuration file that cannot be used: where and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}:{line}: {field}{sep}{message}", sep = if field.is_empty() { "" } else { ": " })]
+pub struct ConfigFileError {
+    pub file: String,
+    /// 1-based.
+    pub line: usize,
+    /// `namespaces[1].ready`; empty when the error is not about one field.
+    pub field: String,
+    pub message: String,
+}
+
+/// A size: bytes as an integer, or text with a K/M/G/T suffix.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+enum SizeValue {
+    Bytes(u64),
+    Text(String),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    serial: Option<Spanned<String>>,
+    model: Option<Spanned<String>>,
+    doorbells: Option<Spanned<String>>,
+    max_io_queues: Option<Spanned<u16>>,
+    msix_vectors: Option<Spanned<u16>>,
+    workers: Option<Spanned<u64>>,
+    ready_timeout: Option<Spanned<String>>,
+    max_namespaces: Option<Spanned<u32>>,
+    nvm_capacity: Option<Spanned<SizeValue>>,
+    format_duration: Option<Spanned<String>>,
+    #[serde(default)]
+    namespaces: Vec<FileNamespace>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileNamespace {
+    size: Option<Spanned<SizeValue>>,
+    backend: Option<Spanned<String>>,
+    path: Option<Spanned<String>>,
+    format: Option<Spanned<u8>>,
+    ready: Option<Spanned<String>>,
+    never_ready: Option<Spanned<bool>>,
+    attached: Option<Spanned<bool>>,
+}
+
+/// What a configuration file sets; `None` leaves the command line's value.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServeConfig {
+    pub serial: Option<String>,
+    pub model: Option<String>,
+    pub doorbells: Option<DoorbellMode>,
+    pub max_io_queues: Option<u16>,
+    pub msix_vectors: Option<u16>,
+    pub workers: Option<u64>,
+    pub ready_timeout: Option<Duration>,
+    pub max_namespaces: Option<u32>,
+    pub nvm_capacity: Option<u64>,
+    pub format_duration: Option<Duration>,
+    /// NSIDs from 1 in order; empty if the file has none.
+    pub namespaces: Vec<NamespaceSpec>,
+}
+
+impl ServeConfig {
+    /// Reads and checks `path`.
+    pub fn load(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
+        Ok(Self::parse(&path.display().to_string(), &text)?)
+    }
+
+    /// Parses `text`, naming `file` in errors.
+    pub fn parse(file: &str, text: &str) -> Result<Self, ConfigFileError> {
+        let at = |span: Option<Range<usize>>, field: String, message: String| ConfigFileError {
+            file: file.to_string(),
+            line: span.map_or(1, |s| line_of(text, s.start)),
+            field,
+            message,
+        };
+        let raw: FileConfig = toml::from_str(text).map_err(|e| {
+            let span = e.span();
+            let field = span
+                .clone()
+                .map(|s| field_at(text, s.start))
+                .unwrap_or_default();
+            at(span, field, e.message().trim().to_string())
+        })?;
+        // A value's check, reported at the value's line under `field`.
+        let check = |field: &str, v: &Spanned<String>, parse: &dyn Fn(&str) -> Result<(), String>| {
+            parse(v.get_ref()).map_err(|m| at(Some(v.span()), field.to_string(), m))
+        };
+        let duration = |field: &str, v: &Option<Spanned<String>>| -> Result<Option<Duration>, ConfigFileError> {
+            v.as_ref()
+                .map(|v| parse_duration(v.get_ref()).map_err(|m| at(Some(v.span()), field.to_string(), m)))
+                .transpose()
+        };
+        let size = |field: &str, v: &Spanned<SizeValue>| -> Result<u64, ConfigFileError> {
+            match v.get_ref() {
+                SizeValue::Bytes(n) => Ok(*n),
+                SizeValue::Text(t) => parse_size(t).map_err(|m| at(Some(v.span()), field.to_string(), m)),
+            }
+        };
+        let mut cfg = ServeConfig {
+            serial: raw.serial.as_ref().map(|v| v.get_ref().clone()),
+            model: raw.model.as_ref().map(|v| v.get_ref().clone()),
+            ready_timeout: duration("ready_timeout", &raw.ready_timeout)?,
+            format_duration: duration("format_duration", &raw.format_duration)?,
+            nvm_capacity: raw
+                .nvm_capacity
+                .as_ref()
+                .map(|v| size("nvm_capacity", v))
+                .transpose()?,
+            ..ServeConfig::default()
+        };
+        if let Some(v) = &raw.doorbells {
+            cfg.doorbells = Some(
+                v.get_ref()
+                    .parse()
+                    .map_err(|e: vnvme_controller::UnknownDoorbellMode| {
+                        at(Some(v.span()), "doorbells".into(), e.to_string())
+                    })?,
+            );
+        }
+        let ranged = |field: &str, span: Range<usize>, value: u64, lo: u64, hi: u64| {
+            if (lo..=hi).contains(&value) {
+                Ok(())
+            } else {
+                Err(at(
+                    Some(span),
+                    field.to_string(),
+                    format!("{value} is out of range {lo}..={hi}"),
+                ))
+            }
+        };
+        if let Some(v) = &raw.max_io_queues {
+            ranged("max_io_queues", v.span(), u64::from(*v.get_ref()), 1, 255)?;
+            cfg.max_io_queues = Some(*v.get_ref());
+        }
+        if let Some(v) = &raw.msix_vectors {
+            ranged("msix_vectors", v.span(), u64::from(*v.get_ref()), 1, 256)?;
+            cfg.msix_vectors = Some(*v.get_ref());
+        }
+        if let Some(v) = &raw.workers {
+            ranged("workers", v.span(), *v.get_ref(), 1, 64)?;
+            cfg.workers = Some(*v.get_ref());
+        }
+        if let Some(v) = &raw.max_namespaces {
+            ranged("max_namespaces", v.span(), u64::from(*v.get_ref()), 0, 1024)?;
+            cfg.max_namespaces = Some(*v.get_ref());
+        }
+        for (i, ns) in raw.namespaces.iter().enumerate() {
+            let field = |name: &str| format!("namespaces[{i}].{name}");
+            let backend = match (&ns.backend, &ns.path) {
+                (None, None) => Backend::Ram,
+                (Some(b), None) if b.get_ref() != "file" => b
+                    .get_ref()
+                    .parse()
+                    .map_err(|m| at(Some(b.span()), field("backend"), m))?,
+                (Some(b), None) => {
+                    return Err(at(Some(b.span()), field("backend"), "the file backend needs path = \"...\"".into()))
+                }
+                (None | Some(_), Some(p)) => {
+                    if let Some(b) = ns.backend.as_ref().filter(|b| b.get_ref() != "file") {
+                        return Err(at(
+                            Some(b.span()),
+                            field("backend"),
+                            format!("path is only for backend = \"file\", not '{}'", b.get_ref()),
+                        ));
+                    }
+                    Backend::File(p.get_ref().into())
+                }
+            };
+            let bytes = match &ns.size {
+                Some(v) => size(&field("size"), v)?,
+                None if matches!(backend, Backend::File(_)) => 0,
+                None => {
+                    return Err(at(
+                        None,
+                        format!("namespaces[{i}]"),
+                        "size is missing (e.g. size = \"1G\")".into(),
+                    ))
+                }
+            };
+            let mut spec = NamespaceSpec::new(bytes, backend);
+            if let Some(v) = &ns.format {
+                check_format_index(*v.get_ref()).map_err(|m| at(Some(v.span()), field("format"), m))?;
+                spec.format_index = *v.get_ref();
+            }
+            if let Some(v) = &ns.ready {
+                check(&field("ready"), v, &|t| parse_duration(t).map(drop))?;
+                spec.readiness = Readiness::After(parse_duration(v.get_ref()).unwrap_or_default());
+            }
+            if let Some(v) = &ns.never_ready {
+                if *v.get_ref() {
+                    if ns.ready.is_some() {
+                        return Err(at(
+                            Some(v.span()),
+                            field("never_ready"),
+                            "a namespace cannot have both ready and never_ready".into(),
+                        ));
+                    }
+                    spec.readiness = Readiness::Never;
+                }
+            }
+            if let Some(v) = &ns.attached {
+                spec.attached = *v.get_ref();
+            }
+            let span = ns.size.as_ref().map(Spanned::span);
+            spec.validate().map_err(|m| at(span, field("size"), m))?;
+            cfg.namespaces.push(spec);
+        }
+        Ok(cfg)
+    }
+
+    /// The device options: the file's values, except where the command
+    /// line gave a value other than the default (a flag repeating the
+    /// default cannot be told apart from no flag, so the file wins then).
+    pub fn apply(&self, cli: &DeviceOptions) -> DeviceOptions {
+        let d = DeviceOptions::default();
+        fn pick<T: Clone + PartialEq>(cli: &T, default: &T, file: &Option<T>) -> T {
+            match file {
+                Some(f) if cli == default => f.clone(),
+                _ => cli.clone(),
+            }
+        }
+        DeviceOptions {
+            serial: pick(&cli.serial, &d.serial, &self.serial),
+            model: pick(&cli.model, &d.model, &self.model),
+            doorbells: pick(&cli.doorbells, &d.doorbells, &self.doorbells),
+            max_io_queues: pick(&cli.max_io_queues, &d.max_io_queues, &self.max_io_queues),
+            msix_vectors: cli.msix_vectors.or(self.msix_vectors),
+            workers: pick(&cli.workers, &d.workers, &self.workers),
+            idle_poll_us: cli.idle_poll_us,
+            ready_timeout: cli.ready_timeout.or(self.ready_timeout),
+            max_namespaces: pick(&cli.max_namespaces, &d.max_namespaces, &self.max_namespaces),
+            nvm_capacity: cli.nvm_capacity.or(self.nvm_capacity),
+            format_duration: cli.format_duration.or(self.format_duration),
+        }
+    }
+}
+
+/// 1-based line of byte `offset`.
+fn line_of(text: &str, offset: usize) -> usize {
+    let end = offset.min(text.len());
+    text.as_bytes()
+        .get(..end)
+        .map_or(0, |b| b.iter().filter(|&&c| c == b'\n').count())
+        + 1
+}
+
+/// The dotted path of the key on the line holding `offset`, from the table
+/// headers above it (`namespaces[1].ready`), or "" if the line has no key.
+fn field_at(text: &str, offset: usize) -> String {
+    let line = line_of(text, offset);
+    let mut table = String::new();
+    let mut counts: Vec<(String, usize)> = Vec::new();
+    for l in text.lines().take(line.saturating_sub(1)) {
+        let l = l.trim();
+        if let Some(name) = l.strip_prefix("[[").and_then(|r| r.split("]]").next()) {
+            let name = name.trim().to_string();
+            let n = match counts.iter_mut().find(|(k, _)| *k == name) {
+                Some((_, n)) => {
+                    *n += 1;
+                    *n
+                }
+                None => {
+                    counts.push((name.clone(), 0));
+                    0
+                }
+            };
+            table = format!("{name}[{n}]");
+        } else if let Some(name) = l.strip_prefix('[').and_then(|r| r.split(']').next()) {
+            table = name.trim().to_string();
+        }
+    }
+    let key = text
+        .lines()
+        .nth(line - 1)
+        .and_then(|l| l.split_once('='))
+        .map(|(k, _)| k.trim().trim_matches('"').to_string())
+        .filter(|k| !k.is_empty() && !k.starts_with('['))
+        .unwrap_or_default();
+    match (table.is_empty(), key.is_empty()) {
+        (_, true) => table,
+        (true, false) => key,
+        (false, false) => format!("{table}.{key}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXAMPLE: &str = r#"serial = "VNVME0042"
+model = "vnvme slow-start"
+doorbells = "trap"
+max_io_queues = 8
+msix_vectors = 4
+workers = 2
+ready_timeout = "3s"
+max_namespaces = 8
+nvm_capacity = "2G"
+format_duration = "100ms"
+
+[[namespaces]]
+size = "1G"
+backend = "null"
+
+[[namespaces]]
+size = 1048576
+ready = "250ms"
+format = 0
+
+[[namespaces]]
+size = "64M"
+never_ready = true
+attached = false
+"#;
+
+    fn err(text: &str) -> String {
+        ServeConfig::parse("config.toml", text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn example_file_parses() {
+        let c = ServeConfig::parse("config.toml", EXAMPLE).unwrap();
+        assert_eq!(c.serial.as_deref(), Some("VNVME0042"));
+        assert_eq!(c.model.as_deref(), Some("vnvme slow-start"));
+        assert_eq!(c.doorbells, Some(DoorbellMode::Trap));
+        assert_eq!((c.max_io_queues, c.msix_vectors, c.workers), (Some(8), Some(4), Some(2)));
+        assert_eq!(c.ready_timeout, Some(Duration::from_secs(3)));
+        assert_eq!(c.max_namespaces, Some(8));
+        assert_eq!(c.nvm_capacity, Some(2 << 30));
+        assert_eq!(c.format_duration, Some(Duration::from_millis(100)));
+        assert_eq!(c.namespaces.len(), 3);
+        assert_eq!(c.namespaces[0], NamespaceSpec::new(1 << 30, Backend::Null));
+        let ns = &c.namespaces[1];
+        assert_eq!((ns.size, ns.format_index), (1 << 20, 0));
+        assert_eq!(ns.readiness, Readiness::After(Duration::from_millis(250)));
+        let ns = &c.namespaces[2];
+        assert_eq!(ns.readiness, Readiness::Never);
+        assert!(!ns.attached);
+    }
+
+    #[test]
+    fn command_line_overrides_the_file_where_it_differs_from_the_default() {
+        let c = ServeConfig::parse("config.toml", EXAMPLE).unwrap();
+        let cli = DeviceOptions {
+            max_io_queues: 2,
+            ..DeviceOptions::default()
+        };
+        let o = c.apply(&cli);
+        assert_eq!(o.max_io_queues, 2, "flag wins");
+        assert_eq!(o.serial, "VNVME0042", "file wins over a default");
+        assert_eq!(o.msix_vectors, Some(4));
+        assert_eq!(o.doorbells, DoorbellMode::Trap);
+        assert_eq!(o.ready_timeout, Some(Duration::from_secs(3)));
+        assert_eq!(o.nvm_capacity, Some(2 << 30));
+    }
+
+    #[test]
+    fn invalid_duration_names_line_and_field() {
+        let text = EXAMPLE.replace("ready = \"250ms\"", "ready = \"soon\"");
+        assert_eq!(
+            err(&text),
+            "config.toml:18: namespaces[1].ready: invalid duration 'soon': use a number with a unit, e.g. 250ms, 5s or 1m"
+        );
+    }
+
+    #[test]
+    fn type_and_unknown_field_errors_name_line_and_field() {
+        let e = err("max_io_queues = \"many\"\n");
+        assert!(e.starts_with("config.toml:1: max_io_queues: "), "{e}");
+        assert!(e.contains("invalid type"), "{e}");
+        let e = err("[[namespaces]]\nsize = \"1G\"\n\n[[namespaces]]\nsize = \"1G\"\nspeed = 3\n");
+        assert!(e.starts_with("config.toml:6: namespaces[1].speed: "), "{e}");
+        assert!(e.contains("unknown field `speed`"), "{e}");
+        let e = err("[[namespaces]]\nsize = \"1G\"\nattached = \"no\"\n");
+        assert!(e.starts_with("config.toml:3: namespaces[0].attached: "), "{e}");
+        let e = err("serial = \"x\"\nmax_io_queues = \n");
+        assert!(e.starts_with("config.toml:2: "), "{e}");
+    }
+
+    #[test]
+    fn semantic_errors_name_line_and_field() {
+        assert_eq!(
+            err("workers = 2\nmax_io_queues = 0\n"),
+            "config.toml:2: max_io_queues: 0 is out of range 1..=255"
+        );
+        assert!(err("doorbells = \"fast\"\n").starts_with("config.toml:1: doorbells: unknown doorbell mode"));
+        assert!(err("[[namespaces]]\nsize = \"1G\"\nformat = 9\n")
+            .starts_with("config.toml:3: namespaces[0].format: LBA format 9 does not exist"));
+        assert!(err("[[namespaces]]\nsize = \"lots\"\n")
+            .starts_with("config.toml:2: namespaces[0].size: 'lots' is not a size"));
+        assert!(err("[[namespaces]]\nsize = 1000\n")
+            .starts_with("config.toml:2: namespaces[0].size: namespace size 1000 must be"));
+        assert!(err("[[namespaces]]\nbackend = \"ram\"\n").contains("namespaces[0]: size is missing"));
+        assert!(err("[[namespaces]]\nsize = \"1G\"\nbackend = \"disk\"\n")
+            .starts_with("config.toml:3: namespaces[0].backend: unknown backend 'disk'"));
+        assert!(err("[[namespaces]]\nsize = \"1G\"\nready = \"1s\"\nnever_ready = true\n")
+            .starts_with("config.toml:4: namespaces[0].never_ready: "));
+        assert!(err("ready_timeout = \"5\"\n").starts_with("config.toml:1: ready_timeout: invalid duration '5'"));
+    }
+}

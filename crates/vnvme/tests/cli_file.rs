@@ -1,0 +1,130 @@
+//! `vnvme serve --ns PATH:file` and `--ns SIZE:file=PATH` as a user runs
+//! them: sizes, the lock, and the messages when a file cannot be served.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_vnvme");
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("vnvme-cli-file-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn serve(socket: &Path, ns: &str) -> Child {
+    let mut child = Command::new(BIN)
+        .args(["serve", "--socket"])
+        .arg(socket)
+        .args(["--ns", ns])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !socket.exists() {
+        assert!(Instant::now() < deadline, "serve did not create its socket");
+        assert!(child.try_wait().unwrap().is_none(), "serve exited early");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}
+
+/// `vnvme serve` that is expected to fail at once.
+fn serve_fails(socket: &Path, ns: &str) -> String {
+    let out: Output = Command::new(BIN)
+        .args(["serve", "--socket"])
+        .arg(socket)
+        .args(["--ns", ns])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "serve --ns {ns} started");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn list(socket: &Path) -> serde_json::Value {
+    let out = Command::new(BIN)
+        .args(["list", "--json", "--socket"])
+        .arg(socket)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn terminate(mut child: Child) {
+    let pid = rustix::process::Pid::from_child(&child);
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "serve exited with {status}");
+}
+
+#[test]
+fn a_sized_file_namespace_is_created_then_served_at_its_size() {
+    let dir = temp_dir("create");
+    let socket = dir.join("vnvme.sock");
+    let image = dir.join("ns.img");
+    let server = serve(&socket, &format!("8M:file={}", image.display()));
+    assert_eq!(std::fs::metadata(&image).unwrap().len(), 8 << 20);
+    assert_eq!(list(&socket)["Devices"][0]["PhysicalSize"], 8 << 20);
+    let id = Command::new(BIN)
+        .args(["id-ctrl", "--socket"])
+        .arg(&socket)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&id.stdout);
+    assert!(text.contains("vwc       : 0x7"), "VWC present: {text}");
+    terminate(server);
+
+    // PATH:file takes the size from the file.
+    let server = serve(&socket, &format!("{}:file", image.display()));
+    assert_eq!(list(&socket)["Devices"][0]["PhysicalSize"], 8 << 20);
+    terminate(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_file_served_by_another_vnvme_is_refused_by_name() {
+    let dir = temp_dir("locked");
+    let image = dir.join("ns.img");
+    let first = serve(&dir.join("a.sock"), &format!("1M:file={}", image.display()));
+    let err = serve_fails(&dir.join("b.sock"), &format!("{}:file", image.display()));
+    assert!(
+        err.contains(&format!("{} is in use by another vnvme", image.display())),
+        "{err}"
+    );
+    terminate(first);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn unusable_files_are_explained() {
+    let dir = temp_dir("unusable");
+    let socket = dir.join("vnvme.sock");
+    let missing = dir.join("missing.img");
+    let err = serve_fails(&socket, &format!("{}:file", missing.display()));
+    assert!(err.contains("missing.img does not exist"), "{err}");
+
+    let small = dir.join("small.img");
+    std::fs::write(&small, [0u8; 100]).unwrap();
+    let err = serve_fails(&socket, &format!("{}:file", small.display()));
+    assert!(
+        err.contains("small.img is 100 bytes: a namespace needs a non-zero multiple of 4096 bytes"),
+        "{err}"
+    );
+
+    let err = serve_fails(&socket, &format!("{}:file", dir.display()));
+    assert!(
+        err.contains("is neither a regular file nor a block device"),
+        "{err}"
+    );
+
+    let err = serve_fails(&socket, "1M:file");
+    assert!(err.contains("PATH:file or SIZE:file=PATH"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
