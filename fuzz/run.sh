@@ -28,8 +28,11 @@ scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 for t in "${targets[@]}"; do
   echo "== cargo fuzz build $t"
-  cargo fuzz build "$t" 2>&1 | grep -Ev '^\s+(Compiling|Building)' || true
-  [ "${PIPESTATUS[0]}" = 0 ] || { echo "fuzz build of $t failed"; exit 1; }
+  if ! cargo fuzz build "$t" >"$scratch/build-$t.log" 2>&1; then
+    tail -n 40 "$scratch/build-$t.log"
+    echo "FAIL: cargo fuzz build $t"
+    exit 1
+  fi
 done
 for t in "${targets[@]}"; do
   echo "== cargo fuzz run $t for ${secs}s"

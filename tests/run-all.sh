@@ -5,11 +5,19 @@
 # `vnvme serve` (tests/guest/, about 3 minutes after a 1 minute cold setup).
 # Usage: tests/run-all.sh            (from anywhere; as root on Debian bookworm)
 #        VNVME_SKIP_GUEST=1 tests/run-all.sh   cargo tests only
+#        VNVME_FUZZ_SECONDS=N                  run each cargo fuzz target N s
+#                                              (default 30 when CI=true, else 0)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 echo "== cargo test (workspace)"
 cargo test --workspace --all-targets 2>&1
+
+fuzz_seconds=${VNVME_FUZZ_SECONDS:-$([ "${CI:-}" = true ] && echo 30 || echo 0)}
+if [ "$fuzz_seconds" -gt 0 ]; then
+  echo "== fuzz regression (fuzz/run.sh $fuzz_seconds)"
+  fuzz/run.sh "$fuzz_seconds"
+fi
 
 if [ "${VNVME_SKIP_GUEST:-0}" = 1 ]; then
   echo "== guest suite skipped (VNVME_SKIP_GUEST=1)"

@@ -53,10 +53,12 @@ pub struct ControllerConfig {
     /// delay). A [`Readiness::Never`] namespace answers Namespace Not Ready
     /// with DNR = 1 once this long has passed since enable. Default 5 s.
     pub ready_timeout: Duration,
-    /// Namespaces the subsystem supports (Identify Controller NN is the
-    /// larger of this and the largest configured NSID): Namespace
-    /// Management creates at most this many in all. At most
-    /// [`MAX_NAMESPACES`]. Default 16.
+    /// Namespaces the subsystem supports: Identify Controller NN is the
+    /// larger of this and the largest configured NSID, and Namespace
+    /// Management creates namespaces with free NSIDs up to NN. At most
+    /// [`MAX_NAMESPACES`]. Default 0: NN is the largest configured NSID,
+    /// which leaves Namespace Management no free NSID unless one is
+    /// deleted (set e.g. 16 to create namespaces).
     pub max_namespaces: u32,
     /// Total NVM capacity in bytes (TNVMCAP) that namespaces are allocated
     /// from; configured namespaces count against it, and it is raised to
@@ -96,7 +98,7 @@ impl Default for ControllerConfig {
             idle_poll: DEFAULT_IDLE_POLL,
             vendor: VendorCommands::builtin(),
             ready_timeout: DEFAULT_READY_TIMEOUT,
-            max_namespaces: 16,
+            max_namespaces: 0,
             nvm_capacity: 0,
             format_duration: Duration::ZERO,
         }
@@ -210,12 +212,30 @@ pub struct LbaFormatSpec {
 /// FLBAS bit 4) or in a separate buffer at MPTR, as chosen at Format NVM
 /// (MSET) or in [`NamespaceConfig::extended_metadata`].
 pub const LBA_FORMATS: &[LbaFormatSpec] = &[
-    LbaFormatSpec { data_size: 512, metadata_size: 0 },
-    LbaFormatSpec { data_size: 512, metadata_size: 8 },
-    LbaFormatSpec { data_size: 512, metadata_size: 64 },
-    LbaFormatSpec { data_size: 4096, metadata_size: 0 },
-    LbaFormatSpec { data_size: 4096, metadata_size: 8 },
-    LbaFormatSpec { data_size: 4096, metadata_size: 64 },
+    LbaFormatSpec {
+        data_size: 512,
+        metadata_size: 0,
+    },
+    LbaFormatSpec {
+        data_size: 512,
+        metadata_size: 8,
+    },
+    LbaFormatSpec {
+        data_size: 512,
+        metadata_size: 64,
+    },
+    LbaFormatSpec {
+        data_size: 4096,
+        metadata_size: 0,
+    },
+    LbaFormatSpec {
+        data_size: 4096,
+        metadata_size: 8,
+    },
+    LbaFormatSpec {
+        data_size: 4096,
+        metadata_size: 64,
+    },
 ];
 
 /// Index in [`LBA_FORMATS`] of 4096-byte blocks without metadata.

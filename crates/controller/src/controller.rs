@@ -136,9 +136,7 @@ impl Controller {
             .copied()
             .unwrap_or(0)
             .max(config.max_namespaces);
-        let tnvmcap = config
-            .nvm_capacity
-            .max(Namespaces::allocated_bytes(&map));
+        let tnvmcap = config.nvm_capacity.max(Namespaces::allocated_bytes(&map));
         let vwc = map.values().any(|ns| ns.backend.volatile_cache());
         let qids = usize::from(config.max_io_queues) + 1;
         let page = match config.doorbells {

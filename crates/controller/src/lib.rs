@@ -34,9 +34,9 @@ mod worker;
 mod tests;
 
 pub use config::{
-    format_index_for, ConfigError, ControllerConfig, DoorbellMode, LbaFormatSpec,
-    NamespaceConfig, Readiness, UnknownDoorbellMode, DEFAULT_FORMAT_INDEX, DEFAULT_IDLE_POLL,
-    DEFAULT_READY_TIMEOUT, LBA_FORMATS, MAX_NAMESPACES,
+    format_index_for, ConfigError, ControllerConfig, DoorbellMode, LbaFormatSpec, NamespaceConfig,
+    Readiness, UnknownDoorbellMode, DEFAULT_FORMAT_INDEX, DEFAULT_IDLE_POLL, DEFAULT_READY_TIMEOUT,
+    LBA_FORMATS, MAX_NAMESPACES,
 };
 pub use controller::Controller;
 pub use doorbell::{DoorbellPage, HeapDoorbellPage, DOORBELL_PAGE_DWORDS};

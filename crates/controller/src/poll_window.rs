@@ -80,11 +80,7 @@ impl PollWindow {
     }
 
     fn grow(&mut self) {
-        self.current = self
-            .current
-            .saturating_mul(2)
-            .max(GROW_START)
-            .min(self.cap);
+        self.current = self.current.saturating_mul(2).max(GROW_START).min(self.cap);
     }
 
     fn shrink(&mut self) {

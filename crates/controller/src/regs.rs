@@ -69,9 +69,7 @@ impl Regs {
             aqa: Aqa::new(),
             asq: 0,
             acq: 0,
-            crto: Crto::new()
-                .with_crwmt(timeout)
-                .with_crimt(timeout),
+            crto: Crto::new().with_crwmt(timeout).with_crimt(timeout),
         }
     }
 

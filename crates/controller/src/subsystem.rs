@@ -69,7 +69,12 @@ impl Namespaces {
         f(&mut self.map.write())
     }
 
-    /// Bytes allocated to namespaces.
+    /// Bytes allocated to namespaces now.
+    pub fn allocated(&self) -> u64 {
+        Self::allocated_bytes(&self.map.read())
+    }
+
+    /// Bytes allocated to the namespaces of `map`.
     pub fn allocated_bytes(map: &BTreeMap<u32, Arc<Namespace>>) -> u64 {
         map.values()
             .fold(0u64, |sum, ns| sum.saturating_add(ns.backend.size()))

@@ -244,8 +244,12 @@ impl AdminQueue {
             if !self.events.is_empty() || self.aer_cid.is_none() || now >= deadline {
                 return Ok(self.events.drain(..).collect());
             }
-            self.qp
-                .idle(self.interrupt.as_ref(), ticket, deadline - now, &mut backoff)?;
+            self.qp.idle(
+                self.interrupt.as_ref(),
+                ticket,
+                deadline - now,
+                &mut backoff,
+            )?;
         }
     }
 

@@ -63,13 +63,8 @@ impl QueueSetup<'_> {
     pub fn create(&self, admin: &mut AdminQueue) -> Result<Vec<QueuePair>, Error> {
         let mut pairs = Vec::with_capacity(usize::from(self.count));
         for qid in 1..=self.count {
-            let mut qp = QueuePair::new(
-                self.access,
-                qid,
-                self.depth,
-                self.dstrd,
-                self.max_transfer,
-            )?;
+            let mut qp =
+                QueuePair::new(self.access, qid, self.depth, self.dstrd, self.max_transfer)?;
             if let Some(bufs) = self.shadow {
                 // The slots start at zero, like the queue's indexes.
                 qp.attach_shadow(bufs)?;

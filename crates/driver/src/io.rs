@@ -356,8 +356,12 @@ impl IoQueue {
                     timeout,
                 });
             }
-            self.qp
-                .idle(self.interrupt.as_ref(), ticket, deadline - now, &mut backoff)?;
+            self.qp.idle(
+                self.interrupt.as_ref(),
+                ticket,
+                deadline - now,
+                &mut backoff,
+            )?;
         }
     }
 }

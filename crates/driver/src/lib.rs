@@ -49,8 +49,8 @@ pub use access::{AccessError, DeviceAccess, DmaBuffer, DmaPool, Interrupt, Mappe
 pub use controller::{AsyncEvent, Controller, InitOptions};
 pub use doorbell::{DoorbellKind, NeedEvent};
 pub use error::Error;
-pub use io::IoQueue;
 pub use init::InitMode;
+pub use io::IoQueue;
 pub use namespace::{Namespace, NamespaceState, NsState};
 pub use passthru::{
     AsyncCompletion, AsyncQueue, BufferSlice, DataDirection, PassthruCompletion, PassthruData,

@@ -129,9 +129,15 @@ pub(crate) fn probe(cx: &mut ProbeCtx<'_>, nsid: u32) -> Result<Probe, Error> {
     let mut backoff = Duration::from_millis(1);
     let id = loop {
         cx.buf.fill(0, IDENTIFY_SIZE, 0)?;
-        match cx.admin.execute(admin::identify(Cns::NAMESPACE, nsid), Some(cx.buf), cx.timeout) {
-            Ok(_) => break IdentifyNamespace::read_from_bytes(&cx.buf.to_vec())
-                .map_err(|_| Error::Unsupported("short identify data".into()))?,
+        match cx.admin.execute(
+            admin::identify(Cns::NAMESPACE, nsid),
+            Some(cx.buf),
+            cx.timeout,
+        ) {
+            Ok(_) => {
+                break IdentifyNamespace::read_from_bytes(&cx.buf.to_vec())
+                    .map_err(|_| Error::Unsupported("short identify data".into()))?
+            }
             Err(Error::AdminCommand { status, .. }) if is_retryable_not_ready(status) => {
                 if !pause(cx.deadline, &mut backoff) {
                     return Ok(Probe::NotReady(format!("identify: {status}")));

@@ -133,18 +133,26 @@ impl ServeConfig {
             at(span, field, e.message().trim().to_string())
         })?;
         // A value's check, reported at the value's line under `field`.
-        let check = |field: &str, v: &Spanned<String>, parse: &dyn Fn(&str) -> Result<(), String>| {
-            parse(v.get_ref()).map_err(|m| at(Some(v.span()), field.to_string(), m))
-        };
-        let duration = |field: &str, v: &Option<Spanned<String>>| -> Result<Option<Duration>, ConfigFileError> {
+        let check =
+            |field: &str, v: &Spanned<String>, parse: &dyn Fn(&str) -> Result<(), String>| {
+                parse(v.get_ref()).map_err(|m| at(Some(v.span()), field.to_string(), m))
+            };
+        let duration = |field: &str,
+                        v: &Option<Spanned<String>>|
+         -> Result<Option<Duration>, ConfigFileError> {
             v.as_ref()
-                .map(|v| parse_duration(v.get_ref()).map_err(|m| at(Some(v.span()), field.to_string(), m)))
+                .map(|v| {
+                    parse_duration(v.get_ref())
+                        .map_err(|m| at(Some(v.span()), field.to_string(), m))
+                })
                 .transpose()
         };
         let size = |field: &str, v: &Spanned<SizeValue>| -> Result<u64, ConfigFileError> {
             match v.get_ref() {
                 SizeValue::Bytes(n) => Ok(*n),
-                SizeValue::Text(t) => parse_size(t).map_err(|m| at(Some(v.span()), field.to_string(), m)),
+                SizeValue::Text(t) => {
+                    parse_size(t).map_err(|m| at(Some(v.span()), field.to_string(), m))
+                }
             }
         };
         let mut cfg = ServeConfig {
@@ -160,13 +168,11 @@ impl ServeConfig {
             ..ServeConfig::default()
         };
         if let Some(v) = &raw.doorbells {
-            cfg.doorbells = Some(
-                v.get_ref()
-                    .parse()
-                    .map_err(|e: vnvme_controller::UnknownDoorbellMode| {
-                        at(Some(v.span()), "doorbells".into(), e.to_string())
-                    })?,
-            );
+            cfg.doorbells = Some(v.get_ref().parse().map_err(
+                |e: vnvme_controller::UnknownDoorbellMode| {
+                    at(Some(v.span()), "doorbells".into(), e.to_string())
+                },
+            )?);
         }
         let ranged = |field: &str, span: Range<usize>, value: u64, lo: u64, hi: u64| {
             if (lo..=hi).contains(&value) {
@@ -204,7 +210,11 @@ impl ServeConfig {
                     .parse()
                     .map_err(|m| at(Some(b.span()), field("backend"), m))?,
                 (Some(b), None) => {
-                    return Err(at(Some(b.span()), field("backend"), "the file backend needs path = \"...\"".into()))
+                    return Err(at(
+                        Some(b.span()),
+                        field("backend"),
+                        "the file backend needs path = \"...\"".into(),
+                    ))
                 }
                 (None | Some(_), Some(p)) => {
                     if let Some(b) = ns.backend.as_ref().filter(|b| b.get_ref() != "file") {
@@ -230,7 +240,8 @@ impl ServeConfig {
             };
             let mut spec = NamespaceSpec::new(bytes, backend);
             if let Some(v) = &ns.format {
-                check_format_index(*v.get_ref()).map_err(|m| at(Some(v.span()), field("format"), m))?;
+                check_format_index(*v.get_ref())
+                    .map_err(|m| at(Some(v.span()), field("format"), m))?;
                 spec.format_index = *v.get_ref();
             }
             if let Some(v) = &ns.ready {
@@ -365,7 +376,9 @@ attached = false
 "#;
 
     fn err(text: &str) -> String {
-        ServeConfig::parse("config.toml", text).unwrap_err().to_string()
+        ServeConfig::parse("config.toml", text)
+            .unwrap_err()
+            .to_string()
     }
 
     #[test]
@@ -374,7 +387,10 @@ attached = false
         assert_eq!(c.serial.as_deref(), Some("VNVME0042"));
         assert_eq!(c.model.as_deref(), Some("vnvme slow-start"));
         assert_eq!(c.doorbells, Some(DoorbellMode::Trap));
-        assert_eq!((c.max_io_queues, c.msix_vectors, c.workers), (Some(8), Some(4), Some(2)));
+        assert_eq!(
+            (c.max_io_queues, c.msix_vectors, c.workers),
+            (Some(8), Some(4), Some(2))
+        );
         assert_eq!(c.ready_timeout, Some(Duration::from_secs(3)));
         assert_eq!(c.max_namespaces, Some(8));
         assert_eq!(c.nvm_capacity, Some(2 << 30));
@@ -423,7 +439,10 @@ attached = false
         assert!(e.starts_with("config.toml:6: namespaces[1].speed: "), "{e}");
         assert!(e.contains("unknown field `speed`"), "{e}");
         let e = err("[[namespaces]]\nsize = \"1G\"\nattached = \"no\"\n");
-        assert!(e.starts_with("config.toml:3: namespaces[0].attached: "), "{e}");
+        assert!(
+            e.starts_with("config.toml:3: namespaces[0].attached: "),
+            "{e}"
+        );
         let e = err("serial = \"x\"\nmax_io_queues = \n");
         assert!(e.starts_with("config.toml:2: "), "{e}");
     }
@@ -434,18 +453,24 @@ attached = false
             err("workers = 2\nmax_io_queues = 0\n"),
             "config.toml:2: max_io_queues: 0 is out of range 1..=255"
         );
-        assert!(err("doorbells = \"fast\"\n").starts_with("config.toml:1: doorbells: unknown doorbell mode"));
+        assert!(err("doorbells = \"fast\"\n")
+            .starts_with("config.toml:1: doorbells: unknown doorbell mode"));
         assert!(err("[[namespaces]]\nsize = \"1G\"\nformat = 9\n")
             .starts_with("config.toml:3: namespaces[0].format: LBA format 9 does not exist"));
         assert!(err("[[namespaces]]\nsize = \"lots\"\n")
             .starts_with("config.toml:2: namespaces[0].size: 'lots' is not a size"));
         assert!(err("[[namespaces]]\nsize = 1000\n")
             .starts_with("config.toml:2: namespaces[0].size: namespace size 1000 must be"));
-        assert!(err("[[namespaces]]\nbackend = \"ram\"\n").contains("namespaces[0]: size is missing"));
+        assert!(
+            err("[[namespaces]]\nbackend = \"ram\"\n").contains("namespaces[0]: size is missing")
+        );
         assert!(err("[[namespaces]]\nsize = \"1G\"\nbackend = \"disk\"\n")
             .starts_with("config.toml:3: namespaces[0].backend: unknown backend 'disk'"));
-        assert!(err("[[namespaces]]\nsize = \"1G\"\nready = \"1s\"\nnever_ready = true\n")
-            .starts_with("config.toml:4: namespaces[0].never_ready: "));
-        assert!(err("ready_timeout = \"5\"\n").starts_with("config.toml:1: ready_timeout: invalid duration '5'"));
+        assert!(
+            err("[[namespaces]]\nsize = \"1G\"\nready = \"1s\"\nnever_ready = true\n")
+                .starts_with("config.toml:4: namespaces[0].never_ready: ")
+        );
+        assert!(err("ready_timeout = \"5\"\n")
+            .starts_with("config.toml:1: ready_timeout: invalid duration '5'"));
     }
 }

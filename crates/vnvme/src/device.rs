@@ -16,8 +16,9 @@ use vnvme_vfio_user::{
     irq, region, DeviceInfo, DmaSpace, Errno, IrqInfo, RegionInfo, SharedRegion, SparseArea,
     VFIO_DEVICE_FLAGS_PCI, VFIO_DEVICE_FLAGS_RESET, VFIO_IRQ_INFO_AUTOMASKED,
     VFIO_IRQ_INFO_EVENTFD, VFIO_IRQ_INFO_MASKABLE, VFIO_IRQ_INFO_NORESIZE,
-    VFIO_IRQ_SET_ACTION_TRIGGER, VFIO_IRQ_SET_ACTION_UNMASK, VFIO_IRQ_SET_DATA_EVENTFD, VFIO_IRQ_SET_DATA_NONE,
-    VFIO_REGION_INFO_FLAG_READ, VFIO_REGION_INFO_FLAG_WRITE,
+    VFIO_IRQ_SET_ACTION_MASK, VFIO_IRQ_SET_ACTION_TRIGGER, VFIO_IRQ_SET_ACTION_UNMASK,
+    VFIO_IRQ_SET_DATA_EVENTFD, VFIO_IRQ_SET_DATA_NONE, VFIO_REGION_INFO_FLAG_READ,
+    VFIO_REGION_INFO_FLAG_WRITE,
 };
 
 use crate::interrupts::EventfdInterrupts;
@@ -68,8 +69,9 @@ pub struct DeviceOptions {
     #[arg(long, value_name = "DURATION", value_parser = crate::namespace::parse_duration)]
     pub ready_timeout: Option<std::time::Duration>,
     /// Namespaces the subsystem supports (Identify Controller NN, at most
-    /// 1024): the limit for Namespace Management.
-    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(0..=1024))]
+    /// 1024; default: as many as configured): Namespace Management creates
+    /// namespaces with free NSIDs up to it.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1024))]
     pub max_namespaces: u32,
     /// Total NVM capacity (TNVMCAP) namespaces are allocated from; what the
     /// configured namespaces leave is where Namespace Management creates
@@ -93,7 +95,7 @@ impl Default for DeviceOptions {
             idle_poll_us: None,
             model: "vnvme".into(),
             ready_timeout: None,
-            max_namespaces: 16,
+            max_namespaces: 0,
             nvm_capacity: None,
             format_duration: None,
         }
@@ -341,19 +343,21 @@ impl vnvme_vfio_user::Device for NvmeDevice {
                     self.irqs.set_intx(fds.into_iter().next());
                 } else if flags & VFIO_IRQ_SET_DATA_NONE != 0 && trigger && count == 0 {
                     self.irqs.set_intx(None);
-                } else if flags & VFIO_IRQ_SET_DATA_NONE != 0
-                    && flags & VFIO_IRQ_SET_ACTION_UNMASK != 0
-                {
-                    // The client deasserted the line (at a BAR access after
-                    // an interrupt) and unmasks: a level still high means
-                    // completions signalled while it was asserted are
-                    // unconsumed, so assert it again.
-                    if self.ctrl.intx_asserted() {
-                        self.irqs.signal_intx();
+                } else if flags & VFIO_IRQ_SET_ACTION_UNMASK != 0 {
+                    if eventfds {
+                        // A resample eventfd (KVM irqfd) we do not watch.
+                        self.irqs.intx_without_automask();
+                    } else {
+                        // The client deasserted the line (at a BAR access
+                        // after an interrupt) and unmasks: a level still high
+                        // means completions it has not consumed, so assert
+                        // it again.
+                        let ctrl = &self.ctrl;
+                        self.irqs.unmask_intx(|| ctrl.intx_asserted());
                     }
+                } else if flags & VFIO_IRQ_SET_ACTION_MASK != 0 {
+                    self.irqs.mask_intx();
                 }
-                // MASK needs no action: each interrupt is an edge on the
-                // eventfd, and UNMASK re-checks the level.
             }
             irq::MSI => {
                 if count != 0 {

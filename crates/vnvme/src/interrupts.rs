@@ -15,15 +15,25 @@ use vnvme_controller::InterruptSink;
 /// needs none).
 ///
 /// INTx is a level the controller computes
-/// ([`Controller::intx_asserted`](vnvme_controller::Controller::intx_asserted)):
-/// every interrupt is an edge on the eventfd, and the device glue signals
-/// again when the client unmasks while the level holds.
+/// ([`Controller::intx_asserted`](vnvme_controller::Controller::intx_asserted)),
+/// automasked as VFIO does: a signal masks the line, further interrupts are
+/// not signalled while it is masked, and the client's UNMASK (QEMU sends it
+/// at the first BAR access after the interrupt, when it deasserts) signals
+/// again if the level still holds. An extra edge would be worse than
+/// useless: QEMU would assert a line the guest finds nothing behind, and
+/// the guest's interrupt controller would redeliver it until the next BAR
+/// access.
 #[derive(Debug, Default)]
 pub struct EventfdInterrupts {
     msix: RwLock<Vec<Option<File>>>,
     intx: RwLock<Option<File>>,
     /// An INTx eventfd is set and no MSI-X one: the guest uses the pin.
     intx_mode: AtomicBool,
+    /// INTx signalled and not yet unmasked by the client.
+    intx_masked: AtomicBool,
+    /// The client unmasks with a resample eventfd we do not watch (KVM
+    /// irqfd): signal every interrupt, as edges.
+    intx_no_automask: AtomicBool,
     dropped: AtomicU64,
 }
 
@@ -59,13 +69,28 @@ impl EventfdInterrupts {
 
     pub fn set_intx(&self, fd: Option<OwnedFd>) {
         *self.intx.write() = fd.map(File::from);
+        self.intx_masked.store(false, Ordering::SeqCst);
         self.update_mode();
+    }
+
+    /// SET_IRQS INTx MASK.
+    pub fn mask_intx(&self) {
+        self.intx_masked.store(true, Ordering::SeqCst);
+    }
+
+    /// SET_IRQS INTx UNMASK with an eventfd: the client would tell us of
+    /// unmasks through it; we do not watch it, so never automask.
+    pub fn intx_without_automask(&self) {
+        self.intx_no_automask.store(true, Ordering::SeqCst);
+        self.intx_masked.store(false, Ordering::SeqCst);
     }
 
     /// Forgets every eventfd (the client went away).
     pub fn clear(&self) {
         self.msix.write().clear();
         *self.intx.write() = None;
+        self.intx_masked.store(false, Ordering::SeqCst);
+        self.intx_no_automask.store(false, Ordering::SeqCst);
         self.update_mode();
     }
 
@@ -74,10 +99,34 @@ impl EventfdInterrupts {
         self.intx_mode.store(pin, Ordering::Release);
     }
 
-    /// Signals the INTx eventfd (the level still holds at UNMASK). Returns
-    /// whether there was one to signal.
-    pub fn signal_intx(&self) -> bool {
-        self.intx.read().as_ref().is_some_and(Self::kick)
+    /// SET_IRQS INTx UNMASK: unmasks, then signals again if `level()` (the
+    /// controller's INTx level) holds. Returns whether it signalled.
+    ///
+    /// No interrupt is lost to a worker signalling meanwhile: it posts its
+    /// completion before it tries to signal, so either its attempt sees the
+    /// line unmasked and signals, or `level()` (which runs after the unmask)
+    /// sees the completion.
+    pub fn unmask_intx(&self, level: impl FnOnce() -> bool) -> bool {
+        self.intx_masked.store(false, Ordering::SeqCst);
+        if !level() {
+            return false;
+        }
+        self.signal_intx()
+    }
+
+    /// The pin: an edge unless the line is (auto)masked.
+    fn signal_intx(&self) -> bool {
+        let intx = self.intx.read();
+        let Some(file) = intx.as_ref() else {
+            return false;
+        };
+        if !self.intx_no_automask.load(Ordering::SeqCst)
+            && self.intx_masked.swap(true, Ordering::SeqCst)
+        {
+            // Already asserted: UNMASK re-checks the level.
+            return true;
+        }
+        Self::kick(file)
     }
 
     /// Interrupts that had nowhere to go.
@@ -99,10 +148,8 @@ impl InterruptSink for EventfdInterrupts {
                 return;
             }
         }
-        if let Some(file) = self.intx.read().as_ref() {
-            if Self::kick(file) {
-                return;
-            }
+        if self.signal_intx() {
+            return;
         }
         self.dropped.fetch_add(1, Ordering::Relaxed);
     }

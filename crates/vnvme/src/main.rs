@@ -91,8 +91,14 @@ fn main() -> ExitCode {
     init_logging(cli.verbose);
     let result = match cli.command {
         Command::Bench(BenchCommand { which: None, opts }) => bench::main(&opts),
-        Command::Bench(BenchCommand { which: Some(BenchWhich::Passthru(opts)), .. }) => bench::passthru::main(&opts),
-        Command::Bench(BenchCommand { which: Some(BenchWhich::Init(opts)), .. }) => bench::init::main(&opts),
+        Command::Bench(BenchCommand {
+            which: Some(BenchWhich::Passthru(opts)),
+            ..
+        }) => bench::passthru::main(&opts),
+        Command::Bench(BenchCommand {
+            which: Some(BenchWhich::Init(opts)),
+            ..
+        }) => bench::init::main(&opts),
         Command::Serve(opts) => serve::run(opts),
         Command::IdCtrl(d) => tools::id_ctrl(&d.socket, d.json),
         Command::List(d) => tools::list(&d.socket, d.json),

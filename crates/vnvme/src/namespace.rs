@@ -122,9 +122,8 @@ pub fn check_format_index(index: u8) -> Result<(), String> {
 /// `h` (`250ms`, `5s`, `1.5s`); a bare `0` is zero.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let t = text.trim();
-    let bad = || {
-        format!("invalid duration '{text}': use a number with a unit, e.g. 250ms, 5s or 1m")
-    };
+    let bad =
+        || format!("invalid duration '{text}': use a number with a unit, e.g. 250ms, 5s or 1m");
     if t == "0" {
         return Ok(Duration::ZERO);
     }
@@ -195,8 +194,14 @@ mod tests {
 
     #[test]
     fn namespace_specs_parse() {
-        assert_eq!("1G:null".parse(), Ok(NamespaceSpec::new(1 << 30, Backend::Null)));
-        assert_eq!("64M".parse(), Ok(NamespaceSpec::new(64 << 20, Backend::Ram)));
+        assert_eq!(
+            "1G:null".parse(),
+            Ok(NamespaceSpec::new(1 << 30, Backend::Null))
+        );
+        assert_eq!(
+            "64M".parse(),
+            Ok(NamespaceSpec::new(64 << 20, Backend::Ram))
+        );
     }
 
     #[test]
@@ -204,10 +209,7 @@ mod tests {
         let spec: NamespaceSpec = "1G:null,ready=250ms,detached,format=1".parse().unwrap();
         assert_eq!(spec.size, 1 << 30);
         assert_eq!(spec.backend, Backend::Null);
-        assert_eq!(
-            spec.readiness,
-            Readiness::After(Duration::from_millis(250))
-        );
+        assert_eq!(spec.readiness, Readiness::After(Duration::from_millis(250)));
         assert!(!spec.attached);
         assert_eq!(spec.format_index, 1);
         let spec: NamespaceSpec = "64M,never-ready".parse().unwrap();
@@ -266,7 +268,9 @@ mod tests {
         assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
         for bad in ["soon", "5", "ms", "5 parsecs", "-1s", "1e400s"] {
             assert!(
-                parse_duration(bad).unwrap_err().contains("invalid duration"),
+                parse_duration(bad)
+                    .unwrap_err()
+                    .contains("invalid duration"),
                 "{bad}"
             );
         }

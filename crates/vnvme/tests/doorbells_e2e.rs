@@ -12,18 +12,26 @@ use vnvme_driver::{Controller, DeviceAccess, InitOptions, IoQueue};
 use vnvme_spec::NvmOpcode;
 
 fn start(mode: DoorbellMode) -> (InProcess, Arc<dyn DeviceAccess>, Controller) {
-    let opts = DeviceOptions { doorbells: mode, ..DeviceOptions::default() };
+    let opts = DeviceOptions {
+        doorbells: mode,
+        ..DeviceOptions::default()
+    };
     let device = NvmeDevice::new(&opts, &["16M:null".parse().unwrap()]).unwrap();
     let mut inproc = InProcess::start(device).unwrap();
     let access: Arc<dyn DeviceAccess> = Arc::new(inproc.access().unwrap());
-    let init = InitOptions { queue_depth: 64, ..InitOptions::default() };
+    let init = InitOptions {
+        queue_depth: 64,
+        ..InitOptions::default()
+    };
     let ctrl = Controller::init(Arc::clone(&access), init).unwrap();
     (inproc, access, ctrl)
 }
 
 /// Submits `batch` reads with one doorbell write and reaps them all.
 fn run_batch(q: &mut IoQueue, access: &Arc<dyn DeviceAccess>, batch: usize) {
-    let bufs: Vec<_> = (0..batch).map(|_| access.dma_alloc(4096).unwrap()).collect();
+    let bufs: Vec<_> = (0..batch)
+        .map(|_| access.dma_alloc(4096).unwrap())
+        .collect();
     for (i, b) in bufs.iter().enumerate() {
         q.enqueue_rw(NvmOpcode::READ, 1, i as u64, 1, b).unwrap();
     }
@@ -47,11 +55,21 @@ fn trap_mode_costs_one_sq_trap_per_batch_and_one_cq_trap_per_reap() {
     let after = srv.controller().stats().queue(1);
     let driver = q.counters();
     eprintln!("driver {driver_before:?} -> {driver:?}; device {before:?} -> {after:?}");
-    assert_eq!(after.sq_doorbell_traps - before.sq_doorbell_traps, 5, "one SQ trap per batch");
+    assert_eq!(
+        after.sq_doorbell_traps - before.sq_doorbell_traps,
+        5,
+        "one SQ trap per batch"
+    );
     // Every CQ head write the driver made reached the server, and no other.
     let cq_writes = driver.cq_doorbell_writes - driver_before.cq_doorbell_writes;
-    assert_eq!(after.cq_doorbell_traps - before.cq_doorbell_traps, cq_writes);
-    assert!((5..=55).contains(&cq_writes), "one CQ trap per reaped batch, {cq_writes}");
+    assert_eq!(
+        after.cq_doorbell_traps - before.cq_doorbell_traps,
+        cq_writes
+    );
+    assert!(
+        (5..=55).contains(&cq_writes),
+        "one CQ trap per reaped batch, {cq_writes}"
+    );
     assert_eq!(after.commands - before.commands, 55);
 }
 

@@ -54,7 +54,10 @@ fn fast_init_of_32_queues_sends_72_admin_commands() {
     // 08h for the namespace, one Asynchronous Event Request: 2N + 8.
     assert_eq!(ctrl.init_admin_commands(), 2 * 32 + 8);
     assert!(ctrl.init_admin_commands() <= 2 * 32 + 10);
-    assert_eq!((by(&ctrl, "create-io-cq"), by(&ctrl, "create-io-sq")), (32, 32));
+    assert_eq!(
+        (by(&ctrl, "create-io-cq"), by(&ctrl, "create-io-sq")),
+        (32, 32)
+    );
     assert_eq!(by(&ctrl, "delete-io-sq") + by(&ctrl, "delete-io-cq"), 0);
     assert_eq!(ctrl.init_io_commands(), 0);
     assert!(ctrl.async_events_armed());
@@ -66,8 +69,14 @@ fn learning_init_of_32_queues_costs_the_seeds_224_plus_8() {
     let (_srv, access, ctrl) = start(&["16M:null"], device, opts);
     assert_eq!(ctrl.init_admin_commands(), 6 * 32 + 8);
     assert_eq!(ctrl.init_io_commands(), 32);
-    assert_eq!(ctrl.init_admin_commands() + ctrl.init_io_commands(), 224 + 8);
-    assert_eq!((by(&ctrl, "delete-io-sq"), by(&ctrl, "delete-io-cq")), (32, 32));
+    assert_eq!(
+        ctrl.init_admin_commands() + ctrl.init_io_commands(),
+        224 + 8
+    );
+    assert_eq!(
+        (by(&ctrl, "delete-io-sq"), by(&ctrl, "delete-io-cq")),
+        (32, 32)
+    );
     // The re-created queues work.
     let mut q = ctrl.take_io_queue(31).unwrap();
     let mut buf = access.dma_alloc(4096).unwrap();
@@ -124,7 +133,11 @@ fn namespace_mix_is_ready_late_skipped_or_absent_with_reasons() {
     // The detached namespace is not in the active list at all.
     assert_eq!(
         states,
-        [(1, NsState::Ready), (2, NsState::Ready), (4, NsState::Skipped)]
+        [
+            (1, NsState::Ready),
+            (2, NsState::Ready),
+            (4, NsState::Skipped)
+        ]
     );
     assert_eq!(
         report[2].reason.as_deref(),

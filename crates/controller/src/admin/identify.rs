@@ -82,9 +82,7 @@ pub(crate) fn identify_controller(shared: &Shared) -> Box<IdentifyController> {
     id.sqes = 0x66;
     id.cqes = 0x44;
     id.nn = U32::new(shared.nn);
-    let allocated = shared
-        .namespaces
-        .update(|map| crate::subsystem::Namespaces::allocated_bytes(map));
+    let allocated = shared.namespaces.allocated();
     id.tnvmcap = u128::from(shared.tnvmcap).to_le_bytes();
     id.unvmcap = u128::from(shared.tnvmcap.saturating_sub(allocated)).to_le_bytes();
     // FNA = 0: Format NVM and its erase apply to one namespace at a time.

@@ -37,7 +37,9 @@ pub(super) fn get_log_page(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Statu
             (smart_log(shared), Some(async_event::TYPE_SMART))
         }
         LogPageId::FIRMWARE_SLOT => (firmware_slot_log(shared), None),
-        LogPageId::CHANGED_NAMESPACES => (shared.changed.lock().page(), Some(async_event::TYPE_NOTICE)),
+        LogPageId::CHANGED_NAMESPACES => {
+            (shared.changed.lock().page(), Some(async_event::TYPE_NOTICE))
+        }
         LogPageId::COMMANDS_SUPPORTED_AND_EFFECTS => (effects_log(&ctx.shared.config), None),
         _ => return Err(invalid_field()),
     };

@@ -9,7 +9,7 @@ use std::time::Instant;
 use vnvme_spec::{Command, Status};
 
 use super::invalid_field;
-use crate::config::LBA_FORMATS;
+use crate::config::{LBA_FORMATS, MAX_NAMESPACES};
 use crate::namespace::{Namespace, NSID_ALL};
 use crate::state::{Ctx, Shared};
 use crate::subsystem::Namespaces;
@@ -98,10 +98,11 @@ fn create(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
             .checked_mul(stride)
             .filter(|&b| b <= free)
             .ok_or(Status::NAMESPACE_INSUFFICIENT_CAPACITY.with_dnr(true))?;
-        let limit = usize::try_from(shared.config.max_namespaces).unwrap_or(usize::MAX);
+        // The lowest free NSID up to NN (found within len + 1 steps); the
+        // table never outgrows an Identify list.
         let nsid = (1..=shared.nn)
             .find(|id| !map.contains_key(id))
-            .filter(|_| map.len() < limit)
+            .filter(|_| map.len() < MAX_NAMESPACES as usize)
             .ok_or(Status::NAMESPACE_ID_UNAVAILABLE.with_dnr(true))?;
         let backend = Arc::new(vnvme_blockdev::RamDevice::new(bytes));
         let mut ns = Namespace::with_format(nsid, backend, req.format_index, req.extended)

@@ -18,8 +18,7 @@ fn identify_controller_reports_the_configuration() {
     assert!(id.mn.starts_with(b"vnvme "));
     assert_eq!(id.sqes, 0x66);
     assert_eq!(id.cqes, 0x44);
-    // NN: the namespaces the subsystem supports (max_namespaces).
-    assert_eq!(id.nn.get(), 16);
+    assert_eq!(id.nn.get(), 1);
     assert_eq!(id.mdts, 5);
     assert_eq!(id.oacs.get() & (1 << 8), 1 << 8);
     assert_eq!(id.oncs.get() & 0b1101, 0b1101);

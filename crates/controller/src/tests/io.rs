@@ -323,7 +323,10 @@ fn intx_level_follows_unconsumed_completions_and_intms() {
         std::thread::sleep(Duration::from_millis(1));
     }
     assert!(h.wait_cqe(1).is_some());
-    assert!(h.ctrl.intx_asserted(), "two completions posted, none consumed");
+    assert!(
+        h.ctrl.intx_asserted(),
+        "two completions posted, none consumed"
+    );
     // CQ 1 uses vector 1 (create_pair): INTMS bit 1 masks it.
     h.write32(offset::INTMS, 1 << 1);
     assert!(!h.ctrl.intx_asserted(), "masked");
@@ -355,7 +358,10 @@ fn intx_with_shadow_doorbells_reads_the_shadow_head_and_traps_cq_updates() {
         // level takes, so once the CQE is visible the level holds.
         assert!(h.ctrl.intx_asserted(), "round {round}: posted");
         h.advance_head(1);
-        assert!(h.ring_cq(1), "round {round}: CQ head update traps under INTx");
+        assert!(
+            h.ring_cq(1),
+            "round {round}: CQ head update traps under INTx"
+        );
         assert!(!h.ctrl.intx_asserted(), "round {round}: consumed");
     }
     let q = h.ctrl.stats().queue(1);

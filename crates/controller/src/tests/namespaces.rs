@@ -45,7 +45,11 @@ impl Host {
 
     fn identify_page(&mut self, cns: u8, nsid: u32) -> Vec<u8> {
         let c = self.admin(identify(cns, nsid, PAGE));
-        assert_eq!(c.status(), Status::SUCCESS, "identify cns {cns:#x} nsid {nsid}");
+        assert_eq!(
+            c.status(),
+            Status::SUCCESS,
+            "identify cns {cns:#x} nsid {nsid}"
+        );
         self.read_mem(PAGE, 4096)
     }
 
@@ -156,7 +160,11 @@ fn identify_controller_reports_ns_management_format_and_capacity() {
     h.enable();
     let id = h.identify_page(0x01, 0);
     let c = IdentifyController::read_from_bytes(&id).unwrap();
-    assert_eq!(c.oacs.get() & 0b1010, 0b1010, "OACS Format NVM and NS Management");
+    assert_eq!(
+        c.oacs.get() & 0b1010,
+        0b1010,
+        "OACS Format NVM and NS Management"
+    );
     assert_eq!(c.nn.get(), 4);
     assert_eq!(u128_at(&id, 280), 4 << 20, "TNVMCAP");
     assert_eq!(u128_at(&id, 296), 3 << 20, "UNVMCAP");
@@ -177,10 +185,24 @@ fn create_attach_io_detach_delete() {
     assert_eq!(h.identify_page(0x00, 2), vec![0; 4096], "CNS 00h zeroes");
     assert_eq!(h.identify_page(0x08, 2), vec![0; 4096], "CNS 08h zeroes");
     let id = h.identify_ns(0x11, 2);
-    assert_eq!((id.nsze.get(), id.ncap.get(), id.format_index()), (256, 256, 0));
-    assert_eq!(h.identify_page(0x12, 2)[..2], [0, 0], "no controller attached");
-    assert_eq!(h.identify_page(0x13, 0)[..4], [1, 0, 1, 0], "the subsystem's controller");
-    assert_eq!(h.read1(2), Status::INVALID_NAMESPACE_OR_FORMAT.with_dnr(true));
+    assert_eq!(
+        (id.nsze.get(), id.ncap.get(), id.format_index()),
+        (256, 256, 0)
+    );
+    assert_eq!(
+        h.identify_page(0x12, 2)[..2],
+        [0, 0],
+        "no controller attached"
+    );
+    assert_eq!(
+        h.identify_page(0x13, 0)[..4],
+        [1, 0, 1, 0],
+        "the subsystem's controller"
+    );
+    assert_eq!(
+        h.read1(2),
+        Status::INVALID_NAMESPACE_OR_FORMAT.with_dnr(true)
+    );
 
     assert_eq!(h.attach(2, true).status(), Status::SUCCESS);
     assert_eq!(h.ns_list(0x02), [1, 2]);
@@ -193,7 +215,10 @@ fn create_attach_io_detach_delete() {
     );
 
     assert_eq!(h.attach(2, false).status(), Status::SUCCESS);
-    assert_eq!(h.read1(2), Status::INVALID_NAMESPACE_OR_FORMAT.with_dnr(true));
+    assert_eq!(
+        h.read1(2),
+        Status::INVALID_NAMESPACE_OR_FORMAT.with_dnr(true)
+    );
     assert_eq!(
         h.attach(2, false).status(),
         Status::NAMESPACE_NOT_ATTACHED.with_dnr(true)
@@ -204,7 +229,11 @@ fn create_attach_io_detach_delete() {
         Status::INVALID_NAMESPACE_OR_FORMAT.with_dnr(true)
     );
     assert_eq!(h.ns_list(0x10), [1]);
-    assert_eq!(u128_at(&h.identify_page(0x01, 0), 296), 3 << 20, "capacity back");
+    assert_eq!(
+        u128_at(&h.identify_page(0x01, 0), 296),
+        3 << 20,
+        "capacity back"
+    );
 }
 
 #[test]
@@ -226,8 +255,15 @@ fn namespace_management_errors() {
         h.create_ns(8, 8, LBA_FORMATS.len() as u8).status(),
         cmd_specific(Status::INVALID_FORMAT)
     );
-    assert_eq!(h.create_ns(8, 4, 0).status(), Status::INVALID_FIELD.with_dnr(true), "thin");
-    assert_eq!(h.create_ns(0, 0, 0).status(), Status::INVALID_FIELD.with_dnr(true));
+    assert_eq!(
+        h.create_ns(8, 4, 0).status(),
+        Status::INVALID_FIELD.with_dnr(true),
+        "thin"
+    );
+    assert_eq!(
+        h.create_ns(0, 0, 0).status(),
+        Status::INVALID_FIELD.with_dnr(true)
+    );
     // max_namespaces = 4: NSIDs 2, 3, 4, then none.
     for nsid in 2..=4 {
         let c = h.create_ns(8, 8, 0);
@@ -344,7 +380,10 @@ fn slow_namespace_is_not_ready_then_ready_with_event() {
     if others.is_empty() {
         others.push(h.reap(0));
     }
-    assert_eq!((others[0].cid(), others[0].dw0.get()), (aer, NS_CHANGED_EVENT));
+    assert_eq!(
+        (others[0].cid(), others[0].dw0.get()),
+        (aer, NS_CHANGED_EVENT)
+    );
     assert_eq!(h.changed_log(false), [2]);
 }
 
@@ -400,7 +439,10 @@ fn detached_namespace_from_config_is_inactive_until_attached() {
     assert_eq!(h.ns_list(0x02), [1]);
     assert_eq!(h.ns_list(0x10), [1, 2]);
     assert_eq!(h.identify_page(0x00, 2), vec![0; 4096]);
-    assert_eq!(h.read1(2), Status::INVALID_NAMESPACE_OR_FORMAT.with_dnr(true));
+    assert_eq!(
+        h.read1(2),
+        Status::INVALID_NAMESPACE_OR_FORMAT.with_dnr(true)
+    );
     assert_eq!(h.attach(2, true).status(), Status::SUCCESS);
     assert_eq!(h.read1(2), Status::SUCCESS);
 }
@@ -426,18 +468,30 @@ fn format_nvm_switches_format_and_erases() {
     h.enable();
     h.create_pair(1, 16);
     h.mem.write(BUF, &[0xAB; 4096]).unwrap();
-    assert!(h.submit(1, rw(NvmOpcode::WRITE, 1, 0, 1, BUF, 0)).status().is_success());
+    assert!(h
+        .submit(1, rw(NvmOpcode::WRITE, 1, 0, 1, BUF, 0))
+        .status()
+        .is_success());
     // Format 0: 512 + 0, user data erase.
     assert_eq!(h.format(1, 1 << 9).status(), Status::SUCCESS);
     let id = h.identify_ns(0x00, 1);
     assert_eq!((id.format_index(), id.nsze.get()), (0, 2048));
-    assert!(h.submit(1, rw(NvmOpcode::READ, 1, 0, 8, BUF, 0)).status().is_success());
+    assert!(h
+        .submit(1, rw(NvmOpcode::READ, 1, 0, 8, BUF, 0))
+        .status()
+        .is_success());
     assert_eq!(h.read_mem(BUF, 4096), vec![0; 4096], "erased");
     // Errors: unknown format, protection information, crypto erase, NSID.
     let invalid_format = Status::INVALID_FORMAT.with_dnr(true);
-    assert_eq!(h.format(1, LBA_FORMATS.len() as u32).status(), invalid_format);
+    assert_eq!(
+        h.format(1, LBA_FORMATS.len() as u32).status(),
+        invalid_format
+    );
     assert_eq!(h.format(1, 1 << 5).status(), invalid_format, "PI");
-    assert_eq!(h.format(1, 2 << 9).status(), Status::INVALID_FIELD.with_dnr(true));
+    assert_eq!(
+        h.format(1, 2 << 9).status(),
+        Status::INVALID_FIELD.with_dnr(true)
+    );
     assert_eq!(
         h.format(5, 0).status(),
         Status::INVALID_NAMESPACE_OR_FORMAT.with_dnr(true)
@@ -471,7 +525,11 @@ fn extended_metadata_io_moves_data_and_metadata_together() {
     let mut h = Host::with_namespaces(config(), vec![ns]);
     h.enable();
     h.create_pair(1, 16);
-    assert_eq!(h.format(1, 5 | 1 << 4).status(), Status::SUCCESS, "MSET extended");
+    assert_eq!(
+        h.format(1, 5 | 1 << 4).status(),
+        Status::SUCCESS,
+        "MSET extended"
+    );
     let id = h.identify_ns(0x00, 1);
     assert!(id.extended_lba());
     assert_eq!(id.nsze.get(), (1 << 20) / 4160);
@@ -482,18 +540,28 @@ fn extended_metadata_io_moves_data_and_metadata_together() {
     h.mem.write(p3, &data[8192..]).unwrap();
     let entries: Vec<u8> = [p2, p3].iter().flat_map(|p| p.to_le_bytes()).collect();
     h.mem.write(list, &entries).unwrap();
-    assert!(h.submit(1, rw(NvmOpcode::WRITE, 1, 3, 2, p1, list)).status().is_success());
+    assert!(h
+        .submit(1, rw(NvmOpcode::WRITE, 1, 3, 2, p1, list))
+        .status()
+        .is_success());
     // Read one block back (4160 bytes: PRP1 + PRP2 as a page).
     let (r1, r2) = (BUF + 0x10000, BUF + 0x20000);
-    assert!(h.submit(1, rw(NvmOpcode::READ, 1, 4, 1, r1, r2)).status().is_success());
+    assert!(h
+        .submit(1, rw(NvmOpcode::READ, 1, 4, 1, r1, r2))
+        .status()
+        .is_success());
     let mut back = h.read_mem(r1, 4096);
     back.extend(h.read_mem(r2, 64));
     assert_eq!(back, data[4160..]);
-    assert!(h.submit(1, rw(NvmOpcode::COMPARE, 1, 3, 2, p1, list)).status().is_success());
+    assert!(h
+        .submit(1, rw(NvmOpcode::COMPARE, 1, 3, 2, p1, list))
+        .status()
+        .is_success());
     // Out of range counts blocks of 4160 bytes.
     let last = id.nsze.get();
     assert_eq!(
-        h.submit(1, rw(NvmOpcode::READ, 1, last, 1, r1, r2)).status(),
+        h.submit(1, rw(NvmOpcode::READ, 1, last, 1, r1, r2))
+            .status(),
         Status::LBA_OUT_OF_RANGE.with_dnr(true)
     );
 }
@@ -546,15 +614,27 @@ fn fewer_vectors_than_queues_share_vectors() {
     for qid in 1..=4u16 {
         h.mem.zero(cq_base(qid), 16 * 16).unwrap();
         let iv = qid % 2;
-        assert!(h.admin(create_cq(qid, 16, iv, cq_base(qid))).status().is_success());
-        assert!(h.admin(create_sq(qid, 16, qid, sq_base(qid))).status().is_success());
+        assert!(h
+            .admin(create_cq(qid, 16, iv, cq_base(qid)))
+            .status()
+            .is_success());
+        assert!(h
+            .admin(create_sq(qid, 16, qid, sq_base(qid)))
+            .status()
+            .is_success());
         h.rings[usize::from(qid)] = Some(Ring::new(sq_base(qid), cq_base(qid), 16));
     }
     let before = (h.irq.count(0), h.irq.count(1));
     for qid in 1..=4u16 {
-        assert!(h.submit(qid, rw(NvmOpcode::READ, 1, 0, 1, BUF, 0)).status().is_success());
+        assert!(h
+            .submit(qid, rw(NvmOpcode::READ, 1, 0, 1, BUF, 0))
+            .status()
+            .is_success());
     }
-    assert!(h.irq.count(0) >= before.0 + 2, "vector 0: queues 2 and 4 (and admin)");
+    assert!(
+        h.irq.count(0) >= before.0 + 2,
+        "vector 0: queues 2 and 4 (and admin)"
+    );
     assert!(h.irq.count(1) >= before.1 + 2, "vector 1: queues 1 and 3");
     assert_eq!(h.irq.total(), h.irq.count(0) + h.irq.count(1));
 }

@@ -69,11 +69,7 @@ fn adaptive_mode_never_loses_a_wakeup() {
         idle_poll: Duration::from_micros(5),
         ..mode_config(DoorbellMode::Adaptive)
     };
-    let ctrl = Controller::new(
-        config,
-        vec![NamespaceConfig::new(1, 512, backend)],
-    )
-    .unwrap();
+    let ctrl = Controller::new(config, vec![NamespaceConfig::new(1, 512, backend)]).unwrap();
     let mut h = Host::new();
     h.ctrl = ctrl;
     h.ctrl.attach(h.mem.clone(), h.irq.clone());

@@ -9,8 +9,8 @@ use vnvme_spec::regs::version;
 use super::*;
 use crate::controller::{Controller, InitOptions};
 use crate::error::Error;
-use crate::io::IoQueue;
 use crate::init::InitMode;
+use crate::io::IoQueue;
 use crate::namespace::NsState;
 
 /// A 2.0 controller with shadow doorbells and namespace notices.
@@ -58,7 +58,10 @@ fn fast_init_with_32_queues_sends_2n_plus_6_plus_2_per_namespace() {
     assert_eq!(count(&ctrl, "set-features"), 2);
     assert_eq!(count(&ctrl, "doorbell-buffer-config"), 1);
     assert_eq!(count(&ctrl, "async-event-request"), 1);
-    assert_eq!(count(&ctrl, "delete-io-sq") + count(&ctrl, "delete-io-cq"), 0);
+    assert_eq!(
+        count(&ctrl, "delete-io-sq") + count(&ctrl, "delete-io-cq"),
+        0
+    );
     assert_eq!(ctrl.init_io_commands(), 0);
     assert_eq!(dev.stats(|s| s.io_commands), 0, "nothing learnt by reads");
     assert_eq!(
@@ -80,7 +83,10 @@ fn learning_mode_reproduces_the_old_7n_cost() {
     // One learning read per queue: 7N + 8 commands in all, the patch's 224 + 8.
     assert_eq!(ctrl.init_io_commands(), 32);
     assert_eq!(dev.stats(|s| s.io_commands), 32);
-    assert_eq!(ctrl.init_admin_commands() + ctrl.init_io_commands(), 224 + 8);
+    assert_eq!(
+        ctrl.init_admin_commands() + ctrl.init_io_commands(),
+        224 + 8
+    );
     // The re-created queues work.
     let mut q = ctrl.take_io_queue(31).unwrap();
     let mut buf = ctrl.access().dma_alloc(512).unwrap();
@@ -155,7 +161,11 @@ fn only_generic_namespace_not_ready_without_dnr_is_retried() {
         ]
     );
     let reason = |i: usize| report[i].reason.clone().unwrap_or_default();
-    assert!(reason(3).contains("invalid-namespace-or-format"), "{}", reason(3));
+    assert!(
+        reason(3).contains("invalid-namespace-or-format"),
+        "{}",
+        reason(3)
+    );
     assert!(reason(1).contains("sct 0x2"), "{}", reason(1));
     assert!(reason(2).contains("dnr"), "{}", reason(2));
     assert_eq!(ctrl.namespaces().len(), 1);

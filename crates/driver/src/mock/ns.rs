@@ -23,9 +23,12 @@ pub(super) struct Events {
 impl State {
     /// Identify Namespace (CNS 00h): scripted statuses first, then the data.
     pub(super) fn identify_ns(&mut self, nsid: u32) -> Result<Vec<u8>, Status> {
-        if let Some(next) = self.cfg.statuses.get_mut(&nsid).and_then(|s| {
-            (!s.is_empty()).then(|| s.remove(0))
-        }) {
+        if let Some(next) = self
+            .cfg
+            .statuses
+            .get_mut(&nsid)
+            .and_then(|s| (!s.is_empty()).then(|| s.remove(0)))
+        {
             return Err(next);
         }
         if let Some(left) = self.cfg.not_ready.get_mut(&nsid) {
@@ -77,8 +80,10 @@ impl State {
 
     fn deliver_events(&mut self) {
         while !self.events.pending.is_empty() && !self.events.aers.is_empty() {
-            let (Some(dw0), Some(cid)) = (self.events.pending.pop_front(), self.events.aers.pop_front())
-            else {
+            let (Some(dw0), Some(cid)) = (
+                self.events.pending.pop_front(),
+                self.events.aers.pop_front(),
+            ) else {
                 return;
             };
             let head = self.sqs.get(&0).map_or(0, |s| s.head);

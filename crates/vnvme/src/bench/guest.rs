@@ -620,7 +620,10 @@ impl Server {
             }
             if Instant::now() > deadline {
                 server.stop();
-                bail!("vnvme serve did not create {} in 10 s", server.socket.display());
+                bail!(
+                    "vnvme serve did not create {} in 10 s",
+                    server.socket.display()
+                );
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -675,7 +678,10 @@ impl TempDir {
         let stamp = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |d| d.subsec_nanos());
-        let path = base.join(format!("vnvme-bench-guest.{}.{stamp:x}", std::process::id()));
+        let path = base.join(format!(
+            "vnvme-bench-guest.{}.{stamp:x}",
+            std::process::id()
+        ));
         std::fs::create_dir(&path).with_context(|| format!("creating {}", path.display()))?;
         Ok(Self {
             path,
@@ -713,7 +719,9 @@ fn kilo(v: f64) -> String {
 /// The reference of a point: QEMU's nvme with dbcs=on, same engine and depth.
 fn reference(runs: &[GuestRun], engine: Engine, qd: u16) -> Option<f64> {
     runs.iter()
-        .find(|r| r.device == "qemu-nvme" && r.dbcs == Some(true) && r.engine == engine && r.qd == qd)
+        .find(|r| {
+            r.device == "qemu-nvme" && r.dbcs == Some(true) && r.engine == engine && r.qd == qd
+        })
         .map(|r| r.iops)
         .filter(|&i| i > 0.0)
 }
@@ -833,10 +841,18 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("vnvme-tail-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let p = dir.join("c.log");
-        std::fs::write(&p, "boot\r\n[ 1.0] x VNVME-BENCH-BEGIN io_uring-qd1\r\nVNVME-BENCH-E").unwrap();
+        std::fs::write(
+            &p,
+            "boot\r\n[ 1.0] x VNVME-BENCH-BEGIN io_uring-qd1\r\nVNVME-BENCH-E",
+        )
+        .unwrap();
         let mut t = Tail::default();
         assert_eq!(t.lines(&p), vec!["VNVME-BENCH-BEGIN io_uring-qd1"]);
-        std::fs::write(&p, "boot\r\n[ 1.0] x VNVME-BENCH-BEGIN io_uring-qd1\r\nVNVME-BENCH-END io_uring-qd1\r\n").unwrap();
+        std::fs::write(
+            &p,
+            "boot\r\n[ 1.0] x VNVME-BENCH-BEGIN io_uring-qd1\r\nVNVME-BENCH-END io_uring-qd1\r\n",
+        )
+        .unwrap();
         assert_eq!(t.lines(&p), vec!["VNVME-BENCH-END io_uring-qd1"]);
         let _ = std::fs::remove_dir_all(&dir);
     }
