@@ -13,7 +13,20 @@ fn temp_socket(name: &str) -> PathBuf {
     dir.join("vnvme.sock")
 }
 
-fn serve(socket: &Path, extra: &[&str]) -> Child {
+/// A `vnvme serve` child, killed if a test fails before stopping it (else
+/// it would hold the test's output pipe and hang `cargo test`).
+struct Served(Child);
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+fn serve(socket: &Path, extra: &[&str]) -> Served {
     let mut child = Command::new(BIN)
         .args(["serve", "--socket"])
         .arg(socket)
@@ -27,7 +40,7 @@ fn serve(socket: &Path, extra: &[&str]) -> Child {
         assert!(child.try_wait().unwrap().is_none(), "serve exited early");
         std::thread::sleep(Duration::from_millis(20));
     }
-    child
+    Served(child)
 }
 
 fn vnvme(args: &[&str], socket: &Path) -> Output {
@@ -39,7 +52,8 @@ fn vnvme(args: &[&str], socket: &Path) -> Output {
         .unwrap()
 }
 
-fn terminate(mut child: Child) -> std::process::ExitStatus {
+fn terminate(mut served: Served) -> std::process::ExitStatus {
+    let child = &mut served.0;
     let pid = rustix::process::Pid::from_child(&child);
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
