@@ -1,0 +1,163 @@
+//! Queues, doorbells and interrupt vectors with hostile values.
+
+use vnvme_spec::{AdminOpcode, NvmOpcode, Status};
+use zerocopy::little_endian::U64;
+use zerocopy::IntoBytes;
+
+use crate::guest::*;
+
+#[test]
+fn doorbell_beyond_queue_size_and_cq_head_skipping_unposted_entries_are_ignored_and_counted() {
+    let srv = Served::start();
+    let mut g = ready(&srv);
+    let before = srv.ctrl.stats().queue(1);
+    // SQ 1 has 64 entries: tail 64 and 0xFFFF are out of range.
+    g.w32(0x1008, 64);
+    g.w32(0x1008, 0xFFFF);
+    // CQ head 10 when nothing has been posted.
+    g.w32(0x100C, 10);
+    // Doorbells of queues that do not exist.
+    g.w32(0x1000 + 8 * 3, 1);
+    g.w32(0x1000 + 8 * 200, 1);
+    // The bad CQ head is seen when the controller next posts on CQ 1.
+    let c = g.submit(1, rw(NvmOpcode::READ, 0, 1, DATA, 0));
+    assert_eq!(c.status(), Status::SUCCESS);
+    let after = srv.ctrl.stats().queue(1);
+    assert_eq!(
+        after.invalid_doorbell_writes - before.invalid_doorbell_writes,
+        3,
+        "two bad SQ tails and one bad CQ head on queue 1"
+    );
+    assert_eq!(g.csts() & 2, 0, "no fatal status for a bad doorbell value");
+    g.assert_serving();
+    drop(g);
+    srv.assert_serves_a_new_client();
+}
+
+#[test]
+fn sq_on_a_cq_being_deleted_is_refused_in_both_orders() {
+    let srv = Served::start();
+    let mut g = ready(&srv);
+    let c = g.admin(create_cq(2, 16, IOCQ + 0x4000, 2));
+    assert_eq!(c.status(), Status::SUCCESS);
+    // Delete CQ 2 and create an SQ on it, back to back in one doorbell.
+    let d = g.push(0, delete(AdminOpcode::DELETE_IO_CQ, 2));
+    let s = g.push(0, create_sq(2, 16, IOSQ + 0x4000, 2));
+    let c1 = g.reap_within(0, TIMEOUT).unwrap();
+    let c2 = g.reap_within(0, TIMEOUT).unwrap();
+    assert_eq!((c1.cid(), c2.cid()), (d, s));
+    assert_eq!(c1.status(), Status::SUCCESS, "delete CQ 2");
+    assert_eq!(
+        c2.status(),
+        Status::INVALID_CQ.with_dnr(true),
+        "SQ on deleted CQ"
+    );
+    // And the other order: a CQ with an SQ on it cannot be deleted.
+    let c = g.admin(delete(AdminOpcode::DELETE_IO_CQ, 1));
+    assert_eq!(c.status(), Status::INVALID_QUEUE_DELETION.with_dnr(true));
+    g.assert_serving();
+    drop(g);
+    srv.assert_serves_a_new_client();
+}
+
+#[test]
+fn max_size_queue_in_the_last_pages_of_a_map_works_and_one_crossing_the_end_is_fatal() {
+    let srv = Served::start();
+    let mut g = ready(&srv);
+    let end = RAM_IOVA + RAM_SIZE as u64;
+    // CAP.MQES: the largest queue the controller accepts.
+    let mqes = (g.r32(0) & 0xFFFF) as u16 + 1;
+    let sq_bytes = u64::from(mqes) * 64;
+    let cq_bytes = u64::from(mqes) * 16;
+    let sq = end - sq_bytes;
+    let cq = sq - cq_bytes;
+    assert!(cq >= DATA + 0x10000, "room for the test queues");
+    g.create_io_pair(2, mqes, sq, cq, 2);
+    // Fill it up to the last slot (size - 1 commands), wrapping once.
+    for _ in 0..2 {
+        for _ in 0..mqes - 1 {
+            let r = g.rings[2].as_mut().unwrap();
+            let slot = r.sq + u64::from(r.tail) * 64;
+            r.tail = (r.tail + 1) % r.size;
+            let mut c = rw(NvmOpcode::READ, 0, 1, DATA, 0);
+            c.set_cid(1);
+            g.write_mem(slot, c.as_bytes());
+        }
+        let tail = g.rings[2].unwrap().tail;
+        g.w32(0x1000 + 16, u32::from(tail));
+        for _ in 0..mqes - 1 {
+            let c = g.reap_within(2, TIMEOUT).expect("completion");
+            assert_eq!(c.status(), Status::SUCCESS);
+        }
+    }
+    // A CQ whose second half lies past the end of the map (512 entries,
+    // 8 KiB, in the last page): fine until the controller has to post
+    // there, then CSTS.CFS (and never a write anywhere else).
+    let fatal_before = srv.ctrl.stats().fatal_errors;
+    let c = g.admin(create_cq(3, 512, end - 0x1000, 3));
+    assert_eq!(c.status(), Status::SUCCESS);
+    let sq3 = DATA + 0x40000;
+    let c = g.admin(create_sq(3, 512, sq3, 3));
+    assert_eq!(c.status(), Status::SUCCESS);
+    let mut c = rw(NvmOpcode::READ, 0, 1, DATA, 0);
+    for i in 0..300u64 {
+        c.set_cid(i as u16);
+        g.write_mem(sq3 + i * 64, c.as_bytes());
+    }
+    g.w32(0x1000 + 24, 300);
+    g.wait_csts("CSTS.CFS", |c| c & 2 != 0);
+    assert_eq!(srv.ctrl.stats().fatal_errors, fatal_before + 1);
+    g.enable();
+    g.create_io_pair(1, 64, IOSQ, IOCQ, 1);
+    g.assert_serving();
+    drop(g);
+    srv.assert_serves_a_new_client();
+}
+
+#[test]
+fn doorbell_buffer_config_with_one_page_for_both_or_unmapped_buffers_is_invalid_field() {
+    let srv = Served::start();
+    let mut g = ready(&srv);
+    let invalid = Status::INVALID_FIELD.with_dnr(true);
+    let dbbuf = |g: &mut Guest, shadow: u64, ei: u64| {
+        let mut c = cmd(AdminOpcode::DOORBELL_BUFFER_CONFIG.0);
+        c.prp1 = U64::new(shadow);
+        c.prp2 = U64::new(ei);
+        g.admin(c).status()
+    };
+    assert_eq!(dbbuf(&mut g, SHADOW, SHADOW), invalid, "both in one page");
+    assert_eq!(dbbuf(&mut g, SHADOW, SHADOW + 0x800), invalid, "unaligned");
+    assert_eq!(
+        dbbuf(&mut g, SHADOW, 0x10_0000_0000),
+        invalid,
+        "EventIdx unmapped"
+    );
+    assert_eq!(
+        dbbuf(&mut g, BAR0_GPA + 0x1000, EVENTIDX),
+        invalid,
+        "shadow at the doorbells"
+    );
+    // I/O keeps trapping as before, and a good config still works.
+    g.assert_serving();
+    assert_eq!(dbbuf(&mut g, SHADOW, EVENTIDX), Status::SUCCESS);
+    drop(g);
+    srv.assert_serves_a_new_client();
+}
+
+#[test]
+fn interrupt_vector_beyond_the_table_is_invalid_interrupt_vector() {
+    let srv = Served::start();
+    let mut g = ready(&srv);
+    // max_io_queues 4: 5 MSI-X vectors.
+    for iv in [5u16, 255, 2048, 0xFFFF] {
+        let c = g.admin(create_cq(2, 16, IOCQ + 0x4000, iv));
+        assert_eq!(
+            c.status(),
+            Status::INVALID_INTERRUPT_VECTOR.with_dnr(true),
+            "vector {iv}"
+        );
+    }
+    g.assert_serving();
+    drop(g);
+    srv.assert_serves_a_new_client();
+}
