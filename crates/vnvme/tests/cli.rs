@@ -54,7 +54,7 @@ fn vnvme(args: &[&str], socket: &Path) -> Output {
 
 fn terminate(mut served: Served) -> std::process::ExitStatus {
     let child = &mut served.0;
-    let pid = rustix::process::Pid::from_child(&child);
+    let pid = rustix::process::Pid::from_child(child);
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {

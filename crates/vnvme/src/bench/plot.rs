@@ -12,6 +12,9 @@ const COLORS: [&str; 6] = [
     "#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b",
 ];
 
+/// What a panel plots of a run.
+type Metric = fn(&Run) -> f64;
+
 /// Two panels sharing a log2 queue-depth axis.
 pub fn svg(runs: &[Run]) -> String {
     let mut modes: Vec<&str> = Vec::new();
@@ -36,7 +39,7 @@ pub fn svg(runs: &[Run]) -> String {
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{total_h}" font-family="sans-serif" font-size="12">"#
     );
     let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
-    let panels: [(&str, fn(&Run) -> f64); 2] = [
+    let panels: [(&str, Metric); 2] = [
         ("IOPS", |r| r.iops),
         ("doorbell traps per I/O", |r| r.traps_per_io),
     ];
