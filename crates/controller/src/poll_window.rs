@@ -3,27 +3,25 @@
 //! before it arms EventIdx and sleeps until a trap.
 //!
 //! Polling instead of sleeping saves the host a doorbell trap and the worker
-//! a wake-up; it costs a core for as long as it polls, and on a small host
-//! that core is one the guest's vCPUs need to produce the next request. So
-//! the window follows what polling has been buying, per worker:
+//! a wake-up; it costs a core for as long as it polls. That is a good trade
+//! while the core is otherwise idle, and a bad one on a small host where the
+//! guest's vCPUs and QEMU need it to produce the next request. So the window
+//! follows, per worker, what polling has been buying and what it costs
+//! (a rule in the spirit of KVM's halt-polling, plus a contention signal):
 //!
-//! * a period that found `n` commands after idling `g` was worth it if
-//!   `g <= n * budget` (cheap): the window doubles (from [`GROW_START`]), up
-//!   to the cap;
-//! * a period that found them only later (dear), or that expired empty,
-//!   halves the window; below [`GROW_START`] it is 0: arm EventIdx and sleep
-//!   as soon as the work is done;
-//! * after a sleep, a trap that brought `n` commands within `n * budget` of
-//!   the last work grows it (polling would have been cheap).
+//! * a poll that found work within the window doubles it (from
+//!   [`GROW_START`]), up to the cap;
+//! * a window that expired empty halves it; below [`GROW_START`] it is 0:
+//!   arm EventIdx and sleep as soon as the work is done;
+//! * a poll that lost its core (a gap between two idle polls longer than the
+//!   worker's own poll loop can explain: another runnable thread got the
+//!   core) halves it too — the host is oversubscribed and polling competes
+//!   with the threads that produce the work;
+//! * after a sleep, a trap that brought work within the cap of the last work
+//!   grows a closed window (polling that long would have caught it).
 //!
 //! The cap is [`ControllerConfig::idle_poll`](crate::ControllerConfig::idle_poll)
-//! (default 100 µs) and the budget per command an eighth of it (12.5 µs by
-//! default: about a doorbell trap plus a worker wake-up). Request/response
-//! traffic — QD 1, where the next command comes only after the host has
-//! handled the completion — closes the window: the worker sleeps, the host
-//! traps once per I/O (the SQ tail; CQ EventIdx stays behind). Streaming
-//! traffic — several commands per period, or periods back to back — keeps it
-//! open and the host does not trap.
+//! (default 100 µs).
 //!
 //! Only the time spent polling changes: arming, the fence and the re-read
 //! before every sleep are the same whatever the window.
@@ -32,8 +30,6 @@ use std::time::Duration;
 
 /// The smallest non-zero window.
 pub(crate) const GROW_START: Duration = Duration::from_micros(4);
-/// The budget per command found is the cap divided by this.
-const BUDGET_DIVISOR: u32 = 8;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct PollWindow {
@@ -52,17 +48,17 @@ impl PollWindow {
         self.current
     }
 
-    fn budget(&self, commands: u32) -> Duration {
-        (self.cap / BUDGET_DIVISOR).saturating_mul(commands)
+    /// A poll found work after `idle` without any.
+    pub fn found(&mut self, idle: Duration) {
+        if idle <= self.current {
+            self.grow();
+        }
     }
 
-    /// A poll found `commands` after `idle` without work.
-    pub fn found(&mut self, idle: Duration, commands: u32) {
-        if idle <= self.budget(commands) {
-            self.grow();
-        } else {
-            self.shrink();
-        }
+    /// The worker lost its core while polling: polling competes with other
+    /// runnable threads.
+    pub fn preempted(&mut self) {
+        self.shrink();
     }
 
     /// The window passed without work: the worker arms and (unless the
@@ -71,10 +67,9 @@ impl PollWindow {
         self.shrink();
     }
 
-    /// A trap woke the sleeping worker with `commands`, `idle` after its
-    /// last work.
-    pub fn woke(&mut self, idle: Duration, commands: u32) {
-        if idle <= self.budget(commands) {
+    /// A trap woke the sleeping worker `idle` after its last work.
+    pub fn woke(&mut self, idle: Duration) {
+        if idle <= self.cap {
             self.grow();
         }
     }
@@ -104,54 +99,55 @@ mod tests {
     }
 
     #[test]
-    fn one_command_per_long_gap_closes_the_window() {
-        // QD 1 under a slow guest: every period finds 1 command after 60 µs.
+    fn losing_the_core_while_polling_closes_the_window() {
+        // A slow guest on an oversubscribed host: polls find work, but the
+        // worker keeps being descheduled while it waits.
         let mut w = PollWindow::new(CAP);
         for _ in 0..6 {
-            w.found(us(60), 1);
+            w.preempted();
+            w.found(us(500));
         }
         assert_eq!(w.current(), Duration::ZERO);
-        // Sleeping, each trap brings 1 command 80 µs after the last: stays shut.
-        w.woke(us(80), 1);
+        // Sleeping, traps long after the last work leave it shut.
+        w.woke(us(300));
         assert_eq!(w.current(), Duration::ZERO);
     }
 
     #[test]
-    fn batches_and_back_to_back_work_keep_it_open() {
+    fn work_found_within_the_window_keeps_it_open() {
         let mut w = PollWindow::new(CAP);
         w.expired();
         w.expired();
         assert_eq!(w.current(), us(25));
-        // 8 commands after 40 µs: 5 µs each, within the 12.5 µs budget.
-        w.found(us(40), 8);
-        w.found(Duration::ZERO, 1);
+        w.found(us(20));
+        w.found(Duration::ZERO);
         assert_eq!(w.current(), CAP);
-        w.found(Duration::ZERO, 1);
+        w.found(Duration::ZERO);
         assert_eq!(w.current(), CAP, "capped");
     }
 
     #[test]
-    fn a_cheap_wakeup_reopens_a_closed_window() {
+    fn a_prompt_trap_reopens_a_closed_window() {
         let mut w = PollWindow::new(CAP);
         for _ in 0..8 {
             w.expired();
         }
         assert_eq!(w.current(), Duration::ZERO);
-        w.woke(us(20), 4);
+        w.woke(us(60));
         assert_eq!(w.current(), GROW_START);
-        w.found(us(1), 1);
+        w.found(us(1));
         assert_eq!(w.current(), GROW_START * 2);
     }
 
     #[test]
     fn a_tiny_cap_is_respected() {
         let mut w = PollWindow::new(us(2));
-        w.found(Duration::ZERO, 1);
+        w.found(Duration::ZERO);
         assert_eq!(w.current(), us(2));
         w.expired();
         assert_eq!(w.current(), Duration::ZERO);
         let mut z = PollWindow::new(Duration::ZERO);
-        z.found(Duration::ZERO, 10);
+        z.found(Duration::ZERO);
         assert_eq!(z.current(), Duration::ZERO);
     }
 }

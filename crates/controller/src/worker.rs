@@ -49,6 +49,9 @@ const MIN_BACKOFF: Duration = Duration::from_micros(10);
 /// Idle polls between `yield_now` calls, so a core shared with the guest's
 /// vCPUs is not monopolised while polling.
 const POLLS_PER_YIELD: u32 = 16;
+/// A gap between two idle polls longer than this means the worker lost its
+/// core meanwhile (see [`PollWindow::preempted`]).
+const PREEMPTED: Duration = Duration::from_micros(50);
 
 #[derive(Debug, Default)]
 struct Pending {
@@ -143,6 +146,8 @@ enum Phase {
     Polling {
         idle_since: Instant,
         idle_polls: u32,
+        /// When the previous idle poll ran.
+        last_poll: Instant,
     },
 }
 
@@ -201,11 +206,11 @@ pub(crate) fn run(shared: Arc<Shared>, session: Arc<Session>, index: usize) {
         if mode == DoorbellMode::Adaptive && work > 0 {
             match phase {
                 Phase::Polling { idle_since, .. } => {
-                    window.found(now.saturating_duration_since(idle_since), work);
+                    window.found(now.saturating_duration_since(idle_since));
                 }
                 Phase::Asleep => {
                     if let Some(t) = slept_after.take() {
-                        window.woke(now.saturating_duration_since(t), work);
+                        window.woke(now.saturating_duration_since(t));
                     }
                 }
             }
@@ -216,6 +221,7 @@ pub(crate) fn run(shared: Arc<Shared>, session: Arc<Session>, index: usize) {
                 Phase::Polling {
                     idle_since: now,
                     idle_polls: 0,
+                    last_poll: now,
                 }
             }
             // A kick with nothing to do still starts a polling period: the
@@ -223,6 +229,7 @@ pub(crate) fn run(shared: Arc<Shared>, session: Arc<Session>, index: usize) {
             Phase::Asleep if mode == DoorbellMode::Adaptive && kicked => Phase::Polling {
                 idle_since: now,
                 idle_polls: 0,
+                last_poll: now,
             },
             Phase::Asleep => {
                 if slept {
@@ -233,7 +240,17 @@ pub(crate) fn run(shared: Arc<Shared>, session: Arc<Session>, index: usize) {
             Phase::Polling {
                 idle_since,
                 idle_polls,
+                last_poll,
             } => {
+                // Idle polls take well under a microsecond: a longer gap
+                // means another thread had this core. Polling on is taking
+                // it from someone (the guest's vCPUs, QEMU): stop and sleep.
+                if mode == DoorbellMode::Adaptive
+                    && idle_polls > 0
+                    && now.saturating_duration_since(last_poll) > PREEMPTED
+                {
+                    window.preempted();
+                }
                 let limit = match mode {
                     DoorbellMode::Adaptive => window.current(),
                     _ => shared.config.idle_poll,
@@ -247,6 +264,7 @@ pub(crate) fn run(shared: Arc<Shared>, session: Arc<Session>, index: usize) {
                     Phase::Polling {
                         idle_since,
                         idle_polls: idle_polls.wrapping_add(1),
+                        last_poll: Instant::now(),
                     }
                 } else if mode == DoorbellMode::Adaptive {
                     window.expired();
@@ -254,6 +272,7 @@ pub(crate) fn run(shared: Arc<Shared>, session: Arc<Session>, index: usize) {
                         Phase::Polling {
                             idle_since: now,
                             idle_polls: 0,
+                            last_poll: now,
                         }
                     } else {
                         slept_after = Some(idle_since);

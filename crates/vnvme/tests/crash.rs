@@ -214,6 +214,16 @@ impl Server {
     }
 }
 
+/// A failing test must not leave a server behind.
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 /// Reads every block back and checks it against the model.
 fn verify(
     q: &mut IoQueue,
@@ -362,6 +372,11 @@ fn kill_soon(server: Server, rng: &mut Rng) {
     server.kill();
 }
 
+fn report(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
 #[test]
 fn acknowledged_durable_writes_survive_sigkill() {
     let seed = std::env::var("VNVME_CRASH_SEED")
@@ -373,7 +388,11 @@ fn acknowledged_durable_writes_survive_sigkill() {
                 .map_or(1, |d| d.as_nanos() as u64)
                 | 1
         });
-    println!("crash test seed {seed} (replay with VNVME_CRASH_SEED={seed})");
+    // Straight to stderr, past the test harness's capture: the seed and the
+    // tally belong in every run's output.
+    report(&format!(
+        "crash test seed {seed} (replay with VNVME_CRASH_SEED={seed})"
+    ));
     let mut rng = Rng(seed);
     let dir = std::env::temp_dir().join(format!("vnvme-crash-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -408,7 +427,7 @@ fn acknowledged_durable_writes_survive_sigkill() {
             kill_at,
         );
     }
-    println!(
+    report(&format!(
         "crash test: {ROUNDS} SIGKILL rounds in {:.1?}; {} writes acknowledged ({} FUA), \
          {} flushes; {} blocks read back and checked: {} holding an acknowledged write, \
          {} a durable one; blocks with unflushed writes read back new {} times, old {} times",
@@ -421,7 +440,7 @@ fn acknowledged_durable_writes_survive_sigkill() {
         tally.durable_checked,
         tally.unflushed_new,
         tally.unflushed_old,
-    );
+    ));
     assert!(
         tally.durable_checked > 0,
         "no durable write was ever checked"
