@@ -1,69 +1,15 @@
 //! The `vnvme` binary as a user runs it: `serve` in one process, the tools
 //! in others, over a real socket.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
-const BIN: &str = env!("CARGO_BIN_EXE_vnvme");
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{serve, vnvme, BIN};
 
 fn temp_socket(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("vnvme-cli-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join("vnvme.sock")
-}
-
-/// A `vnvme serve` child, killed if a test fails before stopping it (else
-/// it would hold the test's output pipe and hang `cargo test`).
-struct Served(Child);
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        if matches!(self.0.try_wait(), Ok(None)) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-}
-
-fn serve(socket: &Path, extra: &[&str]) -> Served {
-    let mut child = Command::new(BIN)
-        .args(["serve", "--socket"])
-        .arg(socket)
-        .args(extra)
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !socket.exists() {
-        assert!(Instant::now() < deadline, "serve did not create its socket");
-        assert!(child.try_wait().unwrap().is_none(), "serve exited early");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Served(child)
-}
-
-fn vnvme(args: &[&str], socket: &Path) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .arg("--socket")
-        .arg(socket)
-        .output()
-        .unwrap()
-}
-
-fn terminate(mut served: Served) -> std::process::ExitStatus {
-    let child = &mut served.0;
-    let pid = rustix::process::Pid::from_child(child);
-    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
-        }
-        assert!(Instant::now() < deadline, "serve did not stop on SIGTERM");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    common::temp_dir(name).join("vnvme.sock")
 }
 
 #[test]
@@ -96,7 +42,7 @@ fn serve_answers_list_and_id_ctrl_then_stops_on_sigterm() {
     assert!(text.contains("mn        : vnvme"), "{text}");
     assert!(text.contains("nn        : 2"), "{text}");
 
-    let status = terminate(server);
+    let status = server.terminate();
     assert!(status.success(), "serve exited with {status}");
     assert!(!socket.exists(), "the socket was not removed");
 }
@@ -109,7 +55,7 @@ fn a_socket_in_use_is_refused_with_a_clear_message() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("in use by a running server"), "{err}");
-    terminate(server);
+    server.terminate();
 }
 
 #[test]

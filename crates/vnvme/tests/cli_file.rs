@@ -1,34 +1,19 @@
 //! `vnvme serve --ns PATH:file` and `--ns SIZE:file=PATH` as a user runs
 //! them: sizes, the lock, and the messages when a file cannot be served.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
-const BIN: &str = env!("CARGO_BIN_EXE_vnvme");
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use common::{Served, BIN};
 
 fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("vnvme-cli-file-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    common::temp_dir(&format!("file-{name}"))
 }
 
-fn serve(socket: &Path, ns: &str) -> Child {
-    let mut child = Command::new(BIN)
-        .args(["serve", "--socket"])
-        .arg(socket)
-        .args(["--ns", ns])
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !socket.exists() {
-        assert!(Instant::now() < deadline, "serve did not create its socket");
-        assert!(child.try_wait().unwrap().is_none(), "serve exited early");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child
+fn serve(socket: &Path, ns: &str) -> Served {
+    common::serve(socket, &["--ns", ns])
 }
 
 /// `vnvme serve` that is expected to fail at once.
@@ -57,10 +42,8 @@ fn list(socket: &Path) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-fn terminate(mut child: Child) {
-    let pid = rustix::process::Pid::from_child(&child);
-    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
-    let status = child.wait().unwrap();
+fn terminate(server: Served) {
+    let status = server.terminate();
     assert!(status.success(), "serve exited with {status}");
 }
 

@@ -1,61 +1,22 @@
 //! `vnvme admin-passthru` and `vnvme io-passthru` as a user runs them,
 //! against `vnvme serve` in another process.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
-const BIN: &str = env!("CARGO_BIN_EXE_vnvme");
+use std::path::{Path, PathBuf};
+
+use common::{json, Served};
 
 fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("vnvme-pt-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    common::temp_dir(&format!("pt-{name}"))
 }
 
-/// Kills `vnvme serve` when the test ends, passing or failing.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+fn serve(socket: &Path) -> Served {
+    common::serve(socket, &["--ns", "64M:ram"])
 }
 
-fn serve(socket: &Path) -> Server {
-    let mut child = Command::new(BIN)
-        .args(["serve", "--ns", "64M:ram", "--socket"])
-        .arg(socket)
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !socket.exists() {
-        assert!(Instant::now() < deadline, "serve did not create its socket");
-        assert!(child.try_wait().unwrap().is_none(), "serve exited early");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Server(child)
-}
-
-fn vnvme(socket: &Path, args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .arg("--socket")
-        .arg(socket)
-        .output()
-        .unwrap()
-}
-
-fn json(out: &Output) -> serde_json::Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "{e}: {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
+fn vnvme(socket: &Path, args: &[&str]) -> std::process::Output {
+    common::vnvme(args, socket)
 }
 
 fn crc32c(data: &[u8]) -> u32 {

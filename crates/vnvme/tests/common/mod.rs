@@ -1,0 +1,85 @@
+//! What the CLI tests share: the `vnvme` binary, a `vnvme serve` child that
+//! cannot outlive its test, and running the tools against it.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_vnvme");
+
+/// A fresh, empty temporary folder for one test.
+pub fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("vnvme-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A `vnvme serve` child, killed if the test ends before stopping it (else it
+/// would hold the test's output pipe and hang `cargo test`).
+pub struct Served(Child);
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+impl Served {
+    /// Stops the server as a user would (SIGTERM) and returns how it exited.
+    pub fn terminate(mut self) -> ExitStatus {
+        let pid = rustix::process::Pid::from_child(&self.0);
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = self.0.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "serve did not stop on SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Starts `vnvme serve --socket SOCKET ARGS...` and waits for its socket.
+pub fn serve(socket: &Path, args: &[&str]) -> Served {
+    let mut child = Command::new(BIN)
+        .args(["serve", "--socket"])
+        .arg(socket)
+        .args(args)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !socket.exists() {
+        assert!(Instant::now() < deadline, "serve did not create its socket");
+        assert!(child.try_wait().unwrap().is_none(), "serve exited early");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Served(child)
+}
+
+/// Runs `vnvme ARGS... --socket SOCKET`.
+pub fn vnvme(args: &[&str], socket: &Path) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .arg("--socket")
+        .arg(socket)
+        .output()
+        .unwrap()
+}
+
+/// The JSON a command printed, or a panic showing what it printed instead.
+pub fn json(out: &Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
