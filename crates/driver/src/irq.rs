@@ -11,9 +11,9 @@
 //! queues owned by two threads share it, a signal meant for one can be
 //! consumed by the other, and a thread that checked its CQ just before and
 //! then sleeps on the eventfd would sleep through its own completion. So a
-//! shared vector ([`SharedVector`]) has one poller at a time, which bumps an
+//! shared vector (`SharedVector`) has one poller at a time, which bumps an
 //! epoch under a lock after consuming a signal and wakes every sharer; a
-//! sharer takes a [ticket](QueueIrq::ticket) before checking its CQ and does
+//! sharer takes a ticket (`QueueIrq::ticket`) before checking its CQ and does
 //! not sleep if the epoch moved since: it checks its CQ again instead.
 
 use std::io;

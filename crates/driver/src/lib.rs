@@ -13,6 +13,14 @@
 //! `shadow_admin`, `need_event`); else one register write per update.
 //! [`QueueCounters`] tells traps, mapped stores and shadow updates apart.
 //!
+//! Initialisation ([`init`]): queue pairs are created once, on MSI-X
+//! vectors mapped from what the driver knows (shared when there are fewer
+//! vectors than queues, see [`irq`]); [`InitMode::Learning`] reproduces the
+//! old create-learn-delete-recreate dance for comparison. Namespaces
+//! ([`Controller::namespace_report`]) are ready, not ready yet, or skipped
+//! with a reason; [`Controller::poll_events`] and [`Controller::rescan`]
+//! pick up namespaces attached or made ready later.
+//!
 //! Passthrough ([`passthru`]): any admin or I/O command, synchronous
 //! ([`Controller::admin_passthru`], [`IoQueue::passthru`]) or asynchronous
 //! with tokens and registered buffers ([`AsyncQueue`]).

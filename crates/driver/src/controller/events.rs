@@ -50,7 +50,9 @@ impl Controller {
     }
 
     /// Like [`poll_events`](Self::poll_events), waiting up to `timeout` for
-    /// a first event. Returns at once when no request is outstanding.
+    /// a first event. Returns at once when no request is outstanding. The
+    /// admin queue is held meanwhile: other admin commands wait, so keep
+    /// `timeout` short on a thread that shares the controller.
     pub fn wait_events(&self, timeout: Duration) -> Result<Vec<AsyncEvent>, Error> {
         let mut admin = self.admin.lock();
         let completions = admin.take_events(timeout)?;
