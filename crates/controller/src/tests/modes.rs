@@ -163,17 +163,28 @@ fn adaptive_mode_busy_worker_needs_no_traps() {
 fn adaptive_mode_idle_worker_arms_eventidx_then_a_trap_wakes_it() {
     let mut h = adaptive(Duration::from_micros(20));
     h.create_pair(1, 16);
+    // Wait (watchdog only) until the worker has gone idle: it armed EventIdx
+    // = tail at least once more than `after` times.
+    let wait_armed = |h: &Host, after: u64, round: u32| -> u64 {
+        let tail = u32::from(h.rings[1].unwrap().tail);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let arms = h.ctrl.stats().eventidx_arms;
+            if arms > after && h.eventidx_slot(2) == tail {
+                return arms;
+            }
+            assert!(Instant::now() < deadline, "round {round}: never armed");
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    };
+    // The worker polls after Doorbell Buffer Config and queue creation:
+    // only an armed (sleeping) worker makes the host trap.
+    let mut arms = wait_armed(&h, 0, 0);
     for round in 1..=3u32 {
         h.push(1, rw(NvmOpcode::READ, 1, 0, 1, DATA, 0));
         assert!(h.ring_sq(1), "round {round}: an armed worker needs a trap");
         assert!(h.reap(1).status().is_success());
-        // Wait (watchdog only) until the worker has armed EventIdx = tail.
-        let tail = u32::from(h.rings[1].unwrap().tail);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while h.eventidx_slot(2) != tail && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_micros(50));
-        }
-        assert_eq!(h.eventidx_slot(2), tail, "round {round}: armed");
+        arms = wait_armed(&h, arms, round);
     }
     let s = h.ctrl.stats();
     assert_eq!(s.queue(1).sq_doorbell_traps, 3);
