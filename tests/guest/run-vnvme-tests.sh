@@ -18,17 +18,26 @@
 #              <= 0.3 doorbell traps per I/O, from the server's --stats JSON
 #   reset      controller reset from inside the guest (twice), then verified I/O
 #   kill       QEMU SIGKILLed mid-I/O; the server survives; a new QEMU boots on it and passes fio verify
+#   passthru   nvme admin-passthru vendor info (C2h, "VNVMEVND"), unregistered C4h fails; io-passthru
+#              vendor checksum (C0h, CRC32C); fio io_uring_cmd on /dev/ng0n1: verified write/read, randread
+# Tests with their own server (a second `vnvme serve` for that boot only, its log in the temp folder):
+#   ns-ready   --ns 256M:ram --ns 64M:ram,ready=5s: nvme0n1 usable at once, nvme0n2 appears by itself
+#              (Namespace Attribute Changed event, no ns-rescan) within 30 s, verified fio on both
+#   ns-attach  --max-namespaces 8 --nvm-capacity 1G --ns 256M:ram --ns 64M:ram,detached: clean scan,
+#              list-ns --all shows nsid 2; attach-ns makes nvme0n2 appear (event); create-ns + attach-ns,
+#              verified fio, detach-ns makes it disappear, delete-ns
+#   format     nvme format --lbaf=0: logical block size 512, verified fio (512 B, 4 KiB); --lbaf=3 back
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 GT=$HERE/tests
-ALL="identify verify randread shadow reset kill"
+ALL="identify verify randread shadow reset kill passthru ns-ready ns-attach format"
 COMPARE=0 KEEP=0 ONLY=''
 while [ $# -gt 0 ]; do
   case $1 in
     --compare) COMPARE=1 ;;
     --keep) KEEP=1 ;;
-    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "run-vnvme-tests: unknown option $1" >&2; exit 126 ;;
     *) case " $ALL " in *" $1 "*) ONLY="$ONLY $1" ;; *) echo "run-vnvme-tests: unknown test $1" >&2; exit 126 ;; esac ;;
   esac
@@ -55,8 +64,9 @@ has_opt() { case $SERVE_HELP in *"$1"*) return 0 ;; esac; return 1; }
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/vnvme-guest.XXXXXX")
 SOCK=$TMP/vnvme.sock STATS=$TMP/stats.json SLOG=$TMP/serve.log
-SPID=''
+SPID='' XPID=''
 cleanup() {
+  [ -z "$XPID" ] || stop_xserver
   if [ -n "$SPID" ] && kill -0 "$SPID" 2>/dev/null; then
     kill -TERM "$SPID" 2>/dev/null
     for _ in $(seq 50); do kill -0 "$SPID" 2>/dev/null || break; sleep 0.1; done
@@ -96,7 +106,7 @@ iops_of() { sed -n 's/.*"name":"\([^"]*\)","iops":\([0-9]*\).*/\1=\2/p' "$1" | t
 boot() {
   local name=$1 script=$2; shift 2
   OUT=$TMP/$name.results LOG=$TMP/$name.console
-  "$HERE/run-test.sh" --vfio-user "$SOCK" --log "$LOG" --results "$OUT" "$@" "$script" > /dev/null 2> "$TMP/$name.harness"
+  "$HERE/run-test.sh" --vfio-user "${XSOCK:-$SOCK}" --log "$LOG" --results "$OUT" "$@" "$script" > /dev/null 2> "$TMP/$name.harness"
   RC=$?
 }
 fail_detail() {   # why a boot failed: the guest's FAIL lines, else the harness's last line
@@ -104,6 +114,51 @@ fail_detail() {   # why a boot failed: the guest's FAIL lines, else the harness'
   d=$(grep -h 'TEST: FAIL' "$LOG" 2>/dev/null | sed 's/^TEST: FAIL: //' | head -3 | tr '\n' ';')
   [ -n "$d" ] || d=$(tail -1 "$TMP/$1.harness")
   echo "exit $RC: $d (console $LOG)"
+}
+
+# --- per-test servers: a test that needs other namespaces starts its own server for its boot ---
+XSOCK='' XLOG='' XMSG=''
+start_xserver() {   # NAME SERVE-ARGS...: sets XSOCK (boot uses it), XPID, XLOG; 1 if it did not start
+  local name=$1; shift
+  XSOCK=$TMP/$name.sock XLOG=$TMP/$name.serve.log
+  "$VNVME" serve --socket "$XSOCK" "$@" > "$XLOG" 2>&1 &
+  XPID=$!
+  for _ in $(seq 100); do [ -S "$XSOCK" ] && return 0; kill -0 "$XPID" 2>/dev/null || break; sleep 0.1; done
+  return 1
+}
+stop_xserver() {    # sets XMSG: why the server is not healthy (died during the boot, errors in its log), if so
+  local alive=1
+  XMSG=''
+  [ -n "$XPID" ] || { XSOCK=''; return 0; }
+  kill -0 "$XPID" 2>/dev/null || { alive=0; XMSG="the test's server died (log $XLOG)"; }
+  if [ $alive = 1 ]; then
+    kill -TERM "$XPID" 2>/dev/null
+    for _ in $(seq 50); do kill -0 "$XPID" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$XPID" 2>/dev/null || true
+  fi
+  wait "$XPID" 2>/dev/null
+  grep -qiE 'panic|ERROR' "$XLOG" && XMSG="${XMSG:+$XMSG; }the test's server log has errors: $(grep -iE 'panic|ERROR' "$XLOG" | head -2 | tr '\n' ' ')"
+  XPID='' XSOCK=''
+}
+# own_server_test NAME OPTION-NEEDED GUEST_SCRIPT SERVE-ARGS -- RUN-TEST-ARGS...: boot on a fresh server
+own_server_test() {
+  local name=$1 need=$2 script=$3 t0 srv; shift 3; t0=$(now)
+  local sargs=()
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do sargs+=("$1"); shift; done
+  shift
+  if ! has_opt "$need"; then report SKIP "$name" 0 "server has no '$need' option"; return; fi
+  if ! start_xserver "$name" "${sargs[@]}"; then
+    report FAIL "$name" "$(since "$t0")" "server did not start: $(tail -3 "$XLOG" | tr '\n' ' ')"; stop_xserver; return
+  fi
+  boot "$name" "$GT/$script" "$@"
+  stop_xserver; srv=$XMSG
+  if [ $RC = 0 ] && [ -z "$srv" ]; then
+    report PASS "$name" "$(since "$t0")" "$(grep -h '^TEST: ' "$LOG" | grep -v 'TEST: dmesg' | sed 's/^TEST: //' | tail -4 | tr '\n' ';') $(iops_of "$OUT")"
+  elif [ $RC = 0 ]; then
+    report FAIL "$name" "$(since "$t0")" "$srv"
+  else
+    report FAIL "$name" "$(since "$t0")" "$(fail_detail "$name")${srv:+; $srv}"
+  fi
 }
 
 # --- stats: counters from the server's --stats JSON (first occurrence of a key = the controller total) ---
@@ -224,6 +279,30 @@ t_kill() {
   else
     report FAIL kill "$(since "$t0")" "after the kill: $(fail_detail kill-after)"
   fi
+}
+
+t_passthru() {
+  local t0; t0=$(now)
+  boot passthru "$GT/passthru.sh" --timeout 180 --append "rig.runtime=$((RT < 3 ? RT : 3)) rig.qds=1,32"
+  if [ $RC = 0 ]; then
+    report PASS passthru "$(since "$t0")" "$(grep -h 'TEST: checksum' "$LOG" | sed 's/^TEST: //' | tr '\n' ';') $(iops_of "$OUT")"
+  else
+    report FAIL passthru "$(since "$t0")" "$(fail_detail passthru)"
+  fi
+}
+
+t_ns-ready() {
+  own_server_test ns-ready ready= vnvme-ns-ready.sh --ns 256M:ram --ns 64M:ram,ready=5s -- \
+    --timeout 180 --append "rig.wait=30 rig.ns2_bytes=$((64 << 20))"
+}
+
+t_ns-attach() {
+  own_server_test ns-attach --max-namespaces vnvme-ns-attach.sh \
+    --max-namespaces 8 --nvm-capacity 1G --ns 256M:ram --ns 64M:ram,detached -- --timeout 180 --append "rig.wait=15"
+}
+
+t_format() {
+  own_server_test format --format-duration vnvme-format.sh --ns 256M:ram -- --timeout 180 --append "rig.ns_bytes=$((256 << 20))"
 }
 
 T0=$(now)

@@ -45,6 +45,12 @@ pub struct ControllerConfig {
     /// without finding work before it arms EventIdx and sleeps. Mmap-poll
     /// mode: how long it spins before backing off to short sleeps.
     pub idle_poll: Duration,
+    /// Adaptive mode: let each worker tune its poll window between 0 and
+    /// `idle_poll` from what polling buys and costs ([`crate::poll_window`]);
+    /// off, the window is always `idle_poll`. Off by default: on a 2-core host
+    /// shared with a TCG guest the tuned window closed and doorbell traps at
+    /// QD 32 rose from about 0.05 to 0.5 per I/O.
+    pub adaptive_window: bool,
     /// Handlers of vendor specific admin and I/O opcodes (C0h-FFh); the
     /// default holds the built-in examples (see [`crate::vendor`]).
     pub vendor: VendorCommands,
@@ -96,6 +102,7 @@ impl Default for ControllerConfig {
             subnqn: None,
             doorbells: DoorbellMode::default(),
             idle_poll: DEFAULT_IDLE_POLL,
+            adaptive_window: false,
             vendor: VendorCommands::builtin(),
             ready_timeout: DEFAULT_READY_TIMEOUT,
             max_namespaces: 0,

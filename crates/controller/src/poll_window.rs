@@ -35,12 +35,27 @@ pub(crate) const GROW_START: Duration = Duration::from_micros(4);
 pub(crate) struct PollWindow {
     current: Duration,
     cap: Duration,
+    /// The window never shrinks below this: the cap for a fixed window.
+    floor: Duration,
 }
 
 impl PollWindow {
     /// Starts open: a new queue is about to be used.
     pub fn new(cap: Duration) -> Self {
-        Self { current: cap, cap }
+        Self {
+            current: cap,
+            cap,
+            floor: Duration::ZERO,
+        }
+    }
+
+    /// A window that stays at `cap` whatever happens.
+    pub fn fixed(cap: Duration) -> Self {
+        Self {
+            current: cap,
+            cap,
+            floor: cap,
+        }
     }
 
     /// How long to keep polling without work before arming.
@@ -84,7 +99,8 @@ impl PollWindow {
             Duration::ZERO
         } else {
             half
-        };
+        }
+        .max(self.floor);
     }
 }
 
@@ -137,6 +153,16 @@ mod tests {
         assert_eq!(w.current(), GROW_START);
         w.found(us(1));
         assert_eq!(w.current(), GROW_START * 2);
+    }
+
+    #[test]
+    fn a_fixed_window_never_shrinks() {
+        let mut w = PollWindow::fixed(CAP);
+        for _ in 0..8 {
+            w.expired();
+            w.preempted();
+        }
+        assert_eq!(w.current(), CAP);
     }
 
     #[test]

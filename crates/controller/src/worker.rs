@@ -173,7 +173,11 @@ pub(crate) fn run(shared: Arc<Shared>, session: Arc<Session>, index: usize) {
     };
     let mut phase = Phase::Asleep;
     let mut backoff = MIN_BACKOFF;
-    let mut window = PollWindow::new(shared.config.idle_poll);
+    let mut window = if shared.config.adaptive_window {
+        PollWindow::new(shared.config.idle_poll)
+    } else {
+        PollWindow::fixed(shared.config.idle_poll)
+    };
     // Adaptive: when the worker last had work before it went to sleep.
     let mut slept_after: Option<Instant> = None;
     loop {

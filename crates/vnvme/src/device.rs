@@ -60,6 +60,10 @@ pub struct DeviceOptions {
     /// EventIdx and sleeps. Mmap-poll: spin time before backing off.
     #[arg(long, value_name = "US", value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
     pub idle_poll_us: Option<u64>,
+    /// Adaptive: let each worker shrink its poll window (down to 0) when polling
+    /// finds nothing or loses the core, and grow it when it pays.
+    #[arg(long)]
+    pub adaptive_window: bool,
     /// Model number reported by Identify Controller.
     #[arg(long, default_value = "vnvme")]
     pub model: String,
@@ -93,6 +97,7 @@ impl Default for DeviceOptions {
             workers: 1,
             doorbells: DoorbellMode::default(),
             idle_poll_us: None,
+            adaptive_window: false,
             model: "vnvme".into(),
             ready_timeout: None,
             max_namespaces: 0,
@@ -161,6 +166,7 @@ impl NvmeDevice {
             idle_poll: opts
                 .idle_poll_us
                 .map_or(DEFAULT_IDLE_POLL, std::time::Duration::from_micros),
+            adaptive_window: opts.adaptive_window,
             model: opts.model.clone(),
             ready_timeout: opts.ready_timeout.unwrap_or(DEFAULT_READY_TIMEOUT),
             max_namespaces: opts.max_namespaces,

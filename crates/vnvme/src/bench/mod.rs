@@ -9,6 +9,7 @@ mod io;
 pub mod passthru;
 mod plot;
 mod report;
+mod verify;
 
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -96,6 +97,11 @@ pub struct BenchOptions {
     /// Reap completions by busy polling instead of waiting for interrupts.
     #[arg(long)]
     pub poll: bool,
+    /// Check every read against the last completed write of its block (needs --backend ram):
+    /// writes carry a pattern naming sector, generation and thread; each queue keeps to its own
+    /// stripe of the namespace.
+    #[arg(long)]
+    pub verify: bool,
     /// Write the results as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -130,6 +136,34 @@ pub struct Run {
     pub errors: u64,
     /// What the driver used: "mmio", "shadow" or "mapped".
     pub driver_doorbells: String,
+    /// Whether reads were checked (`--verify`).
+    pub verify: bool,
+    /// Reads checked against the expected pattern.
+    pub verified_reads: u64,
+    /// Checked reads that did not hold the last completed write (or zeroes).
+    pub verify_errors: u64,
+    /// Resident set size of the whole process (controller and driver) when
+    /// the point started and ended, and the largest sample in between (taken
+    /// every 10 s), in MiB; 0 if /proc is not readable.
+    pub rss_start_mib: f64,
+    pub rss_end_mib: f64,
+    pub rss_max_mib: f64,
+}
+
+/// How often a point samples the RSS while it runs.
+const RSS_EVERY: Duration = Duration::from_secs(10);
+
+/// The resident set size of this process in MiB (`VmRSS`, which, unlike
+/// `statm`, needs no page size), or 0 without /proc.
+fn rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        })
+        .map_or(0.0, |kib| kib / 1024.0)
 }
 
 pub fn run(opts: &BenchOptions) -> Result<Vec<Run>> {
@@ -142,11 +176,14 @@ pub fn run(opts: &BenchOptions) -> Result<Vec<Run>> {
     if let Some(bad) = opts.qd.0.iter().find(|&&q| q == 0 || q > 1023) {
         bail!("--qd {bad} is out of range: queue depths go from 1 to 1023");
     }
+    if opts.verify && opts.backend != BackendArg::Ram {
+        bail!("--verify needs --backend ram: a null namespace drops writes and reads zeroes, so there is nothing to check");
+    }
     let runtime = Duration::from_secs_f64(opts.runtime);
     let max_qd = opts.qd.0.iter().copied().max().unwrap_or(1);
     let total = opts.modes.0.len() * opts.qd.0.len();
     eprintln!(
-        "bench: {} modes x {} queue depths, {:.1} s each, {} thread(s), {:?} on a {} namespace (about {:.0} s)",
+        "bench: {} modes x {} queue depths, {:.1} s each, {} thread(s), {:?} on a {} namespace{} (about {:.0} s)",
         opts.modes.0.len(),
         opts.qd.0.len(),
         opts.runtime,
@@ -156,6 +193,7 @@ pub fn run(opts: &BenchOptions) -> Result<Vec<Run>> {
             BackendArg::Null => "null",
             BackendArg::Ram => "ram",
         },
+        if opts.verify { ", verifying" } else { "" },
         opts.runtime * total as f64 + 0.2 * opts.modes.0.len() as f64
     );
     let mut runs = Vec::new();
@@ -172,6 +210,20 @@ pub fn run(opts: &BenchOptions) -> Result<Vec<Run>> {
                 run.traps_per_io,
                 run.interrupts_per_io
             );
+            eprintln!(
+                "bench:         RSS {:.1} MiB at start, {:.1} MiB at end, {:.1} MiB at most{}",
+                run.rss_start_mib,
+                run.rss_end_mib,
+                run.rss_max_mib,
+                if run.verify {
+                    format!(
+                        "; {} verify errors in {} checked reads",
+                        run.verify_errors, run.verified_reads
+                    )
+                } else {
+                    String::new()
+                }
+            );
             runs.push(run);
         }
     }
@@ -180,6 +232,9 @@ pub fn run(opts: &BenchOptions) -> Result<Vec<Run>> {
 
 /// Runs the benchmark and writes what was asked for.
 pub fn main(opts: &BenchOptions) -> Result<()> {
+    if opts.guest && opts.verify {
+        bail!("--verify is for the in-process bench, not --guest");
+    }
     if opts.guest {
         return guest::main(&guest::GuestBenchOptions::from_bench(opts));
     }
@@ -199,6 +254,9 @@ pub fn main(opts: &BenchOptions) -> Result<()> {
     Ok(())
 }
 
+/// The size of every I/O.
+const BLOCK_SIZE: u32 = 4096;
+
 /// One controller in one doorbell mode, with the driver attached.
 struct ModeBench {
     mode: DoorbellMode,
@@ -206,6 +264,9 @@ struct ModeBench {
     access: Arc<dyn DeviceAccess>,
     driver: Controller,
     queues: Vec<IoQueue>,
+    /// With `--verify`, one per queue: kept across points, since the
+    /// namespace keeps what earlier points wrote.
+    stripes: Option<Vec<verify::Stripe>>,
 }
 
 impl ModeBench {
@@ -247,26 +308,69 @@ impl ModeBench {
         let queues = (0..usize::from(opts.queues))
             .map(|i| driver.take_io_queue(i))
             .collect::<Result<Vec<_>, _>>()?;
+        let stripes = if opts.verify {
+            Some(Self::stripes(&queues, BLOCK_SIZE)?)
+        } else {
+            None
+        };
         Ok(Self {
             mode,
             inproc,
             access,
             driver,
             queues,
+            stripes,
         })
     }
 
+    /// Splits namespace 1 into one stripe of whole blocks per queue, so no
+    /// two threads ever touch the same block.
+    fn stripes(queues: &[IoQueue], block_size: u32) -> Result<Vec<verify::Stripe>> {
+        /// 1 GiB of generation table per thread at most.
+        const MAX_STRIPE_BLOCKS: u64 = 1 << 28;
+        let Some(q) = queues.first() else {
+            return Ok(Vec::new());
+        };
+        let ns = q.namespace(1).context("namespace 1")?;
+        let blocks = ns.blocks * u64::from(ns.lba_size) / u64::from(block_size);
+        let per = blocks / queues.len() as u64;
+        if per > MAX_STRIPE_BLOCKS {
+            bail!("--verify keeps 4 bytes per block: {per} blocks per queue is too many");
+        }
+        Ok((0..queues.len())
+            .map(|i| verify::Stripe::new(i as u32, i as u64 * per, per as usize))
+            .collect())
+    }
+
     fn measure(&mut self, qd: u16, opts: &BenchOptions, runtime: Duration) -> Result<Run> {
+        let rss_start_mib = rss_mib();
+        let mut rss_max_mib = rss_start_mib;
+        let started = std::time::Instant::now();
         let before = self.inproc.controller().stats();
         let pattern = Pattern {
             rw: opts.rw,
             qd,
             runtime,
-            block_size: 4096,
+            block_size: BLOCK_SIZE,
             submit: opts.submit,
         };
-        let results = io::run_threads(&mut self.queues, &self.access, &pattern)?;
+        let results = io::run_threads_with(
+            &mut self.queues,
+            self.stripes.as_deref_mut(),
+            &self.access,
+            &pattern,
+            RSS_EVERY,
+            &mut || {
+                let rss = rss_mib();
+                rss_max_mib = rss_max_mib.max(rss);
+                eprintln!(
+                    "bench:         {:>4.0} s: RSS {rss:.1} MiB",
+                    started.elapsed().as_secs_f64()
+                );
+            },
+        )?;
         let after = self.inproc.controller().stats();
+        let rss_end_mib = rss_mib();
         let summary = io::Summary::merge(results);
         let ios = summary.ios.max(1) as f64;
         let sq = after
@@ -292,6 +396,12 @@ impl ModeBench {
             ios: summary.ios,
             errors: summary.errors,
             driver_doorbells: self.driver.doorbell_kind().to_string(),
+            verify: self.stripes.is_some(),
+            verified_reads: summary.verified_reads,
+            verify_errors: summary.verify_errors,
+            rss_start_mib,
+            rss_end_mib,
+            rss_max_mib: rss_max_mib.max(rss_end_mib),
         })
     }
 }

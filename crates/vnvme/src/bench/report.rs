@@ -43,7 +43,7 @@ pub fn table(runs: &[Run]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "\n{:<10} {:>4} {:>9} {:>9} {:>7} {:>7} {:>7} {:>8} {:>8} {:>7} {:>7}",
+        "\n{:<10} {:>4} {:>9} {:>9} {:>7} {:>7} {:>7} {:>8} {:>8} {:>7} {:>7} {:>7}",
         "mode",
         "qd",
         "IOPS",
@@ -54,7 +54,8 @@ pub fn table(runs: &[Run]) -> String {
         "p50 us",
         "p99 us",
         "gain",
-        "errors"
+        "errors",
+        "verify"
     );
     for r in runs {
         let gain = trap_iops(runs, r.qd)
@@ -62,7 +63,7 @@ pub fn table(runs: &[Run]) -> String {
             .map_or("-".to_string(), |t| format!("{:.2}x", r.iops / t));
         let _ = writeln!(
             s,
-            "{:<10} {:>4} {:>9} {:>9.3} {:>7.3} {:>7.3} {:>7.3} {:>8.1} {:>8.1} {:>7} {:>7}",
+            "{:<10} {:>4} {:>9} {:>9.3} {:>7.3} {:>7.3} {:>7.3} {:>8.1} {:>8.1} {:>7} {:>7} {:>7}",
             r.mode,
             r.qd,
             kilo(r.iops),
@@ -73,7 +74,13 @@ pub fn table(runs: &[Run]) -> String {
             r.lat_p50_us,
             r.lat_p99_us,
             gain,
-            r.errors
+            r.errors,
+            // Verify errors, or "-" for a run that did not check its reads.
+            if r.verify {
+                r.verify_errors.to_string()
+            } else {
+                "-".to_string()
+            }
         );
     }
     let (modes, qds) = axes(runs);
@@ -143,6 +150,12 @@ mod tests {
             ios: 100,
             errors: 0,
             driver_doorbells: "mmio".into(),
+            verify: false,
+            verified_reads: 0,
+            verify_errors: 0,
+            rss_start_mib: 10.0,
+            rss_end_mib: 10.0,
+            rss_max_mib: 10.0,
         }
     }
 

@@ -1,0 +1,64 @@
+//! `vnvme bench --verify` through the library: mixed reads and writes on
+//! several queues read back exactly what was last written.
+
+use clap::Parser;
+use vnvme::bench::{self, BenchOptions};
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    opts: BenchOptions,
+}
+
+fn options(args: &[&str]) -> BenchOptions {
+    Cli::parse_from(std::iter::once("bench").chain(args.iter().copied())).opts
+}
+
+#[test]
+fn verify_randrw_on_two_queues_reads_back_every_completed_write() {
+    let opts = options(&[
+        "--modes",
+        "adaptive",
+        "--queues",
+        "2",
+        "--rw",
+        "randrw",
+        "--backend",
+        "ram",
+        "--size",
+        "16M",
+        "--qd",
+        "8",
+        "--runtime",
+        "0.3",
+        "--verify",
+    ]);
+
+    let runs = bench::run(&opts).expect("bench run");
+
+    let [run] = runs.as_slice() else {
+        panic!("one point expected, got {}", runs.len());
+    };
+    assert!(run.verify);
+    assert!(run.ios > 0, "{run:?}");
+    assert!(run.verified_reads > 0, "{run:?}");
+    assert_eq!((run.errors, run.verify_errors), (0, 0), "{run:?}");
+    assert!(run.rss_start_mib > 0.0 && run.rss_end_mib > 0.0, "{run:?}");
+}
+
+#[test]
+fn verify_with_a_null_namespace_is_refused() {
+    let opts = options(&[
+        "--modes",
+        "trap",
+        "--qd",
+        "1",
+        "--runtime",
+        "0.1",
+        "--verify",
+    ]);
+
+    let err = bench::run(&opts).unwrap_err();
+
+    assert!(err.to_string().contains("--backend ram"), "{err}");
+}
