@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 
 use super::Run;
 
-fn kilo(v: f64) -> String {
+pub(super) fn kilo(v: f64) -> String {
     if v >= 1e6 {
         format!("{:.2}M", v / 1e6)
     } else if v >= 1e3 {

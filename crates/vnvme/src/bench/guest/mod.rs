@@ -18,9 +18,8 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
@@ -29,7 +28,11 @@ use serde::Serialize;
 use serde_json::Value;
 use vnvme_controller::DoorbellMode;
 
+mod host;
+
 use super::report;
+use super::report::kilo;
+use host::{Server, Tail, TempDir};
 
 /// Seconds the guest stays idle after each marker line, so a stats snapshot
 /// (written every second by the server) falls between the marker and fio.
@@ -545,175 +548,6 @@ fn fresh_stats(path: &Path, since: Instant) -> Option<Counters> {
         std::thread::sleep(Duration::from_millis(20));
     }
     None
-}
-
-/// New complete lines of a growing file.
-#[derive(Debug, Default)]
-struct Tail {
-    offset: u64,
-    partial: String,
-}
-
-impl Tail {
-    fn lines(&mut self, path: &Path) -> Vec<String> {
-        let Ok(mut f) = std::fs::File::open(path) else {
-            return Vec::new();
-        };
-        let mut buf = Vec::new();
-        if f.seek(SeekFrom::Start(self.offset)).is_err() || f.read_to_end(&mut buf).is_err() {
-            return Vec::new();
-        }
-        self.offset += buf.len() as u64;
-        self.partial.push_str(&String::from_utf8_lossy(&buf));
-        let mut out = Vec::new();
-        while let Some(i) = self.partial.find('\n') {
-            let line: String = self.partial.drain(..=i).collect();
-            // The console is a serial line: "\r\n", and a marker can follow
-            // kernel output on the same line.
-            let line = line.trim_end_matches(['\r', '\n']);
-            for marker in [BEGIN, END] {
-                if let Some(at) = line.find(marker) {
-                    out.push(line[at..].to_string());
-                }
-            }
-        }
-        out
-    }
-}
-
-/// `vnvme serve` as a child of this executable.
-struct Server {
-    child: Child,
-    socket: PathBuf,
-}
-
-impl Server {
-    fn start(
-        opts: &GuestBenchOptions,
-        dir: &Path,
-        mode: DoorbellMode,
-        stats: &Path,
-    ) -> Result<Self> {
-        let exe = std::env::current_exe().context("finding the vnvme executable")?;
-        let socket = dir.join("vnvme.sock");
-        let log = dir.join("serve.log");
-        let mut cmd = Command::new(&exe);
-        cmd.arg("serve")
-            .arg("--socket")
-            .arg(&socket)
-            .args(["--ns", "1G:null", "--doorbells", &mode.to_string()])
-            .arg("--stats")
-            .arg(stats)
-            .args(&opts.serve_args)
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&log)?)
-            .stderr(std::fs::File::create(&log)?.try_clone()?);
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("starting {} serve", exe.display()))?;
-        let mut server = Self { child, socket };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !server.socket.exists() {
-            if let Some(status) = server.child.try_wait()? {
-                let text = std::fs::read_to_string(&log).unwrap_or_default();
-                bail!("vnvme serve exited ({status}): {}", text.trim());
-            }
-            if Instant::now() > deadline {
-                server.stop();
-                bail!(
-                    "vnvme serve did not create {} in 10 s",
-                    server.socket.display()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Ok(server)
-    }
-
-    /// SIGTERM, then SIGKILL after 3 s.
-    fn stop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(Some(_))) {
-            return;
-        }
-        if let Some(pid) = rustix::process::Pid::from_child(&self.child).into() {
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-        }
-        let deadline = Instant::now() + Duration::from_secs(3);
-        while Instant::now() < deadline {
-            if matches!(self.child.try_wait(), Ok(Some(_))) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-impl std::fmt::Debug for Server {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Server")
-            .field("pid", &self.child.id())
-            .field("socket", &self.socket)
-            .finish()
-    }
-}
-
-/// A temporary folder, removed on drop unless kept.
-#[derive(Debug)]
-struct TempDir {
-    path: PathBuf,
-    keep: std::cell::Cell<bool>,
-}
-
-impl TempDir {
-    fn new() -> Result<Self> {
-        let base = std::env::temp_dir();
-        let stamp = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        let path = base.join(format!(
-            "vnvme-bench-guest.{}.{stamp:x}",
-            std::process::id()
-        ));
-        std::fs::create_dir(&path).with_context(|| format!("creating {}", path.display()))?;
-        Ok(Self {
-            path,
-            keep: std::cell::Cell::new(false),
-        })
-    }
-
-    fn path(&self) -> &Path {
-        &self.path
-    }
-
-    fn keep(&self) {
-        self.keep.set(true);
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        if !self.keep.get() && std::env::var_os("VNVME_BENCH_KEEP").is_none() {
-            let _ = std::fs::remove_dir_all(&self.path);
-        }
-    }
-}
-
-fn kilo(v: f64) -> String {
-    if v >= 1e6 {
-        format!("{:.2}M", v / 1e6)
-    } else if v >= 1e3 {
-        format!("{:.1}K", v / 1e3)
-    } else {
-        format!("{v:.0}")
-    }
 }
 
 /// The reference of a point: QEMU's nvme with dbcs=on, same engine and depth.

@@ -1,0 +1,171 @@
+//! The host side of a guest benchmark: the `vnvme serve` child, the console
+//! log followed as it grows, and the temporary folder they live in.
+
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{bail, Context, Result};
+use vnvme_controller::DoorbellMode;
+
+use super::{GuestBenchOptions, BEGIN, END};
+
+/// New complete lines of a growing file.
+#[derive(Debug, Default)]
+pub(super) struct Tail {
+    offset: u64,
+    partial: String,
+}
+
+impl Tail {
+    pub(super) fn lines(&mut self, path: &Path) -> Vec<String> {
+        let Ok(mut f) = std::fs::File::open(path) else {
+            return Vec::new();
+        };
+        let mut buf = Vec::new();
+        if f.seek(SeekFrom::Start(self.offset)).is_err() || f.read_to_end(&mut buf).is_err() {
+            return Vec::new();
+        }
+        self.offset += buf.len() as u64;
+        self.partial.push_str(&String::from_utf8_lossy(&buf));
+        let mut out = Vec::new();
+        while let Some(i) = self.partial.find('\n') {
+            let line: String = self.partial.drain(..=i).collect();
+            // The console is a serial line: "\r\n", and a marker can follow
+            // kernel output on the same line.
+            let line = line.trim_end_matches(['\r', '\n']);
+            for marker in [BEGIN, END] {
+                if let Some(at) = line.find(marker) {
+                    out.push(line[at..].to_string());
+                }
+            }
+        }
+        out
+    }
+}
+
+/// `vnvme serve` as a child of this executable.
+pub(super) struct Server {
+    child: Child,
+    pub(super) socket: PathBuf,
+}
+
+impl Server {
+    pub(super) fn start(
+        opts: &GuestBenchOptions,
+        dir: &Path,
+        mode: DoorbellMode,
+        stats: &Path,
+    ) -> Result<Self> {
+        let exe = std::env::current_exe().context("finding the vnvme executable")?;
+        let socket = dir.join("vnvme.sock");
+        let log = dir.join("serve.log");
+        let mut cmd = Command::new(&exe);
+        cmd.arg("serve")
+            .arg("--socket")
+            .arg(&socket)
+            .args(["--ns", "1G:null", "--doorbells", &mode.to_string()])
+            .arg("--stats")
+            .arg(stats)
+            .args(&opts.serve_args)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&log)?)
+            .stderr(std::fs::File::create(&log)?.try_clone()?);
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {} serve", exe.display()))?;
+        let mut server = Self { child, socket };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !server.socket.exists() {
+            if let Some(status) = server.child.try_wait()? {
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                bail!("vnvme serve exited ({status}): {}", text.trim());
+            }
+            if Instant::now() > deadline {
+                server.stop();
+                bail!(
+                    "vnvme serve did not create {} in 10 s",
+                    server.socket.display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(server)
+    }
+
+    /// SIGTERM, then SIGKILL after 3 s.
+    pub(super) fn stop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        if let Some(pid) = rustix::process::Pid::from_child(&self.child).into() {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < deadline {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("pid", &self.child.id())
+            .field("socket", &self.socket)
+            .finish()
+    }
+}
+
+/// A temporary folder, removed on drop unless kept.
+#[derive(Debug)]
+pub(super) struct TempDir {
+    path: PathBuf,
+    keep: std::cell::Cell<bool>,
+}
+
+impl TempDir {
+    pub(super) fn new() -> Result<Self> {
+        let base = std::env::temp_dir();
+        let stamp = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let path = base.join(format!(
+            "vnvme-bench-guest.{}.{stamp:x}",
+            std::process::id()
+        ));
+        std::fs::create_dir(&path).with_context(|| format!("creating {}", path.display()))?;
+        Ok(Self {
+            path,
+            keep: std::cell::Cell::new(false),
+        })
+    }
+
+    pub(super) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub(super) fn keep(&self) {
+        self.keep.set(true);
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if !self.keep.get() && std::env::var_os("VNVME_BENCH_KEEP").is_none() {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
