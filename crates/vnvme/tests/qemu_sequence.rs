@@ -12,7 +12,7 @@ use std::io::Read;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
 use vnvme::device::{DeviceOptions, NvmeDevice};
@@ -24,6 +24,7 @@ const NO_REPLY: u32 = 1 << 4;
 const ERROR: u32 = 1 << 5;
 const DMA_MAP: u16 = 2;
 const DMA_UNMAP: u16 = 3;
+const REGION_WRITE: u16 = 10;
 
 /// (msg_id, command, fds, posted, payload) as QEMU 11.1 sent them after
 /// VERSION (msg_id 0): pipelined DMA_MAPs with and without fds, device and
@@ -239,6 +240,17 @@ fn u32_at(p: &[u8], o: usize) -> u32 {
     u32::from_le_bytes(p[o..o + 4].try_into().unwrap())
 }
 
+/// A REGION_WRITE to a submission queue tail doorbell of BAR0 (region 0,
+/// offset 0x1000 + 8 × qid; the payload is offset u64, region u32, count u32).
+fn is_sq_doorbell(command: u16, payload: &[u8]) -> bool {
+    command == REGION_WRITE
+        && payload.len() >= 16
+        && u32_at(payload, 8) == 0
+        && u64_at(payload, 0) >= 0x1000
+        && u64_at(payload, 0) < 0x2000
+        && (u64_at(payload, 0) - 0x1000).is_multiple_of(8)
+}
+
 fn u64_at(p: &[u8], o: usize) -> u64 {
     u64::from_le_bytes(p[o..o + 8].try_into().unwrap())
 }
@@ -247,6 +259,7 @@ fn u64_at(p: &[u8], o: usize) -> u64 {
 fn qemu_realize_and_seabios_probe_replay_without_errors() {
     let spec: NamespaceSpec = "16M:ram".parse().unwrap();
     let device = NvmeDevice::new(&DeviceOptions::default(), &[spec]).unwrap();
+    let controller = std::sync::Arc::clone(device.controller());
     let (mut client, server_end) = UnixStream::pair().unwrap();
     client
         .set_read_timeout(Some(Duration::from_secs(10)))
@@ -295,7 +308,18 @@ fn qemu_realize_and_seabios_probe_replay_without_errors() {
             (DMA_MAP, 1) => vec![ram.as_fd()],
             (_, n) => eventfds.iter().take(n).map(|f| f.as_fd()).collect(),
         };
+        let commands_before = controller.stats().commands;
         send(&client, id, command, posted, &payload, &fds);
+        if is_sq_doorbell(command, &payload) {
+            // SeaBIOS polls for the completion before it goes on (and QEMU's
+            // memory listener remaps RAM meanwhile); the replay has no such
+            // pause, so wait until the controller has run the commands, or
+            // it may fetch them from memory the replay has since unmapped.
+            let deadline = Instant::now() + Duration::from_millis(500);
+            while controller.stats().commands == commands_before && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
         if !posted {
             pending.push((id, command, payload));
         }
