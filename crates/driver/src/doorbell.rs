@@ -287,8 +287,7 @@ pub mod need_event {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::access::{BoxError, DmaMapper, DmaPool, DmaRegion, Interrupt};
-    use parking_lot::Mutex;
+    use crate::recorder::Recorder;
 
     #[test]
     fn need_event_linux_fires_when_crossing_event_idx() {
@@ -339,42 +338,8 @@ mod tests {
         assert!(!ShadowBuffers::fits(15, 0), "a 128 KiB stride never fits");
     }
 
-    /// A device that records register writes and nothing else.
-    #[derive(Debug)]
-    struct Recorder {
-        pool: DmaPool,
-        writes: Mutex<Vec<(u64, u32)>>,
-    }
-
-    struct NoMapper;
-    impl DmaMapper for NoMapper {
-        fn map(&self, _: &DmaRegion) -> Result<(), BoxError> {
-            Ok(())
-        }
-        fn unmap(&self, _: u64, _: usize) {}
-    }
-
-    impl DeviceAccess for Recorder {
-        fn read32(&self, _: u64) -> Result<u32, AccessError> {
-            Ok(0)
-        }
-        fn write32(&self, offset: u64, value: u32) -> Result<(), AccessError> {
-            self.writes.lock().push((offset, value));
-            Ok(())
-        }
-        fn dma_alloc(&self, size: usize) -> Result<DmaBuffer, AccessError> {
-            self.pool.alloc(size)
-        }
-        fn enable_interrupts(&self, _: u16) -> Result<Vec<Interrupt>, AccessError> {
-            Ok(Vec::new())
-        }
-    }
-
     fn shadowed(need_event: NeedEvent) -> (Arc<Recorder>, ShadowBuffers, DoorbellRegister) {
-        let rec = Arc::new(Recorder {
-            pool: DmaPool::new(Arc::new(NoMapper), DmaPool::DEFAULT_CHUNK),
-            writes: Mutex::new(Vec::new()),
-        });
+        let rec = Arc::new(Recorder::new());
         let access: Arc<dyn DeviceAccess> = rec.clone();
         let bufs = ShadowBuffers::new(
             access.dma_alloc(PAGE_SIZE).unwrap(),

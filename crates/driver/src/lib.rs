@@ -51,6 +51,8 @@ pub mod namespace;
 pub mod passthru;
 pub mod prp;
 pub mod queue;
+#[cfg(test)]
+mod recorder;
 mod vfio_user_access;
 
 pub use access::{AccessError, DeviceAccess, DmaBuffer, DmaPool, Interrupt, MappedArea};

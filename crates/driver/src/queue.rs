@@ -414,46 +414,11 @@ impl Backoff {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::access::{BoxError, DmaMapper, DmaPool, DmaRegion, Interrupt};
-    use parking_lot::Mutex;
+    use crate::recorder::Recorder;
     use vnvme_spec::Status;
 
-    /// A device that only records register writes.
-    #[derive(Debug)]
-    struct Recorder {
-        pool: DmaPool,
-        writes: Mutex<Vec<(u64, u32)>>,
-    }
-
-    struct NoMapper;
-    impl DmaMapper for NoMapper {
-        fn map(&self, _: &DmaRegion) -> Result<(), BoxError> {
-            Ok(())
-        }
-        fn unmap(&self, _: u64, _: usize) {}
-    }
-
-    impl DeviceAccess for Recorder {
-        fn read32(&self, _: u64) -> Result<u32, AccessError> {
-            Ok(0)
-        }
-        fn write32(&self, offset: u64, value: u32) -> Result<(), AccessError> {
-            self.writes.lock().push((offset, value));
-            Ok(())
-        }
-        fn dma_alloc(&self, size: usize) -> Result<DmaBuffer, AccessError> {
-            self.pool.alloc(size)
-        }
-        fn enable_interrupts(&self, _: u16) -> Result<Vec<Interrupt>, AccessError> {
-            Ok(Vec::new())
-        }
-    }
-
     fn setup(size: u16) -> (Arc<Recorder>, QueuePair) {
-        let rec = Arc::new(Recorder {
-            pool: DmaPool::new(Arc::new(NoMapper), DmaPool::DEFAULT_CHUNK),
-            writes: Mutex::new(Vec::new()),
-        });
+        let rec = Arc::new(Recorder::new());
         let access: Arc<dyn DeviceAccess> = rec.clone();
         let qp = QueuePair::new(&access, 1, size, 0, 128 << 10).unwrap();
         (rec, qp)
