@@ -9,7 +9,7 @@ use std::thread::JoinHandle;
 
 use anyhow::{Context, Result};
 use vnvme_controller::Controller;
-use vnvme_driver::VfioUserAccess;
+use vnvme_driver::{Controller as Driver, DeviceAccess, InitOptions, VfioUserAccess};
 
 use crate::device::NvmeDevice;
 
@@ -40,6 +40,17 @@ impl InProcess {
             client: Some(client),
             server: Some(server),
         })
+    }
+
+    /// Starts serving `device` and brings the driver up on the other end.
+    pub fn start_driver(
+        device: NvmeDevice,
+        init: InitOptions,
+    ) -> Result<(Self, Arc<dyn DeviceAccess>, Driver)> {
+        let mut inproc = Self::start(device)?;
+        let access: Arc<dyn DeviceAccess> = Arc::new(inproc.access()?);
+        let driver = Driver::init(Arc::clone(&access), init).context("driver initialisation")?;
+        Ok((inproc, access, driver))
     }
 
     /// The controller being served, for its counters.

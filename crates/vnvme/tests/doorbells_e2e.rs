@@ -17,14 +17,11 @@ fn start(mode: DoorbellMode) -> (InProcess, Arc<dyn DeviceAccess>, Controller) {
         ..DeviceOptions::default()
     };
     let device = NvmeDevice::new(&opts, &["16M:null".parse().unwrap()]).unwrap();
-    let mut inproc = InProcess::start(device).unwrap();
-    let access: Arc<dyn DeviceAccess> = Arc::new(inproc.access().unwrap());
     let init = InitOptions {
         queue_depth: 64,
         ..InitOptions::default()
     };
-    let ctrl = Controller::init(Arc::clone(&access), init).unwrap();
-    (inproc, access, ctrl)
+    InProcess::start_driver(device, init).unwrap()
 }
 
 /// Doorbell writes are posted (no reply): a register read, which the server

@@ -12,10 +12,7 @@ use vnvme_spec::identify::ascii_field;
 fn start(namespaces: &[&str], opts: InitOptions) -> (InProcess, Arc<dyn DeviceAccess>, Controller) {
     let specs: Vec<NamespaceSpec> = namespaces.iter().map(|s| s.parse().unwrap()).collect();
     let device = NvmeDevice::new(&DeviceOptions::default(), &specs).unwrap();
-    let mut inproc = InProcess::start(device).unwrap();
-    let access: Arc<dyn DeviceAccess> = Arc::new(inproc.access().unwrap());
-    let ctrl = Controller::init(Arc::clone(&access), opts).unwrap();
-    (inproc, access, ctrl)
+    InProcess::start_driver(device, opts).unwrap()
 }
 
 #[test]

@@ -20,10 +20,7 @@ fn start(
 ) -> (InProcess, Arc<dyn DeviceAccess>, Controller) {
     let specs: Vec<NamespaceSpec> = namespaces.iter().map(|s| s.parse().unwrap()).collect();
     let device = NvmeDevice::new(&device, &specs).unwrap();
-    let mut inproc = InProcess::start(device).unwrap();
-    let access: Arc<dyn DeviceAccess> = Arc::new(inproc.access().unwrap());
-    let ctrl = Controller::init(Arc::clone(&access), opts).unwrap();
-    (inproc, access, ctrl)
+    InProcess::start_driver(device, opts).unwrap()
 }
 
 fn queues(n: u16, mode: InitMode) -> (DeviceOptions, InitOptions) {

@@ -20,10 +20,7 @@ use zerocopy::IntoBytes;
 fn start(opts: InitOptions) -> (InProcess, Arc<dyn DeviceAccess>, Controller) {
     let spec: NamespaceSpec = "64M:ram".parse().unwrap();
     let device = NvmeDevice::new(&DeviceOptions::default(), &[spec]).unwrap();
-    let mut inproc = InProcess::start(device).unwrap();
-    let access: Arc<dyn DeviceAccess> = Arc::new(inproc.access().unwrap());
-    let ctrl = Controller::init(Arc::clone(&access), opts).unwrap();
-    (inproc, access, ctrl)
+    InProcess::start_driver(device, opts).unwrap()
 }
 
 /// CRC32C, bit by bit: independent of the controller's table.

@@ -274,9 +274,7 @@ pub fn main(opts: &InitBenchOptions) -> Result<()> {
     print!("{}", table(&runs));
     if let Some(path) = &opts.json {
         let doc = serde_json::json!({ "runs": runs });
-        std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
-            .with_context(|| format!("writing {}", path.display()))?;
-        eprintln!("bench init: wrote {}", path.display());
+        super::write_json(path, &doc, "bench init")?;
     }
     Ok(())
 }

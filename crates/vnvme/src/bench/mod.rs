@@ -11,7 +11,7 @@ mod plot;
 mod report;
 mod verify;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,6 +42,15 @@ pub enum Rw {
 pub enum BackendArg {
     Null,
     Ram,
+}
+
+impl BackendArg {
+    pub fn backend(self) -> Backend {
+        match self {
+            BackendArg::Null => Backend::Null,
+            BackendArg::Ram => Backend::Ram,
+        }
+    }
 }
 
 /// A comma-separated list on the command line (`--qd 1,4,32`).
@@ -166,20 +175,40 @@ fn rss_mib() -> f64 {
         .map_or(0.0, |kib| kib / 1024.0)
 }
 
-pub fn run(opts: &BenchOptions) -> Result<Vec<Run>> {
-    if !(opts.runtime > 0.0 && opts.runtime <= 3600.0) {
-        bail!(
-            "--runtime must be between 0 and 3600 seconds (got {})",
-            opts.runtime
-        );
+/// Checks `--runtime` (seconds per point) for the in-process benchmarks.
+fn check_runtime(runtime: f64) -> Result<Duration> {
+    if !(runtime > 0.0 && runtime <= 3600.0) {
+        bail!("--runtime must be between 0 and 3600 seconds (got {runtime})");
     }
-    if let Some(bad) = opts.qd.0.iter().find(|&&q| q == 0 || q > 1023) {
+    Ok(Duration::from_secs_f64(runtime))
+}
+
+/// Checks `--qd`: a ring of at most 1024 entries holds 1023 commands.
+fn check_qd(qds: &[u16]) -> Result<()> {
+    if let Some(bad) = qds.iter().find(|&&q| q == 0 || q > 1023) {
         bail!("--qd {bad} is out of range: queue depths go from 1 to 1023");
     }
+    Ok(())
+}
+
+/// Writes a result file (`--json`, `--plot`) and says so on stderr.
+fn write_output(path: &Path, text: String, who: &str) -> Result<()> {
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("{who}: wrote {}", path.display());
+    Ok(())
+}
+
+/// `--json`: the document, pretty printed.
+fn write_json(path: &Path, doc: &serde_json::Value, who: &str) -> Result<()> {
+    write_output(path, serde_json::to_string_pretty(doc)? + "\n", who)
+}
+
+pub fn run(opts: &BenchOptions) -> Result<Vec<Run>> {
+    let runtime = check_runtime(opts.runtime)?;
+    check_qd(&opts.qd.0)?;
     if opts.verify && opts.backend != BackendArg::Ram {
         bail!("--verify needs --backend ram: a null namespace drops writes and reads zeroes, so there is nothing to check");
     }
-    let runtime = Duration::from_secs_f64(opts.runtime);
     let max_qd = opts.qd.0.iter().copied().max().unwrap_or(1);
     let total = opts.modes.0.len() * opts.qd.0.len();
     eprintln!(
@@ -241,15 +270,14 @@ pub fn main(opts: &BenchOptions) -> Result<()> {
     let runs = run(opts)?;
     print!("{}", report::table(&runs));
     if let Some(path) = &opts.json {
-        let doc = serde_json::json!({ "runs": runs, "machine": report::machine() });
-        std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
-            .with_context(|| format!("writing {}", path.display()))?;
-        eprintln!("bench: wrote {}", path.display());
+        write_json(
+            path,
+            &serde_json::json!({ "runs": runs, "machine": report::machine() }),
+            "bench",
+        )?;
     }
     if let Some(path) = &opts.plot {
-        std::fs::write(path, plot::svg(&runs))
-            .with_context(|| format!("writing {}", path.display()))?;
-        eprintln!("bench: wrote {}", path.display());
+        write_output(path, plot::svg(&runs), "bench")?;
     }
     Ok(())
 }
@@ -271,21 +299,13 @@ struct ModeBench {
 
 impl ModeBench {
     fn start(mode: DoorbellMode, opts: &BenchOptions, max_qd: u16) -> Result<Self> {
-        let spec = NamespaceSpec::new(
-            opts.size,
-            match opts.backend {
-                BackendArg::Null => Backend::Null,
-                BackendArg::Ram => Backend::Ram,
-            },
-        );
+        let spec = NamespaceSpec::new(opts.size, opts.backend.backend());
         let device_opts = DeviceOptions {
             doorbells: mode,
             max_io_queues: opts.queues,
             ..DeviceOptions::default()
         };
         let device = NvmeDevice::new(&device_opts, &[spec])?;
-        let mut inproc = InProcess::start(device)?;
-        let access: Arc<dyn DeviceAccess> = Arc::new(inproc.access()?);
         let init = InitOptions {
             io_queues: opts.queues,
             // A ring of N entries holds N - 1 commands.
@@ -293,8 +313,7 @@ impl ModeBench {
             interrupts: !opts.poll,
             ..InitOptions::default()
         };
-        let driver =
-            Controller::init(Arc::clone(&access), init).context("driver initialisation")?;
+        let (inproc, access, driver) = InProcess::start_driver(device, init)?;
         if driver.io_queue_count() < opts.queues {
             bail!(
                 "the controller granted {} I/O queues, {} asked",

@@ -17,8 +17,8 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 use vnvme_driver::{
-    AsyncCompletion, AsyncQueue, BufferSlice, Controller, DeviceAccess, DmaBuffer, InitOptions,
-    IoQueue, PassthruData,
+    AsyncCompletion, AsyncQueue, BufferSlice, DeviceAccess, DmaBuffer, InitOptions, IoQueue,
+    PassthruData,
 };
 use vnvme_spec::{Command, NvmOpcode};
 
@@ -26,7 +26,7 @@ use super::io::{self as block, Pattern, Submit};
 use super::{BackendArg, List, Rw};
 use crate::device::{DeviceOptions, NvmeDevice};
 use crate::inproc::InProcess;
-use crate::namespace::{Backend, NamespaceSpec};
+use crate::namespace::NamespaceSpec;
 use crate::size::parse_size;
 
 const NSID: u32 = 1;
@@ -107,38 +107,21 @@ pub fn main(opts: &PassthruOptions) -> Result<()> {
             "note": SYNC_NOTE,
             "machine": super::report::machine(),
         });
-        std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
-            .with_context(|| format!("writing {}", path.display()))?;
-        eprintln!("bench: wrote {}", path.display());
+        super::write_json(path, &doc, "bench passthru")?;
     }
     Ok(())
 }
 
 pub fn run(opts: &PassthruOptions) -> Result<Vec<PassthruRun>> {
-    if !(opts.runtime > 0.0 && opts.runtime <= 3600.0) {
-        bail!(
-            "--runtime must be between 0 and 3600 seconds (got {})",
-            opts.runtime
-        );
-    }
-    if let Some(bad) = opts.qd.0.iter().find(|&&q| q == 0 || q > 1023) {
-        bail!("--qd {bad} is out of range: queue depths go from 1 to 1023");
-    }
-    let runtime = Duration::from_secs_f64(opts.runtime);
+    let runtime = super::check_runtime(opts.runtime)?;
+    super::check_qd(&opts.qd.0)?;
     let max_qd = opts.qd.0.iter().copied().max().unwrap_or(1);
-    let spec = NamespaceSpec::new(
-        opts.size,
-        match opts.backend {
-            BackendArg::Null => Backend::Null,
-            BackendArg::Ram => Backend::Ram,
-        },
-    );
+    let spec = NamespaceSpec::new(opts.size, opts.backend.backend());
     let device_opts = DeviceOptions {
         max_io_queues: 1,
         ..DeviceOptions::default()
     };
-    let mut inproc = InProcess::start(NvmeDevice::new(&device_opts, &[spec])?)?;
-    let access: Arc<dyn DeviceAccess> = Arc::new(inproc.access()?);
+    let device = NvmeDevice::new(&device_opts, &[spec])?;
     let init = InitOptions {
         io_queues: 1,
         // A ring of N entries holds N - 1 commands.
@@ -146,7 +129,8 @@ pub fn run(opts: &PassthruOptions) -> Result<Vec<PassthruRun>> {
         interrupts: !opts.poll,
         ..InitOptions::default()
     };
-    let driver = Controller::init(Arc::clone(&access), init).context("driver initialisation")?;
+    // The server lives as long as `_inproc`: the driver talks to it below.
+    let (_inproc, access, driver) = InProcess::start_driver(device, init)?;
     let blocks = driver
         .namespaces()
         .iter()

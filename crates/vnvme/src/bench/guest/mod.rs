@@ -262,9 +262,7 @@ pub fn main(opts: &GuestBenchOptions) -> Result<()> {
             "guest": "tests/guest rig: QEMU 11.1 -accel tcg, Debian trixie kernel, fio 4 KiB randread direct",
             "machine": report::machine(),
         });
-        std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
-            .with_context(|| format!("writing {}", path.display()))?;
-        eprintln!("bench --guest: wrote {}", path.display());
+        super::write_json(path, &doc, "bench --guest")?;
     }
     if !failures.is_empty() {
         tmp.keep();
@@ -286,9 +284,7 @@ fn check(opts: &GuestBenchOptions) -> Result<()> {
             opts.runtime
         );
     }
-    if let Some(bad) = opts.qd.iter().find(|&&q| q == 0 || q > 1023) {
-        bail!("--qd {bad} is out of range: queue depths go from 1 to 1023");
-    }
+    super::check_qd(&opts.qd)?;
     if opts.engines.is_empty() {
         bail!("--engines is empty");
     }
