@@ -41,9 +41,7 @@ fn identify_and_log_page_offsets_past_the_end_are_refused_or_zero_filled() {
             );
         }
     }
-    g.assert_serving();
-    drop(g);
-    srv.assert_serves_a_new_client();
+    g.finish(&srv);
 }
 
 #[test]
@@ -85,9 +83,7 @@ fn thousands_of_aers_hit_the_limit_and_the_queue_keeps_working() {
         g.reap_within(0, Duration::from_millis(100)).is_none(),
         "AERL + 1 requests stay outstanding"
     );
-    g.assert_serving();
-    drop(g);
-    srv.assert_serves_a_new_client();
+    g.finish(&srv);
 }
 
 impl Guest {
@@ -144,7 +140,5 @@ fn a_flood_of_commands_keeps_the_controller_bounded() {
         log[entries * 64..].iter().all(|&b| b == 0),
         "no more than ELPE + 1 = {entries} entries"
     );
-    g.assert_serving();
-    drop(g);
-    srv.assert_serves_a_new_client();
+    g.finish(&srv);
 }

@@ -33,9 +33,7 @@ fn prp_at_bar0_or_msix_table_address_is_a_data_transfer_error_not_a_register_wri
     let mut after = [0u8; 64];
     g.client.region_read(0, 0x2000, &mut after).unwrap();
     assert_eq!(table, after, "MSI-X table unchanged");
-    g.assert_serving();
-    drop(g);
-    srv.assert_serves_a_new_client();
+    g.finish(&srv);
 }
 
 #[test]
@@ -55,9 +53,7 @@ fn queue_base_at_bar0_address_sets_cfs_and_a_reset_recovers() {
     // The host's recovery: a controller reset, then everything works.
     g.enable();
     g.create_io_pair(1, 64, IOSQ, IOCQ, 1);
-    g.assert_serving();
-    drop(g);
-    srv.assert_serves_a_new_client();
+    g.finish(&srv);
 }
 
 #[test]
@@ -86,9 +82,7 @@ fn prp_into_unmapped_memory_or_across_the_end_of_a_map_fails_cleanly() {
     // Exactly the last page of the map is fine.
     let c = g.submit(1, rw(NvmOpcode::READ, 0, 1, end - 0x1000, 0));
     assert_eq!(c.status(), Status::SUCCESS, "the last page of the map");
-    g.assert_serving();
-    drop(g);
-    srv.assert_serves_a_new_client();
+    g.finish(&srv);
 }
 
 #[test]
@@ -176,7 +170,5 @@ fn dma_unmap_of_memory_in_use_fails_the_commands_cleanly() {
     );
     drop(xb);
     drop(extra);
-    g.assert_serving();
-    drop(g);
-    srv.assert_serves_a_new_client();
+    g.finish(&srv);
 }

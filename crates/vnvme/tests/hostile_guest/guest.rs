@@ -280,6 +280,14 @@ impl Guest {
         });
     }
 
+    /// Ends a case: this connection still serves, and once it is closed the
+    /// server serves a new client.
+    pub(crate) fn finish(mut self, srv: &Served) {
+        self.assert_serving();
+        drop(self);
+        srv.assert_serves_a_new_client();
+    }
+
     /// The controller still answers here: Identify Controller, then a write
     /// and read back of one block on I/O queue 1.
     pub(crate) fn assert_serving(&mut self) {

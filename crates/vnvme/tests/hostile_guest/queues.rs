@@ -29,9 +29,7 @@ fn doorbell_beyond_queue_size_and_cq_head_skipping_unposted_entries_are_ignored_
         "two bad SQ tails and one bad CQ head on queue 1"
     );
     assert_eq!(g.csts() & 2, 0, "no fatal status for a bad doorbell value");
-    g.assert_serving();
-    drop(g);
-    srv.assert_serves_a_new_client();
+    g.finish(&srv);
 }
 
 #[test]
@@ -55,9 +53,7 @@ fn sq_on_a_cq_being_deleted_is_refused_in_both_orders() {
     // And the other order: a CQ with an SQ on it cannot be deleted.
     let c = g.admin(delete(AdminOpcode::DELETE_IO_CQ, 1));
     assert_eq!(c.status(), Status::INVALID_QUEUE_DELETION.with_dnr(true));
-    g.assert_serving();
-    drop(g);
-    srv.assert_serves_a_new_client();
+    g.finish(&srv);
 }
 
 #[test]
@@ -109,9 +105,7 @@ fn max_size_queue_in_the_last_pages_of_a_map_works_and_one_crossing_the_end_is_f
     assert_eq!(srv.ctrl.stats().fatal_errors, fatal_before + 1);
     g.enable();
     g.create_io_pair(1, 64, IOSQ, IOCQ, 1);
-    g.assert_serving();
-    drop(g);
-    srv.assert_serves_a_new_client();
+    g.finish(&srv);
 }
 
 #[test]
@@ -157,7 +151,5 @@ fn interrupt_vector_beyond_the_table_is_invalid_interrupt_vector() {
             "vector {iv}"
         );
     }
-    g.assert_serving();
-    drop(g);
-    srv.assert_serves_a_new_client();
+    g.finish(&srv);
 }
