@@ -2,9 +2,10 @@
 //!
 //! * Requests whose offset and length are multiples of 4 KiB go through a
 //!   second descriptor opened with `O_DIRECT` (when the file system allows
-//!   it), from an aligned bounce buffer; others through the page cache.
+//!   it), from a 4 KiB-aligned buffer; others through the page cache.
 //!   Linux keeps the two coherent: a direct write writes back and drops the
-//!   cached pages it overlaps.
+//!   cached pages it overlaps. A short transfer's rest is unaligned, so it
+//!   goes through the page cache.
 //! * The device has a volatile write cache (the page cache, and the disk's
 //!   own): [`flush`](BlockDevice::flush) is `fdatasync`, and
 //!   [`write_fua`](BlockDevice::write_fua) writes with `RWF_DSYNC`, durable
@@ -13,30 +14,46 @@
 //!   block device the kernel zeroes by unmapping, never leaving stale data,
 //!   unlike `BLKDISCARD`); where that is not supported it zeroes the range.
 //! * The file is locked (`flock(LOCK_EX | LOCK_NB)`, retried for a moment)
-//!   for the life of the device, so two vnvme processes never serve the
-//!   same file; a block device is also opened `O_EXCL`, which fails while
-//!   it is mounted.
+//!   for as long as the device or one of its queues has it open, so two
+//!   vnvme processes never serve the same file; a block device is also
+//!   opened `O_EXCL`, which fails while it is mounted.
 //!
-//! Each call is one io_uring submit-and-wait on a lane (ring + bounce
-//! buffer) taken from a pool: concurrent callers each get their own.
+//! Two ways in:
+//!
+//! * [`BlockDevice`]: each call is one io_uring submit-and-wait per piece
+//!   of at most 1 MiB, on a lane (ring + bounce buffer) taken from a pool,
+//!   so concurrent callers each get their own;
+//! * [`AsyncBlockDevice`]: each queue ([`queue`](AsyncBlockDevice::queue),
+//!   see the `queue` module) is an io_uring of its own with up to 64
+//!   reads, writes and flushes in flight, in the requests' own buffers.
+//!
+//! Both go through the same [`Backing`] (descriptors, size, counters),
+//! which a queue shares, so a queue keeps working after the device is
+//! dropped.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Seek, SeekFrom};
-use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::uring::{Lane, LaneError, Op, ALIGN};
-use crate::{check_range, BlockDevice, BlockError};
+use crate::uring::{Lane, LaneError, Op};
+use crate::{check_range, AsyncBlockDevice, BlockDevice, BlockError, BlockQueue, Waker};
+
+mod backing;
+mod queue;
+
+use backing::{bump, Backing, Counters};
 
 /// Sizes must be multiples of this (the largest LBA size in use).
 pub const SIZE_GRANULE: u64 = 4096;
 
-/// Largest piece one io_uring operation moves: bounds the bounce buffer.
+/// Largest piece one io_uring operation moves: bounds the bounce buffer,
+/// and the largest request a queue accepts.
 const MAX_IO: usize = 1 << 20;
 
 /// Why a file cannot back a namespace. Each names the path and what to do.
@@ -85,32 +102,13 @@ pub struct FileCounters {
     pub zeroes_written: u64,
 }
 
-#[derive(Debug, Default)]
-struct Counters {
-    direct_ops: AtomicU64,
-    buffered_ops: AtomicU64,
-    dsync_writes: AtomicU64,
-    flushes: AtomicU64,
-    holes_punched: AtomicU64,
-    zeroes_written: AtomicU64,
-}
-
-fn bump(counter: &AtomicU64) {
-    counter.fetch_add(1, Ordering::Relaxed);
-}
-
 /// A namespace stored in a regular file or a block device.
 #[derive(Debug)]
 pub struct FileDevice {
     path: PathBuf,
-    /// Read-write, locked; also used for flush and fallocate.
-    file: File,
-    /// The same file opened O_DIRECT, if the file system supports it.
-    direct: Option<File>,
-    size: u64,
+    backing: Arc<Backing>,
     block_device: bool,
     lanes: Mutex<Vec<Lane>>,
-    counters: Counters,
 }
 
 impl FileDevice {
@@ -192,12 +190,14 @@ impl FileDevice {
         let lane = Lane::new().map_err(FileError::Uring)?;
         Ok(Self {
             path,
-            file,
-            direct,
-            size,
+            backing: Arc::new(Backing {
+                file,
+                direct,
+                size,
+                counters: Counters::default(),
+            }),
             block_device,
             lanes: Mutex::new(vec![lane]),
-            counters: Counters::default(),
         })
     }
 
@@ -211,11 +211,12 @@ impl FileDevice {
 
     /// Whether aligned requests bypass the page cache (O_DIRECT).
     pub fn direct_io(&self) -> bool {
-        self.direct.is_some()
+        self.backing.direct.is_some()
     }
 
+    /// Counts of the device's operations and its queues'.
     pub fn counters(&self) -> FileCounters {
-        let c = &self.counters;
+        let c = &self.backing.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         FileCounters {
             direct_ops: get(&c.direct_ops),
@@ -227,8 +228,8 @@ impl FileDevice {
         }
     }
 
-    /// Runs `f` on a lane of its own. A poisoned lane is leaked: the kernel
-    /// may still use its buffer.
+    /// Runs `f` on a lane of its own. A poisoned lane is dropped, not
+    /// reused (its ring waits for the kernel or leaks what it may use).
     fn with_lane<R>(
         &self,
         f: impl FnOnce(&mut Lane) -> Result<R, LaneError>,
@@ -247,41 +248,21 @@ impl FileDevice {
                 self.lanes.lock().push(lane);
                 Err(BlockError::Io(e))
             }
-            Err(LaneError::Poisoned(e)) => {
-                std::mem::forget(lane);
-                Err(BlockError::Io(e))
-            }
-        }
-    }
-
-    /// The descriptor for a transfer: O_DIRECT when offset and length are
-    /// aligned and the file system allows it.
-    fn fd_for(&self, offset: u64, len: usize) -> RawFd {
-        match &self.direct {
-            Some(d) if offset.is_multiple_of(ALIGN as u64) && len.is_multiple_of(ALIGN) => {
-                bump(&self.counters.direct_ops);
-                d.as_raw_fd()
-            }
-            _ => {
-                bump(&self.counters.buffered_ops);
-                self.file.as_raw_fd()
-            }
+            Err(LaneError::Poisoned(e)) => Err(BlockError::Io(e)),
         }
     }
 
     /// Writes `buf` at `offset` in pieces of at most [`MAX_IO`].
     fn write_all(&self, offset: u64, buf: &[u8], dsync: bool) -> Result<(), BlockError> {
-        check_range(offset, buf.len() as u64, self.size)?;
+        check_range(offset, buf.len() as u64, self.backing.size)?;
         if dsync {
-            bump(&self.counters.dsync_writes);
+            bump(&self.backing.counters.dsync_writes);
         }
         for (i, piece) in buf.chunks(MAX_IO).enumerate() {
             let pos = offset + (i * MAX_IO) as u64;
-            let mut fd = self.fd_for(pos, piece.len());
+            let mut fd = self.backing.fd_for(pos, piece.len());
             self.with_lane(|lane| {
-                lane.buffer(piece.len())
-                    .bytes_mut(piece.len())
-                    .copy_from_slice(piece);
+                lane.buffer(piece.len()).copy_from_slice(piece);
                 let mut done = 0usize;
                 while done < piece.len() {
                     let n = lane.run(Op::Write {
@@ -296,7 +277,7 @@ impl FileDevice {
                     }
                     done += n as usize;
                     // A short direct write leaves an unaligned rest.
-                    fd = self.file.as_raw_fd();
+                    fd = self.backing.buffered_fd();
                 }
                 Ok(())
             })?;
@@ -305,7 +286,7 @@ impl FileDevice {
     }
 
     fn fallocate(&self, offset: u64, len: u64, mode: i32) -> Result<(), BlockError> {
-        let fd = self.file.as_raw_fd();
+        let fd = self.backing.buffered_fd();
         self.with_lane(|lane| {
             lane.run(Op::Fallocate {
                 fd,
@@ -319,7 +300,7 @@ impl FileDevice {
 
     /// Zeroes by writing zero buffers, for when fallocate cannot.
     fn write_zero_buffers(&self, offset: u64, len: u64) -> Result<(), BlockError> {
-        bump(&self.counters.zeroes_written);
+        bump(&self.backing.counters.zeroes_written);
         let zeroes = vec![0u8; MAX_IO.min(usize::try_from(len).unwrap_or(MAX_IO))];
         let mut done = 0u64;
         while done < len {
@@ -371,7 +352,7 @@ fn lock(file: &File, path: &Path) -> Result<(), FileError> {
 
 impl BlockDevice for FileDevice {
     fn size(&self) -> u64 {
-        self.size
+        self.backing.size
     }
 
     /// The page cache (and the disk's own cache) holds writes until flush.
@@ -380,10 +361,10 @@ impl BlockDevice for FileDevice {
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), BlockError> {
-        check_range(offset, buf.len() as u64, self.size)?;
+        check_range(offset, buf.len() as u64, self.backing.size)?;
         for (i, piece) in buf.chunks_mut(MAX_IO).enumerate() {
             let pos = offset + (i * MAX_IO) as u64;
-            let mut fd = self.fd_for(pos, piece.len());
+            let mut fd = self.backing.fd_for(pos, piece.len());
             self.with_lane(|lane| {
                 lane.buffer(piece.len());
                 let mut done = 0usize;
@@ -400,9 +381,9 @@ impl BlockDevice for FileDevice {
                     }
                     done += n as usize;
                     // A short direct read leaves an unaligned rest.
-                    fd = self.file.as_raw_fd();
+                    fd = self.backing.buffered_fd();
                 }
-                piece.copy_from_slice(lane.buffer(piece.len()).bytes(piece.len()));
+                piece.copy_from_slice(lane.buffer(piece.len()));
                 Ok(())
             })?;
         }
@@ -420,14 +401,14 @@ impl BlockDevice for FileDevice {
     }
 
     fn flush(&self) -> Result<(), BlockError> {
-        bump(&self.counters.flushes);
-        let fd = self.file.as_raw_fd();
+        bump(&self.backing.counters.flushes);
+        let fd = self.backing.buffered_fd();
         self.with_lane(|lane| lane.run(Op::Datasync { fd }))
             .map(drop)
     }
 
     fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), BlockError> {
-        check_range(offset, len, self.size)?;
+        check_range(offset, len, self.backing.size)?;
         if len == 0 {
             return Ok(());
         }
@@ -439,19 +420,33 @@ impl BlockDevice for FileDevice {
     }
 
     fn discard(&self, offset: u64, len: u64) -> Result<(), BlockError> {
-        check_range(offset, len, self.size)?;
+        check_range(offset, len, self.backing.size)?;
         if len == 0 {
             return Ok(());
         }
         let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
         match self.fallocate(offset, len, mode) {
             Ok(()) => {
-                bump(&self.counters.holes_punched);
+                bump(&self.backing.counters.holes_punched);
                 Ok(())
             }
             Err(e) if unsupported(&e) => self.write_zeroes(offset, len),
             Err(e) => Err(e),
         }
+    }
+
+    fn as_async(&self) -> Option<&dyn AsyncBlockDevice> {
+        Some(self)
+    }
+}
+
+impl AsyncBlockDevice for FileDevice {
+    /// An io_uring of its own, and a thread that calls `waker` when it
+    /// posts completions. The queue shares the open file, so it may
+    /// outlive the device.
+    fn queue(&self, waker: Waker) -> Result<Box<dyn BlockQueue>, BlockError> {
+        let queue = queue::FileQueue::new(Arc::clone(&self.backing), waker)?;
+        Ok(Box::new(queue))
     }
 }
 

@@ -10,23 +10,24 @@
 //!   real volatile write cache: [`BlockDevice::flush`] is `fdatasync`,
 //!   [`BlockDevice::write_fua`] is durable before it returns.
 //!
-//! # Synchronous now, asynchronous later
+//! # Synchronous and asynchronous
 //!
-//! The trait is synchronous: each call completes before it returns, which is
-//! exact for the `null` and `ram` backends (a 4 KiB copy is cheaper than any
-//! completion machinery). The `file` backend implements it with one io_uring
-//! submit-and-wait per request (a small pool of rings, one per concurrent
-//! caller): one request in flight per queue worker. The next step keeps
-//! these methods and adds, for io_uring, [`BlockDevice::as_async`] answering
-//! an [`AsyncBlockDevice`]:
+//! [`BlockDevice`] is synchronous: each call completes before it returns,
+//! which is exact for the `null` and `ram` backends (a 4 KiB copy is cheaper
+//! than any completion machinery). A backend that can keep several requests
+//! in flight (the `file` backend, on io_uring) also answers
+//! [`BlockDevice::as_async`] with an [`AsyncBlockDevice`], which opens one
+//! [`BlockQueue`] per controller queue worker:
 //!
-//! * `submit(request, token)` queues the operation and returns at once,
-//! * `poll(out)` reaps finished `(token, result)` pairs without blocking.
+//! * [`BlockQueue::submit`] queues a read, write or flush with a token and
+//!   returns at once, or gives the request back when the queue is at its
+//!   limit (the caller then runs it synchronously);
+//! * [`BlockQueue::poll`] reaps finished `(token, result)` pairs without
+//!   blocking; the queue's [`Waker`] is called, from another thread, when
+//!   there may be some to reap, so a worker can sleep meanwhile.
 //!
-//! The controller's queue worker would ask `as_async()` once per namespace;
-//! for synchronous backends (`None`) it completes each command inline, for
-//! async ones it keeps the command in flight keyed by token and posts its
-//! completion when `poll` returns it. Only the worker's execute step changes.
+//! Requests own their [`IoBuf`] until they complete: the kernel reads or
+//! writes it, so nothing the guest can unmap is ever handed to it.
 //!
 //! # Unsafe code
 //!
@@ -35,11 +36,13 @@
 //! the operation.
 #![deny(unsafe_code)]
 
+mod buf;
 mod file;
 mod null;
 mod ram;
 mod uring;
 
+pub use buf::{IoBuf, ALIGN};
 pub use file::{FileCounters, FileDevice, FileError};
 pub use null::NullDevice;
 pub use ram::RamDevice;
@@ -110,44 +113,54 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     }
 }
 
-/// One operation for [`AsyncBlockDevice::submit`]. Buffers are owned so they
-/// outlive the submission.
+/// One operation for [`BlockQueue::submit`]. The buffer travels with the
+/// request and comes back in its [`BlockCompletion`].
 #[derive(Debug)]
 pub enum BlockRequest {
-    Read {
-        offset: u64,
-        len: usize,
-    },
-    /// `fua`: durable before completion (see [`BlockDevice::write_fua`]).
-    Write {
-        offset: u64,
-        data: Vec<u8>,
-        fua: bool,
-    },
+    /// Reads `buf.len()` bytes at `offset` into `buf`.
+    Read { offset: u64, buf: IoBuf },
+    /// Writes `buf` at `offset`; `fua`: durable before completion (see
+    /// [`BlockDevice::write_fua`]).
+    Write { offset: u64, buf: IoBuf, fua: bool },
+    /// Makes every completed write durable ([`BlockDevice::flush`]).
     Flush,
-    WriteZeroes {
-        offset: u64,
-        len: u64,
-    },
-    Discard {
-        offset: u64,
-        len: u64,
-    },
 }
 
-/// A finished asynchronous operation: the token given to `submit`, and the
-/// data read (for reads) or the error.
+/// A finished request: the token given to `submit`, the request's buffer
+/// (the data read, for reads) and the result.
 #[derive(Debug)]
 pub struct BlockCompletion {
     pub token: u64,
-    pub result: Result<Vec<u8>, BlockError>,
+    pub buf: Option<IoBuf>,
+    pub result: Result<(), BlockError>,
 }
 
-/// The asynchronous side of a backend (reserved: no backend implements it
-/// yet; see the crate documentation).
+/// Called from another thread when a [`BlockQueue`] may have completions to
+/// reap. It may be called spuriously, and must not block.
+pub type Waker = std::sync::Arc<dyn Fn() + Send + Sync>;
+
+/// The asynchronous side of a backend.
 pub trait AsyncBlockDevice: Send + Sync {
-    /// Queues `request`; its completion will carry `token`.
-    fn submit(&self, request: BlockRequest, token: u64) -> Result<(), BlockError>;
-    /// Appends finished operations to `out` without blocking; returns how many.
-    fn poll(&self, out: &mut Vec<BlockCompletion>) -> usize;
+    /// Opens a submission queue for one thread (a controller queue worker).
+    fn queue(&self, waker: Waker) -> Result<Box<dyn BlockQueue>, BlockError>;
+}
+
+/// Requests in flight on one backend, for one thread.
+///
+/// Dropping the queue waits for the requests still in flight (the kernel
+/// owns their buffers until then) and discards their results.
+pub trait BlockQueue: Send {
+    /// Queues `request`; its completion will carry `token`. Gives the
+    /// request back, unstarted, when the queue has no room for it (too many
+    /// requests or bytes in flight, a request too large to send in one
+    /// operation, a failed ring): the caller runs it synchronously instead.
+    #[allow(clippy::result_large_err)]
+    fn submit(&mut self, request: BlockRequest, token: u64) -> Result<(), BlockRequest>;
+
+    /// Appends at most `max` finished requests to `out` without blocking;
+    /// returns how many.
+    fn poll(&mut self, out: &mut Vec<BlockCompletion>, max: usize) -> usize;
+
+    /// Requests submitted and not yet returned by `poll`.
+    fn in_flight(&self) -> usize;
 }

@@ -1,70 +1,33 @@
-//! io_uring plumbing for the `file` backend: a [`Lane`] is one ring and one
-//! aligned bounce buffer; each operation is submitted and waited for.
+//! io_uring plumbing for the `file` backend, and the only module allowed
+//! `unsafe`: an operation that points at a buffer is sound only if the
+//! buffer stays where it is until the kernel is done with it.
 //!
-//! The kernel reads or writes the bounce buffer while an operation is in
-//! flight, so the buffer is owned by the lane, never by a caller, and is not
-//! moved or freed before the completion is reaped. When a ring fails in a
-//! way that leaves it unknown whether an operation is still in flight, the
-//! lane is *poisoned* and must be leaked with [`std::mem::forget`]: its ring
-//! and buffer then stay alive for as long as the kernel might use them.
+//! * A [`Ring`] is one io_uring and a fixed table of slots. Starting an
+//!   operation moves its [`IoBuf`] into a slot, and the ring hands it back
+//!   only after the operation's completion has been reaped
+//!   ([`Ring::finish`]): nothing outside this module can move, resize or
+//!   free a buffer the kernel may use. Dropping a ring waits for every
+//!   operation still in the kernel; if the ring fails so that this cannot
+//!   be known, the ring and its buffers are leaked instead.
+//! * A [`Lane`] is a one-slot ring and a bounce buffer, for the synchronous
+//!   path: each operation is submitted and waited for.
+//!
+//! A submit that fails leaves its entry in the submission queue, where the
+//! next `io_uring_enter` would start it. The ring then marks itself broken
+//! and never submits again (waiting submits nothing), so that entry never
+//! runs and its buffer can be handed back unused.
 #![allow(unsafe_code)]
 
 use std::io;
-use std::os::fd::RawFd;
+use std::mem::ManuallyDrop;
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 
-use io_uring::{opcode, types, IoUring};
+use io_uring::{opcode, squeue, types, EnterFlags, IoUring};
 
-/// Alignment of O_DIRECT buffers, offsets and lengths: 4 KiB covers every
-/// logical block size in use (512 and 4096) and the page size.
-pub(crate) const ALIGN: usize = 4096;
+use crate::IoBuf;
 
-/// Entries per ring: one operation is in flight at a time.
-const RING_ENTRIES: u32 = 4;
-
-/// A heap buffer whose usable part starts at an [`ALIGN`] boundary, made
-/// without unsafe code: over-allocate, then start at the first aligned byte.
-pub(crate) struct AlignedBuf {
-    storage: Vec<u8>,
-    start: usize,
-    capacity: usize,
-}
-
-impl AlignedBuf {
-    fn new() -> Self {
-        Self {
-            storage: Vec::new(),
-            start: 0,
-            capacity: 0,
-        }
-    }
-
-    /// Makes room for `len` bytes (rounded up to [`ALIGN`]). Only called
-    /// between operations: reallocating moves the buffer.
-    fn reserve(&mut self, len: usize) {
-        if len <= self.capacity {
-            return;
-        }
-        let capacity = len.div_ceil(ALIGN) * ALIGN;
-        self.storage = vec![0u8; capacity + ALIGN];
-        self.start = self.storage.as_ptr().align_offset(ALIGN).min(ALIGN);
-        self.capacity = capacity;
-    }
-
-    pub(crate) fn bytes(&self, len: usize) -> &[u8] {
-        self.storage
-            .get(self.start..self.start + len.min(self.capacity))
-            .unwrap_or_default()
-    }
-
-    pub(crate) fn bytes_mut(&mut self, len: usize) -> &mut [u8] {
-        self.storage
-            .get_mut(self.start..self.start + len.min(self.capacity))
-            .unwrap_or_default()
-    }
-}
-
-/// One io_uring operation on the lane's bounce buffer. `at..at+len` is the
-/// part of the buffer read into or written from.
+/// One io_uring operation. For reads and writes, `at..at+len` is the part
+/// of the operation's buffer read into or written from.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Op {
     Read {
@@ -91,126 +54,313 @@ pub(crate) enum Op {
     },
 }
 
-/// Why an operation failed.
+/// The submission entry for `op`; a read or write points at `at..at+len`
+/// of `buf`, checked to lie inside it.
+fn entry(op: Op, buf: &mut IoBuf) -> io::Result<squeue::Entry> {
+    Ok(match op {
+        Op::Read {
+            fd,
+            offset,
+            at,
+            len,
+        } => opcode::Read::new(types::Fd(fd), span(buf, at, len)?, len)
+            .offset(offset)
+            .build(),
+        Op::Write {
+            fd,
+            offset,
+            at,
+            len,
+            dsync,
+        } => {
+            let flags = if dsync { libc::RWF_DSYNC } else { 0 };
+            opcode::Write::new(types::Fd(fd), span(buf, at, len)?.cast_const(), len)
+                .offset(offset)
+                .rw_flags(flags)
+                .build()
+        }
+        Op::Datasync { fd } => opcode::Fsync::new(types::Fd(fd))
+            .flags(types::FsyncFlags::DATASYNC)
+            .build(),
+        Op::Fallocate {
+            fd,
+            offset,
+            len,
+            mode,
+        } => opcode::Fallocate::new(types::Fd(fd), len)
+            .offset(offset)
+            .mode(mode)
+            .build(),
+    })
+}
+
+/// A pointer to `at..at+len` of `buf`, checked to lie in it.
+fn span(buf: &mut IoBuf, at: usize, len: u32) -> io::Result<*mut u8> {
+    at.checked_add(len as usize)
+        .and_then(|end| buf.get_mut(at..end))
+        .map(<[u8]>::as_mut_ptr)
+        .ok_or_else(|| io::Error::other("operation past the end of its buffer"))
+}
+
+/// Who owns a slot's buffer.
+#[derive(Debug)]
+enum Slot {
+    Free,
+    /// Submitted, completion not reaped: the kernel may read or write the
+    /// buffer, which must not move, change size or be freed.
+    InKernel(IoBuf),
+    /// Completion reaped: the buffer is ours until the slot is restarted
+    /// or finished.
+    Reaped(IoBuf),
+}
+
+/// An io_uring with at most `depth` operations in flight, one per slot; an
+/// operation's `user_data` is its slot index.
+pub(crate) struct Ring {
+    /// Dropped by hand, after every operation has completed, or leaked.
+    ring: ManuallyDrop<IoUring>,
+    slots: Box<[Slot]>,
+    in_kernel: usize,
+    /// A failed submit left an entry in the submission queue: never enter
+    /// the kernel with submissions again, so that it never runs.
+    broken: bool,
+}
+
+impl std::fmt::Debug for Ring {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ring")
+            .field("depth", &self.slots.len())
+            .field("in_kernel", &self.in_kernel)
+            .field("broken", &self.broken)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Ring {
+    /// A ring for `depth` operations in flight. The submission queue holds
+    /// them all, and the completion queue (twice as large) can never
+    /// overflow, since each slot has at most one completion pending.
+    pub(crate) fn new(depth: usize) -> io::Result<Self> {
+        let entries = u32::try_from(depth.max(1)).map_err(|_| io::ErrorKind::InvalidInput)?;
+        Ok(Self {
+            ring: ManuallyDrop::new(IoUring::new(entries)?),
+            slots: (0..depth.max(1)).map(|_| Slot::Free).collect(),
+            in_kernel: 0,
+            broken: false,
+        })
+    }
+
+    /// Has the kernel signal `eventfd` whenever it posts a completion.
+    pub(crate) fn register_eventfd(&self, eventfd: BorrowedFd<'_>) -> io::Result<()> {
+        self.ring.submitter().register_eventfd(eventfd.as_raw_fd())
+    }
+
+    /// Starts `op` on `buf` in a free slot and returns the slot; `wait`
+    /// also waits for a completion (any slot's) in the same system call.
+    /// Gives `buf` back when no slot is free, the operation does not fit
+    /// the buffer or the kernel did not take it.
+    pub(crate) fn start(
+        &mut self,
+        op: Op,
+        buf: IoBuf,
+        wait: bool,
+    ) -> Result<usize, (IoBuf, io::Error)> {
+        let Some(slot) = self.slots.iter().position(|s| matches!(s, Slot::Free)) else {
+            return Err((buf, io::Error::other("every io_uring slot is in use")));
+        };
+        self.slots[slot] = Slot::Reaped(buf);
+        match self.submit(slot, op, wait) {
+            Ok(()) => Ok(slot),
+            Err(e) => Err((self.finish(slot).unwrap_or_default(), e)),
+        }
+    }
+
+    /// Starts `op` on the buffer of `slot`, whose completion was reaped
+    /// (the rest of a short transfer). On failure the slot stays reaped.
+    pub(crate) fn restart(&mut self, slot: usize, op: Op) -> io::Result<()> {
+        self.submit(slot, op, false)
+    }
+
+    fn submit(&mut self, slot: usize, op: Op, wait: bool) -> io::Result<()> {
+        if self.broken {
+            return Err(io::Error::other("io_uring failed earlier"));
+        }
+        let Some(Slot::Reaped(buf)) = self.slots.get_mut(slot) else {
+            return Err(io::Error::other("io_uring slot is not reaped"));
+        };
+        let entry = entry(op, buf)?.user_data(slot as u64);
+        // SAFETY: the entry points, if at all, into the heap storage of the
+        // `IoBuf` in `self.slots[slot]` (`span` checked the range). Once the
+        // kernel has taken the entry the slot is `InKernel`, and a buffer
+        // leaves an `InKernel` slot only through `reap` (its completion has
+        // been posted) or by being leaked in `drop`; nothing resizes it
+        // meanwhile, and moving the `IoBuf` value does not move its
+        // storage. An entry the kernel did not take stays in the queue,
+        // but then `broken` is set and the ring never submits again.
+        let pushed = unsafe { self.ring.submission().push(&entry) };
+        if pushed.is_err() {
+            // Not written: the queue is empty between calls unless broken.
+            return Err(io::Error::other("io_uring submission queue full"));
+        }
+        let submitted = self.ring.submitter().submit_and_wait(usize::from(wait));
+        // Whatever the result, the kernel has the entry iff it consumed it.
+        if !self.ring.submission().is_empty() {
+            self.broken = true;
+            return Err(submitted
+                .err()
+                .unwrap_or_else(|| io::Error::other("io_uring did not take the entry")));
+        }
+        if let Some(s) = self.slots.get_mut(slot) {
+            if let Slot::Reaped(buf) = std::mem::replace(s, Slot::Free) {
+                *s = Slot::InKernel(buf);
+                self.in_kernel += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// The next completion, as `(slot, result)`, without blocking. The
+    /// slot's buffer stays in the ring until [`finish`](Self::finish).
+    pub(crate) fn reap(&mut self) -> Option<(usize, i32)> {
+        loop {
+            let cqe = self.ring.completion().next()?;
+            let slot = usize::try_from(cqe.user_data()).unwrap_or(usize::MAX);
+            let Some(s) = self.slots.get_mut(slot) else {
+                continue;
+            };
+            if let Slot::InKernel(buf) = std::mem::replace(s, Slot::Free) {
+                *s = Slot::Reaped(buf);
+                self.in_kernel -= 1;
+                return Some((slot, cqe.result()));
+            }
+        }
+    }
+
+    /// Whether completions are waiting to be reaped.
+    pub(crate) fn has_completions(&mut self) -> bool {
+        !self.ring.completion().is_empty()
+    }
+
+    /// Frees a reaped slot and hands its buffer back; `None` if the slot
+    /// was not reaped (the kernel may still own its buffer).
+    pub(crate) fn finish(&mut self, slot: usize) -> Option<IoBuf> {
+        let s = self.slots.get_mut(slot)?;
+        match std::mem::replace(s, Slot::Free) {
+            Slot::Reaped(buf) => Some(buf),
+            other => {
+                *s = other;
+                None
+            }
+        }
+    }
+
+    /// Blocks until a completion is posted (any slot's). Submits nothing:
+    /// safe on a broken ring.
+    pub(crate) fn wait(&mut self) -> io::Result<()> {
+        loop {
+            // SAFETY: no entries are submitted (to_submit is 0) and no
+            // argument is passed: the call only waits for a completion.
+            let entered = unsafe {
+                self.ring.submitter().enter::<libc::sigset_t>(
+                    0,
+                    1,
+                    EnterFlags::GETEVENTS.bits(),
+                    None,
+                )
+            };
+            match entered {
+                Ok(_) => return Ok(()),
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Waits until the kernel holds no buffer, discarding the results.
+    fn drain(&mut self) -> io::Result<()> {
+        while self.in_kernel > 0 {
+            if self.reap().is_none() {
+                self.wait()?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        if self.drain().is_err() {
+            // The kernel may still write some buffers: leak them, and the
+            // ring (`ManuallyDrop`, so left undropped).
+            std::mem::forget(std::mem::take(&mut self.slots));
+            return;
+        }
+        // SAFETY: `self.ring` is dropped once, here, and not used after;
+        // every operation has completed, so the buffers (dropped next) are
+        // ours alone.
+        unsafe { ManuallyDrop::drop(&mut self.ring) }
+    }
+}
+
+/// Why a [`Lane`] operation failed.
 #[derive(Debug)]
 pub(crate) enum LaneError {
-    /// The operation ran and failed (its negated errno).
+    /// The operation ran and failed (its negated errno), or never started
+    /// because it did not fit the bounce buffer.
     Op(io::Error),
-    /// The ring itself failed: the lane must be leaked, not dropped.
+    /// The ring failed: drop the lane (its ring waits for the kernel, or
+    /// leaks what the kernel may still use) rather than reuse it.
     Poisoned(io::Error),
 }
 
-/// A ring and its bounce buffer, used by one caller at a time.
+/// A one-slot ring and its bounce buffer, used by one caller at a time.
+#[derive(Debug)]
 pub(crate) struct Lane {
-    ring: IoUring,
-    buf: AlignedBuf,
-}
-
-impl std::fmt::Debug for Lane {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Lane")
-            .field("buffer_capacity", &self.buf.capacity)
-            .finish_non_exhaustive()
-    }
+    ring: Ring,
+    /// Empty (unallocated) while the ring holds it.
+    buf: IoBuf,
 }
 
 impl Lane {
     pub(crate) fn new() -> io::Result<Self> {
         Ok(Self {
-            ring: IoUring::new(RING_ENTRIES)?,
-            buf: AlignedBuf::new(),
+            ring: Ring::new(1)?,
+            buf: IoBuf::new(),
         })
     }
 
-    /// The bounce buffer, with room for at least `len` bytes.
-    pub(crate) fn buffer(&mut self, len: usize) -> &mut AlignedBuf {
-        self.buf.reserve(len);
+    /// The bounce buffer, `len` bytes long.
+    pub(crate) fn buffer(&mut self, len: usize) -> &mut IoBuf {
+        self.buf.set_len(len);
         &mut self.buf
     }
 
-    /// Runs `op` and waits for it; returns the operation's non-negative
-    /// result (bytes transferred for reads and writes).
+    /// Runs `op` on the bounce buffer and waits for it; returns the
+    /// operation's non-negative result (bytes transferred for reads and
+    /// writes).
     pub(crate) fn run(&mut self, op: Op) -> Result<u32, LaneError> {
-        let entry = match op {
-            Op::Read {
-                fd,
-                offset,
-                at,
-                len,
-            } => {
-                let buf = self.span(at, len).map_err(LaneError::Op)?;
-                opcode::Read::new(types::Fd(fd), buf, len)
-                    .offset(offset)
-                    .build()
+        let buf = std::mem::take(&mut self.buf);
+        let slot = match self.ring.start(op, buf, true) {
+            Ok(slot) => slot,
+            Err((buf, e)) => {
+                self.buf = buf;
+                return Err(if self.ring.broken {
+                    LaneError::Poisoned(e)
+                } else {
+                    LaneError::Op(e)
+                });
             }
-            Op::Write {
-                fd,
-                offset,
-                at,
-                len,
-                dsync,
-            } => {
-                let buf = self.span(at, len).map_err(LaneError::Op)?;
-                let flags = if dsync { libc::RWF_DSYNC } else { 0 };
-                opcode::Write::new(types::Fd(fd), buf.cast_const(), len)
-                    .offset(offset)
-                    .rw_flags(flags)
-                    .build()
-            }
-            Op::Datasync { fd } => opcode::Fsync::new(types::Fd(fd))
-                .flags(types::FsyncFlags::DATASYNC)
-                .build(),
-            Op::Fallocate {
-                fd,
-                offset,
-                len,
-                mode,
-            } => opcode::Fallocate::new(types::Fd(fd), len)
-                .offset(offset)
-                .mode(mode)
-                .build(),
         };
-        // SAFETY: the entry points, if at all, at `self.buf` (`span` checked
-        // the range lies inside it). The buffer is not touched, moved or
-        // freed until the completion is reaped below: this function returns
-        // before that only with `Poisoned`, after which the caller leaks the
-        // whole lane (ring and buffer) instead of dropping it. The ring is
-        // empty between calls, so the push cannot overwrite a pending entry.
-        let pushed = unsafe { self.ring.submission().push(&entry) };
-        if pushed.is_err() {
-            return Err(LaneError::Poisoned(io::Error::other(
-                "io_uring submission queue unexpectedly full",
-            )));
-        }
-        loop {
-            match self.ring.submit_and_wait(1) {
-                Ok(_) => {}
-                Err(e)
-                    if matches!(
-                        e.raw_os_error(),
-                        Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
-                    ) =>
-                {
-                    continue
-                }
-                Err(e) => return Err(LaneError::Poisoned(e)),
+        let res = loop {
+            if let Some((_, res)) = self.ring.reap() {
+                break res;
             }
-            if let Some(cqe) = self.ring.completion().next() {
-                let res = cqe.result();
-                return u32::try_from(res)
-                    .map_err(|_| LaneError::Op(io::Error::from_raw_os_error(-res)));
-            }
-        }
-    }
-
-    /// A pointer to `at..at+len` of the bounce buffer, checked to lie in it.
-    fn span(&mut self, at: usize, len: u32) -> io::Result<*mut u8> {
-        let end = at
-            .checked_add(len as usize)
-            .filter(|&end| end <= self.buf.capacity)
-            .ok_or_else(|| io::Error::other("operation past the bounce buffer"))?;
-        let whole = self.buf.bytes_mut(end);
-        Ok(whole[at..].as_mut_ptr())
+            // On failure the buffer stays in the ring, which keeps it
+            // until the kernel is done with it.
+            self.ring.wait().map_err(LaneError::Poisoned)?;
+        };
+        self.buf = self.ring.finish(slot).unwrap_or_default();
+        u32::try_from(res).map_err(|_| LaneError::Op(io::Error::from_raw_os_error(-res)))
     }
 }
 
@@ -219,12 +369,37 @@ mod tests {
     use super::*;
 
     #[test]
-    fn aligned_buffer_starts_on_a_4k_boundary() {
-        let mut b = AlignedBuf::new();
-        for len in [1, 4096, 5000, 128 * 1024] {
-            b.reserve(len);
-            assert_eq!(b.bytes(len).as_ptr() as usize % ALIGN, 0, "{len}");
-            assert_eq!(b.bytes(len).len(), len);
+    fn an_operation_past_its_buffer_is_refused_and_the_buffer_given_back() {
+        let mut ring = Ring::new(2).unwrap();
+        let op = Op::Read {
+            fd: 0,
+            offset: 0,
+            at: 4000,
+            len: 200,
+        };
+        let (buf, _) = ring.start(op, IoBuf::zeroed(4096), false).unwrap_err();
+        assert_eq!(buf.len(), 4096);
+        assert!(ring.reap().is_none());
+        assert!(!ring.broken);
+    }
+
+    #[test]
+    fn a_full_ring_gives_the_buffer_back() {
+        let file = std::fs::File::open("/dev/zero").unwrap();
+        let read = Op::Read {
+            fd: file.as_raw_fd(),
+            offset: 0,
+            at: 0,
+            len: 4096,
+        };
+        let mut ring = Ring::new(1).unwrap();
+        let slot = ring.start(read, IoBuf::zeroed(4096), false).unwrap();
+        let (buf, _) = ring.start(read, IoBuf::zeroed(8192), false).unwrap_err();
+        assert_eq!(buf.len(), 8192);
+        assert_eq!(ring.finish(slot).map(|b| b.len()), None, "still in flight");
+        while ring.reap().is_none() {
+            ring.wait().unwrap();
         }
+        assert_eq!(ring.finish(slot).map(|b| b.len()), Some(4096));
     }
 }

@@ -2,11 +2,15 @@
 //! typed requests, then executed against the namespace's backend.
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Instant;
+
+use vnvme_blockdev::{BlockCompletion, BlockRequest};
 
 use vnvme_spec::{Command, NvmOpcode, Status};
 
 use crate::config::Readiness;
+use crate::inflight::{InFlight, Kind, Request};
 use crate::namespace::Namespace;
 use crate::prp;
 use crate::state::{Ctx, Outcome};
@@ -92,16 +96,23 @@ impl WriteZeroes {
     }
 }
 
-/// Executes an I/O command; every failure is an NVMe status.
+/// Executes an I/O command; every failure is an NVMe status. Reads,
+/// writes and flushes on an asynchronous backend are submitted, and finish
+/// in [`finish`].
 pub(crate) fn execute(ctx: &mut Ctx<'_>, cmd: &Command) -> Outcome {
     if NvmOpcode(cmd.opcode()).is_vendor_specific() {
         let set = crate::vendor::CommandSet::Io;
         return Outcome::from_result(crate::vendor::execute(ctx, set, cmd));
     }
-    Outcome::from_result(run(ctx, cmd).map(|()| 0))
+    match run(ctx, cmd) {
+        Ok(Some(token)) => Outcome::Submitted(token),
+        Ok(None) => Outcome::ok(0),
+        Err(status) => Outcome::Done { dw0: 0, status },
+    }
 }
 
-fn run(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> {
+/// Runs `cmd`: `Some(token)` if it is in flight, `None` if done.
+fn run(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Option<u64>, Status> {
     let op = NvmOpcode(cmd.opcode());
     if !SUPPORTED.contains(&op) {
         return Err(Status::INVALID_OPCODE.with_dnr(true));
@@ -114,7 +125,7 @@ fn run(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> {
         for ns in ctx.shared.namespaces.active_list() {
             ns.backend.flush().map_err(|_| internal())?;
         }
-        return Ok(());
+        return Ok(None);
     }
     let ns = ctx.shared.namespace(nsid)?;
     if ns.readiness != Readiness::Immediate || ns.formatting_until.is_some() {
@@ -125,8 +136,8 @@ fn run(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> {
     match op {
         NvmOpcode::READ => read(ctx, cmd, &ns),
         NvmOpcode::WRITE => write(ctx, cmd, &ns),
-        NvmOpcode::COMPARE => compare(ctx, cmd, &ns),
-        NvmOpcode::FLUSH => ns.backend.flush().map_err(|_| internal()),
+        NvmOpcode::COMPARE => compare(ctx, cmd, &ns).map(|()| None),
+        NvmOpcode::FLUSH => flush(ctx, cmd, &ns),
         NvmOpcode::WRITE_ZEROES => {
             let wz = WriteZeroes::parse(cmd, &ns)?;
             let r = if wz.deallocate {
@@ -142,11 +153,29 @@ fn run(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> {
                     Ok(())
                 }
             });
-            r.map_err(|_| write_fault(ctx))
+            r.map(|()| None).map_err(|_| write_fault(ctx))
         }
-        NvmOpcode::DATASET_MANAGEMENT => dataset_management(ctx, cmd, &ns),
+        NvmOpcode::DATASET_MANAGEMENT => dataset_management(ctx, cmd, &ns).map(|()| None),
         _ => Err(Status::INVALID_OPCODE.with_dnr(true)),
     }
+}
+
+/// Finishes a command that was in flight on an asynchronous backend:
+/// copies what was read to the host, counts, and gives the status.
+pub(crate) fn finish(ctx: &mut Ctx<'_>, request: &Request, done: &BlockCompletion) -> Status {
+    let (cmd, ns) = (&request.cmd, &*request.ns);
+    let r = match (&request.kind, done.result.is_ok(), &done.buf) {
+        (Kind::Read(rw), true, Some(buf)) => read_done(ctx, cmd, ns, rw, buf),
+        (Kind::Read(_), _, _) => Err(read_error(ctx)),
+        (Kind::Write(rw), true, _) => {
+            write_done(ctx, rw);
+            Ok(())
+        }
+        (Kind::Write(_), false, _) => Err(write_fault(ctx)),
+        (Kind::Flush, true, _) => Ok(()),
+        (Kind::Flush, false, _) => Err(internal()),
+    };
+    r.err().unwrap_or(Status::SUCCESS)
 }
 
 fn internal() -> Status {
@@ -185,18 +214,16 @@ fn data_transfer_error() -> Status {
     Status::DATA_TRANSFER_ERROR.with_dnr(true)
 }
 
-/// Copies the host's data (and separate metadata) of `rw` into `out`, in
-/// the backend layout.
+/// Copies the host's data (and separate metadata) of `rw` into `out`
+/// (`rw.len` bytes), in the backend layout.
 fn gather(
     ctx: &mut Ctx<'_>,
     cmd: &Command,
     ns: &Namespace,
     rw: &ReadWrite,
-    out: &mut Vec<u8>,
+    out: &mut [u8],
 ) -> Result<(), Status> {
     map_prps(ctx, cmd, rw.data_len)?;
-    out.clear();
-    out.resize(rw.len as usize, 0);
     if rw.meta_len == 0 {
         return prp::read_from_guest(&*ctx.session.mem, &ctx.scratch.segs, out);
     }
@@ -261,15 +288,43 @@ fn scatter(
     r
 }
 
-fn read(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace) -> Result<(), Status> {
+fn read(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Arc<Namespace>) -> Result<Option<u64>, Status> {
     let rw = ReadWrite::parse(cmd, ns, ctx.shared.config.max_transfer())?;
-    let mut buf = std::mem::take(&mut ctx.scratch.buf);
-    buf.resize(rw.len as usize, 0);
+    let mut buf = ctx.inflight.buffer(rw.len as usize);
+    if InFlight::is_async(ns) {
+        // Check the PRPs now: no backend I/O for a command that cannot
+        // complete. (They are mapped again when it does.)
+        if let Err(status) = map_prps(ctx, cmd, rw.data_len) {
+            ctx.inflight.recycle(buf);
+            return Err(status);
+        }
+        let request = BlockRequest::Read {
+            offset: rw.offset,
+            buf,
+        };
+        match ctx.inflight.submit(ns, cmd, Kind::Read(rw), request) {
+            Ok(token) => return Ok(Some(token)),
+            Err(BlockRequest::Read { buf: b, .. }) => buf = b,
+            Err(_) => return Err(internal()),
+        }
+    }
     let r = match ns.backend.read(rw.offset, &mut buf) {
-        Ok(()) => scatter(ctx, cmd, ns, &rw, &buf),
+        Ok(()) => read_done(ctx, cmd, ns, &rw, &buf),
         Err(_) => Err(read_error(ctx)),
     };
-    ctx.scratch.buf = buf;
+    ctx.inflight.recycle(buf);
+    r.map(|()| None)
+}
+
+/// A read's data is in `media`: to the host, and counted.
+fn read_done(
+    ctx: &mut Ctx<'_>,
+    cmd: &Command,
+    ns: &Namespace,
+    rw: &ReadWrite,
+    media: &[u8],
+) -> Result<(), Status> {
+    let r = scatter(ctx, cmd, ns, rw, media);
     let stats = &ctx.shared.stats;
     stats.host_read_commands.fetch_add(1, Ordering::Relaxed);
     stats
@@ -278,28 +333,58 @@ fn read(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace) -> Result<(), Status> 
     r
 }
 
-fn write(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace) -> Result<(), Status> {
+fn write(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Arc<Namespace>) -> Result<Option<u64>, Status> {
     let rw = ReadWrite::parse(cmd, ns, ctx.shared.config.max_transfer())?;
-    let mut buf = std::mem::take(&mut ctx.scratch.buf);
-    let mut r = gather(ctx, cmd, ns, &rw, &mut buf);
-    if r.is_ok() {
-        // FUA, or a disabled volatile write cache: durable before the
-        // completion is posted.
-        let written = if rw.fua || !ctx.shared.wce.load(Ordering::Relaxed) {
-            ns.backend.write_fua(rw.offset, &buf)
-        } else {
-            ns.backend.write(rw.offset, &buf)
-        };
-        r = written.map_err(|_| write_fault(ctx));
+    let mut buf = ctx.inflight.buffer(rw.len as usize);
+    if let Err(status) = gather(ctx, cmd, ns, &rw, &mut buf) {
+        ctx.inflight.recycle(buf);
+        return Err(status);
     }
-    ctx.scratch.buf = buf;
-    r?;
+    // FUA, or a disabled volatile write cache: durable before the
+    // completion is posted.
+    let fua = rw.fua || !ctx.shared.wce.load(Ordering::Relaxed);
+    if InFlight::is_async(ns) {
+        let request = BlockRequest::Write {
+            offset: rw.offset,
+            buf,
+            fua,
+        };
+        match ctx.inflight.submit(ns, cmd, Kind::Write(rw), request) {
+            Ok(token) => return Ok(Some(token)),
+            Err(BlockRequest::Write { buf: b, .. }) => buf = b,
+            Err(_) => return Err(internal()),
+        }
+    }
+    let written = if fua {
+        ns.backend.write_fua(rw.offset, &buf)
+    } else {
+        ns.backend.write(rw.offset, &buf)
+    };
+    ctx.inflight.recycle(buf);
+    written.map_err(|_| write_fault(ctx))?;
+    write_done(ctx, &rw);
+    Ok(None)
+}
+
+/// A write is done: counted.
+fn write_done(ctx: &Ctx<'_>, rw: &ReadWrite) {
     let stats = &ctx.shared.stats;
     stats.host_write_commands.fetch_add(1, Ordering::Relaxed);
     stats
         .data_units_written_512
         .fetch_add(rw.block_bytes >> 9, Ordering::Relaxed);
-    Ok(())
+}
+
+fn flush(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Arc<Namespace>) -> Result<Option<u64>, Status> {
+    if InFlight::is_async(ns) {
+        if let Ok(token) = ctx
+            .inflight
+            .submit(ns, cmd, Kind::Flush, BlockRequest::Flush)
+        {
+            return Ok(Some(token));
+        }
+    }
+    ns.backend.flush().map(|()| None).map_err(|_| internal())
 }
 
 /// Compare: data and metadata, extended or separate.
@@ -307,6 +392,7 @@ fn compare(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace) -> Result<(), Statu
     let rw = ReadWrite::parse(cmd, ns, ctx.shared.config.max_transfer())?;
     let mut host = std::mem::take(&mut ctx.scratch.buf);
     let mut media = std::mem::take(&mut ctx.scratch.buf2);
+    host.resize(rw.len as usize, 0);
     media.resize(rw.len as usize, 0);
     let r = gather(ctx, cmd, ns, &rw, &mut host).and_then(|()| {
         ns.backend

@@ -14,6 +14,7 @@ mod admin;
 mod config;
 mod controller;
 mod doorbell;
+mod inflight;
 mod io;
 pub mod memory;
 mod namespace;
@@ -35,8 +36,8 @@ mod tests;
 
 pub use config::{
     format_index_for, ConfigError, ControllerConfig, DoorbellMode, LbaFormatSpec, NamespaceConfig,
-    Readiness, UnknownDoorbellMode, DEFAULT_FORMAT_INDEX, DEFAULT_IDLE_POLL, DEFAULT_READY_TIMEOUT,
-    LBA_FORMATS, MAX_NAMESPACES,
+    Readiness, UnknownDoorbellMode, DEFAULT_DOZE, DEFAULT_FORMAT_INDEX, DEFAULT_IDLE_POLL,
+    DEFAULT_READY_TIMEOUT, LBA_FORMATS, MAX_NAMESPACES,
 };
 pub use controller::Controller;
 pub use doorbell::{DoorbellPage, HeapDoorbellPage, DOORBELL_PAGE_DWORDS};

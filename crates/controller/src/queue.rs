@@ -1,7 +1,7 @@
 //! Submission and completion queue rings in guest memory (§3.3.1, §4.1):
 //! head/tail arithmetic, phase tag, validation of doorbell values.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use vnvme_spec::regs::Doorbell;
@@ -13,10 +13,20 @@ use crate::memory::{DmaError, GuestMemory};
 use crate::shadow::EventIdx;
 use crate::state::Shared;
 
+/// Numbers every queue created, so a completion owed to a queue that was
+/// deleted (or reset) and re-created under the same id is recognised.
+static INSTANCES: AtomicU64 = AtomicU64::new(1);
+
+fn next_instance() -> u64 {
+    INSTANCES.fetch_add(1, Ordering::Relaxed)
+}
+
 /// A submission queue. Owned by one worker; sits in `Shared::sqs[qid]`.
 #[derive(Debug)]
 pub(crate) struct Sq {
     pub qid: u16,
+    /// Unique among all queues ever created.
+    pub instance: u64,
     pub base: u64,
     /// Entries (2..=65536).
     pub size: u32,
@@ -61,6 +71,7 @@ impl Sq {
     pub fn new(qid: u16, base: u64, size: u32, cqid: u16) -> Self {
         Self {
             qid,
+            instance: next_instance(),
             base,
             size,
             head: 0,
@@ -121,6 +132,8 @@ impl Sq {
 #[derive(Debug)]
 pub(crate) struct Cq {
     pub qid: u16,
+    /// Unique among all queues ever created.
+    pub instance: u64,
     pub base: u64,
     pub size: u32,
     pub head: u32,
@@ -139,12 +152,16 @@ pub(crate) struct Cq {
     pub irq_since: Option<Instant>,
     /// Last rejected head value, so a bad write is counted once.
     pub bad_head: Option<u32>,
+    /// Entries promised to commands in flight on an asynchronous backend:
+    /// a command is fetched only if its completion will have room.
+    pub reserved: u32,
 }
 
 impl Cq {
     pub fn new(qid: u16, base: u64, size: u32, ien: bool, iv: u16) -> Self {
         Self {
             qid,
+            instance: next_instance(),
             base,
             size,
             head: 0,
@@ -158,6 +175,7 @@ impl Cq {
             irq_pending: 0,
             irq_since: None,
             bad_head: None,
+            reserved: 0,
         }
     }
 
@@ -204,13 +222,12 @@ impl Cq {
         self.event_idx.reset();
     }
 
+    /// No room for another command's completion: the entries posted and
+    /// not yet reaped, plus those reserved, leave no free entry (a full ring
+    /// keeps one entry empty, §4.1.2).
     pub fn is_full(&self) -> bool {
-        let next = if self.tail + 1 >= self.size {
-            0
-        } else {
-            self.tail + 1
-        };
-        next == self.head
+        let used = self.distance(self.head, self.tail);
+        used.saturating_add(self.reserved).saturating_add(1) >= self.size
     }
 
     /// Writes `cqe` (its phase set here) at tail and advances tail. The

@@ -19,6 +19,7 @@ use zerocopy::little_endian::{U16, U32, U64};
 
 use crate::config::ControllerConfig;
 use crate::doorbell::Doorbells;
+use crate::inflight::InFlight;
 use crate::memory::{GuestMemory, InterruptSink};
 use crate::namespace::Namespace;
 use crate::prp::Segment;
@@ -248,6 +249,8 @@ pub(crate) struct Ctx<'a> {
     pub shared: &'a Shared,
     pub session: &'a Session,
     pub scratch: &'a mut Scratch,
+    /// The worker's commands in flight on asynchronous backends.
+    pub inflight: &'a mut InFlight,
 }
 
 /// How a command finished.
@@ -259,6 +262,10 @@ pub(crate) enum Outcome {
     },
     /// Completed later (Asynchronous Event Request).
     Deferred,
+    /// In flight on an asynchronous backend, under this token: the
+    /// completion is posted when the backend finishes (see
+    /// [`crate::inflight`]).
+    Submitted(u64),
 }
 
 impl Outcome {

@@ -31,12 +31,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
+use vnvme_blockdev::{BlockCompletion, Waker};
 use vnvme_spec::log::async_event;
 use vnvme_spec::regs::Doorbell;
-use vnvme_spec::{Completion, Status};
+use vnvme_spec::{Command, Completion, Status};
 
 use crate::admin;
 use crate::config::DoorbellMode;
+use crate::inflight::{InFlight, Request};
 use crate::io;
 use crate::poll_window::PollWindow;
 use crate::queue::{Cq, Sq};
@@ -52,12 +54,28 @@ const POLLS_PER_YIELD: u32 = 16;
 /// A gap between two idle polls longer than this means the worker lost its
 /// core meanwhile (see [`PollWindow::preempted`]).
 const PREEMPTED: Duration = Duration::from_micros(50);
+/// Adaptive mode's sleep between polls once the poll window has passed
+/// ([`ControllerConfig::doze`](crate::ControllerConfig::doze)): the most a
+/// request arriving then waits, and few enough wake-ups (at most 40,000 a
+/// second) to leave the core to the threads that produce the requests.
+const DOZE_INTERVAL: Duration = Duration::from_micros(25);
+/// Timer slack of polling workers: the kernel's default (50 µs) would
+/// stretch every short sleep well past [`DOZE_INTERVAL`].
+const TIMER_SLACK_NS: u64 = 1_000;
 
 #[derive(Debug, Default)]
 struct Pending {
     sqs: Vec<u16>,
     cqs: Vec<u16>,
+    /// An asynchronous backend may have completions to reap.
+    completions: bool,
     stop: bool,
+}
+
+impl Pending {
+    fn any(&self) -> bool {
+        !self.sqs.is_empty() || !self.cqs.is_empty() || self.completions
+    }
 }
 
 /// The kick side of a worker, shared with the trap path. Lives as long as the
@@ -78,6 +96,15 @@ impl WorkerShared {
             Doorbell::SqTail(q) => p.sqs.push(q),
             Doorbell::CqHead(q) => p.cqs.push(q),
         }
+        self.kicked.store(true, Ordering::Release);
+        drop(p);
+        self.cv.notify_one();
+    }
+
+    /// A backend's waker: commands in flight may have finished.
+    pub fn wake_for_completions(&self) {
+        let mut p = self.pending.lock();
+        p.completions = true;
         self.kicked.store(true, Ordering::Release);
         drop(p);
         self.cv.notify_one();
@@ -130,6 +157,10 @@ struct Local {
     /// the list was built at.
     owned: Vec<u16>,
     generation: Option<u64>,
+    inflight: InFlight,
+    reaped: Vec<(Request, BlockCompletion)>,
+    /// CQs posted to by the last reap, for one interrupt each.
+    touched: Vec<u16>,
 }
 
 /// How long `take_kicks` may block.
@@ -148,6 +179,12 @@ enum Phase {
         idle_polls: u32,
         /// When the previous idle poll ran.
         last_poll: Instant,
+    },
+    /// Adaptive, after the poll window: short sleeps between polls, EventIdx
+    /// still behind (the host does not trap), until `until`.
+    Dozing {
+        idle_since: Instant,
+        until: Instant,
     },
 }
 
@@ -170,7 +207,16 @@ pub(crate) fn run(shared: Arc<Shared>, session: Arc<Session>, index: usize) {
         scratch: Scratch::default(),
         owned: Vec::new(),
         generation: None,
+        inflight: InFlight::new(waker(&shared, index)),
+        reaped: Vec::new(),
+        touched: Vec::new(),
     };
+    if matches!(mode, DoorbellMode::Adaptive | DoorbellMode::MmapPoll) {
+        let slack = std::num::NonZeroU64::new(TIMER_SLACK_NS);
+        if let Err(e) = rustix::thread::set_current_timer_slack(slack) {
+            tracing::debug!("setting the worker's timer slack: {e}");
+        }
+    }
     let mut phase = Phase::Asleep;
     let mut backoff = MIN_BACKOFF;
     let mut window = if shared.config.adaptive_window {
@@ -183,6 +229,7 @@ pub(crate) fn run(shared: Arc<Shared>, session: Arc<Session>, index: usize) {
     loop {
         let wait = match (phase, mode) {
             (Phase::Polling { .. }, _) => Wait::No,
+            (Phase::Dozing { .. }, _) => Wait::For(DOZE_INTERVAL),
             (Phase::Asleep, DoorbellMode::MmapPoll) => Wait::For(backoff),
             (Phase::Asleep, _) => Wait::Until(next_deadline(&shared, &local.timers)),
         };
@@ -190,6 +237,7 @@ pub(crate) fn run(shared: Arc<Shared>, session: Arc<Session>, index: usize) {
             return;
         };
         let mut work = run_kicked(&shared, &session, &mut local, policy);
+        work += complete_in_flight(&shared, &session, &mut local, policy);
         let polls = match mode {
             DoorbellMode::MmapPoll => true,
             DoorbellMode::Adaptive => shared.dbbuf_on.load(Ordering::Acquire),
@@ -197,6 +245,7 @@ pub(crate) fn run(shared: Arc<Shared>, session: Arc<Session>, index: usize) {
         };
         if polls {
             work += poll_owned(&shared, &session, &mut local, index, policy);
+            work += complete_in_flight(&shared, &session, &mut local, policy);
         }
         if slept && (kicked || work > 0) {
             shared.stats.worker_wakeups.fetch_add(1, Ordering::Relaxed);
@@ -209,7 +258,7 @@ pub(crate) fn run(shared: Arc<Shared>, session: Arc<Session>, index: usize) {
         let now = Instant::now();
         if mode == DoorbellMode::Adaptive && work > 0 {
             match phase {
-                Phase::Polling { idle_since, .. } => {
+                Phase::Polling { idle_since, .. } | Phase::Dozing { idle_since, .. } => {
                     window.found(now.saturating_duration_since(idle_since));
                 }
                 Phase::Asleep => {
@@ -272,22 +321,48 @@ pub(crate) fn run(shared: Arc<Shared>, session: Arc<Session>, index: usize) {
                     }
                 } else if mode == DoorbellMode::Adaptive {
                     window.expired();
-                    if arm(&shared, &session, &local) {
-                        Phase::Polling {
-                            idle_since: now,
-                            idle_polls: 0,
-                            last_poll: now,
-                        }
+                    if shared.config.doze.is_zero() {
+                        arm_or_sleep(&shared, &session, &local, idle_since, now, &mut slept_after)
                     } else {
-                        slept_after = Some(idle_since);
-                        Phase::Asleep
+                        Phase::Dozing {
+                            idle_since,
+                            until: now + shared.config.doze,
+                        }
                     }
                 } else {
                     backoff = MIN_BACKOFF;
                     Phase::Asleep
                 }
             }
+            Phase::Dozing { idle_since, until } if now < until => {
+                Phase::Dozing { idle_since, until }
+            }
+            Phase::Dozing { idle_since, .. } => {
+                arm_or_sleep(&shared, &session, &local, idle_since, now, &mut slept_after)
+            }
         };
+    }
+}
+
+/// Adaptive, idle for the whole window: arm EventIdx, then sleep unless a
+/// tail moved meanwhile.
+fn arm_or_sleep(
+    shared: &Shared,
+    session: &Session,
+    local: &Local,
+    idle_since: Instant,
+    now: Instant,
+    slept_after: &mut Option<Instant>,
+) -> Phase {
+    if arm(shared, session, local) {
+        Phase::Polling {
+            idle_since: now,
+            idle_polls: 0,
+            last_poll: now,
+        }
+    } else {
+        *slept_after = Some(idle_since);
+        Phase::Asleep
     }
 }
 
@@ -303,7 +378,7 @@ fn take_kicks(me: &WorkerShared, local: &mut Local, wait: Wait) -> Option<(bool,
         if p.stop {
             return None;
         }
-        if !p.sqs.is_empty() || !p.cqs.is_empty() {
+        if p.any() {
             break;
         }
         match wait {
@@ -327,7 +402,8 @@ fn take_kicks(me: &WorkerShared, local: &mut Local, wait: Wait) -> Option<(bool,
             }
         }
     }
-    let kicked = !p.sqs.is_empty() || !p.cqs.is_empty();
+    let kicked = p.any();
+    p.completions = false;
     std::mem::swap(&mut p.sqs, &mut local.sqs);
     std::mem::swap(&mut p.cqs, &mut local.cqs);
     me.kicked.store(false, Ordering::Release);
@@ -375,6 +451,7 @@ fn run_pass(
         shared,
         session,
         scratch: &mut local.scratch,
+        inflight: &mut local.inflight,
     };
     let (pass, done) = process_sq(&mut ctx, qid, &mut local.timers, policy);
     match pass {
@@ -650,16 +727,14 @@ fn process_sq(
             } else {
                 io::execute(ctx, &cmd)
             };
-            if let Outcome::Done { dw0, status } = outcome {
-                shared.stats.completion(qid, status);
-                if !status.is_success() {
-                    shared.log_error(qid, &cmd, status);
+            match outcome {
+                Outcome::Done { dw0, status } => {
+                    if !post(shared, session, sq.head as u16, qid, cq, &cmd, dw0, status) {
+                        return (Pass::Idle, done);
+                    }
                 }
-                let cqe = Completion::new(dw0, sq.head as u16, qid, cmd.cid(), false, status);
-                if cq.post(mem, cqe).is_err() {
-                    shared.set_fatal("completion queue unwritable");
-                    return (Pass::Idle, done);
-                }
+                Outcome::Submitted(token) => ctx.inflight.bind(token, sq, cq),
+                Outcome::Deferred => {}
             }
         }
         let tail = sq.tail as u16;
@@ -698,6 +773,140 @@ fn process_sq(
         timers.push(cq.qid);
     }
     (pass, done)
+}
+
+/// Posts the completion of `cmd`, fetched from SQ `sqid`, to `cq`; counts
+/// it and logs a failure. Returns `false` (and sets CSTS.CFS) if the CQ is
+/// unwritable.
+#[allow(clippy::too_many_arguments)]
+fn post(
+    shared: &Shared,
+    session: &Session,
+    sq_head: u16,
+    sqid: u16,
+    cq: &mut Cq,
+    cmd: &Command,
+    dw0: u32,
+    status: Status,
+) -> bool {
+    shared.stats.completion(sqid, status);
+    if !status.is_success() {
+        shared.log_error(sqid, cmd, status);
+    }
+    let cqe = Completion::new(dw0, sq_head, sqid, cmd.cid(), false, status);
+    if cq.post(&*session.mem, cqe).is_err() {
+        shared.set_fatal("completion queue unwritable");
+        return false;
+    }
+    true
+}
+
+/// The waker a worker gives its asynchronous backends.
+fn waker(shared: &Arc<Shared>, index: usize) -> Waker {
+    let shared = Arc::clone(shared);
+    Arc::new(move || {
+        if let Some(w) = shared.workers.get(index) {
+            w.wake_for_completions();
+        }
+    })
+}
+
+/// Posts the completions of commands that finished on asynchronous
+/// backends, then settles each CQ's interrupt once. Returns how many.
+fn complete_in_flight(
+    shared: &Shared,
+    session: &Session,
+    local: &mut Local,
+    policy: EventIdxPolicy,
+) -> u32 {
+    if local.inflight.is_empty() {
+        return 0;
+    }
+    let mut reaped = std::mem::take(&mut local.reaped);
+    local.inflight.reap(&mut reaped);
+    let done = reaped.len() as u32;
+    for (request, completion) in reaped.drain(..) {
+        if let Some(cqid) = complete_one(shared, session, local, &request, &completion, policy) {
+            if !local.touched.contains(&cqid) {
+                local.touched.push(cqid);
+            }
+        }
+        if let Some(buf) = completion.buf {
+            local.inflight.recycle(buf);
+        }
+    }
+    local.reaped = reaped;
+    for cqid in local.touched.drain(..) {
+        let Some(slot) = shared.cqs.get(usize::from(cqid)) else {
+            continue;
+        };
+        if let Some(cq) = slot.lock().as_mut() {
+            if !settle_interrupt(shared, session, cq, Instant::now())
+                && !local.timers.contains(&cqid)
+            {
+                local.timers.push(cqid);
+            }
+        }
+    }
+    done
+}
+
+/// Finishes one command that was in flight and posts its completion into
+/// the entry reserved for it. A completion whose SQ or CQ is gone (deleted,
+/// or the controller reset) is dropped: the command was aborted. Returns
+/// the CQ posted to.
+fn complete_one(
+    shared: &Shared,
+    session: &Session,
+    local: &mut Local,
+    request: &Request,
+    completion: &BlockCompletion,
+    policy: EventIdxPolicy,
+) -> Option<u16> {
+    let mut sq_guard = shared.sqs.get(usize::from(request.sqid))?.lock();
+    let mut cq_guard = shared.cqs.get(usize::from(request.cqid))?.lock();
+    let cq = cq_guard
+        .as_mut()
+        .filter(|cq| cq.instance == request.cq_instance)?;
+    // Full (with this entry reserved): an SQ may be stalled on this CQ,
+    // with CQ EventIdx armed for the head update that releases it.
+    let stalled = cq.is_full();
+    cq.reserved = cq.reserved.saturating_sub(1);
+    let sq = sq_guard
+        .as_mut()
+        .filter(|sq| sq.instance == request.sq_instance)?;
+    if shared.fatal.load(Ordering::Acquire) {
+        return None;
+    }
+    let mut ctx = Ctx {
+        shared,
+        session,
+        scratch: &mut local.scratch,
+        inflight: &mut local.inflight,
+    };
+    let status = io::finish(&mut ctx, request, completion);
+    refresh_cq_head(shared, session, cq);
+    if policy == EventIdxPolicy::Behind && !stalled {
+        // As in `process_sq`: EventIdx behind the head before posting (not
+        // over one armed for a stalled SQ).
+        publish_cq_behind(shared, session, cq);
+    }
+    if !post(
+        shared,
+        session,
+        sq.head as u16,
+        sq.qid,
+        cq,
+        &request.cmd,
+        0,
+        status,
+    ) {
+        return None;
+    }
+    if policy == EventIdxPolicy::Publish {
+        arm_cq(shared, session, cq, true);
+    }
+    Some(cq.qid)
 }
 
 /// Completes outstanding Asynchronous Event Requests with queued events.

@@ -290,6 +290,7 @@ impl ServeConfig {
             workers: pick(&cli.workers, &d.workers, &self.workers),
             idle_poll_us: cli.idle_poll_us,
             adaptive_window: cli.adaptive_window,
+            doze_us: cli.doze_us,
             ready_timeout: cli.ready_timeout.or(self.ready_timeout),
             max_namespaces: pick(&cli.max_namespaces, &d.max_namespaces, &self.max_namespaces),
             nvm_capacity: cli.nvm_capacity.or(self.nvm_capacity),

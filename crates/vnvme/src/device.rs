@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use vnvme_controller::{
-    Controller, ControllerConfig, DoorbellMode, DoorbellPage, DEFAULT_IDLE_POLL,
+    Controller, ControllerConfig, DoorbellMode, DoorbellPage, DEFAULT_DOZE, DEFAULT_IDLE_POLL,
     DEFAULT_READY_TIMEOUT,
 };
 use vnvme_pci::{MsixTable, PciConfig, PciFunction, CONFIG_SPACE_SIZE};
@@ -64,6 +64,11 @@ pub struct DeviceOptions {
     /// finds nothing or loses the core, and grow it when it pays.
     #[arg(long)]
     pub adaptive_window: bool,
+    /// Adaptive: microseconds after the poll window during which a worker
+    /// still looks at the shadow doorbells every 25 µs, sleeping in between,
+    /// before it arms EventIdx (0: arm at once). Default 1000.
+    #[arg(long, value_name = "US", value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+    pub doze_us: Option<u64>,
     /// Model number reported by Identify Controller.
     #[arg(long, default_value = "vnvme")]
     pub model: String,
@@ -98,6 +103,7 @@ impl Default for DeviceOptions {
             doorbells: DoorbellMode::default(),
             idle_poll_us: None,
             adaptive_window: false,
+            doze_us: None,
             model: "vnvme".into(),
             ready_timeout: None,
             max_namespaces: 0,
@@ -167,6 +173,9 @@ impl NvmeDevice {
                 .idle_poll_us
                 .map_or(DEFAULT_IDLE_POLL, std::time::Duration::from_micros),
             adaptive_window: opts.adaptive_window,
+            doze: opts
+                .doze_us
+                .map_or(DEFAULT_DOZE, std::time::Duration::from_micros),
             model: opts.model.clone(),
             ready_timeout: opts.ready_timeout.unwrap_or(DEFAULT_READY_TIMEOUT),
             max_namespaces: opts.max_namespaces,

@@ -4,14 +4,14 @@ use std::process::Command;
 use super::*;
 
 /// A fresh directory for one test.
-fn temp_dir(name: &str) -> PathBuf {
+pub(super) fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("vnvme-file-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
 
-fn pattern(seed: u8, len: usize) -> Vec<u8> {
+pub(super) fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
         .collect()

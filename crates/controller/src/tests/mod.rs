@@ -33,6 +33,8 @@ struct Ring {
     sq: u64,
     cq: u64,
     size: u16,
+    /// The CQ's size, when it differs from the SQ's.
+    cq_size: u16,
     tail: u16,
     head: u16,
     phase: bool,
@@ -48,6 +50,7 @@ impl Ring {
             sq,
             cq,
             size,
+            cq_size: size,
             tail: 0,
             head: 0,
             phase: true,
@@ -253,7 +256,7 @@ impl Host {
     fn advance_head(&mut self, qid: u16) {
         let r = self.rings[usize::from(qid)].as_mut().unwrap();
         r.head += 1;
-        if r.head == r.size {
+        if r.head == r.cq_size {
             r.head = 0;
             r.phase = !r.phase;
         }
@@ -394,6 +397,7 @@ fn get_log(lid: u8, dwords: u32, offset: u64, buf: u64) -> Command {
 mod admin;
 mod dbbuf;
 mod durability;
+mod inflight;
 mod io;
 mod modes;
 mod namespaces;

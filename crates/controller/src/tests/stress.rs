@@ -65,8 +65,9 @@ fn adaptive_mode_never_loses_a_wakeup() {
         seed: AtomicU64::new(0x9E37_79B9_7F4A_7C15),
     });
     let config = ControllerConfig {
-        // Short, so the worker arms EventIdx and sleeps often.
+        // Short, so the worker dozes, arms EventIdx and sleeps often.
         idle_poll: Duration::from_micros(5),
+        doze: Duration::from_micros(30),
         ..mode_config(DoorbellMode::Adaptive)
     };
     let ctrl = Controller::new(config, vec![NamespaceConfig::new(1, 512, backend)]).unwrap();

@@ -42,13 +42,60 @@ pub enum Rw {
 pub enum BackendArg {
     Null,
     Ram,
+    /// A file on io_uring (--file, or a temporary file deleted afterwards).
+    File,
 }
 
 impl BackendArg {
-    pub fn backend(self) -> Backend {
+    /// The backend; `file` is where a `file` backend lives.
+    pub fn backend(self, file: &Path) -> Backend {
         match self {
             BackendArg::Null => Backend::Null,
             BackendArg::Ram => Backend::Ram,
+            BackendArg::File => Backend::File(file.to_path_buf()),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            BackendArg::Null => "null",
+            BackendArg::Ram => "ram",
+            BackendArg::File => "file",
+        }
+    }
+}
+
+/// The file behind `--backend file`: the one given, or a temporary one
+/// removed when this is dropped.
+#[derive(Debug)]
+pub struct BenchFile {
+    path: PathBuf,
+    temporary: bool,
+}
+
+impl BenchFile {
+    pub fn new(given: Option<&Path>) -> Self {
+        match given {
+            Some(p) => Self {
+                path: p.to_path_buf(),
+                temporary: false,
+            },
+            None => Self {
+                path: std::env::temp_dir().join(format!("vnvme-bench-{}.img", std::process::id())),
+                temporary: true,
+            },
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for BenchFile {
+    fn drop(&mut self) {
+        if self.temporary {
+            let _ = std::fs::remove_file(&self.path);
         }
     }
 }
@@ -88,6 +135,10 @@ pub struct BenchOptions {
     /// Namespace backend.
     #[arg(long, value_enum, default_value = "null")]
     pub backend: BackendArg,
+    /// With --backend file: the regular file or block device to use (its first --size bytes;
+    /// a missing file is created). Default: a temporary file, deleted afterwards.
+    #[arg(long, value_name = "PATH")]
+    pub file: Option<PathBuf>,
     /// Access pattern (4 KiB blocks).
     #[arg(long, value_enum, default_value = "randread")]
     pub rw: Rw,
@@ -106,7 +157,7 @@ pub struct BenchOptions {
     /// Reap completions by busy polling instead of waiting for interrupts.
     #[arg(long)]
     pub poll: bool,
-    /// Check every read against the last completed write of its block (needs --backend ram):
+    /// Check every read against the last completed write of its block (needs --backend ram or file):
     /// writes carry a pattern naming sector, generation and thread; each queue keeps to its own
     /// stripe of the namespace.
     #[arg(long)]
@@ -206,9 +257,13 @@ fn write_json(path: &Path, doc: &serde_json::Value, who: &str) -> Result<()> {
 pub fn run(opts: &BenchOptions) -> Result<Vec<Run>> {
     let runtime = check_runtime(opts.runtime)?;
     check_qd(&opts.qd.0)?;
-    if opts.verify && opts.backend != BackendArg::Ram {
-        bail!("--verify needs --backend ram: a null namespace drops writes and reads zeroes, so there is nothing to check");
+    if opts.verify && opts.backend == BackendArg::Null {
+        bail!("--verify needs --backend ram or file: a null namespace drops writes and reads zeroes, so there is nothing to check");
     }
+    if opts.file.is_some() && opts.backend != BackendArg::File {
+        bail!("--file is for --backend file");
+    }
+    let file = BenchFile::new(opts.file.as_deref());
     let max_qd = opts.qd.0.iter().copied().max().unwrap_or(1);
     let total = opts.modes.0.len() * opts.qd.0.len();
     eprintln!(
@@ -218,16 +273,13 @@ pub fn run(opts: &BenchOptions) -> Result<Vec<Run>> {
         opts.runtime,
         opts.queues,
         opts.rw,
-        match opts.backend {
-            BackendArg::Null => "null",
-            BackendArg::Ram => "ram",
-        },
+        opts.backend.name(),
         if opts.verify { ", verifying" } else { "" },
         opts.runtime * total as f64 + 0.2 * opts.modes.0.len() as f64
     );
     let mut runs = Vec::new();
     for &mode in &opts.modes.0 {
-        let mut bench = ModeBench::start(mode, opts, max_qd)?;
+        let mut bench = ModeBench::start(mode, opts, max_qd, file.path())?;
         for &qd in &opts.qd.0 {
             let run = bench.measure(qd, opts, runtime)?;
             eprintln!(
@@ -298,8 +350,8 @@ struct ModeBench {
 }
 
 impl ModeBench {
-    fn start(mode: DoorbellMode, opts: &BenchOptions, max_qd: u16) -> Result<Self> {
-        let spec = NamespaceSpec::new(opts.size, opts.backend.backend());
+    fn start(mode: DoorbellMode, opts: &BenchOptions, max_qd: u16, file: &Path) -> Result<Self> {
+        let spec = NamespaceSpec::new(opts.size, opts.backend.backend(file));
         let device_opts = DeviceOptions {
             doorbells: mode,
             max_io_queues: opts.queues,

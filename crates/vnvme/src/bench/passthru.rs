@@ -116,7 +116,8 @@ pub fn run(opts: &PassthruOptions) -> Result<Vec<PassthruRun>> {
     let runtime = super::check_runtime(opts.runtime)?;
     super::check_qd(&opts.qd.0)?;
     let max_qd = opts.qd.0.iter().copied().max().unwrap_or(1);
-    let spec = NamespaceSpec::new(opts.size, opts.backend.backend());
+    let file = super::BenchFile::new(None);
+    let spec = NamespaceSpec::new(opts.size, opts.backend.backend(file.path()));
     let device_opts = DeviceOptions {
         max_io_queues: 1,
         ..DeviceOptions::default()

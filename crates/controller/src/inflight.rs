@@ -1,0 +1,232 @@
+//! Commands in flight on asynchronous backends (the `file` backend on
+//! io_uring): a queue worker submits a Read, Write or Flush and goes on
+//! fetching commands; the completion is posted when the backend finishes.
+//!
+//! * Each worker has one [`BlockQueue`] per backend it used, opened on first
+//!   use, with a waker that kicks the worker when completions are ready.
+//! * A command in flight keeps what its completion needs: the command (its
+//!   PRPs are mapped again at completion, so a DMA_UNMAP meanwhile is a Data
+//!   Transfer Error, never a write to freed memory), the namespace, and the
+//!   SQ and CQ it came from, by instance.
+//! * Its CQ entry is reserved when it is fetched ([`Cq::reserved`]), so the
+//!   completion always has room when it arrives.
+//! * A completion whose SQ was deleted (or reset and re-created) is
+//!   dropped: the command counts as aborted, and its buffer never reaches
+//!   guest memory. Backend buffers are owned by the request, never guest
+//!   memory, so nothing the guest does can pull memory from under the
+//!   kernel.
+//! * When the worker stops (controller reset, detach), the queues are
+//!   dropped, which waits for the kernel to finish with their buffers.
+//!
+//! Bounded: each backend queue limits requests and bytes in flight, and
+//! gives back what it cannot take; the worker then runs it synchronously.
+
+use std::sync::{Arc, Weak};
+
+use vnvme_blockdev::{BlockCompletion, BlockDevice, BlockQueue, BlockRequest, IoBuf, Waker};
+use vnvme_spec::Command;
+
+use crate::io::ReadWrite;
+use crate::namespace::Namespace;
+use crate::queue::{Cq, Sq};
+
+/// Completions reaped per poll of one backend queue (bounded work).
+pub(crate) const REAP_BATCH: usize = 64;
+
+/// Buffers kept for reuse; more are freed when they come back.
+const MAX_POOLED: usize = 64;
+
+/// What a command in flight does.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Kind {
+    Read(ReadWrite),
+    Write(ReadWrite),
+    Flush,
+}
+
+/// A command in flight: what its completion needs.
+#[derive(Debug)]
+pub(crate) struct Request {
+    pub cmd: Command,
+    pub ns: Arc<Namespace>,
+    pub kind: Kind,
+    /// Where it came from and where its completion goes (set by
+    /// [`InFlight::bind`]).
+    pub sqid: u16,
+    pub sq_instance: u64,
+    pub cqid: u16,
+    pub cq_instance: u64,
+}
+
+struct BackendQueue {
+    backend: Weak<dyn BlockDevice>,
+    /// `None`: the backend could not open one; run synchronously.
+    queue: Option<Box<dyn BlockQueue>>,
+}
+
+/// One worker's commands in flight.
+pub(crate) struct InFlight {
+    waker: Waker,
+    queues: Vec<BackendQueue>,
+    /// Indexed by token.
+    slots: Vec<Option<Request>>,
+    free: Vec<usize>,
+    bufs: Vec<IoBuf>,
+    reaped: Vec<BlockCompletion>,
+}
+
+impl std::fmt::Debug for InFlight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InFlight")
+            .field("queues", &self.queues.len())
+            .field("in_flight", &self.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl InFlight {
+    pub fn new(waker: Waker) -> Self {
+        Self {
+            waker,
+            queues: Vec::new(),
+            slots: Vec::new(),
+            free: Vec::new(),
+            bufs: Vec::new(),
+            reaped: Vec::new(),
+        }
+    }
+
+    /// Commands submitted and not yet reaped.
+    pub fn len(&self) -> usize {
+        self.slots.len() - self.free.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// A buffer of `len` bytes, from the pool when one is there.
+    pub fn buffer(&mut self, len: usize) -> IoBuf {
+        let mut buf = self.bufs.pop().unwrap_or_default();
+        buf.set_len(len);
+        buf
+    }
+
+    /// Returns a buffer to the pool.
+    pub fn recycle(&mut self, buf: IoBuf) {
+        if self.bufs.len() < MAX_POOLED {
+            self.bufs.push(buf);
+        }
+    }
+
+    /// Whether `ns`'s backend takes asynchronous requests.
+    pub fn is_async(ns: &Namespace) -> bool {
+        ns.backend.as_async().is_some()
+    }
+
+    /// Submits `request` for `ns`'s command `cmd`. Returns the token, or
+    /// gives the request back (unstarted) to run synchronously.
+    #[allow(clippy::result_large_err)]
+    pub fn submit(
+        &mut self,
+        ns: &Arc<Namespace>,
+        cmd: &Command,
+        kind: Kind,
+        request: BlockRequest,
+    ) -> Result<u64, BlockRequest> {
+        let token = match self.free.last() {
+            Some(&t) => t,
+            None => self.slots.len(),
+        };
+        let Some(queue) = self.queue_for(&ns.backend) else {
+            return Err(request);
+        };
+        queue.submit(request, token as u64)?;
+        if self.free.pop().is_none() {
+            self.slots.push(None);
+        }
+        if let Some(slot) = self.slots.get_mut(token) {
+            *slot = Some(Request {
+                cmd: *cmd,
+                ns: ns.clone(),
+                kind,
+                sqid: 0,
+                sq_instance: 0,
+                cqid: 0,
+                cq_instance: 0,
+            });
+        }
+        Ok(token as u64)
+    }
+
+    /// Records where the command behind `token` came from, and reserves its
+    /// completion's entry in `cq`.
+    pub fn bind(&mut self, token: u64, sq: &Sq, cq: &mut Cq) {
+        let slot = usize::try_from(token)
+            .ok()
+            .and_then(|t| self.slots.get_mut(t));
+        if let Some(Some(r)) = slot {
+            r.sqid = sq.qid;
+            r.sq_instance = sq.instance;
+            r.cqid = cq.qid;
+            r.cq_instance = cq.instance;
+            cq.reserved = cq.reserved.saturating_add(1);
+        }
+    }
+
+    /// Reaps finished commands into `out` without blocking: at most
+    /// [`REAP_BATCH`] per backend queue.
+    pub fn reap(&mut self, out: &mut Vec<(Request, BlockCompletion)>) {
+        if self.is_empty() {
+            return;
+        }
+        for q in &mut self.queues {
+            if let Some(queue) = q.queue.as_mut() {
+                if queue.in_flight() > 0 {
+                    queue.poll(&mut self.reaped, REAP_BATCH);
+                }
+            }
+        }
+        for c in self.reaped.drain(..) {
+            let Some(t) = usize::try_from(c.token).ok() else {
+                continue;
+            };
+            if let Some(request) = self.slots.get_mut(t).and_then(Option::take) {
+                self.free.push(t);
+                out.push((request, c));
+            }
+        }
+    }
+
+    /// The worker's queue on `backend`, opened on first use.
+    fn queue_for(&mut self, backend: &Arc<dyn BlockDevice>) -> Option<&mut Box<dyn BlockQueue>> {
+        let found = self
+            .queues
+            .iter()
+            .position(|q| std::ptr::addr_eq(q.backend.as_ptr(), Arc::as_ptr(backend)));
+        let i = match found {
+            Some(i) => i,
+            None => {
+                // Forget queues of backends gone (namespace deleted) once
+                // they have nothing in flight.
+                self.queues.retain(|q| {
+                    q.backend.strong_count() > 0
+                        || q.queue.as_ref().is_some_and(|q| q.in_flight() > 0)
+                });
+                let queue = match backend.as_async()?.queue(self.waker.clone()) {
+                    Ok(q) => Some(q),
+                    Err(e) => {
+                        tracing::warn!("asynchronous I/O unavailable, running synchronously: {e}");
+                        None
+                    }
+                };
+                self.queues.push(BackendQueue {
+                    backend: Arc::downgrade(backend),
+                    queue,
+                });
+                self.queues.len() - 1
+            }
+        };
+        self.queues.get_mut(i)?.queue.as_mut()
+    }
+}

@@ -1,0 +1,329 @@
+//! Commands in flight on an asynchronous backend: completions posted when
+//! the backend finishes, in any order, into CQ entries reserved for them;
+//! dropped when their SQ is gone.
+//!
+//! The backend here is a gate the test opens: requests wait until released,
+//! so the tests decide what is in flight and in which order it finishes.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use parking_lot::Mutex;
+use vnvme_blockdev::{
+    AsyncBlockDevice, BlockCompletion, BlockError, BlockQueue, BlockRequest, Waker,
+};
+
+use super::*;
+
+#[derive(Debug, Default)]
+struct Gate {
+    /// Submitted, not released.
+    held: Vec<(u64, BlockRequest)>,
+    /// Released, not yet polled.
+    done: Vec<BlockCompletion>,
+    /// Most requests held at once.
+    peak: usize,
+}
+
+/// A RAM namespace whose requests finish only when the test releases them.
+struct Gated {
+    ram: RamDevice,
+    gate: Arc<Mutex<Gate>>,
+    wakers: Mutex<Vec<Waker>>,
+    queues_open: Arc<AtomicU32>,
+}
+
+impl Gated {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            ram: RamDevice::new(NS_BLOCKS * 512),
+            gate: Arc::default(),
+            wakers: Mutex::default(),
+            queues_open: Arc::default(),
+        })
+    }
+
+    fn held(&self) -> usize {
+        self.gate.lock().held.len()
+    }
+
+    fn peak(&self) -> usize {
+        self.gate.lock().peak
+    }
+
+    /// Waits until `n` requests are held.
+    fn wait_held(&self, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.held() < n {
+            assert!(Instant::now() < deadline, "{n} requests in flight");
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+
+    /// Runs the held requests, newest first, and wakes the worker.
+    fn release_all_newest_first(&self) {
+        let mut g = self.gate.lock();
+        while let Some((token, request)) = g.held.pop() {
+            let (buf, result) = match request {
+                BlockRequest::Read { offset, mut buf } => {
+                    let r = self.ram.read(offset, &mut buf);
+                    (Some(buf), r)
+                }
+                BlockRequest::Write { offset, buf, .. } => {
+                    let r = self.ram.write(offset, &buf);
+                    (Some(buf), r)
+                }
+                BlockRequest::Flush => (None, Ok(())),
+            };
+            g.done.push(BlockCompletion { token, buf, result });
+        }
+        drop(g);
+        for w in self.wakers.lock().iter() {
+            w();
+        }
+    }
+}
+
+impl std::fmt::Debug for Gated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Gated")
+    }
+}
+
+impl BlockDevice for Gated {
+    fn size(&self) -> u64 {
+        self.ram.size()
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), BlockError> {
+        self.ram.read(offset, buf)
+    }
+    fn write(&self, offset: u64, buf: &[u8]) -> Result<(), BlockError> {
+        self.ram.write(offset, buf)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        self.ram.write_zeroes(offset, len)
+    }
+    fn as_async(&self) -> Option<&dyn AsyncBlockDevice> {
+        Some(self)
+    }
+}
+
+impl AsyncBlockDevice for Gated {
+    fn queue(&self, waker: Waker) -> Result<Box<dyn BlockQueue>, BlockError> {
+        self.wakers.lock().push(waker);
+        self.queues_open.fetch_add(1, Ordering::Relaxed);
+        Ok(Box::new(GatedQueue {
+            gate: self.gate.clone(),
+            in_flight: 0,
+            queues_open: self.queues_open.clone(),
+        }))
+    }
+}
+
+struct GatedQueue {
+    gate: Arc<Mutex<Gate>>,
+    in_flight: usize,
+    queues_open: Arc<AtomicU32>,
+}
+
+impl BlockQueue for GatedQueue {
+    fn submit(&mut self, request: BlockRequest, token: u64) -> Result<(), BlockRequest> {
+        let mut g = self.gate.lock();
+        g.held.push((token, request));
+        g.peak = g.peak.max(g.held.len());
+        self.in_flight += 1;
+        Ok(())
+    }
+    fn poll(&mut self, out: &mut Vec<BlockCompletion>, max: usize) -> usize {
+        let mut g = self.gate.lock();
+        let n = g.done.len().min(max);
+        out.extend(g.done.drain(..n));
+        self.in_flight -= n;
+        n
+    }
+    fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+}
+
+impl Drop for GatedQueue {
+    fn drop(&mut self) {
+        self.queues_open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+fn host_with_gate(mode: DoorbellMode, size: u16) -> (Host, Arc<Gated>) {
+    let backend = Gated::new();
+    let ctrl = Controller::new(
+        mode_config(mode),
+        vec![NamespaceConfig::new(1, 512, backend.clone())],
+    )
+    .unwrap();
+    let mut h = Host::new();
+    h.ctrl = ctrl;
+    h.ctrl.attach(h.mem.clone(), h.irq.clone());
+    h.enable();
+    if mode != DoorbellMode::Trap {
+        h.enable_dbbuf();
+    }
+    h.create_pair(1, size);
+    (h, backend)
+}
+
+/// Buffer of the `i`-th command's 4 KiB.
+fn buf(i: u64) -> u64 {
+    DATA + i * 4096
+}
+
+fn pattern(i: u64) -> Vec<u8> {
+    (0..4096).map(|b| (b as u64 * 7 + i * 13) as u8).collect()
+}
+
+#[test]
+fn completions_posted_in_the_order_the_backend_finishes() {
+    let (mut h, gate) = host_with_gate(DoorbellMode::Trap, 16);
+    let mut cids = Vec::new();
+    for i in 0..4 {
+        h.mem.write(buf(i), &pattern(i)).unwrap();
+        cids.push(h.push(1, rw(NvmOpcode::WRITE, 1, i * 8, 8, buf(i), 0)));
+    }
+    h.ring_sq(1);
+    gate.wait_held(4);
+    assert!(
+        h.peek_cqe(1).is_none(),
+        "nothing completes before the backend"
+    );
+
+    gate.release_all_newest_first();
+    let posted: Vec<u16> = h.reap_batch(1, 4).iter().map(|c| c.cid()).collect();
+    let newest_first: Vec<u16> = cids.iter().rev().copied().collect();
+    assert_eq!(posted, newest_first);
+
+    // Read back through the queue, into zeroed buffers.
+    for i in 0..4 {
+        h.mem.zero(buf(i), 4096).unwrap();
+        h.push(1, rw(NvmOpcode::READ, 1, i * 8, 8, buf(i), 0));
+    }
+    h.ring_sq(1);
+    gate.wait_held(4);
+    gate.release_all_newest_first();
+    for c in h.reap_batch(1, 4) {
+        assert_eq!(c.status(), Status::SUCCESS);
+    }
+    for i in 0..4 {
+        assert_eq!(h.read_mem(buf(i), 4096), pattern(i), "block {i}");
+    }
+}
+
+/// A CQ of 4 entries holds 3 completions: with 9 commands in a larger SQ,
+/// only 3 may be in flight at a time, in every doorbell mode (the adaptive
+/// mode must not lose the CQ head update that lets the next ones in).
+#[test]
+fn commands_in_flight_never_exceed_the_free_cq_entries() {
+    for mode in [
+        DoorbellMode::Trap,
+        DoorbellMode::Shadow,
+        DoorbellMode::Adaptive,
+    ] {
+        let (mut h, gate) = host_with_gate(mode, 4);
+        let c = h.admin(delete(AdminOpcode::DELETE_IO_SQ, 1));
+        assert_eq!(c.status(), Status::SUCCESS);
+        let c = h.admin(create_sq(1, 16, 1, sq_base(1)));
+        assert_eq!(c.status(), Status::SUCCESS);
+        let mut ring = Ring::new(sq_base(1), cq_base(1), 16);
+        ring.cq_size = 4;
+        h.rings[1] = Some(ring);
+
+        for i in 0..9 {
+            h.push(1, rw(NvmOpcode::READ, 1, i, 1, buf(i), 0));
+        }
+        h.ring_sq(1);
+        for round in 0..3 {
+            gate.wait_held(3);
+            std::thread::sleep(Duration::from_millis(20));
+            assert_eq!(gate.held(), 3, "{mode:?} round {round}");
+            gate.release_all_newest_first();
+            for c in h.reap_batch(1, 3) {
+                assert_eq!(c.status(), Status::SUCCESS, "{mode:?}");
+            }
+        }
+        assert_eq!(gate.peak(), 3, "{mode:?}");
+    }
+}
+
+#[test]
+fn deleting_an_sq_drops_its_commands_in_flight_and_leaves_their_buffers_alone() {
+    let (mut h, gate) = host_with_gate(DoorbellMode::Trap, 4);
+    gate.ram.write(0, &pattern(1)).unwrap();
+    h.mem.write(buf(0), &[0xAA; 4096]).unwrap();
+    h.push(1, rw(NvmOpcode::READ, 1, 0, 8, buf(0), 0));
+    h.ring_sq(1);
+    gate.wait_held(1);
+
+    let c = h.admin(delete(AdminOpcode::DELETE_IO_SQ, 1));
+    assert_eq!(c.status(), Status::SUCCESS);
+    gate.release_all_newest_first();
+    // The worker reaps the read and drops it: no CQE, no data.
+    let deadline = Instant::now() + Duration::from_millis(200);
+    while Instant::now() < deadline {
+        assert!(h.peek_cqe(1).is_none(), "no completion for a deleted SQ");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(h.read_mem(buf(0), 4096), vec![0xAA; 4096]);
+
+    // The CQ's reserved entry came back: a new SQ on it runs 3 at once.
+    let c = h.admin(create_sq(1, 4, 1, sq_base(1)));
+    assert_eq!(c.status(), Status::SUCCESS);
+    if let Some(r) = h.rings[1].as_mut() {
+        r.tail = 0;
+        r.sq_db = 0;
+    }
+    for i in 0..3 {
+        h.push(1, rw(NvmOpcode::READ, 1, i, 1, buf(i), 0));
+    }
+    h.ring_sq(1);
+    gate.wait_held(3);
+    gate.release_all_newest_first();
+    assert_eq!(h.reap_batch(1, 3).len(), 3);
+}
+
+#[test]
+fn controller_reset_closes_backend_queues_and_posts_nothing() {
+    let (mut h, gate) = host_with_gate(DoorbellMode::Trap, 4);
+    h.push(1, rw(NvmOpcode::READ, 1, 0, 1, buf(0), 0));
+    h.ring_sq(1);
+    gate.wait_held(1);
+    assert!(gate.queues_open.load(Ordering::Relaxed) >= 1);
+
+    h.write32(offset::CC, 0);
+    assert!(!h.csts().rdy());
+    assert_eq!(
+        gate.queues_open.load(Ordering::Relaxed),
+        0,
+        "the stopped worker dropped its queue"
+    );
+    gate.release_all_newest_first();
+    assert!(h.peek_cqe(1).is_none());
+}
+
+#[test]
+fn fua_write_and_flush_go_down_as_asynchronous_requests() {
+    let (mut h, gate) = host_with_gate(DoorbellMode::Trap, 8);
+    let mut fua = rw(NvmOpcode::WRITE, 1, 0, 8, buf(0), 0);
+    fua.cdw12 = U32::new(fua.cdw12.get() | (1 << 30));
+    let cid_write = h.push(1, fua);
+    let mut flush = cmd(NvmOpcode::FLUSH.0);
+    flush.nsid = U32::new(1);
+    let cid_flush = h.push(1, flush);
+    h.ring_sq(1);
+    gate.wait_held(2);
+    {
+        let g = gate.gate.lock();
+        let tokens: Vec<_> = g.held.iter().map(|(t, _)| *t).collect();
+        assert_ne!(tokens[0], tokens[1], "one token per command");
+        assert!(matches!(g.held[0].1, BlockRequest::Write { fua: true, .. }));
+        assert!(matches!(g.held[1].1, BlockRequest::Flush));
+    }
+    gate.release_all_newest_first();
+    let cids: Vec<u16> = h.reap_batch(1, 2).iter().map(|c| c.cid()).collect();
+    assert_eq!(cids, [cid_flush, cid_write]);
+}
