@@ -21,7 +21,7 @@
 //!   grows a closed window (polling that long would have caught it).
 //!
 //! The cap is [`ControllerConfig::idle_poll`](crate::ControllerConfig::idle_poll)
-//! (default 100 µs).
+//! (default 300 µs).
 //!
 //! Only the time spent polling changes: arming, the fence and the re-read
 //! before every sleep are the same whatever the window.

@@ -90,6 +90,20 @@ impl BenchFile {
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// Starts a temporary file over (empty, so it reads as zeroes), for a
+    /// new namespace.
+    fn start_over(&self) -> Result<()> {
+        if !self.temporary {
+            return Ok(());
+        }
+        match std::fs::remove_file(&self.path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(e).with_context(|| format!("removing {}", self.path.display()))
+            }
+            _ => Ok(()),
+        }
+    }
 }
 
 impl Drop for BenchFile {
@@ -263,6 +277,9 @@ pub fn run(opts: &BenchOptions) -> Result<Vec<Run>> {
     if opts.file.is_some() && opts.backend != BackendArg::File {
         bail!("--file is for --backend file");
     }
+    if opts.file.is_some() && opts.verify {
+        bail!("--verify needs a namespace that starts out zeroed: leave out --file (a temporary file is used)");
+    }
     let file = BenchFile::new(opts.file.as_deref());
     let max_qd = opts.qd.0.iter().copied().max().unwrap_or(1);
     let total = opts.modes.0.len() * opts.qd.0.len();
@@ -279,6 +296,7 @@ pub fn run(opts: &BenchOptions) -> Result<Vec<Run>> {
     );
     let mut runs = Vec::new();
     for &mode in &opts.modes.0 {
+        file.start_over()?;
         let mut bench = ModeBench::start(mode, opts, max_qd, file.path())?;
         for &qd in &opts.qd.0 {
             let run = bench.measure(qd, opts, runtime)?;
