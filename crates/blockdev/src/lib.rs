@@ -163,4 +163,11 @@ pub trait BlockQueue: Send {
 
     /// Requests submitted and not yet returned by `poll`.
     fn in_flight(&self) -> usize;
+
+    /// Whether the waker is called for new completions (on when the queue
+    /// is opened). A consumer that polls while it is busy turns it off
+    /// then, saving a thread wake-up per completion, and back on before it
+    /// sleeps, after which it must poll once more: completions that
+    /// arrived while it was off do not call the waker.
+    fn set_waking(&mut self, _on: bool) {}
 }

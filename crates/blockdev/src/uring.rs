@@ -155,6 +155,18 @@ impl Ring {
         self.ring.submitter().register_eventfd(eventfd.as_raw_fd())
     }
 
+    /// Turns the registered eventfd's signals on or off
+    /// (IORING_CQ_EVENTFD_DISABLED, Linux 5.8). A completion posted while
+    /// they are off signals nothing, even after: turn them on, then look.
+    pub(crate) fn set_eventfd_enabled(&mut self, on: bool) {
+        let cq = self.ring.completion();
+        if on {
+            cq.enable_eventfd();
+        } else {
+            cq.disable_eventfd();
+        }
+    }
+
     /// Starts `op` on `buf` in a free slot and returns the slot; `wait`
     /// also waits for a completion (any slot's) in the same system call.
     /// Gives `buf` back when no slot is free, the operation does not fit

@@ -73,6 +73,8 @@ pub(crate) struct InFlight {
     free: Vec<usize>,
     bufs: Vec<IoBuf>,
     reaped: Vec<BlockCompletion>,
+    /// Whether the queues call the waker (see [`BlockQueue::set_waking`]).
+    waking: bool,
 }
 
 impl std::fmt::Debug for InFlight {
@@ -93,6 +95,21 @@ impl InFlight {
             free: Vec::new(),
             bufs: Vec::new(),
             reaped: Vec::new(),
+            waking: true,
+        }
+    }
+
+    /// Turns the backends' wakers on (before the worker sleeps: then reap
+    /// once more) or off (while it is awake and reaps anyway).
+    pub fn set_waking(&mut self, on: bool) {
+        if on == self.waking {
+            return;
+        }
+        self.waking = on;
+        for q in &mut self.queues {
+            if let Some(queue) = q.queue.as_mut() {
+                queue.set_waking(on);
+            }
         }
     }
 
@@ -214,7 +231,10 @@ impl InFlight {
                         || q.queue.as_ref().is_some_and(|q| q.in_flight() > 0)
                 });
                 let queue = match backend.as_async()?.queue(self.waker.clone()) {
-                    Ok(q) => Some(q),
+                    Ok(mut q) => {
+                        q.set_waking(self.waking);
+                        Some(q)
+                    }
                     Err(e) => {
                         tracing::warn!("asynchronous I/O unavailable, running synchronously: {e}");
                         None

@@ -227,16 +227,27 @@ pub(crate) fn run(shared: Arc<Shared>, session: Arc<Session>, index: usize) {
     // Adaptive: when the worker last had work before it went to sleep.
     let mut slept_after: Option<Instant> = None;
     loop {
-        let wait = match (phase, mode) {
+        let mut wait = match (phase, mode) {
             (Phase::Polling { .. }, _) => Wait::No,
             (Phase::Dozing { .. }, _) => Wait::For(DOZE_INTERVAL),
             (Phase::Asleep, DoorbellMode::MmapPoll) => Wait::For(backoff),
             (Phase::Asleep, _) => Wait::Until(next_deadline(&shared, &local.timers)),
         };
+        // Backend completions wake the worker only while it sleeps: turn
+        // their wakers on, then reap what came before.
+        let mut work = 0;
+        if !matches!(wait, Wait::No) && !local.inflight.is_empty() {
+            local.inflight.set_waking(true);
+            work = complete_in_flight(&shared, &session, &mut local, policy);
+            if work > 0 {
+                wait = Wait::No;
+            }
+        }
         let Some((slept, kicked)) = take_kicks(me, &mut local, wait) else {
             return;
         };
-        let mut work = run_kicked(&shared, &session, &mut local, policy);
+        local.inflight.set_waking(false);
+        work += run_kicked(&shared, &session, &mut local, policy);
         work += complete_in_flight(&shared, &session, &mut local, policy);
         let polls = match mode {
             DoorbellMode::MmapPoll => true,

@@ -257,6 +257,12 @@ impl BlockQueue for FileQueue {
     fn in_flight(&self) -> usize {
         self.in_flight
     }
+
+    /// Off: the kernel stops signalling the eventfd, so the wake thread
+    /// sleeps while the consumer polls anyway.
+    fn set_waking(&mut self, on: bool) {
+        self.ring.set_eventfd_enabled(on);
+    }
 }
 
 /// A thread that calls the waker each time the kernel (or

@@ -87,8 +87,24 @@ fn prp_into_unmapped_memory_or_across_the_end_of_a_map_fails_cleanly() {
 
 #[test]
 fn dma_unmap_of_memory_in_use_fails_the_commands_cleanly() {
-    let srv = Served::start();
-    let mut g = ready(&srv);
+    unmap_under_commands(&Served::start());
+}
+
+/// The same on a `file` namespace, whose reads are in flight on io_uring
+/// while the memory goes: their data must not reach it.
+#[test]
+fn dma_unmap_under_reads_in_flight_on_a_file_namespace_fails_them_cleanly() {
+    let file = std::env::temp_dir().join(format!("vnvme-hostile-{}.img", std::process::id()));
+    let _ = std::fs::remove_file(&file);
+    unmap_under_commands(&Served::with_namespace(&format!(
+        "16M:file={}",
+        file.display()
+    )));
+    let _ = std::fs::remove_file(&file);
+}
+
+fn unmap_under_commands(srv: &Served) {
+    let mut g = ready(srv);
     // A second map for data, used by a batch of commands, unmapped while
     // they wait: their CQ has room for 3 completions, so the controller
     // holds the rest of the batch until the host reaps.
@@ -170,5 +186,5 @@ fn dma_unmap_of_memory_in_use_fails_the_commands_cleanly() {
     );
     drop(xb);
     drop(extra);
-    g.finish(&srv);
+    g.finish(srv);
 }

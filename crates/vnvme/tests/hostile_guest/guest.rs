@@ -46,11 +46,16 @@ pub(crate) struct Served {
 
 impl Served {
     pub(crate) fn start() -> Self {
+        Self::with_namespace("16M:ram")
+    }
+
+    /// Serves one namespace given as `--ns` takes it.
+    pub(crate) fn with_namespace(spec: &str) -> Self {
         let opts = DeviceOptions {
             max_io_queues: 4,
             ..DeviceOptions::default()
         };
-        let device = NvmeDevice::new(&opts, &["16M:ram".parse().unwrap()]).unwrap();
+        let device = NvmeDevice::new(&opts, &[spec.parse().unwrap()]).unwrap();
         let ctrl = Arc::clone(device.controller());
         let path = std::env::temp_dir().join(format!(
             "vnvme-hostile-{}-{:?}.sock",

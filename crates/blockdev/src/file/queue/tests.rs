@@ -202,6 +202,31 @@ fn the_waker_is_called_when_a_completion_arrives_and_released_on_drop() {
 }
 
 #[test]
+fn with_waking_off_completions_wait_silently_for_poll() {
+    let (dev, dir) = device("waking-off", 2 << 20);
+    let (mut queue, woken, _waker) = open_queue(&dev);
+    queue.set_waking(false);
+    queue.submit(read(0, 4096), 3).unwrap();
+    let mut out = Vec::new();
+    let deadline = std::time::Instant::now() + WAKE_TIMEOUT;
+    while queue.poll(&mut out, 8) == 0 {
+        assert!(std::time::Instant::now() < deadline, "the read completes");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(out[0].token, 3);
+    assert!(
+        woken.recv_timeout(Duration::from_millis(100)).is_err(),
+        "no waker call while waking is off"
+    );
+    queue.set_waking(true);
+    queue.submit(read(0, 4096), 4).unwrap();
+    woken
+        .recv_timeout(WAKE_TIMEOUT)
+        .expect("the waker is called again once waking is on");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn requests_past_the_limits_are_given_back_unstarted() {
     let (dev, dir) = device("limits", 32 << 20);
     let (mut queue, woken, _waker) = open_queue(&dev);
