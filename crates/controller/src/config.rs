@@ -152,7 +152,8 @@ pub enum DoorbellMode {
     Shadow,
     /// Doorbell Buffer Config; while busy the worker polls the shadow
     /// doorbells and keeps EventIdx behind them so the host never traps;
-    /// after [`ControllerConfig::idle_poll`] without work it arms EventIdx,
+    /// after [`ControllerConfig::idle_poll`] without work it polls between
+    /// short sleeps for [`ControllerConfig::doze`], then arms EventIdx,
     /// fences, re-reads, and sleeps until a trap.
     #[default]
     Adaptive,

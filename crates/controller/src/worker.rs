@@ -15,9 +15,10 @@
 //! * `adaptive`: once Doorbell Buffer Config is on, after a wake-up keep
 //!   polling every owned SQ's shadow tail, EventIdx kept one behind what was
 //!   seen so the host never needs to trap; after the worker's poll window
-//!   (adaptive, at most `idle_poll`: see [`crate::poll_window`]) without
-//!   work, arm EventIdx = tail seen, fence, re-read every shadow tail, and
-//!   sleep only if none moved. A host that moves a tail after our re-read
+//!   (at most `idle_poll`: see [`crate::poll_window`]) without work, doze:
+//!   poll every 25 µs, sleeping in between, for `doze`; then arm EventIdx =
+//!   tail seen, fence, re-read every shadow tail, and sleep only if none
+//!   moved. A host that moves a tail after our re-read
 //!   sees the armed EventIdx and traps, and the trap's kick is in the pending
 //!   list before the worker can wait: no lost wake-up. While the guest uses
 //!   the INTx pin, CQ EventIdx is armed instead of kept behind, so the host's

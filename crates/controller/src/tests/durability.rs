@@ -60,15 +60,7 @@ fn host_with_recording() -> (Host, Arc<Recording>) {
         fua_writes: AtomicU64::new(0),
         flushes: AtomicU64::new(0),
     });
-    let ctrl = Controller::new(
-        config(),
-        vec![NamespaceConfig::new(1, 512, backend.clone())],
-    )
-    .unwrap();
-    let mut h = Host::new();
-    h.ctrl = ctrl;
-    h.ctrl.attach(h.mem.clone(), h.irq.clone());
-    h.enable();
+    let mut h = Host::enabled_on(config(), backend.clone());
     h.create_pair(1, 16);
     (h, backend)
 }

@@ -153,15 +153,7 @@ impl Drop for GatedQueue {
 
 fn host_with_gate(mode: DoorbellMode, size: u16) -> (Host, Arc<Gated>) {
     let backend = Gated::new();
-    let ctrl = Controller::new(
-        mode_config(mode),
-        vec![NamespaceConfig::new(1, 512, backend.clone())],
-    )
-    .unwrap();
-    let mut h = Host::new();
-    h.ctrl = ctrl;
-    h.ctrl.attach(h.mem.clone(), h.irq.clone());
-    h.enable();
+    let mut h = Host::enabled_on(mode_config(mode), backend.clone());
     if mode != DoorbellMode::Trap {
         h.enable_dbbuf();
     }

@@ -129,6 +129,15 @@ impl Host {
         }
     }
 
+    /// Enabled, with namespace 1 (512-byte blocks) on `backend`.
+    fn enabled_on(config: ControllerConfig, backend: Arc<dyn BlockDevice>) -> Self {
+        let mut h = Self::new();
+        h.ctrl = Controller::new(config, vec![NamespaceConfig::new(1, 512, backend)]).unwrap();
+        h.ctrl.attach(h.mem.clone(), h.irq.clone());
+        h.enable();
+        h
+    }
+
     fn with_mode(mode: DoorbellMode) -> Self {
         Self::with(mode_config(mode), 512)
     }

@@ -80,15 +80,7 @@ fn shadow_mode_busy_controller_takes_many_submissions_for_one_trap() {
         closed: AtomicBool::new(true),
         entered: AtomicBool::new(false),
     });
-    let ctrl = Controller::new(
-        mode_config(DoorbellMode::Shadow),
-        vec![NamespaceConfig::new(1, 512, gated.clone())],
-    )
-    .unwrap();
-    let mut h = Host::new();
-    h.ctrl = ctrl;
-    h.ctrl.attach(h.mem.clone(), h.irq.clone());
-    h.enable();
+    let mut h = Host::enabled_on(mode_config(DoorbellMode::Shadow), gated.clone());
     h.enable_dbbuf();
     h.create_pair(1, 16);
     // The first submission traps (EventIdx 0) and the worker blocks in it.

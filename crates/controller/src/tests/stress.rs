@@ -70,11 +70,7 @@ fn adaptive_mode_never_loses_a_wakeup() {
         doze: Duration::from_micros(30),
         ..mode_config(DoorbellMode::Adaptive)
     };
-    let ctrl = Controller::new(config, vec![NamespaceConfig::new(1, 512, backend)]).unwrap();
-    let mut h = Host::new();
-    h.ctrl = ctrl;
-    h.ctrl.attach(h.mem.clone(), h.irq.clone());
-    h.enable();
+    let mut h = Host::enabled_on(config, backend);
     h.enable_dbbuf();
     h.create_pair(1, 32);
     let mut flush = cmd(NvmOpcode::FLUSH.0);
