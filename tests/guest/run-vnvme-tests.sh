@@ -27,17 +27,18 @@
 #              list-ns --all shows nsid 2; attach-ns makes nvme0n2 appear (event); create-ns + attach-ns,
 #              verified fio, detach-ns makes it disappear, delete-ns
 #   format     nvme format --lbaf=0: logical block size 512, verified fio (512 B, 4 KiB); --lbaf=3 back
+#   file       --ns 128M:file=F (io_uring, several requests in flight per queue): the verify test on it
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 GT=$HERE/tests
-ALL="identify verify randread shadow reset kill passthru ns-ready ns-attach format"
+ALL="identify verify randread shadow reset kill passthru ns-ready ns-attach format file"
 COMPARE=0 KEEP=0 ONLY=''
 while [ $# -gt 0 ]; do
   case $1 in
     --compare) COMPARE=1 ;;
     --keep) KEEP=1 ;;
-    -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "run-vnvme-tests: unknown option $1" >&2; exit 126 ;;
     *) case " $ALL " in *" $1 "*) ONLY="$ONLY $1" ;; *) echo "run-vnvme-tests: unknown test $1" >&2; exit 126 ;; esac ;;
   esac
@@ -303,6 +304,11 @@ t_ns-attach() {
 
 t_format() {
   own_server_test format --format-duration vnvme-format.sh --ns 256M:ram -- --timeout 180 --append "rig.ns_bytes=$((256 << 20))"
+}
+
+t_file() {
+  own_server_test file --ns vnvme-fio-verify.sh --ns "128M:file=$TMP/file-ns.img" -- \
+    --timeout 300 --append "rig.size=128M rig.name=file"
 }
 
 T0=$(now)
