@@ -11,7 +11,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arbitrary::Arbitrary;
-use vnvme_blockdev::{NullDevice, RamDevice};
+use vnvme_blockdev::{BlockDevice, NullDevice, RamDevice};
+
+use crate::deferred::Deferred;
 use vnvme_controller::testing::{CountingIrq, VecMemory};
 use vnvme_controller::{Controller, ControllerConfig, DoorbellMode, GuestMemory, NamespaceConfig};
 use vnvme_spec::{Command, Completion};
@@ -140,6 +142,19 @@ pub enum Op {
         qid: u8,
         sqe: Sqe,
     },
+    /// Host-shaped reads or writes of namespace 1 on I/O queue `qid`, 1 to
+    /// 8 of them rung at once (several in flight when namespace 1 is
+    /// asynchronous), each `nlb_z + 1` (at most 8) blocks at PRP1 = a data
+    /// page.
+    Rw {
+        qid: u8,
+        write: bool,
+        fua: bool,
+        slba: u16,
+        nlb_z: u8,
+        page: u8,
+        count: u8,
+    },
     /// Create I/O CQ + SQ `qid` in their usual place (host-shaped).
     CreatePair {
         qid: u8,
@@ -175,6 +190,7 @@ pub enum Op {
 
 #[derive(Arbitrary, Debug)]
 pub struct Input {
+    /// Doorbell mode (bits 0-1); bit 2: namespace 1 is asynchronous.
     pub mode: u8,
     pub two_workers: bool,
     pub ops: Vec<Op>,
@@ -209,15 +225,41 @@ impl Host {
 
     /// Puts `cmd` at the tail of `qid`, rings, and waits a little for the
     /// next completion (consuming it and ringing the CQ head if it comes).
-    fn submit(&mut self, qid: u16, mut cmd: Command) -> Option<Completion> {
-        let mut r = self.rings[usize::from(qid)]?;
-        self.cid = self.cid.wrapping_add(1);
-        cmd.set_cid(self.cid);
-        let _ = self
-            .mem
-            .write(r.base_sq + u64::from(r.tail) * 64, cmd.as_bytes());
-        r.tail = (r.tail + 1) % r.size.max(1);
+    fn submit(&mut self, qid: u16, cmd: Command) -> Option<Completion> {
+        self.submit_all(qid, &[cmd]).pop()
+    }
+
+    /// Puts `cmds` at the tail of `qid`, rings once, and waits a little for
+    /// as many completions (consuming each and ringing the CQ head).
+    fn submit_all(&mut self, qid: u16, cmds: &[Command]) -> Vec<Completion> {
+        let Some(mut r) = self.rings[usize::from(qid)] else {
+            return Vec::new();
+        };
+        for cmd in cmds {
+            let mut cmd = *cmd;
+            self.cid = self.cid.wrapping_add(1);
+            cmd.set_cid(self.cid);
+            let _ = self
+                .mem
+                .write(r.base_sq + u64::from(r.tail) * 64, cmd.as_bytes());
+            r.tail = (r.tail + 1) % r.size.max(1);
+        }
         self.doorbell(2 * u32::from(qid), r.tail);
+        self.rings[usize::from(qid)] = Some(r);
+        let mut got = Vec::new();
+        while got.len() < cmds.len() {
+            match self.reap_one(qid) {
+                Some(c) => got.push(c),
+                None => break,
+            }
+        }
+        got
+    }
+
+    /// Waits a little for the next completion on `qid`; consumes it and
+    /// rings the CQ head.
+    fn reap_one(&mut self, qid: u16) -> Option<Completion> {
+        let mut r = self.rings[usize::from(qid)]?;
         let deadline = Instant::now() + WAIT;
         let mut got = None;
         while Instant::now() < deadline {
@@ -271,8 +313,14 @@ pub fn run(input: Input) {
         max_namespaces: 8,
         ..ControllerConfig::default()
     };
+    // Mode bit 2: namespace 1 keeps commands in flight (asynchronous).
+    let ns1: Arc<dyn BlockDevice> = if input.mode & 4 != 0 {
+        Arc::new(Deferred::new(256 << 10))
+    } else {
+        Arc::new(RamDevice::new(256 << 10))
+    };
     let namespaces = vec![
-        NamespaceConfig::new(1, 512, Arc::new(RamDevice::new(256 << 10))),
+        NamespaceConfig::new(1, 512, ns1),
         NamespaceConfig::new(2, 4096, Arc::new(NullDevice::new(1 << 30))),
     ];
     let Ok(ctrl) = Controller::new(config, namespaces) else {
@@ -351,6 +399,29 @@ fn step(host: &mut Host, op: Op) {
         Op::Io { qid, sqe } => {
             let qid = u16::from(qid % (MAX_IO_QUEUES as u8)) + 1;
             host.submit(qid, sqe.command());
+        }
+        Op::Rw {
+            qid,
+            write,
+            fua,
+            slba,
+            nlb_z,
+            page,
+            count,
+        } => {
+            let qid = u16::from(qid % (MAX_IO_QUEUES as u8)) + 1;
+            let nlb_z = nlb_z % 8;
+            let cmds: Vec<Command> = (0..u64::from(count % 8) + 1)
+                .map(|i| {
+                    let mut c = Command::new(if write { 0x01 } else { 0x02 }, 0);
+                    c.nsid = U32::new(1);
+                    c.prp1 = U64::new(DATA + (u64::from(page) + i) % 64 * PAGE);
+                    c.cdw10 = U32::new(u32::from(slba) + i as u32 * 8);
+                    c.cdw12 = U32::new(u32::from(nlb_z) | if fua { 1 << 30 } else { 0 });
+                    c
+                })
+                .collect();
+            host.submit_all(qid, &cmds);
         }
         Op::CreatePair {
             qid,
