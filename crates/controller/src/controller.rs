@@ -170,6 +170,7 @@ impl Controller {
             fatal: AtomicBool::new(false),
             intm: AtomicU32::new(0),
             intx_held: AtomicBool::new(false),
+            deleting_sqs: AtomicU32::new(0),
             coalescing: AtomicU32::new(0),
             coalescing_disabled: (0..config.msix_vectors)
                 .map(|_| AtomicBool::new(false))
@@ -574,6 +575,7 @@ impl Controller {
         for c in &shared.cqs {
             *c.lock() = None;
         }
+        shared.deleting_sqs.store(0, Ordering::Release);
         shared.doorbells.close_all();
     }
 }

@@ -10,11 +10,12 @@
 //!   SQ and CQ it came from, by instance.
 //! * Its CQ entry is reserved when it is fetched ([`Cq::reserved`]), so the
 //!   completion always has room when it arrives.
-//! * A completion whose SQ was deleted (or reset and re-created) is
-//!   dropped: the command counts as aborted, and its buffer never reaches
-//!   guest memory. Backend buffers are owned by the request, never guest
-//!   memory, so nothing the guest does can pull memory from under the
-//!   kernel.
+//! * Delete I/O Submission Queue waits for the SQ's commands in flight
+//!   (§5.6: its completion comes after theirs). A completion whose SQ is
+//!   gone all the same (a controller reset) is dropped, and its buffer
+//!   never reaches guest memory. Backend buffers are owned by the request,
+//!   never guest memory, so nothing the guest does can pull memory from
+//!   under the kernel.
 //! * When the worker stops (controller reset, detach), the queues are
 //!   dropped, which waits for the kernel to finish with their buffers.
 //!
@@ -176,9 +177,9 @@ impl InFlight {
         Ok(token as u64)
     }
 
-    /// Records where the command behind `token` came from, and reserves its
-    /// completion's entry in `cq`.
-    pub fn bind(&mut self, token: u64, sq: &Sq, cq: &mut Cq) {
+    /// Records where the command behind `token` came from, counts it in
+    /// flight on `sq`, and reserves its completion's entry in `cq`.
+    pub fn bind(&mut self, token: u64, sq: &mut Sq, cq: &mut Cq) {
         let slot = usize::try_from(token)
             .ok()
             .and_then(|t| self.slots.get_mut(t));
@@ -188,6 +189,7 @@ impl InFlight {
             r.cqid = cq.qid;
             r.cq_instance = cq.instance;
             cq.reserved = cq.reserved.saturating_add(1);
+            sq.in_flight = sq.in_flight.saturating_add(1);
         }
     }
 

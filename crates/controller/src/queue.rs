@@ -37,6 +37,11 @@ pub(crate) struct Sq {
     pub source: DoorbellSource,
     /// Last SQ EventIdx written (shadow sources).
     pub event_idx: EventIdx,
+    /// Commands fetched from it and in flight on an asynchronous backend.
+    pub in_flight: u32,
+    /// A Delete I/O Submission Queue (its CID) waits for those: nothing
+    /// more is fetched, and the queue goes once the last completes (§5.6).
+    pub deleting: Option<u16>,
 }
 
 /// Reads `db` from `source`, counting shadow reads and failures. A failed
@@ -79,6 +84,8 @@ impl Sq {
             cqid,
             source: DoorbellSource::Register,
             event_idx: EventIdx::default(),
+            in_flight: 0,
+            deleting: None,
         }
     }
 

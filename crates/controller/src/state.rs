@@ -136,6 +136,9 @@ pub(crate) struct Shared {
     /// interrupt was held back by it.
     pub intm: AtomicU32,
     pub intx_held: AtomicBool,
+    /// SQs whose Delete waits for their commands in flight
+    /// ([`Sq::deleting`]).
+    pub deleting_sqs: AtomicU32,
     /// Interrupt Coalescing feature value (THR 7:0, TIME 15:8).
     pub coalescing: AtomicU32,
     /// Interrupt Vector Configuration: coalescing disabled, per vector.

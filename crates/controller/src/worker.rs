@@ -681,7 +681,7 @@ fn process_sq(
         return (Pass::Idle, 0);
     };
     let mut sq_guard = sq_slot.lock();
-    let Some(sq) = sq_guard.as_mut() else {
+    let Some(sq) = sq_guard.as_mut().filter(|sq| sq.deleting.is_none()) else {
         return (Pass::Idle, 0);
     };
     let Some(cq_slot) = shared.cqs.get(usize::from(sq.cqid)) else {
@@ -773,6 +773,7 @@ fn process_sq(
     if qid == 0 {
         refresh_admin_sources(shared, sq, cq);
         deliver_events(shared, session, cq, sq.head as u16);
+        finish_deletions(shared, session, cq, sq.head as u16);
     }
     if !matches!(pass, Pass::Stalled(_)) {
         match policy {
@@ -887,6 +888,11 @@ fn complete_one(
     let sq = sq_guard
         .as_mut()
         .filter(|sq| sq.instance == request.sq_instance)?;
+    sq.in_flight = sq.in_flight.saturating_sub(1);
+    if sq.deleting.is_some() && sq.in_flight == 0 {
+        // The admin queue's worker completes the Delete.
+        shared.kick_sq(0);
+    }
     if shared.fatal.load(Ordering::Acquire) {
         return None;
     }
@@ -919,6 +925,36 @@ fn complete_one(
         arm_cq(shared, session, cq, true);
     }
     Some(cq.qid)
+}
+
+/// Completes the Delete I/O Submission Queue commands that waited for
+/// their SQ's commands in flight, now done. Runs on the admin queue's
+/// worker, which holds the admin queue's locks (then SQ locks: lock order).
+fn finish_deletions(shared: &Shared, session: &Session, cq: &mut Cq, sq_head: u16) {
+    if shared.deleting_sqs.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    for slot in shared.sqs.iter().skip(1) {
+        refresh_cq_head(shared, session, cq);
+        if cq.is_full() {
+            return;
+        }
+        let mut g = slot.lock();
+        let cid = match g.as_ref() {
+            Some(sq) if sq.in_flight == 0 => sq.deleting,
+            _ => None,
+        };
+        let Some(cid) = cid else {
+            continue;
+        };
+        admin::queues::remove_sq(shared, &mut g);
+        shared.deleting_sqs.fetch_sub(1, Ordering::AcqRel);
+        let mut delete = Command::default();
+        delete.set_cid(cid);
+        if !post(shared, session, sq_head, 0, cq, &delete, 0, Status::SUCCESS) {
+            return;
+        }
+    }
 }
 
 /// Completes outstanding Asynchronous Event Requests with queued events.

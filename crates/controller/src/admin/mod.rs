@@ -5,7 +5,7 @@ mod features;
 mod identify;
 mod log;
 mod namespaces;
-mod queues;
+pub(crate) mod queues;
 
 use vnvme_spec::{AdminOpcode, Command, Status};
 
@@ -60,7 +60,10 @@ pub(crate) fn execute(ctx: &mut Ctx<'_>, cmd: &Command) -> Outcome {
             AdminOpcode::CREATE_IO_CQ => queues::create_cq(ctx, cmd).map(|()| 0),
             AdminOpcode::CREATE_IO_SQ => queues::create_sq(ctx, cmd).map(|()| 0),
             AdminOpcode::DELETE_IO_CQ => queues::delete_cq(ctx, cmd).map(|()| 0),
-            AdminOpcode::DELETE_IO_SQ => queues::delete_sq(ctx, cmd).map(|()| 0),
+            AdminOpcode::DELETE_IO_SQ => {
+                return queues::delete_sq(ctx, cmd)
+                    .unwrap_or_else(|status| Outcome::Done { dw0: 0, status })
+            }
             AdminOpcode::GET_FEATURES => features::get(ctx, cmd),
             AdminOpcode::SET_FEATURES => features::set(ctx, cmd),
             AdminOpcode::GET_LOG_PAGE => log::get_log_page(ctx, cmd).map(|()| 0),
@@ -70,8 +73,8 @@ pub(crate) fn execute(ctx: &mut Ctx<'_>, cmd: &Command) -> Outcome {
             AdminOpcode::DOORBELL_BUFFER_CONFIG => {
                 dbbuf::doorbell_buffer_config(ctx, cmd).map(|()| 0)
             }
-            // Abort (§5.1): commands complete synchronously, so there is never
-            // one to abort; dword 0 bit 0 set means "not aborted".
+            // Abort (§5.1) is best effort: commands complete at once or, in
+            // flight on a backend, soon; dword 0 bit 0 set means "not aborted".
             AdminOpcode::ABORT => Ok(1),
             _ => Err(Status::INVALID_OPCODE.with_dnr(true)),
         }),

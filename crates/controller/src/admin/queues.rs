@@ -8,7 +8,7 @@ use vnvme_spec::{Command, Completion, Status};
 use super::invalid_field;
 use crate::doorbell::DoorbellSource;
 use crate::queue::{Cq, Sq};
-use crate::state::Ctx;
+use crate::state::{Ctx, Outcome, Shared};
 
 fn invalid_qid() -> Status {
     Status::INVALID_QID.with_dnr(true)
@@ -140,9 +140,10 @@ pub(super) fn create_sq(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> 
     Ok(())
 }
 
-/// Delete I/O Submission Queue (§5.7). Commands complete synchronously, so
-/// none is outstanding to abort.
-pub(super) fn delete_sq(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> {
+/// Delete I/O Submission Queue (§5.7). With commands in flight on an
+/// asynchronous backend it completes after them (Deferred): nothing more is
+/// fetched meanwhile.
+pub(super) fn delete_sq(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Outcome, Status> {
     let shared = ctx.shared;
     let qid = cmd.cdw10.get() as u16;
     if qid == 0 {
@@ -150,14 +151,31 @@ pub(super) fn delete_sq(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> 
     }
     let slot = shared.sqs.get(usize::from(qid)).ok_or_else(invalid_qid)?;
     let mut g = slot.lock();
-    let sq = g.take().ok_or_else(invalid_qid)?;
-    shared.doorbells.close(Doorbell::SqTail(qid));
+    let sq = g
+        .as_mut()
+        .filter(|sq| sq.deleting.is_none())
+        .ok_or_else(invalid_qid)?;
+    if sq.in_flight > 0 {
+        // Completed when the last of them is (`finish_deletions`).
+        sq.deleting = Some(cmd.cid());
+        shared.deleting_sqs.fetch_add(1, Ordering::AcqRel);
+        return Ok(Outcome::Deferred);
+    }
+    remove_sq(shared, &mut g);
+    Ok(Outcome::ok(0))
+}
+
+/// Takes the SQ out of its slot: its doorbell closed, its CQ released.
+pub(crate) fn remove_sq(shared: &Shared, slot: &mut Option<Sq>) {
+    let Some(sq) = slot.take() else {
+        return;
+    };
+    shared.doorbells.close(Doorbell::SqTail(sq.qid));
     if let Some(cq_slot) = shared.cqs.get(usize::from(sq.cqid)) {
         if let Some(cq) = cq_slot.lock().as_mut() {
             cq.sq_refs = cq.sq_refs.saturating_sub(1);
         }
     }
-    Ok(())
 }
 
 /// Delete I/O Completion Queue (§5.6): refused while an SQ still uses it.

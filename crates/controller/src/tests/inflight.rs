@@ -1,6 +1,6 @@
 //! Commands in flight on an asynchronous backend: completions posted when
 //! the backend finishes, in any order, into CQ entries reserved for them;
-//! dropped when their SQ is gone.
+//! a Delete of their SQ waits for them; a reset drops them.
 //!
 //! The backend here is a gate the test opens: requests wait until released,
 //! so the tests decide what is in flight and in which order it finishes.
@@ -242,46 +242,52 @@ fn commands_in_flight_never_exceed_the_free_cq_entries() {
     }
 }
 
+/// §5.6: the Delete completes after the SQ's commands in flight, and
+/// nothing more is fetched from the SQ meanwhile.
 #[test]
-fn deleting_an_sq_drops_its_commands_in_flight_and_leaves_their_buffers_alone() {
+fn deleting_an_sq_waits_for_its_commands_in_flight() {
     let (mut h, gate) = host_with_gate(DoorbellMode::Trap, 4);
     gate.ram.write(0, &pattern(1)).unwrap();
     h.mem.write(buf(0), &[0xAA; 4096]).unwrap();
-    h.push(1, rw(NvmOpcode::READ, 1, 0, 8, buf(0), 0));
+    let read = h.push(1, rw(NvmOpcode::READ, 1, 0, 8, buf(0), 0));
     h.ring_sq(1);
     gate.wait_held(1);
 
-    let c = h.admin(delete(AdminOpcode::DELETE_IO_SQ, 1));
-    assert_eq!(c.status(), Status::SUCCESS);
-    gate.release_all_newest_first();
-    // The worker reaps the read and drops it: no CQE, no data.
-    let deadline = Instant::now() + Duration::from_millis(200);
-    while Instant::now() < deadline {
-        assert!(h.peek_cqe(1).is_none(), "no completion for a deleted SQ");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    assert_eq!(h.read_mem(buf(0), 4096), vec![0xAA; 4096]);
-
-    // The CQ's reserved entry came back: a new SQ on it runs 3 at once.
-    let c = h.admin(create_sq(1, 4, 1, sq_base(1)));
-    assert_eq!(c.status(), Status::SUCCESS);
-    if let Some(r) = h.rings[1].as_mut() {
-        r.tail = 0;
-        r.sq_db = 0;
-    }
-    for i in 0..3 {
-        h.push(1, rw(NvmOpcode::READ, 1, i, 1, buf(i), 0));
-    }
+    let del = h.push(0, delete(AdminOpcode::DELETE_IO_SQ, 1));
+    h.ring_sq(0);
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(h.peek_cqe(0).is_none(), "the Delete waits for the read");
+    h.push(1, rw(NvmOpcode::READ, 1, 8, 8, buf(1), 0));
     h.ring_sq(1);
-    gate.wait_held(3);
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(gate.held(), 1, "nothing more fetched from a deleting SQ");
+
     gate.release_all_newest_first();
-    assert_eq!(h.reap_batch(1, 3).len(), 3);
+    let c = h.reap(1);
+    assert_eq!((c.cid(), c.status()), (read, Status::SUCCESS));
+    assert_eq!(h.read_mem(buf(0), 4096), pattern(1));
+    let c = h.reap(0);
+    assert_eq!((c.cid(), c.status()), (del, Status::SUCCESS));
+    assert!(
+        h.peek_cqe(1).is_none(),
+        "the read queued after the Delete never ran"
+    );
+    assert_eq!(gate.held(), 0);
+
+    // The queue is gone: deleting it again is an invalid QID, and its CQ
+    // can go.
+    let c = h.admin(delete(AdminOpcode::DELETE_IO_SQ, 1));
+    assert_eq!(c.status(), Status::INVALID_QID.with_dnr(true));
+    let c = h.admin(delete(AdminOpcode::DELETE_IO_CQ, 1));
+    assert_eq!(c.status(), Status::SUCCESS);
 }
 
 #[test]
 fn controller_reset_closes_backend_queues_and_posts_nothing() {
     let (mut h, gate) = host_with_gate(DoorbellMode::Trap, 4);
-    h.push(1, rw(NvmOpcode::READ, 1, 0, 1, buf(0), 0));
+    gate.ram.write(0, &pattern(1)).unwrap();
+    h.mem.write(buf(0), &[0xAA; 4096]).unwrap();
+    h.push(1, rw(NvmOpcode::READ, 1, 0, 8, buf(0), 0));
     h.ring_sq(1);
     gate.wait_held(1);
     assert!(gate.queues_open.load(Ordering::Relaxed) >= 1);
@@ -294,7 +300,13 @@ fn controller_reset_closes_backend_queues_and_posts_nothing() {
         "the stopped worker dropped its queue"
     );
     gate.release_all_newest_first();
+    std::thread::sleep(Duration::from_millis(20));
     assert!(h.peek_cqe(1).is_none());
+    assert_eq!(
+        h.read_mem(buf(0), 4096),
+        vec![0xAA; 4096],
+        "no data after a reset"
+    );
 }
 
 #[test]
