@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use vnvme_blockdev::{BlockCompletion, BlockRequest};
-
 use vnvme_spec::{Command, NvmOpcode, Status};
 
 use crate::config::Readiness;
