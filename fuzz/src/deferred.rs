@@ -83,18 +83,7 @@ impl BlockQueue for DeferredQueue {
             let Some((token, request)) = held.pop() else {
                 break;
             };
-            let (buf, result) = match request {
-                BlockRequest::Read { offset, mut buf } => {
-                    let r = self.ram.read(offset, &mut buf);
-                    (Some(buf), r)
-                }
-                BlockRequest::Write { offset, buf, .. } => {
-                    let r = self.ram.write(offset, &buf);
-                    (Some(buf), r)
-                }
-                BlockRequest::Flush => (None, Ok(())),
-            };
-            out.push(BlockCompletion { token, buf, result });
+            out.push(request.run_on(&*self.ram, token));
             n += 1;
         }
         n

@@ -126,6 +126,29 @@ pub enum BlockRequest {
     Flush,
 }
 
+impl BlockRequest {
+    /// Runs the request synchronously on `device` (what an asynchronous
+    /// backend does for it, the slow way): its completion under `token`.
+    pub fn run_on(self, device: &dyn BlockDevice, token: u64) -> BlockCompletion {
+        let (buf, result) = match self {
+            BlockRequest::Read { offset, mut buf } => {
+                let r = device.read(offset, &mut buf);
+                (Some(buf), r)
+            }
+            BlockRequest::Write { offset, buf, fua } => {
+                let r = if fua {
+                    device.write_fua(offset, &buf)
+                } else {
+                    device.write(offset, &buf)
+                };
+                (Some(buf), r)
+            }
+            BlockRequest::Flush => (None, device.flush()),
+        };
+        BlockCompletion { token, buf, result }
+    }
+}
+
 /// A finished request: the token given to `submit`, the request's buffer
 /// (the data read, for reads) and the result.
 #[derive(Debug)]

@@ -63,18 +63,8 @@ impl Gated {
     fn release_all_newest_first(&self) {
         let mut g = self.gate.lock();
         while let Some((token, request)) = g.held.pop() {
-            let (buf, result) = match request {
-                BlockRequest::Read { offset, mut buf } => {
-                    let r = self.ram.read(offset, &mut buf);
-                    (Some(buf), r)
-                }
-                BlockRequest::Write { offset, buf, .. } => {
-                    let r = self.ram.write(offset, &buf);
-                    (Some(buf), r)
-                }
-                BlockRequest::Flush => (None, Ok(())),
-            };
-            g.done.push(BlockCompletion { token, buf, result });
+            let done = request.run_on(&self.ram, token);
+            g.done.push(done);
         }
         drop(g);
         for w in self.wakers.lock().iter() {
