@@ -1,0 +1,216 @@
+//! The completion side of a queue worker: posting CQ entries, the CQ head
+//! and its EventIdx, interrupts (with coalescing), and the admin queue's
+//! late completions (Asynchronous Event Requests, deferred SQ deletions).
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use vnvme_spec::log::async_event;
+use vnvme_spec::{Command, Completion, Status};
+
+use crate::admin;
+use crate::queue::Cq;
+use crate::shadow::{barrier, behind};
+use crate::state::{Session, Shared};
+
+/// Aggregation Time of the Interrupt Coalescing feature.
+pub(super) fn aggregation_time(shared: &Shared) -> Duration {
+    let c = shared.coalescing.load(Ordering::Relaxed);
+    Duration::from_micros(u64::from((c >> 8) & 0xFF) * 100)
+}
+
+pub(super) fn next_deadline(shared: &Shared, timers: &[u16]) -> Option<Instant> {
+    if timers.is_empty() {
+        return None;
+    }
+    // Coarse: wake after one aggregation time and re-check every CQ.
+    Some(Instant::now() + aggregation_time(shared).max(Duration::from_micros(50)))
+}
+
+pub(super) fn fire_timers(shared: &Shared, session: &Session, timers: &mut Vec<u16>) {
+    timers.retain(|&cqid| {
+        let Some(slot) = shared.cqs.get(usize::from(cqid)) else {
+            return false;
+        };
+        let mut g = slot.lock();
+        match g.as_mut() {
+            Some(cq) => !settle_interrupt(shared, session, cq, Instant::now()),
+            None => false,
+        }
+    });
+}
+
+/// Raises the CQ's interrupt now or leaves it for coalescing (§5.27.1.6).
+/// Returns `true` when nothing is left pending.
+pub(super) fn settle_interrupt(
+    shared: &Shared,
+    session: &Session,
+    cq: &mut Cq,
+    now: Instant,
+) -> bool {
+    if cq.irq_pending == 0 {
+        return true;
+    }
+    let c = shared.coalescing.load(Ordering::Relaxed);
+    let thr_z = c & 0xFF;
+    let time = aggregation_time(shared);
+    let exempt = cq.qid == 0
+        || time.is_zero()
+        || shared
+            .coalescing_disabled
+            .get(usize::from(cq.iv))
+            .is_some_and(|d| d.load(Ordering::Relaxed));
+    let due = exempt
+        || cq.irq_pending > thr_z
+        || cq
+            .irq_since
+            .is_none_or(|t| now.saturating_duration_since(t) >= time);
+    if due {
+        raise(shared, session, cq);
+    }
+    due
+}
+
+pub(super) fn raise(shared: &Shared, session: &Session, cq: &mut Cq) {
+    cq.irq_pending = 0;
+    cq.irq_since = None;
+    if !cq.ien {
+        return;
+    }
+    if !session.irq.msix_enabled()
+        && shared.intm.load(Ordering::Acquire) & (1u32 << (cq.iv & 31)) != 0
+    {
+        shared.intx_held.store(true, Ordering::Release);
+        return;
+    }
+    session.irq.signal(cq.iv);
+    if let Some(q) = shared.stats.queue(cq.qid) {
+        q.interrupts.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Reads the CQ head; a bad value is ignored, counted and reported.
+pub(super) fn refresh_cq_head(shared: &Shared, session: &Session, cq: &mut Cq) {
+    if cq.refresh_head(shared, &*session.mem).is_err() {
+        if let Some(q) = shared.stats.queue(cq.qid) {
+            q.invalid_doorbell_writes.fetch_add(1, Ordering::Relaxed);
+        }
+        shared.async_event(async_event::TYPE_ERROR, 0x01, 0x01);
+    }
+}
+
+/// CQ EventIdx = head, fence, re-read the head: the host's next head update
+/// traps (QEMU after posting; every mode when the CQ is full and we need the
+/// head to move).
+/// Unless `force`, an EventIdx already equal to the head is not rewritten
+/// (a stalled queue polled again).
+pub(super) fn arm_cq(shared: &Shared, session: &Session, cq: &mut Cq, force: bool) {
+    let head = cq.head as u16;
+    if cq
+        .event_idx
+        .publish(shared, cq.qid, cq.source, head, force, &*session.mem)
+    {
+        barrier();
+        refresh_cq_head(shared, session, cq);
+    }
+}
+
+/// Adaptive: CQ EventIdx one behind the head seen (the host never traps on
+/// a head update unless the worker arms it because the CQ is full).
+///
+/// Except while the guest uses the INTx pin: then EventIdx = head, so the
+/// host's next head update traps. QEMU deasserts the line only at a BAR
+/// access; without one after the host reaped, the line would stay asserted
+/// and the guest's interrupt controller would redeliver it endlessly.
+pub(super) fn publish_cq_behind(shared: &Shared, session: &Session, cq: &mut Cq) {
+    if cq.ien && !session.irq.msix_enabled() {
+        arm_cq(shared, session, cq, false);
+        return;
+    }
+    let ei = behind(cq.head as u16);
+    cq.event_idx
+        .publish(shared, cq.qid, cq.source, ei, false, &*session.mem);
+}
+
+/// Posts the completion of `cmd`, fetched from SQ `sqid`, to `cq`; counts
+/// it and logs a failure. Returns `false` (and sets CSTS.CFS) if the CQ is
+/// unwritable.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn post(
+    shared: &Shared,
+    session: &Session,
+    sq_head: u16,
+    sqid: u16,
+    cq: &mut Cq,
+    cmd: &Command,
+    dw0: u32,
+    status: Status,
+) -> bool {
+    shared.stats.completion(sqid, status);
+    if !status.is_success() {
+        shared.log_error(sqid, cmd, status);
+    }
+    let cqe = Completion::new(dw0, sq_head, sqid, cmd.cid(), false, status);
+    if cq.post(&*session.mem, cqe).is_err() {
+        shared.set_fatal("completion queue unwritable");
+        return false;
+    }
+    true
+}
+
+/// Completes the Delete I/O Submission Queue commands that waited for
+/// their SQ's commands in flight, now done. Runs on the admin queue's
+/// worker, which holds the admin queue's locks (then SQ locks: lock order).
+pub(super) fn finish_deletions(shared: &Shared, session: &Session, cq: &mut Cq, sq_head: u16) {
+    if shared.deleting_sqs.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    for slot in shared.sqs.iter().skip(1) {
+        refresh_cq_head(shared, session, cq);
+        if cq.is_full() {
+            return;
+        }
+        let mut g = slot.lock();
+        let cid = match g.as_ref() {
+            Some(sq) if sq.in_flight == 0 => sq.deleting,
+            _ => None,
+        };
+        let Some(cid) = cid else {
+            continue;
+        };
+        admin::queues::remove_sq(shared, &mut g);
+        shared.deleting_sqs.fetch_sub(1, Ordering::AcqRel);
+        let mut delete = Command::default();
+        delete.set_cid(cid);
+        if !post(shared, session, sq_head, 0, cq, &delete, 0, Status::SUCCESS) {
+            return;
+        }
+    }
+}
+
+/// Completes outstanding Asynchronous Event Requests with queued events.
+pub(super) fn deliver_events(shared: &Shared, session: &Session, cq: &mut Cq, sq_head: u16) {
+    loop {
+        refresh_cq_head(shared, session, cq);
+        if cq.is_full() {
+            return;
+        }
+        let (cid, dw0) = {
+            let mut e = shared.events.lock();
+            if e.outstanding.is_empty() || e.queue.is_empty() {
+                return;
+            }
+            let cid = e.outstanding.remove(0);
+            let Some(dw0) = e.queue.pop_front() else {
+                return;
+            };
+            (cid, dw0)
+        };
+        shared.stats.completion(0, Status::SUCCESS);
+        let cqe = Completion::new(dw0, sq_head, 0, cid, false, Status::SUCCESS);
+        if cq.post(&*session.mem, cqe).is_err() {
+            shared.set_fatal("completion queue unwritable");
+            return;
+        }
+    }
+}

@@ -1,0 +1,127 @@
+//! Commands in flight on asynchronous backends, seen from the worker:
+//! reaping their completions and posting them (see [`crate::inflight`]).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use vnvme_blockdev::{BlockCompletion, Waker};
+
+use super::cq::{arm_cq, post, publish_cq_behind, refresh_cq_head, settle_interrupt};
+use super::{EventIdxPolicy, Local};
+use crate::inflight::Request;
+use crate::io;
+use crate::state::{Ctx, Session, Shared};
+
+/// The waker a worker gives its asynchronous backends.
+pub(super) fn waker(shared: &Arc<Shared>, index: usize) -> Waker {
+    let shared = Arc::clone(shared);
+    Arc::new(move || {
+        if let Some(w) = shared.workers.get(index) {
+            w.wake_for_completions();
+        }
+    })
+}
+
+/// Posts the completions of commands that finished on asynchronous
+/// backends, then settles each CQ's interrupt once. Returns how many.
+pub(super) fn complete_in_flight(
+    shared: &Shared,
+    session: &Session,
+    local: &mut Local,
+    policy: EventIdxPolicy,
+) -> u32 {
+    if local.inflight.is_empty() {
+        return 0;
+    }
+    let mut reaped = std::mem::take(&mut local.reaped);
+    local.inflight.reap(&mut reaped);
+    let done = reaped.len() as u32;
+    for (request, completion) in reaped.drain(..) {
+        if let Some(cqid) = complete_one(shared, session, local, &request, &completion, policy) {
+            if !local.touched.contains(&cqid) {
+                local.touched.push(cqid);
+            }
+        }
+        if let Some(buf) = completion.buf {
+            local.inflight.recycle(buf);
+        }
+    }
+    local.reaped = reaped;
+    for cqid in local.touched.drain(..) {
+        let Some(slot) = shared.cqs.get(usize::from(cqid)) else {
+            continue;
+        };
+        if let Some(cq) = slot.lock().as_mut() {
+            if !settle_interrupt(shared, session, cq, Instant::now())
+                && !local.timers.contains(&cqid)
+            {
+                local.timers.push(cqid);
+            }
+        }
+    }
+    done
+}
+
+/// Finishes one command that was in flight and posts its completion into
+/// the entry reserved for it. A completion whose SQ or CQ is gone (deleted,
+/// or the controller reset) is dropped: the command was aborted. Returns
+/// the CQ posted to.
+fn complete_one(
+    shared: &Shared,
+    session: &Session,
+    local: &mut Local,
+    request: &Request,
+    completion: &BlockCompletion,
+    policy: EventIdxPolicy,
+) -> Option<u16> {
+    let mut sq_guard = shared.sqs.get(usize::from(request.sqid))?.lock();
+    let mut cq_guard = shared.cqs.get(usize::from(request.cqid))?.lock();
+    let cq = cq_guard
+        .as_mut()
+        .filter(|cq| cq.instance == request.cq_instance)?;
+    // Full (with this entry reserved): an SQ may be stalled on this CQ,
+    // with CQ EventIdx armed for the head update that releases it.
+    let stalled = cq.is_full();
+    cq.reserved = cq.reserved.saturating_sub(1);
+    let sq = sq_guard
+        .as_mut()
+        .filter(|sq| sq.instance == request.sq_instance)?;
+    sq.in_flight = sq.in_flight.saturating_sub(1);
+    if sq.deleting.is_some() && sq.in_flight == 0 {
+        // The admin queue's worker completes the Delete.
+        shared.kick_sq(0);
+    }
+    if shared.fatal.load(Ordering::Acquire) {
+        return None;
+    }
+    let mut ctx = Ctx {
+        shared,
+        session,
+        scratch: &mut local.scratch,
+        inflight: &mut local.inflight,
+    };
+    let status = io::finish(&mut ctx, request, completion);
+    refresh_cq_head(shared, session, cq);
+    if policy == EventIdxPolicy::Behind && !stalled {
+        // As in `process_sq`: EventIdx behind the head before posting (not
+        // over one armed for a stalled SQ).
+        publish_cq_behind(shared, session, cq);
+    }
+    if !post(
+        shared,
+        session,
+        sq.head as u16,
+        sq.qid,
+        cq,
+        &request.cmd,
+        0,
+        status,
+    ) {
+        return None;
+    }
+    if policy == EventIdxPolicy::Publish {
+        arm_cq(shared, session, cq, true);
+    }
+    Some(cq.qid)
+}
