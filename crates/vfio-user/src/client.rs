@@ -17,6 +17,7 @@ use zerocopy::IntoBytes;
 
 use crate::conn::{
     error_header, reply_header, Conn, Message, Wanted, MAX_DATA_XFER_SIZE, MAX_MSG_FDS,
+    MESSAGE_TIMEOUT,
 };
 use crate::server::parse_version_caps;
 use crate::wire::*;
@@ -64,7 +65,7 @@ impl Client {
 
     /// Takes a connected stream and negotiates VERSION.
     pub fn from_stream(stream: UnixStream) -> Result<Self, Error> {
-        let conn = Arc::new(Conn::new(stream)?);
+        let conn = Arc::new(Conn::new(stream, MESSAGE_TIMEOUT)?);
         let caps = serde_json::json!({
             "capabilities": {
                 "max_msg_fds": MAX_MSG_FDS,
@@ -81,7 +82,10 @@ impl Client {
             server_max_fds: 1,
             server_max_xfer: 4096,
         };
-        let reply = pre.call(cmd::VERSION, 0, &[&payload], &[])?;
+        let reply = match pre.call(cmd::VERSION, 0, &[&payload], &[]) {
+            Err(Error::Remote { errno, .. }) if errno == libc::EBUSY => return Err(Error::Busy),
+            r => r?,
+        };
         let v = read_prefix::<Version>(&reply.payload)
             .ok_or_else(|| Error::Protocol("short VERSION reply".into()))?;
         if v.major != 0 {

@@ -38,9 +38,11 @@ pub const MAX_MSG_FDS: usize = 16;
 pub const MAX_DATA_XFER_SIZE: usize = 1 << 20;
 /// Largest message accepted: a full data transfer plus its fixed parts.
 pub const MAX_MSG_SIZE: usize = HEADER_SIZE + 64 + MAX_DATA_XFER_SIZE;
-/// How long a peer may stall in the middle of a message, or keep us from
-/// sending one, before the connection is dropped.
-const IO_STALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a message, once its first byte has arrived, may take to arrive
+/// whole (the default of [`Conn::new`]); also how long a peer that does not
+/// read may keep us from sending one. A deadline per message, not per read:
+/// a peer that sends one byte every few seconds is dropped all the same.
+pub const MESSAGE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Past this many unprocessed incoming requests, threads that only wait for a
 /// reply stop reading, so a flooding peer cannot grow the queue without bound.
 const MAX_QUEUED_REQUESTS: usize = 256;
@@ -70,6 +72,8 @@ struct RecvState {
 #[derive(Debug)]
 pub struct Conn {
     stream: UnixStream,
+    /// See [`MESSAGE_TIMEOUT`].
+    message_timeout: Duration,
     send_lock: Mutex<()>,
     state: Mutex<RecvState>,
     cv: Condvar,
@@ -87,16 +91,41 @@ pub enum Wanted {
 }
 
 impl Conn {
-    pub fn new(stream: UnixStream) -> io::Result<Self> {
-        stream.set_read_timeout(Some(IO_STALL_TIMEOUT))?;
-        stream.set_write_timeout(Some(IO_STALL_TIMEOUT))?;
+    /// Frames `stream` (blocking mode: reads wait with poll, so an idle peer
+    /// is never dropped; a started message must arrive whole within
+    /// `message_timeout`, and a send may block that long).
+    pub fn new(stream: UnixStream, message_timeout: Duration) -> io::Result<Self> {
+        stream.set_nonblocking(false)?;
+        stream.set_read_timeout(None)?;
+        stream.set_write_timeout(Some(message_timeout))?;
         Ok(Self {
             stream,
+            message_timeout,
             send_lock: Mutex::new(()),
             state: Mutex::new(RecvState::default()),
             cv: Condvar::new(),
             next_id: AtomicU16::new(0),
         })
+    }
+
+    /// The peer has closed or shut down its end (or we shut ours down):
+    /// nothing more will come. Does not consume anything.
+    pub fn peer_gone(&self) -> bool {
+        if self.state.lock().closed {
+            return true;
+        }
+        let mut pfd = [PollFd::new(&self.stream, PollFlags::RDHUP)];
+        let zero = Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        match rustix::event::poll(&mut pfd, Some(&zero)) {
+            Ok(0) => false,
+            Ok(_) => pfd[0]
+                .revents()
+                .intersects(PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR),
+            Err(_) => true,
+        }
     }
 
     pub fn next_msg_id(&self) -> u16 {
@@ -233,6 +262,7 @@ impl Conn {
                 let res = read_message(
                     &self.stream,
                     deadline.map(|d| d.saturating_duration_since(now)),
+                    self.message_timeout,
                 );
                 st = self.state.lock();
                 st.reader_busy = false;
@@ -278,14 +308,23 @@ fn file_message(st: &mut RecvState, msg: Message) {
 }
 
 /// Reads one whole message. `Ok(None)`: nothing arrived within `timeout`.
-fn read_message(stream: &UnixStream, timeout: Option<Duration>) -> Result<Option<Message>, Error> {
+/// Once the first byte is in, the rest must follow within `message_timeout`.
+fn read_message(
+    stream: &UnixStream,
+    timeout: Option<Duration>,
+    message_timeout: Duration,
+) -> Result<Option<Message>, Error> {
     if !wait_readable(stream, timeout)? {
         return Ok(None);
     }
-    let mut fds = Vec::new();
-    let mut fds_truncated = false;
+    let mut rx = Receiver {
+        stream,
+        deadline: Instant::now() + message_timeout,
+        fds: Vec::new(),
+        fds_truncated: false,
+    };
     let mut hbuf = [0u8; HEADER_SIZE];
-    let got = recv_fill(stream, &mut hbuf, &mut fds, &mut fds_truncated, true)?;
+    let got = rx.fill(&mut hbuf, true)?;
     if got == 0 {
         return Err(Error::Disconnected);
     }
@@ -300,15 +339,22 @@ fn read_message(stream: &UnixStream, timeout: Option<Duration>) -> Result<Option
             "message size {size} smaller than its header"
         )));
     }
+    // Checked before anything is allocated for the body.
+    let refused = |errno| Error::Refused {
+        msg_id: header.msg_id,
+        command: header.command,
+        size,
+        errno,
+    };
     if size > MAX_MSG_SIZE {
-        return Err(Error::Oversized {
-            msg_id: header.msg_id,
-            command: header.command,
-            size,
-        });
+        return Err(refused(libc::E2BIG));
     }
-    let mut payload = vec![0u8; size - HEADER_SIZE];
-    let got = recv_fill(stream, &mut payload, &mut fds, &mut fds_truncated, false)?;
+    let mut payload = Vec::new();
+    payload
+        .try_reserve_exact(size - HEADER_SIZE)
+        .map_err(|_| refused(libc::ENOMEM))?;
+    payload.resize(size - HEADER_SIZE, 0);
+    let got = rx.fill(&mut payload, false)?;
     if got < payload.len() {
         return Err(Error::Protocol(format!(
             "truncated message: {got} of {} payload bytes",
@@ -318,8 +364,8 @@ fn read_message(stream: &UnixStream, timeout: Option<Duration>) -> Result<Option
     Ok(Some(Message {
         header,
         payload,
-        fds,
-        fds_truncated,
+        fds: rx.fds,
+        fds_truncated: rx.fds_truncated,
     }))
 }
 
@@ -340,60 +386,71 @@ fn wait_readable(stream: &UnixStream, timeout: Option<Duration>) -> Result<bool,
     }
 }
 
-/// Fills `buf` with recvmsg calls, collecting fds. Returns the bytes read,
-/// less than `buf.len()` only at end of stream. `at_start`: EOF before any
-/// byte is a clean close.
-fn recv_fill(
-    stream: &UnixStream,
-    buf: &mut [u8],
-    fds: &mut Vec<OwnedFd>,
-    fds_truncated: &mut bool,
-    at_start: bool,
-) -> Result<usize, Error> {
-    let mut got = 0;
-    while got < buf.len() {
-        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_MSG_FDS))];
-        let mut control = RecvAncillaryBuffer::new(&mut space);
-        let mut iov = [IoSliceMut::new(&mut buf[got..])];
-        let res = rustix::net::recvmsg(
-            stream.as_fd(),
-            &mut iov,
-            &mut control,
-            RecvFlags::CMSG_CLOEXEC,
-        );
-        let msg = match res {
-            Ok(m) => m,
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(rustix::io::Errno::AGAIN) => {
-                return Err(Error::Protocol(
-                    "peer stalled in the middle of a message".into(),
-                ))
+/// The receiving half of one message: its deadline and the fds that came
+/// with it.
+struct Receiver<'a> {
+    stream: &'a UnixStream,
+    deadline: Instant,
+    fds: Vec<OwnedFd>,
+    /// More fds were sent than [`MAX_MSG_FDS`]; the extra ones were closed.
+    fds_truncated: bool,
+}
+
+impl Receiver<'_> {
+    /// Fills `buf` with non-blocking recvmsg calls, waiting for data no later
+    /// than the message's deadline, and collects fds. Returns the bytes read,
+    /// less than `buf.len()` only at end of stream. `at_start`: EOF before any
+    /// byte is a clean close.
+    fn fill(&mut self, buf: &mut [u8], at_start: bool) -> Result<usize, Error> {
+        let mut got = 0;
+        while got < buf.len() {
+            let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_MSG_FDS))];
+            let mut control = RecvAncillaryBuffer::new(&mut space);
+            let mut iov = [IoSliceMut::new(&mut buf[got..])];
+            let res = rustix::net::recvmsg(
+                self.stream.as_fd(),
+                &mut iov,
+                &mut control,
+                RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT,
+            );
+            let msg = match res {
+                Ok(m) => m,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(rustix::io::Errno::AGAIN) => {
+                    let left = self.deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() || !wait_readable(self.stream, Some(left))? {
+                        return Err(Error::Protocol(
+                            "peer stalled in the middle of a message".into(),
+                        ));
+                    }
+                    continue;
+                }
+                Err(e) => return Err(Error::Io(e.into())),
+            };
+            if msg.flags.contains(ReturnFlags::CTRUNC) {
+                self.fds_truncated = true;
             }
-            Err(e) => return Err(Error::Io(e.into())),
-        };
-        if msg.flags.contains(ReturnFlags::CTRUNC) {
-            *fds_truncated = true;
-        }
-        for cmsg in control.drain() {
-            if let RecvAncillaryMessage::ScmRights(rights) = cmsg {
-                for fd in rights {
-                    if fds.len() < MAX_MSG_FDS {
-                        fds.push(fd);
-                    } else {
-                        *fds_truncated = true;
+            for cmsg in control.drain() {
+                if let RecvAncillaryMessage::ScmRights(rights) = cmsg {
+                    for fd in rights {
+                        if self.fds.len() < MAX_MSG_FDS {
+                            self.fds.push(fd);
+                        } else {
+                            self.fds_truncated = true;
+                        }
                     }
                 }
             }
-        }
-        if msg.bytes == 0 {
-            if at_start && got == 0 {
-                return Ok(0);
+            if msg.bytes == 0 {
+                if at_start && got == 0 {
+                    return Ok(0);
+                }
+                return Ok(got);
             }
-            return Ok(got);
+            got += msg.bytes;
         }
-        got += msg.bytes;
+        Ok(got)
     }
-    Ok(got)
 }
 
 /// Builds a reply header for `req`.

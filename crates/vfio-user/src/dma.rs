@@ -11,13 +11,24 @@
 //! munmap a map. So once the server replies to DMA_UNMAP no access can touch
 //! the range, and no access can ever touch memory that was unmapped.
 //!
-//! Residual risk: a client that shrinks (ftruncate) a memfd after mapping it
-//! makes an access raise SIGBUS; we check the file is large enough at map
-//! time, but cannot stop it shrinking later (QEMU does not seal its memfds).
+//! A client may shrink (ftruncate) the file behind a map at any time: QEMU
+//! and SPDK do not seal their memory, and a regular file cannot be sealed.
+//! The file is checked to be large enough at map time; an access after it
+//! shrank raises SIGBUS, which `fault.rs` turns into a *broken* map (the
+//! mapping replaced with zero pages) instead of the death of the process.
+//! Every access to an fd-backed map checks the broken flag before its copy
+//! and again after it (the copy may have faulted and been redone on zero
+//! pages), so it fails with [`DmaError::Broken`] and the command with a Data
+//! Transfer Error; the map stays broken until the client unmaps it.
+//!
+//! Resources: each map costs a kernel VMA and, with an fd, a slot of the
+//! process-wide fault registry, so a client gets at most
+//! [`DmaLimits::max_maps`] maps and [`DmaLimits::max_bytes`] bytes at once;
+//! beyond them DMA_MAP fails with ENOSPC and ENOMEM.
 
 use std::os::fd::{AsFd, BorrowedFd};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{compiler_fence, AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use parking_lot::RwLock;
@@ -25,11 +36,15 @@ use rustix::mm::{MapFlags, ProtFlags};
 use zerocopy::IntoBytes;
 
 use crate::conn::{Conn, Wanted, MAX_DATA_XFER_SIZE};
+use crate::fault;
 use crate::wire::{cmd, flags, read_prefix, DmaAccess, Header};
 use crate::Errno;
 
-/// Most maps accepted at once (the spec's default `max_dma_maps`).
-pub const MAX_DMA_MAPS: usize = 65535;
+/// Most maps a client may have at once, unless `vm.max_map_count` asks for
+/// fewer (see [`DmaLimits::default`]).
+pub const DEFAULT_MAX_DMA_MAPS: usize = 4096;
+/// Most bytes a client may have mapped at once by default: 4 TiB.
+pub const DEFAULT_MAX_DMA_BYTES: u64 = 4 << 40;
 /// How long a DMA_READ/DMA_WRITE waits for the client's reply.
 pub const REMOTE_DMA_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -43,6 +58,42 @@ pub enum DmaError {
     /// The range is mapped without the needed read or write permission.
     #[error("DMA range {addr:#x}+{len:#x} does not allow this access")]
     Permission { addr: u64, len: u64 },
+    /// The client shrank the file behind the map (see the module docs).
+    #[error("the client shrank the file behind DMA range {addr:#x}+{len:#x}: the map is broken")]
+    Broken { addr: u64, len: u64 },
+}
+
+/// What one client may map at once. Each map costs a kernel VMA
+/// (`vm.max_map_count` bounds them per process) and, with an fd, a slot of
+/// the process-wide SIGBUS registry (16384 slots); the bytes are address
+/// space the client makes this process reserve.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DmaLimits {
+    /// Most maps (advertised to the client as `max_dma_maps`); one more is
+    /// refused with ENOSPC.
+    pub max_maps: usize,
+    /// Most bytes over all maps; a map beyond it is refused with ENOMEM.
+    pub max_bytes: u64,
+}
+
+impl Default for DmaLimits {
+    /// [`DEFAULT_MAX_DMA_MAPS`], or a quarter of `vm.max_map_count` if that
+    /// is less (the rest is for the process itself, its other clients and
+    /// the kernel's splitting of maps); [`DEFAULT_MAX_DMA_BYTES`]. Computed
+    /// once.
+    fn default() -> Self {
+        static DEFAULT: OnceLock<DmaLimits> = OnceLock::new();
+        *DEFAULT.get_or_init(|| {
+            let max_map_count = std::fs::read_to_string("/proc/sys/vm/max_map_count")
+                .ok()
+                .and_then(|s| s.trim().parse::<usize>().ok())
+                .unwrap_or(65530);
+            DmaLimits {
+                max_maps: DEFAULT_MAX_DMA_MAPS.min(max_map_count / 4).max(1),
+                max_bytes: DEFAULT_MAX_DMA_BYTES,
+            }
+        })
+    }
 }
 
 /// A MAP_SHARED mapping owned by one DMA map.
@@ -53,6 +104,31 @@ struct Mmap {
     len: usize,
     /// Byte offset in the mapping of the DMA map's first byte.
     delta: usize,
+    /// The SIGBUS registry slot of a file mapping; None for anonymous memory,
+    /// which nobody can truncate.
+    fault: Option<fault::Registration>,
+    /// Whether the broken map was reported.
+    warned: AtomicBool,
+}
+
+impl Mmap {
+    fn new(ptr: *mut u8, len: usize, delta: usize) -> Self {
+        Self {
+            ptr,
+            len,
+            delta,
+            fault: None,
+            warned: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether a SIGBUS replaced the mapping with zero pages.
+    #[inline]
+    fn is_broken(&self) -> bool {
+        self.fault
+            .as_ref()
+            .is_some_and(fault::Registration::is_broken)
+    }
 }
 
 // SAFETY: the mapping is plain shared memory owned by this value; it is only
@@ -65,6 +141,8 @@ unsafe impl Sync for Mmap {}
 
 impl Drop for Mmap {
     fn drop(&mut self) {
+        // Out of the SIGBUS registry before the range can be reused.
+        drop(self.fault.take());
         // SAFETY: `ptr`/`len` describe a mapping created by `mmap` in
         // `map_fd`/`map_anonymous` and not unmapped since; this is the only
         // owner, and the table's write lock (held by whoever drops a map from
@@ -96,12 +174,40 @@ impl Mapping {
         // Cannot overflow: checked when the map was added.
         self.iova + self.size
     }
+
+    /// Fails the access `[addr, end)` if `mm`, this map's memory, is broken.
+    #[inline]
+    fn check_intact(&self, mm: &Mmap, addr: u64, end: u64) -> Result<(), DmaError> {
+        if mm.is_broken() {
+            return Err(self.broken(mm, addr, end));
+        }
+        Ok(())
+    }
+
+    #[cold]
+    fn broken(&self, mm: &Mmap, addr: u64, end: u64) -> DmaError {
+        if !mm.warned.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                "the client truncated the shared memory behind DMA map {:#x}+{:#x} \
+                 (its file shrank under the mapping): accesses to it fail with a \
+                 Data Transfer Error until the client unmaps it",
+                self.iova,
+                self.size
+            );
+        }
+        DmaError::Broken {
+            addr,
+            len: end - addr,
+        }
+    }
 }
 
 #[derive(Debug, Default)]
 struct MapTable {
     /// Sorted by `iova`, non-overlapping.
     maps: Vec<Mapping>,
+    /// Sum of the maps' sizes.
+    bytes: u64,
 }
 
 impl MapTable {
@@ -122,6 +228,9 @@ struct DmaInner {
     conn: Option<Arc<Conn>>,
     /// Largest data transfer the client accepts in one message.
     max_xfer: usize,
+    limits: DmaLimits,
+    /// Whether a DMA_MAP was refused already (later refusals log at debug).
+    refused: AtomicBool,
 }
 
 /// The client's DMA maps as the device sees them. Cheap to clone, Send + Sync.
@@ -148,17 +257,24 @@ impl DmaSpace {
     /// [`DmaSpace::map_fd`] or [`DmaSpace::map_anonymous`]. Useful to test a
     /// device without a socket.
     pub fn new_local() -> Self {
-        Self::with_conn(None, MAX_DATA_XFER_SIZE)
+        Self::with_conn(None, MAX_DATA_XFER_SIZE, DmaLimits::default())
     }
 
-    pub(crate) fn with_conn(conn: Option<Arc<Conn>>, max_xfer: usize) -> Self {
+    pub(crate) fn with_conn(conn: Option<Arc<Conn>>, max_xfer: usize, limits: DmaLimits) -> Self {
         Self {
             inner: Arc::new(DmaInner {
                 maps: RwLock::new(MapTable::default()),
                 conn,
                 max_xfer: max_xfer.clamp(4, MAX_DATA_XFER_SIZE),
+                limits,
+                refused: AtomicBool::new(false),
             }),
         }
+    }
+
+    /// What this client may map.
+    pub fn limits(&self) -> DmaLimits {
+        self.inner.limits
     }
 
     /// Number of maps.
@@ -166,8 +282,9 @@ impl DmaSpace {
         self.inner.maps.read().maps.len()
     }
 
-    /// Maps `size` bytes of `fd` from `file_offset` at `iova` (MAP_SHARED).
-    /// Errors are errnos for a DMA_MAP reply.
+    /// Maps `size` bytes of `fd` from `file_offset` at `iova` (MAP_SHARED),
+    /// registered with the SIGBUS guard (see the module docs). Errors are
+    /// errnos for a DMA_MAP reply.
     pub fn map_fd(
         &self,
         iova: u64,
@@ -189,8 +306,14 @@ impl DmaSpace {
         }
         let page = rustix::param::page_size() as u64;
         let delta = file_offset % page;
-        let len = usize::try_from(size.checked_add(delta).ok_or(libc::EINVAL)?)
-            .map_err(|_| libc::ENOMEM)?;
+        // The kernel splits a hugetlbfs mapping only at huge pages, and the
+        // SIGBUS handler replaces the whole mapping: map whole huge pages.
+        let granule = hugetlb_page_size(fd).unwrap_or(page);
+        let len = size
+            .checked_add(delta)
+            .and_then(|l| l.checked_next_multiple_of(granule))
+            .ok_or(libc::EINVAL)?;
+        let len = usize::try_from(len).map_err(|_| libc::ENOMEM)?;
         let mut prot = ProtFlags::empty();
         if readable {
             prot |= ProtFlags::READ;
@@ -211,11 +334,18 @@ impl DmaSpace {
             )
         }
         .map_err(|e| e.raw_os_error())?;
-        let mmap = Mmap {
-            ptr: ptr.cast(),
-            len,
-            delta: delta as usize,
-        };
+        // Unmapped by its Drop if what follows fails.
+        let mut mmap = Mmap::new(ptr.cast(), len, delta as usize);
+        mmap.fault = Some(fault::register(mmap.ptr, len).inspect_err(|&e| {
+            if e == libc::ENOSPC {
+                self.log_refusal(format_args!(
+                    "DMA_MAP of {size:#x} bytes at {iova:#x} refused (ENOSPC): {} \
+                     shared-memory DMA maps are registered in this process, the most \
+                     its SIGBUS guard tracks",
+                    fault::CAPACITY
+                ));
+            }
+        })?);
         self.insert(Mapping {
             iova,
             size,
@@ -241,11 +371,7 @@ impl DmaSpace {
             )
         }
         .map_err(|e| e.raw_os_error())?;
-        let mmap = Mmap {
-            ptr: ptr.cast(),
-            len,
-            delta: 0,
-        };
+        let mmap = Mmap::new(ptr.cast(), len, 0);
         self.insert(Mapping {
             iova,
             size,
@@ -281,25 +407,60 @@ impl DmaSpace {
             return Err(libc::EINVAL);
         }
         let table = self.inner.maps.read();
-        if table.maps.len() >= MAX_DMA_MAPS {
-            return Err(libc::ENOSPC);
-        }
+        self.check_room(&table, iova, size)?;
         if overlaps(&table, iova, size) {
             return Err(libc::EEXIST);
         }
         Ok(())
     }
 
+    /// The client's limits allow one more map of `size` bytes.
+    fn check_room(&self, table: &MapTable, iova: u64, size: u64) -> Result<(), Errno> {
+        let limits = self.inner.limits;
+        if table.maps.len() >= limits.max_maps {
+            self.log_refusal(format_args!(
+                "DMA_MAP of {size:#x} bytes at {iova:#x} refused (ENOSPC): the client \
+                 has {} DMA maps, the limit; raise it with `vnvme serve --max-dma-maps`",
+                table.maps.len()
+            ));
+            return Err(libc::ENOSPC);
+        }
+        if table
+            .bytes
+            .checked_add(size)
+            .is_none_or(|total| total > limits.max_bytes)
+        {
+            self.log_refusal(format_args!(
+                "DMA_MAP of {size:#x} bytes at {iova:#x} refused (ENOMEM): the client \
+                 has {:#x} bytes mapped and may map {:#x}; raise the limit with \
+                 `vnvme serve --max-dma-size`",
+                table.bytes, limits.max_bytes
+            ));
+            return Err(libc::ENOMEM);
+        }
+        Ok(())
+    }
+
+    /// A refused DMA_MAP: a warning the first time for this client, then
+    /// debug lines, so a flooding client cannot flood the log.
+    #[cold]
+    fn log_refusal(&self, what: std::fmt::Arguments<'_>) {
+        if self.inner.refused.swap(true, Ordering::Relaxed) {
+            tracing::debug!("{what}");
+        } else {
+            tracing::warn!("{what} (further refusals for this client are logged at debug level)");
+        }
+    }
+
     fn insert(&self, m: Mapping) -> Result<(), Errno> {
         let mut table = self.inner.maps.write();
         // Checked again under the write lock: maps may have changed.
-        if table.maps.len() >= MAX_DMA_MAPS {
-            return Err(libc::ENOSPC);
-        }
+        self.check_room(&table, m.iova, m.size)?;
         if overlaps(&table, m.iova, m.size) {
             return Err(libc::EEXIST);
         }
         let idx = table.maps.partition_point(|x| x.iova < m.iova);
+        table.bytes += m.size;
         table.maps.insert(idx, m);
         Ok(())
     }
@@ -314,7 +475,11 @@ impl DmaSpace {
                 .iter()
                 .position(|m| m.iova == iova && m.size == size);
             match idx {
-                Some(i) => table.maps.remove(i),
+                Some(i) => {
+                    let m = table.maps.remove(i);
+                    table.bytes -= m.size;
+                    m
+                }
                 None if overlaps(&table, iova, size) => return Err(libc::EINVAL),
                 None => return Err(libc::ENOENT),
             }
@@ -326,8 +491,19 @@ impl DmaSpace {
 
     /// Removes every map.
     pub fn unmap_all(&self) {
-        let removed = std::mem::take(&mut self.inner.maps.write().maps);
+        let removed = std::mem::take(&mut *self.inner.maps.write());
         drop(removed);
+    }
+
+    /// Where `iova` is in this process, for tests of the mapping itself.
+    #[cfg(test)]
+    pub(crate) fn host_address(&self, iova: u64) -> Option<*mut u8> {
+        let table = self.inner.maps.read();
+        let m = table.maps.get(table.find(iova)?)?;
+        match &m.backing {
+            Backing::Mmap(mm) => Some(mm.ptr.wrapping_add(mm.delta + (iova - m.iova) as usize)),
+            Backing::Remote => None,
+        }
     }
 
     /// Walks `[iova, iova + len)` map by map, calling `f(piece, offset, n)`
@@ -369,11 +545,17 @@ impl DmaSpace {
             let off = addr - m.iova;
             match &m.backing {
                 Backing::Mmap(mm) => {
+                    m.check_intact(mm, addr, end)?;
                     // In bounds: off + n <= m.size and the mapping is
                     // delta + size bytes long.
                     // SAFETY: the offset stays inside the mapping (above).
                     let p = unsafe { mm.ptr.add(mm.delta + off as usize) };
                     f(Piece::Local(p), addr, done, n)?;
+                    // A copy that faulted was redone on zero pages by the
+                    // SIGBUS handler, on this thread: the fence keeps the
+                    // flag's load after the copy.
+                    compiler_fence(Ordering::SeqCst);
+                    m.check_intact(mm, addr, end)?;
                 }
                 Backing::Remote => {
                     let conn = self.inner.conn.as_deref().ok_or(DmaError::Unmapped {
@@ -502,6 +684,18 @@ impl DmaSpace {
     }
 }
 
+/// The huge page size of a file on hugetlbfs (SPDK's memory), else None.
+fn hugetlb_page_size(fd: BorrowedFd<'_>) -> Option<u64> {
+    const HUGETLBFS_MAGIC: u32 = 0x9584_58f6;
+    let fs = rustix::fs::fstatfs(fd).ok()?;
+    if fs.f_type as u32 != HUGETLBFS_MAGIC {
+        return None;
+    }
+    u64::try_from(fs.f_bsize)
+        .ok()
+        .filter(|b| b.is_power_of_two())
+}
+
 fn overlaps(table: &MapTable, iova: u64, size: u64) -> bool {
     let end = iova.saturating_add(size);
     let idx = table.maps.partition_point(|m| m.end() <= iova);
@@ -570,9 +764,9 @@ fn remote_call(
                 );
                 return match reply.header.error as i32 {
                     libc::EPERM | libc::EACCES => match fail {
-                        DmaError::Unmapped { addr, len } | DmaError::Permission { addr, len } => {
-                            Err(DmaError::Permission { addr, len })
-                        }
+                        DmaError::Unmapped { addr, len }
+                        | DmaError::Permission { addr, len }
+                        | DmaError::Broken { addr, len } => Err(DmaError::Permission { addr, len }),
                     },
                     _ => Err(fail),
                 };
@@ -649,6 +843,62 @@ mod tests {
             dma.write(0x2ff0, &[0u8; 32]),
             Err(DmaError::Unmapped { addr: 0x3000, .. })
         ));
+    }
+
+    fn limited(max_maps: usize, max_bytes: u64) -> DmaSpace {
+        DmaSpace::with_conn(
+            None,
+            MAX_DATA_XFER_SIZE,
+            DmaLimits {
+                max_maps,
+                max_bytes,
+            },
+        )
+    }
+
+    #[test]
+    fn map_beyond_max_maps_is_enospc_until_one_is_unmapped() {
+        let dma = limited(3, u64::MAX);
+        for i in 0..3 {
+            dma.map_anonymous(0x1000 * (i + 1), 0x1000).unwrap();
+        }
+        assert_eq!(dma.map_anonymous(0x8000, 0x1000), Err(libc::ENOSPC));
+        // An fd-backed map is refused before anything is mapped.
+        let fd = rustix::fs::memfd_create("vnvme-limit", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+        rustix::fs::ftruncate(&fd, 0x1000).unwrap();
+        assert_eq!(
+            dma.map_fd(0x8000, 0x1000, fd.as_fd(), 0, true, true),
+            Err(libc::ENOSPC)
+        );
+        dma.unmap(0x2000, 0x1000).unwrap();
+        dma.map_fd(0x8000, 0x1000, fd.as_fd(), 0, true, true)
+            .unwrap();
+        assert_eq!(dma.map_count(), 3);
+        dma.unmap_all();
+        dma.map_anonymous(0x8000, 0x1000).unwrap();
+    }
+
+    #[test]
+    fn maps_beyond_max_bytes_are_enomem_until_room_is_freed() {
+        let dma = limited(100, 0x3000);
+        assert_eq!(dma.limits().max_bytes, 0x3000);
+        dma.map_anonymous(0x10000, 0x2000).unwrap();
+        assert_eq!(dma.map_anonymous(0x20000, 0x2000), Err(libc::ENOMEM));
+        dma.map_anonymous(0x20000, 0x1000).unwrap();
+        assert_eq!(dma.map_anonymous(0x30000, 0x1000), Err(libc::ENOMEM));
+        dma.unmap(0x10000, 0x2000).unwrap();
+        dma.map_anonymous(0x30000, 0x2000).unwrap();
+        // A huge map is refused before anything is reserved.
+        assert_eq!(dma.map_anonymous(0x40000, u64::MAX >> 1), Err(libc::ENOMEM));
+    }
+
+    #[test]
+    fn default_limits_respect_max_map_count() {
+        let limits = DmaLimits::default();
+        assert!((1..=DEFAULT_MAX_DMA_MAPS).contains(&limits.max_maps));
+        assert!(limits.max_maps <= fault::CAPACITY);
+        assert_eq!(limits.max_bytes, 4 << 40);
+        assert_eq!(DmaSpace::new_local().limits(), limits);
     }
 
     #[test]

@@ -18,6 +18,7 @@
 mod client;
 mod conn;
 mod dma;
+mod fault;
 mod server;
 mod shared;
 pub mod wire;
@@ -26,9 +27,11 @@ use std::io;
 use std::os::fd::{BorrowedFd, OwnedFd};
 
 pub use client::Client;
-pub use conn::{MAX_DATA_XFER_SIZE, MAX_MSG_FDS, MAX_MSG_SIZE};
-pub use dma::{DmaError, DmaSpace, MAX_DMA_MAPS, REMOTE_DMA_TIMEOUT};
-pub use server::Server;
+pub use conn::{MAX_DATA_XFER_SIZE, MAX_MSG_FDS, MAX_MSG_SIZE, MESSAGE_TIMEOUT};
+pub use dma::{
+    DmaError, DmaLimits, DmaSpace, DEFAULT_MAX_DMA_BYTES, DEFAULT_MAX_DMA_MAPS, REMOTE_DMA_TIMEOUT,
+};
+pub use server::{Server, ServerOptions, HANDSHAKE_TIMEOUT};
 pub use shared::SharedRegion;
 pub use wire::{
     VFIO_DEVICE_FLAGS_PCI, VFIO_DEVICE_FLAGS_RESET, VFIO_IRQ_INFO_AUTOMASKED,
@@ -151,15 +154,22 @@ pub enum Error {
     Remote { command: u16, errno: i32 },
     #[error("peer closed the connection")]
     Disconnected,
+    /// The server refused VERSION with EBUSY: another client owns the device.
+    #[error("the server is serving another client (it takes one at a time): stop that client or use another server")]
+    Busy,
     #[error("timed out waiting for the peer")]
     Timeout,
     #[error("message of {0} bytes is too large to send")]
     TooLarge(usize),
-    #[error("peer sent message {msg_id} (command {command}) of {size} bytes, over the limit")]
-    Oversized {
+    /// A message announced a body we will not take: larger than
+    /// [`MAX_MSG_SIZE`] (E2BIG) or more than we can allocate (ENOMEM). The
+    /// body was not read, so the stream cannot continue.
+    #[error("peer sent message {msg_id} (command {command}) of {size} bytes: refused with errno {errno}")]
+    Refused {
         msg_id: u16,
         command: u16,
         size: usize,
+        errno: i32,
     },
 }
 

@@ -1,29 +1,72 @@
 //! The server side: one client at a time, commands handled on the calling
 //! thread, replies with real errnos.
+//!
+//! The client is not trusted (vfio-user.rst: "Clients should not trust
+//! servers, and vice versa"), and neither are the connections that queue
+//! behind it. [`Server::serve_listener`] runs a *door* thread that owns the
+//! listening socket: it hands a connection to the control thread when the
+//! device is free, refuses the others at once (an EBUSY reply to their
+//! VERSION, then close), and on stop shuts the served connection down so no
+//! blocked send or wait outlives it. A connection must send VERSION within
+//! [`ServerOptions::handshake_timeout`], and every message, once started,
+//! must arrive whole within [`ServerOptions::message_timeout`]; a negotiated
+//! client that merely stays idle is never dropped.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::collections::VecDeque;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use parking_lot::{Condvar, Mutex};
 use rustix::event::{PollFd, PollFlags, Timespec};
 use zerocopy::IntoBytes;
 
 use crate::conn::{
     error_header, reply_header, Conn, Message, Wanted, MAX_DATA_XFER_SIZE, MAX_MSG_FDS,
+    MESSAGE_TIMEOUT,
 };
-use crate::dma::{DmaSpace, MAX_DMA_MAPS};
+use crate::dma::{DmaLimits, DmaSpace};
 use crate::wire::*;
 use crate::{Device, Errno, Error};
 
 /// How often a blocked server looks at its `stop` flag.
 const STOP_POLL: Duration = Duration::from_millis(100);
+/// How long a refused connection is kept open, and how many at most.
+const REFUSED_LINGER: Duration = Duration::from_secs(1);
+const MAX_LINGERING: usize = 16;
+/// How long a new connection has to send a valid VERSION (the default of
+/// [`ServerOptions::handshake_timeout`]).
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What the server allows a client.
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    /// A connection that has not negotiated VERSION by then is dropped.
+    pub handshake_timeout: Duration,
+    /// A message, once its first byte is in, must arrive whole by then; a
+    /// peer that does not read may block a send this long.
+    pub message_timeout: Duration,
+    /// DMA maps and bytes a client may map (advertised as `max_dma_maps`).
+    pub dma_limits: DmaLimits,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        Self {
+            handshake_timeout: HANDSHAKE_TIMEOUT,
+            message_timeout: MESSAGE_TIMEOUT,
+            dma_limits: DmaLimits::default(),
+        }
+    }
+}
 
 /// Serves a [`Device`] to vfio-user clients.
 #[derive(Debug)]
 pub struct Server<D: Device> {
     device: D,
+    opts: ServerOptions,
 }
 
 /// State of one client connection.
@@ -33,6 +76,8 @@ struct Session {
     /// (flags, size) per region index, read once at VERSION so region
     /// accesses (doorbell traps) need no `region_info` call.
     regions: Vec<Option<(u32, u64)>>,
+    /// Warnings about this client's messages, at most one a second.
+    warnings: RateLimit,
 }
 
 /// Region indexes whose info is cached; others are looked up per access.
@@ -43,7 +88,11 @@ type Handled = Result<Vec<u8>, Errno>;
 
 impl<D: Device> Server<D> {
     pub fn new(device: D) -> Self {
-        Self { device }
+        Self::with_options(device, ServerOptions::default())
+    }
+
+    pub fn with_options(device: D, opts: ServerOptions) -> Self {
+        Self { device, opts }
     }
 
     pub fn device(&self) -> &D {
@@ -62,52 +111,55 @@ impl<D: Device> Server<D> {
     /// `attach` after VERSION and `detach` when the client goes. A clean
     /// disconnect is `Ok(())`.
     pub fn serve_stream(&mut self, stream: UnixStream) -> Result<(), Error> {
-        self.serve(stream, None)
+        self.serve(stream, None, None)
     }
 
-    /// Accepts clients one at a time on `listener` until `stop` is set; when
-    /// one disconnects (or misbehaves) the device is detached and the next is
-    /// accepted.
+    /// Serves clients on `listener`, one at a time, until `stop` is set
+    /// (checked every 100 ms, so a signal handler may set it): while one
+    /// owns the device, other connections are refused at once; when it
+    /// goes (or misbehaves) the device is detached and the next connection
+    /// is served. Stopping shuts the served connection down, so it never
+    /// waits on the client.
     pub fn serve_listener(
         &mut self,
         listener: &UnixListener,
         stop: &AtomicBool,
     ) -> Result<(), Error> {
-        let ts = Timespec {
-            tv_sec: 0,
-            tv_nsec: STOP_POLL.as_nanos() as i64,
-        };
-        while !stop.load(Ordering::Relaxed) {
-            let mut pfd = [PollFd::new(listener, PollFlags::IN)];
-            match rustix::event::poll(&mut pfd, Some(&ts)) {
-                Ok(0) => continue,
-                Ok(_) => {}
-                Err(rustix::io::Errno::INTR) => continue,
-                Err(e) => return Err(Error::Io(e.into())),
+        listener.set_nonblocking(true)?;
+        let door = Door::default();
+        std::thread::scope(|scope| {
+            std::thread::Builder::new()
+                .name("vfio-user-door".into())
+                .spawn_scoped(scope, || door.run(listener, stop))?;
+            while let Some(stream) = door.next(stop) {
+                tracing::info!("vfio-user client connected");
+                let result = self.serve(stream, Some(stop), Some(&door));
+                door.set_owner(None);
+                match result {
+                    Ok(()) => tracing::info!("vfio-user client disconnected"),
+                    Err(e) => tracing::warn!(error = %e, "vfio-user client dropped"),
+                }
             }
-            let stream = match listener.accept() {
-                Ok((s, _)) => s,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-                Err(e) => return Err(Error::Io(e)),
-            };
-            tracing::info!("vfio-user client connected");
-            match self.serve(stream, Some(stop)) {
-                Ok(()) => tracing::info!("vfio-user client disconnected"),
-                Err(e) => tracing::warn!(error = %e, "vfio-user client dropped"),
-            }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
-    fn serve(&mut self, stream: UnixStream, stop: Option<&AtomicBool>) -> Result<(), Error> {
-        stream.set_nonblocking(false)?;
-        let conn = Arc::new(Conn::new(stream)?);
+    fn serve(
+        &mut self,
+        stream: UnixStream,
+        stop: Option<&AtomicBool>,
+        door: Option<&Door>,
+    ) -> Result<(), Error> {
+        let conn = Arc::new(Conn::new(stream, self.opts.message_timeout)?);
         let mut session = Session {
             conn: conn.clone(),
             dma: None,
             regions: Vec::new(),
+            warnings: RateLimit::default(),
         };
+        if let Some(door) = door {
+            door.set_owner(Some(conn.clone()));
+        }
         let result = self.run(&mut session, stop);
         // Order matters: first fail any DMA_READ/WRITE a worker is waiting
         // for, then let the device stop its workers, then unmap.
@@ -123,20 +175,30 @@ impl<D: Device> Server<D> {
     }
 
     fn run(&mut self, s: &mut Session, stop: Option<&AtomicBool>) -> Result<(), Error> {
+        let handshake_deadline = Instant::now() + self.opts.handshake_timeout;
         loop {
-            let deadline = stop.map(|_| Instant::now() + STOP_POLL);
+            if stop.is_some_and(|f| f.load(Ordering::Relaxed)) {
+                return Ok(());
+            }
+            let now = Instant::now();
+            let mut deadline = stop.map(|_| now + STOP_POLL);
+            if s.dma.is_none() {
+                if now >= handshake_deadline {
+                    return Err(Error::Protocol(format!(
+                        "no valid VERSION within {:?} of connecting",
+                        self.opts.handshake_timeout
+                    )));
+                }
+                deadline = Some(deadline.map_or(handshake_deadline, |d| d.min(handshake_deadline)));
+            }
             let msg = match s.conn.wait(&Wanted::Request, deadline) {
                 Ok(Some(m)) => m,
-                Ok(None) => {
-                    if stop.is_some_and(|f| f.load(Ordering::Relaxed)) {
-                        return Ok(());
-                    }
-                    continue;
-                }
-                Err(Error::Oversized {
+                Ok(None) => continue,
+                Err(Error::Refused {
                     msg_id,
                     command,
                     size,
+                    errno,
                 }) => {
                     // The body was not read, so the stream cannot be resynchronised:
                     // answer, then close.
@@ -145,11 +207,12 @@ impl<D: Device> Server<D> {
                         command,
                         ..Default::default()
                     };
-                    let _ = s.conn.send(&error_header(&req, libc::E2BIG), &[], &[]);
-                    return Err(Error::Oversized {
+                    let _ = s.conn.send(&error_header(&req, errno), &[], &[]);
+                    return Err(Error::Refused {
                         msg_id,
                         command,
                         size,
+                        errno,
                     });
                 }
                 Err(e) => return Err(e),
@@ -176,13 +239,24 @@ impl<D: Device> Server<D> {
         if hdr.msg_type() != flags::TYPE_COMMAND {
             return send_result(s, &hdr, no_reply, Err(libc::EINVAL), None);
         }
+        // SPDK's host sends DMA_UNMAP with the map's fd again; libvfio-user
+        // ignores it, and so do we. Fds a message does not take are closed
+        // with it (dropping `msg`), never kept.
         let fd_limit = match hdr.command {
-            cmd::DMA_MAP => 1,
+            cmd::DMA_MAP | cmd::DMA_UNMAP => 1,
             cmd::DEVICE_SET_IRQS => MAX_MSG_FDS,
             _ => 0,
         };
         if msg.fds_truncated || msg.fds.len() > fd_limit {
-            tracing::debug!(command = hdr.command, fds = msg.fds.len(), "unexpected fds");
+            if let Some(suppressed) = s.warnings.allow() {
+                tracing::warn!(
+                    command = hdr.command,
+                    fds = msg.fds.len(),
+                    truncated = msg.fds_truncated,
+                    suppressed,
+                    "vfio-user message with more fds than it takes: refused (EINVAL), fds closed"
+                );
+            }
             return send_result(s, &hdr, no_reply, Err(libc::EINVAL), None);
         }
         if s.dma.is_none() && hdr.command != cmd::VERSION {
@@ -220,7 +294,7 @@ impl<D: Device> Server<D> {
                 send_result(s, &hdr, no_reply, r, None)
             }
             cmd::DEVICE_SET_IRQS => {
-                let r = self.set_irqs(payload, fds);
+                let r = self.set_irqs(s, payload, fds);
                 send_result(s, &hdr, no_reply, r, None)
             }
             cmd::REGION_READ => {
@@ -264,7 +338,7 @@ impl<D: Device> Server<D> {
             "capabilities": {
                 "max_msg_fds": MAX_MSG_FDS,
                 "max_data_xfer_size": MAX_DATA_XFER_SIZE,
-                "max_dma_maps": MAX_DMA_MAPS,
+                "max_dma_maps": self.opts.dma_limits.max_maps,
                 "pgsizes": 4096,
             }
         });
@@ -278,7 +352,11 @@ impl<D: Device> Server<D> {
                     .map(|(info, _)| (info.flags, info.size))
             })
             .collect();
-        let dma = DmaSpace::with_conn(Some(s.conn.clone()), caps.max_data_xfer_size);
+        let dma = DmaSpace::with_conn(
+            Some(s.conn.clone()),
+            caps.max_data_xfer_size,
+            self.opts.dma_limits,
+        );
         s.dma = Some(dma.clone());
         self.device.attach(dma);
         Ok(out)
@@ -437,7 +515,7 @@ impl<D: Device> Server<D> {
         Ok(w.as_bytes().to_vec())
     }
 
-    fn set_irqs(&mut self, payload: &[u8], fds: Vec<OwnedFd>) -> Handled {
+    fn set_irqs(&mut self, s: &mut Session, payload: &[u8], fds: Vec<OwnedFd>) -> Handled {
         let set = read_prefix::<IrqSet>(payload).ok_or(libc::EINVAL)?;
         if (set.argsz as usize) < size_of::<IrqSet>() {
             return Err(libc::EINVAL);
@@ -464,6 +542,18 @@ impl<D: Device> Server<D> {
             VFIO_IRQ_SET_DATA_EVENTFD => {
                 if !fds.is_empty() && fds.len() != set.count as usize {
                     return Err(libc::EINVAL);
+                }
+                for fd in &fds {
+                    if let Err(what) = prepare_eventfd(fd) {
+                        if let Some(suppressed) = s.warnings.allow() {
+                            tracing::warn!(
+                                index = set.index,
+                                suppressed,
+                                "SET_IRQS: {what}: refused (EINVAL); interrupts need eventfds"
+                            );
+                        }
+                        return Err(libc::EINVAL);
+                    }
                 }
                 self.device
                     .set_irqs(set.index, set.flags, set.start, set.count, fds)?;
@@ -551,6 +641,200 @@ impl<D: Device> Server<D> {
         self.device.region_write(a.region, a.offset, data)?;
         Ok(a.as_bytes().to_vec())
     }
+}
+
+/// Makes an interrupt fd safe to signal from any thread: it must be an
+/// eventfd (a pipe or socket whose buffer fills would block the writer), and
+/// it is made non-blocking, so an eventfd at its maximum count answers
+/// EAGAIN (it is signalled already) instead of blocking. O_NONBLOCK is a
+/// property of the open file, so the client's copy gets it too; eventfd
+/// readers (QEMU's event notifiers) poll before they read.
+fn prepare_eventfd(fd: &OwnedFd) -> Result<(), String> {
+    let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .map_err(|e| format!("cannot tell what fd {} is ({e})", fd.as_raw_fd()))?;
+    if link.as_os_str() != "anon_inode:[eventfd]" {
+        return Err(format!("fd is {}, not an eventfd", link.display()));
+    }
+    let flags = rustix::fs::fcntl_getfl(fd).map_err(|e| format!("F_GETFL: {e}"))?;
+    rustix::fs::fcntl_setfl(fd, flags | rustix::fs::OFlags::NONBLOCK)
+        .map_err(|e| format!("F_SETFL: {e}"))
+}
+
+/// Lets one log line through a second; counts the rest, so a client that
+/// repeats a bad message cannot flood the log.
+#[derive(Debug, Default)]
+pub(crate) struct RateLimit {
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+impl RateLimit {
+    /// `Some(lines suppressed since the last one)` when a line may be logged.
+    pub(crate) fn allow(&mut self) -> Option<u64> {
+        let now = Instant::now();
+        if self
+            .last
+            .is_some_and(|t| now.duration_since(t) < Duration::from_secs(1))
+        {
+            self.suppressed += 1;
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.suppressed))
+    }
+}
+
+/// The listening socket's keeper (see the module docs).
+#[derive(Debug, Default)]
+struct Door {
+    state: Mutex<DoorState>,
+    cv: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct DoorState {
+    /// A connection was handed to the control thread and is being served
+    /// (its `owner` is set once its `Conn` exists).
+    serving: bool,
+    /// The connection being served.
+    owner: Option<Arc<Conn>>,
+    /// A connection accepted for the control thread to serve next.
+    pending: Option<UnixStream>,
+    refusals: RateLimit,
+    stopped: bool,
+}
+
+impl Door {
+    /// The door thread: accepts until `stop`, then shuts the served
+    /// connection down.
+    fn run(&self, listener: &UnixListener, stop: &AtomicBool) {
+        let ts = Timespec {
+            tv_sec: 0,
+            tv_nsec: STOP_POLL.as_nanos() as i64,
+        };
+        let mut errors = RateLimit::default();
+        // Refused connections stay open a moment, so their VERSION is sent
+        // and our EBUSY reply read rather than their send failing with EPIPE;
+        // at most a few, so refused clients cannot pile up fds.
+        let mut lingering: VecDeque<(UnixStream, Instant)> = VecDeque::new();
+        while !stop.load(Ordering::Relaxed) {
+            while lingering
+                .front()
+                .is_some_and(|(_, t)| t.elapsed() >= REFUSED_LINGER)
+            {
+                lingering.pop_front();
+            }
+            let mut pfd = [PollFd::new(listener, PollFlags::IN)];
+            match rustix::event::poll(&mut pfd, Some(&ts)) {
+                Ok(0) | Err(rustix::io::Errno::INTR) => continue,
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::error!(error = %e, "polling the vfio-user socket");
+                    std::thread::sleep(STOP_POLL);
+                    continue;
+                }
+            }
+            match listener.accept() {
+                Ok((stream, _)) => {
+                    if let Some(refused) = self.offer(stream) {
+                        if lingering.len() >= MAX_LINGERING {
+                            lingering.pop_front();
+                        }
+                        lingering.push_back((refused, Instant::now()));
+                    }
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::Interrupted | std::io::ErrorKind::WouldBlock
+                    ) => {}
+                Err(e) => {
+                    // E.g. EMFILE: keep serving the client we have; retry later.
+                    if let Some(suppressed) = errors.allow() {
+                        tracing::warn!(error = %e, suppressed, "accepting a vfio-user connection");
+                    }
+                    std::thread::sleep(STOP_POLL);
+                }
+            }
+        }
+        let mut st = self.state.lock();
+        st.stopped = true;
+        st.pending = None;
+        if let Some(owner) = &st.owner {
+            owner.shutdown();
+        }
+        self.cv.notify_all();
+    }
+
+    /// A new connection: the next to be served if the device is free (or
+    /// its owner has already hung up and is being torn down), else refused
+    /// and given back.
+    fn offer(&self, stream: UnixStream) -> Option<UnixStream> {
+        let mut st = self.state.lock();
+        let free = st.pending.is_none()
+            && (!st.serving || st.owner.as_ref().is_some_and(|c| c.peer_gone()));
+        if free {
+            st.pending = Some(stream);
+            self.cv.notify_all();
+            return None;
+        }
+        let log = st.refusals.allow();
+        drop(st);
+        if let Some(suppressed) = log {
+            tracing::warn!(
+                suppressed,
+                "refused a vfio-user connection: the device is in use by another client \
+                 (one client at a time)"
+            );
+        }
+        refuse(&stream);
+        Some(stream)
+    }
+
+    /// Waits for the next connection to serve; None once stopped.
+    fn next(&self, stop: &AtomicBool) -> Option<UnixStream> {
+        let mut st = self.state.lock();
+        loop {
+            if st.stopped || stop.load(Ordering::Relaxed) {
+                return None;
+            }
+            if let Some(s) = st.pending.take() {
+                st.serving = true;
+                return Some(s);
+            }
+            self.cv.wait_for(&mut st, STOP_POLL);
+        }
+    }
+
+    /// The served connection, once it exists; None when it is done with.
+    fn set_owner(&self, conn: Option<Arc<Conn>>) {
+        let mut st = self.state.lock();
+        st.serving = conn.is_some();
+        if st.stopped {
+            if let Some(c) = &conn {
+                c.shutdown();
+            }
+        }
+        st.owner = conn;
+    }
+}
+
+/// Answers a connection we will not serve: an EBUSY reply to the VERSION it
+/// is about to send (message id 0, the first a client uses), sent without
+/// waiting; the caller closes the socket a little later.
+fn refuse(stream: &UnixStream) {
+    let req = Header {
+        msg_id: 0,
+        command: cmd::VERSION,
+        ..Default::default()
+    };
+    let mut reply = error_header(&req, libc::EBUSY);
+    reply.msg_size = HEADER_SIZE as u32;
+    let _ = rustix::net::send(
+        stream.as_fd(),
+        reply.as_bytes(),
+        rustix::net::SendFlags::DONTWAIT | rustix::net::SendFlags::NOSIGNAL,
+    );
 }
 
 fn send_result(

@@ -3,13 +3,17 @@
 //! offset in the fd == offset in the region). The client's writes land in
 //! the server's mapping without a message — e.g. NVMe doorbells polled by
 //! the controller (mmap-poll mode).
+//!
+//! The client gets the fd itself, so it could ftruncate it and make our
+//! accesses fault (SIGBUS). The memfd is sealed against resizing once sized,
+//! so it cannot: the client's ftruncate fails with EPERM.
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use rustix::fs::{ftruncate, memfd_create, MemfdFlags};
+use rustix::fs::{fcntl_add_seals, ftruncate, memfd_create, MemfdFlags, SealFlags};
 use rustix::mm::{mmap, munmap, MapFlags, ProtFlags};
 
 /// A memfd of `len` bytes mapped shared, read-write, for the server's
@@ -30,16 +34,18 @@ unsafe impl Sync for SharedRegion {}
 
 impl SharedRegion {
     /// Creates a zeroed memfd named `name` of `len` bytes (rounded up to a
-    /// whole page by the kernel for mapping) and maps it.
+    /// whole page by the kernel for mapping), seals its size and maps it.
     pub fn new(name: &str, len: usize) -> io::Result<Self> {
         if len == 0 {
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
-        let fd = memfd_create(name, MemfdFlags::CLOEXEC)?;
+        let fd = memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
         ftruncate(&fd, len as u64)?;
+        // Nobody, the client included, can resize it now, nor lift the seals.
+        fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
         // SAFETY: a fresh shared mapping of our own memfd at an address the
         // kernel chooses, so no existing memory is affected; it lives until
-        // `Drop` unmaps it, and the fd is at least `len` bytes long.
+        // `Drop` unmaps it, and the fd is `len` bytes long for good (sealed).
         let ptr = unsafe {
             mmap(
                 std::ptr::null_mut(),
@@ -146,5 +152,21 @@ mod tests {
         r.store_u32(0x1ffe, 1);
         // SAFETY: the test's own mapping, unmapped once.
         unsafe { munmap(other.0, other.1) }.unwrap();
+    }
+
+    #[test]
+    fn the_client_cannot_resize_the_fd() {
+        let r = SharedRegion::new("test", 0x2000).unwrap();
+        let client = rustix::io::dup(r.fd()).unwrap();
+        assert_eq!(ftruncate(&client, 0), Err(rustix::io::Errno::PERM));
+        assert_eq!(ftruncate(&client, 0x1000), Err(rustix::io::Errno::PERM));
+        assert_eq!(ftruncate(&client, 0x4000), Err(rustix::io::Errno::PERM));
+        // Nor lift the seals.
+        assert_eq!(
+            fcntl_add_seals(&client, SealFlags::WRITE),
+            Err(rustix::io::Errno::PERM)
+        );
+        r.store_u32(0x1ffc, 5);
+        assert_eq!(r.load_u32(0x1ffc), 5);
     }
 }

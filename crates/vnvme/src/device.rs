@@ -222,6 +222,12 @@ impl NvmeDevice {
         self.irqs.dropped()
     }
 
+    /// Interrupts that found their eventfd at its maximum count (signalled
+    /// already; a client can preload one).
+    pub fn saturated_interrupts(&self) -> u64 {
+        self.irqs.saturated()
+    }
+
     fn vectors(&self) -> u32 {
         u32::from(self.pci.msix_vectors())
     }

@@ -35,6 +35,9 @@ pub struct EventfdInterrupts {
     /// irqfd): signal every interrupt, as edges.
     intx_no_automask: AtomicBool,
     dropped: AtomicU64,
+    /// Signals that found the eventfd at its maximum count: it is signalled
+    /// already, so nothing is lost (see [`kick`](Self::kick)).
+    saturated: AtomicU64,
 }
 
 impl EventfdInterrupts {
@@ -126,7 +129,7 @@ impl EventfdInterrupts {
             // Already asserted: UNMASK re-checks the level.
             return true;
         }
-        Self::kick(file)
+        self.kick(file)
     }
 
     /// Interrupts that had nowhere to go.
@@ -134,17 +137,31 @@ impl EventfdInterrupts {
         self.dropped.load(Ordering::Relaxed)
     }
 
-    fn kick(file: &File) -> bool {
-        // An eventfd counter only overflows after 2^64 - 2 kicks; EAGAIN then
-        // is harmless since the reader is already due to wake.
-        (&*file).write_all(&1u64.to_ne_bytes()).is_ok()
+    /// Signals with saturated eventfds (counter at its maximum).
+    pub fn saturated(&self) -> u64 {
+        self.saturated.load(Ordering::Relaxed)
+    }
+
+    /// Adds 1 to an eventfd. The server made it non-blocking when the
+    /// client passed it (and refused anything but an eventfd), so this
+    /// never waits on the client: EAGAIN means the counter is at its
+    /// maximum (a client can preload 2^64 - 2), i.e. signalled already.
+    fn kick(&self, file: &File) -> bool {
+        match (&*file).write(&1u64.to_ne_bytes()) {
+            Ok(_) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                self.saturated.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            Err(_) => false,
+        }
     }
 }
 
 impl InterruptSink for EventfdInterrupts {
     fn signal(&self, vector: u16) {
         if let Some(Some(file)) = self.msix.read().get(usize::from(vector)) {
-            if Self::kick(file) {
+            if self.kick(file) {
                 return;
             }
         }

@@ -11,6 +11,9 @@ fn convert(e: MapError) -> DmaError {
     match e {
         MapError::Permission { addr, len } => DmaError::Permission { addr, len },
         MapError::Unmapped { addr, len } => DmaError::Unmapped { addr, len },
+        // The client shrank the file behind the map: to the guest, the memory
+        // is gone (Data Transfer Error), as if unmapped.
+        MapError::Broken { addr, len } => DmaError::Unmapped { addr, len },
     }
 }
 

@@ -10,6 +10,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 
 use vnvme_controller::Controller;
+use vnvme_vfio_user::{DmaLimits, ServerOptions};
 
 use crate::device::{DeviceOptions, NvmeDevice};
 use crate::namespace::NamespaceSpec;
@@ -17,7 +18,23 @@ use crate::namespace::NamespaceSpec;
 /// Where `vnvme serve` listens and the tools connect by default.
 pub const DEFAULT_SOCKET: &str = "/run/vnvme.sock";
 
+/// What `vnvme serve --help` says about the client, after the options.
+const CLIENT_HELP: &str = "\
+Clients: one at a time. While one owns the device, other connections get an EBUSY reply to their
+VERSION and are closed; the next client is served as soon as the owner disconnects. A connection
+must send VERSION within --handshake-timeout, and every message, once started, must arrive whole
+within --message-timeout; an idle client that has negotiated is never dropped.
+
+Guest memory (DMA_MAP): a memfd (QEMU's memory-backend-memfd, sealed by default) or a regular file
+shared with the client (memory-backend-file,share=on on /dev/shm or hugetlbfs; SPDK's hugepage
+files). Maps without an fd are served with DMA_READ/DMA_WRITE messages. If the client shrinks a file
+it shared, the lost pages are replaced with zeroes, that map is marked broken, and every command
+touching it fails with Data Transfer Error until the client unmaps it; the server keeps running.
+At most --max-dma-maps maps and --max-dma-size bytes are accepted. Interrupt fds (SET_IRQS) must
+be eventfds.";
+
 #[derive(Args, Debug, Clone)]
+#[command(after_help = CLIENT_HELP)]
 pub struct ServeOptions {
     /// The vfio-user socket to listen on (a stale socket file is replaced; a live one is an error).
     #[arg(long, short = 's', default_value = DEFAULT_SOCKET)]
@@ -36,8 +53,46 @@ pub struct ServeOptions {
     /// exit (replaced atomically: write a temporary file, then rename).
     #[arg(long, value_name = "FILE")]
     pub stats: Option<PathBuf>,
+    /// DMA maps a client may have at once (advertised in VERSION as max_dma_maps). Default: 4096,
+    /// or a quarter of vm.max_map_count if that is smaller.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=16384))]
+    pub max_dma_maps: Option<u64>,
+    /// Total bytes a client may map with DMA_MAP (e.g. 64G, 4T). Default 4T.
+    #[arg(long, value_name = "SIZE", value_parser = crate::size::parse_size)]
+    pub max_dma_size: Option<u64>,
+    /// How long a new connection has to send VERSION before it is dropped.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = crate::namespace::parse_duration)]
+    pub handshake_timeout: Duration,
+    /// How long one message may take to arrive whole once it has started (and a client that does
+    /// not read its socket may block a reply).
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = crate::namespace::parse_duration)]
+    pub message_timeout: Duration,
     #[command(flatten)]
     pub device: DeviceOptions,
+}
+
+impl ServeOptions {
+    /// What the vfio-user server allows a client.
+    pub fn server_options(&self) -> Result<ServerOptions> {
+        if self.handshake_timeout.is_zero() || self.message_timeout.is_zero() {
+            bail!("--handshake-timeout and --message-timeout must be more than 0");
+        }
+        let mut dma_limits = DmaLimits::default();
+        if let Some(n) = self.max_dma_maps {
+            dma_limits.max_maps = usize::try_from(n).unwrap_or(usize::MAX);
+        }
+        if let Some(bytes) = self.max_dma_size {
+            if bytes == 0 {
+                bail!("--max-dma-size must be more than 0");
+            }
+            dma_limits.max_bytes = bytes;
+        }
+        Ok(ServerOptions {
+            handshake_timeout: self.handshake_timeout,
+            message_timeout: self.message_timeout,
+            dma_limits,
+        })
+    }
 }
 
 pub fn run(mut opts: ServeOptions) -> Result<()> {
@@ -50,6 +105,7 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
     } else if opts.namespaces.is_empty() {
         opts.namespaces = vec!["1G:ram".parse().map_err(anyhow::Error::msg)?];
     }
+    let server_options = opts.server_options()?;
     let device = NvmeDevice::new(&opts.device, &opts.namespaces)?;
     let listener = bind(&opts.socket)?;
     let stop = Arc::new(AtomicBool::new(false));
@@ -73,7 +129,7 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
         (done, thread)
     });
     let ctrl = Arc::clone(device.controller());
-    let mut server = vnvme_vfio_user::Server::new(device);
+    let mut server = vnvme_vfio_user::Server::with_options(device, server_options);
     let result = server.serve_listener(&listener, &stop);
     let _ = std::fs::remove_file(&opts.socket);
     if let Some((done, thread)) = stats {

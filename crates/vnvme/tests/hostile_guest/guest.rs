@@ -14,7 +14,7 @@ use vnvme_controller::Controller;
 use vnvme_driver::access::DmaRegion;
 use vnvme_driver::DmaBuffer;
 use vnvme_spec::{AdminOpcode, Command, Completion, NvmOpcode, Status};
-use vnvme_vfio_user::Client;
+use vnvme_vfio_user::{Client, ServerOptions};
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, IntoBytes};
 
@@ -51,9 +51,23 @@ impl Served {
 
     /// Serves one namespace given as `--ns` takes it.
     pub(crate) fn with_namespace(spec: &str) -> Self {
+        Self::with_options(DeviceOptions::default(), spec)
+    }
+
+    /// Serves one namespace with `opts` (at most 4 I/O queues).
+    pub(crate) fn with_options(opts: DeviceOptions, spec: &str) -> Self {
+        Self::with_server_options(opts, ServerOptions::default(), spec)
+    }
+
+    /// As [`Served::with_options`], with what the server allows a client.
+    pub(crate) fn with_server_options(
+        opts: DeviceOptions,
+        server_opts: ServerOptions,
+        spec: &str,
+    ) -> Self {
         let opts = DeviceOptions {
             max_io_queues: 4,
-            ..DeviceOptions::default()
+            ..opts
         };
         let device = NvmeDevice::new(&opts, &[spec.parse().unwrap()]).unwrap();
         let ctrl = Arc::clone(device.controller());
@@ -67,7 +81,7 @@ impl Served {
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
         let thread = std::thread::spawn(move || {
-            let mut server = vnvme_vfio_user::Server::new(device);
+            let mut server = vnvme_vfio_user::Server::with_options(device, server_opts);
             server.serve_listener(&listener, &stop2).unwrap();
         });
         Self {
@@ -122,13 +136,18 @@ pub(crate) struct Guest {
 
 impl Guest {
     pub(crate) fn connect(srv: &Served) -> Self {
-        // The server takes the next client once the previous one is gone.
-        let deadline = Instant::now() + TIMEOUT;
+        Self::connect_path(&srv.path)
+    }
+
+    /// Connects to the server at `path`, retrying while it is busy with a
+    /// previous client (it refuses others at once, and drops a stalled one
+    /// after its message deadline, 5 s by default).
+    pub(crate) fn connect_path(path: &std::path::Path) -> Self {
+        let deadline = Instant::now() + 3 * TIMEOUT;
         let client = loop {
-            match Client::connect(&srv.path) {
+            match Client::connect(path) {
                 Ok(c) => break c,
-                Err(e) if Instant::now() < deadline => {
-                    let _ = e;
+                Err(_) if Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(20));
                 }
                 Err(e) => panic!("connect: {e}"),
@@ -213,7 +232,15 @@ impl Guest {
     }
 
     /// Puts `cmd` on SQ `qid` and rings the tail doorbell; returns the CID.
-    pub(crate) fn push(&mut self, qid: u16, mut cmd: Command) -> u16 {
+    pub(crate) fn push(&mut self, qid: u16, cmd: Command) -> u16 {
+        let tail = self.stage(qid, cmd);
+        self.w32(0x1000 + 8 * u64::from(qid), u32::from(tail));
+        self.cid
+    }
+
+    /// Puts `cmd` on SQ `qid` without ringing the doorbell; returns the new
+    /// tail.
+    pub(crate) fn stage(&mut self, qid: u16, mut cmd: Command) -> u16 {
         self.cid = self.cid.wrapping_add(1);
         cmd.set_cid(self.cid);
         let r = self.rings[usize::from(qid)].as_mut().expect("queue");
@@ -221,8 +248,7 @@ impl Guest {
         r.tail = (r.tail + 1) % r.size;
         let tail = r.tail;
         self.write_mem(slot, cmd.as_bytes());
-        self.w32(0x1000 + 8 * u64::from(qid), u32::from(tail));
-        self.cid
+        tail
     }
 
     /// The next completion on `qid` within `timeout`, consumed and the CQ
