@@ -28,20 +28,25 @@
 //!   libFuzzer's handler). An old `SA_SIGINFO` or plain handler is called;
 //!   an old `SIG_DFL`/`SIG_IGN` is put back with `sigaction` and the handler
 //!   returns, so the access faults again and the process dies as it would
-//!   have without us.
+//!   have without us (a SIGBUS sent with kill(2), which no access repeats,
+//!   is raised again).
 //!
 //! The handler only uses async-signal-safe operations: atomic loads and
-//! stores on static memory, `mmap` and `sigaction` (raw system calls), and
-//! it saves and restores `errno`. It logs nothing; the accessor warns.
+//! stores on static memory, `mmap`, `sigaction` and `raise` (system calls),
+//! and it saves and restores `errno`. It logs nothing; the accessor warns.
 //!
 //! Races: a mapping is registered before any access can reach it and
-//! unregistered (under the map table's write lock, so no access is in
-//! flight) before it is unmapped, so a registered range is always ours.
+//! unregistered, once it is out of the map table and no access can be in
+//! flight, before it is unmapped; so a registered range is always ours.
 //! Each slot is a seqlock: the handler only trusts a start/end pair read
 //! between two equal, "live" values of the slot's state word, so a slot
 //! being recycled by another thread can never be mistaken for a range it
 //! does not describe. Two threads faulting on one mapping both replace it;
 //! the second replacement is a no-op in effect (zero pages for zero pages).
+//! The flag is set before the replacement, so a thread whose copy read the
+//! replacement's zero pages without faulting sees it set after its copy.
+//! A hugetlbfs mapping is made of whole huge pages (see `DmaSpace::map_fd`),
+//! as the kernel can only replace it whole.
 
 use std::io;
 use std::sync::atomic::{fence, AtomicBool, AtomicI32, AtomicUsize, Ordering};
@@ -305,6 +310,13 @@ fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
         // SAFETY: `previous` is a valid action obtained from sigaction(2).
         if unsafe { libc::sigaction(sig, previous, std::ptr::null_mut()) } != 0 {
             restore_default(sig);
+        }
+        if fault_address(info).is_none() {
+            // Sent, not a fault: nothing re-raises it on return, so raise it
+            // again; it is blocked until this handler returns, then gets the
+            // action just restored.
+            // SAFETY: raise(3) is async-signal-safe.
+            unsafe { libc::raise(sig) };
         }
     } else if previous.sa_flags & libc::SA_SIGINFO != 0 {
         // SAFETY: with SA_SIGINFO the saved handler has exactly this

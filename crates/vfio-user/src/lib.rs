@@ -18,6 +18,7 @@
 mod client;
 mod conn;
 mod dma;
+mod door;
 mod fault;
 mod server;
 mod shared;

@@ -16,23 +16,10 @@ use std::time::{Duration, Instant};
 use rustix::fs::ftruncate;
 use vnvme::device::DeviceOptions;
 use vnvme_controller::DoorbellMode;
-use vnvme_spec::{AdminOpcode, Command, NvmOpcode, Status};
+use vnvme_spec::{AdminOpcode, NvmOpcode, Status};
 use zerocopy::little_endian::U64;
-use zerocopy::IntoBytes;
 
 use crate::guest::*;
-
-/// Puts `cmd` on SQ `qid` without ringing the doorbell; returns the new tail.
-fn stage(g: &mut Guest, qid: u16, mut cmd: Command) -> u16 {
-    g.cid = g.cid.wrapping_add(1);
-    cmd.set_cid(g.cid);
-    let r = g.rings[usize::from(qid)].as_mut().expect("queue");
-    let slot = r.sq + u64::from(r.tail) * 64;
-    r.tail = (r.tail + 1) % r.size;
-    let tail = r.tail;
-    g.write_mem(slot, cmd.as_bytes());
-    tail
-}
 
 fn wait_until(what: &str, done: impl Fn() -> bool) {
     let deadline = Instant::now() + TIMEOUT;
@@ -64,8 +51,8 @@ fn truncated_guest_ram(mode: DoorbellMode) {
     }
     g.assert_serving();
     let before = srv.ctrl.stats();
-    stage(&mut g, 1, rw(NvmOpcode::WRITE, 0, 1, DATA, 0));
-    let tail = stage(&mut g, 1, rw(NvmOpcode::READ, 0, 1, DATA + 0x1000, 0));
+    g.stage(1, rw(NvmOpcode::WRITE, 0, 1, DATA, 0));
+    let tail = g.stage(1, rw(NvmOpcode::READ, 0, 1, DATA + 0x1000, 0));
 
     ftruncate(g.ram.fd(), 0).unwrap();
     g.w32(0x1000 + 8, u32::from(tail));
