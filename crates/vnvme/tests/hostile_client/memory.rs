@@ -7,10 +7,9 @@
 //! mapping (that fault would be the test's, and fatal) until it grows the
 //! file back.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use rustix::fs::ftruncate;
@@ -20,6 +19,7 @@ use vnvme_spec::{AdminOpcode, NvmOpcode, Status};
 use zerocopy::little_endian::U64;
 
 use crate::guest::*;
+use crate::peer::fds;
 
 fn wait_until(what: &str, done: impl Fn() -> bool) {
     let deadline = Instant::now() + TIMEOUT;
@@ -97,30 +97,12 @@ fn truncated_guest_ram_memfd_in_mmap_poll_mode_fails_commands_and_the_server_liv
 const EXTRA_IOVA: u64 = 0x2_0000_0000;
 const EXTRA_SIZE: u64 = 1 << 20;
 
-/// A regular file as QEMU's `memory-backend-file,share=on` passes it.
-fn shm_file(name: &str) -> (PathBuf, File) {
-    let dir = if std::path::Path::new("/dev/shm").is_dir() {
-        PathBuf::from("/dev/shm")
-    } else {
-        std::env::temp_dir()
-    };
-    let path = dir.join(format!("vnvme-hostile-{}-{name}", std::process::id()));
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&path)
-        .unwrap();
-    file.set_len(EXTRA_SIZE).unwrap();
-    (path, file)
-}
-
 #[test]
 fn truncated_regular_file_dma_map_fails_io_with_data_transfer_error_until_remapped() {
     let srv = Served::start();
     let mut g = ready(&srv);
-    let (path, file) = shm_file("truncated");
+    // A regular file as QEMU's `memory-backend-file,share=on` passes it.
+    let file = File::from(fds::shm_file(EXTRA_SIZE));
     g.client
         .dma_map(EXTRA_IOVA, EXTRA_SIZE, file.as_fd(), 0, true)
         .unwrap();
@@ -159,5 +141,4 @@ fn truncated_regular_file_dma_map_fails_io_with_data_transfer_error_until_remapp
     file.read_exact_at(&mut got, 0x1000).unwrap();
     assert_eq!(got, pattern, "the read landed in the file mapped again");
     g.finish(&srv);
-    let _ = std::fs::remove_file(&path);
 }
