@@ -8,6 +8,11 @@
 #                       (its folder is bind-mounted read-only into the chroot in a private mount namespace,
 #                       so nothing leaks if the harness dies); no built-in nvme then
 #   --socket-wait SECS  wait up to SECS for SOCK to appear (default 10)
+#   --mem-file PATH     guest RAM in a regular file instead of a memfd: memory-backend-file on PATH (a HOST
+#                       path, e.g. /dev/shm/vm.ram) with share=on, RIG_MEM bytes; the file alone is
+#                       bind-mounted read-write at $RIG_CHROOT/run/rig-mem.XXXXXX in the private mount
+#                       namespace. Created if missing, then removed at exit; an existing file is used as
+#                       is and kept (QEMU grows an empty one, refuses one of another size)
 #   --timeout SECS      hard limit for the whole run, QEMU is killed then (default 300); exit 124
 #   --append "ARGS"     extra kernel command line (e.g. "nvme.poll_queues=1 rig.qd=32"; guest scripts
 #                       read rig.KEY=VALUE with cmdline_get KEY); repeatable
@@ -29,15 +34,16 @@ CACHE=${VNVME_RIG_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vnvme-rig}
 CHROOT=${RIG_CHROOT:-$CACHE/trixie}
 export VNVME_RIG_CACHE=$CACHE RIG_CHROOT=$CHROOT
 
-usage() { sed -n '4,24p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 126; }
+usage() { sed -n '4,29p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 126; }
 err() { echo "run-test: $*" >&2; exit 126; }
-MODE=qemu DBCS='' SOCK='' SOCKWAIT=10 TIMEOUT=300 APPEND='' QARGS='' PIDFILE='' LOG='' RESULTS='' VERBOSE=0 SCRIPT=''
+MODE=qemu DBCS='' SOCK='' MEMFILE='' SOCKWAIT=10 TIMEOUT=300 APPEND='' QARGS='' PIDFILE='' LOG='' RESULTS='' VERBOSE=0 SCRIPT=''
 while [ $# -gt 0 ]; do
   case $1 in
     --qemu-nvme) MODE=qemu ;;
     --dbcs) [ $# -ge 2 ] || usage; case $2 in on|off) DBCS=$2;; *) err "--dbcs takes on or off";; esac; shift ;;
     --vfio-user) [ $# -ge 2 ] || usage; MODE=vfio; SOCK=$2; shift ;;
     --socket-wait) [ $# -ge 2 ] || usage; SOCKWAIT=$2; shift ;;
+    --mem-file) [ $# -ge 2 ] || usage; MEMFILE=$2; shift ;;
     --timeout) [ $# -ge 2 ] || usage; TIMEOUT=$2; shift ;;
     --append) [ $# -ge 2 ] || usage; APPEND="$APPEND $2"; shift ;;
     --qemu-arg) [ $# -ge 2 ] || usage; QARGS="$QARGS $2"; shift ;;
@@ -56,6 +62,10 @@ done
 case $TIMEOUT in ''|*[!0-9]*) err "--timeout takes whole seconds";; esac
 [ "$MODE" = vfio ] && [ -n "$DBCS" ] && err "--dbcs applies to --qemu-nvme only"
 [ "$(id -u)" = 0 ] || err "must run as root (chroot)"
+if [ -n "$MEMFILE" ]; then
+  [ -d "$(dirname "$MEMFILE")" ] || err "--mem-file: no folder $(dirname "$MEMFILE")"
+  [ ! -e "$MEMFILE" ] || [ -f "$MEMFILE" ] || err "--mem-file: $MEMFILE is not a regular file"
+fi
 [ -x "$CHROOT/usr/bin/qemu-system-x86_64" ] || err "rig not set up (no QEMU in $CHROOT): run tests/guest/setup.sh"
 NAME=$(basename "$SCRIPT"); NAME=${NAME%.sh}
 if [ -z "$LOG" ]; then   # default log folder: keep the newest 200
@@ -67,7 +77,7 @@ TMP=$(mktemp -d "${TMPDIR:-/tmp}/rig-test.XXXXXX")
 export RIG_PIDFILE=${PIDFILE:-$TMP/qemu.pid}
 rm -f "$RIG_PIDFILE"
 
-RG='' TAILPID='' MNT=''
+RG='' TAILPID='' MNT='' MEMMNT='' MEMMADE=''
 qemu_pid() { cat "$RIG_PIDFILE" 2>/dev/null || true; }
 stop_qemu() {   # TERM, then KILL after 3 s
   local q; q=$(qemu_pid)
@@ -80,6 +90,8 @@ cleanup() {
   if [ -n "$RG" ] && kill -0 "$RG" 2>/dev/null; then stop_qemu; kill "$RG" 2>/dev/null || true; wait "$RG" 2>/dev/null || true; fi
   [ -n "$TAILPID" ] && { kill "$TAILPID" 2>/dev/null || true; }
   [ -n "$MNT" ] && { rmdir "$MNT" 2>/dev/null || true; }
+  [ -n "$MEMMNT" ] && { rm -f "$MEMMNT" 2>/dev/null || true; }
+  [ -n "$MEMMADE" ] && { rm -f "$MEMMADE" 2>/dev/null || true; }
   rm -f "$RIG_PIDFILE"; rm -rf "$TMP"
 }
 trap cleanup EXIT
@@ -89,19 +101,27 @@ trap 'exit 130' INT
 export RIG_APPEND="${RIG_APPEND:-}$APPEND"
 export RIG_QEMU_ARGS="${RIG_QEMU_ARGS:-}$QARGS"
 LAUNCH=("$HERE/run-guest.sh" "$SCRIPT")
+BINDS=()   # SRC DST ro|rw triples, bind-mounted in QEMU's private mount namespace
+CREAL=$(cd "$CHROOT" && pwd -P)
+if [ -n "$MEMFILE" ]; then
+  # Guest RAM in a regular file. run-guest.sh always declares a memfd backend "mem"; a second backend
+  # and a later -machine memory-backend= replace it as the machine's RAM (QEMU keeps the last value),
+  # and the unused memfd is never allocated as guest RAM.
+  if [ ! -e "$MEMFILE" ]; then : > "$MEMFILE" || err "--mem-file: cannot create $MEMFILE"; MEMMADE=$MEMFILE; fi
+  # always bind-mounted (even from inside the chroot), so QEMU's mem-path is a plain /run/rig-mem.XXXXXX
+  MEMMNT=$(mktemp "$CHROOT/run/rig-mem.XXXXXX")   # the mount point: an empty file
+  BINDS+=("$MEMFILE" "$MEMMNT" rw)
+  export RIG_QEMU_ARGS="$RIG_QEMU_ARGS -object memory-backend-file,id=rigmemfile,size=${RIG_MEM:-1G},mem-path=${MEMMNT#"$CHROOT"},share=on -machine memory-backend=rigmemfile"
+fi
 if [ "$MODE" = vfio ]; then
   for _ in $(seq $((SOCKWAIT * 10))); do [ -S "$SOCK" ] && break; sleep 0.1; done
   [ -S "$SOCK" ] || err "no vfio-user socket at $SOCK (waited $SOCKWAIT s)"
   SDIR=$(cd "$(dirname "$SOCK")" && pwd -P); SBASE=$(basename "$SOCK")
-  CREAL=$(cd "$CHROOT" && pwd -P)
   case "$SDIR/" in
     "$CREAL"/*) export RIG_VFIO_USER=${SDIR#"$CREAL"}/$SBASE ;;      # already inside the chroot
     *) MNT=$(mktemp -d "$CHROOT/run/rig-sock.XXXXXX")
        export RIG_VFIO_USER=${MNT#"$CHROOT"}/$SBASE
-       # private mount namespace: the bind mount exists only for QEMU, and vanishes with it
-       LAUNCH=(unshare -m --propagation private bash -c
-               'mount --bind "$1" "$2" && mount -o remount,bind,ro "$2" && shift 2 && exec "$@"'
-               _ "$SDIR" "$MNT" "${LAUNCH[@]}") ;;
+       BINDS+=("$SDIR" "$MNT" ro) ;;
   esac
   export RIG_NO_NVME=1
   DESC="vfio-user $SOCK"
@@ -112,6 +132,17 @@ else
   DESC="qemu nvme${RIG_NVME:+ ($RIG_NVME)}"
 fi
 
+if [ ${#BINDS[@]} -gt 0 ]; then
+  # private mount namespace: the bind mounts exist only for QEMU, and vanish with it
+  LAUNCH=(unshare -m --propagation private bash -c
+          'while [ "$1" != -- ]; do
+             mount --bind "$1" "$2" || exit
+             if [ "$3" = ro ]; then mount -o remount,bind,ro "$2" || exit; fi
+             shift 3
+           done; shift; exec "$@"'
+          _ "${BINDS[@]}" -- "${LAUNCH[@]}")
+fi
+[ -n "$MEMFILE" ] && DESC="$DESC, guest RAM in file $MEMFILE"
 echo "run-test: $NAME on $DESC, timeout ${TIMEOUT}s, log $LOG" >&2
 T0=${EPOCHREALTIME/./}
 "${LAUNCH[@]}" > "$LOG" 2>&1 &

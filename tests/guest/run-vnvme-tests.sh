@@ -28,17 +28,21 @@
 #              verified fio, detach-ns makes it disappear, delete-ns
 #   format     nvme format --lbaf=0: logical block size 512, verified fio (512 B, 4 KiB); --lbaf=3 back
 #   file       --ns 128M:file=F (io_uring, several requests in flight per queue): the verify test on it
+#   file-backed-ram  --ns 64M:ram, guest RAM in a regular file (run-test.sh --mem-file /dev/shm/F: QEMU's
+#              memory-backend-file, share=on) instead of a memfd: the verify test on 64 MiB; fails if
+#              QEMU does not start (the server refused the memory), the server never mmapped that file
+#              (checked in /proc/PID/maps by device and inode), data is wrong, or the file is left behind
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 GT=$HERE/tests
-ALL="identify verify randread shadow reset kill passthru ns-ready ns-attach format file"
+ALL="identify verify randread shadow reset kill passthru ns-ready ns-attach format file file-backed-ram"
 COMPARE=0 KEEP=0 ONLY=''
 while [ $# -gt 0 ]; do
   case $1 in
     --compare) COMPARE=1 ;;
     --keep) KEEP=1 ;;
-    -h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "run-vnvme-tests: unknown option $1" >&2; exit 126 ;;
     *) case " $ALL " in *" $1 "*) ONLY="$ONLY $1" ;; *) echo "run-vnvme-tests: unknown test $1" >&2; exit 126 ;; esac ;;
   esac
@@ -310,6 +314,45 @@ t_format() {
 t_file() {
   own_server_test file --ns vnvme-fio-verify.sh --ns "128M:file=$TMP/file-ns.img" -- \
     --timeout 300 --append "rig.size=128M rig.name=file"
+}
+
+t_file-backed-ram() {
+  local t0 mf seen srv name=file-backed-ram; t0=$(now)
+  mf=/dev/shm/vnvme-guest-ram.$$
+  rm -f "$mf"
+  if ! start_xserver $name --ns 64M:ram; then
+    report FAIL $name "$(since "$t0")" "server did not start: $(tail -3 "$XLOG" | tr '\n' ' ')"; stop_xserver; return
+  fi
+  # watch the server's mappings while the guest runs: the guest RAM file (device:inode) must show up
+  seen=$TMP/$name.mapped
+  ( pid=$XPID
+    while kill -0 "$pid" 2>/dev/null; do
+      if [ -f "$mf" ] && id=$(stat -c '%Hd %Ld %i' "$mf" 2>/dev/null); then
+        set -- $id
+        if grep -q " $(printf '%02x:%02x' "$1" "$2") $3 " "/proc/$pid/maps" 2>/dev/null; then
+          echo "$mf $(printf '%02x:%02x' "$1" "$2") $3" > "$seen"; exit 0
+        fi
+      fi
+      sleep 0.2
+    done ) &
+  local wpid=$!
+  boot $name "$GT/vnvme-fio-verify.sh" --mem-file "$mf" --timeout 300 --append "rig.size=64M rig.name=file-ram"
+  kill "$wpid" 2>/dev/null; wait "$wpid" 2>/dev/null
+  stop_xserver; srv=$XMSG
+  local why=''
+  [ $RC = 0 ] || why="$(fail_detail $name)"
+  [ $RC = 125 ] && why="QEMU did not start or died (did the server refuse the file-backed memory?): $why"
+  [ -s "$seen" ] || why="${why:+$why; }the server never mmapped the guest RAM file $mf"
+  # QEMU does not stop when the server refuses a DMA_MAP (vfio-user command 2): it logs this and goes on
+  grep -aq 'error reply on async request command 2 ' "$LOG" 2>/dev/null &&
+    why="$why; QEMU got errors in reply to DMA_MAP (console $LOG)"
+  if [ -e "$mf" ]; then why="${why:+$why; }run-test.sh left $mf behind"; rm -f "$mf"; fi
+  [ -z "$srv" ] || why="${why:+$why; }$srv"
+  if [ -z "$why" ]; then
+    report PASS $name "$(since "$t0")" "guest RAM in $mf (mmapped by the server), 64 MiB verified 4k random + 128k sequential: $(iops_of "$OUT")"
+  else
+    report FAIL $name "$(since "$t0")" "$why"
+  fi
 }
 
 T0=$(now)
