@@ -1,23 +1,31 @@
 //! The vfio-user server with the NVMe device behind it, fed a message stream
 //! over a socketpair: well-formed messages with hostile fields, raw headers
-//! with any size and flags, bytes that break the framing, and fds (memfds
-//! for DMA_MAP, eventfds for SET_IRQS, or the wrong kind where unexpected).
+//! with any size and flags, bytes that break the framing, and fds of every
+//! kind on any message: memfds and regular files (for DMA_MAP), eventfds
+//! (for SET_IRQS, also one at its maximum count), pipe ends and sockets
+//! (also ones whose peer never reads, so a write blocks). The harness keeps
+//! a duplicate of each memfd or file it passes with DMA_MAP and may shrink it
+//! later ([`Ext::Truncate`]), so the server's next access to those pages
+//! would raise SIGBUS. SIGPIPE is ignored, as in the `vnvme` binary (Rust's
+//! runtime does it there; libFuzzer's `main` does not).
 //!
 //! The harness also plays a guest: it can write SQEs and PRP lists into its
 //! memfd "RAM" and drive the controller through REGION_WRITEs, so inputs
 //! reach the I/O path and DMA_UNMAP can race in-flight commands. A reader
 //! thread drains replies and answers the server's DMA_READ/DMA_WRITE (or
 //! fails them). Every input must end with the server returning within
-//! [`DEADLINE`] of the client closing: anything else is a hang (panic).
+//! [`DEADLINE`] of the client closing (anything else is a hang: panic), and
+//! with no fd left open that the input opened (a leak: panic).
 
 use std::io::{IoSlice, Read, Write};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::sync::mpsc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Once};
+use std::time::{Duration, Instant};
 
-use arbitrary::Arbitrary;
+use arbitrary::{Arbitrary, Unstructured};
 use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
 use vnvme::device::{DeviceOptions, NvmeDevice};
 use vnvme::namespace::NamespaceSpec;
@@ -30,20 +38,107 @@ use zerocopy::{FromBytes, IntoBytes};
 const DEADLINE: Duration = Duration::from_secs(20);
 /// Size of the guest RAM memfd.
 const RAM: u64 = 1 << 20;
+/// How long the fds the input opened may take to close after the server returned.
+const FD_GRACE: Duration = Duration::from_secs(2);
+/// Most memfd/file duplicates kept for [`Ext::Truncate`].
+const MAX_KEPT: usize = 16;
 const ASQ: u64 = 0x1000;
 const ACQ: u64 = 0x2000;
 
-#[derive(Arbitrary, Debug, Clone, Copy)]
+/// Marks an item of the input format added after the committed corpus was
+/// made. `arbitrary`'s derive picks an enum variant as `u32 * COUNT >> 32`,
+/// so appending variants would re-map most old discriminants (and with them
+/// most of the corpus). So the old enums stay as they were ([`Msg`],
+/// [`BaseFd`]) and a new item is this byte followed by a new enum ([`Ext`],
+/// [`ExtFd`]). An old input decodes as before unless one of its
+/// discriminants starts with this byte (1 in 256 at random; none in the
+/// committed corpus, checked with `cargo fuzz fmt`).
+const EXT_TAG: u8 = 0xa7;
+
+/// `A` as the derive decodes it (the old format), or `B` after an
+/// [`EXT_TAG`] byte.
+fn base_or_ext<'a, A: Arbitrary<'a>, B: Arbitrary<'a>>(
+    u: &mut Unstructured<'a>,
+) -> arbitrary::Result<Result<A, B>> {
+    if u.peek_bytes(1) == Some(&[EXT_TAG][..]) {
+        u.bytes(1)?;
+        return Ok(Err(B::arbitrary(u)?));
+    }
+    // Decode from a copy of the rest, then consume what it used.
+    let rest = u.peek_bytes(u.len()).unwrap_or(&[]);
+    let mut base = Unstructured::new(rest);
+    let a = A::arbitrary(&mut base)?;
+    u.bytes(rest.len() - base.len())?;
+    Ok(Ok(a))
+}
+
+/// The fd kinds of the first input format (do not change: see [`EXT_TAG`]).
+#[derive(Arbitrary)]
+enum BaseFd {
+    Memfd { pages: u8 },
+    Eventfd,
+    Pipe,
+}
+
+/// Fd kinds added since (new ones go at the end).
+#[derive(Arbitrary)]
+enum ExtFd {
+    PipeRead,
+    PipeWrite,
+    Socket,
+    SocketFull,
+    EventfdFull,
+    File { pages: u8 },
+}
+
+/// An fd to pass with a message ([`BaseFd`] or [`ExtFd`] in the input).
+#[derive(Debug, Clone, Copy)]
 pub enum Fd {
     /// A memfd of `pages` 4 KiB pages (the guest RAM when `pages == 0`).
     Memfd {
         pages: u8,
     },
     Eventfd,
-    /// A pipe end: not mappable, not an eventfd.
+    /// A pipe's read end whose write end is closed: not mappable, not an eventfd.
     Pipe,
+    /// A pipe's read end whose writer stays open and silent: a read blocks.
+    PipeRead,
+    /// A pipe's write end, full, whose reader stays open and never reads: a
+    /// write blocks (or fails with EAGAIN if made non-blocking).
+    PipeWrite,
+    /// One end of a socketpair whose peer is closed (a write fails with EPIPE).
+    Socket,
+    /// One end of a socketpair, its send buffer full, whose peer stays open
+    /// and never reads: a write blocks.
+    SocketFull,
+    /// An eventfd at its maximum count (0xffff_ffff_ffff_fffe): a write
+    /// blocks, or fails with EAGAIN if made non-blocking.
+    EventfdFull,
+    /// A regular file in `std::env::temp_dir()` (unlinked at once) of `pages`
+    /// 4 KiB pages (`RAM` bytes when `pages == 0`).
+    File {
+        pages: u8,
+    },
 }
 
+impl<'a> Arbitrary<'a> for Fd {
+    fn arbitrary(u: &mut Unstructured<'a>) -> arbitrary::Result<Self> {
+        Ok(match base_or_ext::<BaseFd, ExtFd>(u)? {
+            Ok(BaseFd::Memfd { pages }) => Fd::Memfd { pages },
+            Ok(BaseFd::Eventfd) => Fd::Eventfd,
+            Ok(BaseFd::Pipe) => Fd::Pipe,
+            Err(ExtFd::PipeRead) => Fd::PipeRead,
+            Err(ExtFd::PipeWrite) => Fd::PipeWrite,
+            Err(ExtFd::Socket) => Fd::Socket,
+            Err(ExtFd::SocketFull) => Fd::SocketFull,
+            Err(ExtFd::EventfdFull) => Fd::EventfdFull,
+            Err(ExtFd::File { pages }) => Fd::File { pages },
+        })
+    }
+}
+
+/// The messages and actions of the first input format (do not add variants
+/// here: see [`EXT_TAG`]; new ones go to [`Ext`]).
 #[derive(Arbitrary, Debug)]
 pub enum Msg {
     Version {
@@ -148,12 +243,53 @@ pub enum Msg {
     },
 }
 
+/// Actions added since the first input format (new ones go at the end).
+#[derive(Arbitrary, Debug)]
+pub enum Ext {
+    /// Shrinks (ftruncate) a memfd or file passed earlier with DMA_MAP (the
+    /// guest RAM too, if it was): to 0 or to half its size. `which` picks
+    /// among those passed. With `kick`, an Identify whose data buffer is the
+    /// last page of the guest RAM goes into the admin SQ and its doorbell is
+    /// rung, so the server reads and writes lost pages at once.
+    Truncate { which: u8, half: bool, kick: bool },
+    /// Fds to attach to the next message sent, whatever it is (on top of its
+    /// own): DMA_UNMAP, REGION_WRITE, VERSION, a doorbell...
+    Fds(Vec<Fd>),
+}
+
+/// One item of an input: a [`Msg`], or an [`EXT_TAG`] byte and an [`Ext`].
+pub enum Step {
+    Msg(Msg),
+    Ext(Ext),
+}
+
+impl<'a> Arbitrary<'a> for Step {
+    fn arbitrary(u: &mut Unstructured<'a>) -> arbitrary::Result<Self> {
+        Ok(match base_or_ext::<Msg, Ext>(u)? {
+            Ok(m) => Step::Msg(m),
+            Err(e) => Step::Ext(e),
+        })
+    }
+}
+
+/// Transparent, so `cargo fuzz fmt` prints old inputs as it did.
+impl std::fmt::Debug for Step {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Step::Msg(m) => m.fmt(f),
+            Step::Ext(e) => e.fmt(f),
+        }
+    }
+}
+
 #[derive(Arbitrary, Debug)]
 pub struct Input {
+    /// Bits 0-1: doorbell mode. Bit 2: the guest RAM is a regular file in
+    /// `std::env::temp_dir()` instead of a memfd.
     pub mode: u8,
     /// Answer the server's DMA_READ/DMA_WRITE (else fail them with EFAULT).
     pub answer_dma: bool,
-    pub msgs: Vec<Msg>,
+    pub msgs: Vec<Step>,
 }
 
 struct Client {
@@ -161,31 +297,142 @@ struct Client {
     ram: OwnedFd,
     next_id: u16,
     broken: bool,
+    /// Fds for the next message ([`Ext::Fds`]).
+    pending: Vec<Fd>,
+    /// Duplicates of the memfds and files passed with DMA_MAP, with their
+    /// size then, for [`Ext::Truncate`].
+    kept: Vec<(OwnedFd, u64)>,
+    /// The other ends of pipes and sockets passed, kept open (silent).
+    peers: Vec<OwnedFd>,
+    /// Admin SQ: entries (from `EnableNvme`) and the tail last rung.
+    admin_entries: u32,
+    admin_tail: u32,
+}
+
+/// A regular file of `len` bytes in the temp folder, already unlinked.
+fn temp_file(len: u64) -> Option<OwnedFd> {
+    use rustix::fs::{Mode, OFlags};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::temp_dir();
+    let mode = Mode::from_raw_mode(0o600);
+    let fd = match rustix::fs::open(&dir, OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC, mode) {
+        Ok(fd) => fd,
+        Err(_) => {
+            // No O_TMPFILE on this file system: a fresh name, unlinked at once.
+            let n = N.fetch_add(1, Ordering::Relaxed);
+            let path = dir.join(format!("vnvme-fuzz-{}-{n}", std::process::id()));
+            let flags = OFlags::CREATE | OFlags::EXCL | OFlags::RDWR | OFlags::CLOEXEC;
+            let fd = rustix::fs::open(&path, flags, mode).ok()?;
+            let _ = std::fs::remove_file(&path);
+            fd
+        }
+    };
+    rustix::fs::ftruncate(&fd, len).ok()?;
+    Some(fd)
+}
+
+/// Writes into `fd` until its buffer is full, then makes it blocking again.
+fn fill(fd: &OwnedFd) {
+    use rustix::fs::{fcntl_getfl, fcntl_setfl, OFlags};
+    let Ok(fl) = fcntl_getfl(fd) else { return };
+    if fcntl_setfl(fd, fl | OFlags::NONBLOCK).is_err() {
+        return;
+    }
+    let chunk = [0x5au8; 16384];
+    // At most 16 MiB: far above any pipe or socket buffer.
+    for _ in 0..1024 {
+        if !matches!(rustix::io::write(fd, &chunk), Ok(n) if n > 0) {
+            break;
+        }
+    }
+    let _ = fcntl_setfl(fd, fl);
 }
 
 impl Client {
-    fn make_fd(&self, f: Fd) -> Option<OwnedFd> {
-        match f {
-            Fd::Memfd { pages: 0 } => rustix::io::dup(&self.ram).ok(),
+    /// A new fd of kind `f` (the other end of a pipe or socket goes to
+    /// `peers`), with its size if it is a memfd or file.
+    fn make_fd(&mut self, f: Fd) -> Option<(OwnedFd, Option<u64>)> {
+        use rustix::event::{eventfd, EventfdFlags};
+        use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
+        use rustix::pipe::{pipe_with, PipeFlags};
+        let pair = || {
+            socketpair(
+                AddressFamily::UNIX,
+                SocketType::STREAM,
+                SocketFlags::CLOEXEC,
+                None,
+            )
+            .ok()
+        };
+        let fd = match f {
+            Fd::Memfd { pages: 0 } => return Some((rustix::io::dup(&self.ram).ok()?, Some(RAM))),
             Fd::Memfd { pages } => {
                 let fd = rustix::fs::memfd_create("fuzz", rustix::fs::MemfdFlags::CLOEXEC).ok()?;
-                rustix::fs::ftruncate(&fd, u64::from(pages) * 4096).ok()?;
-                Some(fd)
+                let len = u64::from(pages) * 4096;
+                rustix::fs::ftruncate(&fd, len).ok()?;
+                return Some((fd, Some(len)));
             }
-            Fd::Eventfd => rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).ok(),
-            Fd::Pipe => rustix::pipe::pipe().ok().map(|(r, _w)| r),
-        }
+            Fd::File { pages } => {
+                let len = if pages == 0 {
+                    RAM
+                } else {
+                    u64::from(pages) * 4096
+                };
+                return Some((temp_file(len)?, Some(len)));
+            }
+            Fd::Eventfd => eventfd(0, EventfdFlags::CLOEXEC).ok()?,
+            Fd::EventfdFull => {
+                let fd = eventfd(0, EventfdFlags::CLOEXEC).ok()?;
+                rustix::io::write(&fd, &0xffff_ffff_ffff_fffeu64.to_ne_bytes()).ok()?;
+                fd
+            }
+            Fd::Pipe => rustix::pipe::pipe().ok().map(|(r, _w)| r)?,
+            Fd::PipeRead => {
+                let (r, w) = pipe_with(PipeFlags::CLOEXEC).ok()?;
+                self.peers.push(w);
+                r
+            }
+            Fd::PipeWrite => {
+                let (r, w) = pipe_with(PipeFlags::CLOEXEC).ok()?;
+                fill(&w);
+                self.peers.push(r);
+                w
+            }
+            Fd::Socket => pair()?.0,
+            Fd::SocketFull => {
+                let (a, b) = pair()?;
+                fill(&a);
+                self.peers.push(b);
+                a
+            }
+        };
+        Some((fd, None))
     }
 
     fn send_raw(&mut self, bytes: &[u8], fds: &[Fd]) {
         if self.broken {
             return;
         }
-        let owned: Vec<OwnedFd> = fds
+        let mut all = std::mem::take(&mut self.pending);
+        all.extend_from_slice(fds);
+        let made: Vec<(OwnedFd, Option<u64>)> = all
             .iter()
             .take(20)
             .filter_map(|f| self.make_fd(*f))
             .collect();
+        // DMA_MAP by its header (also from `Raw`): keep what may be mapped.
+        let dma_map = bytes.len() >= 4 && u16::from_le_bytes([bytes[2], bytes[3]]) == cmd::DMA_MAP;
+        if dma_map {
+            for (fd, len) in &made {
+                if let (Some(len), Ok(dup)) = (len, rustix::io::dup(fd)) {
+                    if self.kept.len() == MAX_KEPT {
+                        self.kept.remove(0);
+                    }
+                    self.kept.push((dup, *len));
+                }
+            }
+        }
+        let owned: Vec<OwnedFd> = made.into_iter().map(|(fd, _)| fd).collect();
         let borrowed: Vec<BorrowedFd<'_>> = owned.iter().map(|f| f.as_fd()).collect();
         let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(20))];
         let mut control = SendAncillaryBuffer::new(&mut space);
@@ -235,6 +482,41 @@ impl Client {
     fn guest_write(&self, offset: u64, bytes: &[u8]) {
         let _ = rustix::io::pwrite(&self.ram, bytes, offset % RAM);
     }
+
+    /// An admin command into the next SQ slot, and the tail doorbell rung.
+    fn admin(&mut self, sqe: &[u8; 64]) {
+        let n = self.admin_entries.max(2);
+        let slot = self.admin_tail % n;
+        self.guest_write(ASQ + u64::from(slot) * 64, sqe);
+        self.admin_tail = (slot + 1) % n;
+        self.region_write(0, 0x1000, &self.admin_tail.to_le_bytes(), true);
+    }
+}
+
+/// The fds open in this process (None if /proc cannot tell).
+fn open_fds() -> Option<Vec<(i32, String)>> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir("/proc/self/fd").ok()? {
+        let e = e.ok()?;
+        let Some(n) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let link = std::fs::read_link(e.path())
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
+        v.push((n, link));
+    }
+    Some(v)
+}
+
+/// Ignore SIGPIPE once, as Rust's runtime does for the `vnvme` binary:
+/// libFuzzer's `main` leaves it at its default (terminate).
+fn ignore_sigpipe() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: SIG_IGN for SIGPIPE, before this input's threads start.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+    });
 }
 
 fn le32s(v: &[u32]) -> Vec<u8> {
@@ -315,6 +597,28 @@ fn mode(sel: u8) -> DoorbellMode {
 }
 
 pub fn run(input: Input) {
+    ignore_sigpipe();
+    // The read_dir fd itself is closed again before this returns.
+    let fds_before = open_fds();
+    session(input);
+    // Every fd the input opened must be closed once the server has returned
+    // (a worker may still be letting go of one: a short grace period).
+    let Some(before) = fds_before else { return };
+    let t0 = Instant::now();
+    loop {
+        let Some(now) = open_fds() else { return };
+        let leaked: Vec<_> = now.iter().filter(|f| !before.contains(f)).collect();
+        if now.len() <= before.len() || leaked.is_empty() {
+            return;
+        }
+        if t0.elapsed() > FD_GRACE {
+            panic!("fds left open after the server returned: {leaked:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn session(input: Input) {
     let opts = DeviceOptions {
         max_io_queues: 4,
         doorbells: mode(input.mode),
@@ -330,8 +634,13 @@ pub fn run(input: Input) {
         let _ = server.serve_stream(server_end);
         let _ = done_tx.send(());
     });
-    let ram = rustix::fs::memfd_create("ram", rustix::fs::MemfdFlags::CLOEXEC).expect("memfd");
-    rustix::fs::ftruncate(&ram, RAM).expect("ftruncate");
+    let ram = if input.mode & 4 != 0 {
+        temp_file(RAM).expect("guest RAM file in the temp folder")
+    } else {
+        let ram = rustix::fs::memfd_create("ram", rustix::fs::MemfdFlags::CLOEXEC).expect("memfd");
+        rustix::fs::ftruncate(&ram, RAM).expect("ftruncate");
+        ram
+    };
     let _ = client_end.set_write_timeout(Some(Duration::from_secs(2)));
     let read_end = client_end.try_clone().expect("clone");
     let answer = input.answer_dma;
@@ -341,6 +650,11 @@ pub fn run(input: Input) {
         ram,
         next_id: 0,
         broken: false,
+        pending: Vec::new(),
+        kept: Vec::new(),
+        peers: Vec::new(),
+        admin_entries: 64,
+        admin_tail: 0,
     };
     for m in input.msgs.into_iter().take(128) {
         step(&mut c, m);
@@ -357,7 +671,11 @@ pub fn run(input: Input) {
     let _ = rd.join();
 }
 
-fn step(c: &mut Client, m: Msg) {
+fn step(c: &mut Client, s: Step) {
+    let m = match s {
+        Step::Msg(m) => m,
+        Step::Ext(e) => return ext(c, e),
+    };
     match m {
         Msg::Version {
             major,
@@ -500,6 +818,8 @@ fn step(c: &mut Client, m: Msg) {
         }
         Msg::EnableNvme { qsize_z } => {
             let q = u32::from(qsize_z.max(1));
+            c.admin_entries = q + 1;
+            c.admin_tail = 0;
             let _ = rustix::io::pwrite(&c.ram, &[0u8; 4096], ACQ);
             c.region_write(0, 0x14, &0u32.to_le_bytes(), true);
             c.region_write(0, 0x24, &(q | (q << 16)).to_le_bytes(), true);
@@ -513,7 +833,8 @@ fn step(c: &mut Client, m: Msg) {
         Msg::AdminCmd { slot, sqe } => {
             let slot = u64::from(slot % 64);
             c.guest_write(ASQ + slot * 64, &sqe);
-            c.region_write(0, 0x1000, &((slot as u32 + 1) % 64).to_le_bytes(), true);
+            c.admin_tail = (slot as u32 + 1) % 64;
+            c.region_write(0, 0x1000, &c.admin_tail.to_le_bytes(), true);
         }
         Msg::Reset => c.send(cmd::DEVICE_RESET, 0, &[], &[]),
         Msg::Raw {
@@ -540,6 +861,30 @@ fn step(c: &mut Client, m: Msg) {
         Msg::Bytes(b) => c.send_raw(&b[..b.len().min(8192)], &[]),
         Msg::Pause { micros } => {
             std::thread::sleep(Duration::from_micros(u64::from(micros % 2000)))
+        }
+    }
+}
+
+fn ext(c: &mut Client, e: Ext) {
+    match e {
+        Ext::Truncate { which, half, kick } => {
+            if !c.kept.is_empty() {
+                let (fd, len) = &c.kept[usize::from(which) % c.kept.len()];
+                let _ = rustix::fs::ftruncate(fd, if half { len / 2 } else { 0 });
+            }
+            if kick {
+                // Identify Controller (CNS 1) into the last page of the RAM.
+                let mut sqe = [0u8; 64];
+                sqe[0] = 0x06;
+                sqe[2..4].copy_from_slice(&c.next_id.to_le_bytes());
+                sqe[24..32].copy_from_slice(&(RAM - 4096).to_le_bytes());
+                sqe[40] = 1;
+                c.admin(&sqe);
+            }
+        }
+        Ext::Fds(fds) => {
+            c.pending = fds;
+            c.pending.truncate(20);
         }
     }
 }
