@@ -11,6 +11,10 @@
 //! max_namespaces = 16         # NN
 //! nvm_capacity = "2G"         # TNVMCAP for Namespace Management
 //! format_duration = "100ms"   # Format In Progress this long
+//! max_dma_maps = 1024         # what a vfio-user client may map, in maps
+//! max_dma_size = "64G"        # ... and in bytes
+//! handshake_timeout = "5s"    # VERSION within this
+//! message_timeout = "5s"      # each message whole within this
 //!
 //! [[namespaces]]              # NSID 1
 //! size = "1G"
@@ -75,6 +79,10 @@ struct FileConfig {
     max_namespaces: Option<Spanned<u32>>,
     nvm_capacity: Option<Spanned<SizeValue>>,
     format_duration: Option<Spanned<String>>,
+    max_dma_maps: Option<Spanned<u64>>,
+    max_dma_size: Option<Spanned<SizeValue>>,
+    handshake_timeout: Option<Spanned<String>>,
+    message_timeout: Option<Spanned<String>>,
     #[serde(default)]
     namespaces: Vec<FileNamespace>,
 }
@@ -104,6 +112,10 @@ pub struct ServeConfig {
     pub max_namespaces: Option<u32>,
     pub nvm_capacity: Option<u64>,
     pub format_duration: Option<Duration>,
+    pub max_dma_maps: Option<u64>,
+    pub max_dma_size: Option<u64>,
+    pub handshake_timeout: Option<Duration>,
+    pub message_timeout: Option<Duration>,
     /// NSIDs from 1 in order; empty if the file has none.
     pub namespaces: Vec<NamespaceSpec>,
 }
@@ -160,6 +172,8 @@ impl ServeConfig {
             model: raw.model.as_ref().map(|v| v.get_ref().clone()),
             ready_timeout: duration("ready_timeout", &raw.ready_timeout)?,
             format_duration: duration("format_duration", &raw.format_duration)?,
+            handshake_timeout: duration("handshake_timeout", &raw.handshake_timeout)?,
+            message_timeout: duration("message_timeout", &raw.message_timeout)?,
             nvm_capacity: raw
                 .nvm_capacity
                 .as_ref()
@@ -196,6 +210,37 @@ impl ServeConfig {
         if let Some(v) = &raw.workers {
             ranged("workers", v.span(), *v.get_ref(), 1, 64)?;
             cfg.workers = Some(*v.get_ref());
+        }
+        if let Some(v) = &raw.max_dma_maps {
+            ranged("max_dma_maps", v.span(), *v.get_ref(), 1, 16384)?;
+            cfg.max_dma_maps = Some(*v.get_ref());
+        }
+        if let Some(v) = &raw.max_dma_size {
+            let bytes = size("max_dma_size", v)?;
+            if bytes == 0 {
+                return Err(at(
+                    Some(v.span()),
+                    "max_dma_size".into(),
+                    "must be more than 0".into(),
+                ));
+            }
+            cfg.max_dma_size = Some(bytes);
+        }
+        for (field, v, parsed) in [
+            (
+                "handshake_timeout",
+                &raw.handshake_timeout,
+                cfg.handshake_timeout,
+            ),
+            ("message_timeout", &raw.message_timeout, cfg.message_timeout),
+        ] {
+            if let (Some(v), Some(Duration::ZERO)) = (v, parsed) {
+                return Err(at(
+                    Some(v.span()),
+                    field.into(),
+                    "must be more than 0".into(),
+                ));
+            }
         }
         if let Some(v) = &raw.max_namespaces {
             ranged("max_namespaces", v.span(), u64::from(*v.get_ref()), 0, 1024)?;
@@ -447,6 +492,31 @@ attached = false
         );
         let e = err("serial = \"x\"\nmax_io_queues = \n");
         assert!(e.starts_with("config.toml:2: "), "{e}");
+    }
+
+    #[test]
+    fn client_limits_and_deadlines_parse_and_are_checked() {
+        let c = ServeConfig::parse(
+            "config.toml",
+            "max_dma_maps = 64\nmax_dma_size = \"64G\"\nhandshake_timeout = \"2s\"\nmessage_timeout = \"500ms\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.max_dma_maps, Some(64));
+        assert_eq!(c.max_dma_size, Some(64 << 30));
+        assert_eq!(c.handshake_timeout, Some(Duration::from_secs(2)));
+        assert_eq!(c.message_timeout, Some(Duration::from_millis(500)));
+        assert_eq!(
+            err("max_dma_maps = 20000\n"),
+            "config.toml:1: max_dma_maps: 20000 is out of range 1..=16384"
+        );
+        assert_eq!(
+            err("max_dma_size = 0\n"),
+            "config.toml:1: max_dma_size: must be more than 0"
+        );
+        assert_eq!(
+            err("\nmessage_timeout = \"0s\"\n"),
+            "config.toml:2: message_timeout: must be more than 0"
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 
 use vnvme_controller::Controller;
-use vnvme_vfio_user::{DmaLimits, ServerOptions};
+use vnvme_vfio_user::{DmaLimits, ServerOptions, HANDSHAKE_TIMEOUT, MESSAGE_TIMEOUT};
 
 use crate::device::{DeviceOptions, NvmeDevice};
 use crate::namespace::NamespaceSpec;
@@ -60,13 +60,13 @@ pub struct ServeOptions {
     /// Total bytes a client may map with DMA_MAP (e.g. 64G, 4T). Default 4T.
     #[arg(long, value_name = "SIZE", value_parser = crate::size::parse_size)]
     pub max_dma_size: Option<u64>,
-    /// How long a new connection has to send VERSION before it is dropped.
-    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = crate::namespace::parse_duration)]
-    pub handshake_timeout: Duration,
+    /// How long a new connection has to send VERSION before it is dropped. Default 5s.
+    #[arg(long, value_name = "DURATION", value_parser = crate::namespace::parse_duration)]
+    pub handshake_timeout: Option<Duration>,
     /// How long one message may take to arrive whole once it has started (and a client that does
-    /// not read its socket may block a reply).
-    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = crate::namespace::parse_duration)]
-    pub message_timeout: Duration,
+    /// not read its socket may block a reply). Default 5s.
+    #[arg(long, value_name = "DURATION", value_parser = crate::namespace::parse_duration)]
+    pub message_timeout: Option<Duration>,
     #[command(flatten)]
     pub device: DeviceOptions,
 }
@@ -74,7 +74,9 @@ pub struct ServeOptions {
 impl ServeOptions {
     /// What the vfio-user server allows a client.
     pub fn server_options(&self) -> Result<ServerOptions> {
-        if self.handshake_timeout.is_zero() || self.message_timeout.is_zero() {
+        let handshake_timeout = self.handshake_timeout.unwrap_or(HANDSHAKE_TIMEOUT);
+        let message_timeout = self.message_timeout.unwrap_or(MESSAGE_TIMEOUT);
+        if handshake_timeout.is_zero() || message_timeout.is_zero() {
             bail!("--handshake-timeout and --message-timeout must be more than 0");
         }
         let mut dma_limits = DmaLimits::default();
@@ -88,8 +90,8 @@ impl ServeOptions {
             dma_limits.max_bytes = bytes;
         }
         Ok(ServerOptions {
-            handshake_timeout: self.handshake_timeout,
-            message_timeout: self.message_timeout,
+            handshake_timeout,
+            message_timeout,
             dma_limits,
         })
     }
@@ -99,6 +101,10 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
     if let Some(path) = &opts.config {
         let file = crate::config::ServeConfig::load(path)?;
         opts.device = file.apply(&opts.device);
+        opts.max_dma_maps = opts.max_dma_maps.or(file.max_dma_maps);
+        opts.max_dma_size = opts.max_dma_size.or(file.max_dma_size);
+        opts.handshake_timeout = opts.handshake_timeout.or(file.handshake_timeout);
+        opts.message_timeout = opts.message_timeout.or(file.message_timeout);
         if opts.namespaces.is_empty() {
             opts.namespaces = file.namespaces;
         }
