@@ -297,12 +297,22 @@ impl DmaSpace {
     ) -> Result<(), Errno> {
         self.check_new_map(iova, size)?;
         let stat = rustix::fs::fstat(fd).map_err(|e| e.raw_os_error())?;
-        if rustix::fs::FileType::from_raw_mode(stat.st_mode) != rustix::fs::FileType::RegularFile {
+        let kind = rustix::fs::FileType::from_raw_mode(stat.st_mode);
+        if kind != rustix::fs::FileType::RegularFile {
+            self.log_refusal(format_args!(
+                "DMA_MAP at {iova:#x} refused (EINVAL): the fd is a {kind:?}, not a memfd or \
+                 regular file"
+            ));
             return Err(libc::EINVAL);
         }
         // An access past the end of the file would raise SIGBUS.
         let end = file_offset.checked_add(size).ok_or(libc::EINVAL)?;
-        if u64::try_from(stat.st_size).unwrap_or(0) < end {
+        let file_size = u64::try_from(stat.st_size).unwrap_or(0);
+        if file_size < end {
+            self.log_refusal(format_args!(
+                "DMA_MAP of {size:#x} bytes at {iova:#x} refused (EINVAL): it ends at file \
+                 offset {end:#x}, past the end of the {file_size:#x}-byte file it came with"
+            ));
             return Err(libc::EINVAL);
         }
         let page = rustix::param::page_size() as u64;
