@@ -32,7 +32,9 @@ pub struct ControllerConfig {
     /// Bits OR-ed into Identify Controller OACS (e.g. Doorbell Buffer Config).
     pub oacs_extra: u16,
     /// PCI Vendor ID and Subsystem Vendor ID reported in Identify Controller;
-    /// must match the PCI config space the glue exposes.
+    /// must match the PCI config space the glue exposes. Default 0x7E57, the
+    /// unregistered ID of `vnvme_pci::DEFAULT_VENDOR_ID` (see README, "PCI
+    /// identity").
     pub vid: u16,
     pub ssvid: u16,
     /// Controller ID.
@@ -102,8 +104,8 @@ impl Default for ControllerConfig {
             mdts: 5,
             workers: 1,
             oacs_extra: 0,
-            vid: 0x1b36,
-            ssvid: 0x1af4,
+            vid: 0x7e57,
+            ssvid: 0x7e57,
             cntlid: 1,
             subnqn: None,
             doorbells: DoorbellMode::default(),
@@ -358,8 +360,11 @@ impl NamespaceConfig {
 pub enum ConfigError {
     #[error("workers must be at least 1")]
     NoWorkers,
-    #[error("max_io_queues must be 1..=65534, got {0}")]
-    MaxIoQueues(u16),
+    #[error(
+        "max_io_queues must be 1..={max} (the doorbells of that many queue pairs fill BAR0's \
+         doorbell page), got {got}"
+    )]
+    MaxIoQueues { got: u16, max: u16 },
     #[error("msix_vectors must be 1..=2048, got {0}")]
     MsixVectors(u16),
     #[error("mqes_z must be at least 1 (queues of two entries)")]

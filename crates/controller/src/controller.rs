@@ -92,7 +92,10 @@ impl Controller {
         // Doorbells for qids 0..=max_io_queues must fit below the MSI-X table.
         let max_by_bar = ((DOORBELL_END - offset::DOORBELLS) / 8 - 1) as u16;
         if config.max_io_queues == 0 || config.max_io_queues > max_by_bar {
-            return Err(ConfigError::MaxIoQueues(config.max_io_queues));
+            return Err(ConfigError::MaxIoQueues {
+                got: config.max_io_queues,
+                max: max_by_bar,
+            });
         }
         if config.msix_vectors == 0 || config.msix_vectors > 2048 {
             return Err(ConfigError::MsixVectors(config.msix_vectors));

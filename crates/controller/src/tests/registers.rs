@@ -84,3 +84,20 @@ fn bad_register_accesses_never_panic() {
     }
     assert!(h.ctrl.stats().invalid_register_accesses > 0);
 }
+
+#[test]
+fn too_many_io_queues_names_the_real_limit() {
+    let config = ControllerConfig {
+        max_io_queues: 600,
+        ..ControllerConfig::default()
+    };
+    let err = Controller::new(config, Vec::new()).unwrap_err().to_string();
+    assert!(err.contains("1..=511"), "{err}");
+    assert!(err.contains("got 600"), "{err}");
+    let fits = ControllerConfig {
+        max_io_queues: 511,
+        msix_vectors: 512,
+        ..ControllerConfig::default()
+    };
+    assert!(Controller::new(fits, Vec::new()).is_ok());
+}
