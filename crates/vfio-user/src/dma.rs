@@ -5,13 +5,11 @@
 //! path. Maps without an fd are reached with DMA_READ/DMA_WRITE messages to the
 //! client.
 //!
-//! The map table is an immutable snapshot (`ArcSwap`, as vm-memory's
-//! `GuestMemoryAtomic`): an access loads the current one, with no lock, and
-//! holds it for its copy (or its DMA_READ/DMA_WRITE round trip). DMA_MAP and
-//! DMA_UNMAP, serialised among themselves, publish a new table; DMA_UNMAP
-//! then waits until no snapshot holds the removed map any more, and only then
-//! is it munmapped. So once the server replies to DMA_UNMAP no access can
-//! touch the range, and no access can ever touch memory that was unmapped.
+//! Unmapping is made safe with a read/write lock around the map table: an
+//! access holds the read lock for the duration of its copy (or of its
+//! DMA_READ/DMA_WRITE round trip); DMA_UNMAP takes the write lock to remove and
+//! munmap a map. So once the server replies to DMA_UNMAP no access can touch
+//! the range, and no access can ever touch memory that was unmapped.
 //!
 //! A client may shrink (ftruncate) the file behind a map at any time: QEMU
 //! and SPDK do not seal their memory, and a regular file cannot be sealed.
@@ -33,8 +31,7 @@ use std::sync::atomic::{compiler_fence, AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
-use parking_lot::Mutex;
+use parking_lot::RwLock;
 use rustix::mm::{MapFlags, ProtFlags};
 
 use crate::conn::{Conn, MAX_DATA_XFER_SIZE};
@@ -140,7 +137,7 @@ impl Mmap {
 // `ptr` is synchronised by the map table lock (see module docs).
 unsafe impl Send for Mmap {}
 // SAFETY: as above; `&Mmap` only hands out the pointer for copies made while
-// a table snapshot holding the map is held.
+// the table's read lock is held.
 unsafe impl Sync for Mmap {}
 
 impl Drop for Mmap {
@@ -149,7 +146,7 @@ impl Drop for Mmap {
         drop(self.fault.take());
         // SAFETY: `ptr`/`len` describe a mapping created by `mmap` in
         // `map_fd`/`map_anonymous` and not unmapped since; this is the only
-        // owner: the last snapshot holding it is gone (whoever drops a map from
+        // owner, and the table's write lock (held by whoever drops a map from
         // the table) guarantees no access is using it.
         if let Err(e) = unsafe { rustix::mm::munmap(self.ptr.cast(), self.len) } {
             tracing::warn!(error = %e, "munmap of a DMA map failed");
@@ -206,11 +203,10 @@ impl Mapping {
     }
 }
 
-/// One snapshot of the maps; replaced whole, never changed.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Default)]
 struct MapTable {
     /// Sorted by `iova`, non-overlapping.
-    maps: Vec<Arc<Mapping>>,
+    maps: Vec<Mapping>,
     /// Sum of the maps' sizes.
     bytes: u64,
 }
@@ -228,10 +224,7 @@ impl MapTable {
 
 #[derive(Debug)]
 struct DmaInner {
-    /// The current snapshot: loaded by accesses without a lock.
-    maps: ArcSwap<MapTable>,
-    /// Serialises the writers (map, unmap), which publish new snapshots.
-    writer: Mutex<()>,
+    maps: RwLock<MapTable>,
     /// The connection DMA_READ/DMA_WRITE go over; None for a local space.
     conn: Option<Arc<Conn>>,
     /// Largest data transfer the client accepts in one message.
@@ -271,8 +264,7 @@ impl DmaSpace {
     pub(crate) fn with_conn(conn: Option<Arc<Conn>>, max_xfer: usize, limits: DmaLimits) -> Self {
         Self {
             inner: Arc::new(DmaInner {
-                maps: ArcSwap::default(),
-                writer: Mutex::new(()),
+                maps: RwLock::new(MapTable::default()),
                 conn,
                 max_xfer: max_xfer.clamp(4, MAX_DATA_XFER_SIZE),
                 limits,
@@ -288,7 +280,7 @@ impl DmaSpace {
 
     /// Number of maps.
     pub fn map_count(&self) -> usize {
-        self.inner.maps.load().maps.len()
+        self.inner.maps.read().maps.len()
     }
 
     /// Maps `size` bytes of `fd` from `file_offset` at `iova` (MAP_SHARED),
@@ -425,7 +417,7 @@ impl DmaSpace {
         if size == 0 || iova.checked_add(size).is_none() {
             return Err(libc::EINVAL);
         }
-        let table = self.inner.maps.load();
+        let table = self.inner.maps.read();
         self.check_room(&table, iova, size)?;
         if overlaps(&table, iova, size) {
             return Err(libc::EEXIST);
@@ -472,17 +464,15 @@ impl DmaSpace {
     }
 
     fn insert(&self, m: Mapping) -> Result<(), Errno> {
-        let _writer = self.inner.writer.lock();
-        let mut table = MapTable::clone(&self.inner.maps.load());
-        // Checked again with the writers serialised: maps may have changed.
+        let mut table = self.inner.maps.write();
+        // Checked again under the write lock: maps may have changed.
         self.check_room(&table, m.iova, m.size)?;
         if overlaps(&table, m.iova, m.size) {
             return Err(libc::EEXIST);
         }
         let idx = table.maps.partition_point(|x| x.iova < m.iova);
         table.bytes += m.size;
-        table.maps.insert(idx, Arc::new(m));
-        self.inner.maps.store(Arc::new(table));
+        table.maps.insert(idx, m);
         Ok(())
     }
 
@@ -490,40 +480,36 @@ impl DmaSpace {
     /// in progress; after it returns no access touches the range.
     pub fn unmap(&self, iova: u64, size: u64) -> Result<(), Errno> {
         let removed = {
-            let _writer = self.inner.writer.lock();
-            let mut table = MapTable::clone(&self.inner.maps.load());
+            let mut table = self.inner.maps.write();
             let idx = table
                 .maps
                 .iter()
                 .position(|m| m.iova == iova && m.size == size);
-            let removed = match idx {
-                Some(i) => table.maps.remove(i),
+            match idx {
+                Some(i) => {
+                    let m = table.maps.remove(i);
+                    table.bytes -= m.size;
+                    m
+                }
                 None if overlaps(&table, iova, size) => return Err(libc::EINVAL),
                 None => return Err(libc::ENOENT),
-            };
-            table.bytes -= removed.size;
-            self.inner.maps.store(Arc::new(table));
-            removed
+            }
         };
-        release(vec![removed]);
+        // munmap outside the lock; nobody can reach `removed` any more.
+        drop(removed);
         Ok(())
     }
 
-    /// Removes every map, waiting for accesses in progress.
+    /// Removes every map.
     pub fn unmap_all(&self) {
-        let old = {
-            let _writer = self.inner.writer.lock();
-            self.inner.maps.swap(Arc::default())
-        };
-        let removed = MapTable::clone(&old).maps;
-        drop(old);
-        release(removed);
+        let removed = std::mem::take(&mut *self.inner.maps.write());
+        drop(removed);
     }
 
     /// Where `iova` is in this process, for tests of the mapping itself.
     #[cfg(test)]
     pub(crate) fn host_address(&self, iova: u64) -> Option<*mut u8> {
-        let table = self.inner.maps.load();
+        let table = self.inner.maps.read();
         let m = table.maps.get(table.find(iova)?)?;
         match &m.backing {
             Backing::Mmap(mm) => Some(mm.ptr.wrapping_add(mm.delta + (iova - m.iova) as usize)),
@@ -532,7 +518,7 @@ impl DmaSpace {
     }
 
     /// Walks `[iova, iova + len)` map by map, calling `f(piece, offset, n)`
-    /// for each contiguous piece, all on one snapshot of the maps.
+    /// for each contiguous piece, all under the read lock.
     fn walk(
         &self,
         iova: u64,
@@ -545,7 +531,7 @@ impl DmaSpace {
         }
         let unmapped = DmaError::Unmapped { addr: iova, len };
         let end = iova.checked_add(len).ok_or(unmapped)?;
-        let table = self.inner.maps.load();
+        let table = self.inner.maps.read();
         let mut idx = table.find(iova).ok_or(unmapped)?;
         let mut addr = iova;
         let mut done = 0usize;
@@ -606,7 +592,7 @@ impl DmaSpace {
             let dst = &mut buf[done..done + n];
             match piece {
                 // SAFETY: `p` points at `n` readable bytes of a live mapping
-                // (the snapshot holds it); `dst` is a distinct Rust buffer.
+                // (the read lock is held); `dst` is a distinct Rust buffer.
                 // The guest may write the memory concurrently: we treat it like
                 // device memory and only copy bytes out, never form references.
                 Piece::Local(p) => unsafe { std::ptr::copy_nonoverlapping(p, dst.as_mut_ptr(), n) },
@@ -627,7 +613,7 @@ impl DmaSpace {
             let src = &buf[done..done + n];
             match piece {
                 // SAFETY: `p` points at `n` writable bytes of a live mapping
-                // (snapshot held, PROT_WRITE since the map is writable).
+                // (read lock held, PROT_WRITE since the map is writable).
                 Piece::Local(p) => unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), p, n) },
                 Piece::Remote(conn) => {
                     for (i, chunk) in src.chunks(max_xfer).enumerate() {
@@ -668,7 +654,7 @@ impl DmaSpace {
             if let Piece::Local(p) = piece {
                 if n == 4 && p.cast::<u32>().is_aligned() {
                     // SAFETY: `p` is 4-aligned and points at 4 bytes of a live
-                    // shared mapping (snapshot held).
+                    // shared mapping (read lock held).
                     let v = unsafe { AtomicU32::from_ptr(p.cast()) }.load(Ordering::Acquire);
                     out = Some(u32::from_le(v));
                 }
@@ -719,22 +705,6 @@ fn hugetlb_page_size(fd: BorrowedFd<'_>) -> Option<u64> {
     u64::try_from(fs.f_bsize)
         .ok()
         .filter(|b| b.is_power_of_two())
-}
-
-/// Drops maps that are out of the table: waits until no snapshot holds them
-/// (an access in progress keeps its snapshot for its copy, or at most for a
-/// DMA_READ/DMA_WRITE round trip), then they are munmapped.
-fn release(removed: Vec<Arc<Mapping>>) {
-    // Snapshots replaced by `store`/`swap` count in the strong count (arc-swap
-    // pays the loads it lent out before a swap returns).
-    let mut wait = Duration::from_micros(1);
-    for m in removed {
-        while Arc::strong_count(&m) > 1 {
-            std::thread::sleep(wait);
-            wait = (wait * 2).min(Duration::from_millis(1));
-        }
-        drop(m);
-    }
 }
 
 fn overlaps(table: &MapTable, iova: u64, size: u64) -> bool {
