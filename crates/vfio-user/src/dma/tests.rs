@@ -125,3 +125,48 @@ fn overlapping_map_is_eexist_and_unmap_must_match() {
         Err(DmaError::Unmapped { .. })
     ));
 }
+
+/// Readers on other threads never touch an unmapped map while it is
+/// unmapped and mapped again under them: a munmap under a copy would crash
+/// (SIGSEGV). A copy sees the old map, or the new one (zeroes, or being
+/// filled), or no map at all.
+#[test]
+fn readers_never_touch_a_map_unmapped_and_remapped_under_them() {
+    let dma = DmaSpace::new_local();
+    dma.map_anonymous(0x10_0000, 0x10000).unwrap();
+    dma.write(0x10_0000, &[0xa5; 0x10000]).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..3)
+        .map(|_| {
+            let (dma, stop) = (dma.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 0x10000];
+                let (mut whole, mut gone) = (0u64, 0u64);
+                while !stop.load(Ordering::Relaxed) {
+                    match dma.read(0x10_0000, &mut buf) {
+                        Ok(()) => {
+                            assert!(buf.iter().all(|&b| b == 0xa5 || b == 0), "foreign bytes");
+                            whole += 1;
+                        }
+                        Err(DmaError::Unmapped { .. }) => gone += 1,
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                (whole, gone)
+            })
+        })
+        .collect();
+    for _ in 0..2000 {
+        dma.unmap(0x10_0000, 0x10000).unwrap();
+        dma.map_anonymous(0x10_0000, 0x10000).unwrap();
+        dma.write(0x10_0000, &[0xa5; 0x10000]).unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    let (whole, _gone): (u64, u64) = readers
+        .into_iter()
+        .map(|r| r.join().unwrap())
+        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+    assert!(whole > 0, "no reader ever saw the map");
+    dma.unmap_all();
+    assert_eq!(dma.map_count(), 0);
+}
