@@ -370,13 +370,13 @@ fn read_message(
 }
 
 /// Waits until the socket is readable; false on timeout.
-fn wait_readable(stream: &UnixStream, timeout: Option<Duration>) -> Result<bool, Error> {
+pub(crate) fn wait_readable(fd: impl AsFd, timeout: Option<Duration>) -> Result<bool, Error> {
     let ts = timeout.map(|t| Timespec {
         tv_sec: i64::try_from(t.as_secs()).unwrap_or(i64::MAX),
         tv_nsec: i64::from(t.subsec_nanos()),
     });
     loop {
-        let mut pfd = [PollFd::new(stream, PollFlags::IN)];
+        let mut pfd = [PollFd::new(&fd, PollFlags::IN)];
         match rustix::event::poll(&mut pfd, ts.as_ref()) {
             Ok(0) => return Ok(false),
             Ok(_) => return Ok(true),

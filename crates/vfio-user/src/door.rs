@@ -12,10 +12,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
-use rustix::event::{PollFd, PollFlags, Timespec};
 use zerocopy::IntoBytes;
 
-use crate::conn::{error_header, Conn};
+use crate::conn::{error_header, wait_readable, Conn};
 use crate::wire::{cmd, Header, HEADER_SIZE};
 
 /// How often a blocked server looks at its `stop` flag.
@@ -72,10 +71,6 @@ impl Door {
     /// The door thread: accepts until `stop`, then shuts the served
     /// connection down.
     pub(crate) fn run(&self, listener: &UnixListener, stop: &AtomicBool) {
-        let ts = Timespec {
-            tv_sec: 0,
-            tv_nsec: STOP_POLL.as_nanos() as i64,
-        };
         let mut errors = RateLimit::default();
         // Refused connections stay open a moment, so their VERSION is sent
         // and our EBUSY reply read rather than their send failing with EPIPE;
@@ -88,10 +83,9 @@ impl Door {
             {
                 lingering.pop_front();
             }
-            let mut pfd = [PollFd::new(listener, PollFlags::IN)];
-            match rustix::event::poll(&mut pfd, Some(&ts)) {
-                Ok(0) | Err(rustix::io::Errno::INTR) => continue,
-                Ok(_) => {}
+            match wait_readable(listener, Some(STOP_POLL)) {
+                Ok(false) => continue,
+                Ok(true) => {}
                 Err(e) => {
                     tracing::error!(error = %e, "polling the vfio-user socket");
                     std::thread::sleep(STOP_POLL);
