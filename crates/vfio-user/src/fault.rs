@@ -56,7 +56,7 @@ use crate::Errno;
 
 /// Fd-backed DMA maps registered at once in the whole process (all clients
 /// of all servers). A registration beyond it fails with ENOSPC.
-pub(crate) const CAPACITY: usize = 16384;
+pub const CAPACITY: usize = 16384;
 
 /// Slot state, in the low bits of [`Slot::state`]; the rest is a generation
 /// bumped on every release, so a recycled slot never shows the same word.

@@ -212,7 +212,13 @@ impl ServeConfig {
             cfg.workers = Some(*v.get_ref());
         }
         if let Some(v) = &raw.max_dma_maps {
-            ranged("max_dma_maps", v.span(), *v.get_ref(), 1, 16384)?;
+            ranged(
+                "max_dma_maps",
+                v.span(),
+                *v.get_ref(),
+                1,
+                vnvme_vfio_user::MAX_FD_DMA_MAPS as u64,
+            )?;
             cfg.max_dma_maps = Some(*v.get_ref());
         }
         if let Some(v) = &raw.max_dma_size {

@@ -10,7 +10,9 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 
 use vnvme_controller::Controller;
-use vnvme_vfio_user::{DmaLimits, ServerOptions, HANDSHAKE_TIMEOUT, MESSAGE_TIMEOUT};
+use vnvme_vfio_user::{
+    DmaLimits, ServerOptions, HANDSHAKE_TIMEOUT, MAX_FD_DMA_MAPS, MESSAGE_TIMEOUT,
+};
 
 use crate::device::{DeviceOptions, NvmeDevice};
 use crate::namespace::NamespaceSpec;
@@ -55,7 +57,7 @@ pub struct ServeOptions {
     pub stats: Option<PathBuf>,
     /// DMA maps a client may have at once (advertised in VERSION as max_dma_maps). Default: 4096,
     /// or a quarter of vm.max_map_count if that is smaller.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=16384))]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=MAX_FD_DMA_MAPS as u64))]
     pub max_dma_maps: Option<u64>,
     /// Total bytes a client may map with DMA_MAP (e.g. 64G, 4T). Default 4T.
     #[arg(long, value_name = "SIZE", value_parser = crate::size::parse_size)]
