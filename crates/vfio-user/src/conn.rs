@@ -39,9 +39,11 @@ pub const MAX_DATA_XFER_SIZE: usize = 1 << 20;
 /// Largest message accepted: a full data transfer plus its fixed parts.
 pub const MAX_MSG_SIZE: usize = HEADER_SIZE + 64 + MAX_DATA_XFER_SIZE;
 /// How long a message, once its first byte has arrived, may take to arrive
-/// whole (the default of [`Conn::new`]); also how long a peer that does not
-/// read may keep us from sending one. A deadline per message, not per read:
-/// a peer that sends one byte every few seconds is dropped all the same.
+/// whole (the default of
+/// [`ServerOptions::message_timeout`](crate::ServerOptions::message_timeout));
+/// also how long a peer that does not read may keep us from sending one. A
+/// deadline per message, not per read: a peer that sends one byte every few
+/// seconds is dropped all the same.
 pub const MESSAGE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Past this many unprocessed incoming requests, threads that only wait for a
 /// reply stop reading, so a flooding peer cannot grow the queue without bound.
