@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 use vnvme_spec::log::async_event;
 use vnvme_spec::regs::{offset, shutdown, Doorbell};
 
@@ -148,6 +148,7 @@ impl Controller {
             }
             _ => None,
         };
+        let stats = Arc::new(Stats::new(qids));
         let shared = Shared {
             namespaces: Namespaces::new(map),
             nn,
@@ -156,15 +157,13 @@ impl Controller {
             ready_timer: ReadyTimer::default(),
             enabled_at: Mutex::new(None),
             vwc,
-            doorbells: Doorbells::new(qids, page),
-            dbbuf: RwLock::new(None),
-            dbbuf_on: AtomicBool::new(false),
+            doorbells: Doorbells::new(qids, page, Arc::clone(&stats)),
             sqs: (0..qids).map(|_| Mutex::new(None)).collect(),
             cqs: (0..qids).map(|_| Mutex::new(None)).collect(),
             admin: Mutex::new(AdminState::new(&config)),
             events: Mutex::new(Events::default()),
             error_log: Mutex::new(ErrorLog::default()),
-            stats: Stats::new(qids),
+            stats,
             workers: (0..config.workers)
                 .map(|_| WorkerShared::default())
                 .collect(),
@@ -266,7 +265,7 @@ impl Controller {
             if !cq.ien || intm & (1u32 << (cq.iv & 31)) != 0 {
                 continue;
             }
-            if cq.refresh_head(shared, &*mem).is_err() {
+            if cq.refresh_head(&shared.doorbells, &*mem).is_err() {
                 // As the worker does for a bad head: counted and reported once.
                 if let Some(q) = shared.stats.queue(cq.qid) {
                     q.invalid_doorbell_writes.fetch_add(1, Ordering::Relaxed);
@@ -391,7 +390,7 @@ impl Controller {
             // register.
             match shared.doorbells.page() {
                 Some(page) => page.store(db.index(), value),
-                None => shared.shadow_trap(db, value),
+                None => shared.doorbells.shadow_trap(db, value),
             }
         }
         match outcome {
@@ -487,9 +486,9 @@ impl Controller {
         let acqs = u32::from(ctl.regs.aqa.acqs_z()) + 1;
         let mut cq = Cq::new(0, ctl.regs.acq, acqs, true, 0);
         cq.sq_refs = 1;
-        cq.set_source(shared.source_for(Doorbell::CqHead(0)));
+        cq.set_source(shared.doorbells.source_for(Doorbell::CqHead(0)));
         let mut sq = Sq::new(0, ctl.regs.asq, asqs, 0);
-        sq.set_source(shared.source_for(Doorbell::SqTail(0)));
+        sq.set_source(shared.doorbells.source_for(Doorbell::SqTail(0)));
         if let (Some(sq_slot), Some(cq_slot)) = (shared.sqs.first(), shared.cqs.first()) {
             *sq_slot.lock() = Some(sq);
             *cq_slot.lock() = Some(cq);
@@ -535,7 +534,7 @@ impl Controller {
         *shared.enabled_at.lock() = None;
         self.stop_workers(ctl);
         self.clear_queues();
-        shared.clear_dbbuf();
+        shared.doorbells.clear_dbbuf();
         *shared.admin.lock() = AdminState::new(&shared.config);
         *shared.events.lock() = Events::default();
         shared.coalescing.store(0, Ordering::Relaxed);

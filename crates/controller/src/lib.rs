@@ -22,7 +22,6 @@ mod poll_window;
 pub mod prp;
 mod queue;
 mod regs;
-mod shadow;
 mod state;
 pub mod stats;
 mod subsystem;

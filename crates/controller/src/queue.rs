@@ -8,10 +8,8 @@ use vnvme_spec::regs::Doorbell;
 use vnvme_spec::{Command, Completion};
 use zerocopy::IntoBytes;
 
-use crate::doorbell::DoorbellSource;
+use crate::doorbell::{DoorbellSource, Doorbells, EventIdx};
 use crate::memory::{DmaError, GuestMemory};
-use crate::shadow::EventIdx;
-use crate::state::Shared;
 
 /// Numbers every queue created, so a completion owed to a queue that was
 /// deleted (or reset) and re-created under the same id is recognised.
@@ -44,34 +42,6 @@ pub(crate) struct Sq {
     pub deleting: Option<u16>,
 }
 
-/// Reads `db` from `source`, counting shadow reads and failures. A failed
-/// read is "no new value".
-fn read_source(
-    source: DoorbellSource,
-    shared: &Shared,
-    db: Doorbell,
-    qid: u16,
-    mem: &dyn GuestMemory,
-) -> Option<u32> {
-    let r = source.read(&shared.doorbells, db, mem);
-    if source.is_shadow() {
-        if let Some(q) = shared.stats.queue(qid) {
-            q.shadow_reads.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-    match r {
-        Ok(v) => Some(v),
-        Err(e) => {
-            // No stand-in: the register may be older than what the shadow
-            // already gave (a late trap, or none at all while polling), and
-            // going backwards would replay old entries. No new work, until
-            // the host configures new buffers or resets the controller.
-            shared.shadow_error(e);
-            None
-        }
-    }
-}
-
 impl Sq {
     pub fn new(qid: u16, base: u64, size: u32, cqid: u16) -> Self {
         Self {
@@ -91,14 +61,9 @@ impl Sq {
 
     /// Re-reads the tail from the doorbell source. Returns `false` if the
     /// value is invalid or unreadable (ignored, the old tail kept).
-    pub fn refresh_tail(&mut self, shared: &Shared, mem: &dyn GuestMemory) -> bool {
-        let Some(v) = read_source(
-            self.source,
-            shared,
-            Doorbell::SqTail(self.qid),
-            self.qid,
-            mem,
-        ) else {
+    pub fn refresh_tail(&mut self, doorbells: &Doorbells, mem: &dyn GuestMemory) -> bool {
+        let db = Doorbell::SqTail(self.qid);
+        let Some(v) = self.source.current(doorbells, db, self.qid, mem) else {
             return false;
         };
         if v < self.size {
@@ -198,14 +163,13 @@ impl Cq {
     /// Re-reads the head from the doorbell source. A head beyond the queue or
     /// past the entries posted so far is ignored; returns `Err(value)` the
     /// first time a given bad value is seen.
-    pub fn refresh_head(&mut self, shared: &Shared, mem: &dyn GuestMemory) -> Result<(), u32> {
-        let Some(v) = read_source(
-            self.source,
-            shared,
-            Doorbell::CqHead(self.qid),
-            self.qid,
-            mem,
-        ) else {
+    pub fn refresh_head(
+        &mut self,
+        doorbells: &Doorbells,
+        mem: &dyn GuestMemory,
+    ) -> Result<(), u32> {
+        let db = Doorbell::CqHead(self.qid);
+        let Some(v) = self.source.current(doorbells, db, self.qid, mem) else {
             return Ok(());
         };
         if v == self.head {

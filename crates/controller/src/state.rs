@@ -1,8 +1,8 @@
 //! State shared by the control thread and the queue workers.
 //!
 //! Lock order (never take an earlier lock while holding a later one):
-//! `sqs[0]` -> `cqs[0]` -> `sqs[n]` -> `cqs[n]`; `admin`, `events` and
-//! `error_log` and `dbbuf` are leaves (nothing is locked while holding them). Only the
+//! `sqs[0]` -> `cqs[0]` -> `sqs[n]` -> `cqs[n]`; `admin`, `events`,
+//! `error_log` and the doorbells' shadow buffer lock are leaves (nothing is locked while holding them). Only the
 //! admin queue's worker takes I/O queue locks while holding the admin ones,
 //! and admin commands reject queue id 0 before locking anything.
 
@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 use vnvme_spec::log::{async_event, ErrorLogEntry};
 use vnvme_spec::regs::Doorbell;
 use vnvme_spec::{Command, Status};
@@ -24,7 +24,6 @@ use crate::memory::{GuestMemory, InterruptSink};
 use crate::namespace::Namespace;
 use crate::prp::Segment;
 use crate::queue::{Cq, Sq};
-use crate::shadow::Dbbuf;
 use crate::stats::Stats;
 use crate::subsystem::{ChangedNamespaces, Namespaces, ReadyTimer};
 use crate::worker::WorkerShared;
@@ -119,12 +118,8 @@ pub(crate) struct Shared {
     pub admin: Mutex<AdminState>,
     pub events: Mutex<Events>,
     pub error_log: Mutex<ErrorLog>,
-    /// Doorbell Buffer Config (§5.8) buffers; `None` until configured and
-    /// after a controller reset. `dbbuf_on` mirrors `is_some()` for the trap
-    /// path's lock-free check.
-    pub dbbuf: RwLock<Option<Dbbuf>>,
-    pub dbbuf_on: AtomicBool,
-    pub stats: Stats,
+    /// Shared with `doorbells`, which counts shadow reads and errors.
+    pub stats: Arc<Stats>,
     pub workers: Vec<WorkerShared>,
     /// CC as last written (workers read IOSQES/IOCQES at queue creation).
     pub cc: AtomicU32,

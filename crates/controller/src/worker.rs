@@ -46,11 +46,11 @@ use reap::{complete_in_flight, waker};
 
 use crate::admin;
 use crate::config::DoorbellMode;
+use crate::doorbell::{barrier, behind};
 use crate::inflight::{InFlight, Request};
 use crate::io;
 use crate::poll_window::PollWindow;
 use crate::queue::{Cq, Sq};
-use crate::shadow::{barrier, behind};
 use crate::state::{Ctx, Outcome, Scratch, Session, Shared};
 
 /// Longest mmap-poll back-off sleep.
@@ -259,7 +259,7 @@ pub(crate) fn run(shared: Arc<Shared>, session: Arc<Session>, index: usize) {
         work += complete_in_flight(&shared, &session, &mut local, policy);
         let polls = match mode {
             DoorbellMode::MmapPoll => true,
-            DoorbellMode::Adaptive => shared.dbbuf_on.load(Ordering::Acquire),
+            DoorbellMode::Adaptive => shared.doorbells.dbbuf_on(),
             DoorbellMode::Trap | DoorbellMode::Shadow => false,
         };
         if polls {
@@ -532,7 +532,7 @@ fn arm(shared: &Shared, session: &Session, local: &Local) -> bool {
         with_sq(qid, &mut |sq| {
             let tail = sq.tail;
             sq.event_idx
-                .publish(shared, qid, sq.source, tail as u16, true, mem);
+                .publish(&shared.doorbells, qid, sq.source, tail as u16, true, mem);
             seen.push((qid, tail));
         });
     }
@@ -540,7 +540,7 @@ fn arm(shared: &Shared, session: &Session, local: &Local) -> bool {
     let mut moved = false;
     for &(qid, tail) in &seen {
         with_sq(qid, &mut |sq| {
-            sq.refresh_tail(shared, mem);
+            sq.refresh_tail(&shared.doorbells, mem);
             moved |= sq.tail != tail;
         });
     }
@@ -550,11 +550,11 @@ fn arm(shared: &Shared, session: &Session, local: &Local) -> bool {
 /// The admin queue's sources follow Doorbell Buffer Config, which runs on
 /// this worker while it holds the admin queue's locks.
 fn refresh_admin_sources(shared: &Shared, sq: &mut Sq, cq: &mut Cq) {
-    let s = shared.source_for(Doorbell::SqTail(0));
+    let s = shared.doorbells.source_for(Doorbell::SqTail(0));
     if s != sq.source {
         sq.set_source(s);
     }
-    let c = shared.source_for(Doorbell::CqHead(0));
+    let c = shared.doorbells.source_for(Doorbell::CqHead(0));
     if c != cq.source {
         cq.set_source(c);
     }
@@ -588,7 +588,7 @@ fn process_sq(
         return (Pass::Idle, 0);
     }
     let mem = &*session.mem;
-    sq.refresh_tail(shared, mem);
+    sq.refresh_tail(&shared.doorbells, mem);
     if policy == EventIdxPolicy::Behind && !sq.is_empty() {
         // Before posting: a host that reaps what this pass posts must
         // already see EventIdx behind its head, or it would trap. (Not over
@@ -647,10 +647,10 @@ fn process_sq(
             EventIdxPolicy::Publish => {
                 if sq
                     .event_idx
-                    .publish(shared, qid, sq.source, tail, true, mem)
+                    .publish(&shared.doorbells, qid, sq.source, tail, true, mem)
                 {
                     barrier();
-                    sq.refresh_tail(shared, mem);
+                    sq.refresh_tail(&shared.doorbells, mem);
                     if !sq.is_empty() {
                         continue 'pass;
                     }
@@ -658,7 +658,7 @@ fn process_sq(
             }
             EventIdxPolicy::Behind => {
                 sq.event_idx
-                    .publish(shared, qid, sq.source, behind(tail), false, mem);
+                    .publish(&shared.doorbells, qid, sq.source, behind(tail), false, mem);
             }
         }
         break Pass::Idle;

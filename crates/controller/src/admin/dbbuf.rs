@@ -2,15 +2,13 @@
 //! shadow doorbell buffer (PRP1) and an EventIdx buffer (PRP2), one memory
 //! page each, laid out like the doorbell registers.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 
 use vnvme_spec::regs::Doorbell;
 use vnvme_spec::{Command, Status};
 
 use super::invalid_field;
-use crate::memory::GuestMemory;
-use crate::shadow::Dbbuf;
-use crate::state::{Ctx, Shared};
+use crate::state::Ctx;
 
 /// The two buffers, checked.
 struct Buffers {
@@ -64,44 +62,29 @@ fn parse(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Buffers, Status> {
     })
 }
 
-/// Doorbell Buffer Config. Queues that already exist keep working: each
-/// open doorbell's shadow slot and EventIdx are seeded with its current
-/// value (so the host's next move past it traps), then its queue switches to
-/// the shadow source. The admin queue's own source is switched by its worker
-/// after this command completes (it holds those locks).
+/// Doorbell Buffer Config. Queues that already exist keep working: the
+/// doorbells seed each open doorbell's shadow slot and EventIdx with its
+/// current value (so the host's next move past it traps), then its queue
+/// switches to the shadow source. The admin queue's own source is switched
+/// by its worker after this command completes (it holds those locks).
 pub(super) fn doorbell_buffer_config(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> {
     let b = parse(ctx, cmd)?;
     let shared = ctx.shared;
-    let mem = ctx.session.mem.clone();
-    let seeded = {
-        // The write lock keeps trap-path copies out while seeding.
-        let mut guard = shared.dbbuf.write();
-        let previous = guard.take();
-        let new = Dbbuf {
-            shadow: b.shadow,
-            event_idx: b.event_idx,
-            mem: mem.clone(),
-            warned: AtomicBool::new(false),
-        };
-        let ok = seed(shared, &new, previous.as_ref(), &*mem, b.queue_ids);
-        if ok {
-            *guard = Some(new);
-        }
-        shared.dbbuf_on.store(ok, Ordering::Release);
-        ok
-    };
+    let doorbells = &shared.doorbells;
+    let seeded =
+        doorbells.configure_dbbuf(b.shadow, b.event_idx, ctx.session.mem.clone(), b.queue_ids);
     // Switch (or, on failure, revert) every I/O queue's source. Lock order:
     // this worker holds sqs[0] and cqs[0]; take sqs[n], then cqs[n].
-    for qid in 1..shared.doorbells.queue_ids() {
+    for qid in 1..doorbells.queue_ids() {
         let qid = qid as u16;
         if let Some(slot) = shared.sqs.get(usize::from(qid)) {
             if let Some(sq) = slot.lock().as_mut() {
-                sq.set_source(shared.source_for(Doorbell::SqTail(qid)));
+                sq.set_source(doorbells.source_for(Doorbell::SqTail(qid)));
             }
         }
         if let Some(slot) = shared.cqs.get(usize::from(qid)) {
             if let Some(cq) = slot.lock().as_mut() {
-                cq.set_source(shared.source_for(Doorbell::CqHead(qid)));
+                cq.set_source(doorbells.source_for(Doorbell::CqHead(qid)));
             }
         }
     }
@@ -110,37 +93,4 @@ pub(super) fn doorbell_buffer_config(ctx: &mut Ctx<'_>, cmd: &Command) -> Result
     }
     shared.stats.dbbuf_configs.fetch_add(1, Ordering::Relaxed);
     Ok(())
-}
-
-/// Writes each open doorbell's current value to its shadow slot and its
-/// EventIdx. The current value is the previous shadow buffer's (a host
-/// re-configuring while shadow doorbells are on rings the shadow, not the
-/// register), else the register's.
-fn seed(
-    shared: &Shared,
-    new: &Dbbuf,
-    previous: Option<&Dbbuf>,
-    mem: &dyn GuestMemory,
-    queue_ids: u16,
-) -> bool {
-    for qid in 0..queue_ids {
-        for db in [Doorbell::SqTail(qid), Doorbell::CqHead(qid)] {
-            if !shared.doorbells.is_open(db) {
-                continue;
-            }
-            let register = shared.doorbells.register_value(db);
-            let value = previous
-                .and_then(|p| p.source(db).read(&shared.doorbells, db, mem).ok())
-                .unwrap_or(register);
-            let crate::doorbell::DoorbellSource::Shadow { shadow, event_idx } = new.source(db)
-            else {
-                return false;
-            };
-            if mem.store_u32(shadow, value).is_err() || mem.store_u32(event_idx, value).is_err() {
-                return false;
-            }
-            shared.doorbells.shadow_seeded(db, value);
-        }
-    }
-    true
 }

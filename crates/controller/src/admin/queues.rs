@@ -6,7 +6,6 @@ use vnvme_spec::regs::{Cc, Doorbell};
 use vnvme_spec::{Command, Completion, Status};
 
 use super::invalid_field;
-use crate::doorbell::DoorbellSource;
 use crate::queue::{Cq, Sq};
 use crate::state::{Ctx, Outcome, Shared};
 
@@ -54,23 +53,6 @@ fn parse_create(
     })
 }
 
-/// The doorbell source of a queue being created. With shadow doorbells on,
-/// its shadow slot and EventIdx start at 0 like the register (hosts may leave
-/// stale values from an earlier queue: SPDK and QEMU zero them too). A
-/// failed write is counted; the queue is still created.
-fn fresh_source(ctx: &Ctx<'_>, db: Doorbell) -> DoorbellSource {
-    let source = ctx.shared.source_for(db);
-    if let DoorbellSource::Shadow { shadow, event_idx } = source {
-        let mem = &*ctx.session.mem;
-        for addr in [shadow, event_idx] {
-            if let Err(e) = mem.store_u32(addr, 0) {
-                ctx.shared.shadow_error(e);
-            }
-        }
-    }
-    source
-}
-
 /// Create I/O Completion Queue (§5.4): IEN (CDW11 bit 1), IV (CDW11 31:16).
 pub(super) fn create_cq(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> {
     let shared = ctx.shared;
@@ -93,7 +75,11 @@ pub(super) fn create_cq(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> 
         return Err(Status::INVALID_INTERRUPT_VECTOR.with_dnr(true));
     }
     let mut cq = Cq::new(q.qid, q.base, q.entries, ien, iv);
-    cq.set_source(fresh_source(ctx, Doorbell::CqHead(q.qid)));
+    cq.set_source(
+        ctx.shared
+            .doorbells
+            .fresh_source(Doorbell::CqHead(q.qid), &*ctx.session.mem),
+    );
     *g = Some(cq);
     shared
         .doorbells
@@ -131,7 +117,11 @@ pub(super) fn create_sq(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> 
     let q = parse_create(ctx, cmd, nsqa_z, entry_ok)?;
     cq.sq_refs = cq.sq_refs.saturating_add(1);
     let mut sq = Sq::new(q.qid, q.base, q.entries, cqid);
-    sq.set_source(fresh_source(ctx, Doorbell::SqTail(q.qid)));
+    sq.set_source(
+        ctx.shared
+            .doorbells
+            .fresh_source(Doorbell::SqTail(q.qid), &*ctx.session.mem),
+    );
     *g = Some(sq);
     shared
         .doorbells

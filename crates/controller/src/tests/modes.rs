@@ -7,7 +7,7 @@ use proptest::prelude::*;
 use vnvme_blockdev::BlockError;
 
 use super::*;
-use crate::shadow::behind;
+use crate::doorbell::behind;
 use crate::{DoorbellPage, HeapDoorbellPage};
 
 #[test]

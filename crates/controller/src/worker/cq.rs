@@ -9,8 +9,8 @@ use vnvme_spec::log::async_event;
 use vnvme_spec::{Command, Completion, Status};
 
 use crate::admin;
+use crate::doorbell::{barrier, behind};
 use crate::queue::Cq;
-use crate::shadow::{barrier, behind};
 use crate::state::{Session, Shared};
 
 /// Aggregation Time of the Interrupt Coalescing feature.
@@ -91,7 +91,7 @@ pub(super) fn raise(shared: &Shared, session: &Session, cq: &mut Cq) {
 
 /// Reads the CQ head; a bad value is ignored, counted and reported.
 pub(super) fn refresh_cq_head(shared: &Shared, session: &Session, cq: &mut Cq) {
-    if cq.refresh_head(shared, &*session.mem).is_err() {
+    if cq.refresh_head(&shared.doorbells, &*session.mem).is_err() {
         if let Some(q) = shared.stats.queue(cq.qid) {
             q.invalid_doorbell_writes.fetch_add(1, Ordering::Relaxed);
         }
@@ -106,10 +106,14 @@ pub(super) fn refresh_cq_head(shared: &Shared, session: &Session, cq: &mut Cq) {
 /// (a stalled queue polled again).
 pub(super) fn arm_cq(shared: &Shared, session: &Session, cq: &mut Cq, force: bool) {
     let head = cq.head as u16;
-    if cq
-        .event_idx
-        .publish(shared, cq.qid, cq.source, head, force, &*session.mem)
-    {
+    if cq.event_idx.publish(
+        &shared.doorbells,
+        cq.qid,
+        cq.source,
+        head,
+        force,
+        &*session.mem,
+    ) {
         barrier();
         refresh_cq_head(shared, session, cq);
     }
@@ -128,8 +132,14 @@ pub(super) fn publish_cq_behind(shared: &Shared, session: &Session, cq: &mut Cq)
         return;
     }
     let ei = behind(cq.head as u16);
-    cq.event_idx
-        .publish(shared, cq.qid, cq.source, ei, false, &*session.mem);
+    cq.event_idx.publish(
+        &shared.doorbells,
+        cq.qid,
+        cq.source,
+        ei,
+        false,
+        &*session.mem,
+    );
 }
 
 /// Posts the completion of `cmd`, fetched from SQ `sqid`, to `cq`; counts

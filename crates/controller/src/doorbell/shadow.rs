@@ -2,7 +2,7 @@
 //! doorbell and EventIdx buffers are, the trap-path copy into the shadow, and
 //! EventIdx publication.
 //!
-//! The buffers live in `Shared::dbbuf` (a leaf lock: written by the admin
+//! The buffers live in [`Doorbells`] (a leaf lock: written by the admin
 //! worker at Doorbell Buffer Config and by the control thread at reset, read
 //! by the trap path). Each queue also carries a copy of its two addresses in
 //! its [`DoorbellSource`], so the workers' hot path takes no lock.
@@ -22,12 +22,11 @@ use std::sync::Arc;
 
 use vnvme_spec::regs::Doorbell;
 
-use crate::doorbell::DoorbellSource;
+use super::{DoorbellSource, Doorbells};
 use crate::memory::{DmaError, GuestMemory};
-use crate::state::Shared;
 
 /// Configured shadow doorbell and EventIdx buffers (page aligned).
-pub(crate) struct Dbbuf {
+pub(super) struct Dbbuf {
     pub shadow: u64,
     pub event_idx: u64,
     pub mem: Arc<dyn GuestMemory>,
@@ -59,11 +58,16 @@ impl Dbbuf {
     }
 }
 
-impl Shared {
+impl Doorbells {
+    /// Whether Doorbell Buffer Config is in effect.
+    pub fn dbbuf_on(&self) -> bool {
+        self.dbbuf_on.load(Ordering::Acquire)
+    }
+
     /// The source a queue's doorbell `db` uses now: the mmap-poll page, the
     /// shadow buffer once Doorbell Buffer Config succeeded, else the register.
     pub fn source_for(&self, db: Doorbell) -> DoorbellSource {
-        if self.config.doorbells == crate::DoorbellMode::MmapPoll {
+        if self.page.is_some() {
             return DoorbellSource::Page;
         }
         match self.dbbuf.read().as_ref() {
@@ -72,10 +76,100 @@ impl Shared {
         }
     }
 
+    /// The source of a queue being created. With shadow doorbells on, its
+    /// shadow slot and EventIdx start at 0 like the register (hosts may
+    /// leave stale values from an earlier queue: SPDK and QEMU zero them
+    /// too). A failed write is counted; the queue is still created.
+    pub fn fresh_source(&self, db: Doorbell, mem: &dyn GuestMemory) -> DoorbellSource {
+        let source = self.source_for(db);
+        if let DoorbellSource::Shadow { shadow, event_idx } = source {
+            for addr in [shadow, event_idx] {
+                if let Err(e) = mem.store_u32(addr, 0) {
+                    self.shadow_error(e);
+                }
+            }
+        }
+        source
+    }
+
+    /// Doorbell Buffer Config with checked, page-aligned buffers covering
+    /// queue ids `0..queue_ids`. Every open doorbell's shadow slot and
+    /// EventIdx are seeded with its current value (so the host's next move
+    /// past it traps): the previous shadow buffer's value (a host
+    /// re-configuring while shadow doorbells are on rings the shadow, not the
+    /// register), else the register's. Returns `false`, with shadow
+    /// doorbells off, if a buffer could not be written. The caller then
+    /// switches each queue to [`source_for`](Self::source_for).
+    pub fn configure_dbbuf(
+        &self,
+        shadow: u64,
+        event_idx: u64,
+        mem: Arc<dyn GuestMemory>,
+        queue_ids: u16,
+    ) -> bool {
+        // The write lock keeps trap-path copies out while seeding.
+        let mut guard = self.dbbuf.write();
+        let previous = guard.take();
+        let new = Dbbuf {
+            shadow,
+            event_idx,
+            mem,
+            warned: AtomicBool::new(false),
+        };
+        let ok = self.seed(&new, previous.as_ref(), queue_ids);
+        if ok {
+            *guard = Some(new);
+        }
+        self.dbbuf_on.store(ok, Ordering::Release);
+        ok
+    }
+
+    fn seed(&self, new: &Dbbuf, previous: Option<&Dbbuf>, queue_ids: u16) -> bool {
+        let mem = &*new.mem;
+        for qid in 0..queue_ids {
+            for db in [Doorbell::SqTail(qid), Doorbell::CqHead(qid)] {
+                if !self.is_open(db) {
+                    continue;
+                }
+                let register = self.register_value(db);
+                let value = previous
+                    .and_then(|p| p.source(db).read(self, db, mem).ok())
+                    .unwrap_or(register);
+                let addr = offset(db);
+                let (shadow, event_idx) = (
+                    new.shadow.wrapping_add(addr),
+                    new.event_idx.wrapping_add(addr),
+                );
+                if mem.store_u32(shadow, value).is_err() || mem.store_u32(event_idx, value).is_err()
+                {
+                    return false;
+                }
+                self.shadow_seeded(db, value);
+            }
+        }
+        true
+    }
+
+    /// Doorbell Buffer Config seeded or zeroed this shadow slot with `value`:
+    /// the device maintains it until the host is seen writing it.
+    fn shadow_seeded(&self, db: Doorbell, value: u32) {
+        if let Some(s) = self.slot(db) {
+            s.shadow_dev.store(value, Ordering::Relaxed);
+            s.shadow_host.store(false, Ordering::Relaxed);
+        }
+    }
+
     /// Trap path, after the value was validated and stored: copy it into the
-    /// queue's shadow slot if the device maintains that slot (see
-    /// [`Doorbells::copy_trap_to_shadow`](crate::doorbell::Doorbells::copy_trap_to_shadow)).
-    /// Runs before the worker is kicked, so the worker's shadow read sees it.
+    /// queue's shadow slot if the device maintains that slot. Runs before the
+    /// worker is kicked, so the worker's shadow read sees it.
+    ///
+    /// A host that never writes a shadow slot (Linux, admin queue; QEMU
+    /// copies admin-queue traps too) still has its trapped value seen this
+    /// way. A host that does write the shadow stores it before the register
+    /// (spec), so the shadow already holds this value or a newer one; a copy
+    /// could move it backwards if the (posted) trap arrives late. So copy only
+    /// while the slot still holds what the device last stored there; the
+    /// first time it holds anything else, the host owns it for good.
     pub fn shadow_trap(&self, db: Doorbell, value: u32) {
         if !self.dbbuf_on.load(Ordering::Acquire) {
             return;
@@ -85,13 +179,40 @@ impl Shared {
             return;
         };
         let addr = d.shadow.wrapping_add(offset(db));
-        if let Err(e) = self.doorbells.copy_trap_to_shadow(db, value, addr, &*d.mem) {
+        if let Err(e) = self.copy_trap_to_shadow(db, value, addr, &*d.mem) {
             self.shadow_failed(d, e);
         }
     }
 
+    fn copy_trap_to_shadow(
+        &self,
+        db: Doorbell,
+        value: u32,
+        addr: u64,
+        mem: &dyn GuestMemory,
+    ) -> Result<(), DmaError> {
+        let Some(s) = self.slot(db) else {
+            return Ok(());
+        };
+        if s.shadow_host.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let current = mem.load_u32(addr)?;
+        if current != s.shadow_dev.load(Ordering::Relaxed) {
+            // Not what the device stored: the host writes this slot.
+            s.shadow_host.store(true, Ordering::Relaxed);
+            return Ok(());
+        }
+        if current == value {
+            return Ok(());
+        }
+        mem.store_u32(addr, value)?;
+        s.shadow_dev.store(value, Ordering::Relaxed);
+        Ok(())
+    }
+
     /// Counts a failed shadow buffer access and warns once per configuration.
-    pub fn shadow_failed(&self, d: &Dbbuf, e: DmaError) {
+    fn shadow_failed(&self, d: &Dbbuf, e: DmaError) {
         self.stats.shadow_errors.fetch_add(1, Ordering::Relaxed);
         if !d.warned.swap(true, Ordering::Relaxed) {
             tracing::warn!("shadow doorbell buffer unreachable ({e}); its queues see no new work");
@@ -130,7 +251,7 @@ impl EventIdx {
     /// scribbled there). Returns whether it wrote.
     pub fn publish(
         &mut self,
-        shared: &Shared,
+        doorbells: &Doorbells,
         qid: u16,
         source: DoorbellSource,
         value: u16,
@@ -146,14 +267,14 @@ impl EventIdx {
         match mem.store_u32(addr, u32::from(value)) {
             Ok(()) => {
                 self.last = Some(value);
-                if let Some(q) = shared.stats.queue(qid) {
+                if let Some(q) = doorbells.stats.queue(qid) {
                     q.eventidx_writes.fetch_add(1, Ordering::Relaxed);
                 }
                 true
             }
             Err(e) => {
                 self.last = None;
-                shared.shadow_error(e);
+                doorbells.shadow_error(e);
                 false
             }
         }

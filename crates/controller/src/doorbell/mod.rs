@@ -1,73 +1,35 @@
-//! Doorbells (NVMe Base 2.0 §3.1.4.22-23): where each queue's SQ tail and CQ
-//! head come from, and the trap path that stores them and wakes the worker.
+//! Doorbells (NVMe Base 2.0 §3.1.4.22-23): every doorbell value a queue
+//! sees and where it comes from. This module owns them all:
 //!
-//! Sources: `Register` (the value the last trap stored), `Shadow` (the shadow
-//! doorbell buffer of Doorbell Buffer Config, in guest memory) and `Page`
-//! (the mmap-poll doorbell page the client maps and writes directly).
+//! * the registers, written by MMIO traps ([`Doorbells::trap`]): one [`Slot`]
+//!   per doorbell, shared between the control thread and the worker that owns
+//!   the queue;
+//! * the shadow doorbell and EventIdx buffers of Doorbell Buffer Config
+//!   (§5.8, [`shadow`]);
+//! * the mmap-poll doorbell page the client maps and writes directly
+//!   ([`page`]).
 //!
-//! Every doorbell has a [`Slot`] shared between the control thread (MMIO
-//! traps, [`Doorbells::trap`]) and the worker that owns the queue. A trap
-//! validates the value against the queue size published in the slot, stores
-//! it, and asks for the owning worker to be kicked. The worker never reads
-//! the slot directly: it asks its queue's [`DoorbellSource`] for the current
-//! value, so Doorbell Buffer Config (§5.8) adds a `Shadow` source that reads
-//! the shadow buffer in guest memory (and publishes EventIdx) without
-//! touching the queue or worker code.
+//! A trap validates the value against the queue size published in the slot,
+//! stores it, and asks for the owning worker to be kicked. The worker never
+//! reads the slot directly: it asks its queue's [`DoorbellSource`] for the
+//! current value, so the queue and worker code do not care which of the
+//! three the value comes from.
+
+mod page;
+mod shadow;
+mod source;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use parking_lot::RwLock;
 use vnvme_spec::regs::Doorbell;
 
-use crate::memory::{DmaError, GuestMemory};
-
-/// BAR0's doorbell page (offset 0x1000..0x2000) as shared memory, for
-/// [`DoorbellMode::MmapPoll`](crate::DoorbellMode::MmapPoll): the client maps
-/// it and the guest writes doorbells there without trapping; the workers poll
-/// it. `index` is the doorbell's index ([`Doorbell::index`], DSTRD 0), i.e.
-/// the dword at byte `index * 4` of the page.
-///
-/// Implementations are atomic: `load` with acquire, `store` with release
-/// ordering; an index beyond the page loads 0 and stores nothing.
-pub trait DoorbellPage: Send + Sync {
-    fn load(&self, index: u32) -> u32;
-    fn store(&self, index: u32, value: u32);
-}
-
-/// Dwords in the doorbell page.
-pub const DOORBELL_PAGE_DWORDS: u32 = 1024;
-
-/// A [`DoorbellPage`] in the server's own heap: for tests, and for a
-/// mmap-poll controller whose glue has no shared memory to give (the client
-/// then reaches the page through register writes only).
-#[derive(Debug)]
-pub struct HeapDoorbellPage {
-    dwords: Vec<AtomicU32>,
-}
-
-impl Default for HeapDoorbellPage {
-    fn default() -> Self {
-        Self {
-            dwords: (0..DOORBELL_PAGE_DWORDS)
-                .map(|_| AtomicU32::new(0))
-                .collect(),
-        }
-    }
-}
-
-impl DoorbellPage for HeapDoorbellPage {
-    fn load(&self, index: u32) -> u32 {
-        self.dwords
-            .get(index as usize)
-            .map_or(0, |d| d.load(Ordering::Acquire))
-    }
-
-    fn store(&self, index: u32, value: u32) {
-        if let Some(d) = self.dwords.get(index as usize) {
-            d.store(value, Ordering::Release);
-        }
-    }
-}
+use crate::stats::Stats;
+pub use page::{DoorbellPage, HeapDoorbellPage, DOORBELL_PAGE_DWORDS};
+use shadow::Dbbuf;
+pub(crate) use shadow::{barrier, behind, EventIdx};
+pub(crate) use source::DoorbellSource;
 
 /// One doorbell register's state.
 #[derive(Debug, Default)]
@@ -78,9 +40,12 @@ pub(crate) struct Slot {
     limit: AtomicU32,
     /// Index of the worker that owns the queue.
     worker: AtomicUsize,
-    /// SQ: already in the owner's pending list. CQ: the owner is waiting for
-    /// this CQ's head to move (CQ full), so a head write must kick it.
-    flag: AtomicBool,
+    /// SQ slots only: the SQ is already in the owner's pending list, so a
+    /// trap need not kick again.
+    queued: AtomicBool,
+    /// CQ slots only: the owner waits for this CQ's head to move (the CQ is
+    /// full), so a head write must kick it.
+    head_awaited: AtomicBool,
     /// Shadow doorbell (§5.8): the value the device itself last stored in
     /// this queue's shadow slot (seed, zero at creation, copy of a trap).
     shadow_dev: AtomicU32,
@@ -119,23 +84,29 @@ pub(crate) struct Doorbells {
     /// Bumped when a queue opens or closes, so polling workers rebuild the
     /// list of queues they own.
     generation: AtomicU64,
-    /// The mmap-poll doorbell page.
+    /// The mmap-poll doorbell page (mmap-poll mode only): every queue's
+    /// doorbells are read from it.
     page: Option<Arc<dyn DoorbellPage>>,
-}
-
-impl std::fmt::Debug for dyn DoorbellPage {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("DoorbellPage")
-    }
+    /// Doorbell Buffer Config (§5.8) buffers; `None` until configured and
+    /// after a controller reset. A leaf lock: written at Doorbell Buffer
+    /// Config and reset, read by the trap path. `dbbuf_on` mirrors
+    /// `is_some()` for the trap path's lock-free check.
+    dbbuf: RwLock<Option<Dbbuf>>,
+    dbbuf_on: AtomicBool,
+    /// Shadow reads, EventIdx writes and shadow errors are counted here.
+    stats: Arc<Stats>,
 }
 
 impl Doorbells {
     /// Slots for queue ids `0..queue_ids`.
-    pub fn new(queue_ids: usize, page: Option<Arc<dyn DoorbellPage>>) -> Self {
+    pub fn new(queue_ids: usize, page: Option<Arc<dyn DoorbellPage>>, stats: Arc<Stats>) -> Self {
         Self {
             slots: (0..queue_ids * 2).map(|_| Slot::default()).collect(),
             generation: AtomicU64::new(0),
             page,
+            dbbuf: RwLock::new(None),
+            dbbuf_on: AtomicBool::new(false),
+            stats,
         }
     }
 
@@ -163,7 +134,7 @@ impl Doorbells {
             .is_some_and(|s| s.limit.load(Ordering::Acquire) != 0)
     }
 
-    pub fn slot(&self, db: Doorbell) -> Option<&Slot> {
+    fn slot(&self, db: Doorbell) -> Option<&Slot> {
         self.slots.get(db.index() as usize)
     }
 
@@ -173,7 +144,8 @@ impl Doorbells {
     pub fn open(&self, db: Doorbell, entries: u32, worker: usize) {
         if let Some(s) = self.slot(db) {
             s.value.store(0, Ordering::Relaxed);
-            s.flag.store(false, Ordering::Relaxed);
+            s.queued.store(false, Ordering::Relaxed);
+            s.head_awaited.store(false, Ordering::Relaxed);
             s.shadow_dev.store(0, Ordering::Relaxed);
             s.shadow_host.store(false, Ordering::Relaxed);
             s.worker.store(worker, Ordering::Relaxed);
@@ -190,7 +162,8 @@ impl Doorbells {
         if let Some(s) = self.slot(db) {
             s.limit.store(0, Ordering::Release);
             s.value.store(0, Ordering::Relaxed);
-            s.flag.store(false, Ordering::Relaxed);
+            s.queued.store(false, Ordering::Relaxed);
+            s.head_awaited.store(false, Ordering::Relaxed);
         }
         self.generation.fetch_add(1, Ordering::AcqRel);
     }
@@ -201,7 +174,8 @@ impl Doorbells {
         for s in &self.slots {
             s.limit.store(0, Ordering::Release);
             s.value.store(0, Ordering::Relaxed);
-            s.flag.store(false, Ordering::Relaxed);
+            s.queued.store(false, Ordering::Relaxed);
+            s.head_awaited.store(false, Ordering::Relaxed);
         }
         if let Some(p) = &self.page {
             for i in 0..DOORBELL_PAGE_DWORDS {
@@ -209,52 +183,6 @@ impl Doorbells {
             }
         }
         self.generation.fetch_add(1, Ordering::AcqRel);
-    }
-
-    /// Doorbell Buffer Config seeded or zeroed this shadow slot with `value`:
-    /// the device maintains it until the host is seen writing it.
-    pub fn shadow_seeded(&self, db: Doorbell, value: u32) {
-        if let Some(s) = self.slot(db) {
-            s.shadow_dev.store(value, Ordering::Relaxed);
-            s.shadow_host.store(false, Ordering::Relaxed);
-        }
-    }
-
-    /// The trap path with shadow doorbells on (§5.8; QEMU copies admin-queue
-    /// traps): a host that never writes a shadow slot (Linux, admin queue)
-    /// still has its trapped value seen, because the trap copies it there
-    /// before kicking the worker, which only reads the shadow.
-    ///
-    /// A host that does write the shadow stores it before the register
-    /// (spec), so the shadow already holds this value or a newer one; a copy
-    /// could move it backwards if the (posted) trap arrives late. So copy only
-    /// while the slot still holds what the device last stored there; the
-    /// first time it holds anything else, the host owns it for good.
-    pub fn copy_trap_to_shadow(
-        &self,
-        db: Doorbell,
-        value: u32,
-        addr: u64,
-        mem: &dyn GuestMemory,
-    ) -> Result<(), DmaError> {
-        let Some(s) = self.slot(db) else {
-            return Ok(());
-        };
-        if s.shadow_host.load(Ordering::Relaxed) {
-            return Ok(());
-        }
-        let current = mem.load_u32(addr)?;
-        if current != s.shadow_dev.load(Ordering::Relaxed) {
-            // Not what the device stored: the host writes this slot.
-            s.shadow_host.store(true, Ordering::Relaxed);
-            return Ok(());
-        }
-        if current == value {
-            return Ok(());
-        }
-        mem.store_u32(addr, value)?;
-        s.shadow_dev.store(value, Ordering::Relaxed);
-        Ok(())
     }
 
     /// The MMIO trap path: validates and stores `value`.
@@ -269,13 +197,13 @@ impl Doorbells {
         if value >= limit {
             return TrapOutcome::Ignored(Invalid::BadValue);
         }
-        // SeqCst pairs with the worker's flag-then-reread in `wait_for_head`:
-        // either the worker sees this value or we see its flag.
+        // SeqCst pairs with the worker's `head_awaited`-then-reread in `wait_for_head`:
+        // either the worker sees this value or we see its `head_awaited`.
         s.value.store(value, Ordering::SeqCst);
         let worker = s.worker.load(Ordering::Relaxed);
         match db {
             Doorbell::SqTail(_) => {
-                if s.flag.swap(true, Ordering::AcqRel) {
+                if s.queued.swap(true, Ordering::AcqRel) {
                     TrapOutcome::Stored
                 } else {
                     TrapOutcome::Kick {
@@ -285,7 +213,7 @@ impl Doorbells {
                 }
             }
             Doorbell::CqHead(_) => {
-                if s.flag.swap(false, Ordering::SeqCst) {
+                if s.head_awaited.swap(false, Ordering::SeqCst) {
                     TrapOutcome::Kick {
                         worker,
                         doorbell: db,
@@ -302,7 +230,7 @@ impl Doorbells {
     /// `None` if a kick is already pending or the queue does not exist.
     pub fn request(&self, db: Doorbell) -> Option<usize> {
         let s = self.slot(db)?;
-        if s.limit.load(Ordering::Acquire) == 0 || s.flag.swap(true, Ordering::AcqRel) {
+        if s.limit.load(Ordering::Acquire) == 0 || s.queued.swap(true, Ordering::AcqRel) {
             return None;
         }
         Some(s.worker.load(Ordering::Relaxed))
@@ -311,12 +239,12 @@ impl Doorbells {
     /// Worker side: SQ `qid` leaves the pending list; a trap after this
     /// queues it again.
     ///
-    /// An RMW, not a store: if a trap's swap saw the flag still set (and so
+    /// An RMW, not a store: if a trap's swap saw `queued` still set (and so
     /// did not kick), this swap reads from it and synchronises with it, so
     /// the tail the worker reads next includes that trap's value.
     pub fn take_pending(&self, db: Doorbell) {
         if let Some(s) = self.slot(db) {
-            s.flag.swap(false, Ordering::AcqRel);
+            s.queued.swap(false, Ordering::AcqRel);
         }
     }
 
@@ -327,7 +255,7 @@ impl Doorbells {
     /// head re-read that follows sees its value.
     pub fn wait_for_head(&self, db: Doorbell) {
         if let Some(s) = self.slot(db) {
-            s.flag.swap(true, Ordering::SeqCst);
+            s.head_awaited.swap(true, Ordering::SeqCst);
         }
     }
 
@@ -337,58 +265,13 @@ impl Doorbells {
     }
 }
 
-/// Where a queue's doorbell value comes from (§5.8).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) enum DoorbellSource {
-    /// The MMIO register: the value the last trap stored.
-    #[default]
-    Register,
-    /// Doorbell Buffer Config: guest addresses of this doorbell's dword in
-    /// the shadow doorbell buffer and in the EventIdx buffer.
-    Shadow { shadow: u64, event_idx: u64 },
-    /// The mmap-poll doorbell page.
-    Page,
-}
-
-impl DoorbellSource {
-    /// The current doorbell value for `db`, unvalidated (callers check it
-    /// against the queue). Only a shadow read can fail (the host unmapped or
-    /// never mapped the buffer).
-    pub fn read(
-        &self,
-        doorbells: &Doorbells,
-        db: Doorbell,
-        mem: &dyn GuestMemory,
-    ) -> Result<u32, DmaError> {
-        match *self {
-            DoorbellSource::Register => Ok(doorbells.register_value(db)),
-            DoorbellSource::Shadow { shadow, .. } => mem.load_u32(shadow),
-            DoorbellSource::Page => Ok(doorbells
-                .page()
-                .map_or_else(|| doorbells.register_value(db), |p| p.load(db.index()))),
-        }
-    }
-
-    /// The EventIdx dword's address, for a shadow source.
-    pub fn event_idx(&self) -> Option<u64> {
-        match *self {
-            DoorbellSource::Shadow { event_idx, .. } => Some(event_idx),
-            _ => None,
-        }
-    }
-
-    pub fn is_shadow(&self) -> bool {
-        matches!(self, DoorbellSource::Shadow { .. })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn trap_beyond_queue_size_is_ignored() {
-        let d = Doorbells::new(4, None);
+        let d = Doorbells::new(4, None, Arc::new(Stats::new(4)));
         d.open(Doorbell::SqTail(1), 16, 0);
         assert_eq!(
             d.trap(Doorbell::SqTail(1), 16),
@@ -406,7 +289,7 @@ mod tests {
 
     #[test]
     fn sq_trap_kicks_once_until_taken() {
-        let d = Doorbells::new(2, None);
+        let d = Doorbells::new(2, None, Arc::new(Stats::new(2)));
         d.open(Doorbell::SqTail(1), 16, 3);
         let kick = TrapOutcome::Kick {
             worker: 3,
@@ -421,7 +304,7 @@ mod tests {
 
     #[test]
     fn cq_trap_kicks_only_a_waiting_worker() {
-        let d = Doorbells::new(2, None);
+        let d = Doorbells::new(2, None, Arc::new(Stats::new(2)));
         d.open(Doorbell::CqHead(1), 16, 0);
         assert_eq!(d.trap(Doorbell::CqHead(1), 1), TrapOutcome::Stored);
         d.wait_for_head(Doorbell::CqHead(1));

@@ -1,0 +1,58 @@
+//! BAR0's doorbell page as shared memory (mmap-poll): the client maps it and
+//! writes doorbells there without trapping; workers poll it.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// BAR0's doorbell page (offset 0x1000..0x2000) as shared memory, for
+/// [`DoorbellMode::MmapPoll`](crate::DoorbellMode::MmapPoll): the client maps
+/// it and the guest writes doorbells there without trapping; the workers poll
+/// it. `index` is the doorbell's index ([`Doorbell::index`](vnvme_spec::regs::Doorbell::index), DSTRD 0), i.e.
+/// the dword at byte `index * 4` of the page.
+///
+/// Implementations are atomic: `load` with acquire, `store` with release
+/// ordering; an index beyond the page loads 0 and stores nothing.
+pub trait DoorbellPage: Send + Sync {
+    fn load(&self, index: u32) -> u32;
+    fn store(&self, index: u32, value: u32);
+}
+
+/// Dwords in the doorbell page.
+pub const DOORBELL_PAGE_DWORDS: u32 = 1024;
+
+/// A [`DoorbellPage`] in the server's own heap: for tests, and for a
+/// mmap-poll controller whose glue has no shared memory to give (the client
+/// then reaches the page through register writes only).
+#[derive(Debug)]
+pub struct HeapDoorbellPage {
+    dwords: Vec<AtomicU32>,
+}
+
+impl Default for HeapDoorbellPage {
+    fn default() -> Self {
+        Self {
+            dwords: (0..DOORBELL_PAGE_DWORDS)
+                .map(|_| AtomicU32::new(0))
+                .collect(),
+        }
+    }
+}
+
+impl DoorbellPage for HeapDoorbellPage {
+    fn load(&self, index: u32) -> u32 {
+        self.dwords
+            .get(index as usize)
+            .map_or(0, |d| d.load(Ordering::Acquire))
+    }
+
+    fn store(&self, index: u32, value: u32) {
+        if let Some(d) = self.dwords.get(index as usize) {
+            d.store(value, Ordering::Release);
+        }
+    }
+}
+
+impl std::fmt::Debug for dyn DoorbellPage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DoorbellPage")
+    }
+}
