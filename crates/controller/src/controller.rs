@@ -15,6 +15,7 @@ use crate::config::{
     ConfigError, ControllerConfig, DoorbellMode, NamespaceConfig, Readiness, MAX_NAMESPACES,
 };
 use crate::doorbell::{DoorbellPage, Doorbells, HeapDoorbellPage, Invalid, TrapOutcome};
+use crate::mailbox::Mailbox;
 use crate::memory::{GuestMemory, InterruptSink};
 use crate::namespace::Namespace;
 use crate::queue::{Cq, Sq};
@@ -22,7 +23,7 @@ use crate::regs::{Action, Regs};
 use crate::state::{AdminState, ErrorLog, Events, Session, Shared};
 use crate::stats::{ControllerStats, Stats};
 use crate::subsystem::{ChangedNamespaces, Namespaces, ReadyTimer};
-use crate::worker::{self, WorkerShared};
+use crate::worker;
 
 /// End of the doorbell page in BAR0 (doorbells for up to 512 queue pairs at
 /// DSTRD 0; the MSI-X table follows at 0x2000).
@@ -154,7 +155,7 @@ impl Controller {
             nn,
             tnvmcap,
             changed: Mutex::new(ChangedNamespaces::default()),
-            ready_timer: ReadyTimer::default(),
+            ready_timer: Arc::default(),
             enabled_at: Mutex::new(None),
             vwc,
             doorbells: Doorbells::new(qids, page, Arc::clone(&stats)),
@@ -164,9 +165,7 @@ impl Controller {
             events: Mutex::new(Events::default()),
             error_log: Mutex::new(ErrorLog::default()),
             stats,
-            workers: (0..config.workers)
-                .map(|_| WorkerShared::default())
-                .collect(),
+            mailboxes: (0..config.workers).map(|_| Mailbox::default()).collect(),
             cc: AtomicU32::new(0),
             ready: AtomicBool::new(false),
             fatal: AtomicBool::new(false),
@@ -395,7 +394,7 @@ impl Controller {
         }
         match outcome {
             TrapOutcome::Kick { worker, doorbell } => {
-                if let Some(w) = shared.workers.get(worker) {
+                if let Some(w) = shared.mailboxes.get(worker) {
                     w.push(doorbell);
                 }
             }
@@ -495,7 +494,7 @@ impl Controller {
         }
         shared.doorbells.open(Doorbell::SqTail(0), asqs, 0);
         shared.doorbells.open(Doorbell::CqHead(0), acqs, 0);
-        for (i, w) in shared.workers.iter().enumerate() {
+        for (i, w) in shared.mailboxes.iter().enumerate() {
             w.rearm();
             let (sh, se) = (self.shared.clone(), session.clone());
             let spawned = std::thread::Builder::new()
@@ -514,7 +513,16 @@ impl Controller {
         }
         let now = Instant::now();
         *shared.enabled_at.lock() = Some(now);
-        if let Some(t) = ReadyTimer::start(&self.shared, now) {
+        let active = shared.namespaces.active_list();
+        let sh = Arc::clone(&self.shared);
+        let became_ready = move |nsid| {
+            // Still there and still attached: it may have been detached or
+            // deleted meanwhile.
+            if sh.namespaces.active(nsid).is_some() {
+                sh.namespace_changed(nsid);
+            }
+        };
+        if let Some(t) = ReadyTimer::start(&shared.ready_timer, &active, now, became_ready) {
             ctl.threads.push(t);
         }
         ctl.clean_shutdown = false;
@@ -559,7 +567,7 @@ impl Controller {
 
     fn stop_workers(&self, ctl: &mut Control) {
         self.shared.ready_timer.stop();
-        for w in &self.shared.workers {
+        for w in &self.shared.mailboxes {
             w.stop();
         }
         for t in ctl.threads.drain(..) {
@@ -592,7 +600,7 @@ impl Drop for Controller {
     fn drop(&mut self) {
         let ctl = self.control.get_mut();
         self.shared.ready_timer.stop();
-        for w in &self.shared.workers {
+        for w in &self.shared.mailboxes {
             w.stop();
         }
         for t in ctl.threads.drain(..) {

@@ -16,6 +16,7 @@ mod controller;
 mod doorbell;
 mod inflight;
 mod io;
+mod mailbox;
 pub mod memory;
 mod namespace;
 mod poll_window;

@@ -9,7 +9,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use vnvme_spec::log::{async_event, ErrorLogEntry};
@@ -20,13 +20,13 @@ use zerocopy::little_endian::{U16, U32, U64};
 use crate::config::ControllerConfig;
 use crate::doorbell::Doorbells;
 use crate::inflight::InFlight;
+use crate::mailbox::Mailbox;
 use crate::memory::{GuestMemory, InterruptSink};
 use crate::namespace::Namespace;
 use crate::prp::Segment;
 use crate::queue::{Cq, Sq};
 use crate::stats::Stats;
 use crate::subsystem::{ChangedNamespaces, Namespaces, ReadyTimer};
-use crate::worker::WorkerShared;
 
 /// Asynchronous Event Request Limit, 0's based (Identify Controller AERL).
 pub(crate) const AERL: u8 = 3;
@@ -106,7 +106,7 @@ pub(crate) struct Shared {
     /// Changed Namespace List log (04h).
     pub changed: Mutex<ChangedNamespaces>,
     /// Makes slow namespaces ready after enable.
-    pub ready_timer: ReadyTimer,
+    pub ready_timer: Arc<ReadyTimer>,
     /// When CC.EN last went to 1 (namespace readiness counts from it).
     pub enabled_at: Mutex<Option<Instant>>,
     /// Some namespace's backend has a volatile write cache.
@@ -120,7 +120,8 @@ pub(crate) struct Shared {
     pub error_log: Mutex<ErrorLog>,
     /// Shared with `doorbells`, which counts shadow reads and errors.
     pub stats: Arc<Stats>,
-    pub workers: Vec<WorkerShared>,
+    /// One per queue worker, indexed like the workers.
+    pub mailboxes: Vec<Mailbox>,
     /// CC as last written (workers read IOSQES/IOCQES at queue creation).
     pub cc: AtomicU32,
     /// CSTS.RDY as workers and doorbell traps see it.
@@ -156,7 +157,7 @@ impl Shared {
     /// The worker that owns the queue pair whose CQ is `cqid`: SQs live with
     /// their CQ, so a CQ is only ever posted to by one thread.
     pub fn worker_for(&self, cqid: u16) -> usize {
-        let n = self.workers.len().max(1);
+        let n = self.mailboxes.len().max(1);
         if cqid == 0 {
             0
         } else {
@@ -175,7 +176,7 @@ impl Shared {
     /// Queues SQ `qid` for a pass by its worker (outside a doorbell trap).
     pub fn kick_sq(&self, qid: u16) {
         if let Some(w) = self.doorbells.request(Doorbell::SqTail(qid)) {
-            if let Some(worker) = self.workers.get(w) {
+            if let Some(worker) = self.mailboxes.get(w) {
                 worker.push(Doorbell::SqTail(qid));
             }
         }
@@ -204,6 +205,25 @@ impl Shared {
             e.queue.push_back(async_event::dword0(kind, info, lid));
         }
         self.kick_sq(0);
+    }
+
+    /// A namespace's attributes or attachment changed: list it in the
+    /// Changed Namespace List and raise a Namespace Attribute Changed
+    /// notice (if enabled in Asynchronous Event Configuration bit 8).
+    pub fn namespace_changed(&self, nsid: u32) {
+        self.changed.lock().add(nsid);
+        self.async_event(
+            async_event::TYPE_NOTICE,
+            async_event::NOTICE_NS_ATTRIBUTE_CHANGED,
+            0x04,
+        );
+    }
+
+    /// Time since the controller was last enabled (zero while disabled).
+    pub fn since_enable(&self, now: Instant) -> Duration {
+        self.enabled_at
+            .lock()
+            .map_or(Duration::ZERO, |t| now.saturating_duration_since(t))
     }
 
     /// Sets CSTS.CFS: the controller cannot reach its queues.

@@ -6,14 +6,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex, RwLock};
-use vnvme_spec::log::async_event;
 
 use crate::config::Readiness;
 use crate::namespace::Namespace;
-use crate::state::Shared;
 
 /// Entries in the Changed Namespace List log page (4 KiB of NSIDs).
 pub(crate) const CHANGED_LIST_ENTRIES: usize = 1024;
@@ -134,27 +132,6 @@ impl ChangedNamespaces {
     }
 }
 
-impl Shared {
-    /// A namespace's attributes or attachment changed: list it in the
-    /// Changed Namespace List and raise a Namespace Attribute Changed
-    /// notice (if enabled in Asynchronous Event Configuration bit 8).
-    pub fn namespace_changed(&self, nsid: u32) {
-        self.changed.lock().add(nsid);
-        self.async_event(
-            async_event::TYPE_NOTICE,
-            async_event::NOTICE_NS_ATTRIBUTE_CHANGED,
-            0x04,
-        );
-    }
-
-    /// Time since the controller was last enabled (zero while disabled).
-    pub fn since_enable(&self, now: Instant) -> Duration {
-        self.enabled_at
-            .lock()
-            .map_or(Duration::ZERO, |t| now.saturating_duration_since(t))
-    }
-}
-
 /// Wakes at each [`Readiness::After`] deadline after enable and announces
 /// the namespace that became ready. One thread per enable, only when some
 /// namespace is slow; stopped by controller reset.
@@ -165,12 +142,16 @@ pub(crate) struct ReadyTimer {
 }
 
 impl ReadyTimer {
-    /// Starts the timer thread for the namespaces not ready at `enabled_at`,
-    /// if there are any.
-    pub fn start(shared: &Arc<Shared>, enabled_at: Instant) -> Option<JoinHandle<()>> {
-        let mut deadlines: Vec<(Instant, u32)> = shared
-            .namespaces
-            .active_list()
+    /// Starts the timer thread for the namespaces among `namespaces` not
+    /// ready at `enabled_at`, if there are any: it calls `ready` with each
+    /// one's NSID at its deadline.
+    pub fn start(
+        timer: &Arc<ReadyTimer>,
+        namespaces: &[Arc<Namespace>],
+        enabled_at: Instant,
+        ready: impl Fn(u32) + Send + 'static,
+    ) -> Option<JoinHandle<()>> {
+        let mut deadlines: Vec<(Instant, u32)> = namespaces
             .iter()
             .filter_map(|ns| match ns.readiness {
                 Readiness::After(d) if !d.is_zero() => {
@@ -183,11 +164,11 @@ impl ReadyTimer {
             return None;
         }
         deadlines.sort_unstable();
-        *shared.ready_timer.stop.lock() = false;
-        let sh = Arc::clone(shared);
+        *timer.stop.lock() = false;
+        let t = Arc::clone(timer);
         let spawned = std::thread::Builder::new()
             .name("vnvme-ready".into())
-            .spawn(move || sh.ready_timer.run(&sh, &deadlines));
+            .spawn(move || t.run(&deadlines, ready));
         match spawned {
             Ok(t) => Some(t),
             Err(e) => {
@@ -197,7 +178,7 @@ impl ReadyTimer {
         }
     }
 
-    fn run(&self, shared: &Shared, deadlines: &[(Instant, u32)]) {
+    fn run(&self, deadlines: &[(Instant, u32)], ready: impl Fn(u32)) {
         for &(deadline, nsid) in deadlines {
             let mut stop = self.stop.lock();
             while !*stop && Instant::now() < deadline {
@@ -207,11 +188,7 @@ impl ReadyTimer {
                 return;
             }
             drop(stop);
-            // Still there and still attached: it may have been detached or
-            // deleted meanwhile.
-            if shared.namespaces.active(nsid).is_some() {
-                shared.namespace_changed(nsid);
-            }
+            ready(nsid);
         }
     }
 

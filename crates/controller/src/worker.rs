@@ -27,11 +27,10 @@
 //!   `idle_poll`, then sleep on the condvar for 10 µs doubling to 200 µs
 //!   (the latency a request arriving then pays), woken early by kicks.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
 use vnvme_blockdev::BlockCompletion;
 use vnvme_spec::regs::Doorbell;
 
@@ -49,6 +48,7 @@ use crate::config::DoorbellMode;
 use crate::doorbell::{barrier, behind};
 use crate::inflight::{InFlight, Request};
 use crate::io;
+use crate::mailbox::Wait;
 use crate::poll_window::PollWindow;
 use crate::queue::{Cq, Sq};
 use crate::state::{Ctx, Outcome, Scratch, Session, Shared};
@@ -70,67 +70,6 @@ const DOZE_INTERVAL: Duration = Duration::from_micros(25);
 /// Timer slack of polling workers: the kernel's default (50 µs) would
 /// stretch every short sleep well past [`DOZE_INTERVAL`].
 const TIMER_SLACK_NS: u64 = 1_000;
-
-#[derive(Debug, Default)]
-struct Pending {
-    sqs: Vec<u16>,
-    cqs: Vec<u16>,
-    /// An asynchronous backend may have completions to reap.
-    completions: bool,
-    stop: bool,
-}
-
-impl Pending {
-    fn any(&self) -> bool {
-        !self.sqs.is_empty() || !self.cqs.is_empty() || self.completions
-    }
-}
-
-/// The kick side of a worker, shared with the trap path. Lives as long as the
-/// controller; threads come and go with enable and reset.
-#[derive(Debug, Default)]
-pub(crate) struct WorkerShared {
-    pending: Mutex<Pending>,
-    cv: Condvar,
-    /// Something is in `pending` (set and cleared with its lock held), for
-    /// polling workers to check without the lock.
-    kicked: AtomicBool,
-}
-
-impl WorkerShared {
-    pub fn push(&self, db: Doorbell) {
-        let mut p = self.pending.lock();
-        match db {
-            Doorbell::SqTail(q) => p.sqs.push(q),
-            Doorbell::CqHead(q) => p.cqs.push(q),
-        }
-        self.kicked.store(true, Ordering::Release);
-        drop(p);
-        self.cv.notify_one();
-    }
-
-    /// A backend's waker: commands in flight may have finished.
-    pub fn wake_for_completions(&self) {
-        let mut p = self.pending.lock();
-        p.completions = true;
-        self.kicked.store(true, Ordering::Release);
-        drop(p);
-        self.cv.notify_one();
-    }
-
-    pub fn stop(&self) {
-        self.pending.lock().stop = true;
-        self.kicked.store(true, Ordering::Release);
-        self.cv.notify_one();
-    }
-
-    /// Clears the stop flag and any leftover kicks (before threads start).
-    pub fn rearm(&self) {
-        let mut p = self.pending.lock();
-        *p = Pending::default();
-        self.kicked.store(false, Ordering::Release);
-    }
-}
 
 /// Result of one pass over an SQ.
 enum Pass {
@@ -171,14 +110,6 @@ struct Local {
     touched: Vec<u16>,
 }
 
-/// How long `take_kicks` may block.
-#[derive(Debug, Clone, Copy)]
-enum Wait {
-    No,
-    For(Duration),
-    Until(Option<Instant>),
-}
-
 #[derive(Debug, Clone, Copy)]
 enum Phase {
     Asleep,
@@ -198,7 +129,7 @@ enum Phase {
 
 /// The worker thread's body. Returns when stopped.
 pub(crate) fn run(shared: Arc<Shared>, session: Arc<Session>, index: usize) {
-    let Some(me) = shared.workers.get(index) else {
+    let Some(me) = shared.mailboxes.get(index) else {
         return;
     };
     let mode = shared.config.doorbells;
@@ -251,7 +182,7 @@ pub(crate) fn run(shared: Arc<Shared>, session: Arc<Session>, index: usize) {
                 wait = Wait::No;
             }
         }
-        let Some((slept, kicked)) = take_kicks(me, &mut local, wait) else {
+        let Some((slept, kicked)) = me.take(wait, &mut local.sqs, &mut local.cqs) else {
             return;
         };
         local.inflight.set_waking(false);
@@ -383,50 +314,6 @@ fn arm_or_sleep(
         *slept_after = Some(idle_since);
         Phase::Asleep
     }
-}
-
-/// Takes the pending kicks into `local`, blocking as `wait` allows. Returns
-/// `None` when stopped, else whether it blocked and whether there were kicks.
-fn take_kicks(me: &WorkerShared, local: &mut Local, wait: Wait) -> Option<(bool, bool)> {
-    if matches!(wait, Wait::No) && !me.kicked.load(Ordering::Acquire) {
-        return Some((false, false));
-    }
-    let mut p = me.pending.lock();
-    let mut slept = false;
-    loop {
-        if p.stop {
-            return None;
-        }
-        if p.any() {
-            break;
-        }
-        match wait {
-            Wait::No => break,
-            Wait::For(d) => {
-                if slept {
-                    break;
-                }
-                slept = true;
-                me.cv.wait_for(&mut p, d);
-            }
-            Wait::Until(Some(at)) => {
-                slept = true;
-                if me.cv.wait_until(&mut p, at).timed_out() {
-                    break;
-                }
-            }
-            Wait::Until(None) => {
-                slept = true;
-                me.cv.wait(&mut p);
-            }
-        }
-    }
-    let kicked = p.any();
-    p.completions = false;
-    std::mem::swap(&mut p.sqs, &mut local.sqs);
-    std::mem::swap(&mut p.cqs, &mut local.cqs);
-    me.kicked.store(false, Ordering::Release);
-    Some((slept, kicked))
 }
 
 /// Runs the kicked queues: CQ kicks release the SQs stalled on them; each

@@ -17,7 +17,7 @@ use crate::state::{Ctx, Session, Shared};
 pub(super) fn waker(shared: &Arc<Shared>, index: usize) -> Waker {
     let shared = Arc::clone(shared);
     Arc::new(move || {
-        if let Some(w) = shared.workers.get(index) {
+        if let Some(w) = shared.mailboxes.get(index) {
             w.wake_for_completions();
         }
     })
