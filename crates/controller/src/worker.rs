@@ -1,47 +1,32 @@
 //! Queue workers: threads that fetch commands, execute them and post
 //! completions, woken by doorbell traps — or polling, per doorbell mode.
 //!
-//! Each worker has a pending list (SQs whose tail moved, CQs whose head moved
-//! while the worker waited on them) behind a mutex and condvar. A trap pushes
-//! and notifies — the doorbell slot's flag makes repeated traps for a queued
-//! SQ free — and the worker drains the list, processing each SQ for at most
-//! its size in commands before requeueing it behind the others.
-//!
-//! Per [`DoorbellMode`]:
-//! * `trap`: sleep on the condvar; run what traps kick.
-//! * `shadow` (QEMU): as trap; each pass ends by publishing SQ EventIdx =
-//!   tail seen, a full fence and a re-read of the shadow tail (and CQ
-//!   EventIdx = head, fence, re-read head after posting).
-//! * `adaptive`: once Doorbell Buffer Config is on, after a wake-up keep
-//!   polling every owned SQ's shadow tail, EventIdx kept one behind what was
-//!   seen so the host never needs to trap; after the worker's poll window
-//!   (at most `idle_poll`: see [`crate::poll_window`]) without work, doze:
-//!   poll every 25 µs, sleeping in between, for `doze`; then arm EventIdx =
-//!   tail seen, fence, re-read every shadow tail, and sleep only if none
-//!   moved. A host that moves a tail after our re-read
-//!   sees the armed EventIdx and traps, and the trap's kick is in the pending
-//!   list before the worker can wait: no lost wake-up. While the guest uses
-//!   the INTx pin, CQ EventIdx is armed instead of kept behind, so the host's
-//!   head update traps: that BAR access is where QEMU deasserts the line.
-//! * `mmap-poll`: poll the shared doorbell page; when idle, spin for
-//!   `idle_poll`, then sleep on the condvar for 10 µs doubling to 200 µs
-//!   (the latency a request arriving then pays), woken early by kicks.
+//! A worker takes the kicks in its [`Mailbox`](crate::mailbox::Mailbox)
+//! (SQs whose tail moved, CQs whose head moved while it waited on them) and
+//! processes each kicked SQ for at most its size in commands before
+//! requeueing it behind the others. How it waits, and whether it also polls
+//! the SQs it owns, is its wake policy ([`wake`]), one per
+//! [`DoorbellMode`]. The completion side (CQ entries, CQ EventIdx,
+//! interrupts) is in [`cq`]; completions of asynchronous backends in
+//! [`reap`].
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use vnvme_blockdev::BlockCompletion;
 use vnvme_spec::regs::Doorbell;
 
 mod cq;
 mod reap;
+mod wake;
 
 use cq::{
-    arm_cq, deliver_events, finish_deletions, fire_timers, next_deadline, post, publish_cq_behind,
+    arm_cq, deliver_events, finish_deletions, fire_timers, post, publish_cq_behind,
     refresh_cq_head, settle_interrupt,
 };
 use reap::{complete_in_flight, waker};
+use wake::{Adaptive, MmapPoll, OnKick, Round, Wake};
 
 use crate::admin;
 use crate::config::DoorbellMode;
@@ -53,20 +38,6 @@ use crate::poll_window::PollWindow;
 use crate::queue::{Cq, Sq};
 use crate::state::{Ctx, Outcome, Scratch, Session, Shared};
 
-/// Longest mmap-poll back-off sleep.
-const MAX_BACKOFF: Duration = Duration::from_micros(200);
-const MIN_BACKOFF: Duration = Duration::from_micros(10);
-/// Idle polls between `yield_now` calls, so a core shared with the guest's
-/// vCPUs is not monopolised while polling.
-const POLLS_PER_YIELD: u32 = 16;
-/// A gap between two idle polls longer than this means the worker lost its
-/// core meanwhile (see [`PollWindow::preempted`]).
-const PREEMPTED: Duration = Duration::from_micros(50);
-/// Adaptive mode's sleep between polls once the poll window has passed
-/// ([`ControllerConfig::doze`](crate::ControllerConfig::doze)): the most a
-/// request arriving then waits, and few enough wake-ups (at most 40,000 a
-/// second) to leave the core to the threads that produce the requests.
-const DOZE_INTERVAL: Duration = Duration::from_micros(25);
 /// Timer slack of polling workers: the kernel's default (50 µs) would
 /// stretch every short sleep well past [`DOZE_INTERVAL`].
 const TIMER_SLACK_NS: u64 = 1_000;
@@ -110,34 +81,45 @@ struct Local {
     touched: Vec<u16>,
 }
 
-#[derive(Debug, Clone, Copy)]
-enum Phase {
-    Asleep,
-    Polling {
-        idle_since: Instant,
-        idle_polls: u32,
-        /// When the previous idle poll ran.
-        last_poll: Instant,
-    },
-    /// Adaptive, after the poll window: short sleeps between polls, EventIdx
-    /// still behind (the host does not trap), until `until`.
-    Dozing {
-        idle_since: Instant,
-        until: Instant,
-    },
-}
-
 /// The worker thread's body. Returns when stopped.
 pub(crate) fn run(shared: Arc<Shared>, session: Arc<Session>, index: usize) {
+    let config = &shared.config;
+    if matches!(
+        config.doorbells,
+        DoorbellMode::Adaptive | DoorbellMode::MmapPoll
+    ) {
+        let slack = std::num::NonZeroU64::new(TIMER_SLACK_NS);
+        if let Err(e) = rustix::thread::set_current_timer_slack(slack) {
+            tracing::debug!("setting the worker's timer slack: {e}");
+        }
+    }
+    match config.doorbells {
+        DoorbellMode::Trap | DoorbellMode::Shadow => run_with(&shared, &session, index, OnKick),
+        DoorbellMode::MmapPoll => {
+            let wake = MmapPoll::new(config.idle_poll);
+            run_with(&shared, &session, index, wake);
+        }
+        DoorbellMode::Adaptive => {
+            let window = if config.adaptive_window {
+                PollWindow::new(config.idle_poll)
+            } else {
+                PollWindow::fixed(config.idle_poll)
+            };
+            let wake = Adaptive::new(window, config.doze);
+            run_with(&shared, &session, index, wake);
+        }
+    }
+}
+
+/// The worker loop, the same for every wake policy: take the mailbox's
+/// kicks (blocking as the policy allows), run the kicked SQs, poll the owned
+/// ones if the policy polls, reap asynchronous completions, then let the
+/// policy choose what comes next.
+fn run_with<W: Wake>(shared: &Arc<Shared>, session: &Session, index: usize, mut wake: W) {
     let Some(me) = shared.mailboxes.get(index) else {
         return;
     };
-    let mode = shared.config.doorbells;
-    let policy = if mode == DoorbellMode::Adaptive {
-        EventIdxPolicy::Behind
-    } else {
-        EventIdxPolicy::Publish
-    };
+    let policy = W::EVENT_IDX;
     let mut local = Local {
         sqs: Vec::new(),
         cqs: Vec::new(),
@@ -146,38 +128,18 @@ pub(crate) fn run(shared: Arc<Shared>, session: Arc<Session>, index: usize) {
         scratch: Scratch::default(),
         owned: Vec::new(),
         generation: None,
-        inflight: InFlight::new(waker(&shared, index)),
+        inflight: InFlight::new(waker(shared, index)),
         reaped: Vec::new(),
         touched: Vec::new(),
     };
-    if matches!(mode, DoorbellMode::Adaptive | DoorbellMode::MmapPoll) {
-        let slack = std::num::NonZeroU64::new(TIMER_SLACK_NS);
-        if let Err(e) = rustix::thread::set_current_timer_slack(slack) {
-            tracing::debug!("setting the worker's timer slack: {e}");
-        }
-    }
-    let mut phase = Phase::Asleep;
-    let mut backoff = MIN_BACKOFF;
-    let mut window = if shared.config.adaptive_window {
-        PollWindow::new(shared.config.idle_poll)
-    } else {
-        PollWindow::fixed(shared.config.idle_poll)
-    };
-    // Adaptive: when the worker last had work before it went to sleep.
-    let mut slept_after: Option<Instant> = None;
     loop {
-        let mut wait = match (phase, mode) {
-            (Phase::Polling { .. }, _) => Wait::No,
-            (Phase::Dozing { .. }, _) => Wait::For(DOZE_INTERVAL),
-            (Phase::Asleep, DoorbellMode::MmapPoll) => Wait::For(backoff),
-            (Phase::Asleep, _) => Wait::Until(next_deadline(&shared, &local.timers)),
-        };
+        let mut wait = wake.wait(shared, &local);
         // Backend completions wake the worker only while it sleeps: turn
         // their wakers on, then reap what came before.
         let mut work = 0;
         if !matches!(wait, Wait::No) && !local.inflight.is_empty() {
             local.inflight.set_waking(true);
-            work = complete_in_flight(&shared, &session, &mut local, policy);
+            work = complete_in_flight(shared, session, &mut local, policy);
             if work > 0 {
                 wait = Wait::No;
             }
@@ -186,133 +148,24 @@ pub(crate) fn run(shared: Arc<Shared>, session: Arc<Session>, index: usize) {
             return;
         };
         local.inflight.set_waking(false);
-        work += run_kicked(&shared, &session, &mut local, policy);
-        work += complete_in_flight(&shared, &session, &mut local, policy);
-        let polls = match mode {
-            DoorbellMode::MmapPoll => true,
-            DoorbellMode::Adaptive => shared.doorbells.dbbuf_on(),
-            DoorbellMode::Trap | DoorbellMode::Shadow => false,
-        };
-        if polls {
-            work += poll_owned(&shared, &session, &mut local, index, policy);
-            work += complete_in_flight(&shared, &session, &mut local, policy);
+        work += run_kicked(shared, session, &mut local, policy);
+        work += complete_in_flight(shared, session, &mut local, policy);
+        let polled = wake.polls(shared);
+        if polled {
+            work += poll_owned(shared, session, &mut local, index, policy);
+            work += complete_in_flight(shared, session, &mut local, policy);
         }
         if slept && (kicked || work > 0) {
             shared.stats.worker_wakeups.fetch_add(1, Ordering::Relaxed);
         }
-        fire_timers(&shared, &session, &mut local.timers);
-        if !polls {
-            phase = Phase::Asleep;
-            continue;
-        }
-        let now = Instant::now();
-        if mode == DoorbellMode::Adaptive && work > 0 {
-            match phase {
-                Phase::Polling { idle_since, .. } | Phase::Dozing { idle_since, .. } => {
-                    window.found(now.saturating_duration_since(idle_since));
-                }
-                Phase::Asleep => {
-                    if let Some(t) = slept_after.take() {
-                        window.woke(now.saturating_duration_since(t));
-                    }
-                }
-            }
-        }
-        phase = match phase {
-            _ if work > 0 => {
-                backoff = MIN_BACKOFF;
-                Phase::Polling {
-                    idle_since: now,
-                    idle_polls: 0,
-                    last_poll: now,
-                }
-            }
-            // A kick with nothing to do still starts a polling period: the
-            // host is active.
-            Phase::Asleep if mode == DoorbellMode::Adaptive && kicked => Phase::Polling {
-                idle_since: now,
-                idle_polls: 0,
-                last_poll: now,
-            },
-            Phase::Asleep => {
-                if slept {
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
-                }
-                Phase::Asleep
-            }
-            Phase::Polling {
-                idle_since,
-                idle_polls,
-                last_poll,
-            } => {
-                // Idle polls take well under a microsecond: a longer gap
-                // means another thread had this core. Polling on is taking
-                // it from someone (the guest's vCPUs, QEMU): stop and sleep.
-                if mode == DoorbellMode::Adaptive
-                    && idle_polls > 0
-                    && now.saturating_duration_since(last_poll) > PREEMPTED
-                {
-                    window.preempted();
-                }
-                let limit = match mode {
-                    DoorbellMode::Adaptive => window.current(),
-                    _ => shared.config.idle_poll,
-                };
-                if now.saturating_duration_since(idle_since) < limit {
-                    if idle_polls % POLLS_PER_YIELD == POLLS_PER_YIELD - 1 {
-                        std::thread::yield_now();
-                    } else {
-                        std::hint::spin_loop();
-                    }
-                    Phase::Polling {
-                        idle_since,
-                        idle_polls: idle_polls.wrapping_add(1),
-                        last_poll: Instant::now(),
-                    }
-                } else if mode == DoorbellMode::Adaptive {
-                    window.expired();
-                    if shared.config.doze.is_zero() {
-                        arm_or_sleep(&shared, &session, &local, idle_since, now, &mut slept_after)
-                    } else {
-                        Phase::Dozing {
-                            idle_since,
-                            until: now + shared.config.doze,
-                        }
-                    }
-                } else {
-                    backoff = MIN_BACKOFF;
-                    Phase::Asleep
-                }
-            }
-            Phase::Dozing { idle_since, until } if now < until => {
-                Phase::Dozing { idle_since, until }
-            }
-            Phase::Dozing { idle_since, .. } => {
-                arm_or_sleep(&shared, &session, &local, idle_since, now, &mut slept_after)
-            }
+        fire_timers(shared, session, &mut local.timers);
+        let round = Round {
+            work,
+            slept,
+            kicked,
+            polled,
         };
-    }
-}
-
-/// Adaptive, idle for the whole window: arm EventIdx, then sleep unless a
-/// tail moved meanwhile.
-fn arm_or_sleep(
-    shared: &Shared,
-    session: &Session,
-    local: &Local,
-    idle_since: Instant,
-    now: Instant,
-    slept_after: &mut Option<Instant>,
-) -> Phase {
-    if arm(shared, session, local) {
-        Phase::Polling {
-            idle_since: now,
-            idle_polls: 0,
-            last_poll: now,
-        }
-    } else {
-        *slept_after = Some(idle_since);
-        Phase::Asleep
+        wake.after(round, shared, session, &local);
     }
 }
 
@@ -398,40 +251,6 @@ fn poll_owned(
     }
     local.owned = owned;
     work
-}
-
-/// Adaptive mode, before sleeping: EventIdx = tail seen for every owned SQ,
-/// a full fence, then re-read every shadow tail. Returns `true` if one moved
-/// (keep polling). Either that re-read sees a host's new tail, or the host's
-/// EventIdx read (after its own fence) sees ours and it traps.
-fn arm(shared: &Shared, session: &Session, local: &Local) -> bool {
-    shared.stats.eventidx_arms.fetch_add(1, Ordering::Relaxed);
-    let mem = &*session.mem;
-    let with_sq = |qid: u16, f: &mut dyn FnMut(&mut Sq)| {
-        if let Some(slot) = shared.sqs.get(usize::from(qid)) {
-            if let Some(sq) = slot.lock().as_mut() {
-                f(sq);
-            }
-        }
-    };
-    let mut seen = Vec::with_capacity(local.owned.len());
-    for &qid in &local.owned {
-        with_sq(qid, &mut |sq| {
-            let tail = sq.tail;
-            sq.event_idx
-                .publish(&shared.doorbells, qid, sq.source, tail as u16, true, mem);
-            seen.push((qid, tail));
-        });
-    }
-    barrier();
-    let mut moved = false;
-    for &(qid, tail) in &seen {
-        with_sq(qid, &mut |sq| {
-            sq.refresh_tail(&shared.doorbells, mem);
-            moved |= sq.tail != tail;
-        });
-    }
-    moved
 }
 
 /// The admin queue's sources follow Doorbell Buffer Config, which runs on

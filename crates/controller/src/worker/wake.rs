@@ -1,0 +1,346 @@
+//! Wake policies: how a worker learns of new work and what it does when it
+//! finds none, one type per [`DoorbellMode`](crate::DoorbellMode). The
+//! worker loop ([`super::run_with`]) is the same for all; a policy decides
+//! how long the worker may block, whether it polls its SQs, and what comes
+//! after a round.
+//!
+//! * [`OnKick`] (`trap` and `shadow`): sleep on the mailbox; run what traps
+//!   kick. The two modes differ only in where a doorbell value comes from
+//!   (register or shadow buffer) and in the EventIdx a pass publishes.
+//! * [`Adaptive`]: once Doorbell Buffer Config is on, poll the shadow
+//!   doorbells while busy with EventIdx kept behind, doze, then arm EventIdx
+//!   and sleep.
+//! * [`MmapPoll`]: poll the shared doorbell page, spin, then back off.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::cq::next_deadline;
+use super::{EventIdxPolicy, Local};
+use crate::doorbell::barrier;
+use crate::mailbox::Wait;
+use crate::poll_window::PollWindow;
+use crate::queue::Sq;
+use crate::state::{Session, Shared};
+
+/// Longest mmap-poll back-off sleep.
+const MAX_BACKOFF: Duration = Duration::from_micros(200);
+const MIN_BACKOFF: Duration = Duration::from_micros(10);
+/// Idle polls between `yield_now` calls, so a core shared with the guest's
+/// vCPUs is not monopolised while polling.
+const POLLS_PER_YIELD: u32 = 16;
+/// A gap between two idle polls longer than this means the worker lost its
+/// core meanwhile (see [`PollWindow::preempted`]).
+const PREEMPTED: Duration = Duration::from_micros(50);
+/// Adaptive mode's sleep between polls once the poll window has passed
+/// ([`ControllerConfig::doze`](crate::ControllerConfig::doze)): the most a
+/// request arriving then waits, and few enough wake-ups (at most 40,000 a
+/// second) to leave the core to the threads that produce the requests.
+const DOZE_INTERVAL: Duration = Duration::from_micros(25);
+
+/// What one round of the worker loop did.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Round {
+    /// Commands run and completions posted.
+    pub work: u32,
+    /// The worker blocked in its mailbox.
+    pub slept: bool,
+    /// Kicks were waiting (or arrived).
+    pub kicked: bool,
+    /// The round polled every owned SQ.
+    pub polled: bool,
+}
+
+/// How a worker waits for work.
+pub(super) trait Wake {
+    /// What a pass over an SQ does with EventIdx.
+    const EVENT_IDX: EventIdxPolicy;
+    /// How long the worker may block in its mailbox before the next round.
+    fn wait(&self, shared: &Shared, local: &Local) -> Wait;
+    /// Whether this round polls every SQ the worker owns (after the kicked
+    /// ones).
+    fn polls(&self, shared: &Shared) -> bool;
+    /// After a round: what comes next (may arm EventIdx before sleeping).
+    fn after(&mut self, round: Round, shared: &Shared, session: &Session, local: &Local);
+}
+
+/// One idle poll's pause: a spin hint, and every few polls the core.
+fn idle_pause(idle_polls: u32) {
+    if idle_polls % POLLS_PER_YIELD == POLLS_PER_YIELD - 1 {
+        std::thread::yield_now();
+    } else {
+        std::hint::spin_loop();
+    }
+}
+
+/// `trap` and `shadow` modes: sleep until kicked (or a coalesced
+/// interrupt's timer). A shadow pass ends by publishing SQ EventIdx = tail
+/// seen, a full fence and a re-read of the shadow tail (QEMU's algorithm).
+#[derive(Debug, Default)]
+pub(super) struct OnKick;
+
+impl Wake for OnKick {
+    const EVENT_IDX: EventIdxPolicy = EventIdxPolicy::Publish;
+
+    fn wait(&self, shared: &Shared, local: &Local) -> Wait {
+        Wait::Until(next_deadline(shared, &local.timers))
+    }
+
+    fn polls(&self, _: &Shared) -> bool {
+        false
+    }
+
+    fn after(&mut self, _: Round, _: &Shared, _: &Session, _: &Local) {}
+}
+
+/// `mmap-poll`: poll the shared doorbell page; when idle, spin for
+/// `idle_poll`, then sleep in the mailbox for 10 µs doubling to 200 µs (the
+/// latency a request arriving then pays), woken early by kicks.
+#[derive(Debug)]
+pub(super) struct MmapPoll {
+    idle_poll: Duration,
+    /// Spinning since `idle_since`, or backing off.
+    spinning: Option<(Instant, u32)>,
+    backoff: Duration,
+}
+
+impl MmapPoll {
+    pub fn new(idle_poll: Duration) -> Self {
+        Self {
+            idle_poll,
+            spinning: None,
+            backoff: MIN_BACKOFF,
+        }
+    }
+}
+
+impl Wake for MmapPoll {
+    const EVENT_IDX: EventIdxPolicy = EventIdxPolicy::Publish;
+
+    fn wait(&self, _: &Shared, _: &Local) -> Wait {
+        match self.spinning {
+            Some(_) => Wait::No,
+            None => Wait::For(self.backoff),
+        }
+    }
+
+    fn polls(&self, _: &Shared) -> bool {
+        true
+    }
+
+    fn after(&mut self, round: Round, _: &Shared, _: &Session, _: &Local) {
+        let now = Instant::now();
+        self.spinning = match self.spinning {
+            _ if round.work > 0 => {
+                self.backoff = MIN_BACKOFF;
+                Some((now, 0))
+            }
+            None => {
+                if round.slept {
+                    self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+                }
+                None
+            }
+            Some((idle_since, polls))
+                if now.saturating_duration_since(idle_since) < self.idle_poll =>
+            {
+                idle_pause(polls);
+                Some((idle_since, polls.wrapping_add(1)))
+            }
+            Some(_) => {
+                self.backoff = MIN_BACKOFF;
+                None
+            }
+        };
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Phase {
+    Asleep,
+    Polling {
+        idle_since: Instant,
+        idle_polls: u32,
+        /// When the previous idle poll ran.
+        last_poll: Instant,
+    },
+    /// After the poll window: short sleeps between polls, EventIdx still
+    /// behind (the host does not trap), until `until`.
+    Dozing {
+        idle_since: Instant,
+        until: Instant,
+    },
+}
+
+impl Phase {
+    fn polling(now: Instant) -> Self {
+        Phase::Polling {
+            idle_since: now,
+            idle_polls: 0,
+            last_poll: now,
+        }
+    }
+}
+
+/// `adaptive`: once Doorbell Buffer Config is on, after a wake-up keep
+/// polling every owned SQ's shadow tail, EventIdx kept one behind what was
+/// seen so the host never needs to trap; after the worker's poll window (at
+/// most `idle_poll`: see [`crate::poll_window`]) without work, doze: poll
+/// every 25 µs, sleeping in between, for `doze`; then arm EventIdx = tail
+/// seen, fence, re-read every shadow tail, and sleep only if none moved. A
+/// host that moves a tail after our re-read sees the armed EventIdx and
+/// traps, and the trap's kick is in the mailbox before the worker can wait:
+/// no lost wake-up. While the guest uses the INTx pin, CQ EventIdx is armed
+/// instead of kept behind, so the host's head update traps: that BAR access
+/// is where QEMU deasserts the line. Before Doorbell Buffer Config, as
+/// [`OnKick`].
+#[derive(Debug)]
+pub(super) struct Adaptive {
+    phase: Phase,
+    window: PollWindow,
+    doze: Duration,
+    /// When the worker last had work before it went to sleep.
+    slept_after: Option<Instant>,
+}
+
+impl Adaptive {
+    pub fn new(window: PollWindow, doze: Duration) -> Self {
+        Self {
+            phase: Phase::Asleep,
+            window,
+            doze,
+            slept_after: None,
+        }
+    }
+
+    /// Idle for the whole window: arm EventIdx, then sleep unless a tail
+    /// moved meanwhile.
+    fn arm_or_sleep(
+        &mut self,
+        shared: &Shared,
+        session: &Session,
+        local: &Local,
+        idle_since: Instant,
+        now: Instant,
+    ) -> Phase {
+        if arm(shared, session, local) {
+            Phase::polling(now)
+        } else {
+            self.slept_after = Some(idle_since);
+            Phase::Asleep
+        }
+    }
+}
+
+impl Wake for Adaptive {
+    const EVENT_IDX: EventIdxPolicy = EventIdxPolicy::Behind;
+
+    fn wait(&self, shared: &Shared, local: &Local) -> Wait {
+        match self.phase {
+            Phase::Polling { .. } => Wait::No,
+            Phase::Dozing { .. } => Wait::For(DOZE_INTERVAL),
+            Phase::Asleep => Wait::Until(next_deadline(shared, &local.timers)),
+        }
+    }
+
+    fn polls(&self, shared: &Shared) -> bool {
+        shared.doorbells.dbbuf_on()
+    }
+
+    fn after(&mut self, round: Round, shared: &Shared, session: &Session, local: &Local) {
+        if !round.polled {
+            self.phase = Phase::Asleep;
+            return;
+        }
+        let now = Instant::now();
+        if round.work > 0 {
+            match self.phase {
+                Phase::Polling { idle_since, .. } | Phase::Dozing { idle_since, .. } => {
+                    self.window.found(now.saturating_duration_since(idle_since));
+                }
+                Phase::Asleep => {
+                    if let Some(t) = self.slept_after.take() {
+                        self.window.woke(now.saturating_duration_since(t));
+                    }
+                }
+            }
+        }
+        self.phase = match self.phase {
+            _ if round.work > 0 => Phase::polling(now),
+            // A kick with nothing to do still starts a polling period: the
+            // host is active.
+            Phase::Asleep if round.kicked => Phase::polling(now),
+            Phase::Asleep => Phase::Asleep,
+            Phase::Polling {
+                idle_since,
+                idle_polls,
+                last_poll,
+            } => {
+                // Idle polls take well under a microsecond: a longer gap
+                // means another thread had this core. Polling on is taking
+                // it from someone (the guest's vCPUs, QEMU): stop and sleep.
+                if idle_polls > 0 && now.saturating_duration_since(last_poll) > PREEMPTED {
+                    self.window.preempted();
+                }
+                if now.saturating_duration_since(idle_since) < self.window.current() {
+                    idle_pause(idle_polls);
+                    Phase::Polling {
+                        idle_since,
+                        idle_polls: idle_polls.wrapping_add(1),
+                        last_poll: Instant::now(),
+                    }
+                } else {
+                    self.window.expired();
+                    if self.doze.is_zero() {
+                        self.arm_or_sleep(shared, session, local, idle_since, now)
+                    } else {
+                        Phase::Dozing {
+                            idle_since,
+                            until: now + self.doze,
+                        }
+                    }
+                }
+            }
+            Phase::Dozing { idle_since, until } if now < until => {
+                Phase::Dozing { idle_since, until }
+            }
+            Phase::Dozing { idle_since, .. } => {
+                self.arm_or_sleep(shared, session, local, idle_since, now)
+            }
+        };
+    }
+}
+
+/// Adaptive mode, before sleeping: EventIdx = tail seen for every owned SQ,
+/// a full fence, then re-read every shadow tail. Returns `true` if one moved
+/// (keep polling). Either that re-read sees a host's new tail, or the host's
+/// EventIdx read (after its own fence) sees ours and it traps.
+fn arm(shared: &Shared, session: &Session, local: &Local) -> bool {
+    shared.stats.eventidx_arms.fetch_add(1, Ordering::Relaxed);
+    let mem = &*session.mem;
+    let with_sq = |qid: u16, f: &mut dyn FnMut(&mut Sq)| {
+        if let Some(slot) = shared.sqs.get(usize::from(qid)) {
+            if let Some(sq) = slot.lock().as_mut() {
+                f(sq);
+            }
+        }
+    };
+    let mut seen = Vec::with_capacity(local.owned.len());
+    for &qid in &local.owned {
+        with_sq(qid, &mut |sq| {
+            let tail = sq.tail;
+            sq.event_idx
+                .publish(&shared.doorbells, qid, sq.source, tail as u16, true, mem);
+            seen.push((qid, tail));
+        });
+    }
+    barrier();
+    let mut moved = false;
+    for &(qid, tail) in &seen {
+        with_sq(qid, &mut |sq| {
+            sq.refresh_tail(&shared.doorbells, mem);
+            moved |= sq.tail != tail;
+        });
+    }
+    moved
+}
