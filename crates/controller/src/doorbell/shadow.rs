@@ -159,17 +159,25 @@ impl Doorbells {
         }
     }
 
-    /// Trap path, after the value was validated and stored: copy it into the
-    /// queue's shadow slot if the device maintains that slot. Runs before the
-    /// worker is kicked, so the worker's shadow read sees it.
+    /// Trap path, after the value was validated and stored: copy an admin
+    /// queue doorbell into its shadow slot if the device maintains that slot.
+    /// Runs before the worker is kicked, so the worker's shadow read sees it.
     ///
-    /// A host that never writes a shadow slot (Linux, admin queue; QEMU
-    /// copies admin-queue traps too) still has its trapped value seen this
-    /// way. A host that does write the shadow stores it before the register
-    /// (spec), so the shadow already holds this value or a newer one; a copy
-    /// could move it backwards if the (posted) trap arrives late. So copy only
-    /// while the slot still holds what the device last stored there; the
-    /// first time it holds anything else, the host owns it for good.
+    /// Linux and SPDK never write the admin queue's shadow slots (QEMU copies
+    /// admin-queue traps too); our driver does. A host that writes the
+    /// shadow stores it before the register (spec), so the shadow already
+    /// holds this value or a newer one, and a copy could move it backwards
+    /// if the (posted) trap arrives late. So copy only while the slot still
+    /// holds what the device last stored there; the first time it holds
+    /// anything else, the host owns it for good. (The host could still come
+    /// back to the very value the device stored, a whole admin ring later,
+    /// while one trap is in flight: admin commands are too slow for that.)
+    ///
+    /// I/O queues are never copied: every host writes their shadow slots,
+    /// and a value check cannot tell "the host never wrote" from "the host
+    /// wrote a whole ring's worth and came back to the same value" (a trap
+    /// late by a ring: the copy then moved the tail back and the queue
+    /// hung with commands the device never saw).
     pub fn shadow_trap(&self, db: Doorbell, value: u32) {
         if !self.dbbuf_on.load(Ordering::Acquire) {
             return;
@@ -191,6 +199,9 @@ impl Doorbells {
         addr: u64,
         mem: &dyn GuestMemory,
     ) -> Result<(), DmaError> {
+        if !is_admin(db) {
+            return Ok(());
+        }
         let Some(s) = self.slot(db) else {
             return Ok(());
         };
@@ -236,6 +247,10 @@ impl Doorbells {
         self.dbbuf_on.store(false, Ordering::Release);
         *self.dbbuf.write() = None;
     }
+}
+
+fn is_admin(db: Doorbell) -> bool {
+    matches!(db, Doorbell::SqTail(0) | Doorbell::CqHead(0))
 }
 
 /// What a queue's last EventIdx write was, to skip rewriting the same value.
@@ -292,7 +307,8 @@ impl EventIdx {
 /// counted mod 2^16; every value the host can move to lies ahead of `seen`
 /// within the ring, so neither interval reaches `seen - 1` — except SPDK's
 /// when the host fills the ring completely (`new == seen - 1`), which traps
-/// once: the safe direction. Valid only while the device keeps it updated.
+/// once (unless `seen` is 0 in a ring shorter than 2^16): the safe
+/// direction. Valid only while the device keeps it updated.
 pub(crate) fn behind(seen: u16) -> u16 {
     seen.wrapping_sub(1)
 }
@@ -303,4 +319,71 @@ pub(crate) fn behind(seen: u16) -> u16 {
 /// its EventIdx load sees ours and it rings the register.
 pub(crate) fn barrier() {
     fence(Ordering::SeqCst);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use vnvme_spec::regs::Doorbell;
+
+    use super::super::Doorbells;
+    use super::offset;
+    use crate::memory::GuestMemory;
+    use crate::stats::Stats;
+    use crate::testing::VecMemory;
+
+    const SHADOW: u64 = 0x1000;
+    const EVENT_IDX: u64 = 0x2000;
+
+    /// Doorbells with shadow buffers on and queue pairs 0 and 1 open.
+    fn configured() -> (Doorbells, Arc<VecMemory>) {
+        let doorbells = Doorbells::new(2, None, Arc::new(Stats::new(2)));
+        for qid in [0, 1] {
+            doorbells.open(Doorbell::SqTail(qid), 4, 0);
+            doorbells.open(Doorbell::CqHead(qid), 4, 0);
+        }
+        let mem = Arc::new(VecMemory::new(0x3000));
+        assert!(doorbells.configure_dbbuf(SHADOW, EVENT_IDX, mem.clone(), 2));
+        (doorbells, mem)
+    }
+
+    fn shadow(mem: &VecMemory, db: Doorbell) -> u32 {
+        mem.load_u32(SHADOW + offset(db)).unwrap()
+    }
+
+    #[test]
+    fn admin_traps_are_copied_while_the_host_leaves_the_shadow_alone() {
+        let (doorbells, mem) = configured();
+        for tail in [1, 2, 3, 0, 1] {
+            doorbells.shadow_trap(Doorbell::SqTail(0), tail);
+            assert_eq!(shadow(&mem, Doorbell::SqTail(0)), tail);
+        }
+    }
+
+    #[test]
+    fn an_admin_shadow_the_host_wrote_is_never_copied_over() {
+        let (doorbells, mem) = configured();
+        mem.store_u32(SHADOW + offset(Doorbell::SqTail(0)), 2)
+            .unwrap();
+        // The trap of 1, late: the host already wrote 2.
+        doorbells.shadow_trap(Doorbell::SqTail(0), 1);
+        assert_eq!(shadow(&mem, Doorbell::SqTail(0)), 2);
+        mem.store_u32(SHADOW + offset(Doorbell::SqTail(0)), 0)
+            .unwrap();
+        doorbells.shadow_trap(Doorbell::SqTail(0), 3);
+        assert_eq!(shadow(&mem, Doorbell::SqTail(0)), 0);
+    }
+
+    /// The host wrote 1, 2, 3 and came back to 0 (what the device stored at
+    /// creation) before the trap of 1 arrived: copying it would move the
+    /// tail back by a whole ring.
+    #[test]
+    fn a_late_io_queue_trap_never_moves_the_shadow_back() {
+        let (doorbells, mem) = configured();
+        doorbells.shadow_trap(Doorbell::SqTail(1), 1);
+        assert_eq!(shadow(&mem, Doorbell::SqTail(1)), 0);
+        doorbells.shadow_trap(Doorbell::CqHead(1), 1);
+        assert_eq!(shadow(&mem, Doorbell::CqHead(1)), 0);
+    }
 }

@@ -248,7 +248,9 @@ proptest! {
 
     /// With EventIdx kept at `seen - 1`, a host move from `old` (`a` ahead
     /// of `seen`) to `new` (`b` further) never traps with Linux's test, and
-    /// with SPDK's only when it fills the ring completely.
+    /// with SPDK's at most when it fills the ring completely (not even then
+    /// when `seen` is 0 and the ring is shorter than 2^16: `seen - 1` is
+    /// 65535, beyond every ring position).
     #[test]
     fn eventidx_behind_never_needs_a_trap((size, seen, a, b) in ring_case()) {
         // A doorbell update moves the value (b = 0 rings nothing).
@@ -258,7 +260,10 @@ proptest! {
         let ei = behind(seen as u16);
         prop_assert!(!need_event_linux(ei, new, old));
         let full = a + b == size - 1;
-        prop_assert_eq!(need_event_spdk(ei, new, old), full);
+        prop_assert!(!need_event_spdk(ei, new, old) || full);
+        if full && (seen > 0 || size == 65536) {
+            prop_assert!(need_event_spdk(ei, new, old));
+        }
     }
 
     /// Armed (EventIdx = `seen`, the host at `seen`), the first move traps
