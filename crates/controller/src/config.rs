@@ -26,8 +26,8 @@ pub struct ControllerConfig {
     pub mqes_z: u16,
     /// MDTS: largest transfer is `2^mdts` minimum-size (4 KiB) pages (1..=12).
     pub mdts: u8,
-    /// Queue worker threads (>= 1). Queue pairs are spread over them by CQ id;
-    /// the admin queue runs on worker 0.
+    /// I/O queue worker threads (>= 1). Queue pairs are spread over them by
+    /// CQ id; the admin queue has a worker thread of its own besides.
     pub workers: usize,
     /// Bits OR-ed into Identify Controller OACS (e.g. Doorbell Buffer Config).
     pub oacs_extra: u16,

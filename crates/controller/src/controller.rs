@@ -20,7 +20,7 @@ use crate::memory::{GuestMemory, InterruptSink};
 use crate::namespace::Namespace;
 use crate::queue::{Cq, Sq};
 use crate::regs::{Action, Regs};
-use crate::state::{AdminState, ErrorLog, Events, Session, Shared};
+use crate::state::{AdminState, ErrorLog, Events, Session, Shared, ADMIN_WORKER};
 use crate::stats::{ControllerStats, Stats};
 use crate::subsystem::{ChangedNamespaces, Namespaces, ReadyTimer};
 use crate::worker;
@@ -51,7 +51,8 @@ struct Control {
 /// [`mmio_write`](Self::mmio_write) run on the caller's (vfio-user control)
 /// thread. Register accesses take an internal lock; doorbell writes do not —
 /// they store the value in an atomic slot and kick the worker that owns the
-/// queue. Commands run on `config.workers` queue worker threads that exist
+/// queue. Commands run on an admin worker thread and `config.workers` I/O
+/// worker threads that exist
 /// while the controller is enabled (CSTS.RDY = 1).
 pub struct Controller {
     shared: Arc<Shared>,
@@ -165,7 +166,7 @@ impl Controller {
             events: Mutex::new(Events::default()),
             error_log: Mutex::new(ErrorLog::default()),
             stats,
-            mailboxes: (0..config.workers).map(|_| Mailbox::default()).collect(),
+            mailboxes: (0..=config.workers).map(|_| Mailbox::default()).collect(),
             cc: AtomicU32::new(0),
             ready: AtomicBool::new(false),
             fatal: AtomicBool::new(false),
@@ -492,13 +493,20 @@ impl Controller {
             *sq_slot.lock() = Some(sq);
             *cq_slot.lock() = Some(cq);
         }
-        shared.doorbells.open(Doorbell::SqTail(0), asqs, 0);
-        shared.doorbells.open(Doorbell::CqHead(0), acqs, 0);
+        shared
+            .doorbells
+            .open(Doorbell::SqTail(0), asqs, ADMIN_WORKER);
+        shared
+            .doorbells
+            .open(Doorbell::CqHead(0), acqs, ADMIN_WORKER);
         for (i, w) in shared.mailboxes.iter().enumerate() {
             w.rearm();
             let (sh, se) = (self.shared.clone(), session.clone());
             let spawned = std::thread::Builder::new()
-                .name(format!("vnvme-q{i}"))
+                .name(match i {
+                    ADMIN_WORKER => "vnvme-admin".into(),
+                    i => format!("vnvme-io{i}"),
+                })
                 .spawn(move || worker::run(sh, se, i));
             match spawned {
                 Ok(t) => ctl.threads.push(t),

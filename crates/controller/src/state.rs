@@ -28,6 +28,9 @@ use crate::queue::{Cq, Sq};
 use crate::stats::Stats;
 use crate::subsystem::{ChangedNamespaces, Namespaces, ReadyTimer};
 
+/// The worker of the admin queue: admin commands never run inside an I/O
+/// worker's loop.
+pub(crate) const ADMIN_WORKER: usize = 0;
 /// Asynchronous Event Request Limit, 0's based (Identify Controller AERL).
 pub(crate) const AERL: u8 = 3;
 /// Error Log Page Entries, 0's based (ELPE).
@@ -120,7 +123,8 @@ pub(crate) struct Shared {
     pub error_log: Mutex<ErrorLog>,
     /// Shared with `doorbells`, which counts shadow reads and errors.
     pub stats: Arc<Stats>,
-    /// One per queue worker, indexed like the workers.
+    /// One per worker thread: the admin worker's at [`ADMIN_WORKER`], then
+    /// the I/O workers' (`config.workers` of them).
     pub mailboxes: Vec<Mailbox>,
     /// CC as last written (workers read IOSQES/IOCQES at queue creation).
     pub cc: AtomicU32,
@@ -155,13 +159,14 @@ impl std::fmt::Debug for Shared {
 
 impl Shared {
     /// The worker that owns the queue pair whose CQ is `cqid`: SQs live with
-    /// their CQ, so a CQ is only ever posted to by one thread.
+    /// their CQ, so a CQ is only ever posted to by one thread. The admin
+    /// queue has a worker of its own; I/O queues are spread over the others.
     pub fn worker_for(&self, cqid: u16) -> usize {
-        let n = self.mailboxes.len().max(1);
+        let io_workers = self.mailboxes.len().saturating_sub(1).max(1);
         if cqid == 0 {
-            0
+            ADMIN_WORKER
         } else {
-            usize::from(cqid - 1) % n
+            1 + usize::from(cqid - 1) % io_workers
         }
     }
 

@@ -12,7 +12,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use vnvme_blockdev::BlockCompletion;
 use vnvme_spec::regs::Doorbell;
@@ -26,7 +26,7 @@ use cq::{
     refresh_cq_head, settle_interrupt,
 };
 use reap::{complete_in_flight, waker};
-use wake::{Adaptive, MmapPoll, OnKick, Round, Wake};
+use wake::{Adaptive, MmapPoll, OnKick, Round, Wake, MAX_ADMIN_BACKOFF, MAX_BACKOFF};
 
 use crate::admin;
 use crate::config::DoorbellMode;
@@ -36,10 +36,10 @@ use crate::io;
 use crate::mailbox::Wait;
 use crate::poll_window::PollWindow;
 use crate::queue::{Cq, Sq};
-use crate::state::{Ctx, Outcome, Scratch, Session, Shared};
+use crate::state::{Ctx, Outcome, Scratch, Session, Shared, ADMIN_WORKER};
 
 /// Timer slack of polling workers: the kernel's default (50 µs) would
-/// stretch every short sleep well past [`DOZE_INTERVAL`].
+/// stretch every short sleep (adaptive dozes for 25 µs) far too long.
 const TIMER_SLACK_NS: u64 = 1_000;
 
 /// Result of one pass over an SQ.
@@ -95,8 +95,12 @@ pub(crate) fn run(shared: Arc<Shared>, session: Arc<Session>, index: usize) {
     }
     match config.doorbells {
         DoorbellMode::Trap | DoorbellMode::Shadow => run_with(&shared, &session, index, OnKick),
+        DoorbellMode::MmapPoll if index == ADMIN_WORKER => {
+            let wake = MmapPoll::new(Duration::ZERO, MAX_ADMIN_BACKOFF);
+            run_with(&shared, &session, index, wake);
+        }
         DoorbellMode::MmapPoll => {
-            let wake = MmapPoll::new(config.idle_poll);
+            let wake = MmapPoll::new(config.idle_poll, MAX_BACKOFF);
             run_with(&shared, &session, index, wake);
         }
         DoorbellMode::Adaptive => {

@@ -23,8 +23,11 @@ use crate::poll_window::PollWindow;
 use crate::queue::Sq;
 use crate::state::{Session, Shared};
 
-/// Longest mmap-poll back-off sleep.
-const MAX_BACKOFF: Duration = Duration::from_micros(200);
+/// Longest mmap-poll back-off sleep of an I/O worker.
+pub(super) const MAX_BACKOFF: Duration = Duration::from_micros(200);
+/// Longest mmap-poll back-off sleep of the admin worker: admin commands are
+/// rare and not latency critical, and an idle client should cost little.
+pub(super) const MAX_ADMIN_BACKOFF: Duration = Duration::from_millis(1);
 const MIN_BACKOFF: Duration = Duration::from_micros(10);
 /// Idle polls between `yield_now` calls, so a core shared with the guest's
 /// vCPUs is not monopolised while polling.
@@ -95,21 +98,24 @@ impl Wake for OnKick {
 
 /// `mmap-poll`: poll the shared doorbell page; when idle, spin for
 /// `idle_poll`, then sleep in the mailbox for 10 µs doubling to 200 µs (the
-/// latency a request arriving then pays), woken early by kicks.
+/// latency a request arriving then pays; 1 ms for the admin worker), woken
+/// early by kicks.
 #[derive(Debug)]
 pub(super) struct MmapPoll {
     idle_poll: Duration,
     /// Spinning since `idle_since`, or backing off.
     spinning: Option<(Instant, u32)>,
     backoff: Duration,
+    max_backoff: Duration,
 }
 
 impl MmapPoll {
-    pub fn new(idle_poll: Duration) -> Self {
+    pub fn new(idle_poll: Duration, max_backoff: Duration) -> Self {
         Self {
             idle_poll,
             spinning: None,
             backoff: MIN_BACKOFF,
+            max_backoff,
         }
     }
 }
@@ -137,7 +143,7 @@ impl Wake for MmapPoll {
             }
             None => {
                 if round.slept {
-                    self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+                    self.backoff = (self.backoff * 2).min(self.max_backoff);
                 }
                 None
             }
