@@ -22,13 +22,13 @@ use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Once};
+use std::sync::{mpsc, Arc, Once};
 use std::time::{Duration, Instant};
 
 use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
-use vnvme::device::{DeviceOptions, NvmeDevice};
-use vnvme::namespace::NamespaceSpec;
-use vnvme_controller::DoorbellMode;
+use vnvme_blockdev::RamDevice;
+use vnvme_controller::{ControllerConfig, DoorbellMode, NamespaceConfig};
+use vnvme_device::{DeviceConfig, NvmeDevice};
 use vnvme_vfio_user::wire::{cmd, flags, DmaAccess, Header, HEADER_SIZE};
 use vnvme_vfio_user::Server;
 use zerocopy::{FromBytes, IntoBytes};
@@ -374,14 +374,14 @@ pub fn run(input: Input) {
 }
 
 fn session(input: Input) {
-    let opts = DeviceOptions {
+    let controller = ControllerConfig {
         max_io_queues: 4,
         doorbells: mode(input.mode),
-        idle_poll_us: Some(50),
-        ..DeviceOptions::default()
+        idle_poll: Duration::from_micros(50),
+        ..ControllerConfig::default()
     };
-    let ns: NamespaceSpec = "1M:ram".parse().expect("namespace spec");
-    let device = NvmeDevice::new(&opts, &[ns]).expect("device");
+    let ns = NamespaceConfig::new(1, 4096, Arc::new(RamDevice::new(1 << 20)));
+    let device = NvmeDevice::new(DeviceConfig::new(controller, vec![ns])).expect("device");
     let (client_end, server_end) = UnixStream::pair().expect("socketpair");
     let (done_tx, done_rx) = mpsc::channel();
     let server = std::thread::spawn(move || {

@@ -32,9 +32,8 @@ pub struct ControllerConfig {
     /// Bits OR-ed into Identify Controller OACS (e.g. Doorbell Buffer Config).
     pub oacs_extra: u16,
     /// PCI Vendor ID and Subsystem Vendor ID reported in Identify Controller;
-    /// must match the PCI config space the glue exposes. Default 0x7E57, the
-    /// unregistered ID of `vnvme_pci::DEFAULT_VENDOR_ID` (see README, "PCI
-    /// identity").
+    /// must match the PCI config space the glue exposes. Default: the PCI
+    /// function's, [`vnvme_pci::DEFAULT_VENDOR_ID`] (documented there).
     pub vid: u16,
     pub ssvid: u16,
     /// Controller ID.
@@ -104,8 +103,8 @@ impl Default for ControllerConfig {
             mdts: 5,
             workers: 1,
             oacs_extra: 0,
-            vid: 0x7e57,
-            ssvid: 0x7e57,
+            vid: vnvme_pci::DEFAULT_VENDOR_ID,
+            ssvid: vnvme_pci::DEFAULT_VENDOR_ID,
             cntlid: 1,
             subnqn: None,
             doorbells: DoorbellMode::default(),

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use vnvme_spec::log::async_event;
-use vnvme_spec::regs::{offset, shutdown, Doorbell};
+use vnvme_spec::regs::{offset, shutdown, Bar0Layout, Doorbell};
 
 use crate::config::{
     ConfigError, ControllerConfig, DoorbellMode, NamespaceConfig, Readiness, MAX_NAMESPACES,
@@ -25,9 +25,6 @@ use crate::stats::{ControllerStats, Stats};
 use crate::subsystem::{ChangedNamespaces, Namespaces, ReadyTimer};
 use crate::worker;
 
-/// End of the doorbell page in BAR0 (doorbells for up to 512 queue pairs at
-/// DSTRD 0; the MSI-X table follows at 0x2000).
-const DOORBELL_END: u64 = 0x2000;
 /// CRTO.CRWMT is 16 bits of 500 ms units.
 const MAX_READY_TIMEOUT: Duration = Duration::from_millis(500 * 0xFFFF);
 
@@ -68,10 +65,6 @@ impl std::fmt::Debug for Controller {
 }
 
 impl Controller {
-    /// BAR0 size: registers at 0, doorbells 0x1000..0x2000, MSI-X table at
-    /// 0x2000 and PBA at 0x3000 (owned by the PCI layer).
-    pub const BAR0_SIZE: u64 = 0x4000;
-
     pub fn new(
         config: ControllerConfig,
         namespaces: Vec<NamespaceConfig>,
@@ -81,7 +74,7 @@ impl Controller {
 
     /// As [`new`](Self::new), with the shared doorbell page a
     /// [`DoorbellMode::MmapPoll`] controller polls (the memory behind BAR0's
-    /// sparse-mmap area 0x1000..0x2000). Without one, mmap-poll uses a page
+    /// sparse-mmap area, [`Bar0Layout::DOORBELLS`]). Without one, mmap-poll uses a page
     /// in the heap that only register writes reach. Ignored in other modes.
     pub fn with_doorbell_page(
         mut config: ControllerConfig,
@@ -92,11 +85,10 @@ impl Controller {
             return Err(ConfigError::NoWorkers);
         }
         // Doorbells for qids 0..=max_io_queues must fit below the MSI-X table.
-        let max_by_bar = ((DOORBELL_END - offset::DOORBELLS) / 8 - 1) as u16;
-        if config.max_io_queues == 0 || config.max_io_queues > max_by_bar {
+        if config.max_io_queues == 0 || config.max_io_queues > Bar0Layout::MAX_QID {
             return Err(ConfigError::MaxIoQueues {
                 got: config.max_io_queues,
-                max: max_by_bar,
+                max: Bar0Layout::MAX_QID,
             });
         }
         if config.msix_vectors == 0 || config.msix_vectors > 2048 {
@@ -320,10 +312,10 @@ impl Controller {
         let Some(page) = self.shared.doorbells.page() else {
             return;
         };
-        if offset >= DOORBELL_END || data.len() != 4 || !offset.is_multiple_of(4) {
+        if offset >= Bar0Layout::DOORBELLS.end || data.len() != 4 || !offset.is_multiple_of(4) {
             return;
         }
-        let index = ((offset - offset::DOORBELLS) / 4) as u32;
+        let index = ((offset - Bar0Layout::DOORBELLS.start) / 4) as u32;
         data.copy_from_slice(&page.load(index).to_le_bytes());
     }
 
@@ -346,7 +338,7 @@ impl Controller {
                 .fetch_add(1, Ordering::Relaxed);
             return;
         };
-        if (offset::DOORBELLS..DOORBELL_END).contains(&offset) {
+        if Bar0Layout::DOORBELLS.contains(&offset) {
             match Doorbell::decode(offset, 0) {
                 Some(db) => self.doorbell_write(db, value as u32),
                 None => {

@@ -1,10 +1,14 @@
 //! An NVMe PCI Express endpoint function: type 0 header, 64-bit memory BAR0,
 //! and the capability list PM -> MSI-X -> PCI Express.
 
+use vnvme_spec::regs::Bar0Layout;
+
 use crate::config::ConfigSpace;
 
-/// Vendor ID used by default: 0x7E57 ("TEST"). It is *not* registered with
-/// the PCI-SIG; it was chosen so hosts bind the device by its class code
+/// Vendor ID used by default: 0x7E57 ("TEST"), for the Subsystem Vendor ID
+/// too, and the one source of the VID and SSVID the controller reports in
+/// Identify Controller by default. It is *not* assigned by the PCI-SIG: it
+/// was chosen for testing, so hosts bind the device by its class code
 /// (01:08:02, NVM Express) and apply no vendor-specific quirks. Override it in
 /// [`PciConfig`] to impersonate a real device (e.g. 0x1B36:0x0010 is QEMU's
 /// NVMe controller, for which Linux enables quirks).
@@ -104,8 +108,8 @@ pub struct PciConfig {
 }
 
 impl Default for PciConfig {
-    /// 16 KiB BAR0: registers at 0, doorbells at 0x1000, MSI-X table at
-    /// 0x2000, PBA at 0x3000; 64 vectors.
+    /// vnvme's BAR0 ([`Bar0Layout`]: registers and doorbells, then the MSI-X
+    /// table and PBA, 16 KiB); 64 vectors.
     fn default() -> Self {
         Self {
             vendor: DEFAULT_VENDOR_ID,
@@ -113,10 +117,10 @@ impl Default for PciConfig {
             subsystem_vendor: DEFAULT_VENDOR_ID,
             subsystem: DEFAULT_DEVICE_ID,
             revision: 1,
-            bar0_size: 16 * 1024,
+            bar0_size: Bar0Layout::SIZE,
             msix_vectors: 64,
-            msix_table: (0, 0x2000),
-            msix_pba: (0, 0x3000),
+            msix_table: (0, Bar0Layout::MSIX_TABLE.start as u32),
+            msix_pba: (0, Bar0Layout::MSIX_PBA.start as u32),
         }
     }
 }

@@ -1,5 +1,7 @@
 //! Controller registers (§3.1.4) as bitfield structs, and their offsets in BAR0.
 
+use std::ops::Range;
+
 use bitfield_struct::bitfield;
 
 /// Register offsets in BAR0 (§3.1.4, Figure 33).
@@ -19,6 +21,31 @@ pub mod offset {
     pub const CRTO: u64 = 0x68;
     /// First doorbell register: SQ 0 tail.
     pub const DOORBELLS: u64 = 0x1000;
+}
+
+/// Where everything lives in vnvme's BAR0 (16 KiB, one page each): the
+/// controller registers (§3.1.4) from 0, the doorbell array from
+/// [`offset::DOORBELLS`] to the end of that page, then the PCI layer's MSI-X
+/// table and Pending Bit Array (PCI Express Base §7.7.2). The controller,
+/// the PCI function and the driver all read the layout from here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bar0Layout;
+
+impl Bar0Layout {
+    /// The controller registers.
+    pub const REGISTERS: Range<u64> = 0..offset::DOORBELLS;
+    /// The doorbell page: SQ y tail and CQ y head doorbells at DSTRD 0 for
+    /// qids up to [`MAX_QID`](Self::MAX_QID). Mmap-poll offers it for mmap.
+    pub const DOORBELLS: Range<u64> = offset::DOORBELLS..0x2000;
+    /// The MSI-X table: one page of 16-byte entries.
+    pub const MSIX_TABLE: Range<u64> = 0x2000..0x3000;
+    /// The MSI-X Pending Bit Array.
+    pub const MSIX_PBA: Range<u64> = 0x3000..0x4000;
+    /// BAR0's size (a power of two, as a BAR must be).
+    pub const SIZE: u64 = 0x4000;
+    /// The highest queue id whose two doorbells (8 bytes at DSTRD 0) fit the
+    /// doorbell page: 511, so at most 511 I/O queue pairs besides admin.
+    pub const MAX_QID: u16 = ((Self::DOORBELLS.end - Self::DOORBELLS.start) / 8 - 1) as u16;
 }
 
 /// NSSR value that triggers an NVM Subsystem Reset ("NVMe").
@@ -211,6 +238,24 @@ pub struct Crto {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bar0_layout_tiles_the_bar_and_the_last_doorbell_fits() {
+        let regions = [
+            Bar0Layout::REGISTERS,
+            Bar0Layout::DOORBELLS,
+            Bar0Layout::MSIX_TABLE,
+            Bar0Layout::MSIX_PBA,
+        ];
+        assert_eq!(regions[0].start, 0);
+        for pair in regions.windows(2) {
+            assert_eq!(pair[0].end, pair[1].start);
+        }
+        assert_eq!(regions[3].end, Bar0Layout::SIZE);
+        assert!(Bar0Layout::SIZE.is_power_of_two());
+        let last = Doorbell::CqHead(Bar0Layout::MAX_QID).offset(0);
+        assert_eq!(last + 4, Bar0Layout::DOORBELLS.end);
+    }
 
     #[test]
     fn cap_fields_land_on_spec_bits() {

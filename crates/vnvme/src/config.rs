@@ -40,9 +40,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use toml::Spanned;
-use vnvme_controller::{DoorbellMode, Readiness};
+use vnvme_controller::{DoorbellMode, Readiness, MAX_NAMESPACES};
+use vnvme_device::MAX_MSIX_VECTORS;
 
-use crate::device::DeviceOptions;
+use crate::device::{DeviceOptions, MAX_IO_QUEUES, MAX_WORKERS};
 use crate::namespace::{check_format_index, parse_duration, Backend, NamespaceSpec};
 use crate::size::parse_size;
 
@@ -200,15 +201,27 @@ impl ServeConfig {
             }
         };
         if let Some(v) = &raw.max_io_queues {
-            ranged("max_io_queues", v.span(), u64::from(*v.get_ref()), 1, 255)?;
+            ranged(
+                "max_io_queues",
+                v.span(),
+                u64::from(*v.get_ref()),
+                1,
+                u64::from(MAX_IO_QUEUES),
+            )?;
             cfg.max_io_queues = Some(*v.get_ref());
         }
         if let Some(v) = &raw.msix_vectors {
-            ranged("msix_vectors", v.span(), u64::from(*v.get_ref()), 1, 256)?;
+            ranged(
+                "msix_vectors",
+                v.span(),
+                u64::from(*v.get_ref()),
+                1,
+                u64::from(MAX_MSIX_VECTORS),
+            )?;
             cfg.msix_vectors = Some(*v.get_ref());
         }
         if let Some(v) = &raw.workers {
-            ranged("workers", v.span(), *v.get_ref(), 1, 64)?;
+            ranged("workers", v.span(), *v.get_ref(), 1, MAX_WORKERS)?;
             cfg.workers = Some(*v.get_ref());
         }
         if let Some(v) = &raw.max_dma_maps {
@@ -249,7 +262,13 @@ impl ServeConfig {
             }
         }
         if let Some(v) = &raw.max_namespaces {
-            ranged("max_namespaces", v.span(), u64::from(*v.get_ref()), 0, 1024)?;
+            ranged(
+                "max_namespaces",
+                v.span(),
+                u64::from(*v.get_ref()),
+                0,
+                u64::from(MAX_NAMESPACES),
+            )?;
             cfg.max_namespaces = Some(*v.get_ref());
         }
         for (i, ns) in raw.namespaces.iter().enumerate() {

@@ -1,13 +1,12 @@
-//! The vnvme glue: the NVMe PCI device served over vfio-user, the `serve`
-//! command, driver-side tools and the benchmarks.
+//! The vnvme binary's library: the command line and configuration file
+//! (turned into `vnvme-device`'s plain configuration), the `serve` command,
+//! driver-side tools and the benchmarks.
 #![forbid(unsafe_code)]
 
 pub mod bench;
 pub mod config;
 pub mod device;
 pub mod inproc;
-pub mod interrupts;
-pub mod memory;
 pub mod namespace;
 pub mod passthru;
 pub mod serve;

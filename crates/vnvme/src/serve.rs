@@ -14,7 +14,7 @@ use vnvme_vfio_user::{
     DmaLimits, ServerOptions, HANDSHAKE_TIMEOUT, MAX_FD_DMA_MAPS, MESSAGE_TIMEOUT,
 };
 
-use crate::device::{DeviceOptions, NvmeDevice};
+use crate::device::DeviceOptions;
 use crate::namespace::NamespaceSpec;
 
 /// Where `vnvme serve` listens and the tools connect by default.
@@ -114,7 +114,7 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
         opts.namespaces = vec!["1G:ram".parse().map_err(anyhow::Error::msg)?];
     }
     let server_options = opts.server_options()?;
-    let device = NvmeDevice::new(&opts.device, &opts.namespaces)?;
+    let device = opts.device.build(&opts.namespaces)?;
     let listener = bind(&opts.socket)?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
@@ -234,7 +234,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("stats.json");
         let ns: NamespaceSpec = "1M:null".parse().unwrap();
-        let device = NvmeDevice::new(&DeviceOptions::default(), &[ns]).unwrap();
+        let device = DeviceOptions::default().build(&[ns]).unwrap();
         write_stats(device.controller(), &path).unwrap();
         let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         assert_eq!(v["sq_doorbell_traps"], 0);

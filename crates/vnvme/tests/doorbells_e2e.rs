@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use vnvme::device::{DeviceOptions, NvmeDevice};
+use vnvme::device::DeviceOptions;
 use vnvme::inproc::InProcess;
 use vnvme_controller::DoorbellMode;
 use vnvme_driver::{Controller, DeviceAccess, InitOptions, IoQueue};
@@ -16,7 +16,7 @@ fn start(mode: DoorbellMode) -> (InProcess, Arc<dyn DeviceAccess>, Controller) {
         doorbells: mode,
         ..DeviceOptions::default()
     };
-    let device = NvmeDevice::new(&opts, &["16M:null".parse().unwrap()]).unwrap();
+    let device = opts.build(&["16M:null".parse().unwrap()]).unwrap();
     let init = InitOptions {
         queue_depth: 64,
         ..InitOptions::default()

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use vnvme::device::{DeviceOptions, NvmeDevice};
+use vnvme::device::DeviceOptions;
 use vnvme::inproc::InProcess;
 use vnvme::namespace::NamespaceSpec;
 use vnvme_driver::{Controller, DeviceAccess, InitOptions};
@@ -11,7 +11,7 @@ use vnvme_spec::identify::ascii_field;
 
 fn start(namespaces: &[&str], opts: InitOptions) -> (InProcess, Arc<dyn DeviceAccess>, Controller) {
     let specs: Vec<NamespaceSpec> = namespaces.iter().map(|s| s.parse().unwrap()).collect();
-    let device = NvmeDevice::new(&DeviceOptions::default(), &specs).unwrap();
+    let device = DeviceOptions::default().build(&specs).unwrap();
     InProcess::start_driver(device, opts).unwrap()
 }
 

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use vnvme::device::{DeviceOptions, NvmeDevice};
+use vnvme::device::DeviceOptions;
 use vnvme::inproc::InProcess;
 use vnvme::namespace::NamespaceSpec;
 use vnvme_driver::{Controller, DeviceAccess, InitMode, InitOptions, NsState};
@@ -19,7 +19,7 @@ fn start(
     opts: InitOptions,
 ) -> (InProcess, Arc<dyn DeviceAccess>, Controller) {
     let specs: Vec<NamespaceSpec> = namespaces.iter().map(|s| s.parse().unwrap()).collect();
-    let device = NvmeDevice::new(&device, &specs).unwrap();
+    let device = device.build(&specs).unwrap();
     InProcess::start_driver(device, opts).unwrap()
 }
 

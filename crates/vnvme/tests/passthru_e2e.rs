@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use vnvme::device::{DeviceOptions, NvmeDevice};
+use vnvme::device::DeviceOptions;
 use vnvme::inproc::InProcess;
 use vnvme::namespace::NamespaceSpec;
 use vnvme_controller::vendor::{VendorInfo, CHECKSUM_LBA_RANGE, VENDOR_INFO};
@@ -19,7 +19,7 @@ use zerocopy::IntoBytes;
 
 fn start(opts: InitOptions) -> (InProcess, Arc<dyn DeviceAccess>, Controller) {
     let spec: NamespaceSpec = "64M:ram".parse().unwrap();
-    let device = NvmeDevice::new(&DeviceOptions::default(), &[spec]).unwrap();
+    let device = DeviceOptions::default().build(&[spec]).unwrap();
     InProcess::start_driver(device, opts).unwrap()
 }
 

@@ -15,7 +15,7 @@ use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
-use vnvme::device::{DeviceOptions, NvmeDevice};
+use vnvme::device::DeviceOptions;
 use vnvme::namespace::NamespaceSpec;
 
 const HEADER_SIZE: usize = 16;
@@ -258,7 +258,7 @@ fn u64_at(p: &[u8], o: usize) -> u64 {
 #[test]
 fn qemu_realize_and_seabios_probe_replay_without_errors() {
     let spec: NamespaceSpec = "16M:ram".parse().unwrap();
-    let device = NvmeDevice::new(&DeviceOptions::default(), &[spec]).unwrap();
+    let device = DeviceOptions::default().build(&[spec]).unwrap();
     let controller = std::sync::Arc::clone(device.controller());
     let (mut client, server_end) = UnixStream::pair().unwrap();
     client

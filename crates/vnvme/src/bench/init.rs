@@ -17,7 +17,7 @@ use serde::Serialize;
 use vnvme_driver::{Controller, DeviceAccess, InitMode, InitOptions, NsState};
 
 use super::List;
-use crate::device::{DeviceOptions, NvmeDevice};
+use crate::device::DeviceOptions;
 use crate::inproc::InProcess;
 use crate::namespace::NamespaceSpec;
 
@@ -144,7 +144,7 @@ fn measure(
         msix_vectors,
         ..DeviceOptions::default()
     };
-    let device = NvmeDevice::new(&device_opts, specs)?;
+    let device = device_opts.build(specs)?;
     let mut inproc = InProcess::start(device)?;
     let access: Arc<dyn DeviceAccess> = Arc::new(inproc.access()?);
     let init = InitOptions {

@@ -22,7 +22,7 @@ use serde::Serialize;
 use vnvme_controller::DoorbellMode;
 use vnvme_driver::{Controller, DeviceAccess, InitOptions, IoQueue};
 
-use crate::device::{DeviceOptions, NvmeDevice};
+use crate::device::DeviceOptions;
 use crate::inproc::InProcess;
 use crate::namespace::{Backend, NamespaceSpec};
 use crate::size::parse_size;
@@ -375,7 +375,7 @@ impl ModeBench {
             max_io_queues: opts.queues,
             ..DeviceOptions::default()
         };
-        let device = NvmeDevice::new(&device_opts, &[spec])?;
+        let device = device_opts.build(&[spec])?;
         let init = InitOptions {
             io_queues: opts.queues,
             // A ring of N entries holds N - 1 commands.

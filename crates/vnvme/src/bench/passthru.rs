@@ -24,7 +24,7 @@ use vnvme_spec::{Command, NvmOpcode};
 
 use super::io::{self as block, Pattern, Submit};
 use super::{BackendArg, List, Rw};
-use crate::device::{DeviceOptions, NvmeDevice};
+use crate::device::DeviceOptions;
 use crate::inproc::InProcess;
 use crate::namespace::NamespaceSpec;
 use crate::size::parse_size;
@@ -122,7 +122,7 @@ pub fn run(opts: &PassthruOptions) -> Result<Vec<PassthruRun>> {
         max_io_queues: 1,
         ..DeviceOptions::default()
     };
-    let device = NvmeDevice::new(&device_opts, &[spec])?;
+    let device = device_opts.build(&[spec])?;
     let init = InitOptions {
         io_queues: 1,
         // A ring of N entries holds N - 1 commands.

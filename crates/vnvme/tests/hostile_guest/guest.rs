@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use vnvme::device::{DeviceOptions, NvmeDevice};
+use vnvme::device::DeviceOptions;
 use vnvme_controller::Controller;
 use vnvme_driver::access::DmaRegion;
 use vnvme_driver::DmaBuffer;
@@ -69,7 +69,7 @@ impl Served {
             max_io_queues: 4,
             ..opts
         };
-        let device = NvmeDevice::new(&opts, &[spec.parse().unwrap()]).unwrap();
+        let device = opts.build(&[spec.parse().unwrap()]).unwrap();
         let ctrl = Arc::clone(device.controller());
         let path = std::env::temp_dir().join(format!(
             "vnvme-hostile-{}-{:?}.sock",

@@ -1,0 +1,394 @@
+//! The NVMe PCI function served over vfio-user: PCI config space (region 7),
+//! BAR0 (region 0: controller registers and doorbells, then the MSI-X table
+//! and PBA, as [`Bar0Layout`] places them), and interrupts as eventfds.
+
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::sync::Arc;
+
+use vnvme_controller::{Controller, DoorbellMode, DoorbellPage};
+use vnvme_pci::{MsixTable, PciConfig, PciFunction, CONFIG_SPACE_SIZE};
+use vnvme_spec::regs::Bar0Layout;
+use vnvme_vfio_user::{
+    irq, region, DeviceInfo, DmaSpace, Errno, IrqInfo, RegionInfo, SharedRegion, SparseArea,
+    VFIO_DEVICE_FLAGS_PCI, VFIO_DEVICE_FLAGS_RESET, VFIO_IRQ_INFO_AUTOMASKED,
+    VFIO_IRQ_INFO_EVENTFD, VFIO_IRQ_INFO_MASKABLE, VFIO_IRQ_INFO_NORESIZE,
+    VFIO_IRQ_SET_ACTION_MASK, VFIO_IRQ_SET_ACTION_TRIGGER, VFIO_IRQ_SET_ACTION_UNMASK,
+    VFIO_IRQ_SET_DATA_EVENTFD, VFIO_IRQ_SET_DATA_NONE, VFIO_REGION_INFO_FLAG_READ,
+    VFIO_REGION_INFO_FLAG_WRITE,
+};
+
+use crate::config::{DeviceConfig, DeviceError};
+use crate::interrupts::EventfdInterrupts;
+use crate::memory::DmaMemory;
+
+/// BAR0 offsets the PCI layer owns.
+const MSIX_TABLE: u64 = Bar0Layout::MSIX_TABLE.start;
+const MSIX_PBA: u64 = Bar0Layout::MSIX_PBA.start;
+
+/// The vfio-user device: a PCI function whose BAR0 is an NVMe controller.
+#[derive(Debug)]
+pub struct NvmeDevice {
+    ctrl: Arc<Controller>,
+    pci: PciFunction,
+    msix: MsixTable,
+    irqs: Arc<EventfdInterrupts>,
+    /// Mmap-poll: BAR0 as a memfd (offset in the fd == offset in BAR0), of
+    /// which only the doorbell page is offered for mmap.
+    doorbell_region: Option<Arc<SharedRegion>>,
+}
+
+/// The doorbell page inside BAR0's shared region.
+struct SharedDoorbells(Arc<SharedRegion>);
+
+impl DoorbellPage for SharedDoorbells {
+    fn load(&self, index: u32) -> u32 {
+        self.0.load_u32(doorbell_at(index))
+    }
+
+    fn store(&self, index: u32, value: u32) {
+        let page = Bar0Layout::DOORBELLS;
+        if u64::from(index) * 4 < page.end - page.start {
+            self.0.store_u32(doorbell_at(index), value);
+        }
+    }
+}
+
+/// Where doorbell `index` (DSTRD 0) lies in BAR0, hence in the shared
+/// region (offset in the memfd == offset in BAR0).
+fn doorbell_at(index: u32) -> usize {
+    Bar0Layout::DOORBELLS.start as usize + index as usize * 4
+}
+
+impl NvmeDevice {
+    /// The function `config` describes, its controller configured and
+    /// disabled (CC.EN = 0) until a client enables it.
+    pub fn new(config: DeviceConfig) -> Result<Self, DeviceError> {
+        let vectors = config.vectors()?;
+        config.check_namespaces()?;
+        let pci_config = PciConfig {
+            msix_vectors: vectors,
+            ..PciConfig::default()
+        };
+        let pci = PciFunction::nvme(pci_config.clone()).map_err(DeviceError::Pci)?;
+        let controller = vnvme_controller::ControllerConfig {
+            msix_vectors: vectors,
+            vid: pci_config.vendor,
+            ssvid: pci_config.subsystem_vendor,
+            ..config.controller
+        };
+        let doorbell_region = match controller.doorbells {
+            DoorbellMode::MmapPoll => Some(Arc::new(
+                SharedRegion::new("vnvme-bar0", Bar0Layout::DOORBELLS.end as usize)
+                    .map_err(DeviceError::DoorbellPage)?,
+            )),
+            _ => None,
+        };
+        let page = doorbell_region
+            .as_ref()
+            .map(|r| Arc::new(SharedDoorbells(r.clone())) as Arc<dyn DoorbellPage>);
+        let ctrl = Controller::with_doorbell_page(controller, config.namespaces, page)
+            .map_err(DeviceError::Controller)?;
+        Ok(Self {
+            ctrl: Arc::new(ctrl),
+            pci,
+            msix: MsixTable::new(vectors),
+            irqs: Arc::default(),
+            doorbell_region,
+        })
+    }
+
+    /// The controller, for counters.
+    pub fn controller(&self) -> &Arc<Controller> {
+        &self.ctrl
+    }
+
+    /// Interrupts that had no eventfd to go to.
+    pub fn dropped_interrupts(&self) -> u64 {
+        self.irqs.dropped()
+    }
+
+    /// Interrupts that found their eventfd at its maximum count (signalled
+    /// already; a client can preload one).
+    pub fn saturated_interrupts(&self) -> u64 {
+        self.irqs.saturated()
+    }
+
+    fn vectors(&self) -> u32 {
+        u32::from(self.pci.msix_vectors())
+    }
+}
+
+impl vnvme_vfio_user::Device for NvmeDevice {
+    fn device_info(&self) -> DeviceInfo {
+        DeviceInfo {
+            flags: VFIO_DEVICE_FLAGS_PCI | VFIO_DEVICE_FLAGS_RESET,
+            num_regions: region::COUNT,
+            num_irqs: irq::COUNT,
+        }
+    }
+
+    fn region_info(&self, index: u32) -> Option<(RegionInfo, Option<BorrowedFd<'_>>)> {
+        let rw = VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE;
+        if let (region::BAR0, Some(shared)) = (index, &self.doorbell_region) {
+            // Mmap-poll: the client maps the doorbell page; its guest's
+            // doorbell writes land in memory the workers poll.
+            let info = RegionInfo {
+                flags: rw,
+                size: Bar0Layout::SIZE,
+                sparse_areas: vec![SparseArea {
+                    offset: Bar0Layout::DOORBELLS.start,
+                    size: Bar0Layout::DOORBELLS.end - Bar0Layout::DOORBELLS.start,
+                }],
+            };
+            return Some((info, Some(shared.fd())));
+        }
+        let info = match index {
+            region::BAR0 => RegionInfo {
+                flags: rw,
+                size: Bar0Layout::SIZE,
+                sparse_areas: Vec::new(),
+            },
+            region::CONFIG => RegionInfo {
+                flags: rw,
+                size: CONFIG_SPACE_SIZE as u64,
+                sparse_areas: Vec::new(),
+            },
+            i if i < region::COUNT => RegionInfo::default(),
+            _ => return None,
+        };
+        Some((info, None))
+    }
+
+    fn irq_info(&self, index: u32) -> Option<IrqInfo> {
+        let eventfd = VFIO_IRQ_INFO_EVENTFD;
+        Some(match index {
+            irq::INTX => IrqInfo {
+                flags: eventfd | VFIO_IRQ_INFO_MASKABLE | VFIO_IRQ_INFO_AUTOMASKED,
+                count: 1,
+            },
+            irq::MSI => IrqInfo {
+                flags: eventfd,
+                count: 0,
+            },
+            irq::MSIX => IrqInfo {
+                flags: eventfd | VFIO_IRQ_INFO_NORESIZE,
+                count: self.vectors(),
+            },
+            irq::ERR | irq::REQ => IrqInfo {
+                flags: eventfd,
+                count: 1,
+            },
+            _ => return None,
+        })
+    }
+
+    fn region_read(&mut self, index: u32, offset: u64, buf: &mut [u8]) -> Result<(), Errno> {
+        match index {
+            region::BAR0 if offset >= MSIX_PBA => self.msix.pba_read(offset - MSIX_PBA, buf),
+            region::BAR0 if offset >= MSIX_TABLE => self.msix.table_read(offset - MSIX_TABLE, buf),
+            region::BAR0 => self.ctrl.mmio_read(offset, buf),
+            region::CONFIG => self.pci.config_read(offset, buf),
+            _ => return Err(libc_einval()),
+        }
+        Ok(())
+    }
+
+    fn region_write(&mut self, index: u32, offset: u64, data: &[u8]) -> Result<(), Errno> {
+        match index {
+            // The PBA is read-only.
+            region::BAR0 if offset >= MSIX_PBA => {}
+            region::BAR0 if offset >= MSIX_TABLE => {
+                self.msix.table_write(offset - MSIX_TABLE, data)
+            }
+            region::BAR0 => self.ctrl.mmio_write(offset, data),
+            region::CONFIG => self.pci.config_write(offset, data),
+            _ => return Err(libc_einval()),
+        }
+        Ok(())
+    }
+
+    fn set_irqs(
+        &mut self,
+        index: u32,
+        flags: u32,
+        start: u32,
+        count: u32,
+        fds: Vec<OwnedFd>,
+    ) -> Result<(), Errno> {
+        let end = start.checked_add(count).ok_or_else(libc_einval)?;
+        let eventfds = flags & VFIO_IRQ_SET_DATA_EVENTFD != 0;
+        let trigger = flags & VFIO_IRQ_SET_ACTION_TRIGGER != 0;
+        let (first, n) = (start as usize, count as usize);
+        match index {
+            irq::MSIX => {
+                if end > self.vectors() {
+                    return Err(libc_einval());
+                }
+                if eventfds && trigger {
+                    if fds.is_empty() {
+                        self.irqs.clear_msix(first, n.max(1));
+                    } else {
+                        self.irqs.set_msix(first, fds);
+                    }
+                } else if flags & VFIO_IRQ_SET_DATA_NONE != 0 && trigger {
+                    if count == 0 {
+                        self.irqs.clear_msix(0, 0);
+                    } else {
+                        // A loopback trigger: fire the vectors now.
+                        for v in start..end {
+                            vnvme_controller::InterruptSink::signal(&*self.irqs, v as u16);
+                        }
+                    }
+                }
+            }
+            irq::INTX => {
+                if end > 1 {
+                    return Err(libc_einval());
+                }
+                if eventfds && trigger {
+                    self.irqs.set_intx(fds.into_iter().next());
+                } else if flags & VFIO_IRQ_SET_DATA_NONE != 0 && trigger && count == 0 {
+                    self.irqs.set_intx(None);
+                } else if flags & VFIO_IRQ_SET_ACTION_UNMASK != 0 {
+                    if eventfds {
+                        // A resample eventfd (KVM irqfd) we do not watch.
+                        self.irqs.intx_without_automask();
+                    } else {
+                        // The client deasserted the line (at a BAR access
+                        // after an interrupt) and unmasks: a level still high
+                        // means completions it has not consumed, so assert
+                        // it again.
+                        let ctrl = &self.ctrl;
+                        self.irqs.unmask_intx(|| ctrl.intx_asserted());
+                    }
+                } else if flags & VFIO_IRQ_SET_ACTION_MASK != 0 {
+                    self.irqs.mask_intx();
+                }
+            }
+            irq::MSI => {
+                if count != 0 {
+                    return Err(libc_einval());
+                }
+            }
+            // Error and request notifiers: accepted, never signalled.
+            irq::ERR | irq::REQ => {
+                if end > 1 {
+                    return Err(libc_einval());
+                }
+            }
+            _ => return Err(libc_einval()),
+        }
+        Ok(())
+    }
+
+    fn attach(&mut self, dma: DmaSpace) {
+        self.ctrl
+            .attach(Arc::new(DmaMemory(dma)), Arc::clone(&self.irqs) as _);
+    }
+
+    fn detach(&mut self) {
+        self.ctrl.detach();
+        self.irqs.clear();
+        self.pci.reset();
+        self.msix.reset();
+    }
+
+    fn reset(&mut self) {
+        self.ctrl.reset();
+        self.pci.reset();
+        self.msix.reset();
+    }
+}
+
+fn libc_einval() -> Errno {
+    libc::EINVAL
+}
+
+#[cfg(test)]
+mod tests {
+    use vnvme_blockdev::NullDevice;
+    use vnvme_controller::{ControllerConfig, NamespaceConfig};
+    use vnvme_vfio_user::Device;
+
+    use super::*;
+
+    fn device(mode: DoorbellMode) -> NvmeDevice {
+        let controller = ControllerConfig {
+            doorbells: mode,
+            ..ControllerConfig::default()
+        };
+        let ns = NamespaceConfig::new(1, 4096, Arc::new(NullDevice::new(1 << 20)));
+        NvmeDevice::new(DeviceConfig::new(controller, vec![ns])).unwrap()
+    }
+
+    #[test]
+    fn mmap_poll_offers_the_doorbell_page_for_mmap() {
+        let mut d = device(DoorbellMode::MmapPoll);
+        let (info, fd) = d.region_info(region::BAR0).unwrap();
+        assert_eq!(
+            info.sparse_areas,
+            vec![SparseArea {
+                offset: 0x1000,
+                size: 0x1000
+            }]
+        );
+        assert!(fd.is_some());
+        // A guest store into the mapped page is what register reads return.
+        d.doorbell_region.as_ref().unwrap().store_u32(0x1008, 5);
+        let mut b = [0u8; 4];
+        d.region_read(region::BAR0, 0x1008, &mut b).unwrap();
+        assert_eq!(u32::from_le_bytes(b), 5);
+    }
+
+    #[test]
+    fn other_modes_offer_no_mmap() {
+        for mode in [
+            DoorbellMode::Trap,
+            DoorbellMode::Shadow,
+            DoorbellMode::Adaptive,
+        ] {
+            let d = device(mode);
+            let (info, fd) = d.region_info(region::BAR0).unwrap();
+            assert!(info.sparse_areas.is_empty(), "{mode}");
+            assert!(fd.is_none(), "{mode}");
+        }
+    }
+
+    #[test]
+    fn default_vectors_are_one_per_queue_within_the_table_page() {
+        let d = device(DoorbellMode::Trap);
+        assert_eq!(d.irq_info(irq::MSIX).unwrap().count, 65);
+        let controller = ControllerConfig {
+            max_io_queues: 400,
+            ..ControllerConfig::default()
+        };
+        let d = NvmeDevice::new(DeviceConfig::new(controller, Vec::new())).unwrap();
+        assert_eq!(
+            d.irq_info(irq::MSIX).unwrap().count,
+            u32::from(crate::MAX_MSIX_VECTORS)
+        );
+    }
+
+    #[test]
+    fn too_many_vectors_names_the_real_limit() {
+        let config = DeviceConfig {
+            msix_vectors: Some(300),
+            ..DeviceConfig::new(ControllerConfig::default(), Vec::new())
+        };
+        let err = NvmeDevice::new(config).unwrap_err().to_string();
+        assert!(err.contains("1..=256"), "{err}");
+        assert!(err.contains("got 300"), "{err}");
+    }
+
+    #[test]
+    fn identify_and_config_space_report_one_vendor() {
+        let mut d = device(DoorbellMode::Trap);
+        let mut id = [0u8; 2];
+        d.region_read(region::CONFIG, 0, &mut id).unwrap();
+        assert_eq!(u16::from_le_bytes(id), vnvme_pci::DEFAULT_VENDOR_ID);
+        assert_eq!(
+            ControllerConfig::default().vid,
+            vnvme_pci::DEFAULT_VENDOR_ID
+        );
+    }
+}
