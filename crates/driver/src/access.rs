@@ -65,7 +65,7 @@ pub enum AccessError {
 }
 
 /// Everything the driver needs from a device. Implementations: vfio-user
-/// ([`crate::VfioUserAccess`]) and, in tests, an in-process mock.
+/// ([`crate::VfioUserAccess`]) and, in tests, a scripted fake.
 pub trait DeviceAccess: Send + Sync + fmt::Debug {
     /// Reads a 32-bit register at a BAR0 offset.
     fn read32(&self, offset: u64) -> Result<u32, AccessError>;

@@ -42,11 +42,11 @@ pub mod admin;
 pub mod controller;
 pub mod doorbell;
 pub mod error;
+#[cfg(test)]
+mod fake;
 pub mod init;
 pub mod io;
 pub mod irq;
-#[cfg(test)]
-mod mock;
 pub mod namespace;
 pub mod passthru;
 pub mod prp;

@@ -1,0 +1,153 @@
+//! The data path: data read back equals data written, PRP lists, MDTS,
+//! batching and the doorbell writes it costs, and error statuses.
+
+use std::time::Duration;
+
+use vnvme_controller::DoorbellMode;
+use vnvme_driver::prp::PrpError;
+use vnvme_driver::{Error, InitOptions};
+use vnvme_spec::command::Command;
+use vnvme_spec::{NvmOpcode, Status};
+
+use crate::rig::{device, pattern, start, traps};
+
+#[test]
+fn write_then_read_round_trips_through_a_prp_list_at_an_offset() {
+    // 512-byte blocks (format 0), so a buffer may start mid-page.
+    let rig = start(
+        device(DoorbellMode::Trap),
+        &["16M:ram,format=0"],
+        InitOptions::default(),
+    );
+    let mut q = rig.ctrl.take_io_queue(0).unwrap();
+    let before = rig.queue(1);
+    let whole = rig.access.dma_alloc(40960).unwrap();
+    // 32 KiB starting 512 bytes into a page: 9 pages, a PRP list.
+    let seg = whole.subrange(512, 32768).unwrap();
+    let data = pattern(32768, 7);
+    seg.write_bytes(0, &data).unwrap();
+    q.write(1, 100, 64, &seg).unwrap();
+    let mut back = rig.access.dma_alloc(32768).unwrap();
+    q.read(1, 100, 64, &mut back).unwrap();
+    assert_eq!(back.to_vec(), data);
+    // Where it landed: blocks 108..116 hold bytes 4096..8192.
+    let mut part = rig.access.dma_alloc(4096).unwrap();
+    q.read(1, 108, 8, &mut part).unwrap();
+    assert_eq!(part.to_vec(), data[4096..8192]);
+    q.flush(1).unwrap();
+    let c = q.counters();
+    assert_eq!((c.submitted, c.completions), (4, 4));
+    // Trap mode: each synchronous command is one SQ and one CQ trap.
+    assert_eq!((c.sq_doorbell_writes, c.cq_doorbell_writes), (4, 4));
+    let after = rig.queue(1);
+    assert_eq!(after.commands - before.commands, 4);
+    let ((sq, cq), (sq0, cq0)) = (traps(&after), traps(&before));
+    assert_eq!((sq - sq0, cq - cq0), (4, 4));
+}
+
+#[test]
+fn largest_transfer_round_trips_through_a_full_prp_list() {
+    let rig = start(
+        device(DoorbellMode::Trap),
+        &["16M:ram"],
+        InitOptions::default(),
+    );
+    let max = rig.ctrl.max_transfer();
+    assert_eq!(max, 128 << 10, "MDTS 5 in 4 KiB pages");
+    let mut q = rig.ctrl.take_io_queue(0).unwrap();
+    let whole = rig.access.dma_alloc(max + 4096).unwrap();
+    // Starting mid-page: PRP1 plus 32 list entries.
+    let seg = whole.subrange(2048, max).unwrap();
+    let data = pattern(max, 3);
+    seg.write_bytes(0, &data).unwrap();
+    q.write(1, 8, (max / 4096) as u32, &seg).unwrap();
+    let mut back = rig.access.dma_alloc(max).unwrap();
+    q.read(1, 8, (max / 4096) as u32, &mut back).unwrap();
+    assert_eq!(back.to_vec(), data);
+}
+
+#[test]
+fn transfer_over_mdts_is_rejected_before_submission() {
+    let rig = start(
+        device(DoorbellMode::Trap),
+        &["16M:null"],
+        InitOptions::default(),
+    );
+    let mut q = rig.ctrl.take_io_queue(0).unwrap();
+    let mut buf = rig.access.dma_alloc(256 << 10).unwrap();
+    let before = rig.queue(1);
+    let err = q.read(1, 0, 64, &mut buf).unwrap_err();
+    assert!(
+        matches!(err, Error::Prp(PrpError::TooLarge { .. })),
+        "{err}"
+    );
+    assert_eq!(q.outstanding(), 0, "the command slot was given back");
+    assert_eq!(rig.queue(1), before, "nothing reached the controller");
+    q.read(1, 0, 32, &mut buf).unwrap();
+    assert_eq!(rig.queue(1).commands - before.commands, 1);
+}
+
+#[test]
+fn batch_costs_one_sq_doorbell_and_one_cq_doorbell_per_reap() {
+    let rig = start(
+        device(DoorbellMode::Trap),
+        &["16M:null"],
+        InitOptions::default(),
+    );
+    let mut q = rig.ctrl.take_io_queue(0).unwrap();
+    let bufs: Vec<_> = (0..8)
+        .map(|_| rig.access.dma_alloc(4096).unwrap())
+        .collect();
+    let before = rig.queue(1);
+    for (i, b) in bufs.iter().enumerate() {
+        q.enqueue_rw(NvmOpcode::READ, 1, i as u64, 1, b).unwrap();
+    }
+    q.ring().unwrap();
+    let mut out = Vec::new();
+    let mut reaps = 0;
+    while out.len() < 8 {
+        q.wait(&mut out, 64, Duration::from_secs(5)).unwrap();
+        reaps += 1;
+    }
+    assert_eq!(out.len(), 8);
+    assert!(out.iter().all(|c| c.status().is_success()));
+    let c = q.counters();
+    assert_eq!(c.sq_doorbell_writes, 1);
+    // The controller may post while the driver reaps: one head write per
+    // reap that found completions, never one per completion.
+    assert_eq!(c.cq_doorbell_writes, reaps);
+    let (sq, cq) = traps(&rig.queue(1));
+    let (sq0, cq0) = traps(&before);
+    assert_eq!((sq - sq0, cq - cq0), (1, reaps));
+}
+
+#[test]
+fn error_statuses_are_typed() {
+    let rig = start(
+        device(DoorbellMode::Trap),
+        &["1M:ram"],
+        InitOptions::default(),
+    );
+    let err = rig.ctrl.admin(Command::new(0x3F, 0), None).unwrap_err();
+    assert_eq!(
+        err.status(),
+        Some(Status::INVALID_OPCODE.with_dnr(true)),
+        "{err}"
+    );
+    let mut q = rig.ctrl.take_io_queue(0).unwrap();
+    let mut buf = rig.access.dma_alloc(8192).unwrap();
+    // 256 blocks of 4 KiB: the last one exists, the one after does not.
+    q.read(1, 255, 1, &mut buf).unwrap();
+    let err = q.read(1, 255, 2, &mut buf).unwrap_err();
+    assert_eq!(
+        err.status(),
+        Some(Status::LBA_OUT_OF_RANGE.with_dnr(true)),
+        "{err}"
+    );
+    let reads = rig.io_received("read");
+    assert!(matches!(
+        q.read(9, 0, 1, &mut buf),
+        Err(Error::NoSuchNamespace(9))
+    ));
+    assert_eq!(rig.io_received("read"), reads, "refused by the driver");
+}
