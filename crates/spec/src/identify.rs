@@ -8,6 +8,15 @@ use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
 pub struct Cns(pub u8);
 
 impl Cns {
+    /// For bitfield structs that hold a CNS value (`#[bits(8)]`).
+    pub const fn from_bits(bits: u8) -> Self {
+        Self(bits)
+    }
+
+    pub const fn into_bits(self) -> u8 {
+        self.0
+    }
+
     /// Identify Namespace (NVM command set).
     pub const NAMESPACE: Self = Self(0x00);
     /// Identify Controller.
