@@ -1,5 +1,6 @@
 //! Identify (§5.17): controller, namespaces, namespace lists and descriptors.
 
+use vnvme_spec::cdw::{Cdw10Identify, Cdw11Identify};
 use vnvme_spec::identify::{
     fill_ascii, ns_descriptor, oacs, oncs, Cns, IdentifyController, IdentifyNsIndependent,
     IDENTIFY_SIZE,
@@ -19,8 +20,8 @@ fn invalid_ns() -> Status {
 }
 
 pub(super) fn identify(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> {
-    let cns = Cns(cmd.cdw10.get() as u8);
-    let csi = (cmd.cdw11.get() >> 24) as u8;
+    let cns = Cdw10Identify::from(cmd.cdw10).cns();
+    let csi = Cdw11Identify::from(cmd.cdw11).csi();
     let nsid = cmd.nsid.get();
     let shared = ctx.shared;
     let page: Vec<u8> = match cns {
@@ -155,7 +156,7 @@ fn namespace_list(shared: &Shared, nsid: u32, active_only: bool) -> Result<Vec<u
 /// 16 bits. Ours holds this controller if `include` and its CNTLID is at
 /// least CDW10.CNTID (31:16).
 fn controller_list(shared: &Shared, include: bool, cmd: &Command) -> Vec<u8> {
-    let from = (cmd.cdw10.get() >> 16) as u16;
+    let from = Cdw10Identify::from(cmd.cdw10).cntid();
     let cntlid = shared.config.cntlid;
     let mut page = vec![0u8; IDENTIFY_SIZE];
     if include && cntlid >= from {
