@@ -68,6 +68,7 @@ impl Command {
 
     /// Starting LBA of the NVM command set's block commands: CDW10 holds
     /// bits 31:0, CDW11 bits 63:32 (NVM Command Set 1.0 §3.2.6).
+    #[inline]
     pub fn slba(&self) -> u64 {
         u64::from(self.cdw10.get()) | (u64::from(self.cdw11.get()) << 32)
     }

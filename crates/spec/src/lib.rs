@@ -12,16 +12,19 @@
 
 /// `From` both ways between a bitfield dword type and the little-endian
 /// `U32` of a command or completion, so that call sites read
-/// `Cdw10Identify::from(cmd.cdw10)`. Defined before the modules that use it.
+/// `Cdw10Identify::from(cmd.cdw10)`; inlined, so a field read costs what a
+/// hand-written shift and mask did. Defined before the modules that use it.
 macro_rules! dword {
     ($($t:ty),* $(,)?) => {$(
         impl From<zerocopy::little_endian::U32> for $t {
+            #[inline]
             fn from(dw: zerocopy::little_endian::U32) -> Self {
                 Self::from_bits(dw.get())
             }
         }
 
         impl From<$t> for zerocopy::little_endian::U32 {
+            #[inline]
             fn from(dw: $t) -> Self {
                 zerocopy::little_endian::U32::new(dw.into_bits())
             }
