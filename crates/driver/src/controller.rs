@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use vnvme_spec::command::Command;
 use vnvme_spec::feature::{AsyncEventConfig, FeatureId, NumberOfQueues};
-use vnvme_spec::identify::{oacs, Cns, IdentifyController, IDENTIFY_SIZE};
+use vnvme_spec::identify::{oacs, oaes, Cns, IdentifyController, IDENTIFY_SIZE};
 use vnvme_spec::regs::{self, offset, shutdown, Aqa, Cap, Cc, Crto, Csts, Doorbell};
 use vnvme_spec::{AdminOpcode, Completion, Status};
 use zerocopy::FromBytes;
@@ -516,7 +516,7 @@ fn bring_up(
 
     // Before the namespace scan, so that a namespace turning ready or
     // attached after it was looked at is still reported.
-    let events = opts.async_events && identify.oaes.get() & (1 << 8) != 0;
+    let events = opts.async_events && identify.oaes.get() & oaes::NAMESPACE_ATTRIBUTE != 0;
     if events {
         let aec = AsyncEventConfig::new().with_nan(true);
         if let Err(e) = admin.execute(

@@ -15,12 +15,12 @@
 //! assert_eq!((cdw10.qid(), cdw10.qsize_z()), (1, 63));
 //! ```
 //!
-//! Reserved bits are kept as they came: a handler that refuses them checks
-//! the raw dword; none of these types drops them on conversion. Values
-//! that span two whole dwords (SLBA, log page offset) are on
-//! [`Command`](crate::Command) or [`GetLogPage`](crate::log::GetLogPage).
-//! Feature values (Set Features CDW11, Get Features dword 0) are in
-//! [`feature`](crate::feature).
+//! Reserved bits are padding: no accessor, and kept as they came through a
+//! conversion, so a handler that had to refuse them could still see them
+//! in the raw dword (ours ignore them). Values that span two whole dwords
+//! (SLBA, log page offset) are on [`Command`](crate::Command) or
+//! [`GetLogPage`](crate::log::GetLogPage). Feature values (Set Features
+//! CDW11, Get Features dword 0) are in [`feature`](crate::feature).
 
 use bitfield_struct::bitfield;
 

@@ -55,6 +55,14 @@ pub mod oacs {
     pub const GET_LBA_STATUS: u16 = 1 << 9;
 }
 
+/// Optional Asynchronous Events Supported (OAES) bits of Identify
+/// Controller (§5.17.2.1): which notices the controller can send, in the
+/// places of the Asynchronous Event Configuration feature's bits.
+pub mod oaes {
+    /// Namespace Attribute Notices.
+    pub const NAMESPACE_ATTRIBUTE: u32 = crate::feature::aec::NAMESPACE_ATTRIBUTE;
+}
+
 /// ONCS — Optional NVM Command Support bits (§5.17.2.1).
 pub mod oncs {
     pub const COMPARE: u16 = 1 << 0;

@@ -2,7 +2,7 @@
 
 use vnvme_spec::cdw::{Cdw10Identify, Cdw11Identify};
 use vnvme_spec::identify::{
-    fill_ascii, ns_descriptor, oacs, oncs, Cns, IdentifyController, IdentifyNsIndependent,
+    fill_ascii, ns_descriptor, oacs, oaes, oncs, Cns, IdentifyController, IdentifyNsIndependent,
     IDENTIFY_SIZE,
 };
 use vnvme_spec::regs::version;
@@ -55,8 +55,7 @@ pub(crate) fn identify_controller(shared: &Shared) -> Box<IdentifyController> {
     id.mdts = c.mdts;
     id.cntlid = U16::new(c.cntlid);
     id.ver = U32::new(version(2, 0, 0));
-    // OAES bit 8: Namespace Attribute Notices.
-    id.oaes = U32::new(1 << 8);
+    id.oaes = U32::new(oaes::NAMESPACE_ATTRIBUTE);
     // CNTRLTYPE 1: I/O controller.
     id.cntrltype = 1;
     let dbbuf = if c.doorbells.uses_dbbuf() {
