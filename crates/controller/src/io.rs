@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use vnvme_blockdev::{BlockCompletion, BlockRequest};
+use vnvme_spec::cdw::{Cdw10Dsm, Cdw11Dsm, Cdw12ReadWrite, Cdw12WriteZeroes};
 use vnvme_spec::{Command, NvmOpcode, Status};
 
 use crate::config::Readiness;
@@ -53,21 +54,21 @@ pub(crate) struct ReadWrite {
 
 impl ReadWrite {
     pub fn parse(cmd: &Command, ns: &Namespace, max_transfer: u64) -> Result<Self, Status> {
-        let slba = u64::from(cmd.cdw10.get()) | (u64::from(cmd.cdw11.get()) << 32);
+        let cdw12 = Cdw12ReadWrite::from(cmd.cdw12);
         // NLB <= 65536 and at most 4160 bytes per block: no overflow.
-        let nlb = u64::from(cmd.cdw12.get() & 0xFFFF) + 1;
+        let nlb = u64::from(cdw12.nlb_z()) + 1;
         let data_len = nlb * ns.data_bytes_per_block();
         if data_len > max_transfer {
             return Err(invalid_field());
         }
-        let (offset, len) = ns.byte_range(slba, nlb)?;
+        let (offset, len) = ns.byte_range(cmd.slba(), nlb)?;
         Ok(Self {
             offset,
             len,
             data_len,
             meta_len: nlb * ns.separate_metadata_per_block(),
             block_bytes: nlb << ns.lba_shift,
-            fua: cmd.cdw12.get() & (1 << 30) != 0,
+            fua: cdw12.fua(),
         })
     }
 }
@@ -83,14 +84,14 @@ pub(crate) struct WriteZeroes {
 
 impl WriteZeroes {
     pub fn parse(cmd: &Command, ns: &Namespace) -> Result<Self, Status> {
-        let slba = u64::from(cmd.cdw10.get()) | (u64::from(cmd.cdw11.get()) << 32);
-        let nlb = u64::from(cmd.cdw12.get() & 0xFFFF) + 1;
-        let (offset, len) = ns.byte_range(slba, nlb)?;
+        let cdw12 = Cdw12WriteZeroes::from(cmd.cdw12);
+        let nlb = u64::from(cdw12.nlb_z()) + 1;
+        let (offset, len) = ns.byte_range(cmd.slba(), nlb)?;
         Ok(Self {
             offset,
             len,
-            deallocate: cmd.cdw12.get() & (1 << 25) != 0,
-            fua: cmd.cdw12.get() & (1 << 30) != 0,
+            deallocate: cdw12.deac(),
+            fua: cdw12.fua(),
         })
     }
 }
@@ -416,8 +417,8 @@ struct DsmRange {
 }
 
 fn dataset_management(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace) -> Result<(), Status> {
-    let nr = (cmd.cdw10.get() & 0xFF) as usize + 1;
-    let deallocate = cmd.cdw11.get() & (1 << 2) != 0;
+    let nr = usize::from(Cdw10Dsm::from(cmd.cdw10).nr_z()) + 1;
+    let deallocate = Cdw11Dsm::from(cmd.cdw11).ad();
     let len = (nr * 16) as u64;
     map_prps(ctx, cmd, len)?;
     let mut buf = std::mem::take(&mut ctx.scratch.buf);

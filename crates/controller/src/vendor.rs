@@ -32,6 +32,7 @@ use std::fmt;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
+use vnvme_spec::cdw::Cdw12ReadWrite;
 use vnvme_spec::identify::fill_ascii;
 use vnvme_spec::log::effects;
 use vnvme_spec::{Command, Status};
@@ -313,8 +314,9 @@ impl VendorCommand for ChecksumCommand {
         const CHUNK: u64 = 128 << 10;
         let nsid = cmd.nsid.get();
         let geometry = cx.namespace(nsid)?;
-        let slba = u64::from(cmd.cdw10.get()) | (u64::from(cmd.cdw11.get()) << 32);
-        let nlb = u64::from(cmd.cdw12.get() & 0xFFFF) + 1;
+        // SLBA and NLB where a Read has them.
+        let slba = cmd.slba();
+        let nlb = u64::from(Cdw12ReadWrite::from(cmd.cdw12).nlb_z()) + 1;
         let lba_size = u64::from(geometry.lba_size);
         if nlb * lba_size > MAX_CHECKSUM_BYTES {
             return Err(invalid_field());

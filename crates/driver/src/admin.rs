@@ -4,6 +4,10 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
+use vnvme_spec::cdw::{
+    Cdw10CreateIoQueue, Cdw10DeleteIoQueue, Cdw10GetFeatures, Cdw10Identify, Cdw10SetFeatures,
+    Cdw11CreateIoCq, Cdw11CreateIoSq,
+};
 use vnvme_spec::command::Command;
 use vnvme_spec::feature::FeatureId;
 use vnvme_spec::identify::Cns;
@@ -19,14 +23,14 @@ use crate::queue::{QueuePair, REAP_CAP};
 pub fn identify(cns: Cns, nsid: u32) -> Command {
     let mut c = Command::new(AdminOpcode::IDENTIFY.0, 0);
     c.nsid = nsid.into();
-    c.cdw10 = u32::from(cns.0).into();
+    c.cdw10 = Cdw10Identify::new().with_cns(cns).into();
     c
 }
 
 /// Set Features (§5.27): FID in CDW10 7:0, value in CDW11.
 pub fn set_features(fid: FeatureId, cdw11: u32) -> Command {
     let mut c = Command::new(AdminOpcode::SET_FEATURES.0, 0);
-    c.cdw10 = u32::from(fid.0).into();
+    c.cdw10 = Cdw10SetFeatures::new().with_fid(fid).into();
     c.cdw11 = cdw11.into();
     c
 }
@@ -34,7 +38,10 @@ pub fn set_features(fid: FeatureId, cdw11: u32) -> Command {
 /// Get Features (§5.15): FID in CDW10 7:0, SEL in 10:8.
 pub fn get_features(fid: FeatureId, sel: u8) -> Command {
     let mut c = Command::new(AdminOpcode::GET_FEATURES.0, 0);
-    c.cdw10 = (u32::from(fid.0) | (u32::from(sel & 7) << 8)).into();
+    c.cdw10 = Cdw10GetFeatures::new()
+        .with_fid(fid)
+        .with_sel(sel & 7)
+        .into();
     c
 }
 
@@ -43,12 +50,15 @@ pub fn get_features(fid: FeatureId, sel: u8) -> Command {
 pub fn create_io_cq(qid: u16, size: u16, iova: u64, vector: Option<u16>) -> Command {
     let mut c = Command::new(AdminOpcode::CREATE_IO_CQ.0, 0);
     c.prp1 = iova.into();
-    c.cdw10 = (u32::from(qid) | (u32::from(size - 1) << 16)).into();
-    let (ien, iv) = match vector {
-        Some(v) => (1u32, u32::from(v)),
-        None => (0, 0),
-    };
-    c.cdw11 = (1 | (ien << 1) | (iv << 16)).into();
+    c.cdw10 = Cdw10CreateIoQueue::new()
+        .with_qid(qid)
+        .with_qsize_z(size - 1)
+        .into();
+    c.cdw11 = Cdw11CreateIoCq::new()
+        .with_pc(true)
+        .with_ien(vector.is_some())
+        .with_iv(vector.unwrap_or(0))
+        .into();
     c
 }
 
@@ -57,8 +67,11 @@ pub fn create_io_cq(qid: u16, size: u16, iova: u64, vector: Option<u16>) -> Comm
 pub fn create_io_sq(qid: u16, size: u16, iova: u64, cqid: u16) -> Command {
     let mut c = Command::new(AdminOpcode::CREATE_IO_SQ.0, 0);
     c.prp1 = iova.into();
-    c.cdw10 = (u32::from(qid) | (u32::from(size - 1) << 16)).into();
-    c.cdw11 = (1 | (u32::from(cqid) << 16)).into();
+    c.cdw10 = Cdw10CreateIoQueue::new()
+        .with_qid(qid)
+        .with_qsize_z(size - 1)
+        .into();
+    c.cdw11 = Cdw11CreateIoSq::new().with_pc(true).with_cqid(cqid).into();
     c
 }
 
@@ -100,14 +113,14 @@ pub fn async_event_request() -> Command {
 /// Delete I/O Submission Queue (§5.7).
 pub fn delete_io_sq(qid: u16) -> Command {
     let mut c = Command::new(AdminOpcode::DELETE_IO_SQ.0, 0);
-    c.cdw10 = u32::from(qid).into();
+    c.cdw10 = Cdw10DeleteIoQueue::new().with_qid(qid).into();
     c
 }
 
 /// Delete I/O Completion Queue (§5.6).
 pub fn delete_io_cq(qid: u16) -> Command {
     let mut c = Command::new(AdminOpcode::DELETE_IO_CQ.0, 0);
-    c.cdw10 = u32::from(qid).into();
+    c.cdw10 = Cdw10DeleteIoQueue::new().with_qid(qid).into();
     c
 }
 

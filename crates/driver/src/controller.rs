@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use vnvme_spec::command::Command;
-use vnvme_spec::feature::{aec, FeatureId, NumberOfQueues};
-use vnvme_spec::identify::{oacs, Cns, IdentifyController, IDENTIFY_SIZE};
+use vnvme_spec::feature::{AsyncEventConfig, FeatureId, NumberOfQueues};
+use vnvme_spec::identify::{oacs, oaes, Cns, IdentifyController, IDENTIFY_SIZE};
 use vnvme_spec::regs::{self, offset, shutdown, Aqa, Cap, Cc, Crto, Csts, Doorbell};
 use vnvme_spec::{AdminOpcode, Completion, Status};
 use zerocopy::FromBytes;
@@ -460,21 +460,20 @@ fn bring_up(
     let max_transfer = max_transfer(opts.max_transfer, identify.mdts, cap.mpsmin());
 
     let count = if opts.io_queues > 0 {
-        let want = NumberOfQueues {
-            nsqr_z: opts.io_queues - 1,
-            ncqr_z: opts.io_queues - 1,
-        };
+        let want = NumberOfQueues::new()
+            .with_nsqr_z(opts.io_queues - 1)
+            .with_ncqr_z(opts.io_queues - 1);
         let cqe = admin.execute(
-            admin::set_features(FeatureId::NUMBER_OF_QUEUES, want.to_dword()),
+            admin::set_features(FeatureId::NUMBER_OF_QUEUES, want.into()),
             None,
             timeout,
         )?;
         // The answer holds NSQA/NCQA (0's based): what was allocated, which
         // may be fewer, or more, than asked for.
-        let got = NumberOfQueues::from_dword(cqe.dw0.get());
+        let got = NumberOfQueues::from(cqe.dw0);
         u32::from(opts.io_queues)
-            .min(u32::from(got.nsqr_z) + 1)
-            .min(u32::from(got.ncqr_z) + 1) as u16
+            .min(u32::from(got.nsqr_z()) + 1)
+            .min(u32::from(got.ncqr_z()) + 1) as u16
     } else {
         0
     };
@@ -517,10 +516,11 @@ fn bring_up(
 
     // Before the namespace scan, so that a namespace turning ready or
     // attached after it was looked at is still reported.
-    let events = opts.async_events && identify.oaes.get() & (1 << 8) != 0;
+    let events = opts.async_events && identify.oaes.get() & oaes::NAMESPACE_ATTRIBUTE != 0;
     if events {
+        let aec = AsyncEventConfig::new().with_nan(true);
         if let Err(e) = admin.execute(
-            admin::set_features(FeatureId::ASYNC_EVENT_CONFIG, aec::NAMESPACE_ATTRIBUTE),
+            admin::set_features(FeatureId::ASYNC_EVENT_CONFIG, aec.into()),
             None,
             timeout,
         ) {

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use vnvme_spec::cdw::Cdw12ReadWrite;
 use vnvme_spec::command::Command;
 use vnvme_spec::{Completion, NvmOpcode};
 
@@ -210,10 +211,10 @@ impl IoQueue {
             usize::try_from(u64::from(nblocks) * u64::from(ns.lba_size)).unwrap_or(usize::MAX);
         let mut cmd = Command::new(opcode.0, 0);
         cmd.nsid = nsid.into();
-        cmd.cdw10 = (lba as u32).into();
-        cmd.cdw11 = ((lba >> 32) as u32).into();
-        // NLB is 0's based.
-        cmd.cdw12 = (nblocks - 1).into();
+        cmd.set_slba(lba);
+        // 1 to 65536 blocks (checked above): NLB, 0's based, fits in 16 bits.
+        let nlb_z = u16::try_from(nblocks - 1).unwrap_or(u16::MAX);
+        cmd.cdw12 = Cdw12ReadWrite::new().with_nlb_z(nlb_z).into();
         let cid = self.qp.alloc_cid()?;
         cmd.set_cid(cid);
         if let Err(e) = self.qp.set_data(&mut cmd, cid, buf, len) {

@@ -288,6 +288,7 @@ pub struct AsyncCompletion {
 ///
 /// ```no_run
 /// # use vnvme_driver::{AsyncQueue, BufferSlice, IoQueue, DmaBuffer};
+/// # use vnvme_spec::cdw::Cdw12ReadWrite;
 /// # use vnvme_spec::command::Command;
 /// # fn f(q: IoQueue, bufs: Vec<DmaBuffer>) -> Result<(), vnvme_driver::Error> {
 /// let mut aq = AsyncQueue::new(q);
@@ -295,8 +296,8 @@ pub struct AsyncCompletion {
 /// for i in 0..8u64 {
 ///     let mut read = Command::new(0x02, 0);
 ///     read.nsid = 1.into();
-///     read.cdw10 = (i as u32 * 8).into();
-///     read.cdw12 = 7.into(); // 8 blocks, 0's based
+///     read.set_slba(i * 8);
+///     read.cdw12 = Cdw12ReadWrite::new().with_nlb_z(7).into(); // 8 blocks
 ///     aq.prepare(read, Some(BufferSlice::read(first + i as usize, 4096)), i)?;
 /// }
 /// aq.submit()?; // one doorbell for the batch

@@ -66,6 +66,18 @@ impl Command {
         self.cdw0 = U32::new((self.cdw0.get() & 0xFFFF) | (u32::from(cid) << 16));
     }
 
+    /// Starting LBA of the NVM command set's block commands: CDW10 holds
+    /// bits 31:0, CDW11 bits 63:32 (NVM Command Set 1.0 §3.2.6).
+    #[inline]
+    pub fn slba(&self) -> u64 {
+        u64::from(self.cdw10.get()) | (u64::from(self.cdw11.get()) << 32)
+    }
+
+    pub fn set_slba(&mut self, slba: u64) {
+        self.cdw10 = U32::new(slba as u32);
+        self.cdw11 = U32::new((slba >> 32) as u32);
+    }
+
     /// Command dword `n` (0..=15) as the controller sees it.
     pub fn cdw(&self, n: usize) -> u32 {
         let words: &[U32; 16] = zerocopy::transmute_ref!(self);
@@ -158,6 +170,14 @@ mod tests {
         assert_eq!(back.cdw(10), 7);
         assert_eq!(back.cdw(1), 1);
         assert_eq!(back.cdw(16), 0);
+    }
+
+    #[test]
+    fn slba_spans_cdw10_low_and_cdw11_high() {
+        let mut c = Command::new(0x02, 1);
+        c.set_slba(0x1234_5678_9ABC_DEF0);
+        assert_eq!((c.cdw10.get(), c.cdw11.get()), (0x9ABC_DEF0, 0x1234_5678));
+        assert_eq!(c.slba(), 0x1234_5678_9ABC_DEF0);
     }
 
     #[test]

@@ -1,11 +1,23 @@
 //! Feature identifiers (§5.27.1, Figure 317) and the dword layouts of the
-//! features the controller implements.
+//! features the controller implements, as bitfield types: the Set Features
+//! CDW11 value and the Get Features completion dword 0.
+
+use bitfield_struct::bitfield;
 
 /// Feature Identifier, an open newtype.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FeatureId(pub u8);
 
 impl FeatureId {
+    /// For bitfield structs that hold a Feature Identifier (`#[bits(8)]`).
+    pub const fn from_bits(bits: u8) -> Self {
+        Self(bits)
+    }
+
+    pub const fn into_bits(self) -> u8 {
+        self.0
+    }
+
     pub const ARBITRATION: Self = Self(0x01);
     pub const POWER_MANAGEMENT: Self = Self(0x02);
     pub const LBA_RANGE_TYPE: Self = Self(0x03);
@@ -32,77 +44,141 @@ pub mod select {
     pub const SUPPORTED_CAPABILITIES: u8 = 3;
 }
 
-/// Number of Queues (§5.27.1.5): NSQR (15:0) and NCQR (31:16), both 0's based.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+dword!(
+    FeatureCapabilities,
+    PowerManagement,
+    VolatileWriteCache,
+    NumberOfQueues,
+    InterruptCoalescing,
+    InterruptVectorConfig,
+    WriteAtomicity,
+    AsyncEventConfig,
+);
+
+/// Get Features dword 0 with SEL = 011b, Supported Capabilities (§5.15).
+#[bitfield(u32)]
+#[derive(PartialEq, Eq)]
+pub struct FeatureCapabilities {
+    /// The feature has a saved value.
+    pub saveable: bool,
+    /// The feature is namespace specific.
+    pub ns_specific: bool,
+    /// The feature can be changed.
+    pub changeable: bool,
+    #[bits(29)]
+    __: u32,
+}
+
+/// Power Management value (§5.27.1.2).
+#[bitfield(u32)]
+#[derive(PartialEq, Eq)]
+pub struct PowerManagement {
+    /// Power State.
+    #[bits(5)]
+    pub ps: u8,
+    /// Workload Hint.
+    #[bits(3)]
+    pub wh: u8,
+    #[bits(24)]
+    __: u32,
+}
+
+/// Volatile Write Cache value (§5.27.1.4).
+#[bitfield(u32)]
+#[derive(PartialEq, Eq)]
+pub struct VolatileWriteCache {
+    /// Volatile Write Cache Enable.
+    pub wce: bool,
+    #[bits(31)]
+    __: u32,
+}
+
+/// Number of Queues (§5.27.1.5): the Set Features value, NSQR and NCQR,
+/// and its completion dword 0, NSQA and NCQA, in the same places. All
+/// counts are 0's based.
+#[bitfield(u32)]
+#[derive(PartialEq, Eq)]
 pub struct NumberOfQueues {
+    /// Number of I/O Submission Queues Requested (Allocated in dword 0).
     pub nsqr_z: u16,
+    /// Number of I/O Completion Queues Requested (Allocated in dword 0).
     pub ncqr_z: u16,
 }
 
-impl NumberOfQueues {
-    pub fn from_dword(dw: u32) -> Self {
-        Self {
-            nsqr_z: dw as u16,
-            ncqr_z: (dw >> 16) as u16,
-        }
-    }
-
-    pub fn to_dword(self) -> u32 {
-        u32::from(self.nsqr_z) | (u32::from(self.ncqr_z) << 16)
-    }
-}
-
-/// Interrupt Coalescing (§5.27.1.6): THR (7:0, 0's based count of
-/// completions), TIME (15:8, in 100 µs units).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+/// Interrupt Coalescing value (§5.27.1.6).
+#[bitfield(u32)]
+#[derive(PartialEq, Eq)]
 pub struct InterruptCoalescing {
+    /// Aggregation Threshold: completions per interrupt, 0's based.
     pub thr_z: u8,
-    pub time_100us: u8,
+    /// Aggregation Time, in 100 µs units.
+    pub time: u8,
+    __: u16,
 }
 
-impl InterruptCoalescing {
-    pub fn from_dword(dw: u32) -> Self {
-        Self {
-            thr_z: dw as u8,
-            time_100us: (dw >> 8) as u8,
-        }
-    }
-
-    pub fn to_dword(self) -> u32 {
-        u32::from(self.thr_z) | (u32::from(self.time_100us) << 8)
-    }
-}
-
-/// Interrupt Vector Configuration (§5.27.1.7): IV (15:0), CD (16) coalescing disable.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Interrupt Vector Configuration value (§5.27.1.7); Get Features takes IV
+/// in CDW11 too.
+#[bitfield(u32)]
+#[derive(PartialEq, Eq)]
 pub struct InterruptVectorConfig {
+    /// Interrupt Vector.
     pub iv: u16,
+    /// Coalescing Disable.
     pub cd: bool,
+    #[bits(15)]
+    __: u16,
 }
 
-impl InterruptVectorConfig {
-    pub fn from_dword(dw: u32) -> Self {
-        Self {
-            iv: dw as u16,
-            cd: dw & (1 << 16) != 0,
-        }
-    }
-
-    pub fn to_dword(self) -> u32 {
-        u32::from(self.iv) | (u32::from(self.cd) << 16)
-    }
+/// Write Atomicity Normal value (§5.27.1.8).
+#[bitfield(u32)]
+#[derive(PartialEq, Eq)]
+pub struct WriteAtomicity {
+    /// Disable Normal: only AWUPF applies.
+    pub dn: bool,
+    #[bits(31)]
+    __: u32,
 }
 
-/// Asynchronous Event Configuration bits (§5.27.1.9).
-pub mod aec {
-    /// SMART / health critical warnings (7:0).
-    pub const SMART_MASK: u32 = 0xFF;
+/// Asynchronous Event Configuration value (§5.27.1.9): which events the
+/// controller reports.
+#[bitfield(u32)]
+#[derive(PartialEq, Eq)]
+pub struct AsyncEventConfig {
+    /// SMART / Health Critical Warnings, one bit per warning.
+    pub smart: u8,
     /// Namespace Attribute Notices.
-    pub const NAMESPACE_ATTRIBUTE: u32 = 1 << 8;
+    pub nan: bool,
     /// Firmware Activation Notices.
-    pub const FIRMWARE_ACTIVATION: u32 = 1 << 9;
+    pub fan: bool,
     /// Telemetry Log Notices.
-    pub const TELEMETRY_LOG: u32 = 1 << 10;
+    pub tln: bool,
+    /// Asymmetric Namespace Access Change Notices.
+    pub anacn: bool,
+    /// Predictable Latency Event Aggregate Log Change Notices.
+    pub plealcn: bool,
+    /// LBA Status Information Alert Notices.
+    pub lsian: bool,
+    /// Endurance Group Event Aggregate Log Change Notices.
+    pub egealcn: bool,
+    #[bits(16)]
+    __: u32,
+    /// Discovery Log Page Change Notification.
+    pub dlpcn: bool,
+}
+
+/// Asynchronous Event Configuration bits as masks, for code that keeps the
+/// value as a `u32`.
+pub mod aec {
+    use super::AsyncEventConfig;
+
+    /// SMART / health critical warnings (7:0).
+    pub const SMART_MASK: u32 = AsyncEventConfig::new().with_smart(0xFF).into_bits();
+    /// Namespace Attribute Notices.
+    pub const NAMESPACE_ATTRIBUTE: u32 = AsyncEventConfig::new().with_nan(true).into_bits();
+    /// Firmware Activation Notices.
+    pub const FIRMWARE_ACTIVATION: u32 = AsyncEventConfig::new().with_fan(true).into_bits();
+    /// Telemetry Log Notices.
+    pub const TELEMETRY_LOG: u32 = AsyncEventConfig::new().with_tln(true).into_bits();
 }
 
 #[cfg(test)]
@@ -110,28 +186,49 @@ mod tests {
     use super::*;
 
     #[test]
-    fn number_of_queues_round_trips() {
-        let n = NumberOfQueues::from_dword(0x0003_0007);
-        assert_eq!(
-            n,
-            NumberOfQueues {
-                nsqr_z: 7,
-                ncqr_z: 3
-            }
-        );
-        assert_eq!(n.to_dword(), 0x0003_0007);
+    fn number_of_queues_puts_nsqr_low_and_ncqr_high() {
+        let n = NumberOfQueues::from(0x0003_0007);
+        assert_eq!((n.nsqr_z(), n.ncqr_z()), (7, 3));
+        let back: u32 = NumberOfQueues::new().with_nsqr_z(7).with_ncqr_z(3).into();
+        assert_eq!(back, 0x0003_0007);
     }
 
     #[test]
-    fn interrupt_coalescing_round_trips() {
-        let c = InterruptCoalescing::from_dword(0x0A05);
+    fn interrupt_coalescing_puts_thr_low_and_time_above() {
+        let c = InterruptCoalescing::from(0x0A05);
+        assert_eq!((c.thr_z(), c.time()), (5, 10));
+        assert_eq!(u32::from(c), 0x0A05);
+    }
+
+    #[test]
+    fn feature_values_sit_where_the_spec_puts_them() {
+        let ivc = InterruptVectorConfig::from(0x0001_0003);
+        assert_eq!((ivc.iv(), ivc.cd()), (3, true));
+        assert!(VolatileWriteCache::from(1).wce());
+        let pm = PowerManagement::from(0xE1);
+        assert_eq!((pm.ps(), pm.wh()), (1, 7));
+        assert!(WriteAtomicity::from(1).dn());
+        assert_eq!(aec::SMART_MASK, 0xFF);
+        assert_eq!(aec::NAMESPACE_ATTRIBUTE, 1 << 8);
+        assert_eq!(aec::FIRMWARE_ACTIVATION, 1 << 9);
+        assert_eq!(aec::TELEMETRY_LOG, 1 << 10);
+        assert!(AsyncEventConfig::from(1 << 31).dlpcn());
         assert_eq!(
-            c,
-            InterruptCoalescing {
-                thr_z: 5,
-                time_100us: 10
-            }
+            u32::from(FeatureCapabilities::new().with_changeable(true)),
+            1 << 2
         );
-        assert_eq!(c.to_dword(), 0x0A05);
+    }
+
+    #[test]
+    fn feature_values_keep_reserved_bits() {
+        for raw in [u32::MAX, 0xDEAD_BEEF] {
+            assert_eq!(u32::from(InterruptCoalescing::from(raw)), raw);
+            assert_eq!(u32::from(AsyncEventConfig::from(raw)), raw);
+            assert_eq!(u32::from(PowerManagement::from(raw)), raw);
+            assert_eq!(u32::from(FeatureCapabilities::from(raw)), raw);
+            assert_eq!(u32::from(VolatileWriteCache::from(raw)), raw);
+            assert_eq!(u32::from(WriteAtomicity::from(raw)), raw);
+            assert_eq!(u32::from(InterruptVectorConfig::from(raw)), raw);
+        }
     }
 }

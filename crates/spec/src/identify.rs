@@ -8,6 +8,15 @@ use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
 pub struct Cns(pub u8);
 
 impl Cns {
+    /// For bitfield structs that hold a CNS value (`#[bits(8)]`).
+    pub const fn from_bits(bits: u8) -> Self {
+        Self(bits)
+    }
+
+    pub const fn into_bits(self) -> u8 {
+        self.0
+    }
+
     /// Identify Namespace (NVM command set).
     pub const NAMESPACE: Self = Self(0x00);
     /// Identify Controller.
@@ -44,6 +53,14 @@ pub mod oacs {
     /// Doorbell Buffer Config command supported.
     pub const DOORBELL_BUFFER_CONFIG: u16 = 1 << 8;
     pub const GET_LBA_STATUS: u16 = 1 << 9;
+}
+
+/// Optional Asynchronous Events Supported (OAES) bits of Identify
+/// Controller (§5.17.2.1): which notices the controller can send, in the
+/// places of the Asynchronous Event Configuration feature's bits.
+pub mod oaes {
+    /// Namespace Attribute Notices.
+    pub const NAMESPACE_ATTRIBUTE: u32 = crate::feature::aec::NAMESPACE_ATTRIBUTE;
 }
 
 /// ONCS — Optional NVM Command Support bits (§5.17.2.1).

@@ -3,11 +3,22 @@
 use zerocopy::little_endian::{U16, U32, U64};
 use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
 
+use crate::cdw::{Cdw10GetLogPage, Cdw11GetLogPage};
+
 /// Log Page Identifier, an open newtype (§5.16, Figure 202).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct LogPageId(pub u8);
 
 impl LogPageId {
+    /// For bitfield structs that hold a Log Page Identifier (`#[bits(8)]`).
+    pub const fn from_bits(bits: u8) -> Self {
+        Self(bits)
+    }
+
+    pub const fn into_bits(self) -> u8 {
+        self.0
+    }
+
     pub const ERROR_INFORMATION: Self = Self(0x01);
     pub const SMART_HEALTH: Self = Self(0x02);
     pub const FIRMWARE_SLOT: Self = Self(0x03);
@@ -31,11 +42,12 @@ pub struct GetLogPage {
 
 impl GetLogPage {
     pub fn parse(cdw10: u32, cdw11: u32, cdw12: u32, cdw13: u32) -> Self {
-        let numd_z = (cdw10 >> 16) | ((cdw11 & 0xFFFF) << 16);
+        let (d10, d11) = (Cdw10GetLogPage::from(cdw10), Cdw11GetLogPage::from(cdw11));
+        let numd_z = u32::from(d10.numdl()) | (u32::from(d11.numdu()) << 16);
         Self {
-            lid: LogPageId(cdw10 as u8),
-            lsp: ((cdw10 >> 8) & 0x7F) as u8,
-            rae: cdw10 & (1 << 15) != 0,
+            lid: d10.lid(),
+            lsp: d10.lsp(),
+            rae: d10.rae(),
             dwords: numd_z.saturating_add(1),
             offset: u64::from(cdw12) | (u64::from(cdw13) << 32),
         }
@@ -44,12 +56,15 @@ impl GetLogPage {
     /// Command dwords 10 to 13 for this request (`dwords` must be >= 1).
     pub fn to_cdws(self) -> [u32; 4] {
         let numd_z = self.dwords.saturating_sub(1);
+        let cdw10 = Cdw10GetLogPage::new()
+            .with_lid(self.lid)
+            .with_lsp(self.lsp & 0x7F)
+            .with_rae(self.rae)
+            .with_numdl(numd_z as u16);
+        let cdw11 = Cdw11GetLogPage::new().with_numdu((numd_z >> 16) as u16);
         [
-            u32::from(self.lid.0)
-                | (u32::from(self.lsp & 0x7F) << 8)
-                | (u32::from(self.rae) << 15)
-                | (numd_z << 16),
-            numd_z >> 16,
+            cdw10.into(),
+            cdw11.into(),
             self.offset as u32,
             (self.offset >> 32) as u32,
         ]
@@ -176,8 +191,14 @@ pub mod async_event {
     /// Notice information: Namespace Attribute Changed.
     pub const NOTICE_NS_ATTRIBUTE_CHANGED: u8 = 0x00;
 
+    /// Completion dword 0 for an event: type (bits above 2 dropped),
+    /// information and log page.
     pub fn dword0(kind: u8, info: u8, lid: u8) -> u32 {
-        u32::from(kind & 0x7) | (u32::from(info) << 8) | (u32::from(lid) << 16)
+        crate::cdw::AsyncEventCompletion::new()
+            .with_aet(kind & 0x7)
+            .with_aei(info)
+            .with_lid(lid)
+            .into()
     }
 }
 

@@ -1,7 +1,8 @@
 //! Identify (§5.17): controller, namespaces, namespace lists and descriptors.
 
+use vnvme_spec::cdw::{Cdw10Identify, Cdw11Identify};
 use vnvme_spec::identify::{
-    fill_ascii, ns_descriptor, oacs, oncs, Cns, IdentifyController, IdentifyNsIndependent,
+    fill_ascii, ns_descriptor, oacs, oaes, oncs, Cns, IdentifyController, IdentifyNsIndependent,
     IDENTIFY_SIZE,
 };
 use vnvme_spec::regs::version;
@@ -19,8 +20,8 @@ fn invalid_ns() -> Status {
 }
 
 pub(super) fn identify(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> {
-    let cns = Cns(cmd.cdw10.get() as u8);
-    let csi = (cmd.cdw11.get() >> 24) as u8;
+    let cns = Cdw10Identify::from(cmd.cdw10).cns();
+    let csi = Cdw11Identify::from(cmd.cdw11).csi();
     let nsid = cmd.nsid.get();
     let shared = ctx.shared;
     let page: Vec<u8> = match cns {
@@ -54,8 +55,7 @@ pub(crate) fn identify_controller(shared: &Shared) -> Box<IdentifyController> {
     id.mdts = c.mdts;
     id.cntlid = U16::new(c.cntlid);
     id.ver = U32::new(version(2, 0, 0));
-    // OAES bit 8: Namespace Attribute Notices.
-    id.oaes = U32::new(1 << 8);
+    id.oaes = U32::new(oaes::NAMESPACE_ATTRIBUTE);
     // CNTRLTYPE 1: I/O controller.
     id.cntrltype = 1;
     let dbbuf = if c.doorbells.uses_dbbuf() {
@@ -155,7 +155,7 @@ fn namespace_list(shared: &Shared, nsid: u32, active_only: bool) -> Result<Vec<u
 /// 16 bits. Ours holds this controller if `include` and its CNTLID is at
 /// least CDW10.CNTID (31:16).
 fn controller_list(shared: &Shared, include: bool, cmd: &Command) -> Vec<u8> {
-    let from = (cmd.cdw10.get() >> 16) as u16;
+    let from = Cdw10Identify::from(cmd.cdw10).cntid();
     let cntlid = shared.config.cntlid;
     let mut page = vec![0u8; IDENTIFY_SIZE];
     if include && cntlid >= from {

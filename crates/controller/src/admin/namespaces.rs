@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use vnvme_spec::cdw::{Cdw10FormatNvm, Cdw10NsAttachment, Cdw10NsManagement, Cdw11NsManagement};
 use vnvme_spec::{Command, Status};
 
 use super::invalid_field;
@@ -68,7 +69,7 @@ impl Create {
 /// 31:24) must be the NVM command set. Create returns the new NSID in
 /// completion dword 0.
 pub(super) fn namespace_management(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
-    match cmd.cdw10.get() & 0xF {
+    match Cdw10NsManagement::from(cmd.cdw10).sel() {
         0 => create(ctx, cmd),
         1 => delete(ctx.shared, cmd.nsid.get()).map(|()| 0),
         _ => Err(invalid_field()),
@@ -76,7 +77,7 @@ pub(super) fn namespace_management(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u
 }
 
 fn create(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
-    if cmd.nsid.get() != 0 || cmd.cdw11.get() >> 24 != 0 {
+    if cmd.nsid.get() != 0 || Cdw11NsManagement::from(cmd.cdw11).csi() != 0 {
         return Err(invalid_field());
     }
     let mut data = std::mem::take(&mut ctx.scratch.buf);
@@ -140,7 +141,7 @@ fn delete(shared: &Shared, nsid: u32) -> Result<(), Status> {
 /// Namespace Attachment: SEL (CDW10 3:0) 0 attach, 1 detach; a Controller
 /// List in the data buffer that must name exactly this controller.
 pub(super) fn namespace_attachment(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
-    let attach = match cmd.cdw10.get() & 0xF {
+    let attach = match Cdw10NsAttachment::from(cmd.cdw10).sel() {
         0 => true,
         1 => false,
         _ => return Err(invalid_field()),
@@ -186,13 +187,12 @@ fn controller_list_is_ours(data: &[u8], cntlid: u16) -> bool {
 /// data is erased either way). Takes `format_duration` in the background:
 /// I/O meanwhile gets Format In Progress.
 pub(super) fn format_nvm(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
-    let cdw10 = cmd.cdw10.get();
-    let index = ((cdw10 & 0xF) | ((cdw10 >> 8) & 0x30)) as u8;
-    let extended = cdw10 & (1 << 4) != 0;
-    if usize::from(index) >= LBA_FORMATS.len() || (cdw10 >> 5) & 0x7 != 0 {
+    let cdw10 = Cdw10FormatNvm::from(cmd.cdw10);
+    let (index, extended) = (cdw10.lbaf(), cdw10.mset());
+    if usize::from(index) >= LBA_FORMATS.len() || cdw10.pi() != 0 {
         return Err(invalid_format());
     }
-    if (cdw10 >> 9) & 0x7 > 1 {
+    if cdw10.ses() > 1 {
         return Err(invalid_field());
     }
     let nsid = cmd.nsid.get();

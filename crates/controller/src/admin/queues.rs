@@ -2,6 +2,7 @@
 
 use std::sync::atomic::Ordering;
 
+use vnvme_spec::cdw::{Cdw10CreateIoQueue, Cdw10DeleteIoQueue, Cdw11CreateIoCq, Cdw11CreateIoSq};
 use vnvme_spec::regs::{Cc, Doorbell};
 use vnvme_spec::{Command, Completion, Status};
 
@@ -27,8 +28,8 @@ fn parse_create(
     limit_z: u16,
     entry_size_ok: bool,
 ) -> Result<CreateQueue, Status> {
-    let qid = cmd.cdw10.get() as u16;
-    let qsize_z = (cmd.cdw10.get() >> 16) as u16;
+    let cdw10 = Cdw10CreateIoQueue::from(cmd.cdw10);
+    let (qid, qsize_z) = (cdw10.qid(), cdw10.qsize_z());
     if qid == 0 || u32::from(qid) > u32::from(limit_z) + 1 {
         return Err(invalid_qid());
     }
@@ -42,8 +43,9 @@ fn parse_create(
     if base & (ctx.session.page_size - 1) != 0 {
         return Err(Status::INVALID_PRP_OFFSET.with_dnr(true));
     }
-    // CAP.CQR = 1: physically contiguous queues only.
-    if cmd.cdw11.get() & 1 == 0 {
+    // CAP.CQR = 1: physically contiguous queues only. PC is bit 0 of
+    // CDW11 in both create commands.
+    if !Cdw11CreateIoCq::from(cmd.cdw11).pc() {
         return Err(invalid_field());
     }
     Ok(CreateQueue {
@@ -59,7 +61,7 @@ pub(super) fn create_cq(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> 
     let ncqa_z = shared.admin.lock().ncqa_z;
     let cc = Cc::from(shared.cc.load(Ordering::Acquire));
     let entry_ok = 1usize << cc.iocqes() == Completion::SIZE;
-    let qid = cmd.cdw10.get() as u16;
+    let qid = Cdw10CreateIoQueue::from(cmd.cdw10).qid();
     let slot = shared.cqs.get(usize::from(qid)).ok_or_else(invalid_qid)?;
     if qid == 0 {
         return Err(invalid_qid());
@@ -69,8 +71,8 @@ pub(super) fn create_cq(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> 
         return Err(invalid_qid());
     }
     let q = parse_create(ctx, cmd, ncqa_z, entry_ok)?;
-    let ien = cmd.cdw11.get() & 2 != 0;
-    let iv = (cmd.cdw11.get() >> 16) as u16;
+    let cdw11 = Cdw11CreateIoCq::from(cmd.cdw11);
+    let (ien, iv) = (cdw11.ien(), cdw11.iv());
     if iv >= shared.config.msix_vectors {
         return Err(Status::INVALID_INTERRUPT_VECTOR.with_dnr(true));
     }
@@ -91,7 +93,7 @@ pub(super) fn create_cq(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> 
 /// Create I/O Submission Queue (§5.5): CQID (CDW11 31:16).
 pub(super) fn create_sq(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> {
     let shared = ctx.shared;
-    let cqid = (cmd.cdw11.get() >> 16) as u16;
+    let cqid = Cdw11CreateIoSq::from(cmd.cdw11).cqid();
     // CQ 0 is the admin CQ, never an I/O SQ's (and locked by this worker).
     if cqid == 0 {
         return Err(Status::INVALID_CQ.with_dnr(true));
@@ -99,7 +101,7 @@ pub(super) fn create_sq(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> 
     let nsqa_z = shared.admin.lock().nsqa_z;
     let cc = Cc::from(shared.cc.load(Ordering::Acquire));
     let entry_ok = 1usize << cc.iosqes() == Command::SIZE;
-    let qid = cmd.cdw10.get() as u16;
+    let qid = Cdw10CreateIoQueue::from(cmd.cdw10).qid();
     if qid == 0 {
         return Err(invalid_qid());
     }
@@ -135,7 +137,7 @@ pub(super) fn create_sq(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> 
 /// fetched meanwhile.
 pub(super) fn delete_sq(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Outcome, Status> {
     let shared = ctx.shared;
-    let qid = cmd.cdw10.get() as u16;
+    let qid = Cdw10DeleteIoQueue::from(cmd.cdw10).qid();
     if qid == 0 {
         return Err(invalid_qid());
     }
@@ -171,7 +173,7 @@ pub(crate) fn remove_sq(shared: &Shared, slot: &mut Option<Sq>) {
 /// Delete I/O Completion Queue (§5.6): refused while an SQ still uses it.
 pub(super) fn delete_cq(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> {
     let shared = ctx.shared;
-    let qid = cmd.cdw10.get() as u16;
+    let qid = Cdw10DeleteIoQueue::from(cmd.cdw10).qid();
     if qid == 0 {
         return Err(invalid_qid());
     }

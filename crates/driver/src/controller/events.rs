@@ -13,6 +13,7 @@
 
 use std::time::Duration;
 
+use vnvme_spec::cdw::AsyncEventCompletion;
 use vnvme_spec::log::{async_event, LogPageId};
 use vnvme_spec::Completion;
 
@@ -119,8 +120,8 @@ impl Controller {
             tracing::debug!(%status, "asynchronous event request failed");
             return Ok(None);
         }
-        let dw0 = cqe.dw0.get();
-        let (kind, info, lid) = ((dw0 & 7) as u8, (dw0 >> 8) as u8, (dw0 >> 16) as u8);
+        let dw0 = AsyncEventCompletion::from(cqe.dw0);
+        let (kind, info, lid) = (dw0.aet(), dw0.aei(), dw0.lid());
         let mut event = AsyncEvent {
             kind,
             info,
