@@ -14,8 +14,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
+use vnvme_spec::cdw::{Cdw10CreateIoQueue, Cdw10Identify};
 use vnvme_spec::command::Command;
-use vnvme_spec::identify::{oacs, IdentifyController, IdentifyNamespace};
+use vnvme_spec::identify::{oacs, Cns, IdentifyController, IdentifyNamespace};
 use vnvme_spec::regs::{offset, Cap, Cc, Csts, Doorbell};
 use vnvme_spec::{AdminOpcode, Completion, Status};
 use zerocopy::IntoBytes;
@@ -163,10 +164,10 @@ impl State {
     /// Runs an admin command; `None` leaves it outstanding.
     fn admin(&mut self, cmd: &Command) -> Option<(Status, u32)> {
         self.admin.push(cmd.opcode());
-        let (cdw10, nsid) = (cmd.cdw10.get(), cmd.nsid.get());
-        // CDW10 of Identify: CNS (7:0); of Create I/O CQ/SQ: QID (15:0),
-        // QSIZE 0's based (31:16).
-        let (qid, size) = (cdw10 as u16, (cdw10 >> 16) as u16 + 1);
+        let nsid = cmd.nsid.get();
+        let queue = Cdw10CreateIoQueue::from(cmd.cdw10);
+        let (qid, size) = (queue.qid(), queue.qsize_z().wrapping_add(1));
+        let cns = Cdw10Identify::from(cmd.cdw10).cns();
         let ring = Ring {
             base: cmd.prp1.get(),
             size,
@@ -174,7 +175,7 @@ impl State {
             phase: true,
         };
         let page = match AdminOpcode(cmd.opcode()) {
-            AdminOpcode::IDENTIFY if cdw10 & 0xFF == 1 => {
+            AdminOpcode::IDENTIFY if cns == Cns::CONTROLLER => {
                 let mut id = IdentifyController::new_boxed();
                 if self.script.dbbuf.is_some() {
                     id.oacs = oacs::DOORBELL_BUFFER_CONFIG.into();
@@ -182,7 +183,7 @@ impl State {
                 id.nn = self.script.nsids.iter().copied().max().unwrap_or(0).into();
                 id.as_bytes().to_vec()
             }
-            AdminOpcode::IDENTIFY if cdw10 & 0xFF == 2 => {
+            AdminOpcode::IDENTIFY if cns == Cns::ACTIVE_NAMESPACES => {
                 let ids = self.script.nsids.iter().filter(|&&n| n > nsid);
                 let mut list: Vec<u8> = ids.flat_map(|n| n.to_le_bytes()).collect();
                 list.resize(4096, 0);

@@ -20,6 +20,7 @@ use vnvme_driver::{
     AsyncCompletion, AsyncQueue, BufferSlice, DeviceAccess, DmaBuffer, InitOptions, IoQueue,
     PassthruData,
 };
+use vnvme_spec::cdw::Cdw12ReadWrite;
 use vnvme_spec::{Command, NvmOpcode};
 
 use super::io::{self as block, Pattern, Submit};
@@ -187,10 +188,9 @@ fn read_command(rng: &mut Rng, blocks: u64) -> Command {
     let lba = rng.next() % blocks.max(1);
     let mut cmd = Command::new(NvmOpcode::READ.0, 0);
     cmd.nsid = NSID.into();
-    cmd.cdw10 = (lba as u32).into();
-    cmd.cdw11 = ((lba >> 32) as u32).into();
+    cmd.set_slba(lba);
     // NLB, 0's based: one block.
-    cmd.cdw12 = 0.into();
+    cmd.cdw12 = Cdw12ReadWrite::new().with_nlb_z(0).into();
     cmd
 }
 

@@ -4,7 +4,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vnvme::device::NvmeDevice;
 use vnvme::inproc::InProcess;
 use vnvme::namespace::NamespaceSpec;
 use vnvme_controller::{ControllerStats, DoorbellMode, QueueStats};
@@ -43,7 +42,7 @@ pub fn polling_device() -> DeviceOptions {
 /// and brings the driver up with `opts`.
 pub fn start(device: DeviceOptions, namespaces: &[&str], opts: InitOptions) -> Rig {
     let specs: Vec<NamespaceSpec> = namespaces.iter().map(|s| s.parse().unwrap()).collect();
-    let device = NvmeDevice::new(&device, &specs).unwrap();
+    let device = device.build(&specs).unwrap();
     let (server, access, ctrl) = InProcess::start_driver(device, opts).unwrap();
     Rig {
         server,
