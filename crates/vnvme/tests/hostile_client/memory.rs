@@ -15,8 +15,7 @@ use std::time::{Duration, Instant};
 use rustix::fs::ftruncate;
 use vnvme::device::DeviceOptions;
 use vnvme_controller::DoorbellMode;
-use vnvme_spec::{AdminOpcode, NvmOpcode, Status};
-use zerocopy::little_endian::U64;
+use vnvme_spec::{NvmOpcode, Status};
 
 use crate::guest::*;
 use crate::peer::fds;
@@ -44,16 +43,16 @@ fn truncated_guest_ram(mode: DoorbellMode) {
     if matches!(mode, DoorbellMode::Shadow | DoorbellMode::Adaptive) {
         // The shadow doorbells live in the RAM too: the server reads them
         // from the truncated file before any SQ entry.
-        let mut c = cmd(AdminOpcode::DOORBELL_BUFFER_CONFIG.0);
-        c.prp1 = U64::new(SHADOW);
-        c.prp2 = U64::new(EVENTIDX);
-        assert_eq!(g.admin(c).status(), Status::SUCCESS, "doorbell buffers");
+        assert_eq!(g.configure_dbbuf(), Status::SUCCESS, "doorbell buffers");
     }
     g.assert_serving();
     let before = srv.ctrl.stats();
     g.stage(1, rw(NvmOpcode::WRITE, 0, 1, DATA, 0));
     let tail = g.stage(1, rw(NvmOpcode::READ, 0, 1, DATA + 0x1000, 0));
 
+    if g.shadow.is_some() {
+        g.write_mem(SHADOW + 8, &u32::from(tail).to_le_bytes());
+    }
     ftruncate(g.ram.fd(), 0).unwrap();
     g.w32(0x1000 + 8, u32::from(tail));
 

@@ -132,6 +132,10 @@ pub(crate) struct Guest {
     pub(crate) mem: DmaBuffer,
     pub(crate) rings: [Option<Ring>; 5],
     pub(crate) cid: u16,
+    /// Doorbell Buffer Config's shadow buffer, once configured: I/O queue
+    /// doorbells are then written there before the register, as every
+    /// host does (the controller reads I/O queues' shadow slots only).
+    pub(crate) shadow: Option<u64>,
 }
 
 impl Guest {
@@ -164,6 +168,7 @@ impl Guest {
             mem,
             rings: [None; 5],
             cid: 0,
+            shadow: None,
         }
     }
 
@@ -234,8 +239,32 @@ impl Guest {
     /// Puts `cmd` on SQ `qid` and rings the tail doorbell; returns the CID.
     pub(crate) fn push(&mut self, qid: u16, cmd: Command) -> u16 {
         let tail = self.stage(qid, cmd);
-        self.w32(0x1000 + 8 * u64::from(qid), u32::from(tail));
+        self.ring(qid, 0, tail);
         self.cid
+    }
+
+    /// Rings doorbell `which` (0: SQ tail, 1: CQ head) of `qid` with
+    /// `value`: the shadow slot first, if configured (I/O queues), then the
+    /// register.
+    pub(crate) fn ring(&self, qid: u16, which: u64, value: u16) {
+        let off = 8 * u64::from(qid) + 4 * which;
+        if let Some(shadow) = self.shadow.filter(|_| qid != 0) {
+            self.write_mem(shadow + off, &u32::from(value).to_le_bytes());
+        }
+        self.w32(0x1000 + off, u32::from(value));
+    }
+
+    /// Doorbell Buffer Config with the test's buffers; on success, I/O
+    /// queue doorbells go through the shadow buffer from now on.
+    pub(crate) fn configure_dbbuf(&mut self) -> Status {
+        let mut c = cmd(AdminOpcode::DOORBELL_BUFFER_CONFIG.0);
+        c.prp1 = U64::new(SHADOW);
+        c.prp2 = U64::new(EVENTIDX);
+        let status = self.admin(c).status();
+        if status.is_success() {
+            self.shadow = Some(SHADOW);
+        }
+        status
     }
 
     /// Puts `cmd` on SQ `qid` without ringing the doorbell; returns the new
@@ -267,7 +296,7 @@ impl Guest {
                     r.phase = !r.phase;
                 }
                 let head = r.head;
-                self.w32(0x1000 + 8 * u64::from(qid) + 4, u32::from(head));
+                self.ring(qid, 1, head);
                 return Some(cqe);
             }
             if Instant::now() >= deadline {
