@@ -30,6 +30,12 @@ pub trait GuestMemory: Send + Sync {
     /// Atomically stores the aligned little-endian dword at `addr` with
     /// release ordering (EventIdx, §5.8).
     fn store_u32(&self, addr: u64, value: u32) -> Result<(), DmaError>;
+    /// Lets go of what the calling thread keeps of the memory between
+    /// accesses (the vfio-user DMA space keeps a snapshot of the client's
+    /// maps per thread, and an unmap waits until no thread holds the old
+    /// one). A worker calls it before it blocks, so an unmap meanwhile need
+    /// not wait for it; the next access takes the current maps.
+    fn quiesce(&self) {}
 }
 
 /// Where the controller's interrupts go: MSI-X vectors (eventfds given by

@@ -148,6 +148,10 @@ fn run_with<W: Wake>(shared: &Arc<Shared>, session: &Session, index: usize, mut 
                 wait = Wait::No;
             }
         }
+        if !matches!(wait, Wait::No) {
+            // It may block: a DMA_UNMAP meanwhile must not wait for it.
+            session.mem.quiesce();
+        }
         let Some((slept, kicked)) = me.take(wait, &mut local.sqs, &mut local.cqs) else {
             return;
         };

@@ -37,4 +37,8 @@ impl GuestMemory for DmaMemory {
     fn store_u32(&self, addr: u64, value: u32) -> Result<(), DmaError> {
         self.0.store_u32(addr, value).map_err(convert)
     }
+
+    fn quiesce(&self) {
+        self.0.quiesce();
+    }
 }

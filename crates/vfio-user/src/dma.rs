@@ -5,11 +5,16 @@
 //! path. Maps without an fd are reached with DMA_READ/DMA_WRITE messages to the
 //! client.
 //!
-//! Unmapping is made safe with a read/write lock around the map table: an
-//! access holds the read lock for the duration of its copy (or of its
-//! DMA_READ/DMA_WRITE round trip); DMA_UNMAP takes the write lock to remove and
-//! munmap a map. So once the server replies to DMA_UNMAP no access can touch
-//! the range, and no access can ever touch memory that was unmapped.
+//! The map table is immutable: DMA_MAP and DMA_UNMAP publish a new one, and
+//! each thread accesses through its own snapshot of it, checked against the
+//! current generation with one atomic load and no lock (`snapshot.rs`). An
+//! access holds its snapshot for its copy (or its DMA_READ/DMA_WRITE round
+//! trip), and a thread keeps it until its next access or until it quiesces
+//! ([`DmaSpace::quiesce`]) before blocking. DMA_UNMAP waits until no snapshot
+//! holds the removed map, then munmaps it. So once the server replies to
+//! DMA_UNMAP no access can touch the range, and no access can ever touch
+//! memory that was unmapped; the wait is bounded, and past the bound only the
+//! first promise is given up, for an access in progress all that time.
 //!
 //! A client may shrink (ftruncate) the file behind a map at any time: QEMU
 //! and SPDK do not seal their memory, and a regular file cannot be sealed.
@@ -31,7 +36,6 @@ use std::sync::atomic::{compiler_fence, AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use parking_lot::RwLock;
 use rustix::mm::{MapFlags, ProtFlags};
 
 use crate::conn::{Conn, MAX_DATA_XFER_SIZE};
@@ -39,7 +43,9 @@ use crate::fault;
 use crate::Errno;
 
 mod remote;
+mod snapshot;
 use remote::{remote_read, remote_write};
+use snapshot::Tables;
 
 /// Most maps a client may have at once, unless `vm.max_map_count` asks for
 /// fewer (see [`DmaLimits::default`]).
@@ -133,11 +139,11 @@ impl Mmap {
 }
 
 // SAFETY: the mapping is plain shared memory owned by this value; it is only
-// unmapped in Drop, which needs exclusive ownership. Concurrent access through
-// `ptr` is synchronised by the map table lock (see module docs).
+// unmapped in Drop, which needs exclusive ownership. Accesses through `ptr`
+// hold a table snapshot that keeps the value alive (see module docs).
 unsafe impl Send for Mmap {}
 // SAFETY: as above; `&Mmap` only hands out the pointer for copies made while
-// the table's read lock is held.
+// a snapshot holding the map is held.
 unsafe impl Sync for Mmap {}
 
 impl Drop for Mmap {
@@ -146,8 +152,8 @@ impl Drop for Mmap {
         drop(self.fault.take());
         // SAFETY: `ptr`/`len` describe a mapping created by `mmap` in
         // `map_fd`/`map_anonymous` and not unmapped since; this is the only
-        // owner, and the table's write lock (held by whoever drops a map from
-        // the table) guarantees no access is using it.
+        // owner, dropped with the last table snapshot holding its map, and
+        // every access holds a snapshot, so no access is using it.
         if let Err(e) = unsafe { rustix::mm::munmap(self.ptr.cast(), self.len) } {
             tracing::warn!(error = %e, "munmap of a DMA map failed");
         }
@@ -203,12 +209,16 @@ impl Mapping {
     }
 }
 
-#[derive(Debug, Default)]
+/// One version of the maps; replaced whole, never changed.
+#[derive(Debug, Default, Clone)]
 struct MapTable {
-    /// Sorted by `iova`, non-overlapping.
-    maps: Vec<Mapping>,
+    /// Sorted by `iova`, non-overlapping. Shared with the other versions
+    /// that hold the same map; the map is munmapped with the last.
+    maps: Vec<Arc<Mapping>>,
     /// Sum of the maps' sizes.
     bytes: u64,
+    /// Unique in the process (see `snapshot.rs`).
+    generation: u64,
 }
 
 impl MapTable {
@@ -224,7 +234,7 @@ impl MapTable {
 
 #[derive(Debug)]
 struct DmaInner {
-    maps: RwLock<MapTable>,
+    maps: Tables,
     /// The connection DMA_READ/DMA_WRITE go over; None for a local space.
     conn: Option<Arc<Conn>>,
     /// Largest data transfer the client accepts in one message.
@@ -264,7 +274,7 @@ impl DmaSpace {
     pub(crate) fn with_conn(conn: Option<Arc<Conn>>, max_xfer: usize, limits: DmaLimits) -> Self {
         Self {
             inner: Arc::new(DmaInner {
-                maps: RwLock::new(MapTable::default()),
+                maps: Tables::default(),
                 conn,
                 max_xfer: max_xfer.clamp(4, MAX_DATA_XFER_SIZE),
                 limits,
@@ -280,7 +290,21 @@ impl DmaSpace {
 
     /// Number of maps.
     pub fn map_count(&self) -> usize {
-        self.inner.maps.read().maps.len()
+        self.inner.maps.current().maps.len()
+    }
+
+    /// Lets go of the calling thread's snapshot of the maps (of any space),
+    /// so a DMA_UNMAP meanwhile need not wait for this thread. A thread that
+    /// accessed guest memory calls it before it blocks for long; its next
+    /// access takes the current maps.
+    pub fn quiesce(&self) {
+        snapshot::quiesce();
+    }
+
+    /// DMA_UNMAPs that stopped waiting for a thread to let go of the map
+    /// (a wait bounded at one second, see the module docs).
+    pub fn late_unmaps(&self) -> u64 {
+        self.inner.maps.late_unmaps.load(Ordering::Relaxed)
     }
 
     /// Maps `size` bytes of `fd` from `file_offset` at `iova` (MAP_SHARED),
@@ -417,7 +441,7 @@ impl DmaSpace {
         if size == 0 || iova.checked_add(size).is_none() {
             return Err(libc::EINVAL);
         }
-        let table = self.inner.maps.read();
+        let table = self.inner.maps.current();
         self.check_room(&table, iova, size)?;
         if overlaps(&table, iova, size) {
             return Err(libc::EEXIST);
@@ -464,52 +488,64 @@ impl DmaSpace {
     }
 
     fn insert(&self, m: Mapping) -> Result<(), Errno> {
-        let mut table = self.inner.maps.write();
-        // Checked again under the write lock: maps may have changed.
-        self.check_room(&table, m.iova, m.size)?;
-        if overlaps(&table, m.iova, m.size) {
+        let mut current = self.inner.maps.lock();
+        // Checked again with the writers serialised: maps may have changed.
+        self.check_room(&current, m.iova, m.size)?;
+        if overlaps(&current, m.iova, m.size) {
             return Err(libc::EEXIST);
         }
-        let idx = table.maps.partition_point(|x| x.iova < m.iova);
-        table.bytes += m.size;
-        table.maps.insert(idx, m);
+        let mut next = MapTable::clone(&current);
+        let idx = next.maps.partition_point(|x| x.iova < m.iova);
+        next.bytes += m.size;
+        next.maps.insert(idx, Arc::new(m));
+        self.inner.maps.publish(&mut current, next);
         Ok(())
     }
 
-    /// Removes the map that exactly matches `iova`/`size`. Waits for accesses
-    /// in progress; after it returns no access touches the range.
+    /// Removes the map that exactly matches `iova`/`size`. Waits (at most
+    /// one second) until no thread holds it; after it returns no access
+    /// touches the range (see the module docs for past the bound).
     pub fn unmap(&self, iova: u64, size: u64) -> Result<(), Errno> {
         let removed = {
-            let mut table = self.inner.maps.write();
-            let idx = table
+            let mut current = self.inner.maps.lock();
+            let idx = current
                 .maps
                 .iter()
                 .position(|m| m.iova == iova && m.size == size);
-            match idx {
-                Some(i) => {
-                    let m = table.maps.remove(i);
-                    table.bytes -= m.size;
-                    m
-                }
-                None if overlaps(&table, iova, size) => return Err(libc::EINVAL),
-                None => return Err(libc::ENOENT),
-            }
+            let Some(idx) = idx else {
+                return Err(if overlaps(&current, iova, size) {
+                    libc::EINVAL
+                } else {
+                    libc::ENOENT
+                });
+            };
+            let mut next = MapTable::clone(&current);
+            let m = next.maps.remove(idx);
+            next.bytes -= m.size;
+            self.inner.maps.publish(&mut current, next);
+            m
         };
-        // munmap outside the lock; nobody can reach `removed` any more.
-        drop(removed);
+        // Waits outside the lock: threads with an old snapshot take it to
+        // refresh.
+        self.inner.maps.retire(vec![removed]);
         Ok(())
     }
 
-    /// Removes every map.
+    /// Removes every map, waiting as [`DmaSpace::unmap`] does.
     pub fn unmap_all(&self) {
-        let removed = std::mem::take(&mut *self.inner.maps.write());
-        drop(removed);
+        let removed = {
+            let mut current = self.inner.maps.lock();
+            let removed = current.maps.clone();
+            self.inner.maps.publish(&mut current, MapTable::default());
+            removed
+        };
+        self.inner.maps.retire(removed);
     }
 
     /// Where `iova` is in this process, for tests of the mapping itself.
     #[cfg(test)]
     pub(crate) fn host_address(&self, iova: u64) -> Option<*mut u8> {
-        let table = self.inner.maps.read();
+        let table = self.inner.maps.current();
         let m = table.maps.get(table.find(iova)?)?;
         match &m.backing {
             Backing::Mmap(mm) => Some(mm.ptr.wrapping_add(mm.delta + (iova - m.iova) as usize)),
@@ -518,7 +554,7 @@ impl DmaSpace {
     }
 
     /// Walks `[iova, iova + len)` map by map, calling `f(piece, offset, n)`
-    /// for each contiguous piece, all under the read lock.
+    /// for each contiguous piece, all on this thread's snapshot of the maps.
     fn walk(
         &self,
         iova: u64,
@@ -529,9 +565,27 @@ impl DmaSpace {
         if len == 0 {
             return Ok(());
         }
-        let unmapped = DmaError::Unmapped { addr: iova, len };
-        let end = iova.checked_add(len).ok_or(unmapped)?;
-        let table = self.inner.maps.read();
+        let end = iova
+            .checked_add(len)
+            .ok_or(DmaError::Unmapped { addr: iova, len })?;
+        self.inner
+            .maps
+            .with(|table| self.walk_in(table, iova, end, write, &mut f))
+    }
+
+    /// [`DmaSpace::walk`] on `table`.
+    fn walk_in(
+        &self,
+        table: &MapTable,
+        iova: u64,
+        end: u64,
+        write: bool,
+        f: &mut impl FnMut(Piece<'_>, u64, usize, usize) -> Result<(), DmaError>,
+    ) -> Result<(), DmaError> {
+        let unmapped = DmaError::Unmapped {
+            addr: iova,
+            len: end - iova,
+        };
         let mut idx = table.find(iova).ok_or(unmapped)?;
         let mut addr = iova;
         let mut done = 0usize;
@@ -592,7 +646,7 @@ impl DmaSpace {
             let dst = &mut buf[done..done + n];
             match piece {
                 // SAFETY: `p` points at `n` readable bytes of a live mapping
-                // (the read lock is held); `dst` is a distinct Rust buffer.
+                // (the snapshot holds it); `dst` is a distinct Rust buffer.
                 // The guest may write the memory concurrently: we treat it like
                 // device memory and only copy bytes out, never form references.
                 Piece::Local(p) => unsafe { std::ptr::copy_nonoverlapping(p, dst.as_mut_ptr(), n) },
@@ -613,7 +667,7 @@ impl DmaSpace {
             let src = &buf[done..done + n];
             match piece {
                 // SAFETY: `p` points at `n` writable bytes of a live mapping
-                // (read lock held, PROT_WRITE since the map is writable).
+                // (snapshot held, PROT_WRITE since the map is writable).
                 Piece::Local(p) => unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), p, n) },
                 Piece::Remote(conn) => {
                     for (i, chunk) in src.chunks(max_xfer).enumerate() {
@@ -654,7 +708,7 @@ impl DmaSpace {
             if let Piece::Local(p) = piece {
                 if n == 4 && p.cast::<u32>().is_aligned() {
                     // SAFETY: `p` is 4-aligned and points at 4 bytes of a live
-                    // shared mapping (read lock held).
+                    // shared mapping (snapshot held).
                     let v = unsafe { AtomicU32::from_ptr(p.cast()) }.load(Ordering::Acquire);
                     out = Some(u32::from_le(v));
                 }

@@ -248,7 +248,7 @@ type SigInfoHandler = extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc
 type SigHandler = extern "C" fn(libc::c_int);
 
 /// The SIGBUS handler. Runs on the faulting thread, which is inside a copy
-/// from or to the faulting mapping (holding its map table's read lock, so
+/// from or to the faulting mapping (holding a snapshot of its map table, so
 /// the mapping stays registered for the whole handler).
 extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: errno is this thread's; it is restored before returning so the
@@ -258,7 +258,7 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
         slot.broken.store(true, Ordering::SeqCst);
         // SAFETY: `start..end` is a live DMA mapping owned by a `Mmap` that
         // cannot be unmapped meanwhile (its user is this very thread, in a
-        // copy under the map table's read lock); replacing it in place with
+        // copy on a snapshot of the map table); replacing it in place with
         // private zero pages changes no other memory, and nothing uses its
         // contents once the broken flag is set.
         let p = unsafe {

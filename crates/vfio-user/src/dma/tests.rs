@@ -170,3 +170,170 @@ fn readers_never_touch_a_map_unmapped_and_remapped_under_them() {
     dma.unmap_all();
     assert_eq!(dma.map_count(), 0);
 }
+
+fn memfd_map(dma: &DmaSpace, iova: u64, size: u64) -> std::os::fd::OwnedFd {
+    let fd = rustix::fs::memfd_create("vnvme-dma-test", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+    rustix::fs::ftruncate(&fd, size).unwrap();
+    dma.map_fd(iova, size, fd.as_fd(), 0, true, true).unwrap();
+    fd
+}
+
+/// The unmapping thread (the vfio-user server's, whose trap path writes
+/// guest memory) lets go of its own snapshot instead of waiting for itself.
+#[test]
+fn unmap_by_a_thread_that_accessed_the_map_does_not_wait_for_itself() {
+    let dma = DmaSpace::new_local();
+    let _fd = memfd_map(&dma, 0x10_0000, 0x4000);
+    let ptr = dma.host_address(0x10_0000).unwrap() as usize;
+    dma.store_u32(0x10_0000, 7).unwrap();
+    dma.unmap(0x10_0000, 0x4000).unwrap();
+    assert_eq!(dma.late_unmaps(), 0);
+    assert_eq!(fault::lookup(ptr), None, "unmapped at once");
+}
+
+/// A worker quiesces before it blocks: an unmap meanwhile does not wait
+/// for it, and its next access finds the map gone.
+#[test]
+fn a_reader_that_quiesced_before_blocking_does_not_hold_up_an_unmap() {
+    let dma = DmaSpace::new_local();
+    let _fd = memfd_map(&dma, 0x10_0000, 0x4000);
+    let ptr = dma.host_address(0x10_0000).unwrap() as usize;
+    let (blocked_tx, blocked) = std::sync::mpsc::channel();
+    let (go, go_rx) = std::sync::mpsc::channel::<()>();
+    let reader = {
+        let dma = dma.clone();
+        std::thread::spawn(move || {
+            dma.load_u32(0x10_0000).unwrap();
+            dma.quiesce();
+            blocked_tx.send(()).unwrap();
+            go_rx.recv().unwrap();
+            dma.load_u32(0x10_0000)
+        })
+    };
+    blocked.recv().unwrap();
+    dma.unmap(0x10_0000, 0x4000).unwrap();
+    assert_eq!(dma.late_unmaps(), 0);
+    assert_eq!(fault::lookup(ptr), None, "unmapped before the reply");
+    go.send(()).unwrap();
+    assert!(matches!(
+        reader.join().unwrap(),
+        Err(DmaError::Unmapped { .. })
+    ));
+}
+
+/// A reader wedged with a snapshot (it neither accesses nor quiesces) does
+/// not hang the unmap: past UNMAP_WAIT the unmap returns, but the memory
+/// stays mapped (and guarded against SIGBUS) while the reader can reach
+/// it, and is unmapped when the reader lets go at its next access, which
+/// finds the map gone.
+#[test]
+fn a_wedged_reader_delays_an_unmap_by_the_bound_and_the_memory_outlives_it() {
+    let dma = DmaSpace::new_local();
+    let _fd = memfd_map(&dma, 0x10_0000, 0x4000);
+    let ptr = dma.host_address(0x10_0000).unwrap() as usize;
+    let (holding_tx, holding) = std::sync::mpsc::channel();
+    let (go, go_rx) = std::sync::mpsc::channel::<()>();
+    let reader = {
+        let dma = dma.clone();
+        std::thread::spawn(move || {
+            dma.store_u32(0x10_0000, 7).unwrap();
+            holding_tx.send(()).unwrap();
+            go_rx.recv().unwrap();
+            dma.load_u32(0x10_0000)
+        })
+    };
+    holding.recv().unwrap();
+    dma.unmap(0x10_0000, 0x4000).unwrap();
+    assert_eq!(dma.late_unmaps(), 1);
+    assert_eq!(dma.map_count(), 0);
+    assert!(fault::lookup(ptr).is_some(), "still mapped for the reader");
+    // The range is free for a new map at once.
+    dma.map_anonymous(0x10_0000, 0x4000).unwrap();
+    dma.unmap(0x10_0000, 0x4000).unwrap();
+    go.send(()).unwrap();
+    assert!(matches!(
+        reader.join().unwrap(),
+        Err(DmaError::Unmapped { .. })
+    ));
+    assert_eq!(fault::lookup(ptr), None, "unmapped by the reader's refresh");
+}
+
+/// A map published by one thread is seen by another thread's next access,
+/// whatever snapshot that thread held.
+#[test]
+fn a_map_added_after_a_reader_snapshot_is_seen_at_its_next_access() {
+    let dma = DmaSpace::new_local();
+    dma.map_anonymous(0x1000, 0x1000).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let (back_tx, back) = std::sync::mpsc::channel();
+    let reader = {
+        let dma = dma.clone();
+        std::thread::spawn(move || {
+            dma.load_u32(0x1000).unwrap();
+            back_tx.send(dma.load_u32(0x8000).is_err()).unwrap();
+            rx.recv().unwrap();
+            dma.load_u32(0x8000)
+        })
+    };
+    assert!(back.recv().unwrap(), "not mapped yet");
+    dma.map_anonymous(0x8000, 0x1000).unwrap();
+    dma.store_u32(0x8000, 0x1234_5678).unwrap();
+    tx.send(()).unwrap();
+    assert_eq!(reader.join().unwrap(), Ok(0x1234_5678));
+}
+
+/// An unmap waits for an access in progress on the map (here held open
+/// inside the table snapshot, as a copy or a DMA_READ round trip holds
+/// it), munmaps only after it, and does not count as late.
+#[test]
+fn unmap_waits_for_an_access_in_progress_then_munmaps() {
+    let dma = DmaSpace::new_local();
+    let _fd = memfd_map(&dma, 0x10_0000, 0x4000);
+    let ptr = dma.host_address(0x10_0000).unwrap() as usize;
+    let (inside_tx, inside) = std::sync::mpsc::channel();
+    let (finish, finish_rx) = std::sync::mpsc::channel::<()>();
+    let reader = {
+        let dma = dma.clone();
+        std::thread::spawn(move || {
+            dma.inner.maps.with(|table| {
+                inside_tx.send(()).unwrap();
+                finish_rx.recv().unwrap();
+                table.find(0x10_0000).is_some()
+            })
+        })
+    };
+    inside.recv().unwrap();
+    let (unmapped_tx, unmapped) = std::sync::mpsc::channel();
+    let unmapper = {
+        let dma = dma.clone();
+        std::thread::spawn(move || {
+            let r = dma.unmap(0x10_0000, 0x4000);
+            unmapped_tx.send(r).unwrap();
+        })
+    };
+    assert!(
+        unmapped
+            .recv_timeout(std::time::Duration::from_millis(100))
+            .is_err(),
+        "the unmap returned while an access held the map"
+    );
+    assert!(fault::lookup(ptr).is_some(), "munmapped under the access");
+    finish.send(()).unwrap();
+    assert!(reader.join().unwrap(), "the access saw the map");
+    assert_eq!(unmapped.recv().unwrap(), Ok(()));
+    unmapper.join().unwrap();
+    assert_eq!(dma.late_unmaps(), 0);
+    assert_eq!(fault::lookup(ptr), None);
+}
+
+/// Dropping a space lets go of the dropping thread's snapshot of it, so
+/// its maps are munmapped then, not at that thread's next access.
+#[test]
+fn dropping_a_space_munmaps_its_maps_on_a_thread_that_accessed_them() {
+    let dma = DmaSpace::new_local();
+    let _fd = memfd_map(&dma, 0x10_0000, 0x4000);
+    let ptr = dma.host_address(0x10_0000).unwrap() as usize;
+    dma.load_u32(0x10_0000).unwrap();
+    drop(dma);
+    assert_eq!(fault::lookup(ptr), None);
+}
