@@ -9,11 +9,11 @@ use vnvme_blockdev::{BlockCompletion, BlockRequest};
 use vnvme_spec::cdw::{Cdw10Dsm, Cdw11Dsm, Cdw12ReadWrite, Cdw12WriteZeroes};
 use vnvme_spec::{Command, NvmOpcode, Status};
 
+use crate::command::{Ctx, Outcome};
 use crate::config::Readiness;
 use crate::inflight::{InFlight, Kind, Request};
 use crate::namespace::Namespace;
 use crate::prp;
-use crate::state::{Ctx, Outcome};
 
 use crate::namespace::NSID_ALL;
 
@@ -102,7 +102,7 @@ impl WriteZeroes {
 pub(crate) fn execute(ctx: &mut Ctx<'_>, cmd: &Command) -> Outcome {
     if NvmOpcode(cmd.opcode()).is_vendor_specific() {
         let set = crate::vendor::CommandSet::Io;
-        return Outcome::from_result(crate::vendor::execute(ctx, set, cmd));
+        return Outcome::from_result(crate::command::execute_vendor(ctx, set, cmd));
     }
     match run(ctx, cmd) {
         Ok(Some(token)) => Outcome::Submitted(token),

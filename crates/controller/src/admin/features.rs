@@ -10,7 +10,8 @@ use vnvme_spec::feature::{
 use vnvme_spec::{Command, Status};
 
 use super::invalid_field;
-use crate::state::{AdminState, Ctx};
+use crate::command::Ctx;
+use crate::state::AdminState;
 
 /// Features this controller implements.
 fn supported(ctx: &Ctx<'_>, fid: FeatureId) -> bool {

@@ -11,7 +11,8 @@ use zerocopy::little_endian::{U16, U32};
 use zerocopy::IntoBytes;
 
 use super::invalid_field;
-use crate::state::{Ctx, Shared, AERL, ELPE};
+use crate::command::Ctx;
+use crate::state::{Shared, AERL, ELPE};
 
 use crate::namespace::NSID_ALL;
 

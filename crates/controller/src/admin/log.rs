@@ -12,7 +12,8 @@ use zerocopy::little_endian::U32;
 use zerocopy::IntoBytes;
 
 use super::invalid_field;
-use crate::state::{Ctx, Shared, ELPE};
+use crate::command::Ctx;
+use crate::state::{Shared, ELPE};
 use crate::vendor::CommandSet;
 
 pub(super) fn get_log_page(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> {

@@ -10,9 +10,10 @@ use vnvme_spec::cdw::{Cdw10FormatNvm, Cdw10NsAttachment, Cdw10NsManagement, Cdw1
 use vnvme_spec::{Command, Status};
 
 use super::invalid_field;
+use crate::command::Ctx;
 use crate::config::{LBA_FORMATS, MAX_NAMESPACES};
 use crate::namespace::{Namespace, NSID_ALL};
-use crate::state::{Ctx, Shared};
+use crate::state::Shared;
 use crate::subsystem::Namespaces;
 
 fn invalid_ns() -> Status {
