@@ -164,7 +164,9 @@ impl VendorHost for Ctx<'_> {
         let mut info = VendorInfo {
             magic: VendorInfo::MAGIC,
             version: U32::new(1),
-            namespaces: U32::new(u32::try_from(shared.namespaces.len()).unwrap_or(u32::MAX)),
+            namespaces: U32::new(
+                u32::try_from(shared.subsystem.namespaces.len()).unwrap_or(u32::MAX),
+            ),
             max_io_queues: U16::new(config.max_io_queues),
             mdts: config.mdts,
             vendor_commands: u8::try_from(config.vendor.len()).unwrap_or(u8::MAX),

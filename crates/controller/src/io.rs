@@ -122,7 +122,7 @@ fn run(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Option<u64>, Status> {
     }
     let nsid = cmd.nsid.get();
     if op == NvmOpcode::FLUSH && nsid == NSID_ALL {
-        for ns in ctx.shared.namespaces.active_list() {
+        for ns in ctx.shared.subsystem.namespaces.active_list() {
             ns.backend.flush().map_err(|_| internal())?;
         }
         return Ok(None);

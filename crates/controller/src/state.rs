@@ -24,7 +24,7 @@ use crate::memory::{GuestMemory, InterruptSink};
 use crate::namespace::Namespace;
 use crate::queue::{Cq, Sq};
 use crate::stats::Stats;
-use crate::subsystem::{ChangedNamespaces, Namespaces, ReadyTimer};
+use crate::subsystem::Subsystem;
 
 /// The worker of the admin queue: admin commands never run inside an I/O
 /// worker's loop.
@@ -98,20 +98,9 @@ pub(crate) struct ErrorLog {
 
 pub(crate) struct Shared {
     pub config: ControllerConfig,
-    /// Allocated namespaces (attached or not).
-    pub namespaces: Namespaces,
-    /// Identify Controller NN: the largest NSID the subsystem supports.
-    pub nn: u32,
-    /// TNVMCAP: bytes namespaces are allocated from.
-    pub tnvmcap: u64,
-    /// Changed Namespace List log (04h).
-    pub changed: Mutex<ChangedNamespaces>,
-    /// Makes slow namespaces ready after enable.
-    pub ready_timer: Arc<ReadyTimer>,
+    pub subsystem: Subsystem,
     /// When CC.EN last went to 1 (namespace readiness counts from it).
     pub enabled_at: Mutex<Option<Instant>>,
-    /// Some namespace's backend has a volatile write cache.
-    pub vwc: bool,
     pub doorbells: Doorbells,
     /// Indexed by queue id, `0..=max_io_queues`.
     pub sqs: Vec<Mutex<Option<Sq>>>,
@@ -149,7 +138,7 @@ pub(crate) struct Shared {
 impl std::fmt::Debug for Shared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Shared")
-            .field("nn", &self.nn)
+            .field("nn", &self.subsystem.nn)
             .field("ready", &self.ready)
             .finish_non_exhaustive()
     }
@@ -171,7 +160,8 @@ impl Shared {
     /// Active (allocated and attached) namespace `nsid`, or Invalid
     /// Namespace or Format.
     pub fn namespace(&self, nsid: u32) -> Result<Arc<Namespace>, Status> {
-        self.namespaces
+        self.subsystem
+            .namespaces
             .active(nsid)
             .ok_or(Status::INVALID_NAMESPACE_OR_FORMAT.with_dnr(true))
     }
@@ -214,7 +204,7 @@ impl Shared {
     /// Changed Namespace List and raise a Namespace Attribute Changed
     /// notice (if enabled in Asynchronous Event Configuration bit 8).
     pub fn namespace_changed(&self, nsid: u32) {
-        self.changed.lock().add(nsid);
+        self.subsystem.changed.lock().add(nsid);
         self.async_event(
             async_event::TYPE_NOTICE,
             async_event::NOTICE_NS_ATTRIBUTE_CHANGED,

@@ -38,9 +38,10 @@ pub(super) fn get_log_page(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Statu
             (smart_log(shared), Some(async_event::TYPE_SMART))
         }
         LogPageId::FIRMWARE_SLOT => (firmware_slot_log(shared), None),
-        LogPageId::CHANGED_NAMESPACES => {
-            (shared.changed.lock().page(), Some(async_event::TYPE_NOTICE))
-        }
+        LogPageId::CHANGED_NAMESPACES => (
+            shared.subsystem.changed.lock().page(),
+            Some(async_event::TYPE_NOTICE),
+        ),
         LogPageId::COMMANDS_SUPPORTED_AND_EFFECTS => (effects_log(&ctx.shared.config), None),
         _ => return Err(invalid_field()),
     };
@@ -55,7 +56,7 @@ pub(super) fn get_log_page(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Statu
     if req.lid == LogPageId::CHANGED_NAMESPACES && !req.rae {
         // Clear what the host has now seen: a change that arrived after the
         // page was taken stays for the next read.
-        shared.changed.lock().acknowledge(&page);
+        shared.subsystem.changed.lock().acknowledge(&page);
     }
     if let Some(kind) = event_type {
         if !req.rae {
