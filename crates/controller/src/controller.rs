@@ -22,7 +22,7 @@ use crate::queue::{Cq, Sq};
 use crate::regs::{Action, Regs};
 use crate::state::{AdminState, ErrorLog, Events, Session, Shared, ADMIN_WORKER};
 use crate::stats::{ControllerStats, Stats};
-use crate::subsystem::{ChangedNamespaces, Namespaces, ReadyTimer};
+use crate::subsystem::{ChangedNamespaces, Namespaces, ReadyTimer, Subsystem};
 use crate::worker;
 
 /// CRTO.CRWMT is 16 bits of 500 ms units.
@@ -144,13 +144,15 @@ impl Controller {
         };
         let stats = Arc::new(Stats::new(qids));
         let shared = Shared {
-            namespaces: Namespaces::new(map),
-            nn,
-            tnvmcap,
-            changed: Mutex::new(ChangedNamespaces::default()),
-            ready_timer: Arc::default(),
+            subsystem: Subsystem {
+                namespaces: Namespaces::new(map),
+                nn,
+                tnvmcap,
+                changed: Mutex::new(ChangedNamespaces::default()),
+                ready_timer: Arc::default(),
+                vwc,
+            },
             enabled_at: Mutex::new(None),
-            vwc,
             doorbells: Doorbells::new(qids, page, Arc::clone(&stats)),
             sqs: (0..qids).map(|_| Mutex::new(None)).collect(),
             cqs: (0..qids).map(|_| Mutex::new(None)).collect(),
@@ -423,7 +425,7 @@ impl Controller {
                 self.controller_reset(ctl);
             }
             Some(Action::Shutdown) => {
-                for ns in self.shared.namespaces.active_list() {
+                for ns in self.shared.subsystem.namespaces.active_list() {
                     if let Err(e) = ns.backend.flush() {
                         tracing::warn!(nsid = ns.nsid, "flush at shutdown failed: {e}");
                     }
@@ -513,16 +515,18 @@ impl Controller {
         }
         let now = Instant::now();
         *shared.enabled_at.lock() = Some(now);
-        let active = shared.namespaces.active_list();
+        let active = shared.subsystem.namespaces.active_list();
         let sh = Arc::clone(&self.shared);
         let became_ready = move |nsid| {
             // Still there and still attached: it may have been detached or
             // deleted meanwhile.
-            if sh.namespaces.active(nsid).is_some() {
+            if sh.subsystem.namespaces.active(nsid).is_some() {
                 sh.namespace_changed(nsid);
             }
         };
-        if let Some(t) = ReadyTimer::start(&shared.ready_timer, &active, now, became_ready) {
+        if let Some(t) =
+            ReadyTimer::start(&shared.subsystem.ready_timer, &active, now, became_ready)
+        {
             ctl.threads.push(t);
         }
         ctl.clean_shutdown = false;
@@ -566,7 +570,7 @@ impl Controller {
     }
 
     fn stop_workers(&self, ctl: &mut Control) {
-        self.shared.ready_timer.stop();
+        self.shared.subsystem.ready_timer.stop();
         for w in &self.shared.mailboxes {
             w.stop();
         }
@@ -599,7 +603,7 @@ const _: () = {
 impl Drop for Controller {
     fn drop(&mut self) {
         let ctl = self.control.get_mut();
-        self.shared.ready_timer.stop();
+        self.shared.subsystem.ready_timer.stop();
         for w in &self.shared.mailboxes {
             w.stop();
         }

@@ -9,11 +9,11 @@ use vnvme_blockdev::{BlockCompletion, BlockRequest};
 use vnvme_spec::cdw::{Cdw10Dsm, Cdw11Dsm, Cdw12ReadWrite, Cdw12WriteZeroes};
 use vnvme_spec::{Command, NvmOpcode, Status};
 
+use crate::command::{Ctx, Outcome};
 use crate::config::Readiness;
 use crate::inflight::{InFlight, Kind, Request};
 use crate::namespace::Namespace;
 use crate::prp;
-use crate::state::{Ctx, Outcome};
 
 use crate::namespace::NSID_ALL;
 
@@ -102,7 +102,7 @@ impl WriteZeroes {
 pub(crate) fn execute(ctx: &mut Ctx<'_>, cmd: &Command) -> Outcome {
     if NvmOpcode(cmd.opcode()).is_vendor_specific() {
         let set = crate::vendor::CommandSet::Io;
-        return Outcome::from_result(crate::vendor::execute(ctx, set, cmd));
+        return Outcome::from_result(crate::command::execute_vendor(ctx, set, cmd));
     }
     match run(ctx, cmd) {
         Ok(Some(token)) => Outcome::Submitted(token),
@@ -122,7 +122,7 @@ fn run(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Option<u64>, Status> {
     }
     let nsid = cmd.nsid.get();
     if op == NvmOpcode::FLUSH && nsid == NSID_ALL {
-        for ns in ctx.shared.namespaces.active_list() {
+        for ns in ctx.shared.subsystem.namespaces.active_list() {
             ns.backend.flush().map_err(|_| internal())?;
         }
         return Ok(None);

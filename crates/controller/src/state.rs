@@ -19,14 +19,12 @@ use zerocopy::little_endian::{U16, U32, U64};
 
 use crate::config::ControllerConfig;
 use crate::doorbell::Doorbells;
-use crate::inflight::InFlight;
 use crate::mailbox::Mailbox;
 use crate::memory::{GuestMemory, InterruptSink};
 use crate::namespace::Namespace;
-use crate::prp::Segment;
 use crate::queue::{Cq, Sq};
 use crate::stats::Stats;
-use crate::subsystem::{ChangedNamespaces, Namespaces, ReadyTimer};
+use crate::subsystem::Subsystem;
 
 /// The worker of the admin queue: admin commands never run inside an I/O
 /// worker's loop.
@@ -100,20 +98,9 @@ pub(crate) struct ErrorLog {
 
 pub(crate) struct Shared {
     pub config: ControllerConfig,
-    /// Allocated namespaces (attached or not).
-    pub namespaces: Namespaces,
-    /// Identify Controller NN: the largest NSID the subsystem supports.
-    pub nn: u32,
-    /// TNVMCAP: bytes namespaces are allocated from.
-    pub tnvmcap: u64,
-    /// Changed Namespace List log (04h).
-    pub changed: Mutex<ChangedNamespaces>,
-    /// Makes slow namespaces ready after enable.
-    pub ready_timer: Arc<ReadyTimer>,
+    pub subsystem: Subsystem,
     /// When CC.EN last went to 1 (namespace readiness counts from it).
     pub enabled_at: Mutex<Option<Instant>>,
-    /// Some namespace's backend has a volatile write cache.
-    pub vwc: bool,
     pub doorbells: Doorbells,
     /// Indexed by queue id, `0..=max_io_queues`.
     pub sqs: Vec<Mutex<Option<Sq>>>,
@@ -151,7 +138,7 @@ pub(crate) struct Shared {
 impl std::fmt::Debug for Shared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Shared")
-            .field("nn", &self.nn)
+            .field("nn", &self.subsystem.nn)
             .field("ready", &self.ready)
             .finish_non_exhaustive()
     }
@@ -173,7 +160,8 @@ impl Shared {
     /// Active (allocated and attached) namespace `nsid`, or Invalid
     /// Namespace or Format.
     pub fn namespace(&self, nsid: u32) -> Result<Arc<Namespace>, Status> {
-        self.namespaces
+        self.subsystem
+            .namespaces
             .active(nsid)
             .ok_or(Status::INVALID_NAMESPACE_OR_FORMAT.with_dnr(true))
     }
@@ -216,7 +204,7 @@ impl Shared {
     /// Changed Namespace List and raise a Namespace Attribute Changed
     /// notice (if enabled in Asynchronous Event Configuration bit 8).
     pub fn namespace_changed(&self, nsid: u32) {
-        self.changed.lock().add(nsid);
+        self.subsystem.changed.lock().add(nsid);
         self.async_event(
             async_event::TYPE_NOTICE,
             async_event::NOTICE_NS_ATTRIBUTE_CHANGED,
@@ -252,95 +240,5 @@ impl Shared {
         e.nsid = U32::new(cmd.nsid.get());
         log.entries.push_front(e);
         log.entries.truncate(usize::from(ELPE) + 1);
-    }
-}
-
-/// Per-worker scratch buffers, reused across commands.
-#[derive(Debug, Default)]
-pub(crate) struct Scratch {
-    pub segs: Vec<Segment>,
-    pub buf: Vec<u8>,
-    pub buf2: Vec<u8>,
-    /// Separate metadata (MPTR) of the command in flight, and its data
-    /// while split from or merged with the metadata.
-    pub meta: Vec<u8>,
-    pub split: Vec<u8>,
-}
-
-/// What a command handler has at hand.
-pub(crate) struct Ctx<'a> {
-    pub shared: &'a Shared,
-    pub session: &'a Session,
-    pub scratch: &'a mut Scratch,
-    /// The worker's commands in flight on asynchronous backends.
-    pub inflight: &'a mut InFlight,
-}
-
-/// How a command finished.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Outcome {
-    Done {
-        dw0: u32,
-        status: Status,
-    },
-    /// Completed later (Asynchronous Event Request).
-    Deferred,
-    /// In flight on an asynchronous backend, under this token: the
-    /// completion is posted when the backend finishes (see
-    /// [`crate::inflight`]).
-    Submitted(u64),
-}
-
-impl Outcome {
-    pub fn ok(dw0: u32) -> Self {
-        Outcome::Done {
-            dw0,
-            status: Status::SUCCESS,
-        }
-    }
-
-    pub fn from_result(r: Result<u32, Status>) -> Self {
-        match r {
-            Ok(dw0) => Self::ok(dw0),
-            Err(status) => Outcome::Done { dw0: 0, status },
-        }
-    }
-}
-
-impl Ctx<'_> {
-    /// Copies `data` to the host buffer described by the command's PRPs.
-    pub fn send(&mut self, cmd: &Command, data: &[u8]) -> Result<(), Status> {
-        let len = data.len() as u64;
-        if len > self.shared.config.max_transfer() {
-            return Err(Status::INVALID_FIELD.with_dnr(true));
-        }
-        crate::prp::map(
-            &*self.session.mem,
-            cmd.prp1.get(),
-            cmd.prp2.get(),
-            len,
-            self.session.page_size,
-            &mut self.scratch.segs,
-        )?;
-        crate::prp::write_to_guest(&*self.session.mem, &self.scratch.segs, data)
-    }
-
-    /// Copies `len` bytes (at most MDTS) from the host buffer described by
-    /// the command's PRPs into `out`.
-    pub fn receive(&mut self, cmd: &Command, len: usize, out: &mut Vec<u8>) -> Result<(), Status> {
-        if len as u64 > self.shared.config.max_transfer() {
-            return Err(Status::INVALID_FIELD.with_dnr(true));
-        }
-        crate::prp::map(
-            &*self.session.mem,
-            cmd.prp1.get(),
-            cmd.prp2.get(),
-            len as u64,
-            self.session.page_size,
-            &mut self.scratch.segs,
-        )?;
-        out.clear();
-        out.resize(len, 0);
-        crate::prp::read_from_guest(&*self.session.mem, &self.scratch.segs, out)
     }
 }

@@ -16,6 +16,23 @@ use crate::namespace::Namespace;
 /// Entries in the Changed Namespace List log page (4 KiB of NSIDs).
 pub(crate) const CHANGED_LIST_ENTRIES: usize = 1024;
 
+/// The NVM subsystem: its namespaces and what the host learns of them.
+#[derive(Debug)]
+pub(crate) struct Subsystem {
+    /// Allocated namespaces (attached or not).
+    pub namespaces: Namespaces,
+    /// Identify Controller NN: the largest NSID the subsystem supports.
+    pub nn: u32,
+    /// TNVMCAP: bytes namespaces are allocated from.
+    pub tnvmcap: u64,
+    /// Changed Namespace List log (04h).
+    pub changed: Mutex<ChangedNamespaces>,
+    /// Makes slow namespaces ready after enable.
+    pub ready_timer: Arc<ReadyTimer>,
+    /// Some namespace's backend has a volatile write cache.
+    pub vwc: bool,
+}
+
 /// Allocated namespaces by NSID. Bounded: at most `max(NN, configured)`
 /// entries, so no guest can grow it without limit.
 #[derive(Debug, Default)]

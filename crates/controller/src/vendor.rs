@@ -29,18 +29,13 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use vnvme_spec::cdw::Cdw12ReadWrite;
-use vnvme_spec::identify::fill_ascii;
 use vnvme_spec::log::effects;
 use vnvme_spec::{Command, Status};
 use zerocopy::little_endian::{U16, U32, U64};
 use zerocopy::{Immutable, IntoBytes, KnownLayout};
-
-use crate::config::ControllerConfig;
-use crate::state::Ctx;
 
 /// Admin opcode of the built-in "vendor info" command.
 pub const VENDOR_INFO: u8 = 0xC2;
@@ -134,6 +129,15 @@ impl VendorCommands {
         self.handlers.get(&(set, opcode))
     }
 
+    /// Opcodes registered, both sets.
+    pub fn len(&self) -> usize {
+        self.handlers.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.handlers.is_empty()
+    }
+
     /// Registered opcodes of `set` with their effects bits.
     pub fn effects(&self, set: CommandSet) -> impl Iterator<Item = (u8, u32)> + '_ {
         self.handlers
@@ -146,13 +150,29 @@ impl VendorCommands {
 /// What a vendor handler may reach: the command's data buffer and the
 /// namespaces. Wraps the worker's context without exposing it.
 pub struct VendorContext<'a, 'b> {
-    ctx: &'a mut Ctx<'b>,
+    host: &'a mut (dyn VendorHost + 'b),
 }
 
 impl fmt::Debug for VendorContext<'_, '_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("VendorContext").finish_non_exhaustive()
     }
+}
+
+/// What the command layer gives a vendor handler (behind
+/// [`VendorContext`], so handlers see methods, not the worker's state).
+pub(crate) trait VendorHost {
+    fn send(&mut self, cmd: &Command, data: &[u8]) -> Result<(), Status>;
+    fn receive(&mut self, cmd: &Command, len: usize) -> Result<Vec<u8>, Status>;
+    fn namespace(&self, nsid: u32) -> Result<NamespaceGeometry, Status>;
+    fn read_blocks(&mut self, nsid: u32, slba: u64, out: &mut [u8]) -> Result<(), Status>;
+    /// The controller as [`VENDOR_INFO`] reports it.
+    fn vendor_info(&self) -> VendorInfo;
+    /// MDTS in bytes.
+    fn max_transfer(&self) -> u64;
+    /// A worker buffer to reuse (given back with `put_buffer`).
+    fn take_buffer(&mut self) -> Vec<u8>;
+    fn put_buffer(&mut self, buf: Vec<u8>);
 }
 
 /// A namespace as a vendor handler sees it.
@@ -163,80 +183,37 @@ pub struct NamespaceGeometry {
     pub nsze: u64,
 }
 
-impl VendorContext<'_, '_> {
-    pub fn config(&self) -> &ControllerConfig {
-        &self.ctx.shared.config
+impl<'a, 'b> VendorContext<'a, 'b> {
+    pub(crate) fn new(host: &'a mut (dyn VendorHost + 'b)) -> Self {
+        Self { host }
     }
 
     /// Copies `data` to the host buffer the command's PRPs describe
     /// (controller to host; at most MDTS).
     pub fn send(&mut self, cmd: &Command, data: &[u8]) -> Result<(), Status> {
-        self.ctx.send(cmd, data)
+        self.host.send(cmd, data)
     }
 
     /// Copies `len` bytes from the host buffer the command's PRPs describe
     /// (host to controller; at most MDTS).
     pub fn receive(&mut self, cmd: &Command, len: usize) -> Result<Vec<u8>, Status> {
-        if len as u64 > self.ctx.shared.config.max_transfer() {
-            return Err(invalid_field());
-        }
-        crate::prp::map(
-            &*self.ctx.session.mem,
-            cmd.prp1.get(),
-            cmd.prp2.get(),
-            len as u64,
-            self.ctx.session.page_size,
-            &mut self.ctx.scratch.segs,
-        )?;
-        let mut data = vec![0; len];
-        crate::prp::read_from_guest(&*self.ctx.session.mem, &self.ctx.scratch.segs, &mut data)?;
-        Ok(data)
+        self.host.receive(cmd, len)
     }
 
     /// Active namespace `nsid`, or Invalid Namespace or Format.
     pub fn namespace(&self, nsid: u32) -> Result<NamespaceGeometry, Status> {
-        let ns = self.ctx.shared.namespace(nsid)?;
-        Ok(NamespaceGeometry {
-            lba_size: 1 << ns.lba_shift,
-            nsze: ns.nsze,
-        })
+        self.host.namespace(nsid)
     }
 
     /// Reads whole blocks from `slba` of namespace `nsid` into `out`
     /// (its length a multiple of the LBA size), or LBA Out of Range.
     pub fn read_blocks(&mut self, nsid: u32, slba: u64, out: &mut [u8]) -> Result<(), Status> {
-        let ns = self.ctx.shared.namespace(nsid)?;
-        let lba_size = 1u64 << ns.lba_shift;
-        let len = out.len() as u64;
-        if !len.is_multiple_of(lba_size) {
-            return Err(invalid_field());
-        }
-        let (offset, _) = ns.byte_range(slba, len / lba_size)?;
-        ns.backend.read(offset, out).map_err(|_| {
-            self.ctx.shared.stats.media_errors.fetch_add(1, Relaxed);
-            Status::UNRECOVERED_READ_ERROR.with_dnr(true)
-        })
+        self.host.read_blocks(nsid, slba, out)
     }
 }
 
 fn invalid_field() -> Status {
     Status::INVALID_FIELD.with_dnr(true)
-}
-
-/// Executes vendor specific `cmd` of `set`: its handler, or Invalid Command
-/// Opcode. The dispatch hook of `admin::execute` and `io::execute`.
-pub(crate) fn execute(ctx: &mut Ctx<'_>, set: CommandSet, cmd: &Command) -> Result<u32, Status> {
-    let handler = ctx
-        .shared
-        .config
-        .vendor
-        .get(set, cmd.opcode())
-        .cloned()
-        .ok_or(Status::INVALID_OPCODE.with_dnr(true))?;
-    if cmd.fuse() != 0 || cmd.psdt() != 0 {
-        return Err(invalid_field());
-    }
-    handler.execute(&mut VendorContext { ctx }, cmd)
 }
 
 /// The data of [`VENDOR_INFO`]: 64 bytes, little endian.
@@ -276,24 +253,10 @@ impl VendorCommand for VendorInfoCommand {
     }
 
     fn execute(&self, cx: &mut VendorContext<'_, '_>, cmd: &Command) -> Result<u32, Status> {
-        let shared = cx.ctx.shared;
-        let mut info = VendorInfo {
-            magic: VendorInfo::MAGIC,
-            version: U32::new(1),
-            namespaces: U32::new(u32::try_from(shared.namespaces.len()).unwrap_or(u32::MAX)),
-            max_io_queues: U16::new(shared.config.max_io_queues),
-            mdts: shared.config.mdts,
-            vendor_commands: u8::try_from(shared.config.vendor.handlers.len()).unwrap_or(u8::MAX),
-            host_read_commands: U64::new(shared.stats.host_read_commands.load(Relaxed)),
-            host_write_commands: U64::new(shared.stats.host_write_commands.load(Relaxed)),
-            firmware: [b' '; 8],
-            serial: [b' '; 20],
-        };
-        fill_ascii(&mut info.firmware, &shared.config.firmware);
-        fill_ascii(&mut info.serial, &shared.config.serial);
+        let info = cx.host.vendor_info();
         // NUMD, 0's based dwords: what the host buffer holds.
         let len = (u64::from(cmd.cdw10.get()) + 1) * 4;
-        if len > shared.config.max_transfer() {
+        if len > cx.host.max_transfer() {
             return Err(invalid_field());
         }
         let mut data = info.as_bytes().to_vec();
@@ -326,7 +289,7 @@ impl VendorCommand for ChecksumCommand {
             _ => return Err(Status::LBA_OUT_OF_RANGE.with_dnr(true)),
         }
         let per_chunk = (CHUNK / lba_size).max(1);
-        let mut buf = std::mem::take(&mut cx.ctx.scratch.buf2);
+        let mut buf = cx.host.take_buffer();
         let mut crc = Crc32c::new();
         let mut lba = slba;
         let mut left = nlb;
@@ -343,7 +306,7 @@ impl VendorCommand for ChecksumCommand {
             lba += n;
             left -= n;
         };
-        cx.ctx.scratch.buf2 = buf;
+        cx.host.put_buffer(buf);
         result
     }
 }

@@ -29,6 +29,7 @@ use reap::{complete_in_flight, waker};
 use wake::{Adaptive, MmapPoll, OnKick, Round, Wake, MAX_ADMIN_BACKOFF, MAX_BACKOFF};
 
 use crate::admin;
+use crate::command::{Ctx, Outcome, Scratch};
 use crate::config::DoorbellMode;
 use crate::doorbell::{barrier, behind};
 use crate::inflight::{InFlight, Request};
@@ -36,7 +37,7 @@ use crate::io;
 use crate::mailbox::Wait;
 use crate::poll_window::PollWindow;
 use crate::queue::{Cq, Sq};
-use crate::state::{Ctx, Outcome, Scratch, Session, Shared, ADMIN_WORKER};
+use crate::state::{Session, Shared, ADMIN_WORKER};
 
 /// Timer slack of polling workers: the kernel's default (50 µs) would
 /// stretch every short sleep (adaptive dozes for 25 µs) far too long.

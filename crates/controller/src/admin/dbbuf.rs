@@ -8,7 +8,7 @@ use vnvme_spec::regs::Doorbell;
 use vnvme_spec::{Command, Status};
 
 use super::invalid_field;
-use crate::state::Ctx;
+use crate::command::Ctx;
 
 /// The two buffers, checked.
 struct Buffers {

@@ -10,12 +10,13 @@ use vnvme_spec::feature::{
 use vnvme_spec::{Command, Status};
 
 use super::invalid_field;
-use crate::state::{AdminState, Ctx};
+use crate::command::Ctx;
+use crate::state::AdminState;
 
 /// Features this controller implements.
 fn supported(ctx: &Ctx<'_>, fid: FeatureId) -> bool {
     match fid {
-        FeatureId::VOLATILE_WRITE_CACHE => ctx.shared.vwc,
+        FeatureId::VOLATILE_WRITE_CACHE => ctx.shared.subsystem.vwc,
         FeatureId::ARBITRATION
         | FeatureId::POWER_MANAGEMENT
         | FeatureId::TEMPERATURE_THRESHOLD
@@ -110,7 +111,7 @@ pub(super) fn set(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
         FeatureId::VOLATILE_WRITE_CACHE => {
             let enable = VolatileWriteCache::from(cmd.cdw11).wce();
             if !enable && shared.wce.swap(false, Ordering::AcqRel) {
-                for ns in shared.namespaces.active_list() {
+                for ns in shared.subsystem.namespaces.active_list() {
                     ns.backend
                         .flush()
                         .map_err(|_| Status::INTERNAL_ERROR.with_dnr(true))?;

@@ -11,7 +11,8 @@ use zerocopy::little_endian::{U16, U32};
 use zerocopy::IntoBytes;
 
 use super::invalid_field;
-use crate::state::{Ctx, Shared, AERL, ELPE};
+use crate::command::Ctx;
+use crate::state::{Shared, AERL, ELPE};
 
 use crate::namespace::NSID_ALL;
 
@@ -81,15 +82,15 @@ pub(crate) fn identify_controller(shared: &Shared) -> Box<IdentifyController> {
     id.cctemp = U16::new(0x0175);
     id.sqes = 0x66;
     id.cqes = 0x44;
-    id.nn = U32::new(shared.nn);
-    let allocated = shared.namespaces.allocated();
-    id.tnvmcap = u128::from(shared.tnvmcap).to_le_bytes();
-    id.unvmcap = u128::from(shared.tnvmcap.saturating_sub(allocated)).to_le_bytes();
+    id.nn = U32::new(shared.subsystem.nn);
+    let allocated = shared.subsystem.namespaces.allocated();
+    id.tnvmcap = u128::from(shared.subsystem.tnvmcap).to_le_bytes();
+    id.unvmcap = u128::from(shared.subsystem.tnvmcap.saturating_sub(allocated)).to_le_bytes();
     // FNA = 0: Format NVM and its erase apply to one namespace at a time.
     id.fna = 0;
     id.oncs = U16::new(oncs::COMPARE | oncs::DATASET_MANAGEMENT | oncs::WRITE_ZEROES);
     // VWC bit 0: present; bits 2:1 = 11b: Flush with NSID FFFFFFFFh supported.
-    id.vwc = u8::from(shared.vwc) | 0x06;
+    id.vwc = u8::from(shared.subsystem.vwc) | 0x06;
     fill_ascii(&mut id.subnqn, &c.nqn());
     for b in id.subnqn.iter_mut().rev() {
         // SUBNQN is null terminated, not space padded.
@@ -110,7 +111,7 @@ pub(crate) fn identify_controller(shared: &Shared) -> Box<IdentifyController> {
 /// capabilities (zeroes here).
 fn identify_namespace(shared: &Shared, nsid: u32) -> Result<Vec<u8>, Status> {
     check_nsid(shared, nsid)?;
-    Ok(match shared.namespaces.active(nsid) {
+    Ok(match shared.subsystem.namespaces.active(nsid) {
         Some(ns) => ns.identify().as_bytes().to_vec(),
         None => vec![0; IDENTIFY_SIZE],
     })
@@ -118,7 +119,7 @@ fn identify_namespace(shared: &Shared, nsid: u32) -> Result<Vec<u8>, Status> {
 
 /// NSID 0 and NSIDs above NN (other than FFFFFFFFh) are invalid.
 fn check_nsid(shared: &Shared, nsid: u32) -> Result<(), Status> {
-    if nsid == 0 || (nsid > shared.nn && nsid != NSID_ALL) {
+    if nsid == 0 || (nsid > shared.subsystem.nn && nsid != NSID_ALL) {
         return Err(invalid_ns());
     }
     Ok(())
@@ -131,7 +132,7 @@ fn allocated_namespace(shared: &Shared, nsid: u32) -> Result<Vec<u8>, Status> {
         return Err(invalid_ns());
     }
     check_nsid(shared, nsid)?;
-    Ok(match shared.namespaces.get(nsid) {
+    Ok(match shared.subsystem.namespaces.get(nsid) {
         Some(ns) => ns.identify().as_bytes().to_vec(),
         None => vec![0; IDENTIFY_SIZE],
     })
@@ -144,7 +145,10 @@ fn namespace_list(shared: &Shared, nsid: u32, active_only: bool) -> Result<Vec<u
         return Err(invalid_ns());
     }
     let mut page = vec![0u8; IDENTIFY_SIZE];
-    let ids = shared.namespaces.ids_after(nsid, active_only, 1024);
+    let ids = shared
+        .subsystem
+        .namespaces
+        .ids_after(nsid, active_only, 1024);
     for (slot, id) in page.chunks_exact_mut(4).zip(ids) {
         slot.copy_from_slice(&id.to_le_bytes());
     }
@@ -171,7 +175,7 @@ fn namespace_controllers(shared: &Shared, nsid: u32, cmd: &Command) -> Result<Ve
         return Err(invalid_ns());
     }
     check_nsid(shared, nsid)?;
-    let attached = shared.namespaces.active(nsid).is_some();
+    let attached = shared.subsystem.namespaces.active(nsid).is_some();
     Ok(controller_list(shared, attached, cmd))
 }
 
@@ -192,7 +196,7 @@ fn descriptors(shared: &Shared, nsid: u32) -> Result<Vec<u8>, Status> {
 fn ns_independent(shared: &Shared, nsid: u32) -> Result<Vec<u8>, Status> {
     check_nsid(shared, nsid)?;
     let mut id = IdentifyNsIndependent::new_boxed();
-    if let Some(ns) = shared.namespaces.active(nsid) {
+    if let Some(ns) = shared.subsystem.namespaces.active(nsid) {
         let now = std::time::Instant::now();
         id.nstat = u8::from(ns.is_ready(shared.since_enable(now)));
         id.nmic = 0;

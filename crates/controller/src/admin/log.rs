@@ -12,7 +12,8 @@ use zerocopy::little_endian::U32;
 use zerocopy::IntoBytes;
 
 use super::invalid_field;
-use crate::state::{Ctx, Shared, ELPE};
+use crate::command::Ctx;
+use crate::state::{Shared, ELPE};
 use crate::vendor::CommandSet;
 
 pub(super) fn get_log_page(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> {
@@ -37,9 +38,10 @@ pub(super) fn get_log_page(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Statu
             (smart_log(shared), Some(async_event::TYPE_SMART))
         }
         LogPageId::FIRMWARE_SLOT => (firmware_slot_log(shared), None),
-        LogPageId::CHANGED_NAMESPACES => {
-            (shared.changed.lock().page(), Some(async_event::TYPE_NOTICE))
-        }
+        LogPageId::CHANGED_NAMESPACES => (
+            shared.subsystem.changed.lock().page(),
+            Some(async_event::TYPE_NOTICE),
+        ),
         LogPageId::COMMANDS_SUPPORTED_AND_EFFECTS => (effects_log(&ctx.shared.config), None),
         _ => return Err(invalid_field()),
     };
@@ -54,7 +56,7 @@ pub(super) fn get_log_page(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Statu
     if req.lid == LogPageId::CHANGED_NAMESPACES && !req.rae {
         // Clear what the host has now seen: a change that arrived after the
         // page was taken stays for the next read.
-        shared.changed.lock().acknowledge(&page);
+        shared.subsystem.changed.lock().acknowledge(&page);
     }
     if let Some(kind) = event_type {
         if !req.rae {

@@ -9,7 +9,8 @@ pub(crate) mod queues;
 
 use vnvme_spec::{AdminOpcode, Command, Status};
 
-use crate::state::{Ctx, Outcome, AERL};
+use crate::command::{Ctx, Outcome};
+use crate::state::AERL;
 
 /// Admin opcodes this controller implements (Commands Supported and Effects).
 pub(crate) const SUPPORTED: &[AdminOpcode] = &[
@@ -45,7 +46,7 @@ pub(crate) fn execute(ctx: &mut Ctx<'_>, cmd: &Command) -> Outcome {
     let op = AdminOpcode(cmd.opcode());
     if op.is_vendor_specific() {
         let set = crate::vendor::CommandSet::Admin;
-        return Outcome::from_result(crate::vendor::execute(ctx, set, cmd));
+        return Outcome::from_result(crate::command::execute_vendor(ctx, set, cmd));
     }
     if !supported(op, &ctx.shared.config) {
         return Outcome::from_result(Err(Status::INVALID_OPCODE.with_dnr(true)));

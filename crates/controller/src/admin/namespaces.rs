@@ -10,9 +10,10 @@ use vnvme_spec::cdw::{Cdw10FormatNvm, Cdw10NsAttachment, Cdw10NsManagement, Cdw1
 use vnvme_spec::{Command, Status};
 
 use super::invalid_field;
+use crate::command::Ctx;
 use crate::config::{LBA_FORMATS, MAX_NAMESPACES};
 use crate::namespace::{Namespace, NSID_ALL};
-use crate::state::{Ctx, Shared};
+use crate::state::Shared;
 use crate::subsystem::Namespaces;
 
 fn invalid_ns() -> Status {
@@ -90,8 +91,9 @@ fn create(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
         .ok_or_else(invalid_format)?;
     let stride = u64::from(format.data_size) + u64::from(format.metadata_size);
     let shared = ctx.shared;
-    shared.namespaces.update(|map| {
+    shared.subsystem.namespaces.update(|map| {
         let free = shared
+            .subsystem
             .tnvmcap
             .saturating_sub(Namespaces::allocated_bytes(map));
         let bytes = req
@@ -101,7 +103,7 @@ fn create(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
             .ok_or(Status::NAMESPACE_INSUFFICIENT_CAPACITY.with_dnr(true))?;
         // The lowest free NSID up to NN (found within len + 1 steps); the
         // table never outgrows an Identify list.
-        let nsid = (1..=shared.nn)
+        let nsid = (1..=shared.subsystem.nn)
             .find(|id| !map.contains_key(id))
             .filter(|_| map.len() < MAX_NAMESPACES as usize)
             .ok_or(Status::NAMESPACE_ID_UNAVAILABLE.with_dnr(true))?;
@@ -119,10 +121,10 @@ fn create(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
 /// Deletes `nsid` (FFFFFFFFh: every namespace). Deleting an attached
 /// namespace detaches it first, which the host hears about.
 fn delete(shared: &Shared, nsid: u32) -> Result<(), Status> {
-    if nsid == 0 || (nsid > shared.nn && nsid != NSID_ALL) {
+    if nsid == 0 || (nsid > shared.subsystem.nn && nsid != NSID_ALL) {
         return Err(invalid_ns());
     }
-    let removed: Vec<Arc<Namespace>> = shared.namespaces.update(|map| {
+    let removed: Vec<Arc<Namespace>> = shared.subsystem.namespaces.update(|map| {
         if nsid == NSID_ALL {
             std::mem::take(map).into_values().collect()
         } else {
@@ -148,7 +150,7 @@ pub(super) fn namespace_attachment(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u
     };
     let nsid = cmd.nsid.get();
     let shared = ctx.shared;
-    if nsid == 0 || nsid == NSID_ALL || nsid > shared.nn {
+    if nsid == 0 || nsid == NSID_ALL || nsid > shared.subsystem.nn {
         return Err(invalid_ns());
     }
     let mut data = std::mem::take(&mut ctx.scratch.buf);
@@ -158,7 +160,7 @@ pub(super) fn namespace_attachment(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u
     if !list_ok? {
         return Err(Status::CONTROLLER_LIST_INVALID.with_dnr(true));
     }
-    shared.namespaces.update(|map| {
+    shared.subsystem.namespaces.update(|map| {
         let ns = map.get_mut(&nsid).ok_or_else(invalid_ns)?;
         match (attach, ns.attached) {
             (true, true) => return Err(Status::NAMESPACE_ALREADY_ATTACHED.with_dnr(true)),
@@ -198,14 +200,14 @@ pub(super) fn format_nvm(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status
     let nsid = cmd.nsid.get();
     let shared = ctx.shared;
     let targets: Vec<u32> = if nsid == NSID_ALL {
-        shared.namespaces.ids_after(0, true, usize::MAX)
+        shared.subsystem.namespaces.ids_after(0, true, usize::MAX)
     } else {
         shared.namespace(nsid)?;
         vec![nsid]
     };
     let until = Instant::now().checked_add(shared.config.format_duration);
     for id in targets {
-        let Some(old) = shared.namespaces.active(id) else {
+        let Some(old) = shared.subsystem.namespaces.active(id) else {
             continue;
         };
         let mut ns = Namespace::with_format(id, old.backend.clone(), index, extended)
@@ -218,7 +220,7 @@ pub(super) fn format_nvm(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status
         ns.readiness = old.readiness;
         ns.attached = old.attached;
         ns.formatting_until = until.filter(|_| !shared.config.format_duration.is_zero());
-        shared.namespaces.update(|map| {
+        shared.subsystem.namespaces.update(|map| {
             // Deleted or detached meanwhile: leave it.
             if let Some(slot) = map.get_mut(&id).filter(|s| Arc::ptr_eq(s, &old)) {
                 *slot = Arc::new(ns);

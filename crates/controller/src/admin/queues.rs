@@ -7,8 +7,9 @@ use vnvme_spec::regs::{Cc, Doorbell};
 use vnvme_spec::{Command, Completion, Status};
 
 use super::invalid_field;
+use crate::command::{Ctx, Outcome};
 use crate::queue::{Cq, Sq};
-use crate::state::{Ctx, Outcome, Shared};
+use crate::state::Shared;
 
 fn invalid_qid() -> Status {
     Status::INVALID_QID.with_dnr(true)

@@ -9,9 +9,10 @@ use vnvme_blockdev::{BlockCompletion, Waker};
 
 use super::cq::{arm_cq, post, publish_cq_behind, refresh_cq_head, settle_interrupt};
 use super::{EventIdxPolicy, Local};
+use crate::command::Ctx;
 use crate::inflight::Request;
 use crate::io;
-use crate::state::{Ctx, Session, Shared};
+use crate::state::{Session, Shared};
 
 /// The waker a worker gives its asynchronous backends.
 pub(super) fn waker(shared: &Arc<Shared>, index: usize) -> Waker {

@@ -1,0 +1,194 @@
+//! What a command handler has at hand ([`Ctx`]: the shared state, the
+//! client's memory, the worker's buffers and its commands in flight) and
+//! how a command finishes ([`Outcome`]); the bridge to vendor handlers.
+//!
+//! Below the admin and I/O handlers, above the state they reach through it.
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use vnvme_spec::identify::fill_ascii;
+use vnvme_spec::{Command, Status};
+use zerocopy::little_endian::{U16, U32, U64};
+
+use crate::inflight::InFlight;
+use crate::prp::Segment;
+use crate::state::{Session, Shared};
+use crate::vendor::{CommandSet, NamespaceGeometry, VendorContext, VendorHost, VendorInfo};
+
+/// Per-worker scratch buffers, reused across commands.
+#[derive(Debug, Default)]
+pub(crate) struct Scratch {
+    pub segs: Vec<Segment>,
+    pub buf: Vec<u8>,
+    pub buf2: Vec<u8>,
+    /// Separate metadata (MPTR) of the command in flight, and its data
+    /// while split from or merged with the metadata.
+    pub meta: Vec<u8>,
+    pub split: Vec<u8>,
+}
+
+/// What a command handler has at hand.
+pub(crate) struct Ctx<'a> {
+    pub shared: &'a Shared,
+    pub session: &'a Session,
+    pub scratch: &'a mut Scratch,
+    /// The worker's commands in flight on asynchronous backends.
+    pub inflight: &'a mut InFlight,
+}
+
+/// How a command finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Done {
+        dw0: u32,
+        status: Status,
+    },
+    /// Completed later (Asynchronous Event Request).
+    Deferred,
+    /// In flight on an asynchronous backend, under this token: the
+    /// completion is posted when the backend finishes (see
+    /// [`crate::inflight`]).
+    Submitted(u64),
+}
+
+impl Outcome {
+    pub fn ok(dw0: u32) -> Self {
+        Outcome::Done {
+            dw0,
+            status: Status::SUCCESS,
+        }
+    }
+
+    pub fn from_result(r: Result<u32, Status>) -> Self {
+        match r {
+            Ok(dw0) => Self::ok(dw0),
+            Err(status) => Outcome::Done { dw0: 0, status },
+        }
+    }
+}
+
+impl Ctx<'_> {
+    /// Copies `data` to the host buffer described by the command's PRPs.
+    pub fn send(&mut self, cmd: &Command, data: &[u8]) -> Result<(), Status> {
+        let len = data.len() as u64;
+        if len > self.shared.config.max_transfer() {
+            return Err(Status::INVALID_FIELD.with_dnr(true));
+        }
+        crate::prp::map(
+            &*self.session.mem,
+            cmd.prp1.get(),
+            cmd.prp2.get(),
+            len,
+            self.session.page_size,
+            &mut self.scratch.segs,
+        )?;
+        crate::prp::write_to_guest(&*self.session.mem, &self.scratch.segs, data)
+    }
+
+    /// Copies `len` bytes (at most MDTS) from the host buffer described by
+    /// the command's PRPs into `out`.
+    pub fn receive(&mut self, cmd: &Command, len: usize, out: &mut Vec<u8>) -> Result<(), Status> {
+        if len as u64 > self.shared.config.max_transfer() {
+            return Err(Status::INVALID_FIELD.with_dnr(true));
+        }
+        crate::prp::map(
+            &*self.session.mem,
+            cmd.prp1.get(),
+            cmd.prp2.get(),
+            len as u64,
+            self.session.page_size,
+            &mut self.scratch.segs,
+        )?;
+        out.clear();
+        out.resize(len, 0);
+        crate::prp::read_from_guest(&*self.session.mem, &self.scratch.segs, out)
+    }
+}
+
+/// Executes vendor specific `cmd` of `set`: its handler, or Invalid Command
+/// Opcode. The dispatch hook of `admin::execute` and `io::execute`.
+pub(crate) fn execute_vendor(
+    ctx: &mut Ctx<'_>,
+    set: CommandSet,
+    cmd: &Command,
+) -> Result<u32, Status> {
+    let handler = ctx
+        .shared
+        .config
+        .vendor
+        .get(set, cmd.opcode())
+        .cloned()
+        .ok_or(Status::INVALID_OPCODE.with_dnr(true))?;
+    if cmd.fuse() != 0 || cmd.psdt() != 0 {
+        return Err(Status::INVALID_FIELD.with_dnr(true));
+    }
+    handler.execute(&mut VendorContext::new(ctx), cmd)
+}
+
+impl VendorHost for Ctx<'_> {
+    fn send(&mut self, cmd: &Command, data: &[u8]) -> Result<(), Status> {
+        Ctx::send(self, cmd, data)
+    }
+
+    fn receive(&mut self, cmd: &Command, len: usize) -> Result<Vec<u8>, Status> {
+        let mut data = Vec::new();
+        Ctx::receive(self, cmd, len, &mut data)?;
+        Ok(data)
+    }
+
+    fn namespace(&self, nsid: u32) -> Result<NamespaceGeometry, Status> {
+        let ns = self.shared.namespace(nsid)?;
+        Ok(NamespaceGeometry {
+            lba_size: 1 << ns.lba_shift,
+            nsze: ns.nsze,
+        })
+    }
+
+    fn read_blocks(&mut self, nsid: u32, slba: u64, out: &mut [u8]) -> Result<(), Status> {
+        let ns = self.shared.namespace(nsid)?;
+        let lba_size = 1u64 << ns.lba_shift;
+        let len = out.len() as u64;
+        if !len.is_multiple_of(lba_size) {
+            return Err(Status::INVALID_FIELD.with_dnr(true));
+        }
+        let (offset, _) = ns.byte_range(slba, len / lba_size)?;
+        ns.backend.read(offset, out).map_err(|_| {
+            self.shared.stats.media_errors.fetch_add(1, Relaxed);
+            Status::UNRECOVERED_READ_ERROR.with_dnr(true)
+        })
+    }
+
+    fn vendor_info(&self) -> VendorInfo {
+        let shared = self.shared;
+        let config = &shared.config;
+        let mut info = VendorInfo {
+            magic: VendorInfo::MAGIC,
+            version: U32::new(1),
+            namespaces: U32::new(
+                u32::try_from(shared.subsystem.namespaces.len()).unwrap_or(u32::MAX),
+            ),
+            max_io_queues: U16::new(config.max_io_queues),
+            mdts: config.mdts,
+            vendor_commands: u8::try_from(config.vendor.len()).unwrap_or(u8::MAX),
+            host_read_commands: U64::new(shared.stats.host_read_commands.load(Relaxed)),
+            host_write_commands: U64::new(shared.stats.host_write_commands.load(Relaxed)),
+            firmware: [b' '; 8],
+            serial: [b' '; 20],
+        };
+        fill_ascii(&mut info.firmware, &config.firmware);
+        fill_ascii(&mut info.serial, &config.serial);
+        info
+    }
+
+    fn max_transfer(&self) -> u64 {
+        self.shared.config.max_transfer()
+    }
+
+    fn take_buffer(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.scratch.buf2)
+    }
+
+    fn put_buffer(&mut self, buf: Vec<u8>) {
+        self.scratch.buf2 = buf;
+    }
+}
