@@ -14,10 +14,11 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::Serialize;
+use vnvme_device::MAX_MSIX_VECTORS;
 use vnvme_driver::{Controller, DeviceAccess, InitMode, InitOptions, NsState};
 
 use super::List;
-use crate::device::DeviceOptions;
+use crate::device::{DeviceOptions, MAX_IO_QUEUES};
 use crate::inproc::InProcess;
 use crate::namespace::NamespaceSpec;
 
@@ -68,7 +69,7 @@ pub struct InitBenchOptions {
     pub namespaces: Vec<NamespaceSpec>,
     /// MSI-X vectors of the controller (default: one per queue plus one);
     /// fewer than queues means vectors are shared.
-    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256))]
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=i64::from(MAX_MSIX_VECTORS)))]
     pub msix_vectors: Option<u16>,
     /// Write the results as JSON to this file.
     #[arg(long)]
@@ -107,8 +108,13 @@ pub struct InitRun {
 
 /// Runs every (mode, queues) pair.
 pub fn run(opts: &InitBenchOptions) -> Result<Vec<InitRun>> {
-    if let Some(bad) = opts.io_queues.0.iter().find(|&&q| q == 0 || q > 255) {
-        bail!("--io-queues {bad} is out of range: 1 to 255");
+    if let Some(bad) = opts
+        .io_queues
+        .0
+        .iter()
+        .find(|&&q| q == 0 || q > MAX_IO_QUEUES)
+    {
+        bail!("--io-queues {bad} is out of range: 1 to {MAX_IO_QUEUES}");
     }
     let specs: Vec<NamespaceSpec> = if opts.namespaces.is_empty() {
         DEFAULT_NAMESPACES

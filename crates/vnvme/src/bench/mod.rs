@@ -356,12 +356,14 @@ pub fn main(opts: &BenchOptions) -> Result<()> {
 const BLOCK_SIZE: u32 = 4096;
 
 /// One controller in one doorbell mode, with the driver attached.
+/// Fields drop in order: the driver's queues and the driver first (their
+/// DMA unmaps still reach the server), the server last.
 struct ModeBench {
     mode: DoorbellMode,
-    inproc: InProcess,
-    access: Arc<dyn DeviceAccess>,
-    driver: Controller,
     queues: Vec<IoQueue>,
+    driver: Controller,
+    access: Arc<dyn DeviceAccess>,
+    inproc: InProcess,
     /// With `--verify`, one per queue: kept across points, since the
     /// namespace keeps what earlier points wrote.
     stripes: Option<Vec<verify::Stripe>>,
