@@ -1,14 +1,14 @@
-//! Initialisation: admin commands sent (counted by the driver and by the
-//! controller alike), queues and vectors granted, learning mode, reset and
-//! shutdown.
+//! Initialisation: what Identify reports, admin commands sent (counted by
+//! the driver and by the controller alike), queues and vectors granted,
+//! learning mode, reset and shutdown.
 
 use std::sync::Arc;
 
 use vnvme_controller::DoorbellMode;
 use vnvme_driver::{Error, InitMode, InitOptions, IoQueue};
-use vnvme_spec::identify::Cns;
+use vnvme_spec::identify::{ascii_field, Cns};
 
-use crate::rig::{device, eventually, start, DeviceOptions, Rig};
+use crate::rig::{device, eventually, pattern, start, DeviceOptions, Rig};
 
 fn by(rig: &Rig, name: &str) -> u64 {
     rig.ctrl
@@ -47,6 +47,23 @@ fn queues(n: u16, mode: InitMode) -> (DeviceOptions, InitOptions) {
         ..InitOptions::default()
     };
     (device, opts)
+}
+
+#[test]
+fn enable_and_identify_over_vfio_user() {
+    let rig = start(
+        DeviceOptions::default(),
+        &["64M:ram", "16M:null"],
+        InitOptions::default(),
+    );
+    let id = rig.ctrl.identify();
+    assert_eq!(ascii_field(&id.mn), "vnvme");
+    assert_eq!(ascii_field(&id.sn), "VNVME0001");
+    assert_eq!(id.nn.get(), 2);
+    let ns = rig.ctrl.namespaces();
+    assert_eq!(ns.len(), 2);
+    assert_eq!(ns[0].size_bytes(), 64 << 20);
+    assert_eq!(ns[1].size_bytes(), 16 << 20);
 }
 
 #[test]
@@ -228,6 +245,39 @@ fn fewer_vectors_than_queues_share_them_and_every_queue_does_io() {
 }
 
 #[test]
+fn data_written_on_eight_queues_sharing_three_vectors_reads_back() {
+    let (mut device, opts) = queues(8, InitMode::Fast);
+    device.msix_vectors = Some(3);
+    let rig = start(device, &["16M:ram"], opts);
+    let (access, ctrl) = (&rig.access, &rig.ctrl);
+    assert_eq!(ctrl.interrupt_vectors(), 3);
+    let qs: Vec<_> = (0..8).map(|i| ctrl.take_io_queue(i).unwrap()).collect();
+    std::thread::scope(|s| {
+        for (t, mut q) in qs.into_iter().enumerate() {
+            let access = Arc::clone(access);
+            s.spawn(move || {
+                assert_eq!(q.interrupt_vector(), Some((q.qid() - 1) % 3));
+                assert!(q.has_interrupt());
+                for i in 0..40u64 {
+                    let data = vec![(t as u8) ^ (i as u8); 4096];
+                    let w = access.dma_alloc(4096).unwrap();
+                    w.write_bytes(0, &data).unwrap();
+                    let lba = t as u64 * 100 + i;
+                    q.write(1, lba, 1, &w).unwrap();
+                    let mut r = access.dma_alloc(4096).unwrap();
+                    q.read(1, lba, 1, &mut r).unwrap();
+                    assert_eq!(r.to_vec(), data, "queue {} block {i}", q.qid());
+                }
+            });
+        }
+        // The admin queue shares vector 0 with I/O queues 1, 4 and 7.
+        for _ in 0..20 {
+            assert!(ctrl.poll_events().unwrap().is_empty());
+        }
+    });
+}
+
+#[test]
 fn reset_makes_old_queues_stale_and_new_ones_work() {
     let mut rig = start(
         device(DoorbellMode::Trap),
@@ -245,4 +295,25 @@ fn reset_makes_old_queues_stale_and_new_ones_work() {
     rig.ctrl.shutdown().unwrap();
     assert!(matches!(q.flush(1), Err(Error::StaleQueue(1))));
     assert_eq!(rig.io_received("flush") - flushes, 1);
+}
+
+#[test]
+fn reset_and_reenable_keeps_ram_data() {
+    let mut rig = start(
+        DeviceOptions::default(),
+        &["64M:ram"],
+        InitOptions::default(),
+    );
+    let data = pattern(4096, 7);
+    {
+        let mut q = rig.ctrl.take_io_queue(0).unwrap();
+        let w = rig.access.dma_alloc(4096).unwrap();
+        w.write_bytes(0, &data).unwrap();
+        q.write(1, 9, 1, &w).unwrap();
+    }
+    rig.ctrl.reset().unwrap();
+    let mut q = rig.ctrl.take_io_queue(0).unwrap();
+    let mut r = rig.access.dma_alloc(4096).unwrap();
+    q.read(1, 9, 1, &mut r).unwrap();
+    assert_eq!(r.to_vec(), data);
 }

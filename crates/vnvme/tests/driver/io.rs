@@ -1,5 +1,6 @@
 //! The data path: data read back equals data written, PRP lists, MDTS,
-//! batching and the doorbell writes it costs, and error statuses.
+//! batching (the doorbell writes it costs, each command completed once),
+//! and error statuses.
 
 use std::time::Duration;
 
@@ -9,7 +10,7 @@ use vnvme_driver::{Error, InitOptions};
 use vnvme_spec::command::Command;
 use vnvme_spec::{NvmOpcode, Status};
 
-use crate::rig::{device, pattern, start, traps};
+use crate::rig::{device, pattern, start, traps, DeviceOptions};
 
 #[test]
 fn write_then_read_round_trips_through_a_prp_list_at_an_offset() {
@@ -67,6 +68,26 @@ fn largest_transfer_round_trips_through_a_full_prp_list() {
 }
 
 #[test]
+fn transfers_that_need_prp_lists_cross_pages() {
+    let rig = start(
+        DeviceOptions::default(),
+        &["64M:ram"],
+        InitOptions::default(),
+    );
+    let mut q = rig.ctrl.take_io_queue(0).unwrap();
+    // 128 KiB (MDTS) needs a PRP list of 31 entries; 12 KiB needs PRP1 + PRP2 + list.
+    for blocks in [1u32, 2, 3, 17, 32] {
+        let data = pattern(blocks as usize * 4096, blocks);
+        let w = rig.access.dma_alloc(data.len()).unwrap();
+        w.write_bytes(0, &data).unwrap();
+        q.write(1, 500, blocks, &w).unwrap();
+        let mut r = rig.access.dma_alloc(data.len()).unwrap();
+        q.read(1, 500, blocks, &mut r).unwrap();
+        assert_eq!(r.to_vec(), data, "{blocks} blocks");
+    }
+}
+
+#[test]
 fn transfer_over_mdts_is_rejected_before_submission() {
     let rig = start(
         device(DoorbellMode::Trap),
@@ -119,6 +140,37 @@ fn batch_costs_one_sq_doorbell_and_one_cq_doorbell_per_reap() {
     let (sq, cq) = traps(&rig.queue(1));
     let (sq0, cq0) = traps(&before);
     assert_eq!((sq - sq0, cq - cq0), (1, reaps));
+}
+
+#[test]
+fn a_full_batch_of_commands_completes_once_each() {
+    let opts = InitOptions {
+        queue_depth: 64,
+        ..InitOptions::default()
+    };
+    let rig = start(DeviceOptions::default(), &["16M:null"], opts);
+    let mut q = rig.ctrl.take_io_queue(0).unwrap();
+    let bufs: Vec<_> = (0..32)
+        .map(|_| rig.access.dma_alloc(4096).unwrap())
+        .collect();
+    for round in 0..50 {
+        let mut cids: Vec<u16> = bufs
+            .iter()
+            .enumerate()
+            .map(|(i, b)| q.enqueue_rw(NvmOpcode::READ, 1, i as u64, 1, b).unwrap())
+            .collect();
+        q.ring().unwrap();
+        let mut seen = Vec::new();
+        while seen.len() < 32 {
+            let mut out = Vec::new();
+            q.wait(&mut out, 256, Duration::from_secs(5)).unwrap();
+            seen.extend(out.iter().map(|c| c.cid()));
+        }
+        assert_eq!(q.outstanding(), 0, "round {round}");
+        seen.sort_unstable();
+        cids.sort_unstable();
+        assert_eq!(seen, cids, "round {round}");
+    }
 }
 
 #[test]

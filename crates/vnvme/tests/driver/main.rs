@@ -2,7 +2,8 @@
 //! controller served in-process over a vfio-user socketpair, the path
 //! `vnvme bench` takes. Situations are produced by configuring the
 //! controller (doorbell mode, queues, vectors, namespaces that are slow,
-//! detached or in a format the driver does not take); what only a broken
+//! detached or in a format the driver does not take) or by commands the
+//! test builds itself (passthrough, vendor commands). What only a broken
 //! device can do is tested in the driver crate's `fake` and fuzzed in
 //! `fuzz/fuzz_targets/driver.rs`.
 //!
@@ -17,4 +18,5 @@ mod doorbells;
 mod init;
 mod io;
 mod namespaces;
+mod passthru;
 mod rig;
