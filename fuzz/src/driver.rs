@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use arbitrary::Arbitrary;
 use parking_lot::Mutex;
-use vnvme_driver::access::{BoxError, DmaMapper, DmaRegion};
+use vnvme_driver::access::NoMapper;
 use vnvme_driver::{
     AccessError, Controller, DeviceAccess, DmaBuffer, DmaPool, InitOptions, Interrupt, PassthruData,
 };
@@ -129,14 +129,6 @@ struct State {
 struct Hostile {
     pool: DmaPool,
     state: Mutex<State>,
-}
-
-struct NoMapper;
-impl DmaMapper for NoMapper {
-    fn map(&self, _: &DmaRegion) -> Result<(), BoxError> {
-        Ok(())
-    }
-    fn unmap(&self, _: u64, _: usize) {}
 }
 
 impl State {

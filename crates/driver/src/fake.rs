@@ -21,9 +21,7 @@ use vnvme_spec::regs::{offset, Cap, Cc, Csts, Doorbell};
 use vnvme_spec::{AdminOpcode, Completion, Status};
 use zerocopy::IntoBytes;
 
-use crate::access::{
-    AccessError, BoxError, DeviceAccess, DmaBuffer, DmaMapper, DmaPool, DmaRegion, Interrupt,
-};
+use crate::access::{AccessError, DeviceAccess, DmaBuffer, DmaPool, Interrupt, NoMapper};
 
 #[derive(Debug, Clone, Default)]
 pub struct Script {
@@ -73,15 +71,6 @@ struct State {
 pub struct FakeDevice {
     pool: DmaPool,
     state: Mutex<State>,
-}
-
-struct NoMapper;
-
-impl DmaMapper for NoMapper {
-    fn map(&self, _: &DmaRegion) -> Result<(), BoxError> {
-        Ok(())
-    }
-    fn unmap(&self, _: u64, _: usize) {}
 }
 
 impl FakeDevice {

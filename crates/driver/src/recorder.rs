@@ -3,9 +3,7 @@
 
 use parking_lot::Mutex;
 
-use crate::access::{
-    AccessError, BoxError, DeviceAccess, DmaBuffer, DmaMapper, DmaPool, DmaRegion, Interrupt,
-};
+use crate::access::{AccessError, DeviceAccess, DmaBuffer, DmaPool, Interrupt, NoMapper};
 
 #[derive(Debug)]
 pub(crate) struct Recorder {
@@ -21,15 +19,6 @@ impl Recorder {
             writes: Mutex::new(Vec::new()),
         }
     }
-}
-
-struct NoMapper;
-
-impl DmaMapper for NoMapper {
-    fn map(&self, _: &DmaRegion) -> Result<(), BoxError> {
-        Ok(())
-    }
-    fn unmap(&self, _: u64, _: usize) {}
 }
 
 impl DeviceAccess for Recorder {
