@@ -27,7 +27,7 @@ use std::sync::{Arc, Weak};
 use vnvme_blockdev::{BlockCompletion, BlockDevice, BlockQueue, BlockRequest, IoBuf, Waker};
 use vnvme_spec::Command;
 
-use crate::io::ReadWrite;
+use crate::io_request::ReadWrite;
 use crate::namespace::Namespace;
 use crate::queue::{Cq, Sq};
 

@@ -16,6 +16,7 @@ mod controller;
 mod doorbell;
 mod inflight;
 mod io;
+mod io_request;
 mod mailbox;
 pub mod memory;
 mod namespace;
