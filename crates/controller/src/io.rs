@@ -10,7 +10,7 @@ use vnvme_spec::cdw::{Cdw10Dsm, Cdw11Dsm};
 use vnvme_spec::{Command, NvmOpcode, Status};
 
 use crate::config::Readiness;
-use crate::inflight::{InFlight, Kind, Request};
+use crate::inflight::{InFlight, Kind, Started};
 use crate::io_request::{ReadWrite, WriteZeroes};
 use crate::namespace::Namespace;
 use crate::prp;
@@ -33,8 +33,8 @@ pub(crate) const SUPPORTED: &[NvmOpcode] = &[
 ];
 
 /// Executes an I/O command; every failure is an NVMe status. Reads,
-/// writes and flushes on an asynchronous backend are submitted, and finish
-/// in [`finish`].
+/// writes and flushes start through [`InFlight::start`] and end in
+/// [`finish`], at once or when the backend completes them.
 pub(crate) fn execute(ctx: &mut Ctx<'_>, cmd: &Command) -> Outcome {
     if NvmOpcode(cmd.opcode()).is_vendor_specific() {
         let set = crate::vendor::CommandSet::Io;
@@ -96,20 +96,28 @@ fn run(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Option<u64>, Status> {
     }
 }
 
-/// Finishes a command that was in flight on an asynchronous backend:
-/// copies what was read to the host, counts, and gives the status.
-pub(crate) fn finish(ctx: &mut Ctx<'_>, request: &Request, done: &BlockCompletion) -> Status {
-    let (cmd, ns) = (&request.cmd, &*request.ns);
-    let r = match (&request.kind, done.result.is_ok(), &done.buf) {
-        (Kind::Read(rw), true, Some(buf)) => read_done(ctx, cmd, ns, rw, buf),
-        (Kind::Read(_), _, _) => Err(read_error(ctx)),
-        (Kind::Write(rw), true, _) => {
+/// Finishes a read, write or flush whose backend request completed, at
+/// once or reaped from an asynchronous backend: copies what was read to
+/// the host, counts, and gives the status.
+pub(crate) fn finish(
+    ctx: &mut Ctx<'_>,
+    cmd: &Command,
+    ns: &Namespace,
+    kind: &Kind,
+    done: &BlockCompletion,
+) -> Status {
+    let r = match (kind, &done.result, &done.buf) {
+        (Kind::Read(rw), Ok(()), Some(buf)) => read_done(ctx, cmd, ns, rw, buf),
+        // A backend that gave no buffer back: nothing was read.
+        (Kind::Read(_), Ok(()), None) => Err(read_error(ctx)),
+        (Kind::Write(rw), Ok(()), _) => {
             write_done(ctx, rw);
             Ok(())
         }
-        (Kind::Write(_), false, _) => Err(write_fault(ctx)),
-        (Kind::Flush, true, _) => Ok(()),
-        (Kind::Flush, false, _) => Err(internal()),
+        (Kind::Flush, Ok(()), _) => Ok(()),
+        (Kind::Read(_), Err(_), _) => Err(read_error(ctx)),
+        (Kind::Write(_), Err(_), _) => Err(write_fault(ctx)),
+        (Kind::Flush, Err(_), _) => Err(internal()),
     };
     r.err().unwrap_or(Status::SUCCESS)
 }
@@ -226,30 +234,40 @@ fn scatter(
 
 fn read(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Arc<Namespace>) -> Result<Option<u64>, Status> {
     let rw = ReadWrite::parse(cmd, ns, ctx.shared.config.max_transfer())?;
-    let mut buf = ctx.inflight.buffer(rw.len as usize);
     if InFlight::is_async(ns) {
-        // Check the PRPs now: no backend I/O for a command that cannot
-        // complete. (They are mapped again when it does.)
-        if let Err(status) = map_prps(ctx, cmd, rw.data_len) {
-            ctx.inflight.recycle(buf);
-            return Err(status);
-        }
-        let request = BlockRequest::Read {
-            offset: rw.offset,
-            buf,
-        };
-        match ctx.inflight.submit(ns, cmd, Kind::Read(rw), request) {
-            Ok(token) => return Ok(Some(token)),
-            Err(BlockRequest::Read { buf: b, .. }) => buf = b,
-            Err(_) => return Err(internal()),
+        // Check the PRPs now: no backend I/O in flight for a command that
+        // cannot complete. (They are mapped again when it does.)
+        map_prps(ctx, cmd, rw.data_len)?;
+    }
+    let request = BlockRequest::Read {
+        offset: rw.offset,
+        buf: ctx.inflight.buffer(rw.len as usize),
+    };
+    start(ctx, cmd, ns, Kind::Read(rw), request)
+}
+
+/// Starts `request`: `Some(token)` if it is in flight, or finishes it.
+fn start(
+    ctx: &mut Ctx<'_>,
+    cmd: &Command,
+    ns: &Arc<Namespace>,
+    kind: Kind,
+    request: BlockRequest,
+) -> Result<Option<u64>, Status> {
+    match ctx.inflight.start(ns, cmd, kind, request) {
+        Started::InFlight(token) => Ok(Some(token)),
+        Started::Done(done) => {
+            let status = finish(ctx, cmd, ns, &kind, &done);
+            if let Some(buf) = done.buf {
+                ctx.inflight.recycle(buf);
+            }
+            if status.is_success() {
+                Ok(None)
+            } else {
+                Err(status)
+            }
         }
     }
-    let r = match ns.backend.read(rw.offset, &mut buf) {
-        Ok(()) => read_done(ctx, cmd, ns, &rw, &buf),
-        Err(_) => Err(read_error(ctx)),
-    };
-    ctx.inflight.recycle(buf);
-    r.map(|()| None)
 }
 
 /// A read's data is in `media`: to the host, and counted.
@@ -279,27 +297,12 @@ fn write(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Arc<Namespace>) -> Result<Option
     // FUA, or a disabled volatile write cache: durable before the
     // completion is posted.
     let fua = rw.fua || !ctx.shared.wce.load(Ordering::Relaxed);
-    if InFlight::is_async(ns) {
-        let request = BlockRequest::Write {
-            offset: rw.offset,
-            buf,
-            fua,
-        };
-        match ctx.inflight.submit(ns, cmd, Kind::Write(rw), request) {
-            Ok(token) => return Ok(Some(token)),
-            Err(BlockRequest::Write { buf: b, .. }) => buf = b,
-            Err(_) => return Err(internal()),
-        }
-    }
-    let written = if fua {
-        ns.backend.write_fua(rw.offset, &buf)
-    } else {
-        ns.backend.write(rw.offset, &buf)
+    let request = BlockRequest::Write {
+        offset: rw.offset,
+        buf,
+        fua,
     };
-    ctx.inflight.recycle(buf);
-    written.map_err(|_| write_fault(ctx))?;
-    write_done(ctx, &rw);
-    Ok(None)
+    start(ctx, cmd, ns, Kind::Write(rw), request)
 }
 
 /// A write is done: counted.
@@ -312,15 +315,7 @@ fn write_done(ctx: &Ctx<'_>, rw: &ReadWrite) {
 }
 
 fn flush(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Arc<Namespace>) -> Result<Option<u64>, Status> {
-    if InFlight::is_async(ns) {
-        if let Ok(token) = ctx
-            .inflight
-            .submit(ns, cmd, Kind::Flush, BlockRequest::Flush)
-        {
-            return Ok(Some(token));
-        }
-    }
-    ns.backend.flush().map(|()| None).map_err(|_| internal())
+    start(ctx, cmd, ns, Kind::Flush, BlockRequest::Flush)
 }
 
 /// Compare: data and metadata, extended or separate.
