@@ -34,6 +34,7 @@ use std::sync::{Arc, Weak};
 use vnvme_blockdev::{BlockCompletion, BlockDevice, BlockQueue, BlockRequest, IoBuf, Waker};
 use vnvme_spec::Command;
 
+use crate::backend_error::Chain;
 use crate::io_request::ReadWrite;
 use crate::namespace::Namespace;
 use crate::queue::{Cq, Sq};
@@ -276,7 +277,10 @@ impl InFlight {
                         Some(q)
                     }
                     Err(e) => {
-                        tracing::warn!("asynchronous I/O unavailable, running synchronously: {e}");
+                        tracing::warn!(
+                            "asynchronous I/O unavailable, running synchronously: {}",
+                            Chain(&e)
+                        );
                         None
                     }
                 };

@@ -9,9 +9,11 @@ use vnvme_blockdev::{BlockCompletion, BlockRequest};
 use vnvme_spec::cdw::{Cdw10Dsm, Cdw11Dsm};
 use vnvme_spec::{Command, NvmOpcode, Status};
 
+use crate::backend_error::BackendOp;
 use crate::config::Readiness;
 use crate::inflight::{InFlight, Kind, Started};
 use crate::io_request::{ReadWrite, WriteZeroes};
+use crate::memory::DmaError;
 use crate::namespace::Namespace;
 use crate::prp;
 use crate::state::{Ctx, Outcome};
@@ -59,7 +61,11 @@ fn run(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Option<u64>, Status> {
     let nsid = cmd.nsid.get();
     if op == NvmOpcode::FLUSH && nsid == NSID_ALL {
         for ns in ctx.shared.namespaces.active_list() {
-            ns.backend.flush().map_err(|_| internal())?;
+            ns.backend.flush().map_err(|e| {
+                ctx.shared
+                    .stats
+                    .backend_error(BackendOp::Flush, ns.nsid, &e)
+            })?;
         }
         return Ok(None);
     }
@@ -76,6 +82,11 @@ fn run(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Option<u64>, Status> {
         NvmOpcode::FLUSH => flush(ctx, cmd, &ns),
         NvmOpcode::WRITE_ZEROES => {
             let wz = WriteZeroes::parse(cmd, &ns)?;
+            let op = if wz.deallocate {
+                BackendOp::Deallocate
+            } else {
+                BackendOp::WriteZeroes
+            };
             let r = if wz.deallocate {
                 ns.backend.discard(wz.offset, wz.len)
             } else {
@@ -89,7 +100,8 @@ fn run(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Option<u64>, Status> {
                     Ok(())
                 }
             });
-            r.map(|()| None).map_err(|_| write_fault(ctx))
+            r.map(|()| None)
+                .map_err(|e| ctx.shared.stats.backend_error(op, ns.nsid, &e))
         }
         NvmOpcode::DATASET_MANAGEMENT => dataset_management(ctx, cmd, &ns).map(|()| None),
         _ => Err(Status::INVALID_OPCODE.with_dnr(true)),
@@ -115,23 +127,16 @@ pub(crate) fn finish(
             Ok(())
         }
         (Kind::Flush, Ok(()), _) => Ok(()),
-        (Kind::Read(_), Err(_), _) => Err(read_error(ctx)),
-        (Kind::Write(_), Err(_), _) => Err(write_fault(ctx)),
-        (Kind::Flush, Err(_), _) => Err(internal()),
+        (kind, Err(e), _) => {
+            let op = match kind {
+                Kind::Read(_) => BackendOp::Read,
+                Kind::Write(_) => BackendOp::Write,
+                Kind::Flush => BackendOp::Flush,
+            };
+            Err(ctx.shared.stats.backend_error(op, ns.nsid, e))
+        }
     };
     r.err().unwrap_or(Status::SUCCESS)
-}
-
-fn internal() -> Status {
-    Status::INTERNAL_ERROR.with_dnr(true)
-}
-
-fn write_fault(ctx: &Ctx<'_>) -> Status {
-    ctx.shared
-        .stats
-        .media_errors
-        .fetch_add(1, Ordering::Relaxed);
-    Status::WRITE_FAULT.with_dnr(true)
 }
 
 fn read_error(ctx: &Ctx<'_>) -> Status {
@@ -154,7 +159,11 @@ fn map_prps(ctx: &mut Ctx<'_>, cmd: &Command, len: u64) -> Result<(), Status> {
     )
 }
 
-fn data_transfer_error() -> Status {
+/// The metadata buffer at MPTR is not guest memory the controller may
+/// use: the guest's doing, so traced, not logged (its count is in the
+/// completion statuses).
+fn metadata_transfer_error(e: DmaError) -> Status {
+    tracing::trace!("metadata buffer: {e}");
     Status::DATA_TRANSFER_ERROR.with_dnr(true)
 }
 
@@ -179,7 +188,7 @@ fn gather(
         ctx.session
             .mem
             .read(cmd.mptr.get(), &mut meta)
-            .map_err(|_| data_transfer_error())
+            .map_err(metadata_transfer_error)
     });
     if r.is_ok() {
         let (lba, ms) = (1usize << ns.lba_shift, usize::from(ns.ms));
@@ -225,7 +234,7 @@ fn scatter(
         ctx.session
             .mem
             .write(cmd.mptr.get(), &meta)
-            .map_err(|_| data_transfer_error())
+            .map_err(metadata_transfer_error)
     });
     ctx.scratch.split = data;
     ctx.scratch.meta = meta;
@@ -328,7 +337,7 @@ fn compare(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace) -> Result<(), Statu
     let r = gather(ctx, cmd, ns, &rw, &mut host).and_then(|()| {
         ns.backend
             .read(rw.offset, &mut media)
-            .map_err(|_| read_error(ctx))?;
+            .map_err(|e| ctx.shared.stats.backend_error(BackendOp::Read, ns.nsid, &e))?;
         if host == media {
             Ok(())
         } else {
@@ -383,9 +392,11 @@ fn dataset_management(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace) -> Resul
         extents.push(ns.byte_range(range.slba, u64::from(range.nlb))?);
     }
     for (offset, len) in extents {
-        ns.backend
-            .discard(offset, len)
-            .map_err(|_| write_fault(ctx))?;
+        ns.backend.discard(offset, len).map_err(|e| {
+            ctx.shared
+                .stats
+                .backend_error(BackendOp::Deallocate, ns.nsid, &e)
+        })?;
     }
     Ok(())
 }

@@ -11,6 +11,7 @@
 #![forbid(unsafe_code)]
 
 mod admin;
+mod backend_error;
 mod config;
 mod controller;
 mod doorbell;

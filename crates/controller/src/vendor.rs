@@ -212,9 +212,9 @@ impl VendorContext<'_, '_> {
             return Err(invalid_field());
         }
         let (offset, _) = ns.byte_range(slba, len / lba_size)?;
-        ns.backend.read(offset, out).map_err(|_| {
-            self.ctx.shared.stats.media_errors.fetch_add(1, Relaxed);
-            Status::UNRECOVERED_READ_ERROR.with_dnr(true)
+        ns.backend.read(offset, out).map_err(|e| {
+            let stats = &self.ctx.shared.stats;
+            stats.backend_error(crate::backend_error::BackendOp::Read, nsid, &e)
         })
     }
 }
