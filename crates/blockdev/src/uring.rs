@@ -141,6 +141,7 @@ impl Ring {
     /// them all, and the completion queue (twice as large) can never
     /// overflow, since each slot has at most one completion pending.
     pub(crate) fn new(depth: usize) -> io::Result<Self> {
+        // A depth beyond u32 is the conversion's only failure.
         let entries = u32::try_from(depth.max(1)).map_err(|_| io::ErrorKind::InvalidInput)?;
         Ok(Self {
             ring: ManuallyDrop::new(IoUring::new(entries)?),
@@ -372,6 +373,7 @@ impl Lane {
             self.ring.wait().map_err(LaneError::Poisoned)?;
         };
         self.buf = self.ring.finish(slot).unwrap_or_default();
+        // A negative result is the kernel's -errno: that is the error.
         u32::try_from(res).map_err(|_| LaneError::Op(io::Error::from_raw_os_error(-res)))
     }
 }

@@ -152,9 +152,9 @@ impl VendorHost for Ctx<'_> {
             return Err(Status::INVALID_FIELD.with_dnr(true));
         }
         let (offset, _) = ns.byte_range(slba, len / lba_size)?;
-        ns.backend.read(offset, out).map_err(|_| {
-            self.shared.stats.media_errors.fetch_add(1, Relaxed);
-            Status::UNRECOVERED_READ_ERROR.with_dnr(true)
+        ns.backend.read(offset, out).map_err(|e| {
+            let stats = &self.shared.stats;
+            stats.backend_error(crate::backend_error::BackendOp::Read, nsid, &e)
         })
     }
 

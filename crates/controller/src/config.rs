@@ -47,7 +47,7 @@ pub struct ControllerConfig {
     /// mode: how long it spins before backing off to short sleeps.
     pub idle_poll: Duration,
     /// Adaptive mode: let each worker tune its poll window between 0 and
-    /// `idle_poll` from what polling buys and costs ([`crate::poll_window`]);
+    /// `idle_poll` from what polling buys and costs (the `poll_window` module);
     /// off, the window is always `idle_poll`. Off by default: on a 2-core host
     /// shared with a TCG guest the tuned window closed and doorbell traps at
     /// QD 32 rose from about 0.05 to 0.5 per I/O.

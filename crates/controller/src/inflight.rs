@@ -1,6 +1,13 @@
-//! Commands in flight on asynchronous backends (the `file` backend on
-//! io_uring): a queue worker submits a Read, Write or Flush and goes on
-//! fetching commands; the completion is posted when the backend finishes.
+//! Reads, writes and flushes on their way to the backend, whatever the
+//! backend: [`InFlight::start`] either submits the request to an
+//! asynchronous backend (the `file` backend on io_uring) and the worker
+//! goes on fetching commands, or runs it at once (a synchronous backend
+//! such as `ram` or `null`, or an asynchronous queue with no room for it).
+//! Either way the command ends as a [`BlockCompletion`] given to the one
+//! completion function, [`crate::io::finish`]: at once, or when the worker
+//! reaps it.
+//!
+//! For requests in flight:
 //!
 //! * Each worker has one [`BlockQueue`] per backend it used, opened on first
 //!   use, with a waker that kicks the worker when completions are ready.
@@ -20,14 +27,15 @@
 //!   dropped, which waits for the kernel to finish with their buffers.
 //!
 //! Bounded: each backend queue limits requests and bytes in flight, and
-//! gives back what it cannot take; the worker then runs it synchronously.
+//! gives back what it cannot take, which then runs at once.
 
 use std::sync::{Arc, Weak};
 
 use vnvme_blockdev::{BlockCompletion, BlockDevice, BlockQueue, BlockRequest, IoBuf, Waker};
 use vnvme_spec::Command;
 
-use crate::io::ReadWrite;
+use crate::backend_error::Chain;
+use crate::io_request::ReadWrite;
 use crate::namespace::Namespace;
 use crate::queue::{Cq, Sq};
 
@@ -37,13 +45,25 @@ pub(crate) const REAP_BATCH: usize = 64;
 /// Buffers kept for reuse; more are freed when they come back.
 const MAX_POOLED: usize = 64;
 
-/// What a command in flight does.
+/// What a command asks of its backend.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Kind {
     Read(ReadWrite),
     Write(ReadWrite),
     Flush,
 }
+
+/// How [`InFlight::start`] left a request.
+#[derive(Debug)]
+pub(crate) enum Started {
+    /// Submitted to the backend's queue under this token; reaped later.
+    InFlight(u64),
+    /// Ran at once: its completion.
+    Done(BlockCompletion),
+}
+
+/// Token of a completion that ran at once: never reaped, so no slot.
+const RAN_AT_ONCE: u64 = u64::MAX;
 
 /// A command in flight: what its completion needs.
 #[derive(Debug)]
@@ -142,10 +162,29 @@ impl InFlight {
         ns.backend.as_async().is_some()
     }
 
-    /// Submits `request` for `ns`'s command `cmd`. Returns the token, or
-    /// gives the request back (unstarted) to run synchronously.
+    /// Starts `request` for `ns`'s command `cmd`: submitted to the
+    /// backend's queue, or, on a synchronous backend or a queue with no
+    /// room for it, run at once.
+    pub fn start(
+        &mut self,
+        ns: &Arc<Namespace>,
+        cmd: &Command,
+        kind: Kind,
+        request: BlockRequest,
+    ) -> Started {
+        if !Self::is_async(ns) {
+            return Started::Done(request.run_on(&*ns.backend, RAN_AT_ONCE));
+        }
+        match self.submit(ns, cmd, kind, request) {
+            Ok(token) => Started::InFlight(token),
+            Err(request) => Started::Done(request.run_on(&*ns.backend, RAN_AT_ONCE)),
+        }
+    }
+
+    /// Submits `request` to `ns`'s backend queue. Returns the token, or
+    /// gives the request back unstarted.
     #[allow(clippy::result_large_err)]
-    pub fn submit(
+    fn submit(
         &mut self,
         ns: &Arc<Namespace>,
         cmd: &Command,
@@ -238,7 +277,10 @@ impl InFlight {
                         Some(q)
                     }
                     Err(e) => {
-                        tracing::warn!("asynchronous I/O unavailable, running synchronously: {e}");
+                        tracing::warn!(
+                            "asynchronous I/O unavailable, running synchronously: {}",
+                            Chain(&e)
+                        );
                         None
                     }
                 };

@@ -6,12 +6,15 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use vnvme_blockdev::{BlockCompletion, BlockRequest};
-use vnvme_spec::cdw::{Cdw10Dsm, Cdw11Dsm, Cdw12ReadWrite, Cdw12WriteZeroes};
+use vnvme_spec::cdw::{Cdw10Dsm, Cdw11Dsm};
 use vnvme_spec::{Command, NvmOpcode, Status};
 
+use crate::backend_error::BackendOp;
 use crate::command::{Ctx, Outcome};
 use crate::config::Readiness;
-use crate::inflight::{InFlight, Kind, Request};
+use crate::inflight::{InFlight, Kind, Started};
+use crate::io_request::{ReadWrite, WriteZeroes};
+use crate::memory::DmaError;
 use crate::namespace::Namespace;
 use crate::prp;
 
@@ -31,74 +34,9 @@ pub(crate) const SUPPORTED: &[NvmOpcode] = &[
     NvmOpcode::DATASET_MANAGEMENT,
 ];
 
-/// Read, Write and Compare (§3.2.4, §3.2.6, §3.2.1): SLBA in CDW10-11,
-/// NLB (0's based) in CDW12 15:0, FUA in CDW12 bit 30.
-///
-/// With metadata, `len` (backend bytes: data and metadata of each block,
-/// see [`crate::namespace`]) differs from what moves through the PRPs:
-/// extended LBAs move all of it there (`data_len == len`); separate
-/// metadata moves `data_len` bytes of data through the PRPs and
-/// `meta_len` bytes through the contiguous buffer at MPTR.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct ReadWrite {
-    pub offset: u64,
-    pub len: u64,
-    /// Bytes through PRP1/PRP2 (bounded by MDTS).
-    pub data_len: u64,
-    /// Bytes through MPTR (0 without separate metadata).
-    pub meta_len: u64,
-    /// Logical block data bytes, for the SMART data unit counters.
-    pub block_bytes: u64,
-    pub fua: bool,
-}
-
-impl ReadWrite {
-    pub fn parse(cmd: &Command, ns: &Namespace, max_transfer: u64) -> Result<Self, Status> {
-        let cdw12 = Cdw12ReadWrite::from(cmd.cdw12);
-        // NLB <= 65536 and at most 4160 bytes per block: no overflow.
-        let nlb = u64::from(cdw12.nlb_z()) + 1;
-        let data_len = nlb * ns.data_bytes_per_block();
-        if data_len > max_transfer {
-            return Err(invalid_field());
-        }
-        let (offset, len) = ns.byte_range(cmd.slba(), nlb)?;
-        Ok(Self {
-            offset,
-            len,
-            data_len,
-            meta_len: nlb * ns.separate_metadata_per_block(),
-            block_bytes: nlb << ns.lba_shift,
-            fua: cdw12.fua(),
-        })
-    }
-}
-
-/// Write Zeroes (§3.2.7): SLBA, NLB, DEAC (CDW12 bit 25), FUA (bit 30).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct WriteZeroes {
-    pub offset: u64,
-    pub len: u64,
-    pub deallocate: bool,
-    pub fua: bool,
-}
-
-impl WriteZeroes {
-    pub fn parse(cmd: &Command, ns: &Namespace) -> Result<Self, Status> {
-        let cdw12 = Cdw12WriteZeroes::from(cmd.cdw12);
-        let nlb = u64::from(cdw12.nlb_z()) + 1;
-        let (offset, len) = ns.byte_range(cmd.slba(), nlb)?;
-        Ok(Self {
-            offset,
-            len,
-            deallocate: cdw12.deac(),
-            fua: cdw12.fua(),
-        })
-    }
-}
-
 /// Executes an I/O command; every failure is an NVMe status. Reads,
-/// writes and flushes on an asynchronous backend are submitted, and finish
-/// in [`finish`].
+/// writes and flushes start through [`InFlight::start`] and end in
+/// [`finish`], at once or when the backend completes them.
 pub(crate) fn execute(ctx: &mut Ctx<'_>, cmd: &Command) -> Outcome {
     if NvmOpcode(cmd.opcode()).is_vendor_specific() {
         let set = crate::vendor::CommandSet::Io;
@@ -123,7 +61,11 @@ fn run(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Option<u64>, Status> {
     let nsid = cmd.nsid.get();
     if op == NvmOpcode::FLUSH && nsid == NSID_ALL {
         for ns in ctx.shared.subsystem.namespaces.active_list() {
-            ns.backend.flush().map_err(|_| internal())?;
+            ns.backend.flush().map_err(|e| {
+                ctx.shared
+                    .stats
+                    .backend_error(BackendOp::Flush, ns.nsid, &e)
+            })?;
         }
         return Ok(None);
     }
@@ -140,6 +82,11 @@ fn run(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Option<u64>, Status> {
         NvmOpcode::FLUSH => flush(ctx, cmd, &ns),
         NvmOpcode::WRITE_ZEROES => {
             let wz = WriteZeroes::parse(cmd, &ns)?;
+            let op = if wz.deallocate {
+                BackendOp::Deallocate
+            } else {
+                BackendOp::WriteZeroes
+            };
             let r = if wz.deallocate {
                 ns.backend.discard(wz.offset, wz.len)
             } else {
@@ -153,41 +100,43 @@ fn run(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Option<u64>, Status> {
                     Ok(())
                 }
             });
-            r.map(|()| None).map_err(|_| write_fault(ctx))
+            r.map(|()| None)
+                .map_err(|e| ctx.shared.stats.backend_error(op, ns.nsid, &e))
         }
         NvmOpcode::DATASET_MANAGEMENT => dataset_management(ctx, cmd, &ns).map(|()| None),
         _ => Err(Status::INVALID_OPCODE.with_dnr(true)),
     }
 }
 
-/// Finishes a command that was in flight on an asynchronous backend:
-/// copies what was read to the host, counts, and gives the status.
-pub(crate) fn finish(ctx: &mut Ctx<'_>, request: &Request, done: &BlockCompletion) -> Status {
-    let (cmd, ns) = (&request.cmd, &*request.ns);
-    let r = match (&request.kind, done.result.is_ok(), &done.buf) {
-        (Kind::Read(rw), true, Some(buf)) => read_done(ctx, cmd, ns, rw, buf),
-        (Kind::Read(_), _, _) => Err(read_error(ctx)),
-        (Kind::Write(rw), true, _) => {
+/// Finishes a read, write or flush whose backend request completed, at
+/// once or reaped from an asynchronous backend: copies what was read to
+/// the host, counts, and gives the status.
+pub(crate) fn finish(
+    ctx: &mut Ctx<'_>,
+    cmd: &Command,
+    ns: &Namespace,
+    kind: &Kind,
+    done: &BlockCompletion,
+) -> Status {
+    let r = match (kind, &done.result, &done.buf) {
+        (Kind::Read(rw), Ok(()), Some(buf)) => read_done(ctx, cmd, ns, rw, buf),
+        // A backend that gave no buffer back: nothing was read.
+        (Kind::Read(_), Ok(()), None) => Err(read_error(ctx)),
+        (Kind::Write(rw), Ok(()), _) => {
             write_done(ctx, rw);
             Ok(())
         }
-        (Kind::Write(_), false, _) => Err(write_fault(ctx)),
-        (Kind::Flush, true, _) => Ok(()),
-        (Kind::Flush, false, _) => Err(internal()),
+        (Kind::Flush, Ok(()), _) => Ok(()),
+        (kind, Err(e), _) => {
+            let op = match kind {
+                Kind::Read(_) => BackendOp::Read,
+                Kind::Write(_) => BackendOp::Write,
+                Kind::Flush => BackendOp::Flush,
+            };
+            Err(ctx.shared.stats.backend_error(op, ns.nsid, e))
+        }
     };
     r.err().unwrap_or(Status::SUCCESS)
-}
-
-fn internal() -> Status {
-    Status::INTERNAL_ERROR.with_dnr(true)
-}
-
-fn write_fault(ctx: &Ctx<'_>) -> Status {
-    ctx.shared
-        .stats
-        .media_errors
-        .fetch_add(1, Ordering::Relaxed);
-    Status::WRITE_FAULT.with_dnr(true)
 }
 
 fn read_error(ctx: &Ctx<'_>) -> Status {
@@ -210,7 +159,11 @@ fn map_prps(ctx: &mut Ctx<'_>, cmd: &Command, len: u64) -> Result<(), Status> {
     )
 }
 
-fn data_transfer_error() -> Status {
+/// The metadata buffer at MPTR is not guest memory the controller may
+/// use: the guest's doing, so traced, not logged (its count is in the
+/// completion statuses).
+fn metadata_transfer_error(e: DmaError) -> Status {
+    tracing::trace!("metadata buffer: {e}");
     Status::DATA_TRANSFER_ERROR.with_dnr(true)
 }
 
@@ -235,7 +188,7 @@ fn gather(
         ctx.session
             .mem
             .read(cmd.mptr.get(), &mut meta)
-            .map_err(|_| data_transfer_error())
+            .map_err(metadata_transfer_error)
     });
     if r.is_ok() {
         let (lba, ms) = (1usize << ns.lba_shift, usize::from(ns.ms));
@@ -281,7 +234,7 @@ fn scatter(
         ctx.session
             .mem
             .write(cmd.mptr.get(), &meta)
-            .map_err(|_| data_transfer_error())
+            .map_err(metadata_transfer_error)
     });
     ctx.scratch.split = data;
     ctx.scratch.meta = meta;
@@ -290,30 +243,40 @@ fn scatter(
 
 fn read(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Arc<Namespace>) -> Result<Option<u64>, Status> {
     let rw = ReadWrite::parse(cmd, ns, ctx.shared.config.max_transfer())?;
-    let mut buf = ctx.inflight.buffer(rw.len as usize);
     if InFlight::is_async(ns) {
-        // Check the PRPs now: no backend I/O for a command that cannot
-        // complete. (They are mapped again when it does.)
-        if let Err(status) = map_prps(ctx, cmd, rw.data_len) {
-            ctx.inflight.recycle(buf);
-            return Err(status);
-        }
-        let request = BlockRequest::Read {
-            offset: rw.offset,
-            buf,
-        };
-        match ctx.inflight.submit(ns, cmd, Kind::Read(rw), request) {
-            Ok(token) => return Ok(Some(token)),
-            Err(BlockRequest::Read { buf: b, .. }) => buf = b,
-            Err(_) => return Err(internal()),
+        // Check the PRPs now: no backend I/O in flight for a command that
+        // cannot complete. (They are mapped again when it does.)
+        map_prps(ctx, cmd, rw.data_len)?;
+    }
+    let request = BlockRequest::Read {
+        offset: rw.offset,
+        buf: ctx.inflight.buffer(rw.len as usize),
+    };
+    start(ctx, cmd, ns, Kind::Read(rw), request)
+}
+
+/// Starts `request`: `Some(token)` if it is in flight, or finishes it.
+fn start(
+    ctx: &mut Ctx<'_>,
+    cmd: &Command,
+    ns: &Arc<Namespace>,
+    kind: Kind,
+    request: BlockRequest,
+) -> Result<Option<u64>, Status> {
+    match ctx.inflight.start(ns, cmd, kind, request) {
+        Started::InFlight(token) => Ok(Some(token)),
+        Started::Done(done) => {
+            let status = finish(ctx, cmd, ns, &kind, &done);
+            if let Some(buf) = done.buf {
+                ctx.inflight.recycle(buf);
+            }
+            if status.is_success() {
+                Ok(None)
+            } else {
+                Err(status)
+            }
         }
     }
-    let r = match ns.backend.read(rw.offset, &mut buf) {
-        Ok(()) => read_done(ctx, cmd, ns, &rw, &buf),
-        Err(_) => Err(read_error(ctx)),
-    };
-    ctx.inflight.recycle(buf);
-    r.map(|()| None)
 }
 
 /// A read's data is in `media`: to the host, and counted.
@@ -343,27 +306,12 @@ fn write(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Arc<Namespace>) -> Result<Option
     // FUA, or a disabled volatile write cache: durable before the
     // completion is posted.
     let fua = rw.fua || !ctx.shared.wce.load(Ordering::Relaxed);
-    if InFlight::is_async(ns) {
-        let request = BlockRequest::Write {
-            offset: rw.offset,
-            buf,
-            fua,
-        };
-        match ctx.inflight.submit(ns, cmd, Kind::Write(rw), request) {
-            Ok(token) => return Ok(Some(token)),
-            Err(BlockRequest::Write { buf: b, .. }) => buf = b,
-            Err(_) => return Err(internal()),
-        }
-    }
-    let written = if fua {
-        ns.backend.write_fua(rw.offset, &buf)
-    } else {
-        ns.backend.write(rw.offset, &buf)
+    let request = BlockRequest::Write {
+        offset: rw.offset,
+        buf,
+        fua,
     };
-    ctx.inflight.recycle(buf);
-    written.map_err(|_| write_fault(ctx))?;
-    write_done(ctx, &rw);
-    Ok(None)
+    start(ctx, cmd, ns, Kind::Write(rw), request)
 }
 
 /// A write is done: counted.
@@ -376,15 +324,7 @@ fn write_done(ctx: &Ctx<'_>, rw: &ReadWrite) {
 }
 
 fn flush(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Arc<Namespace>) -> Result<Option<u64>, Status> {
-    if InFlight::is_async(ns) {
-        if let Ok(token) = ctx
-            .inflight
-            .submit(ns, cmd, Kind::Flush, BlockRequest::Flush)
-        {
-            return Ok(Some(token));
-        }
-    }
-    ns.backend.flush().map(|()| None).map_err(|_| internal())
+    start(ctx, cmd, ns, Kind::Flush, BlockRequest::Flush)
 }
 
 /// Compare: data and metadata, extended or separate.
@@ -397,7 +337,7 @@ fn compare(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace) -> Result<(), Statu
     let r = gather(ctx, cmd, ns, &rw, &mut host).and_then(|()| {
         ns.backend
             .read(rw.offset, &mut media)
-            .map_err(|_| read_error(ctx))?;
+            .map_err(|e| ctx.shared.stats.backend_error(BackendOp::Read, ns.nsid, &e))?;
         if host == media {
             Ok(())
         } else {
@@ -452,9 +392,11 @@ fn dataset_management(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace) -> Resul
         extents.push(ns.byte_range(range.slba, u64::from(range.nlb))?);
     }
     for (offset, len) in extents {
-        ns.backend
-            .discard(offset, len)
-            .map_err(|_| write_fault(ctx))?;
+        ns.backend.discard(offset, len).map_err(|e| {
+            ctx.shared
+                .stats
+                .backend_error(BackendOp::Deallocate, ns.nsid, &e)
+        })?;
     }
     Ok(())
 }

@@ -2,21 +2,27 @@
 //! [`GuestMemory`] and raises interrupts through [`InterruptSink`].
 //!
 //! * [`Controller`] — BAR0 registers and doorbells, enable/reset, workers.
-//! * `regs` — the register file; `doorbell` — doorbell slots and sources;
-//!   `shadow` — Doorbell Buffer Config buffers and EventIdx;
-//!   `queue` — SQ/CQ rings; `worker` — queue worker threads;
-//!   [`prp`] — PRP data pointers; `io` — NVM commands; `admin` — admin
-//!   commands; [`vendor`] — vendor specific opcodes (C0h-FFh); [`stats`] —
-//!   counters.
+//!
+//! The modules are layered (README, "Inside the controller"; the test
+//! `tests/layers.rs` keeps it true): `worker` (queue workers and their wake
+//! policies) over `admin` and `io` (command handlers) over `command` (what a
+//! handler has at hand) over `inflight` (the one path of reads, writes and
+//! flushes) over `state` over `queue` (SQ/CQ rings) over `doorbell` (every
+//! doorbell value and its source: register, shadow buffer, mapped page)
+//! over `subsystem` and `namespace` over `config` and `regs` over
+//! [`vendor`] (vendor specific opcodes C0h-FFh) and [`prp`] over the
+//! leaves ([`memory`], [`stats`], `backend_error`, `mailbox`).
 #![forbid(unsafe_code)]
 
 mod admin;
+mod backend_error;
 mod command;
 mod config;
 mod controller;
 mod doorbell;
 mod inflight;
 mod io;
+mod io_request;
 mod mailbox;
 pub mod memory;
 mod namespace;

@@ -7,7 +7,7 @@
 
 use vnvme_spec::Status;
 
-use crate::memory::GuestMemory;
+use crate::memory::{DmaError, GuestMemory};
 
 /// One contiguous piece of a transfer in guest memory (never crosses a page).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +24,14 @@ fn invalid_offset() -> Status {
 
 fn transfer_error() -> Status {
     Status::DATA_TRANSFER_ERROR.with_dnr(true)
+}
+
+/// A PRP list or data page that is not guest memory the controller may
+/// use: the guest's doing, so traced (a guest could fill the log), not
+/// logged; its count is in the completion statuses.
+fn dma_error(e: DmaError) -> Status {
+    tracing::trace!("PRP transfer: {e}");
+    transfer_error()
 }
 
 /// Maps a `len`-byte transfer described by `prp1`/`prp2` into `out`
@@ -99,7 +107,7 @@ pub fn map(
             let bytes = (n * ENTRY) as usize;
             let window = entries.get_mut(..bytes).ok_or_else(transfer_error)?;
             let at = list.checked_add(index * ENTRY).ok_or_else(transfer_error)?;
-            mem.read(at, window).map_err(|_| transfer_error())?;
+            mem.read(at, window).map_err(dma_error)?;
             for (i, raw) in window.chunks_exact(ENTRY as usize).enumerate() {
                 let mut e = [0u8; 8];
                 e.copy_from_slice(raw);
@@ -134,7 +142,7 @@ pub fn write_to_guest(mem: &dyn GuestMemory, segs: &[Segment], data: &[u8]) -> R
     for s in segs {
         let end = done.saturating_add(s.len as usize);
         let chunk = data.get(done..end).ok_or_else(transfer_error)?;
-        mem.write(s.addr, chunk).map_err(|_| transfer_error())?;
+        mem.write(s.addr, chunk).map_err(dma_error)?;
         done = end;
     }
     Ok(())
@@ -150,7 +158,7 @@ pub fn read_from_guest(
     for s in segs {
         let end = done.saturating_add(s.len as usize);
         let chunk = data.get_mut(done..end).ok_or_else(transfer_error)?;
-        mem.read(s.addr, chunk).map_err(|_| transfer_error())?;
+        mem.read(s.addr, chunk).map_err(dma_error)?;
         done = end;
     }
     Ok(())

@@ -3,9 +3,16 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
 
 use serde::Serialize;
+use vnvme_blockdev::BlockError;
 use vnvme_spec::{AdminOpcode, NvmOpcode, Status};
+
+use crate::backend_error::{BackendOp, Chain, LogLimit};
+
+/// At most one backend error logged per this interval, per controller.
+const BACKEND_ERROR_LOG_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Counters of one queue id (its SQ and its CQ).
 #[derive(Debug, Default)]
@@ -53,6 +60,9 @@ pub(crate) struct Stats {
     pub power_cycles: AtomicU64,
     pub unsafe_shutdowns: AtomicU64,
     pub media_errors: AtomicU64,
+    /// Backend operations that failed (see [`Stats::backend_error`]).
+    pub backend_errors: AtomicU64,
+    backend_error_log: LogLimit,
 }
 
 fn counters(n: usize) -> Vec<AtomicU64> {
@@ -82,7 +92,23 @@ impl Stats {
             power_cycles: AtomicU64::new(0),
             unsafe_shutdowns: AtomicU64::new(0),
             media_errors: AtomicU64::new(0),
+            backend_errors: AtomicU64::new(0),
+            backend_error_log: LogLimit::new(BACKEND_ERROR_LOG_INTERVAL),
         }
+    }
+
+    /// A backend failed at `op` for namespace `nsid`: counts it, logs it
+    /// with its cause (at most one line per interval, with how many were
+    /// held back), and gives the status its command completes with.
+    pub fn backend_error(&self, op: BackendOp, nsid: u32, err: &BlockError) -> Status {
+        self.backend_errors.fetch_add(1, Relaxed);
+        if op.is_media_error() {
+            self.media_errors.fetch_add(1, Relaxed);
+        }
+        if let Some(held_back) = self.backend_error_log.admit() {
+            tracing::warn!(%op, nsid, held_back, "backend error: {}", Chain(err));
+        }
+        op.status()
     }
 
     pub fn queue(&self, qid: u16) -> Option<&QueueCounters> {
@@ -179,6 +205,7 @@ impl Stats {
         s.worker_wakeups = self.worker_wakeups.load(Relaxed);
         s.eventidx_arms = self.eventidx_arms.load(Relaxed);
         s.dbbuf_configs = self.dbbuf_configs.load(Relaxed);
+        s.backend_errors = self.backend_errors.load(Relaxed);
         s
     }
 }
@@ -232,6 +259,10 @@ pub struct ControllerStats {
     pub eventidx_arms: u64,
     /// Successful Doorbell Buffer Config commands.
     pub dbbuf_configs: u64,
+    /// Backend operations that failed: each completed its command with an
+    /// error status (Unrecovered Read Error, Write Fault or Internal Error)
+    /// and is logged, rate-limited, with its cause.
+    pub backend_errors: u64,
     /// Admin commands by opcode name.
     pub admin_commands: BTreeMap<String, u64>,
     /// I/O commands by opcode name.

@@ -456,6 +456,7 @@ fn bring_up(
     let buf = access.dma_alloc(IDENTIFY_SIZE)?;
     admin.execute(admin::identify(Cns::CONTROLLER, 0), Some(&buf), timeout)?;
     let identify = IdentifyController::read_from_bytes(&buf.to_vec())
+        // A size mismatch, all the error can say.
         .map_err(|_| Error::Unsupported("short identify data".into()))?;
     let max_transfer = max_transfer(opts.max_transfer, identify.mdts, cap.mpsmin());
 

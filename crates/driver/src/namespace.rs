@@ -136,7 +136,8 @@ pub(crate) fn probe(cx: &mut ProbeCtx<'_>, nsid: u32) -> Result<Probe, Error> {
         ) {
             Ok(_) => {
                 break IdentifyNamespace::read_from_bytes(&cx.buf.to_vec())
-                    .map_err(|_| Error::Unsupported("short identify data".into()))?
+                    // A size mismatch, all the error can say.
+                    .map_err(|_| Error::Unsupported("short identify data".into()))?;
             }
             Err(Error::AdminCommand { status, .. }) if is_retryable_not_ready(status) => {
                 if !pause(cx.deadline, &mut backoff) {
@@ -165,6 +166,7 @@ pub(crate) fn probe(cx: &mut ProbeCtx<'_>, nsid: u32) -> Result<Probe, Error> {
         ) {
             Ok(_) => {
                 let ind = IdentifyNsIndependent::read_from_bytes(&cx.buf.to_vec())
+                    // A size mismatch, all the error can say.
                     .map_err(|_| Error::Unsupported("short identify data".into()))?;
                 if ind.nstat & 1 != 0 {
                     return Ok(Probe::Ready(ns));

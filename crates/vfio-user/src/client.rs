@@ -94,6 +94,7 @@ impl Client {
                 v.major, v.minor
             )));
         }
+        // The errno is always EINVAL; the parser traces what was wrong.
         let server = parse_version_caps(&reply.payload[size_of::<Version>()..])
             .map_err(|_| Error::Protocol("malformed VERSION capabilities".into()))?;
         let inner = Inner {
@@ -455,6 +456,8 @@ impl Inner {
             (m.iova, m.backing.clone())
         };
         let mut mem = backing.1.lock();
+        // An offset or count no usize holds is outside any mapping: the
+        // errno is the whole answer.
         let start = usize::try_from(addr - backing.0).map_err(|_| libc::EFAULT)?;
         let end = start
             .checked_add(usize::try_from(count).map_err(|_| libc::EFAULT)?)

@@ -157,6 +157,7 @@ impl Conn {
             return Err(Error::TooLarge(total));
         }
         let mut header = *header;
+        // Out of u32 range is the conversion's only failure; `total` says it.
         header.msg_size = u32::try_from(total).map_err(|_| Error::TooLarge(total))?;
         // Header plus up to three parts without allocating (the posted
         // doorbell path); more parts are joined.
@@ -354,6 +355,7 @@ fn read_message(
     let mut payload = Vec::new();
     payload
         .try_reserve_exact(size - HEADER_SIZE)
+        // An allocation failure says nothing more than ENOMEM.
         .map_err(|_| refused(libc::ENOMEM))?;
     payload.resize(size - HEADER_SIZE, 0);
     let got = rx.fill(&mut payload, false)?;

@@ -445,6 +445,8 @@ impl<D: Device> Server<D> {
                     next: 0,
                 };
                 caps.extend_from_slice(cap.as_bytes());
+                // Areas or a reply larger than the wire's u32 fields: the
+                // errno is the whole answer.
                 let nr_areas = u32::try_from(info.sparse_areas.len()).map_err(|_| libc::EINVAL)?;
                 caps.extend_from_slice(
                     SparseMmapWire {
@@ -712,7 +714,12 @@ pub(crate) fn parse_version_caps(data: &[u8]) -> Result<PeerCaps, Errno> {
     if json.is_empty() {
         return Ok(caps);
     }
-    let v: serde_json::Value = serde_json::from_slice(json).map_err(|_| libc::EINVAL)?;
+    let v: serde_json::Value = serde_json::from_slice(json).map_err(|e| {
+        // The peer gets EINVAL; the parser's reason stays here. Debug, not
+        // warn: a hostile peer would choose what to log.
+        tracing::debug!("VERSION capabilities are not JSON: {e}");
+        libc::EINVAL
+    })?;
     let obj = v.as_object().ok_or(libc::EINVAL)?;
     let Some(c) = obj.get("capabilities") else {
         return Ok(caps);

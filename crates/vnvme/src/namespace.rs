@@ -131,6 +131,8 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .ok_or_else(bad)?;
     let (number, unit) = t.split_at(split);
+    // `bad` names the input and the expected form; "invalid float
+    // literal" would add nothing.
     let n: f64 = number.parse().map_err(|_| bad())?;
     let seconds_per_unit = match unit.trim() {
         "ns" => 1e-9,
@@ -141,7 +143,8 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         "h" => 3600.0,
         _ => return Err(bad()),
     };
-    Duration::try_from_secs_f64(n * seconds_per_unit).map_err(|_| bad())
+    Duration::try_from_secs_f64(n * seconds_per_unit)
+        .map_err(|e| format!("invalid duration '{text}': {e}"))
 }
 
 impl FromStr for NamespaceSpec {
@@ -172,7 +175,7 @@ impl FromStr for NamespaceSpec {
                 Some(("format", n)) => {
                     spec.format_index = n
                         .parse()
-                        .map_err(|_| format!("format '{n}' is not an LBA format index"))?;
+                        .map_err(|e| format!("format '{n}' is not an LBA format index: {e}"))?;
                 }
                 None if option == "never-ready" => spec.readiness = Readiness::Never,
                 None if option == "detached" => spec.attached = false,

@@ -21,6 +21,8 @@ pub fn parse_number<T: TryFrom<u64>>(s: &str) -> Result<T, String> {
         None => s.parse::<u64>(),
     }
     .map_err(|e| format!("'{s}': {e}"))?;
+    // Out of `T`'s range is the only failure (its error type need not
+    // even be printable).
     T::try_from(v).map_err(|_| format!("'{s}' is out of range"))
 }
 

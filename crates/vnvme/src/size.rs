@@ -17,7 +17,7 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     };
     let n: u64 = digits
         .parse()
-        .map_err(|_| format!("'{text}' is not a size: use a number of bytes with an optional K, M, G or T suffix (e.g. 1G)"))?;
+        .map_err(|e| format!("'{text}' is not a size ({e}): use a number of bytes with an optional K, M, G or T suffix (e.g. 1G)"))?;
     n.checked_mul(1u64 << shift)
         .ok_or_else(|| format!("'{text}' is too large"))
 }

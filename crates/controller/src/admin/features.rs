@@ -112,9 +112,10 @@ pub(super) fn set(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
             let enable = VolatileWriteCache::from(cmd.cdw11).wce();
             if !enable && shared.wce.swap(false, Ordering::AcqRel) {
                 for ns in shared.subsystem.namespaces.active_list() {
-                    ns.backend
-                        .flush()
-                        .map_err(|_| Status::INTERNAL_ERROR.with_dnr(true))?;
+                    ns.backend.flush().map_err(|e| {
+                        let op = crate::backend_error::BackendOp::Flush;
+                        shared.stats.backend_error(op, ns.nsid, &e)
+                    })?;
                 }
             }
             shared.wce.store(enable, Ordering::Release);

@@ -214,9 +214,10 @@ pub(super) fn format_nvm(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status
             .ok_or_else(invalid_format)?;
         // Erase before the new format is visible: no read may see old data
         // under it.
-        ns.backend
-            .write_zeroes(0, ns.backend.size())
-            .map_err(|_| Status::INTERNAL_ERROR.with_dnr(true))?;
+        ns.backend.write_zeroes(0, ns.backend.size()).map_err(|e| {
+            let op = crate::backend_error::BackendOp::Format;
+            shared.stats.backend_error(op, id, &e)
+        })?;
         ns.readiness = old.readiness;
         ns.attached = old.attached;
         ns.formatting_until = until.filter(|_| !shared.config.format_duration.is_zero());

@@ -404,6 +404,7 @@ fn get_log(lid: u8, dwords: u32, offset: u64, buf: u64) -> Command {
 }
 
 mod admin;
+mod backend_errors;
 mod dbbuf;
 mod durability;
 mod inflight;

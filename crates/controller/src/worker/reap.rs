@@ -1,5 +1,7 @@
 //! Commands in flight on asynchronous backends, seen from the worker:
-//! reaping their completions and posting them (see [`crate::inflight`]).
+//! reaping their completions, finishing them as every read, write and
+//! flush is finished ([`io::finish`]), and posting them (see
+//! [`crate::inflight`]).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -102,7 +104,13 @@ fn complete_one(
         scratch: &mut local.scratch,
         inflight: &mut local.inflight,
     };
-    let status = io::finish(&mut ctx, request, completion);
+    let status = io::finish(
+        &mut ctx,
+        &request.cmd,
+        &request.ns,
+        &request.kind,
+        completion,
+    );
     refresh_cq_head(shared, session, cq);
     if policy == EventIdxPolicy::Behind && !stalled {
         // As in `process_sq`: EventIdx behind the head before posting (not

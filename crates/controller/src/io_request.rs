@@ -1,0 +1,74 @@
+//! NVM I/O commands parsed into typed requests, checked against their
+//! namespace before anything runs (Parse, then execute): what command
+//! execution ([`crate::io`]) and commands in flight ([`crate::inflight`])
+//! both hold.
+
+use vnvme_spec::cdw::{Cdw12ReadWrite, Cdw12WriteZeroes};
+use vnvme_spec::{Command, Status};
+
+use crate::namespace::Namespace;
+
+/// Read, Write and Compare (§3.2.4, §3.2.6, §3.2.1): SLBA in CDW10-11,
+/// NLB (0's based) in CDW12 15:0, FUA in CDW12 bit 30.
+///
+/// With metadata, `len` (backend bytes: data and metadata of each block,
+/// see [`crate::namespace`]) differs from what moves through the PRPs:
+/// extended LBAs move all of it there (`data_len == len`); separate
+/// metadata moves `data_len` bytes of data through the PRPs and
+/// `meta_len` bytes through the contiguous buffer at MPTR.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ReadWrite {
+    pub offset: u64,
+    pub len: u64,
+    /// Bytes through PRP1/PRP2 (bounded by MDTS).
+    pub data_len: u64,
+    /// Bytes through MPTR (0 without separate metadata).
+    pub meta_len: u64,
+    /// Logical block data bytes, for the SMART data unit counters.
+    pub block_bytes: u64,
+    pub fua: bool,
+}
+
+impl ReadWrite {
+    pub fn parse(cmd: &Command, ns: &Namespace, max_transfer: u64) -> Result<Self, Status> {
+        let cdw12 = Cdw12ReadWrite::from(cmd.cdw12);
+        // NLB <= 65536 and at most 4160 bytes per block: no overflow.
+        let nlb = u64::from(cdw12.nlb_z()) + 1;
+        let data_len = nlb * ns.data_bytes_per_block();
+        if data_len > max_transfer {
+            return Err(Status::INVALID_FIELD.with_dnr(true));
+        }
+        let (offset, len) = ns.byte_range(cmd.slba(), nlb)?;
+        Ok(Self {
+            offset,
+            len,
+            data_len,
+            meta_len: nlb * ns.separate_metadata_per_block(),
+            block_bytes: nlb << ns.lba_shift,
+            fua: cdw12.fua(),
+        })
+    }
+}
+
+/// Write Zeroes (§3.2.7): SLBA, NLB, DEAC (CDW12 bit 25), FUA (bit 30).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct WriteZeroes {
+    pub offset: u64,
+    pub len: u64,
+    pub deallocate: bool,
+    pub fua: bool,
+}
+
+impl WriteZeroes {
+    pub fn parse(cmd: &Command, ns: &Namespace) -> Result<Self, Status> {
+        let cdw12 = Cdw12WriteZeroes::from(cmd.cdw12);
+        let nlb = u64::from(cdw12.nlb_z()) + 1;
+        let (offset, len) = ns.byte_range(cmd.slba(), nlb)?;
+        Ok(Self {
+            offset,
+            len,
+            deallocate: cdw12.deac(),
+            fua: cdw12.fua(),
+        })
+    }
+}
