@@ -348,6 +348,7 @@ impl DmaSpace {
             .checked_add(delta)
             .and_then(|l| l.checked_next_multiple_of(granule))
             .ok_or(libc::EINVAL)?;
+        // Only a length beyond the address space fails: no more to say.
         let len = usize::try_from(len).map_err(|_| libc::ENOMEM)?;
         let mut prot = ProtFlags::empty();
         if readable {
@@ -394,6 +395,7 @@ impl DmaSpace {
     /// tests use it as guest memory.
     pub fn map_anonymous(&self, iova: u64, size: u64) -> Result<(), Errno> {
         self.check_new_map(iova, size)?;
+        // Only a size beyond the address space fails: no more to say.
         let len = usize::try_from(size).map_err(|_| libc::ENOMEM)?;
         // SAFETY: a fresh anonymous mapping at an address the kernel chooses;
         // the result is owned by `Mmap`.
