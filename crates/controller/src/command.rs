@@ -68,12 +68,8 @@ impl Outcome {
 }
 
 impl Ctx<'_> {
-    /// Copies `data` to the host buffer described by the command's PRPs.
-    pub fn send(&mut self, cmd: &Command, data: &[u8]) -> Result<(), Status> {
-        let len = data.len() as u64;
-        if len > self.shared.config.max_transfer() {
-            return Err(Status::INVALID_FIELD.with_dnr(true));
-        }
+    /// Maps the command's PRPs for `len` bytes into the scratch segment list.
+    pub fn map_prps(&mut self, cmd: &Command, len: u64) -> Result<(), Status> {
         crate::prp::map(
             &*self.session.mem,
             cmd.prp1.get(),
@@ -81,7 +77,16 @@ impl Ctx<'_> {
             len,
             self.session.page_size,
             &mut self.scratch.segs,
-        )?;
+        )
+    }
+
+    /// Copies `data` to the host buffer described by the command's PRPs.
+    pub fn send(&mut self, cmd: &Command, data: &[u8]) -> Result<(), Status> {
+        let len = data.len() as u64;
+        if len > self.shared.config.max_transfer() {
+            return Err(Status::INVALID_FIELD.with_dnr(true));
+        }
+        self.map_prps(cmd, len)?;
         crate::prp::write_to_guest(&*self.session.mem, &self.scratch.segs, data)
     }
 
@@ -91,14 +96,7 @@ impl Ctx<'_> {
         if len as u64 > self.shared.config.max_transfer() {
             return Err(Status::INVALID_FIELD.with_dnr(true));
         }
-        crate::prp::map(
-            &*self.session.mem,
-            cmd.prp1.get(),
-            cmd.prp2.get(),
-            len as u64,
-            self.session.page_size,
-            &mut self.scratch.segs,
-        )?;
+        self.map_prps(cmd, len as u64)?;
         out.clear();
         out.resize(len, 0);
         crate::prp::read_from_guest(&*self.session.mem, &self.scratch.segs, out)

@@ -147,18 +147,6 @@ fn read_error(ctx: &Ctx<'_>) -> Status {
     Status::UNRECOVERED_READ_ERROR.with_dnr(true)
 }
 
-/// Maps the command's PRPs for `len` bytes into the scratch segment list.
-fn map_prps(ctx: &mut Ctx<'_>, cmd: &Command, len: u64) -> Result<(), Status> {
-    prp::map(
-        &*ctx.session.mem,
-        cmd.prp1.get(),
-        cmd.prp2.get(),
-        len,
-        ctx.session.page_size,
-        &mut ctx.scratch.segs,
-    )
-}
-
 /// The metadata buffer at MPTR is not guest memory the controller may
 /// use: the guest's doing, so traced, not logged (its count is in the
 /// completion statuses).
@@ -176,7 +164,7 @@ fn gather(
     rw: &ReadWrite,
     out: &mut [u8],
 ) -> Result<(), Status> {
-    map_prps(ctx, cmd, rw.data_len)?;
+    ctx.map_prps(cmd, rw.data_len)?;
     if rw.meta_len == 0 {
         return prp::read_from_guest(&*ctx.session.mem, &ctx.scratch.segs, out);
     }
@@ -216,7 +204,7 @@ fn scatter(
     rw: &ReadWrite,
     media: &[u8],
 ) -> Result<(), Status> {
-    map_prps(ctx, cmd, rw.data_len)?;
+    ctx.map_prps(cmd, rw.data_len)?;
     if rw.meta_len == 0 {
         return prp::write_to_guest(&*ctx.session.mem, &ctx.scratch.segs, media);
     }
@@ -246,7 +234,7 @@ fn read(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Arc<Namespace>) -> Result<Option<
     if InFlight::is_async(ns) {
         // Check the PRPs now: no backend I/O in flight for a command that
         // cannot complete. (They are mapped again when it does.)
-        map_prps(ctx, cmd, rw.data_len)?;
+        ctx.map_prps(cmd, rw.data_len)?;
     }
     let request = BlockRequest::Read {
         offset: rw.offset,
@@ -360,7 +348,7 @@ fn dataset_management(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace) -> Resul
     let nr = usize::from(Cdw10Dsm::from(cmd.cdw10).nr_z()) + 1;
     let deallocate = Cdw11Dsm::from(cmd.cdw11).ad();
     let len = (nr * 16) as u64;
-    map_prps(ctx, cmd, len)?;
+    ctx.map_prps(cmd, len)?;
     let mut buf = std::mem::take(&mut ctx.scratch.buf);
     buf.resize(nr * 16, 0);
     let r = prp::read_from_guest(&*ctx.session.mem, &ctx.scratch.segs, &mut buf);
