@@ -8,13 +8,16 @@ use std::process::Command;
 
 use common::{serve, vnvme, BIN};
 
-fn temp_socket(name: &str) -> PathBuf {
-    common::temp_dir(name).join("vnvme.sock")
+/// A socket path in a fresh folder (removed when the folder is dropped).
+fn temp_socket(name: &str) -> (common::TempDir, PathBuf) {
+    let dir = common::temp_dir(name);
+    let socket = dir.join("vnvme.sock");
+    (dir, socket)
 }
 
 #[test]
 fn serve_answers_list_and_id_ctrl_then_stops_on_sigterm() {
-    let socket = temp_socket("list");
+    let (_dir, socket) = temp_socket("list");
     let server = serve(
         &socket,
         &[
@@ -49,7 +52,7 @@ fn serve_answers_list_and_id_ctrl_then_stops_on_sigterm() {
 
 #[test]
 fn a_socket_in_use_is_refused_with_a_clear_message() {
-    let socket = temp_socket("inuse");
+    let (_dir, socket) = temp_socket("inuse");
     let server = serve(&socket, &["--ns", "1M:null"]);
     let out = vnvme(&["serve"], &socket);
     assert!(!out.status.success());

@@ -3,12 +3,12 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 use common::{Served, BIN};
 
-fn temp_dir(name: &str) -> PathBuf {
+fn temp_dir(name: &str) -> common::TempDir {
     common::temp_dir(&format!("file-{name}"))
 }
 
@@ -68,7 +68,6 @@ fn a_sized_file_namespace_is_created_then_served_at_its_size() {
     let server = serve(&socket, &format!("{}:file", image.display()));
     assert_eq!(list(&socket)["Devices"][0]["PhysicalSize"], 8 << 20);
     terminate(server);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -82,7 +81,6 @@ fn a_file_served_by_another_vnvme_is_refused_by_name() {
         "{err}"
     );
     terminate(first);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -109,5 +107,4 @@ fn unusable_files_are_explained() {
 
     let err = serve_fails(&socket, "1M:file");
     assert!(err.contains("PATH:file or SIZE:file=PATH"), "{err}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
