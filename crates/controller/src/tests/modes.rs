@@ -128,22 +128,34 @@ fn adaptive_mode_busy_worker_needs_no_traps() {
         h.spdk = spdk;
         h.create_pair(1, 16);
         let mut traps = 0;
+        let mut wraps = 0;
         for i in 0..100u32 {
             // Batches of 1..=4 across several ring wraps.
             let n = (i % 4 + 1) as usize;
+            let before = h.rings[1].unwrap().tail;
             for _ in 0..n {
                 h.push(1, rw(NvmOpcode::READ, 1, 0, 1, DATA, 0));
             }
+            wraps += u64::from(h.rings[1].unwrap().tail < before);
             traps += u32::from(h.ring_sq(1));
             for c in h.reap_batch(1, n) {
                 assert!(c.status().is_success());
             }
         }
         let q = h.ctrl.stats().queue(1);
-        // At most the first submission traps: EventIdx starts at 0 (zeroed
-        // at creation) unless the worker, already polling since Doorbell
-        // Buffer Config, set it behind the tail first.
-        assert!(q.sq_doorbell_traps <= 1, "spdk {spdk}");
+        // The first submission may trap: EventIdx starts at 0 (zeroed at
+        // creation) unless the worker, already polling since Doorbell Buffer
+        // Config, set it behind the tail first. Later, only a move that wraps
+        // the ring can trap, and only when the host reads EventIdx after the
+        // worker posted a pass's completions but before it published the
+        // pass's EventIdx (a worker losing its core there, as under a loaded
+        // test run): the stale value then lies in the wrapping move's
+        // interval. Trap mode would trap 100 times here.
+        assert!(
+            q.sq_doorbell_traps <= 1 + wraps,
+            "spdk {spdk}: {} traps, {wraps} wraps",
+            q.sq_doorbell_traps
+        );
         assert_eq!(u64::from(traps), q.sq_doorbell_traps);
         assert_eq!(q.cq_doorbell_traps, 0, "spdk {spdk}");
         assert_eq!(q.commands, 250);
