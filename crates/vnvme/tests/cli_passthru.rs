@@ -5,6 +5,7 @@ mod common;
 
 use std::path::Path;
 
+use common::crc32c::crc32c;
 use common::{json, Served};
 
 fn temp_dir(name: &str) -> common::TempDir {
@@ -17,21 +18,6 @@ fn serve(socket: &Path) -> Served {
 
 fn vnvme(socket: &Path, args: &[&str]) -> std::process::Output {
     common::vnvme(args, socket)
-}
-
-fn crc32c(data: &[u8]) -> u32 {
-    let mut c = !0u32;
-    for &b in data {
-        c ^= u32::from(b);
-        for _ in 0..8 {
-            c = if c & 1 != 0 {
-                (c >> 1) ^ 0x82F6_3B78
-            } else {
-                c >> 1
-            };
-        }
-    }
-    !c
 }
 
 #[test]

@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod crc32c;
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_vnvme");
 
 /// A fresh, empty temporary folder for one test, removed with what it

@@ -14,6 +14,8 @@
 //! the host's EventIdx check, so whether a given update traps is a race:
 //! the need-event arithmetic itself is tested in `vnvme_driver::doorbell`.
 
+#[path = "../common/crc32c.rs"]
+mod crc32c;
 mod doorbells;
 mod init;
 mod io;

@@ -14,26 +14,11 @@ use vnvme_spec::identify::IDENTIFY_SIZE;
 use vnvme_spec::{AdminOpcode, Command, NvmOpcode, Status};
 use zerocopy::IntoBytes;
 
+use crate::crc32c::crc32c;
 use crate::rig::{self, eventually, DeviceOptions, Rig};
 
 fn start(opts: InitOptions) -> Rig {
     rig::start(DeviceOptions::default(), &["64M:ram"], opts)
-}
-
-/// CRC32C, bit by bit: independent of the controller's table.
-fn crc32c(data: &[u8]) -> u32 {
-    let mut c = !0u32;
-    for &b in data {
-        c ^= u32::from(b);
-        for _ in 0..8 {
-            c = if c & 1 != 0 {
-                (c >> 1) ^ 0x82F6_3B78
-            } else {
-                c >> 1
-            };
-        }
-    }
-    !c
 }
 
 /// Bytes unique to `seed` even among neighbouring seeds (the tokens here),
