@@ -151,11 +151,15 @@ pub enum DoorbellMode {
     /// Doorbell Buffer Config (§5.8) with QEMU's algorithm: process on trap,
     /// then publish EventIdx = the value seen, fence, re-read the shadow.
     Shadow,
-    /// Doorbell Buffer Config; while busy the worker polls the shadow
-    /// doorbells and keeps EventIdx behind them so the host never traps;
-    /// after [`ControllerConfig::idle_poll`] without work it polls between
-    /// short sleeps for [`ControllerConfig::doze`], then arms EventIdx,
-    /// fences, re-reads, and sleeps until a trap.
+    /// Doorbell Buffer Config, and BAR0's doorbell page offered for mmap as
+    /// well (a client may ring through either, or trap). While busy the
+    /// worker polls the shadow doorbells and the page, and keeps EventIdx
+    /// behind them so the host never traps; after
+    /// [`ControllerConfig::idle_poll`] without work it polls between short
+    /// sleeps for [`ControllerConfig::doze`], then arms EventIdx, fences,
+    /// re-reads, and sleeps: until a trap, and no longer than a back-off
+    /// (25 µs doubling to 1 ms) after which it looks at the page and the
+    /// shadows again, since a client that mapped the page never traps.
     #[default]
     Adaptive,
     /// OACS bit 8 clear; BAR0's doorbell page is shared memory the client
@@ -174,6 +178,14 @@ impl DoorbellMode {
     /// Whether Doorbell Buffer Config is advertised (OACS bit 8) and accepted.
     pub fn uses_dbbuf(self) -> bool {
         matches!(self, DoorbellMode::Shadow | DoorbellMode::Adaptive)
+    }
+
+    /// Whether BAR0's doorbell page is offered as a sparse-mmap area, so a
+    /// client (SPDK's host, QEMU) can map it and ring doorbells with plain
+    /// stores. `trap` and `shadow` do not offer it: they are the reference
+    /// modes in which every doorbell the page would take is a trap.
+    pub fn offers_page(self) -> bool {
+        matches!(self, DoorbellMode::Adaptive | DoorbellMode::MmapPoll)
     }
 
     pub fn name(self) -> &'static str {

@@ -11,9 +11,7 @@ use parking_lot::Mutex;
 use vnvme_spec::log::async_event;
 use vnvme_spec::regs::{offset, shutdown, Bar0Layout, Doorbell};
 
-use crate::config::{
-    ConfigError, ControllerConfig, DoorbellMode, NamespaceConfig, Readiness, MAX_NAMESPACES,
-};
+use crate::config::{ConfigError, ControllerConfig, NamespaceConfig, Readiness, MAX_NAMESPACES};
 use crate::doorbell::{DoorbellPage, Doorbells, HeapDoorbellPage, Invalid, TrapOutcome};
 use crate::mailbox::Mailbox;
 use crate::memory::{GuestMemory, InterruptSink};
@@ -72,10 +70,11 @@ impl Controller {
         Self::with_doorbell_page(config, namespaces, None)
     }
 
-    /// As [`new`](Self::new), with the shared doorbell page a
-    /// [`DoorbellMode::MmapPoll`] controller polls (the memory behind BAR0's
-    /// sparse-mmap area, [`Bar0Layout::DOORBELLS`]). Without one, mmap-poll uses a page
-    /// in the heap that only register writes reach. Ignored in other modes.
+    /// As [`new`](Self::new), with the shared doorbell page the controller
+    /// polls in a mode that [offers it](crate::DoorbellMode::offers_page) (the
+    /// memory behind BAR0's sparse-mmap area, [`Bar0Layout::DOORBELLS`]).
+    /// Without one, such a mode uses a page in the heap that only register
+    /// writes reach. Ignored in other modes.
     pub fn with_doorbell_page(
         mut config: ControllerConfig,
         namespaces: Vec<NamespaceConfig>,
@@ -136,12 +135,10 @@ impl Controller {
         let tnvmcap = config.nvm_capacity.max(Namespaces::allocated_bytes(&map));
         let vwc = map.values().any(|ns| ns.backend.volatile_cache());
         let qids = usize::from(config.max_io_queues) + 1;
-        let page = match config.doorbells {
-            DoorbellMode::MmapPoll => {
-                Some(page.unwrap_or_else(|| Arc::new(HeapDoorbellPage::default())))
-            }
-            _ => None,
-        };
+        let page = config
+            .doorbells
+            .offers_page()
+            .then(|| page.unwrap_or_else(|| Arc::new(HeapDoorbellPage::default())));
         let stats = Arc::new(Stats::new(qids));
         let shared = Shared {
             subsystem: Subsystem {
@@ -308,8 +305,8 @@ impl Controller {
         data.copy_from_slice(bytes.get(..data.len()).unwrap_or_default());
     }
 
-    /// Doorbells read as 0, except in mmap-poll mode where the page is the
-    /// doorbells' memory and reads return what the guest wrote there.
+    /// Doorbells read as 0, except where the page is offered: it is the
+    /// doorbells' memory and reads return what the client wrote there.
     fn doorbell_read(&self, offset: u64, data: &mut [u8]) {
         let Some(page) = self.shared.doorbells.page() else {
             return;
@@ -382,10 +379,10 @@ impl Controller {
         if !matches!(outcome, TrapOutcome::Ignored(_)) {
             // Before the kick: the worker reads the shadow or page, not the
             // register.
-            match shared.doorbells.page() {
-                Some(page) => page.store(db.index(), value),
-                None => shared.doorbells.shadow_trap(db, value),
+            if let Some(page) = shared.doorbells.page() {
+                page.store(db.index(), value);
             }
+            shared.doorbells.shadow_trap(db, value);
         }
         match outcome {
             TrapOutcome::Kick { worker, doorbell } => {

@@ -110,7 +110,8 @@ pub(crate) fn run(shared: Arc<Shared>, session: Arc<Session>, index: usize) {
             } else {
                 PollWindow::fixed(config.idle_poll)
             };
-            let wake = Adaptive::new(window, config.doze);
+            let page = shared.doorbells.page().is_some();
+            let wake = Adaptive::new(window, config.doze, page);
             run_with(&shared, &session, index, wake);
         }
     }
@@ -303,11 +304,25 @@ fn process_sq(
         return (Pass::Idle, 0);
     }
     let mem = &*session.mem;
+    if qid == 0 {
+        shared.doorbells.sync_admin_page();
+    }
     sq.refresh_tail(&shared.doorbells, mem);
     if policy == EventIdxPolicy::Behind && !sq.is_empty() {
         // Before posting: a host that reaps what this pass posts must
-        // already see EventIdx behind its head, or it would trap. (Not over
-        // an EventIdx armed because the CQ is full.)
+        // already see EventIdx behind the tail just read (it may then
+        // submit up to a ring past this pass's commands, across
+        // an EventIdx left from an older pass: a trap at every ring wrap of
+        // a short ring), and behind its CQ head. (Not over an EventIdx armed
+        // because the CQ is full.)
+        sq.event_idx.publish(
+            &shared.doorbells,
+            qid,
+            sq.source,
+            behind(sq.tail as u16),
+            false,
+            mem,
+        );
         refresh_cq_head(shared, session, cq);
         if !cq.is_full() {
             publish_cq_behind(shared, session, cq);
@@ -371,10 +386,11 @@ fn process_sq(
                     }
                 }
             }
-            EventIdxPolicy::Behind => {
-                sq.event_idx
-                    .publish(&shared.doorbells, qid, sq.source, behind(tail), false, mem);
-            }
+            // Published before the pass ran anything. An empty pass leaves
+            // EventIdx alone: a sleeping worker polling the page after a
+            // back-off must not take back the EventIdx it armed, or a host
+            // that traps would wait for the back-off instead.
+            EventIdxPolicy::Behind => {}
         }
         break Pass::Idle;
     };

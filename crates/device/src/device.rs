@@ -5,7 +5,7 @@
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
-use vnvme_controller::{Controller, DoorbellMode, DoorbellPage};
+use vnvme_controller::{Controller, DoorbellPage};
 use vnvme_pci::{MsixTable, PciConfig, PciFunction, CONFIG_SPACE_SIZE};
 use vnvme_spec::regs::Bar0Layout;
 use vnvme_vfio_user::{
@@ -76,12 +76,13 @@ impl NvmeDevice {
             ssvid: pci_config.subsystem_vendor,
             ..config.controller
         };
-        let doorbell_region = match controller.doorbells {
-            DoorbellMode::MmapPoll => Some(Arc::new(
+        let doorbell_region = if controller.doorbells.offers_page() {
+            Some(Arc::new(
                 SharedRegion::new("vnvme-bar0", Bar0Layout::DOORBELLS.end as usize)
                     .map_err(DeviceError::DoorbellPage)?,
-            )),
-            _ => None,
+            ))
+        } else {
+            None
         };
         let page = doorbell_region
             .as_ref()
@@ -130,8 +131,9 @@ impl vnvme_vfio_user::Device for NvmeDevice {
     fn region_info(&self, index: u32) -> Option<(RegionInfo, Option<BorrowedFd<'_>>)> {
         let rw = VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE;
         if let (region::BAR0, Some(shared)) = (index, &self.doorbell_region) {
-            // Mmap-poll: the client maps the doorbell page; its guest's
-            // doorbell writes land in memory the workers poll.
+            // Adaptive and mmap-poll: the client may map the doorbell page;
+            // its (guest's) doorbell writes then land in memory the workers
+            // poll.
             let info = RegionInfo {
                 flags: rw,
                 size: Bar0Layout::SIZE,
@@ -307,7 +309,7 @@ fn libc_einval() -> Errno {
 #[cfg(test)]
 mod tests {
     use vnvme_blockdev::NullDevice;
-    use vnvme_controller::{ControllerConfig, NamespaceConfig};
+    use vnvme_controller::{ControllerConfig, DoorbellMode, NamespaceConfig};
     use vnvme_vfio_user::Device;
 
     use super::*;
@@ -322,31 +324,30 @@ mod tests {
     }
 
     #[test]
-    fn mmap_poll_offers_the_doorbell_page_for_mmap() {
-        let mut d = device(DoorbellMode::MmapPoll);
-        let (info, fd) = d.region_info(region::BAR0).unwrap();
-        assert_eq!(
-            info.sparse_areas,
-            vec![SparseArea {
-                offset: 0x1000,
-                size: 0x1000
-            }]
-        );
-        assert!(fd.is_some());
-        // A guest store into the mapped page is what register reads return.
-        d.doorbell_region.as_ref().unwrap().store_u32(0x1008, 5);
-        let mut b = [0u8; 4];
-        d.region_read(region::BAR0, 0x1008, &mut b).unwrap();
-        assert_eq!(u32::from_le_bytes(b), 5);
+    fn adaptive_and_mmap_poll_offer_the_doorbell_page_for_mmap() {
+        for mode in [DoorbellMode::Adaptive, DoorbellMode::MmapPoll] {
+            let mut d = device(mode);
+            let (info, fd) = d.region_info(region::BAR0).unwrap();
+            assert_eq!(
+                info.sparse_areas,
+                vec![SparseArea {
+                    offset: 0x1000,
+                    size: 0x1000
+                }],
+                "{mode}"
+            );
+            assert!(fd.is_some(), "{mode}");
+            // A guest store into the mapped page is what register reads return.
+            d.doorbell_region.as_ref().unwrap().store_u32(0x1008, 5);
+            let mut b = [0u8; 4];
+            d.region_read(region::BAR0, 0x1008, &mut b).unwrap();
+            assert_eq!(u32::from_le_bytes(b), 5, "{mode}");
+        }
     }
 
     #[test]
-    fn other_modes_offer_no_mmap() {
-        for mode in [
-            DoorbellMode::Trap,
-            DoorbellMode::Shadow,
-            DoorbellMode::Adaptive,
-        ] {
+    fn the_reference_modes_offer_no_mmap() {
+        for mode in [DoorbellMode::Trap, DoorbellMode::Shadow] {
             let d = device(mode);
             let (info, fd) = d.region_info(region::BAR0).unwrap();
             assert!(info.sparse_areas.is_empty(), "{mode}");

@@ -64,14 +64,17 @@ impl Doorbells {
         self.dbbuf_on.load(Ordering::Acquire)
     }
 
-    /// The source a queue's doorbell `db` uses now: the mmap-poll page, the
-    /// shadow buffer once Doorbell Buffer Config succeeded, else the register.
+    /// The source a queue's doorbell `db` uses now: the shadow buffer once
+    /// Doorbell Buffer Config succeeded (a host writes its shadow before it
+    /// rings, so the shadow is the newest value; a ring only wakes), else the
+    /// doorbell page where one is offered (traps store there too), else the
+    /// register.
     pub fn source_for(&self, db: Doorbell) -> DoorbellSource {
-        if self.page.is_some() {
-            return DoorbellSource::Page;
+        if let Some(d) = self.dbbuf.read().as_ref() {
+            return d.source(db);
         }
-        match self.dbbuf.read().as_ref() {
-            Some(d) => d.source(db),
+        match self.page {
+            Some(_) => DoorbellSource::Page,
             None => DoorbellSource::Register,
         }
     }
@@ -131,7 +134,11 @@ impl Doorbells {
                 if !self.is_open(db) {
                     continue;
                 }
-                let register = self.register_value(db);
+                // The page, where offered, holds the client's newest ring.
+                let register = self
+                    .page
+                    .as_ref()
+                    .map_or_else(|| self.register_value(db), |p| p.load(db.index()));
                 let value = previous
                     .and_then(|p| p.source(db).read(self, db, mem).ok())
                     .unwrap_or(register);
@@ -220,6 +227,34 @@ impl Doorbells {
         mem.store_u32(addr, value)?;
         s.shadow_dev.store(value, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// The admin worker, where the doorbell page is offered and shadow
+    /// doorbells are on: an admin doorbell the client rang through the page
+    /// (no trap: QEMU maps the page into its guest, and Linux rings the
+    /// admin queue's registers, never its shadow) is taken as a trap would
+    /// be: stored as the register value and copied into the admin shadow
+    /// slot while the device maintains it ([`shadow_trap`](Self::shadow_trap)).
+    /// A value beyond the queue is left alone, as a trap would leave it.
+    pub fn sync_admin_page(&self) {
+        let Some(page) = &self.page else {
+            return;
+        };
+        if !self.dbbuf_on() {
+            return;
+        }
+        for db in [Doorbell::SqTail(0), Doorbell::CqHead(0)] {
+            let Some(s) = self.slot(db) else {
+                continue;
+            };
+            let value = page.load(db.index());
+            if value == s.value.load(Ordering::Acquire) || value >= s.limit.load(Ordering::Acquire)
+            {
+                continue;
+            }
+            s.value.store(value, Ordering::SeqCst);
+            self.shadow_trap(db, value);
+        }
     }
 
     /// Counts a failed shadow buffer access and warns once per configuration.

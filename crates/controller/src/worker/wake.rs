@@ -7,9 +7,11 @@
 //! * [`OnKick`] (`trap` and `shadow`): sleep on the mailbox; run what traps
 //!   kick. The two modes differ only in where a doorbell value comes from
 //!   (register or shadow buffer) and in the EventIdx a pass publishes.
-//! * [`Adaptive`]: once Doorbell Buffer Config is on, poll the shadow
-//!   doorbells while busy with EventIdx kept behind, doze, then arm EventIdx
-//!   and sleep.
+//! * [`Adaptive`]: once Doorbell Buffer Config is on, or at once where the
+//!   doorbell page is offered, poll the shadow doorbells (or the page) while
+//!   busy with EventIdx kept behind, doze, then arm EventIdx and sleep: until
+//!   a trap, or with the page offered, for a back-off growing to 1 ms,
+//!   since a client ringing through the page never traps.
 //! * [`MmapPoll`]: poll the shared doorbell page, spin, then back off.
 
 use std::sync::atomic::Ordering;
@@ -40,6 +42,11 @@ const PREEMPTED: Duration = Duration::from_micros(50);
 /// request arriving then waits, and few enough wake-ups (at most 40,000 a
 /// second) to leave the core to the threads that produce the requests.
 const DOZE_INTERVAL: Duration = Duration::from_micros(25);
+/// Longest sleep of an adaptive worker whose doorbell page is offered: the
+/// most a request that a page-ringing client sends to an idle controller
+/// waits, and at most 1,000 idle wake-ups a second per worker (well under
+/// 1% of a core).
+pub(super) const MAX_PAGE_BACKOFF: Duration = Duration::from_millis(1);
 
 /// What one round of the worker loop did.
 #[derive(Debug, Clone, Copy)]
@@ -200,6 +207,14 @@ impl Phase {
 /// instead of kept behind, so the host's head update traps: that BAR access
 /// is where QEMU deasserts the line. Before Doorbell Buffer Config, as
 /// [`OnKick`].
+///
+/// Where the doorbell page is offered, the client may have mapped it (SPDK's
+/// host rings every doorbell there; QEMU maps it into its guest, whose
+/// register writes then land there too): its rings never trap. So the
+/// worker polls from the start (the page is the register file before
+/// Doorbell Buffer Config), and asleep it wakes after a back-off, 25 µs
+/// doubling to [`MAX_PAGE_BACKOFF`], to look again; a trap still wakes it
+/// at once.
 #[derive(Debug)]
 pub(super) struct Adaptive {
     phase: Phase,
@@ -207,15 +222,20 @@ pub(super) struct Adaptive {
     doze: Duration,
     /// When the worker last had work before it went to sleep.
     slept_after: Option<Instant>,
+    /// The doorbell page is offered: sleeps are bounded by `backoff`.
+    page: bool,
+    backoff: Duration,
 }
 
 impl Adaptive {
-    pub fn new(window: PollWindow, doze: Duration) -> Self {
+    pub fn new(window: PollWindow, doze: Duration, page: bool) -> Self {
         Self {
             phase: Phase::Asleep,
             window,
             doze,
             slept_after: None,
+            page,
+            backoff: DOZE_INTERVAL,
         }
     }
 
@@ -233,6 +253,7 @@ impl Adaptive {
             Phase::polling(now)
         } else {
             self.slept_after = Some(idle_since);
+            self.backoff = DOZE_INTERVAL;
             Phase::Asleep
         }
     }
@@ -245,12 +266,17 @@ impl Wake for Adaptive {
         match self.phase {
             Phase::Polling { .. } => Wait::No,
             Phase::Dozing { .. } => Wait::For(DOZE_INTERVAL),
+            Phase::Asleep if self.page => {
+                let wake = Instant::now() + self.backoff;
+                let deadline = next_deadline(shared, &local.timers);
+                Wait::Until(Some(deadline.map_or(wake, |d| d.min(wake))))
+            }
             Phase::Asleep => Wait::Until(next_deadline(shared, &local.timers)),
         }
     }
 
     fn polls(&self, shared: &Shared) -> bool {
-        shared.doorbells.dbbuf_on()
+        self.page || shared.doorbells.dbbuf_on()
     }
 
     fn after(&mut self, round: Round, shared: &Shared, session: &Session, local: &Local) {
@@ -276,7 +302,12 @@ impl Wake for Adaptive {
             // A kick with nothing to do still starts a polling period: the
             // host is active.
             Phase::Asleep if round.kicked => Phase::polling(now),
-            Phase::Asleep => Phase::Asleep,
+            Phase::Asleep => {
+                if round.slept {
+                    self.backoff = (self.backoff * 2).min(MAX_PAGE_BACKOFF);
+                }
+                Phase::Asleep
+            }
             Phase::Polling {
                 idle_since,
                 idle_polls,

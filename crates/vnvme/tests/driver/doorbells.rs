@@ -112,6 +112,7 @@ fn admin_queue_is_shadowed_by_default() {
 fn admin_queue_is_not_shadowed_with_shadow_admin_false() {
     let opts = InitOptions {
         shadow_admin: false,
+        map_doorbells: false,
         ..InitOptions::default()
     };
     let rig = start(polling_device(), &["16M:null"], opts);
@@ -133,6 +134,7 @@ fn polling_controller_costs_no_register_writes_across_ring_wraps() {
         let opts = InitOptions {
             need_event,
             queue_depth: 8,
+            map_doorbells: false,
             ..InitOptions::default()
         };
         let rig = start(polling_device(), &["16M:null"], opts);
@@ -223,6 +225,7 @@ fn map_doorbells_false_keeps_register_doorbells() {
 fn reset_configures_fresh_shadow_buffers() {
     let opts = InitOptions {
         queue_depth: 8,
+        map_doorbells: false,
         ..InitOptions::default()
     };
     let mut rig = start(polling_device(), &["16M:null"], opts);

@@ -28,7 +28,9 @@ pub fn device(mode: DoorbellMode) -> DeviceOptions {
 
 /// An adaptive device whose workers keep polling (EventIdx behind the
 /// host's updates) for a second after their last work: traps happen only
-/// when a worker was asleep, i.e. before the first command of a test.
+/// when a worker was asleep, i.e. before the first command of a test. (A
+/// driver measuring shadow doorbells does not map the doorbell page it
+/// offers: `map_doorbells: false`.)
 pub fn polling_device() -> DeviceOptions {
     DeviceOptions {
         doorbells: DoorbellMode::Adaptive,

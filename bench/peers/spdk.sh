@@ -1,0 +1,190 @@
+#!/usr/bin/env bash
+# vnvme against SPDK's vfio-user NVMe target, both driven by SPDK's own NVMe
+# host (spdk_nvme_perf). Not part of CI.
+#
+# It runs only what you built: SPDK_DIR must point at an SPDK tree built
+# with `./configure --with-vfio-user` (build/bin/nvmf_tgt, spdk_nvme_perf,
+# spdk_nvme_identify and scripts/rpc.py are used from it). This script never
+# fetches or builds SPDK. vnvme is built here (cargo build --release) unless
+# VNVME points at a binary.
+#
+# Each target is pinned to core 0 (taskset), the host to core 1 (-c 0x2);
+# every run is 4 KiB random I/O on a null namespace of 4 KiB blocks.
+#
+#   SPDK_DIR=/path/to/spdk bench/peers/spdk.sh [--runtime S] [--qd 1,4,32,128]
+#       [--workloads randread,randwrite] [--modes adaptive,mmap-poll,trap,shadow]
+#       [--no-spdk] [--json FILE]
+#
+# Prints one row per (workload, QD) and writes JSON (default
+# target/bench/spdk-peer.json). Needs root (hugepages, taskset) and 2 cores;
+# it reserves 1024 2 MiB hugepages and mounts hugetlbfs on /dev/hugepages if
+# it is not mounted. `trap` and `shadow` do not offer the doorbell page,
+# which SPDK's host requires: their rows say so instead of a figure.
+set -euo pipefail
+
+runtime=5
+qds=1,4,32,128
+workloads=randread,randwrite
+modes=adaptive,mmap-poll,trap,shadow
+with_spdk=1
+root=$(cd "$(dirname "$0")/../.." && pwd)
+json=$root/target/bench/spdk-peer.json
+
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
+while [ $# -gt 0 ]; do
+    case $1 in
+    --runtime) runtime=$2; shift 2 ;;
+    --qd) qds=$2; shift 2 ;;
+    --workloads) workloads=$2; shift 2 ;;
+    --modes) modes=$2; shift 2 ;;
+    --no-spdk) with_spdk=0; shift ;;
+    --json) json=$2; shift 2 ;;
+    -h | --help) usage; exit 0 ;;
+    *) echo "spdk.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+    esac
+done
+
+die() { echo "spdk.sh: $*" >&2; exit 1; }
+[ -n "${SPDK_DIR:-}" ] || die "set SPDK_DIR to an SPDK tree built with --with-vfio-user (see --help)"
+for b in build/bin/nvmf_tgt build/bin/spdk_nvme_perf build/bin/spdk_nvme_identify scripts/rpc.py; do
+    [ -x "$SPDK_DIR/$b" ] || die "$SPDK_DIR/$b is missing: build SPDK with ./configure --with-vfio-user && make"
+done
+[ "$(id -u)" = 0 ] || die "run as root: SPDK needs hugepages"
+[ "$(nproc)" -ge 2 ] || die "needs 2 cores (target on core 0, host on core 1)"
+
+if [ -z "${VNVME:-}" ]; then
+    echo "building vnvme (release)..." >&2
+    (cd "$root" && cargo build --release -q -p vnvme)
+    VNVME=$root/target/release/vnvme
+fi
+[ -x "$VNVME" ] || die "VNVME=$VNVME is not an executable"
+
+# SPDK's scripts want Debian's python3 (pyenv's may lack its modules).
+export PATH=/usr/bin:$PATH
+rpc() { "$SPDK_DIR/scripts/rpc.py" "$@" >/dev/null; }
+
+if [ "$(cat /proc/sys/vm/nr_hugepages)" -lt 1024 ]; then
+    echo 1024 >/proc/sys/vm/nr_hugepages
+fi
+mkdir -p /dev/hugepages
+mountpoint -q /dev/hugepages || mount -t hugetlbfs nodev /dev/hugepages
+
+work=$(mktemp -d /tmp/vnvme-spdk-peer.XXXXXX)
+target_pid=
+stop_target() {
+    if [ -n "$target_pid" ]; then
+        kill -TERM "$target_pid" 2>/dev/null || true
+        wait "$target_pid" 2>/dev/null || true
+        target_pid=
+    fi
+    rm -f /dev/hugepages/spdk_pid* 2>/dev/null || true
+}
+trap 'stop_target; rm -rf "$work"' EXIT
+
+NQN=nqn.2019-07.io.spdk:cnode0
+# waits for a socket to appear
+wait_for() {
+    for _ in $(seq 100); do [ -S "$1" ] && return 0; sleep 0.1; done
+    return 1
+}
+
+# start_spdk / start_vnvme MODE: start a target on core 0; sets `dir` (the
+# listener directory holding the socket `cntrl`) and `target_pid`.
+start_spdk() {
+    dir=$work/spdk
+    mkdir -p "$dir"
+    taskset -c 0 "$SPDK_DIR/build/bin/nvmf_tgt" -m 0x1 -r "$work/spdk.sock" >"$work/spdk-target.log" 2>&1 &
+    target_pid=$!
+    wait_for "$work/spdk.sock" || die "nvmf_tgt did not start (see $work/spdk-target.log)"
+    sleep 0.5
+    rpc -s "$work/spdk.sock" nvmf_create_transport -t VFIOUSER
+    rpc -s "$work/spdk.sock" bdev_null_create Null0 1024 4096
+    rpc -s "$work/spdk.sock" nvmf_create_subsystem "$NQN" -a -s SPDK0
+    rpc -s "$work/spdk.sock" nvmf_subsystem_add_ns "$NQN" Null0
+    rpc -s "$work/spdk.sock" nvmf_subsystem_add_listener "$NQN" -t VFIOUSER -a "$dir" -s 0
+    wait_for "$dir/cntrl" || die "SPDK's listener socket did not appear"
+}
+
+start_vnvme() {
+    local mode=$1
+    dir=$work/vnvme-$1
+    mkdir -p "$dir"
+    taskset -c 0 "$VNVME" serve --socket "$dir/cntrl" --ns 1G:null --doorbells "$mode" \
+        >"$work/vnvme-$mode.log" 2>&1 &
+    target_pid=$!
+    wait_for "$dir/cntrl" || die "vnvme serve did not start (see $work/vnvme-$mode.log)"
+}
+
+# perf DIR QD WORKLOAD -> "IOPS AVG_US" or "error: ..."
+perf() {
+    local out
+    if ! out=$(timeout $((runtime + 60)) "$SPDK_DIR/build/bin/spdk_nvme_perf" \
+        -r "trtype:VFIOUSER traddr:$1 subnqn:$NQN" -g -c 0x2 \
+        -q "$2" -o 4096 -w "$3" -t "$runtime" 2>&1); then
+        echo "error: $(echo "$out" | grep -iE 'error|fail' | head -1 | tr -s ' ')"
+        return
+    fi
+    echo "$out" | awk '/^Total/ { print $3, $5; found=1 } END { if (!found) print "error: no Total line" }'
+}
+
+results=$work/results.tsv
+: >"$results"
+targets=()
+[ "$with_spdk" = 1 ] && targets+=(spdk)
+IFS=, read -ra mode_list <<<"$modes"
+for m in "${mode_list[@]}"; do targets+=("vnvme:$m"); done
+IFS=, read -ra qd_list <<<"$qds"
+IFS=, read -ra wl_list <<<"$workloads"
+
+for t in "${targets[@]}"; do
+    case $t in
+    spdk) start_spdk ;;
+    vnvme:*) start_vnvme "${t#vnvme:}" ;;
+    esac
+    for w in "${wl_list[@]}"; do
+        for q in "${qd_list[@]}"; do
+            r=$(perf "$dir" "$q" "$w")
+            printf '%s\t%s\t%s\t%s\n' "$t" "$w" "$q" "$r" >>"$results"
+            printf '%-16s %-9s QD %-4s %s\n' "$t" "$w" "$q" "$r" >&2
+        done
+    done
+    stop_target
+done
+
+mkdir -p "$(dirname "$json")"
+python3 - "$results" "$json" "$runtime" <<'EOF'
+import json, sys
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
+out = {"runtime_s": int(sys.argv[3]), "io_size": 4096, "namespace": "null, 4 KiB blocks",
+       "pinning": "target core 0, spdk_nvme_perf core 1", "runs": []}
+fig = {}
+for target, wl, qd, res in rows:
+    run = {"target": target, "workload": wl, "qd": int(qd)}
+    if res.startswith("error"):
+        run["error"] = res[len("error: "):]
+    else:
+        iops, lat = res.split()
+        run["iops"] = float(iops)
+        run["avg_latency_us"] = float(lat)
+        fig[(target, wl, int(qd))] = float(iops)
+    out["runs"].append(run)
+json.dump(out, open(sys.argv[2], "w"), indent=2)
+targets = list(dict.fromkeys(r[0] for r in rows))
+cols = [t for t in targets]
+print("| workload | QD | " + " | ".join(cols) + " |")
+print("|---|---|" + "---|" * len(cols))
+for wl in dict.fromkeys(r[1] for r in rows):
+    for qd in dict.fromkeys(int(r[2]) for r in rows):
+        cells = []
+        base = fig.get(("spdk", wl, qd))
+        for t in cols:
+            v = fig.get((t, wl, qd))
+            if v is None:
+                cells.append("no attach" if t != "spdk" else "error")
+            elif base and t != "spdk":
+                cells.append(f"{v/1e6:.2f}M ({v/base:.2f}x)")
+            else:
+                cells.append(f"{v/1e6:.2f}M")
+        print(f"| {wl} | {qd} | " + " | ".join(cells) + " |")
+print(f"\nJSON: {sys.argv[2]}")
+EOF
