@@ -72,7 +72,7 @@ ARGS=(-accel tcg -nographic -no-reboot -m "$MEM" -smp "$SMP"
       -append "console=ttyS0 panic=-1 quiet ${RIG_APPEND:-}")
 [ -n "${RIG_CPU:-}" ] && ARGS+=(-cpu "$RIG_CPU")
 if [ "${RIG_NO_NVME:-0}" != 1 ]; then
-  ARGS+=(-drive id=nvm,if=none,file=null-co://,file.read-zeroes=on,format=raw
+  ARGS+=(-drive id=nvm,if=none,file=null-co://,file.read-zeroes=off,format=raw
          -device "nvme,serial=deadbeef,drive=nvm${RIG_NVME:+,$RIG_NVME}")
 fi
 if [ -n "${RIG_VFIO_USER:-}" ]; then

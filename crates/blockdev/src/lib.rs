@@ -76,6 +76,14 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
         false
     }
 
+    /// The device keeps no data (a null device, like SPDK's null bdev,
+    /// Linux's null_blk and QEMU's null-co): a controller may then move no
+    /// data at all for reads and writes, leaving the host's read buffers as
+    /// they were, as those do.
+    fn moves_no_data(&self) -> bool {
+        false
+    }
+
     /// Reads `buf.len()` bytes at byte `offset`.
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), BlockError>;
 

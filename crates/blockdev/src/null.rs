@@ -1,4 +1,5 @@
-//! The `null` backend: reads return zeroes, writes are dropped.
+//! The `null` backend: reads return zeroes, writes are dropped; a
+//! controller moves no data for it at all ([`BlockDevice::moves_no_data`]).
 
 use crate::{check_range, BlockDevice, BlockError};
 
@@ -17,6 +18,10 @@ impl NullDevice {
 impl BlockDevice for NullDevice {
     fn size(&self) -> u64 {
         self.size
+    }
+
+    fn moves_no_data(&self) -> bool {
+        true
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), BlockError> {

@@ -231,6 +231,14 @@ fn scatter(
 
 fn read(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Arc<Namespace>) -> Result<Option<u64>, Status> {
     let rw = ReadWrite::parse(cmd, ns, ctx.shared.config.max_transfer())?;
+    if ns.backend.moves_no_data() {
+        // The PRPs are still walked (a malformed list fails as it would),
+        // but no data moves: the null device's figures are the
+        // controller's own cost, as with SPDK's null bdev.
+        ctx.map_prps(cmd, rw.data_len)?;
+        read_counted(ctx, &rw);
+        return Ok(None);
+    }
     if InFlight::is_async(ns) {
         // Check the PRPs now: no backend I/O in flight for a command that
         // cannot complete. (They are mapped again when it does.)
@@ -276,16 +284,25 @@ fn read_done(
     media: &[u8],
 ) -> Result<(), Status> {
     let r = scatter(ctx, cmd, ns, rw, media);
+    read_counted(ctx, rw);
+    r
+}
+
+fn read_counted(ctx: &Ctx<'_>, rw: &ReadWrite) {
     let stats = &ctx.shared.stats;
     stats.host_read_commands.fetch_add(1, Ordering::Relaxed);
     stats
         .data_units_read_512
         .fetch_add(rw.block_bytes >> 9, Ordering::Relaxed);
-    r
 }
 
 fn write(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Arc<Namespace>) -> Result<Option<u64>, Status> {
     let rw = ReadWrite::parse(cmd, ns, ctx.shared.config.max_transfer())?;
+    if ns.backend.moves_no_data() {
+        ctx.map_prps(cmd, rw.data_len)?;
+        write_done(ctx, &rw);
+        return Ok(None);
+    }
     let mut buf = ctx.inflight.buffer(rw.len as usize);
     if let Err(status) = gather(ctx, cmd, ns, &rw, &mut buf) {
         ctx.inflight.recycle(buf);

@@ -335,7 +335,12 @@ fn process_sq(
             if budget == 0 {
                 break 'pass Pass::More;
             }
-            refresh_cq_head(shared, session, cq);
+            // The head is read only when the CQ looks full: a stale head
+            // only underestimates the room, and reading the host's line on
+            // every command costs a cache miss each.
+            if cq.is_full() {
+                refresh_cq_head(shared, session, cq);
+            }
             if cq.is_full() {
                 // Ask the next head write to kick us (and, with shadow
                 // doorbells, to trap), then look once more so a write that

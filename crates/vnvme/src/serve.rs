@@ -41,7 +41,7 @@ pub struct ServeOptions {
     /// The vfio-user socket to listen on (a stale socket file is replaced; a live one is an error).
     #[arg(long, short = 's', default_value = DEFAULT_SOCKET)]
     pub socket: PathBuf,
-    /// A namespace, SIZE[:null|ram] (e.g. 1G:ram), or a file or block device: PATH:file (its size)
+    /// A namespace, SIZE[:null|ram] (e.g. 1G:ram; null keeps and moves no data), or a file or block device: PATH:file (its size)
     /// or SIZE:file=PATH (created or extended to SIZE); repeat for more. NSIDs are given in order from 1.
     /// Options follow commas: ready=DURATION (Namespace Not Ready until then after each enable),
     /// never-ready, detached, format=N (LBA format index). Default (without --config): 1G:ram.
