@@ -13,9 +13,11 @@
 #
 #   SPDK_DIR=/path/to/spdk bench/peers/spdk.sh [--runtime S] [--qd 1,4,32,128]
 #       [--workloads randread,randwrite] [--modes adaptive,mmap-poll,trap,shadow]
-#       [--no-spdk] [--json FILE]
+#       [--rounds N] [--no-spdk] [--json FILE]
 #
-# Prints one row per (workload, QD) and writes JSON (default
+# The machine's speed drifts by minutes: --rounds N (default 3) runs every
+# target N times in turn, and the table gives each cell's median (the JSON
+# keeps every run). Prints one row per (workload, QD) and writes JSON (default
 # target/bench/spdk-peer.json). Needs root (hugepages, taskset) and 2 cores;
 # it reserves 1024 2 MiB hugepages and mounts hugetlbfs on /dev/hugepages if
 # it is not mounted. `trap` and `shadow` do not offer the doorbell page,
@@ -27,6 +29,7 @@ qds=1,4,32,128
 workloads=randread,randwrite
 modes=adaptive,mmap-poll,trap,shadow
 with_spdk=1
+rounds=3
 root=$(cd "$(dirname "$0")/../.." && pwd)
 json=$root/target/bench/spdk-peer.json
 
@@ -37,6 +40,7 @@ while [ $# -gt 0 ]; do
     --qd) qds=$2; shift 2 ;;
     --workloads) workloads=$2; shift 2 ;;
     --modes) modes=$2; shift 2 ;;
+    --rounds) rounds=$2; shift 2 ;;
     --no-spdk) with_spdk=0; shift ;;
     --json) json=$2; shift 2 ;;
     -h | --help) usage; exit 0 ;;
@@ -136,39 +140,45 @@ for m in "${mode_list[@]}"; do targets+=("vnvme:$m"); done
 IFS=, read -ra qd_list <<<"$qds"
 IFS=, read -ra wl_list <<<"$workloads"
 
-for t in "${targets[@]}"; do
-    case $t in
-    spdk) start_spdk ;;
-    vnvme:*) start_vnvme "${t#vnvme:}" ;;
-    esac
-    for w in "${wl_list[@]}"; do
-        for q in "${qd_list[@]}"; do
-            r=$(perf "$dir" "$q" "$w")
-            printf '%s\t%s\t%s\t%s\n' "$t" "$w" "$q" "$r" >>"$results"
-            printf '%-16s %-9s QD %-4s %s\n' "$t" "$w" "$q" "$r" >&2
+for round in $(seq "$rounds"); do
+    for t in "${targets[@]}"; do
+        case $t in
+        spdk) start_spdk ;;
+        vnvme:*) start_vnvme "${t#vnvme:}" ;;
+        esac
+        for w in "${wl_list[@]}"; do
+            for q in "${qd_list[@]}"; do
+                r=$(perf "$dir" "$q" "$w")
+                printf '%s\t%s\t%s\t%s\t%s\n' "$round" "$t" "$w" "$q" "$r" >>"$results"
+                printf 'round %s %-16s %-9s QD %-4s %s\n' "$round" "$t" "$w" "$q" "$r" >&2
+            done
         done
+        stop_target
     done
-    stop_target
 done
 
 mkdir -p "$(dirname "$json")"
 python3 - "$results" "$json" "$runtime" <<'EOF'
-import json, sys
+import json, statistics, sys
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
 out = {"runtime_s": int(sys.argv[3]), "io_size": 4096, "namespace": "null, 4 KiB blocks",
        "pinning": "target core 0, spdk_nvme_perf core 1", "runs": []}
-fig = {}
-for target, wl, qd, res in rows:
-    run = {"target": target, "workload": wl, "qd": int(qd)}
+runs = {}
+for rnd, target, wl, qd, res in rows:
+    run = {"round": int(rnd), "target": target, "workload": wl, "qd": int(qd)}
     if res.startswith("error"):
         run["error"] = res[len("error: "):]
     else:
         iops, lat = res.split()
         run["iops"] = float(iops)
         run["avg_latency_us"] = float(lat)
-        fig[(target, wl, int(qd))] = float(iops)
+        runs.setdefault((target, wl, int(qd)), []).append(float(iops))
     out["runs"].append(run)
+fig = {k: statistics.median(v) for k, v in runs.items()}
+out["median_iops"] = [{"target": t, "workload": w, "qd": q, "iops": v,
+                       "runs": len(runs[(t, w, q)])} for (t, w, q), v in fig.items()]
 json.dump(out, open(sys.argv[2], "w"), indent=2)
+rows = [r[1:] for r in rows]
 targets = list(dict.fromkeys(r[0] for r in rows))
 cols = [t for t in targets]
 print("| workload | QD | " + " | ".join(cols) + " |")
@@ -186,5 +196,5 @@ for wl in dict.fromkeys(r[1] for r in rows):
             else:
                 cells.append(f"{v/1e6:.2f}M")
         print(f"| {wl} | {qd} | " + " | ".join(cells) + " |")
-print(f"\nJSON: {sys.argv[2]}")
+print(f"\nmedian IOPS of {max(len(v) for v in runs.values()) if runs else 0} run(s) per cell; JSON: {sys.argv[2]}")
 EOF

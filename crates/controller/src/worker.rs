@@ -26,7 +26,10 @@ use cq::{
     refresh_cq_head, settle_interrupt,
 };
 use reap::{complete_in_flight, waker};
-use wake::{Adaptive, MmapPoll, OnKick, Round, Wake, MAX_ADMIN_BACKOFF, MAX_BACKOFF};
+use wake::{
+    Adaptive, MmapPoll, OnKick, Round, Wake, MAX_ADMIN_BACKOFF, MAX_ADMIN_PAGE_BACKOFF,
+    MAX_BACKOFF, MAX_PAGE_BACKOFF,
+};
 
 use crate::admin;
 use crate::command::{Ctx, Outcome, Scratch};
@@ -110,8 +113,12 @@ pub(crate) fn run(shared: Arc<Shared>, session: Arc<Session>, index: usize) {
             } else {
                 PollWindow::fixed(config.idle_poll)
             };
-            let page = shared.doorbells.page().is_some();
-            let wake = Adaptive::new(window, config.doze, page);
+            let max_backoff = match index {
+                _ if shared.doorbells.page().is_none() => None,
+                ADMIN_WORKER => Some(MAX_ADMIN_PAGE_BACKOFF),
+                _ => Some(MAX_PAGE_BACKOFF),
+            };
+            let wake = Adaptive::new(window, config.doze, max_backoff);
             run_with(&shared, &session, index, wake);
         }
     }

@@ -468,12 +468,18 @@ impl<D: Device> Server<D> {
         }
         let full = u32::try_from(base + caps.len()).map_err(|_| libc::EINVAL)?;
         let fits = req.argsz >= full;
+        if !fits {
+            // With too small an argsz, say how much is needed and leave the
+            // capabilities out, CAPS flag included: QEMU's client refuses a
+            // reply flagged CAPS whose cap_offset lies outside it (EINVAL,
+            // "failed to get region 0 info") before it would ask again with
+            // the argsz given.
+            flags &= !VFIO_REGION_INFO_FLAG_CAPS;
+        }
         let w = RegionInfoWire {
             argsz: full,
             flags,
             index: req.index,
-            // As the kernel does: with too small an argsz, say how much is
-            // needed and leave the capabilities out.
             cap_offset: if fits && !caps.is_empty() {
                 base as u32
             } else {

@@ -229,6 +229,10 @@ fn region_info_with_small_argsz_reports_needed_size() {
     assert_eq!(p.len(), 32);
     assert_eq!(w.argsz, 32 + 16 + 16);
     assert_eq!(w.cap_offset, 0);
+    // No CAPS flag for capabilities left out: QEMU refuses CAPS with a
+    // cap_offset outside the reply.
+    assert_eq!(w.flags & VFIO_REGION_INFO_FLAG_CAPS, 0);
+    assert_ne!(w.flags & VFIO_REGION_INFO_FLAG_MMAP, 0);
 }
 
 #[test]
