@@ -127,8 +127,11 @@ pub struct DmaRegion {
     ptr: NonNull<u8>,
     len: usize,
     iova: u64,
-    release: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    release: Mutex<Option<ReleaseHook>>,
 }
+
+/// What runs when a [`DmaRegion`] is dropped, given the region.
+type ReleaseHook = Box<dyn FnOnce(&DmaRegion) + Send>;
 
 // SAFETY: `ptr` is a shared mapping owned by this value for its whole life;
 // nothing hands out references into it, and every access is an atomic or a
@@ -195,9 +198,9 @@ impl DmaRegion {
         self.iova
     }
 
-    /// Runs `f` when the region is dropped, before the memory is unmapped
-    /// (e.g. to DMA_UNMAP it from the device).
-    pub fn on_release(&self, f: Box<dyn FnOnce() + Send>) {
+    /// Runs `f` on the region when it is dropped, before the memory and
+    /// its fd go (e.g. to DMA_UNMAP it from the device).
+    pub fn on_release(&self, f: ReleaseHook) {
         *self.release.lock() = Some(f);
     }
 
@@ -215,7 +218,7 @@ impl DmaRegion {
 impl Drop for DmaRegion {
     fn drop(&mut self) {
         if let Some(release) = self.release.get_mut().take() {
-            release();
+            release(self);
         }
         // SAFETY: `ptr`/`len` is the mapping made in `new`; no buffer refers
         // to it any more (each holds an `Arc` to this region).
@@ -539,8 +542,8 @@ impl Drop for MappedArea {
 pub trait DmaMapper: Send + Sync {
     /// Makes `region` reachable by the device at `region.iova()`.
     fn map(&self, region: &DmaRegion) -> Result<(), BoxError>;
-    /// Removes the device mapping (called when the region is dropped).
-    fn unmap(&self, iova: u64, len: usize);
+    /// Removes the device mapping of `region` (called when it is dropped).
+    fn unmap(&self, region: &DmaRegion);
 }
 
 /// The [`DmaMapper`] of a device in the driver's own process that finds
@@ -553,7 +556,7 @@ impl DmaMapper for NoMapper {
     fn map(&self, _: &DmaRegion) -> Result<(), BoxError> {
         Ok(())
     }
-    fn unmap(&self, _: u64, _: usize) {}
+    fn unmap(&self, _: &DmaRegion) {}
 }
 
 /// A bump allocator of DMA buffers carved from large memfd regions, so that
@@ -611,8 +614,7 @@ impl DmaPool {
             .ok_or_else(|| err("IOVA space exhausted".into()))?;
         self.mapper.map(&region).map_err(err)?;
         let mapper = Arc::clone(&self.mapper);
-        let (iova, rlen) = (region.iova(), region.len());
-        region.on_release(Box::new(move || mapper.unmap(iova, rlen)));
+        region.on_release(Box::new(move |r| mapper.unmap(r)));
         Ok(Arc::new(region))
     }
 
@@ -717,7 +719,7 @@ mod tests {
         fn map(&self, _: &DmaRegion) -> Result<(), BoxError> {
             Ok(())
         }
-        fn unmap(&self, _: u64, _: usize) {}
+        fn unmap(&self, _: &DmaRegion) {}
     }
 
     #[test]

@@ -6,6 +6,7 @@
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
@@ -33,17 +34,32 @@ mod pci {
     pub const MSIX_FUNCTION_MASK: u16 = 1 << 14;
 }
 
-struct ClientMapper(Arc<Client>);
+#[derive(Debug)]
+struct ClientMapper {
+    client: Arc<Client>,
+    /// Send the region's fd with DMA_UNMAP (see [`VfioUserAccess::unmap_with_fd`]).
+    unmap_with_fd: AtomicBool,
+    /// DMA_UNMAPs the server refused or that never got an answer: each
+    /// leaves a map behind on the server.
+    failed_unmaps: AtomicU64,
+}
 
 impl DmaMapper for ClientMapper {
     fn map(&self, region: &DmaRegion) -> Result<(), BoxError> {
-        self.0
+        self.client
             .dma_map(region.iova(), region.len() as u64, region.fd(), 0, true)
             .map_err(Into::into)
     }
 
-    fn unmap(&self, iova: u64, len: usize) {
-        if let Err(e) = self.0.dma_unmap(iova, len as u64) {
+    fn unmap(&self, region: &DmaRegion) {
+        let (iova, len) = (region.iova(), region.len() as u64);
+        let sent = if self.unmap_with_fd.load(Ordering::Relaxed) {
+            self.client.dma_unmap_with_fd(iova, len, region.fd())
+        } else {
+            self.client.dma_unmap(iova, len)
+        };
+        if let Err(e) = sent {
+            self.failed_unmaps.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(error = %e, iova, "DMA_UNMAP failed");
         }
     }
@@ -60,6 +76,7 @@ impl DmaMapper for ClientMapper {
 #[derive(Debug)]
 pub struct VfioUserAccess {
     client: Arc<Client>,
+    mapper: Arc<ClientMapper>,
     pool: DmaPool,
     msix_enabled: Mutex<bool>,
     /// BAR0 areas mapped by `map_registers`; set once, kept until drop, so
@@ -81,16 +98,33 @@ impl VfioUserAccess {
 
     pub fn from_client(client: Client) -> Self {
         let client = Arc::new(client);
-        let pool = DmaPool::new(
-            Arc::new(ClientMapper(Arc::clone(&client))),
-            DmaPool::DEFAULT_CHUNK,
-        );
+        let mapper = Arc::new(ClientMapper {
+            client: Arc::clone(&client),
+            unmap_with_fd: AtomicBool::new(false),
+            failed_unmaps: AtomicU64::new(0),
+        });
+        let pool = DmaPool::new(mapper.clone(), DmaPool::DEFAULT_CHUNK);
         Self {
             client,
+            mapper,
             pool,
             msix_enabled: Mutex::new(false),
             mapped: OnceLock::new(),
         }
+    }
+
+    /// Sends each DMA_UNMAP with the fd of the memory it unmaps attached, as
+    /// SPDK's NVMe host does, to drive a server the way SPDK does. Off by
+    /// default: QEMU sends none, and the fd means nothing to the protocol.
+    pub fn unmap_with_fd(self, on: bool) -> Self {
+        self.mapper.unmap_with_fd.store(on, Ordering::Relaxed);
+        self
+    }
+
+    /// DMA_UNMAPs (of DMA memory this access freed) that failed so far;
+    /// each left its map on the server.
+    pub fn failed_unmaps(&self) -> u64 {
+        self.mapper.failed_unmaps.load(Ordering::Relaxed)
     }
 
     /// The BAR0 areas mapped so far (empty before `map_registers`, or when

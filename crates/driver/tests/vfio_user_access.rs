@@ -1,6 +1,6 @@
 //! `VfioUserAccess` against the real vfio-user server over a socketpair,
-//! with a tiny device: registers, DMA reach, MSI-X enable and eventfds, and
-//! a doorbell page offered as a sparse mmap area of a memfd.
+//! with a tiny device: registers, DMA reach and unmap, MSI-X enable and
+//! eventfds, and a doorbell page offered as a sparse mmap area of a memfd.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use vnvme_driver::{DeviceAccess, VfioUserAccess};
+use vnvme_driver::{DeviceAccess, DmaPool, VfioUserAccess};
 use vnvme_vfio_user::{
     irq, region, Device, DeviceInfo, DmaSpace, Errno, IrqInfo, RegionInfo, Server, SparseArea,
     VFIO_DEVICE_FLAGS_PCI, VFIO_DEVICE_FLAGS_RESET, VFIO_IRQ_INFO_EVENTFD,
@@ -194,6 +194,32 @@ fn dma_buffers_are_reachable_by_the_device_at_their_iova() {
     let mut back = [0u8; 9];
     buf.read_bytes(16, &mut back).unwrap();
     assert_eq!(&back, b"hi driver");
+}
+
+#[test]
+fn freed_dma_memory_is_unmapped_with_or_without_its_fd() {
+    for with_fd in [false, true] {
+        let (access, shared) = setup();
+        let access = access.unmap_with_fd(with_fd);
+        // Past half the pool's chunk: a region, and a DMA_MAP, of its own.
+        let buf = access.dma_alloc(DmaPool::DEFAULT_CHUNK).unwrap();
+        let (iova, dma) = (buf.iova(), shared.lock().dma.clone().unwrap());
+        dma.read(iova, &mut [0u8; 4]).unwrap();
+        drop(buf);
+        assert!(dma.read(iova, &mut [0u8; 4]).is_err(), "fd: {with_fd}");
+        assert_eq!(access.failed_unmaps(), 0);
+    }
+}
+
+#[test]
+fn a_dma_unmap_the_server_refuses_is_counted() {
+    let (access, _) = setup();
+    let buf = access.dma_alloc(DmaPool::DEFAULT_CHUNK).unwrap();
+    // Unmapped behind the pool's back: its own DMA_UNMAP finds nothing.
+    let len = DmaPool::DEFAULT_CHUNK as u64;
+    access.client().dma_unmap(buf.iova(), len).unwrap();
+    drop(buf);
+    assert_eq!(access.failed_unmaps(), 1);
 }
 
 #[test]

@@ -268,13 +268,24 @@ impl Client {
     }
 
     pub fn dma_unmap(&self, iova: u64, size: u64) -> Result<(), Error> {
+        self.unmap(iova, size, &[])
+    }
+
+    /// DMA_UNMAP carrying the fd the range was mapped from, as SPDK's NVMe
+    /// host sends it. The protocol gives the fd no meaning; a server must
+    /// accept it (libvfio-user closes it).
+    pub fn dma_unmap_with_fd(&self, iova: u64, size: u64, fd: BorrowedFd<'_>) -> Result<(), Error> {
+        self.unmap(iova, size, &[fd])
+    }
+
+    fn unmap(&self, iova: u64, size: u64, fds: &[BorrowedFd<'_>]) -> Result<(), Error> {
         let req = DmaUnmap {
             argsz: size_of::<DmaUnmap>() as u32,
             flags: 0,
             address: iova,
             size,
         };
-        self.inner.call(cmd::DMA_UNMAP, 0, &[req.as_bytes()], &[])?;
+        self.inner.call(cmd::DMA_UNMAP, 0, &[req.as_bytes()], fds)?;
         self.inner.local_maps.lock().retain(|m| m.iova != iova);
         Ok(())
     }

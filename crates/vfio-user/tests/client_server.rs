@@ -2,13 +2,19 @@
 
 mod common;
 
-use std::os::fd::AsFd;
+use std::io::{IoSliceMut, Write};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use common::*;
 use parking_lot::Mutex;
+use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+use vnvme_vfio_user::wire::*;
 use vnvme_vfio_user::*;
+use zerocopy::IntoBytes;
 
 #[test]
 fn version_negotiation_then_device_and_irq_info() {
@@ -298,4 +304,67 @@ fn server_returns_when_the_client_goes_and_dma_is_torn_down() {
         dma.read(0, &mut [0u8; 4]),
         Err(DmaError::Unmapped { .. })
     ));
+}
+
+#[test]
+fn dma_unmap_with_fd_carries_the_fd_of_the_map() {
+    // A bare peer, since the server closes the fds a DMA_UNMAP carries
+    // unseen: it answers VERSION and one DMA_UNMAP, and keeps that one's fds.
+    let (a, b) = UnixStream::pair().unwrap();
+    let peer = std::thread::spawn(move || {
+        let (version, _) = recv_with_fds(&b);
+        reply(&b, &version, Version { major: 0, minor: 0 }.as_bytes());
+        let (unmap, fds) = recv_with_fds(&b);
+        assert_eq!(unmap.command, cmd::DMA_UNMAP);
+        reply(&b, &unmap, &[]);
+        fds
+    });
+    let client = Client::from_stream(a).unwrap();
+    let memfd = rustix::fs::memfd_create("guest", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+    client
+        .dma_unmap_with_fd(0x8000, 0x4000, memfd.as_fd())
+        .unwrap();
+    let fds = peer.join().unwrap();
+    assert_eq!(fds.len(), 1);
+    let (sent, got) = (
+        rustix::fs::fstat(&memfd).unwrap(),
+        rustix::fs::fstat(&fds[0]).unwrap(),
+    );
+    assert_eq!((got.st_dev, got.st_ino), (sent.st_dev, sent.st_ino));
+}
+
+/// One whole message from `s` (header and payload read together, as the
+/// client sends small ones) and the fds that came with it.
+fn recv_with_fds(s: &UnixStream) -> (Header, Vec<OwnedFd>) {
+    let mut buf = [0u8; 4096];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_MSG_FDS))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let got = rustix::net::recvmsg(
+        s,
+        &mut [IoSliceMut::new(&mut buf)],
+        &mut control,
+        RecvFlags::empty(),
+    )
+    .unwrap();
+    let header = read_prefix::<Header>(&buf[..got.bytes]).unwrap();
+    assert_eq!(header.msg_size as usize, got.bytes, "one whole message");
+    let fds = control
+        .drain()
+        .flat_map(|m| match m {
+            RecvAncillaryMessage::ScmRights(fds) => fds.collect(),
+            _ => Vec::new(),
+        })
+        .collect();
+    (header, fds)
+}
+
+fn reply(s: &UnixStream, req: &Header, payload: &[u8]) {
+    let header = Header {
+        msg_size: (HEADER_SIZE + payload.len()) as u32,
+        flags: flags::TYPE_REPLY,
+        ..*req
+    };
+    let mut bytes = header.as_bytes().to_vec();
+    bytes.extend_from_slice(payload);
+    (&*s).write_all(&bytes).unwrap();
 }

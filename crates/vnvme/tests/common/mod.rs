@@ -7,6 +7,7 @@ use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
 pub mod crc32c;
+pub mod pattern;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_vnvme");
 

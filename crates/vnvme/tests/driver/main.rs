@@ -21,4 +21,6 @@ mod init;
 mod io;
 mod namespaces;
 mod passthru;
+#[path = "../common/pattern.rs"]
+mod pattern;
 mod rig;

@@ -9,6 +9,7 @@ use vnvme::namespace::NamespaceSpec;
 use vnvme_controller::{ControllerStats, DoorbellMode, QueueStats};
 use vnvme_driver::{Controller, DeviceAccess, InitOptions};
 
+pub use crate::pattern::pattern;
 pub use vnvme::device::DeviceOptions;
 
 /// The controller being served, the driver's access to it and the driver.
@@ -81,13 +82,6 @@ impl Rig {
 /// (SQ traps, CQ traps) of a queue.
 pub fn traps(q: &QueueStats) -> (u64, u64) {
     (q.sq_doorbell_traps, q.cq_doorbell_traps)
-}
-
-/// Bytes unique to `seed` and position, so misplaced data is caught.
-pub fn pattern(len: usize, seed: u32) -> Vec<u8> {
-    (0..len as u32)
-        .map(|i| (i.wrapping_mul(2_654_435_761).wrapping_add(seed) >> 13) as u8)
-        .collect()
 }
 
 /// Waits (up to 10 s) until `done` holds: for what the controller does on
