@@ -158,8 +158,9 @@ pub enum DoorbellMode {
     /// [`ControllerConfig::idle_poll`] without work it polls between short
     /// sleeps for [`ControllerConfig::doze`], then arms EventIdx, fences,
     /// re-reads, and sleeps: until a trap, and no longer than a back-off
-    /// (25 µs doubling to 1 ms) after which it looks at the page and the
-    /// shadows again, since a client that mapped the page never traps.
+    /// (25 µs doubling to 1 ms, 5 ms after a second of silence) after which
+    /// it looks at the page and the shadows again, since a client that
+    /// mapped the page never traps.
     #[default]
     Adaptive,
     /// OACS bit 8 clear; BAR0's doorbell page is shared memory the client

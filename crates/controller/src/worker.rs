@@ -315,21 +315,18 @@ fn process_sq(
         shared.doorbells.sync_admin_page();
     }
     sq.refresh_tail(&shared.doorbells, mem);
-    if policy == EventIdxPolicy::Behind && !sq.is_empty() {
+    // Behind: SQ EventIdx behind the tail just read is published before
+    // this pass posts its first completion. A host that reaps what the
+    // pass posts may then submit up to a ring past its commands: an
+    // EventIdx left from an older pass would lie in that move (a trap at
+    // every wrap of a short ring). Not right after reading the tail: the
+    // host's move that ended there may not have read EventIdx yet, and
+    // behind(tail) lies in that move.
+    let mut sq_behind = policy == EventIdxPolicy::Behind && !sq.is_empty();
+    if sq_behind {
         // Before posting: a host that reaps what this pass posts must
-        // already see EventIdx behind the tail just read (it may then
-        // submit up to a ring past this pass's commands, across
-        // an EventIdx left from an older pass: a trap at every ring wrap of
-        // a short ring), and behind its CQ head. (Not over an EventIdx armed
-        // because the CQ is full.)
-        sq.event_idx.publish(
-            &shared.doorbells,
-            qid,
-            sq.source,
-            behind(sq.tail as u16),
-            false,
-            mem,
-        );
+        // already see CQ EventIdx behind its head. (Not over an EventIdx
+        // armed because the CQ is full.)
         refresh_cq_head(shared, session, cq);
         if !cq.is_full() {
             publish_cq_behind(shared, session, cq);
@@ -374,6 +371,11 @@ fn process_sq(
             } else {
                 io::execute(ctx, &cmd)
             };
+            if std::mem::take(&mut sq_behind) {
+                let ei = behind(sq.tail as u16);
+                sq.event_idx
+                    .publish(&shared.doorbells, qid, sq.source, ei, false, mem);
+            }
             match outcome {
                 Outcome::Done { dw0, status } => {
                     if !post(shared, session, sq.head as u16, qid, cq, &cmd, dw0, status) {
@@ -398,7 +400,7 @@ fn process_sq(
                     }
                 }
             }
-            // Published before the pass ran anything. An empty pass leaves
+            // Published before the first completion. An empty pass leaves
             // EventIdx alone: a sleeping worker polling the page after a
             // back-off must not take back the EventIdx it armed, or a host
             // that traps would wait for the back-off instead.

@@ -25,6 +25,7 @@ impl Host {
             cid: 0,
             dbbuf: None,
             spdk: false,
+            raced: std::cell::Cell::new(0),
         }
     }
 

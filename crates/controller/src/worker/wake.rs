@@ -50,6 +50,13 @@ pub(super) const MAX_PAGE_BACKOFF: Duration = Duration::from_millis(1);
 /// critical, and an idle client should cost the server well under 2% of a
 /// core (measured: 2.1% with 1 ms here, under an idle QEMU guest).
 pub(super) const MAX_ADMIN_PAGE_BACKOFF: Duration = Duration::from_millis(5);
+/// After this long asleep the page back-off may grow five times longer (5
+/// ms, 25 ms for the admin worker): a wake-up costs 10-25 µs of a core on
+/// a virtual machine like the development one, so 1,000 a second would
+/// cost an idle client 2% of a core; only the first request after a second
+/// of silence waits longer.
+const DEEP_IDLE: Duration = Duration::from_secs(1);
+const DEEP_IDLE_FACTOR: u32 = 5;
 
 /// What one round of the worker loop did.
 #[derive(Debug, Clone, Copy)]
@@ -309,6 +316,10 @@ impl Wake for Adaptive {
             Phase::Asleep if round.kicked => Phase::polling(now),
             Phase::Asleep => {
                 if let (true, Some(max)) = (round.slept, self.max_backoff) {
+                    let deep = self
+                        .slept_after
+                        .is_some_and(|t| now.saturating_duration_since(t) > DEEP_IDLE);
+                    let max = if deep { max * DEEP_IDLE_FACTOR } else { max };
                     self.backoff = (self.backoff * 2).min(max);
                 }
                 Phase::Asleep
