@@ -38,8 +38,10 @@ pub struct DeviceOptions {
     pub workers: u64,
     /// How guest doorbell writes reach the controller: trap (every write is
     /// a vfio-user message), shadow (Doorbell Buffer Config, QEMU's
-    /// algorithm), adaptive (shadow doorbells polled while busy, armed when
-    /// idle) or mmap-poll (the doorbell page is shared memory the workers poll).
+    /// algorithm), adaptive (shadow doorbells and the mappable doorbell page,
+    /// polled while busy, armed when idle; what QEMU and SPDK's host both
+    /// use well) or mmap-poll (only the doorbell page, polled). SPDK's host
+    /// needs the page: adaptive or mmap-poll.
     #[arg(long, value_name = "MODE", default_value_t = DoorbellMode::Adaptive)]
     pub doorbells: DoorbellMode,
     /// Adaptive: microseconds of polling without work before a worker arms

@@ -10,8 +10,8 @@
 //! * [`Adaptive`]: once Doorbell Buffer Config is on, or at once where the
 //!   doorbell page is offered, poll the shadow doorbells (or the page) while
 //!   busy with EventIdx kept behind, doze, then arm EventIdx and sleep: until
-//!   a trap, or with the page offered, for a back-off growing to 1 ms,
-//!   since a client ringing through the page never traps.
+//!   a trap, or with the page offered, for a growing back-off, since a
+//!   client ringing through the page never traps.
 //! * [`MmapPoll`]: poll the shared doorbell page, spin, then back off.
 
 use std::sync::atomic::Ordering;
@@ -48,13 +48,13 @@ const DOZE_INTERVAL: Duration = Duration::from_micros(25);
 pub(super) const MAX_PAGE_BACKOFF: Duration = Duration::from_millis(1);
 /// The same for the admin worker: admin commands are rare and not latency
 /// critical, and an idle client should cost the server well under 2% of a
-/// core (measured: 2.1% with 1 ms here, under an idle QEMU guest).
+/// core.
 pub(super) const MAX_ADMIN_PAGE_BACKOFF: Duration = Duration::from_millis(5);
 /// After this long asleep the page back-off may grow five times longer (5
 /// ms, 25 ms for the admin worker): a wake-up costs 10-25 µs of a core on
-/// a virtual machine like the development one, so 1,000 a second would
-/// cost an idle client 2% of a core; only the first request after a second
-/// of silence waits longer.
+/// a virtual machine like the development one, so 1,000 a second cost an
+/// idle QEMU guest's server 2.1% of a core (1.2% with this); only the first
+/// request after a second of silence waits longer.
 const DEEP_IDLE: Duration = Duration::from_secs(1);
 const DEEP_IDLE_FACTOR: u32 = 5;
 
@@ -224,8 +224,8 @@ impl Phase {
 /// worker polls from the start (the page is the register file before
 /// Doorbell Buffer Config), and asleep it wakes after a back-off, 25 µs
 /// doubling to [`MAX_PAGE_BACKOFF`] ([`MAX_ADMIN_PAGE_BACKOFF`] for the
-/// admin worker), to look again; a trap still wakes it
-/// at once.
+/// admin worker; five times that after a second of silence), to look again;
+/// a trap still wakes it at once.
 #[derive(Debug)]
 pub(super) struct Adaptive {
     phase: Phase,
