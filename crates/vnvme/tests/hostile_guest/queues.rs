@@ -1,5 +1,9 @@
 //! Queues, doorbells and interrupt vectors with hostile values.
 
+use std::os::fd::AsFd;
+use std::time::Duration;
+
+use vnvme_driver::MappedArea;
 use vnvme_spec::{AdminOpcode, NvmOpcode, Status};
 use zerocopy::little_endian::U64;
 use zerocopy::IntoBytes;
@@ -151,5 +155,51 @@ fn interrupt_vector_beyond_the_table_is_invalid_interrupt_vector() {
             "vector {iv}"
         );
     }
+    g.finish(&srv);
+}
+
+/// The default mode offers BAR0's doorbell page for mmap, so a client may
+/// store anything there without a trap: tails and heads beyond their
+/// queues, doorbells of queues that do not exist, an admin tail far beyond
+/// the ring. All are ignored, before and after Doorbell Buffer Config, and
+/// the controller keeps serving.
+#[test]
+fn garbage_stored_in_the_mapped_doorbell_page_is_ignored() {
+    let srv = Served::start();
+    let mut g = ready(&srv);
+    let (info, fd) = g.client.region_info(0).unwrap();
+    let area = *info
+        .sparse_areas
+        .first()
+        .expect("the default mode offers the doorbell page");
+    let fd = fd.expect("the doorbell page comes with its fd");
+    let page = MappedArea::map(fd.as_fd(), area.offset, area.size).unwrap();
+    for dbbuf in [false, true] {
+        if dbbuf {
+            assert_eq!(g.configure_dbbuf(), Status::SUCCESS);
+        }
+        let garbage = [
+            (0x1000, 0xDEAD_BEEF), // admin SQ tail
+            (0x1004, 1000),        // admin CQ head
+            (0x1008, 64),          // SQ 1 tail, one past its 64 entries
+            (0x1008, u32::MAX),
+            (0x100C, 10), // CQ 1 head, past what was posted
+            (0x1000 + 8 * 3, 1),
+            (0x1000 + 8 * 200, 7),
+            (0x1FFC, u32::MAX),
+        ];
+        for (off, v) in garbage {
+            assert!(page.store_u32(off, v), "{off:#x} is in the page");
+        }
+        // Long enough for every worker to look at the page again.
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(g.csts() & 2, 0, "dbbuf {dbbuf}: no fatal status");
+        // A trap stores a valid value over the garbage.
+        let c = g.submit(1, rw(NvmOpcode::READ, 0, 1, DATA, 0));
+        assert_eq!(c.status(), Status::SUCCESS, "dbbuf {dbbuf}");
+        let c = g.admin(identify(1, 0, DATA));
+        assert_eq!(c.status(), Status::SUCCESS, "dbbuf {dbbuf}");
+    }
+    drop(page);
     g.finish(&srv);
 }
