@@ -30,6 +30,14 @@ pub trait GuestMemory: Send + Sync {
     /// Atomically stores the aligned little-endian dword at `addr` with
     /// release ordering (EventIdx, §5.8).
     fn store_u32(&self, addr: u64, value: u32) -> Result<(), DmaError>;
+    /// Copies `head` to `addr`, then stores `last` (aligned) right after it
+    /// with release ordering: a reader that sees `last` sees `head` too (a
+    /// completion queue entry, its phase tag in the last dword, §4.6).
+    /// Implementations may do both in one access.
+    fn write_then_store_u32(&self, addr: u64, head: &[u8], last: u32) -> Result<(), DmaError> {
+        self.write(addr, head)?;
+        self.store_u32(addr.wrapping_add(head.len() as u64), last)
+    }
     /// Lets go of what the calling thread keeps of the memory between
     /// accesses (the vfio-user DMA space keeps a snapshot of the client's
     /// maps per thread, and an unmap waits until no thread holds the old

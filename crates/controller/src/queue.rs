@@ -40,7 +40,17 @@ pub(crate) struct Sq {
     /// A Delete I/O Submission Queue (its CID) waits for those: nothing
     /// more is fetched, and the queue goes once the last completes (§5.6).
     pub deleting: Option<u16>,
+    /// Entries from head on, fetched in one guest memory access;
+    /// `batch[next..end]` are not popped yet. All lie before the tail that
+    /// was valid when they were read: the host may not rewrite them until a
+    /// completion reports the head past them.
+    batch: Vec<Command>,
+    next: usize,
+    end: usize,
 }
+
+/// Entries [`Sq::pop`] fetches at once, at most.
+const FETCH_BATCH: usize = 16;
 
 impl Sq {
     pub fn new(qid: u16, base: u64, size: u32, cqid: u16) -> Self {
@@ -56,6 +66,9 @@ impl Sq {
             event_idx: EventIdx::default(),
             in_flight: 0,
             deleting: None,
+            batch: vec![Command::default(); FETCH_BATCH],
+            next: 0,
+            end: 0,
         }
     }
 
@@ -84,13 +97,27 @@ impl Sq {
         self.event_idx.reset();
     }
 
-    /// Fetches the entry at head and advances head.
+    /// The entry at head (the queue must not be empty); advances head.
+    /// Entries up to the tail (at most [`FETCH_BATCH`], not across the end
+    /// of the ring) are fetched together, one guest memory access for many
+    /// commands.
     pub fn pop(&mut self, mem: &dyn GuestMemory) -> Result<Command, DmaError> {
-        let mut cmd = Command::default();
-        let addr = self
-            .base
-            .wrapping_add(u64::from(self.head) * Command::SIZE as u64);
-        mem.read(addr, cmd.as_mut_bytes())?;
+        if self.next == self.end {
+            let ahead = if self.tail > self.head {
+                self.tail - self.head
+            } else {
+                self.size - self.head
+            };
+            let n = (ahead as usize).clamp(1, self.batch.len());
+            let addr = self
+                .base
+                .wrapping_add(u64::from(self.head) * Command::SIZE as u64);
+            let batch = self.batch.get_mut(..n).unwrap_or_default();
+            mem.read(addr, batch.as_mut_bytes())?;
+            (self.next, self.end) = (0, n);
+        }
+        let cmd = self.batch.get(self.next).copied().unwrap_or_default();
+        self.next += 1;
         self.head = if self.head + 1 >= self.size {
             0
         } else {
@@ -211,8 +238,7 @@ impl Cq {
         let dw3 = (cqe.dw3.get() & !(1 << 16)) | (u32::from(self.phase) << 16);
         cqe.dw3.set(dw3);
         let bytes = cqe.as_bytes();
-        mem.write(addr, bytes.get(..12).unwrap_or_default())?;
-        mem.store_u32(addr.wrapping_add(12), dw3)?;
+        mem.write_then_store_u32(addr, bytes.get(..12).unwrap_or_default(), dw3)?;
         self.tail += 1;
         if self.tail >= self.size {
             self.tail = 0;

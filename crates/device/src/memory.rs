@@ -38,6 +38,12 @@ impl GuestMemory for DmaMemory {
         self.0.store_u32(addr, value).map_err(convert)
     }
 
+    fn write_then_store_u32(&self, addr: u64, head: &[u8], last: u32) -> Result<(), DmaError> {
+        self.0
+            .write_then_store_u32(addr, head, last)
+            .map_err(convert)
+    }
+
     fn quiesce(&self) {
         self.0.quiesce();
     }

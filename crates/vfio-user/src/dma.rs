@@ -749,6 +749,39 @@ impl DmaSpace {
         }
         Ok(())
     }
+
+    /// Copies `head` to `iova`, then stores `last` right after it with
+    /// release ordering, in one walk when both lie in one local mapping (a
+    /// completion queue entry: one translation instead of two).
+    pub fn write_then_store_u32(&self, iova: u64, head: &[u8], last: u32) -> Result<(), DmaError> {
+        let len = head.len() + 4;
+        let mut done = false;
+        self.walk(iova, len as u64, true, |piece, _addr, _done, n| {
+            match piece {
+                Piece::Local(p) if n == len => {
+                    // SAFETY: `p` points at `n` writable bytes of a live
+                    // mapping (as in `write`), so `head.len() < n` stays in.
+                    let tail = unsafe { p.add(head.len()) };
+                    if tail.cast::<u32>().is_aligned() {
+                        // SAFETY: as in `write` and `store_u32`: in bounds,
+                        // writable, the dword aligned.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(head.as_ptr(), p, head.len());
+                            AtomicU32::from_ptr(tail.cast()).store(last.to_le(), Ordering::Release);
+                        }
+                        done = true;
+                    }
+                }
+                _ => {}
+            }
+            Ok(())
+        })?;
+        if !done {
+            self.write(iova, head)?;
+            self.store_u32(iova.wrapping_add(head.len() as u64), last)?;
+        }
+        Ok(())
+    }
 }
 
 /// The huge page size of a file on hugetlbfs (SPDK's memory), else None.
