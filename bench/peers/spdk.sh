@@ -2,10 +2,10 @@
 # vnvme against SPDK's vfio-user NVMe target, both driven by SPDK's own NVMe
 # host (spdk_nvme_perf). Not part of CI.
 #
-# It runs only what you built: SPDK_DIR must point at an SPDK tree built
-# with `./configure --with-vfio-user` (build/bin/nvmf_tgt, spdk_nvme_perf,
-# spdk_nvme_identify and scripts/rpc.py are used from it). This script never
-# fetches or builds SPDK. vnvme is built here (cargo build --release) unless
+# It runs only what you built: SPDK_DIR must point at an SPDK tree you
+# built yourself with its vfio-user support (build/bin/nvmf_tgt,
+# spdk_nvme_perf, spdk_nvme_identify and scripts/rpc.py are used from it).
+# This script never fetches or builds SPDK. vnvme is built here (cargo build --release) unless
 # VNVME points at a binary.
 #
 # Each target is pinned to core 0 (taskset), the host to core 1 (-c 0x2);
@@ -51,7 +51,7 @@ done
 die() { echo "spdk.sh: $*" >&2; exit 1; }
 [ -n "${SPDK_DIR:-}" ] || die "set SPDK_DIR to an SPDK tree built with --with-vfio-user (see --help)"
 for b in build/bin/nvmf_tgt build/bin/spdk_nvme_perf build/bin/spdk_nvme_identify scripts/rpc.py; do
-    [ -x "$SPDK_DIR/$b" ] || die "$SPDK_DIR/$b is missing: build SPDK with ./configure --with-vfio-user && make"
+    [ -x "$SPDK_DIR/$b" ] || die "$SPDK_DIR/$b is missing: SPDK_DIR must be an SPDK tree built with vfio-user support"
 done
 [ "$(id -u)" = 0 ] || die "run as root: SPDK needs hugepages"
 [ "$(nproc)" -ge 2 ] || die "needs 2 cores (target on core 0, host on core 1)"

@@ -32,7 +32,7 @@
 //! beyond them DMA_MAP fails with ENOSPC and ENOMEM.
 
 use std::os::fd::{AsFd, BorrowedFd};
-use std::sync::atomic::{compiler_fence, AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{compiler_fence, AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -42,9 +42,9 @@ use crate::conn::{Conn, MAX_DATA_XFER_SIZE};
 use crate::fault;
 use crate::Errno;
 
+mod access;
 mod remote;
 mod snapshot;
-use remote::{remote_read, remote_write};
 use snapshot::Tables;
 
 /// Most maps a client may have at once, unless `vm.max_map_count` asks for
@@ -639,148 +639,6 @@ impl DmaSpace {
             }
             idx += 1;
         }
-    }
-
-    /// Copies guest memory at `iova` into `buf`.
-    pub fn read(&self, iova: u64, buf: &mut [u8]) -> Result<(), DmaError> {
-        let max_xfer = self.inner.max_xfer;
-        self.walk(iova, buf.len() as u64, false, |piece, addr, done, n| {
-            let dst = &mut buf[done..done + n];
-            match piece {
-                // SAFETY: `p` points at `n` readable bytes of a live mapping
-                // (the snapshot holds it); `dst` is a distinct Rust buffer.
-                // The guest may write the memory concurrently: we treat it like
-                // device memory and only copy bytes out, never form references.
-                Piece::Local(p) => unsafe { std::ptr::copy_nonoverlapping(p, dst.as_mut_ptr(), n) },
-                Piece::Remote(conn) => {
-                    for (i, chunk) in dst.chunks_mut(max_xfer).enumerate() {
-                        remote_read(conn, addr + (i * max_xfer) as u64, chunk)?;
-                    }
-                }
-            }
-            Ok(())
-        })
-    }
-
-    /// Copies `buf` into guest memory at `iova`.
-    pub fn write(&self, iova: u64, buf: &[u8]) -> Result<(), DmaError> {
-        let max_xfer = self.inner.max_xfer;
-        self.walk(iova, buf.len() as u64, true, |piece, addr, done, n| {
-            let src = &buf[done..done + n];
-            match piece {
-                // SAFETY: `p` points at `n` writable bytes of a live mapping
-                // (snapshot held, PROT_WRITE since the map is writable).
-                Piece::Local(p) => unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), p, n) },
-                Piece::Remote(conn) => {
-                    for (i, chunk) in src.chunks(max_xfer).enumerate() {
-                        remote_write(conn, addr + (i * max_xfer) as u64, chunk)?;
-                    }
-                }
-            }
-            Ok(())
-        })
-    }
-
-    /// Zeroes `len` bytes of guest memory at `iova`.
-    pub fn zero(&self, iova: u64, len: u64) -> Result<(), DmaError> {
-        let max_xfer = self.inner.max_xfer;
-        self.walk(iova, len, true, |piece, addr, _done, n| {
-            match piece {
-                // SAFETY: as in `write`.
-                Piece::Local(p) => unsafe { std::ptr::write_bytes(p, 0, n) },
-                Piece::Remote(conn) => {
-                    let zeros = vec![0u8; n.min(max_xfer)];
-                    let mut off = 0usize;
-                    while off < n {
-                        let k = (n - off).min(max_xfer);
-                        remote_write(conn, addr + off as u64, &zeros[..k])?;
-                        off += k;
-                    }
-                }
-            }
-            Ok(())
-        })
-    }
-
-    /// Loads a little-endian u32 with Acquire ordering: atomic when `iova` is
-    /// 4-byte aligned in an fd-backed map, a plain copy otherwise.
-    pub fn load_u32(&self, iova: u64) -> Result<u32, DmaError> {
-        let mut out = None;
-        self.walk(iova, 4, false, |piece, _addr, _done, n| {
-            if let Piece::Local(p) = piece {
-                if n == 4 && p.cast::<u32>().is_aligned() {
-                    // SAFETY: `p` is 4-aligned and points at 4 bytes of a live
-                    // shared mapping (snapshot held).
-                    let v = unsafe { AtomicU32::from_ptr(p.cast()) }.load(Ordering::Acquire);
-                    out = Some(u32::from_le(v));
-                }
-            }
-            Ok(())
-        })?;
-        match out {
-            Some(v) => Ok(v),
-            None => {
-                // Unaligned, split over two maps, or remote.
-                let mut b = [0u8; 4];
-                self.read(iova, &mut b)?;
-                std::sync::atomic::fence(Ordering::Acquire);
-                Ok(u32::from_le_bytes(b))
-            }
-        }
-    }
-
-    /// Stores a little-endian u32 with Release ordering: atomic when `iova`
-    /// is 4-byte aligned in an fd-backed map, a plain copy otherwise.
-    pub fn store_u32(&self, iova: u64, v: u32) -> Result<(), DmaError> {
-        let mut done = false;
-        self.walk(iova, 4, true, |piece, _addr, _done, n| {
-            if let Piece::Local(p) = piece {
-                if n == 4 && p.cast::<u32>().is_aligned() {
-                    // SAFETY: as in `load_u32`, and the map is writable.
-                    unsafe { AtomicU32::from_ptr(p.cast()) }.store(v.to_le(), Ordering::Release);
-                    done = true;
-                }
-            }
-            Ok(())
-        })?;
-        if !done {
-            std::sync::atomic::fence(Ordering::Release);
-            self.write(iova, &v.to_le_bytes())?;
-        }
-        Ok(())
-    }
-
-    /// Copies `head` to `iova`, then stores `last` right after it with
-    /// release ordering, in one walk when both lie in one local mapping (a
-    /// completion queue entry: one translation instead of two).
-    pub fn write_then_store_u32(&self, iova: u64, head: &[u8], last: u32) -> Result<(), DmaError> {
-        let len = head.len() + 4;
-        let mut done = false;
-        self.walk(iova, len as u64, true, |piece, _addr, _done, n| {
-            match piece {
-                Piece::Local(p) if n == len => {
-                    // SAFETY: `p` points at `n` writable bytes of a live
-                    // mapping (as in `write`), so `head.len() < n` stays in.
-                    let tail = unsafe { p.add(head.len()) };
-                    if tail.cast::<u32>().is_aligned() {
-                        // SAFETY: as in `write` and `store_u32`: in bounds,
-                        // writable, the dword aligned.
-                        unsafe {
-                            std::ptr::copy_nonoverlapping(head.as_ptr(), p, head.len());
-                            AtomicU32::from_ptr(tail.cast()).store(last.to_le(), Ordering::Release);
-                        }
-                        done = true;
-                    }
-                }
-                _ => {}
-            }
-            Ok(())
-        })?;
-        if !done {
-            self.write(iova, head)?;
-            self.store_u32(iova.wrapping_add(head.len() as u64), last)?;
-        }
-        Ok(())
     }
 }
 
