@@ -6,14 +6,15 @@
 //!   the queue;
 //! * the shadow doorbell and EventIdx buffers of Doorbell Buffer Config
 //!   (§5.8, [`shadow`]);
-//! * the mmap-poll doorbell page the client maps and writes directly
-//!   ([`page`]).
+//! * BAR0's doorbell page, which the client may map and write directly
+//!   where the mode offers it ([`page`]); traps store there too, so it is
+//!   then the register.
 //!
 //! A trap validates the value against the queue size published in the slot,
 //! stores it, and asks for the owning worker to be kicked. The worker never
 //! reads the slot directly: it asks its queue's [`DoorbellSource`] for the
-//! current value, so the queue and worker code do not care which of the
-//! three the value comes from.
+//! current value, so the queue and worker code do not care where the value
+//! comes from.
 
 mod page;
 mod shadow;
@@ -84,8 +85,8 @@ pub(crate) struct Doorbells {
     /// Bumped when a queue opens or closes, so polling workers rebuild the
     /// list of queues they own.
     generation: AtomicU64,
-    /// The mmap-poll doorbell page (mmap-poll mode only): every queue's
-    /// doorbells are read from it.
+    /// The doorbell page, in the modes that offer it (adaptive, mmap-poll):
+    /// the registers' memory, read wherever a register value is.
     page: Option<Arc<dyn DoorbellPage>>,
     /// Doorbell Buffer Config (§5.8) buffers; `None` until configured and
     /// after a controller reset. A leaf lock: written at Doorbell Buffer
@@ -259,9 +260,14 @@ impl Doorbells {
         }
     }
 
-    /// The value last stored by a trap.
+    /// The doorbell register's value: the page's dword where the page is
+    /// offered (a client that mapped it writes there, and traps store there
+    /// too), else the value last stored by a trap.
     pub fn register_value(&self, db: Doorbell) -> u32 {
-        self.slot(db).map_or(0, |s| s.value.load(Ordering::Acquire))
+        match &self.page {
+            Some(p) => p.load(db.index()),
+            None => self.slot(db).map_or(0, |s| s.value.load(Ordering::Acquire)),
+        }
     }
 }
 

@@ -1,12 +1,11 @@
-//! BAR0's doorbell page as shared memory (mmap-poll): the client maps it and
-//! writes doorbells there without trapping; workers poll it.
+//! BAR0's doorbell page as shared memory (adaptive, mmap-poll): the client
+//! may map it and write doorbells there without trapping; workers poll it.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-/// BAR0's doorbell page (offset 0x1000..0x2000) as shared memory, for
-/// [`DoorbellMode::MmapPoll`](crate::DoorbellMode::MmapPoll): the client maps
-/// it and the guest writes doorbells there without trapping; the workers poll
-/// it. `index` is the doorbell's index ([`Doorbell::index`](vnvme_spec::regs::Doorbell::index), DSTRD 0), i.e.
+/// BAR0's doorbell page (offset 0x1000..0x2000) as shared memory, in the
+/// modes that [offer it](crate::DoorbellMode::offers_page): the client may
+/// map it and write doorbells there without trapping; the workers poll it. `index` is the doorbell's index ([`Doorbell::index`](vnvme_spec::regs::Doorbell::index), DSTRD 0), i.e.
 /// the dword at byte `index * 4` of the page.
 ///
 /// Implementations are atomic: `load` with acquire, `store` with release
@@ -20,7 +19,7 @@ pub trait DoorbellPage: Send + Sync {
 pub const DOORBELL_PAGE_DWORDS: u32 = 1024;
 
 /// A [`DoorbellPage`] in the server's own heap: for tests, and for a
-/// mmap-poll controller whose glue has no shared memory to give (the client
+/// controller whose glue has no shared memory to give (the client
 /// then reaches the page through register writes only).
 #[derive(Debug)]
 pub struct HeapDoorbellPage {

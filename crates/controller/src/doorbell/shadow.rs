@@ -67,14 +67,10 @@ impl Doorbells {
     /// The source a queue's doorbell `db` uses now: the shadow buffer once
     /// Doorbell Buffer Config succeeded (a host writes its shadow before it
     /// rings, so the shadow is the newest value; a ring only wakes), else the
-    /// doorbell page where one is offered (traps store there too), else the
-    /// register.
+    /// register (the doorbell page, where one is offered).
     pub fn source_for(&self, db: Doorbell) -> DoorbellSource {
-        if let Some(d) = self.dbbuf.read().as_ref() {
-            return d.source(db);
-        }
-        match self.page {
-            Some(_) => DoorbellSource::Page,
+        match self.dbbuf.read().as_ref() {
+            Some(d) => d.source(db),
             None => DoorbellSource::Register,
         }
     }
@@ -134,14 +130,9 @@ impl Doorbells {
                 if !self.is_open(db) {
                     continue;
                 }
-                // The page, where offered, holds the client's newest ring.
-                let register = self
-                    .page
-                    .as_ref()
-                    .map_or_else(|| self.register_value(db), |p| p.load(db.index()));
                 let value = previous
                     .and_then(|p| p.source(db).read(self, db, mem).ok())
-                    .unwrap_or(register);
+                    .unwrap_or_else(|| self.register_value(db));
                 let addr = offset(db);
                 let (shadow, event_idx) = (
                     new.shadow.wrapping_add(addr),

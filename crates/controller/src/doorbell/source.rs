@@ -1,5 +1,6 @@
-//! Where a queue's doorbell value comes from: the register a trap stored,
-//! the shadow doorbell buffer (§5.8) or the mmap-poll page.
+//! Where a queue's doorbell value comes from: the register (a trap stored
+//! it, or the client wrote the doorbell page) or the shadow doorbell buffer
+//! (§5.8).
 
 use std::sync::atomic::Ordering;
 
@@ -11,14 +12,13 @@ use crate::memory::{DmaError, GuestMemory};
 /// Where a queue's doorbell value comes from (§5.8).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) enum DoorbellSource {
-    /// The MMIO register: the value the last trap stored.
+    /// The register ([`Doorbells::register_value`]): the doorbell page
+    /// where it is offered, else the value the last trap stored.
     #[default]
     Register,
     /// Doorbell Buffer Config: guest addresses of this doorbell's dword in
     /// the shadow doorbell buffer and in the EventIdx buffer.
     Shadow { shadow: u64, event_idx: u64 },
-    /// The mmap-poll doorbell page.
-    Page,
 }
 
 impl DoorbellSource {
@@ -34,9 +34,6 @@ impl DoorbellSource {
         match *self {
             DoorbellSource::Register => Ok(doorbells.register_value(db)),
             DoorbellSource::Shadow { shadow, .. } => mem.load_u32(shadow),
-            DoorbellSource::Page => Ok(doorbells
-                .page()
-                .map_or_else(|| doorbells.register_value(db), |p| p.load(db.index()))),
         }
     }
 
