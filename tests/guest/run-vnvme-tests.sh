@@ -21,8 +21,8 @@
 #   passthru   nvme admin-passthru vendor info (C2h, "VNVMEVND"), unregistered C4h fails; io-passthru
 #              vendor checksum (C0h, CRC32C); fio io_uring_cmd on /dev/ng0n1: verified write/read, randread
 # Tests with their own server (a second `vnvme serve` for that boot only, its log in the temp folder):
-#   ns-ready   --ns 256M:ram --ns 64M:ram,ready=5s: nvme0n1 usable at once, nvme0n2 appears by itself
-#              (Namespace Attribute Changed event, no ns-rescan) within 30 s, verified fio on both
+#   ns-ready   --ns 256M:ram --ns 64M:ram,ready=5s: Linux (CC.CRIME clear) waits >= 5 s for CSTS.RDY,
+#              then finds both namespaces in its first scan with their sizes; verified fio on both
 #   ns-attach  --max-namespaces 8 --nvm-capacity 1G --ns 256M:ram --ns 64M:ram,detached: clean scan,
 #              list-ns --all shows nsid 2; attach-ns makes nvme0n2 appear (event); create-ns + attach-ns,
 #              verified fio, detach-ns makes it disappear, delete-ns
@@ -299,7 +299,7 @@ t_passthru() {
 
 t_ns-ready() {
   own_server_test ns-ready ready= vnvme-ns-ready.sh --ns 256M:ram --ns 64M:ram,ready=5s -- \
-    --timeout 180 --append "rig.wait=30 rig.ns2_bytes=$((64 << 20))"
+    --timeout 180 --append "rig.ready=5 rig.ns1_bytes=$((256 << 20)) rig.ns2_bytes=$((64 << 20))"
 }
 
 t_ns-attach() {

@@ -25,6 +25,8 @@ use crate::worker;
 
 /// CRTO.CRWMT is 16 bits of 500 ms units.
 const MAX_READY_TIMEOUT: Duration = Duration::from_millis(500 * 0xFFFF);
+/// How much longer than its slowest namespace a host is told to wait.
+const READY_MARGIN: Duration = Duration::from_secs(2);
 
 struct Attachment {
     mem: Arc<dyn GuestMemory>,
@@ -115,8 +117,9 @@ impl Controller {
                 return Err(ConfigError::DuplicateNsid(nc.nsid));
             }
         }
-        // CRWMT must cover the slowest namespace: a host that waits that
-        // long after enable sees every namespace that will become ready.
+        // CRWMT must cover the slowest namespace, with room: a host starts
+        // its clock before its enable write reaches us (through QEMU, a
+        // guest under TCG) and must not give up just before RDY.
         let slowest = map
             .values()
             .filter_map(|ns| match ns.readiness {
@@ -124,7 +127,7 @@ impl Controller {
                 _ => None,
             })
             .max()
-            .unwrap_or_default();
+            .map_or(Duration::ZERO, |d| d + READY_MARGIN);
         config.ready_timeout = config.ready_timeout.max(slowest).min(MAX_READY_TIMEOUT);
         let nn = map
             .keys()
@@ -287,7 +290,8 @@ impl Controller {
                 .fetch_add(1, Ordering::Relaxed);
             return;
         }
-        let ctl = self.control.lock();
+        let mut ctl = self.control.lock();
+        ctl.regs.settle(Instant::now());
         let read32 = |off: u64| {
             let mut v = ctl.regs.read32(off);
             if off == offset::CSTS && self.shared.fatal.load(Ordering::Acquire) {
@@ -513,25 +517,42 @@ impl Controller {
         let now = Instant::now();
         *shared.enabled_at.lock() = Some(now);
         let active = shared.subsystem.namespaces.active_list();
-        let sh = Arc::clone(&self.shared);
-        let became_ready = move |nsid| {
-            // Still there and still attached: it may have been detached or
-            // deleted meanwhile.
-            if sh.subsystem.namespaces.active(nsid).is_some() {
-                sh.namespace_changed(nsid);
+        if ctl.regs.cc.crime() {
+            // Ready independent of media: RDY now, and each slow namespace
+            // announces itself (NSTAT, Namespace Attribute Changed).
+            let sh = Arc::clone(&self.shared);
+            let became_ready = move |nsid| {
+                // Still there and still attached: it may have been detached
+                // or deleted meanwhile.
+                if sh.subsystem.namespaces.active(nsid).is_some() {
+                    sh.namespace_changed(nsid);
+                }
+            };
+            if let Some(t) =
+                ReadyTimer::start(&shared.subsystem.ready_timer, &active, now, became_ready)
+            {
+                ctl.threads.push(t);
             }
-        };
-        if let Some(t) =
-            ReadyTimer::start(&shared.subsystem.ready_timer, &active, now, became_ready)
-        {
-            ctl.threads.push(t);
         }
         ctl.clean_shutdown = false;
         shared.fatal.store(false, Ordering::Release);
         shared.ready.store(true, Ordering::Release);
         shared.stats.enables.fetch_add(1, Ordering::Relaxed);
         ctl.regs.csts.set_cfs(false);
-        ctl.regs.csts.set_rdy(true);
+        // Ready with media (CC.CRIME = 0, every host that predates NVMe 2.0):
+        // RDY waits for the slowest namespace that will become ready, so
+        // the host finds every namespace ready and needs no polling. A
+        // never-ready namespace does not hold RDY back.
+        let with_media = active
+            .iter()
+            .filter_map(|ns| match ns.readiness {
+                Readiness::After(d) if !ctl.regs.cc.crime() => Some(d),
+                _ => None,
+            })
+            .max()
+            .unwrap_or_default();
+        ctl.regs.rdy_at = Some(now + with_media);
+        ctl.regs.settle(now);
     }
 
     /// Controller reset (§3.7.2): stop the workers, delete every queue,
@@ -555,6 +576,7 @@ impl Controller {
         shared.intx_held.store(false, Ordering::Relaxed);
         ctl.regs.cc.set_en(false);
         ctl.regs.csts.set_rdy(false);
+        ctl.regs.rdy_at = None;
         ctl.regs.csts.set_cfs(false);
         ctl.regs.csts.set_shst(shutdown::NONE);
         shared.cc.store(u32::from(ctl.regs.cc), Ordering::Release);

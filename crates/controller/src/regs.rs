@@ -2,6 +2,8 @@
 //! and what a write asks the controller to do. No threads, no queues: the
 //! controller acts on the returned [`Action`].
 
+use std::time::Instant;
+
 use vnvme_spec::regs::{offset, shutdown, version, Aqa, Cap, Cc, Crto, Csts, NSSR_RESET};
 
 use crate::config::ControllerConfig;
@@ -43,6 +45,10 @@ pub(crate) struct Regs {
     pub asq: u64,
     pub acq: u64,
     pub crto: Crto,
+    /// In Controller Ready With Media mode (CC.CRIME = 0 at enable),
+    /// CSTS.RDY turns 1 only at this instant, once every attached namespace
+    /// that will become ready is (NVMe 2.0 §3.5.4): see [`Regs::settle`].
+    pub rdy_at: Option<Instant>,
 }
 
 impl Regs {
@@ -70,6 +76,16 @@ impl Regs {
             asq: 0,
             acq: 0,
             crto: Crto::new().with_crwmt(timeout).with_crimt(timeout),
+            rdy_at: None,
+        }
+    }
+
+    /// Sets CSTS.RDY once a pending ready-with-media instant has passed.
+    /// Called before registers are read, so RDY needs no timer thread.
+    pub fn settle(&mut self, now: Instant) {
+        if self.rdy_at.is_some_and(|t| now >= t) {
+            self.rdy_at = None;
+            self.csts.set_rdy(true);
         }
     }
 

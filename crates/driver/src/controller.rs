@@ -41,6 +41,13 @@ pub struct InitOptions {
     pub interrupts: bool,
     /// Overrides the ready timeout derived from CAP.TO and CRTO.
     pub ready_timeout: Option<Duration>,
+    /// Enable in Controller Ready Independent of Media mode (CC.CRIME) when
+    /// CAP.CRMS.CRIMS offers it, as Linux does: CSTS.RDY comes at once and
+    /// namespaces not ready yet are asked again (NSTAT) until the ready
+    /// timeout, then left to their Namespace Attribute Changed event. Off
+    /// (the default): ready with media, RDY waits for the namespaces and
+    /// the scan sends a fixed number of commands.
+    pub independent_of_media: bool,
     /// Time an admin command may take.
     pub admin_timeout: Duration,
     /// Time a synchronous I/O command may take.
@@ -80,6 +87,7 @@ impl Default for InitOptions {
             admin_depth: 32,
             interrupts: true,
             ready_timeout: None,
+            independent_of_media: false,
             admin_timeout: Duration::from_secs(10),
             io_timeout: Duration::from_secs(30),
             max_transfer: 1 << 20,
@@ -446,7 +454,12 @@ fn bring_up(
         .with_mps(0)
         .with_ams(0)
         .with_iosqes(6)
-        .with_iocqes(4);
+        .with_iocqes(4)
+        .with_crime(opts.independent_of_media && cap.crims());
+    // CRIME clear: Controller Ready With Media, so RDY means every namespace
+    // that will become ready is (NVMe 2.0 §3.5.4), and the scan below finds
+    // them ready with no polling. CRWMT counts from here.
+    let enabled = Instant::now();
     access.write32(offset::CC, cc.into())?;
     wait_csts(access, ready_timeout, "set CSTS.RDY", true, |c| c.rdy())?;
     // Polled until the number of queues, hence the vector sharing, is known.
@@ -529,7 +542,8 @@ fn bring_up(
         }
     }
     let nstat = version >= regs::version(2, 0, 0);
-    let deadline = Instant::now() + ready_timeout;
+    // Only a device whose RDY does not wait for its media needs the retries.
+    let deadline = enabled + ready_timeout;
     let (found, ns_report) = scan_namespaces(
         &mut ProbeCtx {
             admin: &mut admin,

@@ -20,6 +20,9 @@ const ASQ: u64 = 0x10000;
 const ACQ: u64 = 0x20000;
 const DATA: u64 = 0x800000;
 const NS_BLOCKS: u64 = 2048;
+/// CC with EN, IOSQES 6 and IOCQES 4; CRIME (bit 24) clear: ready with media.
+const CC_ENABLE: u32 = 0x0046_0001;
+const CC_CRIME: u32 = 1 << 24;
 
 fn sq_base(qid: u16) -> u64 {
     0x100000 + u64::from(qid) * 0x10000
@@ -226,9 +229,17 @@ impl Host {
     }
 
     fn enable(&mut self) {
-        self.enable_with(0x0046_0001, ASQ, (31 << 16) | 31);
+        self.enable_with(CC_ENABLE, ASQ, (31 << 16) | 31);
         assert!(self.csts().rdy(), "CSTS.RDY after enable");
         assert!(!self.csts().cfs());
+    }
+
+    /// Enables in Controller Ready Independent of Media mode (CC.CRIME), as
+    /// Linux does when CAP.CRMS.CRIMS is set: RDY at once, slow namespaces
+    /// announced one by one.
+    fn enable_independent_of_media(&mut self) {
+        self.enable_with(CC_ENABLE | CC_CRIME, ASQ, (31 << 16) | 31);
+        assert!(self.csts().rdy(), "CSTS.RDY after enable");
     }
 
     fn next_cid(&mut self) -> u16 {

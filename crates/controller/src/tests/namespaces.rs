@@ -361,7 +361,7 @@ fn retry_while(h: &mut Host, nsid: u32, busy: Status) -> (Status, u32) {
 fn slow_namespace_is_not_ready_then_ready_with_event() {
     let slow = ram_ns(2, 1 << 20).with_readiness(Readiness::After(Duration::from_millis(250)));
     let mut h = Host::with_namespaces(config(), vec![ram_ns(1, 1 << 20), slow]);
-    h.enable();
+    h.enable_independent_of_media();
     let aer = h.arm_notices();
     h.create_pair(1, 16);
     assert_eq!(h.identify_page(0x08, 2)[14] & 1, 0, "NSTAT: not ready");
@@ -386,6 +386,46 @@ fn slow_namespace_is_not_ready_then_ready_with_event() {
         (aer, NS_CHANGED_EVENT)
     );
     assert_eq!(h.changed_log(false), [2]);
+}
+
+#[test]
+fn ready_with_media_holds_rdy_until_the_slowest_namespace_is_ready() {
+    let slow = |nsid, ms| {
+        ram_ns(nsid, 1 << 20).with_readiness(Readiness::After(Duration::from_millis(ms)))
+    };
+    let never = ram_ns(4, 1 << 20).with_readiness(Readiness::Never);
+    let namespaces = vec![ram_ns(1, 1 << 20), slow(2, 150), slow(3, 300), never];
+    let mut h = Host::with_namespaces(config(), namespaces);
+    let enabled = Instant::now();
+    h.enable_with(CC_ENABLE, ASQ, (31 << 16) | 31);
+    let mut polls = 0;
+    while !h.csts().rdy() {
+        assert!(
+            enabled.elapsed() < Duration::from_secs(5),
+            "CSTS.RDY never set"
+        );
+        polls += 1;
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let waited = enabled.elapsed();
+    assert!(
+        polls > 0 && waited >= Duration::from_millis(300),
+        "RDY after {waited:?}"
+    );
+    assert!(!h.csts().cfs());
+    // Every namespace that becomes ready is ready now: nothing to announce.
+    h.arm_notices();
+    h.create_pair(1, 16);
+    for nsid in 1..=3 {
+        assert_eq!(h.identify_page(0x08, nsid)[14] & 1, 1, "NSTAT {nsid}");
+        assert_eq!(h.read1(nsid), Status::SUCCESS);
+    }
+    assert_eq!(h.identify_page(0x08, 4)[14] & 1, 0, "never ready");
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        h.peek_cqe(0).is_none(),
+        "no namespace event completed the AER"
+    );
 }
 
 #[test]
@@ -423,9 +463,10 @@ fn never_ready_namespace_sets_dnr_after_ready_timeout() {
 fn ready_timeout_covers_the_slowest_namespace() {
     let slow = ram_ns(1, 1 << 20).with_readiness(Readiness::After(Duration::from_secs(7)));
     let h = Host::with_namespaces(config(), vec![slow]);
-    assert_eq!(h.read32(offset::CRTO), 14 | (14 << 16), "CRWMT/CRIMT 7 s");
+    // 7 s and a margin of 2 s.
+    assert_eq!(h.read32(offset::CRTO), 18 | (18 << 16), "CRWMT/CRIMT 9 s");
     let cap = Cap::from(h.read64(offset::CAP));
-    assert_eq!(cap.to(), 14);
+    assert_eq!(cap.to(), 18);
     assert!(cap.crwms() && cap.crims());
     let h = Host::with_namespaces(config(), vec![ram_ns(1, 1 << 20)]);
     assert_eq!(h.read32(offset::CRTO) & 0xFFFF, 10, "default 5 s");

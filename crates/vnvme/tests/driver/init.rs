@@ -143,6 +143,34 @@ fn fast_init_of_32_queues_sends_2n_plus_8_admin_commands() {
 }
 
 #[test]
+fn fast_init_with_slow_detached_and_unsupported_namespaces_sends_2n_plus_10() {
+    // As `vnvme bench init`: no Doorbell Buffer Config.
+    let (_, opts) = queues(32, InitMode::Fast);
+    let device = DeviceOptions {
+        max_io_queues: 32,
+        ..device(DoorbellMode::Trap)
+    };
+    let mix = [
+        "16M:null",
+        "16M:null,ready=300ms",
+        "16M:null,detached",
+        "16M:null,format=4",
+    ];
+    for _ in 0..2 {
+        let rig = start(device.clone(), &mix, opts.clone());
+        // Identify Controller, Number of Queues, 32 x (CQ + SQ), Async Event
+        // Configuration, active list, the Asynchronous Event Request, CNS
+        // 00h + 08h for the ready namespace and for the slow one (ready when
+        // CSTS.RDY is: no polling), CNS 00h for the one with metadata
+        // (skipped), none for the detached one. The same every run.
+        assert_eq!(rig.ctrl.init_admin_commands(), 2 * 32 + 10);
+        assert_eq!(by(&rig, "identify"), 1 + 1 + 2 + 2 + 1);
+        assert_eq!(rig.ctrl.namespaces().len(), 2);
+        assert_counts_agree(&rig);
+    }
+}
+
+#[test]
 fn learning_init_of_32_queues_costs_224_plus_8_commands() {
     let (device, opts) = queues(32, InitMode::Learning);
     let rig = start(device, &["16M:null"], opts);

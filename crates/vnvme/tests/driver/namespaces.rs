@@ -2,7 +2,7 @@
 //! ready, detached, in a format the driver does not take, none at all, and
 //! picked up later on an event or a rescan.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use vnvme_controller::DoorbellMode;
 use vnvme_driver::{Controller, DeviceAccess, Error, InitOptions, NsState};
@@ -38,11 +38,34 @@ fn attach(ctrl: &Controller, access: &dyn DeviceAccess, nsid: u32) {
 }
 
 #[test]
-fn namespace_ready_later_is_waited_for_through_nstat() {
+fn namespace_ready_later_is_waited_for_by_ready_with_media() {
+    let started = Instant::now();
     let rig = start(
         device(DoorbellMode::Trap),
         &["16M:null", "16M:null,ready=300ms"],
         InitOptions::default(),
+    );
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert_eq!(
+        states(&rig.ctrl),
+        [(1, NsState::Ready), (2, NsState::Ready)]
+    );
+    // CSTS.RDY waited for the slow namespace: Identify Controller, the
+    // active list and CNS 00h + 08h once per namespace, nothing polled.
+    assert_eq!(identifies(&rig), 2 + 2 * 2);
+    assert_eq!(rig.admin_received("identify"), 2 + 2 * 2);
+}
+
+#[test]
+fn namespace_ready_later_is_asked_again_when_ready_independent_of_media() {
+    let opts = InitOptions {
+        independent_of_media: true,
+        ..InitOptions::default()
+    };
+    let rig = start(
+        device(DoorbellMode::Trap),
+        &["16M:null", "16M:null,ready=300ms"],
+        opts,
     );
     assert_eq!(
         states(&rig.ctrl),
@@ -165,6 +188,7 @@ fn wait_for_namespace(ctrl: &Controller, nsid: u32) -> Vec<vnvme_driver::AsyncEv
 fn namespace_not_ready_past_the_timeout_is_picked_up_on_its_event() {
     let opts = InitOptions {
         ready_timeout: Some(Duration::from_millis(100)),
+        independent_of_media: true,
         ..InitOptions::default()
     };
     let rig = start(device(DoorbellMode::Trap), &["16M:ram,ready=800ms"], opts);
