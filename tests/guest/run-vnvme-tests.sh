@@ -16,7 +16,8 @@
 #   randread   fio 4 KiB randread io_uring at QD 1 and 32; no nvme timeout/reset/error in dmesg
 #   shadow     (only with --doorbells and --stats) QD 32 randread uses shadow doorbells: shadow reads > 0,
 #              <= 0.1 doorbell traps per I/O (the server runs in adaptive mode), from the server's --stats JSON
-#   reset      controller reset from inside the guest (twice), then verified I/O
+#   reset      controller reset from inside the guest (twice), nvme subsystem-reset refused (no CAP.NSSRS),
+#              then verified I/O
 #   kill       QEMU SIGKILLed mid-I/O; the server survives; a new QEMU boots on it and passes fio verify
 #   passthru   nvme admin-passthru vendor info (C2h, "VNVMEVND"), unregistered C4h fails; io-passthru
 #              vendor checksum (C0h, CRC32C); fio io_uring_cmd on /dev/ng0n1: verified write/read, randread
@@ -42,7 +43,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --compare) COMPARE=1 ;;
     --keep) KEEP=1 ;;
-    -h|--help) sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "run-vnvme-tests: unknown option $1" >&2; exit 126 ;;
     *) case " $ALL " in *" $1 "*) ONLY="$ONLY $1" ;; *) echo "run-vnvme-tests: unknown test $1" >&2; exit 126 ;; esac ;;
   esac

@@ -82,6 +82,11 @@ pub struct ControllerConfig {
     /// How long Format NVM keeps a namespace busy (I/O to it gets Format In
     /// Progress meanwhile). Default 0: the format completes at once.
     pub format_duration: Duration,
+    /// Offer NVM Subsystem Reset (CAP.NSSRS). Off by default, as in QEMU:
+    /// Linux treats the reset as a PCIe link loss it finds out about only
+    /// when a command times out (30 s with I/O, 60 s without), since a
+    /// vfio-user device has no link to drop. On for hosts that handle it.
+    pub nssr: bool,
 }
 
 /// Largest [`ControllerConfig::max_namespaces`]: an Identify namespace list
@@ -116,6 +121,7 @@ impl Default for ControllerConfig {
             max_namespaces: 0,
             nvm_capacity: 0,
             format_duration: Duration::ZERO,
+            nssr: false,
         }
     }
 }

@@ -60,7 +60,7 @@ impl Regs {
             // CAP.TO is 8 bits: hosts that read CRTO (CAP.CRMS set) use it.
             .with_to(u8::try_from(timeout).unwrap_or(u8::MAX))
             .with_dstrd(0)
-            .with_nssrs(true)
+            .with_nssrs(config.nssr)
             .with_css(1)
             .with_mpsmin(0)
             .with_mpsmax(MPSMAX)
@@ -131,7 +131,10 @@ impl Regs {
                 }
                 None
             }
-            offset::NSSR => (value == NSSR_RESET).then_some(Action::SubsystemReset),
+            // Reserved without CAP.NSSRS: the write is ignored.
+            offset::NSSR => {
+                (self.cap.nssrs() && value == NSSR_RESET).then_some(Action::SubsystemReset)
+            }
             // Admin queue attributes may change only while disabled (§3.1.4.8).
             offset::AQA if !enabled => {
                 self.aqa = Aqa::from(value & 0x0FFF_0FFF);

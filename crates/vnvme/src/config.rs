@@ -11,6 +11,7 @@
 //! max_namespaces = 16         # NN
 //! nvm_capacity = "2G"         # TNVMCAP for Namespace Management
 //! format_duration = "100ms"   # Format In Progress this long
+//! nssr = false                 # offer NVM Subsystem Reset (CAP.NSSRS)
 //! max_dma_maps = 1024         # what a vfio-user client may map, in maps
 //! max_dma_size = "64G"        # ... and in bytes
 //! handshake_timeout = "5s"    # VERSION within this
@@ -80,6 +81,7 @@ struct FileConfig {
     max_namespaces: Option<Spanned<u32>>,
     nvm_capacity: Option<Spanned<SizeValue>>,
     format_duration: Option<Spanned<String>>,
+    nssr: Option<Spanned<bool>>,
     max_dma_maps: Option<Spanned<u64>>,
     max_dma_size: Option<Spanned<SizeValue>>,
     handshake_timeout: Option<Spanned<String>>,
@@ -113,6 +115,7 @@ pub struct ServeConfig {
     pub max_namespaces: Option<u32>,
     pub nvm_capacity: Option<u64>,
     pub format_duration: Option<Duration>,
+    pub nssr: Option<bool>,
     pub max_dma_maps: Option<u64>,
     pub max_dma_size: Option<u64>,
     pub handshake_timeout: Option<Duration>,
@@ -173,6 +176,7 @@ impl ServeConfig {
             model: raw.model.as_ref().map(|v| v.get_ref().clone()),
             ready_timeout: duration("ready_timeout", &raw.ready_timeout)?,
             format_duration: duration("format_duration", &raw.format_duration)?,
+            nssr: raw.nssr.as_ref().map(|v| *v.get_ref()),
             handshake_timeout: duration("handshake_timeout", &raw.handshake_timeout)?,
             message_timeout: duration("message_timeout", &raw.message_timeout)?,
             nvm_capacity: raw
@@ -365,6 +369,7 @@ impl ServeConfig {
             max_namespaces: pick(&cli.max_namespaces, &d.max_namespaces, &self.max_namespaces),
             nvm_capacity: cli.nvm_capacity.or(self.nvm_capacity),
             format_duration: cli.format_duration.or(self.format_duration),
+            nssr: cli.nssr || self.nssr == Some(true),
         }
     }
 }
@@ -431,6 +436,7 @@ ready_timeout = "3s"
 max_namespaces = 8
 nvm_capacity = "2G"
 format_duration = "100ms"
+nssr = true
 
 [[namespaces]]
 size = "1G"
@@ -467,6 +473,7 @@ attached = false
         assert_eq!(c.max_namespaces, Some(8));
         assert_eq!(c.nvm_capacity, Some(2 << 30));
         assert_eq!(c.format_duration, Some(Duration::from_millis(100)));
+        assert_eq!(c.nssr, Some(true));
         assert_eq!(c.namespaces.len(), 3);
         assert_eq!(c.namespaces[0], NamespaceSpec::new(1 << 30, Backend::Null));
         let ns = &c.namespaces[1];
@@ -498,7 +505,7 @@ attached = false
         let text = EXAMPLE.replace("ready = \"250ms\"", "ready = \"soon\"");
         assert_eq!(
             err(&text),
-            "config.toml:18: namespaces[1].ready: invalid duration 'soon': use a number with a unit, e.g. 250ms, 5s or 1m"
+            "config.toml:19: namespaces[1].ready: invalid duration 'soon': use a number with a unit, e.g. 250ms, 5s or 1m"
         );
     }
 

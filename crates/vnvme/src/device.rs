@@ -79,6 +79,11 @@ pub struct DeviceOptions {
     /// Progress meanwhile). Default 0.
     #[arg(long, value_name = "DURATION", value_parser = crate::namespace::parse_duration)]
     pub format_duration: Option<std::time::Duration>,
+    /// Offer NVM Subsystem Reset (CAP.NSSRS; `nvme subsystem-reset`). Off
+    /// by default, as in QEMU: Linux recovers from it only when a command
+    /// times out (about 30 s), as a vfio-user device has no PCIe link to drop.
+    #[arg(long)]
+    pub nssr: bool,
 }
 
 impl Default for DeviceOptions {
@@ -97,6 +102,7 @@ impl Default for DeviceOptions {
             max_namespaces: 0,
             nvm_capacity: None,
             format_duration: None,
+            nssr: false,
         }
     }
 }
@@ -121,6 +127,7 @@ impl DeviceOptions {
             max_namespaces: self.max_namespaces,
             nvm_capacity: self.nvm_capacity.unwrap_or(0),
             format_duration: self.format_duration.unwrap_or_default(),
+            nssr: self.nssr,
             ..ControllerConfig::default()
         }
     }

@@ -1,6 +1,7 @@
 //! Registers and enable.
 
 use super::*;
+use vnvme_spec::regs::NSSR_RESET;
 
 #[test]
 fn cap_and_version_describe_the_controller() {
@@ -100,4 +101,29 @@ fn too_many_io_queues_names_the_real_limit() {
         ..ControllerConfig::default()
     };
     assert!(Controller::new(fits, Vec::new()).is_ok());
+}
+
+#[test]
+fn nvm_subsystem_reset_is_offered_only_when_configured() {
+    // Off by default, as in QEMU: the register is reserved, writes ignored.
+    let mut h = Host::new();
+    assert!(!Cap::from(h.read64(offset::CAP)).nssrs());
+    h.enable();
+    h.write32(offset::NSSR, NSSR_RESET);
+    assert!(h.csts().rdy() && !h.csts().nssro(), "reset ignored");
+
+    let config = ControllerConfig {
+        nssr: true,
+        ..config()
+    };
+    let mut h = Host::with(config, 512);
+    assert!(Cap::from(h.read64(offset::CAP)).nssrs());
+    h.enable();
+    h.write32(offset::NSSR, 0x1234);
+    assert!(h.csts().rdy(), "only \"NVMe\" resets");
+    h.write32(offset::NSSR, NSSR_RESET);
+    assert!(!h.csts().rdy() && h.csts().nssro());
+    // NSSRO is write-1-to-clear.
+    h.write32(offset::CSTS, 1 << 4);
+    assert!(!h.csts().nssro());
 }
