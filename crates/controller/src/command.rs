@@ -68,16 +68,34 @@ impl Outcome {
 }
 
 impl Ctx<'_> {
-    /// Maps the command's PRPs for `len` bytes into the scratch segment list.
+    /// Maps the command's data pointer for `len` bytes into the scratch
+    /// segment list: PRPs, or (PSDT 01b, I/O commands) an SGL, whose
+    /// direction the opcode's data transfer bits give.
     pub fn map_prps(&mut self, cmd: &Command, len: u64) -> Result<(), Status> {
-        crate::prp::map(
-            &*self.session.mem,
-            cmd.prp1.get(),
-            cmd.prp2.get(),
-            len,
-            self.session.page_size,
-            &mut self.scratch.segs,
-        )
+        let (prp1, prp2) = (cmd.prp1.get(), cmd.prp2.get());
+        if cmd.psdt() == 0 {
+            return crate::prp::map(
+                &*self.session.mem,
+                prp1,
+                prp2,
+                len,
+                self.session.page_size,
+                &mut self.scratch.segs,
+            );
+        }
+        self.shared
+            .stats
+            .sgl_commands
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut sgl1 = [0u8; 16];
+        sgl1[..8].copy_from_slice(&prp1.to_le_bytes());
+        sgl1[8..].copy_from_slice(&prp2.to_le_bytes());
+        let dir = if cmd.opcode() & 0x3 == 0x2 {
+            crate::sgl::Direction::ToHost
+        } else {
+            crate::sgl::Direction::FromHost
+        };
+        crate::sgl::map(&*self.session.mem, sgl1, len, dir, &mut self.scratch.segs)
     }
 
     /// Copies `data` to the host buffer described by the command's PRPs.

@@ -55,7 +55,9 @@ fn run(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Option<u64>, Status> {
     if !SUPPORTED.contains(&op) {
         return Err(Status::INVALID_OPCODE.with_dnr(true));
     }
-    if cmd.fuse() != 0 || cmd.psdt() != 0 {
+    // PSDT 01b: SGL data, metadata contiguous at MPTR. 10b (metadata SGL)
+    // is not offered in SGLS.
+    if cmd.fuse() != 0 || cmd.psdt() > 1 {
         return Err(invalid_field());
     }
     let nsid = cmd.nsid.get();

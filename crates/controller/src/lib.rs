@@ -30,6 +30,7 @@ mod poll_window;
 pub mod prp;
 mod queue;
 mod regs;
+mod sgl;
 mod state;
 pub mod stats;
 mod subsystem;

@@ -136,13 +136,16 @@ pub fn map(
     }
 }
 
-/// Copies `data` into the guest segments (controller-to-host transfer).
+/// Copies `data` into the guest segments (controller-to-host transfer);
+/// SGL bit buckets take their bytes nowhere.
 pub fn write_to_guest(mem: &dyn GuestMemory, segs: &[Segment], data: &[u8]) -> Result<(), Status> {
     let mut done = 0usize;
     for s in segs {
         let end = done.saturating_add(s.len as usize);
         let chunk = data.get(done..end).ok_or_else(transfer_error)?;
-        mem.write(s.addr, chunk).map_err(dma_error)?;
+        if s.addr != crate::sgl::BIT_BUCKET {
+            mem.write(s.addr, chunk).map_err(dma_error)?;
+        }
         done = end;
     }
     Ok(())

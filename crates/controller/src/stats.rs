@@ -52,6 +52,8 @@ pub(crate) struct Stats {
     pub eventidx_arms: AtomicU64,
     /// Doorbell Buffer Config commands that succeeded.
     pub dbbuf_configs: AtomicU64,
+    /// I/O commands whose data pointer is an SGL.
+    pub sgl_commands: AtomicU64,
     // SMART / health.
     pub data_units_read_512: AtomicU64,
     pub data_units_written_512: AtomicU64,
@@ -85,6 +87,7 @@ impl Stats {
             worker_wakeups: AtomicU64::new(0),
             eventidx_arms: AtomicU64::new(0),
             dbbuf_configs: AtomicU64::new(0),
+            sgl_commands: AtomicU64::new(0),
             data_units_read_512: AtomicU64::new(0),
             data_units_written_512: AtomicU64::new(0),
             host_read_commands: AtomicU64::new(0),
@@ -205,6 +208,7 @@ impl Stats {
         s.worker_wakeups = self.worker_wakeups.load(Relaxed);
         s.eventidx_arms = self.eventidx_arms.load(Relaxed);
         s.dbbuf_configs = self.dbbuf_configs.load(Relaxed);
+        s.sgl_commands = self.sgl_commands.load(Relaxed);
         s.backend_errors = self.backend_errors.load(Relaxed);
         s
     }
@@ -259,6 +263,9 @@ pub struct ControllerStats {
     pub eventidx_arms: u64,
     /// Successful Doorbell Buffer Config commands.
     pub dbbuf_configs: u64,
+    /// I/O commands whose data came through an SGL (Linux uses them for
+    /// requests averaging `nvme.sgl_threshold`, 32 KiB, per segment).
+    pub sgl_commands: u64,
     /// Backend operations that failed: each completed its command with an
     /// error status (Unrecovered Read Error, Write Fault or Internal Error)
     /// and is logged, rate-limited, with its cause.

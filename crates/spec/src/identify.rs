@@ -75,6 +75,13 @@ pub mod oncs {
     pub const VERIFY: u16 = 1 << 7;
 }
 
+/// SGLS — SGL Support bits (§5.17.2.1).
+pub mod sgls {
+    /// Bits 1:0 = 01b: SGLs supported, no address or length alignment.
+    pub const SUPPORTED: u32 = 1 << 0;
+    pub const BIT_BUCKET: u32 = 1 << 16;
+}
+
 /// Identify Controller data structure (CNS 01h, §5.17.2.1, Figure 275).
 #[repr(C)]
 #[derive(Clone, Debug, FromBytes, IntoBytes, Immutable, KnownLayout)]

@@ -89,6 +89,9 @@ impl Status {
     pub const INVALID_NAMESPACE_OR_FORMAT: Self = Self::code(sct::GENERIC, 0x0B);
     pub const COMMAND_SEQUENCE_ERROR: Self = Self::code(sct::GENERIC, 0x0C);
     pub const INVALID_PRP_OFFSET: Self = Self::code(sct::GENERIC, 0x13);
+    pub const INVALID_SGL_SEGMENT_DESCRIPTOR: Self = Self::code(sct::GENERIC, 0x0D);
+    pub const INVALID_NUMBER_OF_SGL_DESCRIPTORS: Self = Self::code(sct::GENERIC, 0x0E);
+    pub const DATA_SGL_LENGTH_INVALID: Self = Self::code(sct::GENERIC, 0x0F);
     pub const INVALID_SGL_DESCRIPTOR_TYPE: Self = Self::code(sct::GENERIC, 0x11);
     pub const ADMIN_COMMAND_MEDIA_NOT_READY: Self = Self::code(sct::GENERIC, 0x24);
     pub const LBA_OUT_OF_RANGE: Self = Self::code(sct::GENERIC, 0x80);
@@ -143,6 +146,15 @@ impl Status {
             ),
             (Status::COMMAND_SEQUENCE_ERROR, "command-sequence-error"),
             (Status::INVALID_PRP_OFFSET, "invalid-prp-offset"),
+            (
+                Status::INVALID_SGL_SEGMENT_DESCRIPTOR,
+                "invalid-sgl-segment-descriptor",
+            ),
+            (
+                Status::INVALID_NUMBER_OF_SGL_DESCRIPTORS,
+                "invalid-number-of-sgl-descriptors",
+            ),
+            (Status::DATA_SGL_LENGTH_INVALID, "data-sgl-length-invalid"),
             (
                 Status::INVALID_SGL_DESCRIPTOR_TYPE,
                 "invalid-sgl-descriptor-type",

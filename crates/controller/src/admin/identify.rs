@@ -2,8 +2,8 @@
 
 use vnvme_spec::cdw::{Cdw10Identify, Cdw11Identify};
 use vnvme_spec::identify::{
-    fill_ascii, ns_descriptor, oacs, oaes, oncs, Cns, IdentifyController, IdentifyNsIndependent,
-    IDENTIFY_SIZE,
+    fill_ascii, ns_descriptor, oacs, oaes, oncs, sgls, Cns, IdentifyController,
+    IdentifyNsIndependent, IDENTIFY_SIZE,
 };
 use vnvme_spec::regs::version;
 use vnvme_spec::{Command, Status};
@@ -89,6 +89,9 @@ pub(crate) fn identify_controller(shared: &Shared) -> Box<IdentifyController> {
     // FNA = 0: Format NVM and its erase apply to one namespace at a time.
     id.fna = 0;
     id.oncs = U16::new(oncs::COMPARE | oncs::DATASET_MANAGEMENT | oncs::WRITE_ZEROES);
+    // SGLs for I/O data (metadata stays contiguous at MPTR), exactly as
+    // long as the transfer: see `crate::sgl`.
+    id.sgls = U32::new(sgls::SUPPORTED | sgls::BIT_BUCKET);
     // VWC bit 0: present; bits 2:1 = 11b: Flush with NSID FFFFFFFFh supported.
     id.vwc = u8::from(shared.subsystem.vwc) | 0x06;
     fill_ascii(&mut id.subnqn, &c.nqn());

@@ -431,4 +431,5 @@ mod io;
 mod modes;
 mod namespaces;
 mod registers;
+mod sgl;
 mod stress;
