@@ -70,8 +70,11 @@ fn malformed_commands_complete_with_expected_status() {
     let dnr = |s: Status| s.with_dnr(true);
     let mut fused = rw(NvmOpcode::READ, 1, 0, 1, DATA, 0);
     fused.cdw0 = U32::new(fused.cdw0.get() | (1 << 8));
+    // PSDT 01b: DPTR is SGL Entry 1, here a data block of 0 bytes.
     let mut sgl = rw(NvmOpcode::READ, 1, 0, 1, DATA, 0);
     sgl.cdw0 = U32::new(sgl.cdw0.get() | (1 << 14));
+    let mut metadata_sgl = rw(NvmOpcode::READ, 1, 0, 1, DATA, 0);
+    metadata_sgl.cdw0 = U32::new(metadata_sgl.cdw0.get() | (2 << 14));
     let mut noncontig_cq = create_cq(2, 16, 2, cq_base(2));
     noncontig_cq.cdw11 = U32::new(0b10 | (2 << 16));
     let mut nsq_ffff = set_features(0x07, 0xFFFF_0000);
@@ -144,7 +147,8 @@ fn malformed_commands_complete_with_expected_status() {
             dnr(Status::INVALID_PRP_OFFSET),
         ),
         ("fused", 1, fused, dnr(Status::INVALID_FIELD)),
-        ("sgl", 1, sgl, dnr(Status::INVALID_FIELD)),
+        ("empty sgl", 1, sgl, dnr(Status::DATA_SGL_LENGTH_INVALID)),
+        ("metadata sgl", 1, metadata_sgl, dnr(Status::INVALID_FIELD)),
         (
             "create cq qid 0",
             0,
