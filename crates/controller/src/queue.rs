@@ -40,6 +40,9 @@ pub(crate) struct Sq {
     /// A Delete I/O Submission Queue (its CID) waits for those: nothing
     /// more is fetched, and the queue goes once the last completes (§5.6).
     pub deleting: Option<u16>,
+    /// CIDs an Abort found still queued: completed with Command Abort
+    /// Requested when fetched, instead of running. At most ACL + 1.
+    aborts: Vec<u16>,
     /// Entries from head on, fetched in one guest memory access;
     /// `batch[next..end]` are not popped yet. All lie before the tail that
     /// was valid when they were read: the host may not rewrite them until a
@@ -66,6 +69,7 @@ impl Sq {
             event_idx: EventIdx::default(),
             in_flight: 0,
             deleting: None,
+            aborts: Vec::new(),
             batch: vec![Command::default(); FETCH_BATCH],
             next: 0,
             end: 0,
@@ -95,6 +99,29 @@ impl Sq {
     pub fn set_source(&mut self, source: DoorbellSource) {
         self.source = source;
         self.event_idx.reset();
+    }
+
+    /// Marks `cid` to be aborted when fetched; false if `limit` aborts are
+    /// pending already.
+    pub fn request_abort(&mut self, cid: u16, limit: usize) -> bool {
+        if self.aborts.contains(&cid) {
+            return true;
+        }
+        if self.aborts.len() >= limit {
+            return false;
+        }
+        self.aborts.push(cid);
+        true
+    }
+
+    /// Whether the command just popped was aborted (forgets the mark).
+    pub fn take_abort(&mut self, cid: u16) -> bool {
+        if self.aborts.is_empty() {
+            return false;
+        }
+        let before = self.aborts.len();
+        self.aborts.retain(|&c| c != cid);
+        self.aborts.len() != before
     }
 
     /// The entry at head (the queue must not be empty); advances head.

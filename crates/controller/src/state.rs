@@ -31,6 +31,8 @@ use crate::subsystem::Subsystem;
 pub(crate) const ADMIN_WORKER: usize = 0;
 /// Asynchronous Event Request Limit, 0's based (Identify Controller AERL).
 pub(crate) const AERL: u8 = 3;
+/// Abort Command Limit, 0's based: Aborts pending per submission queue.
+pub(crate) const ACL: u8 = 3;
 /// Error Log Page Entries, 0's based (ELPE).
 pub(crate) const ELPE: u8 = 63;
 const MAX_QUEUED_EVENTS: usize = 16;

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use vnvme_blockdev::BlockCompletion;
 use vnvme_spec::regs::Doorbell;
+use vnvme_spec::Status;
 
 mod cq;
 mod reap;
@@ -366,7 +367,12 @@ fn process_sq(
             budget -= 1;
             done += 1;
             shared.stats.command(qid, cmd.opcode());
-            let outcome = if qid == 0 {
+            let outcome = if sq.take_abort(cmd.cid()) {
+                Outcome::Done {
+                    dw0: 0,
+                    status: Status::ABORTED_BY_REQUEST,
+                }
+            } else if qid == 0 {
                 admin::execute(ctx, &cmd)
             } else {
                 io::execute(ctx, &cmd)

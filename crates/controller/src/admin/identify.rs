@@ -12,7 +12,7 @@ use zerocopy::IntoBytes;
 
 use super::invalid_field;
 use crate::command::Ctx;
-use crate::state::{Shared, AERL, ELPE};
+use crate::state::{Shared, ACL, AERL, ELPE};
 
 use crate::namespace::NSID_ALL;
 
@@ -70,7 +70,7 @@ pub(crate) fn identify_controller(shared: &Shared) -> Box<IdentifyController> {
             | oacs::FORMAT_NVM
             | oacs::NS_MANAGEMENT,
     );
-    id.acl = 3;
+    id.acl = ACL;
     id.aerl = AERL;
     // FRMW: slot 1 read only, one slot.
     id.frmw = 0x03;

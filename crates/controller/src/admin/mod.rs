@@ -1,5 +1,6 @@
 //! Admin command set (NVMe Base 2.0 §5): dispatch, and the small commands.
 
+mod abort;
 mod dbbuf;
 mod features;
 mod identify;
@@ -74,9 +75,7 @@ pub(crate) fn execute(ctx: &mut Ctx<'_>, cmd: &Command) -> Outcome {
             AdminOpcode::DOORBELL_BUFFER_CONFIG => {
                 dbbuf::doorbell_buffer_config(ctx, cmd).map(|()| 0)
             }
-            // Abort (§5.1) is best effort: commands complete at once or, in
-            // flight on a backend, soon; dword 0 bit 0 set means "not aborted".
-            AdminOpcode::ABORT => Ok(1),
+            AdminOpcode::ABORT => abort::abort(ctx, cmd),
             _ => Err(Status::INVALID_OPCODE.with_dnr(true)),
         }),
     }

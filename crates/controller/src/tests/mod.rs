@@ -422,6 +422,7 @@ fn get_log(lid: u8, dwords: u32, offset: u64, buf: u64) -> Command {
     c
 }
 
+mod abort;
 mod admin;
 mod backend_errors;
 mod dbbuf;

@@ -431,14 +431,15 @@ fn ready_with_media_holds_rdy_until_the_slowest_namespace_is_ready() {
 #[test]
 fn never_ready_namespace_sets_dnr_after_ready_timeout() {
     let config = ControllerConfig {
-        ready_timeout: Duration::from_millis(300),
+        // Long enough for the first reads after enable on a loaded machine.
+        ready_timeout: Duration::from_millis(1200),
         ..config()
     };
     let never = ram_ns(1, 1 << 20).with_readiness(Readiness::Never);
     let mut h = Host::with_namespaces(config, vec![never]);
     h.enable();
     // CRTO.CRWMT is in 500 ms units, rounded up.
-    assert_eq!(h.read32(offset::CRTO) & 0xFFFF, 1);
+    assert_eq!(h.read32(offset::CRTO) & 0xFFFF, 3);
     h.create_pair(1, 16);
     assert_eq!(h.read1(1), Status::NAMESPACE_NOT_READY.with_dnr(false));
     let deadline = Instant::now() + Duration::from_secs(5);

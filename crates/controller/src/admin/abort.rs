@@ -1,0 +1,72 @@
+//! Abort (§5.1): a command the controller has not started yet (still in
+//! its submission queue, e.g. behind a full completion queue) is completed
+//! with Command Abort Requested instead of running. One already fetched is
+//! not aborted: it completes at once or, in flight on a backend, soon.
+
+use vnvme_spec::cdw::Cdw10Abort;
+use vnvme_spec::{Command, Status};
+
+use crate::command::Ctx;
+use crate::state::ACL;
+
+/// Dword 0 bit 0: the command was not aborted.
+const NOT_ABORTED: u32 = 1;
+
+/// Entries read from the ring at a time while looking for the CID.
+const WINDOW: u32 = 64;
+
+pub(super) fn abort(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
+    let cdw10 = Cdw10Abort::from(cmd.cdw10.get());
+    let shared = ctx.shared;
+    // The admin queue's own entries: this worker holds its lock, and the
+    // spec lets a controller decline any abort.
+    if cdw10.sqid() == 0 {
+        return Ok(NOT_ABORTED);
+    }
+    let Some(slot) = shared.sqs.get(usize::from(cdw10.sqid())) else {
+        return Ok(NOT_ABORTED);
+    };
+    let mut guard = slot.lock();
+    let Some(sq) = guard.as_mut().filter(|sq| sq.deleting.is_none()) else {
+        return Ok(NOT_ABORTED);
+    };
+    let mem = &*ctx.session.mem;
+    sq.refresh_tail(&shared.doorbells, mem);
+    if !queued(sq, mem, cdw10.cid()) {
+        return Ok(NOT_ABORTED);
+    }
+    if !sq.request_abort(cdw10.cid(), usize::from(ACL) + 1) {
+        return Err(Status::ABORT_LIMIT_EXCEEDED.with_dnr(true));
+    }
+    Ok(0)
+}
+
+/// Whether a command with `cid` sits in the ring between head and tail.
+fn queued(sq: &crate::queue::Sq, mem: &dyn crate::memory::GuestMemory, cid: u16) -> bool {
+    let mut at = sq.head;
+    let mut left = if sq.tail >= sq.head {
+        sq.tail - sq.head
+    } else {
+        sq.size - sq.head + sq.tail
+    };
+    let mut entries = [Command::default(); WINDOW as usize];
+    while left > 0 {
+        let n = left.min(WINDOW).min(sq.size - at);
+        let Some(window) = entries.get_mut(..n as usize) else {
+            return false;
+        };
+        let addr = sq.base.wrapping_add(u64::from(at) * Command::SIZE as u64);
+        if mem
+            .read(addr, zerocopy::IntoBytes::as_mut_bytes(window))
+            .is_err()
+        {
+            return false;
+        }
+        if window.iter().any(|c| c.cid() == cid) {
+            return true;
+        }
+        left -= n;
+        at = (at + n) % sq.size;
+    }
+    false
+}
