@@ -413,6 +413,7 @@ fn get_log(lid: u8, dwords: u32, offset: u64, buf: u64) -> Command {
 
 mod admin;
 mod backend_errors;
+mod copy;
 mod dbbuf;
 mod durability;
 mod inflight;
@@ -421,3 +422,4 @@ mod modes;
 mod namespaces;
 mod registers;
 mod stress;
+mod uncorrectable;
