@@ -5,7 +5,8 @@
 #   * 16 blocks of a random pattern written with dd; `nvme verify` of them succeeds
 #   * `nvme write-uncor` of block 5: `nvme verify` fails with Unrecovered Read Error (281h), a direct dd read
 #     of block 5 fails and of block 4 does not; dd writing block 5 again clears it (verify, read back equal)
-#   * `nvme write-uncor` then `nvme write-zeroes` of blocks 20-21: verify succeeds, they read zeroes
+#   * `nvme write-uncor` then `nvme write-zeroes` of blocks 20-21: verify succeeds, they read zeroes;
+#     `nvme dsm --idr` (a hint) leaves a block uncorrectable, `nvme dsm --ad` (deallocate) clears it
 #   * `nvme copy` of blocks 0-3 and 8-11 to block 100: read back equal (cmp); a copy onto its own source's
 #     blocks writes the source as it was; a copy from an uncorrectable block fails (281h); a range of
 #     MSSRL + 1 blocks fails with Command Size Limit Exceeded (183h); past the end with LBA Out of Range (80h)
@@ -22,7 +23,7 @@ run_nvme() {
   OUT=$(nvme "$@" 2>&1); NRC=$?
   SC=$(echo "$OUT" | sed -n 's/.*NVMe [Ss]tatus:.*(\(0x\)\{0,1\}\([0-9a-fA-F]*\)).*/\2/p' | head -1)
   [ -n "$SC" ] && SC=$(printf '%x' $((0x$SC & 0x7ff)))
-  log "nvme $*: exit $NRC: $(echo "$OUT" | tr '\n' ' ')"
+  log "nvme $*: exit $NRC: $(echo "$OUT" | tr '\n' ' ' | tr -s ' ' | cut -c1-160)"
 }
 expect_ok() { run_nvme "$@"; [ $NRC = 0 ] || fail "nvme $*: exit $NRC ($OUT)"; }
 expect_sc() {   # SC ARGS...: must fail with status SC (hex, type and code)
@@ -89,6 +90,13 @@ check_dev() {   # DEV
   blocks "$dev" 200 2 /tmp/got && cmp /tmp/zero /tmp/got || fail "$dev: a failed copy wrote blocks 200-201"
   expect_sc 183 copy "$dev" --sdlba=1000 --slbs=0 --blocks="$mssrl"
   expect_sc 80 copy "$dev" --sdlba=$((nsze - 1)) --slbs=0 --blocks=1
+
+  # Dataset Management: a hint leaves block 30 uncorrectable, deallocation clears it (reads zeroes)
+  expect_ok dsm "$dev" --idr --slbs=30 --blocks=1
+  expect_sc 281 verify "$dev" --start-block=30 --block-count=0
+  expect_ok dsm "$dev" --ad --slbs=30 --blocks=1
+  expect_ok verify "$dev" --start-block=30 --block-count=0
+  blocks "$dev" 30 2 /tmp/got && cmp /tmp/zero /tmp/got || fail "$dev: blocks 30-31 after deallocation are not zeroes"
 }
 
 for d in $(cmdline_get devs nvme0n1 | tr ',' ' '); do check_dev "$d"; done

@@ -3,6 +3,8 @@
 
 use vnvme_blockdev::NullDevice;
 
+use crate::vendor::CHECKSUM_LBA_RANGE;
+
 use super::*;
 
 fn unrecovered() -> Status {
@@ -96,7 +98,10 @@ fn uncorrectable_blocks_fail_every_read_until_written() {
     assert_eq!(h.submit(1, compare).status(), unrecovered());
     let verify = blocks(NvmOpcode::VERIFY, 0, 16);
     assert_eq!(h.submit(1, verify).status(), unrecovered());
-    assert_eq!(media_errors(&mut h), before + 5, "each failed read counted");
+    // A vendor command reading blocks: the built-in CRC32C of a range.
+    let checksum = rw(NvmOpcode(CHECKSUM_LBA_RANGE), 1, 0, 16, 0, 0);
+    assert_eq!(h.submit(1, checksum).status(), unrecovered());
+    assert_eq!(media_errors(&mut h), before + 6, "each failed read counted");
 
     // Write block 5: it reads back what was written; 4, 6 and 7 still fail.
     h.mem.write(DATA + 0x20000, &[0xC3; 512]).unwrap();
@@ -129,6 +134,7 @@ fn uncorrectable_blocks_fail_every_read_until_written() {
     dsm.cdw12 = U32::new(0);
     assert_eq!(h.submit(1, dsm).status(), Status::SUCCESS);
     assert_eq!(h.submit(1, verify).status(), Status::SUCCESS);
+    assert_eq!(h.submit(1, checksum).status(), Status::SUCCESS);
     // The blocks never written since stay as they were.
     assert_eq!(h.submit(1, read(0, 4)).status(), Status::SUCCESS);
     assert_eq!(h.read_mem(DATA + 0x10000, 2048), data[..2048]);
