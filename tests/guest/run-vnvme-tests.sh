@@ -29,6 +29,9 @@
 #              verified fio, detach-ns makes it disappear, delete-ns
 #   format     nvme format --lbaf=0: logical block size 512, verified fio (512 B, 4 KiB); --lbaf=3 back
 #   file       --ns 128M:file=F (io_uring, several requests in flight per queue): the verify test on it
+#   nvm-io     --ns 64M:ram --ns 64M:file=F: nvme-cli verify, write-uncor, write-zeroes and copy on both
+#              namespaces: verify fails on a write-uncor block, as does a dd read, until it is written;
+#              copied blocks read back equal (cmp); copy limits (MSSRL) and ranges past the end refused
 #   file-backed-ram  --ns 64M:ram, guest RAM in a regular file (run-test.sh --mem-file /dev/shm/F: QEMU's
 #              memory-backend-file, share=on) instead of a memfd: the verify test on 64 MiB; fails if
 #              QEMU does not start (the server refused the memory), the server never mmapped that file
@@ -37,13 +40,13 @@ set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 GT=$HERE/tests
-ALL="identify verify randread shadow reset kill passthru ns-ready ns-attach format file file-backed-ram"
+ALL="identify verify randread shadow reset kill passthru ns-ready ns-attach format file nvm-io file-backed-ram"
 COMPARE=0 KEEP=0 ONLY=''
 while [ $# -gt 0 ]; do
   case $1 in
     --compare) COMPARE=1 ;;
     --keep) KEEP=1 ;;
-    -h|--help) sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "run-vnvme-tests: unknown option $1" >&2; exit 126 ;;
     *) case " $ALL " in *" $1 "*) ONLY="$ONLY $1" ;; *) echo "run-vnvme-tests: unknown test $1" >&2; exit 126 ;; esac ;;
   esac
@@ -322,6 +325,11 @@ t_format() {
 t_file() {
   own_server_test file --ns vnvme-fio-verify.sh --ns "128M:file=$TMP/file-ns.img" -- \
     --timeout 300 --append "rig.size=128M rig.name=file"
+}
+
+t_nvm-io() {
+  own_server_test nvm-io --ns vnvme-nvme-cli-io.sh --ns 64M:ram --ns "64M:file=$TMP/nvm-io.img" -- \
+    --timeout 300 --append "rig.devs=nvme0n1,nvme0n2"
 }
 
 t_file-backed-ram() {

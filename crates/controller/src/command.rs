@@ -168,6 +168,11 @@ impl VendorHost for Ctx<'_> {
             return Err(Status::INVALID_FIELD.with_dnr(true));
         }
         let (offset, _) = ns.byte_range(slba, len / lba_size)?;
+        ns.uncorrectable
+            .check(slba, len / lba_size)
+            .inspect_err(|_| {
+                self.shared.stats.media_errors.fetch_add(1, Relaxed);
+            })?;
         ns.backend.read(offset, out).map_err(|e| {
             let stats = &self.shared.stats;
             stats.backend_error(crate::backend_error::BackendOp::Read, nsid, &e)

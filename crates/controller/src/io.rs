@@ -1,24 +1,29 @@
 //! NVM command set I/O commands (NVM Command Set Spec 1.0 §3): parsed into
-//! typed requests, then executed against the namespace's backend.
+//! typed requests, then executed against the namespace's backend. Copy
+//! has its own module.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
 use vnvme_blockdev::{BlockCompletion, BlockRequest};
-use vnvme_spec::cdw::{Cdw10Dsm, Cdw11Dsm};
+use vnvme_spec::cdw::{Cdw10Dsm, Cdw11Dsm, Cdw12ReadWrite};
+use vnvme_spec::range::DsmRange;
 use vnvme_spec::{Command, NvmOpcode, Status};
+use zerocopy::FromBytes;
 
 use crate::backend_error::BackendOp;
 use crate::command::{Ctx, Outcome};
 use crate::config::Readiness;
 use crate::inflight::{InFlight, Kind, Started};
-use crate::io_request::{ReadWrite, WriteZeroes};
+use crate::io_request::{Extent, ReadWrite, WriteZeroes};
 use crate::memory::DmaError;
 use crate::namespace::Namespace;
 use crate::prp;
 
 use crate::namespace::NSID_ALL;
+
+mod copy;
 
 fn invalid_field() -> Status {
     Status::INVALID_FIELD.with_dnr(true)
@@ -29,9 +34,12 @@ pub(crate) const SUPPORTED: &[NvmOpcode] = &[
     NvmOpcode::FLUSH,
     NvmOpcode::WRITE,
     NvmOpcode::READ,
+    NvmOpcode::WRITE_UNCORRECTABLE,
     NvmOpcode::COMPARE,
     NvmOpcode::WRITE_ZEROES,
     NvmOpcode::DATASET_MANAGEMENT,
+    NvmOpcode::VERIFY,
+    NvmOpcode::COPY,
 ];
 
 /// Executes an I/O command; every failure is an NVMe status. Reads,
@@ -82,30 +90,14 @@ fn run(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Option<u64>, Status> {
         NvmOpcode::WRITE => write(ctx, cmd, &ns),
         NvmOpcode::COMPARE => compare(ctx, cmd, &ns).map(|()| None),
         NvmOpcode::FLUSH => flush(ctx, cmd, &ns),
-        NvmOpcode::WRITE_ZEROES => {
-            let wz = WriteZeroes::parse(cmd, &ns)?;
-            let op = if wz.deallocate {
-                BackendOp::Deallocate
-            } else {
-                BackendOp::WriteZeroes
-            };
-            let r = if wz.deallocate {
-                ns.backend.discard(wz.offset, wz.len)
-            } else {
-                ns.backend.write_zeroes(wz.offset, wz.len)
-            };
-            // FUA, or a disabled volatile write cache: durable now.
-            let r = r.and_then(|()| {
-                if wz.fua || !ctx.shared.wce.load(Ordering::Relaxed) {
-                    ns.backend.flush()
-                } else {
-                    Ok(())
-                }
-            });
-            r.map(|()| None)
-                .map_err(|e| ctx.shared.stats.backend_error(op, ns.nsid, &e))
-        }
+        NvmOpcode::WRITE_ZEROES => write_zeroes(ctx, cmd, &ns).map(|()| None),
         NvmOpcode::DATASET_MANAGEMENT => dataset_management(ctx, cmd, &ns).map(|()| None),
+        NvmOpcode::VERIFY => verify(ctx, cmd, &ns).map(|()| None),
+        NvmOpcode::WRITE_UNCORRECTABLE => {
+            let e = Extent::of(cmd, &ns)?;
+            ns.uncorrectable.mark(e.slba, e.nlb).map(|()| None)
+        }
+        NvmOpcode::COPY => copy::copy(ctx, cmd, &ns).map(|()| None),
         _ => Err(Status::INVALID_OPCODE.with_dnr(true)),
     }
 }
@@ -125,7 +117,7 @@ pub(crate) fn finish(
         // A backend that gave no buffer back: nothing was read.
         (Kind::Read(_), Ok(()), None) => Err(read_error(ctx)),
         (Kind::Write(rw), Ok(()), _) => {
-            write_done(ctx, rw);
+            write_done(ctx, ns, rw);
             Ok(())
         }
         (Kind::Flush, Ok(()), _) => Ok(()),
@@ -141,6 +133,8 @@ pub(crate) fn finish(
     r.err().unwrap_or(Status::SUCCESS)
 }
 
+/// A read failed on the medium (or a block marked by Write Uncorrectable):
+/// Unrecovered Read Error, counted.
 fn read_error(ctx: &Ctx<'_>) -> Status {
     ctx.shared
         .stats
@@ -231,8 +225,17 @@ fn scatter(
     r
 }
 
+/// Unrecovered Read Error if any of `nlb` blocks at `slba` is marked by
+/// Write Uncorrectable.
+fn check_marks(ctx: &Ctx<'_>, ns: &Namespace, slba: u64, nlb: u64) -> Result<(), Status> {
+    ns.uncorrectable
+        .check(slba, nlb)
+        .map_err(|_| read_error(ctx))
+}
+
 fn read(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Arc<Namespace>) -> Result<Option<u64>, Status> {
     let rw = ReadWrite::parse(cmd, ns, ctx.shared.config.max_transfer())?;
+    check_marks(ctx, ns, rw.slba, rw.nlb)?;
     if ns.backend.moves_no_data() {
         // The PRPs are still walked (a malformed list fails as it would),
         // but no data moves: the null device's figures are the
@@ -302,7 +305,7 @@ fn write(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Arc<Namespace>) -> Result<Option
     let rw = ReadWrite::parse(cmd, ns, ctx.shared.config.max_transfer())?;
     if ns.backend.moves_no_data() {
         ctx.map_prps(cmd, rw.data_len)?;
-        write_done(ctx, &rw);
+        write_done(ctx, ns, &rw);
         return Ok(None);
     }
     let mut buf = ctx.inflight.buffer(rw.len as usize);
@@ -321,8 +324,9 @@ fn write(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Arc<Namespace>) -> Result<Option
     start(ctx, cmd, ns, Kind::Write(rw), request)
 }
 
-/// A write is done: counted.
-fn write_done(ctx: &Ctx<'_>, rw: &ReadWrite) {
+/// A write is done: its blocks are no longer uncorrectable, and counted.
+fn write_done(ctx: &Ctx<'_>, ns: &Namespace, rw: &ReadWrite) {
+    ns.uncorrectable.clear(rw.slba, rw.nlb);
     let stats = &ctx.shared.stats;
     stats.host_write_commands.fetch_add(1, Ordering::Relaxed);
     stats
@@ -337,6 +341,7 @@ fn flush(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Arc<Namespace>) -> Result<Option
 /// Compare: data and metadata, extended or separate.
 fn compare(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace) -> Result<(), Status> {
     let rw = ReadWrite::parse(cmd, ns, ctx.shared.config.max_transfer())?;
+    check_marks(ctx, ns, rw.slba, rw.nlb)?;
     let mut host = std::mem::take(&mut ctx.scratch.buf);
     let mut media = std::mem::take(&mut ctx.scratch.buf2);
     host.resize(rw.len as usize, 0);
@@ -356,54 +361,102 @@ fn compare(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace) -> Result<(), Statu
     r
 }
 
-/// One Dataset Management range (§3.2.3, Figure 38): 16 bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct DsmRange {
-    nlb: u32,
-    slba: u64,
+/// Verify (§3.2.5): reads the blocks and checks them, transferring
+/// nothing. The backends keep no checksums of their own, so a block
+/// checks good when it reads; one marked by Write Uncorrectable does not.
+fn verify(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace) -> Result<(), Status> {
+    /// Read at a time: NLB allows 65536 blocks (256 MiB at 4 KiB).
+    const CHUNK: u64 = 1 << 20;
+    let v = Extent::of(cmd, ns)?;
+    check_marks(ctx, ns, v.slba, v.nlb)?;
+    let stats = &ctx.shared.stats;
+    if Cdw12ReadWrite::from(cmd.cdw12).fua() {
+        // Check what is on non-volatile media, not what is cached.
+        ns.backend
+            .flush()
+            .map_err(|e| stats.backend_error(BackendOp::Flush, ns.nsid, &e))?;
+    }
+    if ns.backend.moves_no_data() {
+        return Ok(());
+    }
+    let mut buf = std::mem::take(&mut ctx.scratch.buf);
+    buf.resize(v.len.min(CHUNK) as usize, 0);
+    let mut r = Ok(());
+    let mut offset = v.offset;
+    let end = v.offset + v.len;
+    while offset < end && r.is_ok() {
+        let n = (end - offset).min(CHUNK) as usize;
+        r = ns
+            .backend
+            .read(offset, &mut buf[..n])
+            .map_err(|e| stats.backend_error(BackendOp::Read, ns.nsid, &e));
+        offset += n as u64;
+    }
+    ctx.scratch.buf = buf;
+    r
 }
 
+/// Write Zeroes (§3.2.8), or deallocation with DEAC: either way the
+/// blocks read as zeroes afterwards, not as uncorrectable.
+fn write_zeroes(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace) -> Result<(), Status> {
+    let wz = WriteZeroes::parse(cmd, ns)?;
+    let b = wz.extent;
+    let (op, r) = if wz.deallocate {
+        (BackendOp::Deallocate, ns.backend.discard(b.offset, b.len))
+    } else {
+        (
+            BackendOp::WriteZeroes,
+            ns.backend.write_zeroes(b.offset, b.len),
+        )
+    };
+    // FUA, or a disabled volatile write cache: durable now.
+    let r = r.and_then(|()| {
+        if wz.fua || !ctx.shared.wce.load(Ordering::Relaxed) {
+            ns.backend.flush()
+        } else {
+            Ok(())
+        }
+    });
+    r.map_err(|e| ctx.shared.stats.backend_error(op, ns.nsid, &e))?;
+    ns.uncorrectable.clear(b.slba, b.nlb);
+    Ok(())
+}
+
+/// Dataset Management (§3.2.3): NR + 1 ranges of 16 bytes. Only the
+/// Deallocate attribute does anything; the integral dataset attributes
+/// are hints.
 fn dataset_management(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace) -> Result<(), Status> {
     let nr = usize::from(Cdw10Dsm::from(cmd.cdw10).nr_z()) + 1;
     let deallocate = Cdw11Dsm::from(cmd.cdw11).ad();
-    let len = (nr * 16) as u64;
-    ctx.map_prps(cmd, len)?;
+    let len = nr * size_of::<DsmRange>();
+    ctx.map_prps(cmd, len as u64)?;
     let mut buf = std::mem::take(&mut ctx.scratch.buf);
-    buf.resize(nr * 16, 0);
+    buf.resize(len, 0);
     let r = prp::read_from_guest(&*ctx.session.mem, &ctx.scratch.segs, &mut buf);
-    let ranges: Vec<DsmRange> = buf
-        .chunks_exact(16)
-        .map(|c| {
-            let mut nlb = [0u8; 4];
-            let mut slba = [0u8; 8];
-            nlb.copy_from_slice(c.get(4..8).unwrap_or(&[0; 4]));
-            slba.copy_from_slice(c.get(8..16).unwrap_or(&[0; 8]));
-            DsmRange {
-                nlb: u32::from_le_bytes(nlb),
-                slba: u64::from_le_bytes(slba),
-            }
-        })
-        .collect();
+    let ranges: Vec<DsmRange> = <[DsmRange]>::ref_from_bytes(&buf)
+        .map(<[DsmRange]>::to_vec)
+        .unwrap_or_default();
     ctx.scratch.buf = buf;
     r?;
     if !deallocate {
-        // Integral read/write hints only: advisory, nothing to do.
         return Ok(());
     }
     // Parse every range before deallocating any.
     let mut extents = Vec::with_capacity(ranges.len());
-    for range in &ranges {
-        if range.nlb == 0 {
-            continue;
-        }
-        extents.push(ns.byte_range(range.slba, u64::from(range.nlb))?);
+    for range in ranges.iter().filter(|r| r.nlb.get() != 0) {
+        extents.push(Extent::new(
+            ns,
+            range.slba.get(),
+            u64::from(range.nlb.get()),
+        )?);
     }
-    for (offset, len) in extents {
-        ns.backend.discard(offset, len).map_err(|e| {
+    for e in extents {
+        ns.backend.discard(e.offset, e.len).map_err(|err| {
             ctx.shared
                 .stats
-                .backend_error(BackendOp::Deallocate, ns.nsid, &e)
+                .backend_error(BackendOp::Deallocate, ns.nsid, &err)
         })?;
+        ns.uncorrectable.clear(e.slba, e.nlb);
     }
     Ok(())
 }

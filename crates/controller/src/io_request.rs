@@ -18,6 +18,8 @@ use crate::namespace::Namespace;
 /// `meta_len` bytes through the contiguous buffer at MPTR.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ReadWrite {
+    pub slba: u64,
+    pub nlb: u64,
     pub offset: u64,
     pub len: u64,
     /// Bytes through PRP1/PRP2 (bounded by MDTS).
@@ -38,8 +40,15 @@ impl ReadWrite {
         if data_len > max_transfer {
             return Err(Status::INVALID_FIELD.with_dnr(true));
         }
-        let (offset, len) = ns.byte_range(cmd.slba(), nlb)?;
+        let Extent {
+            slba,
+            nlb,
+            offset,
+            len,
+        } = Extent::of(cmd, ns)?;
         Ok(Self {
+            slba,
+            nlb,
             offset,
             len,
             data_len,
@@ -50,11 +59,40 @@ impl ReadWrite {
     }
 }
 
-/// Write Zeroes (§3.2.7): SLBA, NLB, DEAC (CDW12 bit 25), FUA (bit 30).
+/// Logical blocks of a namespace, and where they lie in its backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct WriteZeroes {
+pub(crate) struct Extent {
+    pub slba: u64,
+    pub nlb: u64,
     pub offset: u64,
     pub len: u64,
+}
+
+impl Extent {
+    /// `nlb` blocks at `slba`, or LBA Out of Range.
+    pub fn new(ns: &Namespace, slba: u64, nlb: u64) -> Result<Self, Status> {
+        let (offset, len) = ns.byte_range(slba, nlb)?;
+        Ok(Self {
+            slba,
+            nlb,
+            offset,
+            len,
+        })
+    }
+
+    /// The blocks of a command that has SLBA in CDW10-11 and NLB (0's
+    /// based) in CDW12 15:0: Read, Write, Compare, Verify (§3.2.5), Write
+    /// Uncorrectable (§3.2.7), Write Zeroes.
+    pub fn of(cmd: &Command, ns: &Namespace) -> Result<Self, Status> {
+        let nlb = u64::from(Cdw12ReadWrite::from(cmd.cdw12).nlb_z()) + 1;
+        Self::new(ns, cmd.slba(), nlb)
+    }
+}
+
+/// Write Zeroes (§3.2.8): SLBA, NLB, DEAC (CDW12 bit 25), FUA (bit 30).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct WriteZeroes {
+    pub extent: Extent,
     pub deallocate: bool,
     pub fua: bool,
 }
@@ -62,11 +100,8 @@ pub(crate) struct WriteZeroes {
 impl WriteZeroes {
     pub fn parse(cmd: &Command, ns: &Namespace) -> Result<Self, Status> {
         let cdw12 = Cdw12WriteZeroes::from(cmd.cdw12);
-        let nlb = u64::from(cdw12.nlb_z()) + 1;
-        let (offset, len) = ns.byte_range(cmd.slba(), nlb)?;
         Ok(Self {
-            offset,
-            len,
+            extent: Extent::of(cmd, ns)?,
             deallocate: cdw12.deac(),
             fua: cdw12.fua(),
         })

@@ -11,7 +11,8 @@
 //! doorbell value and its source: register, shadow buffer, mapped page)
 //! over `subsystem` and `namespace` over `config` and `regs` over
 //! [`vendor`] (vendor specific opcodes C0h-FFh) and [`prp`] over the
-//! leaves ([`memory`], [`stats`], `backend_error`, `mailbox`).
+//! leaves ([`memory`], [`stats`], `backend_error`, `mailbox`,
+//! `uncorrectable`).
 #![forbid(unsafe_code)]
 
 mod admin;
@@ -36,6 +37,7 @@ pub mod stats;
 mod subsystem;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+mod uncorrectable;
 pub mod vendor;
 mod worker;
 

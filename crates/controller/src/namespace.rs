@@ -17,15 +17,24 @@ use std::time::{Duration, Instant};
 use vnvme_blockdev::BlockDevice;
 use vnvme_spec::identify::{IdentifyNamespace, LbaFormat};
 use vnvme_spec::Status;
-use zerocopy::little_endian::{U16, U64};
+use zerocopy::little_endian::{U16, U32, U64};
 
 use crate::config::{ConfigError, LbaFormatSpec, NamespaceConfig, Readiness, LBA_FORMATS};
+use crate::uncorrectable::Uncorrectable;
 
 /// NSIDs 1..=0xFFFF_FFFE are valid; 0xFFFF_FFFF is the broadcast value.
 pub(crate) const NSID_ALL: u32 = 0xFFFF_FFFF;
 
 /// MC (Metadata Capabilities): bit 0 extended LBAs, bit 1 separate buffer.
 const MC_EXTENDED_AND_SEPARATE: u8 = 0x03;
+
+/// Copy limits of every namespace (Identify Namespace MSSRL, MCL, MSRC):
+/// a Copy reads all its sources before it writes, so MCL bounds its
+/// buffer (about 4 MiB with 4 KiB + 64 byte blocks); 128 source range
+/// entries of 32 bytes fill one 4 KiB page.
+pub(crate) const MSSRL: u16 = 256;
+pub(crate) const MCL: u32 = 1024;
+pub(crate) const MSRC_Z: u8 = 127;
 
 #[derive(Debug, Clone)]
 pub(crate) struct Namespace {
@@ -46,6 +55,9 @@ pub(crate) struct Namespace {
     pub attached: bool,
     /// A Format NVM is in progress until then: I/O gets Format In Progress.
     pub formatting_until: Option<Instant>,
+    /// Blocks marked by Write Uncorrectable: shared by the namespace's
+    /// copies across attach and detach; a new format starts clean.
+    pub uncorrectable: Arc<Uncorrectable>,
 }
 
 /// Data and metadata byte sizes for a format; `None` for an unknown index.
@@ -113,6 +125,7 @@ impl Namespace {
             readiness: Readiness::Immediate,
             attached: true,
             formatting_until: None,
+            uncorrectable: Arc::default(),
         })
     }
 
@@ -197,6 +210,9 @@ impl Namespace {
         id.set_format_index(self.format_index, self.extended);
         id.mc = MC_EXTENDED_AND_SEPARATE;
         id.dlfeat = 0x01;
+        id.mssrl = U16::new(MSSRL);
+        id.mcl = U32::new(MCL);
+        id.msrc_z = MSRC_Z;
         for (slot, f) in id.lbaf.iter_mut().zip(LBA_FORMATS) {
             *slot = LbaFormat {
                 ms: U16::new(f.metadata_size),

@@ -16,6 +16,13 @@ pub struct Segment {
     pub len: u64,
 }
 
+impl Segment {
+    /// The address of a segment whose bytes the controller discards (an
+    /// SGL Bit Bucket in a controller-to-host transfer, see `crate::sgl`).
+    /// No data block can start there: it would end past the address space.
+    pub const BIT_BUCKET: u64 = u64::MAX;
+}
+
 const ENTRY: u64 = 8;
 
 fn invalid_offset() -> Status {
@@ -143,7 +150,7 @@ pub fn write_to_guest(mem: &dyn GuestMemory, segs: &[Segment], data: &[u8]) -> R
     for s in segs {
         let end = done.saturating_add(s.len as usize);
         let chunk = data.get(done..end).ok_or_else(transfer_error)?;
-        if s.addr != crate::sgl::BIT_BUCKET {
+        if s.addr != Segment::BIT_BUCKET {
             mem.write(s.addr, chunk).map_err(dma_error)?;
         }
         done = end;

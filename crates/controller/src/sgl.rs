@@ -13,11 +13,6 @@ use vnvme_spec::Status;
 use crate::memory::GuestMemory;
 use crate::prp::Segment;
 
-/// The address of a [`Segment`] whose bytes the controller discards (an
-/// SGL Bit Bucket in a controller-to-host transfer). No data block can
-/// start there: it would end past the address space.
-pub const BIT_BUCKET: u64 = u64::MAX;
-
 /// Descriptors one command's SGL may hold in all. Linux puts at most 256
 /// in a segment; a 2 MiB transfer of 512-byte blocks needs 4096.
 const MAX_DESCRIPTORS: usize = 8192;
@@ -185,7 +180,7 @@ impl Walk<'_> {
         self.remaining -= len;
         if bucket {
             self.out.push(Segment {
-                addr: BIT_BUCKET,
+                addr: Segment::BIT_BUCKET,
                 len,
             });
             return Ok(());
@@ -336,7 +331,7 @@ mod tests {
                 ToHost,
                 Ok(vec![
                     seg(0x30000, 512),
-                    seg(BIT_BUCKET, 1024),
+                    seg(Segment::BIT_BUCKET, 1024),
                     seg(0x31000, 512),
                 ]),
             ),

@@ -206,7 +206,8 @@ impl<'a, 'b> VendorContext<'a, 'b> {
     }
 
     /// Reads whole blocks from `slba` of namespace `nsid` into `out`
-    /// (its length a multiple of the LBA size), or LBA Out of Range.
+    /// (its length a multiple of the LBA size), or LBA Out of Range, or
+    /// Unrecovered Read Error (a block marked by Write Uncorrectable).
     pub fn read_blocks(&mut self, nsid: u32, slba: u64, out: &mut [u8]) -> Result<(), Status> {
         self.host.read_blocks(nsid, slba, out)
     }

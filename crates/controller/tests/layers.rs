@@ -21,9 +21,16 @@ const LAYERS: &[&[&str]] = &[
     &["subsystem"],
     &["namespace"],
     &["config", "regs"],
-    &["vendor", "prp"],
+    &["vendor", "sgl"],
+    &["prp"],
     &["stats"],
-    &["memory", "backend_error", "mailbox", "poll_window"],
+    &[
+        "memory",
+        "backend_error",
+        "mailbox",
+        "poll_window",
+        "uncorrectable",
+    ],
 ];
 
 /// The row of `module` (by its top-level module) in [`LAYERS`].

@@ -47,6 +47,7 @@ dword!(
     Cdw12ReadWrite,
     Cdw13ReadWrite,
     Cdw12WriteZeroes,
+    Cdw12Copy,
     Cdw10Dsm,
     Cdw11Dsm,
     AsyncEventCompletion,
@@ -259,8 +260,9 @@ impl Cdw10FormatNvm {
     }
 }
 
-/// Read, Write and Compare CDW12 (NVM Command Set 1.0 §3.2.6,
-/// §3.2.7, §3.2.1). SLBA is CDW10-11
+/// Read, Write and Compare CDW12 (NVM Command Set 1.0 §3.2.4,
+/// §3.2.6, §3.2.1); Verify (§3.2.5) and Write Uncorrectable (§3.2.7)
+/// have the same layout, with fewer fields. SLBA is CDW10-11
 /// ([`Command::slba`](crate::Command::slba)).
 #[bitfield(u32)]
 #[derive(PartialEq, Eq)]
@@ -311,6 +313,40 @@ pub struct Cdw12WriteZeroes {
     /// Protection Information field.
     #[bits(4)]
     pub prinfo: u8,
+    /// Force Unit Access.
+    pub fua: bool,
+    /// Limited Retry.
+    pub lr: bool,
+}
+
+/// Copy CDW12 (NVM Command Set 1.0 §3.2.2). SDLBA, the first destination
+/// block, is CDW10-11 ([`Command::slba`](crate::Command::slba)); the
+/// source range entries are in the data buffer (see
+/// [`crate::range::CopyRangeF0`]).
+#[bitfield(u32)]
+#[derive(PartialEq, Eq)]
+pub struct Cdw12Copy {
+    /// Number of Ranges, 0's based.
+    pub nr_z: u8,
+    /// Descriptor Format of the source range entries (see
+    /// [`crate::identify::ocfs`]).
+    #[bits(4)]
+    pub desfmt: u8,
+    /// Protection Information field for the reads.
+    #[bits(4)]
+    pub prinfor: u8,
+    #[bits(4)]
+    __: u8,
+    /// Directive Type of the write.
+    #[bits(4)]
+    pub dtype: u8,
+    /// Storage Tag Check Write.
+    pub stcw: bool,
+    #[bits(1)]
+    __: u8,
+    /// Protection Information field for the write.
+    #[bits(4)]
+    pub prinfow: u8,
     /// Force Unit Access.
     pub fua: bool,
     /// Limited Retry.
@@ -392,6 +428,7 @@ mod tests {
             check::<Cdw12ReadWrite>(raw);
             check::<Cdw13ReadWrite>(raw);
             check::<Cdw12WriteZeroes>(raw);
+            check::<Cdw12Copy>(raw);
             check::<Cdw10Dsm>(raw);
             check::<Cdw11Dsm>(raw);
             check::<AsyncEventCompletion>(raw);
@@ -450,6 +487,13 @@ mod tests {
         assert!(wz.deac() && !wz.fua(), "DEAC is bit 25");
         assert_eq!(Cdw10Dsm::from_bits(0xFF).nr_z(), 255);
         assert!(Cdw11Dsm::from_bits(1 << 2).ad(), "AD is bit 2");
+        // libnvme's nvme_init_copy: NR 7:0, format 11:8, PRINFOR 15:12,
+        // DTYPE 23:20, PRINFOW 29:26, FUA 30, LR 31.
+        let copy =
+            Cdw12Copy::from_bits(5 | (1 << 8) | (3 << 12) | (2 << 20) | (9 << 26) | (1 << 30));
+        assert_eq!((copy.nr_z(), copy.desfmt(), copy.prinfor()), (5, 1, 3));
+        assert_eq!((copy.dtype(), copy.prinfow()), (2, 9));
+        assert!(copy.fua() && !copy.lr() && !copy.stcw());
     }
 
     #[test]

@@ -73,6 +73,14 @@ pub mod oncs {
     pub const RESERVATIONS: u16 = 1 << 5;
     pub const TIMESTAMP: u16 = 1 << 6;
     pub const VERIFY: u16 = 1 << 7;
+    pub const COPY: u16 = 1 << 8;
+}
+
+/// OCFS — Optional Copy Formats Supported bits (§5.17.2.1): which Copy
+/// source range entry formats (CDW12 DESFMT) the controller takes.
+pub mod ocfs {
+    /// Format 0h: 32-byte entries, SLBA and NLB in this namespace.
+    pub const FORMAT_0: u16 = 1 << 0;
 }
 
 /// SGLS — SGL Support bits (§5.17.2.1).
@@ -178,7 +186,8 @@ pub struct IdentifyController {
     pub icsvscc: u8,
     pub nwpc: u8,
     pub acwu: U16,
-    _rsvd534: [u8; 2],
+    /// Optional Copy Formats Supported ([`ocfs`]).
+    pub ocfs: U16,
     /// SGL Support (0: SGLs not supported).
     pub sgls: U32,
     /// Maximum Number of Allowed Namespaces.
@@ -248,9 +257,12 @@ pub struct IdentifyNamespace {
     pub npdg: U16,
     pub npda: U16,
     pub nows: U16,
+    /// Maximum Single Source Range Length of a Copy, in logical blocks.
     pub mssrl: U16,
+    /// Maximum Copy Length: all source ranges of a Copy, in logical blocks.
     pub mcl: U32,
-    pub msrc: u8,
+    /// Maximum Source Range Count of a Copy, 0's based.
+    pub msrc_z: u8,
     _rsvd81: [u8; 11],
     pub anagrpid: U32,
     _rsvd96: [u8; 3],
@@ -377,6 +389,7 @@ mod tests {
         assert_eq!(offset_of!(IdentifyController, nn), 516);
         assert_eq!(offset_of!(IdentifyController, oncs), 520);
         assert_eq!(offset_of!(IdentifyController, vwc), 525);
+        assert_eq!(offset_of!(IdentifyController, ocfs), 534);
         assert_eq!(offset_of!(IdentifyController, sgls), 536);
         assert_eq!(offset_of!(IdentifyController, mnan), 540);
         assert_eq!(offset_of!(IdentifyController, subnqn), 768);
@@ -390,7 +403,9 @@ mod tests {
         assert_eq!(offset_of!(IdentifyNamespace, flbas), 26);
         assert_eq!(offset_of!(IdentifyNamespace, dlfeat), 33);
         assert_eq!(offset_of!(IdentifyNamespace, nvmcap), 48);
+        assert_eq!(offset_of!(IdentifyNamespace, mssrl), 74);
         assert_eq!(offset_of!(IdentifyNamespace, mcl), 76);
+        assert_eq!(offset_of!(IdentifyNamespace, msrc_z), 80);
         assert_eq!(offset_of!(IdentifyNamespace, anagrpid), 92);
         assert_eq!(offset_of!(IdentifyNamespace, nsattr), 99);
         assert_eq!(offset_of!(IdentifyNamespace, nguid), 104);

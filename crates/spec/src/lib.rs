@@ -38,6 +38,7 @@ pub mod feature;
 pub mod identify;
 pub mod log;
 pub mod opcode;
+pub mod range;
 pub mod regs;
 pub mod status;
 

@@ -121,6 +121,9 @@ impl Status {
     pub const CONTROLLER_LIST_INVALID: Self = Self::code(sct::COMMAND_SPECIFIC, 0x1C);
     /// NVM command set: Conflicting Attributes (e.g. DSM range count).
     pub const CONFLICTING_ATTRIBUTES: Self = Self::code(sct::COMMAND_SPECIFIC, 0x80);
+    /// NVM command set: Command Size Limit Exceeded (Copy beyond MSSRL,
+    /// MCL or MSRC; NVM Command Set 1.0 §3.2.2).
+    pub const COMMAND_SIZE_LIMIT_EXCEEDED: Self = Self::code(sct::COMMAND_SPECIFIC, 0x83);
 
     // Media and Data Integrity Errors (SCT 2, §4.6.1.2.3).
     pub const WRITE_FAULT: Self = Self::code(sct::MEDIA, 0x80);
@@ -196,6 +199,10 @@ impl Status {
             (Status::NAMESPACE_NOT_ATTACHED, "namespace-not-attached"),
             (Status::CONTROLLER_LIST_INVALID, "controller-list-invalid"),
             (Status::CONFLICTING_ATTRIBUTES, "conflicting-attributes"),
+            (
+                Status::COMMAND_SIZE_LIMIT_EXCEEDED,
+                "command-size-limit-exceeded",
+            ),
             (Status::WRITE_FAULT, "write-fault"),
             (Status::UNRECOVERED_READ_ERROR, "unrecovered-read-error"),
             (Status::COMPARE_FAILURE, "compare-failure"),

@@ -2,7 +2,7 @@
 
 use vnvme_spec::cdw::{Cdw10Identify, Cdw11Identify};
 use vnvme_spec::identify::{
-    fill_ascii, ns_descriptor, oacs, oaes, oncs, sgls, Cns, IdentifyController,
+    fill_ascii, ns_descriptor, oacs, oaes, ocfs, oncs, sgls, Cns, IdentifyController,
     IdentifyNsIndependent, IDENTIFY_SIZE,
 };
 use vnvme_spec::regs::version;
@@ -88,7 +88,15 @@ pub(crate) fn identify_controller(shared: &Shared) -> Box<IdentifyController> {
     id.unvmcap = u128::from(shared.subsystem.tnvmcap.saturating_sub(allocated)).to_le_bytes();
     // FNA = 0: Format NVM and its erase apply to one namespace at a time.
     id.fna = 0;
-    id.oncs = U16::new(oncs::COMPARE | oncs::DATASET_MANAGEMENT | oncs::WRITE_ZEROES);
+    id.oncs = U16::new(
+        oncs::COMPARE
+            | oncs::WRITE_UNCORRECTABLE
+            | oncs::DATASET_MANAGEMENT
+            | oncs::WRITE_ZEROES
+            | oncs::VERIFY
+            | oncs::COPY,
+    );
+    id.ocfs = U16::new(ocfs::FORMAT_0);
     // SGLs for I/O data (metadata stays contiguous at MPTR), exactly as
     // long as the transfer: see `crate::sgl`.
     id.sgls = U32::new(sgls::SUPPORTED | sgls::BIT_BUCKET);

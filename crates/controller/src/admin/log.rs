@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use vnvme_spec::log::{
     async_event, effects, set_u128, CommandEffectsLog, GetLogPage, LogPageId, SmartLog,
 };
-use vnvme_spec::{AdminOpcode, Command, Status};
+use vnvme_spec::{AdminOpcode, Command, NvmOpcode, Status};
 use zerocopy::little_endian::U32;
 use zerocopy::IntoBytes;
 
@@ -151,7 +151,14 @@ fn effects_log(config: &crate::ControllerConfig) -> Vec<u8> {
         }
     }
     for op in crate::io::SUPPORTED {
-        let lbcc = op.data_transfer() == 1 || op.0 == 0x08 || op.0 == 0x09;
+        let lbcc = matches!(
+            *op,
+            NvmOpcode::WRITE
+                | NvmOpcode::WRITE_UNCORRECTABLE
+                | NvmOpcode::WRITE_ZEROES
+                | NvmOpcode::DATASET_MANAGEMENT
+                | NvmOpcode::COPY
+        );
         if let Some(e) = log.iocs.get_mut(usize::from(op.0)) {
             *e = U32::new(effects::CSUPP | if lbcc { effects::LBCC } else { 0 });
         }

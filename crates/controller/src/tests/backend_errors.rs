@@ -88,6 +88,9 @@ fn failing_backend_gives_each_command_its_status_and_counts(asynchronous: bool) 
         (NvmOpcode::FLUSH, Status::INTERNAL_ERROR),
         (NvmOpcode::COMPARE, Status::UNRECOVERED_READ_ERROR),
         (NvmOpcode::WRITE_ZEROES, Status::WRITE_FAULT),
+        (NvmOpcode::VERIFY, Status::UNRECOVERED_READ_ERROR),
+        // Eight source ranges of one block at LBA 0 (DATA is zeroes).
+        (NvmOpcode::COPY, Status::UNRECOVERED_READ_ERROR),
     ];
     for (i, (op, status)) in cases.into_iter().enumerate() {
         let done = h.submit(1, rw(op, 1, 0, 8, DATA, 0));

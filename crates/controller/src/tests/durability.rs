@@ -126,6 +126,28 @@ fn write_zeroes_with_fua_flushes() {
 }
 
 #[test]
+fn verify_with_fua_flushes_and_copy_with_fua_writes_durably() {
+    let (mut h, backend) = host_with_recording();
+    let mut verify = rw(NvmOpcode::VERIFY, 1, 0, 8, 0, 0);
+    assert!(h.submit(1, verify).status().is_success());
+    assert_eq!(backend.counts(), (0, 0, 0));
+    verify.cdw12 = U32::new(verify.cdw12.get() | FUA);
+    assert!(h.submit(1, verify).status().is_success());
+    assert_eq!(backend.counts(), (0, 0, 1), "flushed before reading");
+    // One source range entry (zeroes: LBA 0, one block) at DATA.
+    h.mem.zero(DATA, 32).unwrap();
+    let mut copy = cmd(NvmOpcode::COPY.0);
+    copy.nsid = U32::new(1);
+    copy.prp1 = U64::new(DATA);
+    copy.set_slba(100);
+    assert!(h.submit(1, copy).status().is_success());
+    assert_eq!(backend.counts(), (1, 0, 1));
+    copy.cdw12 = U32::new(FUA);
+    assert!(h.submit(1, copy).status().is_success());
+    assert_eq!(backend.counts(), (1, 1, 1));
+}
+
+#[test]
 fn a_ram_namespace_reports_no_volatile_write_cache() {
     let mut h = Host::new();
     h.enable();

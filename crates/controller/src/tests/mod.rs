@@ -425,6 +425,7 @@ fn get_log(lid: u8, dwords: u32, offset: u64, buf: u64) -> Command {
 mod abort;
 mod admin;
 mod backend_errors;
+mod copy;
 mod dbbuf;
 mod durability;
 mod inflight;
@@ -434,3 +435,4 @@ mod namespaces;
 mod registers;
 mod sgl;
 mod stress;
+mod uncorrectable;

@@ -681,3 +681,21 @@ fn fewer_vectors_than_queues_share_vectors() {
     assert!(h.irq.count(1) >= before.1 + 2, "vector 1: queues 1 and 3");
     assert_eq!(h.irq.total(), h.irq.count(0) + h.irq.count(1));
 }
+
+#[test]
+fn uncorrectable_blocks_survive_detach_and_attach_and_format_clears_them() {
+    let mut h = Host::new();
+    h.enable();
+    h.create_pair(1, 16);
+    let wu = rw(NvmOpcode::WRITE_UNCORRECTABLE, 1, 100, 1, 0, 0);
+    assert_eq!(h.submit(1, wu).status(), Status::SUCCESS);
+    let verify = rw(NvmOpcode::VERIFY, 1, 100, 1, 0, 0);
+    let unrecovered = Status::UNRECOVERED_READ_ERROR.with_dnr(true);
+    assert_eq!(h.attach(1, false).status(), Status::SUCCESS);
+    assert_eq!(h.attach(1, true).status(), Status::SUCCESS);
+    assert_eq!(h.submit(1, verify).status(), unrecovered);
+    // The same format again (index 0: 512 bytes, no metadata): a new
+    // medium, nothing marked.
+    assert_eq!(h.format(1, 0).status(), Status::SUCCESS);
+    assert_eq!(h.submit(1, verify).status(), Status::SUCCESS);
+}
