@@ -11,7 +11,7 @@
 //! doorbell value and its source: register, shadow buffer, mapped page)
 //! over `subsystem` and `namespace` over `config` and `regs` over
 //! [`vendor`] (vendor specific opcodes C0h-FFh) and [`prp`] over the
-//! leaves ([`memory`], [`stats`], `backend_error`, `mailbox`).
+//! leaves ([`memory`], [`stats`], `backend_error`, `mailbox`, `keep_alive`).
 #![forbid(unsafe_code)]
 
 mod admin;
@@ -23,6 +23,7 @@ mod doorbell;
 mod inflight;
 mod io;
 mod io_request;
+mod keep_alive;
 mod mailbox;
 pub mod memory;
 mod namespace;

@@ -2,7 +2,7 @@
 //! and what a write asks the controller to do. No threads, no queues: the
 //! controller acts on the returned [`Action`].
 
-use vnvme_spec::regs::{offset, shutdown, version, Aqa, Cap, Cc, Crto, Csts, NSSR_RESET};
+use vnvme_spec::regs::{css, offset, shutdown, version, Aqa, Cap, Cc, Crto, Csts, NSSR_RESET};
 
 use crate::config::ControllerConfig;
 
@@ -55,7 +55,9 @@ impl Regs {
             .with_to(u8::try_from(timeout).unwrap_or(u8::MAX))
             .with_dstrd(0)
             .with_nssrs(true)
-            .with_css(1)
+            // The NVM Command Set, also selectable as the one combination
+            // of "all supported I/O command sets" (Identify CNS 1Ch).
+            .with_css(css::CAP_NVM | css::CAP_IOCS)
             .with_mpsmin(0)
             .with_mpsmax(MPSMAX)
             .with_crwms(true)
@@ -174,7 +176,7 @@ impl Regs {
         if cc.mps() < self.cap.mpsmin() || cc.mps() > self.cap.mpsmax() {
             return Err("CC.MPS outside CAP.MPSMIN..=MPSMAX");
         }
-        if cc.css() != 0 {
+        if cc.css() != css::NVM && cc.css() != css::ALL_IOCS {
             return Err("CC.CSS selects an unsupported command set");
         }
         if cc.ams() != 0 {

@@ -23,7 +23,13 @@ const LAYERS: &[&[&str]] = &[
     &["config", "regs"],
     &["vendor", "prp"],
     &["stats"],
-    &["memory", "backend_error", "mailbox", "poll_window"],
+    &[
+        "memory",
+        "backend_error",
+        "mailbox",
+        "poll_window",
+        "keep_alive",
+    ],
 ];
 
 /// The row of `module` (by its top-level module) in [`LAYERS`].

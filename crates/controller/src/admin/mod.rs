@@ -1,6 +1,7 @@
 //! Admin command set (NVMe Base 2.0 §5): dispatch, and the small commands.
 
 mod dbbuf;
+mod feature_data;
 mod features;
 mod identify;
 mod log;
@@ -27,6 +28,7 @@ pub(crate) const SUPPORTED: &[AdminOpcode] = &[
     AdminOpcode::DOORBELL_BUFFER_CONFIG,
     AdminOpcode::NAMESPACE_MANAGEMENT,
     AdminOpcode::NAMESPACE_ATTACHMENT,
+    AdminOpcode::KEEP_ALIVE,
     AdminOpcode::FORMAT_NVM,
 ];
 
@@ -73,6 +75,11 @@ pub(crate) fn execute(ctx: &mut Ctx<'_>, cmd: &Command) -> Outcome {
             AdminOpcode::FORMAT_NVM => namespaces::format_nvm(ctx, cmd),
             AdminOpcode::DOORBELL_BUFFER_CONFIG => {
                 dbbuf::doorbell_buffer_config(ctx, cmd).map(|()| 0)
+            }
+            // Keep Alive (§5.18): restarts the Keep Alive Timer if it runs.
+            AdminOpcode::KEEP_ALIVE => {
+                ctx.shared.keep_alive.keep_alive();
+                Ok(0)
             }
             // Abort (§5.1) is best effort: commands complete at once or, in
             // flight on a backend, soon; dword 0 bit 0 set means "not aborted".
