@@ -88,7 +88,7 @@ impl AdminState {
     }
 }
 
-/// The Timestamp feature's clock (§5.27.1.10): milliseconds from a base
+/// The Timestamp feature's clock (§5.27.1.11): milliseconds from a base
 /// (the host's value, or 0 at the last Controller Level Reset) counted on
 /// a monotonic clock, so it advances continuously (Synch stays 0).
 #[derive(Debug, Clone, Copy)]

@@ -92,8 +92,8 @@ pub struct PowerManagement {
     __: u32,
 }
 
-/// Error Recovery value (NVM Command Set Spec 1.0 §4.1.3.2), a namespace
-/// scope feature.
+/// Error Recovery value (NVM Command Set Spec 1.0, its features), a
+/// namespace scope feature.
 #[bitfield(u32)]
 #[derive(PartialEq, Eq)]
 pub struct ErrorRecovery {
@@ -188,7 +188,7 @@ pub struct AsyncEventConfig {
     pub dlpcn: bool,
 }
 
-/// Timestamp (§5.27.1.10): the 8 bytes of the data buffer. Set Features
+/// Timestamp (§5.27.1.11): the 8 bytes of the data buffer. Set Features
 /// sends TSTMP alone (bytes 7:6 reserved); Get Features adds the
 /// attributes in byte 6.
 #[bitfield(u64)]

@@ -60,13 +60,13 @@ impl Cns {
     pub const IO_COMMAND_SETS: Self = Self(0x1C);
 }
 
-/// Command Set Identifier values (Identify CDW11.CSI, §5.17.1 Figure 274).
+/// Command Set Identifier values (Identify CDW11.CSI, §5.17.1).
 pub mod csi {
     /// The NVM Command Set.
     pub const NVM: u8 = 0x00;
 
     /// The bit of command set `csi` in an I/O Command Set Vector (Identify
-    /// CNS 1Ch, §5.17.2.19): bit 0 NVM, bit 1 Key Value, bit 2 Zoned.
+    /// CNS 1Ch, §5.17.2): bit 0 NVM, bit 1 Key Value, bit 2 Zoned.
     pub const fn vector_bit(csi: u8) -> u64 {
         1 << (csi & 63)
     }

@@ -77,7 +77,7 @@ fn set_from(
         }
         FeatureId::HOST_IDENTIFIER => {
             // Once non-zero, the Host Identifier changes only after a
-            // Controller Level Reset returns it to 0h (§5.27.1.25). Admin
+            // Controller Level Reset returns it to 0h (2.1 §5.2.26.1.32). Admin
             // commands run one at a time: nothing sets it meanwhile.
             if shared.admin.lock().host_id != [0; 16] {
                 return Err(Status::COMMAND_SEQUENCE_ERROR.with_dnr(true));

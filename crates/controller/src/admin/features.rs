@@ -45,7 +45,8 @@ fn supported(ctx: &Ctx<'_>, fid: FeatureId) -> bool {
 }
 
 /// Error Recovery is the one namespace scope feature here (NVM Command Set
-/// Spec 1.0 §4.1.3); the others have controller scope (§5.27.1 Figure 317).
+/// Spec 1.0, its features); the others have controller scope (§5.27.1
+/// Figure 317).
 fn namespace_scope(fid: FeatureId) -> bool {
     fid == FeatureId::ERROR_RECOVERY
 }

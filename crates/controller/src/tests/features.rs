@@ -187,7 +187,7 @@ fn timestamp_counts_from_reset_then_from_the_value_set() {
     let default = Timestamp::from(u64::from_le_bytes(d.try_into().unwrap()));
     assert_eq!(default.origin(), timestamp_origin::RESET);
     assert!(default.tstmp() < 1_000);
-    // A Controller Level Reset clears it (§5.27.1.10: not maintained).
+    // A Controller Level Reset clears it (§5.27.1.11: not maintained).
     h.reenable();
     let t3 = h.timestamp();
     assert_eq!(t3.origin(), timestamp_origin::RESET);

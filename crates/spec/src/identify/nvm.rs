@@ -27,7 +27,7 @@ pub struct IdentifyNamespaceNvm {
 
 const _: () = assert!(core::mem::size_of::<IdentifyNamespaceNvm>() == IDENTIFY_SIZE);
 
-/// Extended LBA Format (NVM Command Set Spec 1.0 §4.1.5.2, Figure 116).
+/// Extended LBA Format (NVM Command Set Spec 1.0 §4.1.5.2).
 #[bitfield(u32)]
 #[derive(PartialEq, Eq)]
 pub struct ExtendedLbaFormat {

@@ -1,5 +1,5 @@
-//! SR-IOV visibility (§8.26 Virtualization Enhancements): the Primary
-//! Controller Capabilities (Identify CNS 14h, §5.17.2.14). The Secondary
+//! SR-IOV visibility (Virtualization Enhancements, §8): the Primary
+//! Controller Capabilities (Identify CNS 14h, §5.17.2). The Secondary
 //! Controller List (CNS 15h) is a count (byte 0) then 32-byte entries from
 //! byte 32: all zeroes without secondary controllers.
 
