@@ -36,17 +36,22 @@
 #              memory-backend-file, share=on) instead of a memfd: the verify test on 64 MiB; fails if
 #              QEMU does not start (the server refused the memory), the server never mmapped that file
 #              (checked in /proc/PID/maps by device and inode), data is wrong, or the file is left behind
+#   nvme-cli-admin  --ns 256M:ram --max-io-queues 8 --msix-vectors 6: nvme-cli's nvm-id-ns (ELBAF),
+#              nvm-id-ctrl, list-ns --csi, cmdset-ind-id-ns, id-iocs, id-uuid, id-domain (refused),
+#              primary-ctrl-caps, list-secondary; get/set-feature timestamp (advances across a sleep),
+#              host behavior, I/O command set profile, software progress marker (kept across a
+#              reset), host identifier (8 then 16 bytes), keep alive timer and command, -s 1/2/3
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 GT=$HERE/tests
-ALL="identify verify randread shadow reset kill passthru ns-ready ns-attach format file nvm-io file-backed-ram"
+ALL="identify verify randread shadow reset kill passthru ns-ready ns-attach format file nvm-io file-backed-ram nvme-cli-admin"
 COMPARE=0 KEEP=0 ONLY=''
 while [ $# -gt 0 ]; do
   case $1 in
     --compare) COMPARE=1 ;;
     --keep) KEEP=1 ;;
-    -h|--help) sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,43p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "run-vnvme-tests: unknown option $1" >&2; exit 126 ;;
     *) case " $ALL " in *" $1 "*) ONLY="$ONLY $1" ;; *) echo "run-vnvme-tests: unknown test $1" >&2; exit 126 ;; esac ;;
   esac
@@ -330,6 +335,12 @@ t_file() {
 t_nvm-io() {
   own_server_test nvm-io --ns vnvme-nvme-cli-io.sh --ns 64M:ram --ns "64M:file=$TMP/nvm-io.img" -- \
     --timeout 300 --append "rig.devs=nvme0n1,nvme0n2"
+}
+
+t_nvme-cli-admin() {
+  # its own server: the features it sets (software progress marker) outlive a guest
+  own_server_test nvme-cli-admin --msix-vectors vnvme-nvme-cli-admin.sh \
+    --ns 256M:ram --max-io-queues 8 --msix-vectors 6 -- --timeout 300 --append "rig.vqprt=9 rig.viprt=6"
 }
 
 t_file-backed-ram() {

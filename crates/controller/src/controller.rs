@@ -2,7 +2,7 @@
 //! thread, enable/reset/shutdown, and the worker threads' lifecycle.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -13,6 +13,7 @@ use vnvme_spec::regs::{offset, shutdown, Bar0Layout, Doorbell};
 
 use crate::config::{ConfigError, ControllerConfig, NamespaceConfig, Readiness, MAX_NAMESPACES};
 use crate::doorbell::{DoorbellPage, Doorbells, HeapDoorbellPage, Invalid, TrapOutcome};
+use crate::keep_alive::KeepAlive;
 use crate::mailbox::Mailbox;
 use crate::memory::{GuestMemory, InterruptSink};
 use crate::namespace::Namespace;
@@ -172,6 +173,8 @@ impl Controller {
                 .map(|_| AtomicBool::new(false))
                 .collect(),
             wce: AtomicBool::new(true),
+            software_progress: AtomicU8::new(0),
+            keep_alive: Arc::default(),
             created: Instant::now(),
             config,
         };
@@ -446,6 +449,12 @@ impl Controller {
                 }
             }
         }
+        if off == offset::CC {
+            // §3.9.2 (2.1): no keep alive timeout while disabled or shut down.
+            let (cc, csts) = (ctl.regs.cc, ctl.regs.csts);
+            let active = cc.en() && csts.rdy() && cc.shn() == 0 && csts.shst() == 0;
+            self.shared.keep_alive.set_active(active);
+        }
         self.shared.intm.store(ctl.regs.intm, Ordering::Release);
         self.shared
             .cc
@@ -534,6 +543,10 @@ impl Controller {
                 ctl.threads.push(t);
             }
         }
+        let sh = Arc::clone(&self.shared);
+        if let Some(t) = KeepAlive::start(&shared.keep_alive, move || sh.keep_alive_expired()) {
+            ctl.threads.push(t);
+        }
         ctl.clean_shutdown = false;
         shared.fatal.store(false, Ordering::Release);
         shared.ready.store(true, Ordering::Release);
@@ -565,6 +578,7 @@ impl Controller {
         self.stop_workers(ctl);
         self.clear_queues();
         shared.doorbells.clear_dbbuf();
+        shared.keep_alive.reset();
         *shared.admin.lock() = AdminState::new(&shared.config);
         *shared.events.lock() = Events::default();
         shared.coalescing.store(0, Ordering::Relaxed);
@@ -590,6 +604,7 @@ impl Controller {
 
     fn stop_workers(&self, ctl: &mut Control) {
         self.shared.subsystem.ready_timer.stop();
+        self.shared.keep_alive.stop();
         for w in &self.shared.mailboxes {
             w.stop();
         }
@@ -623,6 +638,7 @@ impl Drop for Controller {
     fn drop(&mut self) {
         let ctl = self.control.get_mut();
         self.shared.subsystem.ready_timer.stop();
+        self.shared.keep_alive.stop();
         for w in &self.shared.mailboxes {
             w.stop();
         }

@@ -12,7 +12,7 @@
 //! over `subsystem` and `namespace` over `config` and `regs` over
 //! [`vendor`] (vendor specific opcodes C0h-FFh) and [`prp`] over the
 //! leaves ([`memory`], [`stats`], `backend_error`, `mailbox`,
-//! `uncorrectable`).
+//! `uncorrectable`, `keep_alive`).
 #![forbid(unsafe_code)]
 
 mod admin;
@@ -24,6 +24,7 @@ mod doorbell;
 mod inflight;
 mod io;
 mod io_request;
+mod keep_alive;
 mod mailbox;
 pub mod memory;
 mod namespace;

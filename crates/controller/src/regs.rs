@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use vnvme_spec::regs::{offset, shutdown, version, Aqa, Cap, Cc, Crto, Csts, NSSR_RESET};
+use vnvme_spec::regs::{css, offset, shutdown, version, Aqa, Cap, Cc, Crto, Csts, NSSR_RESET};
 
 use crate::config::ControllerConfig;
 
@@ -61,7 +61,9 @@ impl Regs {
             .with_to(u8::try_from(timeout).unwrap_or(u8::MAX))
             .with_dstrd(0)
             .with_nssrs(config.nssr)
-            .with_css(1)
+            // The NVM Command Set, also selectable as the one combination
+            // of "all supported I/O command sets" (Identify CNS 1Ch).
+            .with_css(css::CAP_NVM | css::CAP_IOCS)
             .with_mpsmin(0)
             .with_mpsmax(MPSMAX)
             .with_crwms(true)
@@ -193,7 +195,7 @@ impl Regs {
         if cc.mps() < self.cap.mpsmin() || cc.mps() > self.cap.mpsmax() {
             return Err("CC.MPS outside CAP.MPSMIN..=MPSMAX");
         }
-        if cc.css() != 0 {
+        if cc.css() != css::NVM && cc.css() != css::ALL_IOCS {
             return Err("CC.CSS selects an unsupported command set");
         }
         if cc.ams() != 0 {

@@ -6,12 +6,13 @@
 //! admin queue's worker takes I/O queue locks while holding the admin ones,
 //! and admin commands reject queue id 0 before locking anything.
 
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use vnvme_spec::feature::{timestamp_origin, HostBehaviorSupport, Timestamp};
 use vnvme_spec::log::{async_event, ErrorLogEntry};
 use vnvme_spec::regs::Doorbell;
 use vnvme_spec::{Command, Status};
@@ -19,6 +20,7 @@ use zerocopy::little_endian::{U16, U32, U64};
 
 use crate::config::ControllerConfig;
 use crate::doorbell::Doorbells;
+use crate::keep_alive::KeepAlive;
 use crate::mailbox::Mailbox;
 use crate::memory::{GuestMemory, InterruptSink};
 use crate::namespace::Namespace;
@@ -58,8 +60,14 @@ pub(crate) struct AdminState {
     pub async_event_config: u32,
     pub power_state: u32,
     pub temperature_threshold: u32,
-    pub error_recovery: u32,
+    /// Error Recovery (05h) by NSID: a namespace scope feature.
+    pub error_recovery: BTreeMap<u32, u32>,
     pub write_atomicity: u32,
+    pub timestamp: TimestampClock,
+    /// Host Behavior Support (16h), reserved bytes cleared.
+    pub host_behavior: HostBehaviorSupport,
+    /// Host Identifier (81h): 8 bytes, or 16 with EXHID; zeroes until set.
+    pub host_id: [u8; 16],
 }
 
 impl AdminState {
@@ -73,9 +81,51 @@ impl AdminState {
             async_event_config: 0,
             power_state: 0,
             temperature_threshold: 0x0157,
-            error_recovery: 0,
+            error_recovery: BTreeMap::new(),
             write_atomicity: 0,
+            timestamp: TimestampClock::reset(Instant::now()),
+            host_behavior: zerocopy::FromZeros::new_zeroed(),
+            host_id: [0; 16],
         }
+    }
+}
+
+/// The Timestamp feature's clock (§5.27.1.11): milliseconds from a base
+/// (the host's value, or 0 at the last Controller Level Reset) counted on
+/// a monotonic clock, so it advances continuously (Synch stays 0).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TimestampClock {
+    base_ms: u64,
+    since: Instant,
+    origin: u8,
+}
+
+impl TimestampClock {
+    /// Timestamp Origin 000b: counting from a Controller Level Reset at `at`.
+    pub fn reset(at: Instant) -> Self {
+        Self {
+            base_ms: 0,
+            since: at,
+            origin: timestamp_origin::RESET,
+        }
+    }
+
+    /// Timestamp Origin 001b: the host's `tstmp` at `at`.
+    pub fn set(tstmp: u64, at: Instant) -> Self {
+        Self {
+            base_ms: tstmp,
+            since: at,
+            origin: timestamp_origin::SET_FEATURES,
+        }
+    }
+
+    /// The value at `now`: TSTMP wraps modulo 2^48 (the field's width).
+    pub fn read(&self, now: Instant) -> Timestamp {
+        let elapsed = now.saturating_duration_since(self.since).as_millis();
+        let ms = u64::try_from(elapsed).unwrap_or(u64::MAX);
+        Timestamp::new()
+            .with_tstmp(self.base_ms.wrapping_add(ms) & ((1 << 48) - 1))
+            .with_origin(self.origin)
     }
 }
 
@@ -134,6 +184,11 @@ pub(crate) struct Shared {
     pub coalescing_disabled: Vec<AtomicBool>,
     /// Volatile Write Cache enabled (feature 06h).
     pub wce: AtomicBool,
+    /// Software Progress Marker (80h): persists across resets (§5.27.1
+    /// Figure 317), so it lives outside [`AdminState`].
+    pub software_progress: AtomicU8,
+    /// The Keep Alive Timer (feature 0Fh, Keep Alive command).
+    pub keep_alive: Arc<KeepAlive>,
     pub created: Instant,
 }
 
@@ -231,15 +286,29 @@ impl Shared {
 
     /// Adds a failed command to the Error Information log.
     pub fn log_error(&self, sqid: u16, cmd: &Command, status: Status) {
+        self.record_error(sqid, cmd.cid(), cmd.nsid.get(), status);
+    }
+
+    /// The Keep Alive Timer expired (§3.9, Keep Alive Timeout Cleanup in
+    /// 2.1 §3.9.5): record an Error Information log entry with Keep Alive
+    /// Timeout Expired, stop processing commands and set CSTS.CFS. The
+    /// host recovers with a controller reset.
+    pub fn keep_alive_expired(&self) {
+        // Not a command's error: SQID and CID FFFFh.
+        self.record_error(0xFFFF, 0xFFFF, 0, Status::KEEP_ALIVE_TIMEOUT_EXPIRED);
+        self.set_fatal("keep alive timeout expired");
+    }
+
+    fn record_error(&self, sqid: u16, cid: u16, nsid: u32, status: Status) {
         let mut log = self.error_log.lock();
         log.count = log.count.wrapping_add(1).max(1);
         let mut e = ErrorLogEntry::default();
         e.error_count = U64::new(log.count);
         e.sqid = U16::new(sqid);
-        e.cid = U16::new(cmd.cid());
+        e.cid = U16::new(cid);
         e.status = U16::new(status.raw() << 1);
         e.param_error_location = U16::new(0xFFFF);
-        e.nsid = U32::new(cmd.nsid.get());
+        e.nsid = U32::new(nsid);
         log.entries.push_front(e);
         log.entries.truncate(usize::from(ELPE) + 1);
     }

@@ -30,6 +30,7 @@ const LAYERS: &[&[&str]] = &[
         "mailbox",
         "poll_window",
         "uncorrectable",
+        "keep_alive",
     ],
 ];
 

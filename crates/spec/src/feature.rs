@@ -3,6 +3,7 @@
 //! CDW11 value and the Get Features completion dword 0.
 
 use bitfield_struct::bitfield;
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 /// Feature Identifier, an open newtype.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -33,6 +34,10 @@ impl FeatureId {
     pub const HOST_MEMORY_BUFFER: Self = Self(0x0D);
     pub const TIMESTAMP: Self = Self(0x0E);
     pub const KEEP_ALIVE_TIMER: Self = Self(0x0F);
+    pub const HOST_BEHAVIOR_SUPPORT: Self = Self(0x16);
+    pub const IO_COMMAND_SET_PROFILE: Self = Self(0x19);
+    pub const SOFTWARE_PROGRESS_MARKER: Self = Self(0x80);
+    pub const HOST_IDENTIFIER: Self = Self(0x81);
 }
 
 /// Get/Set Features CDW10 SEL field (Get Features, §5.15): current, default,
@@ -47,12 +52,16 @@ pub mod select {
 dword!(
     FeatureCapabilities,
     PowerManagement,
+    ErrorRecovery,
     VolatileWriteCache,
     NumberOfQueues,
     InterruptCoalescing,
     InterruptVectorConfig,
     WriteAtomicity,
     AsyncEventConfig,
+    IoCommandSetProfile,
+    SoftwareProgressMarker,
+    HostIdentifier,
 );
 
 /// Get Features dword 0 with SEL = 011b, Supported Capabilities (§5.15).
@@ -81,6 +90,19 @@ pub struct PowerManagement {
     pub wh: u8,
     #[bits(24)]
     __: u32,
+}
+
+/// Error Recovery value (NVM Command Set Spec 1.0, its features), a
+/// namespace scope feature.
+#[bitfield(u32)]
+#[derive(PartialEq, Eq)]
+pub struct ErrorRecovery {
+    /// Time Limited Error Recovery, in 100 ms units (0: no limit).
+    pub tler: u16,
+    /// Deallocated or Unwritten Logical Block Error Enable (needs NSFEAT.DAE).
+    pub dulbe: bool,
+    #[bits(15)]
+    __: u16,
 }
 
 /// Volatile Write Cache value (§5.27.1.4).
@@ -166,6 +188,92 @@ pub struct AsyncEventConfig {
     pub dlpcn: bool,
 }
 
+/// Timestamp (§5.27.1.11): the 8 bytes of the data buffer. Set Features
+/// sends TSTMP alone (bytes 7:6 reserved); Get Features adds the
+/// attributes in byte 6.
+#[bitfield(u64)]
+#[derive(PartialEq, Eq)]
+pub struct Timestamp {
+    /// Milliseconds since midnight, 01-Jan-1970 UTC (as the host set it,
+    /// plus the time since), or since the last Controller Level Reset.
+    #[bits(48)]
+    pub tstmp: u64,
+    /// Synch: the controller may have stopped counting at times.
+    pub synch: bool,
+    /// Timestamp Origin ([`timestamp_origin`]).
+    #[bits(3)]
+    pub origin: u8,
+    #[bits(12)]
+    __: u16,
+}
+
+/// Timestamp Origin values of [`Timestamp::origin`].
+pub mod timestamp_origin {
+    /// Cleared to 0 by a Controller Level Reset.
+    pub const RESET: u8 = 0b000;
+    /// Set by the host with Set Features.
+    pub const SET_FEATURES: u8 = 0b001;
+}
+
+/// Host Behavior Support (§5.27.1.18): the 512-byte data buffer. Each
+/// field is 0h (disabled) or 1h (enabled); other values are reserved.
+#[repr(C)]
+#[derive(Clone, Debug, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct HostBehaviorSupport {
+    /// Advanced Command Retry Enable.
+    pub acre: u8,
+    /// Extended Telemetry Data Area 4 Supported.
+    pub etdas: u8,
+    /// LBA Format Extension Enable.
+    pub lbafee: u8,
+    _rsvd3: [u8; 509],
+}
+
+const _: () = assert!(core::mem::size_of::<HostBehaviorSupport>() == 512);
+
+/// I/O Command Set Profile value (§5.27.1.21).
+#[bitfield(u32)]
+#[derive(PartialEq, Eq)]
+pub struct IoCommandSetProfile {
+    /// I/O Command Set Combination Index into Identify CNS 1Ch.
+    #[bits(9)]
+    pub iocsci: u16,
+    #[bits(23)]
+    __: u32,
+}
+
+/// Software Progress Marker value (§5.27.1.24).
+#[bitfield(u32)]
+#[derive(PartialEq, Eq)]
+pub struct SoftwareProgressMarker {
+    /// Pre-boot Software Load Count.
+    pub pbslc: u8,
+    #[bits(24)]
+    __: u32,
+}
+
+/// Host Identifier CDW11 (§5.27.1.25); the identifier itself is the data
+/// buffer, 8 bytes, or 16 with EXHID.
+#[bitfield(u32)]
+#[derive(PartialEq, Eq)]
+pub struct HostIdentifier {
+    /// Enable Extended Host Identifier: 128 bits instead of 64.
+    pub exhid: bool,
+    #[bits(31)]
+    __: u32,
+}
+
+impl HostIdentifier {
+    /// Bytes of the data buffer.
+    pub fn data_len(self) -> usize {
+        if self.exhid() {
+            16
+        } else {
+            8
+        }
+    }
+}
+
 /// Asynchronous Event Configuration bits as masks, for code that keeps the
 /// value as a `u32`.
 pub mod aec {
@@ -208,11 +316,25 @@ mod tests {
         let pm = PowerManagement::from(0xE1);
         assert_eq!((pm.ps(), pm.wh()), (1, 7));
         assert!(WriteAtomicity::from(1).dn());
+        let er = ErrorRecovery::from(0x0001_0005);
+        assert_eq!((er.tler(), er.dulbe()), (5, true));
         assert_eq!(aec::SMART_MASK, 0xFF);
         assert_eq!(aec::NAMESPACE_ATTRIBUTE, 1 << 8);
         assert_eq!(aec::FIRMWARE_ACTIVATION, 1 << 9);
         assert_eq!(aec::TELEMETRY_LOG, 1 << 10);
         assert!(AsyncEventConfig::from(1 << 31).dlpcn());
+        assert_eq!(IoCommandSetProfile::from(0xFFFF_FFFF).iocsci(), 0x1FF);
+        assert_eq!(SoftwareProgressMarker::from(0x1234).pbslc(), 0x34);
+        assert_eq!(HostIdentifier::from(1).data_len(), 16);
+        assert_eq!(HostIdentifier::from(0).data_len(), 8);
+        let ts = Timestamp::new()
+            .with_tstmp(0x1234)
+            .with_origin(timestamp_origin::SET_FEATURES);
+        assert_eq!(
+            u64::from(ts).to_le_bytes()[6],
+            0b10,
+            "origin in byte 6 bits 3:1"
+        );
         assert_eq!(
             u32::from(FeatureCapabilities::new().with_changeable(true)),
             1 << 2

@@ -1,7 +1,10 @@
 //! Identify data structures (§5.17.2).
 
+pub mod nvm;
+pub mod virtualization;
+
 use zerocopy::little_endian::{U16, U32, U64};
-use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 /// Controller or Namespace Structure (CNS) values of Identify (§5.17.1, Figure 273).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -25,6 +28,12 @@ impl Cns {
     pub const ACTIVE_NAMESPACES: Self = Self(0x02);
     /// Namespace Identification Descriptor list.
     pub const NS_DESCRIPTORS: Self = Self(0x03);
+    /// I/O Command Set specific Identify Namespace, for the CSI given.
+    pub const NAMESPACE_IOCS: Self = Self(0x05);
+    /// I/O Command Set specific Identify Controller, for the CSI given.
+    pub const CONTROLLER_IOCS: Self = Self(0x06);
+    /// Active Namespace ID list of the namespaces of one I/O command set.
+    pub const ACTIVE_NAMESPACES_IOCS: Self = Self(0x07);
     /// I/O Command Set Independent Identify Namespace.
     pub const NS_INDEPENDENT: Self = Self(0x08);
     /// Allocated Namespace ID list.
@@ -35,6 +44,32 @@ impl Cns {
     pub const NS_CONTROLLERS: Self = Self(0x12);
     /// Controller list in the subsystem.
     pub const CONTROLLERS: Self = Self(0x13);
+    /// Primary Controller Capabilities (SR-IOV).
+    pub const PRIMARY_CONTROLLER_CAPS: Self = Self(0x14);
+    /// Secondary Controller list (SR-IOV).
+    pub const SECONDARY_CONTROLLERS: Self = Self(0x15);
+    /// UUID List (UUIDs for vendor specific information).
+    pub const UUID_LIST: Self = Self(0x17);
+    /// Domain List.
+    pub const DOMAIN_LIST: Self = Self(0x18);
+    /// Allocated Namespace ID list of the namespaces of one I/O command set.
+    pub const ALLOCATED_NAMESPACES_IOCS: Self = Self(0x1A);
+    /// I/O Command Set specific Identify Namespace for an allocated NSID.
+    pub const ALLOCATED_NAMESPACE_IOCS: Self = Self(0x1B);
+    /// Identify I/O Command Set data structure: the command set combinations.
+    pub const IO_COMMAND_SETS: Self = Self(0x1C);
+}
+
+/// Command Set Identifier values (Identify CDW11.CSI, §5.17.1).
+pub mod csi {
+    /// The NVM Command Set.
+    pub const NVM: u8 = 0x00;
+
+    /// The bit of command set `csi` in an I/O Command Set Vector (Identify
+    /// CNS 1Ch, §5.17.2): bit 0 NVM, bit 1 Key Value, bit 2 Zoned.
+    pub const fn vector_bit(csi: u8) -> u64 {
+        1 << (csi & 63)
+    }
 }
 
 /// Size of every identify data structure.
@@ -53,6 +88,16 @@ pub mod oacs {
     /// Doorbell Buffer Config command supported.
     pub const DOORBELL_BUFFER_CONFIG: u16 = 1 << 8;
     pub const GET_LBA_STATUS: u16 = 1 << 9;
+}
+
+/// CTRATT — Controller Attributes bits of Identify Controller (§5.17.2.1).
+pub mod ctratt {
+    /// HIDS: a 128-bit Host Identifier is supported (Host Identifier
+    /// feature with EXHID set).
+    pub const HOST_ID_128: u32 = 1 << 0;
+    /// ELBAS: the Extended LBA Formats (Identify CNS 05h ELBAF) and the LBA
+    /// Format Extension Enable field of Host Behavior Support.
+    pub const EXTENDED_LBA_FORMATS: u32 = 1 << 15;
 }
 
 /// Optional Asynchronous Events Supported (OAES) bits of Identify
@@ -339,11 +384,15 @@ macro_rules! zeroed {
         impl $t {
             /// An all-zero structure, boxed (4 KiB does not belong on a guest-driven stack).
             pub fn new_boxed() -> Box<Self> {
-                <Self as FromZeros>::new_box_zeroed().unwrap_or_else(|_| std::process::abort())
+                <Self as zerocopy::FromZeros>::new_box_zeroed()
+                    .unwrap_or_else(|_| std::process::abort())
             }
         }
     };
 }
+// For the submodules' structures too.
+pub(crate) use zeroed;
+
 zeroed!(IdentifyController);
 zeroed!(IdentifyNamespace);
 zeroed!(IdentifyNsIndependent);

@@ -177,6 +177,21 @@ pub struct Cc {
     __: u8,
 }
 
+/// CAP.CSS bits and CC.CSS values (§3.1.4.1, §3.1.4.5): the I/O command
+/// sets a controller supports, and the ones the host selects.
+pub mod css {
+    /// CAP.CSS.NCSS: the NVM Command Set.
+    pub const CAP_NVM: u8 = 1 << 0;
+    /// CAP.CSS.IOCSS: I/O Command Set specific selection, CC.CSS = 110b,
+    /// with the combinations in Identify CNS 1Ch.
+    pub const CAP_IOCS: u8 = 1 << 6;
+    /// CC.CSS: the NVM Command Set.
+    pub const NVM: u8 = 0b000;
+    /// CC.CSS: All Supported I/O Command Sets, the combination chosen by
+    /// the I/O Command Set Profile feature.
+    pub const ALL_IOCS: u8 = 0b110;
+}
+
 /// CSTS — Controller Status (§3.1.4.6).
 #[bitfield(u32)]
 #[derive(PartialEq, Eq)]

@@ -93,6 +93,10 @@ impl Status {
     pub const INVALID_NUMBER_OF_SGL_DESCRIPTORS: Self = Self::code(sct::GENERIC, 0x0E);
     pub const DATA_SGL_LENGTH_INVALID: Self = Self::code(sct::GENERIC, 0x0F);
     pub const INVALID_SGL_DESCRIPTOR_TYPE: Self = Self::code(sct::GENERIC, 0x11);
+    /// Recorded in the Error Information log when the Keep Alive Timer
+    /// expires (§3.9).
+    pub const KEEP_ALIVE_TIMEOUT_EXPIRED: Self = Self::code(sct::GENERIC, 0x19);
+    pub const KEEP_ALIVE_TIMEOUT_INVALID: Self = Self::code(sct::GENERIC, 0x1A);
     pub const ADMIN_COMMAND_MEDIA_NOT_READY: Self = Self::code(sct::GENERIC, 0x24);
     pub const LBA_OUT_OF_RANGE: Self = Self::code(sct::GENERIC, 0x80);
     pub const CAPACITY_EXCEEDED: Self = Self::code(sct::GENERIC, 0x81);
@@ -119,6 +123,8 @@ impl Status {
     pub const NAMESPACE_IS_PRIVATE: Self = Self::code(sct::COMMAND_SPECIFIC, 0x19);
     pub const NAMESPACE_NOT_ATTACHED: Self = Self::code(sct::COMMAND_SPECIFIC, 0x1A);
     pub const CONTROLLER_LIST_INVALID: Self = Self::code(sct::COMMAND_SPECIFIC, 0x1C);
+    /// I/O Command Set Profile names a combination that is not supported.
+    pub const IOCS_COMBINATION_REJECTED: Self = Self::code(sct::COMMAND_SPECIFIC, 0x2B);
     /// NVM command set: Conflicting Attributes (e.g. DSM range count).
     pub const CONFLICTING_ATTRIBUTES: Self = Self::code(sct::COMMAND_SPECIFIC, 0x80);
     /// NVM command set: Command Size Limit Exceeded (Copy beyond MSSRL,
@@ -163,6 +169,14 @@ impl Status {
                 "invalid-sgl-descriptor-type",
             ),
             (
+                Status::KEEP_ALIVE_TIMEOUT_EXPIRED,
+                "keep-alive-timeout-expired",
+            ),
+            (
+                Status::KEEP_ALIVE_TIMEOUT_INVALID,
+                "keep-alive-timeout-invalid",
+            ),
+            (
                 Status::ADMIN_COMMAND_MEDIA_NOT_READY,
                 "admin-command-media-not-ready",
             ),
@@ -198,6 +212,10 @@ impl Status {
             (Status::NAMESPACE_IS_PRIVATE, "namespace-is-private"),
             (Status::NAMESPACE_NOT_ATTACHED, "namespace-not-attached"),
             (Status::CONTROLLER_LIST_INVALID, "controller-list-invalid"),
+            (
+                Status::IOCS_COMBINATION_REJECTED,
+                "iocs-combination-rejected",
+            ),
             (Status::CONFLICTING_ATTRIBUTES, "conflicting-attributes"),
             (
                 Status::COMMAND_SIZE_LIMIT_EXCEEDED,

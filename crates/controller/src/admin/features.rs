@@ -1,17 +1,25 @@
-//! Get Features and Set Features (§5.15, §5.27).
+//! Get Features and Set Features (§5.15, §5.27): the features this
+//! controller implements, their scope and capabilities, the Select field,
+//! and the features whose value is a dword. Those with a data buffer are in
+//! [`feature_data`](super::feature_data).
 
 use std::sync::atomic::Ordering;
 
 use vnvme_spec::cdw::{Cdw10GetFeatures, Cdw10SetFeatures};
 use vnvme_spec::feature::{
-    select, AsyncEventConfig, FeatureCapabilities, FeatureId, InterruptCoalescing,
-    InterruptVectorConfig, NumberOfQueues, PowerManagement, VolatileWriteCache, WriteAtomicity,
+    select, AsyncEventConfig, ErrorRecovery, FeatureCapabilities, FeatureId, InterruptCoalescing,
+    InterruptVectorConfig, IoCommandSetProfile, NumberOfQueues, PowerManagement,
+    SoftwareProgressMarker, VolatileWriteCache, WriteAtomicity,
 };
+use vnvme_spec::regs::{css, Cc};
 use vnvme_spec::{Command, Status};
 
-use super::invalid_field;
+use super::identify::IO_COMMAND_SET_COMBINATIONS;
+use super::{feature_data, invalid_field};
 use crate::command::Ctx;
-use crate::state::AdminState;
+use crate::keep_alive::round_kato;
+use crate::namespace::NSID_ALL;
+use crate::state::{AdminState, Shared};
 
 /// Features this controller implements.
 fn supported(ctx: &Ctx<'_>, fid: FeatureId) -> bool {
@@ -25,8 +33,60 @@ fn supported(ctx: &Ctx<'_>, fid: FeatureId) -> bool {
         | FeatureId::INTERRUPT_COALESCING
         | FeatureId::INTERRUPT_VECTOR_CONFIG
         | FeatureId::WRITE_ATOMICITY
-        | FeatureId::ASYNC_EVENT_CONFIG => true,
+        | FeatureId::ASYNC_EVENT_CONFIG
+        | FeatureId::TIMESTAMP
+        | FeatureId::KEEP_ALIVE_TIMER
+        | FeatureId::HOST_BEHAVIOR_SUPPORT
+        | FeatureId::IO_COMMAND_SET_PROFILE
+        | FeatureId::SOFTWARE_PROGRESS_MARKER
+        | FeatureId::HOST_IDENTIFIER => true,
         _ => false,
+    }
+}
+
+/// Error Recovery is the one namespace scope feature here (NVM Command Set
+/// Spec 1.0, its features); the others have controller scope (§5.27.1
+/// Figure 317).
+fn namespace_scope(fid: FeatureId) -> bool {
+    fid == FeatureId::ERROR_RECOVERY
+}
+
+/// Supported capabilities (Get Features SEL 011b): every feature here can
+/// be changed, and none saved (Set Features refuses SV).
+fn capabilities(fid: FeatureId) -> FeatureCapabilities {
+    FeatureCapabilities::new()
+        .with_changeable(true)
+        .with_ns_specific(namespace_scope(fid))
+}
+
+/// What a feature command applies to, by the NSID rules of the Feature
+/// Values section (NVMe Base 2.1 §4.4).
+enum Target {
+    Controller,
+    Namespace(u32),
+    /// Set Features to every attached namespace (NSID FFFFFFFFh).
+    AllNamespaces,
+}
+
+/// Controller scope: NSID 0h or FFFFFFFFh; a valid NSID reads the
+/// controller's value but cannot set it (Feature Not Namespace Specific).
+/// Namespace scope: an active NSID, or FFFFFFFFh for Set Features.
+fn target(shared: &Shared, fid: FeatureId, nsid: u32, set: bool) -> Result<Target, Status> {
+    let valid = nsid != 0 && nsid <= shared.subsystem.nn;
+    let invalid_ns = || Status::INVALID_NAMESPACE_OR_FORMAT.with_dnr(true);
+    if !namespace_scope(fid) {
+        return match nsid {
+            0 | NSID_ALL => Ok(Target::Controller),
+            _ if valid && set => Err(Status::FEATURE_NOT_NAMESPACE_SPECIFIC.with_dnr(true)),
+            _ if valid => Ok(Target::Controller),
+            _ => Err(invalid_ns()),
+        };
+    }
+    match nsid {
+        NSID_ALL if set => Ok(Target::AllNamespaces),
+        _ if !valid => Err(invalid_ns()),
+        _ if shared.subsystem.namespaces.active(nsid).is_none() => Err(invalid_field()),
+        _ => Ok(Target::Namespace(nsid)),
     }
 }
 
@@ -38,21 +98,31 @@ pub(super) fn get(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
         return Err(invalid_field());
     }
     let shared = ctx.shared;
-    let admin = match sel {
-        select::CURRENT => shared.admin.lock().clone(),
-        select::DEFAULT | select::SAVED => AdminState::new(&shared.config),
-        // Changeable, not saveable, not per namespace.
-        select::SUPPORTED_CAPABILITIES => {
-            return Ok(FeatureCapabilities::new().with_changeable(true).into())
-        }
+    let target = target(shared, fid, cmd.nsid.get(), false)?;
+    let current = match sel {
+        select::CURRENT => true,
+        // Nothing is saveable: a saved value reads as the default (§5.15).
+        select::DEFAULT | select::SAVED => false,
+        select::SUPPORTED_CAPABILITIES => return Ok(capabilities(fid).into()),
         _ => return Err(invalid_field()),
     };
-    let current = sel == select::CURRENT;
+    let admin = if current {
+        shared.admin.lock().clone()
+    } else {
+        AdminState::new(&shared.config)
+    };
     Ok(match fid {
+        FeatureId::TIMESTAMP | FeatureId::HOST_BEHAVIOR_SUPPORT | FeatureId::HOST_IDENTIFIER => {
+            feature_data::get(ctx, cmd, fid, &admin)?;
+            0
+        }
         FeatureId::ARBITRATION => admin.arbitration,
         FeatureId::POWER_MANAGEMENT => admin.power_state,
         FeatureId::TEMPERATURE_THRESHOLD => admin.temperature_threshold,
-        FeatureId::ERROR_RECOVERY => admin.error_recovery,
+        FeatureId::ERROR_RECOVERY => match target {
+            Target::Namespace(nsid) => admin.error_recovery.get(&nsid).copied().unwrap_or(0),
+            _ => return Err(invalid_field()),
+        },
         FeatureId::WRITE_ATOMICITY => admin.write_atomicity,
         FeatureId::ASYNC_EVENT_CONFIG => admin.async_event_config,
         FeatureId::NUMBER_OF_QUEUES => NumberOfQueues::new()
@@ -74,6 +144,13 @@ pub(super) fn get(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
                 .with_cd(current && cd.load(Ordering::Relaxed))
                 .into()
         }
+        FeatureId::KEEP_ALIVE_TIMER if current => shared.keep_alive.kato(),
+        FeatureId::SOFTWARE_PROGRESS_MARKER if current => SoftwareProgressMarker::new()
+            .with_pbslc(shared.software_progress.load(Ordering::Relaxed))
+            .into(),
+        // The index of the one combination there is (see
+        // `io_command_set_profile`), current and default alike.
+        FeatureId::IO_COMMAND_SET_PROFILE => IoCommandSetProfile::new().with_iocsci(0).into(),
         _ => 0,
     })
 }
@@ -90,7 +167,11 @@ pub(super) fn set(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
         return Err(Status::FEATURE_NOT_SAVEABLE.with_dnr(true));
     }
     let shared = ctx.shared;
+    let target = target(shared, fid, cmd.nsid.get(), true)?;
     match fid {
+        FeatureId::TIMESTAMP | FeatureId::HOST_BEHAVIOR_SUPPORT | FeatureId::HOST_IDENTIFIER => {
+            feature_data::set(ctx, cmd, fid)?;
+        }
         FeatureId::NUMBER_OF_QUEUES => {
             let req = NumberOfQueues::from(cmd.cdw11);
             if req.nsqr_z() == 0xFFFF || req.ncqr_z() == 0xFFFF {
@@ -146,7 +227,7 @@ pub(super) fn set(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
         }
         FeatureId::ARBITRATION => shared.admin.lock().arbitration = value,
         FeatureId::TEMPERATURE_THRESHOLD => shared.admin.lock().temperature_threshold = value,
-        FeatureId::ERROR_RECOVERY => shared.admin.lock().error_recovery = value,
+        FeatureId::ERROR_RECOVERY => error_recovery(shared, target, cmd)?,
         FeatureId::WRITE_ATOMICITY => {
             let dn = WriteAtomicity::from(cmd.cdw11).dn();
             shared.admin.lock().write_atomicity = WriteAtomicity::new().with_dn(dn).into();
@@ -160,7 +241,61 @@ pub(super) fn set(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
                 .with_nan(aec.nan())
                 .into();
         }
+        FeatureId::KEEP_ALIVE_TIMER => {
+            // KATO rounds up to the KAS granularity; a value that cannot
+            // is beyond the largest timeout the controller supports.
+            let kato =
+                round_kato(value).ok_or(Status::KEEP_ALIVE_TIMEOUT_INVALID.with_dnr(true))?;
+            shared.keep_alive.set_kato(kato);
+        }
+        FeatureId::IO_COMMAND_SET_PROFILE => io_command_set_profile(shared, cmd)?,
+        FeatureId::SOFTWARE_PROGRESS_MARKER => {
+            let pbslc = SoftwareProgressMarker::from(cmd.cdw11).pbslc();
+            shared.software_progress.store(pbslc, Ordering::Relaxed);
+        }
         _ => return Err(invalid_field()),
     }
     Ok(0)
+}
+
+/// Error Recovery: TLER is kept per namespace. DULBE needs the namespace
+/// to report deallocated blocks as errors (NSFEAT.DAE), which ours do not.
+fn error_recovery(shared: &Shared, target: Target, cmd: &Command) -> Result<(), Status> {
+    let er = ErrorRecovery::from(cmd.cdw11);
+    if er.dulbe() {
+        return Err(invalid_field());
+    }
+    let kept: u32 = ErrorRecovery::new().with_tler(er.tler()).into();
+    let nsids = match target {
+        Target::Namespace(nsid) => vec![nsid],
+        Target::AllNamespaces => shared
+            .subsystem
+            .namespaces
+            .active_list()
+            .iter()
+            .map(|ns| ns.nsid)
+            .collect(),
+        Target::Controller => return Err(invalid_field()),
+    };
+    let mut admin = shared.admin.lock();
+    for nsid in nsids {
+        admin.error_recovery.insert(nsid, kept);
+    }
+    Ok(())
+}
+
+/// I/O Command Set Profile (§5.27.1.21): with CC.CSS other than 110b the
+/// command has no effect and completes successfully. Otherwise the index
+/// must name a combination of Identify CNS 1Ch; the only one is index 0
+/// (the NVM Command Set), so the value never changes from 0.
+fn io_command_set_profile(shared: &Shared, cmd: &Command) -> Result<(), Status> {
+    let cc = Cc::from(shared.cc.load(Ordering::Acquire));
+    let index = usize::from(IoCommandSetProfile::from(cmd.cdw11).iocsci());
+    let exists = IO_COMMAND_SET_COMBINATIONS
+        .get(index)
+        .is_some_and(|&v| v != 0);
+    if cc.css() == css::ALL_IOCS && !exists {
+        return Err(Status::IOCS_COMBINATION_REJECTED.with_dnr(true));
+    }
+    Ok(())
 }

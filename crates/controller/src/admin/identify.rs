@@ -1,8 +1,11 @@
-//! Identify (§5.17): controller, namespaces, namespace lists and descriptors.
+//! Identify (§5.17): controller, namespaces, namespace lists and
+//! descriptors, the I/O command set structures, SR-IOV visibility.
 
 use vnvme_spec::cdw::{Cdw10Identify, Cdw11Identify};
+use vnvme_spec::identify::nvm::{IdentifyControllerNvm, IdentifyNamespaceNvm};
+use vnvme_spec::identify::virtualization::PrimaryControllerCaps;
 use vnvme_spec::identify::{
-    fill_ascii, ns_descriptor, oacs, oaes, ocfs, oncs, sgls, Cns, IdentifyController,
+    csi, ctratt, fill_ascii, ns_descriptor, oacs, oaes, ocfs, oncs, sgls, Cns, IdentifyController,
     IdentifyNsIndependent, IDENTIFY_SIZE,
 };
 use vnvme_spec::regs::version;
@@ -12,20 +15,24 @@ use zerocopy::IntoBytes;
 
 use super::invalid_field;
 use crate::command::Ctx;
+use crate::keep_alive::KAS;
+use crate::namespace::NSID_ALL;
 use crate::state::{Shared, ACL, AERL, ELPE};
 
-use crate::namespace::NSID_ALL;
+/// The I/O Command Set Combinations of Identify CNS 1Ch, by index: one,
+/// the NVM Command Set alone.
+pub(super) const IO_COMMAND_SET_COMBINATIONS: &[u64] = &[csi::vector_bit(csi::NVM)];
 
 fn invalid_ns() -> Status {
     Status::INVALID_NAMESPACE_OR_FORMAT.with_dnr(true)
 }
 
 pub(super) fn identify(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> {
-    let cns = Cdw10Identify::from(cmd.cdw10).cns();
+    let cdw10 = Cdw10Identify::from(cmd.cdw10);
     let csi = Cdw11Identify::from(cmd.cdw11).csi();
     let nsid = cmd.nsid.get();
     let shared = ctx.shared;
-    let page: Vec<u8> = match cns {
+    let page: Vec<u8> = match cdw10.cns() {
         Cns::NAMESPACE => identify_namespace(shared, nsid)?,
         Cns::CONTROLLER => identify_controller(shared).as_bytes().to_vec(),
         Cns::ACTIVE_NAMESPACES => namespace_list(shared, nsid, true)?,
@@ -35,12 +42,52 @@ pub(super) fn identify(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> {
         Cns::ALLOCATED_NAMESPACE => allocated_namespace(shared, nsid)?,
         Cns::NS_CONTROLLERS => namespace_controllers(shared, nsid, cmd)?,
         Cns::CONTROLLERS => controller_list(shared, true, cmd),
-        // I/O Command Set specific Identify Controller (CNS 06h) for the NVM
-        // command set: no limits beyond MDTS, all zeroes.
-        Cns(0x06) if csi == 0 => vec![0; IDENTIFY_SIZE],
+        // The I/O command set specific structures exist for the NVM
+        // Command Set only; any other CSI is a set this controller lacks.
+        cns if uses_csi(cns) && csi != csi::NVM => return Err(invalid_field()),
+        Cns::NAMESPACE_IOCS => {
+            check_nsid(shared, nsid)?;
+            identify_namespace_nvm().as_bytes().to_vec()
+        }
+        Cns::CONTROLLER_IOCS => identify_controller_nvm().as_bytes().to_vec(),
+        // Every namespace is an NVM Command Set namespace.
+        Cns::ACTIVE_NAMESPACES_IOCS => namespace_list(shared, nsid, true)?,
+        Cns::ALLOCATED_NAMESPACES_IOCS => namespace_list(shared, nsid, false)?,
+        Cns::ALLOCATED_NAMESPACE_IOCS => {
+            if nsid == NSID_ALL {
+                return Err(invalid_ns());
+            }
+            check_nsid(shared, nsid)?;
+            identify_namespace_nvm().as_bytes().to_vec()
+        }
+        Cns::IO_COMMAND_SETS => io_command_sets(shared, cdw10.cntid())?,
+        Cns::PRIMARY_CONTROLLER_CAPS => primary_controller_caps(shared, cdw10.cntid())?,
+        // No secondary controllers: a list of none, whatever CNTID it
+        // starts from.
+        Cns::SECONDARY_CONTROLLERS => vec![0; IDENTIFY_SIZE],
+        // No UUIDs for vendor specific information (CTRATT.UUIDL clear): the
+        // UUID List ends at its first entry, which is zero.
+        Cns::UUID_LIST => vec![0; IDENTIFY_SIZE],
+        // No Domain List (CNS 18h): it describes the domains of an NVM
+        // subsystem that has several (CTRATT.MDS). Ours is a single domain,
+        // whose Domain Identifiers are all 0h (§3.2.5), so there is no list
+        // to give; the CNS is optional and unsupported, which is Invalid
+        // Field in Command (§5.17.1), as for any other such CNS.
         _ => return Err(invalid_field()),
     };
     ctx.send(cmd, &page)
+}
+
+/// CNS values whose data depends on CDW11.CSI (§5.17.1 Figure 273).
+fn uses_csi(cns: Cns) -> bool {
+    matches!(
+        cns,
+        Cns::NAMESPACE_IOCS
+            | Cns::CONTROLLER_IOCS
+            | Cns::ACTIVE_NAMESPACES_IOCS
+            | Cns::ALLOCATED_NAMESPACES_IOCS
+            | Cns::ALLOCATED_NAMESPACE_IOCS
+    )
 }
 
 /// Identify Controller (CNS 01h, §5.17.2.1).
@@ -57,6 +104,7 @@ pub(crate) fn identify_controller(shared: &Shared) -> Box<IdentifyController> {
     id.cntlid = U16::new(c.cntlid);
     id.ver = U32::new(version(2, 0, 0));
     id.oaes = U32::new(oaes::NAMESPACE_ATTRIBUTE);
+    id.ctratt = U32::new(ctratt::HOST_ID_128 | ctratt::EXTENDED_LBA_FORMATS);
     // CNTRLTYPE 1: I/O controller.
     id.cntrltype = 1;
     let dbbuf = if c.doorbells.uses_dbbuf() {
@@ -80,6 +128,7 @@ pub(crate) fn identify_controller(shared: &Shared) -> Box<IdentifyController> {
     id.elpe = ELPE;
     id.wctemp = U16::new(0x0157);
     id.cctemp = U16::new(0x0175);
+    id.kas = U16::new(KAS);
     id.sqes = 0x66;
     id.cqes = 0x44;
     id.nn = U32::new(shared.subsystem.nn);
@@ -100,6 +149,8 @@ pub(crate) fn identify_controller(shared: &Shared) -> Box<IdentifyController> {
     // SGLs for I/O data (metadata stays contiguous at MPTR), exactly as
     // long as the transfer: see `crate::sgl`.
     id.sgls = U32::new(sgls::SUPPORTED | sgls::BIT_BUCKET);
+    // Get Features' Select field, and the Timestamp feature.
+    id.oncs = U16::new(id.oncs.get() | oncs::SAVE_SELECT | oncs::TIMESTAMP);
     // VWC bit 0: present; bits 2:1 = 11b: Flush with NSID FFFFFFFFh supported.
     id.vwc = u8::from(shared.subsystem.vwc) | 0x06;
     fill_ascii(&mut id.subnqn, &c.nqn());
@@ -203,14 +254,66 @@ fn descriptors(shared: &Shared, nsid: u32) -> Result<Vec<u8>, Status> {
 
 /// I/O Command Set Independent Identify Namespace (CNS 08h): zeroes for an
 /// inactive NSID; for an active one NSTAT bit 0 (NRDY) says whether it is
-/// ready for I/O.
+/// ready for I/O, and NSFEAT bit 5 (VWCPN) that its backend has no
+/// volatile write cache, whatever Identify Controller VWC says for others.
 fn ns_independent(shared: &Shared, nsid: u32) -> Result<Vec<u8>, Status> {
     check_nsid(shared, nsid)?;
     let mut id = IdentifyNsIndependent::new_boxed();
     if let Some(ns) = shared.subsystem.namespaces.active(nsid) {
         let now = std::time::Instant::now();
         id.nstat = u8::from(ns.is_ready(shared.since_enable(now)));
-        id.nmic = 0;
+        id.nsfeat = if ns.backend.volatile_cache() {
+            0
+        } else {
+            1 << 5
+        };
     }
     Ok(id.as_bytes().to_vec())
+}
+
+/// I/O Command Set specific Identify Namespace for the NVM Command Set
+/// (CNS 05h and 1Bh): the same for every NSID that gets one. No format
+/// carries protection information (DPC is 0), so no storage tag (LBSTM,
+/// PIC 0) and every Extended LBA Format is 16b Guard with STS 0: zero, for
+/// the formats CNS 00h lists and the unused entries alike.
+fn identify_namespace_nvm() -> Box<IdentifyNamespaceNvm> {
+    IdentifyNamespaceNvm::new_boxed()
+}
+
+/// I/O Command Set specific Identify Controller for the NVM Command Set
+/// (CNS 06h): the commands have no size limits beyond MDTS and their own
+/// fields (Write Zeroes NLB, Dataset Management's 256 ranges of any
+/// length), so VSL, WZSL, WUSL, DMRL, DMRSL and DMSL report none (0).
+fn identify_controller_nvm() -> Box<IdentifyControllerNvm> {
+    IdentifyControllerNvm::new_boxed()
+}
+
+/// Identify I/O Command Set data structure (CNS 1Ch): the combinations,
+/// 8 bytes each, for CNTID FFFFh (the controller processing the command)
+/// or our own CNTLID; there is no other controller.
+fn io_command_sets(shared: &Shared, cntid: u16) -> Result<Vec<u8>, Status> {
+    if cntid != 0xFFFF && cntid != shared.config.cntlid {
+        return Err(invalid_field());
+    }
+    let mut page = vec![0u8; IDENTIFY_SIZE];
+    for (slot, v) in page.chunks_exact_mut(8).zip(IO_COMMAND_SET_COMBINATIONS) {
+        slot.copy_from_slice(&v.to_le_bytes());
+    }
+    Ok(page)
+}
+
+/// Primary Controller Capabilities (CNS 14h) of the primary controller
+/// CNTID, which can only be this one. Without Virtualization Management
+/// (OACS bit 7) no resource is flexible (CRT 0): every queue, admin
+/// included, and every interrupt vector is the controller's own.
+fn primary_controller_caps(shared: &Shared, cntid: u16) -> Result<Vec<u8>, Status> {
+    let c = &shared.config;
+    if cntid != c.cntlid {
+        return Err(invalid_field());
+    }
+    let mut caps = PrimaryControllerCaps::new_boxed();
+    caps.cntlid = U16::new(c.cntlid);
+    caps.vqprt = U16::new(c.max_io_queues.saturating_add(1));
+    caps.viprt = U16::new(c.msix_vectors);
+    Ok(caps.as_bytes().to_vec())
 }

@@ -2,6 +2,7 @@
 
 mod abort;
 mod dbbuf;
+mod feature_data;
 mod features;
 mod identify;
 mod log;
@@ -28,6 +29,7 @@ pub(crate) const SUPPORTED: &[AdminOpcode] = &[
     AdminOpcode::DOORBELL_BUFFER_CONFIG,
     AdminOpcode::NAMESPACE_MANAGEMENT,
     AdminOpcode::NAMESPACE_ATTACHMENT,
+    AdminOpcode::KEEP_ALIVE,
     AdminOpcode::FORMAT_NVM,
 ];
 
@@ -74,6 +76,11 @@ pub(crate) fn execute(ctx: &mut Ctx<'_>, cmd: &Command) -> Outcome {
             AdminOpcode::FORMAT_NVM => namespaces::format_nvm(ctx, cmd),
             AdminOpcode::DOORBELL_BUFFER_CONFIG => {
                 dbbuf::doorbell_buffer_config(ctx, cmd).map(|()| 0)
+            }
+            // Keep Alive (§5.18): restarts the Keep Alive Timer if it runs.
+            AdminOpcode::KEEP_ALIVE => {
+                ctx.shared.keep_alive.keep_alive();
+                Ok(0)
             }
             AdminOpcode::ABORT => abort::abort(ctx, cmd),
             _ => Err(Status::INVALID_OPCODE.with_dnr(true)),

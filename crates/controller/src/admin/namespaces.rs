@@ -137,6 +137,11 @@ fn delete(shared: &Shared, nsid: u32) -> Result<(), Status> {
     for ns in removed.iter().filter(|ns| ns.attached) {
         shared.namespace_changed(ns.nsid);
     }
+    // A namespace created later under the same NSID starts from defaults.
+    let mut admin = shared.admin.lock();
+    for ns in &removed {
+        admin.error_recovery.remove(&ns.nsid);
+    }
     Ok(())
 }
 

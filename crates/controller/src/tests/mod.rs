@@ -242,6 +242,14 @@ impl Host {
         assert!(self.csts().rdy(), "CSTS.RDY after enable");
     }
 
+    /// Controller reset (CC.EN 1 -> 0), then enable on a zeroed admin CQ
+    /// (stale entries would carry a valid phase).
+    fn reenable(&mut self) {
+        self.write32(offset::CC, 0);
+        self.mem.zero(ACQ, 4096).unwrap();
+        self.enable();
+    }
+
     fn next_cid(&mut self) -> u16 {
         self.cid = self.cid.wrapping_add(1);
         self.cid
@@ -410,6 +418,13 @@ fn set_features(fid: u8, value: u32) -> Command {
     c
 }
 
+fn get_features(fid: u8, sel: u8, buf: u64) -> Command {
+    let mut c = cmd(AdminOpcode::GET_FEATURES.0);
+    c.prp1 = U64::new(buf);
+    c.cdw10 = U32::new(u32::from(fid) | (u32::from(sel) << 8));
+    c
+}
+
 fn get_log(lid: u8, dwords: u32, offset: u64, buf: u64) -> Command {
     let mut c = cmd(AdminOpcode::GET_LOG_PAGE.0);
     c.nsid = U32::new(0xFFFF_FFFF);
@@ -428,8 +443,11 @@ mod backend_errors;
 mod copy;
 mod dbbuf;
 mod durability;
+mod features;
+mod identify;
 mod inflight;
 mod io;
+mod keep_alive;
 mod modes;
 mod namespaces;
 mod registers;

@@ -1,0 +1,176 @@
+# shellcheck shell=sh
+# vnvme-nvme-cli-admin.sh - guest test (run-vnvme-tests.sh nvme-cli-admin): the admin commands of
+# issue 17 items 1, 2 and 4 as nvme-cli 2.x runs them, each answer checked for content: the I/O
+# command set Identify structures, SR-IOV visibility, features with a data buffer, the Select field.
+#   rig.vqprt=N rig.viprt=N   the server's I/O queues + 1 and MSI-X vectors (Primary Controller Caps)
+# The guest kernel refuses Set Features for Keep Alive Timer and Host Behavior Support from user
+# space (EACCES before any command is sent): those are read here, and set in the controller tests.
+. /guest-lib.sh
+wait_nvme 10 || die "no /dev/nvme0n1"
+VQPRT=$(cmdline_get vqprt); VIPRT=$(cmdline_get viprt)
+C=/dev/nvme0 NS=/dev/nvme0n1
+rc=0
+fail() { echo "TEST: FAIL: $*"; rc=1; }
+# "name : value" lines of nvme-cli's text output, value trimmed
+field() { grep -E "^$1[[:space:]]*:" "$2" | head -1 | sed 's/^[^:]*: *//; s/[[:space:]]*$//'; }
+# nvme ARGS...: runs nvme-cli into /tmp/out, logs the command and its status; returns its status
+nv() {
+  nvme "$@" > /tmp/out 2>&1; _s=$?
+  log "nvme $* -> exit $_s$( [ $_s = 0 ] || echo ": $(tail -1 /tmp/out)")"
+  return $_s
+}
+# expect_status TEXT ARGS...: the command fails and nvme-cli names TEXT as the NVMe status
+expect_status() {
+  _want=$1; shift
+  if nv "$@"; then fail "nvme $* succeeded, expected '$_want'"
+  elif ! grep -q "$_want" /tmp/out; then fail "nvme $*: expected '$_want', got: $(cat /tmp/out)"; fi
+}
+reset_ctrl() {
+  echo 1 > /sys/class/nvme/nvme0/reset_controller || die "writing reset_controller failed"
+  _n=0
+  while [ "$(cat /sys/class/nvme/nvme0/state)" != live ]; do
+    [ $_n -ge 300 ] && die "controller not live 30 s after reset"
+    sleep 0.1; _n=$((_n + 1))
+  done
+}
+timestamp() { sed -n 's/.*The timestamp is : \([0-9]*\).*/\1/p' /tmp/out; }
+# the bytes of nvme-cli's hex dump in /tmp/out, "xx " each
+hexdump_bytes() { sed -n 's/^[0-9a-f]\{4\}: \(\([0-9a-f][0-9a-f] \)*\).*/\1/p' /tmp/out | tr -d '\n'; }
+
+# --- Identify Controller: what the new commands and features rest on ---
+nv id-ctrl $C && cp /tmp/out /tmp/id-ctrl || die "id-ctrl failed"
+cntlid=$(field cntlid /tmp/id-ctrl); kas=$(field kas /tmp/id-ctrl)
+ctratt=$(field ctratt /tmp/id-ctrl); oncs=$(field oncs /tmp/id-ctrl)
+log "id-ctrl: cntlid=$cntlid kas=$kas ctratt=$ctratt oncs=$oncs"
+[ "$kas" = 1 ] || fail "KAS $kas, expected 1 (100 ms)"
+[ $((ctratt & 0x8001)) = $((0x8001)) ] || fail "CTRATT $ctratt lacks HIDS (0) or ELBAS (15)"
+[ $((oncs & 0x50)) = $((0x50)) ] || fail "ONCS $oncs lacks Save/Select (4) or Timestamp (6)"
+
+# --- CNS 05h: NVM Identify Namespace, one ELBAF per LBA format, no protection information ---
+nv id-ns $NS && cp /tmp/out /tmp/id-ns || fail "id-ns failed"
+nlbaf=$(field nlbaf /tmp/id-ns); flbas=$(field flbas /tmp/id-ns)
+if nv nvm-id-ns $NS; then
+  cp /tmp/out /tmp/nvm-id-ns
+  n=$(grep -c '^elbaf' /tmp/nvm-id-ns); zero=$(grep -c '^elbaf .*pif:0 sts:0' /tmp/nvm-id-ns)
+  inuse=$(sed -n 's/^elbaf *\([0-9]*\) .*(in use).*/\1/p' /tmp/nvm-id-ns)
+  log "nvm-id-ns: lbstm=$(field lbstm /tmp/nvm-id-ns) pic=$(field pic /tmp/nvm-id-ns) elbaf=$n (16b guard, sts 0: $zero) in use=$inuse; id-ns nlbaf=$nlbaf flbas=$flbas"
+  [ "$n" = $((nlbaf + 1)) ] || fail "$n ELBAF entries for NLBAF $nlbaf"
+  [ "$zero" = "$n" ] || fail "ELBAF entries with protection information or storage tags"
+  [ "$(field lbstm /tmp/nvm-id-ns)" = 0 ] && [ "$(field pic /tmp/nvm-id-ns)" = 0 ] || fail "LBSTM/PIC not 0"
+  [ "$inuse" = $((flbas & 0xf)) ] || fail "ELBAF in use $inuse, FLBAS $flbas"
+else fail "nvm-id-ns failed: $(cat /tmp/out)"; fi
+
+# --- CNS 06h: NVM Identify Controller, no size limits reported ---
+if nv nvm-id-ctrl $C; then
+  for f in vsl wzsl wusl dmrl dmrsl dmsl; do
+    [ "$(field $f /tmp/out)" = 0 ] || fail "nvm-id-ctrl $f = $(field $f /tmp/out)"
+  done
+else fail "nvm-id-ctrl failed: $(cat /tmp/out)"; fi
+
+# --- CNS 07h/1Ah: the NVM command set's namespace lists; CSI 2 (zoned) is not supported ---
+nv list-ns $C --csi=0 && grep -q '^\[ *0\]:0x1$' /tmp/out || fail "list-ns --csi=0: $(cat /tmp/out)"
+nv list-ns $C --all --csi=0 && grep -q '^\[ *0\]:0x1$' /tmp/out || fail "list-ns --all --csi=0: $(cat /tmp/out)"
+expect_status "Invalid Field in Command" list-ns $C --csi=2
+
+# --- CNS 08h: I/O Command Set Independent Identify Namespace ---
+if nv cmdset-ind-id-ns $NS; then
+  nstat=$(field nstat /tmp/out); nsfeat=$(field nsfeat /tmp/out)
+  log "cmdset-ind-id-ns: nstat=$nstat nsfeat=$nsfeat"
+  [ "$nstat" = 0x1 ] || fail "NSTAT $nstat, expected ready (0x1)"
+  # RAM namespace: bit 5, Volatile Write Cache Not Present (nvme-cli 2.13 labels it "is Present")
+  [ "$nsfeat" = 0x20 ] || fail "NSFEAT $nsfeat, expected 0x20 (VWCPN)"
+else fail "cmdset-ind-id-ns failed: $(cat /tmp/out)"; fi
+
+# --- CNS 1Ch: one I/O Command Set Combination, the NVM command set ---
+if nv id-iocs $C; then
+  grep -q 'Combination\[0\]:1$' /tmp/out || fail "id-iocs: combination 0 is not NVM: $(cat /tmp/out)"
+  [ "$(grep -c 'Combination\[' /tmp/out)" = 1 ] || fail "id-iocs: more than one combination: $(cat /tmp/out)"
+else fail "id-iocs failed: $(cat /tmp/out)"; fi
+
+# --- CNS 17h/18h: an empty UUID list; no Domain List in a single-domain subsystem ---
+nv id-uuid $C || fail "id-uuid failed: $(cat /tmp/out)"
+grep -qi 'uuid.*:.*[1-9a-f]' /tmp/out && fail "id-uuid lists a UUID: $(cat /tmp/out)"
+expect_status "Invalid Field in Command" id-domain $C
+
+# --- CNS 14h/15h: SR-IOV visibility without secondary controllers ---
+if nv primary-ctrl-caps $C -c "$cntlid"; then
+  cp /tmp/out /tmp/pcc
+  log "primary-ctrl-caps: cntlid=$(field cntlid /tmp/pcc) crt=$(field crt /tmp/pcc) vqprt=$(field vqprt /tmp/pcc) viprt=$(field viprt /tmp/pcc) vqfrt=$(field vqfrt /tmp/pcc)"
+  [ $(($(field cntlid /tmp/pcc))) = $((cntlid)) ] || fail "primary-ctrl-caps CNTLID"
+  [ "$(field crt /tmp/pcc)" = 0 ] || fail "CRT: flexible resources without Virtualization Management"
+  [ -z "$VQPRT" ] || [ "$(field vqprt /tmp/pcc)" = "$VQPRT" ] || fail "VQPRT, expected $VQPRT"
+  [ -z "$VIPRT" ] || [ "$(field viprt /tmp/pcc)" = "$VIPRT" ] || fail "VIPRT, expected $VIPRT"
+  for f in vqfrt vqrfa vqrfap vifrt virfa virfap; do [ "$(field $f /tmp/pcc)" = 0 ] || fail "$f not 0"; done
+else fail "primary-ctrl-caps -c $cntlid failed: $(cat /tmp/out)"; fi
+# CNTID names the primary controller: 0 is not this one (CNTLID 1)
+[ $((cntlid)) = 0 ] || expect_status "Invalid Field in Command" primary-ctrl-caps $C -c 0
+nv list-secondary $C && grep -q 'NUMID.*: 0$' /tmp/out || fail "list-secondary: $(cat /tmp/out)"
+
+# --- Timestamp (0Eh): the kernel set it at init; it advances in ms; the value nvme-cli sets sticks ---
+nv get-feature $C -f 0xe -H || fail "get-feature 0xe failed"
+t1=$(timestamp); grep -q 'initialized with a Timestamp value using a Set Features' /tmp/out || fail "origin: $(cat /tmp/out)"
+sleep 2
+nv get-feature $C -f 0xe -H || fail "get-feature 0xe failed"
+t2=$(timestamp)
+tsd=$(awk -v a="$t1" -v b="$t2" 'BEGIN { printf "%d", b - a }')
+log "timestamp: $t1 then $t2 two seconds later (+$tsd ms)"
+[ -n "$t1" ] && [ "$tsd" -ge 2000 ] && [ "$tsd" -lt 60000 ] || fail "timestamp did not advance by ~2 s: $t1 -> $t2"
+nv set-feature $C -f 0xe -V 1700000000000 || fail "set-feature 0xe failed"
+nv get-feature $C -f 0xe -H; t3=$(timestamp)
+d=$(awk -v a="$t3" 'BEGIN { printf "%d", a - 1700000000000 }')
+[ -n "$t3" ] && [ "$d" -ge 0 ] && [ "$d" -lt 60000 ] || fail "timestamp after setting 1700000000000: $t3"
+nv get-feature $C -f 0xe -s 1 -H
+[ "$(timestamp)" = 0 ] && grep -q 'by a Controller Level Reset' /tmp/out || fail "default timestamp: $(cat /tmp/out)"
+
+# --- Host Behavior Support (16h): the kernel enabled LBAFEE (CTRATT.ELBAS); the default is zeroes ---
+nv get-feature $C -f 0x16 -H
+grep -q 'LBAFEE): True' /tmp/out && grep -q 'ACRE): False' /tmp/out || fail "host behavior: $(cat /tmp/out)"
+nv get-feature $C -f 0x16 -s 1 -H; grep -q 'LBAFEE): False' /tmp/out || fail "host behavior default: $(cat /tmp/out)"
+( printf '\001\000\001'; dd if=/dev/zero bs=509 count=1 2>/dev/null ) > /tmp/hbs
+nv set-feature $C -f 0x16 -l 512 -d /tmp/hbs   # refused by the guest kernel: logged, not checked
+
+# --- I/O Command Set Profile (19h): CC.CSS is 110b (Linux, CAP.CSS.IOCSS), only index 0 exists ---
+nv get-feature $C -f 0x19 && grep -q 'Current value:0*$' /tmp/out || fail "get-feature 0x19: $(cat /tmp/out)"
+nv set-feature $C -f 0x19 -V 0 || fail "set-feature 0x19 -V 0: $(cat /tmp/out)"
+expect_status "combination is rejected" set-feature $C -f 0x19 -V 1
+
+# --- Software Progress Marker (80h): set, read, kept across a controller reset; default 0 ---
+nv set-feature $C -f 0x80 -V 5 || fail "set-feature 0x80: $(cat /tmp/out)"
+nv get-feature $C -f 0x80 -H && grep -q '(PBSLC): 5$' /tmp/out || fail "get-feature 0x80: $(cat /tmp/out)"
+nv get-feature $C -f 0x80 -s 1 && grep -q 'Default value:0*$' /tmp/out || fail "0x80 default: $(cat /tmp/out)"
+expect_status "Feature Not Namespace Specific" set-feature $C -f 0x80 -V 6 -n 1
+
+# --- Host Identifier (81h): 8 bytes, set once; a reset clears it; then 16 bytes with EXHID ---
+printf 'abcdefgh' > /tmp/hid8; printf '0123456789abcdef' > /tmp/hid16
+nv set-feature $C -f 0x81 -V 0 -l 8 -d /tmp/hid8 || fail "set-feature 0x81 (8 bytes): $(cat /tmp/out)"
+nv get-feature $C -f 0x81 && grep -q '"abcdefgh"' /tmp/out || fail "host id 8: $(cat /tmp/out)"
+expect_status "Command Sequence Error" set-feature $C -f 0x81 -V 1 -l 16 -d /tmp/hid16
+reset_ctrl
+log "controller reset"
+nv get-feature $C -f 0x80 -H && grep -q '(PBSLC): 5$' /tmp/out || fail "0x80 after reset: $(cat /tmp/out)"
+nv get-feature $C -f 0x81 -c 1
+[ "$(hexdump_bytes)" = "00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 " ] || fail "host id after reset, not 0h: $(cat /tmp/out)"
+nv set-feature $C -f 0x81 -V 1 -l 16 -d /tmp/hid16 || fail "set-feature 0x81 (16 bytes): $(cat /tmp/out)"
+nv get-feature $C -f 0x81 -c 1 && grep -q '"0123456789abcdef"' /tmp/out || fail "host id 16: $(cat /tmp/out)"
+
+# --- Keep Alive Timer (0Fh) and the Keep Alive command (18h) ---
+nv get-feature $C -f 0xf && grep -q 'Current value:0*$' /tmp/out || fail "KATO not 0 (disabled) on PCIe: $(cat /tmp/out)"
+nv set-feature $C -f 0xf -V 60000   # refused by the guest kernel: logged, not checked
+nv admin-passthru $C --opcode=0x18 || fail "keep alive command: $(cat /tmp/out)"
+nv effects-log $C --csi=0 && grep -q 'Keep Alive.*00000001' /tmp/out || fail "effects log lacks Keep Alive: $(cat /tmp/out)"
+
+# --- Supported capabilities (SEL 011b) of every feature: changeable, not saveable; 05h per namespace ---
+nv get-feature $C -s 3   # status of the last FID tried (FFh, unsupported): not checked
+caps=$(grep -c 'Supported capabilities value:0x00000004' /tmp/out)
+log "get-feature -s 3: $caps features changeable, not saveable, controller scope"
+for f in 0x01 0x02 0x04 0x07 0x08 0x09 0x0a 0x0b 0x0e 0x0f 0x16 0x19 0x80 0x81; do
+  grep -q "^get-feature:$f .*Supported capabilities value:0x00000004" /tmp/out || fail "capabilities of $f: $(grep "^get-feature:$f" /tmp/out)"
+done
+grep -q '^get-feature:0x05 .*Invalid Namespace' /tmp/out || fail "0x05 with NSID FFFFFFFFh: $(grep '^get-feature:0x05' /tmp/out)"
+nv get-feature $C -f 5 -n 1 -s 3 && grep -q 'value:0x00000006' /tmp/out || fail "0x05 capabilities: $(cat /tmp/out)"
+nv get-feature $C -f 7 -s 2 && grep -q 'Saved value:0x' /tmp/out || fail "SEL saved: $(cat /tmp/out)"
+
+log "summary: ELBAF for $((nlbaf + 1)) formats, timestamp +$tsd ms over sleep 2, $caps features changeable"
+result_json "{\"name\":\"nvme-cli-admin\",\"cntlid\":\"$cntlid\",\"ctratt\":\"$ctratt\",\"oncs\":\"$oncs\",\"capabilities\":$caps}"
+check_no_nvme_errors || rc=1
+exit $rc
