@@ -7,14 +7,8 @@
 
 use vnvme_spec::Status;
 
+pub use crate::memory::Segment;
 use crate::memory::{DmaError, GuestMemory};
-
-/// One contiguous piece of a transfer in guest memory (never crosses a page).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Segment {
-    pub addr: u64,
-    pub len: u64,
-}
 
 const ENTRY: u64 = 8;
 
