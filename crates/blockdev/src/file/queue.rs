@@ -32,7 +32,9 @@ use std::time::Duration;
 use super::backing::{bump, Backing};
 use super::MAX_IO;
 use crate::uring::{Op, Ring};
-use crate::{check_range, BlockCompletion, BlockError, BlockQueue, BlockRequest, Data, Waker};
+use crate::{
+    check_range, BlockCompletion, BlockError, BlockQueue, BlockRequest, Data, IoBuf, Waker,
+};
 
 /// Requests in flight per queue: deep enough to keep an NVMe SSD busy
 /// from one worker, small enough that a slot table is a fixed few KiB.
@@ -163,7 +165,7 @@ impl FileQueue {
         };
         let slot = self
             .ring
-            .start(op, Data::Buf(crate::IoBuf::new()), false)
+            .start(op, Data::Buf(IoBuf::new()), false)
             .map_err(drop)?;
         bump(&self.backing.counters.flushes);
         self.track(slot, token, Kind::Flush, 0, 0);
