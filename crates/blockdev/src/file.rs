@@ -2,7 +2,8 @@
 //!
 //! * Requests whose offset and length are multiples of 4 KiB go through a
 //!   second descriptor opened with `O_DIRECT` (when the file system allows
-//!   it), from a 4 KiB-aligned buffer; others through the page cache.
+//!   it), from a 4 KiB-aligned buffer or from guest memory aligned as the
+//!   device wants it (see `backing`); others through the page cache.
 //!   Linux keeps the two coherent: a direct write writes back and drops the
 //!   cached pages it overlaps. A short transfer's rest is unaligned, so it
 //!   goes through the page cache.
@@ -25,7 +26,8 @@
 //!   so concurrent callers each get their own;
 //! * [`AsyncBlockDevice`]: each queue ([`queue`](AsyncBlockDevice::queue),
 //!   see the `queue` module) is an io_uring of its own with up to 64
-//!   reads, writes and flushes in flight, in the requests' own buffers.
+//!   reads, writes and flushes in flight, in the requests' own buffers or
+//!   straight to and from the guest memory they carry ([`Data`](crate::Data)).
 //!
 //! Both go through the same [`Backing`] (descriptors, size, counters),
 //! which a queue shares, so a queue keeps working after the device is
@@ -47,7 +49,7 @@ use crate::{check_range, AsyncBlockDevice, BlockDevice, BlockError, BlockQueue, 
 mod backing;
 mod queue;
 
-use backing::{bump, Backing, Counters};
+use backing::{bump, Backing, Counters, DioAlign};
 
 /// Sizes must be multiples of this (the largest LBA size in use).
 pub const SIZE_GRANULE: u64 = 4096;
@@ -92,6 +94,9 @@ pub struct FileCounters {
     pub direct_ops: u64,
     /// io_uring reads and writes through the page cache.
     pub buffered_ops: u64,
+    /// Of those (direct or buffered), the ones straight between the file
+    /// and mapped guest memory, with no buffer of ours between.
+    pub mapped_ops: u64,
     /// Writes with RWF_DSYNC (FUA, or a disabled write cache).
     pub dsync_writes: u64,
     /// fdatasync calls.
@@ -185,6 +190,7 @@ impl FileDevice {
             .custom_flags(libc::O_DIRECT)
             .open(&path)
             .ok();
+        let dio = direct.as_ref().map_or(DioAlign::ASSUMED, DioAlign::of);
         // A ring now, so a kernel without io_uring fails at start, not on
         // the first I/O.
         let lane = Lane::new().map_err(FileError::Uring)?;
@@ -193,6 +199,7 @@ impl FileDevice {
             backing: Arc::new(Backing {
                 file,
                 direct,
+                dio,
                 size,
                 counters: Counters::default(),
             }),
@@ -221,6 +228,7 @@ impl FileDevice {
         FileCounters {
             direct_ops: get(&c.direct_ops),
             buffered_ops: get(&c.buffered_ops),
+            mapped_ops: get(&c.mapped_ops),
             dsync_writes: get(&c.dsync_writes),
             flushes: get(&c.flushes),
             holes_punched: get(&c.holes_punched),

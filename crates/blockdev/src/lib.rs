@@ -26,24 +26,31 @@
 //!   blocking; the queue's [`Waker`] is called, from another thread, when
 //!   there may be some to reap, so a worker can sleep meanwhile.
 //!
-//! Requests own their [`IoBuf`] until they complete: the kernel reads or
-//! writes it, so nothing the guest can unmap is ever handed to it.
+//! A request's [`Data`] is a buffer of its own ([`IoBuf`]) or guest
+//! memory mapped in this process ([`MappedBuf`]), which the kernel reads
+//! or writes in place: no copy through a buffer of ours. Either way the
+//! request owns it until it completes, and a [`MappedBuf`] holds its memory
+//! mapped meanwhile, so nothing the guest unmaps is pulled from under the
+//! kernel.
 //!
 //! # Unsafe code
 //!
 //! Denied everywhere but the io_uring module (`uring`), where submitting an
-//! operation that points at a buffer is `unsafe`: the buffer must outlive
-//! the operation.
+//! operation that points at a buffer is `unsafe` (the buffer must outlive
+//! the operation), and `mapped`, whose copies go to and from memory known
+//! only by its address.
 #![deny(unsafe_code)]
 
 mod buf;
 mod file;
+mod mapped;
 mod null;
 mod ram;
 mod uring;
 
 pub use buf::{IoBuf, ALIGN};
 pub use file::{FileCounters, FileDevice, FileError};
+pub use mapped::{Data, MappedBuf, MappedMemory, Region};
 pub use null::NullDevice;
 pub use ram::RamDevice;
 
@@ -121,15 +128,15 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     }
 }
 
-/// One operation for [`BlockQueue::submit`]. The buffer travels with the
+/// One operation for [`BlockQueue::submit`]. The data travels with the
 /// request and comes back in its [`BlockCompletion`].
 #[derive(Debug)]
 pub enum BlockRequest {
-    /// Reads `buf.len()` bytes at `offset` into `buf`.
-    Read { offset: u64, buf: IoBuf },
-    /// Writes `buf` at `offset`; `fua`: durable before completion (see
+    /// Reads `data.len()` bytes at `offset` into `data`.
+    Read { offset: u64, data: Data },
+    /// Writes `data` at `offset`; `fua`: durable before completion (see
     /// [`BlockDevice::write_fua`]).
-    Write { offset: u64, buf: IoBuf, fua: bool },
+    Write { offset: u64, data: Data, fua: bool },
     /// Makes every completed write durable ([`BlockDevice::flush`]).
     Flush,
 }
@@ -137,32 +144,58 @@ pub enum BlockRequest {
 impl BlockRequest {
     /// Runs the request synchronously on `device` (what an asynchronous
     /// backend does for it, the slow way): its completion under `token`.
+    /// Mapped memory is copied through a buffer, as [`BlockDevice`] moves
+    /// slices.
     pub fn run_on(self, device: &dyn BlockDevice, token: u64) -> BlockCompletion {
-        let (buf, result) = match self {
-            BlockRequest::Read { offset, mut buf } => {
-                let r = device.read(offset, &mut buf);
-                (Some(buf), r)
-            }
-            BlockRequest::Write { offset, buf, fua } => {
-                let r = if fua {
-                    device.write_fua(offset, &buf)
-                } else {
-                    device.write(offset, &buf)
+        let (data, result) = match self {
+            BlockRequest::Read { offset, data } => {
+                let (data, r) = match data {
+                    Data::Buf(mut buf) => {
+                        let r = device.read(offset, &mut buf);
+                        (Data::Buf(buf), r)
+                    }
+                    Data::Mapped(mut mem) => {
+                        let mut buf = IoBuf::zeroed(mem.len());
+                        let r = device
+                            .read(offset, &mut buf)
+                            .and_then(|()| mem.copy_from(&buf).map_err(BlockError::Io));
+                        (Data::Mapped(mem), r)
+                    }
                 };
-                (Some(buf), r)
+                (Some(data), r)
+            }
+            BlockRequest::Write { offset, data, fua } => {
+                let mut bounce = IoBuf::new();
+                let bytes = match &data {
+                    Data::Buf(buf) => Ok(&buf[..]),
+                    Data::Mapped(mem) => {
+                        bounce.set_len(mem.len());
+                        mem.copy_to(&mut bounce).map(|()| &bounce[..])
+                    }
+                };
+                let r = match bytes {
+                    Ok(b) if fua => device.write_fua(offset, b),
+                    Ok(b) => device.write(offset, b),
+                    Err(e) => Err(BlockError::Io(e)),
+                };
+                (Some(data), r)
             }
             BlockRequest::Flush => (None, device.flush()),
         };
-        BlockCompletion { token, buf, result }
+        BlockCompletion {
+            token,
+            data,
+            result,
+        }
     }
 }
 
-/// A finished request: the token given to `submit`, the request's buffer
-/// (the data read, for reads) and the result.
+/// A finished request: the token given to `submit`, the request's data
+/// (what was read, for reads) and the result.
 #[derive(Debug)]
 pub struct BlockCompletion {
     pub token: u64,
-    pub buf: Option<IoBuf>,
+    pub data: Option<Data>,
     pub result: Result<(), BlockError>,
 }
 

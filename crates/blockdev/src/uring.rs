@@ -3,12 +3,17 @@
 //! buffer stays where it is until the kernel is done with it.
 //!
 //! * A [`Ring`] is one io_uring and a fixed table of slots. Starting an
-//!   operation moves its [`IoBuf`] into a slot, and the ring hands it back
+//!   operation moves its [`Data`] (an [`IoBuf`], or a [`MappedBuf`] that
+//!   holds guest memory mapped) into a slot, and the ring hands it back
 //!   only after the operation's completion has been reaped
 //!   ([`Ring::finish`]): nothing outside this module can move, resize or
-//!   free a buffer the kernel may use. Dropping a ring waits for every
-//!   operation still in the kernel; if the ring fails so that this cannot
-//!   be known, the ring and its buffers are leaked instead.
+//!   free a buffer the kernel may use, nor let go of mapped memory it
+//!   writes. Dropping a ring waits for every operation still in the
+//!   kernel; if the ring fails so that this cannot be known, the ring and
+//!   its buffers are leaked instead (mapped memory then stays mapped).
+//! * Mapped memory in one region is read or written with one plain
+//!   operation; across several, with a vectored one whose iovec array is
+//!   the slot's own, kept as long as the data.
 //! * A [`Lane`] is a one-slot ring and a bounce buffer, for the synchronous
 //!   path: each operation is submitted and waited for.
 //!
@@ -24,10 +29,10 @@ use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 
 use io_uring::{opcode, squeue, types, EnterFlags, IoUring};
 
-use crate::IoBuf;
+use crate::{Data, IoBuf, MappedBuf};
 
 /// One io_uring operation. For reads and writes, `at..at+len` is the part
-/// of the operation's buffer read into or written from.
+/// of the operation's data read into or written from.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Op {
     Read {
@@ -55,17 +60,23 @@ pub(crate) enum Op {
 }
 
 /// The submission entry for `op`; a read or write points at `at..at+len`
-/// of `buf`, checked to lie inside it.
-fn entry(op: Op, buf: &mut IoBuf) -> io::Result<squeue::Entry> {
+/// of `data`, checked to lie inside it, through `iovecs` if that takes
+/// more than one region of mapped memory.
+fn entry(op: Op, data: &mut Data, iovecs: &mut Iovecs) -> io::Result<squeue::Entry> {
     Ok(match op {
         Op::Read {
             fd,
             offset,
             at,
             len,
-        } => opcode::Read::new(types::Fd(fd), span(buf, at, len)?, len)
-            .offset(offset)
-            .build(),
+        } => match target(data, at, len, true, iovecs)? {
+            Target::One(ptr) => opcode::Read::new(types::Fd(fd), ptr, len)
+                .offset(offset)
+                .build(),
+            Target::Vector(iov, n) => opcode::Readv::new(types::Fd(fd), iov, n)
+                .offset(offset)
+                .build(),
+        },
         Op::Write {
             fd,
             offset,
@@ -74,10 +85,16 @@ fn entry(op: Op, buf: &mut IoBuf) -> io::Result<squeue::Entry> {
             dsync,
         } => {
             let flags = if dsync { libc::RWF_DSYNC } else { 0 };
-            opcode::Write::new(types::Fd(fd), span(buf, at, len)?.cast_const(), len)
-                .offset(offset)
-                .rw_flags(flags)
-                .build()
+            match target(data, at, len, false, iovecs)? {
+                Target::One(ptr) => opcode::Write::new(types::Fd(fd), ptr.cast_const(), len)
+                    .offset(offset)
+                    .rw_flags(flags)
+                    .build(),
+                Target::Vector(iov, n) => opcode::Writev::new(types::Fd(fd), iov, n)
+                    .offset(offset)
+                    .rw_flags(flags)
+                    .build(),
+            }
         }
         Op::Datasync { fd } => opcode::Fsync::new(types::Fd(fd))
             .flags(types::FsyncFlags::DATASYNC)
@@ -94,24 +111,91 @@ fn entry(op: Op, buf: &mut IoBuf) -> io::Result<squeue::Entry> {
     })
 }
 
-/// A pointer to `at..at+len` of `buf`, checked to lie in it.
-fn span(buf: &mut IoBuf, at: usize, len: u32) -> io::Result<*mut u8> {
-    at.checked_add(len as usize)
-        .and_then(|end| buf.get_mut(at..end))
-        .map(<[u8]>::as_mut_ptr)
-        .ok_or_else(|| io::Error::other("operation past the end of its buffer"))
+/// Where a read or write goes: one run of memory, or `n` iovecs.
+enum Target {
+    One(*mut u8),
+    Vector(*const libc::iovec, u32),
 }
 
-/// Who owns a slot's buffer.
+fn past_the_end() -> io::Error {
+    io::Error::other("operation past the end of its buffer")
+}
+
+/// The memory of `at..at+len` of `data`, checked to lie in it; `write`:
+/// the kernel writes it (a read), so mapped memory must allow that.
+fn target(
+    data: &mut Data,
+    at: usize,
+    len: u32,
+    write: bool,
+    iovecs: &mut Iovecs,
+) -> io::Result<Target> {
+    match data {
+        Data::Buf(buf) => at
+            .checked_add(len as usize)
+            .and_then(|end| buf.get_mut(at..end))
+            .map(|b| Target::One(b.as_mut_ptr()))
+            .ok_or_else(past_the_end),
+        Data::Mapped(mem) => mapped_target(mem, at, len as usize, write, iovecs),
+    }
+}
+
+fn mapped_target(
+    mem: &MappedBuf,
+    at: usize,
+    len: usize,
+    write: bool,
+    iovecs: &mut Iovecs,
+) -> io::Result<Target> {
+    if write && !mem.writable() {
+        return Err(io::Error::from_raw_os_error(libc::EFAULT));
+    }
+    iovecs.0.clear();
+    iovecs.0.extend(
+        mem.slice(at, len)
+            .ok_or_else(past_the_end)?
+            .map(|r| libc::iovec {
+                iov_base: r.addr as *mut libc::c_void,
+                iov_len: r.len,
+            }),
+    );
+    match iovecs.0.as_slice() {
+        [one] => Ok(Target::One(one.iov_base.cast())),
+        many => {
+            let n = u32::try_from(many.len())
+                .ok()
+                .filter(|&n| n <= IOV_MAX)
+                .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+            Ok(Target::Vector(many.as_ptr(), n))
+        }
+    }
+}
+
+/// Most iovecs in one operation (the kernel's UIO_MAXIOV).
+const IOV_MAX: u32 = 1024;
+
+/// A slot's iovec array: the kernel may read it until the operation
+/// completes, so it lives beside the slot and is only rewritten when the
+/// slot starts another operation.
+#[derive(Debug, Default)]
+struct Iovecs(Vec<libc::iovec>);
+
+// SAFETY: the iovecs hold addresses for the kernel; nothing here
+// dereferences them, so moving the array to another thread is as safe as
+// moving the numbers.
+unsafe impl Send for Iovecs {}
+
+/// Who owns a slot's data.
 #[derive(Debug)]
 enum Slot {
     Free,
     /// Submitted, completion not reaped: the kernel may read or write the
-    /// buffer, which must not move, change size or be freed.
-    InKernel(IoBuf),
-    /// Completion reaped: the buffer is ours until the slot is restarted
+    /// data, which must not move, change size, be freed or (mapped
+    /// memory) be let go of.
+    InKernel(Data),
+    /// Completion reaped: the data is ours until the slot is restarted
     /// or finished.
-    Reaped(IoBuf),
+    Reaped(Data),
 }
 
 /// An io_uring with at most `depth` operations in flight, one per slot; an
@@ -120,6 +204,8 @@ pub(crate) struct Ring {
     /// Dropped by hand, after every operation has completed, or leaked.
     ring: ManuallyDrop<IoUring>,
     slots: Box<[Slot]>,
+    /// Indexed by slot.
+    iovecs: Box<[Iovecs]>,
     in_kernel: usize,
     /// A failed submit left an entry in the submission queue: never enter
     /// the kernel with submissions again, so that it never runs.
@@ -146,6 +232,7 @@ impl Ring {
         Ok(Self {
             ring: ManuallyDrop::new(IoUring::new(entries)?),
             slots: (0..depth.max(1)).map(|_| Slot::Free).collect(),
+            iovecs: (0..depth.max(1)).map(|_| Iovecs::default()).collect(),
             in_kernel: 0,
             broken: false,
         })
@@ -168,23 +255,26 @@ impl Ring {
         }
     }
 
-    /// Starts `op` on `buf` in a free slot and returns the slot; `wait`
+    /// Starts `op` on `data` in a free slot and returns the slot; `wait`
     /// also waits for a completion (any slot's) in the same system call.
-    /// Gives `buf` back when no slot is free, the operation does not fit
-    /// the buffer or the kernel did not take it.
+    /// Gives `data` back when no slot is free, the operation does not fit
+    /// the data or the kernel did not take it.
     pub(crate) fn start(
         &mut self,
         op: Op,
-        buf: IoBuf,
+        data: Data,
         wait: bool,
-    ) -> Result<usize, (IoBuf, io::Error)> {
+    ) -> Result<usize, (Data, io::Error)> {
         let Some(slot) = self.slots.iter().position(|s| matches!(s, Slot::Free)) else {
-            return Err((buf, io::Error::other("every io_uring slot is in use")));
+            return Err((data, io::Error::other("every io_uring slot is in use")));
         };
-        self.slots[slot] = Slot::Reaped(buf);
+        self.slots[slot] = Slot::Reaped(data);
         match self.submit(slot, op, wait) {
             Ok(()) => Ok(slot),
-            Err(e) => Err((self.finish(slot).unwrap_or_default(), e)),
+            Err(e) => Err((
+                self.finish(slot).unwrap_or_else(|| Data::Buf(IoBuf::new())),
+                e,
+            )),
         }
     }
 
@@ -198,18 +288,25 @@ impl Ring {
         if self.broken {
             return Err(io::Error::other("io_uring failed earlier"));
         }
-        let Some(Slot::Reaped(buf)) = self.slots.get_mut(slot) else {
+        let (Some(Slot::Reaped(data)), Some(iovecs)) =
+            (self.slots.get_mut(slot), self.iovecs.get_mut(slot))
+        else {
             return Err(io::Error::other("io_uring slot is not reaped"));
         };
-        let entry = entry(op, buf)?.user_data(slot as u64);
+        let entry = entry(op, data, iovecs)?.user_data(slot as u64);
         // SAFETY: the entry points, if at all, into the heap storage of the
-        // `IoBuf` in `self.slots[slot]` (`span` checked the range). Once the
-        // kernel has taken the entry the slot is `InKernel`, and a buffer
-        // leaves an `InKernel` slot only through `reap` (its completion has
-        // been posted) or by being leaked in `drop`; nothing resizes it
-        // meanwhile, and moving the `IoBuf` value does not move its
-        // storage. An entry the kernel did not take stays in the queue,
-        // but then `broken` is set and the ring never submits again.
+        // `IoBuf` in `self.slots[slot]` (`target` checked the range), or
+        // into the memory its `MappedBuf` holds mapped (checked the same
+        // way, and writable for a read), possibly through the slot's
+        // iovec array. Once the kernel has taken the entry the slot is
+        // `InKernel`, and data leaves an `InKernel` slot only through
+        // `reap` (its completion has been posted) or by being leaked in
+        // `drop`; nothing resizes it meanwhile, moving the `IoBuf` value
+        // does not move its storage, the `MappedBuf` keeps its memory
+        // mapped while it lives, and the iovec array is only rewritten by
+        // the slot's next submission. An entry the kernel did not take stays
+        // in the queue, but then `broken` is set and the ring never submits
+        // again.
         let pushed = unsafe { self.ring.submission().push(&entry) };
         if pushed.is_err() {
             // Not written: the queue is empty between calls unless broken.
@@ -224,8 +321,8 @@ impl Ring {
                 .unwrap_or_else(|| io::Error::other("io_uring did not take the entry")));
         }
         if let Some(s) = self.slots.get_mut(slot) {
-            if let Slot::Reaped(buf) = std::mem::replace(s, Slot::Free) {
-                *s = Slot::InKernel(buf);
+            if let Slot::Reaped(data) = std::mem::replace(s, Slot::Free) {
+                *s = Slot::InKernel(data);
                 self.in_kernel += 1;
             }
         }
@@ -233,7 +330,7 @@ impl Ring {
     }
 
     /// The next completion, as `(slot, result)`, without blocking. The
-    /// slot's buffer stays in the ring until [`finish`](Self::finish).
+    /// slot's data stays in the ring until [`finish`](Self::finish).
     pub(crate) fn reap(&mut self) -> Option<(usize, i32)> {
         loop {
             let cqe = self.ring.completion().next()?;
@@ -241,8 +338,8 @@ impl Ring {
             let Some(s) = self.slots.get_mut(slot) else {
                 continue;
             };
-            if let Slot::InKernel(buf) = std::mem::replace(s, Slot::Free) {
-                *s = Slot::Reaped(buf);
+            if let Slot::InKernel(data) = std::mem::replace(s, Slot::Free) {
+                *s = Slot::Reaped(data);
                 self.in_kernel -= 1;
                 return Some((slot, cqe.result()));
             }
@@ -254,12 +351,12 @@ impl Ring {
         !self.ring.completion().is_empty()
     }
 
-    /// Frees a reaped slot and hands its buffer back; `None` if the slot
-    /// was not reaped (the kernel may still own its buffer).
-    pub(crate) fn finish(&mut self, slot: usize) -> Option<IoBuf> {
+    /// Frees a reaped slot and hands its data back; `None` if the slot
+    /// was not reaped (the kernel may still own its data).
+    pub(crate) fn finish(&mut self, slot: usize) -> Option<Data> {
         let s = self.slots.get_mut(slot)?;
         match std::mem::replace(s, Slot::Free) {
-            Slot::Reaped(buf) => Some(buf),
+            Slot::Reaped(data) => Some(data),
             other => {
                 *s = other;
                 None
@@ -303,9 +400,11 @@ impl Ring {
 impl Drop for Ring {
     fn drop(&mut self) {
         if self.drain().is_err() {
-            // The kernel may still write some buffers: leak them, and the
-            // ring (`ManuallyDrop`, so left undropped).
+            // The kernel may still use some data: leak it (buffers, mapped
+            // memory still held mapped, iovecs), and the ring
+            // (`ManuallyDrop`, so left undropped).
             std::mem::forget(std::mem::take(&mut self.slots));
+            std::mem::forget(std::mem::take(&mut self.iovecs));
             return;
         }
         // SAFETY: `self.ring` is dropped once, here, and not used after;
@@ -352,11 +451,11 @@ impl Lane {
     /// operation's non-negative result (bytes transferred for reads and
     /// writes).
     pub(crate) fn run(&mut self, op: Op) -> Result<u32, LaneError> {
-        let buf = std::mem::take(&mut self.buf);
+        let buf = Data::Buf(std::mem::take(&mut self.buf));
         let slot = match self.ring.start(op, buf, true) {
             Ok(slot) => slot,
             Err((buf, e)) => {
-                self.buf = buf;
+                self.buf = buf.into_buf().unwrap_or_default();
                 return Err(if self.ring.broken {
                     LaneError::Poisoned(e)
                 } else {
@@ -372,7 +471,11 @@ impl Lane {
             // until the kernel is done with it.
             self.ring.wait().map_err(LaneError::Poisoned)?;
         };
-        self.buf = self.ring.finish(slot).unwrap_or_default();
+        self.buf = self
+            .ring
+            .finish(slot)
+            .and_then(Data::into_buf)
+            .unwrap_or_default();
         // A negative result is the kernel's -errno: that is the error.
         u32::try_from(res).map_err(|_| LaneError::Op(io::Error::from_raw_os_error(-res)))
     }
@@ -391,7 +494,9 @@ mod tests {
             at: 4000,
             len: 200,
         };
-        let (buf, _) = ring.start(op, IoBuf::zeroed(4096), false).unwrap_err();
+        let (buf, _) = ring
+            .start(op, IoBuf::zeroed(4096).into(), false)
+            .unwrap_err();
         assert_eq!(buf.len(), 4096);
         assert!(ring.reap().is_none());
         assert!(!ring.broken);
@@ -407,8 +512,10 @@ mod tests {
             len: 4096,
         };
         let mut ring = Ring::new(1).unwrap();
-        let slot = ring.start(read, IoBuf::zeroed(4096), false).unwrap();
-        let (buf, _) = ring.start(read, IoBuf::zeroed(8192), false).unwrap_err();
+        let slot = ring.start(read, IoBuf::zeroed(4096).into(), false).unwrap();
+        let (buf, _) = ring
+            .start(read, IoBuf::zeroed(8192).into(), false)
+            .unwrap_err();
         assert_eq!(buf.len(), 8192);
         assert_eq!(ring.finish(slot).map(|b| b.len()), None, "still in flight");
         while ring.reap().is_none() {

@@ -11,20 +11,24 @@
 //!
 //! * Each worker has one [`BlockQueue`] per backend it used, opened on first
 //!   use, with a waker that kicks the worker when completions are ready.
-//! * A command in flight keeps what its completion needs: the command (its
-//!   PRPs are mapped again at completion, so a DMA_UNMAP meanwhile is a Data
-//!   Transfer Error, never a write to freed memory), the namespace, and the
-//!   SQ and CQ it came from, by instance.
+//! * A command in flight keeps what its completion needs: the command, the
+//!   namespace, and the SQ and CQ it came from, by instance. Its data is
+//!   in the backend request: a buffer of ours (a bounced read maps its PRPs
+//!   again at completion, so a DMA_UNMAP meanwhile is a Data Transfer
+//!   Error, never a write to freed memory), or the host's memory itself,
+//!   which the request holds mapped until the kernel is done with it (a
+//!   DMA_UNMAP meanwhile waits for it; see [`crate::io`]).
 //! * Its CQ entry is reserved when it is fetched ([`Cq::reserved`]), so the
 //!   completion always has room when it arrives.
 //! * Delete I/O Submission Queue waits for the SQ's commands in flight
 //!   (§5.6: its completion comes after theirs). A completion whose SQ is
 //!   gone all the same (a controller reset) is dropped, and its buffer
-//!   never reaches guest memory. Backend buffers are owned by the request,
-//!   never guest memory, so nothing the guest does can pull memory from
+//!   never reaches guest memory (what the kernel read in place is there
+//!   already, as a device's DMA would be). Whatever a request's data is,
+//!   the request owns it, so nothing the guest does can pull memory from
 //!   under the kernel.
 //! * When the worker stops (controller reset, detach), the queues are
-//!   dropped, which waits for the kernel to finish with their buffers.
+//!   dropped, which waits for the kernel to finish with their data.
 //!
 //! Bounded: each backend queue limits requests and bytes in flight, and
 //! gives back what it cannot take, which then runs at once.

@@ -1,12 +1,27 @@
 //! NVM command set I/O commands (NVM Command Set Spec 1.0 §3): parsed into
 //! typed requests, then executed against the namespace's backend. Copy
 //! has its own module.
+//!
+//! Reads and writes on an asynchronous backend (the `file` backend) move
+//! their data straight between the backend and the host's memory, which
+//! the request holds mapped until it completes ([`GuestMemory::pin`]).
+//! They go through a buffer of ours (bounce), copied from or to the host's
+//! memory, where that cannot be: on synchronous backends (a copy anyway),
+//! with separate metadata (split from the data in the backend's layout),
+//! for memory the kernel cannot be handed (maps reached by messages, or
+//! not mapped at all: the copy then reports the Data Transfer Error).
+//! Memory the kernel would want aligned differently for O_DIRECT is the
+//! backend's concern: it reads or writes it in place through the page
+//! cache. The bytes bounced are counted ([`ControllerStats::bounced_bytes`]).
+//!
+//! [`GuestMemory::pin`]: crate::memory::GuestMemory::pin
+//! [`ControllerStats::bounced_bytes`]: crate::stats::ControllerStats::bounced_bytes
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use vnvme_blockdev::{BlockCompletion, BlockRequest};
+use vnvme_blockdev::{BlockCompletion, BlockError, BlockRequest, Data, MappedBuf};
 use vnvme_spec::cdw::{Cdw10Dsm, Cdw11Dsm, Cdw12ReadWrite};
 use vnvme_spec::range::DsmRange;
 use vnvme_spec::{Command, NvmOpcode, Status};
@@ -104,7 +119,7 @@ fn run(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Option<u64>, Status> {
 
 /// Finishes a read, write or flush whose backend request completed, at
 /// once or reaped from an asynchronous backend: copies what was read to
-/// the host, counts, and gives the status.
+/// the host (unless it went there in place), counts, and gives the status.
 pub(crate) fn finish(
     ctx: &mut Ctx<'_>,
     cmd: &Command,
@@ -112,8 +127,13 @@ pub(crate) fn finish(
     kind: &Kind,
     done: &BlockCompletion,
 ) -> Status {
-    let r = match (kind, &done.result, &done.buf) {
-        (Kind::Read(rw), Ok(()), Some(buf)) => read_done(ctx, cmd, ns, rw, buf),
+    let r = match (kind, &done.result, &done.data) {
+        (_, result, Some(Data::Mapped(mem))) if lost(mem, result) => Err(host_memory_lost()),
+        (Kind::Read(rw), Ok(()), Some(Data::Buf(buf))) => read_done(ctx, cmd, ns, rw, buf),
+        (Kind::Read(rw), Ok(()), Some(Data::Mapped(_))) => {
+            read_counted(ctx, rw);
+            Ok(())
+        }
         // A backend that gave no buffer back: nothing was read.
         (Kind::Read(_), Ok(()), None) => Err(read_error(ctx)),
         (Kind::Write(rw), Ok(()), _) => {
@@ -131,6 +151,22 @@ pub(crate) fn finish(
         }
     };
     r.err().unwrap_or(Status::SUCCESS)
+}
+
+/// Whether the host's memory that a transfer went to or came from failed
+/// it: the client shrank the file behind it meanwhile (the data cannot be
+/// trusted), or the kernel could not reach it (EFAULT). The host's doing,
+/// not the medium's.
+fn lost(mem: &MappedBuf, result: &Result<(), BlockError>) -> bool {
+    !mem.intact()
+        || matches!(result, Err(BlockError::Io(e)) if e.raw_os_error() == Some(rustix::io::Errno::FAULT.raw_os_error()))
+}
+
+/// As a copy that finds the memory gone: traced, not logged (the guest's
+/// doing; its count is in the completion statuses).
+fn host_memory_lost() -> Status {
+    tracing::trace!("host memory of a transfer in place was lost under it");
+    Status::DATA_TRANSFER_ERROR.with_dnr(true)
 }
 
 /// A read failed on the medium (or a block marked by Write Uncorrectable):
@@ -246,14 +282,33 @@ fn read(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Arc<Namespace>) -> Result<Option<
     }
     if InFlight::is_async(ns) {
         // Check the PRPs now: no backend I/O in flight for a command that
-        // cannot complete. (They are mapped again when it does.)
+        // cannot complete. (A bounced read maps them again when it does.)
         ctx.map_prps(cmd, rw.data_len)?;
+        if let Some(mem) = pin(ctx, &rw, true) {
+            let request = BlockRequest::Read {
+                offset: rw.offset,
+                data: Data::Mapped(mem),
+            };
+            return start(ctx, cmd, ns, Kind::Read(rw), request);
+        }
     }
     let request = BlockRequest::Read {
         offset: rw.offset,
-        buf: ctx.inflight.buffer(rw.len as usize),
+        data: Data::Buf(ctx.inflight.buffer(rw.len as usize)),
     };
     start(ctx, cmd, ns, Kind::Read(rw), request)
+}
+
+/// The host's memory of `rw`, at the PRPs just mapped, held for the
+/// backend to move the data in place; `write`: the backend writes it (a
+/// read). `None` if it must bounce (see the module doc).
+fn pin(ctx: &Ctx<'_>, rw: &ReadWrite, write: bool) -> Option<MappedBuf> {
+    // SGL bit buckets have no memory to hand the kernel: the copy skips them.
+    let bucket = |s: &crate::memory::Segment| s.addr == crate::memory::Segment::BIT_BUCKET;
+    if rw.meta_len != 0 || ctx.scratch.segs.iter().any(bucket) {
+        return None;
+    }
+    ctx.session.mem.pin(&ctx.scratch.segs, write)
 }
 
 /// Starts `request`: `Some(token)` if it is in flight, or finishes it.
@@ -267,8 +322,12 @@ fn start(
     match ctx.inflight.start(ns, cmd, kind, request) {
         Started::InFlight(token) => Ok(Some(token)),
         Started::Done(done) => {
+            if let (Kind::Read(rw) | Kind::Write(rw), Some(Data::Mapped(_))) = (&kind, &done.data) {
+                // Run synchronously, through a buffer of the backend's.
+                bounced(ctx, rw);
+            }
             let status = finish(ctx, cmd, ns, &kind, &done);
-            if let Some(buf) = done.buf {
+            if let Some(Data::Buf(buf)) = done.data {
                 ctx.inflight.recycle(buf);
             }
             if status.is_success() {
@@ -288,9 +347,18 @@ fn read_done(
     rw: &ReadWrite,
     media: &[u8],
 ) -> Result<(), Status> {
+    bounced(ctx, rw);
     let r = scatter(ctx, cmd, ns, rw, media);
     read_counted(ctx, rw);
     r
+}
+
+/// `rw`'s data went through a buffer between the host and the backend.
+fn bounced(ctx: &Ctx<'_>, rw: &ReadWrite) {
+    ctx.shared
+        .stats
+        .bounced_bytes
+        .fetch_add(rw.len, Ordering::Relaxed);
 }
 
 fn read_counted(ctx: &Ctx<'_>, rw: &ReadWrite) {
@@ -308,17 +376,29 @@ fn write(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Arc<Namespace>) -> Result<Option
         write_done(ctx, ns, &rw);
         return Ok(None);
     }
+    // FUA, or a disabled volatile write cache: durable before the
+    // completion is posted.
+    let fua = rw.fua || !ctx.shared.wce.load(Ordering::Relaxed);
+    if InFlight::is_async(ns) && rw.meta_len == 0 {
+        ctx.map_prps(cmd, rw.data_len)?;
+        if let Some(mem) = pin(ctx, &rw, false) {
+            let request = BlockRequest::Write {
+                offset: rw.offset,
+                data: Data::Mapped(mem),
+                fua,
+            };
+            return start(ctx, cmd, ns, Kind::Write(rw), request);
+        }
+    }
     let mut buf = ctx.inflight.buffer(rw.len as usize);
     if let Err(status) = gather(ctx, cmd, ns, &rw, &mut buf) {
         ctx.inflight.recycle(buf);
         return Err(status);
     }
-    // FUA, or a disabled volatile write cache: durable before the
-    // completion is posted.
-    let fua = rw.fua || !ctx.shared.wce.load(Ordering::Relaxed);
+    bounced(ctx, &rw);
     let request = BlockRequest::Write {
         offset: rw.offset,
-        buf,
+        data: Data::Buf(buf),
         fua,
     };
     start(ctx, cmd, ns, Kind::Write(rw), request)

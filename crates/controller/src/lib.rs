@@ -52,7 +52,7 @@ pub use config::{
 };
 pub use controller::Controller;
 pub use doorbell::{DoorbellPage, HeapDoorbellPage, DOORBELL_PAGE_DWORDS};
-pub use memory::{DmaError, GuestMemory, InterruptSink};
+pub use memory::{DmaError, GuestMemory, InterruptSink, Segment};
 pub use stats::{ControllerStats, QueueStats};
 pub use vendor::{VendorCommand, VendorCommands};
 pub use vnvme_blockdev::BlockDevice;

@@ -2,6 +2,23 @@
 //! Implemented over vfio-user DMA maps and eventfds by the `vnvme` crate, and
 //! by an in-process fake in tests.
 
+use vnvme_blockdev::MappedBuf;
+
+/// One contiguous piece of a transfer in guest memory (a PRP never crosses
+/// a page).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segment {
+    pub addr: u64,
+    pub len: u64,
+}
+
+impl Segment {
+    /// The address of a segment whose bytes the controller discards (an
+    /// SGL Bit Bucket in a controller-to-host transfer, see `crate::sgl`).
+    /// No data block can start there: it would end past the address space.
+    pub const BIT_BUCKET: u64 = u64::MAX;
+}
+
 /// A guest memory access that failed: the address is not mapped (or the
 /// access crosses out of a mapping), or the mapping does not allow it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -37,6 +54,15 @@ pub trait GuestMemory: Send + Sync {
     fn write_then_store_u32(&self, addr: u64, head: &[u8], last: u32) -> Result<(), DmaError> {
         self.write(addr, head)?;
         self.store_u32(addr.wrapping_add(head.len() as u64), last)
+    }
+    /// The memory of `segs`, in order, held mapped for the kernel to read
+    /// (and write, if `write`: a Read command's destination) in place until
+    /// the result is dropped: an asynchronous backend then moves the data
+    /// with no copy of ours. `None` where that cannot be (memory not in
+    /// this process, no such permission, unmapped): the caller copies
+    /// instead, which reports the error if there is one.
+    fn pin(&self, _segs: &[Segment], _write: bool) -> Option<MappedBuf> {
+        None
     }
     /// Lets go of what the calling thread keeps of the memory between
     /// accesses (the vfio-user DMA space keeps a snapshot of the client's

@@ -7,21 +7,8 @@
 
 use vnvme_spec::Status;
 
+pub use crate::memory::Segment;
 use crate::memory::{DmaError, GuestMemory};
-
-/// One contiguous piece of a transfer in guest memory (never crosses a page).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Segment {
-    pub addr: u64,
-    pub len: u64,
-}
-
-impl Segment {
-    /// The address of a segment whose bytes the controller discards (an
-    /// SGL Bit Bucket in a controller-to-host transfer, see `crate::sgl`).
-    /// No data block can start there: it would end past the address space.
-    pub const BIT_BUCKET: u64 = u64::MAX;
-}
 
 const ENTRY: u64 = 8;
 

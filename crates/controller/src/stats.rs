@@ -64,6 +64,9 @@ pub(crate) struct Stats {
     pub media_errors: AtomicU64,
     /// Backend operations that failed (see [`Stats::backend_error`]).
     pub backend_errors: AtomicU64,
+    /// Bytes of reads and writes copied through a buffer between the host
+    /// and the backend (see [`crate::io`]).
+    pub bounced_bytes: AtomicU64,
     backend_error_log: LogLimit,
 }
 
@@ -96,6 +99,7 @@ impl Stats {
             unsafe_shutdowns: AtomicU64::new(0),
             media_errors: AtomicU64::new(0),
             backend_errors: AtomicU64::new(0),
+            bounced_bytes: AtomicU64::new(0),
             backend_error_log: LogLimit::new(BACKEND_ERROR_LOG_INTERVAL),
         }
     }
@@ -210,6 +214,7 @@ impl Stats {
         s.dbbuf_configs = self.dbbuf_configs.load(Relaxed);
         s.sgl_commands = self.sgl_commands.load(Relaxed);
         s.backend_errors = self.backend_errors.load(Relaxed);
+        s.bounced_bytes = self.bounced_bytes.load(Relaxed);
         s
     }
 }
@@ -270,6 +275,13 @@ pub struct ControllerStats {
     /// error status (Unrecovered Read Error, Write Fault or Internal Error)
     /// and is logged, rate-limited, with its cause.
     pub backend_errors: u64,
+    /// Bytes of reads and writes copied through a buffer of the
+    /// controller's or the backend's on their way between the host's
+    /// memory and the backend: all of them on the `ram` backend, only
+    /// what cannot move in place on the `file` backend (separate
+    /// metadata, memory reached by messages, a request its queue had no
+    /// room for).
+    pub bounced_bytes: u64,
     /// Admin commands by opcode name.
     pub admin_commands: BTreeMap<String, u64>,
     /// I/O commands by opcode name.

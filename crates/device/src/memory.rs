@@ -1,6 +1,7 @@
 //! The controller's guest memory, over the client's vfio-user DMA maps.
 
-use vnvme_controller::{DmaError, GuestMemory};
+use vnvme_blockdev::MappedBuf;
+use vnvme_controller::{DmaError, GuestMemory, Segment};
 use vnvme_vfio_user::{DmaError as MapError, DmaSpace};
 
 /// A client's DMA space as the controller's [`GuestMemory`].
@@ -42,6 +43,13 @@ impl GuestMemory for DmaMemory {
         self.0
             .write_then_store_u32(addr, head, last)
             .map_err(convert)
+    }
+
+    /// Held mapped by a [`DmaPin`](vnvme_vfio_user::DmaPin): an unmap waits
+    /// for the transfer.
+    fn pin(&self, segs: &[Segment], write: bool) -> Option<MappedBuf> {
+        let pin = self.0.pin(segs.iter().map(|s| (s.addr, s.len)), write)?;
+        Some(MappedBuf::new(Box::new(pin)))
     }
 
     fn quiesce(&self) {

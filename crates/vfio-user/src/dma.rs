@@ -16,6 +16,11 @@
 //! memory that was unmapped; the wait is bounded, and past the bound only the
 //! first promise is given up, for an access in progress all that time.
 //!
+//! The kernel can also read and write the maps in place, for I/O on behalf
+//! of the device ([`DmaSpace::pin`], `pin.rs`): a [`DmaPin`] holds the maps
+//! it touches as a snapshot does, so an unmap waits for that I/O too, and
+//! memory the kernel may still write is never unmapped.
+//!
 //! A client may shrink (ftruncate) the file behind a map at any time: QEMU
 //! and SPDK do not seal their memory, and a regular file cannot be sealed.
 //! The file is checked to be large enough at map time; an access after it
@@ -43,8 +48,10 @@ use crate::fault;
 use crate::Errno;
 
 mod access;
+mod pin;
 mod remote;
 mod snapshot;
+pub use pin::DmaPin;
 use snapshot::Tables;
 
 /// Most maps a client may have at once, unless `vm.max_map_count` asks for

@@ -30,7 +30,8 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 pub use client::Client;
 pub use conn::{MAX_DATA_XFER_SIZE, MAX_MSG_FDS, MAX_MSG_SIZE, MESSAGE_TIMEOUT};
 pub use dma::{
-    DmaError, DmaLimits, DmaSpace, DEFAULT_MAX_DMA_BYTES, DEFAULT_MAX_DMA_MAPS, REMOTE_DMA_TIMEOUT,
+    DmaError, DmaLimits, DmaPin, DmaSpace, DEFAULT_MAX_DMA_BYTES, DEFAULT_MAX_DMA_MAPS,
+    REMOTE_DMA_TIMEOUT,
 };
 /// Most fd-backed DMA maps the whole process can hold (the SIGBUS guard's
 /// registry): the highest `max_dma_maps` worth configuring.

@@ -2,10 +2,11 @@
 //! controller queue worker with several requests in flight.
 //!
 //! * `submit` pushes one operation and submits it without waiting. The
-//!   request's [`IoBuf`] moves into the ring's slot (`uring::Ring`), which
-//!   gives it back only once the kernel is done with it; the queue keeps
-//!   what it needs to finish the request (token, range, bytes done) in a
-//!   table indexed by the same slot. Nothing is allocated per request.
+//!   request's [`Data`] (its own buffer, or guest memory held mapped) moves
+//!   into the ring's slot (`uring::Ring`), which gives it back only once
+//!   the kernel is done with it; the queue keeps what it needs to finish
+//!   the request (token, range, bytes done) in a table indexed by the same
+//!   slot. Nothing is allocated per request.
 //! * Requests the queue cannot take are given back unstarted, for the
 //!   caller to run synchronously, where [`BlockDevice`](crate::BlockDevice)
 //!   reports any error: over the limits below, larger than one operation
@@ -31,7 +32,9 @@ use std::time::Duration;
 use super::backing::{bump, Backing};
 use super::MAX_IO;
 use crate::uring::{Op, Ring};
-use crate::{check_range, BlockCompletion, BlockError, BlockQueue, BlockRequest, IoBuf, Waker};
+use crate::{
+    check_range, BlockCompletion, BlockError, BlockQueue, BlockRequest, Data, IoBuf, Waker,
+};
 
 /// Requests in flight per queue: deep enough to keep an NVMe SSD busy
 /// from one worker, small enough that a slot table is a fixed few KiB.
@@ -125,26 +128,30 @@ impl FileQueue {
         })
     }
 
-    /// Starts a read or write, or gives its buffer back.
+    /// Starts a read or write, or gives its data back.
     fn start_transfer(
         &mut self,
         transfer: Transfer,
         offset: u64,
-        buf: IoBuf,
+        data: Data,
         token: u64,
-    ) -> Result<(), IoBuf> {
-        let len = buf.len();
+    ) -> Result<(), Data> {
+        let len = data.len();
         let fits = len > 0
             && len <= MAX_IO
             && self.bytes_in_flight + len <= MAX_BYTES_IN_FLIGHT
             && check_range(offset, len as u64, self.backing.size).is_ok();
         if !fits {
-            return Err(buf);
+            return Err(data);
         }
-        let route = self.backing.route(offset, len);
+        let route = self.backing.route_data(offset, &data);
+        let mapped = matches!(data, Data::Mapped(_));
         let op = transfer.op(route.fd(), offset, 0, len);
-        let slot = self.ring.start(op, buf, false).map_err(|(buf, _)| buf)?;
+        let slot = self.ring.start(op, data, false).map_err(|(data, _)| data)?;
         self.backing.count(route);
+        if mapped {
+            bump(&self.backing.counters.mapped_ops);
+        }
         if let Transfer::Write { dsync: true } = transfer {
             bump(&self.backing.counters.dsync_writes);
         }
@@ -156,7 +163,10 @@ impl FileQueue {
         let op = Op::Datasync {
             fd: self.backing.buffered_fd(),
         };
-        let slot = self.ring.start(op, IoBuf::new(), false).map_err(drop)?;
+        let slot = self
+            .ring
+            .start(op, Data::Buf(IoBuf::new()), false)
+            .map_err(drop)?;
         bump(&self.backing.counters.flushes);
         self.track(slot, token, Kind::Flush, 0, 0);
         Ok(())
@@ -208,10 +218,10 @@ impl FileQueue {
         let p = self.pending.get_mut(slot)?.take()?;
         self.in_flight -= 1;
         self.bytes_in_flight -= p.len;
-        let buf = self.ring.finish(slot);
+        let data = self.ring.finish(slot);
         Some(BlockCompletion {
             token: p.token,
-            buf: if let Kind::Flush = p.kind { None } else { buf },
+            data: if let Kind::Flush = p.kind { None } else { data },
             result: result.map_err(BlockError::Io),
         })
     }
@@ -223,12 +233,12 @@ impl BlockQueue for FileQueue {
             return Err(request);
         }
         match request {
-            BlockRequest::Read { offset, buf } => self
-                .start_transfer(Transfer::Read, offset, buf, token)
-                .map_err(|buf| BlockRequest::Read { offset, buf }),
-            BlockRequest::Write { offset, buf, fua } => self
-                .start_transfer(Transfer::Write { dsync: fua }, offset, buf, token)
-                .map_err(|buf| BlockRequest::Write { offset, buf, fua }),
+            BlockRequest::Read { offset, data } => self
+                .start_transfer(Transfer::Read, offset, data, token)
+                .map_err(|data| BlockRequest::Read { offset, data }),
+            BlockRequest::Write { offset, data, fua } => self
+                .start_transfer(Transfer::Write { dsync: fua }, offset, data, token)
+                .map_err(|data| BlockRequest::Write { offset, data, fua }),
             BlockRequest::Flush => self.start_flush(token).map_err(|()| BlockRequest::Flush),
         }
     }

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use vnvme_blockdev::{BlockCompletion, Waker};
+use vnvme_blockdev::{BlockCompletion, Data, Waker};
 
 use super::cq::{arm_cq, post, publish_cq_behind, refresh_cq_head, settle_interrupt};
 use super::{EventIdxPolicy, Local};
@@ -46,7 +46,7 @@ pub(super) fn complete_in_flight(
                 local.touched.push(cqid);
             }
         }
-        if let Some(buf) = completion.buf {
+        if let Some(Data::Buf(buf)) = completion.data {
             local.inflight.recycle(buf);
         }
     }

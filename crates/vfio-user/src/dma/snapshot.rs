@@ -31,6 +31,12 @@
 //! access that was in progress (inside its copy, or its DMA_READ/DMA_WRITE
 //! round trip) for the whole bound: a thread merely holding the old table
 //! sees the new generation at its next access and never reaches the range.
+//!
+//! A pin (`pin.rs`) holds the maps under a transfer the kernel is doing in
+//! them, and counts exactly like a table holding them: the unmap waits for
+//! the transfer (microseconds to milliseconds of storage latency), and past
+//! the bound the memory stays mapped until the pin is dropped, after the
+//! kernel's completion.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -204,6 +204,9 @@ pub struct Run {
     pub sq_traps_per_io: f64,
     pub cq_traps_per_io: f64,
     pub interrupts_per_io: f64,
+    /// Bytes copied through a buffer between the driver's memory and the
+    /// backend, per I/O: 0 where the `file` backend moves data in place.
+    pub bounced_bytes_per_io: f64,
     pub lat_p50_us: f64,
     pub lat_p99_us: f64,
     pub ios: u64,
@@ -301,13 +304,14 @@ pub fn run(opts: &BenchOptions) -> Result<Vec<Run>> {
         for &qd in &opts.qd.0 {
             let run = bench.measure(qd, opts, runtime)?;
             eprintln!(
-                "bench: [{:>2}/{total}] {:<9} qd {:>3}: {:>9.0} IOPS, {:.3} traps/IO, {:.3} irq/IO",
+                "bench: [{:>2}/{total}] {:<9} qd {:>3}: {:>9.0} IOPS, {:.3} traps/IO, {:.3} irq/IO, {:.0} bytes bounced/IO",
                 runs.len() + 1,
                 run.mode,
                 qd,
                 run.iops,
                 run.traps_per_io,
-                run.interrupts_per_io
+                run.interrupts_per_io,
+                run.bounced_bytes_per_io
             );
             eprintln!(
                 "bench:         RSS {:.1} MiB at start, {:.1} MiB at end, {:.1} MiB at most{}",
@@ -475,6 +479,7 @@ impl ModeBench {
             .cq_doorbell_traps
             .saturating_sub(before.cq_doorbell_traps) as f64;
         let irq = after.interrupts.saturating_sub(before.interrupts) as f64;
+        let bounced = after.bounced_bytes.saturating_sub(before.bounced_bytes) as f64;
         Ok(Run {
             mode: self.mode.to_string(),
             qd,
@@ -486,6 +491,7 @@ impl ModeBench {
             sq_traps_per_io: sq / ios,
             cq_traps_per_io: cq / ios,
             interrupts_per_io: irq / ios,
+            bounced_bytes_per_io: bounced / ios,
             lat_p50_us: summary.percentile_us(50.0),
             lat_p99_us: summary.percentile_us(99.0),
             ios: summary.ios,

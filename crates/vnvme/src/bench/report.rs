@@ -145,6 +145,7 @@ mod tests {
             sq_traps_per_io: 1.0,
             cq_traps_per_io: 1.0,
             interrupts_per_io: 1.0,
+            bounced_bytes_per_io: 0.0,
             lat_p50_us: 10.0,
             lat_p99_us: 20.0,
             ios: 100,

@@ -6,6 +6,7 @@
 //! that need signals or an exact fd count run `vnvme serve` as a process.
 
 mod door;
+mod file_io;
 #[path = "../hostile_guest/guest.rs"]
 mod guest;
 mod irqs;

@@ -90,8 +90,9 @@ fn dma_unmap_of_memory_in_use_fails_the_commands_cleanly() {
     unmap_under_commands(&Served::start());
 }
 
-/// The same on a `file` namespace, whose reads are in flight on io_uring
-/// while the memory goes: their data must not reach it.
+/// The same on a `file` namespace, whose reads are in flight on io_uring,
+/// into the memory itself, while it goes: the unmap waits for those, and
+/// the commands fetched after it fail cleanly.
 #[test]
 fn dma_unmap_under_reads_in_flight_on_a_file_namespace_fails_them_cleanly() {
     let file = std::env::temp_dir().join(format!("vnvme-hostile-{}.img", std::process::id()));
