@@ -75,6 +75,24 @@ pub mod oncs {
     pub const VERIFY: u16 = 1 << 7;
 }
 
+/// LPA — Log Page Attributes bits of Identify Controller (§5.17.2.1).
+pub mod lpa {
+    /// Commands Supported and Effects log page.
+    pub const COMMANDS_SUPPORTED_AND_EFFECTS: u8 = 1 << 1;
+    /// Extended data for Get Log Page (NUMDU, Log Page Offset).
+    pub const EXTENDED_DATA: u8 = 1 << 2;
+    /// Telemetry Host-Initiated and Controller-Initiated log pages.
+    pub const TELEMETRY: u8 = 1 << 3;
+    /// Persistent Event Log.
+    pub const PERSISTENT_EVENT: u8 = 1 << 4;
+}
+
+/// CTRATT — Controller Attributes bits of Identify Controller (§5.17.2.1).
+pub mod ctratt {
+    /// Endurance Groups: ENDGIDMAX and the namespaces' ENDGID are reported.
+    pub const ENDURANCE_GROUPS: u32 = 1 << 4;
+}
+
 /// Identify Controller data structure (CNS 01h, §5.17.2.1, Figure 275).
 #[repr(C)]
 #[derive(Clone, Debug, FromBytes, IntoBytes, Immutable, KnownLayout)]

@@ -2,8 +2,8 @@
 
 use vnvme_spec::cdw::{Cdw10Identify, Cdw11Identify};
 use vnvme_spec::identify::{
-    fill_ascii, ns_descriptor, oacs, oaes, oncs, Cns, IdentifyController, IdentifyNsIndependent,
-    IDENTIFY_SIZE,
+    ctratt, fill_ascii, lpa, ns_descriptor, oacs, oaes, oncs, Cns, IdentifyController,
+    IdentifyNsIndependent, IDENTIFY_SIZE,
 };
 use vnvme_spec::regs::version;
 use vnvme_spec::{Command, Status};
@@ -14,7 +14,8 @@ use super::invalid_field;
 use crate::command::Ctx;
 use crate::state::{Shared, AERL, ELPE};
 
-use crate::namespace::NSID_ALL;
+use crate::namespace::{ENDURANCE_GROUP_ID, NSID_ALL};
+use crate::persistent_event_log::PELS;
 
 fn invalid_ns() -> Status {
     Status::INVALID_NAMESPACE_OR_FORMAT.with_dnr(true)
@@ -57,6 +58,7 @@ pub(crate) fn identify_controller(shared: &Shared) -> Box<IdentifyController> {
     id.cntlid = U16::new(c.cntlid);
     id.ver = U32::new(version(2, 0, 0));
     id.oaes = U32::new(oaes::NAMESPACE_ATTRIBUTE);
+    id.ctratt = U32::new(ctratt::ENDURANCE_GROUPS);
     // CNTRLTYPE 1: I/O controller.
     id.cntrltype = 1;
     let dbbuf = if c.doorbells.uses_dbbuf() {
@@ -74,15 +76,18 @@ pub(crate) fn identify_controller(shared: &Shared) -> Box<IdentifyController> {
     id.aerl = AERL;
     // FRMW: slot 1 read only, one slot.
     id.frmw = 0x03;
-    // LPA bit 1: Commands Supported and Effects; bit 2: extended Get Log
-    // Page data (NUMDU, offsets).
-    id.lpa = 0x06;
+    id.lpa = lpa::COMMANDS_SUPPORTED_AND_EFFECTS
+        | lpa::EXTENDED_DATA
+        | lpa::TELEMETRY
+        | lpa::PERSISTENT_EVENT;
     id.elpe = ELPE;
     id.wctemp = U16::new(0x0157);
     id.cctemp = U16::new(0x0175);
     id.sqes = 0x66;
     id.cqes = 0x44;
     id.nn = U32::new(shared.subsystem.nn);
+    id.endgidmax = U16::new(ENDURANCE_GROUP_ID);
+    id.pels = U32::new(PELS);
     let allocated = shared.subsystem.namespaces.allocated();
     id.tnvmcap = u128::from(shared.subsystem.tnvmcap).to_le_bytes();
     id.unvmcap = u128::from(shared.subsystem.tnvmcap.saturating_sub(allocated)).to_le_bytes();
@@ -200,6 +205,7 @@ fn ns_independent(shared: &Shared, nsid: u32) -> Result<Vec<u8>, Status> {
         let now = std::time::Instant::now();
         id.nstat = u8::from(ns.is_ready(shared.since_enable(now)));
         id.nmic = 0;
+        id.endgid = U16::new(ENDURANCE_GROUP_ID);
     }
     Ok(id.as_bytes().to_vec())
 }

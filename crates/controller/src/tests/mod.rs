@@ -428,6 +428,7 @@ mod dbbuf;
 mod durability;
 mod inflight;
 mod io;
+mod logs;
 mod modes;
 mod namespaces;
 mod registers;
