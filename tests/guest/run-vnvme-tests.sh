@@ -41,17 +41,22 @@
 #              primary-ctrl-caps, list-secondary; get/set-feature timestamp (advances across a sleep),
 #              host behavior, I/O command set profile, software progress marker (kept across a
 #              reset), host identifier (8 then 16 bytes), keep alive timer and command, -s 1/2/3
+#   logs       --ns 64M:ram: nvme-cli's log pages with content: supported-log-pages lists exactly what
+#              is answered; telemetry-log saves files whose header (LID, last blocks, generation) fits
+#              their size; endurance-log --group-id=1 counts the writes made; persistent-event-log
+#              (establish, read, release) shows the power-on, a sysfs reset and a format's events;
+#              controller-initiated telemetry captured at a CSTS.CFS provoked with devmem, then released
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 GT=$HERE/tests
-ALL="identify verify randread shadow reset kill passthru ns-ready ns-attach format file nvm-io file-backed-ram nvme-cli-admin"
+ALL="identify verify randread shadow reset kill passthru ns-ready ns-attach format file nvm-io file-backed-ram nvme-cli-admin logs"
 COMPARE=0 KEEP=0 ONLY=''
 while [ $# -gt 0 ]; do
   case $1 in
     --compare) COMPARE=1 ;;
     --keep) KEEP=1 ;;
-    -h|--help) sed -n '2,43p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,48p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "run-vnvme-tests: unknown option $1" >&2; exit 126 ;;
     *) case " $ALL " in *" $1 "*) ONLY="$ONLY $1" ;; *) echo "run-vnvme-tests: unknown test $1" >&2; exit 126 ;; esac ;;
   esac
@@ -325,6 +330,10 @@ t_ns-attach() {
 
 t_format() {
   own_server_test format --format-duration vnvme-format.sh --ns 256M:ram -- --timeout 180 --append "rig.ns_bytes=$((256 << 20))"
+}
+
+t_logs() {
+  own_server_test logs --ns vnvme-nvme-cli-logs.sh --ns 64M:ram -- --timeout 300
 }
 
 t_file() {

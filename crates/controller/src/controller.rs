@@ -17,11 +17,13 @@ use crate::keep_alive::KeepAlive;
 use crate::mailbox::Mailbox;
 use crate::memory::{GuestMemory, InterruptSink};
 use crate::namespace::Namespace;
+use crate::persistent_event_log::PersistentEventLog;
 use crate::queue::{Cq, Sq};
 use crate::regs::{Action, Regs};
 use crate::state::{AdminState, ErrorLog, Events, Session, Shared, ADMIN_WORKER};
 use crate::stats::{ControllerStats, Stats};
 use crate::subsystem::{ChangedNamespaces, Namespaces, ReadyTimer, Subsystem};
+use crate::telemetry::Telemetry;
 use crate::worker;
 
 /// CRTO.CRWMT is 16 bits of 500 ms units.
@@ -144,6 +146,7 @@ impl Controller {
             .offers_page()
             .then(|| page.unwrap_or_else(|| Arc::new(HeapDoorbellPage::default())));
         let stats = Arc::new(Stats::new(qids));
+        let created = Instant::now();
         let shared = Shared {
             subsystem: Subsystem {
                 namespaces: Namespaces::new(map),
@@ -160,6 +163,8 @@ impl Controller {
             admin: Mutex::new(AdminState::new(&config)),
             events: Mutex::new(Events::default()),
             error_log: Mutex::new(ErrorLog::default()),
+            telemetry: Telemetry::default(),
+            persistent_events: PersistentEventLog::new(&config, created),
             stats,
             mailboxes: (0..=config.workers).map(|_| Mailbox::default()).collect(),
             cc: AtomicU32::new(0),
@@ -175,9 +180,10 @@ impl Controller {
             wce: AtomicBool::new(true),
             software_progress: AtomicU8::new(0),
             keep_alive: Arc::default(),
-            created: Instant::now(),
+            created,
             config,
         };
+        shared.persistent_events.power_on_or_reset(created, 0);
         let regs = Regs::new(&shared.config);
         Ok(Self {
             shared: Arc::new(shared),
@@ -471,12 +477,14 @@ impl Controller {
                 tracing::warn!("enable refused: {why}");
                 shared.stats.fatal_errors.fetch_add(1, Ordering::Relaxed);
                 ctl.regs.csts.set_cfs(true);
+                shared.controller_telemetry(&format!("enable refused: {why}"));
                 return;
             }
         };
         let Some(att) = &ctl.attachment else {
             tracing::warn!("enable refused: no client attached");
             ctl.regs.csts.set_cfs(true);
+            shared.controller_telemetry("enable refused: no client attached");
             return;
         };
         let session = Arc::new(Session {
@@ -594,11 +602,18 @@ impl Controller {
         ctl.regs.csts.set_cfs(false);
         ctl.regs.csts.set_shst(shutdown::NONE);
         shared.cc.store(u32::from(ctl.regs.cc), Ordering::Release);
+        // The host that took a Persistent Event Log reporting context is
+        // gone with the reset; keeping it would refuse its next Establish.
+        shared.persistent_events.release();
         if was_enabled {
             shared
                 .stats
                 .controller_resets
                 .fetch_add(1, Ordering::Relaxed);
+            let power_cycles = shared.stats.power_cycles.load(Ordering::Relaxed);
+            shared
+                .persistent_events
+                .power_on_or_reset(Instant::now(), power_cycles);
         }
     }
 

@@ -9,7 +9,8 @@
 //! handler has at hand) over `inflight` (the one path of reads, writes and
 //! flushes) over `state` over `queue` (SQ/CQ rings) over `doorbell` (every
 //! doorbell value and its source: register, shadow buffer, mapped page)
-//! over `subsystem` and `namespace` over `config` and `regs` over
+//! over `subsystem` and `namespace` over `persistent_event_log` and
+//! `telemetry` over `config` and `regs` over
 //! [`vendor`] (vendor specific opcodes C0h-FFh) and [`prp`] over the
 //! leaves ([`memory`], [`stats`], `backend_error`, `mailbox`,
 //! `uncorrectable`, `keep_alive`).
@@ -28,6 +29,7 @@ mod keep_alive;
 mod mailbox;
 pub mod memory;
 mod namespace;
+mod persistent_event_log;
 mod poll_window;
 pub mod prp;
 mod queue;
@@ -36,6 +38,7 @@ mod sgl;
 mod state;
 pub mod stats;
 mod subsystem;
+mod telemetry;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 mod uncorrectable;

@@ -25,6 +25,10 @@ use crate::uncorrectable::Uncorrectable;
 /// NSIDs 1..=0xFFFF_FFFE are valid; 0xFFFF_FFFF is the broadcast value.
 pub(crate) const NSID_ALL: u32 = 0xFFFF_FFFF;
 
+/// The one endurance group (Identify Controller ENDGIDMAX): every
+/// namespace belongs to it, so its usage is the controller's.
+pub(crate) const ENDURANCE_GROUP_ID: u16 = 1;
+
 /// MC (Metadata Capabilities): bit 0 extended LBAs, bit 1 separate buffer.
 const MC_EXTENDED_AND_SEPARATE: u8 = 0x03;
 
@@ -224,6 +228,7 @@ impl Namespace {
         let bytes = u128::from(self.backend.size());
         id.nvmcap = bytes.to_le_bytes();
         id.nguid = self.nguid();
+        id.endgid = U16::new(ENDURANCE_GROUP_ID);
         id.eui64.copy_from_slice(&self.nguid()[8..]);
         id
     }

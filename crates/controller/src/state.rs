@@ -2,7 +2,8 @@
 //!
 //! Lock order (never take an earlier lock while holding a later one):
 //! `sqs[0]` -> `cqs[0]` -> `sqs[n]` -> `cqs[n]`; `admin`, `events`,
-//! `error_log` and the doorbells' shadow buffer lock are leaves (nothing is locked while holding them). Only the
+//! `error_log`, `telemetry`, `persistent_events` and the doorbells' shadow
+//! buffer lock are leaves (nothing is locked while holding them). Only the
 //! admin queue's worker takes I/O queue locks while holding the admin ones,
 //! and admin commands reject queue id 0 before locking anything.
 
@@ -24,9 +25,11 @@ use crate::keep_alive::KeepAlive;
 use crate::mailbox::Mailbox;
 use crate::memory::{GuestMemory, InterruptSink};
 use crate::namespace::Namespace;
+use crate::persistent_event_log::PersistentEventLog;
 use crate::queue::{Cq, Sq};
 use crate::stats::Stats;
 use crate::subsystem::Subsystem;
+use crate::telemetry::{Capture, Telemetry};
 
 /// The worker of the admin queue: admin commands never run inside an I/O
 /// worker's loop.
@@ -160,6 +163,10 @@ pub(crate) struct Shared {
     pub admin: Mutex<AdminState>,
     pub events: Mutex<Events>,
     pub error_log: Mutex<ErrorLog>,
+    /// Telemetry captures (log pages 07h, 08h).
+    pub telemetry: Telemetry,
+    /// Persistent Event Log (0Dh).
+    pub persistent_events: PersistentEventLog,
     /// Shared with `doorbells`, which counts shadow reads and errors.
     pub stats: Arc<Stats>,
     /// One per worker thread: the admin worker's at [`ADMIN_WORKER`], then
@@ -281,7 +288,24 @@ impl Shared {
         if !self.fatal.swap(true, Ordering::AcqRel) {
             self.stats.fatal_errors.fetch_add(1, Ordering::Relaxed);
             tracing::warn!("controller fatal status: {why}");
+            self.controller_telemetry(why);
         }
+    }
+
+    /// The controller's state now, for a telemetry log.
+    pub fn telemetry_capture(&self, reason: &str) -> Capture {
+        let errors = self.error_log.lock();
+        Capture::new(&self.stats, &errors.entries, self.created.elapsed(), reason)
+    }
+
+    /// CSTS.CFS is being set: the Telemetry Controller-Initiated data
+    /// records why and the state then (unless the host has not released
+    /// the previous capture).
+    pub fn controller_telemetry(&self, reason: &str) {
+        let kept = self
+            .telemetry
+            .controller_initiated(self.telemetry_capture(reason));
+        tracing::debug!(kept, "controller-initiated telemetry: {reason}");
     }
 
     /// Adds a failed command to the Error Information log.

@@ -20,6 +20,7 @@ const LAYERS: &[&[&str]] = &[
     &["doorbell"],
     &["subsystem"],
     &["namespace"],
+    &["persistent_event_log", "telemetry"],
     &["config", "regs"],
     &["vendor", "sgl"],
     &["prp"],

@@ -93,6 +93,7 @@ pub fn get_log_page(lid: LogPageId, nsid: u32, bytes: u32, rae: bool) -> Command
         lid,
         lsp: 0,
         rae,
+        lsi: 0,
         dwords: (bytes / 4).max(1),
         offset: 0,
     }

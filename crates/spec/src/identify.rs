@@ -95,6 +95,8 @@ pub mod ctratt {
     /// HIDS: a 128-bit Host Identifier is supported (Host Identifier
     /// feature with EXHID set).
     pub const HOST_ID_128: u32 = 1 << 0;
+    /// Endurance Groups: ENDGIDMAX and the namespaces' ENDGID are reported.
+    pub const ENDURANCE_GROUPS: u32 = 1 << 4;
     /// ELBAS: the Extended LBA Formats (Identify CNS 05h ELBAF) and the LBA
     /// Format Extension Enable field of Host Behavior Support.
     pub const EXTENDED_LBA_FORMATS: u32 = 1 << 15;
@@ -133,6 +135,18 @@ pub mod sgls {
     /// Bits 1:0 = 01b: SGLs supported, no address or length alignment.
     pub const SUPPORTED: u32 = 1 << 0;
     pub const BIT_BUCKET: u32 = 1 << 16;
+}
+
+/// LPA — Log Page Attributes bits of Identify Controller (§5.17.2.1).
+pub mod lpa {
+    /// Commands Supported and Effects log page.
+    pub const COMMANDS_SUPPORTED_AND_EFFECTS: u8 = 1 << 1;
+    /// Extended data for Get Log Page (NUMDU, Log Page Offset).
+    pub const EXTENDED_DATA: u8 = 1 << 2;
+    /// Telemetry Host-Initiated and Controller-Initiated log pages.
+    pub const TELEMETRY: u8 = 1 << 3;
+    /// Persistent Event Log.
+    pub const PERSISTENT_EVENT: u8 = 1 << 4;
 }
 
 /// Identify Controller data structure (CNS 01h, §5.17.2.1, Figure 275).

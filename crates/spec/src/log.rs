@@ -1,9 +1,14 @@
 //! Log pages (§5.16): identifiers and the structures the controller returns.
 
+use bitfield_struct::bitfield;
 use zerocopy::little_endian::{U16, U32, U64};
 use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
 
 use crate::cdw::{Cdw10GetLogPage, Cdw11GetLogPage};
+
+pub mod endurance;
+pub mod persistent_event;
+pub mod telemetry;
 
 /// Log Page Identifier, an open newtype (§5.16, Figure 202).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -24,7 +29,41 @@ impl LogPageId {
     pub const FIRMWARE_SLOT: Self = Self(0x03);
     pub const CHANGED_NAMESPACES: Self = Self(0x04);
     pub const COMMANDS_SUPPORTED_AND_EFFECTS: Self = Self(0x05);
+    pub const SUPPORTED_LOG_PAGES: Self = Self(0x00);
+    pub const TELEMETRY_HOST_INITIATED: Self = Self(0x07);
+    pub const TELEMETRY_CONTROLLER_INITIATED: Self = Self(0x08);
+    pub const ENDURANCE_GROUP_INFORMATION: Self = Self(0x09);
+    pub const PERSISTENT_EVENT: Self = Self(0x0D);
 }
+
+/// Supported Log Pages (00h, §5.16.1.1): one dword per Log Page
+/// Identifier, 1 KiB.
+pub mod supported_log_pages {
+    /// Entries, indexed by Log Page Identifier.
+    pub const ENTRIES: usize = 256;
+    /// LID Supported.
+    pub const LSUPP: u32 = 1 << 0;
+    /// Index Offset Supported (CDW14.OT = 1 accepted).
+    pub const IOS: u32 = 1 << 1;
+}
+
+/// Get Log Page CDW14 (§5.16, Figure 201).
+#[bitfield(u32)]
+#[derive(PartialEq, Eq)]
+pub struct Cdw14GetLogPage {
+    /// UUID Index.
+    #[bits(7)]
+    pub uuid_index: u8,
+    #[bits(16)]
+    __: u16,
+    /// Offset Type: the Log Page Offset is an index into the log's entries,
+    /// not a byte offset.
+    pub ot: bool,
+    /// Command Set Identifier.
+    pub csi: u8,
+}
+
+dword!(Cdw14GetLogPage);
 
 /// Get Log Page command fields (§5.16, Figures 197-200).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,6 +73,8 @@ pub struct GetLogPage {
     pub lsp: u8,
     /// Retain Asynchronous Event.
     pub rae: bool,
+    /// Log Specific Identifier (e.g. the Endurance Group Identifier).
+    pub lsi: u16,
     /// Number of dwords to return, 1-based (NUMD + 1).
     pub dwords: u32,
     /// Log Page Offset in bytes.
@@ -48,6 +89,7 @@ impl GetLogPage {
             lid: d10.lid(),
             lsp: d10.lsp(),
             rae: d10.rae(),
+            lsi: d11.lsi(),
             dwords: numd_z.saturating_add(1),
             offset: u64::from(cdw12) | (u64::from(cdw13) << 32),
         }
@@ -61,7 +103,9 @@ impl GetLogPage {
             .with_lsp(self.lsp & 0x7F)
             .with_rae(self.rae)
             .with_numdl(numd_z as u16);
-        let cdw11 = Cdw11GetLogPage::new().with_numdu((numd_z >> 16) as u16);
+        let cdw11 = Cdw11GetLogPage::new()
+            .with_numdu((numd_z >> 16) as u16)
+            .with_lsi(self.lsi);
         [
             cdw10.into(),
             cdw11.into(),
@@ -236,6 +280,7 @@ mod tests {
             lid: LogPageId::SMART_HEALTH,
             lsp: 0,
             rae: true,
+            lsi: 1,
             dwords: 128,
             offset: 8,
         };
@@ -243,6 +288,7 @@ mod tests {
         assert_eq!(GetLogPage::parse(a, b, c, d), g);
         assert_eq!(a & 0xFF, 2);
         assert_eq!(a >> 16, 127);
+        assert_eq!(b >> 16, 1, "LSI in CDW11 31:16");
     }
 
     #[test]

@@ -5,8 +5,8 @@ use vnvme_spec::cdw::{Cdw10Identify, Cdw11Identify};
 use vnvme_spec::identify::nvm::{IdentifyControllerNvm, IdentifyNamespaceNvm};
 use vnvme_spec::identify::virtualization::PrimaryControllerCaps;
 use vnvme_spec::identify::{
-    csi, ctratt, fill_ascii, ns_descriptor, oacs, oaes, ocfs, oncs, sgls, Cns, IdentifyController,
-    IdentifyNsIndependent, IDENTIFY_SIZE,
+    csi, ctratt, fill_ascii, lpa, ns_descriptor, oacs, oaes, ocfs, oncs, sgls, Cns,
+    IdentifyController, IdentifyNsIndependent, IDENTIFY_SIZE,
 };
 use vnvme_spec::regs::version;
 use vnvme_spec::{Command, Status};
@@ -16,7 +16,8 @@ use zerocopy::IntoBytes;
 use super::invalid_field;
 use crate::command::Ctx;
 use crate::keep_alive::KAS;
-use crate::namespace::NSID_ALL;
+use crate::namespace::{ENDURANCE_GROUP_ID, NSID_ALL};
+use crate::persistent_event_log::PELS;
 use crate::state::{Shared, ACL, AERL, ELPE};
 
 /// The I/O Command Set Combinations of Identify CNS 1Ch, by index: one,
@@ -104,7 +105,8 @@ pub(crate) fn identify_controller(shared: &Shared) -> Box<IdentifyController> {
     id.cntlid = U16::new(c.cntlid);
     id.ver = U32::new(version(2, 0, 0));
     id.oaes = U32::new(oaes::NAMESPACE_ATTRIBUTE);
-    id.ctratt = U32::new(ctratt::HOST_ID_128 | ctratt::EXTENDED_LBA_FORMATS);
+    id.ctratt =
+        U32::new(ctratt::HOST_ID_128 | ctratt::EXTENDED_LBA_FORMATS | ctratt::ENDURANCE_GROUPS);
     // CNTRLTYPE 1: I/O controller.
     id.cntrltype = 1;
     let dbbuf = if c.doorbells.uses_dbbuf() {
@@ -122,9 +124,10 @@ pub(crate) fn identify_controller(shared: &Shared) -> Box<IdentifyController> {
     id.aerl = AERL;
     // FRMW: slot 1 read only, one slot.
     id.frmw = 0x03;
-    // LPA bit 1: Commands Supported and Effects; bit 2: extended Get Log
-    // Page data (NUMDU, offsets).
-    id.lpa = 0x06;
+    id.lpa = lpa::COMMANDS_SUPPORTED_AND_EFFECTS
+        | lpa::EXTENDED_DATA
+        | lpa::TELEMETRY
+        | lpa::PERSISTENT_EVENT;
     id.elpe = ELPE;
     id.wctemp = U16::new(0x0157);
     id.cctemp = U16::new(0x0175);
@@ -132,6 +135,8 @@ pub(crate) fn identify_controller(shared: &Shared) -> Box<IdentifyController> {
     id.sqes = 0x66;
     id.cqes = 0x44;
     id.nn = U32::new(shared.subsystem.nn);
+    id.endgidmax = U16::new(ENDURANCE_GROUP_ID);
+    id.pels = U32::new(PELS);
     let allocated = shared.subsystem.namespaces.allocated();
     id.tnvmcap = u128::from(shared.subsystem.tnvmcap).to_le_bytes();
     id.unvmcap = u128::from(shared.subsystem.tnvmcap.saturating_sub(allocated)).to_le_bytes();
@@ -267,6 +272,8 @@ fn ns_independent(shared: &Shared, nsid: u32) -> Result<Vec<u8>, Status> {
         } else {
             1 << 5
         };
+        id.nmic = 0;
+        id.endgid = U16::new(ENDURANCE_GROUP_ID);
     }
     Ok(id.as_bytes().to_vec())
 }

@@ -1,11 +1,18 @@
-//! Get Log Page (§5.16): error information, SMART / health, firmware slot,
-//! changed namespace list, commands supported and effects (including the
-//! registered vendor specific opcodes).
+//! Get Log Page (§5.16): the table of log pages this controller answers,
+//! and the small logs: supported log pages, error information, SMART /
+//! health, firmware slot, changed namespace list, commands supported and
+//! effects (including the registered vendor specific opcodes). Telemetry,
+//! endurance group and persistent event logs have modules of their own.
+
+mod endurance;
+mod persistent_event;
+mod telemetry;
 
 use std::sync::atomic::Ordering::Relaxed;
 
 use vnvme_spec::log::{
-    async_event, effects, set_u128, CommandEffectsLog, GetLogPage, LogPageId, SmartLog,
+    async_event, effects, set_u128, supported_log_pages, Cdw14GetLogPage, CommandEffectsLog,
+    GetLogPage, LogPageId, SmartLog,
 };
 use vnvme_spec::{AdminOpcode, Command, NvmOpcode, Status};
 use zerocopy::little_endian::U32;
@@ -15,6 +22,100 @@ use super::invalid_field;
 use crate::command::Ctx;
 use crate::state::{Shared, ELPE};
 use crate::vendor::CommandSet;
+
+/// A Get Log Page command's fields, for a log's reader.
+struct Request<'a> {
+    shared: &'a Shared,
+    nsid: u32,
+    lsp: u8,
+    lsi: u16,
+    rae: bool,
+    offset: u64,
+}
+
+/// One log page this controller answers.
+struct LogPage {
+    lid: LogPageId,
+    /// The page from byte 0, or a refusal. An empty page completes the
+    /// command without transferring data (an action that returns none).
+    read: fn(&Request<'_>) -> Result<Vec<u8>, Status>,
+    /// Runs once the host has the data (`page`), to forget what it has now
+    /// seen.
+    seen: Option<fn(&Request<'_>, &[u8])>,
+    /// The asynchronous event type reading without RAE unmasks (§5.2).
+    event: Option<u8>,
+}
+
+/// Every log page: Get Log Page answers only these, and Supported Log
+/// Pages lists exactly these, so a log cannot be one without the other.
+const LOGS: &[LogPage] = &[
+    LogPage {
+        lid: LogPageId::SUPPORTED_LOG_PAGES,
+        read: |_| Ok(supported_log_pages()),
+        seen: None,
+        event: None,
+    },
+    LogPage {
+        lid: LogPageId::ERROR_INFORMATION,
+        read: |r| Ok(error_log(r.shared)),
+        seen: None,
+        event: Some(async_event::TYPE_ERROR),
+    },
+    LogPage {
+        lid: LogPageId::SMART_HEALTH,
+        read: smart_log,
+        seen: None,
+        event: Some(async_event::TYPE_SMART),
+    },
+    LogPage {
+        lid: LogPageId::FIRMWARE_SLOT,
+        read: |r| Ok(firmware_slot_log(r.shared)),
+        seen: None,
+        event: None,
+    },
+    LogPage {
+        lid: LogPageId::CHANGED_NAMESPACES,
+        read: |r| Ok(r.shared.subsystem.changed.lock().page()),
+        seen: Some(|r, page| {
+            // Clear what the host has now seen: a change that arrived after
+            // the page was taken stays for the next read.
+            if !r.rae {
+                r.shared.subsystem.changed.lock().acknowledge(page);
+            }
+        }),
+        event: Some(async_event::TYPE_NOTICE),
+    },
+    LogPage {
+        lid: LogPageId::COMMANDS_SUPPORTED_AND_EFFECTS,
+        read: |r| Ok(effects_log(&r.shared.config)),
+        seen: None,
+        event: None,
+    },
+    LogPage {
+        lid: LogPageId::TELEMETRY_HOST_INITIATED,
+        read: telemetry::host_initiated,
+        seen: None,
+        event: None,
+    },
+    LogPage {
+        lid: LogPageId::TELEMETRY_CONTROLLER_INITIATED,
+        read: telemetry::controller_initiated,
+        seen: Some(telemetry::release_controller_initiated),
+        event: None,
+    },
+    LogPage {
+        lid: LogPageId::ENDURANCE_GROUP_INFORMATION,
+        read: endurance::information,
+        seen: None,
+        event: None,
+    },
+    LogPage {
+        lid: LogPageId::PERSISTENT_EVENT,
+        read: persistent_event::read,
+        seen: None,
+        event: None,
+    },
+];
 
 pub(super) fn get_log_page(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> {
     let req = GetLogPage::parse(
@@ -27,43 +128,53 @@ pub(super) fn get_log_page(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Statu
     if len > ctx.shared.config.max_transfer() || !req.offset.is_multiple_of(4) {
         return Err(invalid_field());
     }
-    let shared = ctx.shared;
-    let nsid = cmd.nsid.get();
-    let (page, event_type) = match req.lid {
-        LogPageId::ERROR_INFORMATION => (error_log(shared), Some(async_event::TYPE_ERROR)),
-        LogPageId::SMART_HEALTH => {
-            if nsid != 0 && nsid != 0xFFFF_FFFF {
-                return Err(invalid_field());
-            }
-            (smart_log(shared), Some(async_event::TYPE_SMART))
-        }
-        LogPageId::FIRMWARE_SLOT => (firmware_slot_log(shared), None),
-        LogPageId::CHANGED_NAMESPACES => (
-            shared.subsystem.changed.lock().page(),
-            Some(async_event::TYPE_NOTICE),
-        ),
-        LogPageId::COMMANDS_SUPPORTED_AND_EFFECTS => (effects_log(&ctx.shared.config), None),
-        _ => return Err(invalid_field()),
-    };
-    let start = usize::try_from(req.offset)
-        .ok()
-        .filter(|&o| o < page.len())
-        .ok_or_else(invalid_field)?;
-    // Data past the end of the log reads as zeroes.
-    let mut out = page.get(start..).unwrap_or_default().to_vec();
-    out.resize(len as usize, 0);
-    ctx.send(cmd, &out)?;
-    if req.lid == LogPageId::CHANGED_NAMESPACES && !req.rae {
-        // Clear what the host has now seen: a change that arrived after the
-        // page was taken stays for the next read.
-        shared.subsystem.changed.lock().acknowledge(&page);
+    // No log takes index offsets (Supported Log Pages IOS is clear).
+    if Cdw14GetLogPage::from(cmd.cdw14).ot() {
+        return Err(invalid_field());
     }
-    if let Some(kind) = event_type {
+    let log = LOGS
+        .iter()
+        .find(|l| l.lid == req.lid)
+        .ok_or_else(invalid_field)?;
+    let shared = ctx.shared;
+    let r = Request {
+        shared,
+        nsid: cmd.nsid.get(),
+        lsp: req.lsp,
+        lsi: req.lsi,
+        rae: req.rae,
+        offset: req.offset,
+    };
+    let page = (log.read)(&r)?;
+    if !page.is_empty() {
+        let start = usize::try_from(req.offset)
+            .ok()
+            .filter(|&o| o < page.len())
+            .ok_or_else(invalid_field)?;
+        // Data past the end of the log reads as zeroes.
+        let mut out = page.get(start..).unwrap_or_default().to_vec();
+        out.resize(len as usize, 0);
+        ctx.send(cmd, &out)?;
+    }
+    if let Some(seen) = log.seen {
+        seen(&r, &page);
+    }
+    if let Some(kind) = log.event {
         if !req.rae {
             shared.events.lock().masked &= !(1u8 << kind);
         }
     }
     Ok(())
+}
+
+/// Supported Log Pages (00h): LSUPP for every entry of [`LOGS`].
+fn supported_log_pages() -> Vec<u8> {
+    let mut page = vec![0u8; supported_log_pages::ENTRIES * 4];
+    for log in LOGS {
+        let at = usize::from(log.lid.0) * 4;
+        page[at..at + 4].copy_from_slice(&supported_log_pages::LSUPP.to_le_bytes());
+    }
+    page
 }
 
 fn error_log(shared: &Shared) -> Vec<u8> {
@@ -76,21 +187,28 @@ fn error_log(shared: &Shared) -> Vec<u8> {
     page
 }
 
-fn smart_log(shared: &Shared) -> Vec<u8> {
+/// Data Units: thousands of 512-byte units, rounded up.
+fn data_units(units_512: u64) -> u128 {
+    u128::from(units_512.div_ceil(1000))
+}
+
+fn smart_log(req: &Request<'_>) -> Result<Vec<u8>, Status> {
+    if req.nsid != 0 && req.nsid != 0xFFFF_FFFF {
+        return Err(invalid_field());
+    }
+    let shared = req.shared;
     let s = &shared.stats;
     let mut log = SmartLog::new_boxed();
     log.composite_temperature = 313u16.into();
     log.available_spare = 100;
     log.available_spare_threshold = 10;
-    // Data units are thousands of 512-byte units, rounded up.
-    let units = |n: u64| u128::from(n.div_ceil(1000));
     set_u128(
         &mut log.data_units_read,
-        units(s.data_units_read_512.load(Relaxed)),
+        data_units(s.data_units_read_512.load(Relaxed)),
     );
     set_u128(
         &mut log.data_units_written,
-        units(s.data_units_written_512.load(Relaxed)),
+        data_units(s.data_units_written_512.load(Relaxed)),
     );
     set_u128(
         &mut log.host_read_commands,
@@ -118,7 +236,7 @@ fn smart_log(shared: &Shared) -> Vec<u8> {
         &mut log.error_log_entries,
         u128::from(shared.error_log.lock().count),
     );
-    log.as_bytes().to_vec()
+    Ok(log.as_bytes().to_vec())
 }
 
 fn firmware_slot_log(shared: &Shared) -> Vec<u8> {

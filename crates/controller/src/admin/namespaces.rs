@@ -7,12 +7,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use vnvme_spec::cdw::{Cdw10FormatNvm, Cdw10NsAttachment, Cdw10NsManagement, Cdw11NsManagement};
+use vnvme_spec::log::persistent_event::EventType;
 use vnvme_spec::{Command, Status};
 
 use super::invalid_field;
 use crate::command::Ctx;
 use crate::config::{LBA_FORMATS, MAX_NAMESPACES};
 use crate::namespace::{Namespace, NSID_ALL};
+use crate::persistent_event_log::{change_namespace, format_completion, format_start};
 use crate::state::Shared;
 use crate::subsystem::Namespaces;
 
@@ -72,7 +74,7 @@ impl Create {
 pub(super) fn namespace_management(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
     match Cdw10NsManagement::from(cmd.cdw10).sel() {
         0 => create(ctx, cmd),
-        1 => delete(ctx.shared, cmd.nsid.get()).map(|()| 0),
+        1 => delete(ctx.shared, cmd).map(|()| 0),
         _ => Err(invalid_field()),
     }
 }
@@ -112,15 +114,25 @@ fn create(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
             .ok_or(Status::NAMESPACE_INSUFFICIENT_CAPACITY.with_dnr(true))?;
         // Allocated, not attached (§8.3.2): the host attaches it next.
         ns.attached = false;
+        record_change(shared, cmd, &ns);
         map.insert(nsid, Arc::new(ns));
         tracing::debug!(nsid, bytes, "namespace created");
         Ok(nsid)
     })
 }
 
+/// A Change Namespace event for Namespace Management `cmd` on `ns`.
+fn record_change(shared: &Shared, cmd: &Command, ns: &Namespace) {
+    let data = change_namespace(cmd.cdw10.get(), ns.nsid, ns.nsze, ns.identify().flbas);
+    shared
+        .persistent_events
+        .record(EventType::CHANGE_NAMESPACE, Instant::now(), data);
+}
+
 /// Deletes `nsid` (FFFFFFFFh: every namespace). Deleting an attached
 /// namespace detaches it first, which the host hears about.
-fn delete(shared: &Shared, nsid: u32) -> Result<(), Status> {
+fn delete(shared: &Shared, cmd: &Command) -> Result<(), Status> {
+    let nsid = cmd.nsid.get();
     if nsid == 0 || (nsid > shared.subsystem.nn && nsid != NSID_ALL) {
         return Err(invalid_ns());
     }
@@ -134,8 +146,11 @@ fn delete(shared: &Shared, nsid: u32) -> Result<(), Status> {
     if removed.is_empty() && nsid != NSID_ALL {
         return Err(invalid_ns());
     }
-    for ns in removed.iter().filter(|ns| ns.attached) {
-        shared.namespace_changed(ns.nsid);
+    for ns in &removed {
+        record_change(shared, cmd, ns);
+        if ns.attached {
+            shared.namespace_changed(ns.nsid);
+        }
     }
     // A namespace created later under the same NSID starts from defaults.
     let mut admin = shared.admin.lock();
@@ -192,7 +207,8 @@ fn controller_list_is_ours(data: &[u8], cntlid: u16) -> bool {
 /// Format NVM: LBAF (CDW10 3:0, upper bits 13:12), MSET (bit 4: extended
 /// LBAs), PI (7:5, must be 0), SES (11:9: 0 none, 1 user data erase; the
 /// data is erased either way). Takes `format_duration` in the background:
-/// I/O meanwhile gets Format In Progress.
+/// I/O meanwhile gets Format In Progress. The Persistent Event Log records
+/// its start and its completion, when the duration is over.
 pub(super) fn format_nvm(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
     let cdw10 = Cdw10FormatNvm::from(cmd.cdw10);
     let (index, extended) = (cdw10.lbaf(), cdw10.mset());
@@ -210,8 +226,39 @@ pub(super) fn format_nvm(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status
         shared.namespace(nsid)?;
         vec![nsid]
     };
-    let until = Instant::now().checked_add(shared.config.format_duration);
-    for id in targets {
+    let events = &shared.persistent_events;
+    let start = Instant::now();
+    // FNA 0 (Identify Controller): each namespace is formatted on its own.
+    events.record(
+        EventType::FORMAT_NVM_START,
+        start,
+        format_start(nsid, 0, cmd.cdw10.get()),
+    );
+    let until = start
+        .checked_add(shared.config.format_duration)
+        .filter(|_| !shared.config.format_duration.is_zero());
+    let result = format_namespaces(shared, &targets, index, extended, until);
+    let done = match (&result, until) {
+        (Ok(()), Some(until)) => until,
+        _ => Instant::now(),
+    };
+    events.record(
+        EventType::FORMAT_NVM_COMPLETION,
+        done,
+        format_completion(nsid, result),
+    );
+    result.map(|()| 0)
+}
+
+/// Erases `targets` and gives them format `index`, busy `until` then.
+fn format_namespaces(
+    shared: &Shared,
+    targets: &[u32],
+    index: u8,
+    extended: bool,
+    until: Option<Instant>,
+) -> Result<(), Status> {
+    for &id in targets {
         let Some(old) = shared.subsystem.namespaces.active(id) else {
             continue;
         };
@@ -225,7 +272,7 @@ pub(super) fn format_nvm(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status
         })?;
         ns.readiness = old.readiness;
         ns.attached = old.attached;
-        ns.formatting_until = until.filter(|_| !shared.config.format_duration.is_zero());
+        ns.formatting_until = until;
         shared.subsystem.namespaces.update(|map| {
             // Deleted or detached meanwhile: leave it.
             if let Some(slot) = map.get_mut(&id).filter(|s| Arc::ptr_eq(s, &old)) {
@@ -233,5 +280,5 @@ pub(super) fn format_nvm(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status
             }
         });
     }
-    Ok(0)
+    Ok(())
 }

@@ -448,6 +448,7 @@ mod identify;
 mod inflight;
 mod io;
 mod keep_alive;
+mod logs;
 mod modes;
 mod namespaces;
 mod registers;
