@@ -12,7 +12,7 @@
 //! over `subsystem` and `namespace` over `config` and `regs` over
 //! [`vendor`] (vendor specific opcodes C0h-FFh) and [`prp`] over the
 //! leaves ([`memory`], [`stats`], `backend_error`, `mailbox`,
-//! `uncorrectable`, `keep_alive`).
+//! `uncorrectable`, `keep_alive`, `firmware`).
 #![forbid(unsafe_code)]
 
 mod admin;
@@ -21,6 +21,7 @@ mod command;
 mod config;
 mod controller;
 mod doorbell;
+mod firmware;
 mod inflight;
 mod io;
 mod io_request;

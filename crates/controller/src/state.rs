@@ -240,8 +240,12 @@ impl Shared {
             return;
         }
         if kind == async_event::TYPE_NOTICE {
-            let aec = self.admin.lock().async_event_config;
-            if aec & vnvme_spec::feature::aec::NAMESPACE_ATTRIBUTE == 0 {
+            use vnvme_spec::feature::aec;
+            let enabled_by = match info {
+                async_event::NOTICE_FIRMWARE_ACTIVATION_STARTING => aec::FIRMWARE_ACTIVATION,
+                _ => aec::NAMESPACE_ATTRIBUTE,
+            };
+            if self.admin.lock().async_event_config & enabled_by == 0 {
                 return;
             }
         }

@@ -31,6 +31,7 @@ const LAYERS: &[&[&str]] = &[
         "poll_window",
         "uncorrectable",
         "keep_alive",
+        "firmware",
     ],
 ];
 

@@ -37,7 +37,7 @@ pub(super) fn get_log_page(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Statu
             }
             (smart_log(shared), Some(async_event::TYPE_SMART))
         }
-        LogPageId::FIRMWARE_SLOT => (firmware_slot_log(shared), None),
+        LogPageId::FIRMWARE_SLOT => (firmware_slot_log(shared), Some(async_event::TYPE_NOTICE)),
         LogPageId::CHANGED_NAMESPACES => (
             shared.subsystem.changed.lock().page(),
             Some(async_event::TYPE_NOTICE),
@@ -122,13 +122,13 @@ fn smart_log(shared: &Shared) -> Vec<u8> {
 }
 
 fn firmware_slot_log(shared: &Shared) -> Vec<u8> {
-    let mut page = vec![0u8; 512];
-    // AFI: slot 1 active.
-    page[0] = 1;
-    let mut fr = [b' '; 8];
-    vnvme_spec::identify::fill_ascii(&mut fr, &shared.config.firmware);
-    page[8..16].copy_from_slice(&fr);
-    page
+    shared
+        .subsystem
+        .firmware
+        .lock()
+        .slot_log()
+        .as_bytes()
+        .to_vec()
 }
 
 fn effects_log(config: &crate::ControllerConfig) -> Vec<u8> {
