@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use vnvme_spec::feature::{timestamp_origin, HostBehaviorSupport, Timestamp};
+use vnvme_spec::feature::{aec, timestamp_origin, HostBehaviorSupport, Timestamp};
 use vnvme_spec::log::{async_event, ErrorLogEntry};
 use vnvme_spec::regs::Doorbell;
 use vnvme_spec::{Command, Status};
@@ -240,7 +240,6 @@ impl Shared {
             return;
         }
         if kind == async_event::TYPE_NOTICE {
-            use vnvme_spec::feature::aec;
             let enabled_by = match info {
                 async_event::NOTICE_FIRMWARE_ACTIVATION_STARTING => aec::FIRMWARE_ACTIVATION,
                 _ => aec::NAMESPACE_ATTRIBUTE,
