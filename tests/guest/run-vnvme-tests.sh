@@ -46,17 +46,20 @@
 #              their size; endurance-log --group-id=1 counts the writes made; persistent-event-log
 #              (establish, read, release) shows the power-on, a sysfs reset and a format's events;
 #              controller-initiated telemetry captured at a CSTS.CFS provoked with devmem, then released
+#   firmware   --ns 64M:ram: nvme fw-download (out of order, overlap, gap, past 16 MiB), fw-commit to the
+#              read-only slot 1, slots 0/3/4, action 6; action 1 + controller reset and action 3 (no
+#              reset, the activation notice) each show the new revision in fw-log, id-ctrl FR and sysfs
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 GT=$HERE/tests
-ALL="identify verify randread shadow reset kill passthru ns-ready ns-attach format file nvm-io file-backed-ram nvme-cli-admin logs"
+ALL="identify verify randread shadow reset kill passthru ns-ready ns-attach format file nvm-io file-backed-ram nvme-cli-admin logs firmware"
 COMPARE=0 KEEP=0 ONLY=''
 while [ $# -gt 0 ]; do
   case $1 in
     --compare) COMPARE=1 ;;
     --keep) KEEP=1 ;;
-    -h|--help) sed -n '2,48p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,51p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "run-vnvme-tests: unknown option $1" >&2; exit 126 ;;
     *) case " $ALL " in *" $1 "*) ONLY="$ONLY $1" ;; *) echo "run-vnvme-tests: unknown test $1" >&2; exit 126 ;; esac ;;
   esac
@@ -350,6 +353,11 @@ t_nvme-cli-admin() {
   # its own server: the features it sets (software progress marker) outlive a guest
   own_server_test nvme-cli-admin --msix-vectors vnvme-nvme-cli-admin.sh \
     --ns 256M:ram --max-io-queues 8 --msix-vectors 6 -- --timeout 300 --append "rig.vqprt=9 rig.viprt=6"
+}
+
+t_firmware() {
+  # its own server: the firmware slots outlive a guest
+  own_server_test firmware --ns vnvme-nvme-cli-firmware.sh --ns 64M:ram -- --timeout 300 --append "rig.fr=$FR"
 }
 
 t_file-backed-ram() {

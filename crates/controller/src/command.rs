@@ -193,10 +193,9 @@ impl VendorHost for Ctx<'_> {
             vendor_commands: u8::try_from(config.vendor.len()).unwrap_or(u8::MAX),
             host_read_commands: U64::new(shared.stats.host_read_commands.load(Relaxed)),
             host_write_commands: U64::new(shared.stats.host_write_commands.load(Relaxed)),
-            firmware: [b' '; 8],
+            firmware: shared.subsystem.firmware.lock().running(),
             serial: [b' '; 20],
         };
-        fill_ascii(&mut info.firmware, &config.firmware);
         fill_ascii(&mut info.serial, &config.serial);
         info
     }

@@ -15,7 +15,8 @@ pub struct ControllerConfig {
     pub serial: String,
     /// Model Number (MN, 40 ASCII characters).
     pub model: String,
-    /// Firmware Revision (FR, 8 characters). Defaults to the crate version.
+    /// Firmware Revision (FR, 8 characters) of the factory image in the read
+    /// only firmware slot 1, running at start. Defaults to the crate version.
     pub firmware: String,
     /// I/O queue pairs the controller grants at most (Number of Queues).
     pub max_io_queues: u16,

@@ -13,6 +13,7 @@ use vnvme_spec::regs::{offset, shutdown, Bar0Layout, Doorbell};
 
 use crate::config::{ConfigError, ControllerConfig, NamespaceConfig, Readiness, MAX_NAMESPACES};
 use crate::doorbell::{DoorbellPage, Doorbells, HeapDoorbellPage, Invalid, TrapOutcome};
+use crate::firmware::Firmware;
 use crate::keep_alive::KeepAlive;
 use crate::mailbox::Mailbox;
 use crate::memory::{GuestMemory, InterruptSink};
@@ -155,6 +156,7 @@ impl Controller {
                 changed: Mutex::new(ChangedNamespaces::default()),
                 ready_timer: Arc::default(),
                 vwc,
+                firmware: Mutex::new(Firmware::new(&config.firmware)),
             },
             enabled_at: Mutex::new(None),
             doorbells: Doorbells::new(qids, page, Arc::clone(&stats)),
@@ -577,7 +579,8 @@ impl Controller {
     }
 
     /// Controller reset (§3.7.2): stop the workers, delete every queue,
-    /// drop outstanding AERs, return features to defaults, clear CSTS.RDY.
+    /// drop outstanding AERs, return features to defaults, clear CSTS.RDY,
+    /// activate the firmware slot a Firmware Commit left for this reset.
     fn controller_reset(&self, ctl: &mut Control) {
         let shared = &*self.shared;
         let was_enabled = ctl.regs.cc.en() || ctl.regs.csts.rdy();
@@ -585,6 +588,12 @@ impl Controller {
         *shared.enabled_at.lock() = None;
         self.stop_workers(ctl);
         self.clear_queues();
+        // With the workers stopped no command sees the switch half done.
+        // Persistent Event Log: the Power-on or Reset event of this reset
+        // records this (its FA field) and the revision now running.
+        if shared.subsystem.firmware.lock().reset() {
+            tracing::debug!("firmware activated by the controller reset");
+        }
         shared.doorbells.clear_dbbuf();
         shared.keep_alive.reset();
         *shared.admin.lock() = AdminState::new(&shared.config);

@@ -13,7 +13,7 @@
 //! `telemetry` over `config` and `regs` over
 //! [`vendor`] (vendor specific opcodes C0h-FFh) and [`prp`] over the
 //! leaves ([`memory`], [`stats`], `backend_error`, `mailbox`,
-//! `uncorrectable`, `keep_alive`).
+//! `uncorrectable`, `keep_alive`, `firmware`).
 #![forbid(unsafe_code)]
 
 mod admin;
@@ -22,6 +22,7 @@ mod command;
 mod config;
 mod controller;
 mod doorbell;
+mod firmware;
 mod inflight;
 mod io;
 mod io_request;

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use vnvme_spec::feature::{timestamp_origin, HostBehaviorSupport, Timestamp};
+use vnvme_spec::feature::{aec, timestamp_origin, HostBehaviorSupport, Timestamp};
 use vnvme_spec::log::{async_event, ErrorLogEntry};
 use vnvme_spec::regs::Doorbell;
 use vnvme_spec::{Command, Status};
@@ -247,8 +247,11 @@ impl Shared {
             return;
         }
         if kind == async_event::TYPE_NOTICE {
-            let aec = self.admin.lock().async_event_config;
-            if aec & vnvme_spec::feature::aec::NAMESPACE_ATTRIBUTE == 0 {
+            let enabled_by = match info {
+                async_event::NOTICE_FIRMWARE_ACTIVATION_STARTING => aec::FIRMWARE_ACTIVATION,
+                _ => aec::NAMESPACE_ATTRIBUTE,
+            };
+            if self.admin.lock().async_event_config & enabled_by == 0 {
                 return;
             }
         }

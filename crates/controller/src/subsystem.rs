@@ -1,7 +1,8 @@
 //! The NVM subsystem's namespaces as the host can change them (NVMe Base 2.0
 //! §8.3): the allocated namespaces and which are attached, the capacity they
-//! are allocated from, the Changed Namespace List log (§5.16.1.5), and the
-//! timer that makes slow namespaces ready.
+//! are allocated from, the Changed Namespace List log (§5.16.1.5), the
+//! timer that makes slow namespaces ready, and the firmware slots (shared
+//! by the subsystem's controllers, §5.12).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -11,6 +12,7 @@ use std::time::Instant;
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::config::Readiness;
+use crate::firmware::Firmware;
 use crate::namespace::Namespace;
 
 /// Entries in the Changed Namespace List log page (4 KiB of NSIDs).
@@ -31,6 +33,8 @@ pub(crate) struct Subsystem {
     pub ready_timer: Arc<ReadyTimer>,
     /// Some namespace's backend has a volatile write cache.
     pub vwc: bool,
+    /// Firmware slots and the image being downloaded (a leaf lock).
+    pub firmware: Mutex<Firmware>,
 }
 
 /// Allocated namespaces by NSID. Bounded: at most `max(NN, configured)`

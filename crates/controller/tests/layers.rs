@@ -32,6 +32,7 @@ const LAYERS: &[&[&str]] = &[
         "poll_window",
         "uncorrectable",
         "keep_alive",
+        "firmware",
     ],
 ];
 

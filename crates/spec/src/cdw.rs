@@ -44,6 +44,7 @@ dword!(
     Cdw11NsManagement,
     Cdw10NsAttachment,
     Cdw10FormatNvm,
+    Cdw10FirmwareCommit,
     Cdw12ReadWrite,
     Cdw13ReadWrite,
     Cdw12WriteZeroes,
@@ -260,6 +261,23 @@ impl Cdw10FormatNvm {
     }
 }
 
+/// Firmware Commit CDW10 (§5.12). Firmware Image Download's CDW10 (NUMD,
+/// 0's based dwords) and CDW11 (OFST, dwords) are whole dwords.
+#[bitfield(u32)]
+#[derive(PartialEq, Eq)]
+pub struct Cdw10FirmwareCommit {
+    /// Firmware Slot: 1 to 7, or 0 for the controller to choose.
+    #[bits(3)]
+    pub fs: u8,
+    /// Commit Action (see [`crate::log::firmware::commit_action`]).
+    #[bits(3)]
+    pub ca: u8,
+    #[bits(25)]
+    __: u32,
+    /// Boot Partition ID, for the boot partition actions (110b, 111b).
+    pub bpid: bool,
+}
+
 /// Read, Write and Compare CDW12 (NVM Command Set 1.0 §3.2.4,
 /// §3.2.6, §3.2.1); Verify (§3.2.5) and Write Uncorrectable (§3.2.7)
 /// have the same layout, with fewer fields. SLBA is CDW10-11
@@ -425,6 +443,7 @@ mod tests {
             check::<Cdw11NsManagement>(raw);
             check::<Cdw10NsAttachment>(raw);
             check::<Cdw10FormatNvm>(raw);
+            check::<Cdw10FirmwareCommit>(raw);
             check::<Cdw12ReadWrite>(raw);
             check::<Cdw13ReadWrite>(raw);
             check::<Cdw12WriteZeroes>(raw);
@@ -514,6 +533,14 @@ mod tests {
         assert_eq!(Cdw10NsManagement::from_bits(0x31).sel(), 1);
         assert_eq!(Cdw10NsAttachment::from_bits(0x10).sel(), 0);
         assert_eq!(Cdw11NsManagement::from_bits(0x0100_0000).csi(), 1);
+    }
+
+    #[test]
+    fn firmware_commit_fields_sit_where_the_spec_puts_them() {
+        // libnvme's nvme_init_fw_commit: FS 2:0, CA 5:3, BPID 31.
+        let c = Cdw10FirmwareCommit::from_bits(2 | (3 << 3) | (1 << 31));
+        assert_eq!((c.fs(), c.ca(), c.bpid()), (2, 3, true));
+        assert_eq!(Cdw10FirmwareCommit::from_bits(0x7 << 3).fs(), 0);
     }
 
     #[test]

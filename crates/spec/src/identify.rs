@@ -108,6 +108,20 @@ pub mod ctratt {
 pub mod oaes {
     /// Namespace Attribute Notices.
     pub const NAMESPACE_ATTRIBUTE: u32 = crate::feature::aec::NAMESPACE_ATTRIBUTE;
+    /// Firmware Activation Notices.
+    pub const FIRMWARE_ACTIVATION: u32 = crate::feature::aec::FIRMWARE_ACTIVATION;
+}
+
+/// FRMW — Firmware Updates bits of Identify Controller (§5.17.2.1).
+pub mod frmw {
+    /// Slot 1 is read only.
+    pub const SLOT1_READ_ONLY: u8 = 1 << 0;
+    /// NOFS (3:1): the number of firmware slots, 1 to 7.
+    pub const fn nofs(slots: u8) -> u8 {
+        (slots & 0x7) << 1
+    }
+    /// Firmware activation without a reset (Commit Action 011b).
+    pub const ACTIVATION_WITHOUT_RESET: u8 = 1 << 4;
 }
 
 /// ONCS — Optional NVM Command Support bits (§5.17.2.1).
@@ -189,6 +203,7 @@ pub struct IdentifyController {
     pub acl: u8,
     /// Asynchronous Event Request Limit, 0's based.
     pub aerl: u8,
+    /// Firmware Updates ([`frmw`]).
     pub frmw: u8,
     /// Log Page Attributes.
     pub lpa: u8,
@@ -199,6 +214,7 @@ pub struct IdentifyController {
     pub apsta: u8,
     pub wctemp: U16,
     pub cctemp: U16,
+    /// Maximum Time for Firmware Activation, 100 ms units.
     pub mtfa: U16,
     pub hmpre: U32,
     pub hmmin: U32,
@@ -207,6 +223,8 @@ pub struct IdentifyController {
     pub rpmbs: U32,
     pub edstt: U16,
     pub dsto: u8,
+    /// Firmware Update Granularity, 4 KiB units (0: not reported, FFh:
+    /// no restriction).
     pub fwug: u8,
     pub kas: U16,
     pub hctma: U16,

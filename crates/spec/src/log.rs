@@ -1,5 +1,7 @@
 //! Log pages (§5.16): identifiers and the structures the controller returns.
 
+pub mod firmware;
+
 use bitfield_struct::bitfield;
 use zerocopy::little_endian::{U16, U32, U64};
 use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
@@ -234,6 +236,8 @@ pub mod async_event {
     pub const TYPE_VENDOR: u8 = 7;
     /// Notice information: Namespace Attribute Changed.
     pub const NOTICE_NS_ATTRIBUTE_CHANGED: u8 = 0x00;
+    /// Notice information: Firmware Activation Starting (log page 03h).
+    pub const NOTICE_FIRMWARE_ACTIVATION_STARTING: u8 = 0x01;
 
     /// Completion dword 0 for an event: type (bits above 2 dropped),
     /// information and log page.

@@ -110,6 +110,10 @@ impl Status {
     pub const INVALID_QUEUE_SIZE: Self = Self::code(sct::COMMAND_SPECIFIC, 0x02);
     pub const ABORT_LIMIT_EXCEEDED: Self = Self::code(sct::COMMAND_SPECIFIC, 0x03);
     pub const AER_LIMIT_EXCEEDED: Self = Self::code(sct::COMMAND_SPECIFIC, 0x05);
+    /// Firmware Commit: the slot is invalid (beyond FRMW.NOFS) or read only.
+    pub const INVALID_FIRMWARE_SLOT: Self = Self::code(sct::COMMAND_SPECIFIC, 0x06);
+    /// Firmware Commit: no valid image to place or activate.
+    pub const INVALID_FIRMWARE_IMAGE: Self = Self::code(sct::COMMAND_SPECIFIC, 0x07);
     pub const INVALID_INTERRUPT_VECTOR: Self = Self::code(sct::COMMAND_SPECIFIC, 0x08);
     pub const INVALID_LOG_PAGE: Self = Self::code(sct::COMMAND_SPECIFIC, 0x09);
     pub const INVALID_FORMAT: Self = Self::code(sct::COMMAND_SPECIFIC, 0x0A);
@@ -117,6 +121,12 @@ impl Status {
     pub const FEATURE_NOT_SAVEABLE: Self = Self::code(sct::COMMAND_SPECIFIC, 0x0D);
     pub const FEATURE_NOT_CHANGEABLE: Self = Self::code(sct::COMMAND_SPECIFIC, 0x0E);
     pub const FEATURE_NOT_NAMESPACE_SPECIFIC: Self = Self::code(sct::COMMAND_SPECIFIC, 0x0F);
+    /// Firmware Activation Requires Controller Level Reset ("Requires
+    /// Reset" before 2.0): the commit succeeded and the image becomes active
+    /// at the next Controller Level Reset. An outcome, not a failure.
+    pub const FIRMWARE_ACTIVATION_REQUIRES_RESET: Self = Self::code(sct::COMMAND_SPECIFIC, 0x11);
+    /// Firmware Image Download: the piece overlaps one already downloaded.
+    pub const OVERLAPPING_RANGE: Self = Self::code(sct::COMMAND_SPECIFIC, 0x14);
     pub const NAMESPACE_INSUFFICIENT_CAPACITY: Self = Self::code(sct::COMMAND_SPECIFIC, 0x15);
     pub const NAMESPACE_ID_UNAVAILABLE: Self = Self::code(sct::COMMAND_SPECIFIC, 0x16);
     pub const NAMESPACE_ALREADY_ATTACHED: Self = Self::code(sct::COMMAND_SPECIFIC, 0x18);
@@ -190,6 +200,8 @@ impl Status {
             (Status::INVALID_QUEUE_SIZE, "invalid-queue-size"),
             (Status::ABORT_LIMIT_EXCEEDED, "abort-limit-exceeded"),
             (Status::AER_LIMIT_EXCEEDED, "aer-limit-exceeded"),
+            (Status::INVALID_FIRMWARE_SLOT, "invalid-firmware-slot"),
+            (Status::INVALID_FIRMWARE_IMAGE, "invalid-firmware-image"),
             (Status::INVALID_INTERRUPT_VECTOR, "invalid-interrupt-vector"),
             (Status::INVALID_LOG_PAGE, "invalid-log-page"),
             (Status::INVALID_FORMAT, "invalid-format"),
@@ -200,6 +212,11 @@ impl Status {
                 Status::FEATURE_NOT_NAMESPACE_SPECIFIC,
                 "feature-not-namespace-specific",
             ),
+            (
+                Status::FIRMWARE_ACTIVATION_REQUIRES_RESET,
+                "firmware-activation-requires-reset",
+            ),
+            (Status::OVERLAPPING_RANGE, "overlapping-range"),
             (
                 Status::NAMESPACE_INSUFFICIENT_CAPACITY,
                 "namespace-insufficient-capacity",

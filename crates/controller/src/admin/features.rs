@@ -233,12 +233,13 @@ pub(super) fn set(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
             shared.admin.lock().write_atomicity = WriteAtomicity::new().with_dn(dn).into();
         }
         FeatureId::ASYNC_EVENT_CONFIG => {
-            // The events this controller reports: SMART warnings and
-            // Namespace Attribute Notices.
+            // The events this controller reports: SMART warnings, Namespace
+            // Attribute and Firmware Activation Notices.
             let aec = AsyncEventConfig::from(cmd.cdw11);
             shared.admin.lock().async_event_config = AsyncEventConfig::new()
                 .with_smart(aec.smart())
                 .with_nan(aec.nan())
+                .with_fan(aec.fan())
                 .into();
         }
         FeatureId::KEEP_ALIVE_TIMER => {

@@ -5,7 +5,7 @@ use vnvme_spec::cdw::{Cdw10Identify, Cdw11Identify};
 use vnvme_spec::identify::nvm::{IdentifyControllerNvm, IdentifyNamespaceNvm};
 use vnvme_spec::identify::virtualization::PrimaryControllerCaps;
 use vnvme_spec::identify::{
-    csi, ctratt, fill_ascii, lpa, ns_descriptor, oacs, oaes, ocfs, oncs, sgls, Cns,
+    csi, ctratt, fill_ascii, frmw, lpa, ns_descriptor, oacs, oaes, ocfs, oncs, sgls, Cns,
     IdentifyController, IdentifyNsIndependent, IDENTIFY_SIZE,
 };
 use vnvme_spec::regs::version;
@@ -15,6 +15,7 @@ use zerocopy::IntoBytes;
 
 use super::invalid_field;
 use crate::command::Ctx;
+use crate::firmware::{FWUG, SLOTS};
 use crate::keep_alive::KAS;
 use crate::namespace::{ENDURANCE_GROUP_ID, NSID_ALL};
 use crate::persistent_event_log::PELS;
@@ -99,12 +100,12 @@ pub(crate) fn identify_controller(shared: &Shared) -> Box<IdentifyController> {
     id.ssvid = U16::new(c.ssvid);
     fill_ascii(&mut id.sn, &c.serial);
     fill_ascii(&mut id.mn, &c.model);
-    fill_ascii(&mut id.fr, &c.firmware);
+    id.fr = shared.subsystem.firmware.lock().running();
     id.rab = 6;
     id.mdts = c.mdts;
     id.cntlid = U16::new(c.cntlid);
     id.ver = U32::new(version(2, 0, 0));
-    id.oaes = U32::new(oaes::NAMESPACE_ATTRIBUTE);
+    id.oaes = U32::new(oaes::NAMESPACE_ATTRIBUTE | oaes::FIRMWARE_ACTIVATION);
     id.ctratt =
         U32::new(ctratt::HOST_ID_128 | ctratt::EXTENDED_LBA_FORMATS | ctratt::ENDURANCE_GROUPS);
     // CNTRLTYPE 1: I/O controller.
@@ -118,12 +119,16 @@ pub(crate) fn identify_controller(shared: &Shared) -> Box<IdentifyController> {
         (c.oacs_extra & !(oacs::SECURITY | oacs::DOORBELL_BUFFER_CONFIG))
             | dbbuf
             | oacs::FORMAT_NVM
+            | oacs::FIRMWARE
             | oacs::NS_MANAGEMENT,
     );
     id.acl = ACL;
     id.aerl = AERL;
-    // FRMW: slot 1 read only, one slot.
-    id.frmw = 0x03;
+    id.frmw = frmw::SLOT1_READ_ONLY | frmw::nofs(SLOTS) | frmw::ACTIVATION_WITHOUT_RESET;
+    // Activation is a switch of revision (crate::firmware): well within
+    // the smallest nonzero bound, 100 ms.
+    id.mtfa = U16::new(1);
+    id.fwug = FWUG;
     id.lpa = lpa::COMMANDS_SUPPORTED_AND_EFFECTS
         | lpa::EXTENDED_DATA
         | lpa::TELEMETRY

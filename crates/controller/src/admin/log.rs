@@ -71,7 +71,8 @@ const LOGS: &[LogPage] = &[
         lid: LogPageId::FIRMWARE_SLOT,
         read: |r| Ok(firmware_slot_log(r.shared)),
         seen: None,
-        event: None,
+        // Firmware Activation Starting is a notice read through this log.
+        event: Some(async_event::TYPE_NOTICE),
     },
     LogPage {
         lid: LogPageId::CHANGED_NAMESPACES,
@@ -240,13 +241,13 @@ fn smart_log(req: &Request<'_>) -> Result<Vec<u8>, Status> {
 }
 
 fn firmware_slot_log(shared: &Shared) -> Vec<u8> {
-    let mut page = vec![0u8; 512];
-    // AFI: slot 1 active.
-    page[0] = 1;
-    let mut fr = [b' '; 8];
-    vnvme_spec::identify::fill_ascii(&mut fr, &shared.config.firmware);
-    page[8..16].copy_from_slice(&fr);
-    page
+    shared
+        .subsystem
+        .firmware
+        .lock()
+        .slot_log()
+        .as_bytes()
+        .to_vec()
 }
 
 fn effects_log(config: &crate::ControllerConfig) -> Vec<u8> {

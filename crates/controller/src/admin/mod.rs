@@ -4,6 +4,7 @@ mod abort;
 mod dbbuf;
 mod feature_data;
 mod features;
+mod firmware;
 mod identify;
 mod log;
 mod namespaces;
@@ -28,6 +29,8 @@ pub(crate) const SUPPORTED: &[AdminOpcode] = &[
     AdminOpcode::ASYNC_EVENT_REQUEST,
     AdminOpcode::DOORBELL_BUFFER_CONFIG,
     AdminOpcode::NAMESPACE_MANAGEMENT,
+    AdminOpcode::FIRMWARE_COMMIT,
+    AdminOpcode::FIRMWARE_IMAGE_DOWNLOAD,
     AdminOpcode::NAMESPACE_ATTACHMENT,
     AdminOpcode::KEEP_ALIVE,
     AdminOpcode::FORMAT_NVM,
@@ -74,6 +77,8 @@ pub(crate) fn execute(ctx: &mut Ctx<'_>, cmd: &Command) -> Outcome {
             AdminOpcode::NAMESPACE_MANAGEMENT => namespaces::namespace_management(ctx, cmd),
             AdminOpcode::NAMESPACE_ATTACHMENT => namespaces::namespace_attachment(ctx, cmd),
             AdminOpcode::FORMAT_NVM => namespaces::format_nvm(ctx, cmd),
+            AdminOpcode::FIRMWARE_IMAGE_DOWNLOAD => firmware::image_download(ctx, cmd),
+            AdminOpcode::FIRMWARE_COMMIT => firmware::commit(ctx, cmd),
             AdminOpcode::DOORBELL_BUFFER_CONFIG => {
                 dbbuf::doorbell_buffer_config(ctx, cmd).map(|()| 0)
             }

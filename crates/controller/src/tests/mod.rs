@@ -349,6 +349,21 @@ impl Host {
         self.submit(0, cmd)
     }
 
+    /// Submits an admin command and returns its completion, with any other
+    /// admin completions (AERs) seen first.
+    fn admin_collect(&mut self, cmd: Command) -> (Completion, Vec<Completion>) {
+        let cid = self.push(0, cmd);
+        self.ring_sq(0);
+        let mut others = Vec::new();
+        loop {
+            let c = self.reap(0);
+            if c.cid() == cid {
+                return (c, others);
+            }
+            others.push(c);
+        }
+    }
+
     fn create_pair(&mut self, qid: u16, size: u16) {
         // A host zeroes CQ memory: stale entries would carry a valid phase.
         self.mem.zero(cq_base(qid), u64::from(size) * 16).unwrap();
@@ -444,6 +459,7 @@ mod copy;
 mod dbbuf;
 mod durability;
 mod features;
+mod firmware;
 mod identify;
 mod inflight;
 mod io;

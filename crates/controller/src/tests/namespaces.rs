@@ -29,21 +29,6 @@ impl Host {
         }
     }
 
-    /// Submits an admin command and returns its completion, with any other
-    /// admin completions (AERs) seen first.
-    fn admin_collect(&mut self, cmd: Command) -> (Completion, Vec<Completion>) {
-        let cid = self.push(0, cmd);
-        self.ring_sq(0);
-        let mut others = Vec::new();
-        loop {
-            let c = self.reap(0);
-            if c.cid() == cid {
-                return (c, others);
-            }
-            others.push(c);
-        }
-    }
-
     fn identify_page(&mut self, cns: u8, nsid: u32) -> Vec<u8> {
         let c = self.admin(identify(cns, nsid, PAGE));
         assert_eq!(

@@ -1,0 +1,130 @@
+# shellcheck shell=sh
+# vnvme-nvme-cli-firmware.sh - guest test (run-vnvme-tests.sh firmware): issue 17 item 8 as nvme-cli 2.x
+# runs it. Firmware Image Download in pieces (out of order, a gap, an overlap, past the 16 MiB limit),
+# Firmware Commit to the read-only slot 1, to no slot, to an empty slot, with a boot partition action,
+# to slot 0 (the controller chooses); commit action 1 then a controller reset shows the new revision
+# in fw-log, id-ctrl and sysfs; commit action 3 (no reset) shows it at once, through the Firmware
+# Activation Starting notice Linux handles by rereading the slot log. Needs a server of its own: the
+# slots outlive a guest.
+#   rig.fr=REV   the factory revision in slot 1 (the server's version)
+. /guest-lib.sh
+wait_nvme 10 || die "no /dev/nvme0n1"
+FR=$(cmdline_get fr)
+C=/dev/nvme0 S=/sys/class/nvme/nvme0
+rc=0
+fail() { echo "TEST: FAIL: $*"; rc=1; }
+field() { grep -E "^$1[[:space:]]*:" "$2" | head -1 | sed 's/^[^:]*: *//; s/[[:space:]]*$//'; }
+nv() {
+  nvme "$@" > /tmp/out 2>&1; _s=$?
+  log "nvme $* -> exit $_s$( [ $_s = 0 ] || echo ": $(grep -v WARNING /tmp/out | tail -1)")"
+  return $_s
+}
+expect_status() {
+  _want=$1; shift
+  if nv "$@"; then fail "nvme $* succeeded, expected '$_want'"
+  elif ! grep -q "$_want" /tmp/out; then fail "nvme $*: expected '$_want', got: $(cat /tmp/out)"; fi
+}
+wait_live() {
+  _n=0
+  while [ "$(cat $S/state)" != live ]; do
+    [ $_n -ge 300 ] && die "controller state '$(cat $S/state)' 30 s after $1"
+    sleep 0.1; _n=$((_n + 1))
+  done
+}
+reset_ctrl() { echo 1 > $S/reset_controller || die "writing reset_controller failed"; wait_live reset; }
+# fw_log: the slot log into /tmp/fwlog; afi and frsN (the revision nvme-cli shows in parentheses)
+fw_log() { nv fw-log $C && cp /tmp/out /tmp/fwlog || fail "fw-log failed: $(cat /tmp/out)"; }
+afi() { field afi /tmp/fwlog; }
+frs() { sed -n "s/^frs$1 *: 0x[0-9a-f]* (\(.*\))\$/\1/p" /tmp/fwlog; }
+fr() { nvme id-ctrl $C > /tmp/idc 2>&1 && field fr /tmp/idc; }
+sysfs_fr() { sed 's/[[:space:]]*$//' $S/firmware_rev; }
+# a revision as nvme-cli prints it: spaces become '.'
+shown() { printf '%s' "$1" | sed 's/ /./g'; }
+
+# --- what Identify Controller promises ---
+nv id-ctrl $C && cp /tmp/out /tmp/id || die "id-ctrl failed"
+frmw=$(field frmw /tmp/id); fwug=$(field fwug /tmp/id); mtfa=$(field mtfa /tmp/id)
+oacs=$(field oacs /tmp/id); oaes=$(field oaes /tmp/id); fr0=$(field fr /tmp/id)
+log "id-ctrl: fr=$fr0 frmw=$frmw fwug=$fwug mtfa=$mtfa oacs=$oacs oaes=$oaes"
+[ "$frmw" = 0x17 ] || fail "FRMW $frmw, expected 0x17 (slot 1 read only, 3 slots, activation without reset)"
+[ "$fwug" = 1 ] && [ "$mtfa" = 1 ] || fail "FWUG $fwug MTFA $mtfa, expected 1 and 1"
+[ $((oacs & 0x4)) = 4 ] || fail "OACS $oacs lacks the firmware commands (bit 2)"
+[ $((oaes & 0x200)) = $((0x200)) ] || fail "OAES $oaes lacks Firmware Activation Notices (bit 9)"
+[ -z "$FR" ] || [ "$fr0" = "$FR" ] || fail "FR '$fr0', expected the factory '$FR'"
+fw_log
+[ "$(afi)" = 0x1 ] || fail "AFI $(afi), expected slot 1 active"
+[ "$(frs 1)" = "$(shown "$(printf '%-8s' "$fr0")")" ] || fail "FRS1 '$(frs 1)' for FR '$fr0'"
+[ -z "$(frs 2)$(frs 3)" ] || fail "slots 2 and 3 not empty: $(cat /tmp/fwlog)"
+
+# --- an image that names itself GUEST-02: 10000 bytes, downloaded second half first ---
+{ printf 'GUEST-02'; dd if=/dev/urandom bs=9992 count=1 2>/dev/null; } > /tmp/img.bin
+dd if=/tmp/img.bin of=/tmp/img-a.bin bs=4096 count=1 2>/dev/null
+dd if=/tmp/img.bin of=/tmp/img-b.bin bs=4096 skip=1 2>/dev/null
+nv fw-download $C --fw=/tmp/img-b.bin --offset=1024 || fail "fw-download of the second part: $(cat /tmp/out)"
+nv fw-download $C --fw=/tmp/img-a.bin || fail "fw-download of the first part: $(cat /tmp/out)"
+expect_status "Overlapping Range" fw-download $C --fw=/tmp/img.bin
+expect_status "Invalid Firmware Slot" fw-commit $C --slot=1 --action=1
+expect_status "Invalid Firmware Slot" fw-commit $C --slot=4 --action=1
+expect_status "Invalid Field in Command" fw-commit $C --slot=2 --action=6
+# the download survived the refusals; a commit for the next reset answers 0x111, which nvme-cli
+# reports as the status it is ("the firmware commit was successful; however...") and exits 1
+expect_status "Firmware Activation Requires Controller Level Reset" fw-commit $C --slot=2 --action=1
+grep -q 'commit was successful' /tmp/out || fail "status text: $(cat /tmp/out)"
+fw_log
+log "after commit: afi=$(afi) frs2=$(frs 2)"
+[ "$(afi)" = 0x21 ] || fail "AFI $(afi), expected 0x21 (slot 1 runs, slot 2 at the next reset)"
+[ "$(frs 2)" = GUEST-02 ] || fail "FRS2 '$(frs 2)', expected GUEST-02"
+[ "$(fr)" = "$fr0" ] && [ "$(sysfs_fr)" = "$fr0" ] || fail "FR changed before the reset"
+
+# --- the controller reset activates slot 2 ---
+reset_ctrl
+fw_log
+log "after reset: afi=$(afi) fr=$(fr) sysfs firmware_rev=$(sysfs_fr)"
+[ "$(afi)" = 0x2 ] || fail "AFI $(afi) after the reset, expected 0x2"
+[ "$(fr)" = GUEST-02 ] || fail "FR '$(fr)' after the reset, expected GUEST-02"
+[ "$(sysfs_fr)" = GUEST-02 ] || fail "sysfs firmware_rev '$(sysfs_fr)' after the reset"
+
+# --- refusals: an empty slot, no download, a gap, past the image limit ---
+expect_status "Invalid Firmware Image" fw-commit $C --slot=3 --action=2
+expect_status "Invalid Firmware Image" fw-commit $C --slot=3 --action=0
+nv fw-download $C --fw=/tmp/img-a.bin --offset=2048 || fail "fw-download at 8 KiB: $(cat /tmp/out)"
+expect_status "Invalid Firmware Image" fw-commit $C --slot=3 --action=0
+expect_status "Invalid Field in Command" fw-download $C --fw=/tmp/img-a.bin --offset=$((16 << 18))
+# --- an unnamed image (zeroes), slot 0: the controller picks slot 3 (slot 2 runs) ---
+dd if=/dev/zero of=/tmp/zero.bin bs=4096 count=2 2>/dev/null
+nv fw-download $C --fw=/tmp/zero.bin || fail "fw-download of zeroes: $(cat /tmp/out)"
+nv fw-commit $C --slot=0 --action=0 || fail "fw-commit slot 0 action 0: $(cat /tmp/out)"
+fw_log
+vn=$(frs 3)
+log "unnamed image: frs3=$vn"
+# "VN" and the low 24 bits of the 32-bit FNV-1a hash of 8192 zero bytes
+[ "$vn" = VNC31DC5 ] || fail "FRS3 '$vn', expected VNC31DC5"
+[ "$(afi)" = 0x2 ] || fail "AFI $(afi) after replace only"
+
+# --- activation without a reset: the notice makes Linux reread the slot log (sysfs firmware_rev) ---
+{ printf 'GUEST-03'; dd if=/dev/urandom bs=8192 count=1 2>/dev/null; } > /tmp/img3.bin
+nv fw-download $C --fw=/tmp/img3.bin || fail "fw-download GUEST-03: $(cat /tmp/out)"
+# Linux logs its queue counts at every (re)start: the same count after proves no reset happened
+starts=$(dmesg | grep -c 'nvme0: .*default/read/poll queues')
+nv fw-commit $C --slot=3 --action=3 || fail "fw-commit slot 3 action 3: $(cat /tmp/out)"
+grep -q 'Success committing firmware action:3 slot:3' /tmp/out || fail "commit output: $(cat /tmp/out)"
+n=0
+while [ "$(sysfs_fr)" != GUEST-03 ] || [ "$(cat $S/state)" != live ]; do
+  [ $n -ge 100 ] && { fail "sysfs firmware_rev '$(sysfs_fr)', state $(cat $S/state) 10 s after activation"; break; }
+  sleep 0.1; n=$((n + 1))
+done
+log "activated at once: sysfs firmware_rev=$(sysfs_fr) after ~$((n / 10)).$((n % 10)) s, state $(cat $S/state)"
+[ "$(dmesg | grep -c 'nvme0: .*default/read/poll queues')" = "$starts" ] || fail "the controller was reset"
+fw_log
+[ "$(afi)" = 0x3 ] && [ "$(frs 3)" = GUEST-03 ] || fail "after activation: $(cat /tmp/fwlog)"
+[ "$(fr)" = GUEST-03 ] || fail "FR '$(fr)' after activation"
+dd if=/dev/nvme0n1 of=/dev/null bs=4k count=64 iflag=direct 2>/dev/null || fail "reads after activation failed"
+reset_ctrl
+fw_log
+[ "$(fr)" = GUEST-03 ] && [ "$(afi)" = 0x3 ] || fail "after one more reset: fr $(fr), $(cat /tmp/fwlog)"
+
+dmesg | grep -i 'nvme.*firmware' | sed 's/^/TEST: dmesg: /'
+log "summary: factory $fr0 -> GUEST-02 (commit action 1, reset) -> GUEST-03 (commit action 3, no reset); unnamed image $vn"
+result_json "{\"name\":\"firmware\",\"factory\":\"$fr0\",\"afi\":\"$(afi)\",\"fr\":\"$(fr)\"}"
+check_no_nvme_errors || rc=1
+exit $rc
