@@ -56,8 +56,8 @@ trap cleanup EXIT
 trap 'exit 143' TERM
 trap 'exit 130' INT
 cp "$OUT/vmlinuz" "$RUN/vmlinuz"
-# second archive: /guest-lib.sh, /test.sh and the guest files. The kernel unpacks concatenated archives (later files win),
-# but each must start 4-byte aligned (zero padding between them is skipped).
+# second archive: /guest-lib.sh, /test.sh and the guest files. The kernel unpacks concatenated archives
+# (later files win), but each must start 4-byte aligned (zero padding between them is skipped).
 mkdir -p "$RUN/t"
 [ -f "$HERE/guest-lib.sh" ] && cp "$HERE/guest-lib.sh" "$RUN/t/guest-lib.sh"
 [ -n "$TEST" ] && cp "$TEST" "$RUN/t/test.sh"

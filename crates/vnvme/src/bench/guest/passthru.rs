@@ -40,8 +40,11 @@ pub fn main(opts: &PassthruOptions) -> Result<()> {
     let tmp = TempDir::new()?;
     let dir = tmp.path();
 
+    // A null namespace keeps no data: nothing to read back.
+    let check_data = opts.backend != BackendArg::Null;
     let mut run_test = Command::new(rig.join("run-test.sh"));
-    if opts.apis.0.contains(&Api::Sync) || opts.backend != BackendArg::Null {
+    // The reader runs the sync points and the read-back check.
+    if opts.apis.0.contains(&Api::Sync) || check_data {
         let reader = dir.join("nvme-sync-read");
         compile_reader(&rig.join(READER_SOURCE), &reader)?;
         run_test.arg("--guest-file").arg(&reader);
@@ -69,20 +72,14 @@ pub fn main(opts: &PassthruOptions) -> Result<()> {
     let console = dir.join("console.log");
     let results = dir.join("results.jsonl");
     let harness = dir.join("harness.log");
-    let words = |v: Vec<String>| v.join(",");
-    // A null namespace keeps no data: nothing to read back.
+    let qds: Vec<String> = opts.qd.0.iter().map(u16::to_string).collect();
+    let apis: Vec<&str> = opts.apis.0.iter().map(|&a| api_name(a)).collect();
     let append = format!(
         "rig.qds={} rig.apis={} rig.runtime={runtime} rig.reps={} rig.check={}",
-        words(opts.qd.0.iter().map(u16::to_string).collect()),
-        words(
-            opts.apis
-                .0
-                .iter()
-                .map(|&a| api_name(a).to_string())
-                .collect()
-        ),
+        qds.join(","),
+        apis.join(","),
         opts.reps,
-        u8::from(opts.backend != BackendArg::Null),
+        u8::from(check_data),
     );
     run_test
         .arg("--vfio-user")
