@@ -13,7 +13,8 @@
 #                                        "lat_mean_us":..,"clat_p50_us":..,"clat_p99_us":..,"io_kib":..,"runtime_ms":..,"err":..}
 #                              (read fields when the job reads, else write fields); return = fio's status
 #   result_json JSON           print "RESULT JSON" (one line); run-test.sh collects these lines
-#   fio_randread NAME ENGINE QD [SECS] [DEV]   4 KiB random read, direct, time based (default 10 s)
+#   fio_randread NAME ENGINE QD [SECS] [DEV]   4 KiB random read, direct, time based (default 10 s);
+#                              ENGINE io_uring_cmd (async passthrough): give DEV /dev/ngXnY
 
 log() { echo "TEST: $*"; }
 die() { echo "TEST: FAIL: $*"; exit 1; }
@@ -81,6 +82,9 @@ fio_json() {
 }
 
 fio_randread() {
-  fio_json "$1" --filename="${5:-/dev/nvme0n1}" --rw=randread --bs=4k --direct=1 --ioengine="$2" \
+  # the char device is always direct: fio refuses --direct=1 there
+  case $2 in io_uring_cmd) _x=--cmd_type=nvme ;; *) _x=--direct=1 ;; esac
+  # engine options (cmd_type) are known only after --ioengine
+  fio_json "$1" --filename="${5:-/dev/nvme0n1}" --rw=randread --bs=4k --ioengine="$2" "$_x" \
     --iodepth="$3" --numjobs=1 --time_based --runtime="${4:-10}" --ramp_time=1
 }

@@ -26,6 +26,8 @@
 #   RIG_TIMESTAMP  1 = prefix console lines with host seconds since QEMU start
 #   RIG_QEMU_ARGS  extra raw QEMU arguments (word-split)
 #   RIG_PIDFILE    host path: write QEMU's pid there once it is started (to kill it mid-test)
+#   RIG_GUEST_FILES host paths, space-separated: each is appended to the initramfs as /BASENAME
+#                  (e.g. a static program a test runs: nvme-sync-read)
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -54,11 +56,18 @@ trap cleanup EXIT
 trap 'exit 143' TERM
 trap 'exit 130' INT
 cp "$OUT/vmlinuz" "$RUN/vmlinuz"
-# second archive: /guest-lib.sh and /test.sh. The kernel unpacks concatenated archives (later files win),
-# but each must start 4-byte aligned (zero padding between them is skipped).
+# second archive: /guest-lib.sh, /test.sh and the guest files. The kernel unpacks concatenated archives
+# (later files win), but each must start 4-byte aligned (zero padding between them is skipped).
 mkdir -p "$RUN/t"
 [ -f "$HERE/guest-lib.sh" ] && cp "$HERE/guest-lib.sh" "$RUN/t/guest-lib.sh"
 [ -n "$TEST" ] && cp "$TEST" "$RUN/t/test.sh"
+for f in ${RIG_GUEST_FILES:-}; do
+  case $(basename "$f") in
+    guest-lib.sh|test.sh) echo "run-guest: guest file $f would replace /$(basename "$f")" >&2; exit 1 ;;
+  esac
+  [ -f "$f" ] || { echo "run-guest: no such guest file: $f" >&2; exit 1; }
+  cp "$f" "$RUN/t/"
+done
 chmod 755 "$RUN"/t/* 2>/dev/null || true
 (cd "$RUN/t" && ls -1 | "$CHROOT/usr/bin/busybox" cpio -o -H newc 2>/dev/null) > "$RUN/extra.cpio"
 cp "$INITRD" "$RUN/initrd"

@@ -17,6 +17,8 @@
 #   --append "ARGS"     extra kernel command line (e.g. "nvme.poll_queues=1 rig.qd=32"; guest scripts
 #                       read rig.KEY=VALUE with cmdline_get KEY); repeatable
 #   --qemu-arg ARG      extra raw QEMU argument (no spaces inside); repeatable
+#   --guest-file PATH   also put the host file PATH into the guest as /BASENAME (e.g. a static program the
+#                       script runs); repeatable
 #   --pidfile FILE      write QEMU's pid to FILE once it runs (a test can kill QEMU mid-I/O); removed at exit
 #   --log FILE          console log (default $VNVME_RIG_CACHE/logs/NAME-DATE-PID.log); its path is printed
 #   --results FILE      also write the guest's RESULT lines there, without the "RESULT " prefix (JSON lines)
@@ -34,9 +36,9 @@ CACHE=${VNVME_RIG_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vnvme-rig}
 CHROOT=${RIG_CHROOT:-$CACHE/trixie}
 export VNVME_RIG_CACHE=$CACHE RIG_CHROOT=$CHROOT
 
-usage() { sed -n '4,29p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 126; }
+usage() { sed -n '4,31p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 126; }
 err() { echo "run-test: $*" >&2; exit 126; }
-MODE=qemu DBCS='' SOCK='' MEMFILE='' SOCKWAIT=10 TIMEOUT=300 APPEND='' QARGS='' PIDFILE='' LOG='' RESULTS='' VERBOSE=0 SCRIPT=''
+MODE=qemu DBCS='' SOCK='' MEMFILE='' GFILES='' SOCKWAIT=10 TIMEOUT=300 APPEND='' QARGS='' PIDFILE='' LOG='' RESULTS='' VERBOSE=0 SCRIPT=''
 while [ $# -gt 0 ]; do
   case $1 in
     --qemu-nvme) MODE=qemu ;;
@@ -47,6 +49,9 @@ while [ $# -gt 0 ]; do
     --timeout) [ $# -ge 2 ] || usage; TIMEOUT=$2; shift ;;
     --append) [ $# -ge 2 ] || usage; APPEND="$APPEND $2"; shift ;;
     --qemu-arg) [ $# -ge 2 ] || usage; QARGS="$QARGS $2"; shift ;;
+    --guest-file) [ $# -ge 2 ] || usage; [ -f "$2" ] || err "no such guest file: $2"
+                  case $2 in *' '*) err "--guest-file: no spaces in the path, please: $2";; esac
+                  GFILES="$GFILES $(cd "$(dirname "$2")" && pwd)/$(basename "$2")"; shift ;;
     --pidfile) [ $# -ge 2 ] || usage; PIDFILE=$2; shift ;;
     --log) [ $# -ge 2 ] || usage; LOG=$2; shift ;;
     --results) [ $# -ge 2 ] || usage; RESULTS=$2; shift ;;
@@ -100,6 +105,7 @@ trap 'exit 130' INT
 
 export RIG_APPEND="${RIG_APPEND:-}$APPEND"
 export RIG_QEMU_ARGS="${RIG_QEMU_ARGS:-}$QARGS"
+export RIG_GUEST_FILES="${RIG_GUEST_FILES:-}$GFILES"
 LAUNCH=("$HERE/run-guest.sh" "$SCRIPT")
 BINDS=()   # SRC DST ro|rw triples, bind-mounted in QEMU's private mount namespace
 CREAL=$(cd "$CHROOT" && pwd -P)

@@ -21,6 +21,11 @@
 #   kill       QEMU SIGKILLed mid-I/O; the server survives; a new QEMU boots on it and passes fio verify
 #   passthru   nvme admin-passthru vendor info (C2h, "VNVMEVND"), unregistered C4h fails; io-passthru
 #              vendor checksum (C0h, CRC32C); fio io_uring_cmd on /dev/ng0n1: verified write/read, randread
+#   passthru-table  the seed's passthrough table, short (tests/passthru-table.sh, as `vnvme bench passthru
+#              --guest` runs it): 64 KiB written with dd to /dev/nvme0n1 reads back the same through
+#              synchronous passthrough (nvme-sync-read.c, built with cc -static, NVME_IOCTL_IO64_CMD on
+#              /dev/ng0n1); then at QD 1 and 8, 3 s each: that reader, fio io_uring_cmd on /dev/ng0n1, fio
+#              io_uring on /dev/nvme0n1, every point with IOPS > 0 and no error (ratios are the bench's job)
 # Tests with their own server (a second `vnvme serve` for that boot only, its log in the temp folder):
 #   ns-ready   --ns 256M:ram --ns 64M:ram,ready=5s: Linux (CC.CRIME clear) waits >= 5 s for CSTS.RDY,
 #              then finds both namespaces in its first scan with their sizes; verified fio on both
@@ -53,13 +58,13 @@ set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 GT=$HERE/tests
-ALL="identify verify randread shadow reset kill passthru ns-ready ns-attach format file nvm-io file-backed-ram nvme-cli-admin logs firmware"
+ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io file-backed-ram nvme-cli-admin logs firmware"
 COMPARE=0 KEEP=0 ONLY=''
 while [ $# -gt 0 ]; do
   case $1 in
     --compare) COMPARE=1 ;;
     --keep) KEEP=1 ;;
-    -h|--help) sed -n '2,51p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,56p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "run-vnvme-tests: unknown option $1" >&2; exit 126 ;;
     *) case " $ALL " in *" $1 "*) ONLY="$ONLY $1" ;; *) echo "run-vnvme-tests: unknown test $1" >&2; exit 126 ;; esac ;;
   esac
@@ -318,6 +323,28 @@ t_passthru() {
     report PASS passthru "$(since "$t0")" "$(grep -h 'TEST: checksum' "$LOG" | sed 's/^TEST: //' | tr '\n' ';') $(iops_of "$OUT")"
   else
     report FAIL passthru "$(since "$t0")" "$(fail_detail passthru)"
+  fi
+}
+
+t_passthru-table() {
+  local t0 reader p iops missing=''; t0=$(now)
+  reader=$TMP/nvme-sync-read
+  if ! "${CC:-cc}" -static -O2 -Wall -o "$reader" "$HERE/nvme-sync-read.c" 2> "$TMP/nvme-sync-read.cc.log"; then
+    report FAIL passthru-table "$(since "$t0")" "${CC:-cc} -static nvme-sync-read.c failed (needs gcc and libc6-dev): $(head -3 "$TMP/nvme-sync-read.cc.log" | tr '\n' ' ')"
+    return
+  fi
+  boot passthru-table "$GT/passthru-table.sh" --guest-file "$reader" --timeout 240 \
+    --append "rig.qds=1,8 rig.runtime=3 rig.apis=sync,async,block rig.check=1"
+  if [ $RC != 0 ]; then report FAIL passthru-table "$(since "$t0")" "$(fail_detail passthru-table)"; return; fi
+  grep -q '"name":"sync-check"' "$OUT" || missing="sync-check"
+  for p in sync-qd1 async-qd1 block-qd1 sync-qd8 async-qd8 block-qd8; do
+    iops=$(sed -n "s/.*\"name\":\"$p\",\"iops\":\([0-9]*\).*\"err\":0}\$/\1/p" "$OUT" | head -1)
+    [ "${iops:-0}" -gt 0 ] || missing="$missing $p"
+  done
+  if [ -z "$missing" ]; then
+    report PASS passthru-table "$(since "$t0")" "$(grep -h 'TEST: nvme-sync-read' "$LOG" | sed 's/^TEST: //') IOPS $(iops_of "$OUT")"
+  else
+    report FAIL passthru-table "$(since "$t0")" "no successful result with IOPS > 0 for:$missing (console $LOG)"
   fi
 }
 

@@ -94,6 +94,10 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand {
             which: Some(BenchWhich::Passthru(opts)),
             ..
+        }) if opts.guest => bench::guest::passthru::main(&opts),
+        Command::Bench(BenchCommand {
+            which: Some(BenchWhich::Passthru(opts)),
+            ..
         }) => bench::passthru::main(&opts),
         Command::Bench(BenchCommand {
             which: Some(BenchWhich::Init(opts)),

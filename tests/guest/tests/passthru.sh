@@ -61,10 +61,7 @@ else
     --rw=randwrite --bs=4k --size=16M --iodepth=16 --verify=crc32c --verify_fatal=1 --do_verify=1 --randrepeat=0 \
     || fail "fio io_uring_cmd verified write/read"
   for qd in $QDS; do
-    # the char device is always direct: fio refuses --direct=1 there
-    fio_json "io_uring_cmd-qd$qd" --filename=/dev/ng0n1 --ioengine=io_uring_cmd --cmd_type=nvme \
-      --rw=randread --bs=4k --iodepth="$qd" --numjobs=1 --time_based --runtime="$RT" --ramp_time=1 \
-      || fail "fio io_uring_cmd randread QD $qd"
+    fio_randread "io_uring_cmd-qd$qd" io_uring_cmd "$qd" "$RT" /dev/ng0n1 || fail "fio io_uring_cmd randread QD $qd"
   done
 fi
 

@@ -8,6 +8,9 @@
 //! caller thread submits a command and waits for it before the next, as
 //! fio's sync engines ignore `iodepth`. Its rows therefore all measure
 //! depth 1; the column is repeated so the table reads like the seed's.
+//!
+//! With `--guest`, the same table through a Linux kernel, as the seed
+//! measured it (see [`super::guest::passthru`]).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -32,7 +35,7 @@ use crate::size::parse_size;
 
 const NSID: u32 = 1;
 const BLOCK: usize = 4096;
-const SYNC_NOTE: &str =
+pub(super) const SYNC_NOTE: &str =
     "sync passthrough keeps one command in flight by construction (one caller, \
      submit then wait, like fio's sync engine ignoring iodepth): its QD column is always 1";
 
@@ -64,10 +67,10 @@ pub struct PassthruOptions {
     /// APIs to measure, comma separated (sync, async, block).
     #[arg(long, default_value = "sync,async,block")]
     pub apis: List<Api>,
-    /// Seconds per measured point (fractions allowed).
-    #[arg(long, default_value = "1")]
-    pub runtime: f64,
-    /// Namespace backend.
+    /// Seconds per measured point (fractions allowed; default 1, with --guest 5 whole seconds).
+    #[arg(long)]
+    pub runtime: Option<f64>,
+    /// Namespace backend (with --guest: of the `vnvme serve` namespace; `file` is a temporary file).
     #[arg(long, value_enum, default_value = "null")]
     pub backend: BackendArg,
     /// Namespace size.
@@ -76,11 +79,20 @@ pub struct PassthruOptions {
     /// When async and block ring the SQ doorbell: once for all the commands
     /// a reaped batch frees (batch, io_uring style) or after every command
     /// (per-io, like a kernel's queue_rq). Sync rings once per command.
-    #[arg(long, value_enum, default_value = "batch")]
+    #[arg(long, value_enum, default_value = "batch", conflicts_with = "guest")]
     pub submit: Submit,
     /// Reap completions by busy polling instead of waiting for interrupts.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "guest")]
     pub poll: bool,
+    /// Measure inside the tests/guest Linux guest (QEMU, TCG; as root) on a `vnvme serve`
+    /// namespace: sync = our static nvme-sync-read (one NVME_IOCTL_IO64_CMD at a time) on
+    /// /dev/ng0n1, async = fio io_uring_cmd on /dev/ng0n1, block = fio io_uring on /dev/nvme0n1.
+    #[arg(long)]
+    pub guest: bool,
+    /// With --guest: measure every point this many times, all depths and APIs in turn each time,
+    /// and report the median (TCG figures swing with the host's load; interleaving spreads it).
+    #[arg(long, default_value_t = 1, requires = "guest", value_parser = clap::value_parser!(u16).range(1..=100))]
+    pub reps: u16,
     /// Write the results as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -102,6 +114,7 @@ pub struct PassthruRun {
 pub fn main(opts: &PassthruOptions) -> Result<()> {
     let runs = run(opts)?;
     print!("{}", table(&runs));
+    print!("{}", shape(&runs));
     if let Some(path) = &opts.json {
         let doc = serde_json::json!({
             "runs": runs,
@@ -114,7 +127,7 @@ pub fn main(opts: &PassthruOptions) -> Result<()> {
 }
 
 pub fn run(opts: &PassthruOptions) -> Result<Vec<PassthruRun>> {
-    let runtime = super::check_runtime(opts.runtime)?;
+    let runtime = super::check_runtime(opts.runtime.unwrap_or(1.0))?;
     super::check_qd(&opts.qd.0)?;
     let max_qd = opts.qd.0.iter().copied().max().unwrap_or(1);
     let file = super::BenchFile::new(None);
@@ -144,7 +157,7 @@ pub fn run(opts: &PassthruOptions) -> Result<Vec<PassthruRun>> {
     let total = opts.apis.0.len() * opts.qd.0.len();
     eprintln!(
         "bench passthru: {total} points of {:.1} s, 4 KiB random reads, {} doorbells, {:?} submission, {}",
-        opts.runtime,
+        runtime.as_secs_f64(),
         device_opts.doorbells,
         opts.submit,
         if opts.poll { "polling" } else { "interrupts" }
@@ -423,4 +436,167 @@ pub fn table(runs: &[PassthruRun]) -> String {
     }
     let _ = writeln!(out, "(latencies in microseconds, submission to reaping)");
     out
+}
+
+/// The seed's table, Kiops: QD, Sync-PT, io_uring (block), Async-PT.
+const SEED: [(u16, f64, f64, f64); 8] = [
+    (1, 10.8, 10.6, 10.6),
+    (2, 10.9, 24.5, 24.0),
+    (4, 10.6, 45.0, 46.0),
+    (8, 10.9, 90.0, 89.0),
+    (16, 11.0, 169.0, 170.0),
+    (32, 10.6, 308.0, 307.0),
+    (64, 10.8, 503.0, 506.0),
+    (128, 10.9, 592.0, 596.0),
+];
+
+/// What makes the seed's table: async over block across the depths, sync's
+/// highest over its lowest IOPS (flat), async's scaling from the lowest
+/// depth to the highest.
+#[derive(Debug, Default, PartialEq)]
+struct Shape {
+    async_block: Option<(f64, f64)>,
+    sync_spread: Option<f64>,
+    async_scaling: Option<(u16, u16, f64)>,
+}
+
+impl Shape {
+    /// From (api, qd, iops) points.
+    fn of(points: &[(Api, u16, f64)]) -> Self {
+        let iops = |api: Api| -> Vec<(u16, f64)> {
+            points
+                .iter()
+                .filter(|p| p.0 == api && p.2 > 0.0)
+                .map(|p| (p.1, p.2))
+                .collect()
+        };
+        let (sync, asynchronous, block) = (iops(Api::Sync), iops(Api::Async), iops(Api::Block));
+        let ratios: Vec<f64> = asynchronous
+            .iter()
+            .filter_map(|&(qd, a)| block.iter().find(|b| b.0 == qd).map(|b| a / b.1))
+            .collect();
+        let sync: Vec<f64> = sync.iter().map(|s| s.1).collect();
+        let first = asynchronous.iter().min_by_key(|a| a.0);
+        let last = asynchronous.iter().max_by_key(|a| a.0);
+        Self {
+            async_block: min_max(&ratios),
+            sync_spread: min_max(&sync)
+                .filter(|_| sync.len() > 1)
+                .map(|(lo, hi)| hi / lo),
+            async_scaling: match (first, last) {
+                (Some(&(q0, a0)), Some(&(q1, a1))) if q1 > q0 => Some((q0, q1, a1 / a0)),
+                _ => None,
+            },
+        }
+    }
+}
+
+fn min_max(values: &[f64]) -> Option<(f64, f64)> {
+    let lo = values.iter().copied().reduce(f64::min)?;
+    let hi = values.iter().copied().reduce(f64::max)?;
+    Some((lo, hi))
+}
+
+/// One line: the measured table's [`Shape`], each figure next to the seed's
+/// at the same depths.
+pub fn shape(runs: &[PassthruRun]) -> String {
+    let ours = Shape::of(
+        &runs
+            .iter()
+            .map(|r| (r.api, r.qd, r.iops))
+            .collect::<Vec<_>>(),
+    );
+    let seed_points: Vec<(Api, u16, f64)> = SEED
+        .iter()
+        .filter(|s| runs.iter().any(|r| r.qd == s.0))
+        .flat_map(|&(qd, sync, block, asy)| {
+            [
+                (Api::Sync, qd, sync),
+                (Api::Block, qd, block),
+                (Api::Async, qd, asy),
+            ]
+        })
+        .collect();
+    let seed = Shape::of(&seed_points);
+    let mut parts = Vec::new();
+    if let Some((lo, hi)) = ours.async_block {
+        let theirs = seed
+            .async_block
+            .map_or(String::new(), |(l, h)| format!(" (seed {l:.2}-{h:.2}x)"));
+        parts.push(format!("async/block {lo:.2}-{hi:.2}x{theirs}"));
+    }
+    if let Some(spread) = ours.sync_spread {
+        let theirs = seed
+            .sync_spread
+            .map_or(String::new(), |s| format!(" (seed {s:.2}x)"));
+        parts.push(format!("sync highest/lowest {spread:.2}x{theirs}"));
+    }
+    if let Some((q0, q1, x)) = ours.async_scaling {
+        let theirs = seed
+            .async_scaling
+            .filter(|s| (s.0, s.1) == (q0, q1))
+            .map_or(String::new(), |s| format!(" (seed {:.1}x)", s.2));
+        parts.push(format!("async QD {q1}/QD {q0} {x:.1}x{theirs}"));
+    }
+    if parts.is_empty() {
+        return String::new();
+    }
+    format!("shape: {}\n", parts.join("; "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(api: Api, qd: u16, iops: f64) -> PassthruRun {
+        PassthruRun {
+            api,
+            qd,
+            iops,
+            lat_p50_us: 0.0,
+            lat_p99_us: 0.0,
+            ios: 0,
+            errors: 0,
+        }
+    }
+
+    #[test]
+    fn shape_of_the_seed_table_is_flat_sync_and_async_like_block() {
+        let points: Vec<_> = SEED
+            .iter()
+            .flat_map(|&(q, s, b, a)| [(Api::Sync, q, s), (Api::Block, q, b), (Api::Async, q, a)])
+            .collect();
+        let s = Shape::of(&points);
+        let (lo, hi) = s.async_block.unwrap();
+        assert!(
+            (0.97..0.99).contains(&lo) && (1.02..1.03).contains(&hi),
+            "{lo} {hi}"
+        );
+        assert!((s.sync_spread.unwrap() - 11.0 / 10.6).abs() < 1e-9);
+        let (q0, q1, x) = s.async_scaling.unwrap();
+        assert_eq!((q0, q1), (1, 128));
+        assert!((x - 596.0 / 10.6).abs() < 1e-9);
+    }
+
+    #[test]
+    fn shape_line_compares_with_the_seed_at_the_measured_depths() {
+        let line = shape(&[
+            run(Api::Sync, 1, 5000.0),
+            run(Api::Sync, 8, 5500.0),
+            run(Api::Async, 1, 4000.0),
+            run(Api::Async, 8, 12000.0),
+            run(Api::Block, 1, 4000.0),
+            run(Api::Block, 8, 10000.0),
+        ]);
+        assert_eq!(
+            line,
+            "shape: async/block 1.00-1.20x (seed 0.99-1.00x); sync highest/lowest 1.10x \
+             (seed 1.01x); async QD 8/QD 1 3.0x (seed 8.4x)\n"
+        );
+    }
+
+    #[test]
+    fn shape_is_empty_without_pairs() {
+        assert_eq!(shape(&[run(Api::Block, 1, 1.0)]), "");
+    }
 }

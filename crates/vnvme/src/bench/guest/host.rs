@@ -7,9 +7,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
-use vnvme_controller::DoorbellMode;
 
-use super::{GuestBenchOptions, BEGIN, END};
+use super::{BEGIN, END};
 
 /// New complete lines of a growing file.
 #[derive(Debug, Default)]
@@ -52,12 +51,9 @@ pub(super) struct Server {
 }
 
 impl Server {
-    pub(super) fn start(
-        opts: &GuestBenchOptions,
-        dir: &Path,
-        mode: DoorbellMode,
-        stats: &Path,
-    ) -> Result<Self> {
+    /// `vnvme serve` with its socket and log in `dir`, counters in `stats`,
+    /// and `args` (namespaces, doorbell mode, ...).
+    pub(super) fn start(dir: &Path, stats: &Path, args: &[String]) -> Result<Self> {
         let exe = std::env::current_exe().context("finding the vnvme executable")?;
         let socket = dir.join("vnvme.sock");
         let log = dir.join("serve.log");
@@ -65,10 +61,9 @@ impl Server {
         cmd.arg("serve")
             .arg("--socket")
             .arg(&socket)
-            .args(["--ns", "1G:null", "--doorbells", &mode.to_string()])
             .arg("--stats")
             .arg(stats)
-            .args(&opts.serve_args)
+            .args(args)
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&log)?)
             .stderr(std::fs::File::create(&log)?.try_clone()?);
@@ -126,6 +121,16 @@ impl std::fmt::Debug for Server {
             .field("pid", &self.child.id())
             .field("socket", &self.socket)
             .finish()
+    }
+}
+
+/// Why `run-test.sh` exited with `code` (its documented exit statuses).
+pub(super) fn run_test_failure(code: i32) -> &'static str {
+    match code {
+        124 => "timed out",
+        125 => "QEMU failed or the guest crashed",
+        126 => "harness error",
+        _ => "the guest script failed (see its TEST: lines in the console)",
     }
 }
 

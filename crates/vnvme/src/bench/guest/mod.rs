@@ -29,6 +29,7 @@ use serde_json::Value;
 use vnvme_controller::DoorbellMode;
 
 mod host;
+pub mod passthru;
 
 use super::report;
 use super::report::kilo;
@@ -118,11 +119,7 @@ impl GuestBenchOptions {
             engines: opts.engines.0.clone(),
             runtime,
             qemu_nvme: std::env::var_os("VNVME_BENCH_NO_QEMU").is_none_or(|v| v != "1"),
-            serve_args: std::env::var("VNVME_BENCH_SERVE_ARGS")
-                .unwrap_or_default()
-                .split_whitespace()
-                .map(str::to_string)
-                .collect(),
+            serve_args: serve_args_from_env(),
             json: opts.json.clone(),
             rig: Self::default_rig(),
         }
@@ -135,6 +132,15 @@ impl GuestBenchOptions {
             PathBuf::from,
         )
     }
+}
+
+/// `VNVME_BENCH_SERVE_ARGS`: extra `vnvme serve` arguments, split on whitespace.
+fn serve_args_from_env() -> Vec<String> {
+    std::env::var("VNVME_BENCH_SERVE_ARGS")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
 }
 
 /// One device configuration: one guest boot.
@@ -374,7 +380,16 @@ fn boot(
     let harness = dir.join("harness.log");
     let stats_path = dir.join("stats.json");
     let mut server = match config {
-        Config::Vnvme(mode) => Some(Server::start(opts, dir, mode, &stats_path)?),
+        Config::Vnvme(mode) => {
+            let mut args = vec![
+                "--ns".to_string(),
+                "1G:null".to_string(),
+                "--doorbells".to_string(),
+                mode.to_string(),
+            ];
+            args.extend(opts.serve_args.iter().cloned());
+            Some(Server::start(dir, &stats_path, &args)?)
+        }
         Config::QemuNvme { .. } => None,
     };
     let mut cmd = Command::new(rig.join("run-test.sh"));
@@ -503,12 +518,7 @@ fn boot(
     if code != 0 {
         let last = std::fs::read_to_string(&harness).unwrap_or_default();
         let last = last.lines().last().unwrap_or_default().to_string();
-        let why = match code {
-            124 => "timed out".to_string(),
-            125 => "QEMU failed or the guest crashed".to_string(),
-            126 => "harness error".to_string(),
-            _ => "the guest script failed (fio error or nvme errors in dmesg)".to_string(),
-        };
+        let why = host::run_test_failure(code);
         if runs.is_empty() {
             bail!(
                 "run-test.sh exit {code}: {why}: {last} (console {})",
