@@ -118,7 +118,8 @@ pub(crate) fn identify_controller(shared: &Shared) -> Box<IdentifyController> {
         (c.oacs_extra & !(oacs::SECURITY | oacs::DOORBELL_BUFFER_CONFIG))
             | dbbuf
             | oacs::FORMAT_NVM
-            | oacs::NS_MANAGEMENT,
+            | oacs::NS_MANAGEMENT
+            | oacs::DIRECTIVES,
     );
     id.acl = ACL;
     id.aerl = AERL;

@@ -442,6 +442,7 @@ mod admin;
 mod backend_errors;
 mod copy;
 mod dbbuf;
+mod directives;
 mod durability;
 mod features;
 mod identify;
