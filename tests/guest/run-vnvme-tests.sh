@@ -46,17 +46,20 @@
 #              their size; endurance-log --group-id=1 counts the writes made; persistent-event-log
 #              (establish, read, release) shows the power-on, a sysfs reset and a format's events;
 #              controller-initiated telemetry captured at a CSTS.CFS provoked with devmem, then released
+#   directives --ns 64M:ram: Identify and Streams directives with nvme-cli dir-receive/dir-send
+#              (enable, parameters, allocate 4, a write with --dir-type=1 --dir-spec=2 opens stream 2,
+#              stream 5 refused, release identifier and resources)
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 GT=$HERE/tests
-ALL="identify verify randread shadow reset kill passthru ns-ready ns-attach format file nvm-io file-backed-ram nvme-cli-admin logs"
+ALL="identify verify randread shadow reset kill passthru ns-ready ns-attach format file nvm-io file-backed-ram nvme-cli-admin logs directives"
 COMPARE=0 KEEP=0 ONLY=''
 while [ $# -gt 0 ]; do
   case $1 in
     --compare) COMPARE=1 ;;
     --keep) KEEP=1 ;;
-    -h|--help) sed -n '2,48p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,51p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "run-vnvme-tests: unknown option $1" >&2; exit 126 ;;
     *) case " $ALL " in *" $1 "*) ONLY="$ONLY $1" ;; *) echo "run-vnvme-tests: unknown test $1" >&2; exit 126 ;; esac ;;
   esac
@@ -334,6 +337,10 @@ t_format() {
 
 t_logs() {
   own_server_test logs --ns vnvme-nvme-cli-logs.sh --ns 64M:ram -- --timeout 300
+}
+
+t_directives() {
+  own_server_test directives --ns vnvme-nvme-cli-directives.sh --ns 64M:ram -- --timeout 180
 }
 
 t_file() {
