@@ -340,7 +340,8 @@ t_logs() {
 }
 
 t_directives() {
-  own_server_test directives --ns vnvme-nvme-cli-directives.sh --ns 64M:ram -- --timeout 180
+  # its stats file shows the writes counted per stream
+  own_server_test directives --ns vnvme-nvme-cli-directives.sh --ns 64M:ram --stats "$TMP/directives.stats.json" -- --timeout 180
 }
 
 t_file() {
