@@ -54,17 +54,20 @@
 #   firmware   --ns 64M:ram: nvme fw-download (out of order, overlap, gap, past 16 MiB), fw-commit to the
 #              read-only slot 1, slots 0/3/4, action 6; action 1 + controller reset and action 3 (no
 #              reset, the activation notice) each show the new revision in fw-log, id-ctrl FR and sysfs
+#   directives --ns 64M:ram: Identify and Streams directives with nvme-cli dir-receive/dir-send
+#              (enable, parameters, allocate 4, a write with --dir-type=1 --dir-spec=2 opens stream 2,
+#              stream 5 refused, release identifier and resources)
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 GT=$HERE/tests
-ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io file-backed-ram nvme-cli-admin logs firmware"
+ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io file-backed-ram nvme-cli-admin logs firmware directives"
 COMPARE=0 KEEP=0 ONLY=''
 while [ $# -gt 0 ]; do
   case $1 in
     --compare) COMPARE=1 ;;
     --keep) KEEP=1 ;;
-    -h|--help) sed -n '2,56p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,59p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "run-vnvme-tests: unknown option $1" >&2; exit 126 ;;
     *) case " $ALL " in *" $1 "*) ONLY="$ONLY $1" ;; *) echo "run-vnvme-tests: unknown test $1" >&2; exit 126 ;; esac ;;
   esac
@@ -364,6 +367,11 @@ t_format() {
 
 t_logs() {
   own_server_test logs --ns vnvme-nvme-cli-logs.sh --ns 64M:ram -- --timeout 300
+}
+
+t_directives() {
+  # its stats file shows the writes counted per stream
+  own_server_test directives --ns vnvme-nvme-cli-directives.sh --ns 64M:ram --stats "$TMP/directives.stats.json" -- --timeout 180
 }
 
 t_file() {

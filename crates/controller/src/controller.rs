@@ -165,6 +165,7 @@ impl Controller {
             admin: Mutex::new(AdminState::new(&config)),
             events: Mutex::new(Events::default()),
             error_log: Mutex::new(ErrorLog::default()),
+            streams: Mutex::default(),
             telemetry: Telemetry::default(),
             persistent_events: PersistentEventLog::new(&config, created),
             stats,
@@ -598,6 +599,7 @@ impl Controller {
         shared.keep_alive.reset();
         *shared.admin.lock() = AdminState::new(&shared.config);
         *shared.events.lock() = Events::default();
+        shared.streams.lock().reset();
         shared.coalescing.store(0, Ordering::Relaxed);
         for cd in &shared.coalescing_disabled {
             cd.store(false, Ordering::Relaxed);

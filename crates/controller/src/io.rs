@@ -371,6 +371,11 @@ fn read_counted(ctx: &Ctx<'_>, rw: &ReadWrite) {
 
 fn write(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Arc<Namespace>) -> Result<Option<u64>, Status> {
     let rw = ReadWrite::parse(cmd, ns, ctx.shared.config.max_transfer())?;
+    // Only a write naming a directive takes the streams lock.
+    if rw.dtype != 0 {
+        let mut streams = ctx.shared.streams.lock();
+        streams.write(ns.nsid, rw.dtype, rw.dspec)?;
+    }
     if ns.backend.moves_no_data() {
         ctx.map_prps(cmd, rw.data_len)?;
         write_done(ctx, ns, &rw);
@@ -412,6 +417,9 @@ fn write_done(ctx: &Ctx<'_>, ns: &Namespace, rw: &ReadWrite) {
     stats
         .data_units_written_512
         .fetch_add(rw.block_bytes >> 9, Ordering::Relaxed);
+    if rw.dtype != 0 {
+        stats.stream_write(rw.dspec);
+    }
 }
 
 fn flush(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Arc<Namespace>) -> Result<Option<u64>, Status> {

@@ -3,7 +3,7 @@
 //! execution ([`crate::io`]) and commands in flight ([`crate::inflight`])
 //! both hold.
 
-use vnvme_spec::cdw::{Cdw12ReadWrite, Cdw12WriteZeroes};
+use vnvme_spec::cdw::{Cdw12ReadWrite, Cdw12WriteZeroes, Cdw13ReadWrite};
 use vnvme_spec::{Command, Status};
 
 use crate::namespace::Namespace;
@@ -29,6 +29,10 @@ pub(crate) struct ReadWrite {
     /// Logical block data bytes, for the SMART data unit counters.
     pub block_bytes: u64,
     pub fua: bool,
+    /// Directive Type (CDW12 23:20) and Directive Specific (CDW13 31:16):
+    /// Write only, 0 for no directive (see [`crate::streams`]).
+    pub dtype: u8,
+    pub dspec: u16,
 }
 
 impl ReadWrite {
@@ -55,6 +59,8 @@ impl ReadWrite {
             meta_len: nlb * ns.separate_metadata_per_block(),
             block_bytes: nlb << ns.lba_shift,
             fua: cdw12.fua(),
+            dtype: cdw12.dtype(),
+            dspec: Cdw13ReadWrite::from(cmd.cdw13).dspec(),
         })
     }
 }

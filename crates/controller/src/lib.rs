@@ -38,6 +38,7 @@ mod regs;
 mod sgl;
 mod state;
 pub mod stats;
+mod streams;
 mod subsystem;
 mod telemetry;
 #[cfg(any(test, feature = "testing"))]

@@ -2,7 +2,7 @@
 //!
 //! Lock order (never take an earlier lock while holding a later one):
 //! `sqs[0]` -> `cqs[0]` -> `sqs[n]` -> `cqs[n]`; `admin`, `events`,
-//! `error_log`, `telemetry`, `persistent_events` and the doorbells' shadow
+//! `error_log`, `streams`, `telemetry`, `persistent_events` and the doorbells' shadow
 //! buffer lock are leaves (nothing is locked while holding them). Only the
 //! admin queue's worker takes I/O queue locks while holding the admin ones,
 //! and admin commands reject queue id 0 before locking anything.
@@ -28,6 +28,7 @@ use crate::namespace::Namespace;
 use crate::persistent_event_log::PersistentEventLog;
 use crate::queue::{Cq, Sq};
 use crate::stats::Stats;
+use crate::streams::Streams;
 use crate::subsystem::Subsystem;
 use crate::telemetry::{Capture, Telemetry};
 
@@ -163,6 +164,8 @@ pub(crate) struct Shared {
     pub admin: Mutex<AdminState>,
     pub events: Mutex<Events>,
     pub error_log: Mutex<ErrorLog>,
+    /// Streams directive: enabled, allocated and open, per namespace.
+    pub streams: Mutex<Streams>,
     /// Telemetry captures (log pages 07h, 08h).
     pub telemetry: Telemetry,
     /// Persistent Event Log (0Dh).

@@ -67,6 +67,8 @@ pub(crate) struct Stats {
     /// Bytes of reads and writes copied through a buffer between the host
     /// and the backend (see [`crate::io`]).
     pub bounced_bytes: AtomicU64,
+    /// Writes by stream id (Streams directive), `0..=MSL`.
+    stream_writes: Vec<AtomicU64>,
     backend_error_log: LogLimit,
 }
 
@@ -100,6 +102,7 @@ impl Stats {
             media_errors: AtomicU64::new(0),
             backend_errors: AtomicU64::new(0),
             bounced_bytes: AtomicU64::new(0),
+            stream_writes: counters(usize::from(crate::streams::MSL) + 1),
             backend_error_log: LogLimit::new(BACKEND_ERROR_LOG_INTERVAL),
         }
     }
@@ -133,6 +136,13 @@ impl Stats {
         }
         if let Some(q) = self.queue(qid) {
             q.commands.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// A write with stream id `sid` completed.
+    pub fn stream_write(&self, sid: u16) {
+        if let Some(c) = self.stream_writes.get(usize::from(sid)) {
+            c.fetch_add(1, Relaxed);
         }
     }
 
@@ -215,6 +225,12 @@ impl Stats {
         s.sgl_commands = self.sgl_commands.load(Relaxed);
         s.backend_errors = self.backend_errors.load(Relaxed);
         s.bounced_bytes = self.bounced_bytes.load(Relaxed);
+        for (sid, c) in self.stream_writes.iter().enumerate() {
+            let n = c.load(Relaxed);
+            if n != 0 {
+                s.stream_writes.insert(sid as u16, n);
+            }
+        }
         s
     }
 }
@@ -288,6 +304,8 @@ pub struct ControllerStats {
     pub io_commands: BTreeMap<String, u64>,
     /// Completions by status name ("success", "invalid-field", ...).
     pub completions: BTreeMap<String, u64>,
+    /// Writes completed by stream id (Streams directive), ids written to only.
+    pub stream_writes: BTreeMap<u16, u64>,
     /// Queues with any non-zero counter.
     pub queues: Vec<QueueStats>,
 }

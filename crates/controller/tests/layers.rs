@@ -33,6 +33,7 @@ const LAYERS: &[&[&str]] = &[
         "uncorrectable",
         "keep_alive",
         "firmware",
+        "streams",
     ],
 ];
 

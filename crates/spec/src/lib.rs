@@ -34,6 +34,7 @@ macro_rules! dword {
 
 pub mod cdw;
 pub mod command;
+pub mod directive;
 pub mod feature;
 pub mod identify;
 pub mod log;

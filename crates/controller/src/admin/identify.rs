@@ -120,7 +120,8 @@ pub(crate) fn identify_controller(shared: &Shared) -> Box<IdentifyController> {
             | dbbuf
             | oacs::FORMAT_NVM
             | oacs::FIRMWARE
-            | oacs::NS_MANAGEMENT,
+            | oacs::NS_MANAGEMENT
+            | oacs::DIRECTIVES,
     );
     id.acl = ACL;
     id.aerl = AERL;

@@ -2,6 +2,7 @@
 
 mod abort;
 mod dbbuf;
+mod directives;
 mod feature_data;
 mod features;
 mod firmware;
@@ -33,6 +34,8 @@ pub(crate) const SUPPORTED: &[AdminOpcode] = &[
     AdminOpcode::FIRMWARE_IMAGE_DOWNLOAD,
     AdminOpcode::NAMESPACE_ATTACHMENT,
     AdminOpcode::KEEP_ALIVE,
+    AdminOpcode::DIRECTIVE_SEND,
+    AdminOpcode::DIRECTIVE_RECEIVE,
     AdminOpcode::FORMAT_NVM,
 ];
 
@@ -88,6 +91,8 @@ pub(crate) fn execute(ctx: &mut Ctx<'_>, cmd: &Command) -> Outcome {
                 Ok(0)
             }
             AdminOpcode::ABORT => abort::abort(ctx, cmd),
+            AdminOpcode::DIRECTIVE_SEND => directives::send(ctx, cmd),
+            AdminOpcode::DIRECTIVE_RECEIVE => directives::receive(ctx, cmd),
             _ => Err(Status::INVALID_OPCODE.with_dnr(true)),
         }),
     }

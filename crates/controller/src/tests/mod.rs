@@ -457,6 +457,7 @@ mod admin;
 mod backend_errors;
 mod copy;
 mod dbbuf;
+mod directives;
 mod durability;
 mod features;
 mod firmware;
