@@ -18,6 +18,8 @@ use crate::memory::{GuestMemory, InterruptSink};
 use crate::namespace::Namespace;
 use crate::queue::{Cq, Sq};
 use crate::regs::{Action, Regs};
+use crate::sanitize::Sanitize;
+use crate::self_test::SelfTest;
 use crate::state::{AdminState, ErrorLog, Events, Session, Shared, ADMIN_WORKER};
 use crate::stats::{ControllerStats, Stats};
 use crate::subsystem::{ChangedNamespaces, Namespaces, ReadyTimer, Subsystem};
@@ -143,7 +145,8 @@ impl Controller {
             .offers_page()
             .then(|| page.unwrap_or_else(|| Arc::new(HeapDoorbellPage::default())));
         let stats = Arc::new(Stats::new(qids));
-        let shared = Shared {
+        let shared = Arc::new_cyclic(|me| Shared {
+            me: me.clone(),
             subsystem: Subsystem {
                 namespaces: Namespaces::new(map),
                 nn,
@@ -172,12 +175,14 @@ impl Controller {
                 .map(|_| AtomicBool::new(false))
                 .collect(),
             wce: AtomicBool::new(true),
+            sanitize: Sanitize::default(),
+            self_test: SelfTest::default(),
             created: Instant::now(),
             config,
-        };
+        });
         let regs = Regs::new(&shared.config);
         Ok(Self {
-            shared: Arc::new(shared),
+            shared,
             control: Mutex::new(Control {
                 regs,
                 attachment: None,
@@ -574,6 +579,9 @@ impl Controller {
         shared.wce.store(true, Ordering::Relaxed);
         shared.fatal.store(false, Ordering::Release);
         shared.intx_held.store(false, Ordering::Relaxed);
+        // A sanitize goes on across the reset; so does an extended
+        // self-test.
+        shared.self_test.controller_reset(shared.power_on_hours());
         ctl.regs.cc.set_en(false);
         ctl.regs.csts.set_rdy(false);
         ctl.regs.rdy_at = None;
@@ -622,6 +630,9 @@ const _: () = {
 impl Drop for Controller {
     fn drop(&mut self) {
         let ctl = self.control.get_mut();
+        // Their threads hold the shared state: stopped here, not with it.
+        self.shared.sanitize.task.stop();
+        self.shared.self_test.task.stop();
         self.shared.subsystem.ready_timer.stop();
         for w in &self.shared.mailboxes {
             w.stop();

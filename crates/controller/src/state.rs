@@ -8,7 +8,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -23,6 +23,8 @@ use crate::mailbox::Mailbox;
 use crate::memory::{GuestMemory, InterruptSink};
 use crate::namespace::Namespace;
 use crate::queue::{Cq, Sq};
+use crate::sanitize::Sanitize;
+use crate::self_test::SelfTest;
 use crate::stats::Stats;
 use crate::subsystem::Subsystem;
 
@@ -99,6 +101,8 @@ pub(crate) struct ErrorLog {
 }
 
 pub(crate) struct Shared {
+    /// This very value: a background operation's thread holds it.
+    pub me: Weak<Shared>,
     pub config: ControllerConfig,
     pub subsystem: Subsystem,
     /// When CC.EN last went to 1 (namespace readiness counts from it).
@@ -134,6 +138,9 @@ pub(crate) struct Shared {
     pub coalescing_disabled: Vec<AtomicBool>,
     /// Volatile Write Cache enabled (feature 06h).
     pub wce: AtomicBool,
+    /// The NVM subsystem's sanitize state; it outlives controller resets.
+    pub sanitize: Sanitize,
+    pub self_test: SelfTest,
     pub created: Instant,
 }
 
@@ -212,6 +219,12 @@ impl Shared {
             async_event::NOTICE_NS_ATTRIBUTE_CHANGED,
             0x04,
         );
+    }
+
+    /// Power-on hours (SMART, device self-test results): since the
+    /// controller was created.
+    pub fn power_on_hours(&self) -> u64 {
+        self.created.elapsed().as_secs() / 3600
     }
 
     /// Time since the controller was last enabled (zero while disabled).

@@ -18,7 +18,7 @@ const LAYERS: &[&[&str]] = &[
     &["state"],
     &["queue"],
     &["doorbell"],
-    &["subsystem"],
+    &["subsystem", "sanitize", "self_test"],
     &["namespace"],
     &["config", "regs"],
     &["vendor", "sgl"],
@@ -30,6 +30,7 @@ const LAYERS: &[&[&str]] = &[
         "mailbox",
         "poll_window",
         "uncorrectable",
+        "background",
     ],
 ];
 

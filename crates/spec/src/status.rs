@@ -93,6 +93,10 @@ impl Status {
     pub const INVALID_NUMBER_OF_SGL_DESCRIPTORS: Self = Self::code(sct::GENERIC, 0x0E);
     pub const DATA_SGL_LENGTH_INVALID: Self = Self::code(sct::GENERIC, 0x0F);
     pub const INVALID_SGL_DESCRIPTOR_TYPE: Self = Self::code(sct::GENERIC, 0x11);
+    /// The most recent sanitize operation failed and no recovery action
+    /// has completed (§8.21).
+    pub const SANITIZE_FAILED: Self = Self::code(sct::GENERIC, 0x1C);
+    pub const SANITIZE_IN_PROGRESS: Self = Self::code(sct::GENERIC, 0x1D);
     pub const ADMIN_COMMAND_MEDIA_NOT_READY: Self = Self::code(sct::GENERIC, 0x24);
     pub const LBA_OUT_OF_RANGE: Self = Self::code(sct::GENERIC, 0x80);
     pub const CAPACITY_EXCEEDED: Self = Self::code(sct::GENERIC, 0x81);
@@ -119,6 +123,8 @@ impl Status {
     pub const NAMESPACE_IS_PRIVATE: Self = Self::code(sct::COMMAND_SPECIFIC, 0x19);
     pub const NAMESPACE_NOT_ATTACHED: Self = Self::code(sct::COMMAND_SPECIFIC, 0x1A);
     pub const CONTROLLER_LIST_INVALID: Self = Self::code(sct::COMMAND_SPECIFIC, 0x1C);
+    /// Device Self-test: one is already running (§5.9).
+    pub const SELF_TEST_IN_PROGRESS: Self = Self::code(sct::COMMAND_SPECIFIC, 0x1D);
     /// NVM command set: Conflicting Attributes (e.g. DSM range count).
     pub const CONFLICTING_ATTRIBUTES: Self = Self::code(sct::COMMAND_SPECIFIC, 0x80);
     /// NVM command set: Command Size Limit Exceeded (Copy beyond MSSRL,
@@ -162,6 +168,8 @@ impl Status {
                 Status::INVALID_SGL_DESCRIPTOR_TYPE,
                 "invalid-sgl-descriptor-type",
             ),
+            (Status::SANITIZE_FAILED, "sanitize-failed"),
+            (Status::SANITIZE_IN_PROGRESS, "sanitize-in-progress"),
             (
                 Status::ADMIN_COMMAND_MEDIA_NOT_READY,
                 "admin-command-media-not-ready",
@@ -198,6 +206,7 @@ impl Status {
             (Status::NAMESPACE_IS_PRIVATE, "namespace-is-private"),
             (Status::NAMESPACE_NOT_ATTACHED, "namespace-not-attached"),
             (Status::CONTROLLER_LIST_INVALID, "controller-list-invalid"),
+            (Status::SELF_TEST_IN_PROGRESS, "self-test-in-progress"),
             (Status::CONFLICTING_ATTRIBUTES, "conflicting-attributes"),
             (
                 Status::COMMAND_SIZE_LIMIT_EXCEEDED,

@@ -2,8 +2,8 @@
 
 use vnvme_spec::cdw::{Cdw10Identify, Cdw11Identify};
 use vnvme_spec::identify::{
-    fill_ascii, ns_descriptor, oacs, oaes, ocfs, oncs, sgls, Cns, IdentifyController,
-    IdentifyNsIndependent, IDENTIFY_SIZE,
+    dsto, fill_ascii, ns_descriptor, oacs, oaes, ocfs, oncs, sanicap, sgls, Cns,
+    IdentifyController, IdentifyNsIndependent, IDENTIFY_SIZE,
 };
 use vnvme_spec::regs::version;
 use vnvme_spec::{Command, Status};
@@ -11,6 +11,7 @@ use zerocopy::little_endian::{U16, U32};
 use zerocopy::IntoBytes;
 
 use super::invalid_field;
+use crate::background;
 use crate::command::Ctx;
 use crate::state::{Shared, ACL, AERL, ELPE};
 
@@ -68,7 +69,8 @@ pub(crate) fn identify_controller(shared: &Shared) -> Box<IdentifyController> {
         (c.oacs_extra & !(oacs::SECURITY | oacs::DOORBELL_BUFFER_CONFIG))
             | dbbuf
             | oacs::FORMAT_NVM
-            | oacs::NS_MANAGEMENT,
+            | oacs::NS_MANAGEMENT
+            | oacs::SELF_TEST,
     );
     id.acl = ACL;
     id.aerl = AERL;
@@ -78,11 +80,18 @@ pub(crate) fn identify_controller(shared: &Shared) -> Box<IdentifyController> {
     // Page data (NUMDU, offsets).
     id.lpa = 0x06;
     id.elpe = ELPE;
+    // An extended self-test reads every namespace at the self-test rate.
+    let edstt = background::seconds(shared.subsystem.namespaces.media_bytes(), c.self_test_rate)
+        .map_or(1, |s| s.div_ceil(60).max(1));
+    id.edstt = U16::new(u16::try_from(edstt).unwrap_or(u16::MAX));
+    id.dsto = dsto::SDSO;
     id.wctemp = U16::new(0x0157);
     id.cctemp = U16::new(0x0175);
     id.sqes = 0x66;
     id.cqes = 0x44;
     id.nn = U32::new(shared.subsystem.nn);
+    id.sanicap =
+        U32::new(sanicap::CES | sanicap::BES | sanicap::OWS | sanicap::NODMMAS_NOT_MODIFIED);
     let allocated = shared.subsystem.namespaces.allocated();
     id.tnvmcap = u128::from(shared.subsystem.tnvmcap).to_le_bytes();
     id.unvmcap = u128::from(shared.subsystem.tnvmcap.saturating_sub(allocated)).to_le_bytes();

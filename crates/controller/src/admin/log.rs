@@ -1,13 +1,13 @@
 //! Get Log Page (§5.16): error information, SMART / health, firmware slot,
 //! changed namespace list, commands supported and effects (including the
-//! registered vendor specific opcodes).
+//! registered vendor specific opcodes), device self-test, sanitize status.
 
 use std::sync::atomic::Ordering::Relaxed;
 
 use vnvme_spec::log::{
     async_event, effects, set_u128, CommandEffectsLog, GetLogPage, LogPageId, SmartLog,
 };
-use vnvme_spec::{AdminOpcode, Command, NvmOpcode, Status};
+use vnvme_spec::{AdminOpcode, Command, Status};
 use zerocopy::little_endian::U32;
 use zerocopy::IntoBytes;
 
@@ -43,6 +43,11 @@ pub(super) fn get_log_page(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Statu
             Some(async_event::TYPE_NOTICE),
         ),
         LogPageId::COMMANDS_SUPPORTED_AND_EFFECTS => (effects_log(&ctx.shared.config), None),
+        LogPageId::DEVICE_SELF_TEST => (shared.self_test.log().as_bytes().to_vec(), None),
+        LogPageId::SANITIZE_STATUS => (
+            super::sanitize::log(shared),
+            Some(async_event::TYPE_IO_COMMAND_SET),
+        ),
         _ => return Err(invalid_field()),
     };
     let start = usize::try_from(req.offset)
@@ -104,8 +109,7 @@ fn smart_log(shared: &Shared) -> Vec<u8> {
         &mut log.power_cycles,
         u128::from(s.power_cycles.load(Relaxed)),
     );
-    let hours = shared.created.elapsed().as_secs() / 3600;
-    set_u128(&mut log.power_on_hours, u128::from(hours));
+    set_u128(&mut log.power_on_hours, u128::from(shared.power_on_hours()));
     set_u128(
         &mut log.unsafe_shutdowns,
         u128::from(s.unsafe_shutdowns.load(Relaxed)),
@@ -144,6 +148,7 @@ fn effects_log(config: &crate::ControllerConfig) -> Vec<u8> {
                 effects::NIC | effects::NCC
             }
             AdminOpcode::FORMAT_NVM => effects::LBCC | effects::NCC,
+            AdminOpcode::SANITIZE => effects::LBCC,
             _ => 0,
         };
         if let Some(e) = log.acs.get_mut(usize::from(op.0)) {
@@ -151,14 +156,7 @@ fn effects_log(config: &crate::ControllerConfig) -> Vec<u8> {
         }
     }
     for op in crate::io::SUPPORTED {
-        let lbcc = matches!(
-            *op,
-            NvmOpcode::WRITE
-                | NvmOpcode::WRITE_UNCORRECTABLE
-                | NvmOpcode::WRITE_ZEROES
-                | NvmOpcode::DATASET_MANAGEMENT
-                | NvmOpcode::COPY
-        );
+        let lbcc = crate::io::WRITES_USER_DATA.contains(op);
         if let Some(e) = log.iocs.get_mut(usize::from(op.0)) {
             *e = U32::new(effects::CSUPP | if lbcc { effects::LBCC } else { 0 });
         }

@@ -7,6 +7,8 @@ mod identify;
 mod log;
 mod namespaces;
 pub(crate) mod queues;
+mod sanitize;
+mod self_test;
 
 use vnvme_spec::{AdminOpcode, Command, Status};
 
@@ -27,8 +29,10 @@ pub(crate) const SUPPORTED: &[AdminOpcode] = &[
     AdminOpcode::ASYNC_EVENT_REQUEST,
     AdminOpcode::DOORBELL_BUFFER_CONFIG,
     AdminOpcode::NAMESPACE_MANAGEMENT,
+    AdminOpcode::DEVICE_SELF_TEST,
     AdminOpcode::NAMESPACE_ATTACHMENT,
     AdminOpcode::FORMAT_NVM,
+    AdminOpcode::SANITIZE,
 ];
 
 /// Whether this controller accepts `op` (Doorbell Buffer Config only in the
@@ -55,6 +59,9 @@ pub(crate) fn execute(ctx: &mut Ctx<'_>, cmd: &Command) -> Outcome {
     if cmd.fuse() != 0 || cmd.psdt() != 0 {
         return Outcome::from_result(Err(invalid_field()));
     }
+    if let Some(status) = sanitize::refusal(ctx.shared, op) {
+        return Outcome::from_result(Err(status));
+    }
     match op {
         AdminOpcode::ASYNC_EVENT_REQUEST => async_event_request(ctx, cmd),
         _ => Outcome::from_result(match op {
@@ -72,6 +79,8 @@ pub(crate) fn execute(ctx: &mut Ctx<'_>, cmd: &Command) -> Outcome {
             AdminOpcode::NAMESPACE_MANAGEMENT => namespaces::namespace_management(ctx, cmd),
             AdminOpcode::NAMESPACE_ATTACHMENT => namespaces::namespace_attachment(ctx, cmd),
             AdminOpcode::FORMAT_NVM => namespaces::format_nvm(ctx, cmd),
+            AdminOpcode::SANITIZE => sanitize::sanitize(ctx, cmd),
+            AdminOpcode::DEVICE_SELF_TEST => self_test::device_self_test(ctx, cmd),
             AdminOpcode::DOORBELL_BUFFER_CONFIG => {
                 dbbuf::doorbell_buffer_config(ctx, cmd).map(|()| 0)
             }

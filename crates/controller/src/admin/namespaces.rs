@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use vnvme_spec::cdw::{Cdw10FormatNvm, Cdw10NsAttachment, Cdw10NsManagement, Cdw11NsManagement};
+use vnvme_spec::log::self_test::result::{ABORTED_FORMAT, ABORTED_NS_REMOVED};
 use vnvme_spec::{Command, Status};
 
 use super::invalid_field;
@@ -134,6 +135,10 @@ fn delete(shared: &Shared, nsid: u32) -> Result<(), Status> {
     if removed.is_empty() && nsid != NSID_ALL {
         return Err(invalid_ns());
     }
+    for ns in &removed {
+        let poh = shared.power_on_hours();
+        shared.self_test.abort_for(ns.nsid, ABORTED_NS_REMOVED, poh);
+    }
     for ns in removed.iter().filter(|ns| ns.attached) {
         shared.namespace_changed(ns.nsid);
     }
@@ -206,6 +211,10 @@ pub(super) fn format_nvm(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status
         vec![nsid]
     };
     let until = Instant::now().checked_add(shared.config.format_duration);
+    for &id in &targets {
+        let poh = shared.power_on_hours();
+        shared.self_test.abort_for(id, ABORTED_FORMAT, poh);
+    }
     for id in targets {
         let Some(old) = shared.subsystem.namespaces.active(id) else {
             continue;

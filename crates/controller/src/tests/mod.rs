@@ -433,6 +433,8 @@ mod io;
 mod modes;
 mod namespaces;
 mod registers;
+mod sanitize;
+mod self_test;
 mod sgl;
 mod stress;
 mod uncorrectable;

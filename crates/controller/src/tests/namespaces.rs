@@ -11,7 +11,10 @@ const BUF: u64 = DATA + 0x50000;
 
 impl Host {
     /// A host over `namespaces` (the `backend` field is a dummy).
-    fn with_namespaces(config: ControllerConfig, namespaces: Vec<NamespaceConfig>) -> Self {
+    pub(super) fn with_namespaces(
+        config: ControllerConfig,
+        namespaces: Vec<NamespaceConfig>,
+    ) -> Self {
         let ctrl = Controller::new(config, namespaces).unwrap();
         let mem = Arc::new(VecMemory::new(MEM_SIZE));
         let irq = Arc::new(CountingIrq::default());
@@ -31,7 +34,7 @@ impl Host {
 
     /// Submits an admin command and returns its completion, with any other
     /// admin completions (AERs) seen first.
-    fn admin_collect(&mut self, cmd: Command) -> (Completion, Vec<Completion>) {
+    pub(super) fn admin_collect(&mut self, cmd: Command) -> (Completion, Vec<Completion>) {
         let cid = self.push(0, cmd);
         self.ring_sq(0);
         let mut others = Vec::new();
