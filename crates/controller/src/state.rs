@@ -2,7 +2,8 @@
 //!
 //! Lock order (never take an earlier lock while holding a later one):
 //! `sqs[0]` -> `cqs[0]` -> `sqs[n]` -> `cqs[n]`; `admin`, `events`,
-//! `error_log` and the doorbells' shadow buffer lock are leaves (nothing is locked while holding them). Only the
+//! `error_log`, the doorbells' shadow buffer lock and the sanitize and
+//! self-test states are leaves (nothing is locked while holding them). Only the
 //! admin queue's worker takes I/O queue locks while holding the admin ones,
 //! and admin commands reject queue id 0 before locking anything.
 

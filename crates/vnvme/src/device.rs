@@ -85,8 +85,9 @@ pub struct DeviceOptions {
     /// 0: as fast as the backends go. Default 1G.
     #[arg(long, value_name = "SIZE", value_parser = crate::size::parse_size)]
     pub sanitize_rate: Option<u64>,
-    /// How much medium a device self-test reads per second (Identify
-    /// Controller EDSTT follows). 0: as fast as the backends go. Default 1G.
+    /// How much medium a device self-test reads per second (a short test
+    /// reads 1/16 of it; Identify Controller EDSTT follows). 0: as fast as
+    /// the backends go. Default 32M.
     #[arg(long, value_name = "SIZE", value_parser = crate::size::parse_size)]
     pub self_test_rate: Option<u64>,
     /// Offer NVM Subsystem Reset (CAP.NSSRS; `nvme subsystem-reset`). Off

@@ -135,8 +135,8 @@ fn delete(shared: &Shared, nsid: u32) -> Result<(), Status> {
     if removed.is_empty() && nsid != NSID_ALL {
         return Err(invalid_ns());
     }
+    let poh = shared.power_on_hours();
     for ns in &removed {
-        let poh = shared.power_on_hours();
         shared.self_test.abort_for(ns.nsid, ABORTED_NS_REMOVED, poh);
     }
     for ns in removed.iter().filter(|ns| ns.attached) {
@@ -211,8 +211,8 @@ pub(super) fn format_nvm(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status
         vec![nsid]
     };
     let until = Instant::now().checked_add(shared.config.format_duration);
+    let poh = shared.power_on_hours();
     for &id in &targets {
-        let poh = shared.power_on_hours();
         shared.self_test.abort_for(id, ABORTED_FORMAT, poh);
     }
     for id in targets {

@@ -110,7 +110,7 @@ fn start(shared: &Shared, op: Operation) -> Result<u32, Status> {
         .abort(ABORTED_SANITIZE, shared.power_on_hours());
     clear_completion_event(shared);
     let namespaces = block_io(shared, Some(Status::SANITIZE_IN_PROGRESS.with_dnr(false)));
-    tracing::info!(?op, "sanitize started");
+    tracing::debug!(?op, "sanitize started");
     let spawned = shared
         .sanitize
         .task
@@ -172,7 +172,7 @@ fn run(shared: &Shared, op: &Operation, namespaces: Vec<Arc<Namespace>>) {
             shared
                 .sanitize
                 .complete(true, op.ause, user_data_writes(shared));
-            tracing::info!("sanitize completed");
+            tracing::debug!("sanitize completed");
             report(shared);
         }
         Ended::Failed => fail(shared, op),
@@ -242,7 +242,7 @@ fn fail(shared: &Shared, op: &Operation) {
     shared
         .sanitize
         .complete(false, op.ause, user_data_writes(shared));
-    tracing::warn!("sanitize failed");
+    tracing::debug!("sanitize failed");
     report(shared);
 }
 
