@@ -89,8 +89,8 @@ pub struct ControllerConfig {
     /// [`DEFAULT_SANITIZE_RATE`].
     pub sanitize_rate: u64,
     /// How fast a device self-test reads the medium, in bytes per second
-    /// (Identify Controller EDSTT follows). 0: as fast as the backends go.
-    /// Default [`DEFAULT_SELF_TEST_RATE`].
+    /// (a short test reads 1/16 of it; Identify Controller EDSTT follows).
+    /// 0: as fast as the backends go. Default [`DEFAULT_SELF_TEST_RATE`].
     pub self_test_rate: u64,
     /// Offer NVM Subsystem Reset (CAP.NSSRS). Off by default, as in QEMU:
     /// Linux treats the reset as a PCIe link loss it finds out about only

@@ -31,7 +31,7 @@ use crate::self_test::Failure;
 use crate::state::Shared;
 
 /// A short test reads one step of the medium in this many.
-pub(crate) const SHORT_SAMPLE: u64 = 16;
+const SHORT_SAMPLE: u64 = 16;
 
 /// Device Self-test: CDW10 STC (3:0) 1h short, 2h extended, Fh abort.
 pub(super) fn device_self_test(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
