@@ -37,6 +37,12 @@
 #   nvm-io     --ns 64M:ram --ns 64M:file=F: nvme-cli verify, write-uncor, write-zeroes and copy on both
 #              namespaces: verify fails on a write-uncor block, as does a dd read, until it is written;
 #              copied blocks read back equal (cmp); copy limits (MSSRL) and ranges past the end refused
+#   sanitize   --ns 64M:ram --ns 64M:file=F --sanitize-rate 64M --self-test-rate 2M: nvme sanitize block
+#              erase (I/O and device-self-test refused while it runs, sanitize-log progress, then both
+#              namespaces read zeroes), overwrite (2 passes, pattern kept with --no-dealloc), crypto erase;
+#              device-self-test short (result 0), failing on a write-uncor block (segment 2, NSID, LBA),
+#              extended aborted (result 1); then the server must stop on SIGTERM within 5 s while the
+#              16-pass overwrite the guest left running goes on
 #   file-backed-ram  --ns 64M:ram, guest RAM in a regular file (run-test.sh --mem-file /dev/shm/F: QEMU's
 #              memory-backend-file, share=on) instead of a memfd: the verify test on 64 MiB; fails if
 #              QEMU does not start (the server refused the memory), the server never mmapped that file
@@ -61,13 +67,13 @@ set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 GT=$HERE/tests
-ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io file-backed-ram nvme-cli-admin logs firmware directives"
+ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io sanitize file-backed-ram nvme-cli-admin logs firmware directives"
 COMPARE=0 KEEP=0 ONLY=''
 while [ $# -gt 0 ]; do
   case $1 in
     --compare) COMPARE=1 ;;
     --keep) KEEP=1 ;;
-    -h|--help) sed -n '2,59p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,65p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "run-vnvme-tests: unknown option $1" >&2; exit 126 ;;
     *) case " $ALL " in *" $1 "*) ONLY="$ONLY $1" ;; *) echo "run-vnvme-tests: unknown test $1" >&2; exit 126 ;; esac ;;
   esac
@@ -393,6 +399,36 @@ t_nvme-cli-admin() {
 t_firmware() {
   # its own server: the firmware slots outlive a guest
   own_server_test firmware --ns vnvme-nvme-cli-firmware.sh --ns 64M:ram -- --timeout 300 --append "rig.fr=$FR"
+}
+
+t_sanitize() {
+  local t0 name=sanitize why='' code; t0=$(now)
+  if ! has_opt --sanitize-rate; then report SKIP $name 0 "server has no '--sanitize-rate' option"; return; fi
+  if ! start_xserver $name --ns 64M:ram --ns "64M:file=$TMP/$name.img" --sanitize-rate 64M --self-test-rate 2M; then
+    report FAIL $name "$(since "$t0")" "server did not start: $(tail -3 "$XLOG" | tr '\n' ' ')"; stop_xserver; return
+  fi
+  boot $name "$GT/vnvme-nvme-cli-sanitize.sh" --timeout 300
+  [ $RC = 0 ] || why="$(fail_detail $name)"
+  # The guest left a 16-pass overwrite running (about 30 s): SIGTERM must stop the server all the same.
+  if kill -0 "$XPID" 2>/dev/null; then
+    kill -TERM "$XPID"
+    for _ in $(seq 50); do kill -0 "$XPID" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "$XPID" 2>/dev/null; then
+      why="${why:+$why; }the server was still running 5 s after SIGTERM, with a sanitize in progress"
+      kill -KILL "$XPID" 2>/dev/null
+    fi
+    wait "$XPID" 2>/dev/null; code=$?
+    [ "$code" = 0 ] || why="${why:+$why; }the server exited $code on SIGTERM"
+  else
+    why="${why:+$why; }the test's server died (log $XLOG)"
+  fi
+  grep -qiE 'panic|ERROR' "$XLOG" && why="${why:+$why; }the test's server log has errors: $(grep -iE 'panic|ERROR' "$XLOG" | head -2 | tr '\n' ' ')"
+  XPID='' XSOCK=''
+  if [ -z "$why" ]; then
+    report PASS $name "$(since "$t0")" "$(grep -h '^TEST: ' "$LOG" | grep -v 'TEST: dmesg' | sed 's/^TEST: //' | tail -4 | tr '\n' ';') server stopped on SIGTERM mid-sanitize"
+  else
+    report FAIL $name "$(since "$t0")" "$why"
+  fi
 }
 
 t_file-backed-ram() {

@@ -23,6 +23,8 @@ pub(crate) enum BackendOp {
     Flush,
     /// Format NVM erasing the namespace.
     Format,
+    /// A sanitize operation erasing the namespace.
+    Sanitize,
 }
 
 impl BackendOp {
@@ -35,14 +37,17 @@ impl BackendOp {
             BackendOp::Write | BackendOp::WriteZeroes | BackendOp::Deallocate => {
                 Status::WRITE_FAULT
             }
-            BackendOp::Flush | BackendOp::Format => Status::INTERNAL_ERROR,
+            BackendOp::Flush | BackendOp::Format | BackendOp::Sanitize => Status::INTERNAL_ERROR,
         }
         .with_dnr(true)
     }
 
     /// Whether the failure counts in SMART Media and Data Integrity Errors.
     pub fn is_media_error(self) -> bool {
-        !matches!(self, BackendOp::Flush | BackendOp::Format)
+        !matches!(
+            self,
+            BackendOp::Flush | BackendOp::Format | BackendOp::Sanitize
+        )
     }
 }
 
@@ -55,6 +60,7 @@ impl fmt::Display for BackendOp {
             BackendOp::Deallocate => "deallocate",
             BackendOp::Flush => "flush",
             BackendOp::Format => "format",
+            BackendOp::Sanitize => "sanitize",
         })
     }
 }

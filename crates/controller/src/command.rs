@@ -162,6 +162,10 @@ impl VendorHost for Ctx<'_> {
 
     fn read_blocks(&mut self, nsid: u32, slba: u64, out: &mut [u8]) -> Result<(), Status> {
         let ns = self.shared.namespace(nsid)?;
+        // User data is not the vendor's to read while it is sanitized.
+        if let Some(status) = ns.sanitize {
+            return Err(status);
+        }
         let lba_size = 1u64 << ns.lba_shift;
         let len = out.len() as u64;
         if !len.is_multiple_of(lba_size) {

@@ -83,6 +83,16 @@ pub struct ControllerConfig {
     /// How long Format NVM keeps a namespace busy (I/O to it gets Format In
     /// Progress meanwhile). Default 0: the format completes at once.
     pub format_duration: Duration,
+    /// How fast a sanitize operation goes over the medium, in bytes per
+    /// second (an Overwrite takes this per pass, a Crypto Erase goes 16
+    /// times faster); it sets the Sanitize Status log's estimates. 0: as
+    /// fast as the backends go, no estimates. Default
+    /// [`DEFAULT_SANITIZE_RATE`].
+    pub sanitize_rate: u64,
+    /// How fast a device self-test reads the medium, in bytes per second
+    /// (a short test reads 1/16 of it; Identify Controller EDSTT follows).
+    /// 0: as fast as the backends go. Default [`DEFAULT_SELF_TEST_RATE`].
+    pub self_test_rate: u64,
     /// Offer NVM Subsystem Reset (CAP.NSSRS). Off by default, as in QEMU:
     /// Linux treats the reset as a PCIe link loss it finds out about only
     /// when a command times out (30 s with I/O, 60 s without), since a
@@ -93,6 +103,15 @@ pub struct ControllerConfig {
 /// Largest [`ControllerConfig::max_namespaces`]: an Identify namespace list
 /// holds 1024 entries.
 pub const MAX_NAMESPACES: u32 = 1024;
+
+/// Default [`ControllerConfig::sanitize_rate`]: a 64 MiB namespace is
+/// block erased in 64 ms, in about 32 steps the Sanitize Status log shows.
+pub const DEFAULT_SANITIZE_RATE: u64 = 1 << 30;
+/// Default [`ControllerConfig::self_test_rate`]: a short self-test of a
+/// 1 GiB namespace (64 MiB read) takes 2 s, the extended one 32 s. What
+/// `nvme device-self-test --wait` needs: nvme-cli looks at the progress
+/// once a second and gives up on a test it never saw running.
+pub const DEFAULT_SELF_TEST_RATE: u64 = 32 << 20;
 
 /// Default [`ControllerConfig::ready_timeout`].
 pub const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -122,6 +141,8 @@ impl Default for ControllerConfig {
             max_namespaces: 0,
             nvm_capacity: 0,
             format_duration: Duration::ZERO,
+            sanitize_rate: DEFAULT_SANITIZE_RATE,
+            self_test_rate: DEFAULT_SELF_TEST_RATE,
             nssr: false,
         }
     }

@@ -21,6 +21,8 @@ use crate::namespace::Namespace;
 use crate::persistent_event_log::PersistentEventLog;
 use crate::queue::{Cq, Sq};
 use crate::regs::{Action, Regs};
+use crate::sanitize::Sanitize;
+use crate::self_test::SelfTest;
 use crate::state::{AdminState, ErrorLog, Events, Session, Shared, ADMIN_WORKER};
 use crate::stats::{ControllerStats, Stats};
 use crate::subsystem::{ChangedNamespaces, Namespaces, ReadyTimer, Subsystem};
@@ -148,7 +150,8 @@ impl Controller {
             .then(|| page.unwrap_or_else(|| Arc::new(HeapDoorbellPage::default())));
         let stats = Arc::new(Stats::new(qids));
         let created = Instant::now();
-        let shared = Shared {
+        let shared = Arc::new_cyclic(|me| Shared {
+            me: me.clone(),
             subsystem: Subsystem {
                 namespaces: Namespaces::new(map),
                 nn,
@@ -183,13 +186,15 @@ impl Controller {
             wce: AtomicBool::new(true),
             software_progress: AtomicU8::new(0),
             keep_alive: Arc::default(),
+            sanitize: Sanitize::default(),
+            self_test: SelfTest::default(),
             created,
             config,
-        };
+        });
         shared.persistent_events.power_on_or_reset(created, 0);
         let regs = Regs::new(&shared.config);
         Ok(Self {
-            shared: Arc::new(shared),
+            shared,
             control: Mutex::new(Control {
                 regs,
                 attachment: None,
@@ -607,6 +612,9 @@ impl Controller {
         shared.wce.store(true, Ordering::Relaxed);
         shared.fatal.store(false, Ordering::Release);
         shared.intx_held.store(false, Ordering::Relaxed);
+        // A sanitize goes on across the reset; so does an extended
+        // self-test.
+        shared.self_test.controller_reset(shared.power_on_hours());
         ctl.regs.cc.set_en(false);
         ctl.regs.csts.set_rdy(false);
         ctl.regs.rdy_at = None;
@@ -663,6 +671,9 @@ const _: () = {
 impl Drop for Controller {
     fn drop(&mut self) {
         let ctl = self.control.get_mut();
+        // Their threads hold the shared state: stopped here, not with it.
+        self.shared.sanitize.task.stop();
+        self.shared.self_test.task.stop();
         self.shared.subsystem.ready_timer.stop();
         self.shared.keep_alive.stop();
         for w in &self.shared.mailboxes {

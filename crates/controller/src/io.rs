@@ -57,6 +57,16 @@ pub(crate) const SUPPORTED: &[NvmOpcode] = &[
     NvmOpcode::COPY,
 ];
 
+/// Opcodes that change logical block content (Commands Supported and
+/// Effects LBCC): what a sanitized medium stays erased without.
+pub(crate) const WRITES_USER_DATA: &[NvmOpcode] = &[
+    NvmOpcode::WRITE,
+    NvmOpcode::WRITE_UNCORRECTABLE,
+    NvmOpcode::WRITE_ZEROES,
+    NvmOpcode::DATASET_MANAGEMENT,
+    NvmOpcode::COPY,
+];
+
 /// Executes an I/O command; every failure is an NVMe status. Reads,
 /// writes and flushes start through [`InFlight::start`] and end in
 /// [`finish`], at once or when the backend completes them.
@@ -95,10 +105,13 @@ fn run(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Option<u64>, Status> {
         return Ok(None);
     }
     let ns = ctx.shared.namespace(nsid)?;
-    if ns.readiness != Readiness::Immediate || ns.formatting_until.is_some() {
+    if ns.readiness != Readiness::Immediate
+        || ns.formatting_until.is_some()
+        || ns.sanitize.is_some()
+    {
         let now = Instant::now();
         let enabled_at = *ctx.shared.enabled_at.lock();
-        ns.check_usable(now, enabled_at, ctx.shared.config.ready_timeout)?;
+        ns.check_usable(op, now, enabled_at, ctx.shared.config.ready_timeout)?;
     }
     match op {
         NvmOpcode::READ => read(ctx, cmd, &ns),

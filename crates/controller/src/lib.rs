@@ -9,15 +9,17 @@
 //! handler has at hand) over `inflight` (the one path of reads, writes and
 //! flushes) over `state` over `queue` (SQ/CQ rings) over `doorbell` (every
 //! doorbell value and its source: register, shadow buffer, mapped page)
-//! over `subsystem` and `namespace` over `persistent_event_log` and
+//! over `subsystem`, `sanitize` and `self_test` (the background
+//! operations' state) and `namespace` over `persistent_event_log` and
 //! `telemetry` over `config` and `regs` over
 //! [`vendor`] (vendor specific opcodes C0h-FFh) and [`prp`] over the
 //! leaves ([`memory`], [`stats`], `backend_error`, `mailbox`,
-//! `uncorrectable`, `keep_alive`, `firmware`).
+//! `uncorrectable`, `keep_alive`, `firmware`, `streams`, `background`).
 #![forbid(unsafe_code)]
 
 mod admin;
 mod backend_error;
+mod background;
 mod command;
 mod config;
 mod controller;
@@ -35,6 +37,8 @@ mod poll_window;
 pub mod prp;
 mod queue;
 mod regs;
+mod sanitize;
+mod self_test;
 mod sgl;
 mod state;
 pub mod stats;
@@ -53,7 +57,8 @@ mod tests;
 pub use config::{
     format_index_for, ConfigError, ControllerConfig, DoorbellMode, LbaFormatSpec, NamespaceConfig,
     Readiness, UnknownDoorbellMode, DEFAULT_DOZE, DEFAULT_FORMAT_INDEX, DEFAULT_IDLE_POLL,
-    DEFAULT_READY_TIMEOUT, LBA_FORMATS, MAX_NAMESPACES,
+    DEFAULT_READY_TIMEOUT, DEFAULT_SANITIZE_RATE, DEFAULT_SELF_TEST_RATE, LBA_FORMATS,
+    MAX_NAMESPACES,
 };
 pub use controller::Controller;
 pub use doorbell::{DoorbellPage, HeapDoorbellPage, DOORBELL_PAGE_DWORDS};

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use vnvme_blockdev::BlockDevice;
 use vnvme_spec::identify::{IdentifyNamespace, LbaFormat};
-use vnvme_spec::Status;
+use vnvme_spec::{NvmOpcode, Status};
 use zerocopy::little_endian::{U16, U32, U64};
 
 use crate::config::{ConfigError, LbaFormatSpec, NamespaceConfig, Readiness, LBA_FORMATS};
@@ -59,6 +59,9 @@ pub(crate) struct Namespace {
     pub attached: bool,
     /// A Format NVM is in progress until then: I/O gets Format In Progress.
     pub formatting_until: Option<Instant>,
+    /// What I/O gets while the NVM subsystem is being sanitized (Sanitize
+    /// In Progress) or in sanitize failure mode (Sanitize Failed).
+    pub sanitize: Option<Status>,
     /// Blocks marked by Write Uncorrectable: shared by the namespace's
     /// copies across attach and detach; a new format starts clean.
     pub uncorrectable: Arc<Uncorrectable>,
@@ -129,6 +132,7 @@ impl Namespace {
             readiness: Readiness::Immediate,
             attached: true,
             formatting_until: None,
+            sanitize: None,
             uncorrectable: Arc::default(),
         })
     }
@@ -168,15 +172,21 @@ impl Namespace {
         }
     }
 
-    /// Whether I/O may run now: Namespace Not Ready (DNR = 0, or 1 for a
-    /// never-ready namespace once the host's ready timeout has passed since
-    /// enable) or Format In Progress otherwise.
+    /// Whether I/O command `op` may run now: the sanitize status while
+    /// the NVM subsystem is sanitized or in sanitize failure mode (but for
+    /// Flush, which touches no user data: §8.21); Namespace Not Ready (DNR
+    /// = 0, or 1 for a never-ready namespace once the host's ready timeout
+    /// has passed since enable); or Format In Progress.
     pub fn check_usable(
         &self,
+        op: NvmOpcode,
         now: Instant,
         enabled_at: Option<Instant>,
         ready_timeout: Duration,
     ) -> Result<(), Status> {
+        if let Some(status) = self.sanitize.filter(|_| op != NvmOpcode::FLUSH) {
+            return Err(status);
+        }
         let since_enable = enabled_at.map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
         match self.readiness {
             Readiness::Immediate => {}

@@ -2,14 +2,14 @@
 //!
 //! Lock order (never take an earlier lock while holding a later one):
 //! `sqs[0]` -> `cqs[0]` -> `sqs[n]` -> `cqs[n]`; `admin`, `events`,
-//! `error_log`, `streams`, `telemetry`, `persistent_events` and the doorbells' shadow
-//! buffer lock are leaves (nothing is locked while holding them). Only the
+//! `error_log`, `streams`, `telemetry`, `persistent_events`, the doorbells' shadow
+//! buffer lock and the sanitize and self-test states are leaves (nothing is locked while holding them). Only the
 //! admin queue's worker takes I/O queue locks while holding the admin ones,
 //! and admin commands reject queue id 0 before locking anything.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -27,6 +27,8 @@ use crate::memory::{GuestMemory, InterruptSink};
 use crate::namespace::Namespace;
 use crate::persistent_event_log::PersistentEventLog;
 use crate::queue::{Cq, Sq};
+use crate::sanitize::Sanitize;
+use crate::self_test::SelfTest;
 use crate::stats::Stats;
 use crate::streams::Streams;
 use crate::subsystem::Subsystem;
@@ -153,6 +155,8 @@ pub(crate) struct ErrorLog {
 }
 
 pub(crate) struct Shared {
+    /// This very value: a background operation's thread holds it.
+    pub me: Weak<Shared>,
     pub config: ControllerConfig,
     pub subsystem: Subsystem,
     /// When CC.EN last went to 1 (namespace readiness counts from it).
@@ -199,6 +203,9 @@ pub(crate) struct Shared {
     pub software_progress: AtomicU8,
     /// The Keep Alive Timer (feature 0Fh, Keep Alive command).
     pub keep_alive: Arc<KeepAlive>,
+    /// The NVM subsystem's sanitize state; it outlives controller resets.
+    pub sanitize: Sanitize,
+    pub self_test: SelfTest,
     pub created: Instant,
 }
 
@@ -280,6 +287,12 @@ impl Shared {
             async_event::NOTICE_NS_ATTRIBUTE_CHANGED,
             0x04,
         );
+    }
+
+    /// Power-on hours (SMART, device self-test results): since the
+    /// controller was created.
+    pub fn power_on_hours(&self) -> u64 {
+        self.created.elapsed().as_secs() / 3600
     }
 
     /// Time since the controller was last enabled (zero while disabled).

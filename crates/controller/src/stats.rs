@@ -121,6 +121,13 @@ impl Stats {
         op.status()
     }
 
+    /// I/O commands of opcode `op` so far.
+    pub fn io_commands(&self, op: NvmOpcode) -> u64 {
+        self.io_ops
+            .get(usize::from(op.0))
+            .map_or(0, |c| c.load(Relaxed))
+    }
+
     pub fn queue(&self, qid: u16) -> Option<&QueueCounters> {
         self.queues.get(usize::from(qid))
     }

@@ -93,6 +93,16 @@ impl Namespaces {
         Self::allocated_bytes(&self.map.read())
     }
 
+    /// Bytes namespaces keep data in (a null namespace keeps none): what
+    /// a sanitize goes over.
+    pub fn media_bytes(&self) -> u64 {
+        self.map
+            .read()
+            .values()
+            .filter(|ns| !ns.backend.moves_no_data())
+            .fold(0u64, |sum, ns| sum.saturating_add(ns.backend.size()))
+    }
+
     /// Bytes allocated to the namespaces of `map`.
     pub fn allocated_bytes(map: &BTreeMap<u32, Arc<Namespace>>) -> u64 {
         map.values()

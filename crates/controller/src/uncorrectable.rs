@@ -144,6 +144,14 @@ impl Uncorrectable {
         }
     }
 
+    /// The lowest marked block (a device self-test's failing LBA).
+    pub fn first(&self) -> Option<u64> {
+        if !self.marked.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.ranges.lock().map.keys().next().copied()
+    }
+
     /// The marked ranges, as (start, end exclusive), for tests.
     #[cfg(test)]
     pub fn ranges(&self) -> Vec<(u64, u64)> {
@@ -205,8 +213,10 @@ mod tests {
         u.clear(0, 12);
         u.clear(25, 100);
         assert_eq!(u.ranges(), vec![(12, 15), (17, 25)]);
+        assert_eq!(u.first(), Some(12));
         u.clear(0, 1000);
         assert!(u.ranges().is_empty());
+        assert_eq!(u.first(), None);
         assert!(!u.marked.load(Ordering::Relaxed), "flag down once empty");
         assert_eq!(u.check(0, 1000), Ok(()));
     }

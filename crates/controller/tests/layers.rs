@@ -18,7 +18,7 @@ const LAYERS: &[&[&str]] = &[
     &["state"],
     &["queue"],
     &["doorbell"],
-    &["subsystem"],
+    &["subsystem", "sanitize", "self_test"],
     &["namespace"],
     &["persistent_event_log", "telemetry"],
     &["config", "regs"],
@@ -34,6 +34,7 @@ const LAYERS: &[&[&str]] = &[
         "keep_alive",
         "firmware",
         "streams",
+        "background",
     ],
 ];
 

@@ -45,6 +45,8 @@ dword!(
     Cdw10NsAttachment,
     Cdw10FormatNvm,
     Cdw10FirmwareCommit,
+    Cdw10Sanitize,
+    Cdw10DeviceSelfTest,
     Cdw12ReadWrite,
     Cdw13ReadWrite,
     Cdw12WriteZeroes,
@@ -278,6 +280,40 @@ pub struct Cdw10FirmwareCommit {
     pub bpid: bool,
 }
 
+/// Sanitize CDW10 (§5.24). CDW11 is the Overwrite Pattern, whole.
+#[bitfield(u32)]
+#[derive(PartialEq, Eq)]
+pub struct Cdw10Sanitize {
+    /// Sanitize Action (see [`crate::log::sanitize::action`]).
+    #[bits(3)]
+    pub sanact: u8,
+    /// Allow Unrestricted Sanitize Exit: a failure may be left with Exit
+    /// Failure Mode.
+    pub ause: bool,
+    /// Overwrite Pass Count (0: 16 passes).
+    #[bits(4)]
+    pub owpass: u8,
+    /// Overwrite Invert Pattern Between Passes.
+    pub oipbp: bool,
+    /// No-Deallocate After Sanitize.
+    pub ndas: bool,
+    /// Enter Media Verification State.
+    pub emvs: bool,
+    #[bits(21)]
+    __: u32,
+}
+
+/// Device Self-test CDW10 (§5.9).
+#[bitfield(u32)]
+#[derive(PartialEq, Eq)]
+pub struct Cdw10DeviceSelfTest {
+    /// Self-test Code (see [`crate::log::self_test::code`]).
+    #[bits(4)]
+    pub stc: u8,
+    #[bits(28)]
+    __: u32,
+}
+
 /// Read, Write and Compare CDW12 (NVM Command Set 1.0 §3.2.4,
 /// §3.2.6, §3.2.1); Verify (§3.2.5) and Write Uncorrectable (§3.2.7)
 /// have the same layout, with fewer fields. SLBA is CDW10-11
@@ -444,6 +480,8 @@ mod tests {
             check::<Cdw10NsAttachment>(raw);
             check::<Cdw10FormatNvm>(raw);
             check::<Cdw10FirmwareCommit>(raw);
+            check::<Cdw10Sanitize>(raw);
+            check::<Cdw10DeviceSelfTest>(raw);
             check::<Cdw12ReadWrite>(raw);
             check::<Cdw13ReadWrite>(raw);
             check::<Cdw12WriteZeroes>(raw);
@@ -452,6 +490,20 @@ mod tests {
             check::<Cdw11Dsm>(raw);
             check::<AsyncEventCompletion>(raw);
         }
+    }
+
+    #[test]
+    fn sanitize_fields_sit_where_the_spec_puts_them() {
+        let cdw10: u32 = Cdw10Sanitize::new()
+            .with_sanact(3)
+            .with_ause(true)
+            .with_owpass(5)
+            .with_oipbp(true)
+            .with_ndas(true)
+            .into();
+        assert_eq!(cdw10, 3 | (1 << 3) | (5 << 4) | (1 << 8) | (1 << 9));
+        assert!(Cdw10Sanitize::from_bits(1 << 10).emvs());
+        assert_eq!(Cdw10DeviceSelfTest::from_bits(0xFFFF_FFF2).stc(), 2);
     }
 
     #[test]

@@ -163,6 +163,26 @@ pub mod lpa {
     pub const PERSISTENT_EVENT: u8 = 1 << 4;
 }
 
+/// SANICAP — Sanitize Capabilities bits (§5.17.2.1).
+pub mod sanicap {
+    /// Crypto Erase, Block Erase, Overwrite supported.
+    pub const CES: u32 = 1 << 0;
+    pub const BES: u32 = 1 << 1;
+    pub const OWS: u32 = 1 << 2;
+    /// No-Deallocate Inhibited: the controller deallocates anyway.
+    pub const NDI: u32 = 1 << 29;
+    /// No-Deallocate Modifies Media After Sanitize (31:30) = 01b: media
+    /// is not modified further after a sanitize with No-Deallocate.
+    pub const NODMMAS_NOT_MODIFIED: u32 = 1 << 30;
+}
+
+/// DSTO — Device Self-test Options bits (§5.17.2.1).
+pub mod dsto {
+    /// Single Device Self-test Operation: one at a time in the NVM
+    /// subsystem.
+    pub const SDSO: u8 = 1 << 0;
+}
+
 /// Identify Controller data structure (CNS 01h, §5.17.2.1, Figure 275).
 #[repr(C)]
 #[derive(Clone, Debug, FromBytes, IntoBytes, Immutable, KnownLayout)]

@@ -36,6 +36,8 @@ impl LogPageId {
     pub const TELEMETRY_CONTROLLER_INITIATED: Self = Self(0x08);
     pub const ENDURANCE_GROUP_INFORMATION: Self = Self(0x09);
     pub const PERSISTENT_EVENT: Self = Self(0x0D);
+    pub const DEVICE_SELF_TEST: Self = Self(0x06);
+    pub const SANITIZE_STATUS: Self = Self(0x81);
 }
 
 /// Supported Log Pages (00h, §5.16.1.1): one dword per Log Page
@@ -238,6 +240,9 @@ pub mod async_event {
     pub const NOTICE_NS_ATTRIBUTE_CHANGED: u8 = 0x00;
     /// Notice information: Firmware Activation Starting (log page 03h).
     pub const NOTICE_FIRMWARE_ACTIVATION_STARTING: u8 = 0x01;
+    /// NVM command set specific information: Sanitize Operation Completed
+    /// (log page 81h).
+    pub const IO_SANITIZE_COMPLETED: u8 = 0x01;
 
     /// Completion dword 0 for an event: type (bits above 2 dropped),
     /// information and log page.
@@ -247,6 +252,148 @@ pub mod async_event {
             .with_aei(info)
             .with_lid(lid)
             .into()
+    }
+}
+
+/// Sanitize Status log (§5.16.1.25, Figure 291): 512 bytes.
+#[repr(C)]
+#[derive(Clone, Debug, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct SanitizeStatusLog {
+    /// Sanitize Progress, in 65536ths; FFFFh when none is in progress.
+    pub sprog: U16,
+    /// Sanitize Status (see [`sanitize::sstat`]).
+    pub sstat: U16,
+    /// CDW10 of the Sanitize command that started the operation.
+    pub scdw10: U32,
+    /// Estimated seconds for an Overwrite (16 passes), Block Erase and
+    /// Crypto Erase; FFFFFFFFh: not reported.
+    pub eto: U32,
+    pub etbe: U32,
+    pub etce: U32,
+    /// The same with No-Deallocate media modification (SANICAP.NODMMAS 10b).
+    pub etond: U32,
+    pub etbend: U32,
+    pub etcend: U32,
+    /// Estimated Time For Post-Verification Deallocation State.
+    pub etpvds: U32,
+    /// Sanitize State Information.
+    pub ssi: u8,
+    _rsvd37: [u8; 475],
+}
+
+const _: () = assert!(core::mem::size_of::<SanitizeStatusLog>() == 512);
+
+/// Sanitize command and log values (§5.24, §5.16.1.25).
+pub mod sanitize {
+    /// Sanitize Action (CDW10 2:0).
+    pub mod action {
+        pub const EXIT_FAILURE_MODE: u8 = 1;
+        pub const BLOCK_ERASE: u8 = 2;
+        pub const OVERWRITE: u8 = 3;
+        pub const CRYPTO_ERASE: u8 = 4;
+        pub const EXIT_MEDIA_VERIFICATION: u8 = 5;
+    }
+
+    /// Sanitize Status (SSTAT): the most recent operation's status (2:0),
+    /// Overwrite passes completed (7:3), Global Data Erased (8).
+    pub mod sstat {
+        pub const NEVER_SANITIZED: u16 = 0;
+        pub const COMPLETED: u16 = 1;
+        pub const IN_PROGRESS: u16 = 2;
+        pub const FAILED: u16 = 3;
+        /// Completed, deallocating although No-Deallocate was asked for.
+        pub const COMPLETED_DEALLOCATED: u16 = 4;
+        pub const PASSES_SHIFT: u16 = 3;
+        pub const GLOBAL_DATA_ERASED: u16 = 1 << 8;
+    }
+
+    /// SPROG while no sanitize operation is in progress.
+    pub const SPROG_IDLE: u16 = 0xFFFF;
+    /// An estimated time that is not reported.
+    pub const NOT_REPORTED: u32 = 0xFFFF_FFFF;
+}
+
+/// One Self-test Result Data Structure (§5.16.1.7, Figure 214): 28 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct SelfTestResult {
+    /// Device Self-test Status: the Self-test Code (7:4) and the result
+    /// (3:0, [`self_test::result`]).
+    pub dsts: u8,
+    /// Segment Number of the first failed segment (result 7h).
+    pub seg: u8,
+    /// Valid Diagnostic Information ([`self_test::vdi`]).
+    pub vdi: u8,
+    _rsvd3: u8,
+    /// Power On Hours when the operation completed or was aborted.
+    pub poh: U64,
+    /// The namespace of the Failing LBA.
+    pub nsid: U32,
+    /// Failing LBA.
+    pub flba: U64,
+    /// Status Code Type and Status Code of the failure.
+    pub sct: u8,
+    pub sc: u8,
+    pub vs: [u8; 2],
+}
+
+const _: () = assert!(core::mem::size_of::<SelfTestResult>() == 28);
+
+/// Device Self-test log (§5.16.1.7, Figure 213): the operation in
+/// progress and the last 20 results, newest first. 564 bytes.
+#[repr(C)]
+#[derive(Clone, Debug, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct SelfTestLog {
+    /// Current Device Self-Test Operation: 0 none, else its Self-test Code.
+    pub current_operation: u8,
+    /// Current Device Self-Test Completion, percent (6:0).
+    pub completion: u8,
+    _rsvd2: [u8; 2],
+    pub results: [SelfTestResult; self_test::RESULTS],
+}
+
+const _: () = assert!(core::mem::size_of::<SelfTestLog>() == 564);
+
+/// Device Self-test command and log values (§5.9, §5.16.1.7).
+pub mod self_test {
+    /// Result entries the log keeps.
+    pub const RESULTS: usize = 20;
+
+    /// Self-test Code (CDW10 3:0), and the high nibble of DSTS.
+    pub mod code {
+        pub const SHORT: u8 = 0x1;
+        pub const EXTENDED: u8 = 0x2;
+        pub const ABORT: u8 = 0xF;
+    }
+
+    /// Self-test result (DSTS 3:0).
+    pub mod result {
+        pub const NO_ERROR: u8 = 0x0;
+        /// Aborted by a Device Self-test command.
+        pub const ABORTED: u8 = 0x1;
+        /// Aborted by a Controller Level Reset.
+        pub const ABORTED_RESET: u8 = 0x2;
+        /// Aborted: a namespace was removed from the namespace inventory.
+        pub const ABORTED_NS_REMOVED: u8 = 0x3;
+        /// Aborted by a Format NVM command.
+        pub const ABORTED_FORMAT: u8 = 0x4;
+        pub const FATAL_ERROR: u8 = 0x5;
+        pub const UNKNOWN_SEGMENT_FAILED: u8 = 0x6;
+        /// One or more segments failed: the first in the Segment Number.
+        pub const SEGMENT_FAILED: u8 = 0x7;
+        pub const ABORTED_UNKNOWN: u8 = 0x8;
+        /// Aborted by a sanitize operation.
+        pub const ABORTED_SANITIZE: u8 = 0x9;
+        /// The entry holds no result.
+        pub const NOT_USED: u8 = 0xF;
+    }
+
+    /// Valid Diagnostic Information bits.
+    pub mod vdi {
+        pub const NSID: u8 = 1 << 0;
+        pub const FLBA: u8 = 1 << 1;
+        pub const SCT: u8 = 1 << 2;
+        pub const SC: u8 = 1 << 3;
     }
 }
 
@@ -262,6 +409,8 @@ macro_rules! zeroed {
 }
 zeroed!(SmartLog);
 zeroed!(CommandEffectsLog);
+zeroed!(SanitizeStatusLog);
+zeroed!(SelfTestLog);
 
 #[cfg(test)]
 mod tests {
@@ -276,6 +425,19 @@ mod tests {
         assert_eq!(offset_of!(SmartLog, power_cycles), 112);
         assert_eq!(offset_of!(SmartLog, error_log_entries), 176);
         assert_eq!(offset_of!(SmartLog, temperature_sensors), 200);
+    }
+
+    #[test]
+    fn sanitize_and_self_test_log_offsets_match_the_spec() {
+        assert_eq!(offset_of!(SanitizeStatusLog, scdw10), 4);
+        assert_eq!(offset_of!(SanitizeStatusLog, etbe), 12);
+        assert_eq!(offset_of!(SanitizeStatusLog, etpvds), 32);
+        assert_eq!(offset_of!(SanitizeStatusLog, ssi), 36);
+        assert_eq!(offset_of!(SelfTestResult, poh), 4);
+        assert_eq!(offset_of!(SelfTestResult, nsid), 12);
+        assert_eq!(offset_of!(SelfTestResult, flba), 16);
+        assert_eq!(offset_of!(SelfTestResult, sct), 24);
+        assert_eq!(offset_of!(SelfTestLog, results), 4);
     }
 
     #[test]

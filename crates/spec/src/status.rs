@@ -97,6 +97,10 @@ impl Status {
     /// expires (§3.9).
     pub const KEEP_ALIVE_TIMEOUT_EXPIRED: Self = Self::code(sct::GENERIC, 0x19);
     pub const KEEP_ALIVE_TIMEOUT_INVALID: Self = Self::code(sct::GENERIC, 0x1A);
+    /// The most recent sanitize operation failed and no recovery action
+    /// has completed (§8.21).
+    pub const SANITIZE_FAILED: Self = Self::code(sct::GENERIC, 0x1C);
+    pub const SANITIZE_IN_PROGRESS: Self = Self::code(sct::GENERIC, 0x1D);
     pub const ADMIN_COMMAND_MEDIA_NOT_READY: Self = Self::code(sct::GENERIC, 0x24);
     pub const LBA_OUT_OF_RANGE: Self = Self::code(sct::GENERIC, 0x80);
     pub const CAPACITY_EXCEEDED: Self = Self::code(sct::GENERIC, 0x81);
@@ -135,6 +139,8 @@ impl Status {
     pub const CONTROLLER_LIST_INVALID: Self = Self::code(sct::COMMAND_SPECIFIC, 0x1C);
     /// I/O Command Set Profile names a combination that is not supported.
     pub const IOCS_COMBINATION_REJECTED: Self = Self::code(sct::COMMAND_SPECIFIC, 0x2B);
+    /// Device Self-test: one is already running (§5.9).
+    pub const SELF_TEST_IN_PROGRESS: Self = Self::code(sct::COMMAND_SPECIFIC, 0x1D);
     /// NVM command set: Conflicting Attributes (e.g. DSM range count).
     pub const CONFLICTING_ATTRIBUTES: Self = Self::code(sct::COMMAND_SPECIFIC, 0x80);
     /// NVM command set: Command Size Limit Exceeded (Copy beyond MSSRL,
@@ -178,6 +184,8 @@ impl Status {
                 Status::INVALID_SGL_DESCRIPTOR_TYPE,
                 "invalid-sgl-descriptor-type",
             ),
+            (Status::SANITIZE_FAILED, "sanitize-failed"),
+            (Status::SANITIZE_IN_PROGRESS, "sanitize-in-progress"),
             (
                 Status::KEEP_ALIVE_TIMEOUT_EXPIRED,
                 "keep-alive-timeout-expired",
@@ -233,6 +241,7 @@ impl Status {
                 Status::IOCS_COMBINATION_REJECTED,
                 "iocs-combination-rejected",
             ),
+            (Status::SELF_TEST_IN_PROGRESS, "self-test-in-progress"),
             (Status::CONFLICTING_ATTRIBUTES, "conflicting-attributes"),
             (
                 Status::COMMAND_SIZE_LIMIT_EXCEEDED,

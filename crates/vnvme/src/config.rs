@@ -11,6 +11,8 @@
 //! max_namespaces = 16         # NN
 //! nvm_capacity = "2G"         # TNVMCAP for Namespace Management
 //! format_duration = "100ms"   # Format In Progress this long
+//! sanitize_rate = "64M"       # medium a sanitize goes over per second
+//! self_test_rate = "1G"       # medium a device self-test reads per second
 //! nssr = false                 # offer NVM Subsystem Reset (CAP.NSSRS)
 //! max_dma_maps = 1024         # what a vfio-user client may map, in maps
 //! max_dma_size = "64G"        # ... and in bytes
@@ -81,6 +83,8 @@ struct FileConfig {
     max_namespaces: Option<Spanned<u32>>,
     nvm_capacity: Option<Spanned<SizeValue>>,
     format_duration: Option<Spanned<String>>,
+    sanitize_rate: Option<Spanned<SizeValue>>,
+    self_test_rate: Option<Spanned<SizeValue>>,
     nssr: Option<Spanned<bool>>,
     max_dma_maps: Option<Spanned<u64>>,
     max_dma_size: Option<Spanned<SizeValue>>,
@@ -115,6 +119,8 @@ pub struct ServeConfig {
     pub max_namespaces: Option<u32>,
     pub nvm_capacity: Option<u64>,
     pub format_duration: Option<Duration>,
+    pub sanitize_rate: Option<u64>,
+    pub self_test_rate: Option<u64>,
     pub nssr: Option<bool>,
     pub max_dma_maps: Option<u64>,
     pub max_dma_size: Option<u64>,
@@ -183,6 +189,16 @@ impl ServeConfig {
                 .nvm_capacity
                 .as_ref()
                 .map(|v| size("nvm_capacity", v))
+                .transpose()?,
+            sanitize_rate: raw
+                .sanitize_rate
+                .as_ref()
+                .map(|v| size("sanitize_rate", v))
+                .transpose()?,
+            self_test_rate: raw
+                .self_test_rate
+                .as_ref()
+                .map(|v| size("self_test_rate", v))
                 .transpose()?,
             ..ServeConfig::default()
         };
@@ -369,6 +385,8 @@ impl ServeConfig {
             max_namespaces: pick(&cli.max_namespaces, &d.max_namespaces, &self.max_namespaces),
             nvm_capacity: cli.nvm_capacity.or(self.nvm_capacity),
             format_duration: cli.format_duration.or(self.format_duration),
+            sanitize_rate: cli.sanitize_rate.or(self.sanitize_rate),
+            self_test_rate: cli.self_test_rate.or(self.self_test_rate),
             nssr: cli.nssr || self.nssr == Some(true),
         }
     }
@@ -436,6 +454,8 @@ ready_timeout = "3s"
 max_namespaces = 8
 nvm_capacity = "2G"
 format_duration = "100ms"
+sanitize_rate = "64M"
+self_test_rate = 1048576
 nssr = true
 
 [[namespaces]]
@@ -473,6 +493,8 @@ attached = false
         assert_eq!(c.max_namespaces, Some(8));
         assert_eq!(c.nvm_capacity, Some(2 << 30));
         assert_eq!(c.format_duration, Some(Duration::from_millis(100)));
+        assert_eq!(c.sanitize_rate, Some(64 << 20));
+        assert_eq!(c.self_test_rate, Some(1 << 20));
         assert_eq!(c.nssr, Some(true));
         assert_eq!(c.namespaces.len(), 3);
         assert_eq!(c.namespaces[0], NamespaceSpec::new(1 << 30, Backend::Null));
@@ -505,7 +527,7 @@ attached = false
         let text = EXAMPLE.replace("ready = \"250ms\"", "ready = \"soon\"");
         assert_eq!(
             err(&text),
-            "config.toml:19: namespaces[1].ready: invalid duration 'soon': use a number with a unit, e.g. 250ms, 5s or 1m"
+            "config.toml:21: namespaces[1].ready: invalid duration 'soon': use a number with a unit, e.g. 250ms, 5s or 1m"
         );
     }
 

@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use vnvme_controller::{
     ControllerConfig, DoorbellMode, DEFAULT_DOZE, DEFAULT_IDLE_POLL, DEFAULT_READY_TIMEOUT,
-    MAX_NAMESPACES,
+    DEFAULT_SANITIZE_RATE, DEFAULT_SELF_TEST_RATE, MAX_NAMESPACES,
 };
 use vnvme_device::{DeviceConfig, MAX_MSIX_VECTORS};
 
@@ -79,6 +79,17 @@ pub struct DeviceOptions {
     /// Progress meanwhile). Default 0.
     #[arg(long, value_name = "DURATION", value_parser = crate::namespace::parse_duration)]
     pub format_duration: Option<std::time::Duration>,
+    /// How much medium a sanitize goes over per second (e.g. 64M; an
+    /// Overwrite takes this per pass, a Crypto Erase goes 16 times
+    /// faster): the Sanitize Status log's progress and estimates follow.
+    /// 0: as fast as the backends go. Default 1G.
+    #[arg(long, value_name = "SIZE", value_parser = crate::size::parse_size)]
+    pub sanitize_rate: Option<u64>,
+    /// How much medium a device self-test reads per second (a short test
+    /// reads 1/16 of it; Identify Controller EDSTT follows). 0: as fast as
+    /// the backends go. Default 32M.
+    #[arg(long, value_name = "SIZE", value_parser = crate::size::parse_size)]
+    pub self_test_rate: Option<u64>,
     /// Offer NVM Subsystem Reset (CAP.NSSRS; `nvme subsystem-reset`). Off
     /// by default, as in QEMU: Linux recovers from it only when a command
     /// times out (about 30 s), as a vfio-user device has no PCIe link to drop.
@@ -102,6 +113,8 @@ impl Default for DeviceOptions {
             max_namespaces: 0,
             nvm_capacity: None,
             format_duration: None,
+            sanitize_rate: None,
+            self_test_rate: None,
             nssr: false,
         }
     }
@@ -127,6 +140,8 @@ impl DeviceOptions {
             max_namespaces: self.max_namespaces,
             nvm_capacity: self.nvm_capacity.unwrap_or(0),
             format_duration: self.format_duration.unwrap_or_default(),
+            sanitize_rate: self.sanitize_rate.unwrap_or(DEFAULT_SANITIZE_RATE),
+            self_test_rate: self.self_test_rate.unwrap_or(DEFAULT_SELF_TEST_RATE),
             nssr: self.nssr,
             ..ControllerConfig::default()
         }

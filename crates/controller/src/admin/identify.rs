@@ -5,8 +5,8 @@ use vnvme_spec::cdw::{Cdw10Identify, Cdw11Identify};
 use vnvme_spec::identify::nvm::{IdentifyControllerNvm, IdentifyNamespaceNvm};
 use vnvme_spec::identify::virtualization::PrimaryControllerCaps;
 use vnvme_spec::identify::{
-    csi, ctratt, fill_ascii, frmw, lpa, ns_descriptor, oacs, oaes, ocfs, oncs, sgls, Cns,
-    IdentifyController, IdentifyNsIndependent, IDENTIFY_SIZE,
+    csi, ctratt, dsto, fill_ascii, frmw, lpa, ns_descriptor, oacs, oaes, ocfs, oncs, sanicap, sgls,
+    Cns, IdentifyController, IdentifyNsIndependent, IDENTIFY_SIZE,
 };
 use vnvme_spec::regs::version;
 use vnvme_spec::{Command, Status};
@@ -14,6 +14,7 @@ use zerocopy::little_endian::{U16, U32};
 use zerocopy::IntoBytes;
 
 use super::invalid_field;
+use crate::background;
 use crate::command::Ctx;
 use crate::firmware::{FWUG, SLOTS};
 use crate::keep_alive::KAS;
@@ -121,6 +122,7 @@ pub(crate) fn identify_controller(shared: &Shared) -> Box<IdentifyController> {
             | oacs::FORMAT_NVM
             | oacs::FIRMWARE
             | oacs::NS_MANAGEMENT
+            | oacs::SELF_TEST
             | oacs::DIRECTIVES,
     );
     id.acl = ACL;
@@ -135,6 +137,11 @@ pub(crate) fn identify_controller(shared: &Shared) -> Box<IdentifyController> {
         | lpa::TELEMETRY
         | lpa::PERSISTENT_EVENT;
     id.elpe = ELPE;
+    // An extended self-test reads every namespace at the self-test rate.
+    let edstt = background::seconds(shared.subsystem.namespaces.media_bytes(), c.self_test_rate)
+        .map_or(1, |s| s.div_ceil(60).max(1));
+    id.edstt = U16::new(u16::try_from(edstt).unwrap_or(u16::MAX));
+    id.dsto = dsto::SDSO;
     id.wctemp = U16::new(0x0157);
     id.cctemp = U16::new(0x0175);
     id.kas = U16::new(KAS);
@@ -143,6 +150,8 @@ pub(crate) fn identify_controller(shared: &Shared) -> Box<IdentifyController> {
     id.nn = U32::new(shared.subsystem.nn);
     id.endgidmax = U16::new(ENDURANCE_GROUP_ID);
     id.pels = U32::new(PELS);
+    id.sanicap =
+        U32::new(sanicap::CES | sanicap::BES | sanicap::OWS | sanicap::NODMMAS_NOT_MODIFIED);
     let allocated = shared.subsystem.namespaces.allocated();
     id.tnvmcap = u128::from(shared.subsystem.tnvmcap).to_le_bytes();
     id.unvmcap = u128::from(shared.subsystem.tnvmcap.saturating_sub(allocated)).to_le_bytes();

@@ -1,7 +1,8 @@
 //! Get Log Page (§5.16): the table of log pages this controller answers,
 //! and the small logs: supported log pages, error information, SMART /
 //! health, firmware slot, changed namespace list, commands supported and
-//! effects (including the registered vendor specific opcodes). Telemetry,
+//! effects (including the registered vendor specific opcodes), device
+//! self-test, sanitize status. Telemetry,
 //! endurance group and persistent event logs have modules of their own.
 
 mod endurance;
@@ -14,7 +15,7 @@ use vnvme_spec::log::{
     async_event, effects, set_u128, supported_log_pages, Cdw14GetLogPage, CommandEffectsLog,
     GetLogPage, LogPageId, SmartLog,
 };
-use vnvme_spec::{AdminOpcode, Command, NvmOpcode, Status};
+use vnvme_spec::{AdminOpcode, Command, Status};
 use zerocopy::little_endian::U32;
 use zerocopy::IntoBytes;
 
@@ -115,6 +116,19 @@ const LOGS: &[LogPage] = &[
         read: persistent_event::read,
         seen: None,
         event: None,
+    },
+    LogPage {
+        lid: LogPageId::DEVICE_SELF_TEST,
+        read: |r| Ok(r.shared.self_test.log().as_bytes().to_vec()),
+        seen: None,
+        event: None,
+    },
+    LogPage {
+        lid: LogPageId::SANITIZE_STATUS,
+        read: |r| Ok(super::sanitize::log(r.shared)),
+        seen: None,
+        // Sanitize Operation Completed is an I/O command set specific event.
+        event: Some(async_event::TYPE_IO_COMMAND_SET),
     },
 ];
 
@@ -223,8 +237,7 @@ fn smart_log(req: &Request<'_>) -> Result<Vec<u8>, Status> {
         &mut log.power_cycles,
         u128::from(s.power_cycles.load(Relaxed)),
     );
-    let hours = shared.created.elapsed().as_secs() / 3600;
-    set_u128(&mut log.power_on_hours, u128::from(hours));
+    set_u128(&mut log.power_on_hours, u128::from(shared.power_on_hours()));
     set_u128(
         &mut log.unsafe_shutdowns,
         u128::from(s.unsafe_shutdowns.load(Relaxed)),
@@ -263,6 +276,7 @@ fn effects_log(config: &crate::ControllerConfig) -> Vec<u8> {
                 effects::NIC | effects::NCC
             }
             AdminOpcode::FORMAT_NVM => effects::LBCC | effects::NCC,
+            AdminOpcode::SANITIZE => effects::LBCC,
             _ => 0,
         };
         if let Some(e) = log.acs.get_mut(usize::from(op.0)) {
@@ -270,14 +284,7 @@ fn effects_log(config: &crate::ControllerConfig) -> Vec<u8> {
         }
     }
     for op in crate::io::SUPPORTED {
-        let lbcc = matches!(
-            *op,
-            NvmOpcode::WRITE
-                | NvmOpcode::WRITE_UNCORRECTABLE
-                | NvmOpcode::WRITE_ZEROES
-                | NvmOpcode::DATASET_MANAGEMENT
-                | NvmOpcode::COPY
-        );
+        let lbcc = crate::io::WRITES_USER_DATA.contains(op);
         if let Some(e) = log.iocs.get_mut(usize::from(op.0)) {
             *e = U32::new(effects::CSUPP | if lbcc { effects::LBCC } else { 0 });
         }

@@ -10,6 +10,8 @@ mod identify;
 mod log;
 mod namespaces;
 pub(crate) mod queues;
+mod sanitize;
+mod self_test;
 
 use vnvme_spec::{AdminOpcode, Command, Status};
 
@@ -32,11 +34,13 @@ pub(crate) const SUPPORTED: &[AdminOpcode] = &[
     AdminOpcode::NAMESPACE_MANAGEMENT,
     AdminOpcode::FIRMWARE_COMMIT,
     AdminOpcode::FIRMWARE_IMAGE_DOWNLOAD,
+    AdminOpcode::DEVICE_SELF_TEST,
     AdminOpcode::NAMESPACE_ATTACHMENT,
     AdminOpcode::KEEP_ALIVE,
     AdminOpcode::DIRECTIVE_SEND,
     AdminOpcode::DIRECTIVE_RECEIVE,
     AdminOpcode::FORMAT_NVM,
+    AdminOpcode::SANITIZE,
 ];
 
 /// Whether this controller accepts `op` (Doorbell Buffer Config only in the
@@ -63,6 +67,9 @@ pub(crate) fn execute(ctx: &mut Ctx<'_>, cmd: &Command) -> Outcome {
     if cmd.fuse() != 0 || cmd.psdt() != 0 {
         return Outcome::from_result(Err(invalid_field()));
     }
+    if let Some(status) = sanitize::refusal(ctx.shared, op) {
+        return Outcome::from_result(Err(status));
+    }
     match op {
         AdminOpcode::ASYNC_EVENT_REQUEST => async_event_request(ctx, cmd),
         _ => Outcome::from_result(match op {
@@ -82,6 +89,8 @@ pub(crate) fn execute(ctx: &mut Ctx<'_>, cmd: &Command) -> Outcome {
             AdminOpcode::FORMAT_NVM => namespaces::format_nvm(ctx, cmd),
             AdminOpcode::FIRMWARE_IMAGE_DOWNLOAD => firmware::image_download(ctx, cmd),
             AdminOpcode::FIRMWARE_COMMIT => firmware::commit(ctx, cmd),
+            AdminOpcode::SANITIZE => sanitize::sanitize(ctx, cmd),
+            AdminOpcode::DEVICE_SELF_TEST => self_test::device_self_test(ctx, cmd),
             AdminOpcode::DOORBELL_BUFFER_CONFIG => {
                 dbbuf::doorbell_buffer_config(ctx, cmd).map(|()| 0)
             }

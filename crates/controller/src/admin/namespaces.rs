@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use vnvme_spec::cdw::{Cdw10FormatNvm, Cdw10NsAttachment, Cdw10NsManagement, Cdw11NsManagement};
 use vnvme_spec::log::persistent_event::EventType;
+use vnvme_spec::log::self_test::result::{ABORTED_FORMAT, ABORTED_NS_REMOVED};
 use vnvme_spec::{Command, Status};
 
 use super::invalid_field;
@@ -146,6 +147,10 @@ fn delete(shared: &Shared, cmd: &Command) -> Result<(), Status> {
     if removed.is_empty() && nsid != NSID_ALL {
         return Err(invalid_ns());
     }
+    let poh = shared.power_on_hours();
+    for ns in &removed {
+        shared.self_test.abort_for(ns.nsid, ABORTED_NS_REMOVED, poh);
+    }
     for ns in &removed {
         record_change(shared, cmd, ns);
         if ns.attached {
@@ -226,6 +231,10 @@ pub(super) fn format_nvm(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status
         shared.namespace(nsid)?;
         vec![nsid]
     };
+    let poh = shared.power_on_hours();
+    for &id in &targets {
+        shared.self_test.abort_for(id, ABORTED_FORMAT, poh);
+    }
     let events = &shared.persistent_events;
     let start = Instant::now();
     // FNA 0 (Identify Controller): each namespace is formatted on its own.

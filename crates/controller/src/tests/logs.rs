@@ -75,20 +75,12 @@ impl Host {
         page[..tll as usize].to_vec()
     }
 
-    /// Controller reset (CC.EN = 0), then enabled again.
-    fn reset_and_enable(&mut self) {
-        self.write32(offset::CC, 0);
-        // A host zeroes its admin CQ: old entries would carry a valid phase.
-        self.mem.zero(ACQ, 4096).unwrap();
-        self.enable();
-    }
-
     fn bad_enable_then_recover(&mut self) {
         self.write32(offset::CC, 0);
         // AQA of one entry: the enable is refused with CSTS.CFS.
         self.enable_with(CC_ENABLE, ASQ, 0);
         assert!(self.csts().cfs());
-        self.reset_and_enable();
+        self.reenable();
     }
 }
 
@@ -130,7 +122,7 @@ fn supported_log_pages_lists_exactly_the_logs_answered() {
         .collect();
     assert_eq!(
         listed,
-        [0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x07, 0x08, 0x09, 0x0D]
+        [0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0D, 0x81]
     );
     // No entry claims index offsets, and OT = 1 is refused.
     assert!((0..256).all(|i| le32(&page, i * 4) & 2 == 0));
@@ -385,7 +377,7 @@ fn persistent_event_log_context_actions() {
     );
     // The context is a snapshot: an event now does not change it.
     let tll = le64(&header, 8);
-    h.reset_and_enable();
+    h.reenable();
     assert_eq!(
         h.log(PEL, 0, 0, false, 512, 0),
         sequence,
@@ -410,7 +402,7 @@ fn persistent_events_record_power_on_resets_format_and_namespace_changes() {
     };
     let mut h = Host::with(config, 512);
     h.enable();
-    h.reset_and_enable();
+    h.reenable();
     let mut c = cmd(AdminOpcode::FORMAT_NVM.0);
     c.nsid = U32::new(1);
     c.cdw10 = U32::new(3);

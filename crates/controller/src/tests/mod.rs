@@ -469,6 +469,8 @@ mod logs;
 mod modes;
 mod namespaces;
 mod registers;
+mod sanitize;
+mod self_test;
 mod sgl;
 mod stress;
 mod uncorrectable;

@@ -11,7 +11,10 @@ const BUF: u64 = DATA + 0x50000;
 
 impl Host {
     /// A host over `namespaces` (the `backend` field is a dummy).
-    fn with_namespaces(config: ControllerConfig, namespaces: Vec<NamespaceConfig>) -> Self {
+    pub(super) fn with_namespaces(
+        config: ControllerConfig,
+        namespaces: Vec<NamespaceConfig>,
+    ) -> Self {
         let ctrl = Controller::new(config, namespaces).unwrap();
         let mem = Arc::new(VecMemory::new(MEM_SIZE));
         let irq = Arc::new(CountingIrq::default());

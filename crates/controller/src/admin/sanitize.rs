@@ -1,0 +1,275 @@
+//! The Sanitize command (NVMe Base 2.0 §5.24), the commands a sanitize
+//! refuses, and the operation's thread (the methods and the state are in
+//! [`crate::sanitize`]).
+//!
+//! The command only starts the operation: the thread then erases the
+//! medium at [`ControllerConfig::sanitize_rate`](crate::ControllerConfig)
+//! and the Sanitize Status log shows how far it is. Meanwhile I/O and the
+//! admin commands outside [`PERMITTED`] get Sanitize In Progress, and
+//! after a failure Sanitize Failed, until a sanitize completes (or, when
+//! the failed one allowed it, Exit Failure Mode). A controller reset does
+//! not stop it; the completion is reported as an asynchronous event
+//! (NVM command set specific, Sanitize Operation Completed, log 81h).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use vnvme_spec::cdw::Cdw10Sanitize;
+use vnvme_spec::log::sanitize::action;
+use vnvme_spec::log::self_test::result::ABORTED_SANITIZE;
+use vnvme_spec::log::{async_event, LogPageId};
+use vnvme_spec::{AdminOpcode, Command, Status};
+
+use super::invalid_field;
+use crate::backend_error::BackendOp;
+use crate::background::Pace;
+use crate::command::Ctx;
+use crate::namespace::Namespace;
+use crate::sanitize::{new_key, Method, Operation};
+use crate::state::Shared;
+
+/// Admin commands a sanitize in progress or failed permits (§8.21): none
+/// touches user data. Sanitize itself is here to recover from a failure.
+const PERMITTED: &[AdminOpcode] = &[
+    AdminOpcode::ABORT,
+    AdminOpcode::ASYNC_EVENT_REQUEST,
+    AdminOpcode::CREATE_IO_CQ,
+    AdminOpcode::CREATE_IO_SQ,
+    AdminOpcode::DELETE_IO_CQ,
+    AdminOpcode::DELETE_IO_SQ,
+    AdminOpcode::DOORBELL_BUFFER_CONFIG,
+    AdminOpcode::GET_FEATURES,
+    AdminOpcode::GET_LOG_PAGE,
+    AdminOpcode::IDENTIFY,
+    AdminOpcode::KEEP_ALIVE,
+    AdminOpcode::SANITIZE,
+    AdminOpcode::SET_FEATURES,
+];
+
+/// How often the thread looks whether commands that started before the
+/// sanitize are done with the medium.
+const DRAIN_POLL: Duration = Duration::from_millis(1);
+
+/// The status `op` gets now, if a sanitize refuses it.
+pub(super) fn refusal(shared: &Shared, op: AdminOpcode) -> Option<Status> {
+    if PERMITTED.contains(&op) {
+        return None;
+    }
+    shared.sanitize.refusal()
+}
+
+/// Sanitize: CDW10 SANACT (2:0), AUSE (3), OWPASS (7:4), OIPBP (8), NDAS
+/// (9), EMVS (10); CDW11 the Overwrite Pattern.
+pub(super) fn sanitize(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
+    let cdw10 = Cdw10Sanitize::from(cmd.cdw10);
+    let shared = ctx.shared;
+    let method = match cdw10.sanact() {
+        action::EXIT_FAILURE_MODE => {
+            if shared.sanitize.exit_failure_mode()? {
+                block_io(shared, None);
+            }
+            return Ok(0);
+        }
+        action::BLOCK_ERASE => Method::BlockErase,
+        action::CRYPTO_ERASE => Method::CryptoErase,
+        action::OVERWRITE => Method::Overwrite {
+            pattern: cmd.cdw11.get(),
+            passes: match cdw10.owpass() {
+                0 => 16,
+                n => n,
+            },
+            invert: cdw10.oipbp(),
+        },
+        // Exit Media Verification and the reserved values.
+        _ => return Err(invalid_field()),
+    };
+    // No media verification state (SANICAP.VERS clear).
+    if cdw10.emvs() {
+        return Err(invalid_field());
+    }
+    let op = Operation {
+        method,
+        ndas: cdw10.ndas(),
+        ause: cdw10.ause(),
+        cdw10: cmd.cdw10.get(),
+    };
+    start(shared, op)
+}
+
+fn start(shared: &Shared, op: Operation) -> Result<u32, Status> {
+    let me = shared
+        .me
+        .upgrade()
+        .ok_or(Status::INTERNAL_ERROR.with_dnr(true))?;
+    shared.sanitize.begin(&op)?;
+    // The last operation's thread may still be reporting its end: done
+    // with that before its event is cleared.
+    shared.sanitize.task.stop();
+    shared
+        .self_test
+        .abort(ABORTED_SANITIZE, shared.power_on_hours());
+    clear_completion_event(shared);
+    let namespaces = block_io(shared, Some(Status::SANITIZE_IN_PROGRESS.with_dnr(false)));
+    tracing::debug!(?op, "sanitize started");
+    let spawned = shared
+        .sanitize
+        .task
+        .start("vnvme-sanitize", move || run(&me, &op, namespaces));
+    spawned.map(|()| 0).map_err(|e| {
+        tracing::error!("no thread for the sanitize operation: {e}");
+        fail(shared, &op);
+        Status::INTERNAL_ERROR.with_dnr(true)
+    })
+}
+
+/// Gives every namespace's I/O `status` (None: lets it through again);
+/// returns the namespaces as they were.
+fn block_io(shared: &Shared, status: Option<Status>) -> Vec<Arc<Namespace>> {
+    shared.subsystem.namespaces.update(|map| {
+        let before: Vec<Arc<Namespace>> = map.values().cloned().collect();
+        for ns in map.values_mut() {
+            Arc::make_mut(ns).sanitize = status;
+        }
+        before
+    })
+}
+
+/// §5.24: starting a sanitize clears a Sanitize Operation Completed event
+/// the host has not had or not acknowledged.
+fn clear_completion_event(shared: &Shared) {
+    let kind = async_event::TYPE_IO_COMMAND_SET;
+    let completed = async_event::dword0(
+        kind,
+        async_event::IO_SANITIZE_COMPLETED,
+        LogPageId::SANITIZE_STATUS.0,
+    );
+    let mut e = shared.events.lock();
+    e.queue.retain(|&dw| dw != completed);
+    e.masked &= !(1 << kind);
+}
+
+/// The operation's thread: `namespaces` as they were before I/O was
+/// refused.
+fn run(shared: &Shared, op: &Operation, namespaces: Vec<Arc<Namespace>>) {
+    let task = &shared.sanitize.task;
+    // Commands that found their namespace before it was blocked may still
+    // write to it (an I/O in flight on the file backend): erase after them.
+    for ns in &namespaces {
+        while Arc::strong_count(ns) > 1 {
+            if !task.pace(Instant::now() + DRAIN_POLL) {
+                return;
+            }
+        }
+    }
+    match erase(shared, op, &namespaces) {
+        Ended::Completed => {
+            // Erased blocks are not uncorrectable any more.
+            for ns in &namespaces {
+                ns.uncorrectable.clear(0, ns.nsze);
+            }
+            drop(namespaces);
+            block_io(shared, None);
+            shared
+                .sanitize
+                .complete(true, op.ause, user_data_writes(shared));
+            tracing::debug!("sanitize completed");
+            report(shared);
+        }
+        Ended::Failed => fail(shared, op),
+        // The controller is going away.
+        Ended::Stopped => {}
+    }
+}
+
+enum Ended {
+    Completed,
+    Failed,
+    Stopped,
+}
+
+/// Runs every pass over every namespace.
+fn erase(shared: &Shared, op: &Operation, namespaces: &[Arc<Namespace>]) -> Ended {
+    let media: Vec<&Arc<Namespace>> = namespaces
+        .iter()
+        .filter(|ns| !ns.backend.moves_no_data())
+        .collect();
+    let passes = op.passes();
+    let total = media
+        .iter()
+        .map(|ns| ns.backend.size())
+        .sum::<u64>()
+        .saturating_mul(u64::from(passes));
+    let pace = Pace::new(shared.config.sanitize_rate.saturating_mul(op.speedup()));
+    let (key, step) = (new_key(), pace.step());
+    let mut buf = Vec::new();
+    let mut done = 0u64;
+    let failed = |nsid, e| {
+        shared.stats.backend_error(BackendOp::Sanitize, nsid, &e);
+        Ended::Failed
+    };
+    for pass in 0..passes {
+        for ns in &media {
+            let size = ns.backend.size();
+            let mut offset = 0;
+            while offset < size {
+                let len = step.min(size - offset);
+                if let Err(e) = op.erase(&*ns.backend, key, pass, offset, len, &mut buf) {
+                    return failed(ns.nsid, e);
+                }
+                offset += len;
+                done += len;
+                shared.sanitize.progress(done, total);
+                if !pace.wait(&shared.sanitize.task, done) {
+                    return Ended::Stopped;
+                }
+            }
+        }
+        if matches!(op.method, Method::Overwrite { .. }) {
+            shared.sanitize.pass_done();
+        }
+    }
+    for ns in &media {
+        if let Err(e) = op.finish(&*ns.backend) {
+            return failed(ns.nsid, e);
+        }
+    }
+    Ended::Completed
+}
+
+/// The operation failed: failure mode, I/O gets Sanitize Failed.
+fn fail(shared: &Shared, op: &Operation) {
+    block_io(shared, Some(Status::SANITIZE_FAILED.with_dnr(true)));
+    shared
+        .sanitize
+        .complete(false, op.ause, user_data_writes(shared));
+    tracing::debug!("sanitize failed");
+    report(shared);
+}
+
+/// Sanitize Operation Completed: the log tells how it ended.
+fn report(shared: &Shared) {
+    shared.async_event(
+        async_event::TYPE_IO_COMMAND_SET,
+        async_event::IO_SANITIZE_COMPLETED,
+        LogPageId::SANITIZE_STATUS.0,
+    );
+}
+
+/// Commands that wrote user data so far (Global Data Erased while it
+/// stays where a completed sanitize left it).
+fn user_data_writes(shared: &Shared) -> u64 {
+    crate::io::WRITES_USER_DATA
+        .iter()
+        .map(|&op| shared.stats.io_commands(op))
+        .sum()
+}
+
+/// The Sanitize Status log page.
+pub(super) fn log(shared: &Shared) -> Vec<u8> {
+    let log = shared.sanitize.log(
+        user_data_writes(shared),
+        shared.subsystem.namespaces.media_bytes(),
+        shared.config.sanitize_rate,
+    );
+    zerocopy::IntoBytes::as_bytes(&*log).to_vec()
+}
