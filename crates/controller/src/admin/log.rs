@@ -202,9 +202,32 @@ fn error_log(shared: &Shared) -> Vec<u8> {
     page
 }
 
-/// Data Units: thousands of 512-byte units, rounded up.
-fn data_units(units_512: u64) -> u128 {
-    u128::from(units_512.div_ceil(1000))
+/// The counters the SMART / Health and Endurance Group Information logs
+/// both report (one endurance group holds every namespace).
+struct Health {
+    /// Data Units: thousands of 512-byte units, rounded up.
+    data_units_read: u128,
+    data_units_written: u128,
+    host_read_commands: u128,
+    host_write_commands: u128,
+    media_errors: u128,
+    error_log_entries: u128,
+}
+
+impl Health {
+    fn of(shared: &Shared) -> Self {
+        let s = &shared.stats;
+        let count = |c: &std::sync::atomic::AtomicU64| u128::from(c.load(Relaxed));
+        let data_units = |units_512: u64| u128::from(units_512.div_ceil(1000));
+        Self {
+            data_units_read: data_units(s.data_units_read_512.load(Relaxed)),
+            data_units_written: data_units(s.data_units_written_512.load(Relaxed)),
+            host_read_commands: count(&s.host_read_commands),
+            host_write_commands: count(&s.host_write_commands),
+            media_errors: count(&s.media_errors),
+            error_log_entries: u128::from(shared.error_log.lock().count),
+        }
+    }
 }
 
 fn smart_log(req: &Request<'_>) -> Result<Vec<u8>, Status> {
@@ -217,22 +240,11 @@ fn smart_log(req: &Request<'_>) -> Result<Vec<u8>, Status> {
     log.composite_temperature = 313u16.into();
     log.available_spare = 100;
     log.available_spare_threshold = 10;
-    set_u128(
-        &mut log.data_units_read,
-        data_units(s.data_units_read_512.load(Relaxed)),
-    );
-    set_u128(
-        &mut log.data_units_written,
-        data_units(s.data_units_written_512.load(Relaxed)),
-    );
-    set_u128(
-        &mut log.host_read_commands,
-        u128::from(s.host_read_commands.load(Relaxed)),
-    );
-    set_u128(
-        &mut log.host_write_commands,
-        u128::from(s.host_write_commands.load(Relaxed)),
-    );
+    let h = Health::of(shared);
+    set_u128(&mut log.data_units_read, h.data_units_read);
+    set_u128(&mut log.data_units_written, h.data_units_written);
+    set_u128(&mut log.host_read_commands, h.host_read_commands);
+    set_u128(&mut log.host_write_commands, h.host_write_commands);
     set_u128(
         &mut log.power_cycles,
         u128::from(s.power_cycles.load(Relaxed)),
@@ -242,14 +254,8 @@ fn smart_log(req: &Request<'_>) -> Result<Vec<u8>, Status> {
         &mut log.unsafe_shutdowns,
         u128::from(s.unsafe_shutdowns.load(Relaxed)),
     );
-    set_u128(
-        &mut log.media_errors,
-        u128::from(s.media_errors.load(Relaxed)),
-    );
-    set_u128(
-        &mut log.error_log_entries,
-        u128::from(shared.error_log.lock().count),
-    );
+    set_u128(&mut log.media_errors, h.media_errors);
+    set_u128(&mut log.error_log_entries, h.error_log_entries);
     Ok(log.as_bytes().to_vec())
 }
 

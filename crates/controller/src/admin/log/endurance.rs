@@ -2,14 +2,12 @@
 //! group, [`ENDURANCE_GROUP_ID`], holds every namespace, so its counters
 //! are the controller's.
 
-use std::sync::atomic::Ordering::Relaxed;
-
 use vnvme_spec::log::endurance::EnduranceGroupLog;
 use vnvme_spec::log::set_u128;
 use vnvme_spec::Status;
 use zerocopy::IntoBytes;
 
-use super::{data_units, invalid_field, Request};
+use super::{invalid_field, Health, Request};
 use crate::namespace::ENDURANCE_GROUP_ID;
 
 /// The group named by the Log Specific Identifier; any other id is
@@ -19,32 +17,18 @@ pub(super) fn information(req: &Request<'_>) -> Result<Vec<u8>, Status> {
         return Err(invalid_field());
     }
     let shared = req.shared;
-    let s = &shared.stats;
+    let h = Health::of(shared);
     let mut log = EnduranceGroupLog::new_boxed();
     log.available_spare = 100;
     log.available_spare_threshold = 10;
-    let read = data_units(s.data_units_read_512.load(Relaxed));
-    let written = data_units(s.data_units_written_512.load(Relaxed));
-    set_u128(&mut log.data_units_read, read);
-    set_u128(&mut log.data_units_written, written);
+    set_u128(&mut log.data_units_read, h.data_units_read);
+    set_u128(&mut log.data_units_written, h.data_units_written);
     // Media writes are the host's: no write amplification in RAM or a file.
-    set_u128(&mut log.media_units_written, written);
-    set_u128(
-        &mut log.host_read_commands,
-        u128::from(s.host_read_commands.load(Relaxed)),
-    );
-    set_u128(
-        &mut log.host_write_commands,
-        u128::from(s.host_write_commands.load(Relaxed)),
-    );
-    set_u128(
-        &mut log.media_and_data_integrity_errors,
-        u128::from(s.media_errors.load(Relaxed)),
-    );
-    set_u128(
-        &mut log.error_log_entries,
-        u128::from(shared.error_log.lock().count),
-    );
+    set_u128(&mut log.media_units_written, h.data_units_written);
+    set_u128(&mut log.host_read_commands, h.host_read_commands);
+    set_u128(&mut log.host_write_commands, h.host_write_commands);
+    set_u128(&mut log.media_and_data_integrity_errors, h.media_errors);
+    set_u128(&mut log.error_log_entries, h.error_log_entries);
     let total = shared.subsystem.tnvmcap;
     let allocated = shared.subsystem.namespaces.allocated();
     set_u128(&mut log.tegcap, u128::from(total));
