@@ -71,7 +71,8 @@ copy_with_libs() {
     cp -L "$CHROOT$lib" "$STAGE$lib"
   done
 }
-for b in /usr/bin/fio /usr/sbin/nvme $EXTRA_BINS; do copy_with_libs "$b"; done
+# blkzone (util-linux, already in the chroot): zoned namespace tests
+for b in /usr/bin/fio /usr/sbin/nvme /usr/sbin/blkzone $EXTRA_BINS; do copy_with_libs "$b"; done
 
 # --- kernel modules: nvme + dependencies, resolved from modules.dep, stored uncompressed ---
 MODDIR="$CHROOT/lib/modules/$KVER"

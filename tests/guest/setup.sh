@@ -2,7 +2,7 @@
 # setup.sh - install the vnvme guest rig on a Debian bookworm machine (as root), idempotently:
 #   host: debootstrap (apt-get update + install, only if missing)
 #   $VNVME_RIG_CACHE/trixie : Debian trixie chroot with QEMU 11.1 (trixie-backports, has vfio-user-pci)
-#   $VNVME_RIG_CACHE/guest  : guest kernel + initramfs (busybox, fio, nvme-cli, nvme.ko)
+#   $VNVME_RIG_CACHE/guest  : guest kernel + initramfs (busybox, fio, nvme-cli, blkzone, nvme.ko)
 # Each step is skipped when its stamp file records the hash of the scripts that produced it (and the
 # outputs are still there), so a second run takes a second or two.
 #
