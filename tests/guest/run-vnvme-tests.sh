@@ -41,7 +41,8 @@
 #              erase (I/O and device-self-test refused while it runs, sanitize-log progress, then both
 #              namespaces read zeroes), overwrite (2 passes, pattern kept with --no-dealloc), crypto erase;
 #              device-self-test short (result 0), failing on a write-uncor block (segment 2, NSID, LBA),
-#              extended aborted (result 1); then the server must stop on SIGTERM within 5 s while the
+#              extended aborted (result 1); persistent-event-log has 3 Sanitize Start and 3 Sanitize
+#              Completion events; then the server must stop on SIGTERM within 5 s while the
 #              16-pass overwrite the guest left running goes on
 #   file-backed-ram  --ns 64M:ram, guest RAM in a regular file (run-test.sh --mem-file /dev/shm/F: QEMU's
 #              memory-backend-file, share=on) instead of a memfd: the verify test on 64 MiB; fails if
@@ -59,7 +60,8 @@
 #              controller-initiated telemetry captured at a CSTS.CFS provoked with devmem, then released
 #   firmware   --ns 64M:ram: nvme fw-download (out of order, overlap, gap, past 16 MiB), fw-commit to the
 #              read-only slot 1, slots 0/3/4, action 6; action 1 + controller reset and action 3 (no
-#              reset, the activation notice) each show the new revision in fw-log, id-ctrl FR and sysfs
+#              reset, the activation notice) each show the new revision in fw-log, id-ctrl FR and sysfs;
+#              persistent-event-log has one Firmware Commit event per fw-commit (9)
 #   directives --ns 64M:ram: Identify and Streams directives with nvme-cli dir-receive/dir-send
 #              (enable, parameters, allocate 4, a write with --dir-type=1 --dir-spec=2 opens stream 2,
 #              stream 5 refused, release identifier and resources)
@@ -73,7 +75,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --compare) COMPARE=1 ;;
     --keep) KEEP=1 ;;
-    -h|--help) sed -n '2,65p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,67p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "run-vnvme-tests: unknown option $1" >&2; exit 126 ;;
     *) case " $ALL " in *" $1 "*) ONLY="$ONLY $1" ;; *) echo "run-vnvme-tests: unknown test $1" >&2; exit 126 ;; esac ;;
   esac

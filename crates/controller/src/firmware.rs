@@ -113,8 +113,8 @@ impl Firmware {
     }
 
     /// Firmware Commit of slot `fs` (0: the controller chooses) with
-    /// Commit Action `ca`.
-    pub fn commit(&mut self, fs: u8, ca: u8) -> Result<Committed, Status> {
+    /// Commit Action `ca`; with what it did, the revision in the slot.
+    pub fn commit(&mut self, fs: u8, ca: u8) -> Result<(Committed, Revision), Status> {
         let downloaded = !self.pieces.is_empty();
         let replace = match ca {
             commit_action::REPLACE | commit_action::REPLACE_AND_ACTIVATE => true,
@@ -142,7 +142,7 @@ impl Firmware {
         let revision = self
             .slot(slot)
             .ok_or(Status::INVALID_FIRMWARE_IMAGE.with_dnr(true))?;
-        Ok(match ca {
+        let committed = match ca {
             commit_action::REPLACE => Committed::Placed,
             commit_action::REPLACE_AND_ACTIVATE_NOW => {
                 self.running = revision;
@@ -156,7 +156,8 @@ impl Firmware {
                 self.next = Some(slot);
                 Committed::AtNextReset
             }
-        })
+        };
+        Ok((committed, revision))
     }
 
     /// A Controller Level Reset: the pending slot becomes active and its

@@ -6,11 +6,9 @@
 //! Recorded: Power-on or Reset (the controller's creation, and every
 //! Controller Level Reset of an enabled controller), Change Namespace
 //! (Namespace Management create and delete), Format NVM Start and
-//! Completion, Telemetry Log Create (a host-initiated capture). The
-//! Firmware Commit (02h) and Sanitize Start / Completion (09h, 0Ah) events
-//! are for those commands to record with [`PersistentEventLog::record`],
-//! their data laid out as the spec says; add their types to [`SUPPORTED`]
-//! (the header's Supported Events Bitmap) then.
+//! Completion, Telemetry Log Create (a host-initiated capture), Firmware
+//! Commit (every command, failed ones too, with its status), Sanitize
+//! Start and Completion.
 //!
 //! Timestamps count milliseconds since power-on (the controller's
 //! creation), Timestamp Origin 000b, the controller's own clock until the
@@ -27,9 +25,10 @@ use std::time::Instant;
 use parking_lot::Mutex;
 use vnvme_spec::identify::fill_ascii;
 use vnvme_spec::log::persistent_event::{
-    ChangeNamespaceEvent, EventType, FormatCompletionEvent, FormatStartEvent,
+    ChangeNamespaceEvent, EventType, FirmwareCommitEvent, FormatCompletionEvent, FormatStartEvent,
     PersistentEventHeader, PersistentEventLogHeader, ReportingContext, ResetInformation,
-    EVENT_HEADER_LENGTH, LOG_HEADER_LENGTH, LOG_REVISION,
+    SanitizeCompletionEvent, SanitizeStartEvent, EVENT_HEADER_LENGTH, LOG_HEADER_LENGTH,
+    LOG_REVISION,
 };
 use vnvme_spec::log::LogPageId;
 use vnvme_spec::Status;
@@ -54,6 +53,9 @@ pub(crate) const SUPPORTED: &[EventType] = &[
     EventType::FORMAT_NVM_START,
     EventType::FORMAT_NVM_COMPLETION,
     EventType::TELEMETRY_LOG_CREATE,
+    EventType::FIRMWARE_COMMIT,
+    EventType::SANITIZE_START,
+    EventType::SANITIZE_COMPLETION,
 ];
 
 /// The controller's timestamp at `at` (Timestamp feature format: bytes 5:0
@@ -244,6 +246,48 @@ pub(crate) fn format_completion(nsid: u32, result: Result<(), Status>) -> Vec<u8
     }
     .as_bytes()
     .to_vec()
+}
+
+/// Firmware Commit event data: the revision running before, the one in
+/// the slot committed, the command's CA and FS, and its status.
+pub(crate) fn firmware_commit(
+    old_fr: [u8; 8],
+    new_fr: [u8; 8],
+    ca: u8,
+    fs: u8,
+    status: Option<Status>,
+) -> Vec<u8> {
+    FirmwareCommitEvent {
+        old_fr,
+        new_fr,
+        ca,
+        fs,
+        sct: status.map_or(0, Status::sct),
+        sc: status.map_or(0, Status::sc),
+        ..Default::default()
+    }
+    .as_bytes()
+    .to_vec()
+}
+
+/// Sanitize Start event data.
+pub(crate) fn sanitize_start(sanicap: u32, cdw10: u32, cdw11: u32) -> Vec<u8> {
+    SanitizeStartEvent {
+        sanicap: U32::new(sanicap),
+        sanitize_cdw10: U32::new(cdw10),
+        sanitize_cdw11: U32::new(cdw11),
+    }
+    .as_bytes()
+    .to_vec()
+}
+
+/// Sanitize Completion event data: SPROG and SSTAT as the Sanitize Status
+/// log shows them when the operation ended.
+pub(crate) fn sanitize_completion(sprog: u16, sstat: u16) -> Vec<u8> {
+    let mut e = SanitizeCompletionEvent::default();
+    e.sprog = U16::new(sprog);
+    e.sstat = U16::new(sstat);
+    e.as_bytes().to_vec()
 }
 
 /// Change Namespace event data: Namespace Management (`cdw10`) created or

@@ -4,8 +4,9 @@
 # Firmware Commit to the read-only slot 1, to no slot, to an empty slot, with a boot partition action,
 # to slot 0 (the controller chooses); commit action 1 then a controller reset shows the new revision
 # in fw-log, id-ctrl and sysfs; commit action 3 (no reset) shows it at once, through the Firmware
-# Activation Starting notice Linux handles by rereading the slot log. Needs a server of its own: the
-# slots outlive a guest.
+# Activation Starting notice Linux handles by rereading the slot log. Every commit, refused ones too,
+# is a Firmware Commit event in persistent-event-log. Needs a server of its own: the slots outlive a
+# guest.
 #   rig.fr=REV   the factory revision in slot 1 (the server's version)
 . /guest-lib.sh
 wait_nvme 10 || die "no /dev/nvme0n1"
@@ -122,6 +123,17 @@ dd if=/dev/nvme0n1 of=/dev/null bs=4k count=64 iflag=direct 2>/dev/null || fail 
 reset_ctrl
 fw_log
 [ "$(fr)" = GUEST-03 ] && [ "$(afi)" = 0x3 ] || fail "after one more reset: fr $(fr), $(cat /tmp/fwlog)"
+
+# --- every Firmware Commit above, refused ones too, is a Persistent Event Log event (02h) ---
+nv persistent-event-log $C --action=1 || fail "PEL establish: $(cat /tmp/out)"
+nv persistent-event-log $C --action=0 || fail "PEL read: $(cat /tmp/out)"
+tll=$(field 'Total Log Length' /tmp/out)
+# log_len 4 bytes past TLL: nvme-cli 2.13 does not show an event that ends at the buffer's end
+nv persistent-event-log $C --action=0 --log_len=$((tll + 4)) || fail "PEL read all: $(cat /tmp/out)"
+n=$(grep -c '^Event Type: Firmware Commit Event' /tmp/out)
+nv persistent-event-log $C --action=2 || fail "PEL release: $(cat /tmp/out)"
+log "persistent-event-log: $n Firmware Commit events"
+[ "$n" = 9 ] || fail "$n Firmware Commit events in the persistent event log, expected 9 (one per fw-commit)"
 
 dmesg | grep -i 'nvme.*firmware' | sed 's/^/TEST: dmesg: /'
 log "summary: factory $fr0 -> GUEST-02 (commit action 1, reset) -> GUEST-03 (commit action 3, no reset); unnamed image $vn"

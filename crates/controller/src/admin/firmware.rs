@@ -2,13 +2,17 @@
 //! commands' fields and data; the slots they change are
 //! [`crate::firmware`].
 
+use std::time::Instant;
 use vnvme_spec::cdw::Cdw10FirmwareCommit;
+
+use vnvme_spec::log::persistent_event::EventType;
 use vnvme_spec::log::{async_event, LogPageId};
 use vnvme_spec::{Command, Status};
 
 use super::invalid_field;
 use crate::command::Ctx;
-use crate::firmware::Committed;
+use crate::firmware::{Committed, Revision};
+use crate::persistent_event_log::firmware_commit;
 
 /// Firmware Image Download: CDW10 NUMD (dwords, 0's based), CDW11 OFST
 /// (dwords). The piece is checked before its data moves.
@@ -30,14 +34,22 @@ pub(super) fn image_download(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, St
 /// which this controller refuses).
 pub(super) fn commit(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
     let cdw10 = Cdw10FirmwareCommit::from(cmd.cdw10);
-    let committed = ctx
-        .shared
-        .subsystem
-        .firmware
-        .lock()
-        .commit(cdw10.fs(), cdw10.ca());
-    // Persistent Event Log: a Firmware Commit event (02h: old and new
-    // revision, CA, FS, the status returned) is recorded here.
+    let (old, committed) = {
+        let mut firmware = ctx.shared.subsystem.firmware.lock();
+        (firmware.running(), firmware.commit(cdw10.fs(), cdw10.ca()))
+    };
+    let result = answer(ctx, committed.map(|(c, _)| c));
+    let new = committed.map_or_else(|_| Revision::default(), |(_, r)| r);
+    ctx.shared.persistent_events.record(
+        EventType::FIRMWARE_COMMIT,
+        Instant::now(),
+        firmware_commit(old, new, cdw10.ca(), cdw10.fs(), result.err()),
+    );
+    result
+}
+
+/// The command's completion for what the commit did.
+fn answer(ctx: &Ctx<'_>, committed: Result<Committed, Status>) -> Result<u32, Status> {
     match committed? {
         Committed::Placed => Ok(0),
         // §5.12.1: the commit succeeded; the status tells the host which

@@ -5,8 +5,8 @@ use vnvme_spec::cdw::{Cdw10Identify, Cdw11Identify};
 use vnvme_spec::identify::nvm::{IdentifyControllerNvm, IdentifyNamespaceNvm};
 use vnvme_spec::identify::virtualization::PrimaryControllerCaps;
 use vnvme_spec::identify::{
-    csi, ctratt, dsto, fill_ascii, frmw, lpa, ns_descriptor, oacs, oaes, ocfs, oncs, sanicap, sgls,
-    Cns, IdentifyController, IdentifyNsIndependent, IDENTIFY_SIZE,
+    csi, ctratt, dsto, fill_ascii, frmw, lpa, ns_descriptor, oacs, oaes, ocfs, oncs, sgls, Cns,
+    IdentifyController, IdentifyNsIndependent, IDENTIFY_SIZE,
 };
 use vnvme_spec::regs::version;
 use vnvme_spec::{Command, Status};
@@ -150,8 +150,7 @@ pub(crate) fn identify_controller(shared: &Shared) -> Box<IdentifyController> {
     id.nn = U32::new(shared.subsystem.nn);
     id.endgidmax = U16::new(ENDURANCE_GROUP_ID);
     id.pels = U32::new(PELS);
-    id.sanicap =
-        U32::new(sanicap::CES | sanicap::BES | sanicap::OWS | sanicap::NODMMAS_NOT_MODIFIED);
+    id.sanicap = U32::new(super::sanitize::SANICAP);
     let allocated = shared.subsystem.namespaces.allocated();
     id.tnvmcap = u128::from(shared.subsystem.tnvmcap).to_le_bytes();
     id.unvmcap = u128::from(shared.subsystem.tnvmcap.saturating_sub(allocated)).to_le_bytes();

@@ -15,6 +15,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vnvme_spec::cdw::Cdw10Sanitize;
+use vnvme_spec::identify::sanicap;
+use vnvme_spec::log::persistent_event::EventType;
 use vnvme_spec::log::sanitize::action;
 use vnvme_spec::log::self_test::result::ABORTED_SANITIZE;
 use vnvme_spec::log::{async_event, LogPageId};
@@ -25,6 +27,7 @@ use crate::backend_error::BackendOp;
 use crate::background::Pace;
 use crate::command::Ctx;
 use crate::namespace::Namespace;
+use crate::persistent_event_log::{sanitize_completion, sanitize_start};
 use crate::sanitize::{new_key, Method, Operation};
 use crate::state::Shared;
 
@@ -45,6 +48,12 @@ const PERMITTED: &[AdminOpcode] = &[
     AdminOpcode::SANITIZE,
     AdminOpcode::SET_FEATURES,
 ];
+
+/// Sanitize Capabilities (Identify Controller SANICAP): crypto erase,
+/// block erase and overwrite; a sanitize leaves deallocated blocks as it
+/// wrote them (No-Deallocate Modifies Media After Sanitize: not modified).
+pub(super) const SANICAP: u32 =
+    sanicap::CES | sanicap::BES | sanicap::OWS | sanicap::NODMMAS_NOT_MODIFIED;
 
 /// How often the thread looks whether commands that started before the
 /// sanitize are done with the medium.
@@ -93,15 +102,20 @@ pub(super) fn sanitize(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> 
         ause: cdw10.ause(),
         cdw10: cmd.cdw10.get(),
     };
-    start(shared, op)
+    start(shared, op, cmd.cdw11.get())
 }
 
-fn start(shared: &Shared, op: Operation) -> Result<u32, Status> {
+fn start(shared: &Shared, op: Operation, cdw11: u32) -> Result<u32, Status> {
     let me = shared
         .me
         .upgrade()
         .ok_or(Status::INTERNAL_ERROR.with_dnr(true))?;
     shared.sanitize.begin(&op)?;
+    shared.persistent_events.record(
+        EventType::SANITIZE_START,
+        Instant::now(),
+        sanitize_start(SANICAP, op.cdw10, cdw11),
+    );
     // The last operation's thread may still be reporting its end: done
     // with that before its event is cleared.
     shared.sanitize.task.stop();
@@ -246,8 +260,15 @@ fn fail(shared: &Shared, op: &Operation) {
     report(shared);
 }
 
-/// Sanitize Operation Completed: the log tells how it ended.
+/// Sanitize Operation Completed: the log tells how it ended, and so does
+/// the Persistent Event Log.
 fn report(shared: &Shared) {
+    let log = shared.sanitize.log(user_data_writes(shared), 0, 0);
+    shared.persistent_events.record(
+        EventType::SANITIZE_COMPLETION,
+        Instant::now(),
+        sanitize_completion(log.sprog.get(), log.sstat.get()),
+    );
     shared.async_event(
         async_event::TYPE_IO_COMMAND_SET,
         async_event::IO_SANITIZE_COMPLETED,

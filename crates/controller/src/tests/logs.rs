@@ -366,10 +366,14 @@ fn persistent_event_log_context_actions() {
     );
     assert_eq!(
         header[480],
-        1 << 4 | 1 << 6 | 1 << 7,
-        "events 04h, 06h, 07h"
+        1 << 2 | 1 << 4 | 1 << 6 | 1 << 7,
+        "events 02h, 04h, 06h, 07h"
     );
-    assert_eq!(header[481], 1 << 0 | 1 << 4, "events 08h, 0Ch");
+    assert_eq!(
+        header[481],
+        1 << 0 | 1 << 1 | 1 << 2 | 1 << 4,
+        "events 08h, 09h, 0Ah, 0Ch"
+    );
     assert_eq!(
         h.log(PEL, ESTABLISH, 0, false, 512, 0),
         sequence,
@@ -446,6 +450,60 @@ fn persistent_events_record_power_on_resets_format_and_namespace_changes() {
         (0, 64, nsid)
     );
     assert_eq!((le32(delete, 0), le32(delete, 44)), (1, nsid));
+}
+
+#[test]
+fn persistent_events_record_firmware_commits_and_a_sanitize() {
+    let config = ControllerConfig {
+        firmware: "FACTORY".into(),
+        ..config()
+    };
+    let mut h = Host::with(config, 512);
+    h.enable();
+    let image: Vec<u8> = b"NEWFW001".iter().copied().cycle().take(4096).collect();
+    h.mem.write(DATA + 0x20000, &image).unwrap();
+    let mut c = cmd(AdminOpcode::FIRMWARE_IMAGE_DOWNLOAD.0);
+    c.prp1 = U64::new(DATA + 0x20000);
+    c.cdw10 = U32::new(4096 / 4 - 1);
+    assert_eq!(h.admin(c).status(), Status::SUCCESS);
+    let commit = |fs: u32, ca: u32| {
+        let mut c = cmd(AdminOpcode::FIRMWARE_COMMIT.0);
+        c.cdw10 = U32::new(fs | ca << 3);
+        c
+    };
+    assert_eq!(h.admin(commit(2, 0)).status(), Status::SUCCESS);
+    let refused = h.admin(commit(1, 0)).status();
+    assert_eq!(refused, Status::INVALID_FIRMWARE_SLOT.with_dnr(true));
+    // Block erase, then wait for its completion event.
+    let mut c = cmd(AdminOpcode::SANITIZE.0);
+    c.cdw10 = U32::new(2);
+    assert_eq!(h.admin(c).status(), Status::SUCCESS);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let ev = loop {
+        let ev = events(&h.persistent_event_log());
+        if types(&ev).contains(&0x0A) {
+            break ev;
+        }
+        assert!(Instant::now() < deadline, "no sanitize completion event");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert_eq!(types(&ev), [0x04, 0x02, 0x02, 0x09, 0x0A]);
+    let (placed, failed) = (&ev[1].2, &ev[2].2);
+    assert_eq!(placed.len(), 22);
+    assert_eq!(&placed[..8], b"FACTORY ", "old revision");
+    assert_eq!(&placed[8..16], b"NEWFW001", "new revision");
+    assert_eq!(
+        (placed[16], placed[17], placed[18], placed[19]),
+        (0, 2, 0, 0)
+    );
+    let sf = (refused.sct(), refused.sc());
+    assert_eq!(&failed[8..16], &[0; 8], "no slot committed");
+    assert_eq!((failed[17], failed[18], failed[19]), (1, sf.0, sf.1));
+    let (start, done) = (&ev[3].2, &ev[4].2);
+    assert_eq!(le32(start, 4), 2, "Sanitize CDW10");
+    assert_ne!(le32(start, 0), 0, "SANICAP");
+    assert_eq!(le16(done, 0), 0xFFFF, "SPROG: not in progress");
+    assert_eq!(le16(done, 2) & 0x7, 1, "SSTAT: completed");
 }
 
 #[test]

@@ -173,6 +173,55 @@ pub struct FormatCompletionEvent {
 
 const _: () = assert!(core::mem::size_of::<FormatCompletionEvent>() == 12);
 
+/// Firmware Commit event data: a Firmware Commit command and its result.
+#[repr(C)]
+#[derive(Clone, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct FirmwareCommitEvent {
+    /// Firmware revision running when the command arrived.
+    pub old_fr: [u8; 8],
+    /// Firmware revision in the slot the command committed (zeroes when
+    /// it failed before one was chosen).
+    pub new_fr: [u8; 8],
+    /// Commit Action (CA) of the command.
+    pub ca: u8,
+    /// Firmware Slot (FS) of the command.
+    pub fs: u8,
+    /// Status Code Type and Status Code the command completed with.
+    pub sct: u8,
+    pub sc: u8,
+    /// Vendor Assigned Firmware Commit Result Code.
+    pub vafcrc: U16,
+}
+
+const _: () = assert!(core::mem::size_of::<FirmwareCommitEvent>() == 22);
+
+/// Sanitize Start event data.
+#[repr(C)]
+#[derive(Clone, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct SanitizeStartEvent {
+    /// Identify Controller SANICAP.
+    pub sanicap: U32,
+    /// The Sanitize command's CDW10 and CDW11.
+    pub sanitize_cdw10: U32,
+    pub sanitize_cdw11: U32,
+}
+
+const _: () = assert!(core::mem::size_of::<SanitizeStartEvent>() == 12);
+
+/// Sanitize Completion event data: the Sanitize Status log's fields when
+/// the operation ended.
+#[repr(C)]
+#[derive(Clone, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct SanitizeCompletionEvent {
+    pub sprog: U16,
+    pub sstat: U16,
+    /// Completion Information (unused: no media verification).
+    pub cmpln_info: U16,
+    _rsvd6: [u8; 2],
+}
+
+const _: () = assert!(core::mem::size_of::<SanitizeCompletionEvent>() == 8);
+
 /// Persistent Event Log Log Specific Parameter.
 #[bitfield(u8)]
 #[derive(PartialEq, Eq)]
