@@ -128,7 +128,8 @@ wait_tested
 log "short self-test with an uncorrectable block: result $(st 'Operation Result'), segment $(st 'Segment Number'), nsid $(st 'Namespace Identifier'), failing LBA $(st 'Failing LBA')"
 is "$(st 'Operation Result')" 7 && is "$(st 'Segment Number')" 2 &&
   is "$(st 'Namespace Identifier')" 1 && is "$(st 'Failing LBA')" 100 ||
-  fail "self-test over a write-uncor block: $(tr '\n' ' ' < /tmp/st-log)"
+  fail "self-test over a write-uncor block: $(nvme self-test-log /dev/nvme0 --dst-entries=3 2>&1 | tr '\n' ' ');" \
+    "a read of block 100: $(dd if=/dev/nvme0n1 of=/dev/null bs=4k skip=100 count=1 iflag=direct 2>&1 | tail -1)"
 nvme write-zeroes /dev/nvme0n1 --start-block=100 --block-count=0 > /dev/null 2>&1 || fail "write-zeroes"
 
 out=$(nvme device-self-test /dev/nvme0 --self-test-code=2 2>&1) || fail "device-self-test -s 2: $out"
