@@ -27,6 +27,7 @@ use crate::state::{AdminState, ErrorLog, Events, Session, Shared, ADMIN_WORKER};
 use crate::stats::{ControllerStats, Stats};
 use crate::subsystem::{ChangedNamespaces, Namespaces, ReadyTimer, Subsystem};
 use crate::telemetry::Telemetry;
+use crate::timestamp::TimestampClock;
 use crate::worker;
 
 /// CRTO.CRWMT is 16 bits of 500 ms units.
@@ -150,6 +151,7 @@ impl Controller {
             .then(|| page.unwrap_or_else(|| Arc::new(HeapDoorbellPage::default())));
         let stats = Arc::new(Stats::new(qids));
         let created = Instant::now();
+        let clock = Arc::new(Mutex::new(TimestampClock::reset(created)));
         let shared = Arc::new_cyclic(|me| Shared {
             me: me.clone(),
             subsystem: Subsystem {
@@ -170,7 +172,8 @@ impl Controller {
             error_log: Mutex::new(ErrorLog::default()),
             streams: Mutex::default(),
             telemetry: Telemetry::default(),
-            persistent_events: PersistentEventLog::new(&config, created),
+            persistent_events: PersistentEventLog::new(&config, created, Arc::clone(&clock)),
+            timestamp: clock,
             stats,
             mailboxes: (0..=config.workers).map(|_| Mailbox::default()).collect(),
             cc: AtomicU32::new(0),
@@ -634,6 +637,8 @@ impl Controller {
                 .persistent_events
                 .power_on_or_reset(Instant::now(), power_cycles);
         }
+        // After the reset's event, which carries the time it happened at.
+        *shared.timestamp.lock() = TimestampClock::reset(Instant::now());
     }
 
     fn stop_workers(&self, ctl: &mut Control) {

@@ -47,6 +47,7 @@ mod subsystem;
 mod telemetry;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+mod timestamp;
 mod uncorrectable;
 pub mod vendor;
 mod worker;

@@ -10,10 +10,10 @@
 //! Commit (every command, failed ones too, with its status), Sanitize
 //! Start and Completion.
 //!
-//! Timestamps count milliseconds since power-on (the controller's
-//! creation), Timestamp Origin 000b, the controller's own clock until the
-//! host sets one (Timestamp feature, 0Eh); [`timestamp`] is the one place
-//! to read it from.
+//! Events and the header carry the controller's Timestamp (the Timestamp
+//! feature's value and origin, [`TimestampClock`]) as it was when they
+//! happened: the host's clock once it set one (Linux does at every
+//! controller start), else milliseconds since the last reset.
 //!
 //! A host reads the log through a reporting context: a snapshot taken by
 //! the Establish Context action, read in pieces, then released.
@@ -36,6 +36,7 @@ use zerocopy::little_endian::{U16, U32, U64};
 use zerocopy::IntoBytes;
 
 use crate::config::ControllerConfig;
+use crate::timestamp::TimestampClock;
 
 /// Persistent Event Log Size (Identify Controller PELS), 64 KiB units: the
 /// whole log, header included, never exceeds it.
@@ -58,12 +59,6 @@ pub(crate) const SUPPORTED: &[EventType] = &[
     EventType::SANITIZE_COMPLETION,
 ];
 
-/// The controller's timestamp at `at` (Timestamp feature format: bytes 5:0
-/// milliseconds, byte 6 Synch and Timestamp Origin, here 0).
-pub(crate) fn timestamp(created: Instant, at: Instant) -> u64 {
-    power_on_ms(created, at) & 0xFFFF_FFFF_FFFF
-}
-
 fn power_on_ms(created: Instant, at: Instant) -> u64 {
     u64::try_from(at.saturating_duration_since(created).as_millis()).unwrap_or(u64::MAX)
 }
@@ -71,6 +66,8 @@ fn power_on_ms(created: Instant, at: Instant) -> u64 {
 struct Event {
     etype: EventType,
     at: Instant,
+    /// The Timestamp at `at` (Timestamp feature format).
+    ts: u64,
     data: Vec<u8>,
 }
 
@@ -97,6 +94,8 @@ struct Store {
 pub(crate) struct PersistentEventLog {
     store: Mutex<Store>,
     created: Instant,
+    /// The controller's Timestamp, shared with the Timestamp feature.
+    clock: Arc<Mutex<TimestampClock>>,
     cntlid: u16,
     firmware: [u8; 8],
     /// The header's fields that never change.
@@ -112,8 +111,13 @@ impl std::fmt::Debug for PersistentEventLog {
 }
 
 impl PersistentEventLog {
-    /// An empty log for the controller of `config`, powered on at `created`.
-    pub fn new(config: &ControllerConfig, created: Instant) -> Self {
+    /// An empty log for the controller of `config`, powered on at `created`,
+    /// its timestamps read from `clock`.
+    pub fn new(
+        config: &ControllerConfig,
+        created: Instant,
+        clock: Arc<Mutex<TimestampClock>>,
+    ) -> Self {
         let mut t = PersistentEventLogHeader::new_boxed();
         t.lid = LogPageId::PERSISTENT_EVENT.0;
         t.rv = LOG_REVISION;
@@ -136,6 +140,7 @@ impl PersistentEventLog {
         Self {
             store: Mutex::default(),
             created,
+            clock,
             cntlid: config.cntlid,
             firmware,
             template: t,
@@ -145,7 +150,13 @@ impl PersistentEventLog {
     /// Adds an event of `etype` that happened (or will, for a completion
     /// known in advance) at `at`, dropping the oldest to stay in bounds.
     pub fn record(&self, etype: EventType, at: Instant, data: Vec<u8>) {
-        let event = Event { etype, at, data };
+        let ts = self.timestamp(at);
+        let event = Event {
+            etype,
+            at,
+            ts,
+            data,
+        };
         let mut s = self.store.lock();
         while !s.events.is_empty() && HEADER_BYTES + s.bytes + event.len() > MAX_LOG_BYTES {
             if let Some(old) = s.events.pop_front() {
@@ -165,7 +176,7 @@ impl PersistentEventLog {
         info.cntlid = U16::new(self.cntlid);
         info.cpc = U32::new(u32::try_from(power_cycles).unwrap_or(u32::MAX));
         info.pwrontime = U64::new(power_on_ms(self.created, at));
-        info.ctime = U64::new(timestamp(self.created, at));
+        info.ctime = U64::new(self.timestamp(at));
         let mut data = self.firmware.to_vec();
         data.extend_from_slice(info.as_bytes());
         self.record(EventType::POWER_ON_OR_RESET, at, data);
@@ -194,6 +205,11 @@ impl PersistentEventLog {
         self.store.lock().context = None;
     }
 
+    /// The Timestamp at `at`.
+    fn timestamp(&self, at: Instant) -> u64 {
+        self.clock.lock().read(at).into()
+    }
+
     fn page(&self, s: &Store, now: Instant, power_cycles: u64) -> Vec<u8> {
         let mut h = self.template.clone();
         let mut page = vec![0u8; HEADER_BYTES];
@@ -204,7 +220,7 @@ impl PersistentEventLog {
             eh.etype_rev = EVENT_TYPE_REVISION;
             eh.ehl = EVENT_HEADER_LENGTH;
             eh.cntlid = U16::new(self.cntlid);
-            eh.ets = U64::new(timestamp(self.created, e.at));
+            eh.ets = U64::new(e.ts);
             // Our events' data are at most a telemetry header long.
             eh.el = U16::new(e.data.len() as u16);
             page.extend_from_slice(eh.as_bytes());
@@ -213,7 +229,7 @@ impl PersistentEventLog {
         }
         h.tnev = U32::new(count);
         h.tll = U64::new(page.len() as u64);
-        h.ts = U64::new(timestamp(self.created, now));
+        h.ts = U64::new(self.timestamp(now));
         let hours = now.saturating_duration_since(self.created).as_secs() / 3600;
         h.poh = u128::from(hours).to_le_bytes();
         h.pcc = U64::new(power_cycles);
@@ -312,7 +328,11 @@ mod tests {
     fn log() -> (PersistentEventLog, Instant) {
         let t0 = Instant::now();
         (
-            PersistentEventLog::new(&ControllerConfig::default(), t0),
+            PersistentEventLog::new(
+                &ControllerConfig::default(),
+                t0,
+                Arc::new(Mutex::new(TimestampClock::reset(t0))),
+            ),
             t0,
         )
     }

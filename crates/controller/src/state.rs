@@ -13,7 +13,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use vnvme_spec::feature::{aec, timestamp_origin, HostBehaviorSupport, Timestamp};
+use vnvme_spec::feature::{aec, HostBehaviorSupport};
 use vnvme_spec::log::{async_event, ErrorLogEntry};
 use vnvme_spec::regs::Doorbell;
 use vnvme_spec::{Command, Status};
@@ -33,6 +33,7 @@ use crate::stats::Stats;
 use crate::streams::Streams;
 use crate::subsystem::Subsystem;
 use crate::telemetry::{Capture, Telemetry};
+use crate::timestamp::TimestampClock;
 
 /// The worker of the admin queue: admin commands never run inside an I/O
 /// worker's loop.
@@ -69,7 +70,6 @@ pub(crate) struct AdminState {
     /// Error Recovery (05h) by NSID: a namespace scope feature.
     pub error_recovery: BTreeMap<u32, u32>,
     pub write_atomicity: u32,
-    pub timestamp: TimestampClock,
     /// Host Behavior Support (16h), reserved bytes cleared.
     pub host_behavior: HostBehaviorSupport,
     /// Host Identifier (81h): 8 bytes, or 16 with EXHID; zeroes until set.
@@ -89,49 +89,9 @@ impl AdminState {
             temperature_threshold: 0x0157,
             error_recovery: BTreeMap::new(),
             write_atomicity: 0,
-            timestamp: TimestampClock::reset(Instant::now()),
             host_behavior: zerocopy::FromZeros::new_zeroed(),
             host_id: [0; 16],
         }
-    }
-}
-
-/// The Timestamp feature's clock (§5.27.1.11): milliseconds from a base
-/// (the host's value, or 0 at the last Controller Level Reset) counted on
-/// a monotonic clock, so it advances continuously (Synch stays 0).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct TimestampClock {
-    base_ms: u64,
-    since: Instant,
-    origin: u8,
-}
-
-impl TimestampClock {
-    /// Timestamp Origin 000b: counting from a Controller Level Reset at `at`.
-    pub fn reset(at: Instant) -> Self {
-        Self {
-            base_ms: 0,
-            since: at,
-            origin: timestamp_origin::RESET,
-        }
-    }
-
-    /// Timestamp Origin 001b: the host's `tstmp` at `at`.
-    pub fn set(tstmp: u64, at: Instant) -> Self {
-        Self {
-            base_ms: tstmp,
-            since: at,
-            origin: timestamp_origin::SET_FEATURES,
-        }
-    }
-
-    /// The value at `now`: TSTMP wraps modulo 2^48 (the field's width).
-    pub fn read(&self, now: Instant) -> Timestamp {
-        let elapsed = now.saturating_duration_since(self.since).as_millis();
-        let ms = u64::try_from(elapsed).unwrap_or(u64::MAX);
-        Timestamp::new()
-            .with_tstmp(self.base_ms.wrapping_add(ms) & ((1 << 48) - 1))
-            .with_origin(self.origin)
     }
 }
 
@@ -174,6 +134,9 @@ pub(crate) struct Shared {
     pub telemetry: Telemetry,
     /// Persistent Event Log (0Dh).
     pub persistent_events: PersistentEventLog,
+    /// The Timestamp feature's clock, which the Persistent Event Log's
+    /// timestamps read too.
+    pub timestamp: Arc<Mutex<TimestampClock>>,
     /// Shared with `doorbells`, which counts shadow reads and errors.
     pub stats: Arc<Stats>,
     /// One per worker thread: the admin worker's at [`ADMIN_WORKER`], then

@@ -11,21 +11,29 @@ use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
 use super::invalid_field;
 use crate::command::Ctx;
-use crate::state::{AdminState, TimestampClock};
+use crate::state::AdminState;
+use crate::timestamp::TimestampClock;
 
 const TIMESTAMP_SIZE: usize = 8;
 
-/// Sends `fid`'s value from `admin` (the current or the default values).
+/// Sends `fid`'s value from `admin`: the `current` values, or the
+/// defaults.
 pub(super) fn get(
     ctx: &mut Ctx<'_>,
     cmd: &Command,
     fid: FeatureId,
     admin: &AdminState,
+    current: bool,
 ) -> Result<(), Status> {
     match fid {
         FeatureId::TIMESTAMP => {
-            let ts = admin.timestamp.read(Instant::now());
-            ctx.send(cmd, &u64::from(ts).to_le_bytes())
+            let now = Instant::now();
+            // The default: as a Controller Level Reset leaves it.
+            let clock = match current {
+                true => *ctx.shared.timestamp.lock(),
+                false => TimestampClock::reset(now),
+            };
+            ctx.send(cmd, &u64::from(clock.read(now)).to_le_bytes())
         }
         FeatureId::HOST_BEHAVIOR_SUPPORT => ctx.send(cmd, admin.host_behavior.as_bytes()),
         FeatureId::HOST_IDENTIFIER => {
@@ -59,7 +67,7 @@ fn set_from(
             let raw = u64::read_from_bytes(buf).map_err(|_| invalid_field())?;
             // Bytes 7:6 are reserved in the value the host sets.
             let tstmp = Timestamp::from(raw).tstmp();
-            shared.admin.lock().timestamp = TimestampClock::set(tstmp, Instant::now());
+            *shared.timestamp.lock() = TimestampClock::set(tstmp, Instant::now());
         }
         FeatureId::HOST_BEHAVIOR_SUPPORT => {
             ctx.receive(cmd, size_of::<HostBehaviorSupport>(), buf)?;

@@ -113,7 +113,7 @@ pub(super) fn get(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
     };
     Ok(match fid {
         FeatureId::TIMESTAMP | FeatureId::HOST_BEHAVIOR_SUPPORT | FeatureId::HOST_IDENTIFIER => {
-            feature_data::get(ctx, cmd, fid, &admin)?;
+            feature_data::get(ctx, cmd, fid, &admin, current)?;
             0
         }
         FeatureId::ARBITRATION => admin.arbitration,

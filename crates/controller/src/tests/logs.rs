@@ -427,7 +427,8 @@ fn persistent_events_record_power_on_resets_format_and_namespace_changes() {
 
     let ev = events(&h.persistent_event_log());
     assert_eq!(types(&ev), [0x04, 0x04, 0x07, 0x08, 0x06, 0x06]);
-    assert!(ev.windows(2).all(|w| w[0].1 <= w[1].1), "in time order");
+    // The reset restarted the Timestamp: the events after it are in order.
+    assert!(ev[2..].windows(2).all(|w| w[0].1 <= w[1].1), "in time order");
     let (power_on, reset) = (&ev[0].2, &ev[1].2);
     assert_eq!(power_on.len(), 8 + 36);
     assert_eq!(le32(power_on, 8 + 16), 0, "power cycle count at creation");
@@ -504,6 +505,38 @@ fn persistent_events_record_firmware_commits_and_a_sanitize() {
     assert_ne!(le32(start, 0), 0, "SANICAP");
     assert_eq!(le16(done, 0), 0xFFFF, "SPROG: not in progress");
     assert_eq!(le16(done, 2) & 0x7, 1, "SSTAT: completed");
+}
+
+#[test]
+fn persistent_events_carry_the_timestamp_the_host_set_and_a_reset_clears() {
+    let mut h = Host::with(config(), 512);
+    h.enable();
+    let set_to: u64 = 1_700_000_000_000;
+    h.mem.write(DATA + 0x20000, &set_to.to_le_bytes()).unwrap();
+    let mut c = set_features(0x0E, 0);
+    c.prp1 = U64::new(DATA + 0x20000);
+    assert_eq!(h.admin(c).status(), Status::SUCCESS);
+    let mut c = cmd(AdminOpcode::FORMAT_NVM.0);
+    c.nsid = U32::new(1);
+    assert_eq!(h.admin(c).status(), Status::SUCCESS);
+    h.reenable();
+    let page = h.persistent_event_log();
+    let ev = events(&page);
+    assert_eq!(types(&ev), [0x04, 0x07, 0x08, 0x04]);
+    // Bytes 5:0 milliseconds, byte 6 bits 3:1 the Timestamp Origin.
+    let ms = |ts: u64| ts & 0xFFFF_FFFF_FFFF;
+    let origin = |ts: u64| (ts >> 49) & 0x7;
+    let power_on = ev[0].1;
+    assert_eq!(origin(power_on), 0, "power-on: counted from the reset");
+    assert!(ms(power_on) < 10_000, "{power_on:#x}");
+    for e in &ev[1..] {
+        assert_eq!(origin(e.1), 1, "set by Set Features: {:#x}", e.1);
+        assert!((set_to..set_to + 10_000).contains(&ms(e.1)), "{:#x}", e.1);
+    }
+    // The reset cleared the clock after its event: the header (the
+    // context established since) counts from the reset again.
+    assert_eq!(origin(le64(&page, 20)), 0);
+    assert!(ms(le64(&page, 20)) < 10_000);
 }
 
 #[test]
