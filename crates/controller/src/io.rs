@@ -210,7 +210,7 @@ fn gather(
     out: &mut [u8],
 ) -> Result<(), Status> {
     ctx.map_prps(cmd, rw.data_len)?;
-    if rw.meta_len == 0 {
+    if rw.data_len == rw.len {
         return prp::read_from_guest(&*ctx.session.mem, &ctx.scratch.segs, out);
     }
     let mut data = std::mem::take(&mut ctx.scratch.split);
@@ -225,14 +225,18 @@ fn gather(
     });
     if r.is_ok() {
         let (lba, ms) = (1usize << ns.lba_shift, usize::from(ns.ms));
-        for ((block, d), m) in out
+        for (i, (block, d)) in out
             .chunks_exact_mut(lba + ms)
             .zip(data.chunks_exact(lba))
-            .zip(meta.chunks_exact(ms))
+            .enumerate()
         {
             let (bd, bm) = block.split_at_mut(lba);
             bd.copy_from_slice(d);
-            bm.copy_from_slice(m);
+            // No metadata from the host (PRACT): the controller makes the PI.
+            match meta.get(i * ms..(i + 1) * ms) {
+                Some(m) => bm.copy_from_slice(m),
+                None => bm.fill(0),
+            }
         }
     }
     ctx.scratch.split = data;
@@ -250,7 +254,7 @@ fn scatter(
     media: &[u8],
 ) -> Result<(), Status> {
     ctx.map_prps(cmd, rw.data_len)?;
-    if rw.meta_len == 0 {
+    if rw.data_len == rw.len {
         return prp::write_to_guest(&*ctx.session.mem, &ctx.scratch.segs, media);
     }
     let mut data = std::mem::take(&mut ctx.scratch.split);
@@ -263,7 +267,12 @@ fn scatter(
         data.extend_from_slice(d);
         meta.extend_from_slice(m);
     }
+    // PRACT stripped the PI, the metadata's only content.
+    meta.truncate(rw.meta_len as usize);
     let r = prp::write_to_guest(&*ctx.session.mem, &ctx.scratch.segs, &data).and_then(|()| {
+        if meta.is_empty() {
+            return Ok(());
+        }
         ctx.session
             .mem
             .write(cmd.mptr.get(), &meta)
@@ -318,7 +327,9 @@ fn read(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Arc<Namespace>) -> Result<Option<
 fn pin(ctx: &Ctx<'_>, rw: &ReadWrite, write: bool) -> Option<MappedBuf> {
     // SGL bit buckets have no memory to hand the kernel: the copy skips them.
     let bucket = |s: &crate::memory::Segment| s.addr == crate::memory::Segment::BIT_BUCKET;
-    if rw.meta_len != 0 || ctx.scratch.segs.iter().any(bucket) {
+    // Split metadata, and protection information (checked, generated or
+    // stripped), need the data in a buffer of ours.
+    if rw.data_len != rw.len || rw.pi.is_some() || ctx.scratch.segs.iter().any(bucket) {
         return None;
     }
     ctx.session.mem.pin(&ctx.scratch.segs, write)
@@ -361,7 +372,21 @@ fn read_done(
     media: &[u8],
 ) -> Result<(), Status> {
     bounced(ctx, rw);
-    let r = scatter(ctx, cmd, ns, rw, media);
+    let r = match (ns.pi, rw.pi) {
+        // Checked, and unwritten tuples shown as FFh, in a copy: `media`
+        // is the backend's buffer.
+        (Some(f), Some(pc)) => {
+            let mut checked = std::mem::take(&mut ctx.scratch.buf2);
+            checked.clear();
+            checked.extend_from_slice(media);
+            let r = f
+                .on_read(&pc, &mut checked)
+                .and_then(|()| scatter(ctx, cmd, ns, rw, &checked));
+            ctx.scratch.buf2 = checked;
+            r
+        }
+        _ => scatter(ctx, cmd, ns, rw, media),
+    };
     read_counted(ctx, rw);
     r
 }
@@ -397,7 +422,7 @@ fn write(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Arc<Namespace>) -> Result<Option
     // FUA, or a disabled volatile write cache: durable before the
     // completion is posted.
     let fua = rw.fua || !ctx.shared.wce.load(Ordering::Relaxed);
-    if InFlight::is_async(ns) && rw.meta_len == 0 {
+    if InFlight::is_async(ns) && rw.data_len == rw.len && rw.pi.is_none() {
         ctx.map_prps(cmd, rw.data_len)?;
         if let Some(mem) = pin(ctx, &rw, false) {
             let request = BlockRequest::Write {
@@ -409,7 +434,11 @@ fn write(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Arc<Namespace>) -> Result<Option
         }
     }
     let mut buf = ctx.inflight.buffer(rw.len as usize);
-    if let Err(status) = gather(ctx, cmd, ns, &rw, &mut buf) {
+    let r = gather(ctx, cmd, ns, &rw, &mut buf).and_then(|()| match (ns.pi, rw.pi) {
+        (Some(f), Some(pc)) => f.on_write(&pc, &mut buf),
+        _ => Ok(()),
+    });
+    if let Err(status) = r {
         ctx.inflight.recycle(buf);
         return Err(status);
     }
