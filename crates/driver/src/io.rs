@@ -5,14 +5,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vnvme_spec::cdw::Cdw12ReadWrite;
+use vnvme_spec::cdw::{Cdw12ReadWrite, Prinfo};
 use vnvme_spec::command::Command;
 use vnvme_spec::{Completion, NvmOpcode};
 
 use crate::access::DmaBuffer;
 use crate::error::Error;
 use crate::irq::QueueIrq;
-use crate::namespace::{Namespace, NamespaceSet};
+use crate::namespace::{Namespace, NamespaceSet, NsProtection};
 use crate::queue::{Backoff, QueueCounters, QueuePair, REAP_CAP};
 
 /// One I/O submission/completion queue pair (SQ id = CQ id = `qid`).
@@ -215,6 +215,9 @@ impl IoQueue {
         // 1 to 65536 blocks (checked above): NLB, 0's based, fits in 16 bits.
         let nlb_z = u16::try_from(nblocks - 1).unwrap_or(u16::MAX);
         cmd.cdw12 = Cdw12ReadWrite::new().with_nlb_z(nlb_z).into();
+        if let Some(pi) = ns.protection {
+            protect(&mut cmd, pi, lba, nlb_z);
+        }
         let cid = self.qp.alloc_cid()?;
         cmd.set_cid(cid);
         if let Err(e) = self.qp.set_data(&mut cmd, cid, buf, len) {
@@ -364,5 +367,24 @@ impl IoQueue {
                 &mut backoff,
             )?;
         }
+    }
+}
+
+/// PRACT with every check that applies to `pi`'s type: the controller
+/// generates the PI of a write and checks and strips that of a read. The
+/// initial reference tag is the LBA (Type 1 requires it; Type 2 takes any,
+/// Type 3 checks none), its upper 16 bits in CDW3 for 48-bit tags.
+fn protect(cmd: &mut Command, pi: NsProtection, lba: u64, nlb_z: u16) {
+    let prinfo = Prinfo::new()
+        .with_pract(true)
+        .with_prchk_guard(true)
+        .with_prchk_ref(pi.pit != 3);
+    cmd.cdw12 = Cdw12ReadWrite::new()
+        .with_nlb_z(nlb_z)
+        .with_prinfo(prinfo.into_bits())
+        .into();
+    cmd.cdw14 = (lba as u32).into();
+    if pi.guard_64 {
+        cmd.cdw3 = ((lba >> 32) as u32 & 0xFFFF).into();
     }
 }

@@ -61,7 +61,7 @@ pub use doorbell::{DoorbellKind, NeedEvent};
 pub use error::Error;
 pub use init::InitMode;
 pub use io::IoQueue;
-pub use namespace::{Namespace, NamespaceState, NsState};
+pub use namespace::{Namespace, NamespaceState, NsProtection, NsState};
 pub use passthru::{
     AsyncCompletion, AsyncQueue, BufferSlice, DataDirection, PassthruCompletion, PassthruData,
 };
