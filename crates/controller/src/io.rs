@@ -373,18 +373,21 @@ fn read_done(
 ) -> Result<(), Status> {
     bounced(ctx, rw);
     let r = match (ns.pi, rw.pi) {
-        // Checked, and unwritten tuples shown as FFh, in a copy: `media`
-        // is the backend's buffer.
-        (Some(f), Some(pc)) => {
-            let mut checked = std::mem::take(&mut ctx.scratch.buf2);
-            checked.clear();
-            checked.extend_from_slice(media);
-            let r = f
-                .on_read(&pc, &mut checked)
-                .and_then(|()| scatter(ctx, cmd, ns, rw, &checked));
-            ctx.scratch.buf2 = checked;
-            r
-        }
+        (Some(f), Some(pc)) => match f.on_read(&pc, media) {
+            // Unwritten tuples the host gets (not stripped) are shown as
+            // FFh, in a copy: `media` is the backend's buffer.
+            Ok(true) if rw.data_len + rw.meta_len == rw.len => {
+                let mut shown = std::mem::take(&mut ctx.scratch.buf2);
+                shown.clear();
+                shown.extend_from_slice(media);
+                f.show_unwritten(&mut shown);
+                let r = scatter(ctx, cmd, ns, rw, &shown);
+                ctx.scratch.buf2 = shown;
+                r
+            }
+            Ok(_) => scatter(ctx, cmd, ns, rw, media),
+            Err(status) => Err(status),
+        },
         _ => scatter(ctx, cmd, ns, rw, media),
     };
     read_counted(ctx, rw);

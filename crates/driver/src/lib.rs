@@ -49,6 +49,7 @@ pub mod io;
 pub mod irq;
 pub mod namespace;
 pub mod passthru;
+pub mod pi;
 pub mod prp;
 pub mod queue;
 #[cfg(test)]
@@ -65,5 +66,6 @@ pub use namespace::{Namespace, NamespaceState, NsProtection, NsState};
 pub use passthru::{
     AsyncCompletion, AsyncQueue, BufferSlice, DataDirection, PassthruCompletion, PassthruData,
 };
+pub use pi::PiError;
 pub use queue::QueueCounters;
 pub use vfio_user_access::VfioUserAccess;

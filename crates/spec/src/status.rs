@@ -322,7 +322,8 @@ mod tests {
         assert_eq!(Status::NAMESPACE_NOT_READY.sc(), 0x82);
         let guard_check = Status::from_raw((u16::from(sct::MEDIA) << 8) | 0x82);
         assert!(!guard_check.same_code(Status::NAMESPACE_NOT_READY));
-        assert_eq!(guard_check.name(), "unknown");
+        assert_eq!(guard_check, Status::GUARD_CHECK_ERROR);
+        assert_eq!(guard_check.name(), "guard-check-error");
     }
 
     #[test]

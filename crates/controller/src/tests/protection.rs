@@ -55,11 +55,7 @@ fn pi_rw(
 }
 
 fn crc(guard: Guard, bytes: &[u8]) -> u64 {
-    let alg = match guard {
-        Guard::Crc16 => crc_fast::CrcAlgorithm::Crc16T10Dif,
-        Guard::Crc64 => crc_fast::CrcAlgorithm::Crc64Nvme,
-    };
-    crc_fast::checksum(alg, bytes)
+    guard.checksum(bytes)
 }
 
 fn block(seed: u8) -> Vec<u8> {

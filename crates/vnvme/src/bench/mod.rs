@@ -434,9 +434,12 @@ impl ModeBench {
                  PI tuple alone, as in formats 4 and 6)"
             );
         }
-        let queues = (0..usize::from(opts.queues))
+        let mut queues = (0..usize::from(opts.queues))
             .map(|i| driver.take_io_queue(i))
             .collect::<Result<Vec<_>, _>>()?;
+        if opts.pi.is_some() && opts.backend != BackendArg::Null {
+            Self::prefill(&mut queues, &access)?;
+        }
         let stripes = if opts.verify {
             Some(Self::stripes(&queues, BLOCK_SIZE)?)
         } else {
@@ -450,6 +453,26 @@ impl ModeBench {
             queues,
             stripes,
         })
+    }
+
+    /// Writes every block of namespace 1 once (with PRACT: the controller
+    /// makes its PI), so reads check real PI: a block never written reads
+    /// a tuple of FFh, which turns every check off.
+    fn prefill(queues: &mut [IoQueue], access: &Arc<dyn DeviceAccess>) -> Result<()> {
+        const PER_WRITE: u32 = 32;
+        let Some(q) = queues.first_mut() else {
+            return Ok(());
+        };
+        let blocks = q.namespace(1).context("namespace 1")?.blocks;
+        let buf = access.dma_alloc(PER_WRITE as usize * BLOCK_SIZE as usize)?;
+        buf.write_bytes(0, &vec![0x5A; buf.len()])?;
+        let mut lba = 0;
+        while lba < blocks {
+            let n = (blocks - lba).min(u64::from(PER_WRITE)) as u32;
+            q.write(1, lba, n, &buf)?;
+            lba += u64::from(n);
+        }
+        Ok(())
     }
 
     /// Splits namespace 1 into one stripe of whole blocks per queue, so no

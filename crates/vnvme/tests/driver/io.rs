@@ -263,3 +263,59 @@ fn protected_namespaces_move_data_with_pract_and_store_checked_pi() {
         "type 1: the initial reference tag must be the SLBA"
     );
 }
+
+#[test]
+fn driver_generated_pi_is_checked_by_the_controller_and_read_back_verified() {
+    let rig = start(
+        device(DoorbellMode::Trap),
+        &["16M:ram,format=4,pi=1", "16M:ram,format=6,pi=3"],
+        InitOptions::default(),
+    );
+    let mut q = rig.ctrl.take_io_queue(0).unwrap();
+    let data = pattern(8192, 5);
+    let buf = rig.access.dma_alloc(8192).unwrap();
+    buf.write_bytes(0, &data).unwrap();
+    for nsid in [1, 2] {
+        let meta = rig.access.dma_alloc(4096).unwrap();
+        q.write_protected(nsid, 12, (&buf, &meta), 2, 0x5A5A)
+            .unwrap();
+        let (mut back, mut tuples) = (
+            rig.access.dma_alloc(8192).unwrap(),
+            rig.access.dma_alloc(4096).unwrap(),
+        );
+        q.read_protected(nsid, 12, (&mut back, &mut tuples), 2, 0x5A5A)
+            .unwrap();
+        assert_eq!(back.to_vec(), data, "nsid {nsid}");
+        // The controller checks the application tag it is told to expect.
+        let err = q
+            .read_protected(nsid, 12, (&mut back, &mut tuples), 2, 0x5A5B)
+            .unwrap_err();
+        assert_eq!(
+            err.status(),
+            Some(Status::APPLICATION_TAG_CHECK_ERROR.with_dnr(true)),
+            "nsid {nsid}: {err}"
+        );
+    }
+    // PRACT writes (the plain block API) read back with the driver's own
+    // check: the controller's tuples are what the driver computes.
+    q.write(1, 20, 2, &buf).unwrap();
+    let (mut back, mut tuples) = (
+        rig.access.dma_alloc(8192).unwrap(),
+        rig.access.dma_alloc(4096).unwrap(),
+    );
+    q.read_protected(1, 20, (&mut back, &mut tuples), 2, 0)
+        .unwrap();
+    // A namespace without PI has no protected I/O.
+    let plain = start(
+        device(DoorbellMode::Trap),
+        &["16M:ram"],
+        InitOptions::default(),
+    );
+    let mut pq = plain.ctrl.take_io_queue(0).unwrap();
+    let meta = plain.access.dma_alloc(4096).unwrap();
+    let b = plain.access.dma_alloc(4096).unwrap();
+    assert!(matches!(
+        pq.write_protected(1, 0, (&b, &meta), 1, 0),
+        Err(Error::InvalidRequest(_))
+    ));
+}
