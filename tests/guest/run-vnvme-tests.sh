@@ -64,7 +64,8 @@
 #              --pi=1/3: id-ns DPS, /sys/block/nvme0n1/integrity/format (T10-DIF-TYPE1-CRC, T10-DIF-TYPE3-CRC,
 #              EXT-DIF-TYPE1-CRC64, EXT-DIF-TYPE3-CRC64), fio verify with the kernel generating and checking
 #              PI; nvme write --prinfo with a wrong guard refused (0x282), nvme read with a wrong application
-#              tag (0x283) and, type 2, reference tag (0x284); --lbaf=3 --pi=0: integrity "none"
+#              tag (0x283) and, type 2, reference tag (0x284); --lbaf=5 (4096+64) --pi=1 with PI last and
+#              first: fio verify; --lbaf=3 --pi=0: integrity "none"
 #   directives --ns 64M:ram: Identify and Streams directives with nvme-cli dir-receive/dir-send
 #              (enable, parameters, allocate 4, a write with --dir-type=1 --dir-spec=2 opens stream 2,
 #              stream 5 refused, release identifier and resources)
@@ -78,7 +79,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --compare) COMPARE=1 ;;
     --keep) KEEP=1 ;;
-    -h|--help) sed -n '2,70p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,71p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "run-vnvme-tests: unknown option $1" >&2; exit 126 ;;
     *) case " $ALL " in *" $1 "*) ONLY="$ONLY $1" ;; *) echo "run-vnvme-tests: unknown test $1" >&2; exit 126 ;; esac ;;
   esac

@@ -11,6 +11,8 @@
 #     the End-to-end Guard Check Error (0x282); nvme read --prinfo=2 with an application tag the block
 #     does not carry gets the Application Tag Check Error (0x283); with type 2, a reference tag check
 #     against another initial tag gets the Reference Tag Check Error (0x284)
+# --lbaf=5 (4096+64) --pi=1 with --pil=0 (PI in the last 8 bytes: the guard covers the 56 bytes before it)
+# and --pil=1 (first): DPS PIP, T10-DIF-TYPE1-CRC, fio verify;
 # then --lbaf=3 --pi=0 back: integrity/format "none"; no nvme errors in dmesg.
 . /guest-lib.sh
 wait_nvme 10 || die "no /dev/nvme0n1"
@@ -20,13 +22,14 @@ field() { grep -E "^$1[[:space:]]*:" "$2" | head -1 | sed 's/^[^:]*: *//; s/ *$/
 DEV=/dev/nvme0n1
 INTEG=/sys/block/nvme0n1/integrity/format
 
-# format_pi LBAF PI PROFILE: format, then wait for the block layer to show PROFILE
+# format_pi LBAF PI PROFILE [PIL]: format, then wait for the block layer to show PROFILE
 format_pi() {
-  out=$(nvme format $DEV --lbaf="$1" --pi="$2" --force 2>&1) || { fail "format --lbaf=$1 --pi=$2: $out"; return 1; }
+  out=$(nvme format $DEV --lbaf="$1" --pi="$2" --pil="${4:-0}" --force 2>&1) || { fail "format --lbaf=$1 --pi=$2: $out"; return 1; }
   nvme id-ns $DEV > /tmp/id-ns || fail "id-ns after format"
   flbas=$(field flbas /tmp/id-ns); dps=$(field dps /tmp/id-ns)
   [ $((flbas & 0xf)) = "$1" ] || fail "flbas $flbas after format --lbaf=$1"
   [ $((dps & 7)) = "$2" ] || fail "dps $dps after format --pi=$2"
+  [ $(((dps >> 3) & 1)) = "${4:-0}" ] || fail "dps $dps after format --pil=${4:-0}"
   _i=0
   while [ "$(cat $INTEG 2>/dev/null)" != "$3" ] && [ $_i -lt 50 ]; do sleep 0.1; _i=$((_i + 1)); done
   got=$(cat $INTEG 2>/dev/null)
@@ -82,6 +85,13 @@ case_pi 4 2 T10-DIF-TYPE1-CRC 8
 case_pi 4 3 T10-DIF-TYPE3-CRC 8
 case_pi 6 1 EXT-DIF-TYPE1-CRC64 16
 case_pi 6 3 EXT-DIF-TYPE3-CRC64 16
+# 4096+64: 56 bytes of metadata besides the tuple, PI last (guard over data and those bytes) or first
+for pil in 0 1; do
+  format_pi 5 1 T10-DIF-TYPE1-CRC $pil || continue
+  fio_json "pi-l5-pil$pil" --filename=$DEV --rw=randwrite --bs=4k --size=8M --ioengine=io_uring --direct=1 \
+    --iodepth=8 --verify=crc32c --verify_fatal=1 --do_verify=1 --randrepeat=0 \
+    || fail "lbaf 5 pil $pil: fio verify"
+done
 format_pi 3 0 none
 result_json "{\"name\":\"pi\",\"ok\":$((1 - rc))}"
 check_no_nvme_errors || rc=1
