@@ -257,6 +257,13 @@ fn scatter(
     if rw.data_len == rw.len {
         return prp::write_to_guest(&*ctx.session.mem, &ctx.scratch.segs, media);
     }
+    if rw.nlb == 1 {
+        // One block: its data and metadata lie apart already.
+        let (data, meta) = media.split_at((1usize << ns.lba_shift).min(media.len()));
+        let meta = meta.get(..rw.meta_len as usize).unwrap_or_default();
+        return prp::write_to_guest(&*ctx.session.mem, &ctx.scratch.segs, data)
+            .and_then(|()| write_metadata(ctx, cmd, meta));
+    }
     let mut data = std::mem::take(&mut ctx.scratch.split);
     let mut meta = std::mem::take(&mut ctx.scratch.meta);
     data.clear();
@@ -269,18 +276,23 @@ fn scatter(
     }
     // PRACT stripped the PI, the metadata's only content.
     meta.truncate(rw.meta_len as usize);
-    let r = prp::write_to_guest(&*ctx.session.mem, &ctx.scratch.segs, &data).and_then(|()| {
-        if meta.is_empty() {
-            return Ok(());
-        }
-        ctx.session
-            .mem
-            .write(cmd.mptr.get(), &meta)
-            .map_err(metadata_transfer_error)
-    });
+    let r = prp::write_to_guest(&*ctx.session.mem, &ctx.scratch.segs, &data)
+        .and_then(|()| write_metadata(ctx, cmd, &meta));
     ctx.scratch.split = data;
     ctx.scratch.meta = meta;
     r
+}
+
+/// Copies separate metadata to the host's buffer at MPTR (none when
+/// PRACT stripped it).
+fn write_metadata(ctx: &Ctx<'_>, cmd: &Command, meta: &[u8]) -> Result<(), Status> {
+    if meta.is_empty() {
+        return Ok(());
+    }
+    ctx.session
+        .mem
+        .write(cmd.mptr.get(), meta)
+        .map_err(metadata_transfer_error)
 }
 
 /// Unrecovered Read Error if any of `nlb` blocks at `slba` is marked by

@@ -64,7 +64,8 @@ impl NsProtection {
     fn blocks(self, data: &[u8], meta: &[u8], lba_size: usize) -> Result<u64, PiError> {
         let tuple = usize::from(self.tuple_size());
         let blocks = data.len() / lba_size.max(1);
-        if blocks == 0 || !data.len().is_multiple_of(lba_size.max(1)) || meta.len() < blocks * tuple {
+        if blocks == 0 || !data.len().is_multiple_of(lba_size.max(1)) || meta.len() < blocks * tuple
+        {
             return Err(PiError::Buffers {
                 blocks: blocks as u64,
                 need: blocks * (lba_size + tuple),
