@@ -62,6 +62,12 @@
 #              read-only slot 1, slots 0/3/4, action 6; action 1 + controller reset and action 3 (no
 #              reset, the activation notice) each show the new revision in fw-log, id-ctrl FR and sysfs;
 #              persistent-event-log has one Firmware Commit event per fw-commit (9)
+#   pi         --ns 64M:file=F: nvme format --lbaf=4 (4096+8) --pi=1/2/3 and --lbaf=6 (4096+16, 64-bit guard)
+#              --pi=1/3: id-ns DPS, /sys/block/nvme0n1/integrity/format (T10-DIF-TYPE1-CRC, T10-DIF-TYPE3-CRC,
+#              EXT-DIF-TYPE1-CRC64, EXT-DIF-TYPE3-CRC64), fio verify with the kernel generating and checking
+#              PI; nvme write --prinfo with a wrong guard refused (0x282), nvme read with a wrong application
+#              tag (0x283) and, type 2, reference tag (0x284); --lbaf=5 (4096+64) --pi=1 with PI last and
+#              first: fio verify; --lbaf=3 --pi=0: integrity "none"
 #   directives --ns 64M:ram: Identify and Streams directives with nvme-cli dir-receive/dir-send
 #              (enable, parameters, allocate 4, a write with --dir-type=1 --dir-spec=2 opens stream 2,
 #              stream 5 refused, release identifier and resources)
@@ -69,13 +75,13 @@ set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 GT=$HERE/tests
-ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io sanitize file-backed-ram nvme-cli-admin logs firmware directives"
+ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io sanitize file-backed-ram nvme-cli-admin logs firmware directives pi"
 COMPARE=0 KEEP=0 ONLY=''
 while [ $# -gt 0 ]; do
   case $1 in
     --compare) COMPARE=1 ;;
     --keep) KEEP=1 ;;
-    -h|--help) sed -n '2,67p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,73p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "run-vnvme-tests: unknown option $1" >&2; exit 126 ;;
     *) case " $ALL " in *" $1 "*) ONLY="$ONLY $1" ;; *) echo "run-vnvme-tests: unknown test $1" >&2; exit 126 ;; esac ;;
   esac
@@ -385,6 +391,10 @@ t_directives() {
 t_file() {
   own_server_test file --ns vnvme-fio-verify.sh --ns "128M:file=$TMP/file-ns.img" -- \
     --timeout 300 --append "rig.size=128M rig.name=file"
+}
+
+t_pi() {
+  own_server_test pi pi= vnvme-pi.sh --ns "64M:file=$TMP/pi.img" -- --timeout 600
 }
 
 t_nvm-io() {

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use vnvme_blockdev::BlockDevice;
 
+use crate::protection::{Guard, Protection};
 use crate::vendor::VendorCommands;
 
 /// How the controller presents itself and how much it grants. Everything here
@@ -255,8 +256,11 @@ impl std::str::FromStr for DoorbellMode {
 pub struct LbaFormatSpec {
     /// Logical block data size in bytes (512 or 4096).
     pub data_size: u32,
-    /// Metadata bytes per logical block (0, 8 or 64).
+    /// Metadata bytes per logical block (0, 8, 16 or 64).
     pub metadata_size: u16,
+    /// The guard of protection information in this format (Identify CNS
+    /// 05h ELBAF.PIF), when a PI type is chosen.
+    pub guard: Guard,
 }
 
 /// The LBA formats every namespace reports in Identify Namespace LBAF[]
@@ -270,34 +274,58 @@ pub struct LbaFormatSpec {
 /// | 3 | 4096 | 0 (the default) |
 /// | 4 | 4096 | 8 |
 /// | 5 | 4096 | 64 |
+/// | 6 | 4096 | 16, 64-bit guard |
+/// | 7 | 4096 | 64, 64-bit guard |
 ///
 /// Formats with metadata transfer it either with the data (extended LBAs,
 /// FLBAS bit 4) or in a separate buffer at MPTR, as chosen at Format NVM
-/// (MSET) or in [`NamespaceConfig::extended_metadata`].
+/// (MSET) or in [`NamespaceConfig::extended_metadata`]. Protection
+/// information (Format NVM PI and PIL, [`NamespaceConfig::protection`])
+/// fits every format with metadata: an 8-byte tuple with a 16-bit guard
+/// (CRC-16 T10-DIF) in formats 1, 2, 4 and 5, a 16-byte tuple with a
+/// 64-bit guard (CRC-64 NVMe) in formats 6 and 7 (see
+/// [`crate::protection`]). New formats are appended: hosts and
+/// configurations name them by index.
 pub const LBA_FORMATS: &[LbaFormatSpec] = &[
     LbaFormatSpec {
         data_size: 512,
         metadata_size: 0,
+        guard: Guard::Crc16,
     },
     LbaFormatSpec {
         data_size: 512,
         metadata_size: 8,
+        guard: Guard::Crc16,
     },
     LbaFormatSpec {
         data_size: 512,
         metadata_size: 64,
+        guard: Guard::Crc16,
     },
     LbaFormatSpec {
         data_size: 4096,
         metadata_size: 0,
+        guard: Guard::Crc16,
     },
     LbaFormatSpec {
         data_size: 4096,
         metadata_size: 8,
+        guard: Guard::Crc16,
     },
     LbaFormatSpec {
         data_size: 4096,
         metadata_size: 64,
+        guard: Guard::Crc16,
+    },
+    LbaFormatSpec {
+        data_size: 4096,
+        metadata_size: 16,
+        guard: Guard::Crc64,
+    },
+    LbaFormatSpec {
+        data_size: 4096,
+        metadata_size: 64,
+        guard: Guard::Crc64,
     },
 ];
 
@@ -351,6 +379,9 @@ pub struct NamespaceConfig {
     /// block's data in one buffer, FLBAS bit 4) rather than a separate
     /// buffer at MPTR. Default false.
     pub extended_metadata: bool,
+    /// End-to-end protection: a PI type and where the tuple lies in the
+    /// metadata (default none). Needs a format with metadata.
+    pub protection: Option<Protection>,
 }
 
 impl NamespaceConfig {
@@ -366,6 +397,7 @@ impl NamespaceConfig {
             attached: true,
             format_index: format_index_for(lba_size).unwrap_or(DEFAULT_FORMAT_INDEX),
             extended_metadata: false,
+            protection: None,
         }
     }
 
@@ -386,6 +418,16 @@ impl NamespaceConfig {
 
     pub fn with_attached(mut self, attached: bool) -> Self {
         self.attached = attached;
+        self
+    }
+
+    pub fn with_protection(mut self, protection: Option<Protection>) -> Self {
+        self.protection = protection;
+        self
+    }
+
+    pub fn with_extended_metadata(mut self, extended: bool) -> Self {
+        self.extended_metadata = extended;
         self
     }
 
@@ -427,6 +469,16 @@ pub enum ConfigError {
         lba_size: u32,
         index: u8,
         data_size: u32,
+    },
+    #[error(
+        "namespace {nsid}: protection information needs a format with at least {pi_size} \
+         bytes of metadata, format {index} has {ms}"
+    )]
+    ProtectionDoesNotFit {
+        nsid: u32,
+        index: u8,
+        ms: u16,
+        pi_size: u16,
     },
     #[error("max_namespaces must be at most {max}, got {got}")]
     MaxNamespaces { got: u32, max: u32 },

@@ -210,7 +210,7 @@ fn gather(
     out: &mut [u8],
 ) -> Result<(), Status> {
     ctx.map_prps(cmd, rw.data_len)?;
-    if rw.meta_len == 0 {
+    if rw.data_len == rw.len {
         return prp::read_from_guest(&*ctx.session.mem, &ctx.scratch.segs, out);
     }
     let mut data = std::mem::take(&mut ctx.scratch.split);
@@ -225,14 +225,18 @@ fn gather(
     });
     if r.is_ok() {
         let (lba, ms) = (1usize << ns.lba_shift, usize::from(ns.ms));
-        for ((block, d), m) in out
+        for (i, (block, d)) in out
             .chunks_exact_mut(lba + ms)
             .zip(data.chunks_exact(lba))
-            .zip(meta.chunks_exact(ms))
+            .enumerate()
         {
             let (bd, bm) = block.split_at_mut(lba);
             bd.copy_from_slice(d);
-            bm.copy_from_slice(m);
+            // No metadata from the host (PRACT): the controller makes the PI.
+            match meta.get(i * ms..(i + 1) * ms) {
+                Some(m) => bm.copy_from_slice(m),
+                None => bm.fill(0),
+            }
         }
     }
     ctx.scratch.split = data;
@@ -250,8 +254,15 @@ fn scatter(
     media: &[u8],
 ) -> Result<(), Status> {
     ctx.map_prps(cmd, rw.data_len)?;
-    if rw.meta_len == 0 {
+    if rw.data_len == rw.len {
         return prp::write_to_guest(&*ctx.session.mem, &ctx.scratch.segs, media);
+    }
+    if rw.nlb == 1 {
+        // One block: its data and metadata lie apart already.
+        let (data, meta) = media.split_at((1usize << ns.lba_shift).min(media.len()));
+        let meta = meta.get(..rw.meta_len as usize).unwrap_or_default();
+        return prp::write_to_guest(&*ctx.session.mem, &ctx.scratch.segs, data)
+            .and_then(|()| write_metadata(ctx, cmd, meta));
     }
     let mut data = std::mem::take(&mut ctx.scratch.split);
     let mut meta = std::mem::take(&mut ctx.scratch.meta);
@@ -263,15 +274,25 @@ fn scatter(
         data.extend_from_slice(d);
         meta.extend_from_slice(m);
     }
-    let r = prp::write_to_guest(&*ctx.session.mem, &ctx.scratch.segs, &data).and_then(|()| {
-        ctx.session
-            .mem
-            .write(cmd.mptr.get(), &meta)
-            .map_err(metadata_transfer_error)
-    });
+    // PRACT stripped the PI, the metadata's only content.
+    meta.truncate(rw.meta_len as usize);
+    let r = prp::write_to_guest(&*ctx.session.mem, &ctx.scratch.segs, &data)
+        .and_then(|()| write_metadata(ctx, cmd, &meta));
     ctx.scratch.split = data;
     ctx.scratch.meta = meta;
     r
+}
+
+/// Copies separate metadata to the host's buffer at MPTR (none when
+/// PRACT stripped it).
+fn write_metadata(ctx: &Ctx<'_>, cmd: &Command, meta: &[u8]) -> Result<(), Status> {
+    if meta.is_empty() {
+        return Ok(());
+    }
+    ctx.session
+        .mem
+        .write(cmd.mptr.get(), meta)
+        .map_err(metadata_transfer_error)
 }
 
 /// Unrecovered Read Error if any of `nlb` blocks at `slba` is marked by
@@ -318,7 +339,9 @@ fn read(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Arc<Namespace>) -> Result<Option<
 fn pin(ctx: &Ctx<'_>, rw: &ReadWrite, write: bool) -> Option<MappedBuf> {
     // SGL bit buckets have no memory to hand the kernel: the copy skips them.
     let bucket = |s: &crate::memory::Segment| s.addr == crate::memory::Segment::BIT_BUCKET;
-    if rw.meta_len != 0 || ctx.scratch.segs.iter().any(bucket) {
+    // Split metadata, and protection information (checked, generated or
+    // stripped), need the data in a buffer of ours.
+    if rw.data_len != rw.len || rw.pi.is_some() || ctx.scratch.segs.iter().any(bucket) {
         return None;
     }
     ctx.session.mem.pin(&ctx.scratch.segs, write)
@@ -361,7 +384,24 @@ fn read_done(
     media: &[u8],
 ) -> Result<(), Status> {
     bounced(ctx, rw);
-    let r = scatter(ctx, cmd, ns, rw, media);
+    let r = match (ns.pi, rw.pi) {
+        (Some(f), Some(pc)) => match f.on_read(&pc, media) {
+            // Unwritten tuples the host gets (not stripped) are shown as
+            // FFh, in a copy: `media` is the backend's buffer.
+            Ok(true) if rw.data_len + rw.meta_len == rw.len => {
+                let mut shown = std::mem::take(&mut ctx.scratch.buf2);
+                shown.clear();
+                shown.extend_from_slice(media);
+                f.show_unwritten(&mut shown);
+                let r = scatter(ctx, cmd, ns, rw, &shown);
+                ctx.scratch.buf2 = shown;
+                r
+            }
+            Ok(_) => scatter(ctx, cmd, ns, rw, media),
+            Err(status) => Err(status),
+        },
+        _ => scatter(ctx, cmd, ns, rw, media),
+    };
     read_counted(ctx, rw);
     r
 }
@@ -397,7 +437,7 @@ fn write(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Arc<Namespace>) -> Result<Option
     // FUA, or a disabled volatile write cache: durable before the
     // completion is posted.
     let fua = rw.fua || !ctx.shared.wce.load(Ordering::Relaxed);
-    if InFlight::is_async(ns) && rw.meta_len == 0 {
+    if InFlight::is_async(ns) && rw.data_len == rw.len && rw.pi.is_none() {
         ctx.map_prps(cmd, rw.data_len)?;
         if let Some(mem) = pin(ctx, &rw, false) {
             let request = BlockRequest::Write {
@@ -409,7 +449,11 @@ fn write(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Arc<Namespace>) -> Result<Option
         }
     }
     let mut buf = ctx.inflight.buffer(rw.len as usize);
-    if let Err(status) = gather(ctx, cmd, ns, &rw, &mut buf) {
+    let r = gather(ctx, cmd, ns, &rw, &mut buf).and_then(|()| match (ns.pi, rw.pi) {
+        (Some(f), Some(pc)) => f.on_write(&pc, &mut buf),
+        _ => Ok(()),
+    });
+    if let Err(status) = r {
         ctx.inflight.recycle(buf);
         return Err(status);
     }

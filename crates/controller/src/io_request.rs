@@ -7,6 +7,7 @@ use vnvme_spec::cdw::{Cdw12ReadWrite, Cdw12WriteZeroes, Cdw13ReadWrite};
 use vnvme_spec::{Command, Status};
 
 use crate::namespace::Namespace;
+use crate::protection::PiCommand;
 
 /// Read, Write and Compare (§3.2.4, §3.2.6, §3.2.1): SLBA in CDW10-11,
 /// NLB (0's based) in CDW12 15:0, FUA in CDW12 bit 30.
@@ -15,7 +16,9 @@ use crate::namespace::Namespace;
 /// see [`crate::namespace`]) differs from what moves through the PRPs:
 /// extended LBAs move all of it there (`data_len == len`); separate
 /// metadata moves `data_len` bytes of data through the PRPs and
-/// `meta_len` bytes through the contiguous buffer at MPTR.
+/// `meta_len` bytes through the contiguous buffer at MPTR. With PRACT on
+/// a format whose metadata is the PI tuple alone, no metadata moves at
+/// all (NVM Command Set 1.0 §5.3.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ReadWrite {
     pub slba: u64,
@@ -33,6 +36,8 @@ pub(crate) struct ReadWrite {
     /// Write only, 0 for no directive (see [`crate::streams`]).
     pub dtype: u8,
     pub dspec: u16,
+    /// The PI fields, on a namespace formatted with protection information.
+    pub pi: Option<PiCommand>,
 }
 
 impl ReadWrite {
@@ -40,7 +45,14 @@ impl ReadWrite {
         let cdw12 = Cdw12ReadWrite::from(cmd.cdw12);
         // NLB <= 65536 and at most 4160 bytes per block: no overflow.
         let nlb = u64::from(cdw12.nlb_z()) + 1;
-        let data_len = nlb * ns.data_bytes_per_block();
+        let pi = ns.pi.map(|f| f.parse(cmd)).transpose()?;
+        let strip = matches!((ns.pi, pi), (Some(f), Some(c)) if f.strips(c.prinfo));
+        let (data_per_block, meta_per_block) = if strip {
+            (1u64 << ns.lba_shift, 0)
+        } else {
+            (ns.data_bytes_per_block(), ns.separate_metadata_per_block())
+        };
+        let data_len = nlb * data_per_block;
         if data_len > max_transfer {
             return Err(Status::INVALID_FIELD.with_dnr(true));
         }
@@ -56,11 +68,12 @@ impl ReadWrite {
             offset,
             len,
             data_len,
-            meta_len: nlb * ns.separate_metadata_per_block(),
+            meta_len: nlb * meta_per_block,
             block_bytes: nlb << ns.lba_shift,
             fua: cdw12.fua(),
             dtype: cdw12.dtype(),
             dspec: Cdw13ReadWrite::from(cmd.cdw13).dspec(),
+            pi,
         })
     }
 }

@@ -14,7 +14,8 @@
 //! `telemetry` over `config` and `regs` over
 //! [`vendor`] (vendor specific opcodes C0h-FFh) and [`prp`] over the
 //! leaves ([`memory`], [`stats`], `backend_error`, `mailbox`,
-//! `uncorrectable`, `keep_alive`, `firmware`, `streams`, `background`).
+//! `uncorrectable`, `keep_alive`, `firmware`, `streams`, `background`,
+//! `protection`).
 #![forbid(unsafe_code)]
 
 mod admin;
@@ -34,6 +35,7 @@ pub mod memory;
 mod namespace;
 mod persistent_event_log;
 mod poll_window;
+mod protection;
 pub mod prp;
 mod queue;
 mod regs;
@@ -64,6 +66,7 @@ pub use config::{
 pub use controller::Controller;
 pub use doorbell::{DoorbellPage, HeapDoorbellPage, DOORBELL_PAGE_DWORDS};
 pub use memory::{DmaError, GuestMemory, InterruptSink, Segment};
+pub use protection::{Guard, PiType, Protection};
 pub use stats::{ControllerStats, QueueStats};
 pub use vendor::{VendorCommand, VendorCommands};
 pub use vnvme_blockdev::BlockDevice;

@@ -15,11 +15,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vnvme_blockdev::BlockDevice;
-use vnvme_spec::identify::{IdentifyNamespace, LbaFormat};
+use vnvme_spec::identify::nvm::{pif, ExtendedLbaFormat, IdentifyNamespaceNvm};
+use vnvme_spec::identify::{dpc, dps, IdentifyNamespace, LbaFormat};
 use vnvme_spec::{NvmOpcode, Status};
 use zerocopy::little_endian::{U16, U32, U64};
 
 use crate::config::{ConfigError, LbaFormatSpec, NamespaceConfig, Readiness, LBA_FORMATS};
+use crate::protection::{Guard, PiFormat, Protection};
 use crate::uncorrectable::Uncorrectable;
 
 /// NSIDs 1..=0xFFFF_FFFE are valid; 0xFFFF_FFFF is the broadcast value.
@@ -51,6 +53,8 @@ pub(crate) struct Namespace {
     pub ms: u16,
     /// Metadata is transferred with the data (FLBAS bit 4).
     pub extended: bool,
+    /// End-to-end protection (DPS), if the namespace is formatted with it.
+    pub pi: Option<PiFormat>,
     /// Namespace size in logical blocks.
     pub nsze: u64,
     pub backend: Arc<dyn BlockDevice>,
@@ -95,11 +99,22 @@ impl Namespace {
                 data_size: f.data_size,
             });
         }
+        if let Some(p) = c.protection {
+            if PiFormat::new(p, f.guard, f.data_size, f.metadata_size).is_none() {
+                return Err(ConfigError::ProtectionDoesNotFit {
+                    nsid: c.nsid,
+                    index: c.format_index,
+                    ms: f.metadata_size,
+                    pi_size: f.guard.pi_size(),
+                });
+            }
+        }
         let ns = Self::with_format(
             c.nsid,
             c.backend.clone(),
             c.format_index,
             c.extended_metadata,
+            c.protection,
         )
         .ok_or(ConfigError::TooSmall(c.nsid))?;
         Ok(Self {
@@ -109,15 +124,21 @@ impl Namespace {
         })
     }
 
-    /// A ready, attached namespace over `backend` in format `index`, or
-    /// `None` if the index is unknown or the backend holds no whole block.
+    /// A ready, attached namespace over `backend` in format `index` with
+    /// `protection`, or `None` if the index is unknown, the PI tuple does
+    /// not fit its metadata or the backend holds no whole block.
     pub fn with_format(
         nsid: u32,
         backend: Arc<dyn BlockDevice>,
         index: u8,
         extended: bool,
+        protection: Option<Protection>,
     ) -> Option<Self> {
         let f = format(index)?;
+        let pi = match protection {
+            Some(p) => Some(PiFormat::new(p, f.guard, f.data_size, f.metadata_size)?),
+            None => None,
+        };
         let lba_shift = f.data_size.trailing_zeros() as u8;
         let stride = u64::from(f.data_size) + u64::from(f.metadata_size);
         let nsze = backend.size() / stride;
@@ -127,6 +148,7 @@ impl Namespace {
             lba_shift,
             ms: f.metadata_size,
             extended: extended && f.metadata_size > 0,
+            pi,
             nsze,
             backend,
             readiness: Readiness::Immediate,
@@ -223,6 +245,10 @@ impl Namespace {
         id.nlbaf_z = (LBA_FORMATS.len() - 1) as u8;
         id.set_format_index(self.format_index, self.extended);
         id.mc = MC_EXTENDED_AND_SEPARATE;
+        id.dpc = dpc::TYPE1 | dpc::TYPE2 | dpc::TYPE3 | dpc::FIRST | dpc::LAST;
+        if let Some(pi) = &self.pi {
+            id.dps = pi.pi_type.pit() | if pi.first { dps::FIRST } else { 0 };
+        }
         id.dlfeat = 0x01;
         id.mssrl = U16::new(MSSRL);
         id.mcl = U32::new(MCL);
@@ -240,6 +266,21 @@ impl Namespace {
         id.nguid = self.nguid();
         id.endgid = U16::new(ENDURANCE_GROUP_ID);
         id.eui64.copy_from_slice(&self.nguid()[8..]);
+        id
+    }
+
+    /// The NVM Command Set's Identify Namespace (CNS 05h): one Extended LBA
+    /// Format per entry of [`LBA_FORMATS`], whose PIF gives its guard; no
+    /// storage tags (STS 0). The same for every namespace.
+    pub fn identify_nvm() -> Box<IdentifyNamespaceNvm> {
+        let mut id = IdentifyNamespaceNvm::new_boxed();
+        for (slot, f) in id.elbaf.iter_mut().zip(LBA_FORMATS) {
+            let pif = match f.guard {
+                Guard::Crc16 => pif::GUARD_16B,
+                Guard::Crc64 => pif::GUARD_64B,
+            };
+            *slot = U32::new(ExtendedLbaFormat::new().with_pif(pif).into());
+        }
         id
     }
 

@@ -36,6 +36,7 @@ const LAYERS: &[&[&str]] = &[
         "streams",
         "background",
         "timestamp",
+        "protection",
     ],
 ];
 

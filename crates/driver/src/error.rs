@@ -63,6 +63,8 @@ pub enum Error {
     QueueTaken(u16),
     #[error("I/O queue {0} belongs to a controller instance that has been reset")]
     StaleQueue(u16),
+    #[error("protection information check failed")]
+    Protection(#[from] crate::pi::PiError),
     #[error("waiting for an interrupt")]
     Interrupt(#[source] std::io::Error),
 }

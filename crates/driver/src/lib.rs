@@ -49,6 +49,7 @@ pub mod io;
 pub mod irq;
 pub mod namespace;
 pub mod passthru;
+pub mod pi;
 pub mod prp;
 pub mod queue;
 #[cfg(test)]
@@ -61,9 +62,10 @@ pub use doorbell::{DoorbellKind, NeedEvent};
 pub use error::Error;
 pub use init::InitMode;
 pub use io::IoQueue;
-pub use namespace::{Namespace, NamespaceState, NsState};
+pub use namespace::{Namespace, NamespaceState, NsProtection, NsState};
 pub use passthru::{
     AsyncCompletion, AsyncQueue, BufferSlice, DataDirection, PassthruCompletion, PassthruData,
 };
+pub use pi::PiError;
 pub use queue::QueueCounters;
 pub use vfio_user_access::VfioUserAccess;

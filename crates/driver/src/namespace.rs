@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::RwLock;
-use vnvme_spec::identify::{Cns, IdentifyNamespace, IdentifyNsIndependent, IDENTIFY_SIZE};
+use vnvme_spec::identify::nvm::{pif, ExtendedLbaFormat, IdentifyNamespaceNvm};
+use vnvme_spec::identify::{dps, Cns, IdentifyNamespace, IdentifyNsIndependent, IDENTIFY_SIZE};
 use zerocopy::FromBytes;
 
 use crate::access::DmaBuffer;
@@ -25,8 +26,34 @@ pub struct Namespace {
     pub capacity: u64,
     /// Bytes per logical block of the format in use.
     pub lba_size: u32,
+    /// End-to-end protection, on a namespace formatted with PI whose
+    /// metadata is the PI tuple alone: reads and writes set PRACT, so the
+    /// controller generates, checks and strips the PI and no metadata
+    /// moves (NVM Command Set 1.0 §5.3.2).
+    pub protection: Option<NsProtection>,
     /// The Identify Namespace data it was built from.
     pub identify: Arc<IdentifyNamespace>,
+}
+
+/// A namespace's protection information: DPS.PIT and the guard of its
+/// format (Identify CNS 05h ELBAF.PIF).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NsProtection {
+    /// PI type, 1 to 3.
+    pub pit: u8,
+    /// 64-bit guard (16-byte tuple, 48-bit reference tag), else 16-bit.
+    pub guard_64: bool,
+}
+
+impl NsProtection {
+    /// Bytes of the PI tuple.
+    pub fn tuple_size(self) -> u16 {
+        if self.guard_64 {
+            16
+        } else {
+            8
+        }
+    }
 }
 
 /// Why a namespace from the active list is not used.
@@ -34,7 +61,8 @@ pub struct Namespace {
 pub enum Skip {
     /// NSZE is zero: the controller reported the namespace as inactive.
     Inactive,
-    /// The format carries metadata, which this driver does not transfer.
+    /// The format carries metadata, which this driver does not transfer
+    /// (but the PI tuple alone, which the controller makes with PRACT).
     Metadata,
     /// LBADS outside 512 B ..= 64 KiB.
     LbaSize(u8),
@@ -150,7 +178,15 @@ pub(crate) fn probe(cx: &mut ProbeCtx<'_>, nsid: u32) -> Result<Probe, Error> {
             Err(e) => return Err(e),
         }
     };
-    let ns = match Namespace::from_identify(nsid, id) {
+    let elbaf = if id.dps & dps::PIT_MASK != 0 {
+        match extended_lba_format(cx, nsid, id.format_index())? {
+            Ok(e) => Some(e),
+            Err(why) => return Ok(Probe::Skipped(why)),
+        }
+    } else {
+        None
+    };
+    let ns = match Namespace::from_identify_with(nsid, id, elbaf) {
         Ok(ns) => ns,
         Err(why) => return Ok(Probe::Skipped(why.to_string())),
     };
@@ -184,6 +220,30 @@ pub(crate) fn probe(cx: &mut ProbeCtx<'_>, nsid: u32) -> Result<Probe, Error> {
         if !pause(cx.deadline, &mut backoff) {
             return Ok(Probe::NotReady(why));
         }
+    }
+}
+
+/// The Extended LBA Format of format `index` of `nsid` (Identify CNS 05h,
+/// NVM command set), asked only of namespaces with protection information.
+fn extended_lba_format(
+    cx: &mut ProbeCtx<'_>,
+    nsid: u32,
+    index: usize,
+) -> Result<Result<ExtendedLbaFormat, String>, Error> {
+    cx.buf.fill(0, IDENTIFY_SIZE, 0)?;
+    match cx.admin.execute(
+        admin::identify(Cns::NAMESPACE_IOCS, nsid),
+        Some(cx.buf),
+        cx.timeout,
+    ) {
+        Ok(_) => {
+            let nvm = IdentifyNamespaceNvm::read_from_bytes(&cx.buf.to_vec())
+                .map_err(|_| Error::Unsupported("short identify data".into()))?;
+            let elbaf = nvm.elbaf.get(index).map_or(0, |e| e.get());
+            Ok(Ok(ExtendedLbaFormat::from(elbaf)))
+        }
+        Err(Error::AdminCommand { status, .. }) => Ok(Err(format!("identify (CNS 05h): {status}"))),
+        Err(e) => Err(e),
     }
 }
 
@@ -240,6 +300,17 @@ impl Namespace {
     /// Validates an Identify Namespace structure. The device is not trusted:
     /// the format index and sizes are checked, not assumed.
     pub fn from_identify(nsid: u32, id: IdentifyNamespace) -> Result<Self, Skip> {
+        Self::from_identify_with(nsid, id, None)
+    }
+
+    /// As [`Self::from_identify`], with the Extended LBA Format of the
+    /// format in use (CNS 05h) for a namespace with protection
+    /// information: without it the guard is taken as 16-bit.
+    pub fn from_identify_with(
+        nsid: u32,
+        id: IdentifyNamespace,
+        elbaf: Option<ExtendedLbaFormat>,
+    ) -> Result<Self, Skip> {
         if id.nsze.get() == 0 {
             return Err(Skip::Inactive);
         }
@@ -247,7 +318,16 @@ impl Namespace {
         if !(9..=16).contains(&format.lbads) {
             return Err(Skip::LbaSize(format.lbads));
         }
-        if format.ms.get() != 0 {
+        let protection = match id.dps & dps::PIT_MASK {
+            pit @ 1..=3 => Some(NsProtection {
+                pit,
+                guard_64: elbaf.is_some_and(|e| e.pif() == pif::GUARD_64B && e.sts() == 0),
+            }),
+            _ => None,
+        };
+        // Metadata moves only as PI the controller makes (PRACT).
+        let ms = format.ms.get();
+        if ms != 0 && protection.map(NsProtection::tuple_size) != Some(ms) {
             return Err(Skip::Metadata);
         }
         Ok(Self {
@@ -255,6 +335,7 @@ impl Namespace {
             blocks: id.nsze.get(),
             capacity: id.ncap.get(),
             lba_size: 1 << format.lbads,
+            protection,
             identify: Arc::new(id),
         })
     }
@@ -288,6 +369,24 @@ mod tests {
             Namespace::from_identify(1, (*id).clone()).unwrap_err(),
             Skip::Metadata
         );
+        // PI whose tuple is the whole metadata: usable with PRACT.
+        id.dps = 1;
+        let ns = Namespace::from_identify(1, (*id).clone()).unwrap();
+        let pi = NsProtection {
+            pit: 1,
+            guard_64: false,
+        };
+        assert_eq!(ns.protection, Some(pi));
+        id.lbaf[0].ms = 16.into();
+        assert_eq!(
+            Namespace::from_identify(1, (*id).clone()).unwrap_err(),
+            Skip::Metadata,
+            "16 bytes of metadata, 8 of them PI"
+        );
+        let guard_64 = ExtendedLbaFormat::new().with_pif(pif::GUARD_64B);
+        let ns = Namespace::from_identify_with(1, (*id).clone(), Some(guard_64)).unwrap();
+        assert_eq!(ns.protection.map(|p| p.guard_64), Some(true));
+        id.dps = 0;
         id.lbaf[0].ms = 0.into();
         id.lbaf[0].lbads = 40;
         assert_eq!(

@@ -49,6 +49,7 @@ dword!(
     Cdw10DeviceSelfTest,
     Cdw12ReadWrite,
     Cdw13ReadWrite,
+    Cdw15ReadWrite,
     Cdw12WriteZeroes,
     Cdw12Copy,
     Cdw10Dsm,
@@ -351,6 +352,36 @@ pub struct Cdw13ReadWrite {
     __: u8,
     /// Directive Specific (Write only).
     pub dspec: u16,
+}
+
+/// Read, Write and Compare CDW15 (NVM Command Set 1.0 §3.2.6): the
+/// application tag the protection information is checked against or
+/// generated with.
+#[bitfield(u32)]
+#[derive(PartialEq, Eq)]
+pub struct Cdw15ReadWrite {
+    /// Logical Block Application Tag (ELBAT, or LBAT for writes).
+    pub lbat: u16,
+    /// Logical Block Application Tag Mask: the bits of the tag checked.
+    pub lbatm: u16,
+}
+
+/// The PRINFO field of Read, Write, Compare, Verify and Write Zeroes
+/// (CDW12 29:26; NVM Command Set 1.0 §5.3.2.1, Figure 10).
+#[bitfield(u8)]
+#[derive(PartialEq, Eq)]
+pub struct Prinfo {
+    /// PRCHK bit 0: check the Logical Block Reference Tag.
+    pub prchk_ref: bool,
+    /// PRCHK bit 1: check the Logical Block Application Tag.
+    pub prchk_app: bool,
+    /// PRCHK bit 2: check the Guard.
+    pub prchk_guard: bool,
+    /// Protection Information Action: the controller inserts (write) or
+    /// strips (read) the protection information.
+    pub pract: bool,
+    #[bits(4)]
+    __: u8,
 }
 
 /// Write Zeroes CDW12 (NVM Command Set 1.0 §3.2.8).

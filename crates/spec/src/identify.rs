@@ -102,6 +102,26 @@ pub mod ctratt {
     pub const EXTENDED_LBA_FORMATS: u32 = 1 << 15;
 }
 
+/// DPC — End-to-end Data Protection Capabilities of Identify Namespace
+/// (NVM Command Set 1.0 §4.1.5.1).
+pub mod dpc {
+    pub const TYPE1: u8 = 1 << 0;
+    pub const TYPE2: u8 = 1 << 1;
+    pub const TYPE3: u8 = 1 << 2;
+    /// Protection information in the first bytes of metadata.
+    pub const FIRST: u8 = 1 << 3;
+    /// Protection information in the last bytes of metadata.
+    pub const LAST: u8 = 1 << 4;
+}
+
+/// DPS — End-to-end Data Protection Type Settings of Identify Namespace:
+/// PIT in bits 2:0 (0 none, 1 to 3 the type), PIP in bit 3.
+pub mod dps {
+    pub const PIT_MASK: u8 = 0x7;
+    /// Protection information in the first bytes of metadata (else last).
+    pub const FIRST: u8 = 1 << 3;
+}
+
 /// Optional Asynchronous Events Supported (OAES) bits of Identify
 /// Controller (§5.17.2.1): which notices the controller can send, in the
 /// places of the Asynchronous Event Configuration feature's bits.

@@ -39,6 +39,7 @@ pub mod feature;
 pub mod identify;
 pub mod log;
 pub mod opcode;
+pub mod pi;
 pub mod range;
 pub mod regs;
 pub mod status;

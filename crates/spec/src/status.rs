@@ -146,10 +146,19 @@ impl Status {
     /// NVM command set: Command Size Limit Exceeded (Copy beyond MSSRL,
     /// MCL or MSRC; NVM Command Set 1.0 §3.2.2).
     pub const COMMAND_SIZE_LIMIT_EXCEEDED: Self = Self::code(sct::COMMAND_SPECIFIC, 0x83);
+    /// NVM command set: Invalid Protection Information (PRINFO, or a
+    /// Type 1 initial reference tag that is not the SLBA; §5.3.2).
+    pub const INVALID_PROTECTION_INFORMATION: Self = Self::code(sct::COMMAND_SPECIFIC, 0x81);
 
     // Media and Data Integrity Errors (SCT 2, §4.6.1.2.3).
     pub const WRITE_FAULT: Self = Self::code(sct::MEDIA, 0x80);
     pub const UNRECOVERED_READ_ERROR: Self = Self::code(sct::MEDIA, 0x81);
+    /// End-to-end Guard Check Error (NVM Command Set 1.0 §5.3).
+    pub const GUARD_CHECK_ERROR: Self = Self::code(sct::MEDIA, 0x82);
+    /// End-to-end Application Tag Check Error.
+    pub const APPLICATION_TAG_CHECK_ERROR: Self = Self::code(sct::MEDIA, 0x83);
+    /// End-to-end Reference Tag Check Error.
+    pub const REFERENCE_TAG_CHECK_ERROR: Self = Self::code(sct::MEDIA, 0x84);
     pub const COMPARE_FAILURE: Self = Self::code(sct::MEDIA, 0x85);
 
     /// A short name for logs, counters and JSON ("invalid-field"), or the
@@ -250,6 +259,19 @@ impl Status {
             (Status::WRITE_FAULT, "write-fault"),
             (Status::UNRECOVERED_READ_ERROR, "unrecovered-read-error"),
             (Status::COMPARE_FAILURE, "compare-failure"),
+            (
+                Status::INVALID_PROTECTION_INFORMATION,
+                "invalid-protection-information",
+            ),
+            (Status::GUARD_CHECK_ERROR, "guard-check-error"),
+            (
+                Status::APPLICATION_TAG_CHECK_ERROR,
+                "application-tag-check-error",
+            ),
+            (
+                Status::REFERENCE_TAG_CHECK_ERROR,
+                "reference-tag-check-error",
+            ),
         ];
         NAMES
             .iter()
@@ -300,7 +322,8 @@ mod tests {
         assert_eq!(Status::NAMESPACE_NOT_READY.sc(), 0x82);
         let guard_check = Status::from_raw((u16::from(sct::MEDIA) << 8) | 0x82);
         assert!(!guard_check.same_code(Status::NAMESPACE_NOT_READY));
-        assert_eq!(guard_check.name(), "unknown");
+        assert_eq!(guard_check, Status::GUARD_CHECK_ERROR);
+        assert_eq!(guard_check.name(), "guard-check-error");
     }
 
     #[test]

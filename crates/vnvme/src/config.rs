@@ -32,6 +32,12 @@
 //! size = "64M"
 //! never_ready = true
 //! attached = false
+//!
+//! [[namespaces]]              # NSID 4
+//! size = "64M"
+//! format = 4                  # 4096 + 8
+//! pi = 1                      # protection information Type 1 (2, 3)
+//! pil = "first"               # in the first bytes of metadata (or "last")
 //! ```
 //!
 //! Errors name the file, line and field:
@@ -43,11 +49,14 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use toml::Spanned;
-use vnvme_controller::{DoorbellMode, Readiness, MAX_NAMESPACES};
+use vnvme_controller::{DoorbellMode, Protection, Readiness, MAX_NAMESPACES};
 use vnvme_device::MAX_MSIX_VECTORS;
 
 use crate::device::{DeviceOptions, MAX_IO_QUEUES, MAX_WORKERS};
-use crate::namespace::{check_format_index, parse_duration, Backend, NamespaceSpec};
+use crate::namespace::{
+    check_format_index, check_pi_fits, parse_duration, parse_pi_type, parse_pil, Backend,
+    NamespaceSpec,
+};
 use crate::size::parse_size;
 
 /// A configuration file that cannot be used: where and why.
@@ -101,6 +110,8 @@ struct FileNamespace {
     backend: Option<Spanned<String>>,
     path: Option<Spanned<String>>,
     format: Option<Spanned<u8>>,
+    pi: Option<Spanned<u8>>,
+    pil: Option<Spanned<String>>,
     ready: Option<Spanned<String>>,
     never_ready: Option<Spanned<bool>>,
     attached: Option<Spanned<bool>>,
@@ -334,6 +345,29 @@ impl ServeConfig {
                     .map_err(|m| at(Some(v.span()), field("format"), m))?;
                 spec.format_index = *v.get_ref();
             }
+            if let Some(v) = &ns.pi {
+                let pi_type = parse_pi_type(&v.get_ref().to_string())
+                    .map_err(|m| at(Some(v.span()), field("pi"), m))?;
+                check_pi_fits(spec.format_index).map_err(|m| at(Some(v.span()), field("pi"), m))?;
+                spec.protection = Some(Protection {
+                    pi_type,
+                    first: false,
+                });
+            }
+            if let Some(v) = &ns.pil {
+                let first =
+                    parse_pil(v.get_ref()).map_err(|m| at(Some(v.span()), field("pil"), m))?;
+                match &mut spec.protection {
+                    Some(p) => p.first = first,
+                    None => {
+                        return Err(at(
+                            Some(v.span()),
+                            field("pil"),
+                            "pil needs pi = 1, 2 or 3".into(),
+                        ))
+                    }
+                }
+            }
             if let Some(v) = &ns.ready {
                 check(&field("ready"), v, &|t| parse_duration(t).map(drop))?;
                 spec.readiness = Readiness::After(parse_duration(v.get_ref()).unwrap_or_default());
@@ -443,6 +477,7 @@ fn field_at(text: &str, offset: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vnvme_controller::PiType;
 
     const EXAMPLE: &str = r#"serial = "VNVME0042"
 model = "vnvme slow-start"
@@ -477,6 +512,26 @@ attached = false
         ServeConfig::parse("config.toml", text)
             .unwrap_err()
             .to_string()
+    }
+
+    #[test]
+    fn protection_keys_parse_and_are_checked() {
+        let text = "[[namespaces]]\nsize = \"1M\"\nformat = 6\npi = 2\npil = \"first\"\n";
+        let c = ServeConfig::parse("config.toml", text).unwrap();
+        let want = Protection {
+            pi_type: PiType::Type2,
+            first: true,
+        };
+        assert_eq!(c.namespaces[0].protection, Some(want));
+        let no_room = err("[[namespaces]]\nsize = \"1M\"\npi = 1\n");
+        assert!(
+            no_room.contains("config.toml:3: namespaces[0].pi: protection information needs"),
+            "{no_room}"
+        );
+        let bad = err("[[namespaces]]\nsize = \"1M\"\nformat = 4\npi = 5\n");
+        assert!(bad.contains("namespaces[0].pi: pi '5'"), "{bad}");
+        let alone = err("[[namespaces]]\nsize = \"1M\"\nformat = 4\npil = \"last\"\n");
+        assert!(alone.contains("pil needs pi"), "{alone}");
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Namespace descriptions from the command line:
-//! `SIZE[:null|ram][,ready=DURATION][,never-ready][,detached][,format=N]`,
+//! `SIZE[:null|ram][,ready=DURATION][,never-ready][,detached][,format=N]`
+//! `[,pi=1|2|3][,pil=first|last]`,
 //! or a file or block device: `PATH:file` (its size) or `SIZE:file=PATH`
 //! (created, or extended, to SIZE), with the same options.
 
@@ -9,7 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use vnvme_blockdev::BlockDevice;
-use vnvme_controller::{NamespaceConfig, Readiness, DEFAULT_FORMAT_INDEX, LBA_FORMATS};
+use vnvme_controller::{
+    NamespaceConfig, PiType, Protection, Readiness, DEFAULT_FORMAT_INDEX, LBA_FORMATS,
+};
 
 use crate::size::parse_size;
 
@@ -54,6 +57,8 @@ pub struct NamespaceSpec {
     pub attached: bool,
     /// Index into [`LBA_FORMATS`].
     pub format_index: u8,
+    /// Protection information type and place (`pi=`, `pil=`), if any.
+    pub protection: Option<Protection>,
 }
 
 impl NamespaceSpec {
@@ -65,6 +70,7 @@ impl NamespaceSpec {
             readiness: Readiness::Immediate,
             attached: true,
             format_index: DEFAULT_FORMAT_INDEX,
+            protection: None,
         }
     }
 
@@ -86,7 +92,8 @@ impl NamespaceSpec {
         Ok(NamespaceConfig::new(nsid, 4096, self.open()?)
             .with_format(self.format_index)
             .with_readiness(self.readiness)
-            .with_attached(self.attached))
+            .with_attached(self.attached)
+            .with_protection(self.protection))
     }
 
     /// Checks the size (a non-zero multiple of 4096) and the format index.
@@ -98,7 +105,49 @@ impl NamespaceSpec {
                 self.size
             ));
         }
-        check_format_index(self.format_index)
+        check_format_index(self.format_index)?;
+        match self.protection {
+            Some(_) => check_pi_fits(self.format_index),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Protection information needs a format whose metadata holds its tuple.
+pub fn check_pi_fits(index: u8) -> Result<(), String> {
+    let fits = |f: &vnvme_controller::LbaFormatSpec| f.metadata_size >= f.guard.pi_size();
+    if LBA_FORMATS.get(usize::from(index)).is_some_and(fits) {
+        return Ok(());
+    }
+    let list: Vec<String> = (0..)
+        .zip(LBA_FORMATS)
+        .filter(|(_, f)| fits(f))
+        .map(|(i, f)| format!("{i}: {}+{}", f.data_size, f.metadata_size))
+        .collect();
+    Err(format!(
+        "protection information needs a format with metadata (pi= with format={}; formats \
+         that hold it: {})",
+        index,
+        list.join(", ")
+    ))
+}
+
+/// A PI type: `1`, `2` or `3` (End-to-end Data Protection Type 1 to 3).
+pub fn parse_pi_type(text: &str) -> Result<PiType, String> {
+    text.parse()
+        .ok()
+        .and_then(PiType::from_pit)
+        .ok_or_else(|| format!("pi '{text}' is not a protection information type: use 1, 2 or 3"))
+}
+
+/// Where the PI lies in the metadata: `first` or `last` bytes.
+pub fn parse_pil(text: &str) -> Result<bool, String> {
+    match text {
+        "first" => Ok(true),
+        "last" => Ok(false),
+        _ => Err(format!(
+            "pil '{text}' is not a protection information location: use first or last"
+        )),
     }
 }
 
@@ -169,8 +218,11 @@ impl FromStr for NamespaceSpec {
             };
             NamespaceSpec::new(parse_size(size)?, backend)
         };
+        let (mut pi, mut pil) = (None, None);
         for option in parts {
             match option.split_once('=') {
+                Some(("pi", t)) => pi = Some(parse_pi_type(t)?),
+                Some(("pil", l)) => pil = Some(parse_pil(l)?),
                 Some(("ready", d)) => spec.readiness = Readiness::After(parse_duration(d)?),
                 Some(("format", n)) => {
                     spec.format_index = n
@@ -181,11 +233,21 @@ impl FromStr for NamespaceSpec {
                 None if option == "detached" => spec.attached = false,
                 _ => {
                     return Err(format!(
-                        "unknown namespace option '{option}': use ready=DURATION, never-ready, detached or format=N"
+                        "unknown namespace option '{option}': use ready=DURATION, never-ready, \
+                         detached, format=N, pi=1|2|3 or pil=first|last"
                     ))
                 }
             }
         }
+        spec.protection = match (pi, pil) {
+            (Some(pi_type), first) => Some(Protection {
+                pi_type,
+                // PIL 0 of Format NVM: the last bytes.
+                first: first.unwrap_or(false),
+            }),
+            (None, Some(_)) => return Err("pil= needs pi=1, 2 or 3".into()),
+            (None, None) => None,
+        };
         spec.validate()?;
         Ok(spec)
     }
@@ -221,6 +283,36 @@ mod tests {
         assert_eq!(spec.format_index, DEFAULT_FORMAT_INDEX);
         let spec: NamespaceSpec = "64M,ready=5s".parse().unwrap();
         assert_eq!(spec.readiness, Readiness::After(Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn protection_options_parse_and_need_metadata() {
+        let spec: NamespaceSpec = "1M,format=4,pi=2,pil=first".parse().unwrap();
+        let want = Protection {
+            pi_type: PiType::Type2,
+            first: true,
+        };
+        assert_eq!(spec.protection, Some(want));
+        let c = spec.config(1).unwrap();
+        assert_eq!((c.format_index, c.protection), (4, Some(want)));
+        let spec: NamespaceSpec = "1M,format=6,pi=3".parse().unwrap();
+        assert_eq!(
+            spec.protection.map(|p| p.first),
+            Some(false),
+            "last by default"
+        );
+        for (bad, says) in [
+            ("1M,pi=1", "formats that hold it: 1: 512+8"),
+            (
+                "1M,format=4,pi=4",
+                "pi '4' is not a protection information type",
+            ),
+            ("1M,format=4,pi=1,pil=middle", "pil 'middle'"),
+            ("1M,format=4,pil=first", "pil= needs pi="),
+        ] {
+            let err = bad.parse::<NamespaceSpec>().unwrap_err();
+            assert!(err.contains(says), "{bad}: {err}");
+        }
     }
 
     #[test]

@@ -17,6 +17,11 @@
 //! already has, so it also checks that every write acknowledged at all is
 //! there: the server completes a write only once the kernel has it.
 //!
+//! The same runs on a namespace with protection information (4096+8, Type
+//! 1, kept in the file after each block's data): writes ask the controller
+//! to generate the PI (PRACT), reads to check it, so a block whose data
+//! and PI do not belong together fails its read.
+//!
 //! The seed is printed; `VNVME_CRASH_SEED=N` replays a run.
 
 use std::collections::HashMap;
@@ -143,19 +148,26 @@ struct Server {
 }
 
 impl Server {
-    fn start(dir: &Path, image: &Path) -> Self {
+    fn start(dir: &Path, image: &Path, pi: bool) -> Self {
         let socket = dir.join("vnvme.sock");
         let log = dir.join("serve.log");
         let _ = std::fs::remove_file(&socket);
+        // With PI a block takes 4104 bytes of the file: one page more holds
+        // BLOCKS of them.
+        let ns = if pi {
+            format!(
+                "{}:file={},format=4,pi=1",
+                (BLOCKS + 1) * BLOCK as u64,
+                image.display()
+            )
+        } else {
+            format!("{}:file={}", BLOCKS * BLOCK as u64, image.display())
+        };
         let child = Command::new(BIN)
             .args(["serve", "--doorbells", "trap", "--socket"])
             .arg(&socket)
             .arg("--ns")
-            .arg(format!(
-                "{}:file={}",
-                BLOCKS * BLOCK as u64,
-                image.display()
-            ))
+            .arg(ns)
             .stderr(std::fs::File::create(&log).unwrap())
             .stdout(Stdio::null())
             .spawn()
@@ -230,13 +242,17 @@ fn verify(
     access: &Arc<dyn DeviceAccess>,
     model: &mut [BlockState],
     tally: &mut Tally,
-    round: usize,
+    (round, pi): (usize, bool),
 ) {
     const PER_READ: u32 = 32;
     let mut buf = access.dma_alloc(PER_READ as usize * BLOCK).unwrap();
+    let meta = access.dma_alloc(PER_READ as usize * 8).unwrap();
     for first in (0..BLOCKS).step_by(PER_READ as usize) {
+        // With PI the driver's read checks guard and reference tag (PRACT);
+        // the PI itself is read too, to see that it was stored.
         q.read(NSID, first, PER_READ, &mut buf).unwrap();
         let data = buf.to_vec();
+        let tuples = pi.then(|| read_pi(q, first, PER_READ, &buf, &meta));
         for (i, bytes) in data.chunks_exact(BLOCK).enumerate() {
             let lba = first + i as u64;
             let state = &mut model[lba as usize];
@@ -254,6 +270,16 @@ fn verify(
                  acknowledged {}: a write was completed before the kernel had it",
                 state.acknowledged
             );
+            if let Some(tuples) = &tuples {
+                let tuple = &tuples[i * 8..i * 8 + 8];
+                // A written block has its own PI; one never written reads FFh.
+                let want_ref = if generation > 0 { lba as u32 } else { u32::MAX };
+                assert_eq!(
+                    tuple[4..8],
+                    want_ref.to_be_bytes(),
+                    "round {round}: LBA {lba} (generation {generation}) has PI {tuple:02x?}"
+                );
+            }
             tally.blocks_checked += 1;
             if state.acknowledged > 0 {
                 tally.acknowledged_checked += 1;
@@ -273,13 +299,40 @@ fn verify(
     }
 }
 
-fn write_command(lba: u64, buf: &DmaBuffer) -> NvmeCommand {
+/// The PI tuples of `n` blocks at `first` (8 bytes each), read into
+/// `meta` with a guard and reference tag check.
+fn read_pi(q: &mut IoQueue, first: u64, n: u32, buf: &DmaBuffer, meta: &DmaBuffer) -> Vec<u8> {
+    // One block per command: PRP1 alone holds it.
+    let mut out = Vec::with_capacity(n as usize * 8);
+    for lba in first..first + u64::from(n) {
+        let mut cmd = NvmeCommand::new(NvmOpcode::READ.0, 0);
+        cmd.nsid = NSID.into();
+        cmd.set_slba(lba);
+        // NLB 0, PRINFO 0101b: guard and reference tag checks.
+        cmd.cdw12 = (0b0101u32 << 26).into();
+        cmd.cdw14 = (lba as u32).into();
+        cmd.prp1 = buf.iova().into();
+        cmd.mptr = meta.iova().into();
+        let cqe = q.execute(cmd).unwrap();
+        assert!(cqe.status().is_success(), "PI read of LBA {lba}: {cqe:?}");
+        out.extend_from_slice(&meta.to_vec()[..8]);
+    }
+    out
+}
+
+fn write_command(lba: u64, buf: &DmaBuffer, pi: bool) -> NvmeCommand {
     let mut cmd = NvmeCommand::new(NvmOpcode::WRITE.0, 0);
     cmd.nsid = NSID.into();
     cmd.cdw10 = (lba as u32).into();
     cmd.cdw11 = ((lba >> 32) as u32).into();
     // NLB 0 (one block), FUA (bit 30).
     cmd.cdw12 = (1u32 << 30).into();
+    if pi {
+        // PRACT, guard and reference tag checks (PRINFO 1101b, bits
+        // 29:26); the initial reference tag is the LBA.
+        cmd.cdw12 = (1u32 << 30 | 0b1101 << 26).into();
+        cmd.cdw14 = (lba as u32).into();
+    }
     cmd.prp1 = buf.iova().into();
     cmd
 }
@@ -295,7 +348,7 @@ fn write_until_killed(
     tally: &mut Tally,
     rng: &mut Rng,
     next_generation: &mut u32,
-    kill_at: Instant,
+    (kill_at, pi): (Instant, bool),
 ) {
     loop {
         let killing = Instant::now() >= kill_at;
@@ -329,7 +382,7 @@ fn write_until_killed(
             buf.write_bytes(0, &block(*lba, generation)).unwrap();
             let fua = rng.below(4) == 0;
             let cid = if fua {
-                q.enqueue(write_command(*lba, buf)).unwrap()
+                q.enqueue(write_command(*lba, buf, pi)).unwrap()
             } else {
                 q.enqueue_rw(NvmOpcode::WRITE, NSID, *lba, 1, buf).unwrap()
             };
@@ -379,6 +432,15 @@ fn report(line: &str) {
 
 #[test]
 fn acknowledged_durable_writes_survive_sigkill() {
+    crash_rounds(false);
+}
+
+#[test]
+fn acknowledged_durable_writes_and_their_pi_survive_sigkill() {
+    crash_rounds(true);
+}
+
+fn crash_rounds(pi: bool) {
     let seed = std::env::var("VNVME_CRASH_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -391,10 +453,11 @@ fn acknowledged_durable_writes_survive_sigkill() {
     // Straight to stderr, past the test harness's capture: the seed and the
     // tally belong in every run's output.
     report(&format!(
-        "crash test seed {seed} (replay with VNVME_CRASH_SEED={seed})"
+        "crash test{} seed {seed} (replay with VNVME_CRASH_SEED={seed})",
+        if pi { " with PI" } else { "" }
     ));
     let mut rng = Rng(seed);
-    let dir = std::env::temp_dir().join(format!("vnvme-crash-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("vnvme-crash-{}-{pi}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let image = dir.join("ns.img");
@@ -404,10 +467,10 @@ fn acknowledged_durable_writes_survive_sigkill() {
     let started = Instant::now();
 
     for round in 0..=ROUNDS {
-        let server = Server::start(&dir, &image);
+        let server = Server::start(&dir, &image, pi);
         let (access, ctrl) = server.connect();
         let mut q = ctrl.take_io_queue(0).unwrap();
-        verify(&mut q, &access, &mut model, &mut tally, round);
+        verify(&mut q, &access, &mut model, &mut tally, (round, pi));
         if round == ROUNDS {
             server.stop();
             break;
@@ -424,13 +487,14 @@ fn acknowledged_durable_writes_survive_sigkill() {
             &mut tally,
             &mut rng,
             &mut next_generation,
-            kill_at,
+            (kill_at, pi),
         );
     }
     report(&format!(
-        "crash test: {ROUNDS} SIGKILL rounds in {:.1?}; {} writes acknowledged ({} FUA), \
+        "crash test{}: {ROUNDS} SIGKILL rounds in {:.1?}; {} writes acknowledged ({} FUA), \
          {} flushes; {} blocks read back and checked: {} holding an acknowledged write, \
          {} a durable one; blocks with unflushed writes read back new {} times, old {} times",
+        if pi { " with PI" } else { "" },
         started.elapsed(),
         tally.acknowledged_writes,
         tally.fua_writes,

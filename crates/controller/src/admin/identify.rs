@@ -18,7 +18,7 @@ use crate::background;
 use crate::command::Ctx;
 use crate::firmware::{FWUG, SLOTS};
 use crate::keep_alive::KAS;
-use crate::namespace::{ENDURANCE_GROUP_ID, NSID_ALL};
+use crate::namespace::{Namespace, ENDURANCE_GROUP_ID, NSID_ALL};
 use crate::persistent_event_log::PELS;
 use crate::state::{Shared, ACL, AERL, ELPE};
 
@@ -293,12 +293,11 @@ fn ns_independent(shared: &Shared, nsid: u32) -> Result<Vec<u8>, Status> {
 }
 
 /// I/O Command Set specific Identify Namespace for the NVM Command Set
-/// (CNS 05h and 1Bh): the same for every NSID that gets one. No format
-/// carries protection information (DPC is 0), so no storage tag (LBSTM,
-/// PIC 0) and every Extended LBA Format is 16b Guard with STS 0: zero, for
-/// the formats CNS 00h lists and the unused entries alike.
+/// (CNS 05h and 1Bh): the same for every NSID that gets one: no storage
+/// tag (LBSTM, PIC 0), and the guard of each format's protection
+/// information in its Extended LBA Format ([`Namespace::identify_nvm`]).
 fn identify_namespace_nvm() -> Box<IdentifyNamespaceNvm> {
-    IdentifyNamespaceNvm::new_boxed()
+    Namespace::identify_nvm()
 }
 
 /// I/O Command Set specific Identify Controller for the NVM Command Set

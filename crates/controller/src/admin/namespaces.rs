@@ -13,9 +13,10 @@ use vnvme_spec::{Command, Status};
 
 use super::invalid_field;
 use crate::command::Ctx;
-use crate::config::{LBA_FORMATS, MAX_NAMESPACES};
+use crate::config::{LbaFormatSpec, LBA_FORMATS, MAX_NAMESPACES};
 use crate::namespace::{Namespace, NSID_ALL};
 use crate::persistent_event_log::{change_namespace, format_completion, format_start};
+use crate::protection::{PiType, Protection};
 use crate::state::Shared;
 use crate::subsystem::Namespaces;
 
@@ -111,7 +112,7 @@ fn create(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
             .filter(|_| map.len() < MAX_NAMESPACES as usize)
             .ok_or(Status::NAMESPACE_ID_UNAVAILABLE.with_dnr(true))?;
         let backend = Arc::new(vnvme_blockdev::RamDevice::new(bytes));
-        let mut ns = Namespace::with_format(nsid, backend, req.format_index, req.extended)
+        let mut ns = Namespace::with_format(nsid, backend, req.format_index, req.extended, None)
             .ok_or(Status::NAMESPACE_INSUFFICIENT_CAPACITY.with_dnr(true))?;
         // Allocated, not attached (§8.3.2): the host attaches it next.
         ns.attached = false;
@@ -210,16 +211,27 @@ fn controller_list_is_ours(data: &[u8], cntlid: u16) -> bool {
 }
 
 /// Format NVM: LBAF (CDW10 3:0, upper bits 13:12), MSET (bit 4: extended
-/// LBAs), PI (7:5, must be 0), SES (11:9: 0 none, 1 user data erase; the
-/// data is erased either way). Takes `format_duration` in the background:
+/// LBAs), PI (7:5: none or Type 1 to 3, in a format whose metadata holds
+/// the tuple, else Invalid Format), PIL (bit 8: PI in the first bytes of
+/// metadata), SES (11:9: 0 none, 1 user data erase; the data is erased
+/// either way). Takes `format_duration` in the background:
 /// I/O meanwhile gets Format In Progress. The Persistent Event Log records
 /// its start and its completion, when the duration is over.
 pub(super) fn format_nvm(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
     let cdw10 = Cdw10FormatNvm::from(cmd.cdw10);
     let (index, extended) = (cdw10.lbaf(), cdw10.mset());
-    if usize::from(index) >= LBA_FORMATS.len() || cdw10.pi() != 0 {
+    let protection = match cdw10.pi() {
+        0 => None,
+        pit => Some(Protection {
+            pi_type: PiType::from_pit(pit).ok_or_else(invalid_format)?,
+            first: cdw10.pil(),
+        }),
+    };
+    let fits = |f: &LbaFormatSpec| protection.is_none() || f.metadata_size >= f.guard.pi_size();
+    if !LBA_FORMATS.get(usize::from(index)).is_some_and(fits) {
         return Err(invalid_format());
     }
+    let format = (index, extended, protection);
     if cdw10.ses() > 1 {
         return Err(invalid_field());
     }
@@ -246,7 +258,7 @@ pub(super) fn format_nvm(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status
     let until = start
         .checked_add(shared.config.format_duration)
         .filter(|_| !shared.config.format_duration.is_zero());
-    let result = format_namespaces(shared, &targets, index, extended, until);
+    let result = format_namespaces(shared, &targets, format, until);
     let done = match (&result, until) {
         (Ok(()), Some(until)) => until,
         _ => Instant::now(),
@@ -259,19 +271,19 @@ pub(super) fn format_nvm(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status
     result.map(|()| 0)
 }
 
-/// Erases `targets` and gives them format `index`, busy `until` then.
+/// Erases `targets` and gives them `format` (index, extended LBAs,
+/// protection), busy `until` then.
 fn format_namespaces(
     shared: &Shared,
     targets: &[u32],
-    index: u8,
-    extended: bool,
+    (index, extended, protection): (u8, bool, Option<Protection>),
     until: Option<Instant>,
 ) -> Result<(), Status> {
     for &id in targets {
         let Some(old) = shared.subsystem.namespaces.active(id) else {
             continue;
         };
-        let mut ns = Namespace::with_format(id, old.backend.clone(), index, extended)
+        let mut ns = Namespace::with_format(id, old.backend.clone(), index, extended, protection)
             .ok_or_else(invalid_format)?;
         // Erase before the new format is visible: no read may see old data
         // under it.

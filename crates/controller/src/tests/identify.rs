@@ -47,14 +47,21 @@ impl Host {
 }
 
 #[test]
-fn nvm_identify_namespace_cns_05h_reports_no_protection_information() {
+fn nvm_identify_namespace_cns_05h_reports_each_formats_guard() {
     let mut h = two_namespaces();
     for nsid in [1, 2, 0xFFFF_FFFF] {
         let (status, page) = h.identify_data(identify_with(0x05, nsid, 0, NVM));
         assert_eq!(status, Status::SUCCESS, "nsid {nsid:#x}");
-        // LBSTM, PIC and every ELBAF (16b Guard, STS 0) are zero; the
-        // inactive NSID 2 reads zeroes too.
-        assert!(page.iter().all(|&b| b == 0), "nsid {nsid:#x}");
+        // LBSTM and PIC are zero; ELBAF of formats 6 and 7 says 64b Guard
+        // (PIF 10b at bits 8:7), the others 16b Guard, STS 0 throughout;
+        // the inactive NSID 2 reads the same.
+        let elbaf = |i: usize| u32::from_le_bytes(page[12 + 4 * i..16 + 4 * i].try_into().unwrap());
+        for i in 0..64 {
+            let want = if i == 6 || i == 7 { 0b10 << 7 } else { 0 };
+            assert_eq!(elbaf(i), want, "nsid {nsid:#x} format {i}");
+        }
+        assert!(page[..12].iter().all(|&b| b == 0), "nsid {nsid:#x}");
+        assert!(page[268..].iter().all(|&b| b == 0), "nsid {nsid:#x}");
     }
     let invalid_ns = Status::INVALID_NAMESPACE_OR_FORMAT.with_dnr(true);
     for nsid in [0, 5] {
@@ -114,7 +121,8 @@ fn nvm_identify_namespace_for_an_allocated_nsid_cns_1bh() {
     for nsid in [1, 2, 3] {
         let (status, page) = h.identify_data(identify_with(0x1B, nsid, 0, NVM));
         assert_eq!(status, Status::SUCCESS, "nsid {nsid}");
-        assert!(page.iter().all(|&b| b == 0));
+        let (_, cns05) = h.identify_data(identify_with(0x05, 1, 0, NVM));
+        assert_eq!(page, cns05, "the same as CNS 05h");
     }
     let invalid_ns = Status::INVALID_NAMESPACE_OR_FORMAT.with_dnr(true);
     for nsid in [0, 5, 0xFFFF_FFFF] {

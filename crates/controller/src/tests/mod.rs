@@ -468,6 +468,7 @@ mod keep_alive;
 mod logs;
 mod modes;
 mod namespaces;
+mod protection;
 mod registers;
 mod sanitize;
 mod self_test;

@@ -165,6 +165,14 @@ pub struct BenchOptions {
     /// Namespace size.
     #[arg(long, default_value = "1G", value_parser = parse_size)]
     pub size: u64,
+    /// LBA format index of the namespace (a 4096-byte one: 3 4096+0, 4 4096+8, 6 4096+16 with a
+    /// 64-bit guard; formats with other metadata need --pi with the tuple as the whole metadata).
+    #[arg(long, default_value_t = vnvme_controller::DEFAULT_FORMAT_INDEX)]
+    pub format: u8,
+    /// Protection information type (1, 2 or 3) of the namespace: the driver sets PRACT and every
+    /// check of the type, so the controller generates, checks and strips the PI of each I/O.
+    #[arg(long, value_parser = crate::namespace::parse_pi_type)]
+    pub pi: Option<vnvme_controller::PiType>,
     /// When the driver rings the SQ doorbell: per-io (like a guest kernel; what the seeds measured) or batch.
     #[arg(long, value_enum, default_value = "per-io")]
     pub submit: Submit,
@@ -287,13 +295,15 @@ pub fn run(opts: &BenchOptions) -> Result<Vec<Run>> {
     let max_qd = opts.qd.0.iter().copied().max().unwrap_or(1);
     let total = opts.modes.0.len() * opts.qd.0.len();
     eprintln!(
-        "bench: {} modes x {} queue depths, {:.1} s each, {} thread(s), {:?} on a {} namespace{} (about {:.0} s)",
+        "bench: {} modes x {} queue depths, {:.1} s each, {} thread(s), {:?} on a {} namespace (format {}{}){} (about {:.0} s)",
         opts.modes.0.len(),
         opts.qd.0.len(),
         opts.runtime,
         opts.queues,
         opts.rw,
         opts.backend.name(),
+        opts.format,
+        opts.pi.map_or(String::new(), |t| format!(", PI type {}", t.pit())),
         if opts.verify { ", verifying" } else { "" },
         opts.runtime * total as f64 + 0.2 * opts.modes.0.len() as f64
     );
@@ -338,6 +348,9 @@ pub fn main(opts: &BenchOptions) -> Result<()> {
     if opts.guest && opts.verify {
         bail!("--verify is for the in-process bench, not --guest");
     }
+    if opts.guest && (opts.pi.is_some() || opts.format != vnvme_controller::DEFAULT_FORMAT_INDEX) {
+        bail!("--format and --pi are for the in-process bench, not --guest");
+    }
     if opts.guest {
         return guest::main(&guest::GuestBenchOptions::from_bench(opts));
     }
@@ -375,7 +388,20 @@ struct ModeBench {
 
 impl ModeBench {
     fn start(mode: DoorbellMode, opts: &BenchOptions, max_qd: u16, file: &Path) -> Result<Self> {
-        let spec = NamespaceSpec::new(opts.size, opts.backend.backend(file));
+        let mut spec = NamespaceSpec::new(opts.size, opts.backend.backend(file));
+        spec.format_index = opts.format;
+        spec.protection = opts.pi.map(|pi_type| vnvme_controller::Protection {
+            pi_type,
+            first: false,
+        });
+        spec.validate().map_err(anyhow::Error::msg)?;
+        let format = vnvme_controller::LBA_FORMATS.get(usize::from(opts.format));
+        if format.map(|f| f.data_size) != Some(BLOCK_SIZE) {
+            bail!(
+                "--format {}: the bench does 4 KiB I/O, so it needs a 4096-byte format (3, 4, 5, 6, 7)",
+                opts.format
+            );
+        }
         let device_opts = DeviceOptions {
             doorbells: mode,
             max_io_queues: opts.queues,
@@ -402,11 +428,18 @@ impl ModeBench {
             );
         }
         if driver.namespaces().is_empty() {
-            bail!("the controller reported no usable namespace");
+            bail!(
+                "the controller reported no usable namespace (the driver moves no metadata but PI \
+                 the controller makes: a format with metadata needs --pi, and metadata that is the \
+                 PI tuple alone, as in formats 4 and 6)"
+            );
         }
-        let queues = (0..usize::from(opts.queues))
+        let mut queues = (0..usize::from(opts.queues))
             .map(|i| driver.take_io_queue(i))
             .collect::<Result<Vec<_>, _>>()?;
+        if opts.pi.is_some() && opts.backend != BackendArg::Null {
+            Self::prefill(&mut queues, &access)?;
+        }
         let stripes = if opts.verify {
             Some(Self::stripes(&queues, BLOCK_SIZE)?)
         } else {
@@ -420,6 +453,26 @@ impl ModeBench {
             queues,
             stripes,
         })
+    }
+
+    /// Writes every block of namespace 1 once (with PRACT: the controller
+    /// makes its PI), so reads check real PI: a block never written reads
+    /// a tuple of FFh, which turns every check off.
+    fn prefill(queues: &mut [IoQueue], access: &Arc<dyn DeviceAccess>) -> Result<()> {
+        const PER_WRITE: u32 = 32;
+        let Some(q) = queues.first_mut() else {
+            return Ok(());
+        };
+        let blocks = q.namespace(1).context("namespace 1")?.blocks;
+        let buf = access.dma_alloc(PER_WRITE as usize * BLOCK_SIZE as usize)?;
+        buf.write_bytes(0, &vec![0x5A; buf.len()])?;
+        let mut lba = 0;
+        while lba < blocks {
+            let n = (blocks - lba).min(u64::from(PER_WRITE)) as u32;
+            q.write(1, lba, n, &buf)?;
+            lba += u64::from(n);
+        }
+        Ok(())
     }
 
     /// Splits namespace 1 into one stripe of whole blocks per queue, so no
