@@ -6,6 +6,7 @@ use std::time::Duration;
 use vnvme_blockdev::BlockDevice;
 
 use crate::vendor::VendorCommands;
+use crate::zoned::{ZonedConfig, ZonedError};
 
 /// How the controller presents itself and how much it grants. Everything here
 /// is chosen by the operator, not the guest.
@@ -351,6 +352,9 @@ pub struct NamespaceConfig {
     /// block's data in one buffer, FLBAS bit 4) rather than a separate
     /// buffer at MPTR. Default false.
     pub extended_metadata: bool,
+    /// A zoned namespace (Zoned Namespace Command Set): its zones.
+    /// Default `None`, a conventional NVM namespace.
+    pub zoned: Option<ZonedConfig>,
 }
 
 impl NamespaceConfig {
@@ -366,6 +370,7 @@ impl NamespaceConfig {
             attached: true,
             format_index: format_index_for(lba_size).unwrap_or(DEFAULT_FORMAT_INDEX),
             extended_metadata: false,
+            zoned: None,
         }
     }
 
@@ -386,6 +391,11 @@ impl NamespaceConfig {
 
     pub fn with_attached(mut self, attached: bool) -> Self {
         self.attached = attached;
+        self
+    }
+
+    pub fn with_zoned(mut self, zoned: Option<ZonedConfig>) -> Self {
+        self.zoned = zoned;
         self
     }
 
@@ -432,4 +442,6 @@ pub enum ConfigError {
     MaxNamespaces { got: u32, max: u32 },
     #[error("ready_timeout must be 500 ms..=32767 s, got {0:?}")]
     ReadyTimeout(Duration),
+    #[error("namespace {nsid}: {problem}")]
+    Zoned { nsid: u32, problem: ZonedError },
 }

@@ -14,7 +14,8 @@
 //! `telemetry` over `config` and `regs` over
 //! [`vendor`] (vendor specific opcodes C0h-FFh) and [`prp`] over the
 //! leaves ([`memory`], [`stats`], `backend_error`, `mailbox`,
-//! `uncorrectable`, `keep_alive`, `firmware`, `streams`, `background`).
+//! `uncorrectable`, `keep_alive`, `firmware`, `streams`, `background`,
+//! `zoned`).
 #![forbid(unsafe_code)]
 
 mod admin;
@@ -50,6 +51,7 @@ pub mod testing;
 mod uncorrectable;
 pub mod vendor;
 mod worker;
+mod zoned;
 
 #[cfg(test)]
 mod tests;
@@ -66,3 +68,4 @@ pub use memory::{DmaError, GuestMemory, InterruptSink, Segment};
 pub use stats::{ControllerStats, QueueStats};
 pub use vendor::{VendorCommand, VendorCommands};
 pub use vnvme_blockdev::BlockDevice;
+pub use zoned::{ZonedConfig, ZonedError, MAX_ZONES};

@@ -42,6 +42,7 @@ pub mod opcode;
 pub mod range;
 pub mod regs;
 pub mod status;
+pub mod zns;
 
 pub use command::{Command, Completion};
 pub use opcode::{AdminOpcode, NvmOpcode};
