@@ -11,14 +11,14 @@ pub const DEFAULT_ZONE_SIZE: u64 = 64 << 20;
 /// The zoned options of one namespace, as they come.
 #[derive(Debug, Default)]
 pub struct ZonedOptions {
-    zoned: bool,
-    zone_size: Option<u64>,
-    zone_capacity: Option<u64>,
-    max_open: Option<u32>,
-    max_active: Option<u32>,
-    read_only_zones: Option<u32>,
+    pub zoned: bool,
+    pub zone_size: Option<u64>,
+    pub zone_capacity: Option<u64>,
+    pub max_open: Option<u32>,
+    pub max_active: Option<u32>,
+    pub read_only_zones: Option<u32>,
     /// The first zone option given, for the error if `zoned` is missing.
-    first: Option<String>,
+    pub first: Option<String>,
 }
 
 fn count(key: &str, value: &str) -> Result<u32, String> {
