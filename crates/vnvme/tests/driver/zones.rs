@@ -89,3 +89,41 @@ fn the_open_limit_closes_implicitly_opened_zones_for_the_driver() {
         Err(Error::InvalidRequest(_))
     ));
 }
+
+/// A file removed when the test ends, however it ends.
+struct TempFile(std::path::PathBuf);
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[test]
+fn a_zone_reset_punches_a_hole_in_a_file_backend() {
+    use std::os::unix::fs::MetadataExt;
+    let file = TempFile(std::env::temp_dir().join(format!("vnvme-zns-{}.img", std::process::id())));
+    let ns = format!("16M:file={},zoned,zone-size=1M", file.0.display());
+    let rig = start(device(DoorbellMode::Trap), &[&ns], InitOptions::default());
+    let mut q = rig.ctrl.take_io_queue(0).unwrap();
+    let allocated = || std::fs::metadata(&file.0).unwrap().blocks() * 512;
+    // A zoned namespace starts empty: the file was punched through.
+    let empty = allocated();
+    let data = rig.access.dma_alloc(32 * 4096).unwrap();
+    data.write_bytes(0, &pattern(32 * 4096, 9)).unwrap();
+    for i in 0..8 {
+        q.write(1, i * 32, 32, &data).unwrap();
+    }
+    q.flush(1).unwrap();
+    let written = allocated();
+    assert!(written >= empty + (1 << 20), "{empty} -> {written} bytes");
+    let report = rig.access.dma_alloc(4096).unwrap();
+    let r = q.report_zones(1, 0, zrasf::FULL, false, &report).unwrap();
+    assert_eq!(r.nr_zones, 1, "zone 0 full");
+    q.zone_action(1, 0, zsa::RESET, false).unwrap();
+    let reset = allocated();
+    assert!(reset + (1 << 20) <= written, "{written} -> {reset} bytes: no hole");
+    let mut back = rig.access.dma_alloc(32 * 4096).unwrap();
+    q.read(1, 64, 32, &mut back).unwrap();
+    assert!(back.to_vec().iter().all(|&b| b == 0));
+}
