@@ -63,7 +63,7 @@
 #   directives --ns 64M:ram: Identify and Streams directives with nvme-cli dir-receive/dir-send
 #              (enable, parameters, allocate 4, a write with --dir-type=1 --dir-spec=2 opens stream 2,
 #              stream 5 refused, release identifier and resources)
-#   zns        --ns 64M:ram --ns 128M:ram,zoned,zone-size=2M,max-open=4,max-active=6: nvme0n2 is a
+#   zns        --ns 64M:ram --ns 128M:ram,zoned,zone-size=2M,max-open=4,max-active=6: NSID 2 is a
 #              host-managed zoned block device (64 zones, open/active limits 4/6 in sysfs and nvme zns
 #              id-ns); a dd write shows the same write pointer in blkzone report and nvme zns report-zones;
 #              blkzone reset; a write off the write pointer gets Zone Invalid Write; zone-append returns

@@ -1,7 +1,7 @@
 # shellcheck shell=sh
 # vnvme-zns.sh - guest test (run-vnvme-tests.sh zns): a zoned namespace as Linux sees it. The server:
 # --ns 64M:ram --ns 128M:ram,zoned,zone-size=2M,max-open=4,max-active=6 (64 zones of 512 4 KiB blocks).
-#   * /sys/block/nvme0n2/queue/zoned is host-managed, chunk_sectors the zone size, nr_zones 64,
+#   * NSID 2's /sys/block/nvme0nY/queue/zoned is host-managed, chunk_sectors the zone size, nr_zones 64,
 #     max_open_zones 4, max_active_zones 6; nvme zns id-ns: MOR 3, MAR 5, zsze 512; id-ctrl ZASL nonzero
 #   * 1 MiB written with dd at zone 1: blkzone report and nvme zns report-zones both show its write
 #     pointer 256 blocks in, implicitly open; blkzone reset of that zone empties it
@@ -15,8 +15,6 @@
 . /guest-lib.sh
 rc=0
 fail() { echo "TEST: FAIL: $*"; rc=1; }
-dev=/dev/nvme0n2
-q=/sys/block/nvme0n2/queue
 
 # run_nvme ARGS...: nvme-cli, logged; NRC its exit status, SC the status code type and code (e.g. 1bc)
 run_nvme() {
@@ -37,7 +35,13 @@ zone_line() { blkzone report -o $(($1 * 4096)) -c 1 "$dev" 2>&1; }
 # nvme_wp SLBA: the write pointer nvme zns report-zones gives for the zone at SLBA
 nvme_wp() { nvme zns report-zones "$dev" -s "$1" -d 1 2>&1 | sed -n 's/.*WP: *\(0x[0-9a-fA-F]*\).*/\1/p' | head -1; }
 
-wait_nvme 15 "$dev" || die "$dev did not appear"
+# Linux scans namespaces in parallel: nvme0nY is numbered as found, not by NSID. The zoned one is NSID 2.
+wait_nvme 15 /dev/nvme0n1 && wait_nvme 15 /dev/nvme0n2 || die "the two namespaces did not appear"
+by_nsid() { for d in /sys/block/nvme0n*; do [ "$(cat "$d/nsid" 2>/dev/null)" = "$1" ] && basename "$d"; done; }
+zname=$(by_nsid 2); cname=$(by_nsid 1)
+[ -n "$zname" ] && [ -n "$cname" ] || die "no block device with NSID 2 and 1 ($(ls /sys/block))"
+dev=/dev/$zname q=/sys/block/$zname/queue
+log "NSID 2 (zoned) is $dev, NSID 1 is /dev/$cname"
 
 zoned=$(cat $q/zoned); chunk=$(cat $q/chunk_sectors); nr=$(cat $q/nr_zones 2>/dev/null)
 mo=$(cat $q/max_open_zones 2>/dev/null); ma=$(cat $q/max_active_zones 2>/dev/null)
@@ -46,7 +50,7 @@ log "sysfs: zoned $zoned chunk_sectors $chunk nr_zones $nr max_open_zones $mo ma
 [ "$chunk" = 4096 ] || fail "chunk_sectors $chunk, expected 4096 (2 MiB zones)"
 [ "$nr" = 64 ] || fail "nr_zones '$nr', expected 64"
 [ "$mo" = 4 ] && [ "$ma" = 6 ] || fail "max_open_zones '$mo' max_active_zones '$ma', expected 4 and 6"
-[ "$(cat /sys/block/nvme0n1/queue/zoned)" = none ] || fail "nvme0n1 is not a conventional device"
+[ "$(cat "/sys/block/$cname/queue/zoned")" = none ] || fail "/dev/$cname (NSID 1) is not a conventional device"
 
 expect_ok zns id-ns "$dev"
 echo "$OUT" > /tmp/zns-id-ns

@@ -122,7 +122,10 @@ fn a_zone_reset_punches_a_hole_in_a_file_backend() {
     assert_eq!(r.nr_zones, 1, "zone 0 full");
     q.zone_action(1, 0, zsa::RESET, false).unwrap();
     let reset = allocated();
-    assert!(reset + (1 << 20) <= written, "{written} -> {reset} bytes: no hole");
+    assert!(
+        reset + (1 << 20) <= written,
+        "{written} -> {reset} bytes: no hole"
+    );
     let mut back = rig.access.dma_alloc(32 * 4096).unwrap();
     q.read(1, 64, 32, &mut back).unwrap();
     assert!(back.to_vec().iter().all(|&b| b == 0));
