@@ -444,3 +444,34 @@ fn format_keeps_a_namespace_zoned_with_every_zone_empty() {
     assert_eq!(h.report(0, zrasf::EMPTY, false).0, ZONES);
     assert_eq!(h.status(1, write(0, 1)), Status::SUCCESS);
 }
+
+#[test]
+fn a_sanitize_leaves_every_zone_empty() {
+    let (mut h, _) = zoned_host(|_| {});
+    h.mem.write(DATA, &[3; 512]).unwrap();
+    assert_eq!(h.status(1, write(0, 1)), Status::SUCCESS);
+    assert_eq!(h.status(1, write(ZSZE, 8)), Status::SUCCESS);
+    let mut sanitize = cmd(AdminOpcode::SANITIZE.0);
+    sanitize.cdw10 = U32::new(0x2); // Block Erase
+    assert_eq!(h.admin(sanitize).status(), Status::SUCCESS);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let c = h.submit(1, receive(2, 0, 4096, zrasf::EMPTY, false));
+        if c.status().is_success() {
+            break;
+        }
+        assert!(
+            c.status().same_code(Status::SANITIZE_IN_PROGRESS),
+            "{:?}",
+            c.status()
+        );
+        assert!(Instant::now() < deadline, "sanitize still running");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(h.report(0, zrasf::EMPTY, false).0, ZONES);
+    assert_eq!(
+        h.status(1, write(0, 1)),
+        Status::SUCCESS,
+        "written from the zone start again"
+    );
+}

@@ -246,6 +246,13 @@ impl Zones {
         r
     }
 
+    /// Every zone that can be reset is empty (a sanitize erased them).
+    pub fn empty_all(&self) {
+        let mut nothing_to_erase = |_| Ok(());
+        // Select All skips the zones a reset does not apply to: no error.
+        let _ = self.send(ZoneAction::Reset, true, 0, &mut nothing_to_erase);
+    }
+
     /// Report Zones: the descriptors of the zones from the one holding
     /// `slba` on whose state matches `filter` (a ZRASF value), at most
     /// `max`, and how many match in all (or, `partial`, how many were
