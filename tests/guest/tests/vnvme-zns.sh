@@ -16,19 +16,6 @@
 rc=0
 fail() { echo "TEST: FAIL: $*"; rc=1; }
 
-# run_nvme ARGS...: nvme-cli, logged; NRC its exit status, SC the status code type and code (e.g. 1bc)
-run_nvme() {
-  OUT=$(nvme "$@" 2>&1); NRC=$?
-  SC=$(echo "$OUT" | sed -n 's/.*NVMe [Ss]tatus:.*(\(0x\)\{0,1\}\([0-9a-fA-F]*\)).*/\2/p' | head -1)
-  [ -n "$SC" ] && SC=$(printf '%x' $((0x$SC & 0x7ff)))
-  log "nvme $*: exit $NRC: $(echo "$OUT" | tr '\n' ' ' | tr -s ' ' | cut -c1-200)"
-}
-expect_ok() { run_nvme "$@"; [ $NRC = 0 ] || fail "nvme $*: exit $NRC ($OUT)"; }
-expect_sc() {
-  want=$1; shift
-  run_nvme "$@"
-  [ $NRC != 0 ] && [ "$SC" = "$want" ] || fail "nvme $*: exit $NRC status '$SC', expected $want ($OUT)"
-}
 field() { grep -E "^$1[[:space:]]*:" "$2" | head -1 | sed 's/^[^:]*: *//; s/ *$//'; }
 # zone_line N: blkzone's report line of zone N (512 4 KiB blocks = 4096 sectors each)
 zone_line() { blkzone report -o $(($1 * 4096)) -c 1 "$dev" 2>&1; }
