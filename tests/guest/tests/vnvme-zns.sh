@@ -4,7 +4,8 @@
 #   * NSID 2's /sys/block/nvme0nY/queue/zoned is host-managed, chunk_sectors the zone size, nr_zones 64,
 #     max_open_zones 4, max_active_zones 6; nvme zns id-ns: MOR 3, MAR 5, zsze 512; id-ctrl ZASL nonzero
 #   * 1 MiB written with dd at zone 1: blkzone report and nvme zns report-zones both show its write
-#     pointer 256 blocks in, implicitly open; blkzone reset of that zone empties it
+#     pointer 256 blocks in, implicitly open; blkzone reset of that zone empties it; report-zones --state=2
+#     then lists none; --extended is Invalid Field (no descriptor extensions); changed-zone-list succeeds
 #   * nvme write at an LBA that is not the write pointer: Zone Invalid Write (1bch); nvme zns zone-append
 #     twice: appended at the zone start, then 1 block after it
 #   * nvme zns open-zone: 4 zones open, the 5th Too Many Open Zones (1beh); closed, 2 more open, the 7th
@@ -62,6 +63,14 @@ blkzone reset -o 4096 -c 1 "$dev" || fail "blkzone reset of zone 1"
 line=$(zone_line 1); log "after reset: $line"
 echo "$line" | grep -q 'wptr 0x000000' && echo "$line" | grep -q '(em)' || fail "zone 1 not empty after reset: $line"
 wp=$(nvme_wp 512); [ "$((wp))" = 512 ] || fail "nvme zns report-zones: zone 1 WP '$wp' after reset, expected 0x200"
+
+# report filters; what is not offered: extended reports (no zone descriptor extensions); the changed
+# zone list (the controller never changes a zone by itself) is empty
+expect_ok zns report-zones "$dev" --state=2
+echo "$OUT" | grep -q 'nr_zones: 0' || fail "report-zones --state=2 (implicitly open) lists zones after the reset"
+expect_sc 2 zns report-zones "$dev" --extended
+expect_ok zns changed-zone-list "$dev"
+echo "$OUT" | grep -qE 'nrzid: *0' || fail "changed-zone-list is not empty: $OUT"
 
 # Zone Invalid Write, Zone Append
 dd if=/dev/urandom of=/tmp/blk bs=4096 count=1 2>/dev/null
