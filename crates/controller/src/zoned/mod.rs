@@ -30,7 +30,7 @@ use vnvme_spec::Status;
 use table::Table;
 pub(crate) use table::ZoneAction;
 
-/// Zones per namespace at most: the table holds 24 bytes per zone.
+/// Zones per namespace at most: the table holds 16 bytes per zone.
 pub const MAX_ZONES: u64 = 1 << 20;
 
 /// A zoned namespace as configured, in bytes of logical block data.
