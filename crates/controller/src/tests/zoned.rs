@@ -18,6 +18,13 @@ const ZONES: u64 = NS_BLOCKS / ZSZE;
 /// Namespace 1 conventional, namespace 2 zoned as `f` says (64 KiB
 /// zones), an I/O queue pair 1 and 2. Returns namespace 2's backend too.
 fn zoned_host(f: impl FnOnce(&mut ZonedConfig)) -> (Host, Arc<RamDevice>) {
+    zoned_host_with(config(), f)
+}
+
+fn zoned_host_with(
+    config: ControllerConfig,
+    f: impl FnOnce(&mut ZonedConfig),
+) -> (Host, Arc<RamDevice>) {
     let mut h = Host::new();
     let mut z = ZonedConfig::new(ZSZE * 512);
     f(&mut z);
@@ -26,7 +33,7 @@ fn zoned_host(f: impl FnOnce(&mut ZonedConfig)) -> (Host, Arc<RamDevice>) {
         NamespaceConfig::new(1, 512, h.backend.clone()),
         NamespaceConfig::new(2, 512, backend.clone()).with_zoned(Some(z)),
     ];
-    h.ctrl = Controller::new(config(), namespaces).unwrap();
+    h.ctrl = Controller::new(config, namespaces).unwrap();
     h.ctrl.attach(h.mem.clone(), h.irq.clone());
     h.enable();
     h.create_pair(1, 16);
@@ -401,10 +408,15 @@ fn report_zones_filters_counts_and_refuses_what_it_lacks() {
 
 #[test]
 fn racing_writes_at_one_write_pointer_let_exactly_one_win() {
-    let (mut h, _) = zoned_host(|_| {});
+    // Queue pairs 1 and 2 on two workers: their commands run at once.
+    let two_workers = ControllerConfig {
+        workers: 2,
+        ..config()
+    };
+    let (mut h, _) = zoned_host_with(two_workers, |_| {});
     let rounds = 32u64;
     for round in 0..rounds {
-        // The same LBA from two queues (two workers may run them at once).
+        // The same LBA from two queues.
         h.push(1, write(round * 2, 2));
         h.push(2, write(round * 2, 2));
         h.ring_sq(1);
