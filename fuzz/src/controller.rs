@@ -15,7 +15,9 @@ use vnvme_blockdev::{BlockDevice, NullDevice, RamDevice};
 
 use crate::deferred::Deferred;
 use vnvme_controller::testing::{CountingIrq, VecMemory};
-use vnvme_controller::{Controller, ControllerConfig, DoorbellMode, GuestMemory, NamespaceConfig};
+use vnvme_controller::{
+    Controller, ControllerConfig, DoorbellMode, GuestMemory, NamespaceConfig, ZonedConfig,
+};
 use vnvme_spec::{Command, Completion};
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, IntoBytes};
@@ -319,9 +321,16 @@ pub fn run(input: Input) {
     } else {
         Arc::new(RamDevice::new(256 << 10))
     };
+    // Namespace 3: zoned, 16 zones of 16 KiB, at most 2 open and 3 active,
+    // the last zone read only.
+    let mut zones = ZonedConfig::new(16 << 10);
+    zones.max_open = Some(2);
+    zones.max_active = Some(3);
+    zones.read_only_zones = 1;
     let namespaces = vec![
         NamespaceConfig::new(1, 512, ns1),
         NamespaceConfig::new(2, 4096, Arc::new(NullDevice::new(1 << 30))),
+        NamespaceConfig::new(3, 4096, Arc::new(RamDevice::new(256 << 10))).with_zoned(Some(zones)),
     ];
     let Ok(ctrl) = Controller::new(config, namespaces) else {
         return;

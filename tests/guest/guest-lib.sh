@@ -15,6 +15,10 @@
 #   result_json JSON           print "RESULT JSON" (one line); run-test.sh collects these lines
 #   fio_randread NAME ENGINE QD [SECS] [DEV]   4 KiB random read, direct, time based (default 10 s);
 #                              ENGINE io_uring_cmd (async passthrough): give DEV /dev/ngXnY
+#   run_nvme ARGS...           nvme-cli, logged as "TEST: nvme ARGS: exit N: <output>"; sets OUT, NRC (its exit
+#                              status) and SC (status code type and code in hex, e.g. 281, or empty)
+#   expect_ok ARGS...          run_nvme, and `fail` (the test's own) unless it exits 0
+#   expect_sc SC ARGS...       run_nvme, and `fail` unless it fails with status SC
 
 log() { echo "TEST: $*"; }
 die() { echo "TEST: FAIL: $*"; exit 1; }
@@ -87,4 +91,17 @@ fio_randread() {
   # engine options (cmd_type) are known only after --ioengine
   fio_json "$1" --filename="${5:-/dev/nvme0n1}" --rw=randread --bs=4k --ioengine="$2" "$_x" \
     --iodepth="$3" --numjobs=1 --time_based --runtime="${4:-10}" --ramp_time=1
+}
+
+run_nvme() {
+  OUT=$(nvme "$@" 2>&1); NRC=$?
+  SC=$(echo "$OUT" | sed -n 's/.*NVMe [Ss]tatus:.*(\(0x\)\{0,1\}\([0-9a-fA-F]*\)).*/\2/p' | head -1)
+  [ -n "$SC" ] && SC=$(printf '%x' $((0x$SC & 0x7ff)))
+  log "nvme $*: exit $NRC: $(echo "$OUT" | tr '\n' ' ' | tr -s ' ' | cut -c1-200)"
+}
+expect_ok() { run_nvme "$@"; [ $NRC = 0 ] || fail "nvme $*: exit $NRC ($OUT)"; }
+expect_sc() {
+  _want=$1; shift
+  run_nvme "$@"
+  [ $NRC != 0 ] && [ "$SC" = "$_want" ] || fail "nvme $*: exit $NRC status '$SC', expected $_want ($OUT)"
 }

@@ -71,17 +71,23 @@
 #   directives --ns 64M:ram: Identify and Streams directives with nvme-cli dir-receive/dir-send
 #              (enable, parameters, allocate 4, a write with --dir-type=1 --dir-spec=2 opens stream 2,
 #              stream 5 refused, release identifier and resources)
+#   zns        --ns 64M:ram --ns 128M:ram,zoned,zone-size=2M,max-open=4,max-active=6: NSID 2 is a
+#              host-managed zoned block device (64 zones, open/active limits 4/6 in sysfs and nvme zns
+#              id-ns); a dd write shows the same write pointer in blkzone report and nvme zns report-zones;
+#              blkzone reset; a write off the write pointer gets Zone Invalid Write; zone-append returns
+#              the LBA; open-zone hits Too Many Open / Active Zones; fio --zonemode=zbd randwrite with
+#              crc32c verify over 32 zones with --max_open_zones=4; blkzone reset of all zones
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 GT=$HERE/tests
-ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io sanitize file-backed-ram nvme-cli-admin logs firmware directives pi"
+ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io sanitize file-backed-ram nvme-cli-admin logs firmware directives pi zns"
 COMPARE=0 KEEP=0 ONLY=''
 while [ $# -gt 0 ]; do
   case $1 in
     --compare) COMPARE=1 ;;
     --keep) KEEP=1 ;;
-    -h|--help) sed -n '2,73p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,79p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "run-vnvme-tests: unknown option $1" >&2; exit 126 ;;
     *) case " $ALL " in *" $1 "*) ONLY="$ONLY $1" ;; *) echo "run-vnvme-tests: unknown test $1" >&2; exit 126 ;; esac ;;
   esac
@@ -386,6 +392,11 @@ t_logs() {
 t_directives() {
   # its stats file shows the writes counted per stream
   own_server_test directives --ns vnvme-nvme-cli-directives.sh --ns 64M:ram --stats "$TMP/directives.stats.json" -- --timeout 180
+}
+
+t_zns() {
+  own_server_test zns --ns vnvme-zns.sh --ns 64M:ram --ns 128M:ram,zoned,zone-size=2M,max-open=4,max-active=6 -- \
+    --timeout 600
 }
 
 t_file() {

@@ -49,6 +49,9 @@ pub(crate) enum Outcome {
     /// completion is posted when the backend finishes (see
     /// [`crate::inflight`]).
     Submitted(u64),
+    /// A Zone Append succeeded, at this LBA: completion DW0 (bits 31:0)
+    /// and DW1 (bits 63:32), ZNS 1.1 §3.4.1.
+    Appended(u64),
 }
 
 impl Outcome {

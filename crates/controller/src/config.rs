@@ -7,6 +7,7 @@ use vnvme_blockdev::BlockDevice;
 
 use crate::protection::{Guard, Protection};
 use crate::vendor::VendorCommands;
+use crate::zoned::{ZonedConfig, ZonedError};
 
 /// How the controller presents itself and how much it grants. Everything here
 /// is chosen by the operator, not the guest.
@@ -382,6 +383,9 @@ pub struct NamespaceConfig {
     /// End-to-end protection: a PI type and where the tuple lies in the
     /// metadata (default none). Needs a format with metadata.
     pub protection: Option<Protection>,
+    /// A zoned namespace (Zoned Namespace Command Set): its zones.
+    /// Default `None`, a conventional NVM namespace.
+    pub zoned: Option<ZonedConfig>,
 }
 
 impl NamespaceConfig {
@@ -398,6 +402,7 @@ impl NamespaceConfig {
             format_index: format_index_for(lba_size).unwrap_or(DEFAULT_FORMAT_INDEX),
             extended_metadata: false,
             protection: None,
+            zoned: None,
         }
     }
 
@@ -428,6 +433,11 @@ impl NamespaceConfig {
 
     pub fn with_extended_metadata(mut self, extended: bool) -> Self {
         self.extended_metadata = extended;
+        self
+    }
+
+    pub fn with_zoned(mut self, zoned: Option<ZonedConfig>) -> Self {
+        self.zoned = zoned;
         self
     }
 
@@ -484,4 +494,6 @@ pub enum ConfigError {
     MaxNamespaces { got: u32, max: u32 },
     #[error("ready_timeout must be 500 ms..=32767 s, got {0:?}")]
     ReadyTimeout(Duration),
+    #[error("namespace {nsid}: {problem}")]
+    Zoned { nsid: u32, problem: ZonedError },
 }

@@ -39,6 +39,9 @@ use crate::prp;
 use crate::namespace::NSID_ALL;
 
 mod copy;
+mod zone;
+
+pub(crate) use zone::OPCODES as ZONE_OPCODES;
 
 fn invalid_field() -> Status {
     Status::INVALID_FIELD.with_dnr(true)
@@ -75,6 +78,9 @@ pub(crate) fn execute(ctx: &mut Ctx<'_>, cmd: &Command) -> Outcome {
         let set = crate::vendor::CommandSet::Io;
         return Outcome::from_result(crate::command::execute_vendor(ctx, set, cmd));
     }
+    if let Some(outcome) = zone::execute(ctx, cmd) {
+        return outcome;
+    }
     match run(ctx, cmd) {
         Ok(Some(token)) => Outcome::Submitted(token),
         Ok(None) => Outcome::ok(0),
@@ -104,14 +110,11 @@ fn run(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Option<u64>, Status> {
         }
         return Ok(None);
     }
-    let ns = ctx.shared.namespace(nsid)?;
-    if ns.readiness != Readiness::Immediate
-        || ns.formatting_until.is_some()
-        || ns.sanitize.is_some()
-    {
-        let now = Instant::now();
-        let enabled_at = *ctx.shared.enabled_at.lock();
-        ns.check_usable(op, now, enabled_at, ctx.shared.config.ready_timeout)?;
+    let ns = usable_namespace(ctx, cmd, op)?;
+    if let Some(zones) = &ns.zones {
+        if !zone::admit(ctx, cmd, op, &ns, zones)? {
+            return Ok(None);
+        }
     }
     match op {
         NvmOpcode::READ => read(ctx, cmd, &ns),
@@ -128,6 +131,20 @@ fn run(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Option<u64>, Status> {
         NvmOpcode::COPY => copy::copy(ctx, cmd, &ns).map(|()| None),
         _ => Err(Status::INVALID_OPCODE.with_dnr(true)),
     }
+}
+
+/// The namespace `cmd` names, if command `op` may run on it now.
+fn usable_namespace(ctx: &Ctx<'_>, cmd: &Command, op: NvmOpcode) -> Result<Arc<Namespace>, Status> {
+    let ns = ctx.shared.namespace(cmd.nsid.get())?;
+    if ns.readiness != Readiness::Immediate
+        || ns.formatting_until.is_some()
+        || ns.sanitize.is_some()
+    {
+        let now = Instant::now();
+        let enabled_at = *ctx.shared.enabled_at.lock();
+        ns.check_usable(op, now, enabled_at, ctx.shared.config.ready_timeout)?;
+    }
+    Ok(ns)
 }
 
 /// Finishes a read, write or flush whose backend request completed, at

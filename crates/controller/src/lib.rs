@@ -15,7 +15,7 @@
 //! [`vendor`] (vendor specific opcodes C0h-FFh) and [`prp`] over the
 //! leaves ([`memory`], [`stats`], `backend_error`, `mailbox`,
 //! `uncorrectable`, `keep_alive`, `firmware`, `streams`, `background`,
-//! `protection`).
+//! `protection`, `zoned`).
 #![forbid(unsafe_code)]
 
 mod admin;
@@ -53,6 +53,7 @@ mod timestamp;
 mod uncorrectable;
 pub mod vendor;
 mod worker;
+mod zoned;
 
 #[cfg(test)]
 mod tests;
@@ -70,3 +71,4 @@ pub use protection::{Guard, PiType, Protection};
 pub use stats::{ControllerStats, QueueStats};
 pub use vendor::{VendorCommand, VendorCommands};
 pub use vnvme_blockdev::BlockDevice;
+pub use zoned::{ZonedConfig, ZonedError, MAX_ZONES};

@@ -16,13 +16,14 @@ use std::time::{Duration, Instant};
 
 use vnvme_blockdev::BlockDevice;
 use vnvme_spec::identify::nvm::{pif, ExtendedLbaFormat, IdentifyNamespaceNvm};
-use vnvme_spec::identify::{dpc, dps, IdentifyNamespace, LbaFormat};
+use vnvme_spec::identify::{csi, dpc, dps, IdentifyNamespace, LbaFormat};
 use vnvme_spec::{NvmOpcode, Status};
 use zerocopy::little_endian::{U16, U32, U64};
 
 use crate::config::{ConfigError, LbaFormatSpec, NamespaceConfig, Readiness, LBA_FORMATS};
 use crate::protection::{Guard, PiFormat, Protection};
 use crate::uncorrectable::Uncorrectable;
+use crate::zoned::{ZonedConfig, ZonedError, Zones};
 
 /// NSIDs 1..=0xFFFF_FFFE are valid; 0xFFFF_FFFF is the broadcast value.
 pub(crate) const NSID_ALL: u32 = 0xFFFF_FFFF;
@@ -69,6 +70,8 @@ pub(crate) struct Namespace {
     /// Blocks marked by Write Uncorrectable: shared by the namespace's
     /// copies across attach and detach; a new format starts clean.
     pub uncorrectable: Arc<Uncorrectable>,
+    /// A zoned namespace's zones (`None`: a conventional NVM namespace).
+    pub zones: Option<Arc<Zones>>,
 }
 
 /// Data and metadata byte sizes for a format; `None` for an unknown index.
@@ -117,11 +120,47 @@ impl Namespace {
             c.protection,
         )
         .ok_or(ConfigError::TooSmall(c.nsid))?;
+        let ns = match c.zoned {
+            Some(z) => {
+                let zoned = |problem| ConfigError::Zoned {
+                    nsid: c.nsid,
+                    problem,
+                };
+                let ns = ns.zoned(z).map_err(zoned)?;
+                // Every zone starts empty: nothing written may show
+                // through (a file keeps what an earlier run wrote).
+                ns.backend
+                    .discard(0, ns.backend.size())
+                    .map_err(|e| zoned(ZonedError::Discard(e.to_string())))?;
+                ns
+            }
+            None => ns,
+        };
         Ok(Self {
             readiness: c.readiness,
             attached: c.attached,
             ..ns
         })
+    }
+
+    /// This namespace cut into zones as `config` asks: only whole zones
+    /// remain of it.
+    pub fn zoned(self, config: ZonedConfig) -> Result<Self, ZonedError> {
+        let zones = Zones::new(config, self.nsze, self.lba_shift)?;
+        Ok(Self {
+            nsze: zones.nsze(),
+            zones: Some(Arc::new(zones)),
+            ..self
+        })
+    }
+
+    /// Its Command Set Identifier (Identify CNS 03h descriptor CSI).
+    pub fn csi(&self) -> u8 {
+        if self.zones.is_some() {
+            csi::ZNS
+        } else {
+            csi::NVM
+        }
     }
 
     /// A ready, attached namespace over `backend` in format `index` with
@@ -156,6 +195,7 @@ impl Namespace {
             formatting_until: None,
             sanitize: None,
             uncorrectable: Arc::default(),
+            zones: None,
         })
     }
 

@@ -384,7 +384,14 @@ fn process_sq(
             }
             match outcome {
                 Outcome::Done { dw0, status } => {
-                    if !post(shared, session, sq.head as u16, qid, cq, &cmd, dw0, status) {
+                    let dw = u64::from(dw0);
+                    if !post(shared, session, sq.head as u16, qid, cq, &cmd, dw, status) {
+                        return (Pass::Idle, done);
+                    }
+                }
+                Outcome::Appended(lba) => {
+                    let ok = Status::SUCCESS;
+                    if !post(shared, session, sq.head as u16, qid, cq, &cmd, lba, ok) {
                         return (Pass::Idle, done);
                     }
                 }

@@ -37,6 +37,7 @@ const LAYERS: &[&[&str]] = &[
         "background",
         "timestamp",
         "protection",
+        "zoned",
     ],
 ];
 

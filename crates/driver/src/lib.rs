@@ -25,6 +25,9 @@
 //! ([`Controller::admin_passthru`], [`IoQueue::passthru`]) or asynchronous
 //! with tokens and registered buffers ([`AsyncQueue`]).
 //!
+//! Zoned namespaces ([`zone`]): Report Zones, the zone actions and Zone
+//! Append on an [`IoQueue`].
+//!
 //! ```no_run
 //! # use std::sync::Arc;
 //! # use vnvme_driver::{Controller, DeviceAccess, InitOptions, VfioUserAccess};
@@ -55,6 +58,7 @@ pub mod queue;
 #[cfg(test)]
 mod recorder;
 mod vfio_user_access;
+pub mod zone;
 
 pub use access::{AccessError, DeviceAccess, DmaBuffer, DmaPool, Interrupt, MappedArea};
 pub use controller::{AsyncEvent, Controller, InitOptions};

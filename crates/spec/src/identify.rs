@@ -64,6 +64,8 @@ impl Cns {
 pub mod csi {
     /// The NVM Command Set.
     pub const NVM: u8 = 0x00;
+    /// The Zoned Namespace Command Set.
+    pub const ZNS: u8 = 0x02;
 
     /// The bit of command set `csi` in an I/O Command Set Vector (Identify
     /// CNS 1Ch, §5.17.2): bit 0 NVM, bit 1 Key Value, bit 2 Zoned.

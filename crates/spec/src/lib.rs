@@ -43,6 +43,7 @@ pub mod pi;
 pub mod range;
 pub mod regs;
 pub mod status;
+pub mod zns;
 
 pub use command::{Command, Completion};
 pub use opcode::{AdminOpcode, NvmOpcode};

@@ -92,6 +92,11 @@ opcodes! {
         DATASET_MANAGEMENT = 0x09, "dataset-management";
         VERIFY = 0x0C, "verify";
         COPY = 0x19, "copy";
+        /// Zoned Namespace Command Set 1.1 §3.4: zone actions, zone reports,
+        /// and writes at a zone's write pointer chosen by the controller.
+        ZONE_MGMT_SEND = 0x79, "zone-mgmt-send";
+        ZONE_MGMT_RECV = 0x7A, "zone-mgmt-recv";
+        ZONE_APPEND = 0x7D, "zone-append";
     }
 }
 

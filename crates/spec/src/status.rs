@@ -149,6 +149,17 @@ impl Status {
     /// NVM command set: Invalid Protection Information (PRINFO, or a
     /// Type 1 initial reference tag that is not the SLBA; §5.3.2).
     pub const INVALID_PROTECTION_INFORMATION: Self = Self::code(sct::COMMAND_SPECIFIC, 0x81);
+    // Zoned Namespace Command Set 1.1 §3.3 (command specific).
+    /// The LBA range crosses a zone boundary or a zone's writable capacity.
+    pub const ZONE_BOUNDARY_ERROR: Self = Self::code(sct::COMMAND_SPECIFIC, 0xB8);
+    pub const ZONE_IS_FULL: Self = Self::code(sct::COMMAND_SPECIFIC, 0xB9);
+    pub const ZONE_IS_READ_ONLY: Self = Self::code(sct::COMMAND_SPECIFIC, 0xBA);
+    pub const ZONE_IS_OFFLINE: Self = Self::code(sct::COMMAND_SPECIFIC, 0xBB);
+    /// A write not at the zone's write pointer.
+    pub const ZONE_INVALID_WRITE: Self = Self::code(sct::COMMAND_SPECIFIC, 0xBC);
+    pub const TOO_MANY_ACTIVE_ZONES: Self = Self::code(sct::COMMAND_SPECIFIC, 0xBD);
+    pub const TOO_MANY_OPEN_ZONES: Self = Self::code(sct::COMMAND_SPECIFIC, 0xBE);
+    pub const INVALID_ZONE_STATE_TRANSITION: Self = Self::code(sct::COMMAND_SPECIFIC, 0xBF);
 
     // Media and Data Integrity Errors (SCT 2, §4.6.1.2.3).
     pub const WRITE_FAULT: Self = Self::code(sct::MEDIA, 0x80);
@@ -255,6 +266,17 @@ impl Status {
             (
                 Status::COMMAND_SIZE_LIMIT_EXCEEDED,
                 "command-size-limit-exceeded",
+            ),
+            (Status::ZONE_BOUNDARY_ERROR, "zone-boundary-error"),
+            (Status::ZONE_IS_FULL, "zone-is-full"),
+            (Status::ZONE_IS_READ_ONLY, "zone-is-read-only"),
+            (Status::ZONE_IS_OFFLINE, "zone-is-offline"),
+            (Status::ZONE_INVALID_WRITE, "zone-invalid-write"),
+            (Status::TOO_MANY_ACTIVE_ZONES, "too-many-active-zones"),
+            (Status::TOO_MANY_OPEN_ZONES, "too-many-open-zones"),
+            (
+                Status::INVALID_ZONE_STATE_TRANSITION,
+                "invalid-zone-state-transition",
             ),
             (Status::WRITE_FAULT, "write-fault"),
             (Status::UNRECOVERED_READ_ERROR, "unrecovered-read-error"),

@@ -38,6 +38,15 @@
 //! format = 4                  # 4096 + 8
 //! pi = 1                      # protection information Type 1 (2, 3)
 //! pil = "first"               # in the first bytes of metadata (or "last")
+//!
+//! [[namespaces]]              # NSID 5: zoned (ZNS)
+//! size = "1G"
+//! zoned = true
+//! zone_size = "64M"           # a power of two (default 64M)
+//! zone_capacity = "48M"       # writable part of each zone (default: all)
+//! max_open_zones = 8          # MOR + 1 (default: no limit)
+//! max_active_zones = 12       # MAR + 1 (default: max_open_zones)
+//! read_only_zones = 0         # the last N zones start read only
 //! ```
 //!
 //! Errors name the file, line and field:
@@ -58,6 +67,7 @@ use crate::namespace::{
     NamespaceSpec,
 };
 use crate::size::parse_size;
+use crate::zoned_options::ZonedOptions;
 
 /// A configuration file that cannot be used: where and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -115,6 +125,12 @@ struct FileNamespace {
     ready: Option<Spanned<String>>,
     never_ready: Option<Spanned<bool>>,
     attached: Option<Spanned<bool>>,
+    zoned: Option<Spanned<bool>>,
+    zone_size: Option<Spanned<SizeValue>>,
+    zone_capacity: Option<Spanned<SizeValue>>,
+    max_open_zones: Option<Spanned<u32>>,
+    max_active_zones: Option<Spanned<u32>>,
+    read_only_zones: Option<Spanned<u32>>,
 }
 
 /// What a configuration file sets; `None` leaves the command line's value.
@@ -387,6 +403,35 @@ impl ServeConfig {
             if let Some(v) = &ns.attached {
                 spec.attached = *v.get_ref();
             }
+            let mut z = ZonedOptions {
+                zoned: ns.zoned.as_ref().is_some_and(|v| *v.get_ref()),
+                ..ZonedOptions::default()
+            };
+            if let Some(v) = &ns.zone_size {
+                z.zone_size = Some(size(&field("zone_size"), v)?);
+            }
+            if let Some(v) = &ns.zone_capacity {
+                z.zone_capacity = Some(size(&field("zone_capacity"), v)?);
+            }
+            z.max_open = ns.max_open_zones.as_ref().map(|v| *v.get_ref());
+            z.max_active = ns.max_active_zones.as_ref().map(|v| *v.get_ref());
+            z.read_only_zones = ns.read_only_zones.as_ref().map(|v| *v.get_ref());
+            let given = z.zone_size.is_some()
+                || z.zone_capacity.is_some()
+                || z.max_open.is_some()
+                || z.max_active.is_some()
+                || z.read_only_zones.is_some();
+            if given {
+                z.first = Some("a zone setting".into());
+            }
+            let zoned_span = ns.zoned.as_ref().map(Spanned::span);
+            spec.zoned = z.build().map_err(|m| {
+                at(
+                    zoned_span,
+                    field("zoned"),
+                    m.replace(": add ,zoned", ": add zoned = true"),
+                )
+            })?;
             let span = ns.size.as_ref().map(Spanned::span);
             spec.validate().map_err(|m| at(span, field("size"), m))?;
             cfg.namespaces.push(spec);
@@ -653,5 +698,26 @@ attached = false
         );
         assert!(err("ready_timeout = \"5\"\n")
             .starts_with("config.toml:1: ready_timeout: invalid duration '5'"));
+    }
+
+    #[test]
+    fn zoned_namespaces_parse_and_are_checked() {
+        let text = "[[namespaces]]\nsize = \"1G\"\nzoned = true\nzone_size = \"32M\"\nmax_open_zones = 4\n";
+        let c = ServeConfig::parse("config.toml", text).unwrap();
+        let z = c.namespaces[0].zoned.unwrap();
+        assert_eq!(
+            (z.zone_size, z.max_open, z.max_active),
+            (32 << 20, Some(4), Some(4))
+        );
+        assert!(
+            err("[[namespaces]]\nsize = \"1G\"\nzone_size = \"32M\"\n").contains(
+                "namespaces[0].zoned: a zone setting is for zoned namespaces: add zoned = true"
+            )
+        );
+        assert!(
+            err("[[namespaces]]\nsize = \"1G\"\nzoned = true\nzone_size = \"48M\"\n").starts_with(
+                "config.toml:3: namespaces[0].zoned: zone size 50331648 must be a power of two"
+            )
+        );
     }
 }

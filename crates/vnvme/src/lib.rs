@@ -12,3 +12,4 @@ pub mod passthru;
 pub mod serve;
 pub mod size;
 pub mod tools;
+pub mod zoned_options;

@@ -59,6 +59,9 @@ enum BenchWhich {
     /// Admin commands at driver initialisation (fast against the old learning dance) and the time
     /// until every namespace is usable, per number of I/O queues (the seed's nvmewin fast-init table).
     Init(bench::init::InitBenchOptions),
+    /// Sequential 4 KiB writes on a zoned namespace against the same on a conventional one, per queue
+    /// depth (the cost of the zone bookkeeping).
+    Zns(bench::zns::ZnsBenchOptions),
 }
 
 #[derive(Args, Debug)]
@@ -103,6 +106,10 @@ fn main() -> ExitCode {
             which: Some(BenchWhich::Init(opts)),
             ..
         }) => bench::init::main(&opts),
+        Command::Bench(BenchCommand {
+            which: Some(BenchWhich::Zns(opts)),
+            ..
+        }) => bench::zns::main(&opts),
         Command::Serve(opts) => serve::run(opts),
         Command::IdCtrl(d) => tools::id_ctrl(&d.socket, d.json),
         Command::List(d) => tools::list(&d.socket, d.json),

@@ -2,7 +2,8 @@
 //! `SIZE[:null|ram][,ready=DURATION][,never-ready][,detached][,format=N]`
 //! `[,pi=1|2|3][,pil=first|last]`,
 //! or a file or block device: `PATH:file` (its size) or `SIZE:file=PATH`
-//! (created, or extended, to SIZE), with the same options.
+//! (created, or extended, to SIZE), with the same options; `,zoned` and
+//! its options (see [`crate::zoned_options`]) make it a zoned namespace.
 
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -11,10 +12,11 @@ use std::time::Duration;
 
 use vnvme_blockdev::BlockDevice;
 use vnvme_controller::{
-    NamespaceConfig, PiType, Protection, Readiness, DEFAULT_FORMAT_INDEX, LBA_FORMATS,
+    NamespaceConfig, PiType, Protection, Readiness, ZonedConfig, DEFAULT_FORMAT_INDEX, LBA_FORMATS,
 };
 
 use crate::size::parse_size;
+use crate::zoned_options::ZonedOptions;
 
 /// The storage behind a namespace.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,6 +61,8 @@ pub struct NamespaceSpec {
     pub format_index: u8,
     /// Protection information type and place (`pi=`, `pil=`), if any.
     pub protection: Option<Protection>,
+    /// A zoned namespace: its zones (`None`: conventional).
+    pub zoned: Option<ZonedConfig>,
 }
 
 impl NamespaceSpec {
@@ -71,6 +75,7 @@ impl NamespaceSpec {
             attached: true,
             format_index: DEFAULT_FORMAT_INDEX,
             protection: None,
+            zoned: None,
         }
     }
 
@@ -93,7 +98,8 @@ impl NamespaceSpec {
             .with_format(self.format_index)
             .with_readiness(self.readiness)
             .with_attached(self.attached)
-            .with_protection(self.protection))
+            .with_protection(self.protection)
+            .with_zoned(self.zoned))
     }
 
     /// Checks the size (a non-zero multiple of 4096) and the format index.
@@ -219,7 +225,12 @@ impl FromStr for NamespaceSpec {
             NamespaceSpec::new(parse_size(size)?, backend)
         };
         let (mut pi, mut pil) = (None, None);
+        let mut zoned = ZonedOptions::default();
         for option in parts {
+            if let Some(r) = zoned.take(option) {
+                r?;
+                continue;
+            }
             match option.split_once('=') {
                 Some(("pi", t)) => pi = Some(parse_pi_type(t)?),
                 Some(("pil", l)) => pil = Some(parse_pil(l)?),
@@ -234,7 +245,8 @@ impl FromStr for NamespaceSpec {
                 _ => {
                     return Err(format!(
                         "unknown namespace option '{option}': use ready=DURATION, never-ready, \
-                         detached, format=N, pi=1|2|3 or pil=first|last"
+                         detached, format=N, pi=1|2|3, pil=first|last or zoned (with zone-size=, \
+                         zone-cap=, max-open=, max-active=, ro-zones=)"
                     ))
                 }
             }
@@ -248,6 +260,7 @@ impl FromStr for NamespaceSpec {
             (None, Some(_)) => return Err("pil= needs pi=1, 2 or 3".into()),
             (None, None) => None,
         };
+        spec.zoned = zoned.build()?;
         spec.validate()?;
         Ok(spec)
     }
@@ -369,6 +382,43 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn zoned_namespace_specs_parse() {
+        let spec: NamespaceSpec = "1G:ram,zoned,zone-size=64M,zone-cap=48M,max-open=4,max-active=6"
+            .parse()
+            .unwrap();
+        let z = spec.zoned.unwrap();
+        assert_eq!((z.zone_size, z.zone_capacity), (64 << 20, 48 << 20));
+        assert_eq!((z.max_open, z.max_active), (Some(4), Some(6)));
+        let z = "256M,max-open=2,zoned"
+            .parse::<NamespaceSpec>()
+            .unwrap()
+            .zoned
+            .unwrap();
+        assert_eq!(
+            (z.zone_size, z.max_open, z.max_active),
+            (64 << 20, Some(2), Some(2))
+        );
+        let c = "256M,zoned,zone-size=1M"
+            .parse::<NamespaceSpec>()
+            .unwrap()
+            .config(2)
+            .unwrap();
+        assert_eq!(c.zoned.map(|z| z.zone_size), Some(1 << 20));
+        assert_eq!("64M".parse::<NamespaceSpec>().unwrap().zoned, None);
+    }
+
+    #[test]
+    fn bad_zoned_specs_are_explained() {
+        let err = |s: &str| s.parse::<NamespaceSpec>().unwrap_err();
+        assert!(err("1G,zone-size=64M").contains("zone-size is for zoned namespaces: add ,zoned"));
+        assert!(err("1G,zoned,zone-size=48M").contains("power of two"));
+        assert!(err("1G,zoned,zone-cap=128M").contains("zone capacity"));
+        assert!(err("1G,zoned,max-open=5,max-active=4")
+            .contains("max-open 5 is more than max-active 4"));
+        assert!(err("1G,zoned,max-open=many").contains("max-open=many: not a number"));
     }
 
     #[test]

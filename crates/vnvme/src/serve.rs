@@ -45,8 +45,9 @@ pub struct ServeOptions {
     /// or SIZE:file=PATH (created or extended to SIZE); repeat for more. NSIDs are given in order from 1.
     /// Options follow commas: ready=DURATION (Namespace Not Ready until then after each enable),
     /// never-ready, detached, format=N (LBA format index), pi=1|2|3 (protection information type; the
-    /// format needs metadata), pil=first|last (where the PI lies in the metadata, default last).
-    /// Default (without --config): 1G:ram.
+    /// format needs metadata), pil=first|last (where the PI lies in the metadata, default last),
+    /// zoned (a zoned namespace, with zone-size=SIZE, zone-cap=SIZE, max-open=N, max-active=N,
+    /// ro-zones=N). Default (without --config): 1G:ram.
     #[arg(long = "ns", value_name = "SIZE[:BACKEND][,OPTION]...")]
     pub namespaces: Vec<NamespaceSpec>,
     /// A TOML file describing the controller and its namespaces (see `vnvme::config`); flags given

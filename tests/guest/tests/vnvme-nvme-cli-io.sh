@@ -17,20 +17,6 @@ rc=0
 fail() { echo "TEST: FAIL: $*"; rc=1; }
 field() { grep -E "^$1[[:space:]]*:" "$2" | head -1 | sed 's/^[^:]*: *//; s/ *$//'; }
 
-# run_nvme ARGS...: runs nvme-cli, logs the command, its exit status and output; OUT, NRC, SC (status code
-# type and code, e.g. 281, from "NVMe status: ...(0x4281)"; empty without one)
-run_nvme() {
-  OUT=$(nvme "$@" 2>&1); NRC=$?
-  SC=$(echo "$OUT" | sed -n 's/.*NVMe [Ss]tatus:.*(\(0x\)\{0,1\}\([0-9a-fA-F]*\)).*/\2/p' | head -1)
-  [ -n "$SC" ] && SC=$(printf '%x' $((0x$SC & 0x7ff)))
-  log "nvme $*: exit $NRC: $(echo "$OUT" | tr '\n' ' ' | tr -s ' ' | cut -c1-160)"
-}
-expect_ok() { run_nvme "$@"; [ $NRC = 0 ] || fail "nvme $*: exit $NRC ($OUT)"; }
-expect_sc() {   # SC ARGS...: must fail with status SC (hex, type and code)
-  want=$1; shift
-  run_nvme "$@"
-  [ $NRC != 0 ] && [ "$SC" = "$want" ] || fail "nvme $*: exit $NRC status '$SC', expected $want ($OUT)"
-}
 # blocks DEV FIRST COUNT OUT: a direct read of COUNT blocks at FIRST into OUT; its status
 blocks() { dd if="$1" of="$4" bs="$BS" skip="$2" count="$3" iflag=direct 2>/tmp/dd.err; }
 

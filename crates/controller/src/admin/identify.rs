@@ -23,8 +23,11 @@ use crate::persistent_event_log::PELS;
 use crate::state::{Shared, ACL, AERL, ELPE};
 
 /// The I/O Command Set Combinations of Identify CNS 1Ch, by index: one,
-/// the NVM Command Set alone.
-pub(super) const IO_COMMAND_SET_COMBINATIONS: &[u64] = &[csi::vector_bit(csi::NVM)];
+/// the NVM and Zoned Namespace Command Sets together. Index 0 is what a
+/// controller enables after reset, and Linux never selects another, so
+/// zoned namespaces are usable without Set Features.
+pub(super) const IO_COMMAND_SET_COMBINATIONS: &[u64] =
+    &[csi::vector_bit(csi::NVM) | csi::vector_bit(csi::ZNS)];
 
 fn invalid_ns() -> Status {
     Status::INVALID_NAMESPACE_OR_FORMAT.with_dnr(true)
@@ -45,8 +48,10 @@ pub(super) fn identify(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> {
         Cns::ALLOCATED_NAMESPACE => allocated_namespace(shared, nsid)?,
         Cns::NS_CONTROLLERS => namespace_controllers(shared, nsid, cmd)?,
         Cns::CONTROLLERS => controller_list(shared, true, cmd),
-        // The I/O command set specific structures exist for the NVM
-        // Command Set only; any other CSI is a set this controller lacks.
+        cns if uses_csi(cns) && csi == csi::ZNS => zoned(shared, cns, nsid)?,
+        // The I/O command set specific structures exist for the NVM and
+        // Zoned Namespace Command Sets; any other CSI is a set this
+        // controller lacks.
         cns if uses_csi(cns) && csi != csi::NVM => return Err(invalid_field()),
         Cns::NAMESPACE_IOCS => {
             check_nsid(shared, nsid)?;
@@ -266,7 +271,7 @@ fn descriptors(shared: &Shared, nsid: u32) -> Result<Vec<u8>, Status> {
     let mut page = Vec::with_capacity(IDENTIFY_SIZE);
     page.extend_from_slice(&[ns_descriptor::NGUID, 16, 0, 0]);
     page.extend_from_slice(&ns.nguid());
-    page.extend_from_slice(&[ns_descriptor::CSI, 1, 0, 0, 0]);
+    page.extend_from_slice(&[ns_descriptor::CSI, 1, 0, 0, ns.csi()]);
     page.resize(IDENTIFY_SIZE, 0);
     Ok(page)
 }
@@ -290,6 +295,42 @@ fn ns_independent(shared: &Shared, nsid: u32) -> Result<Vec<u8>, Status> {
         id.endgid = U16::new(ENDURANCE_GROUP_ID);
     }
     Ok(id.as_bytes().to_vec())
+}
+
+/// The I/O Command Set specific structures with CSI 02h (Zoned Namespace
+/// Command Set): its Identify Namespace and Controller, and its
+/// namespaces' lists (the zoned ones).
+fn zoned(shared: &Shared, cns: Cns, nsid: u32) -> Result<Vec<u8>, Status> {
+    let namespaces = &shared.subsystem.namespaces;
+    match cns {
+        Cns::NAMESPACE_IOCS => {
+            check_nsid(shared, nsid)?;
+            super::zns::identify_namespace_of(namespaces.active(nsid).as_deref())
+        }
+        Cns::ALLOCATED_NAMESPACE_IOCS => {
+            if nsid == NSID_ALL {
+                return Err(invalid_ns());
+            }
+            check_nsid(shared, nsid)?;
+            super::zns::identify_namespace_of(namespaces.get(nsid).as_deref())
+        }
+        Cns::CONTROLLER_IOCS => Ok(super::zns::identify_controller(shared).as_bytes().to_vec()),
+        _ => {
+            let active = cns == Cns::ACTIVE_NAMESPACES_IOCS;
+            let mut page = namespace_list(shared, nsid, active)?;
+            let zoned = |id: u32| namespaces.get(id).is_some_and(|ns| ns.zones.is_some());
+            let ids: Vec<u32> = page
+                .chunks_exact(4)
+                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .filter(|&id| id != 0 && zoned(id))
+                .collect();
+            page.fill(0);
+            for (slot, id) in page.chunks_exact_mut(4).zip(ids) {
+                slot.copy_from_slice(&id.to_le_bytes());
+            }
+            Ok(page)
+        }
+    }
 }
 
 /// I/O Command Set specific Identify Namespace for the NVM Command Set

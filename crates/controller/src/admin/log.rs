@@ -15,7 +15,7 @@ use vnvme_spec::log::{
     async_event, effects, set_u128, supported_log_pages, Cdw14GetLogPage, CommandEffectsLog,
     GetLogPage, LogPageId, SmartLog,
 };
-use vnvme_spec::{AdminOpcode, Command, Status};
+use vnvme_spec::{AdminOpcode, Command, NvmOpcode, Status};
 use zerocopy::little_endian::U32;
 use zerocopy::IntoBytes;
 
@@ -32,6 +32,9 @@ struct Request<'a> {
     lsi: u16,
     rae: bool,
     offset: u64,
+    /// Command Set Identifier (CDW14): whose commands the Commands
+    /// Supported and Effects log lists.
+    csi: u8,
 }
 
 /// One log page this controller answers.
@@ -89,7 +92,7 @@ const LOGS: &[LogPage] = &[
     },
     LogPage {
         lid: LogPageId::COMMANDS_SUPPORTED_AND_EFFECTS,
-        read: |r| Ok(effects_log(&r.shared.config)),
+        read: |r| Ok(effects_log(&r.shared.config, r.csi)),
         seen: None,
         event: None,
     },
@@ -120,6 +123,12 @@ const LOGS: &[LogPage] = &[
     LogPage {
         lid: LogPageId::DEVICE_SELF_TEST,
         read: |r| Ok(r.shared.self_test.log().as_bytes().to_vec()),
+        seen: None,
+        event: None,
+    },
+    LogPage {
+        lid: LogPageId(vnvme_spec::zns::CHANGED_ZONE_LIST_LID),
+        read: |_| Ok(super::zns::changed_zone_list()),
         seen: None,
         event: None,
     },
@@ -159,6 +168,7 @@ pub(super) fn get_log_page(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Statu
         lsi: req.lsi,
         rae: req.rae,
         offset: req.offset,
+        csi: Cdw14GetLogPage::from(cmd.cdw14).csi(),
     };
     let page = (log.read)(&r)?;
     if !page.is_empty() {
@@ -269,7 +279,11 @@ fn firmware_slot_log(shared: &Shared) -> Vec<u8> {
         .to_vec()
 }
 
-fn effects_log(config: &crate::ControllerConfig) -> Vec<u8> {
+/// Commands Supported and Effects (05h) of command set `csi`: the I/O
+/// commands of the Zoned Namespace Command Set (CSI 02h) are the NVM
+/// ones but Copy, and its own (Linux makes a zoned namespace read only
+/// unless Zone Append is listed); any other CSI gets the NVM ones.
+fn effects_log(config: &crate::ControllerConfig, csi: u8) -> Vec<u8> {
     let mut log = CommandEffectsLog::new_boxed();
     for op in super::SUPPORTED
         .iter()
@@ -289,8 +303,13 @@ fn effects_log(config: &crate::ControllerConfig) -> Vec<u8> {
             *e = U32::new(effects::CSUPP | extra);
         }
     }
-    for op in crate::io::SUPPORTED {
-        let lbcc = crate::io::WRITES_USER_DATA.contains(op);
+    let zoned = csi == vnvme_spec::identify::csi::ZNS;
+    let zone_ops = crate::io::ZONE_OPCODES.iter().filter(|_| zoned);
+    let io_ops = crate::io::SUPPORTED.iter().chain(zone_ops);
+    for op in io_ops.filter(|&&op| !(zoned && op == NvmOpcode::COPY)) {
+        let lbcc = crate::io::WRITES_USER_DATA.contains(op)
+            || *op == NvmOpcode::ZONE_APPEND
+            || *op == NvmOpcode::ZONE_MGMT_SEND;
         if let Some(e) = log.iocs.get_mut(usize::from(op.0)) {
             *e = U32::new(effects::CSUPP | if lbcc { effects::LBCC } else { 0 });
         }

@@ -12,6 +12,7 @@ mod namespaces;
 pub(crate) mod queues;
 mod sanitize;
 mod self_test;
+mod zns;
 
 use vnvme_spec::{AdminOpcode, Command, Status};
 

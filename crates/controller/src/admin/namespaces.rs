@@ -285,6 +285,10 @@ fn format_namespaces(
         };
         let mut ns = Namespace::with_format(id, old.backend.clone(), index, extended, protection)
             .ok_or_else(invalid_format)?;
+        // A zoned namespace stays zoned, the same zones in bytes, all empty.
+        if let Some(zones) = &old.zones {
+            ns = ns.zoned(zones.config).map_err(|_| invalid_format())?;
+        }
         // Erase before the new format is visible: no read may see old data
         // under it.
         ns.backend.write_zeroes(0, ns.backend.size()).map_err(|e| {

@@ -180,6 +180,11 @@ fn run(shared: &Shared, op: &Operation, namespaces: Vec<Arc<Namespace>>) {
             // Erased blocks are not uncorrectable any more.
             for ns in &namespaces {
                 ns.uncorrectable.clear(0, ns.nsze);
+                // ZNS 1.1 §5.3: every zone of a sanitized namespace is empty
+                // (erased already: nothing more to erase).
+                if let Some(zones) = &ns.zones {
+                    zones.empty_all();
+                }
             }
             drop(namespaces);
             block_io(shared, None);

@@ -227,14 +227,14 @@ fn host_behavior_support_keeps_its_fields_and_refuses_reserved_values() {
 }
 
 #[test]
-fn io_command_set_profile_accepts_only_the_nvm_combination() {
+fn io_command_set_profile_accepts_only_the_nvm_and_zoned_combination() {
     let rejected = Status::IOCS_COMBINATION_REJECTED.with_dnr(true);
     // CC.CSS 000b: the feature has no effect and Set succeeds.
     let mut h = Host::new();
     h.enable();
     assert_eq!(h.admin(set_features(0x19, 5)).status(), Status::SUCCESS);
     assert_eq!(h.get_data(0x19, 0, 0, 0).0, 0);
-    // CC.CSS 110b: index 0 (NVM) is the only combination.
+    // CC.CSS 110b: index 0 (NVM and ZNS) is the only combination.
     let mut h = Host::new();
     h.enable_with(0x0046_0001 | (0b110 << 4), ASQ, (31 << 16) | 31);
     assert!(h.csts().rdy());

@@ -75,7 +75,7 @@ fn io_command_set_specific_cns_with_an_unsupported_csi_is_invalid_field() {
     let mut h = two_namespaces();
     let invalid_field = Status::INVALID_FIELD.with_dnr(true);
     for cns in [0x05, 0x06, 0x07, 0x1A, 0x1B] {
-        for csi in [0x01, ZONED, 0x30, 0xFF] {
+        for csi in [0x01, 0x30, 0xFF] {
             let (status, page) = h.identify_data(identify_with(cns, 1, 0, csi));
             assert_eq!(status, invalid_field, "cns {cns:#x} csi {csi:#x}");
             assert!(page.iter().all(|&b| b == 0xFF), "nothing transferred");
@@ -148,13 +148,17 @@ fn independent_identify_namespace_reports_readiness_and_no_volatile_cache() {
 }
 
 #[test]
-fn io_command_set_data_structure_lists_the_nvm_combination() {
+fn io_command_set_data_structure_lists_the_nvm_and_zoned_combination() {
     let mut h = Host::new();
     h.enable();
     for cntid in [0xFFFF, 1] {
         let (status, page) = h.identify_data(identify_with(0x1C, 0, cntid, 0));
         assert_eq!(status, Status::SUCCESS, "cntid {cntid:#x}");
-        assert_eq!(page[..8], [1, 0, 0, 0, 0, 0, 0, 0], "combination 0: NVM");
+        assert_eq!(
+            page[..8],
+            [5, 0, 0, 0, 0, 0, 0, 0],
+            "combination 0: NVM and ZNS"
+        );
         assert!(page[8..].iter().all(|&b| b == 0), "no other combination");
     }
     let (status, _) = h.identify_data(identify_with(0x1C, 0, 2, 0));

@@ -122,7 +122,7 @@ fn supported_log_pages_lists_exactly_the_logs_answered() {
         .collect();
     assert_eq!(
         listed,
-        [0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0D, 0x81]
+        [0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0D, 0x81, 0xBF]
     );
     // No entry claims index offsets, and OT = 1 is refused.
     assert!((0..256).all(|i| le32(&page, i * 4) & 2 == 0));
@@ -428,7 +428,10 @@ fn persistent_events_record_power_on_resets_format_and_namespace_changes() {
     let ev = events(&h.persistent_event_log());
     assert_eq!(types(&ev), [0x04, 0x04, 0x07, 0x08, 0x06, 0x06]);
     // The reset restarted the Timestamp: the events after it are in order.
-    assert!(ev[2..].windows(2).all(|w| w[0].1 <= w[1].1), "in time order");
+    assert!(
+        ev[2..].windows(2).all(|w| w[0].1 <= w[1].1),
+        "in time order"
+    );
     let (power_on, reset) = (&ev[0].2, &ev[1].2);
     assert_eq!(power_on.len(), 8 + 36);
     assert_eq!(le32(power_on, 8 + 16), 0, "power cycle count at creation");

@@ -475,3 +475,4 @@ mod self_test;
 mod sgl;
 mod stress;
 mod uncorrectable;
+mod zoned;

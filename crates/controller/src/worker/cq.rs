@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use vnvme_spec::log::async_event;
 use vnvme_spec::{Command, Completion, Status};
+use zerocopy::little_endian::U32;
 
 use crate::admin;
 use crate::doorbell::{barrier, behind};
@@ -142,9 +143,10 @@ pub(super) fn publish_cq_behind(shared: &Shared, session: &Session, cq: &mut Cq)
     );
 }
 
-/// Posts the completion of `cmd`, fetched from SQ `sqid`, to `cq`; counts
-/// it and logs a failure. Returns `false` (and sets CSTS.CFS) if the CQ is
-/// unwritable.
+/// Posts the completion of `cmd`, fetched from SQ `sqid`, to `cq`, with
+/// `dw` as its command specific DW0 (bits 31:0) and DW1 (bits 63:32);
+/// counts it and logs a failure. Returns `false` (and sets CSTS.CFS) if
+/// the CQ is unwritable.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn post(
     shared: &Shared,
@@ -153,14 +155,15 @@ pub(super) fn post(
     sqid: u16,
     cq: &mut Cq,
     cmd: &Command,
-    dw0: u32,
+    dw: u64,
     status: Status,
 ) -> bool {
     shared.stats.completion(sqid, status);
     if !status.is_success() {
         shared.log_error(sqid, cmd, status);
     }
-    let cqe = Completion::new(dw0, sq_head, sqid, cmd.cid(), false, status);
+    let mut cqe = Completion::new(dw as u32, sq_head, sqid, cmd.cid(), false, status);
+    cqe.dw1 = U32::new((dw >> 32) as u32);
     if cq.post(&*session.mem, cqe).is_err() {
         shared.set_fatal("completion queue unwritable");
         return false;

@@ -10,6 +10,7 @@ pub mod passthru;
 mod plot;
 mod report;
 mod verify;
+pub mod zns;
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;

@@ -24,3 +24,4 @@ mod passthru;
 #[path = "../common/pattern.rs"]
 mod pattern;
 mod rig;
+mod zones;

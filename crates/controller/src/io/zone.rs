@@ -1,0 +1,183 @@
+//! The Zoned Namespace Command Set's I/O commands (ZNS 1.1 §3.4): Zone
+//! Management Send, Zone Management Receive and Zone Append; and the zone
+//! rules the NVM commands follow on a zoned namespace (§3.3): writes at
+//! the write pointer, reads not from offline zones.
+//!
+//! The zones themselves are [`crate::zoned`]'s; this module parses the
+//! commands and moves their data.
+
+use std::sync::atomic::Ordering;
+
+use vnvme_spec::zns::{
+    zra, zrasf, Cdw13ZoneMgmtRecv, Cdw13ZoneMgmtSend, ReportZonesHeader, ZoneDescriptor,
+};
+use vnvme_spec::{Command, NvmOpcode, Status};
+use zerocopy::IntoBytes;
+
+use super::{gather, invalid_field, usable_namespace, write_done};
+use crate::backend_error::BackendOp;
+use crate::command::{Ctx, Outcome};
+use crate::io_request::{Extent, ReadWrite};
+use crate::namespace::Namespace;
+use crate::zoned::{ZoneAction, Zones};
+
+/// The Zoned Namespace Command Set's own opcodes: Invalid Command Opcode
+/// on a namespace that is not zoned.
+pub(crate) const OPCODES: &[NvmOpcode] = &[
+    NvmOpcode::ZONE_MGMT_SEND,
+    NvmOpcode::ZONE_MGMT_RECV,
+    NvmOpcode::ZONE_APPEND,
+];
+
+/// Executes a Zoned Namespace Command Set command; `None` if `cmd` is
+/// not one.
+pub(super) fn execute(ctx: &mut Ctx<'_>, cmd: &Command) -> Option<Outcome> {
+    let op = NvmOpcode(cmd.opcode());
+    if !OPCODES.contains(&op) {
+        return None;
+    }
+    Some(match run(ctx, cmd, op) {
+        Ok(Some(lba)) => Outcome::Appended(lba),
+        Ok(None) => Outcome::ok(0),
+        Err(status) => Outcome::Done { dw0: 0, status },
+    })
+}
+
+/// Runs zone command `op`: `Some(lba)` for a Zone Append, written there.
+fn run(ctx: &mut Ctx<'_>, cmd: &Command, op: NvmOpcode) -> Result<Option<u64>, Status> {
+    // As every I/O command: PSDT 01b for SGL data, no fused commands.
+    if cmd.fuse() != 0 || cmd.psdt() > 1 {
+        return Err(invalid_field());
+    }
+    let ns = usable_namespace(ctx, cmd, op)?;
+    let Some(zones) = ns.zones.clone() else {
+        return Err(Status::INVALID_OPCODE.with_dnr(true));
+    };
+    match op {
+        NvmOpcode::ZONE_MGMT_SEND => send(ctx, cmd, &ns, &zones).map(|()| None),
+        NvmOpcode::ZONE_MGMT_RECV => receive(ctx, cmd, &zones).map(|()| None),
+        _ => append(ctx, cmd, &ns, &zones).map(Some),
+    }
+}
+
+/// The zone rules NVM command `op` follows on zoned `ns` before it runs
+/// (§3.3): a write (Write, Write Zeroes, Write Uncorrectable) must start
+/// at its zone's write pointer and stay within the zone's capacity, and
+/// moves the write pointer now (a write that then fails leaves its blocks
+/// undefined, as on a device); reads (Read, Compare, Verify) may cross
+/// zones but not reach an offline one. Copy is not supported on a zoned
+/// namespace; Dataset Management's deallocation, a hint, is not taken
+/// (it would undo writes below a write pointer). `Ok(false)`: the command
+/// is done.
+pub(super) fn admit(
+    ctx: &Ctx<'_>,
+    cmd: &Command,
+    op: NvmOpcode,
+    ns: &Namespace,
+    zones: &Zones,
+) -> Result<bool, Status> {
+    match op {
+        NvmOpcode::WRITE => {
+            let rw = ReadWrite::parse(cmd, ns, ctx.shared.config.max_transfer())?;
+            zones.write(rw.slba, rw.nlb)?;
+        }
+        NvmOpcode::WRITE_ZEROES | NvmOpcode::WRITE_UNCORRECTABLE => {
+            let e = Extent::of(cmd, ns)?;
+            zones.write(e.slba, e.nlb)?;
+        }
+        NvmOpcode::READ | NvmOpcode::COMPARE | NvmOpcode::VERIFY => {
+            let e = Extent::of(cmd, ns)?;
+            zones.check_read(e.slba, e.nlb)?;
+        }
+        NvmOpcode::DATASET_MANAGEMENT => return Ok(false),
+        NvmOpcode::COPY => return Err(Status::INVALID_OPCODE.with_dnr(true)),
+        _ => {}
+    }
+    Ok(true)
+}
+
+/// Zone Management Send (§3.4.3): SLBA in CDW10-11, the action and
+/// Select All in CDW13. A zone reset deallocates its blocks (the file
+/// backend punches a hole), so they read as zeroes again.
+fn send(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace, zones: &Zones) -> Result<(), Status> {
+    let cdw13 = Cdw13ZoneMgmtSend::from(cmd.cdw13);
+    let action = ZoneAction::parse(cdw13.zsa())?;
+    let stats = &ctx.shared.stats;
+    let mut erase = |zslba: u64| {
+        let e = Extent::new(ns, zslba, zones.zsze)?;
+        ns.backend
+            .discard(e.offset, e.len)
+            .map_err(|err| stats.backend_error(BackendOp::Deallocate, ns.nsid, &err))?;
+        ns.uncorrectable.clear(e.slba, e.nlb);
+        Ok(())
+    };
+    zones.send(action, cdw13.select_all(), cmd.slba(), &mut erase)
+}
+
+/// Zone Management Receive (§3.4.2): Report Zones of the zones from the
+/// one holding SLBA on, filtered by state, into NUMD + 1 dwords. No zone
+/// has a descriptor extension (ZDES 0), so Extended Report Zones is
+/// Invalid Field.
+fn receive(ctx: &mut Ctx<'_>, cmd: &Command, zones: &Zones) -> Result<(), Status> {
+    let cdw13 = Cdw13ZoneMgmtRecv::from(cmd.cdw13);
+    if cdw13.zra() != zra::REPORT_ZONES || cdw13.zrasf() > zrasf::OFFLINE {
+        return Err(invalid_field());
+    }
+    let len = (u64::from(cmd.cdw12.get()) + 1) * 4;
+    if len > ctx.shared.config.max_transfer() {
+        return Err(invalid_field());
+    }
+    let header = size_of::<ReportZonesHeader>();
+    let max = (len as usize).saturating_sub(header) / size_of::<ZoneDescriptor>();
+    let (nr_zones, descriptors) = zones.report(cmd.slba(), cdw13.zrasf(), cdw13.partial(), max)?;
+    let mut page = Vec::with_capacity(len as usize);
+    page.extend_from_slice(ReportZonesHeader::new(nr_zones).as_bytes());
+    page.extend_from_slice(descriptors.as_bytes());
+    // A buffer shorter than the header gets what fits of it.
+    page.resize(len as usize, 0);
+    ctx.send(cmd, &page)
+}
+
+/// Zone Append (§3.4.1): NLB blocks written at the write pointer of the
+/// zone starting at SLBA; the LBA they went to is the completion's DW0
+/// and DW1. The data is fetched before the write pointer moves, so a
+/// transfer that fails leaves the zone as it was. It runs synchronously
+/// (Linux issues appends for file systems only; fio writes).
+fn append(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace, zones: &Zones) -> Result<u64, Status> {
+    let rw = ReadWrite::parse(cmd, ns, ctx.shared.config.max_transfer())?;
+    let mut buf = std::mem::take(&mut ctx.scratch.buf);
+    buf.resize(rw.len as usize, 0);
+    let r = gather(ctx, cmd, ns, &rw, &mut buf).and_then(|()| {
+        let lba = zones.append(rw.slba, rw.nlb)?;
+        let at = Extent::new(ns, lba, rw.nlb)?;
+        if !ns.backend.moves_no_data() {
+            write_at(ctx, ns, at.offset, &buf, rw.fua)?;
+        }
+        write_done(ctx, ns, &ReadWrite { slba: lba, ..rw });
+        Ok(lba)
+    });
+    ctx.scratch.buf = buf;
+    r
+}
+
+/// Writes `data` at `offset`, durable before the completion with FUA or
+/// the volatile write cache off.
+fn write_at(
+    ctx: &Ctx<'_>,
+    ns: &Namespace,
+    offset: u64,
+    data: &[u8],
+    fua: bool,
+) -> Result<(), Status> {
+    let durable = fua || !ctx.shared.wce.load(Ordering::Relaxed);
+    let r = if durable {
+        ns.backend.write_fua(offset, data)
+    } else {
+        ns.backend.write(offset, data)
+    };
+    r.map_err(|e| {
+        ctx.shared
+            .stats
+            .backend_error(BackendOp::Write, ns.nsid, &e)
+    })
+}

@@ -1,0 +1,343 @@
+//! The zone state machine (ZNS 1.1 §2.1.1, Figure 7): each zone's state
+//! and write pointer, and the open and active resources they hold.
+
+use std::collections::VecDeque;
+use std::ops::Range;
+
+use vnvme_spec::zns::{zone_state, zrasf, zsa, ZoneDescriptor};
+use vnvme_spec::Status;
+
+/// A zone state (§2.1.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum State {
+    /// ZSE: nothing written since the last reset.
+    Empty,
+    /// ZSIO: opened by a write; the controller may close it for another.
+    ImplicitlyOpened,
+    /// ZSEO: opened by Zone Management Send Open.
+    ExplicitlyOpened,
+    /// ZSC: partly written, holding an active resource, not open.
+    Closed,
+    /// ZSF: written to its capacity, or finished.
+    Full,
+    /// ZSRO: readable, never writable again.
+    ReadOnly,
+    /// ZSO: neither readable nor writable.
+    Offline,
+}
+
+impl State {
+    fn zs(self) -> u8 {
+        match self {
+            State::Empty => zone_state::EMPTY,
+            State::ImplicitlyOpened => zone_state::IMPLICITLY_OPENED,
+            State::ExplicitlyOpened => zone_state::EXPLICITLY_OPENED,
+            State::Closed => zone_state::CLOSED,
+            State::Full => zone_state::FULL,
+            State::ReadOnly => zone_state::READ_ONLY,
+            State::Offline => zone_state::OFFLINE,
+        }
+    }
+
+    fn is_open(self) -> bool {
+        matches!(self, State::ImplicitlyOpened | State::ExplicitlyOpened)
+    }
+
+    fn is_active(self) -> bool {
+        self.is_open() || self == State::Closed
+    }
+}
+
+/// One zone.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Zone {
+    pub state: State,
+    /// Blocks written from the zone's start: the write pointer is ZSLBA
+    /// plus this.
+    pub written: u64,
+}
+
+impl Zone {
+    /// Whether a Report Zones filter (ZRASF) lists this zone.
+    pub fn matches(&self, filter: u8) -> bool {
+        let want = match filter {
+            zrasf::ALL => return true,
+            zrasf::EMPTY => State::Empty,
+            zrasf::IMPLICITLY_OPENED => State::ImplicitlyOpened,
+            zrasf::EXPLICITLY_OPENED => State::ExplicitlyOpened,
+            zrasf::CLOSED => State::Closed,
+            zrasf::FULL => State::Full,
+            zrasf::READ_ONLY => State::ReadOnly,
+            zrasf::OFFLINE => State::Offline,
+            _ => return false,
+        };
+        self.state == want
+    }
+
+    pub fn descriptor(&self, zslba: u64, zcap: u64) -> ZoneDescriptor {
+        ZoneDescriptor::new(self.state.zs(), zslba, zcap, zslba + self.written)
+    }
+}
+
+/// Zone Management Send actions this controller takes (§3.4.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ZoneAction {
+    Close,
+    Finish,
+    Open,
+    Reset,
+    Offline,
+}
+
+impl ZoneAction {
+    /// The action of a ZSA value; Invalid Field for Set Zone Descriptor
+    /// Extension (no extensions: ZDES 0), Flush Explicit ZRWA Range (no
+    /// ZRWA) and reserved values.
+    pub fn parse(zsa: u8) -> Result<Self, Status> {
+        Ok(match zsa {
+            zsa::CLOSE => ZoneAction::Close,
+            zsa::FINISH => ZoneAction::Finish,
+            zsa::OPEN => ZoneAction::Open,
+            zsa::RESET => ZoneAction::Reset,
+            zsa::OFFLINE => ZoneAction::Offline,
+            _ => return Err(Status::INVALID_FIELD.with_dnr(true)),
+        })
+    }
+
+    /// Whether Select All applies the action to a zone in `state` (the
+    /// states §3.4.3 lists for each action); the others are left alone.
+    fn selects(self, state: State) -> bool {
+        match self {
+            ZoneAction::Close => state.is_open(),
+            ZoneAction::Finish => state.is_active(),
+            ZoneAction::Open => state == State::Closed,
+            ZoneAction::Reset => state.is_active() || state == State::Full,
+            ZoneAction::Offline => state == State::ReadOnly,
+        }
+    }
+}
+
+/// What bounds a write and the resources.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Limits {
+    pub zcap: u64,
+    /// MOR and MAR as counts (`None`: no limit).
+    pub mor: Option<u32>,
+    pub mar: Option<u32>,
+}
+
+#[derive(Debug)]
+pub(super) struct Table {
+    zones: Vec<Zone>,
+    /// Zones open (implicitly or explicitly), and active (open or closed).
+    open: u32,
+    active: u32,
+    /// The implicitly opened zones, oldest first: the one closed when a
+    /// zone must open and the open resources are used up.
+    implicit: VecDeque<usize>,
+}
+
+fn status(s: Status) -> Status {
+    s.with_dnr(true)
+}
+
+impl Table {
+    pub fn new(count: u64, read_only: u32, zcap: u64) -> Self {
+        let empty = Zone {
+            state: State::Empty,
+            written: 0,
+        };
+        let mut zones = vec![empty; count as usize];
+        let first_ro = zones.len().saturating_sub(read_only as usize);
+        for z in zones.iter_mut().skip(first_ro) {
+            // Worn out at the end of use: written to capacity.
+            *z = Zone {
+                state: State::ReadOnly,
+                written: zcap,
+            };
+        }
+        Self {
+            zones,
+            open: 0,
+            active: 0,
+            implicit: VecDeque::new(),
+        }
+    }
+
+    pub fn zones(&self) -> &[Zone] {
+        &self.zones
+    }
+
+    #[cfg(test)]
+    pub fn resources(&self) -> (u32, u32) {
+        (self.open, self.active)
+    }
+
+    pub fn offline(&self) -> u32 {
+        let n = self.zones.iter().filter(|z| z.state == State::Offline);
+        n.count() as u32
+    }
+
+    /// Zone Is Offline if any zone of `zones` is.
+    pub fn check_online(&self, zones: Range<usize>) -> Result<(), Status> {
+        let slice = self.zones.get(zones).unwrap_or_default();
+        if slice.iter().any(|z| z.state == State::Offline) {
+            return Err(status(Status::ZONE_IS_OFFLINE));
+        }
+        Ok(())
+    }
+
+    /// Writes `nlb` blocks to zone `i`: at block `at` of it (a write,
+    /// which must be at the write pointer), or at the write pointer (an
+    /// append). Returns the block of the zone written at.
+    pub fn write(&mut self, i: usize, at: Option<u64>, nlb: u64, l: Limits) -> Result<u64, Status> {
+        let zone = *self.zones.get(i).ok_or(status(Status::LBA_OUT_OF_RANGE))?;
+        match zone.state {
+            State::Full => return Err(status(Status::ZONE_IS_FULL)),
+            State::ReadOnly => return Err(status(Status::ZONE_IS_READ_ONLY)),
+            State::Offline => return Err(status(Status::ZONE_IS_OFFLINE)),
+            _ => {}
+        }
+        let start = zone.written;
+        if at.is_some_and(|at| at != start) {
+            return Err(status(Status::ZONE_INVALID_WRITE));
+        }
+        let end = start.saturating_add(nlb);
+        if end > l.zcap {
+            return Err(status(Status::ZONE_BOUNDARY_ERROR));
+        }
+        match zone.state {
+            State::Empty | State::Closed => self.open_zone(i, State::ImplicitlyOpened, l)?,
+            _ => {}
+        }
+        self.set_written(i, end, l);
+        Ok(start)
+    }
+
+    /// Moves zone `i`'s write pointer to `written` blocks: Full at its
+    /// capacity, which frees its resources.
+    fn set_written(&mut self, i: usize, written: u64, l: Limits) {
+        if written >= l.zcap {
+            self.set_state(i, State::Full);
+        }
+        if let Some(z) = self.zones.get_mut(i) {
+            z.written = written;
+        }
+    }
+
+    /// Opens zone `i` (Empty or Closed) into `to`, taking an active
+    /// resource (from Empty) and an open one, closing the oldest
+    /// implicitly opened zone when the open ones are used up (§2.1.1.4.1).
+    fn open_zone(&mut self, i: usize, to: State, l: Limits) -> Result<(), Status> {
+        let Some(zone) = self.zones.get(i).copied() else {
+            return Err(status(Status::LBA_OUT_OF_RANGE));
+        };
+        if zone.state == State::Empty && l.mar.is_some_and(|mar| self.active >= mar) {
+            return Err(status(Status::TOO_MANY_ACTIVE_ZONES));
+        }
+        if l.mor.is_some_and(|mor| self.open >= mor) {
+            let Some(victim) = self.implicit.front().copied() else {
+                return Err(status(Status::TOO_MANY_OPEN_ZONES));
+            };
+            self.set_state(victim, State::Closed);
+        }
+        self.set_state(i, to);
+        Ok(())
+    }
+
+    /// Puts zone `i` in `to`, keeping the resource counts and the
+    /// implicitly opened list in step.
+    fn set_state(&mut self, i: usize, to: State) {
+        let Some(zone) = self.zones.get_mut(i) else {
+            return;
+        };
+        let from = std::mem::replace(&mut zone.state, to);
+        if from.is_open() {
+            self.open = self.open.saturating_sub(1);
+        }
+        if from.is_active() {
+            self.active = self.active.saturating_sub(1);
+        }
+        if to.is_open() {
+            self.open += 1;
+        }
+        if to.is_active() {
+            self.active += 1;
+        }
+        if from == State::ImplicitlyOpened {
+            self.implicit.retain(|&z| z != i);
+        }
+        if to == State::ImplicitlyOpened {
+            self.implicit.push_back(i);
+        }
+    }
+
+    /// Takes `action` on `zones`: each must be in a state the action
+    /// applies to, or (`select_all`) those that are not are skipped.
+    /// Zones reset that held data are pushed to `reset`.
+    pub fn act(
+        &mut self,
+        action: ZoneAction,
+        zones: Range<usize>,
+        select_all: bool,
+        l: Limits,
+        reset: &mut Vec<usize>,
+    ) -> Result<(), Status> {
+        for i in zones {
+            let Some(zone) = self.zones.get(i).copied() else {
+                break;
+            };
+            if select_all && !action.selects(zone.state) {
+                continue;
+            }
+            self.act_on(action, i, zone, l, reset)?;
+        }
+        Ok(())
+    }
+
+    /// One zone's transition (§3.4.3.1 to §3.4.3.5): states already where
+    /// the action leads succeed without change; states it cannot leave
+    /// are Invalid Zone State Transition.
+    fn act_on(
+        &mut self,
+        action: ZoneAction,
+        i: usize,
+        zone: Zone,
+        l: Limits,
+        reset: &mut Vec<usize>,
+    ) -> Result<(), Status> {
+        let invalid = || Err(status(Status::INVALID_ZONE_STATE_TRANSITION));
+        match (action, zone.state) {
+            (ZoneAction::Open, State::ExplicitlyOpened) => {}
+            (ZoneAction::Open, State::ImplicitlyOpened) => {
+                self.set_state(i, State::ExplicitlyOpened);
+            }
+            (ZoneAction::Open, State::Empty | State::Closed) => {
+                self.open_zone(i, State::ExplicitlyOpened, l)?;
+            }
+            (ZoneAction::Close, State::Closed) => {}
+            (ZoneAction::Close, s) if s.is_open() => self.set_state(i, State::Closed),
+            (ZoneAction::Finish, State::Full) => {}
+            (ZoneAction::Finish, State::Empty) => {
+                // Passes through the active states on its way (§2.1.1.4.4).
+                if l.mar.is_some_and(|mar| self.active >= mar) {
+                    return Err(status(Status::TOO_MANY_ACTIVE_ZONES));
+                }
+                self.set_written(i, l.zcap, l);
+            }
+            (ZoneAction::Finish, s) if s.is_active() => self.set_written(i, l.zcap, l),
+            (ZoneAction::Reset, State::Empty) => {}
+            (ZoneAction::Reset, s) if s.is_active() || s == State::Full => {
+                self.set_state(i, State::Empty);
+                if let Some(z) = self.zones.get_mut(i) {
+                    z.written = 0;
+                }
+                reset.push(i);
+            }
+            (ZoneAction::Offline, State::Offline) => {}
+            (ZoneAction::Offline, State::ReadOnly) => self.set_state(i, State::Offline),
+            _ => return invalid(),
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,112 @@
+# shellcheck shell=sh
+# vnvme-zns.sh - guest test (run-vnvme-tests.sh zns): a zoned namespace as Linux sees it. The server:
+# --ns 64M:ram --ns 128M:ram,zoned,zone-size=2M,max-open=4,max-active=6 (64 zones of 512 4 KiB blocks).
+#   * NSID 2's /sys/block/nvme0nY/queue/zoned is host-managed, chunk_sectors the zone size, nr_zones 64,
+#     max_open_zones 4, max_active_zones 6; nvme zns id-ns: MOR 3, MAR 5, zsze 512; id-ctrl ZASL nonzero
+#   * 1 MiB written with dd at zone 1: blkzone report and nvme zns report-zones both show its write
+#     pointer 256 blocks in, implicitly open; blkzone reset of that zone empties it; report-zones --state=2
+#     then lists none; --extended is Invalid Field (no descriptor extensions); changed-zone-list succeeds
+#   * nvme write at an LBA that is not the write pointer: Zone Invalid Write (1bch); nvme zns zone-append
+#     twice: appended at the zone start, then 1 block after it
+#   * nvme zns open-zone: 4 zones open, the 5th Too Many Open Zones (1beh); closed, 2 more open, the 7th
+#     active Too Many Active Zones (1bdh); reset-zone --select-all empties them all
+#   * fio --zonemode=zbd randwrite 4 KiB with crc32c verify, 64 MiB over the zones at io_uring QD 8 with
+#     --max_open_zones=4: passes, and blkzone report shows at least 16 zones written; blkzone reset (all)
+#   * no nvme timeouts, resets or aborts in dmesg
+. /guest-lib.sh
+rc=0
+fail() { echo "TEST: FAIL: $*"; rc=1; }
+
+field() { grep -E "^$1[[:space:]]*:" "$2" | head -1 | sed 's/^[^:]*: *//; s/ *$//'; }
+# zone_line N: blkzone's report line of zone N (512 4 KiB blocks = 4096 sectors each)
+zone_line() { blkzone report -o $(($1 * 4096)) -c 1 "$dev" 2>&1; }
+# nvme_wp SLBA: the write pointer nvme zns report-zones gives for the zone at SLBA
+nvme_wp() { nvme zns report-zones "$dev" -s "$1" -d 1 2>&1 | sed -n 's/.*WP: *\(0x[0-9a-fA-F]*\).*/\1/p' | head -1; }
+
+# Linux scans namespaces in parallel: nvme0nY is numbered as found, not by NSID. The zoned one is NSID 2.
+wait_nvme 15 /dev/nvme0n1 && wait_nvme 15 /dev/nvme0n2 || die "the two namespaces did not appear"
+by_nsid() { for d in /sys/block/nvme0n*; do [ "$(cat "$d/nsid" 2>/dev/null)" = "$1" ] && basename "$d"; done; }
+zname=$(by_nsid 2); cname=$(by_nsid 1)
+[ -n "$zname" ] && [ -n "$cname" ] || die "no block device with NSID 2 and 1 ($(ls /sys/block))"
+dev=/dev/$zname q=/sys/block/$zname/queue
+log "NSID 2 (zoned) is $dev, NSID 1 is /dev/$cname"
+
+zoned=$(cat $q/zoned); chunk=$(cat $q/chunk_sectors); nr=$(cat $q/nr_zones 2>/dev/null)
+mo=$(cat $q/max_open_zones 2>/dev/null); ma=$(cat $q/max_active_zones 2>/dev/null)
+log "sysfs: zoned $zoned chunk_sectors $chunk nr_zones $nr max_open_zones $mo max_active_zones $ma"
+[ "$zoned" = host-managed ] || fail "queue/zoned is '$zoned', expected host-managed"
+[ "$chunk" = 4096 ] || fail "chunk_sectors $chunk, expected 4096 (2 MiB zones)"
+[ "$nr" = 64 ] || fail "nr_zones '$nr', expected 64"
+[ "$mo" = 4 ] && [ "$ma" = 6 ] || fail "max_open_zones '$mo' max_active_zones '$ma', expected 4 and 6"
+[ "$(cat "/sys/block/$cname/queue/zoned")" = none ] || fail "/dev/$cname (NSID 1) is not a conventional device"
+
+expect_ok zns id-ns "$dev"
+echo "$OUT" > /tmp/zns-id-ns
+mor=$(field mor /tmp/zns-id-ns); mar=$(field mar /tmp/zns-id-ns)
+[ "$((mor))" = 3 ] && [ "$((mar))" = 5 ] || fail "zns id-ns MOR '$mor' MAR '$mar', expected 3 and 5"
+echo "$OUT" | grep -q 'zsze:0x200' || fail "zns id-ns has no LBA format extension with zsze 0x200"
+expect_ok zns id-ctrl "$dev"
+zasl=$(echo "$OUT" | sed -n 's/^zasl *: *//p')
+[ "${zasl:-0}" -gt 0 ] || fail "zns id-ctrl ZASL '$zasl'"
+
+# a write, seen by both reports; a reset
+dd if=/dev/urandom of=/tmp/mib bs=1M count=1 2>/dev/null
+dd if=/tmp/mib of="$dev" bs=1M seek=2 count=1 oflag=direct 2>/tmp/dd.err || fail "dd to zone 1: $(cat /tmp/dd.err)"
+line=$(zone_line 1); log "blkzone report zone 1: $line"
+echo "$line" | grep -q 'wptr 0x000800' || fail "blkzone: zone 1 write pointer is not 0x800 sectors in: $line"
+echo "$line" | grep -q '(oi)' || fail "blkzone: zone 1 is not implicitly open: $line"
+wp=$(nvme_wp 512); log "nvme zns report-zones zone 1 WP: $wp"
+[ "$((wp))" = 768 ] || fail "nvme zns report-zones: zone 1 WP '$wp', expected 0x300"
+dd if="$dev" of=/tmp/back bs=1M skip=2 count=1 iflag=direct 2>/dev/null && cmp /tmp/mib /tmp/back \
+  || fail "zone 1 does not read back what was written"
+blkzone reset -o 4096 -c 1 "$dev" || fail "blkzone reset of zone 1"
+line=$(zone_line 1); log "after reset: $line"
+echo "$line" | grep -q 'wptr 0x000000' && echo "$line" | grep -q '(em)' || fail "zone 1 not empty after reset: $line"
+wp=$(nvme_wp 512); [ "$((wp))" = 512 ] || fail "nvme zns report-zones: zone 1 WP '$wp' after reset, expected 0x200"
+
+# report filters; what is not offered: extended reports (no zone descriptor extensions); the changed
+# zone list (the controller never changes a zone by itself) is empty
+expect_ok zns report-zones "$dev" --state=2
+echo "$OUT" | grep -q 'nr_zones: 0' || fail "report-zones --state=2 (implicitly open) lists zones after the reset"
+expect_sc 2 zns report-zones "$dev" --extended
+expect_ok zns changed-zone-list "$dev"
+echo "$OUT" | grep -qE 'nrzid: *0' || fail "changed-zone-list is not empty: $OUT"
+
+# Zone Invalid Write, Zone Append
+dd if=/dev/urandom of=/tmp/blk bs=4096 count=1 2>/dev/null
+expect_sc 1bc write "$dev" --start-block=1029 --block-count=0 --data-size=4096 --data=/tmp/blk
+expect_ok zns zone-append "$dev" --zslba=1024 --data-size=4096 --data=/tmp/blk
+echo "$OUT" | grep -qE 'LBA (0x)?(1024|400)$' || fail "first append not at the zone start: $OUT"
+expect_ok zns zone-append "$dev" --zslba=1024 --data-size=4096 --data=/tmp/blk
+echo "$OUT" | grep -qE 'LBA (0x)?(1025|401)$' || fail "second append not one block after the first: $OUT"
+expect_sc 1bc write "$dev" --start-block=1024 --block-count=0 --data-size=4096 --data=/tmp/blk
+
+# open and active limits
+for z in 10 11 12 13; do expect_ok zns open-zone "$dev" --start-lba=$((z * 512)); done
+expect_sc 1be zns open-zone "$dev" --start-lba=$((14 * 512))
+for z in 10 11 12 13; do expect_ok zns close-zone "$dev" --start-lba=$((z * 512)); done
+# zone 2 (appended to) is active too: 4 closed + zone 2 + zone 14 = 6
+expect_ok zns open-zone "$dev" --start-lba=$((14 * 512))
+expect_sc 1bd zns open-zone "$dev" --start-lba=$((15 * 512))
+expect_ok zns reset-zone "$dev" --select-all
+n=$(blkzone report "$dev" | grep -c '(em)'); [ "$n" = 64 ] || fail "after reset-zone --select-all: $n of 64 zones empty"
+
+# fio over many zones, fewer open at a time than there are zones
+fio --name=zbd --filename="$dev" --direct=1 --ioengine=io_uring --iodepth=8 --zonemode=zbd --rw=randwrite \
+  --bs=4k --size=64M --max_open_zones=4 --verify=crc32c --do_verify=1 --verify_fatal=1 \
+  --output-format=terse --terse-version=3 > /tmp/fio.out 2>&1
+frc=$?
+# terse v3: 5 errors, 6 KiB read (the verify pass), 47 KiB written, 49 write IOPS
+log "fio zbd randwrite verify: exit $frc: $(awk -F';' '/^3;/ {print "errors " $5 ", written KiB " $47 ", verified (read) KiB " $6 ", write IOPS " $49}' /tmp/fio.out)"
+verified=$(awk -F';' '/^3;/ {print $6}' /tmp/fio.out)
+[ "${verified:-0}" -ge 65536 ] || fail "fio verified only '${verified}' KiB of the 64 MiB written"
+[ $frc = 0 ] || fail "fio --zonemode=zbd randwrite with verify failed: $(tail -5 /tmp/fio.out | tr '\n' ' ')"
+written=$(blkzone report "$dev" | grep -vc '(em)')
+log "zones written by fio: $written of 64"
+[ "$written" -ge 16 ] || fail "fio wrote only $written zones"
+blkzone reset "$dev" || fail "blkzone reset (all zones)"
+n=$(blkzone report "$dev" | grep -c '(em)'); [ "$n" = 64 ] || fail "after blkzone reset: $n of 64 zones empty"
+
+check_no_nvme_errors || fail "nvme errors in dmesg"
+[ $rc = 0 ] && log "PASS"
+exit $rc
