@@ -119,6 +119,25 @@ impl BlockDevice for RamDevice {
         })
     }
 
+    /// Copies the chunks that hold data (unwritten ones stay unallocated);
+    /// a shrink zeroes what is past the new end in the last chunk, so a
+    /// later grow reads zeroes there.
+    fn resized(&self, size: u64) -> Option<std::sync::Arc<dyn BlockDevice>> {
+        let new = Self::new(size).with_volatile_cache(self.volatile_cache);
+        for (i, (dst, src)) in new.chunks.iter().zip(&self.chunks).enumerate() {
+            let Some(mut data) = src.read().clone() else {
+                continue;
+            };
+            let chunk_start = i as u64 * CHUNK;
+            let keep = size.saturating_sub(chunk_start).min(CHUNK) as usize;
+            if let Some(tail) = data.get_mut(keep..) {
+                tail.fill(0);
+            }
+            *dst.write() = Some(data);
+        }
+        Some(std::sync::Arc::new(new))
+    }
+
     fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), BlockError> {
         check_range(offset, len, self.size)?;
         Self::for_each_piece(offset, len, |c, at, n, _| {
@@ -137,6 +156,24 @@ impl BlockDevice for RamDevice {
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    #[test]
+    fn resized_keeps_data_up_to_the_new_end_and_zeroes_past_it() {
+        let ram = RamDevice::new(4 * CHUNK);
+        ram.write(CHUNK - 4, &[1; 8]).unwrap();
+        ram.write(3 * CHUNK, &[2; 4]).unwrap();
+        let small = ram.resized(CHUNK).unwrap();
+        assert_eq!(small.size(), CHUNK);
+        let mut b = [9u8; 4];
+        small.read(CHUNK - 4, &mut b).unwrap();
+        assert_eq!(b, [1; 4]);
+        let big = small.resized(4 * CHUNK).unwrap();
+        let mut b = [9u8; 8];
+        big.read(CHUNK - 4, &mut b).unwrap();
+        assert_eq!(b, [1, 1, 1, 1, 0, 0, 0, 0], "the shrink cut the write");
+        big.read(3 * CHUNK, &mut b).unwrap();
+        assert_eq!(b, [0; 8], "nothing comes back from past the shrink");
+    }
 
     #[test]
     fn ram_write_then_read_across_chunks() {

@@ -105,6 +105,9 @@ fn run(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Option<u64>, Status> {
         return Ok(None);
     }
     let ns = ctx.shared.namespace(nsid)?;
+    if ctx.shared.faults.not_ready(nsid, Instant::now()) {
+        return Err(Status::NAMESPACE_NOT_READY.with_dnr(false));
+    }
     if ns.readiness != Readiness::Immediate
         || ns.formatting_until.is_some()
         || ns.sanitize.is_some()

@@ -14,7 +14,7 @@
 //! `telemetry` over `config` and `regs` over
 //! [`vendor`] (vendor specific opcodes C0h-FFh) and [`prp`] over the
 //! leaves ([`memory`], [`stats`], `backend_error`, `mailbox`,
-//! `uncorrectable`, `keep_alive`, `firmware`, `streams`, `background`).
+//! `uncorrectable`, `keep_alive`, `firmware`, `streams`, `background`, `faults`).
 #![forbid(unsafe_code)]
 
 mod admin;
@@ -24,6 +24,7 @@ mod command;
 mod config;
 mod controller;
 mod doorbell;
+pub mod faults;
 mod firmware;
 mod inflight;
 mod io;
@@ -60,8 +61,9 @@ pub use config::{
     DEFAULT_READY_TIMEOUT, DEFAULT_SANITIZE_RATE, DEFAULT_SELF_TEST_RATE, LBA_FORMATS,
     MAX_NAMESPACES,
 };
-pub use controller::Controller;
+pub use controller::{Controller, NamespaceOpError};
 pub use doorbell::{DoorbellPage, HeapDoorbellPage, DOORBELL_PAGE_DWORDS};
+pub use faults::{Fault, FaultError, FaultKind, FaultSpec, Latency};
 pub use memory::{DmaError, GuestMemory, InterruptSink, Segment};
 pub use stats::{ControllerStats, QueueStats};
 pub use vendor::{VendorCommand, VendorCommands};

@@ -32,6 +32,13 @@
 //! size = "64M"
 //! never_ready = true
 //! attached = false
+//!
+//! [[fault]]                   # armed at start (see control::fault_params)
+//! kind = "status"
+//! nsid = 1
+//! opcodes = ["read"]
+//! status = "unrecovered-read-error"
+//! probability = 0.001
 //! ```
 //!
 //! Errors name the file, line and field:
@@ -43,9 +50,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use toml::Spanned;
-use vnvme_controller::{DoorbellMode, Readiness, MAX_NAMESPACES};
+use vnvme_controller::{DoorbellMode, FaultSpec, Readiness, MAX_NAMESPACES};
 use vnvme_device::MAX_MSIX_VECTORS;
 
+use crate::control::fault_params::FaultParams;
 use crate::device::{DeviceOptions, MAX_IO_QUEUES, MAX_WORKERS};
 use crate::namespace::{check_format_index, parse_duration, Backend, NamespaceSpec};
 use crate::size::parse_size;
@@ -92,6 +100,9 @@ struct FileConfig {
     message_timeout: Option<Spanned<String>>,
     #[serde(default)]
     namespaces: Vec<FileNamespace>,
+    /// Faults armed at start (`control::fault_params`).
+    #[serde(default)]
+    fault: Vec<Spanned<FaultParams>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -107,7 +118,7 @@ struct FileNamespace {
 }
 
 /// What a configuration file sets; `None` leaves the command line's value.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct ServeConfig {
     pub serial: Option<String>,
     pub model: Option<String>,
@@ -128,6 +139,8 @@ pub struct ServeConfig {
     pub message_timeout: Option<Duration>,
     /// NSIDs from 1 in order; empty if the file has none.
     pub namespaces: Vec<NamespaceSpec>,
+    /// `[[fault]]` tables, armed when the controller starts.
+    pub faults: Vec<FaultSpec>,
 }
 
 impl ServeConfig {
@@ -356,6 +369,13 @@ impl ServeConfig {
             let span = ns.size.as_ref().map(Spanned::span);
             spec.validate().map_err(|m| at(span, field("size"), m))?;
             cfg.namespaces.push(spec);
+        }
+        for (i, f) in raw.fault.iter().enumerate() {
+            let spec = f
+                .get_ref()
+                .to_spec()
+                .map_err(|m| at(Some(f.span()), format!("fault[{i}]"), m))?;
+            cfg.faults.push(spec);
         }
         Ok(cfg)
     }
