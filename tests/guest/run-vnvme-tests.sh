@@ -63,12 +63,13 @@
 #   directives --ns 64M:ram: Identify and Streams directives with nvme-cli dir-receive/dir-send
 #              (enable, parameters, allocate 4, a write with --dir-type=1 --dir-spec=2 opens stream 2,
 #              stream 5 refused, release identifier and resources)
-#   faults     --ns 64M:ram --max-namespaces 4 --control SOCK, nvme_core.io_timeout=5: while the guest runs,
+#   faults     --ns 64M:ram,vwc --max-namespaces 4 --control SOCK, nvme_core.io_timeout=5: while the guest runs,
 #              the host injects through `vnvme ctl` (tests/vnvme-faults.sh): an Unrecovered Read Error with
 #              DNR (dd and nvme read fail), namespace_add (nvme0n2 appears, verified fio) and namespace_remove
 #              (it goes), a never-completing read (Linux times out, aborts, retries: the read succeeds),
 #              2 s of latency, 3 s not ready, a SMART temperature warning (smart-log), controller_fatal
-#              (Linux sees CSTS.CFS at its timeout and resets); what Linux logged is in the report
+#              (Linux sees CSTS.CFS at its timeout and resets), power loss (a write flushed with fsync
+#              survives, unflushed ones vanish); what Linux logged is in the report
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
@@ -79,7 +80,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --compare) COMPARE=1 ;;
     --keep) KEEP=1 ;;
-    -h|--help) sed -n '2,71p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,72p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "run-vnvme-tests: unknown option $1" >&2; exit 126 ;;
     *) case " $ALL " in *" $1 "*) ONLY="$ONLY $1" ;; *) echo "run-vnvme-tests: unknown test $1" >&2; exit 126 ;; esac ;;
   esac
@@ -480,7 +481,7 @@ t_faults() {
   local t0 name=faults ctl bg step why='' waited=0 srv; t0=$(now)
   if ! has_opt --control; then report SKIP $name 0 "server has no '--control' option"; return; fi
   ctl=$TMP/$name.control.sock
-  if ! start_xserver $name --ns 64M:ram --max-namespaces 4 --control "$ctl"; then
+  if ! start_xserver $name --ns 64M:ram,vwc --max-namespaces 4 --control "$ctl"; then
     report FAIL $name "$(since "$t0")" "server did not start: $(tail -3 "$XLOG" | tr '\n' ' ')"; stop_xserver; return
   fi
   OUT=$TMP/$name.results LOG=$TMP/$name.console
@@ -497,6 +498,7 @@ t_faults() {
     "fault_add kind=not-ready nsid=1 duration=3s"
     "fault_add kind=smart-warning warning=temperature"
     "controller_fatal reason=guest-test"
+    "fault_add kind=power-loss"
   )
   for step in $(seq ${#actions[@]}); do
     while ! grep -aq "FAULTS-ASK $step" "$LOG" 2>/dev/null; do

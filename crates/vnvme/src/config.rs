@@ -22,6 +22,7 @@
 //! [[namespaces]]              # NSID 1
 //! size = "1G"
 //! backend = "ram"             # null | ram | file (with path = "...")
+//! volatile_cache = true       # ram: writes durable once flushed (power-loss fault)
 //!
 //! [[namespaces]]              # NSID 2
 //! size = "256M"
@@ -115,6 +116,7 @@ struct FileNamespace {
     ready: Option<Spanned<String>>,
     never_ready: Option<Spanned<bool>>,
     attached: Option<Spanned<bool>>,
+    volatile_cache: Option<Spanned<bool>>,
 }
 
 /// What a configuration file sets; `None` leaves the command line's value.
@@ -365,6 +367,17 @@ impl ServeConfig {
             }
             if let Some(v) = &ns.attached {
                 spec.attached = *v.get_ref();
+            }
+            if let Some(v) = &ns.volatile_cache {
+                if *v.get_ref() && spec.backend != Backend::Ram {
+                    return Err(at(
+                        Some(v.span()),
+                        field("volatile_cache"),
+                        "a volatile write cache that power loss empties is for ram namespaces"
+                            .into(),
+                    ));
+                }
+                spec.volatile_cache = *v.get_ref();
             }
             let span = ns.size.as_ref().map(Spanned::span);
             spec.validate().map_err(|m| at(span, field("size"), m))?;

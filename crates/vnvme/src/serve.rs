@@ -45,7 +45,8 @@ pub struct ServeOptions {
     /// A namespace, SIZE[:null|ram] (e.g. 1G:ram; null keeps and moves no data), or a file or block device: PATH:file (its size)
     /// or SIZE:file=PATH (created or extended to SIZE); repeat for more. NSIDs are given in order from 1.
     /// Options follow commas: ready=DURATION (Namespace Not Ready until then after each enable),
-    /// never-ready, detached, format=N (LBA format index). Default (without --config): 1G:ram.
+    /// never-ready, detached, format=N (LBA format index), vwc (ram: a volatile write cache that a
+    /// power-loss fault empties). Default (without --config): 1G:ram.
     #[arg(long = "ns", value_name = "SIZE[:BACKEND][,OPTION]...")]
     pub namespaces: Vec<NamespaceSpec>,
     /// A TOML file describing the controller and its namespaces (see `vnvme::config`); flags given

@@ -11,6 +11,9 @@
 #   6 not-ready 3s on nsid 1: reads fail with Namespace Not Ready, succeed once it is over
 #   7 smart-warning temperature: nvme smart-log shows critical_warning 0x2
 #   8 controller_fatal: the next I/O times out, Linux sees CSTS.CFS, resets the controller, the read succeeds
+#   9 power loss (the namespace is ram,vwc: Linux sees a volatile write cache): LBA 48 written and flushed
+#     (dd conv=fsync), then overwritten without a flush, LBA 56 written without a flush; after the power
+#     loss (and Linux's reset) LBA 48 reads the flushed data and LBA 56 zeroes: the unflushed writes vanished
 # Each step prints what Linux logged (dmesg lines new since the step began, "TEST: dmesg[N]: ...").
 . /guest-lib.sh
 wait_nvme 10 || die "no /dev/nvme0n1"
@@ -114,5 +117,30 @@ if [ -n "$slow" ]; then log "controller_fatal: a read waited ${slow}s, then succ
 dmesg | tail -n +"$((mark + 1))" | grep -qi 'reset' || fail "no controller reset in dmesg"
 new_dmesg fatal
 rd 40 || fail "reads fail after the reset"
+
+# 9: power loss with a volatile write cache
+vwc=$(nvme id-ctrl /dev/nvme0 2>/dev/null | sed -n 's/^vwc[[:space:]]*:[[:space:]]*//p' | head -1)
+for c in A B C; do dd if=/dev/zero bs=4k count=1 2>/dev/null | tr '\000' "$c" > "/tmp/$c"; done
+dd if=/dev/zero of=/tmp/Z bs=4k count=1 2>/dev/null
+wr() { dd if="/tmp/$1" of=/dev/nvme0n1 bs=4k count=1 seek="$2" oflag=direct "${3:-conv=notrunc}" 2>/dev/null; }
+back() { dd if=/dev/nvme0n1 of=/tmp/back bs=4k count=1 skip="$1" iflag=direct 2>/dev/null && cmp -s /tmp/back "/tmp/$2"; }
+wr A 48 conv=fsync || fail "flushed write of LBA 48"
+wr B 48 || fail "unflushed write of LBA 48"
+wr C 56 || fail "unflushed write of LBA 56"
+back 48 B || fail "LBA 48 does not read back what was written"
+step 9
+slow=''
+i=0; while [ $i -lt 40 ]; do
+  t=$(up); rd 40 || fail "a read failed around the power loss"
+  d=$(secs_since "$t"); if awk -v d="$d" 'BEGIN { exit !(d >= 3) }'; then slow=$d; break; fi
+  sleep 0.5; i=$((i + 1))
+done
+[ -n "$slow" ] || fail "no read waited for the power loss's fatal status"
+if back 48 A; then a48=flushed; elif back 48 B; then a48=unflushed; else a48=other; fi
+if back 56 Z; then a56=zeroes; elif back 56 C; then a56=unflushed; else a56=other; fi
+log "power-loss: vwc $vwc; LBA 48 (flushed A, then B unflushed) reads $a48; LBA 56 (C unflushed) reads $a56"
+[ "$a48" = flushed ] || fail "LBA 48 reads $a48 after the power loss, expected the flushed data"
+[ "$a56" = zeroes ] || fail "LBA 56 reads $a56 after the power loss, expected zeroes (never flushed)"
+new_dmesg power-loss
 echo "FAULTS-ASK done"
 exit $rc

@@ -249,3 +249,57 @@ fn namespace_add_without_a_free_nsid_says_how_to_get_one() {
         Err(crate::NamespaceOpError::Format(9))
     );
 }
+
+#[test]
+fn power_loss_drops_acknowledged_unflushed_writes_and_never_flushed_ones() {
+    let ram = Arc::new(RamDevice::new(NS_BLOCKS * 512).with_volatile_cache(true));
+    let mut h = Host::enabled_on(config(), ram);
+    h.create_pair(1, 16);
+    let write = |h: &mut Host, lba: u64, byte: u8, fua: bool| {
+        h.mem.write(BUF, &[byte; 512]).unwrap();
+        let mut c = rw(NvmOpcode::WRITE, 1, lba, 1, BUF, 0);
+        if fua {
+            c.cdw12 = U32::new(c.cdw12.get() | 1 << 30);
+        }
+        assert_eq!(h.submit(1, c).status(), Status::SUCCESS);
+    };
+    for lba in 0..4 {
+        write(&mut h, lba, 0xA0 + lba as u8, false);
+    }
+    let flush = h.submit(1, rw(NvmOpcode::FLUSH, 1, 0, 1, 0, 0));
+    assert_eq!(flush.status(), Status::SUCCESS);
+    // Acknowledged after the flush: 0 and 2 plain, 1 with FUA; 3 untouched.
+    write(&mut h, 0, 0xB0, false);
+    write(&mut h, 1, 0xB1, true);
+    write(&mut h, 2, 0xB2, false);
+    write(&mut h, 100, 0xB3, false);
+    assert_eq!(
+        h.ctrl.fault_add(FaultSpec::new(FaultKind::PowerLoss)),
+        Ok(None)
+    );
+    assert!(h.csts().cfs(), "the host sees the controller fail");
+    h.reenable();
+    h.create_pair(1, 16);
+    let expect = [(0, 0xA0), (1, 0xB1), (2, 0xA2), (3, 0xA3), (100, 0x00)];
+    for (lba, byte) in expect {
+        let r = h.submit(1, rw(NvmOpcode::READ, 1, lba, 1, BUF, 0));
+        assert_eq!(r.status(), Status::SUCCESS);
+        assert_eq!(h.read_mem(BUF, 512), vec![byte; 512], "LBA {lba}");
+    }
+    // SMART / Health: Unsafe Shutdowns (bytes 159:144).
+    assert_eq!(
+        h.admin(get_log(0x02, 128, 0, BUF)).status(),
+        Status::SUCCESS
+    );
+    assert_eq!(h.read_mem(BUF + 144, 1)[0], 1, "unsafe shutdowns");
+}
+
+#[test]
+fn power_loss_without_a_volatile_cache_is_refused_with_the_reason() {
+    let h = host();
+    assert_eq!(
+        h.ctrl.fault_add(FaultSpec::new(FaultKind::PowerLoss)),
+        Err(crate::FaultError::NoVolatileCache)
+    );
+    assert!(!h.csts().cfs());
+}
