@@ -203,10 +203,16 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
 /// Binds the socket, replacing a stale socket file but refusing one a live
 /// server still answers on.
 fn bind(path: &Path) -> Result<UnixListener> {
+    bind_unix(path, "--socket", "vfio-user socket")
+}
+
+/// Binds UNIX socket `path` (`what`, given by `flag`), replacing a stale
+/// socket file but refusing one a live server still answers on.
+pub(crate) fn bind_unix(path: &Path, flag: &str, what: &str) -> Result<UnixListener> {
     if path.exists() {
         if UnixStream::connect(path).is_ok() {
             bail!(
-                "{} is in use by a running server: stop it first or choose another --socket",
+                "{} is in use by a running server: stop it first or choose another {flag}",
                 path.display()
             );
         }
@@ -222,7 +228,7 @@ fn bind(path: &Path) -> Result<UnixListener> {
             );
         }
     }
-    UnixListener::bind(path).with_context(|| format!("binding vfio-user socket {}", path.display()))
+    UnixListener::bind(path).with_context(|| format!("binding {what} {}", path.display()))
 }
 
 /// Rewrites the stats file every second until `done`.

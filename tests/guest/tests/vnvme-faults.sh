@@ -28,6 +28,16 @@ new_dmesg() { dmesg | tail -n +"$((mark + 1))" | grep -i nvme | head -8 | sed "s
 # until CMD... succeeds, at most $1 tenths of a second
 until_ok() { _n=$1; shift; _i=0; while ! "$@"; do [ $_i -ge "$_n" ] && return 1; sleep 0.1; _i=$((_i + 1)); done; }
 fails() { ! "$@"; }
+# slow_read LBA SECS TRIES WHAT: read LBA until one read takes >= SECS (the host's fault took hold),
+# at most TRIES times; sets slow (the seconds it took, empty if none did); a failed read is a failure
+slow_read() {
+  slow=''; _i=0
+  while [ $_i -lt "$3" ]; do
+    _t=$(up); rd "$1" || fail "a read of LBA $1 failed ($4)"
+    _d=$(secs_since "$_t"); if awk -v d="$_d" -v s="$2" 'BEGIN { exit !(d >= s) }'; then slow=$_d; return; fi
+    sleep 0.3; _i=$((_i + 1))
+  done
+}
 
 rd 8 || die "reading LBA 8 before any fault"
 
@@ -62,24 +72,14 @@ new_dmesg ns-remove
 
 # 4: a command that never completes: timeout, abort, retry
 step 4
-slow=''
-i=0; while [ $i -lt 40 ]; do
-  t=$(up); rd 16 || fail "the read of LBA 16 failed instead of being recovered"
-  d=$(secs_since "$t"); if awk -v d="$d" 'BEGIN { exit !(d >= 4) }'; then slow=$d; break; fi
-  sleep 0.5; i=$((i + 1))
-done
+slow_read 16 4 60 "instead of being recovered"
 if [ -n "$slow" ]; then log "never-complete: the read took ${slow}s and succeeded"; else fail "no read of LBA 16 was held"; fi
 dmesg | tail -n +"$((mark + 1))" | grep -qi 'timeout, aborting' || fail "no 'timeout, aborting' in dmesg"
 new_dmesg never-complete
 
 # 5: latency
 step 5
-slow=''
-i=0; while [ $i -lt 60 ]; do
-  t=$(up); rd 24 || fail "the delayed read of LBA 24 failed"
-  d=$(secs_since "$t"); if awk -v d="$d" 'BEGIN { exit !(d >= 1.9) }'; then slow=$d; break; fi
-  sleep 0.2; i=$((i + 1))
-done
+slow_read 24 1.9 100 "delayed"
 if [ -n "$slow" ]; then log "latency: one read took ${slow}s"; else fail "no read of LBA 24 was delayed"; fi
 new_dmesg latency
 
@@ -107,12 +107,7 @@ new_dmesg smart
 
 # 8: controller fatal status: recovered by a reset
 step 8
-slow=''
-i=0; while [ $i -lt 40 ]; do
-  t=$(up); rd 32 || fail "a read failed around the controller's fatal status"
-  d=$(secs_since "$t"); if awk -v d="$d" 'BEGIN { exit !(d >= 3) }'; then slow=$d; break; fi
-  sleep 0.5; i=$((i + 1))
-done
+slow_read 32 3 60 "around the controller's fatal status"
 if [ -n "$slow" ]; then log "controller_fatal: a read waited ${slow}s, then succeeded"; else fail "no read waited for the fatal status"; fi
 dmesg | tail -n +"$((mark + 1))" | grep -qi 'reset' || fail "no controller reset in dmesg"
 new_dmesg fatal
@@ -129,12 +124,7 @@ wr B 48 || fail "unflushed write of LBA 48"
 wr C 56 || fail "unflushed write of LBA 56"
 back 48 B || fail "LBA 48 does not read back what was written"
 step 9
-slow=''
-i=0; while [ $i -lt 40 ]; do
-  t=$(up); rd 40 || fail "a read failed around the power loss"
-  d=$(secs_since "$t"); if awk -v d="$d" 'BEGIN { exit !(d >= 3) }'; then slow=$d; break; fi
-  sleep 0.5; i=$((i + 1))
-done
+slow_read 40 3 60 "around the power loss"
 [ -n "$slow" ] || fail "no read waited for the power loss's fatal status"
 if back 48 A; then a48=flushed; elif back 48 B; then a48=unflushed; else a48=other; fi
 if back 56 Z; then a56=zeroes; elif back 56 C; then a56=unflushed; else a56=other; fi

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use vnvme_spec::{Command, Status};
 
-use super::cq::{arm_cq, post, publish_cq_behind, refresh_cq_head, settle_interrupt};
+use super::reap::{post_reserved, settle_touched, Reserved};
 use super::{EventIdxPolicy, Local};
 use crate::command::{Ctx, Outcome};
 use crate::faults::{Held, Hit};
@@ -99,18 +99,7 @@ pub(super) fn release(
         false
     });
     local.held = held;
-    for cqid in local.touched.drain(..) {
-        let Some(slot) = shared.cqs.get(usize::from(cqid)) else {
-            continue;
-        };
-        if let Some(cq) = slot.lock().as_mut() {
-            if !settle_interrupt(shared, session, cq, Instant::now())
-                && !local.timers.contains(&cqid)
-            {
-                local.timers.push(cqid);
-            }
-        }
-    }
+    settle_touched(shared, session, local);
     done
 }
 
@@ -166,24 +155,11 @@ fn release_one(
         }
         Outcome::Deferred => return None,
     };
-    refresh_cq_head(shared, session, cq);
-    if policy == EventIdxPolicy::Behind && !stalled {
-        publish_cq_behind(shared, session, cq);
-    }
-    if !post(
-        shared,
-        session,
-        sq.head as u16,
-        sq.qid,
-        cq,
-        &h.cmd,
+    let done = Reserved {
+        cmd: &h.cmd,
         dw0,
         status,
-    ) {
-        return None;
-    }
-    if policy == EventIdxPolicy::Publish {
-        arm_cq(shared, session, cq, true);
-    }
-    Some(cq.qid)
+        stalled,
+    };
+    post_reserved(shared, session, sq, cq, done, policy)
 }

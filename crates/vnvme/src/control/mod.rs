@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use serde_json::{json, Value};
 use vnvme_controller::Controller;
 
@@ -114,18 +114,13 @@ impl Drop for ControlServer {
 
 /// Binds the socket, replacing a stale file but not a live server's.
 fn bind(path: &Path, mode: u32) -> Result<UnixListener> {
-    if path.exists() {
-        if UnixStream::connect(path).is_ok() {
-            bail!(
-                "control socket {} is in use by a running server: stop it or choose another --control",
-                path.display()
-            );
-        }
-        std::fs::remove_file(path)
-            .with_context(|| format!("removing stale control socket {}", path.display()))?;
-    }
-    let listener = UnixListener::bind(path)
-        .with_context(|| format!("binding control socket {}", path.display()))?;
+    // Created with the mode asked for (no moment when others could
+    // connect), then set again in case a umask took more away.
+    let mask = rustix::fs::Mode::from_raw_mode(0o777 & !mode);
+    let old = rustix::process::umask(mask);
+    let bound = crate::serve::bind_unix(path, "--control", "control socket");
+    rustix::process::umask(old);
+    let listener = bound?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
         .with_context(|| format!("setting the mode of {}", path.display()))?;
     Ok(listener)
