@@ -77,17 +77,24 @@
 #              blkzone reset; a write off the write pointer gets Zone Invalid Write; zone-append returns
 #              the LBA; open-zone hits Too Many Open / Active Zones; fio --zonemode=zbd randwrite with
 #              crc32c verify over 32 zones with --max_open_zones=4; blkzone reset of all zones
+#   faults     --ns 64M:ram,vwc --max-namespaces 4 --control SOCK, nvme_core.io_timeout=5: while the guest runs,
+#              the host injects through `vnvme ctl` (tests/vnvme-faults.sh): an Unrecovered Read Error with
+#              DNR (dd and nvme read fail), namespace_add (nvme0n2 appears, verified fio) and namespace_remove
+#              (it goes), a never-completing read (Linux times out, aborts, retries: the read succeeds),
+#              2 s of latency, 3 s not ready, a SMART temperature warning (smart-log), controller_fatal
+#              (Linux sees CSTS.CFS at its timeout and resets), power loss (a write flushed with fsync
+#              survives, unflushed ones vanish); what Linux logged is in the report
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 GT=$HERE/tests
-ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io sanitize file-backed-ram nvme-cli-admin logs firmware directives pi zns"
+ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io sanitize file-backed-ram nvme-cli-admin logs firmware directives pi zns faults"
 COMPARE=0 KEEP=0 ONLY=''
 while [ $# -gt 0 ]; do
   case $1 in
     --compare) COMPARE=1 ;;
     --keep) KEEP=1 ;;
-    -h|--help) sed -n '2,79p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,86p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "run-vnvme-tests: unknown option $1" >&2; exit 126 ;;
     *) case " $ALL " in *" $1 "*) ONLY="$ONLY $1" ;; *) echo "run-vnvme-tests: unknown test $1" >&2; exit 126 ;; esac ;;
   esac
@@ -488,6 +495,50 @@ t_file-backed-ram() {
   [ -z "$srv" ] || why="${why:+$why; }$srv"
   if [ -z "$why" ]; then
     report PASS $name "$(since "$t0")" "guest RAM in $mf (mmapped by the server), 64 MiB verified 4k random + 128k sequential: $(iops_of "$OUT")"
+  else
+    report FAIL $name "$(since "$t0")" "$why"
+  fi
+}
+
+t_faults() {
+  local t0 name=faults ctl bg step why='' waited=0 srv; t0=$(now)
+  if ! has_opt --control; then report SKIP $name 0 "server has no '--control' option"; return; fi
+  ctl=$TMP/$name.control.sock
+  if ! start_xserver $name --ns 64M:ram,vwc --max-namespaces 4 --control "$ctl"; then
+    report FAIL $name "$(since "$t0")" "server did not start: $(tail -3 "$XLOG" | tr '\n' ' ')"; stop_xserver; return
+  fi
+  OUT=$TMP/$name.results LOG=$TMP/$name.console
+  "$HERE/run-test.sh" --vfio-user "$XSOCK" --log "$LOG" --results "$OUT" --timeout 420 \
+    --append "nvme_core.io_timeout=5" "$GT/vnvme-faults.sh" > /dev/null 2> "$TMP/$name.harness" &
+  bg=$!
+  # what the host does at each of the guest's "FAULTS-ASK <step>" lines (see vnvme-faults.sh)
+  local actions=(
+    "fault_add kind=status nsid=1 opcodes=read lba=8 status=unrecovered-read-error dnr=true count=2"
+    "namespace_add ns=32M:ram"
+    "namespace_remove nsid=2"
+    "fault_add kind=never-complete nsid=1 opcodes=read lba=16 count=1"
+    "fault_add kind=latency latency=2s nsid=1 opcodes=read lba=24 count=1"
+    "fault_add kind=not-ready nsid=1 duration=3s"
+    "fault_add kind=smart-warning warning=temperature"
+    "controller_fatal reason=guest-test"
+    "fault_add kind=power-loss"
+  )
+  for step in $(seq ${#actions[@]}); do
+    while ! grep -aq "FAULTS-ASK $step" "$LOG" 2>/dev/null; do
+      if ! kill -0 $bg 2>/dev/null || [ $waited -ge 4000 ]; then break 2; fi
+      sleep 0.1; waited=$((waited + 1))
+    done
+    # shellcheck disable=SC2086
+    echo "step $step: vnvme ctl ${actions[$((step - 1))]}: $("$VNVME" ctl --control "$ctl" ${actions[$((step - 1))]} 2>&1 | tr '\n' ' ')" >> "$TMP/$name.ctl.log"
+  done
+  wait $bg; RC=$?
+  [ "$(wc -l < "$TMP/$name.ctl.log" 2>/dev/null || echo 0)" = ${#actions[@]} ] || why="the guest asked for $(grep -c . "$TMP/$name.ctl.log" 2>/dev/null || echo 0) of ${#actions[@]} steps"
+  grep -q 'vnvme: error' "$TMP/$name.ctl.log" && why="${why:+$why; }vnvme ctl failed: $(grep 'vnvme: error' "$TMP/$name.ctl.log" | head -2 | tr '\n' ' ')"
+  stop_xserver; srv=$XMSG
+  [ $RC = 0 ] || why="${why:+$why; }$(fail_detail $name)"
+  [ -z "$srv" ] || why="${why:+$why; }$srv"
+  if [ -z "$why" ]; then
+    report PASS $name "$(since "$t0")" "$(grep -ah '^TEST: ' "$LOG" | grep -v 'TEST: dmesg' | sed 's/^TEST: //' | tr '\n' ';') (dmesg per step in $LOG)"
   else
     report FAIL $name "$(since "$t0")" "$why"
   fi

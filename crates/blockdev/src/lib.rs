@@ -126,6 +126,24 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     fn as_async(&self) -> Option<&dyn AsyncBlockDevice> {
         None
     }
+
+    /// Power loss: drops every write not yet made durable (by
+    /// [`flush`](Self::flush) or [`write_fua`](Self::write_fua)), as a
+    /// volatile write cache would lose it. Returns whether this backend
+    /// models that (else nothing happens: its writes are durable at once,
+    /// or it cannot tell which are not).
+    fn power_loss(&self) -> bool {
+        false
+    }
+
+    /// A new device of `size` bytes holding this one's data up to the
+    /// smaller size, the rest zeroes (a namespace resized at run time), for
+    /// backends that can make one; `None` for those that cannot. The caller
+    /// makes sure nothing writes to this device meanwhile.
+    fn resized(&self, size: u64) -> Option<std::sync::Arc<dyn BlockDevice>> {
+        let _ = size;
+        None
+    }
 }
 
 /// One operation for [`BlockQueue::submit`]. The data travels with the

@@ -24,6 +24,10 @@ impl BlockDevice for NullDevice {
         true
     }
 
+    fn resized(&self, size: u64) -> Option<std::sync::Arc<dyn BlockDevice>> {
+        Some(std::sync::Arc::new(Self::new(size)))
+    }
+
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), BlockError> {
         check_range(offset, buf.len() as u64, self.size)?;
         buf.fill(0);

@@ -1,7 +1,18 @@
 //! The `ram` backend: data in memory, sharded into chunks with one lock each
 //! so that queue workers on different LBAs never contend.
+//!
+//! With a volatile write cache ([`RamDevice::with_volatile_cache`]) the
+//! device keeps, for every chunk written since the last flush, what the
+//! chunk held at that flush (its durable image): a power loss
+//! ([`BlockDevice::power_loss`]) puts those back, so every write not yet
+//! flushed vanishes and every flushed one stays, as a drive's cache would
+//! lose them. A FUA write goes into the durable image too. The first write
+//! to a chunk after a flush copies it (64 KiB), and each write takes one
+//! lock over the images: the price of testing hosts' flush discipline.
 
-use parking_lot::RwLock;
+use std::collections::HashMap;
+
+use parking_lot::{Mutex, RwLock};
 
 use crate::{check_range, BlockDevice, BlockError};
 
@@ -17,7 +28,12 @@ pub struct RamDevice {
     size: u64,
     chunks: Vec<RwLock<Option<Box<[u8]>>>>,
     volatile_cache: bool,
+    /// With a volatile cache: chunk index -> its content at the last flush
+    /// (`None`: unallocated then), for the chunks written since.
+    durable: Mutex<HashMap<usize, Option<Box<[u8]>>>>,
 }
+
+type Chunk = Option<Box<[u8]>>;
 
 impl RamDevice {
     /// A zero-filled RAM disk of `size` bytes.
@@ -28,11 +44,13 @@ impl RamDevice {
             size,
             chunks,
             volatile_cache: false,
+            durable: Mutex::default(),
         }
     }
 
-    /// Advertise a volatile write cache (flush is still a no-op: RAM is as
-    /// durable as it gets). Useful to exercise hosts' flush paths.
+    /// A volatile write cache (Identify Controller VWC): writes are durable
+    /// only once flushed (or written with FUA), and a power loss drops the
+    /// others (see the module's notes).
     pub fn with_volatile_cache(mut self, on: bool) -> Self {
         self.volatile_cache = on;
         self
@@ -59,6 +77,54 @@ impl RamDevice {
             done += n;
         }
         Ok(())
+    }
+
+    /// Before chunk `index`, whose content is `current`, changes: keeps its
+    /// durable image if this is its first change since the last flush.
+    fn keep_durable(&self, index: usize, current: &Chunk) {
+        if self.volatile_cache {
+            self.durable
+                .lock()
+                .entry(index)
+                .or_insert_with(|| current.clone());
+        }
+    }
+
+    /// A FUA write of `src` at `at` in chunk `index` reaches its durable
+    /// image too (if the chunk has changed since the last flush; else the
+    /// chunk itself is the durable image).
+    fn write_durable(&self, index: usize, at: usize, src: &[u8]) {
+        let mut durable = self.durable.lock();
+        let Some(image) = durable.get_mut(&index) else {
+            return;
+        };
+        let data = image.get_or_insert_with(|| vec![0u8; CHUNK as usize].into_boxed_slice());
+        if let Some(dst) = data.get_mut(at..at + src.len()) {
+            dst.copy_from_slice(src);
+        }
+    }
+
+    /// Writes `buf` at `offset`; `fua`: into the durable images as well.
+    fn write_at(&self, offset: u64, buf: &[u8], fua: bool) -> Result<(), BlockError> {
+        check_range(offset, buf.len() as u64, self.size)?;
+        Self::for_each_piece(offset, buf.len() as u64, |c, at, n, done| {
+            let oob = || BlockError::OutOfRange {
+                offset,
+                len: 0,
+                size: self.size,
+            };
+            let src = buf.get(done..done + n).ok_or_else(oob)?;
+            let mut guard = self.chunk(c)?.write();
+            self.keep_durable(c, &guard);
+            if fua {
+                self.write_durable(c, at, src);
+            }
+            let data = guard.get_or_insert_with(|| vec![0u8; CHUNK as usize].into_boxed_slice());
+            data.get_mut(at..at + n)
+                .ok_or_else(oob)?
+                .copy_from_slice(src);
+            Ok(())
+        })
     }
 
     fn chunk(&self, index: usize) -> Result<&RwLock<Option<Box<[u8]>>>, BlockError> {
@@ -102,27 +168,58 @@ impl BlockDevice for RamDevice {
     }
 
     fn write(&self, offset: u64, buf: &[u8]) -> Result<(), BlockError> {
-        check_range(offset, buf.len() as u64, self.size)?;
-        Self::for_each_piece(offset, buf.len() as u64, |c, at, n, done| {
-            let oob = || BlockError::OutOfRange {
-                offset,
-                len: 0,
-                size: self.size,
+        self.write_at(offset, buf, false)
+    }
+
+    fn write_fua(&self, offset: u64, buf: &[u8]) -> Result<(), BlockError> {
+        self.write_at(offset, buf, self.volatile_cache)
+    }
+
+    /// The cache's content becomes durable: the images are forgotten.
+    fn flush(&self) -> Result<(), BlockError> {
+        if self.volatile_cache {
+            self.durable.lock().clear();
+        }
+        Ok(())
+    }
+
+    fn power_loss(&self) -> bool {
+        if !self.volatile_cache {
+            return false;
+        }
+        let images = std::mem::take(&mut *self.durable.lock());
+        for (index, image) in images {
+            if let Some(chunk) = self.chunks.get(index) {
+                *chunk.write() = image;
+            }
+        }
+        true
+    }
+
+    /// Copies the chunks that hold data (unwritten ones stay unallocated);
+    /// a shrink zeroes what is past the new end in the last chunk, so a
+    /// later grow reads zeroes there.
+    fn resized(&self, size: u64) -> Option<std::sync::Arc<dyn BlockDevice>> {
+        let new = Self::new(size).with_volatile_cache(self.volatile_cache);
+        for (i, (dst, src)) in new.chunks.iter().zip(&self.chunks).enumerate() {
+            let Some(mut data) = src.read().clone() else {
+                continue;
             };
-            let src = buf.get(done..done + n).ok_or_else(oob)?;
-            let mut guard = self.chunk(c)?.write();
-            let data = guard.get_or_insert_with(|| vec![0u8; CHUNK as usize].into_boxed_slice());
-            data.get_mut(at..at + n)
-                .ok_or_else(oob)?
-                .copy_from_slice(src);
-            Ok(())
-        })
+            let chunk_start = i as u64 * CHUNK;
+            let keep = size.saturating_sub(chunk_start).min(CHUNK) as usize;
+            if let Some(tail) = data.get_mut(keep..) {
+                tail.fill(0);
+            }
+            *dst.write() = Some(data);
+        }
+        Some(std::sync::Arc::new(new))
     }
 
     fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), BlockError> {
         check_range(offset, len, self.size)?;
         Self::for_each_piece(offset, len, |c, at, n, _| {
             let mut guard = self.chunk(c)?.write();
+            self.keep_durable(c, &guard);
             if at == 0 && n as u64 == CHUNK {
                 *guard = None;
             } else if let Some(dst) = guard.as_mut().and_then(|d| d.get_mut(at..at + n)) {
@@ -137,6 +234,48 @@ impl BlockDevice for RamDevice {
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    #[test]
+    fn power_loss_drops_unflushed_writes_and_keeps_flushed_and_fua_ones() {
+        let ram = RamDevice::new(4 * CHUNK).with_volatile_cache(true);
+        let read = |at: u64| {
+            let mut b = [0u8; 4];
+            ram.read(at, &mut b).unwrap();
+            b
+        };
+        ram.write(0, &[1; 4]).unwrap();
+        ram.flush().unwrap();
+        ram.write(0, &[2; 4]).unwrap(); // same chunk, not flushed
+        ram.write_fua(8, &[3; 4]).unwrap(); // same chunk, durable
+        ram.write(CHUNK, &[4; 4]).unwrap(); // a chunk never flushed
+        ram.write_zeroes(2 * CHUNK, CHUNK).unwrap();
+        assert!(ram.power_loss());
+        assert_eq!(read(0), [1; 4], "flushed write kept, later one dropped");
+        assert_eq!(read(8), [3; 4], "FUA write kept");
+        assert_eq!(read(CHUNK), [0; 4], "unflushed write dropped");
+        assert!(
+            !RamDevice::new(CHUNK).power_loss(),
+            "no cache, nothing to lose"
+        );
+    }
+
+    #[test]
+    fn resized_keeps_data_up_to_the_new_end_and_zeroes_past_it() {
+        let ram = RamDevice::new(4 * CHUNK);
+        ram.write(CHUNK - 4, &[1; 8]).unwrap();
+        ram.write(3 * CHUNK, &[2; 4]).unwrap();
+        let small = ram.resized(CHUNK).unwrap();
+        assert_eq!(small.size(), CHUNK);
+        let mut b = [9u8; 4];
+        small.read(CHUNK - 4, &mut b).unwrap();
+        assert_eq!(b, [1; 4]);
+        let big = small.resized(4 * CHUNK).unwrap();
+        let mut b = [9u8; 8];
+        big.read(CHUNK - 4, &mut b).unwrap();
+        assert_eq!(b, [1, 1, 1, 1, 0, 0, 0, 0], "the shrink cut the write");
+        big.read(3 * CHUNK, &mut b).unwrap();
+        assert_eq!(b, [0; 8], "nothing comes back from past the shrink");
+    }
 
     #[test]
     fn ram_write_then_read_across_chunks() {

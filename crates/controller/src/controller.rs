@@ -13,6 +13,7 @@ use vnvme_spec::regs::{offset, shutdown, Bar0Layout, Doorbell};
 
 use crate::config::{ConfigError, ControllerConfig, NamespaceConfig, Readiness, MAX_NAMESPACES};
 use crate::doorbell::{DoorbellPage, Doorbells, HeapDoorbellPage, Invalid, TrapOutcome};
+use crate::faults::Faults;
 use crate::firmware::Firmware;
 use crate::keep_alive::KeepAlive;
 use crate::mailbox::Mailbox;
@@ -29,6 +30,9 @@ use crate::subsystem::{ChangedNamespaces, Namespaces, ReadyTimer, Subsystem};
 use crate::telemetry::Telemetry;
 use crate::timestamp::TimestampClock;
 use crate::worker;
+
+mod operator;
+pub use operator::NamespaceOpError;
 
 /// CRTO.CRWMT is 16 bits of 500 ms units.
 const MAX_READY_TIMEOUT: Duration = Duration::from_millis(500 * 0xFFFF);
@@ -191,6 +195,7 @@ impl Controller {
             keep_alive: Arc::default(),
             sanitize: Sanitize::default(),
             self_test: SelfTest::default(),
+            faults: Faults::default(),
             created,
             config,
         });
@@ -597,6 +602,8 @@ impl Controller {
         *shared.enabled_at.lock() = None;
         self.stop_workers(ctl);
         self.clear_queues();
+        // The commands faults held went with the workers.
+        shared.faults.reset();
         // With the workers stopped no command sees the switch half done.
         // Persistent Event Log: the Power-on or Reset event of this reset
         // records this (its FA field) and the revision now running.

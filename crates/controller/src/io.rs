@@ -135,7 +135,11 @@ fn run(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Option<u64>, Status> {
 
 /// The namespace `cmd` names, if command `op` may run on it now.
 fn usable_namespace(ctx: &Ctx<'_>, cmd: &Command, op: NvmOpcode) -> Result<Arc<Namespace>, Status> {
-    let ns = ctx.shared.namespace(cmd.nsid.get())?;
+    let nsid = cmd.nsid.get();
+    let ns = ctx.shared.namespace(nsid)?;
+    if ctx.shared.faults.not_ready(nsid, Instant::now()) {
+        return Err(Status::NAMESPACE_NOT_READY.with_dnr(false));
+    }
     if ns.readiness != Readiness::Immediate
         || ns.formatting_until.is_some()
         || ns.sanitize.is_some()

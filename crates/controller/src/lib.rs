@@ -15,7 +15,7 @@
 //! [`vendor`] (vendor specific opcodes C0h-FFh) and [`prp`] over the
 //! leaves ([`memory`], [`stats`], `backend_error`, `mailbox`,
 //! `uncorrectable`, `keep_alive`, `firmware`, `streams`, `background`,
-//! `protection`, `zoned`).
+//! `protection`, `zoned`, `faults`).
 #![forbid(unsafe_code)]
 
 mod admin;
@@ -25,6 +25,7 @@ mod command;
 mod config;
 mod controller;
 mod doorbell;
+pub mod faults;
 mod firmware;
 mod inflight;
 mod io;
@@ -64,8 +65,9 @@ pub use config::{
     DEFAULT_READY_TIMEOUT, DEFAULT_SANITIZE_RATE, DEFAULT_SELF_TEST_RATE, LBA_FORMATS,
     MAX_NAMESPACES,
 };
-pub use controller::Controller;
+pub use controller::{Controller, NamespaceOpError};
 pub use doorbell::{DoorbellPage, HeapDoorbellPage, DOORBELL_PAGE_DWORDS};
+pub use faults::{Fault, FaultError, FaultKind, FaultSpec, Latency};
 pub use memory::{DmaError, GuestMemory, InterruptSink, Segment};
 pub use protection::{Guard, PiType, Protection};
 pub use stats::{ControllerStats, QueueStats};

@@ -21,6 +21,7 @@ use zerocopy::little_endian::{U16, U32, U64};
 
 use crate::config::ControllerConfig;
 use crate::doorbell::Doorbells;
+use crate::faults::Faults;
 use crate::keep_alive::KeepAlive;
 use crate::mailbox::Mailbox;
 use crate::memory::{GuestMemory, InterruptSink};
@@ -169,6 +170,8 @@ pub(crate) struct Shared {
     /// The NVM subsystem's sanitize state; it outlives controller resets.
     pub sanitize: Sanitize,
     pub self_test: SelfTest,
+    /// Faults injected on purpose (control socket, configuration).
+    pub faults: Faults,
     pub created: Instant,
 }
 

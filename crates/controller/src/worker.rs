@@ -19,6 +19,7 @@ use vnvme_spec::regs::Doorbell;
 use vnvme_spec::Status;
 
 mod cq;
+mod held;
 mod reap;
 mod wake;
 
@@ -36,6 +37,7 @@ use crate::admin;
 use crate::command::{Ctx, Outcome, Scratch};
 use crate::config::DoorbellMode;
 use crate::doorbell::{barrier, behind};
+use crate::faults::Held;
 use crate::inflight::{InFlight, Request};
 use crate::io;
 use crate::mailbox::Wait;
@@ -84,6 +86,8 @@ struct Local {
     reaped: Vec<(Request, BlockCompletion)>,
     /// CQs posted to by the last reap, for one interrupt each.
     touched: Vec<u16>,
+    /// Commands a fault holds back ([`held`]).
+    held: Vec<Held>,
 }
 
 /// The worker thread's body. Returns when stopped.
@@ -145,9 +149,10 @@ fn run_with<W: Wake>(shared: &Arc<Shared>, session: &Session, index: usize, mut 
         inflight: InFlight::new(waker(shared, index)),
         reaped: Vec::new(),
         touched: Vec::new(),
+        held: Vec::new(),
     };
     loop {
-        let mut wait = wake.wait(shared, &local);
+        let mut wait = held::clamp(wake.wait(shared, &local), &local.held);
         // Backend completions wake the worker only while it sleeps: turn
         // their wakers on, then reap what came before.
         let mut work = 0;
@@ -166,6 +171,7 @@ fn run_with<W: Wake>(shared: &Arc<Shared>, session: &Session, index: usize, mut 
             return;
         };
         local.inflight.set_waking(false);
+        work += held::release(shared, session, &mut local, policy);
         work += run_kicked(shared, session, &mut local, policy);
         work += complete_in_flight(shared, session, &mut local, policy);
         let polled = wake.polls(shared);
@@ -230,7 +236,7 @@ fn run_pass(
         scratch: &mut local.scratch,
         inflight: &mut local.inflight,
     };
-    let (pass, done) = process_sq(&mut ctx, qid, &mut local.timers, policy);
+    let (pass, done) = process_sq(&mut ctx, qid, &mut local.timers, &mut local.held, policy);
     match pass {
         Pass::Idle => {}
         Pass::More => shared.kick_sq(qid),
@@ -290,6 +296,7 @@ fn process_sq(
     ctx: &mut Ctx<'_>,
     qid: u16,
     timers: &mut Vec<u16>,
+    held: &mut Vec<Held>,
     policy: EventIdxPolicy,
 ) -> (Pass, u32) {
     let shared = ctx.shared;
@@ -375,7 +382,11 @@ fn process_sq(
             } else if qid == 0 {
                 admin::execute(ctx, &cmd)
             } else {
-                io::execute(ctx, &cmd)
+                shared
+                    .faults
+                    .on_command(&cmd)
+                    .and_then(|hit| held::hold(shared, held, sq, cq, &cmd, hit))
+                    .unwrap_or_else(|| io::execute(ctx, &cmd))
             };
             if std::mem::take(&mut sq_behind) {
                 let ei = behind(sq.tail as u16);

@@ -38,6 +38,7 @@ const LAYERS: &[&[&str]] = &[
         "timestamp",
         "protection",
         "zoned",
+        "faults",
     ],
 ];
 

@@ -243,6 +243,11 @@ pub mod async_event {
     /// NVM command set specific information: Sanitize Operation Completed
     /// (log page 81h).
     pub const IO_SANITIZE_COMPLETED: u8 = 0x01;
+    /// SMART / Health information (§5.2, Figure 146): NVM subsystem
+    /// reliability, temperature threshold, spare below threshold.
+    pub const SMART_RELIABILITY: u8 = 0x00;
+    pub const SMART_TEMPERATURE_THRESHOLD: u8 = 0x01;
+    pub const SMART_SPARE_BELOW_THRESHOLD: u8 = 0x02;
 
     /// Completion dword 0 for an event: type (bits above 2 dropped),
     /// information and log page.

@@ -22,6 +22,7 @@
 //! [[namespaces]]              # NSID 1
 //! size = "1G"
 //! backend = "ram"             # null | ram | file (with path = "...")
+//! volatile_cache = true       # ram: writes durable once flushed (power-loss fault)
 //!
 //! [[namespaces]]              # NSID 2
 //! size = "256M"
@@ -47,6 +48,13 @@
 //! max_open_zones = 8          # MOR + 1 (default: no limit)
 //! max_active_zones = 12       # MAR + 1 (default: max_open_zones)
 //! read_only_zones = 0         # the last N zones start read only
+//!
+//! [[fault]]                   # armed at start (see control::fault_params)
+//! kind = "status"
+//! nsid = 1
+//! opcodes = ["read"]
+//! status = "unrecovered-read-error"
+//! probability = 0.001
 //! ```
 //!
 //! Errors name the file, line and field:
@@ -58,9 +66,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use toml::Spanned;
-use vnvme_controller::{DoorbellMode, Protection, Readiness, MAX_NAMESPACES};
+use vnvme_controller::{DoorbellMode, FaultSpec, Protection, Readiness, MAX_NAMESPACES};
 use vnvme_device::MAX_MSIX_VECTORS;
 
+use crate::control::fault_params::FaultParams;
 use crate::device::{DeviceOptions, MAX_IO_QUEUES, MAX_WORKERS};
 use crate::namespace::{
     check_format_index, check_pi_fits, parse_duration, parse_pi_type, parse_pil, Backend,
@@ -111,6 +120,9 @@ struct FileConfig {
     message_timeout: Option<Spanned<String>>,
     #[serde(default)]
     namespaces: Vec<FileNamespace>,
+    /// Faults armed at start (`control::fault_params`).
+    #[serde(default)]
+    fault: Vec<Spanned<FaultParams>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -131,10 +143,11 @@ struct FileNamespace {
     max_open_zones: Option<Spanned<u32>>,
     max_active_zones: Option<Spanned<u32>>,
     read_only_zones: Option<Spanned<u32>>,
+    volatile_cache: Option<Spanned<bool>>,
 }
 
 /// What a configuration file sets; `None` leaves the command line's value.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct ServeConfig {
     pub serial: Option<String>,
     pub model: Option<String>,
@@ -155,6 +168,8 @@ pub struct ServeConfig {
     pub message_timeout: Option<Duration>,
     /// NSIDs from 1 in order; empty if the file has none.
     pub namespaces: Vec<NamespaceSpec>,
+    /// `[[fault]]` tables, armed when the controller starts.
+    pub faults: Vec<FaultSpec>,
 }
 
 impl ServeConfig {
@@ -432,9 +447,27 @@ impl ServeConfig {
                     m.replace(": add ,zoned", ": add zoned = true"),
                 )
             })?;
+            if let Some(v) = &ns.volatile_cache {
+                if *v.get_ref() && spec.backend != Backend::Ram {
+                    return Err(at(
+                        Some(v.span()),
+                        field("volatile_cache"),
+                        "a volatile write cache that power loss empties is for ram namespaces"
+                            .into(),
+                    ));
+                }
+                spec.volatile_cache = *v.get_ref();
+            }
             let span = ns.size.as_ref().map(Spanned::span);
             spec.validate().map_err(|m| at(span, field("size"), m))?;
             cfg.namespaces.push(spec);
+        }
+        for (i, f) in raw.fault.iter().enumerate() {
+            let spec = f
+                .get_ref()
+                .to_spec()
+                .map_err(|m| at(Some(f.span()), format!("fault[{i}]"), m))?;
+            cfg.faults.push(spec);
         }
         Ok(cfg)
     }

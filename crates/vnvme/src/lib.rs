@@ -5,6 +5,7 @@
 
 pub mod bench;
 pub mod config;
+pub mod control;
 pub mod device;
 pub mod inproc;
 pub mod namespace;

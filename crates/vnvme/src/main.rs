@@ -40,6 +40,8 @@ enum Command {
     AdminPassthru(vnvme::passthru::PassthruArgs),
     /// Send any I/O command (on I/O queue 1) and print its completion, like `nvme io-passthru`.
     IoPassthru(vnvme::passthru::PassthruArgs),
+    /// Change or break a running `vnvme serve --control PATH`: namespaces, faults, stats, shutdown.
+    Ctl(vnvme::control::client::CtlOptions),
 }
 
 #[derive(Args, Debug)]
@@ -115,6 +117,7 @@ fn main() -> ExitCode {
         Command::List(d) => tools::list(&d.socket, d.json),
         Command::AdminPassthru(a) => vnvme::passthru::run(&a, vnvme::passthru::Queue::Admin),
         Command::IoPassthru(a) => vnvme::passthru::run(&a, vnvme::passthru::Queue::Io),
+        Command::Ctl(c) => vnvme::control::client::run(&c),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

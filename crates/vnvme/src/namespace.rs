@@ -63,6 +63,9 @@ pub struct NamespaceSpec {
     pub protection: Option<Protection>,
     /// A zoned namespace: its zones (`None`: conventional).
     pub zoned: Option<ZonedConfig>,
+    /// A `ram` namespace with a volatile write cache: writes are durable
+    /// once flushed, and a power-loss fault drops the others.
+    pub volatile_cache: bool,
 }
 
 impl NamespaceSpec {
@@ -76,6 +79,7 @@ impl NamespaceSpec {
             format_index: DEFAULT_FORMAT_INDEX,
             protection: None,
             zoned: None,
+            volatile_cache: false,
         }
     }
 
@@ -84,7 +88,9 @@ impl NamespaceSpec {
     pub fn open(&self) -> anyhow::Result<Arc<dyn BlockDevice>> {
         Ok(match &self.backend {
             Backend::Null => Arc::new(vnvme_blockdev::NullDevice::new(self.size)),
-            Backend::Ram => Arc::new(vnvme_blockdev::RamDevice::new(self.size)),
+            Backend::Ram => Arc::new(
+                vnvme_blockdev::RamDevice::new(self.size).with_volatile_cache(self.volatile_cache),
+            ),
             Backend::File(path) => {
                 let size = (self.size != 0).then_some(self.size);
                 Arc::new(vnvme_blockdev::FileDevice::open(path, size)?)
@@ -242,11 +248,12 @@ impl FromStr for NamespaceSpec {
                 }
                 None if option == "never-ready" => spec.readiness = Readiness::Never,
                 None if option == "detached" => spec.attached = false,
+                None if option == "vwc" => spec.volatile_cache = true,
                 _ => {
                     return Err(format!(
                         "unknown namespace option '{option}': use ready=DURATION, never-ready, \
-                         detached, format=N, pi=1|2|3, pil=first|last or zoned (with zone-size=, \
-                         zone-cap=, max-open=, max-active=, ro-zones=)"
+                         detached, format=N, pi=1|2|3, pil=first|last, vwc or zoned (with \
+                         zone-size=, zone-cap=, max-open=, max-active=, ro-zones=)"
                     ))
                 }
             }
@@ -261,6 +268,11 @@ impl FromStr for NamespaceSpec {
             (None, None) => None,
         };
         spec.zoned = zoned.build()?;
+        if spec.volatile_cache && spec.backend != Backend::Ram {
+            return Err(
+                "vwc (a volatile write cache that power loss empties) is for ram namespaces".into(),
+            );
+        }
         spec.validate()?;
         Ok(spec)
     }
@@ -294,6 +306,9 @@ mod tests {
         assert_eq!(spec.readiness, Readiness::Never);
         assert!(spec.attached);
         assert_eq!(spec.format_index, DEFAULT_FORMAT_INDEX);
+        let spec: NamespaceSpec = "64M,vwc".parse().unwrap();
+        assert!(spec.volatile_cache);
+        assert!("64M:null,vwc".parse::<NamespaceSpec>().is_err());
         let spec: NamespaceSpec = "64M,ready=5s".parse().unwrap();
         assert_eq!(spec.readiness, Readiness::After(Duration::from_secs(5)));
     }

@@ -14,6 +14,7 @@ use vnvme_vfio_user::{
     DmaLimits, ServerOptions, HANDSHAKE_TIMEOUT, MAX_FD_DMA_MAPS, MESSAGE_TIMEOUT,
 };
 
+use crate::control::ControlServer;
 use crate::device::DeviceOptions;
 use crate::namespace::NamespaceSpec;
 
@@ -47,7 +48,8 @@ pub struct ServeOptions {
     /// never-ready, detached, format=N (LBA format index), pi=1|2|3 (protection information type; the
     /// format needs metadata), pil=first|last (where the PI lies in the metadata, default last),
     /// zoned (a zoned namespace, with zone-size=SIZE, zone-cap=SIZE, max-open=N, max-active=N,
-    /// ro-zones=N). Default (without --config): 1G:ram.
+    /// ro-zones=N), vwc (ram: a volatile write cache that a power-loss fault empties).
+    /// Default (without --config): 1G:ram.
     #[arg(long = "ns", value_name = "SIZE[:BACKEND][,OPTION]...")]
     pub namespaces: Vec<NamespaceSpec>,
     /// A TOML file describing the controller and its namespaces (see `vnvme::config`); flags given
@@ -72,8 +74,25 @@ pub struct ServeOptions {
     /// not read its socket may block a reply). Default 5s.
     #[arg(long, value_name = "DURATION", value_parser = crate::namespace::parse_duration)]
     pub message_timeout: Option<Duration>,
+    /// Serve JSON-RPC 2.0 on this UNIX socket, one request per line, to change and break the
+    /// device while it serves (`vnvme ctl --control PATH METHOD`: namespaces, faults, stats,
+    /// controller_fatal, shutdown).
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
+    /// The control socket's permissions, in octal. Default 600: its owner only (anyone who can
+    /// connect can break the device and stop the server).
+    #[arg(long, value_name = "MODE", default_value = "600", value_parser = parse_mode)]
+    pub control_mode: u32,
     #[command(flatten)]
     pub device: DeviceOptions,
+}
+
+/// A file mode in octal (`600`, `0660`).
+fn parse_mode(text: &str) -> Result<u32, String> {
+    u32::from_str_radix(text, 8)
+        .ok()
+        .filter(|&m| m <= 0o777)
+        .ok_or_else(|| format!("invalid mode '{text}': give octal permissions such as 600 or 660"))
 }
 
 impl ServeOptions {
@@ -103,8 +122,10 @@ impl ServeOptions {
 }
 
 pub fn run(mut opts: ServeOptions) -> Result<()> {
+    let mut faults = Vec::new();
     if let Some(path) = &opts.config {
         let file = crate::config::ServeConfig::load(path)?;
+        faults = file.faults.clone();
         opts.device = file.apply(&opts.device);
         opts.max_dma_maps = opts.max_dma_maps.or(file.max_dma_maps);
         opts.max_dma_size = opts.max_dma_size.or(file.max_dma_size);
@@ -118,8 +139,23 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
     }
     let server_options = opts.server_options()?;
     let device = opts.device.build(&opts.namespaces)?;
+    for (i, spec) in faults.into_iter().enumerate() {
+        device
+            .controller()
+            .fault_add(spec)
+            .with_context(|| format!("[[fault]] number {} of the configuration", i + 1))?;
+    }
     let listener = bind(&opts.socket)?;
     let stop = Arc::new(AtomicBool::new(false));
+    let control = match &opts.control {
+        Some(path) => Some(ControlServer::start(
+            path,
+            opts.control_mode,
+            Arc::clone(device.controller()),
+            Arc::clone(&stop),
+        )?),
+        None => None,
+    };
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, Arc::clone(&stop))
             .context("installing signal handlers")?;
@@ -143,6 +179,7 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
     let mut server = vnvme_vfio_user::Server::with_options(device, server_options);
     let result = server.serve_listener(&listener, &stop);
     let _ = std::fs::remove_file(&opts.socket);
+    drop(control);
     if let Some((done, thread)) = stats {
         done.store(true, Ordering::Release);
         match thread {
@@ -169,10 +206,16 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
 /// Binds the socket, replacing a stale socket file but refusing one a live
 /// server still answers on.
 fn bind(path: &Path) -> Result<UnixListener> {
+    bind_unix(path, "--socket", "vfio-user socket")
+}
+
+/// Binds UNIX socket `path` (`what`, given by `flag`), replacing a stale
+/// socket file but refusing one a live server still answers on.
+pub(crate) fn bind_unix(path: &Path, flag: &str, what: &str) -> Result<UnixListener> {
     if path.exists() {
         if UnixStream::connect(path).is_ok() {
             bail!(
-                "{} is in use by a running server: stop it first or choose another --socket",
+                "{} is in use by a running server: stop it first or choose another {flag}",
                 path.display()
             );
         }
@@ -188,7 +231,7 @@ fn bind(path: &Path) -> Result<UnixListener> {
             );
         }
     }
-    UnixListener::bind(path).with_context(|| format!("binding vfio-user socket {}", path.display()))
+    UnixListener::bind(path).with_context(|| format!("binding {what} {}", path.display()))
 }
 
 /// Rewrites the stats file every second until `done`.

@@ -1,7 +1,8 @@
 //! Abort (§5.1): a command the controller has not started yet (still in
 //! its submission queue, e.g. behind a full completion queue) is completed
-//! with Command Abort Requested instead of running. One already fetched is
-//! not aborted: it completes at once or, in flight on a backend, soon.
+//! with Command Abort Requested instead of running. So is one a fault holds
+//! back ([`crate::faults`]). One already fetched otherwise is not aborted:
+//! it completes at once or, in flight on a backend, soon.
 
 use vnvme_spec::cdw::Cdw10Abort;
 use vnvme_spec::{Command, Status};
@@ -30,6 +31,14 @@ pub(super) fn abort(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
     let Some(sq) = guard.as_mut().filter(|sq| sq.deleting.is_none()) else {
         return Ok(NOT_ABORTED);
     };
+    // Fetched, but held back by a fault: its worker completes it.
+    if shared.faults.abort(cdw10.sqid(), cdw10.cid()) {
+        let worker = shared.worker_for(sq.cqid);
+        if let Some(w) = shared.mailboxes.get(worker) {
+            w.wake_for_completions();
+        }
+        return Ok(0);
+    }
     let mem = &*ctx.session.mem;
     sq.refresh_tail(&shared.doorbells, mem);
     if !queued(sq, mem, cdw10.cid()) {

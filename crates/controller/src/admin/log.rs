@@ -247,8 +247,12 @@ fn smart_log(req: &Request<'_>) -> Result<Vec<u8>, Status> {
     let shared = req.shared;
     let s = &shared.stats;
     let mut log = SmartLog::new_boxed();
-    log.composite_temperature = 313u16.into();
-    log.available_spare = 100;
+    // Critical warnings a fault raised, with the values that explain them:
+    // a temperature over the threshold (343 K by default), spare under it.
+    let warning = shared.faults.smart_warning.load(Relaxed);
+    log.critical_warning = warning;
+    log.composite_temperature = if warning & 0x2 != 0 { 358 } else { 313u16 }.into();
+    log.available_spare = if warning & 0x1 != 0 { 5 } else { 100 };
     log.available_spare_threshold = 10;
     let h = Health::of(shared);
     set_u128(&mut log.data_units_read, h.data_units_read);

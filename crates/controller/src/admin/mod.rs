@@ -9,6 +9,7 @@ mod firmware;
 mod identify;
 mod log;
 mod namespaces;
+pub(crate) use namespaces::{forget, record_change, set_attached};
 pub(crate) mod queues;
 mod sanitize;
 mod self_test;

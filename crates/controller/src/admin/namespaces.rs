@@ -116,16 +116,16 @@ fn create(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
             .ok_or(Status::NAMESPACE_INSUFFICIENT_CAPACITY.with_dnr(true))?;
         // Allocated, not attached (§8.3.2): the host attaches it next.
         ns.attached = false;
-        record_change(shared, cmd, &ns);
+        record_change(shared, cmd.cdw10.get(), &ns);
         map.insert(nsid, Arc::new(ns));
         tracing::debug!(nsid, bytes, "namespace created");
         Ok(nsid)
     })
 }
 
-/// A Change Namespace event for Namespace Management `cmd` on `ns`.
-fn record_change(shared: &Shared, cmd: &Command, ns: &Namespace) {
-    let data = change_namespace(cmd.cdw10.get(), ns.nsid, ns.nsze, ns.identify().flbas);
+/// A Change Namespace event for a Namespace Management with `cdw10` on `ns`.
+pub(crate) fn record_change(shared: &Shared, cdw10: u32, ns: &Namespace) {
+    let data = change_namespace(cdw10, ns.nsid, ns.nsze, ns.identify().flbas);
     shared
         .persistent_events
         .record(EventType::CHANGE_NAMESPACE, Instant::now(), data);
@@ -148,22 +148,29 @@ fn delete(shared: &Shared, cmd: &Command) -> Result<(), Status> {
     if removed.is_empty() && nsid != NSID_ALL {
         return Err(invalid_ns());
     }
+    forget(shared, &removed, cmd.cdw10.get());
+    Ok(())
+}
+
+/// What goes with deleted namespaces `removed` (Namespace Management
+/// with `cdw10`, or the operator): self-tests on them, their settings, and
+/// the host hears of those that were attached.
+pub(crate) fn forget(shared: &Shared, removed: &[Arc<Namespace>], cdw10: u32) {
     let poh = shared.power_on_hours();
-    for ns in &removed {
+    for ns in removed {
         shared.self_test.abort_for(ns.nsid, ABORTED_NS_REMOVED, poh);
     }
-    for ns in &removed {
-        record_change(shared, cmd, ns);
+    for ns in removed {
+        record_change(shared, cdw10, ns);
         if ns.attached {
             shared.namespace_changed(ns.nsid);
         }
     }
     // A namespace created later under the same NSID starts from defaults.
     let mut admin = shared.admin.lock();
-    for ns in &removed {
+    for ns in removed {
         admin.error_recovery.remove(&ns.nsid);
     }
-    Ok(())
 }
 
 /// Namespace Attachment: SEL (CDW10 3:0) 0 attach, 1 detach; a Controller
@@ -186,6 +193,12 @@ pub(super) fn namespace_attachment(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u
     if !list_ok? {
         return Err(Status::CONTROLLER_LIST_INVALID.with_dnr(true));
     }
+    set_attached(shared, nsid, attach).map(|()| 0)
+}
+
+/// Attaches or detaches allocated namespace `nsid` (the host's Namespace
+/// Attachment, or the operator), and tells the host.
+pub(crate) fn set_attached(shared: &Shared, nsid: u32, attach: bool) -> Result<(), Status> {
     shared.subsystem.namespaces.update(|map| {
         let ns = map.get_mut(&nsid).ok_or_else(invalid_ns)?;
         match (attach, ns.attached) {
@@ -197,7 +210,7 @@ pub(super) fn namespace_attachment(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u
         Ok(())
     })?;
     shared.namespace_changed(nsid);
-    Ok(0)
+    Ok(())
 }
 
 /// A Controller List: count (16 bits) then that many CNTLIDs. Ours is valid

@@ -459,6 +459,7 @@ mod copy;
 mod dbbuf;
 mod directives;
 mod durability;
+mod faults;
 mod features;
 mod firmware;
 mod identify;

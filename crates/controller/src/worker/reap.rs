@@ -8,12 +8,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use vnvme_blockdev::{BlockCompletion, Data, Waker};
+use vnvme_spec::{Command, Status};
 
 use super::cq::{arm_cq, post, publish_cq_behind, refresh_cq_head, settle_interrupt};
 use super::{EventIdxPolicy, Local};
 use crate::command::Ctx;
 use crate::inflight::Request;
 use crate::io;
+use crate::queue::{Cq, Sq};
 use crate::state::{Session, Shared};
 
 /// The waker a worker gives its asynchronous backends.
@@ -51,6 +53,13 @@ pub(super) fn complete_in_flight(
         }
     }
     local.reaped = reaped;
+    settle_touched(shared, session, local);
+    done
+}
+
+/// Settles the interrupt of each CQ posted to out of order (reaped or
+/// released completions) once, or leaves it to a coalescing timer.
+pub(super) fn settle_touched(shared: &Shared, session: &Session, local: &mut Local) {
     for cqid in local.touched.drain(..) {
         let Some(slot) = shared.cqs.get(usize::from(cqid)) else {
             continue;
@@ -63,7 +72,6 @@ pub(super) fn complete_in_flight(
             }
         }
     }
-    done
 }
 
 /// Finishes one command that was in flight and posts its completion into
@@ -111,21 +119,51 @@ fn complete_one(
         &request.kind,
         completion,
     );
+    let done = Reserved {
+        cmd: &request.cmd,
+        dw0: 0,
+        status,
+        stalled,
+    };
+    post_reserved(shared, session, sq, cq, done, policy)
+}
+
+/// A completion posted into the CQ entry reserved for it, outside the SQ's
+/// pass: `stalled` if the CQ was full (with this entry reserved) before.
+pub(super) struct Reserved<'a> {
+    pub cmd: &'a Command,
+    /// Completion DW0, and DW1 above it (Zone Append's LBA).
+    pub dw0: u64,
+    pub status: Status,
+    pub stalled: bool,
+}
+
+/// Posts `done` with the EventIdx care of a pass; the CQ posted to, or
+/// `None` if its memory is unwritable.
+pub(super) fn post_reserved(
+    shared: &Shared,
+    session: &Session,
+    sq: &Sq,
+    cq: &mut Cq,
+    done: Reserved<'_>,
+    policy: EventIdxPolicy,
+) -> Option<u16> {
     refresh_cq_head(shared, session, cq);
-    if policy == EventIdxPolicy::Behind && !stalled {
+    if policy == EventIdxPolicy::Behind && !done.stalled {
         // As in `process_sq`: EventIdx behind the head before posting (not
         // over one armed for a stalled SQ).
         publish_cq_behind(shared, session, cq);
     }
+    let (head, qid) = (sq.head as u16, sq.qid);
     if !post(
         shared,
         session,
-        sq.head as u16,
-        sq.qid,
+        head,
+        qid,
         cq,
-        &request.cmd,
-        0,
-        status,
+        done.cmd,
+        done.dw0,
+        done.status,
     ) {
         return None;
     }

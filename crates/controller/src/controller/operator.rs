@@ -1,0 +1,349 @@
+//! What the operator does to a running controller (the control socket,
+//! the configuration): namespaces added, removed, attached, detached and
+//! resized as a host would see a physical change — the Namespace Attribute
+//! Changed event and the Changed Namespace List — and faults injected
+//! ([`crate::faults`]), and a fatal status raised.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use vnvme_blockdev::BlockDevice;
+use vnvme_spec::log::async_event;
+use vnvme_spec::Status;
+
+use super::Controller;
+use crate::admin;
+use crate::faults::{Fault, FaultError, FaultKind, FaultSpec};
+use crate::namespace::Namespace;
+use crate::protection::Protection;
+use crate::state::Shared;
+
+/// How long a resize waits for the commands that hold the namespace.
+const RESIZE_QUIESCE: Duration = Duration::from_secs(10);
+
+/// Namespace Management's SEL values, for the Persistent Event Log's
+/// Change Namespace events the operator's changes record too.
+const SEL_CREATE: u32 = 0;
+const SEL_DELETE: u32 = 1;
+
+/// Why an operator's namespace change was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NamespaceOpError {
+    #[error("namespace {0} does not exist")]
+    NoSuchNamespace(u32),
+    #[error(
+        "NSID {nsid} is outside 1 to NN = {nn}: start the server with a larger --max-namespaces"
+    )]
+    NsidOutOfRange { nsid: u32, nn: u32 },
+    #[error("NSID {0} is in use")]
+    NsidInUse(u32),
+    #[error("no free NSID up to NN = {0}: remove a namespace or start the server with a larger --max-namespaces")]
+    NoFreeNsid(u32),
+    #[error("namespace {0} is already attached")]
+    AlreadyAttached(u32),
+    #[error("namespace {0} is not attached")]
+    NotAttached(u32),
+    #[error("LBA format {0} does not exist (0 to {max})", max = crate::LBA_FORMATS.len() - 1)]
+    Format(u8),
+    #[error("{bytes} bytes hold no block of LBA format {format}")]
+    TooSmall { bytes: u64, format: u8 },
+    #[error("namespace {0}'s backend cannot be resized (ram and null namespaces that are not zoned can)")]
+    CannotResize(u32),
+    #[error("namespace {0} stayed busy with commands for 10 s: try again")]
+    Busy(u32),
+}
+
+impl Controller {
+    /// Adds a namespace over `backend` in LBA format `format_index`, at
+    /// `nsid` or the lowest free NSID up to NN; attached (the host hears of
+    /// it) or only allocated. Returns its NSID. Operator namespaces are not
+    /// taken from TNVMCAP: they are new capacity.
+    pub fn namespace_add(
+        &self,
+        backend: Arc<dyn BlockDevice>,
+        format_index: u8,
+        nsid: Option<u32>,
+        attached: bool,
+    ) -> Result<u32, NamespaceOpError> {
+        let shared = &*self.shared;
+        let nn = shared.subsystem.nn;
+        if let Some(id) = nsid.filter(|&id| id == 0 || id > nn) {
+            return Err(NamespaceOpError::NsidOutOfRange { nsid: id, nn });
+        }
+        if crate::config::LBA_FORMATS
+            .get(usize::from(format_index))
+            .is_none()
+        {
+            return Err(NamespaceOpError::Format(format_index));
+        }
+        let bytes = backend.size();
+        let nsid = shared.subsystem.namespaces.update(|map| {
+            let id = match nsid {
+                Some(id) if map.contains_key(&id) => return Err(NamespaceOpError::NsidInUse(id)),
+                Some(id) => id,
+                None => (1..=nn)
+                    .find(|id| !map.contains_key(id))
+                    .ok_or(NamespaceOpError::NoFreeNsid(nn))?,
+            };
+            let mut ns = Namespace::with_format(id, backend, format_index, false, None).ok_or(
+                NamespaceOpError::TooSmall {
+                    bytes,
+                    format: format_index,
+                },
+            )?;
+            ns.attached = attached;
+            admin::record_change(shared, SEL_CREATE, &ns);
+            map.insert(id, Arc::new(ns));
+            Ok(id)
+        })?;
+        if attached {
+            shared.namespace_changed(nsid);
+        }
+        tracing::info!(nsid, bytes, attached, "namespace added by the operator");
+        Ok(nsid)
+    }
+
+    /// Removes namespace `nsid`; an attached one is detached first, which
+    /// the host hears about. Commands already holding it finish on it.
+    pub fn namespace_remove(&self, nsid: u32) -> Result<(), NamespaceOpError> {
+        let shared = &*self.shared;
+        let removed = shared.subsystem.namespaces.update(|map| map.remove(&nsid));
+        let removed = removed.ok_or(NamespaceOpError::NoSuchNamespace(nsid))?;
+        admin::forget(shared, &[removed], SEL_DELETE);
+        tracing::info!(nsid, "namespace removed by the operator");
+        Ok(())
+    }
+
+    /// Attaches (`true`) or detaches allocated namespace `nsid`.
+    pub fn namespace_attach(&self, nsid: u32, attach: bool) -> Result<(), NamespaceOpError> {
+        admin::set_attached(&self.shared, nsid, attach).map_err(|status| {
+            if status.same_code(Status::NAMESPACE_ALREADY_ATTACHED) {
+                NamespaceOpError::AlreadyAttached(nsid)
+            } else if status.same_code(Status::NAMESPACE_NOT_ATTACHED) {
+                NamespaceOpError::NotAttached(nsid)
+            } else {
+                NamespaceOpError::NoSuchNamespace(nsid)
+            }
+        })
+    }
+
+    /// Resizes namespace `nsid` to `bytes` (its blocks up to the new size
+    /// keep their data); returns the new size in blocks. Meanwhile its I/O
+    /// gets Namespace Not Ready (DNR = 0, so hosts retry), and the copy
+    /// waits for the commands that hold it to finish; then the host hears
+    /// of the change (Namespace Attribute Changed, NSZE in Identify).
+    pub fn namespace_resize(&self, nsid: u32, bytes: u64) -> Result<u64, NamespaceOpError> {
+        let shared = &*self.shared;
+        let old = shared
+            .subsystem
+            .namespaces
+            .get(nsid)
+            .ok_or(NamespaceOpError::NoSuchNamespace(nsid))?;
+        // A zoned namespace's zones are cut from its size: not resized.
+        if old.zones.is_some() {
+            return Err(NamespaceOpError::CannotResize(nsid));
+        }
+        let mut busy = (*old).clone();
+        busy.sanitize = Some(Status::NAMESPACE_NOT_READY.with_dnr(false));
+        let busy = Arc::new(busy);
+        if !replace(shared, nsid, &old, Arc::clone(&busy)) {
+            return Err(NamespaceOpError::NoSuchNamespace(nsid));
+        }
+        let restore = |e| {
+            replace(shared, nsid, &busy, Arc::clone(&old));
+            Err(e)
+        };
+        // Only this function holds `old` once the commands that took it
+        // before the switch are done: nothing writes to its backend then.
+        let deadline = Instant::now() + RESIZE_QUIESCE;
+        while Arc::strong_count(&old) > 1 {
+            if Instant::now() >= deadline {
+                return restore(NamespaceOpError::Busy(nsid));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let Some(backend) = old.backend.resized(bytes) else {
+            return restore(NamespaceOpError::CannotResize(nsid));
+        };
+        let protection = old.pi.map(|p| Protection {
+            pi_type: p.pi_type,
+            first: p.first,
+        });
+        let Some(mut ns) =
+            Namespace::with_format(nsid, backend, old.format_index, old.extended, protection)
+        else {
+            let format = old.format_index;
+            return restore(NamespaceOpError::TooSmall { bytes, format });
+        };
+        ns.readiness = old.readiness;
+        ns.attached = old.attached;
+        ns.sanitize = old.sanitize;
+        ns.uncorrectable = Arc::clone(&old.uncorrectable);
+        let nsze = ns.nsze;
+        if !replace(shared, nsid, &busy, Arc::new(ns)) {
+            return Err(NamespaceOpError::NoSuchNamespace(nsid));
+        }
+        if old.attached {
+            shared.namespace_changed(nsid);
+        }
+        tracing::info!(nsid, bytes, nsze, "namespace resized by the operator");
+        Ok(nsze)
+    }
+
+    /// Sets CSTS.CFS, as an internal failure would: the host's recovery is
+    /// a controller reset.
+    pub fn controller_fatal(&self, why: &str) {
+        self.shared.set_fatal(why);
+    }
+
+    /// Adds a fault. A command fault is armed and its id returned; a state
+    /// fault takes effect now (`None`).
+    pub fn fault_add(&self, spec: FaultSpec) -> Result<Option<u64>, FaultError> {
+        spec.validate()?;
+        let shared = &self.shared;
+        let nsid = spec.nsid.unwrap_or(0);
+        match spec.kind {
+            FaultKind::Latency(_) | FaultKind::Status(_) | FaultKind::NeverComplete => {
+                return shared.faults.add(spec).map(Some);
+            }
+            FaultKind::MediaError => {
+                let ns = shared
+                    .subsystem
+                    .namespaces
+                    .get(nsid)
+                    .ok_or(FaultError::NoNamespace(nsid))?;
+                let (slba, nlb) = spec.lba.unwrap_or_default();
+                ns.byte_range(slba, nlb)
+                    .map_err(|_| FaultError::OutOfRange(nsid))?;
+                ns.uncorrectable
+                    .mark(slba, nlb)
+                    .map_err(|_| FaultError::Media("too many marked ranges".into()))?;
+            }
+            FaultKind::NotReady(d) => {
+                if shared.subsystem.namespaces.get(nsid).is_none() {
+                    return Err(FaultError::NoNamespace(nsid));
+                }
+                self.not_ready_for(nsid, d);
+            }
+            FaultKind::SmartWarning(bits) => raise_smart_warning(shared, bits),
+            FaultKind::PowerLoss => self.power_loss()?,
+        }
+        tracing::info!(fault = spec.kind.name(), nsid, "fault injected");
+        Ok(None)
+    }
+
+    /// The command faults armed now.
+    pub fn fault_list(&self) -> Vec<Fault> {
+        self.shared.faults.list()
+    }
+
+    /// The SMART critical warning bits faults raised.
+    pub fn smart_warning(&self) -> u8 {
+        self.shared.faults.smart_warning.load(Ordering::Relaxed)
+    }
+
+    /// NSIDs a not-ready fault holds now.
+    pub fn not_ready_namespaces(&self) -> Vec<u32> {
+        self.shared.faults.not_ready_list(Instant::now())
+    }
+
+    /// Removes command fault `id`, or (`None`) every fault: command faults,
+    /// not-ready periods and SMART warnings. Returns how many command
+    /// faults went.
+    pub fn fault_clear(&self, id: Option<u64>) -> usize {
+        self.shared.faults.clear(id)
+    }
+
+    /// Namespace `nsid` answers Namespace Not Ready for `d`, then the host
+    /// hears it changed (as a slow namespace announces itself ready).
+    fn not_ready_for(&self, nsid: u32, d: Duration) {
+        let shared = &self.shared;
+        let until = Instant::now() + d;
+        shared.faults.set_not_ready(nsid, until);
+        shared.namespace_changed(nsid);
+        let weak = Arc::downgrade(shared);
+        let spawned = std::thread::Builder::new()
+            .name("vnvme-not-ready".into())
+            .spawn(move || {
+                std::thread::sleep(d);
+                let Some(shared) = weak.upgrade() else {
+                    return;
+                };
+                if !shared.faults.not_ready(nsid, Instant::now())
+                    && shared.subsystem.namespaces.active(nsid).is_some()
+                {
+                    shared.namespace_changed(nsid);
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("no timer for the end of a not-ready fault ({e}): no event at its end");
+        }
+    }
+}
+
+/// Replaces namespace `nsid` with `new` if it is still `old`.
+fn replace(shared: &Shared, nsid: u32, old: &Arc<Namespace>, new: Arc<Namespace>) -> bool {
+    shared
+        .subsystem
+        .namespaces
+        .update(|map| match map.get_mut(&nsid) {
+            Some(slot) if Arc::ptr_eq(slot, old) => {
+                *slot = new;
+                true
+            }
+            _ => false,
+        })
+}
+
+/// Raises SMART critical warning `bits` (§5.16.1.3 byte 0: bit 0 spare
+/// below threshold, bit 1 temperature, bit 2 reliability degraded, bit 3
+/// read only, bit 4 volatile memory backup failed) and reports it as a
+/// SMART / Health event (§5.2, Figure 146) if the host enabled the
+/// warning in Asynchronous Event Configuration bits 7:0.
+fn raise_smart_warning(shared: &Shared, bits: u8) {
+    shared
+        .faults
+        .smart_warning
+        .fetch_or(bits, Ordering::Relaxed);
+    let enabled = shared.admin.lock().async_event_config as u8;
+    if enabled & bits == 0 {
+        return;
+    }
+    let info = if bits & 0x2 != 0 {
+        async_event::SMART_TEMPERATURE_THRESHOLD
+    } else if bits & 0x1 != 0 {
+        async_event::SMART_SPARE_BELOW_THRESHOLD
+    } else {
+        async_event::SMART_RELIABILITY
+    };
+    shared.async_event(async_event::TYPE_SMART, info, 0x02);
+}
+
+impl Controller {
+    /// Power loss: every namespace whose backend models a volatile write
+    /// cache drops the writes it holds (acknowledged, not flushed), the
+    /// SMART log counts an unsafe shutdown, and the controller fails as
+    /// power coming back would show it (CSTS.CFS; the host resets it).
+    fn power_loss(&self) -> Result<(), FaultError> {
+        let shared = &self.shared;
+        if !shared.ready.load(Ordering::Acquire) {
+            return Err(FaultError::NotEnabled);
+        }
+        let mut dropped = 0;
+        for ns in shared.subsystem.namespaces.active_list() {
+            if ns.backend.power_loss() {
+                dropped += 1;
+            }
+        }
+        if dropped == 0 {
+            return Err(FaultError::NoVolatileCache);
+        }
+        shared
+            .stats
+            .unsafe_shutdowns
+            .fetch_add(1, Ordering::Relaxed);
+        shared.set_fatal("power loss injected");
+        Ok(())
+    }
+}

@@ -1,0 +1,166 @@
+//! Commands a fault holds back (see [`crate::faults`]): a latency fault
+//! starts its command later, a never-complete fault keeps it until Abort
+//! asks for it or a controller reset drops it (the worker's list goes with
+//! the worker). Meanwhile the worker goes on with other commands.
+//!
+//! A held command keeps its CQ entry reserved, so its completion always
+//! has room; a delayed one also counts in flight on its SQ (Delete I/O
+//! Submission Queue waits for it, §5.6), a never-completing one does not
+//! (the host deletes the queue when it gives up on it).
+
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use vnvme_spec::{Command, Status};
+
+use super::reap::{post_reserved, settle_touched, Reserved};
+use super::{EventIdxPolicy, Local};
+use crate::command::{Ctx, Outcome};
+use crate::faults::{Held, Hit};
+use crate::io;
+use crate::mailbox::Wait;
+use crate::queue::{Cq, Sq};
+use crate::state::{Session, Shared};
+
+/// What a fault's `hit` makes of `cmd`: completed at once with a failed
+/// status, or held back (a delay or never: [`Outcome::Deferred`], its
+/// completion reserved); `None` to run it as usual (too many are held).
+pub(super) fn hold(
+    shared: &Shared,
+    held: &mut Vec<Held>,
+    sq: &mut Sq,
+    cq: &mut Cq,
+    cmd: &Command,
+    hit: Hit,
+) -> Option<Outcome> {
+    let due = match hit {
+        Hit::Fail(status) => return Some(Outcome::Done { dw0: 0, status }),
+        Hit::Delay(d) => Some(Instant::now() + d),
+        Hit::Hang => None,
+    };
+    if !shared.faults.hold(sq.qid, cmd.cid()) {
+        return None;
+    }
+    cq.reserved = cq.reserved.saturating_add(1);
+    if due.is_some() {
+        sq.in_flight = sq.in_flight.saturating_add(1);
+    }
+    held.push(Held {
+        cmd: *cmd,
+        sqid: sq.qid,
+        sq_instance: sq.instance,
+        cqid: cq.qid,
+        cq_instance: cq.instance,
+        due,
+    });
+    Some(Outcome::Deferred)
+}
+
+/// The wait, shortened to the next held command's start.
+pub(super) fn clamp(wait: Wait, held: &[Held]) -> Wait {
+    let Some(next) = held.iter().filter_map(|h| h.due).min() else {
+        return wait;
+    };
+    let now = Instant::now();
+    match wait {
+        Wait::No => Wait::No,
+        Wait::For(d) => Wait::For(d.min(next.saturating_duration_since(now))),
+        Wait::Until(Some(at)) => Wait::Until(Some(at.min(next))),
+        Wait::Until(None) => Wait::Until(Some(next)),
+    }
+}
+
+/// Runs the held commands whose time has come and completes those Abort
+/// asked for (Command Abort Requested). Returns how many it let go.
+pub(super) fn release(
+    shared: &Shared,
+    session: &Session,
+    local: &mut Local,
+    policy: EventIdxPolicy,
+) -> u32 {
+    if local.held.is_empty() {
+        return 0;
+    }
+    let now = Instant::now();
+    let mut held = std::mem::take(&mut local.held);
+    let mut done = 0;
+    held.retain(|h| {
+        let aborted = shared.faults.abort_requested(h.sqid, h.cmd.cid());
+        if !aborted && h.due.is_none_or(|due| due > now) {
+            return true;
+        }
+        let aborted = shared.faults.release(h.sqid, h.cmd.cid()) || aborted;
+        done += 1;
+        if let Some(cqid) = release_one(shared, session, local, h, aborted, policy) {
+            if !local.touched.contains(&cqid) {
+                local.touched.push(cqid);
+            }
+        }
+        false
+    });
+    local.held = held;
+    settle_touched(shared, session, local);
+    done
+}
+
+/// Lets held command `h` go: its reservation returned, then run (its
+/// delay is over) or completed as aborted. A command whose SQ or CQ is
+/// gone is dropped. Returns the CQ posted to.
+fn release_one(
+    shared: &Shared,
+    session: &Session,
+    local: &mut Local,
+    h: &Held,
+    aborted: bool,
+    policy: EventIdxPolicy,
+) -> Option<u16> {
+    let mut sq_guard = shared.sqs.get(usize::from(h.sqid))?.lock();
+    let mut cq_guard = shared.cqs.get(usize::from(h.cqid))?.lock();
+    let cq = cq_guard
+        .as_mut()
+        .filter(|cq| cq.instance == h.cq_instance)?;
+    let stalled = cq.is_full();
+    cq.reserved = cq.reserved.saturating_sub(1);
+    let sq = sq_guard
+        .as_mut()
+        .filter(|sq| sq.instance == h.sq_instance)?;
+    if h.due.is_some() {
+        sq.in_flight = sq.in_flight.saturating_sub(1);
+        if sq.deleting.is_some() && sq.in_flight == 0 {
+            shared.kick_sq(0);
+        }
+    }
+    if shared.fatal.load(Ordering::Acquire) || sq.deleting.is_some() {
+        return None;
+    }
+    let outcome = if aborted {
+        Outcome::Done {
+            dw0: 0,
+            status: Status::ABORTED_BY_REQUEST,
+        }
+    } else {
+        let mut ctx = Ctx {
+            shared,
+            session,
+            scratch: &mut local.scratch,
+            inflight: &mut local.inflight,
+        };
+        io::execute(&mut ctx, &h.cmd)
+    };
+    let (dw0, status) = match outcome {
+        Outcome::Done { dw0, status } => (u64::from(dw0), status),
+        Outcome::Appended(lba) => (lba, Status::SUCCESS),
+        Outcome::Submitted(token) => {
+            local.inflight.bind(token, sq, cq);
+            return None;
+        }
+        Outcome::Deferred => return None,
+    };
+    let done = Reserved {
+        cmd: &h.cmd,
+        dw0,
+        status,
+        stalled,
+    };
+    post_reserved(shared, session, sq, cq, done, policy)
+}

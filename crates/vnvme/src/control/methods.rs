@@ -1,0 +1,232 @@
+//! The control socket's methods (JSON-RPC 2.0, named params):
+//!
+//! | method | params | result |
+//! |---|---|---|
+//! | `stats` | | the counters (as `--stats` writes them) |
+//! | `namespace_add` | `ns` (as `--ns`: `64M:ram,format=0`), `nsid`? | `{nsid}` |
+//! | `namespace_remove` | `nsid` | `{}` |
+//! | `namespace_attach` / `namespace_detach` | `nsid` | `{}` |
+//! | `namespace_resize` | `nsid`, `size` | `{nsze}` (blocks) |
+//! | `fault_add` | a fault (`fault_params`) | `{id}` (command faults) or `{applied}` |
+//! | `fault_list` | | `{faults, smart_warning, not_ready}` |
+//! | `fault_clear` | `id`? (none: every fault) | `{cleared}` |
+//! | `controller_fatal` | `reason`? | `{}` |
+//! | `shutdown` | | `{}`; the server stops as on SIGTERM |
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use vnvme_controller::{Controller, Fault, FaultKind, Latency};
+
+use super::fault_params::FaultParams;
+use super::{code, RpcError};
+use crate::namespace::NamespaceSpec;
+
+/// Every method, for `vnvme ctl --help` and the not-found error.
+pub const METHODS: &[&str] = &[
+    "stats",
+    "namespace_add",
+    "namespace_remove",
+    "namespace_attach",
+    "namespace_detach",
+    "namespace_resize",
+    "fault_add",
+    "fault_list",
+    "fault_clear",
+    "controller_fatal",
+    "shutdown",
+];
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NoParams {}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Nsid {
+    nsid: u32,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Add {
+    ns: String,
+    nsid: Option<u32>,
+}
+
+/// A size as a number of bytes or text with a unit ("64M").
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Size {
+    Bytes(u64),
+    Text(String),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Resize {
+    nsid: u32,
+    size: Size,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Clear {
+    id: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Fatal {
+    reason: Option<String>,
+}
+
+fn params<T: DeserializeOwned>(method: &str, v: Value) -> Result<T, RpcError> {
+    serde_json::from_value(v)
+        .map_err(|e| RpcError::new(code::INVALID_PARAMS, format!("{method}: {e}")))
+}
+
+fn refused(e: impl std::fmt::Display) -> RpcError {
+    RpcError::new(code::REFUSED, e.to_string())
+}
+
+/// Runs `method` with `p` on `ctrl`; `stop` is the server's stop flag.
+pub fn call(
+    ctrl: &Controller,
+    stop: &AtomicBool,
+    method: &str,
+    p: Value,
+) -> Result<Value, RpcError> {
+    match method {
+        "stats" => {
+            params::<NoParams>(method, p)?;
+            serde_json::to_value(ctrl.stats()).map_err(refused)
+        }
+        "namespace_add" => {
+            let a: Add = params(method, p)?;
+            let spec: NamespaceSpec =
+                a.ns.parse()
+                    .map_err(|e: String| RpcError::new(code::INVALID_PARAMS, format!("ns: {e}")))?;
+            spec.validate()
+                .map_err(|e| RpcError::new(code::INVALID_PARAMS, format!("ns: {e}")))?;
+            if spec.readiness != vnvme_controller::Readiness::Immediate {
+                return Err(RpcError::new(
+                    code::INVALID_PARAMS,
+                    "ns: ready= and never-ready apply at start only: add the namespace, then a not-ready fault",
+                ));
+            }
+            let backend = spec.open().map_err(|e| refused(format!("{e:#}")))?;
+            let nsid = ctrl
+                .namespace_add(backend, spec.format_index, a.nsid, spec.attached)
+                .map_err(refused)?;
+            Ok(json!({ "nsid": nsid }))
+        }
+        "namespace_remove" => {
+            let n: Nsid = params(method, p)?;
+            ctrl.namespace_remove(n.nsid).map_err(refused)?;
+            Ok(json!({}))
+        }
+        "namespace_attach" | "namespace_detach" => {
+            let n: Nsid = params(method, p)?;
+            ctrl.namespace_attach(n.nsid, method == "namespace_attach")
+                .map_err(refused)?;
+            Ok(json!({}))
+        }
+        "namespace_resize" => {
+            let r: Resize = params(method, p)?;
+            let bytes = match r.size {
+                Size::Bytes(b) => b,
+                Size::Text(t) => crate::size::parse_size(&t)
+                    .map_err(|e| RpcError::new(code::INVALID_PARAMS, format!("size: {e}")))?,
+            };
+            if bytes < 4096 || bytes % 4096 != 0 {
+                return Err(RpcError::new(
+                    code::INVALID_PARAMS,
+                    format!("size {bytes} must be a non-zero multiple of 4096 bytes"),
+                ));
+            }
+            let nsze = ctrl.namespace_resize(r.nsid, bytes).map_err(refused)?;
+            Ok(json!({ "nsze": nsze }))
+        }
+        "fault_add" => {
+            let f: FaultParams = params(method, p)?;
+            let spec = f
+                .to_spec()
+                .map_err(|e| RpcError::new(code::INVALID_PARAMS, e))?;
+            match ctrl.fault_add(spec).map_err(refused)? {
+                Some(id) => Ok(json!({ "id": id })),
+                None => Ok(json!({ "applied": f.kind })),
+            }
+        }
+        "fault_list" => {
+            params::<NoParams>(method, p)?;
+            let faults: Vec<Value> = ctrl.fault_list().iter().map(fault_json).collect();
+            Ok(json!({
+                "faults": faults,
+                "smart_warning": ctrl.smart_warning(),
+                "not_ready": ctrl.not_ready_namespaces(),
+            }))
+        }
+        "fault_clear" => {
+            let c: Clear = params(method, p)?;
+            let cleared = ctrl.fault_clear(c.id);
+            if let (Some(id), 0) = (c.id, cleared) {
+                return Err(refused(format!("no fault with id {id}: see fault_list")));
+            }
+            Ok(json!({ "cleared": cleared }))
+        }
+        "controller_fatal" => {
+            let f: Fatal = params(method, p)?;
+            let reason = f
+                .reason
+                .unwrap_or_else(|| "controller_fatal from the control socket".into());
+            ctrl.controller_fatal(&reason);
+            Ok(json!({}))
+        }
+        "shutdown" => {
+            params::<NoParams>(method, p)?;
+            tracing::info!("shutdown requested on the control socket");
+            stop.store(true, Ordering::Release);
+            Ok(json!({}))
+        }
+        other => Err(RpcError::new(
+            code::METHOD_NOT_FOUND,
+            format!("no method '{other}': use one of {}", METHODS.join(", ")),
+        )),
+    }
+}
+
+/// A command fault as `fault_list` shows it.
+fn fault_json(f: &Fault) -> Value {
+    let s = &f.spec;
+    let mut v = json!({
+        "id": f.id,
+        "kind": s.kind.name(),
+        "nsid": s.nsid,
+        "opcodes": s.opcodes,
+        "probability": s.probability,
+        "count": s.count,
+        "hits": f.hits,
+    });
+    if let Some((lba, blocks)) = s.lba {
+        v["lba"] = json!(lba);
+        v["blocks"] = json!(blocks);
+    }
+    match &s.kind {
+        FaultKind::Latency(Latency::Fixed(d)) => v["latency"] = json!(format!("{d:?}")),
+        FaultKind::Latency(Latency::Uniform(lo, hi)) => {
+            v["latency"] = json!(format!("uniform {lo:?} to {hi:?}"))
+        }
+        FaultKind::Latency(Latency::Exponential(m)) => {
+            v["latency"] = json!(format!("exponential, mean {m:?}"))
+        }
+        FaultKind::Status(st) => {
+            v["status"] = json!(st.name());
+            v["dnr"] = json!(st.dnr());
+        }
+        _ => {}
+    }
+    v
+}

@@ -1,0 +1,376 @@
+//! The control socket of a real `vnvme serve`: every method through `vnvme
+//! ctl`, the changes seen from the host side (`vnvme list` and
+//! `io-passthru`, our driver over the vfio-user socket), and hostile
+//! control clients that must not crash or wedge the server.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use common::{json, serve, vnvme, Served, BIN};
+
+struct Rig {
+    _dir: common::TempDir,
+    socket: PathBuf,
+    control: PathBuf,
+    server: Served,
+}
+
+fn rig(name: &str, extra: &[&str]) -> Rig {
+    let dir = common::temp_dir(name);
+    let socket = dir.join("vnvme.sock");
+    let control = dir.join("control.sock");
+    let mut args = vec!["--control", control.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let server = serve(&socket, &args);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !control.exists() {
+        assert!(Instant::now() < deadline, "no control socket");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Rig {
+        _dir: dir,
+        socket,
+        control,
+        server,
+    }
+}
+
+/// `vnvme ctl --control CONTROL ARGS...`
+fn ctl(control: &Path, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(["ctl", "--control"])
+        .arg(control)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn ctl_ok(control: &Path, args: &[&str]) -> serde_json::Value {
+    let mut a = vec!["--json"];
+    a.extend_from_slice(args);
+    let out = ctl(control, &a);
+    assert!(
+        out.status.success(),
+        "ctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    json(&out)
+}
+
+fn ctl_err(control: &Path, args: &[&str]) -> String {
+    let out = ctl(control, args);
+    assert!(!out.status.success(), "ctl {args:?} succeeded");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// (NSID, size in bytes) of each namespace the driver sees.
+fn namespaces(socket: &Path) -> Vec<(u64, u64)> {
+    let out = vnvme(&["list", "--json"], socket);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    json(&out)["Devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| {
+            (
+                d["NameSpace"].as_u64().unwrap(),
+                d["PhysicalSize"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// One 4 KiB read of LBA `lba` on namespace 1 through `io-passthru`.
+fn read_block(socket: &Path, lba: u32) -> Output {
+    let lba = lba.to_string();
+    vnvme(
+        &[
+            "io-passthru",
+            "-o",
+            "2",
+            "-n",
+            "1",
+            "--cdw10",
+            &lba,
+            "-l",
+            "4096",
+            "-r",
+            "--json",
+        ],
+        socket,
+    )
+}
+
+#[test]
+fn namespace_methods_change_what_the_host_sees() {
+    let r = rig("ns", &["--ns", "16M:ram", "--max-namespaces", "4"]);
+    let mode = std::fs::metadata(&r.control).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "owner only by default");
+
+    assert_eq!(
+        ctl_ok(&r.control, &["namespace_add", "ns=8M:ram"])["nsid"],
+        2
+    );
+    assert_eq!(namespaces(&r.socket), vec![(1, 16 << 20), (2, 8 << 20)]);
+    let v = ctl_ok(&r.control, &["namespace_resize", "nsid=2", "size=12M"]);
+    assert_eq!(v["nsze"], 3072);
+    assert_eq!(namespaces(&r.socket), vec![(1, 16 << 20), (2, 12 << 20)]);
+    ctl_ok(&r.control, &["namespace_detach", "nsid=2"]);
+    assert_eq!(namespaces(&r.socket), vec![(1, 16 << 20)]);
+    let e = ctl_err(&r.control, &["namespace_detach", "nsid=2"]);
+    assert!(e.contains("namespace 2 is not attached"), "{e}");
+    ctl_ok(&r.control, &["namespace_attach", "nsid=2"]);
+    assert_eq!(namespaces(&r.socket).len(), 2);
+    ctl_ok(&r.control, &["namespace_remove", "nsid=2"]);
+    assert_eq!(namespaces(&r.socket), vec![(1, 16 << 20)]);
+    let e = ctl_err(&r.control, &["namespace_remove", "nsid=2"]);
+    assert!(e.contains("namespace 2 does not exist"), "{e}");
+    let e = ctl_err(&r.control, &["namespace_add", "ns=1G:floppy"]);
+    assert!(e.contains("unknown backend 'floppy'"), "{e}");
+    // Readable output without --json.
+    let out = ctl(&r.control, &["namespace_add", "ns=4M:null", "nsid=4"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "nsid: 4\n");
+
+    let status = r.server.terminate();
+    assert!(status.success());
+    assert!(!r.control.exists(), "the control socket was not removed");
+}
+
+#[test]
+fn faults_added_listed_and_cleared_are_seen_by_the_driver() {
+    let r = rig("faults", &["--ns", "16M:ram"]);
+    assert!(read_block(&r.socket, 0).status.success());
+    let v = ctl_ok(
+        &r.control,
+        &[
+            "fault_add",
+            "kind=status",
+            "nsid=1",
+            "opcodes=read",
+            "lba=8",
+            "blocks=8",
+            "status=unrecovered-read-error",
+            "dnr=true",
+            "count=2",
+        ],
+    );
+    let id = v["id"].as_u64().unwrap();
+    let list = ctl_ok(&r.control, &["fault_list"]);
+    assert_eq!(list["faults"][0]["id"], id);
+    assert_eq!(list["faults"][0]["status"], "unrecovered-read-error");
+
+    assert!(
+        read_block(&r.socket, 0).status.success(),
+        "outside the range"
+    );
+    let out = read_block(&r.socket, 9);
+    assert!(!out.status.success());
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        text.to_lowercase().contains("unrecovered")
+            || text.contains("0x4281")
+            || text.contains("281"),
+        "{text}"
+    );
+    assert_eq!(ctl_ok(&r.control, &["fault_list"])["faults"][0]["hits"], 1);
+    let clear = format!("id={id}");
+    assert_eq!(ctl_ok(&r.control, &["fault_clear", &clear])["cleared"], 1);
+    assert!(read_block(&r.socket, 9).status.success(), "cleared");
+
+    // A media error until rewritten, then SMART warnings in the log.
+    ctl_ok(
+        &r.control,
+        &[
+            "fault_add",
+            "kind=media-error",
+            "nsid=1",
+            "lba=20",
+            "blocks=2",
+        ],
+    );
+    assert!(!read_block(&r.socket, 21).status.success());
+    ctl_ok(
+        &r.control,
+        &["fault_add", "kind=smart-warning", "warning=spare"],
+    );
+    assert_eq!(ctl_ok(&r.control, &["fault_list"])["smart_warning"], 1);
+    ctl_ok(&r.control, &["fault_clear"]);
+    assert_eq!(ctl_ok(&r.control, &["fault_list"])["smart_warning"], 0);
+
+    let e = ctl_err(&r.control, &["fault_add", "kind=status", "status=nonsense"]);
+    assert!(e.contains("unknown status"), "{e}");
+    let e = ctl_err(&r.control, &["fault_clear", "id=99"]);
+    assert!(e.contains("no fault with id 99"), "{e}");
+
+    let before = ctl_ok(&r.control, &["stats"])["fatal_errors"]
+        .as_u64()
+        .unwrap();
+    ctl_ok(&r.control, &["controller_fatal", "reason=test"]);
+    assert_eq!(ctl_ok(&r.control, &["stats"])["fatal_errors"], before + 1);
+    // The driver's reset at its next start recovers the controller.
+    assert!(read_block(&r.socket, 0).status.success());
+
+    ctl_ok(&r.control, &["shutdown"]);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while r.socket.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "shutdown did not stop the server"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn config_file_faults_are_armed_at_start() {
+    let dir = common::temp_dir("cfgfault");
+    let config = dir.join("vnvme.toml");
+    std::fs::write(
+        &config,
+        "[[namespaces]]\nsize = \"16M\"\n\n[[fault]]\nkind = \"status\"\nopcodes = [\"read\"]\nstatus = \"internal-error\"\ndnr = true\n",
+    )
+    .unwrap();
+    let r = rig("cfgfault2", &["--config", config.to_str().unwrap()]);
+    assert_eq!(
+        ctl_ok(&r.control, &["fault_list"])["faults"][0]["status"],
+        "internal-error"
+    );
+    assert!(!read_block(&r.socket, 0).status.success());
+
+    std::fs::write(&config, "[[fault]]\nkind = \"status\"\nstatus = \"nope\"\n").unwrap();
+    let out = Command::new(BIN)
+        .args(["serve", "--config", config.to_str().unwrap(), "--socket"])
+        .arg(dir.join("x.sock"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        e.contains("fault[0]") && e.contains("unknown status"),
+        "{e}"
+    );
+}
+
+/// Sends raw bytes and reads one reply line (or None if the server closed).
+fn raw(stream: &mut UnixStream, bytes: &[u8]) -> Option<serde_json::Value> {
+    stream.write_all(bytes).unwrap();
+    let mut line = String::new();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    match reader.read_line(&mut line) {
+        Ok(0) | Err(_) => None,
+        Ok(_) => Some(serde_json::from_str(&line).unwrap()),
+    }
+}
+
+fn connect(control: &Path) -> UnixStream {
+    let s = UnixStream::connect(control).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s
+}
+
+#[test]
+fn malformed_requests_get_json_rpc_errors_that_say_what_was_wrong() {
+    let r = rig("abuse", &["--ns", "1M:null"]);
+    let mut s = connect(&r.control);
+    let cases: &[(&[u8], i64, &str)] = &[
+        (b"{not json\n", -32700, "not JSON"),
+        (b"[1,2]\n", -32600, "batch"),
+        (b"42\n", -32600, "JSON object"),
+        (br#"{"jsonrpc":"1.0","method":"stats","id":1}"#, -32600, "\"2.0\""),
+        (br#"{"jsonrpc":"2.0","method":7,"id":1}"#, -32600, "method"),
+        (br#"{"jsonrpc":"2.0","method":"stats","id":{"a":1}}"#, -32600, "id"),
+        (br#"{"jsonrpc":"2.0","method":"launch","id":1}"#, -32601, "no method 'launch'"),
+        (br#"{"jsonrpc":"2.0","method":"stats","params":[1],"id":1}"#, -32602, "named"),
+        (br#"{"jsonrpc":"2.0","method":"namespace_remove","params":{"nsid":"x"},"id":1}"#, -32602, "invalid type"),
+        (br#"{"jsonrpc":"2.0","method":"namespace_remove","params":{"nsid":-1},"id":1}"#, -32602, "expected u32"),
+        (br#"{"jsonrpc":"2.0","method":"namespace_resize","params":{"nsid":1,"size":"1T","x":1},"id":1}"#, -32602, "unknown field"),
+        (br#"{"jsonrpc":"2.0","method":"fault_add","params":{"kind":"latency","latency":"99h"},"id":1}"#, -32602, "3600"),
+        (br#"{"jsonrpc":"2.0","method":"fault_add","params":{"kind":"power-loss"},"id":1}"#, -32000, ""),
+    ];
+    for (bytes, code, says) in cases {
+        let mut line = bytes.to_vec();
+        if line.last() != Some(&b'\n') {
+            line.push(b'\n');
+        }
+        let v = raw(&mut s, &line)
+            .unwrap_or_else(|| panic!("no reply to {}", String::from_utf8_lossy(bytes)));
+        assert_eq!(v["error"]["code"], *code, "{v}");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(says), "{msg} should say {says}");
+    }
+    // A notification gets no reply; the next request does.
+    let v = raw(
+        &mut s,
+        b"{\"jsonrpc\":\"2.0\",\"method\":\"stats\"}\n{\"jsonrpc\":\"2.0\",\"method\":\"stats\",\"id\":\"x\"}\n",
+    )
+    .unwrap();
+    assert_eq!(v["id"], "x");
+    assert!(v["result"]["enables"].is_number());
+    drop(s);
+    assert!(r.server.terminate().success());
+}
+
+#[test]
+fn hostile_control_clients_neither_crash_nor_wedge_the_server() {
+    let r = rig("hostile", &["--ns", "1M:null"]);
+    // A line over 64 KiB: an error, then the connection is closed.
+    let mut big = connect(&r.control);
+    let v = raw(&mut big, &vec![b'x'; 70 * 1024]).unwrap();
+    assert_eq!(v["error"]["code"], -32600);
+    let mut rest = Vec::new();
+    assert_eq!(big.read_to_end(&mut rest).unwrap_or(0), 0, "closed");
+
+    // Half a request, never finished: dropped after the request timeout,
+    // while others are served meanwhile.
+    let mut half = connect(&r.control);
+    half.write_all(br#"{"jsonrpc":"2.0","me"#).unwrap();
+    // As many connections as allowed: one more is told so.
+    let idle: Vec<UnixStream> = (0..15).map(|_| connect(&r.control)).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut extra = connect(&r.control);
+    let mut line = String::new();
+    BufReader::new(&mut extra).read_line(&mut line).unwrap();
+    assert!(line.contains("too many control connections"), "{line}");
+    drop(idle);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(ctl_ok(&r.control, &["stats"])["enables"].is_number());
+    let start = Instant::now();
+    let mut buf = [0u8; 1];
+    half.set_read_timeout(Some(Duration::from_secs(15)))
+        .unwrap();
+    assert_eq!(
+        half.read(&mut buf).unwrap_or(0),
+        0,
+        "the half request was dropped"
+    );
+    assert!(start.elapsed() < Duration::from_secs(15));
+
+    // A client that sends requests and never reads its replies: the
+    // server gives up on it, and answers others meanwhile.
+    let mut deaf = connect(&r.control);
+    deaf.set_write_timeout(Some(Duration::from_secs(1)))
+        .unwrap();
+    let req = b"{\"jsonrpc\":\"2.0\",\"method\":\"stats\",\"id\":1}\n".repeat(200);
+    for _ in 0..100 {
+        if deaf.write_all(&req).is_err() {
+            break;
+        }
+        if start.elapsed() > Duration::from_secs(40) {
+            break;
+        }
+    }
+    assert!(ctl_ok(&r.control, &["stats"])["enables"].is_number());
+    drop(deaf);
+    assert!(r.server.terminate().success(), "SIGTERM still stops it");
+}
