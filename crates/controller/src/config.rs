@@ -351,6 +351,10 @@ pub struct NamespaceConfig {
     /// block's data in one buffer, FLBAS bit 4) rather than a separate
     /// buffer at MPTR. Default false.
     pub extended_metadata: bool,
+    /// Where the namespace's reservations persist through power loss
+    /// while PTPL is set (RESCAP.PTPLS); loaded at start if it exists.
+    /// `None` (default): reservations cannot persist.
+    pub reservation_file: Option<std::path::PathBuf>,
 }
 
 impl NamespaceConfig {
@@ -366,6 +370,7 @@ impl NamespaceConfig {
             attached: true,
             format_index: format_index_for(lba_size).unwrap_or(DEFAULT_FORMAT_INDEX),
             extended_metadata: false,
+            reservation_file: None,
         }
     }
 
@@ -432,4 +437,10 @@ pub enum ConfigError {
     MaxNamespaces { got: u32, max: u32 },
     #[error("ready_timeout must be 500 ms..=32767 s, got {0:?}")]
     ReadyTimeout(Duration),
+    #[error("namespace {nsid}: reservation file {path}: {message}")]
+    Reservations {
+        nsid: u32,
+        path: String,
+        message: String,
+    },
 }

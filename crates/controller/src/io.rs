@@ -39,6 +39,7 @@ use crate::prp;
 use crate::namespace::NSID_ALL;
 
 mod copy;
+mod reservation;
 
 fn invalid_field() -> Status {
     Status::INVALID_FIELD.with_dnr(true)
@@ -55,7 +56,16 @@ pub(crate) const SUPPORTED: &[NvmOpcode] = &[
     NvmOpcode::DATASET_MANAGEMENT,
     NvmOpcode::VERIFY,
     NvmOpcode::COPY,
+    NvmOpcode::RESERVATION_REGISTER,
+    NvmOpcode::RESERVATION_REPORT,
+    NvmOpcode::RESERVATION_ACQUIRE,
+    NvmOpcode::RESERVATION_RELEASE,
 ];
+
+/// The read command group of Command Behavior in the Presence of a
+/// Reservation (Base 2.0 §8.19.1; NVM Command Set 1.0 §2.1.4); the other
+/// I/O commands but the reservation commands are the write group.
+const READ_GROUP: &[NvmOpcode] = &[NvmOpcode::READ, NvmOpcode::COMPARE, NvmOpcode::VERIFY];
 
 /// Opcodes that change logical block content (Commands Supported and
 /// Effects LBCC): what a sanitized medium stays erased without.
@@ -113,6 +123,12 @@ fn run(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Option<u64>, Status> {
         let enabled_at = *ctx.shared.enabled_at.lock();
         ns.check_usable(op, now, enabled_at, ctx.shared.config.ready_timeout)?;
     }
+    if let Some(r) = reservation::command(ctx, cmd, &ns, op) {
+        return r.map(|()| None);
+    }
+    let writes = !READ_GROUP.contains(&op);
+    ns.reservations
+        .check(|| ctx.shared.admin.lock().host_id, writes)?;
     match op {
         NvmOpcode::READ => read(ctx, cmd, &ns),
         NvmOpcode::WRITE => write(ctx, cmd, &ns),

@@ -37,6 +37,7 @@ mod poll_window;
 pub mod prp;
 mod queue;
 mod regs;
+mod reservation;
 mod sanitize;
 mod self_test;
 mod sgl;

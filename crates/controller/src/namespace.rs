@@ -16,10 +16,12 @@ use std::time::{Duration, Instant};
 
 use vnvme_blockdev::BlockDevice;
 use vnvme_spec::identify::{IdentifyNamespace, LbaFormat};
+use vnvme_spec::reservation::rescap;
 use vnvme_spec::{NvmOpcode, Status};
 use zerocopy::little_endian::{U16, U32, U64};
 
 use crate::config::{ConfigError, LbaFormatSpec, NamespaceConfig, Readiness, LBA_FORMATS};
+use crate::reservation::Reservations;
 use crate::uncorrectable::Uncorrectable;
 
 /// NSIDs 1..=0xFFFF_FFFE are valid; 0xFFFF_FFFF is the broadcast value.
@@ -65,6 +67,9 @@ pub(crate) struct Namespace {
     /// Blocks marked by Write Uncorrectable: shared by the namespace's
     /// copies across attach and detach; a new format starts clean.
     pub uncorrectable: Arc<Uncorrectable>,
+    /// Registrants and the reservation held: shared by the namespace's
+    /// copies across attach, detach and Format NVM.
+    pub reservations: Arc<Reservations>,
 }
 
 /// Data and metadata byte sizes for a format; `None` for an unknown index.
@@ -102,9 +107,22 @@ impl Namespace {
             c.extended_metadata,
         )
         .ok_or(ConfigError::TooSmall(c.nsid))?;
+        let reservations = Reservations::open(c.reservation_file.clone()).map_err(|message| {
+            ConfigError::Reservations {
+                nsid: c.nsid,
+                path: c
+                    .reservation_file
+                    .as_deref()
+                    .unwrap_or(std::path::Path::new(""))
+                    .display()
+                    .to_string(),
+                message,
+            }
+        })?;
         Ok(Self {
             readiness: c.readiness,
             attached: c.attached,
+            reservations: Arc::new(reservations),
             ..ns
         })
     }
@@ -134,6 +152,7 @@ impl Namespace {
             formatting_until: None,
             sanitize: None,
             uncorrectable: Arc::default(),
+            reservations: Arc::default(),
         })
     }
 
@@ -240,6 +259,13 @@ impl Namespace {
         id.nguid = self.nguid();
         id.endgid = U16::new(ENDURANCE_GROUP_ID);
         id.eui64.copy_from_slice(&self.nguid()[8..]);
+        id.rescap = rescap::ALL_TYPES
+            | rescap::IEKEY13
+            | if self.reservations.can_persist() {
+                rescap::PTPLS
+            } else {
+                0
+            };
         id
     }
 

@@ -35,6 +35,7 @@ const LAYERS: &[&[&str]] = &[
         "firmware",
         "streams",
         "background",
+        "reservation",
     ],
 ];
 

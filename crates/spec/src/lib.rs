@@ -41,6 +41,7 @@ pub mod log;
 pub mod opcode;
 pub mod range;
 pub mod regs;
+pub mod reservation;
 pub mod status;
 
 pub use command::{Command, Completion};

@@ -469,6 +469,7 @@ mod logs;
 mod modes;
 mod namespaces;
 mod registers;
+mod reservations;
 mod sanitize;
 mod self_test;
 mod sgl;
