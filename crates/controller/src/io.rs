@@ -160,7 +160,7 @@ pub(crate) fn finish(
         (_, result, Some(Data::Mapped(mem))) if lost(mem, result) => Err(host_memory_lost()),
         (Kind::Read(rw), Ok(()), Some(Data::Buf(buf))) => read_done(ctx, cmd, ns, rw, buf),
         (Kind::Read(rw), Ok(()), Some(Data::Mapped(_))) => {
-            read_counted(ctx, rw);
+            read_counted(ctx, ns, rw);
             Ok(())
         }
         // A backend that gave no buffer back: nothing was read.
@@ -306,7 +306,7 @@ fn read(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Arc<Namespace>) -> Result<Option<
         // but no data moves: the null device's figures are the
         // controller's own cost, as with SPDK's null bdev.
         ctx.map_prps(cmd, rw.data_len)?;
-        read_counted(ctx, &rw);
+        read_counted(ctx, ns, &rw);
         return Ok(None);
     }
     if InFlight::is_async(ns) {
@@ -378,7 +378,7 @@ fn read_done(
 ) -> Result<(), Status> {
     bounced(ctx, rw);
     let r = scatter(ctx, cmd, ns, rw, media);
-    read_counted(ctx, rw);
+    read_counted(ctx, ns, rw);
     r
 }
 
@@ -390,7 +390,8 @@ fn bounced(ctx: &Ctx<'_>, rw: &ReadWrite) {
         .fetch_add(rw.len, Ordering::Relaxed);
 }
 
-fn read_counted(ctx: &Ctx<'_>, rw: &ReadWrite) {
+fn read_counted(ctx: &Ctx<'_>, ns: &Namespace, rw: &ReadWrite) {
+    ns.counters.read(rw.len);
     let stats = &ctx.shared.stats;
     stats.host_read_commands.fetch_add(1, Ordering::Relaxed);
     stats
@@ -441,6 +442,7 @@ fn write(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Arc<Namespace>) -> Result<Option
 /// A write is done: its blocks are no longer uncorrectable, and counted.
 fn write_done(ctx: &Ctx<'_>, ns: &Namespace, rw: &ReadWrite) {
     ns.uncorrectable.clear(rw.slba, rw.nlb);
+    ns.counters.written(rw.len);
     let stats = &ctx.shared.stats;
     stats.host_write_commands.fetch_add(1, Ordering::Relaxed);
     stats

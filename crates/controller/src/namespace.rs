@@ -22,6 +22,7 @@ use zerocopy::little_endian::{U16, U32, U64};
 
 use crate::config::{ConfigError, LbaFormatSpec, NamespaceConfig, Readiness, LBA_FORMATS};
 use crate::reservation::Reservations;
+use crate::stats::NamespaceCounters;
 use crate::uncorrectable::Uncorrectable;
 
 /// NSIDs 1..=0xFFFF_FFFE are valid; 0xFFFF_FFFF is the broadcast value.
@@ -70,6 +71,9 @@ pub(crate) struct Namespace {
     /// Registrants and the reservation held: shared by the namespace's
     /// copies across attach, detach and Format NVM.
     pub reservations: Arc<Reservations>,
+    /// Reads and writes completed, and their bytes: shared by the
+    /// namespace's copies like `reservations`.
+    pub counters: Arc<NamespaceCounters>,
 }
 
 /// Data and metadata byte sizes for a format; `None` for an unknown index.
@@ -153,6 +157,7 @@ impl Namespace {
             sanitize: None,
             uncorrectable: Arc::default(),
             reservations: Arc::default(),
+            counters: Arc::default(),
         })
     }
 

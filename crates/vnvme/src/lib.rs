@@ -7,6 +7,7 @@ pub mod bench;
 pub mod config;
 pub mod device;
 pub mod inproc;
+pub mod metrics;
 pub mod namespace;
 pub mod passthru;
 pub mod serve;

@@ -129,6 +129,7 @@ fn complete_one(
     ) {
         return None;
     }
+    shared.stats.latency(request.sqid, request.started);
     if policy == EventIdxPolicy::Publish {
         arm_cq(shared, session, cq, true);
     }
