@@ -84,17 +84,24 @@
 #              2 s of latency, 3 s not ready, a SMART temperature warning (smart-log), controller_fatal
 #              (Linux sees CSTS.CFS at its timeout and resets), power loss (a write flushed with fsync
 #              survives, unflushed ones vanish); what Linux logged is in the report
+#   reservations  --ns 64M:file=F: nvme-cli resv-register/acquire/release/report from two hosts (the
+#              second: a controller reset and another Host Identifier, the only way a guest can show
+#              one): reports checked field by field (rtype, regctl, ptpls, cntlid ffff for the other
+#              host, rcsts, host id, key), Reservation Conflict for the second host's write, register,
+#              acquire, not for its read; preempt, release (wrong type: Invalid Field); with PTPL set
+#              the keys are in F.reservations, and a second boot on a new server over F finds them
+#              (a third host's write conflicts), then clears them
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 GT=$HERE/tests
-ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io sanitize file-backed-ram nvme-cli-admin logs firmware directives pi zns faults"
+ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io sanitize file-backed-ram nvme-cli-admin logs firmware directives pi zns faults reservations"
 COMPARE=0 KEEP=0 ONLY=''
 while [ $# -gt 0 ]; do
   case $1 in
     --compare) COMPARE=1 ;;
     --keep) KEEP=1 ;;
-    -h|--help) sed -n '2,86p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,93p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "run-vnvme-tests: unknown option $1" >&2; exit 126 ;;
     *) case " $ALL " in *" $1 "*) ONLY="$ONLY $1" ;; *) echo "run-vnvme-tests: unknown test $1" >&2; exit 126 ;; esac ;;
   esac
@@ -404,6 +411,28 @@ t_directives() {
 t_zns() {
   own_server_test zns --ns vnvme-zns.sh --ns 64M:ram --ns 128M:ram,zoned,zone-size=2M,max-open=4,max-active=6 -- \
     --timeout 600
+}
+
+t_reservations() {
+  # two boots, each on a new server over the same image: the keys persist (PTPL) in IMG.reservations
+  local t0 name=reservations why='' img=$TMP/reservations.img phase; t0=$(now)
+  for phase in 1 2; do
+    if ! start_xserver $name --ns "64M:file=$img"; then
+      why="server $phase did not start: $(tail -3 "$XLOG" | tr '\n' ' ')"; stop_xserver; break
+    fi
+    boot $name.$phase "$GT/vnvme-nvme-cli-reservations.sh" --timeout 240 --append "rig.phase=$phase"
+    [ $RC = 0 ] || why="phase $phase: $(fail_detail $name.$phase)"
+    stop_xserver; [ -z "$XMSG" ] || why="${why:+$why; }phase $phase: $XMSG"
+    [ -z "$why" ] || break
+    if [ $phase = 1 ] && ! grep -q '^registrant 4242424242424242[0 ]* 8 00000000000000b2$' "$img.reservations"; then
+      why="after phase 1, $img.reservations lacks host B's key: $(tr '\n' ' ' < "$img.reservations" 2>&1)"; break
+    fi
+  done
+  if [ -z "$why" ]; then
+    report PASS $name "$(since "$t0")" "$(grep -h '^TEST: ' "$TMP"/$name.*.console | grep -c '^TEST: \$') commands checked; keys kept in $(basename "$img").reservations across a server restart"
+  else
+    report FAIL $name "$(since "$t0")" "$why"
+  fi
 }
 
 t_file() {

@@ -386,6 +386,10 @@ pub struct NamespaceConfig {
     /// A zoned namespace (Zoned Namespace Command Set): its zones.
     /// Default `None`, a conventional NVM namespace.
     pub zoned: Option<ZonedConfig>,
+    /// Where the namespace's reservations persist through power loss
+    /// while PTPL is set (RESCAP.PTPLS); loaded at start if it exists.
+    /// `None` (default): reservations cannot persist.
+    pub reservation_file: Option<std::path::PathBuf>,
 }
 
 impl NamespaceConfig {
@@ -403,6 +407,7 @@ impl NamespaceConfig {
             extended_metadata: false,
             protection: None,
             zoned: None,
+            reservation_file: None,
         }
     }
 
@@ -496,4 +501,10 @@ pub enum ConfigError {
     ReadyTimeout(Duration),
     #[error("namespace {nsid}: {problem}")]
     Zoned { nsid: u32, problem: ZonedError },
+    #[error("namespace {nsid}: reservation file {path}: {message}")]
+    Reservations {
+        nsid: u32,
+        path: String,
+        message: String,
+    },
 }

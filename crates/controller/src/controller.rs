@@ -256,7 +256,13 @@ impl Controller {
 
     /// A snapshot of the counters.
     pub fn stats(&self) -> ControllerStats {
-        self.shared.stats.snapshot()
+        let mut s = self.shared.stats.snapshot();
+        let namespaces = &self.shared.subsystem.namespaces;
+        s.namespaces = (namespaces.ids_after(0, false, usize::MAX).into_iter())
+            .filter_map(|nsid| namespaces.get(nsid))
+            .map(|ns| ns.counters.snapshot(ns.nsid))
+            .collect();
+        s
     }
 
     /// The pin-based interrupt's level (NVMe Base 2.0 §3.5.1.1, pin-based

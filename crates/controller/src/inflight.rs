@@ -34,6 +34,7 @@
 //! gives back what it cannot take, which then runs at once.
 
 use std::sync::{Arc, Weak};
+use std::time::Instant;
 
 use vnvme_blockdev::{BlockCompletion, BlockDevice, BlockQueue, BlockRequest, IoBuf, Waker};
 use vnvme_spec::Command;
@@ -81,6 +82,8 @@ pub(crate) struct Request {
     pub sq_instance: u64,
     pub cqid: u16,
     pub cq_instance: u64,
+    /// When it was fetched, if its latency is sampled.
+    pub started: Option<Instant>,
 }
 
 struct BackendQueue {
@@ -215,6 +218,7 @@ impl InFlight {
                 sq_instance: 0,
                 cqid: 0,
                 cq_instance: 0,
+                started: None,
             });
         }
         Ok(token as u64)
@@ -222,7 +226,7 @@ impl InFlight {
 
     /// Records where the command behind `token` came from, counts it in
     /// flight on `sq`, and reserves its completion's entry in `cq`.
-    pub fn bind(&mut self, token: u64, sq: &mut Sq, cq: &mut Cq) {
+    pub fn bind(&mut self, token: u64, sq: &mut Sq, cq: &mut Cq, started: Option<Instant>) {
         let slot = usize::try_from(token)
             .ok()
             .and_then(|t| self.slots.get_mut(t));
@@ -231,6 +235,7 @@ impl InFlight {
             r.sq_instance = sq.instance;
             r.cqid = cq.qid;
             r.cq_instance = cq.instance;
+            r.started = started;
             cq.reserved = cq.reserved.saturating_add(1);
             sq.in_flight = sq.in_flight.saturating_add(1);
         }

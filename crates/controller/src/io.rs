@@ -39,6 +39,7 @@ use crate::prp;
 use crate::namespace::NSID_ALL;
 
 mod copy;
+mod reservation;
 mod zone;
 
 pub(crate) use zone::OPCODES as ZONE_OPCODES;
@@ -58,7 +59,16 @@ pub(crate) const SUPPORTED: &[NvmOpcode] = &[
     NvmOpcode::DATASET_MANAGEMENT,
     NvmOpcode::VERIFY,
     NvmOpcode::COPY,
+    NvmOpcode::RESERVATION_REGISTER,
+    NvmOpcode::RESERVATION_REPORT,
+    NvmOpcode::RESERVATION_ACQUIRE,
+    NvmOpcode::RESERVATION_RELEASE,
 ];
+
+/// The read command group of Command Behavior in the Presence of a
+/// Reservation (Base 2.0 §8.19.1; NVM Command Set 1.0 §2.1.4); the other
+/// I/O commands but the reservation commands are the write group.
+const READ_GROUP: &[NvmOpcode] = &[NvmOpcode::READ, NvmOpcode::COMPARE, NvmOpcode::VERIFY];
 
 /// Opcodes that change logical block content (Commands Supported and
 /// Effects LBCC): what a sanitized medium stays erased without.
@@ -116,6 +126,12 @@ fn run(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Option<u64>, Status> {
             return Ok(None);
         }
     }
+    if let Some(r) = reservation::command(ctx, cmd, &ns, op) {
+        return r.map(|()| None);
+    }
+    let writes = !READ_GROUP.contains(&op);
+    ns.reservations
+        .check(|| ctx.shared.admin.lock().host_id, writes)?;
     match op {
         NvmOpcode::READ => read(ctx, cmd, &ns),
         NvmOpcode::WRITE => write(ctx, cmd, &ns),
@@ -165,7 +181,7 @@ pub(crate) fn finish(
         (_, result, Some(Data::Mapped(mem))) if lost(mem, result) => Err(host_memory_lost()),
         (Kind::Read(rw), Ok(()), Some(Data::Buf(buf))) => read_done(ctx, cmd, ns, rw, buf),
         (Kind::Read(rw), Ok(()), Some(Data::Mapped(_))) => {
-            read_counted(ctx, rw);
+            read_counted(ctx, ns, rw);
             Ok(())
         }
         // A backend that gave no buffer back: nothing was read.
@@ -332,7 +348,7 @@ fn read(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Arc<Namespace>) -> Result<Option<
         // but no data moves: the null device's figures are the
         // controller's own cost, as with SPDK's null bdev.
         ctx.map_prps(cmd, rw.data_len)?;
-        read_counted(ctx, &rw);
+        read_counted(ctx, ns, &rw);
         return Ok(None);
     }
     if InFlight::is_async(ns) {
@@ -423,7 +439,7 @@ fn read_done(
         },
         _ => scatter(ctx, cmd, ns, rw, media),
     };
-    read_counted(ctx, rw);
+    read_counted(ctx, ns, rw);
     r
 }
 
@@ -435,7 +451,8 @@ fn bounced(ctx: &Ctx<'_>, rw: &ReadWrite) {
         .fetch_add(rw.len, Ordering::Relaxed);
 }
 
-fn read_counted(ctx: &Ctx<'_>, rw: &ReadWrite) {
+fn read_counted(ctx: &Ctx<'_>, ns: &Namespace, rw: &ReadWrite) {
+    ns.counters.read(rw.len);
     let stats = &ctx.shared.stats;
     stats.host_read_commands.fetch_add(1, Ordering::Relaxed);
     stats
@@ -490,6 +507,7 @@ fn write(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Arc<Namespace>) -> Result<Option
 /// A write is done: its blocks are no longer uncorrectable, and counted.
 fn write_done(ctx: &Ctx<'_>, ns: &Namespace, rw: &ReadWrite) {
     ns.uncorrectable.clear(rw.slba, rw.nlb);
+    ns.counters.written(rw.len);
     let stats = &ctx.shared.stats;
     stats.host_write_commands.fetch_add(1, Ordering::Relaxed);
     stats

@@ -40,6 +40,7 @@ mod protection;
 pub mod prp;
 mod queue;
 mod regs;
+mod reservation;
 mod sanitize;
 mod self_test;
 mod sgl;

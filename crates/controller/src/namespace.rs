@@ -17,11 +17,14 @@ use std::time::{Duration, Instant};
 use vnvme_blockdev::BlockDevice;
 use vnvme_spec::identify::nvm::{pif, ExtendedLbaFormat, IdentifyNamespaceNvm};
 use vnvme_spec::identify::{csi, dpc, dps, IdentifyNamespace, LbaFormat};
+use vnvme_spec::reservation::rescap;
 use vnvme_spec::{NvmOpcode, Status};
 use zerocopy::little_endian::{U16, U32, U64};
 
 use crate::config::{ConfigError, LbaFormatSpec, NamespaceConfig, Readiness, LBA_FORMATS};
 use crate::protection::{Guard, PiFormat, Protection};
+use crate::reservation::Reservations;
+use crate::stats::NamespaceCounters;
 use crate::uncorrectable::Uncorrectable;
 use crate::zoned::{ZonedConfig, ZonedError, Zones};
 
@@ -72,6 +75,12 @@ pub(crate) struct Namespace {
     pub uncorrectable: Arc<Uncorrectable>,
     /// A zoned namespace's zones (`None`: a conventional NVM namespace).
     pub zones: Option<Arc<Zones>>,
+    /// Registrants and the reservation held: shared by the namespace's
+    /// copies across attach, detach and Format NVM.
+    pub reservations: Arc<Reservations>,
+    /// Reads and writes completed, and their bytes: shared by the
+    /// namespace's copies like `reservations`.
+    pub counters: Arc<NamespaceCounters>,
 }
 
 /// Data and metadata byte sizes for a format; `None` for an unknown index.
@@ -136,9 +145,22 @@ impl Namespace {
             }
             None => ns,
         };
+        let reservations = Reservations::open(c.reservation_file.clone()).map_err(|message| {
+            ConfigError::Reservations {
+                nsid: c.nsid,
+                path: c
+                    .reservation_file
+                    .as_deref()
+                    .unwrap_or(std::path::Path::new(""))
+                    .display()
+                    .to_string(),
+                message,
+            }
+        })?;
         Ok(Self {
             readiness: c.readiness,
             attached: c.attached,
+            reservations: Arc::new(reservations),
             ..ns
         })
     }
@@ -196,6 +218,8 @@ impl Namespace {
             sanitize: None,
             uncorrectable: Arc::default(),
             zones: None,
+            reservations: Arc::default(),
+            counters: Arc::default(),
         })
     }
 
@@ -306,6 +330,13 @@ impl Namespace {
         id.nguid = self.nguid();
         id.endgid = U16::new(ENDURANCE_GROUP_ID);
         id.eui64.copy_from_slice(&self.nguid()[8..]);
+        id.rescap = rescap::ALL_TYPES
+            | rescap::IEKEY13
+            | if self.reservations.can_persist() {
+                rescap::PTPLS
+            } else {
+                0
+            };
         id
     }
 

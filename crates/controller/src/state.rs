@@ -75,6 +75,8 @@ pub(crate) struct AdminState {
     pub host_behavior: HostBehaviorSupport,
     /// Host Identifier (81h): 8 bytes, or 16 with EXHID; zeroes until set.
     pub host_id: [u8; 16],
+    /// The Host Identifier was set as 128 bits (EXHID).
+    pub host_id_extended: bool,
 }
 
 impl AdminState {
@@ -92,6 +94,7 @@ impl AdminState {
             write_atomicity: 0,
             host_behavior: zerocopy::FromZeros::new_zeroed(),
             host_id: [0; 16],
+            host_id_extended: false,
         }
     }
 }

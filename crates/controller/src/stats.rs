@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use vnvme_blockdev::BlockError;
@@ -25,6 +25,92 @@ pub(crate) struct QueueCounters {
     pub errors: AtomicU64,
     pub interrupts: AtomicU64,
     pub invalid_doorbell_writes: AtomicU64,
+    /// Latency of one command in [`LATENCY_SAMPLE`] fetched from this SQ.
+    pub latency: LatencyCounters,
+}
+
+/// One command in this many per queue has its latency measured (fetch to
+/// completion posted): two clock reads per sample, none for the others.
+pub const LATENCY_SAMPLE: u64 = 64;
+
+/// Upper bounds of the latency histogram's buckets, in nanoseconds (the
+/// last bucket, +Inf, is implied).
+pub const LATENCY_BOUNDS_NS: [u64; 13] = [
+    10_000,
+    25_000,
+    50_000,
+    100_000,
+    250_000,
+    500_000,
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
+    25_000_000,
+    100_000_000,
+    1_000_000_000,
+];
+
+/// A latency histogram: non-cumulative bucket counts, sum and count.
+#[derive(Debug, Default)]
+pub(crate) struct LatencyCounters {
+    buckets: [AtomicU64; LATENCY_BOUNDS_NS.len() + 1],
+    sum_ns: AtomicU64,
+}
+
+impl LatencyCounters {
+    fn record(&self, ns: u64) {
+        let i = LATENCY_BOUNDS_NS.partition_point(|&b| b < ns);
+        if let Some(b) = self.buckets.get(i) {
+            b.fetch_add(1, Relaxed);
+        }
+        self.sum_ns.fetch_add(ns, Relaxed);
+    }
+
+    fn snapshot(&self) -> LatencyHistogram {
+        let mut h = LatencyHistogram {
+            sum_ns: self.sum_ns.load(Relaxed),
+            ..LatencyHistogram::default()
+        };
+        let mut total = 0;
+        for b in &self.buckets {
+            total += b.load(Relaxed);
+            h.cumulative.push(total);
+        }
+        h
+    }
+}
+
+/// A namespace's I/O: the reads and writes it completed and their bytes
+/// (logical block data and metadata).
+#[derive(Debug, Default)]
+pub(crate) struct NamespaceCounters {
+    pub read_commands: AtomicU64,
+    pub write_commands: AtomicU64,
+    pub bytes_read: AtomicU64,
+    pub bytes_written: AtomicU64,
+}
+
+impl NamespaceCounters {
+    pub fn read(&self, bytes: u64) {
+        self.read_commands.fetch_add(1, Relaxed);
+        self.bytes_read.fetch_add(bytes, Relaxed);
+    }
+
+    pub fn written(&self, bytes: u64) {
+        self.write_commands.fetch_add(1, Relaxed);
+        self.bytes_written.fetch_add(bytes, Relaxed);
+    }
+
+    pub fn snapshot(&self, nsid: u32) -> NamespaceStats {
+        NamespaceStats {
+            nsid,
+            read_commands: self.read_commands.load(Relaxed),
+            write_commands: self.write_commands.load(Relaxed),
+            bytes_read: self.bytes_read.load(Relaxed),
+            bytes_written: self.bytes_written.load(Relaxed),
+        }
+    }
 }
 
 /// Number of distinct status codes (SCT 3 bits, SC 8 bits).
@@ -132,7 +218,9 @@ impl Stats {
         self.queues.get(usize::from(qid))
     }
 
-    pub fn command(&self, qid: u16, opcode: u8) {
+    /// A command fetched from SQ `qid`; `true` if its latency is to be
+    /// measured (one in [`LATENCY_SAMPLE`]).
+    pub fn command(&self, qid: u16, opcode: u8) -> bool {
         let table = if qid == 0 {
             &self.admin_ops
         } else {
@@ -141,8 +229,15 @@ impl Stats {
         if let Some(c) = table.get(usize::from(opcode)) {
             c.fetch_add(1, Relaxed);
         }
-        if let Some(q) = self.queue(qid) {
-            q.commands.fetch_add(1, Relaxed);
+        self.queue(qid)
+            .is_some_and(|q| q.commands.fetch_add(1, Relaxed) % LATENCY_SAMPLE == 0)
+    }
+
+    /// A sampled command from SQ `qid`, fetched at `started`, completed.
+    pub fn latency(&self, qid: u16, started: Option<Instant>) {
+        if let (Some(t0), Some(q)) = (started, self.queue(qid)) {
+            let ns = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            q.latency.record(ns);
         }
     }
 
@@ -177,6 +272,7 @@ impl Stats {
                 errors: q.errors.load(Relaxed),
                 interrupts: q.interrupts.load(Relaxed),
                 invalid_doorbell_writes: q.invalid_doorbell_writes.load(Relaxed),
+                latency: q.latency.snapshot(),
             };
             s.sq_doorbell_traps += qs.sq_doorbell_traps;
             s.cq_doorbell_traps += qs.cq_doorbell_traps;
@@ -186,12 +282,13 @@ impl Stats {
             s.errors += qs.errors;
             s.interrupts += qs.interrupts;
             s.invalid_doorbell_writes += qs.invalid_doorbell_writes;
-            if qs
-                != (QueueStats {
-                    qid: qs.qid,
-                    ..Default::default()
-                })
-            {
+            // Latency is sampled from commands: a queue without any has none.
+            let idle = QueueStats {
+                qid: qs.qid,
+                latency: qs.latency.clone(),
+                ..Default::default()
+            };
+            if qs != idle {
                 s.queues.push(qs);
             }
         }
@@ -263,6 +360,36 @@ pub struct QueueStats {
     /// Doorbell values ignored: beyond the queue size, for a queue that does
     /// not exist, or a CQ head skipping entries not yet posted.
     pub invalid_doorbell_writes: u64,
+    /// Sampled command latency (one in [`LATENCY_SAMPLE`]).
+    pub latency: LatencyHistogram,
+}
+
+/// A latency histogram in a snapshot.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct LatencyHistogram {
+    /// Samples at or under each bound of [`LATENCY_BOUNDS_NS`], then all
+    /// of them (+Inf): cumulative, as Prometheus buckets are.
+    pub cumulative: Vec<u64>,
+    /// Sum of the samples, nanoseconds.
+    pub sum_ns: u64,
+}
+
+impl LatencyHistogram {
+    /// Number of samples.
+    pub fn count(&self) -> u64 {
+        self.cumulative.last().copied().unwrap_or(0)
+    }
+}
+
+/// Counters of one namespace in a [`ControllerStats`] snapshot.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct NamespaceStats {
+    pub nsid: u32,
+    pub read_commands: u64,
+    pub write_commands: u64,
+    /// Bytes read and written (logical block data and metadata).
+    pub bytes_read: u64,
+    pub bytes_written: u64,
 }
 
 /// A snapshot of the controller's counters, cumulative since construction.
@@ -315,6 +442,8 @@ pub struct ControllerStats {
     pub stream_writes: BTreeMap<u16, u64>,
     /// Queues with any non-zero counter.
     pub queues: Vec<QueueStats>,
+    /// Allocated namespaces, by NSID.
+    pub namespaces: Vec<NamespaceStats>,
 }
 
 impl ControllerStats {

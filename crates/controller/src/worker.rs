@@ -373,7 +373,7 @@ fn process_sq(
             };
             budget -= 1;
             done += 1;
-            shared.stats.command(qid, cmd.opcode());
+            let started = shared.stats.command(qid, cmd.opcode()).then(Instant::now);
             let outcome = if sq.take_abort(cmd.cid()) {
                 Outcome::Done {
                     dw0: 0,
@@ -405,8 +405,9 @@ fn process_sq(
                     if !post(shared, session, sq.head as u16, qid, cq, &cmd, lba, ok) {
                         return (Pass::Idle, done);
                     }
+                    shared.stats.latency(qid, started);
                 }
-                Outcome::Submitted(token) => ctx.inflight.bind(token, sq, cq),
+                Outcome::Submitted(token) => ctx.inflight.bind(token, sq, cq, started),
                 Outcome::Deferred => {}
             }
         }

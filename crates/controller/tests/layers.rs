@@ -39,6 +39,7 @@ const LAYERS: &[&[&str]] = &[
         "protection",
         "zoned",
         "faults",
+        "reservation",
     ],
 ];
 

@@ -38,6 +38,8 @@ impl FeatureId {
     pub const IO_COMMAND_SET_PROFILE: Self = Self(0x19);
     pub const SOFTWARE_PROGRESS_MARKER: Self = Self(0x80);
     pub const HOST_IDENTIFIER: Self = Self(0x81);
+    /// Reservation Persistence (§5.27.1.27): CDW11 bit 0, PTPL.
+    pub const RESERVATION_PERSISTENCE: Self = Self(0x83);
 }
 
 /// Get/Set Features CDW10 SEL field (Get Features, §5.15): current, default,

@@ -42,6 +42,7 @@ pub mod opcode;
 pub mod pi;
 pub mod range;
 pub mod regs;
+pub mod reservation;
 pub mod status;
 pub mod zns;
 

@@ -91,6 +91,11 @@ opcodes! {
         WRITE_ZEROES = 0x08, "write-zeroes";
         DATASET_MANAGEMENT = 0x09, "dataset-management";
         VERIFY = 0x0C, "verify";
+        /// Reservations (§7.3–§7.6).
+        RESERVATION_REGISTER = 0x0D, "reservation-register";
+        RESERVATION_REPORT = 0x0E, "reservation-report";
+        RESERVATION_ACQUIRE = 0x11, "reservation-acquire";
+        RESERVATION_RELEASE = 0x15, "reservation-release";
         COPY = 0x19, "copy";
         /// Zoned Namespace Command Set 1.1 §3.4: zone actions, zone reports,
         /// and writes at a zone's write pointer chosen by the controller.

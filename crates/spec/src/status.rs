@@ -93,6 +93,9 @@ impl Status {
     pub const INVALID_NUMBER_OF_SGL_DESCRIPTORS: Self = Self::code(sct::GENERIC, 0x0E);
     pub const DATA_SGL_LENGTH_INVALID: Self = Self::code(sct::GENERIC, 0x0F);
     pub const INVALID_SGL_DESCRIPTOR_TYPE: Self = Self::code(sct::GENERIC, 0x11);
+    /// Reservation Report without EDS while a registrant has a 128-bit
+    /// Host Identifier (§7.4).
+    pub const HOST_ID_INCONSISTENT_FORMAT: Self = Self::code(sct::GENERIC, 0x18);
     /// Recorded in the Error Information log when the Keep Alive Timer
     /// expires (§3.9).
     pub const KEEP_ALIVE_TIMEOUT_EXPIRED: Self = Self::code(sct::GENERIC, 0x19);
@@ -203,6 +206,10 @@ impl Status {
             (
                 Status::INVALID_SGL_DESCRIPTOR_TYPE,
                 "invalid-sgl-descriptor-type",
+            ),
+            (
+                Status::HOST_ID_INCONSISTENT_FORMAT,
+                "host-id-inconsistent-format",
             ),
             (Status::SANITIZE_FAILED, "sanitize-failed"),
             (Status::SANITIZE_IN_PROGRESS, "sanitize-in-progress"),

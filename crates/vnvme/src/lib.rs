@@ -8,6 +8,7 @@ pub mod config;
 pub mod control;
 pub mod device;
 pub mod inproc;
+pub mod metrics;
 pub mod namespace;
 pub mod passthru;
 pub mod serve;

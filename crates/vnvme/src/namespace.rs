@@ -98,14 +98,21 @@ impl NamespaceSpec {
         })
     }
 
-    /// The controller's configuration of this namespace as `nsid`.
+    /// The controller's configuration of this namespace as `nsid`. A file
+    /// namespace keeps its reservations (with PTPL) in `IMAGE.reservations`.
     pub fn config(&self, nsid: u32) -> anyhow::Result<NamespaceConfig> {
-        Ok(NamespaceConfig::new(nsid, 4096, self.open()?)
+        let mut c = NamespaceConfig::new(nsid, 4096, self.open()?)
             .with_format(self.format_index)
             .with_readiness(self.readiness)
             .with_attached(self.attached)
             .with_protection(self.protection)
-            .with_zoned(self.zoned))
+            .with_zoned(self.zoned);
+        if let Backend::File(path) = &self.backend {
+            let mut name = path.as_os_str().to_owned();
+            name.push(".reservations");
+            c.reservation_file = Some(name.into());
+        }
+        Ok(c)
     }
 
     /// Checks the size (a non-zero multiple of 4096) and the format index.

@@ -60,6 +60,10 @@ pub struct ServeOptions {
     /// exit (replaced atomically: write a temporary file, then rename).
     #[arg(long, value_name = "FILE")]
     pub stats: Option<PathBuf>,
+    /// Serve the counters as Prometheus metrics (text format 0.0.4) on
+    /// http://ADDR:PORT/metrics, e.g. 127.0.0.1:9375 (port 0: any free port, logged).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics: Option<std::net::SocketAddr>,
     /// DMA maps a client may have at once (advertised in VERSION as max_dma_maps). Default: 4096,
     /// or a quarter of vm.max_map_count if that is smaller.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=MAX_FD_DMA_MAPS as u64))]
@@ -145,6 +149,17 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
             .fault_add(spec)
             .with_context(|| format!("[[fault]] number {} of the configuration", i + 1))?;
     }
+    // Before the socket: a --metrics address in use fails the start
+    // without leaving a socket file behind.
+    let metrics = match opts.metrics {
+        Some(addr) => {
+            let ctrl = Arc::clone(device.controller());
+            let m = crate::metrics::http::MetricsServer::start(addr, ctrl)?;
+            tracing::info!("metrics on http://{}/metrics", m.addr());
+            Some(m)
+        }
+        None => None,
+    };
     let listener = bind(&opts.socket)?;
     let stop = Arc::new(AtomicBool::new(false));
     let control = match &opts.control {
@@ -180,6 +195,9 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
     let result = server.serve_listener(&listener, &stop);
     let _ = std::fs::remove_file(&opts.socket);
     drop(control);
+    if let Some(m) = metrics {
+        m.stop();
+    }
     if let Some((done, thread)) = stats {
         done.store(true, Ordering::Release);
         match thread {

@@ -96,7 +96,9 @@ fn set_from(
             for (to, from) in id.iter_mut().zip(buf.iter()) {
                 *to = *from;
             }
-            shared.admin.lock().host_id = id;
+            let mut admin = shared.admin.lock();
+            admin.host_id = id;
+            admin.host_id_extended = len == 16;
         }
         _ => return Err(invalid_field()),
     }

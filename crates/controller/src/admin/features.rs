@@ -39,16 +39,17 @@ fn supported(ctx: &Ctx<'_>, fid: FeatureId) -> bool {
         | FeatureId::HOST_BEHAVIOR_SUPPORT
         | FeatureId::IO_COMMAND_SET_PROFILE
         | FeatureId::SOFTWARE_PROGRESS_MARKER
-        | FeatureId::HOST_IDENTIFIER => true,
+        | FeatureId::HOST_IDENTIFIER
+        | FeatureId::RESERVATION_PERSISTENCE => true,
         _ => false,
     }
 }
 
-/// Error Recovery is the one namespace scope feature here (NVM Command Set
-/// Spec 1.0, its features); the others have controller scope (§5.27.1
-/// Figure 317).
+/// Error Recovery (NVM Command Set Spec 1.0, its features) and
+/// Reservation Persistence have namespace scope; the others controller
+/// scope (§5.27.1 Figure 317).
 fn namespace_scope(fid: FeatureId) -> bool {
-    fid == FeatureId::ERROR_RECOVERY
+    fid == FeatureId::ERROR_RECOVERY || fid == FeatureId::RESERVATION_PERSISTENCE
 }
 
 /// Supported capabilities (Get Features SEL 011b): every feature here can
@@ -121,6 +122,12 @@ pub(super) fn get(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
         FeatureId::TEMPERATURE_THRESHOLD => admin.temperature_threshold,
         FeatureId::ERROR_RECOVERY => match target {
             Target::Namespace(nsid) => admin.error_recovery.get(&nsid).copied().unwrap_or(0),
+            _ => return Err(invalid_field()),
+        },
+        FeatureId::RESERVATION_PERSISTENCE if current => match target {
+            Target::Namespace(nsid) => shared
+                .namespace(nsid)
+                .map(|ns| u32::from(ns.reservations.snapshot().ptpl))?,
             _ => return Err(invalid_field()),
         },
         FeatureId::WRITE_ATOMICITY => admin.write_atomicity,
@@ -228,6 +235,7 @@ pub(super) fn set(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
         FeatureId::ARBITRATION => shared.admin.lock().arbitration = value,
         FeatureId::TEMPERATURE_THRESHOLD => shared.admin.lock().temperature_threshold = value,
         FeatureId::ERROR_RECOVERY => error_recovery(shared, target, cmd)?,
+        FeatureId::RESERVATION_PERSISTENCE => reservation_persistence(shared, target, cmd)?,
         FeatureId::WRITE_ATOMICITY => {
             let dn = WriteAtomicity::from(cmd.cdw11).dn();
             shared.admin.lock().write_atomicity = WriteAtomicity::new().with_dn(dn).into();
@@ -281,6 +289,25 @@ fn error_recovery(shared: &Shared, target: Target, cmd: &Command) -> Result<(), 
     let mut admin = shared.admin.lock();
     for nsid in nsids {
         admin.error_recovery.insert(nsid, kept);
+    }
+    Ok(())
+}
+
+/// Reservation Persistence (§5.27.1.27): CDW11 bit 0, PTPL, for one
+/// namespace or every attached one; Invalid Field for a namespace whose
+/// keys cannot persist (RESCAP.PTPLS clear).
+fn reservation_persistence(shared: &Shared, target: Target, cmd: &Command) -> Result<(), Status> {
+    let ptpl = cmd.cdw11.get() & 1 != 0;
+    let namespaces = match target {
+        Target::Namespace(nsid) => vec![shared.namespace(nsid)?],
+        Target::AllNamespaces => shared.subsystem.namespaces.active_list(),
+        Target::Controller => return Err(invalid_field()),
+    };
+    for ns in namespaces {
+        ns.reservations.update(|s| {
+            s.ptpl = ptpl;
+            Ok(())
+        })?;
     }
     Ok(())
 }

@@ -167,7 +167,8 @@ pub(crate) fn identify_controller(shared: &Shared) -> Box<IdentifyController> {
             | oncs::DATASET_MANAGEMENT
             | oncs::WRITE_ZEROES
             | oncs::VERIFY
-            | oncs::COPY,
+            | oncs::COPY
+            | oncs::RESERVATIONS,
     );
     id.ocfs = U16::new(ocfs::FORMAT_0);
     // SGLs for I/O data (metadata stays contiguous at MPTR), exactly as

@@ -310,6 +310,8 @@ fn format_namespaces(
         })?;
         ns.readiness = old.readiness;
         ns.attached = old.attached;
+        ns.reservations = old.reservations.clone();
+        ns.counters = old.counters.clone();
         ns.formatting_until = until;
         shared.subsystem.namespaces.update(|map| {
             // Deleted or detached meanwhile: leave it.

@@ -465,3 +465,31 @@ fn hostile_queue_entries_never_panic() {
     }
     assert!(h.csts().rdy());
 }
+
+#[test]
+fn namespace_counters_and_sampled_latency_count_exactly() {
+    let mut h = Host::new();
+    h.enable();
+    h.create_pair(1, 16);
+    for _ in 0..65 {
+        let c = h.submit(1, rw(NvmOpcode::READ, 1, 0, 2, DATA, 0));
+        assert!(c.status().is_success());
+    }
+    let c = h.submit(1, rw(NvmOpcode::WRITE, 1, 0, 1, DATA, 0));
+    assert!(c.status().is_success());
+    let s = h.ctrl.stats();
+    let ns = crate::stats::NamespaceStats {
+        nsid: 1,
+        read_commands: 65,
+        write_commands: 1,
+        bytes_read: 65 * 1024,
+        bytes_written: 512,
+    };
+    assert_eq!(s.namespaces, [ns]);
+    let latency = s.queue(1).latency;
+    assert_eq!(latency.count(), 2, "commands 0 and 64 of the queue");
+    assert_eq!(
+        latency.cumulative.len(),
+        crate::stats::LATENCY_BOUNDS_NS.len() + 1
+    );
+}

@@ -471,6 +471,7 @@ mod modes;
 mod namespaces;
 mod protection;
 mod registers;
+mod reservations;
 mod sanitize;
 mod self_test;
 mod sgl;

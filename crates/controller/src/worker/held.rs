@@ -151,7 +151,7 @@ fn release_one(
         Outcome::Done { dw0, status } => (u64::from(dw0), status),
         Outcome::Appended(lba) => (lba, Status::SUCCESS),
         Outcome::Submitted(token) => {
-            local.inflight.bind(token, sq, cq);
+            local.inflight.bind(token, sq, cq, None);
             return None;
         }
         Outcome::Deferred => return None,
@@ -161,6 +161,8 @@ fn release_one(
         dw0,
         status,
         stalled,
+        // Held back by a fault: not a latency sample.
+        started: None,
     };
     post_reserved(shared, session, sq, cq, done, policy)
 }

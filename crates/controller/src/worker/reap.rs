@@ -124,6 +124,7 @@ fn complete_one(
         dw0: 0,
         status,
         stalled,
+        started: request.started,
     };
     post_reserved(shared, session, sq, cq, done, policy)
 }
@@ -136,6 +137,8 @@ pub(super) struct Reserved<'a> {
     pub dw0: u64,
     pub status: Status,
     pub stalled: bool,
+    /// When the command started, if its latency is sampled.
+    pub started: Option<Instant>,
 }
 
 /// Posts `done` with the EventIdx care of a pass; the CQ posted to, or
@@ -167,6 +170,7 @@ pub(super) fn post_reserved(
     ) {
         return None;
     }
+    shared.stats.latency(qid, done.started);
     if policy == EventIdxPolicy::Publish {
         arm_cq(shared, session, cq, true);
     }

@@ -49,6 +49,11 @@ impl Drop for Served {
 }
 
 impl Served {
+    /// Whether the server is still running.
+    pub fn running(&mut self) -> bool {
+        matches!(self.0.try_wait(), Ok(None))
+    }
+
     /// Stops the server as a user would (SIGTERM) and returns how it exited.
     pub fn terminate(mut self) -> ExitStatus {
         let pid = rustix::process::Pid::from_child(&self.0);

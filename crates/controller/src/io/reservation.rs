@@ -1,0 +1,163 @@
+//! The reservation commands (NVMe Base 2.0 §7.3–§7.6): Reservation
+//! Register (0Dh), Report (0Eh), Acquire (11h) and Release (15h). Each
+//! parses its dwords and data, then applies one change of the namespace's
+//! [`State`](crate::reservation::State) for the host that sent it.
+
+use vnvme_spec::reservation::{
+    cptpl, racqa, rrega, rrela, Cdw10ResvAcquire, Cdw10ResvRegister, Cdw10ResvRelease,
+    Cdw11ResvReport, RegisteredController, RegisteredControllerExt, ReservationStatus,
+    ReservationType, ResvAcquireData, ResvRegisterData, ResvReleaseData, EXTENDED_HEADER_SIZE,
+};
+use vnvme_spec::{Command, NvmOpcode, Status};
+use zerocopy::little_endian::{U16, U32, U64};
+use zerocopy::{FromBytes, FromZeros, IntoBytes};
+
+use super::invalid_field;
+use crate::command::Ctx;
+use crate::namespace::Namespace;
+use crate::reservation::{Host, State};
+
+/// Runs `cmd` if `op` is a reservation command; `None` otherwise.
+pub(super) fn command(
+    ctx: &mut Ctx<'_>,
+    cmd: &Command,
+    ns: &Namespace,
+    op: NvmOpcode,
+) -> Option<Result<(), Status>> {
+    Some(match op {
+        NvmOpcode::RESERVATION_REGISTER => register(ctx, cmd, ns),
+        NvmOpcode::RESERVATION_REPORT => report(ctx, cmd, ns),
+        NvmOpcode::RESERVATION_ACQUIRE => acquire(ctx, cmd, ns),
+        NvmOpcode::RESERVATION_RELEASE => release(ctx, cmd, ns),
+        _ => return None,
+    })
+}
+
+/// The host `cmd` comes from: this controller's Host Identifier now.
+fn host(ctx: &Ctx<'_>) -> Host {
+    let admin = ctx.shared.admin.lock();
+    Host {
+        id: admin.host_id,
+        extended: admin.host_id_extended,
+    }
+}
+
+/// Reads the command's data structure `T` from the host.
+fn data<T: FromBytes>(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<T, Status> {
+    let mut buf = std::mem::take(&mut ctx.scratch.buf);
+    let r = ctx
+        .receive(cmd, size_of::<T>(), &mut buf)
+        .and_then(|()| T::read_from_bytes(&buf).map_err(|_| invalid_field()));
+    ctx.scratch.buf = buf;
+    r
+}
+
+/// Reservation Register: RREGA, IEKEY, CPTPL; CRKEY and NRKEY in the data.
+fn register(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace) -> Result<(), Status> {
+    let cdw10 = Cdw10ResvRegister::from(cmd.cdw10);
+    let ptpl = match cdw10.cptpl() {
+        cptpl::NO_CHANGE => None,
+        cptpl::CLEAR => Some(false),
+        cptpl::SET => Some(true),
+        _ => return Err(invalid_field()),
+    };
+    if cdw10.rrega() > rrega::REPLACE {
+        return Err(invalid_field());
+    }
+    let d: ResvRegisterData = data(ctx, cmd)?;
+    let (crkey, nrkey) = (d.crkey.get(), d.nrkey.get());
+    let host = host(ctx);
+    let iekey = cdw10.iekey();
+    ns.reservations.update(|s| {
+        match cdw10.rrega() {
+            rrega::REGISTER => s.register(host, nrkey)?,
+            rrega::UNREGISTER => s.unregister(&host.id, crkey, iekey)?,
+            _ => s.replace(&host.id, crkey, nrkey, iekey)?,
+        }
+        if let Some(ptpl) = ptpl {
+            s.ptpl = ptpl;
+        }
+        Ok(())
+    })
+}
+
+/// Reservation Acquire: RACQA, IEKEY, RTYPE; CRKEY and PRKEY in the data.
+/// Preempt and Abort preempts as Preempt does: the preempted hosts have
+/// no commands here to abort (one controller, now another host's).
+fn acquire(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace) -> Result<(), Status> {
+    let cdw10 = Cdw10ResvAcquire::from(cmd.cdw10);
+    let rtype = ReservationType(cdw10.rtype());
+    if !rtype.is_valid() || cdw10.racqa() > racqa::PREEMPT_AND_ABORT {
+        return Err(invalid_field());
+    }
+    let d: ResvAcquireData = data(ctx, cmd)?;
+    let (crkey, prkey) = (d.crkey.get(), d.prkey.get());
+    let host = host(ctx).id;
+    let iekey = cdw10.iekey();
+    ns.reservations.update(|s| match cdw10.racqa() {
+        racqa::ACQUIRE => s.acquire(&host, crkey, iekey, rtype),
+        _ => s.preempt(&host, crkey, prkey, iekey, rtype),
+    })
+}
+
+/// Reservation Release: RRELA, IEKEY, RTYPE; CRKEY in the data.
+fn release(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace) -> Result<(), Status> {
+    let cdw10 = Cdw10ResvRelease::from(cmd.cdw10);
+    if cdw10.rrela() > rrela::CLEAR {
+        return Err(invalid_field());
+    }
+    let d: ResvReleaseData = data(ctx, cmd)?;
+    let crkey = d.crkey.get();
+    let host = host(ctx).id;
+    let iekey = cdw10.iekey();
+    let rtype = ReservationType(cdw10.rtype());
+    ns.reservations.update(|s| match cdw10.rrela() {
+        rrela::RELEASE => s.release(&host, crkey, iekey, rtype),
+        _ => s.clear(&host, crkey, iekey),
+    })
+}
+
+/// Reservation Report: NUMD (CDW10, 0's based dwords), EDS (CDW11 bit 0).
+/// The Reservation Status data structure, cut to NUMD.
+fn report(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace) -> Result<(), Status> {
+    let len = (u64::from(cmd.cdw10.get()) + 1) * 4;
+    let eds = Cdw11ResvReport::from(cmd.cdw11).eds();
+    let state = ns.reservations.snapshot();
+    if !eds && state.registrants.iter().any(|r| r.host.extended) {
+        return Err(Status::HOST_ID_INCONSISTENT_FORMAT.with_dnr(true));
+    }
+    let page = report_page(&state, eds, host(ctx).id, ctx.shared.config.cntlid);
+    let n = usize::try_from(len).map_or(page.len(), |l| l.min(page.len()));
+    ctx.send(cmd, &page[..n])
+}
+
+/// The whole Reservation Status data structure of `state`, as `current`
+/// (the host of controller `cntlid`) sees it.
+fn report_page(state: &State, eds: bool, current: [u8; 16], cntlid: u16) -> Vec<u8> {
+    let mut header = ReservationStatus::new_zeroed();
+    header.gen = U32::new(state.generation);
+    header.rtype = state.held.map_or(0, |h| h.rtype.0);
+    // At most MAX_REGISTRANTS: fits.
+    header.regctl = U16::new(state.registrants.len() as u16);
+    header.ptpls = u8::from(state.ptpl);
+    let mut page = header.as_bytes().to_vec();
+    if eds {
+        page.resize(EXTENDED_HEADER_SIZE, 0);
+    }
+    for r in &state.registrants {
+        let cntlid = U16::new(if r.host.id == current { cntlid } else { 0xFFFF });
+        let rcsts = u8::from(state.holds(&r.host.id));
+        let rkey = U64::new(r.key);
+        if eds {
+            let mut e = RegisteredControllerExt::new_zeroed();
+            (e.cntlid, e.rcsts, e.rkey, e.hostid) = (cntlid, rcsts, rkey, r.host.id);
+            page.extend_from_slice(e.as_bytes());
+        } else {
+            let mut e = RegisteredController::new_zeroed();
+            (e.cntlid, e.rcsts, e.rkey) = (cntlid, rcsts, rkey);
+            e.hostid.copy_from_slice(&r.host.id[..8]);
+            page.extend_from_slice(e.as_bytes());
+        }
+    }
+    page
+}

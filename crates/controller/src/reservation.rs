@@ -1,0 +1,482 @@
+//! A namespace's reservations (NVMe Base 2.0 §8.19): its registrants
+//! (host identifier and reservation key), the reservation held on it (type
+//! and holder), the generation counter and Persist Through Power Loss.
+//! The rules of Register, Acquire and Release live here as changes of
+//! [`State`]; the commands that parse and answer them are in
+//! `io/reservation.rs`.
+//!
+//! A host is its Host Identifier (feature 81h): one controller here, so a
+//! second host is this controller after a reset and another identifier.
+//! The registrants of other hosts stay, with CNTLID FFFFh in Reservation
+//! Report (not associated with a controller).
+//!
+//! The I/O path looks at one flag first: while no reservation is held,
+//! which is almost always, a command pays a plain load and no lock.
+//!
+//! **Persistence (PTPL).** With PTPL set, the state is kept in a sidecar
+//! file next to the namespace's image (`IMAGE.reservations`), rewritten
+//! (temporary file, fsync, rename) before a change is answered, and
+//! removed when PTPL is cleared. A sidecar rather than reserved space in
+//! the image: every byte of an existing image stays user data at the
+//! offset it had, NSZE does not change with the feature, and the file can
+//! be read or removed by hand.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use parking_lot::Mutex;
+use vnvme_spec::reservation::ReservationType;
+use vnvme_spec::Status;
+
+/// Registrants kept at most: a host can present any number of
+/// identifiers (one per controller reset), each registering.
+pub(crate) const MAX_REGISTRANTS: usize = 64;
+
+/// The first line of a sidecar file.
+const MAGIC: &str = "vnvme-reservations 1";
+
+/// A Host Identifier (81h), 64-bit ones in the first 8 bytes.
+pub(crate) type HostId = [u8; 16];
+
+/// The host a command comes from: its identifier and whether it was set
+/// as 128 bits (EXHID), which Reservation Report's EDS must match.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Host {
+    pub id: HostId,
+    pub extended: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Registrant {
+    pub host: Host,
+    pub key: u64,
+}
+
+/// The reservation held on the namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Held {
+    pub rtype: ReservationType,
+    /// The holder; `None` for the All Registrants types, which every
+    /// registrant holds.
+    pub holder: Option<HostId>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct State {
+    /// GEN: counts successful Register actions, Preempts and Clears.
+    pub generation: u32,
+    /// Persist Through Power Loss.
+    pub ptpl: bool,
+    /// In registration order (Reservation Report lists them so).
+    pub registrants: Vec<Registrant>,
+    pub held: Option<Held>,
+}
+
+fn conflict() -> Status {
+    Status::RESERVATION_CONFLICT.with_dnr(true)
+}
+
+fn invalid_field() -> Status {
+    Status::INVALID_FIELD.with_dnr(true)
+}
+
+impl State {
+    pub fn registrant(&self, host: &HostId) -> Option<&Registrant> {
+        self.registrants.iter().find(|r| &r.host.id == host)
+    }
+
+    /// Whether `host` holds the reservation (every registrant does for
+    /// the All Registrants types).
+    pub fn holds(&self, host: &HostId) -> bool {
+        match self.held {
+            Some(Held {
+                holder: Some(h), ..
+            }) => &h == host,
+            Some(Held { holder: None, .. }) => self.registrant(host).is_some(),
+            None => false,
+        }
+    }
+
+    /// Command Behavior in the Presence of a Reservation (§8.19.1): a
+    /// read or write command from `host`.
+    pub fn allows(&self, host: &HostId, write: bool) -> bool {
+        let Some(held) = self.held else {
+            return true;
+        };
+        if self.holds(host) {
+            return true;
+        }
+        let registrant = self.registrant(host).is_some();
+        match held.rtype {
+            ReservationType::WRITE_EXCLUSIVE => !write,
+            ReservationType::EXCLUSIVE_ACCESS => false,
+            t if t.write_exclusive() => !write || registrant,
+            _ => registrant,
+        }
+    }
+
+    /// `host`'s registration if `crkey` is its key (or `iekey`), else
+    /// Reservation Conflict (as for a host that is not registered).
+    fn checked(&self, host: &HostId, crkey: u64, iekey: bool) -> Result<usize, Status> {
+        let i = self
+            .registrants
+            .iter()
+            .position(|r| &r.host.id == host)
+            .ok_or_else(conflict)?;
+        if !iekey && self.registrants[i].key != crkey {
+            return Err(conflict());
+        }
+        Ok(i)
+    }
+
+    /// Register action 000b (§8.19.3): a new registrant with `nrkey`; the
+    /// same key again is no change.
+    pub fn register(&mut self, host: Host, nrkey: u64) -> Result<(), Status> {
+        if let Some(r) = self.registrant(&host.id) {
+            return if r.key == nrkey {
+                Ok(())
+            } else {
+                Err(conflict())
+            };
+        }
+        // A zero key is no key (as SCSI and SPDK have it).
+        if nrkey == 0 || self.registrants.len() >= MAX_REGISTRANTS {
+            return Err(invalid_field());
+        }
+        self.registrants.push(Registrant { host, key: nrkey });
+        self.generation = self.generation.wrapping_add(1);
+        Ok(())
+    }
+
+    /// Unregister action 001b (§8.19.4): a holder that leaves releases the
+    /// reservation; an All Registrants one goes with the last registrant.
+    pub fn unregister(&mut self, host: &HostId, crkey: u64, iekey: bool) -> Result<(), Status> {
+        let i = self.checked(host, crkey, iekey)?;
+        let held_by_it = matches!(self.held, Some(Held { holder: Some(h), .. }) if &h == host);
+        self.registrants.remove(i);
+        if held_by_it || self.registrants.is_empty() {
+            self.held = None;
+        }
+        self.generation = self.generation.wrapping_add(1);
+        Ok(())
+    }
+
+    /// Replace action 010b: a registrant's new key.
+    pub fn replace(
+        &mut self,
+        host: &HostId,
+        crkey: u64,
+        nrkey: u64,
+        iekey: bool,
+    ) -> Result<(), Status> {
+        let i = self.checked(host, crkey, iekey)?;
+        if nrkey == 0 {
+            return Err(invalid_field());
+        }
+        self.registrants[i].key = nrkey;
+        self.generation = self.generation.wrapping_add(1);
+        Ok(())
+    }
+
+    /// Acquire action 000b (§8.19.5): a registrant takes a reservation no
+    /// one holds, or already holds one of that type.
+    pub fn acquire(
+        &mut self,
+        host: &HostId,
+        crkey: u64,
+        iekey: bool,
+        rtype: ReservationType,
+    ) -> Result<(), Status> {
+        self.checked(host, crkey, iekey)?;
+        match self.held {
+            None => {
+                let holder = (!rtype.all_registrants()).then_some(*host);
+                self.held = Some(Held { rtype, holder });
+                Ok(())
+            }
+            Some(held) if held.rtype == rtype && self.holds(host) => Ok(()),
+            Some(_) => Err(conflict()),
+        }
+    }
+
+    /// Preempt action 001b (§8.19.7). PRKEY names the registrants to
+    /// remove (never the issuer): the holder's key (or 0h under an All
+    /// Registrants reservation) also moves the reservation to the issuer
+    /// as `rtype`; any other key only unregisters, and a key no other
+    /// registrant has is a Reservation Conflict.
+    pub fn preempt(
+        &mut self,
+        host: &HostId,
+        crkey: u64,
+        prkey: u64,
+        iekey: bool,
+        rtype: ReservationType,
+    ) -> Result<(), Status> {
+        self.checked(host, crkey, iekey)?;
+        let holder_key = match self.held {
+            Some(Held {
+                holder: Some(h), ..
+            }) => self.registrant(&h).map(|r| r.key),
+            _ => None,
+        };
+        let all_registrants = matches!(self.held, Some(Held { holder: None, .. }));
+        let takes = if all_registrants {
+            prkey == 0
+        } else {
+            holder_key == Some(prkey)
+        };
+        if !takes && prkey == 0 {
+            return Err(invalid_field());
+        }
+        let before = self.registrants.len();
+        self.registrants
+            .retain(|r| &r.host.id == host || !(takes && all_registrants || r.key == prkey));
+        let removed = before - self.registrants.len();
+        if takes {
+            let holder = (!rtype.all_registrants()).then_some(*host);
+            self.held = Some(Held { rtype, holder });
+        } else if removed == 0 {
+            return Err(conflict());
+        }
+        self.generation = self.generation.wrapping_add(1);
+        Ok(())
+    }
+
+    /// Release action 000b (§8.19.6): the holder gives the reservation up,
+    /// naming its type; anyone else's release does nothing.
+    pub fn release(
+        &mut self,
+        host: &HostId,
+        crkey: u64,
+        iekey: bool,
+        rtype: ReservationType,
+    ) -> Result<(), Status> {
+        self.checked(host, crkey, iekey)?;
+        match self.held {
+            Some(held) if self.holds(host) => {
+                if held.rtype != rtype {
+                    return Err(invalid_field());
+                }
+                self.held = None;
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Clear action 001b (§8.19.8): no reservation and no registrants.
+    pub fn clear(&mut self, host: &HostId, crkey: u64, iekey: bool) -> Result<(), Status> {
+        self.checked(host, crkey, iekey)?;
+        self.held = None;
+        self.registrants.clear();
+        self.generation = self.generation.wrapping_add(1);
+        Ok(())
+    }
+
+    /// The sidecar file's text (see [`State::decode`]).
+    fn encode(&self) -> String {
+        let mut s = format!("{MAGIC}\ngeneration {}\n", self.generation);
+        for r in &self.registrants {
+            let width = if r.host.extended { 16 } else { 8 };
+            s += &format!("registrant {} {width} {:016x}\n", hex(&r.host.id), r.key);
+        }
+        if let Some(h) = self.held {
+            let holder = h.holder.map_or_else(|| "all".to_string(), |id| hex(&id));
+            s += &format!("reservation {} {holder}\n", h.rtype.0);
+        }
+        s
+    }
+
+    /// Parses a sidecar file: the magic line, then `generation N`,
+    /// `registrant HOSTID 8|16 KEY` lines and at most one `reservation
+    /// TYPE HOLDER|all` (hex, as [`State::encode`] writes them).
+    fn decode(text: &str) -> Result<Self, String> {
+        let mut lines = text.lines().enumerate();
+        if lines.next().map(|(_, l)| l) != Some(MAGIC) {
+            return Err(format!("line 1: expected '{MAGIC}'"));
+        }
+        let mut state = State {
+            ptpl: true,
+            ..State::default()
+        };
+        for (i, line) in lines {
+            let at = |m: &str| format!("line {}: {m}: '{line}'", i + 1);
+            let words: Vec<&str> = line.split_whitespace().collect();
+            match words.as_slice() {
+                [] => {}
+                ["generation", n] => state.generation = n.parse().map_err(|_| at("bad number"))?,
+                ["registrant", id, width, key] => {
+                    let id = unhex(id).ok_or_else(|| at("bad host id"))?;
+                    let extended = match *width {
+                        "8" => false,
+                        "16" => true,
+                        _ => return Err(at("width must be 8 or 16")),
+                    };
+                    let key = u64::from_str_radix(key, 16).map_err(|_| at("bad key"))?;
+                    if state.registrant(&id).is_some() || state.registrants.len() >= MAX_REGISTRANTS
+                    {
+                        return Err(at("duplicate or too many registrants"));
+                    }
+                    let host = Host { id, extended };
+                    state.registrants.push(Registrant { host, key });
+                }
+                ["reservation", rtype, holder] if state.held.is_none() => {
+                    let rtype = ReservationType(rtype.parse().map_err(|_| at("bad type"))?);
+                    let holder = match *holder {
+                        "all" => None,
+                        h => Some(unhex(h).ok_or_else(|| at("bad holder"))?),
+                    };
+                    let fits = rtype.is_valid()
+                        && holder.is_none() == rtype.all_registrants()
+                        && holder.is_none_or(|h| state.registrant(&h).is_some());
+                    if !fits {
+                        return Err(at("type and holder do not fit the registrants"));
+                    }
+                    state.held = Some(Held { rtype, holder });
+                }
+                _ => return Err(at("unknown line")),
+            }
+        }
+        Ok(state)
+    }
+}
+
+fn hex(id: &HostId) -> String {
+    id.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<HostId> {
+    let mut id = [0u8; 16];
+    if s.len() != 32 || !s.is_ascii() {
+        return None;
+    }
+    for (i, b) in id.iter_mut().enumerate() {
+        *b = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(id)
+}
+
+/// One namespace's reservations, shared by its copies across attach,
+/// detach and Format NVM (which leave reservations as they are).
+#[derive(Debug, Default)]
+pub(crate) struct Reservations {
+    /// A reservation is held. Changed only under the lock; read without
+    /// it by the I/O path (a host orders its I/O after an Acquire only by
+    /// waiting for its completion, posted after the lock was released).
+    held: AtomicBool,
+    state: Mutex<State>,
+    /// The sidecar file, for a namespace whose keys can persist (PTPLS).
+    file: Option<PathBuf>,
+}
+
+impl Reservations {
+    /// Reservations kept in `file` (if any) while PTPL is set: loaded from
+    /// it if it exists.
+    pub fn open(file: Option<PathBuf>) -> Result<Self, String> {
+        let state = match &file {
+            Some(path) if path.exists() => {
+                let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
+                State::decode(&text)?
+            }
+            _ => State::default(),
+        };
+        Ok(Self {
+            held: AtomicBool::new(state.held.is_some()),
+            state: Mutex::new(state),
+            file,
+        })
+    }
+
+    /// PTPLS: keys can persist through power loss (a sidecar file exists).
+    pub fn can_persist(&self) -> bool {
+        self.file.is_some()
+    }
+
+    /// Whether a read (`write` false) or write command from `host` may
+    /// run; Reservation Conflict if not.
+    #[inline]
+    pub fn check(&self, host: impl FnOnce() -> HostId, write: bool) -> Result<(), Status> {
+        if !self.held.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let host = host();
+        if self.state.lock().allows(&host, write) {
+            Ok(())
+        } else {
+            Err(conflict())
+        }
+    }
+
+    /// A copy of the state (Reservation Report, Get Features 83h).
+    pub fn snapshot(&self) -> State {
+        self.state.lock().clone()
+    }
+
+    /// Applies `change` to a copy of the state; if it succeeds and PTPL is
+    /// (or was) set, the sidecar file is rewritten (or removed) before the
+    /// copy becomes the state. A file that cannot be written fails the
+    /// command with Internal Error and changes nothing.
+    pub fn update(
+        &self,
+        change: impl FnOnce(&mut State) -> Result<(), Status>,
+    ) -> Result<(), Status> {
+        let mut state = self.state.lock();
+        let mut next = state.clone();
+        change(&mut next)?;
+        if next.ptpl && !self.can_persist() {
+            return Err(invalid_field());
+        }
+        if next == *state {
+            return Ok(());
+        }
+        if let Some(path) = self.file.as_deref().filter(|_| state.ptpl || next.ptpl) {
+            persist(path, &next).map_err(|e| {
+                tracing::warn!(path = %path.display(), "reservations not saved: {e}");
+                Status::INTERNAL_ERROR.with_dnr(true)
+            })?;
+        }
+        self.held.store(next.held.is_some(), Ordering::Release);
+        *state = next;
+        Ok(())
+    }
+}
+
+/// Writes `state` to `path` durably (or removes the file without PTPL).
+fn persist(path: &Path, state: &State) -> std::io::Result<()> {
+    use std::io::Write;
+    if !state.ptpl {
+        return match std::fs::remove_file(path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        };
+    }
+    let tmp = path.with_extension("reservations.tmp");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(state.encode().as_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sidecar_text_round_trips_and_bad_files_are_refused() {
+        let a = Host {
+            id: [1; 16],
+            extended: true,
+        };
+        let mut s = State {
+            ptpl: true,
+            ..State::default()
+        };
+        s.register(a, 0xABCD).unwrap();
+        s.acquire(&a.id, 0xABCD, false, ReservationType(3)).unwrap();
+        assert_eq!(State::decode(&s.encode()), Ok(s.clone()));
+        let bad = s.encode().replace("reservation 3", "reservation 5");
+        assert!(State::decode(&bad).unwrap_err().contains("do not fit"));
+        assert!(State::decode("vnvme-reservations 1\nregistrant zz 8 1\n").is_err());
+        assert!(State::decode("something else\n").is_err());
+    }
+}
