@@ -40,6 +40,8 @@ mod queue;
 mod uri;
 
 #[cfg(test)]
+mod servers;
+#[cfg(test)]
 mod tests;
 
 use conn::{Command, Conn, Sink};
