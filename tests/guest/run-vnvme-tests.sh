@@ -34,6 +34,8 @@
 #              verified fio, detach-ns makes it disappear, delete-ns
 #   format     nvme format --lbaf=0: logical block size 512, verified fio (512 B, 4 KiB); --lbaf=3 back
 #   file       --ns 128M:file=F (io_uring, several requests in flight per queue): the verify test on it
+#   nbd        --ns nbd=nbd+unix:///?socket=S, an NBD export of nbdkit's memory plugin (128M, started by
+#              the test on a UNIX socket; multi-conn, so a connection per queue): the verify test on it
 #   nvm-io     --ns 64M:ram --ns 64M:file=F: nvme-cli verify, write-uncor, write-zeroes and copy on both
 #              namespaces: verify fails on a write-uncor block, as does a dd read, until it is written;
 #              copied blocks read back equal (cmp); copy limits (MSSRL) and ranges past the end refused
@@ -67,13 +69,13 @@ set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 GT=$HERE/tests
-ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io sanitize file-backed-ram nvme-cli-admin logs firmware directives"
+ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nbd nvm-io sanitize file-backed-ram nvme-cli-admin logs firmware directives"
 COMPARE=0 KEEP=0 ONLY=''
 while [ $# -gt 0 ]; do
   case $1 in
     --compare) COMPARE=1 ;;
     --keep) KEEP=1 ;;
-    -h|--help) sed -n '2,65p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,67p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "run-vnvme-tests: unknown option $1" >&2; exit 126 ;;
     *) case " $ALL " in *" $1 "*) ONLY="$ONLY $1" ;; *) echo "run-vnvme-tests: unknown test $1" >&2; exit 126 ;; esac ;;
   esac
@@ -383,6 +385,23 @@ t_directives() {
 t_file() {
   own_server_test file --ns vnvme-fio-verify.sh --ns "128M:file=$TMP/file-ns.img" -- \
     --timeout 300 --append "rig.size=128M rig.name=file"
+}
+
+t_nbd() {
+  local sock=$TMP/nbd.sock npid t0; t0=$(now)
+  if ! command -v nbdkit >/dev/null; then
+    report FAIL nbd 0 "nbdkit is not installed (apt-get install nbdkit; .ci/run does)"; return
+  fi
+  nbdkit --foreground --exit-with-parent --unix "$sock" memory size=128M >"$TMP/nbdkit.log" 2>&1 &
+  npid=$!
+  for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
+  if [ ! -S "$sock" ]; then
+    report FAIL nbd "$(since "$t0")" "nbdkit did not listen: $(tail -3 "$TMP/nbdkit.log" | tr '\n' ' ')"
+    kill "$npid" 2>/dev/null; wait "$npid" 2>/dev/null; return
+  fi
+  own_server_test nbd --ns vnvme-fio-verify.sh --ns "nbd=nbd+unix:///?socket=$sock" -- \
+    --timeout 300 --append "rig.size=128M rig.name=nbd"
+  kill "$npid" 2>/dev/null; wait "$npid" 2>/dev/null
 }
 
 t_nvm-io() {

@@ -21,7 +21,7 @@
 //!
 //! [[namespaces]]              # NSID 1
 //! size = "1G"
-//! backend = "ram"             # null | ram | file (with path = "...")
+//! backend = "ram"             # null | ram | file (with path = "...") | nbd=URI
 //!
 //! [[namespaces]]              # NSID 2
 //! size = "256M"
@@ -319,7 +319,7 @@ impl ServeConfig {
             };
             let bytes = match &ns.size {
                 Some(v) => size(&field("size"), v)?,
-                None if matches!(backend, Backend::File(_)) => 0,
+                None if matches!(backend, Backend::File(_) | Backend::Nbd(_)) => 0,
                 None => {
                     return Err(at(
                         None,

@@ -153,6 +153,10 @@ pub struct BenchOptions {
     /// a missing file is created). Default: a temporary file, deleted afterwards.
     #[arg(long, value_name = "PATH")]
     pub file: Option<PathBuf>,
+    /// Serve the namespace from this NBD export instead of --backend
+    /// (nbd://HOST[:PORT]/EXPORT or nbd+unix:///EXPORT?socket=PATH; its first --size bytes).
+    #[arg(long, value_name = "URI")]
+    pub nbd: Option<String>,
     /// Access pattern (4 KiB blocks).
     #[arg(long, value_enum, default_value = "randread")]
     pub rw: Rw,
@@ -274,7 +278,10 @@ fn write_json(path: &Path, doc: &serde_json::Value, who: &str) -> Result<()> {
 pub fn run(opts: &BenchOptions) -> Result<Vec<Run>> {
     let runtime = check_runtime(opts.runtime)?;
     check_qd(&opts.qd.0)?;
-    if opts.verify && opts.backend == BackendArg::Null {
+    if opts.nbd.is_some() && opts.backend != BackendArg::Null {
+        bail!("--nbd replaces --backend: give one of them");
+    }
+    if opts.verify && opts.backend == BackendArg::Null && opts.nbd.is_none() {
         bail!("--verify needs --backend ram or file: a null namespace drops writes and reads zeroes, so there is nothing to check");
     }
     if opts.file.is_some() && opts.backend != BackendArg::File {
@@ -293,7 +300,7 @@ pub fn run(opts: &BenchOptions) -> Result<Vec<Run>> {
         opts.runtime,
         opts.queues,
         opts.rw,
-        opts.backend.name(),
+        if opts.nbd.is_some() { "nbd" } else { opts.backend.name() },
         if opts.verify { ", verifying" } else { "" },
         opts.runtime * total as f64 + 0.2 * opts.modes.0.len() as f64
     );
@@ -375,7 +382,11 @@ struct ModeBench {
 
 impl ModeBench {
     fn start(mode: DoorbellMode, opts: &BenchOptions, max_qd: u16, file: &Path) -> Result<Self> {
-        let spec = NamespaceSpec::new(opts.size, opts.backend.backend(file));
+        let backend = match &opts.nbd {
+            Some(uri) => Backend::Nbd(uri.clone()),
+            None => opts.backend.backend(file),
+        };
+        let spec = NamespaceSpec::new(opts.size, backend);
         let device_opts = DeviceOptions {
             doorbells: mode,
             max_io_queues: opts.queues,
