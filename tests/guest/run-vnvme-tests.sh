@@ -388,7 +388,7 @@ t_file() {
 }
 
 t_nbd() {
-  local sock=$TMP/nbd.sock npid t0; t0=$(now)
+  local sock=$TMP/nbdkit.sock npid t0; t0=$(now)
   if ! command -v nbdkit >/dev/null; then
     report FAIL nbd 0 "nbdkit is not installed (apt-get install nbdkit; .ci/run does)"; return
   fi

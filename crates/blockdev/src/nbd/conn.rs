@@ -377,7 +377,13 @@ impl Drop for Conn {
                 let _ = writer.stream.write_all(&disc);
             }
         }
-        self.shared.kill("connection closed".into());
+        // Closed on purpose: no warning, unlike `kill`.
+        self.shared
+            .table
+            .lock()
+            .dead
+            .get_or_insert_with(|| "connection closed".into());
+        self.shared.socket.shutdown();
         if let Some(t) = self.reply_thread.take() {
             let _ = t.join();
         }
@@ -447,6 +453,9 @@ fn reply_loop(stream: Stream, shared: &Shared) {
         }
     };
     let mut table = shared.table.lock();
+    if table.dead.is_none() {
+        tracing::warn!("NBD connection lost: {why}");
+    }
     let why = table.dead.get_or_insert(why).clone();
     let failed: Vec<Pending> = table.pending.drain().map(|(_, p)| p).collect();
     drop(table);

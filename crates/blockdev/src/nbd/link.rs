@@ -26,6 +26,8 @@ struct State {
     conn: Option<Arc<Conn>>,
     last_attempt: Option<Instant>,
     last_error: String,
+    /// Whether a connection was ever open (the next one is a reconnection).
+    connected_before: bool,
 }
 
 impl Link {
@@ -39,6 +41,7 @@ impl Link {
         Self {
             target,
             state: Mutex::new(State {
+                connected_before: conn.is_some(),
                 conn: conn.map(Arc::new),
                 last_attempt: None,
                 last_error: String::new(),
@@ -72,7 +75,10 @@ impl Link {
             });
         match opened {
             Ok(conn) => {
-                tracing::info!("NBD server {} reconnected", t.uri.address);
+                if state.connected_before {
+                    tracing::info!("NBD server {} reconnected", t.uri.address);
+                }
+                state.connected_before = true;
                 let conn = Arc::new(conn);
                 state.conn = Some(conn.clone());
                 Ok(conn)
