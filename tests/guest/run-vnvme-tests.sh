@@ -428,13 +428,13 @@ t_nbd-restart() {
     report FAIL $name "$(since "$t0")" "server did not start: $(tail -3 "$XLOG" | tr '\n' ' ')"
     stop_xserver; kill $(cat "$pids") 2>/dev/null; return
   fi
-  # When the guest's reads start: kill nbdkit, and start it again 4 s later.
+  # When the guest's reads start: kill nbdkit, and start it again 4 s later. The watcher then waits for
+  # the new nbdkit (which exits when its parent does).
   ( for _ in $(seq 600); do grep -q 'nbd-restart: I/O running' "$TMP/$name.console" 2>/dev/null && break; sleep 0.5; done
     sleep 2; kill -KILL "$(head -1 "$pids")"; echo "$(date +%T) killed" > "$TMP/$name.killed"
-    sleep 4; nbd_up ) &
+    sleep 4; nbd_up && wait ) &
   watcher=$!
   boot $name "$GT/vnvme-nbd-restart.sh" --timeout 300
-  kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null
   [ $RC = 0 ] || why="$(fail_detail $name)"
   [ -s "$TMP/$name.killed" ] || why="${why:+$why; }nbdkit was never killed"
   kill -0 "$XPID" 2>/dev/null || why="${why:+$why; }the server died (log $XLOG)"
@@ -442,7 +442,8 @@ t_nbd-restart() {
   # Backend errors while nbdkit is away are the point of the test: only a panic counts against the server.
   grep -qi panic "$XLOG" && why="${why:+$why; }the server panicked (log $XLOG)"
   stop_xserver
-  kill $(cat "$pids") 2>/dev/null; wait "$(head -1 "$pids")" 2>/dev/null
+  kill $(cat "$pids") 2>/dev/null; kill "$watcher" 2>/dev/null
+  wait "$watcher" "$(head -1 "$pids")" 2>/dev/null
   if [ -z "$why" ]; then
     report PASS $name "$(since "$t0")" "$(grep -h '^TEST: ' "$LOG" | grep -v 'TEST: dmesg' | sed 's/^TEST: //' | tail -3 | tr '\n' ';')"
   else
