@@ -43,6 +43,10 @@ const TICK: Duration = Duration::from_millis(250);
 /// so a busy connection costs few system calls.
 const READ_BUFFER: usize = 256 << 10;
 
+/// How long closing waits to say goodbye (`NBD_CMD_DISC`) to a server
+/// that does not read.
+const DISC_TIMEOUT: Duration = Duration::from_millis(100);
+
 /// A socket to the server, over TCP or a UNIX socket.
 #[derive(Debug)]
 enum Stream {
@@ -373,6 +377,7 @@ impl Drop for Conn {
             let mut writer = self.writer.lock();
             if !self.is_dead() {
                 // Tell the server we are leaving, so it does not log an error.
+                let _ = writer.stream.set_timeouts(TICK, DISC_TIMEOUT);
                 let disc = proto::request(cmd::DISC, 0, 0, 0, 0);
                 let _ = writer.stream.write_all(&disc);
             }
@@ -430,14 +435,18 @@ pub enum OpenError {
 /// The receiving half, owned by the reply thread.
 struct Replies {
     reader: BufReader<Stream>,
-    /// When a byte last arrived.
-    last_byte: Instant,
+    /// When the request whose data is being read was sent (it is out of
+    /// the table meanwhile).
+    reading: Option<Instant>,
+    /// Where a read for guest memory lands before it is copied there.
+    bounce: IoBuf,
 }
 
 fn reply_loop(stream: Stream, shared: &Shared) {
     let mut reader = Replies {
         reader: BufReader::with_capacity(READ_BUFFER, stream),
-        last_byte: Instant::now(),
+        reading: None,
+        bounce: IoBuf::new(),
     };
     let mut woken: Vec<Arc<Sink>> = Vec::new();
     let why = loop {
@@ -497,6 +506,7 @@ fn next_reply(
             )
         })?;
     let mut data = pending.read_into;
+    reader.reading = Some(pending.sent_at);
     let result = if reply.error != 0 {
         Err(BlockError::Io(proto::reply_error(reply.error)))
     } else {
@@ -508,16 +518,21 @@ fn next_reply(
                 Ok(())
             }
             Some(Data::Mapped(mem)) => {
-                let mut bounce = IoBuf::zeroed(mem.len());
+                let mut bounce = std::mem::take(&mut reader.bounce);
+                bounce.set_len(mem.len());
                 let r = fill(reader, &mut bounce, shared);
+                reader.bounce = bounce;
                 requeue_on_error(r, shared, &pending.sink, pending.token, &mut data)?;
                 match &mut data {
-                    Some(Data::Mapped(mem)) => mem.copy_from(&bounce).map_err(BlockError::Io),
+                    Some(Data::Mapped(mem)) => {
+                        mem.copy_from(&reader.bounce).map_err(BlockError::Io)
+                    }
                     _ => Ok(()),
                 }
             }
         }
     };
+    reader.reading = None;
     pending.sink.push(BlockCompletion {
         token: pending.token,
         data,
@@ -551,10 +566,12 @@ fn requeue_on_error(
 }
 
 /// Reads exactly `buf.len()` bytes. Between bytes the socket times out
-/// every [`TICK`]: a server that owes replies and sends nothing for the
-/// I/O timeout is given up on, as is one that stops mid-reply.
+/// every [`TICK`]: a server that leaves any request unanswered for the I/O
+/// timeout is given up on, however many bytes it trickles meanwhile, as is
+/// one that takes that long over one reply header.
 fn fill(reader: &mut Replies, buf: &mut [u8], shared: &Shared) -> Result<(), String> {
     let mut done = 0;
+    let mut first_byte = None;
     while done < buf.len() {
         match reader.reader.read(&mut buf[done..]) {
             Ok(0) => {
@@ -566,7 +583,7 @@ fn fill(reader: &mut Replies, buf: &mut [u8], shared: &Shared) -> Result<(), Str
             }
             Ok(n) => {
                 done += n;
-                reader.last_byte = Instant::now();
+                first_byte.get_or_insert_with(Instant::now);
             }
             Err(e)
                 if matches!(
@@ -578,12 +595,15 @@ fn fill(reader: &mut Replies, buf: &mut [u8], shared: &Shared) -> Result<(), Str
                 if let Some(why) = &table.dead {
                     return Err(why.clone());
                 }
-                let waiting = done > 0 || !table.pending.is_empty();
-                let oldest = table.pending.values().map(|p| p.sent_at).min();
-                let since = oldest.map_or(reader.last_byte, |o| o.max(reader.last_byte));
-                if waiting && since.elapsed() > shared.timeouts.io {
+                let oldest = table
+                    .pending
+                    .values()
+                    .map(|p| p.sent_at)
+                    .chain(reader.reading);
+                let since = oldest.chain(first_byte).min();
+                if since.is_some_and(|t| t.elapsed() > shared.timeouts.io) {
                     return Err(format!(
-                        "no reply for {:?} with requests waiting",
+                        "a request went unanswered for more than {:?}",
                         shared.timeouts.io
                     ));
                 }

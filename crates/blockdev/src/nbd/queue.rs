@@ -11,11 +11,12 @@
 //!   or past [`MAX_IN_FLIGHT`].
 //! * A request that cannot be sent (the server is away) completes at
 //!   once with the error, so `poll` finds it.
-//! * Dropping the queue waits, bounded by the I/O timeout, for what is in
-//!   flight.
+//! * Dropping the queue waits a moment ([`DROP_WAIT`]) for what is in
+//!   flight, then leaves it to the connection, which owns the requests'
+//!   data until each completes or fails.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::conn::{Command, Sink};
 use super::link::Link;
@@ -26,6 +27,11 @@ use crate::{check_range, BlockCompletion, BlockError, BlockQueue, BlockRequest, 
 /// Requests in flight per queue: more than a guest's usual queue depth
 /// per queue, and the replies of one burst fit the reply buffer.
 pub(super) const MAX_IN_FLIGHT: usize = 128;
+
+/// How long dropping a queue waits for its requests: enough for a server
+/// that answers, short enough that a silent one cannot hold up a
+/// controller reset or the server's exit (SIGTERM stops it within 2 s).
+const DROP_WAIT: Duration = Duration::from_secs(1);
 
 pub(super) struct NbdQueue {
     size: u64,
@@ -143,11 +149,10 @@ impl BlockQueue for NbdQueue {
 
 impl Drop for NbdQueue {
     fn drop(&mut self) {
-        // The connection completes or fails everything within the I/O
-        // timeout; writes the guest was told nothing about may still land
-        // meanwhile, so wait for them rather than leave them behind.
+        // Writes the host was told nothing about may still land: give them
+        // a moment, so a reset usually leaves nothing behind.
         if self.in_flight > 0 {
-            let deadline = Instant::now() + self.timeouts.io * 2;
+            let deadline = Instant::now() + DROP_WAIT.min(self.timeouts.io);
             self.sink.wait_for(self.in_flight, deadline);
         }
     }

@@ -231,6 +231,19 @@ fn a_silent_server_times_out() {
 }
 
 #[test]
+fn a_server_that_trickles_a_reply_times_out() {
+    read_fails_when(|s, cookie| {
+        simple_reply(s, 0x6744_6698, 0, cookie);
+        for _ in 0..80 {
+            if s.write_all(&[1]).is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+}
+
+#[test]
 fn an_error_reply_fails_only_that_request() {
     let (uri, server) = serve(|mut s| {
         greet_ok(&mut s, 0);
@@ -308,4 +321,31 @@ fn a_queue_reports_a_lost_server_on_every_request() {
     assert_eq!(q.poll(&mut out, 8), 1);
     assert!(out[0].result.is_err());
     assert_eq!(q.in_flight(), 0);
+}
+
+#[test]
+fn dropping_a_queue_does_not_wait_long_for_a_silent_server() {
+    let (uri, server) = serve(|mut s| {
+        greet_ok(&mut s, 0);
+        request(&mut s);
+        // Never answer; hold the socket until the client leaves.
+        let _ = s.read(&mut [0; 64]);
+    });
+    let patient = Timeouts {
+        io: Duration::from_secs(30),
+        ..timeouts()
+    };
+    let dev = NbdDevice::open_with(&uri, None, patient).unwrap();
+    let mut q = dev.queue(Arc::new(|| {})).unwrap();
+    let data = Data::Buf(IoBuf::zeroed(4096));
+    q.submit(BlockRequest::Read { offset: 0, data }, 1).unwrap();
+    let start = Instant::now();
+    drop(q);
+    drop(dev);
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
+    server.join().unwrap();
 }
