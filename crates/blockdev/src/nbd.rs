@@ -22,8 +22,8 @@
 //!   data); otherwise every queue shares the one connection, as anything
 //!   else could let a read miss a completed write.
 //! * A server that goes away fails the requests in flight and the next
-//!   ones with an error at once (no hang: a server that owes replies and
-//!   says nothing for the I/O timeout is given up on); the next request
+//!   ones with an error at once (no hang: a server that leaves a request
+//!   unanswered for the I/O timeout is given up on); the next request
 //!   after [`Timeouts::retry`] reconnects (see `link`).
 
 use std::sync::Arc;
@@ -64,8 +64,8 @@ const MAX_ZEROES: u64 = 1 << 30;
 pub struct Timeouts {
     /// Connecting and the handshake, each.
     pub connect: Duration,
-    /// A connection whose server owes replies and sends nothing for this
-    /// long is given up on (the guest's own I/O timeout is 30 s).
+    /// A connection whose server leaves a request unanswered this long is
+    /// given up on (the guest's own I/O timeout is 30 s).
     pub io: Duration,
     /// Time between two reconnection attempts while the server is away.
     pub retry: Duration,
