@@ -507,6 +507,17 @@ attached = false
     }
 
     #[test]
+    fn nbd_namespace_takes_the_exports_size_unless_given() {
+        let text = "[[namespaces]]\nbackend = \"nbd=nbd://storage:10809/vm1\"\n";
+        let c = ServeConfig::parse("config.toml", text).unwrap();
+        let uri = "nbd://storage:10809/vm1".to_string();
+        assert_eq!(c.namespaces[0], NamespaceSpec::new(0, Backend::Nbd(uri)));
+        assert!(
+            err("[[namespaces]]\nbackend = \"nbd=nbds://h/e\"\n").contains("TLS is not supported")
+        );
+    }
+
+    #[test]
     fn command_line_overrides_the_file_where_it_differs_from_the_default() {
         let c = ServeConfig::parse("config.toml", EXAMPLE).unwrap();
         let cli = DeviceOptions {

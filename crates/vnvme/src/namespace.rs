@@ -37,19 +37,20 @@ impl FromStr for Backend {
             "ram" => Ok(Backend::Ram),
             "file" => Err("the file backend needs a path: PATH:file or SIZE:file=PATH".into()),
             "nbd" => Err("the nbd backend needs a URI: nbd=URI or SIZE:nbd=URI".into()),
-            other if other.starts_with("nbd=") => {
-                let uri = &other["nbd=".len()..];
-                // Checked now, so a typo fails at the command line.
-                uri.parse::<vnvme_blockdev::NbdUri>()
-                    .map_err(|e| e.to_string())?;
-                Ok(Backend::Nbd(uri.into()))
-            }
-            other => match other.strip_prefix("file=") {
-                Some("") | None => Err(format!(
+            other => {
+                if let Some(uri) = other.strip_prefix("nbd=") {
+                    // Checked now, so a typo fails at the command line.
+                    uri.parse::<vnvme_blockdev::NbdUri>()
+                        .map_err(|e| e.to_string())?;
+                    return Ok(Backend::Nbd(uri.into()));
+                }
+                match other.strip_prefix("file=") {
+                    Some("") | None => Err(format!(
                     "unknown backend '{other}': use null, ram, nbd=URI, PATH:file or SIZE:file=PATH"
                 )),
-                Some(path) => Ok(Backend::File(path.into())),
-            },
+                    Some(path) => Ok(Backend::File(path.into())),
+                }
+            }
         }
     }
 }
