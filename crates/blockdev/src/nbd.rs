@@ -17,14 +17,15 @@
 //!   zeroes written.
 //! * Connections: the synchronous calls of [`BlockDevice`] share one. A
 //!   queue of [`AsyncBlockDevice`] opens one of its own when the server
-//!   offers multi-conn (`NBD_FLAG_CAN_MULTI_CONN`: a flush on one
+//!   offers multi-conn (using the shared one until it is open) (`NBD_FLAG_CAN_MULTI_CONN`: a flush on one
 //!   connection covers writes completed on all, and all see the same
 //!   data); otherwise every queue shares the one connection, as anything
 //!   else could let a read miss a completed write.
 //! * A server that goes away fails the requests in flight and the next
 //!   ones with an error at once (no hang: a server that leaves a request
-//!   unanswered for the I/O timeout is given up on); the next request
-//!   after [`Timeouts::retry`] reconnects (see `link`).
+//!   unanswered for the I/O timeout is given up on); a thread reconnects
+//!   in the background, trying again every [`Timeouts::retry`] while
+//!   requests come (see `link`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -186,7 +187,7 @@ impl NbdDevice {
         });
         Ok(Self {
             inner: Arc::new(Inner {
-                shared: Arc::new(Link::with(target.clone(), Some(conn))),
+                shared: Arc::new(Link::new(target.clone(), Some(conn))),
                 target,
                 export,
             }),
@@ -337,16 +338,18 @@ impl BlockDevice for NbdDevice {
 
 impl AsyncBlockDevice for NbdDevice {
     fn queue(&self, waker: Waker) -> Result<Box<dyn BlockQueue>, BlockError> {
-        let link = if self.multi_conn() {
-            Arc::new(Link::new(self.inner.target.clone()))
-        } else {
-            self.inner.shared.clone()
-        };
+        let own = self.multi_conn().then(|| {
+            let link = Link::new(self.inner.target.clone(), None);
+            // Starts connecting; the shared connection serves meanwhile.
+            let _ = link.get();
+            link
+        });
         Ok(Box::new(queue::NbdQueue::new(
             self.inner.target.size,
             self.inner.export,
             self.inner.target.timeouts,
-            link,
+            own,
+            self.inner.shared.clone(),
             Sink::new(Some(waker)),
         )))
     }

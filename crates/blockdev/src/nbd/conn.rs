@@ -300,8 +300,9 @@ impl Conn {
         self.export
     }
 
-    pub fn is_dead(&self) -> bool {
-        self.shared.table.lock().dead.is_some()
+    /// Why the connection died, if it has.
+    pub fn dead_reason(&self) -> Option<String> {
+        self.shared.table.lock().dead.clone()
     }
 
     /// Sends `command` (with `data`: a write's payload, or a read's
@@ -375,7 +376,7 @@ impl Drop for Conn {
     fn drop(&mut self) {
         {
             let mut writer = self.writer.lock();
-            if !self.is_dead() {
+            if self.dead_reason().is_none() {
                 // Tell the server we are leaving, so it does not log an error.
                 let _ = writer.stream.set_timeouts(TICK, DISC_TIMEOUT);
                 let disc = proto::request(cmd::DISC, 0, 0, 0, 0);

@@ -1,12 +1,14 @@
-//! [`Link`]: a connection that is opened again after it dies.
+//! [`Link`]: a connection that is opened again, in the background, after
+//! it dies.
 //!
-//! A request finds its link's connection dead when the server went away;
-//! the link then reconnects, at most once per [`Timeouts::retry`] so a
-//! server that is down costs each request one failed look, not a
-//! connection attempt. Until a reconnection succeeds requests fail at
-//! once with the reason. A reconnected export must still hold the
-//! namespace and be writable; a server that came back with a smaller or
-//! read-only export is refused, as at start.
+//! [`Link::get`] never blocks on the network: when the link has no live
+//! connection it starts a thread that connects (at most one at a time, and
+//! at most one attempt per [`Timeouts::retry`](super::Timeouts::retry)),
+//! and fails at once with the reason. So a queue worker never waits for a
+//! server that is down or a host that does not answer, and requests fail
+//! promptly until the server is back. A reconnected export must still hold
+//! the namespace and be writable; a server that came back with a smaller
+//! or read-only export is refused, as at start.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -19,11 +21,13 @@ use crate::BlockError;
 
 pub(super) struct Link {
     target: Arc<Target>,
-    state: Mutex<State>,
+    state: Arc<Mutex<State>>,
 }
 
 struct State {
     conn: Option<Arc<Conn>>,
+    /// A thread is connecting.
+    connecting: bool,
     last_attempt: Option<Instant>,
     last_error: String,
     /// Whether a connection was ever open (the next one is a reconnection).
@@ -31,63 +35,75 @@ struct State {
 }
 
 impl Link {
-    /// A link that connects when first used.
-    pub fn new(target: Arc<Target>) -> Self {
-        Self::with(target, None)
-    }
-
-    /// A link over `conn`, already open.
-    pub fn with(target: Arc<Target>, conn: Option<Conn>) -> Self {
+    /// A link over `conn`, already open, or with none yet.
+    pub fn new(target: Arc<Target>, conn: Option<Conn>) -> Self {
         Self {
             target,
-            state: Mutex::new(State {
+            state: Arc::new(Mutex::new(State {
                 connected_before: conn.is_some(),
                 conn: conn.map(Arc::new),
+                connecting: false,
                 last_attempt: None,
-                last_error: String::new(),
-            }),
+                last_error: "connecting".into(),
+            })),
         }
     }
 
-    /// The live connection, reconnecting if it died and the last attempt
-    /// is old enough.
+    /// The live connection; without one, starts connecting (unless an
+    /// attempt is under way or too recent) and fails.
     pub fn get(&self) -> Result<Arc<Conn>, BlockError> {
         let mut state = self.state.lock();
-        if let Some(conn) = state.conn.as_ref().filter(|c| !c.is_dead()) {
-            return Ok(conn.clone());
-        }
-        // Drop the dead one now: its reply thread has ended.
-        state.conn = None;
-        let t = &self.target;
-        if state
-            .last_attempt
-            .is_some_and(|at| at.elapsed() < t.timeouts.retry)
-        {
-            return Err(unreachable(&state.last_error));
-        }
-        state.last_attempt = Some(Instant::now());
-        let opened = Conn::open(&t.uri.address, &t.uri.export, t.timeouts)
-            .map_err(|e| format!("{}: {}", t.uri.address, chain(&e)))
-            .and_then(|c| {
-                check_export(&t.uri, c.export(), t.size)
-                    .map(|()| c)
-                    .map_err(|e| e.to_string())
-            });
-        match opened {
-            Ok(conn) => {
-                if state.connected_before {
-                    tracing::info!("NBD server {} reconnected", t.uri.address);
+        if let Some(conn) = state.conn.take() {
+            match conn.dead_reason() {
+                None => {
+                    state.conn = Some(conn.clone());
+                    return Ok(conn);
                 }
-                state.connected_before = true;
-                let conn = Arc::new(conn);
-                state.conn = Some(conn.clone());
-                Ok(conn)
+                // Dropped now: its reply thread has ended.
+                Some(why) => state.last_error = why,
             }
-            Err(why) => {
-                tracing::warn!("NBD reconnection failed: {why}");
-                state.last_error = why;
-                Err(unreachable(&state.last_error))
+        }
+        let due = state
+            .last_attempt
+            .is_none_or(|at| at.elapsed() >= self.target.timeouts.retry);
+        if !state.connecting && due {
+            state.connecting = true;
+            state.last_attempt = Some(Instant::now());
+            let (target, shared) = (self.target.clone(), self.state.clone());
+            let spawned = std::thread::Builder::new()
+                .name("vnvme-nbd-connect".into())
+                .spawn(move || connect(&target, &shared));
+            if let Err(e) = spawned {
+                state.connecting = false;
+                state.last_error = format!("cannot start a thread to connect: {e}");
             }
+        }
+        Err(unreachable(&state.last_error))
+    }
+}
+
+/// Opens a connection and installs it in `state`, or records why not.
+fn connect(t: &Target, state: &Mutex<State>) {
+    let opened = Conn::open(&t.uri.address, &t.uri.export, t.timeouts)
+        .map_err(|e| format!("{}: {}", t.uri.address, chain(&e)))
+        .and_then(|c| {
+            check_export(&t.uri, c.export(), t.size)
+                .map(|()| c)
+                .map_err(|e| e.to_string())
+        });
+    let mut state = state.lock();
+    state.connecting = false;
+    match opened {
+        Ok(conn) => {
+            if state.connected_before {
+                tracing::info!("NBD server {} reconnected", t.uri.address);
+            }
+            state.connected_before = true;
+            state.conn = Some(Arc::new(conn));
+        }
+        Err(why) => {
+            tracing::warn!("NBD reconnection failed: {why}");
+            state.last_error = why;
         }
     }
 }

@@ -1,6 +1,6 @@
 //! [`NbdQueue`]: the `nbd` backend's [`BlockQueue`], many requests in
-//! flight on one connection (the queue's own with multi-conn, else the
-//! device's).
+//! flight on one connection (the queue's own with multi-conn, once open;
+//! else the device's).
 //!
 //! * `submit` sends the request and returns; a read's data lands in its
 //!   own buffer, or is copied into the guest memory it carries when its
@@ -37,7 +37,10 @@ pub(super) struct NbdQueue {
     size: u64,
     export: ExportInfo,
     timeouts: Timeouts,
-    link: Arc<Link>,
+    /// The queue's own connection (with multi-conn).
+    own: Option<Link>,
+    /// The device's connection.
+    shared: Arc<Link>,
     sink: Arc<Sink>,
     in_flight: usize,
 }
@@ -47,14 +50,16 @@ impl NbdQueue {
         size: u64,
         export: ExportInfo,
         timeouts: Timeouts,
-        link: Arc<Link>,
+        own: Option<Link>,
+        shared: Arc<Link>,
         sink: Arc<Sink>,
     ) -> Self {
         Self {
             size,
             export,
             timeouts,
-            link,
+            own,
+            shared,
             sink,
             in_flight: 0,
         }
@@ -118,7 +123,13 @@ impl BlockQueue for NbdQueue {
             }
             BlockRequest::Flush => None,
         };
-        let conn = match self.link.get() {
+        // Any connection serves with multi-conn: the queue's own while it
+        // is up, the device's while it is (re)connecting.
+        let conn = match self.own.as_ref().and_then(|l| l.get().ok()) {
+            Some(conn) => Ok(conn),
+            None => self.shared.get(),
+        };
+        let conn = match conn {
             Ok(conn) => conn,
             Err(e) => {
                 self.complete_now(token, data, Err(e));

@@ -349,3 +349,39 @@ fn dropping_a_queue_does_not_wait_long_for_a_silent_server() {
     );
     server.join().unwrap();
 }
+
+#[test]
+fn requests_fail_at_once_while_a_reconnection_hangs() {
+    let path = std::env::temp_dir().join(format!("vnvme-nbd-hang-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let listener = UnixListener::bind(&path).unwrap();
+    let uri = format!("nbd+unix:///disk?socket={}", path.display());
+    let server = std::thread::spawn(move || {
+        let (mut first, _) = listener.accept().unwrap();
+        greet_ok(&mut first, 0);
+        drop(first);
+        // Accept the reconnection and never say a word.
+        let (silent, _) = listener.accept().unwrap();
+        std::thread::sleep(Duration::from_secs(3));
+        drop(silent);
+    });
+    let dev = open(&uri).unwrap();
+    let mut buf = vec![0; 4096];
+    let deadline = Instant::now() + Duration::from_secs(2);
+    // The first failure sees the connection closed; later ones, the
+    // reconnection under way, whose handshake waits for the 2 s timeout.
+    for _ in 0..20 {
+        let start = Instant::now();
+        assert!(dev.read(0, &mut buf).is_err());
+        assert!(
+            start.elapsed() < Duration::from_millis(300),
+            "{:?}",
+            start.elapsed()
+        );
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(dev);
+    server.join().unwrap();
+    let _ = std::fs::remove_file(&path);
+}
