@@ -133,6 +133,56 @@ impl Write for Stream {
     }
 }
 
+/// A stream whose reads and writes fail once a deadline has passed.
+struct Deadline<'a> {
+    stream: &'a mut Stream,
+    at: Instant,
+}
+
+impl Deadline<'_> {
+    /// Bounds the next system call by the time left.
+    fn arm(&self) -> io::Result<()> {
+        let left = self.at.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(too_long());
+        }
+        self.stream.set_timeouts(left, left)
+    }
+}
+
+fn too_long() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        "the server took too long over the handshake",
+    )
+}
+
+/// A socket timeout, as the deadline's error.
+fn timed_out(e: io::Error) -> io::Error {
+    match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => too_long(),
+        _ => e,
+    }
+}
+
+impl Read for Deadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.arm()?;
+        self.stream.read(buf).map_err(timed_out)
+    }
+}
+
+impl Write for Deadline<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.arm()?;
+        self.stream.write(buf).map_err(timed_out)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Where completions go: a queue's list, reaped by its `poll`, or one
 /// synchronous caller waiting on it.
 pub(super) struct Sink {
@@ -256,13 +306,15 @@ pub(super) struct Command {
 }
 
 impl Conn {
-    /// Connects and runs the handshake, each bounded by the timeouts.
+    /// Connects and runs the handshake, each within the connect timeout
+    /// (the handshake as a whole, however the server spreads its bytes).
     pub fn open(address: &Address, export: &str, timeouts: Timeouts) -> Result<Self, OpenError> {
         let mut stream = Stream::connect(address, timeouts.connect).map_err(OpenError::Connect)?;
-        stream
-            .set_timeouts(timeouts.connect, timeouts.connect)
-            .map_err(OpenError::Connect)?;
-        let info = proto::handshake(&mut stream, export).map_err(OpenError::Handshake)?;
+        let mut until = Deadline {
+            stream: &mut stream,
+            at: Instant::now() + timeouts.connect,
+        };
+        let info = proto::handshake(&mut until, export).map_err(OpenError::Handshake)?;
         let setup = || -> io::Result<(Stream, Stream)> {
             stream.set_timeouts(TICK, timeouts.io)?;
             Ok((stream.try_clone()?, stream.try_clone()?))

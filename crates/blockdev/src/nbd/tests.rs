@@ -168,6 +168,27 @@ fn refusals_and_broken_handshakes_are_explained() {
 }
 
 #[test]
+fn a_handshake_dragged_out_byte_by_byte_times_out() {
+    let (uri, server) = serve(|mut s| {
+        for &b in b"NBDMAGICIHAVEOPT\x00\x03" {
+            if s.write_all(&[b]).is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    });
+    let start = Instant::now();
+    let err = link::chain(&open(&uri).unwrap_err());
+    assert!(err.contains("took too long"), "{err}");
+    assert!(
+        start.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        start.elapsed()
+    );
+    server.join().unwrap();
+}
+
+#[test]
 fn a_server_that_is_not_nbd_is_refused() {
     let (uri, server) = serve(|mut s| {
         let _ = s.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n");
