@@ -38,6 +38,7 @@ mod conn;
 mod link;
 mod proto;
 mod queue;
+mod stream;
 mod uri;
 
 #[cfg(test)]
