@@ -430,7 +430,7 @@ fn next_reply(
             None => Ok(()),
             Some(Data::Buf(buf)) => {
                 let r = fill(reader, buf, shared);
-                requeue_on_error(r, shared, &pending.sink, pending.token, &mut data)?;
+                fail_read_on_error(r, &pending.sink, pending.token, &mut data)?;
                 Ok(())
             }
             Some(Data::Mapped(mem)) => {
@@ -438,7 +438,7 @@ fn next_reply(
                 bounce.set_len(mem.len());
                 let r = fill(reader, &mut bounce, shared);
                 reader.bounce = bounce;
-                requeue_on_error(r, shared, &pending.sink, pending.token, &mut data)?;
+                fail_read_on_error(r, &pending.sink, pending.token, &mut data)?;
                 match &mut data {
                     Some(Data::Mapped(mem)) => {
                         mem.copy_from(&reader.bounce).map_err(BlockError::Io)
@@ -462,22 +462,19 @@ fn next_reply(
 
 /// A read whose data did not arrive fails with the connection: completes
 /// it here, since it is no longer in the table.
-fn requeue_on_error(
+fn fail_read_on_error(
     r: Result<(), String>,
-    shared: &Shared,
     sink: &Arc<Sink>,
     token: u64,
     data: &mut Option<Data>,
 ) -> Result<(), String> {
-    r.map_err(|why| {
-        let why = shared.table.lock().dead.get_or_insert(why).clone();
+    r.inspect_err(|why| {
         sink.push(BlockCompletion {
             token,
             data: data.take(),
-            result: Err(gone(&why)),
+            result: Err(gone(why)),
         });
         sink.wake();
-        why
     })
 }
 
