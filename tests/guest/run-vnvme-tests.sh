@@ -410,7 +410,7 @@ t_nbd() {
 
 t_nbd-restart() {
   local name=nbd-restart sock=$TMP/nbdkit-restart.sock img=$TMP/nbd-restart.img t0 why='' srv
-  local pids=$TMP/nbd-restart.pids watcher; t0=$(now)
+  local pids=$TMP/nbd-restart.pids watcher first; t0=$(now)
   if ! command -v nbdkit >/dev/null; then
     report FAIL $name 0 "nbdkit is not installed (apt-get install nbdkit; .ci/run does)"; return
   fi
@@ -423,16 +423,22 @@ t_nbd-restart() {
     return 1
   }
   : > "$pids"
-  if ! nbd_up; then report FAIL $name "$(since "$t0")" "nbdkit did not listen"; return; fi
+  # Each nbdkit runs under a subshell that waits for it (nbdkit exits when its parent does), so the
+  # SIGKILL below is not reported as a job of this shell.
+  ( nbd_up && wait ) 2>/dev/null &
+  first=$!
+  for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
+  if [ ! -S "$sock" ]; then
+    report FAIL $name "$(since "$t0")" "nbdkit did not listen"; kill $(cat "$pids") 2>/dev/null; return
+  fi
   if ! start_xserver $name --ns "nbd=nbd+unix:///?socket=$sock"; then
     report FAIL $name "$(since "$t0")" "server did not start: $(tail -3 "$XLOG" | tr '\n' ' ')"
     stop_xserver; kill $(cat "$pids") 2>/dev/null; return
   fi
-  # When the guest's reads start: kill nbdkit, and start it again 4 s later. The watcher then waits for
-  # the new nbdkit (which exits when its parent does).
+  # When the guest's reads start: kill nbdkit, and start it again 4 s later.
   ( for _ in $(seq 600); do grep -q 'nbd-restart: I/O running' "$TMP/$name.console" 2>/dev/null && break; sleep 0.5; done
     sleep 2; kill -KILL "$(head -1 "$pids")"; echo "$(date +%T) killed" > "$TMP/$name.killed"
-    sleep 4; nbd_up && wait ) &
+    sleep 4; nbd_up && wait ) 2>/dev/null &
   watcher=$!
   boot $name "$GT/vnvme-nbd-restart.sh" --timeout 300
   [ $RC = 0 ] || why="$(fail_detail $name)"
@@ -442,8 +448,11 @@ t_nbd-restart() {
   # Backend errors while nbdkit is away are the point of the test: only a panic counts against the server.
   grep -qi panic "$XLOG" && why="${why:+$why; }the server panicked (log $XLOG)"
   stop_xserver
-  kill $(cat "$pids") 2>/dev/null; kill "$watcher" 2>/dev/null
-  wait "$watcher" "$(head -1 "$pids")" 2>/dev/null
+  # Stop the nbdkits and let their subshells reap them; a watcher still waiting for the guest is killed.
+  kill $(cat "$pids") 2>/dev/null
+  for _ in $(seq 20); do kill -0 "$watcher" 2>/dev/null || break; sleep 0.1; done
+  kill "$watcher" 2>/dev/null
+  wait "$watcher" "$first" 2>/dev/null
   if [ -z "$why" ]; then
     report PASS $name "$(since "$t0")" "$(grep -h '^TEST: ' "$LOG" | grep -v 'TEST: dmesg' | sed 's/^TEST: //' | tail -3 | tr '\n' ';')"
   else
