@@ -34,6 +34,12 @@
 #              verified fio, detach-ns makes it disappear, delete-ns
 #   format     nvme format --lbaf=0: logical block size 512, verified fio (512 B, 4 KiB); --lbaf=3 back
 #   file       --ns 128M:file=F (io_uring, several requests in flight per queue): the verify test on it
+#   nbd        --ns nbd=nbd+unix:///?socket=S, an NBD export of nbdkit's memory plugin (128M, started by
+#              the test on a UNIX socket; multi-conn, so a connection per queue): the verify test on it
+#   nbd-restart  --ns nbd=URI on nbdkit's file plugin: 16 MiB written; nbdkit SIGKILLed while the guest reads
+#              and started again 4 s later (tests/vnvme-nbd-restart.sh): the reads fail meanwhile (I/O
+#              errors in dmesg, no timeout or reset) and fio ends on time; the server reconnects (its log
+#              says so) and stays up; the 16 MiB read back intact; new verified writes
 #   nvm-io     --ns 64M:ram --ns 64M:file=F: nvme-cli verify, write-uncor, write-zeroes and copy on both
 #              namespaces: verify fails on a write-uncor block, as does a dd read, until it is written;
 #              copied blocks read back equal (cmp); copy limits (MSSRL) and ranges past the end refused
@@ -95,13 +101,13 @@ set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 GT=$HERE/tests
-ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io sanitize file-backed-ram nvme-cli-admin logs firmware directives pi zns faults reservations"
+ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io sanitize file-backed-ram nvme-cli-admin logs firmware directives pi zns faults reservations nbd nbd-restart"
 COMPARE=0 KEEP=0 ONLY=''
 while [ $# -gt 0 ]; do
   case $1 in
     --compare) COMPARE=1 ;;
     --keep) KEEP=1 ;;
-    -h|--help) sed -n '2,93p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,99p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "run-vnvme-tests: unknown option $1" >&2; exit 126 ;;
     *) case " $ALL " in *" $1 "*) ONLY="$ONLY $1" ;; *) echo "run-vnvme-tests: unknown test $1" >&2; exit 126 ;; esac ;;
   esac
@@ -442,6 +448,75 @@ t_file() {
 
 t_pi() {
   own_server_test pi pi= vnvme-pi.sh --ns "64M:file=$TMP/pi.img" -- --timeout 600
+}
+
+t_nbd() {
+  local sock=$TMP/nbdkit.sock npid t0; t0=$(now)
+  if ! command -v nbdkit >/dev/null; then
+    report FAIL nbd 0 "nbdkit is not installed (apt-get install nbdkit; .ci/run does)"; return
+  fi
+  nbdkit --foreground --exit-with-parent --unix "$sock" memory size=128M >"$TMP/nbdkit.log" 2>&1 &
+  npid=$!
+  for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
+  if [ ! -S "$sock" ]; then
+    report FAIL nbd "$(since "$t0")" "nbdkit did not listen: $(tail -3 "$TMP/nbdkit.log" | tr '\n' ' ')"
+    kill "$npid" 2>/dev/null; wait "$npid" 2>/dev/null; return
+  fi
+  own_server_test nbd --ns vnvme-fio-verify.sh --ns "nbd=nbd+unix:///?socket=$sock" -- \
+    --timeout 300 --append "rig.size=128M rig.name=nbd"
+  kill "$npid" 2>/dev/null; wait "$npid" 2>/dev/null
+}
+
+t_nbd-restart() {
+  local name=nbd-restart sock=$TMP/nbdkit-restart.sock img=$TMP/nbd-restart.img t0 why='' srv
+  local pids=$TMP/nbd-restart.pids watcher first; t0=$(now)
+  if ! command -v nbdkit >/dev/null; then
+    report FAIL $name 0 "nbdkit is not installed (apt-get install nbdkit; .ci/run does)"; return
+  fi
+  truncate -s 64M "$img"
+  nbd_up() {   # starts nbdkit on $sock, records its pid; 1 if it does not listen
+    rm -f "$sock"
+    nbdkit --foreground --unix "$sock" file "$img" >>"$TMP/nbdkit-restart.log" 2>&1 &
+    echo $! >> "$pids"
+    for _ in $(seq 100); do [ -S "$sock" ] && return 0; sleep 0.1; done
+    return 1
+  }
+  : > "$pids"
+  # Each nbdkit runs under a subshell that waits for it (nbdkit exits when its parent does), so the
+  # SIGKILL below is not reported as a job of this shell.
+  ( nbd_up && wait ) 2>/dev/null &
+  first=$!
+  for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
+  if [ ! -S "$sock" ]; then
+    report FAIL $name "$(since "$t0")" "nbdkit did not listen"; kill $(cat "$pids") 2>/dev/null; return
+  fi
+  if ! start_xserver $name --ns "nbd=nbd+unix:///?socket=$sock"; then
+    report FAIL $name "$(since "$t0")" "server did not start: $(tail -3 "$XLOG" | tr '\n' ' ')"
+    stop_xserver; kill $(cat "$pids") 2>/dev/null; return
+  fi
+  # When the guest's reads start: kill nbdkit, and start it again 4 s later.
+  ( for _ in $(seq 600); do grep -q 'nbd-restart: I/O running' "$TMP/$name.console" 2>/dev/null && break; sleep 0.5; done
+    sleep 2; kill -KILL "$(head -1 "$pids")"; echo "$(date +%T) killed" > "$TMP/$name.killed"
+    sleep 4; nbd_up && wait ) 2>/dev/null &
+  watcher=$!
+  boot $name "$GT/vnvme-nbd-restart.sh" --timeout 300
+  [ $RC = 0 ] || why="$(fail_detail $name)"
+  [ -s "$TMP/$name.killed" ] || why="${why:+$why; }nbdkit was never killed"
+  kill -0 "$XPID" 2>/dev/null || why="${why:+$why; }the server died (log $XLOG)"
+  grep -q 'reconnected' "$XLOG" || why="${why:+$why; }the server log does not show a reconnection"
+  # Backend errors while nbdkit is away are the point of the test: only a panic counts against the server.
+  grep -qi panic "$XLOG" && why="${why:+$why; }the server panicked (log $XLOG)"
+  stop_xserver
+  # Stop the nbdkits and let their subshells reap them; a watcher still waiting for the guest is killed.
+  kill $(cat "$pids") 2>/dev/null
+  for _ in $(seq 20); do kill -0 "$watcher" 2>/dev/null || break; sleep 0.1; done
+  kill "$watcher" 2>/dev/null
+  wait "$watcher" "$first" 2>/dev/null
+  if [ -z "$why" ]; then
+    report PASS $name "$(since "$t0")" "$(grep -h '^TEST: ' "$LOG" | grep -v 'TEST: dmesg' | sed 's/^TEST: //' | tail -3 | tr '\n' ';')"
+  else
+    report FAIL $name "$(since "$t0")" "$why"
+  fi
 }
 
 t_nvm-io() {

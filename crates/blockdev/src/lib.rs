@@ -8,7 +8,9 @@
 //! * [`RamDevice`]: memory, for the life of the server;
 //! * [`FileDevice`]: a regular file or a block device on io_uring, with a
 //!   real volatile write cache: [`BlockDevice::flush`] is `fdatasync`,
-//!   [`BlockDevice::write_fua`] is durable before it returns.
+//!   [`BlockDevice::write_fua`] is durable before it returns;
+//! * [`NbdDevice`]: an export of a Network Block Device server, over TCP or
+//!   a UNIX socket, with flush, FUA and write-zeroes as NBD commands.
 //!
 //! # Synchronous and asynchronous
 //!
@@ -44,6 +46,7 @@
 mod buf;
 mod file;
 mod mapped;
+mod nbd;
 mod null;
 mod ram;
 mod uring;
@@ -51,6 +54,10 @@ mod uring;
 pub use buf::{IoBuf, ALIGN};
 pub use file::{FileCounters, FileDevice, FileError};
 pub use mapped::{Data, MappedBuf, MappedMemory, Region};
+pub use nbd::{
+    Address as NbdAddress, NbdDevice, NbdError, NbdUri, OpenError as NbdOpenError,
+    ProtocolError as NbdProtocolError, Timeouts as NbdTimeouts, UriError as NbdUriError,
+};
 pub use null::NullDevice;
 pub use ram::RamDevice;
 

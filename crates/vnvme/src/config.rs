@@ -21,7 +21,7 @@
 //!
 //! [[namespaces]]              # NSID 1
 //! size = "1G"
-//! backend = "ram"             # null | ram | file (with path = "...")
+//! backend = "ram"             # null | ram | file (with path = "...") | nbd=URI
 //! volatile_cache = true       # ram: writes durable once flushed (power-loss fault)
 //!
 //! [[namespaces]]              # NSID 2
@@ -361,7 +361,7 @@ impl ServeConfig {
             };
             let bytes = match &ns.size {
                 Some(v) => size(&field("size"), v)?,
-                None if matches!(backend, Backend::File(_)) => 0,
+                None if matches!(backend, Backend::File(_) | Backend::Nbd(_)) => 0,
                 None => {
                     return Err(at(
                         None,
@@ -637,6 +637,17 @@ attached = false
         let ns = &c.namespaces[2];
         assert_eq!(ns.readiness, Readiness::Never);
         assert!(!ns.attached);
+    }
+
+    #[test]
+    fn nbd_namespace_takes_the_exports_size_unless_given() {
+        let text = "[[namespaces]]\nbackend = \"nbd=nbd://storage:10809/vm1\"\n";
+        let c = ServeConfig::parse("config.toml", text).unwrap();
+        let uri = "nbd://storage:10809/vm1".to_string();
+        assert_eq!(c.namespaces[0], NamespaceSpec::new(0, Backend::Nbd(uri)));
+        assert!(
+            err("[[namespaces]]\nbackend = \"nbd=nbds://h/e\"\n").contains("TLS is not supported")
+        );
     }
 
     #[test]

@@ -2,8 +2,9 @@
 //! `SIZE[:null|ram][,ready=DURATION][,never-ready][,detached][,format=N]`
 //! `[,pi=1|2|3][,pil=first|last]`,
 //! or a file or block device: `PATH:file` (its size) or `SIZE:file=PATH`
-//! (created, or extended, to SIZE), with the same options; `,zoned` and
-//! its options (see [`crate::zoned_options`]) make it a zoned namespace.
+//! (created, or extended, to SIZE), or an NBD export: `nbd=URI` (its size)
+//! or `SIZE:nbd=URI` (its first SIZE bytes), with the same options; `,zoned`
+//! and its options (see [`crate::zoned_options`]) make it a zoned namespace.
 
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -27,6 +28,9 @@ pub enum Backend {
     Ram,
     /// A regular file or a block device, on io_uring, locked while served.
     File(PathBuf),
+    /// An export of an NBD server: `nbd://HOST[:PORT]/EXPORT` or
+    /// `nbd+unix:///EXPORT?socket=PATH`.
+    Nbd(String),
 }
 
 impl FromStr for Backend {
@@ -37,12 +41,21 @@ impl FromStr for Backend {
             "null" => Ok(Backend::Null),
             "ram" => Ok(Backend::Ram),
             "file" => Err("the file backend needs a path: PATH:file or SIZE:file=PATH".into()),
-            other => match other.strip_prefix("file=") {
-                Some("") | None => Err(format!(
-                    "unknown backend '{other}': use null, ram, PATH:file or SIZE:file=PATH"
+            "nbd" => Err("the nbd backend needs a URI: nbd=URI or SIZE:nbd=URI".into()),
+            other => {
+                if let Some(uri) = other.strip_prefix("nbd=") {
+                    // Checked now, so a typo fails at the command line.
+                    uri.parse::<vnvme_blockdev::NbdUri>()
+                        .map_err(|e| e.to_string())?;
+                    return Ok(Backend::Nbd(uri.into()));
+                }
+                match other.strip_prefix("file=") {
+                    Some("") | None => Err(format!(
+                    "unknown backend '{other}': use null, ram, nbd=URI, PATH:file or SIZE:file=PATH"
                 )),
-                Some(path) => Ok(Backend::File(path.into())),
-            },
+                    Some(path) => Ok(Backend::File(path.into())),
+                }
+            }
         }
     }
 }
@@ -50,7 +63,8 @@ impl FromStr for Backend {
 /// A namespace as given on the command line or in a configuration file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NamespaceSpec {
-    /// Bytes; 0 for a file backend means the file's own size.
+    /// Bytes; 0 for a file or nbd backend means the file's or export's
+    /// own size.
     pub size: u64,
     pub backend: Backend,
     /// When it becomes ready after each controller enable.
@@ -83,8 +97,9 @@ impl NamespaceSpec {
         }
     }
 
-    /// Creates the backend; only a file can fail (missing, too small, not
-    /// writable, locked by another vnvme).
+    /// Creates the backend; a file can fail (missing, too small, not
+    /// writable, locked by another vnvme), and an NBD export (unreachable,
+    /// refused, read-only, too small).
     pub fn open(&self) -> anyhow::Result<Arc<dyn BlockDevice>> {
         Ok(match &self.backend {
             Backend::Null => Arc::new(vnvme_blockdev::NullDevice::new(self.size)),
@@ -94,6 +109,10 @@ impl NamespaceSpec {
             Backend::File(path) => {
                 let size = (self.size != 0).then_some(self.size);
                 Arc::new(vnvme_blockdev::FileDevice::open(path, size)?)
+            }
+            Backend::Nbd(uri) => {
+                let size = (self.size != 0).then_some(self.size);
+                Arc::new(vnvme_blockdev::NbdDevice::open(uri, size)?)
             }
         })
     }
@@ -117,7 +136,8 @@ impl NamespaceSpec {
 
     /// Checks the size (a non-zero multiple of 4096) and the format index.
     pub fn validate(&self) -> Result<(), String> {
-        let file_sized = self.size == 0 && matches!(self.backend, Backend::File(_));
+        let file_sized =
+            self.size == 0 && matches!(self.backend, Backend::File(_) | Backend::Nbd(_));
         if !file_sized && (self.size < 4096 || !self.size.is_multiple_of(4096)) {
             return Err(format!(
                 "namespace size {} must be a non-zero multiple of 4096 bytes",
@@ -230,6 +250,9 @@ impl FromStr for NamespaceSpec {
             }
             // PATH:file: the size is the file's, known once it is opened.
             NamespaceSpec::new(0, Backend::File(path.into()))
+        } else if head.starts_with("nbd=") {
+            // nbd=URI: the size is the export's, known once connected.
+            NamespaceSpec::new(0, head.parse()?)
         } else {
             let (size, backend) = match head.split_once(':') {
                 Some((size, backend)) => (size, backend.parse()?),
@@ -377,6 +400,38 @@ mod tests {
             let err = bad.parse::<NamespaceSpec>().unwrap_err();
             assert!(err.contains("PATH:file or SIZE:file=PATH"), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn nbd_namespace_specs_parse() {
+        let uri = "nbd+unix:///disk?socket=/run/nbd.sock";
+        let spec: NamespaceSpec = format!("nbd={uri},ready=1s").parse().unwrap();
+        assert_eq!(spec.size, 0, "the export's size");
+        assert_eq!(spec.backend, Backend::Nbd(uri.into()));
+        assert_eq!(spec.readiness, Readiness::After(Duration::from_secs(1)));
+        let spec: NamespaceSpec = "1G:nbd=nbd://host:10809/vm1".parse().unwrap();
+        assert_eq!(spec.size, 1 << 30);
+        assert_eq!(spec.backend, Backend::Nbd("nbd://host:10809/vm1".into()));
+        for (bad, why) in [
+            ("1G:nbd", "needs a URI"),
+            ("nbd=/tmp/sock", "no scheme"),
+            ("1G:nbd=nbds://h/e", "TLS is not supported"),
+        ] {
+            let err = bad.parse::<NamespaceSpec>().unwrap_err();
+            assert!(err.contains(why), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn nbd_namespace_open_errors_name_the_server() {
+        let spec: NamespaceSpec = "nbd=nbd+unix:///x?socket=/nonexistent/vnvme.sock"
+            .parse()
+            .unwrap();
+        let err = format!("{:#}", spec.open().unwrap_err());
+        assert!(
+            err.contains("cannot open NBD export 'x' at /nonexistent/vnvme.sock"),
+            "{err}"
+        );
     }
 
     #[test]

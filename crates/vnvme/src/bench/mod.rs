@@ -154,6 +154,10 @@ pub struct BenchOptions {
     /// a missing file is created). Default: a temporary file, deleted afterwards.
     #[arg(long, value_name = "PATH")]
     pub file: Option<PathBuf>,
+    /// Serve the namespace from this NBD export instead of --backend
+    /// (nbd://HOST[:PORT]/EXPORT or nbd+unix:///EXPORT?socket=PATH; its first --size bytes).
+    #[arg(long, value_name = "URI")]
+    pub nbd: Option<String>,
     /// Access pattern (4 KiB blocks).
     #[arg(long, value_enum, default_value = "randread")]
     pub rw: Rw,
@@ -283,7 +287,10 @@ fn write_json(path: &Path, doc: &serde_json::Value, who: &str) -> Result<()> {
 pub fn run(opts: &BenchOptions) -> Result<Vec<Run>> {
     let runtime = check_runtime(opts.runtime)?;
     check_qd(&opts.qd.0)?;
-    if opts.verify && opts.backend == BackendArg::Null {
+    if opts.nbd.is_some() && opts.backend != BackendArg::Null {
+        bail!("--nbd replaces --backend: give one of them");
+    }
+    if opts.verify && opts.backend == BackendArg::Null && opts.nbd.is_none() {
         bail!("--verify needs --backend ram or file: a null namespace drops writes and reads zeroes, so there is nothing to check");
     }
     if opts.file.is_some() && opts.backend != BackendArg::File {
@@ -302,7 +309,7 @@ pub fn run(opts: &BenchOptions) -> Result<Vec<Run>> {
         opts.runtime,
         opts.queues,
         opts.rw,
-        opts.backend.name(),
+        if opts.nbd.is_some() { "nbd" } else { opts.backend.name() },
         opts.format,
         opts.pi.map_or(String::new(), |t| format!(", PI type {}", t.pit())),
         if opts.verify { ", verifying" } else { "" },
@@ -389,7 +396,11 @@ struct ModeBench {
 
 impl ModeBench {
     fn start(mode: DoorbellMode, opts: &BenchOptions, max_qd: u16, file: &Path) -> Result<Self> {
-        let mut spec = NamespaceSpec::new(opts.size, opts.backend.backend(file));
+        let backend = match &opts.nbd {
+            Some(uri) => Backend::Nbd(uri.clone()),
+            None => opts.backend.backend(file),
+        };
+        let mut spec = NamespaceSpec::new(opts.size, backend);
         spec.format_index = opts.format;
         spec.protection = opts.pi.map(|pi_type| vnvme_controller::Protection {
             pi_type,
