@@ -399,6 +399,7 @@ fn process_sq(
                     if !post(shared, session, sq.head as u16, qid, cq, &cmd, dw, status) {
                         return (Pass::Idle, done);
                     }
+                    shared.stats.latency(qid, started);
                 }
                 Outcome::Appended(lba) => {
                     let ok = Status::SUCCESS;
