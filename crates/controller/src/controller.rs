@@ -410,13 +410,17 @@ impl Controller {
                 Doorbell::CqHead(_) => c.cq_doorbell_traps.fetch_add(1, Ordering::Relaxed),
             };
         }
-        let outcome = shared.doorbells.trap(db, value);
-        if !matches!(outcome, TrapOutcome::Ignored(_)) {
-            // Before the kick: the worker reads the shadow or page, not the
-            // register.
-            if let Some(page) = shared.doorbells.page() {
+        // The page before the register: the admin worker takes a page value
+        // that differs from the register as a client's write through the
+        // page (`sync_admin_page`); stored the other way round, a value it
+        // read in between would roll the register back.
+        if let Some(page) = shared.doorbells.page() {
+            if shared.doorbells.accepts(db, value) {
                 page.store(db.index(), value);
             }
+        }
+        let outcome = shared.doorbells.trap(db, value);
+        if !matches!(outcome, TrapOutcome::Ignored(_)) {
             shared.doorbells.shadow_trap(db, value);
         }
         match outcome {

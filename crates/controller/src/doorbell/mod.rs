@@ -186,6 +186,13 @@ impl Doorbells {
         self.generation.fetch_add(1, Ordering::AcqRel);
     }
 
+    /// Whether a trap of `value` on `db` would be stored: the queue exists
+    /// and the value is inside it.
+    pub fn accepts(&self, db: Doorbell, value: u32) -> bool {
+        self.slot(db)
+            .is_some_and(|s| value < s.limit.load(Ordering::Acquire))
+    }
+
     /// The MMIO trap path: validates and stores `value`.
     pub fn trap(&self, db: Doorbell, value: u32) -> TrapOutcome {
         let Some(s) = self.slot(db) else {
