@@ -35,20 +35,16 @@ pub(super) fn fire_timers(shared: &Shared, session: &Session, timers: &mut Vec<u
         };
         let mut g = slot.lock();
         match g.as_mut() {
-            Some(cq) => !settle_interrupt(shared, session, cq, Instant::now()),
+            Some(cq) => !settle_interrupt(shared, session, cq),
             None => false,
         }
     });
 }
 
 /// Raises the CQ's interrupt now or leaves it for coalescing (§5.27.1.6).
-/// Returns `true` when nothing is left pending.
-pub(super) fn settle_interrupt(
-    shared: &Shared,
-    session: &Session,
-    cq: &mut Cq,
-    now: Instant,
-) -> bool {
+/// Returns `true` when nothing is left pending. The clock is read only for
+/// a coalesced interrupt: this runs after every pass, idle polls included.
+pub(super) fn settle_interrupt(shared: &Shared, session: &Session, cq: &mut Cq) -> bool {
     if cq.irq_pending == 0 {
         return true;
     }
@@ -61,11 +57,7 @@ pub(super) fn settle_interrupt(
             .coalescing_disabled
             .get(usize::from(cq.iv))
             .is_some_and(|d| d.load(Ordering::Relaxed));
-    let due = exempt
-        || cq.irq_pending > thr_z
-        || cq
-            .irq_since
-            .is_none_or(|t| now.saturating_duration_since(t) >= time);
+    let due = exempt || cq.irq_pending > thr_z || cq.irq_since.is_none_or(|t| t.elapsed() >= time);
     if due {
         raise(shared, session, cq);
     }

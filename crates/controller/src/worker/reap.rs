@@ -65,9 +65,7 @@ pub(super) fn settle_touched(shared: &Shared, session: &Session, local: &mut Loc
             continue;
         };
         if let Some(cq) = slot.lock().as_mut() {
-            if !settle_interrupt(shared, session, cq, Instant::now())
-                && !local.timers.contains(&cqid)
-            {
+            if !settle_interrupt(shared, session, cq) && !local.timers.contains(&cqid) {
                 local.timers.push(cqid);
             }
         }
