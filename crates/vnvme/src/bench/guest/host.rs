@@ -90,6 +90,10 @@ impl Server {
     }
 
     /// SIGTERM, then SIGKILL after 3 s.
+    pub(super) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub(super) fn stop(&mut self) {
         if matches!(self.child.try_wait(), Ok(Some(_))) {
             return;

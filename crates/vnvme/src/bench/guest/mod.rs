@@ -28,11 +28,13 @@ use serde::Serialize;
 use serde_json::Value;
 use vnvme_controller::DoorbellMode;
 
+mod cpu;
 mod host;
 pub mod passthru;
 
 use super::report;
 use super::report::kilo;
+pub use cpu::{GroupCores, HostCores};
 use host::{Server, Tail, TempDir};
 
 /// Seconds the guest stays idle after each marker line, so a stats snapshot
@@ -182,6 +184,9 @@ pub struct GuestRun {
     pub lat_mean_us: f64,
     /// I/O commands the server executed in the window (ramp included).
     pub server_ios: Option<u64>,
+    /// The host's cores over the same window (from one marker to the
+    /// next: fio's ramp and the quiet seconds before it included).
+    pub host_cores: Option<HostCores>,
 }
 
 /// The counters read from one `--stats` file.
@@ -379,6 +384,7 @@ fn boot(
     let results = dir.join("results.jsonl");
     let harness = dir.join("harness.log");
     let stats_path = dir.join("stats.json");
+    let qemu_pidfile = dir.join("qemu.pid");
     let mut server = match config {
         Config::Vnvme(mode) => {
             let mut args = vec![
@@ -408,6 +414,8 @@ fn boot(
         .arg(&console)
         .arg("--results")
         .arg(&results)
+        .arg("--pidfile")
+        .arg(&qemu_pidfile)
         .arg(script)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -417,6 +425,9 @@ fn boot(
         .with_context(|| format!("starting {}", rig.join("run-test.sh").display()))?;
     let mut tail = Tail::default();
     let mut windows: BTreeMap<String, (Option<Counters>, Option<Counters>)> = BTreeMap::new();
+    let mut cpu_windows: BTreeMap<String, (Option<cpu::Sample>, Option<cpu::Sample>)> =
+        BTreeMap::new();
+    let server_pid = server.as_ref().map(Server::pid);
     let status = loop {
         for line in tail.lines(&console) {
             let (name, begin) = if let Some(n) = line.strip_prefix(BEGIN) {
@@ -429,6 +440,17 @@ fn boot(
             let name = name.trim().to_string();
             if !begin {
                 eprintln!("bench --guest:   {name} done");
+            }
+            // Before the stats wait below: the sample marks the window's edge.
+            let qemu_pid = std::fs::read_to_string(&qemu_pidfile)
+                .ok()
+                .and_then(|t| t.trim().parse().ok());
+            let sample = cpu::sample(qemu_pid, server_pid);
+            let c = cpu_windows.entry(name.clone()).or_default();
+            if begin {
+                c.0 = Some(sample);
+            } else {
+                c.1 = Some(sample);
             }
             if server.is_some() {
                 let snap = fresh_stats(&stats_path, Instant::now());
@@ -502,16 +524,21 @@ fn boot(
             clat_p99_us: f("clat_p99_us"),
             lat_mean_us: f("lat_mean_us"),
             server_ios: per_io.map(|p| p.2),
+            host_cores: match cpu_windows.get(name) {
+                Some((Some(a), Some(b))) => Some(cpu::between(a, b)),
+                _ => None,
+            },
         };
         let per = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.3}"));
         eprintln!(
-            "bench --guest:   {:<9} qd {:>3}: {:>8.0} IOPS, traps/IO {}, irq/IO {}, p99 {:.0} us",
+            "bench --guest:   {:<9} qd {:>3}: {:>8.0} IOPS, traps/IO {}, irq/IO {}, p99 {:.0} us{}",
             engine.name(),
             qd,
             run.iops,
             per(run.traps_per_io),
             per(run.interrupts_per_io),
-            run.clat_p99_us
+            run.clat_p99_us,
+            run.host_cores.as_ref().map_or(String::new(), cores_line)
         );
         runs.push(run);
     }
@@ -531,6 +558,20 @@ fn boot(
         );
     }
     Ok(runs)
+}
+
+/// ", cores: vCPUs 1.62 (+0.21 waiting), QEMU 0.10, server 0.85".
+fn cores_line(c: &HostCores) -> String {
+    let g = |x: &GroupCores| format!("{:.2} (+{:.2} waiting)", x.ran, x.waited);
+    let server = c
+        .server
+        .as_ref()
+        .map_or(String::new(), |s| format!(", server {}", g(s)));
+    format!(
+        ", cores: vCPUs {}, QEMU {}{server}",
+        g(&c.vcpus),
+        g(&c.qemu_other)
+    )
 }
 
 /// "io_uring-qd32" -> (IoUring, 32).
@@ -626,6 +667,7 @@ mod tests {
             clat_p99_us: 300.0,
             lat_mean_us: 110.0,
             server_ios: None,
+            host_cores: None,
         }
     }
 
