@@ -257,6 +257,9 @@ pub(crate) struct Faults {
     rules: Mutex<Rules>,
     /// Namespaces not ready until then.
     not_ready: Mutex<BTreeMap<u32, Instant>>,
+    /// `not_ready` has an entry (changed under its lock): every I/O command
+    /// asks, and with none it pays one relaxed load, no lock, no clock.
+    any_not_ready: AtomicBool,
     /// SMART critical warning bits raised.
     pub smart_warning: AtomicU8,
     /// (sqid, cid) of commands held back, and whether Abort asked for one.
@@ -300,7 +303,9 @@ impl Faults {
             Some(id) => rules.list.retain(|f| f.id != id),
             None => {
                 rules.list.clear();
-                self.not_ready.lock().clear();
+                let mut not_ready = self.not_ready.lock();
+                not_ready.clear();
+                self.any_not_ready.store(false, Ordering::Relaxed);
                 self.smart_warning.store(0, Ordering::Relaxed);
             }
         }
@@ -344,16 +349,22 @@ impl Faults {
 
     /// Namespace `nsid` is not ready until `until`.
     pub fn set_not_ready(&self, nsid: u32, until: Instant) {
-        self.not_ready.lock().insert(nsid, until);
+        let mut map = self.not_ready.lock();
+        map.insert(nsid, until);
+        self.any_not_ready.store(true, Ordering::Relaxed);
     }
 
     /// Whether a not-ready fault holds namespace `nsid` at `now`.
-    pub fn not_ready(&self, nsid: u32, now: Instant) -> bool {
+    pub fn not_ready(&self, nsid: u32, now: impl FnOnce() -> Instant) -> bool {
+        if !self.any_not_ready.load(Ordering::Relaxed) {
+            return false;
+        }
         let mut map = self.not_ready.lock();
         match map.get(&nsid) {
-            Some(&until) if now < until => true,
+            Some(&until) if now() < until => true,
             Some(_) => {
                 map.remove(&nsid);
+                self.any_not_ready.store(!map.is_empty(), Ordering::Relaxed);
                 false
             }
             None => false,

@@ -153,7 +153,7 @@ fn run(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Option<u64>, Status> {
 fn usable_namespace(ctx: &Ctx<'_>, cmd: &Command, op: NvmOpcode) -> Result<Arc<Namespace>, Status> {
     let nsid = cmd.nsid.get();
     let ns = ctx.shared.namespace(nsid)?;
-    if ctx.shared.faults.not_ready(nsid, Instant::now()) {
+    if ctx.shared.faults.not_ready(nsid, Instant::now) {
         return Err(Status::NAMESPACE_NOT_READY.with_dnr(false));
     }
     if ns.readiness != Readiness::Immediate

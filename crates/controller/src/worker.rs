@@ -446,7 +446,7 @@ fn process_sq(
             EventIdxPolicy::Behind => publish_cq_behind(shared, session, cq),
         }
     }
-    if !settle_interrupt(shared, session, cq, Instant::now()) && !timers.contains(&cq.qid) {
+    if !settle_interrupt(shared, session, cq) && !timers.contains(&cq.qid) {
         timers.push(cq.qid);
     }
     (pass, done)

@@ -270,7 +270,7 @@ impl Controller {
                 let Some(shared) = weak.upgrade() else {
                     return;
                 };
-                if !shared.faults.not_ready(nsid, Instant::now())
+                if !shared.faults.not_ready(nsid, Instant::now)
                     && shared.subsystem.namespaces.active(nsid).is_some()
                 {
                     shared.namespace_changed(nsid);
