@@ -18,6 +18,7 @@ use crate::faults::{Fault, FaultError, FaultKind, FaultSpec};
 use crate::namespace::Namespace;
 use crate::protection::Protection;
 use crate::state::Shared;
+use crate::zoned::{ZoneFailure, ZoneOpError};
 
 /// How long a resize waits for the commands that hold the namespace.
 const RESIZE_QUIESCE: Duration = Duration::from_secs(10);
@@ -189,6 +190,37 @@ impl Controller {
         }
         tracing::info!(nsid, bytes, nsze, "namespace resized by the operator");
         Ok(nsze)
+    }
+
+    /// Fails the zone starting at `zslba` of zoned namespace `nsid` (read
+    /// only or offline), as the zones of a worn device fail: writes to it
+    /// then get Zone Is Read Only or Zone Is Offline (reads too, offline),
+    /// its ZSLBA joins the namespace's Changed Zone List, and a host that
+    /// enabled Zone Descriptor Changed Notices hears of it (ZNS 1.1 §5.2).
+    /// `Ok(false)`: the zone already was in that state (nothing sent).
+    pub fn zone_set_state(
+        &self,
+        nsid: u32,
+        zslba: u64,
+        to: ZoneFailure,
+    ) -> Result<bool, ZoneOpError> {
+        let shared = &*self.shared;
+        let ns = shared
+            .subsystem
+            .namespaces
+            .get(nsid)
+            .ok_or(ZoneOpError::NoSuchNamespace(nsid))?;
+        let zones = ns.zones.as_ref().ok_or(ZoneOpError::NotZoned(nsid))?;
+        let changed = zones.fail(zslba, to)?;
+        if changed && ns.attached {
+            shared.async_event(
+                async_event::TYPE_NOTICE,
+                vnvme_spec::zns::NOTICE_ZONE_DESCRIPTOR_CHANGED,
+                vnvme_spec::zns::CHANGED_ZONE_LIST_LID,
+            );
+        }
+        tracing::info!(nsid, zslba, ?to, changed, "zone failed by the operator");
+        Ok(changed)
     }
 
     /// Sets CSTS.CFS, as an internal failure would: the host's recovery is

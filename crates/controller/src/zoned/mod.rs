@@ -13,25 +13,34 @@
 //! second gets Zone Invalid Write).
 //!
 //! The zone states live in memory: a server that restarts reports every
-//! zone empty. The controller never changes a zone's state by itself (no
-//! zone becomes read only or offline on its own, nothing is finished by
-//! the controller), so the Changed Zone List log is always empty; zones
-//! can start read only ([`ZonedConfig::read_only_zones`]) to exercise the
-//! states a worn device would have.
+//! zone empty. The controller changes a zone's state by itself only when
+//! the operator says so ([`Zones::fail`]: read only or offline, as zones
+//! of a worn device go), which lists the zone in the namespace's Changed
+//! Zone List; zones can also start read only
+//! ([`ZonedConfig::read_only_zones`]).
 
+mod changed;
 mod table;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use parking_lot::Mutex;
-use vnvme_spec::zns::ZoneDescriptor;
+use vnvme_spec::zns::{ZoneDescriptor, ZDES_UNIT};
 use vnvme_spec::Status;
 
+use changed::ChangedZones;
 use table::Table;
 pub(crate) use table::ZoneAction;
 
 /// Zones per namespace at most: the table holds 16 bytes per zone.
 pub const MAX_ZONES: u64 = 1 << 20;
+
+/// Largest zone descriptor extension: ZDES is a byte of 64-byte units.
+pub const MAX_ZONE_EXTENSION: u32 = 255 * ZDES_UNIT as u32;
+
+/// Memory all of a namespace's zone descriptor extensions may take: a
+/// guest can set one on every zone.
+pub const MAX_EXTENSION_BYTES: u64 = 64 << 20;
 
 /// A zoned namespace as configured, in bytes of logical block data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +61,9 @@ pub struct ZonedConfig {
     /// would be): Zone Is Read Only to writes, and the Offline action takes
     /// them offline.
     pub read_only_zones: u32,
+    /// Zone descriptor extension size in bytes: a multiple of 64 up to
+    /// [`MAX_ZONE_EXTENSION`] (ZDES = this / 64); 0 for none.
+    pub extension_size: u32,
 }
 
 impl ZonedConfig {
@@ -63,6 +75,7 @@ impl ZonedConfig {
             max_open: None,
             max_active: None,
             read_only_zones: 0,
+            extension_size: 0,
         }
     }
 
@@ -77,6 +90,10 @@ impl ZonedConfig {
                 capacity: cap,
                 size: self.zone_size,
             });
+        }
+        let ext = self.extension_size;
+        if ext > MAX_ZONE_EXTENSION || !ext.is_multiple_of(ZDES_UNIT as u32) {
+            return Err(ZonedError::ExtensionSize(ext));
         }
         match (self.max_open, self.max_active) {
             (Some(0), _) | (_, Some(0)) => Err(ZonedError::ZeroLimit),
@@ -109,10 +126,38 @@ pub enum ZonedError {
         value: u32,
         zones: u64,
     },
+    #[error("zone descriptor extension size {0} must be a multiple of 64 bytes up to {MAX_ZONE_EXTENSION}")]
+    ExtensionSize(u32),
+    #[error("{zones} zones with {size}-byte descriptor extensions take more than {MAX_EXTENSION_BYTES} bytes: use a larger zone size or a smaller extension")]
+    ExtensionsTooLarge { zones: u64, size: u32 },
     #[error(
         "the backend could not be emptied (a zoned namespace starts with every zone empty): {0}"
     )]
     Discard(String),
+}
+
+/// What a worn zone becomes when the operator fails it ([`Zones::fail`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ZoneFailure {
+    /// ZSRO: readable, never written again.
+    ReadOnly,
+    /// ZSO: neither read nor written.
+    Offline,
+}
+
+/// Why an operator's zone change was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ZoneOpError {
+    #[error("namespace {0} does not exist")]
+    NoSuchNamespace(u32),
+    #[error("namespace {0} is not zoned")]
+    NotZoned(u32),
+    #[error("LBA {0} is past the last zone")]
+    OutOfRange(u64),
+    #[error("LBA {lba} is not a zone start (zones are {zsze} blocks)")]
+    NotZoneStart { lba: u64, zsze: u64 },
+    #[error("the zone is offline: an offline zone never changes state again")]
+    AlreadyOffline,
 }
 
 /// One namespace's zones.
@@ -127,6 +172,8 @@ pub(crate) struct Zones {
     table: Mutex<Table>,
     /// Zones offline: reads check their zones only while there are any.
     offline: AtomicU32,
+    /// The Changed Zone List (log page BFh).
+    changed: Mutex<ChangedZones>,
 }
 
 impl Zones {
@@ -157,7 +204,14 @@ impl Zones {
                 });
             }
         }
-        let table = Table::new(count, config.read_only_zones, zcap);
+        let ext = config.extension_size;
+        if count * u64::from(ext) > MAX_EXTENSION_BYTES {
+            return Err(ZonedError::ExtensionsTooLarge {
+                zones: count,
+                size: ext,
+            });
+        }
+        let table = Table::new(count, config.read_only_zones, zcap, ext as usize);
         Ok(Self {
             config,
             zsze,
@@ -165,7 +219,62 @@ impl Zones {
             count,
             table: Mutex::new(table),
             offline: AtomicU32::new(0),
+            changed: Mutex::new(ChangedZones::default()),
         })
+    }
+
+    /// Zone descriptor extension size in bytes (0: none).
+    pub fn extension_size(&self) -> usize {
+        self.config.extension_size as usize
+    }
+
+    /// The zone starting at `zslba`: LBA Out of Range past the last zone,
+    /// Invalid Field if `zslba` is not a zone start.
+    pub fn zone_start(&self, zslba: u64) -> Result<usize, Status> {
+        let i = self.index(zslba).ok_or(lba_out_of_range())?;
+        if !zslba.is_multiple_of(self.zsze) {
+            return Err(Status::INVALID_FIELD.with_dnr(true));
+        }
+        Ok(i)
+    }
+
+    /// Set Zone Descriptor Extension on the zone starting at `zslba`
+    /// (§3.4.3.6): `data` is its extension, as the host sent it.
+    pub fn set_extension(&self, zslba: u64, data: &[u8]) -> Result<(), Status> {
+        let i = self.zone_start(zslba)?;
+        self.table.lock().set_extension(i, data, self.limits())
+    }
+
+    /// The operator fails the zone starting at `zslba` (read only or
+    /// offline) as a worn device would: it is listed in the Changed Zone
+    /// List. `Ok(false)`: it already was in that state (not listed again).
+    pub fn fail(&self, zslba: u64, to: ZoneFailure) -> Result<bool, ZoneOpError> {
+        let i = self.index(zslba).ok_or(ZoneOpError::OutOfRange(zslba))?;
+        if !zslba.is_multiple_of(self.zsze) {
+            return Err(ZoneOpError::NotZoneStart {
+                lba: zslba,
+                zsze: self.zsze,
+            });
+        }
+        let mut table = self.table.lock();
+        let changed = table.fail(i, to)?;
+        self.offline.store(table.offline(), Ordering::Relaxed);
+        if changed {
+            // Listed before the table lock is let go: a host that sees
+            // the new state in a report finds the zone in the log too.
+            self.changed.lock().add(zslba);
+        }
+        Ok(changed)
+    }
+
+    /// The Changed Zone List log page (4 KiB).
+    pub fn changed_zone_list(&self) -> Vec<u8> {
+        self.changed.lock().page()
+    }
+
+    /// The host read `page` of the Changed Zone List without RAE.
+    pub fn changed_zone_list_seen(&self, page: &[u8]) {
+        self.changed.lock().acknowledge(page);
     }
 
     /// The namespace size in blocks: whole zones only.
@@ -194,10 +303,7 @@ impl Zones {
     /// A Zone Append of `nlb` blocks to the zone starting at `zslba`:
     /// the LBA it was written at (§3.4.1).
     pub fn append(&self, zslba: u64, nlb: u64) -> Result<u64, Status> {
-        let i = self.index(zslba).ok_or(lba_out_of_range())?;
-        if !zslba.is_multiple_of(self.zsze) {
-            return Err(Status::INVALID_FIELD.with_dnr(true));
-        }
+        let i = self.zone_start(zslba)?;
         let offset = self.table.lock().write(i, None, nlb, self.limits())?;
         Ok(zslba + offset)
     }
@@ -225,16 +331,13 @@ impl Zones {
         slba: u64,
         erase: &mut dyn FnMut(u64) -> Result<(), Status>,
     ) -> Result<(), Status> {
-        let mut table = self.table.lock();
         let zones = if select_all {
             0..self.count as usize
         } else {
-            let i = self.index(slba).ok_or(lba_out_of_range())?;
-            if !slba.is_multiple_of(self.zsze) {
-                return Err(Status::INVALID_FIELD.with_dnr(true));
-            }
+            let i = self.zone_start(slba)?;
             i..i + 1
         };
+        let mut table = self.table.lock();
         let mut reset = Vec::new();
         let r = table.act(action, zones, select_all, self.limits(), &mut reset);
         self.offline.store(table.offline(), Ordering::Relaxed);
@@ -257,6 +360,7 @@ impl Zones {
     /// `slba` on whose state matches `filter` (a ZRASF value), at most
     /// `max`, and how many match in all (or, `partial`, how many were
     /// given).
+    #[cfg(test)]
     pub fn report(
         &self,
         slba: u64,
@@ -264,24 +368,42 @@ impl Zones {
         partial: bool,
         max: usize,
     ) -> Result<(u64, Vec<ZoneDescriptor>), Status> {
+        let mut out = Vec::new();
+        let n = self.report_with(slba, filter, partial, max, |d, _| out.push(d))?;
+        Ok((n, out))
+    }
+
+    /// Report Zones and Extended Report Zones: `each` is given the
+    /// descriptor and the descriptor extension (zeroes without ZDEV) of
+    /// the zones from the one holding `slba` on whose state matches
+    /// `filter` (a ZRASF value), at most `max` of them. Returns how many
+    /// match in all (or, `partial`, how many were given).
+    pub fn report_with(
+        &self,
+        slba: u64,
+        filter: u8,
+        partial: bool,
+        max: usize,
+        mut each: impl FnMut(ZoneDescriptor, &[u8]),
+    ) -> Result<u64, Status> {
         let first = self.index(slba).ok_or(lba_out_of_range())?;
         let table = self.table.lock();
-        let mut out = Vec::new();
+        let mut given = 0usize;
         let mut matching = 0u64;
         for (i, zone) in table.zones().iter().enumerate().skip(first) {
             if !zone.matches(filter) {
                 continue;
             }
             matching += 1;
-            if out.len() < max {
+            if given < max {
                 let zslba = i as u64 * self.zsze;
-                out.push(zone.descriptor(zslba, self.zcap));
+                each(zone.descriptor(zslba, self.zcap), table.extension(i));
+                given += 1;
             } else if partial {
                 break;
             }
         }
-        let n = if partial { out.len() as u64 } else { matching };
-        Ok((n, out))
+        Ok(if partial { given as u64 } else { matching })
     }
 
     /// Zones open and active now, for tests.
