@@ -149,7 +149,9 @@ nvme zns report-zones "$dev" --extended -s $z30 -d 1 -o binary > /tmp/xr 2>/dev/
 
 # zones the controller fails by itself (the host side's vnvme ctl), as a worn device's would
 aec=$(nvme get-feature /dev/nvme0 -f 0x0b 2>&1 | sed -n 's/.*Current value: *\(0x[0-9a-fA-F]*\).*/\1/p')
-expect_ok set-feature /dev/nvme0 -f 0x0b -v $(( ${aec:-0} | (1 << 27) ))
+expect_ok set-feature /dev/nvme0 --feature-id=0x0b --value=$(( ${aec:-0} | (1 << 27) ))
+expect_ok get-feature /dev/nvme0 --feature-id=0x0b
+echo "$OUT" | grep -qi 'current value: *0x0*8000300' || fail "Asynchronous Event Configuration is not 8000300h: $OUT"
 z40=$((40 * 512)) z41=$((41 * 512))
 dd if=/dev/urandom of=/tmp/blk bs=4096 count=1 2>/dev/null
 expect_ok write "$dev" --start-block=$z40 --block-count=0 --data-size=4096 --data=/tmp/blk

@@ -95,9 +95,8 @@ pub(crate) enum ZoneAction {
 
 impl ZoneAction {
     /// The action of a ZSA value; Invalid Field for Set Zone Descriptor
-    /// Extension (taken apart: it carries data, see
-    /// [`Table::set_extension`]), Flush Explicit ZRWA Range (no ZRWA) and
-    /// reserved values.
+    /// Extension (taken apart: it carries data, see `Table::set_extension`),
+    /// Flush Explicit ZRWA Range (no ZRWA) and reserved values.
     pub fn parse(zsa: u8) -> Result<Self, Status> {
         Ok(match zsa {
             zsa::CLOSE => ZoneAction::Close,
