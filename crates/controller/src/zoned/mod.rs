@@ -62,7 +62,7 @@ pub struct ZonedConfig {
     /// them offline.
     pub read_only_zones: u32,
     /// Zone descriptor extension size in bytes: a multiple of 64 up to
-    /// [`MAX_ZONE_EXTENSION`] (ZDES = this / 64); 0 for none.
+    /// 16320 bytes (ZDES = this / 64, a byte); 0 for none.
     pub extension_size: u32,
 }
 
@@ -136,7 +136,8 @@ pub enum ZonedError {
     Discard(String),
 }
 
-/// What a worn zone becomes when the operator fails it ([`Zones::fail`]).
+/// What a worn zone becomes when the operator fails it
+/// ([`Controller::zone_set_state`](crate::Controller::zone_set_state)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ZoneFailure {
     /// ZSRO: readable, never written again.
