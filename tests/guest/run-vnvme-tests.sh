@@ -84,7 +84,7 @@
 #              zone-append returns the LBA; open-zone hits Too Many Open / Active Zones; fio
 #              --zonemode=zbd randwrite with crc32c verify over 32 zones with --max_open_zones=4; blkzone
 #              reset of all zones; set-zone-desc and report-zones --extended; then the host fails zones
-#              with `vnvme ctl zone_set_state` (read only, offline): blkzone and report-zones show them,
+#              with `vnvme ctl zone_set_state` (read only, offline, full): blkzone and report-zones show them,
 #              changed-zone-list lists them, writes fail (tests/vnvme-zns.sh)
 #   faults     --ns 64M:ram,vwc --max-namespaces 4 --control SOCK, nvme_core.io_timeout=5: while the guest runs,
 #              the host injects through `vnvme ctl` (tests/vnvme-faults.sh): an Unrecovered Read Error with
@@ -447,7 +447,7 @@ t_zns() {
     "$GT/vnvme-zns.sh" > /dev/null 2> "$TMP/$name.harness" &
   bg=$!
   answer_asks $name "$ctl" $bg "zone_set_state nsid=2 zslba=$((40 * 512)) state=read-only" \
-    "zone_set_state nsid=2 zslba=$((41 * 512)) state=offline"
+    "zone_set_state nsid=2 zslba=$((41 * 512)) state=offline" "zone_set_state nsid=2 zslba=$((42 * 512)) state=full"
   wait $bg; RC=$?
   stop_xserver; srv=$XMSG
   [ $RC = 0 ] || why="${why:+$why; }$(fail_detail $name)"

@@ -319,6 +319,22 @@ fn zone_set_state_fails_zones_the_host_then_sees_in_the_changed_zone_list() {
         &["zone_set_state", "nsid=1", "zslba=100", "state=offline"],
     );
     assert!(e.contains("not a zone start"), "{e}");
+    // Finished by the controller: only an open or closed zone.
+    let e = ctl_err(
+        &r.control,
+        &["zone_set_state", "nsid=1", "zslba=768", "state=full"],
+    );
+    assert!(
+        e.contains("full applies to open or closed zones; this one is empty"),
+        "{e}"
+    );
+    assert_eq!(write(768)["status_name"], "success");
+    ctl_ok(
+        &r.control,
+        &["zone_set_state", "nsid=1", "zslba=768", "state=full"],
+    );
+    assert_eq!(write(769)["status_name"], "zone-is-full");
+    assert_eq!(changed_zones(&r.socket), vec![768]);
     let e = ctl_err(
         &r.control,
         &["zone_set_state", "nsid=1", "zslba=0", "state=broken"],

@@ -2,7 +2,8 @@
 # vnvme-zns.sh - guest test (run-vnvme-tests.sh zns): a zoned namespace as Linux sees it. The server:
 # --ns 64M:ram --ns 128M:ram,zoned,zone-size=2M,max-open=4,max-active=6,zone-ext=64 --control SOCK (64 zones
 # of 512 4 KiB blocks, 64-byte zone descriptor extensions). At each "ZNS-ASK <step>" line the host runs
-# `vnvme ctl zone_set_state` (run-vnvme-tests.sh t_zns): 1 zone 40 read only, 2 zone 41 offline.
+# `vnvme ctl zone_set_state` (run-vnvme-tests.sh t_zns): 1 zone 40 read only, 2 zone 41 offline, 3 zone 42
+# finished by the controller.
 #   * NSID 2's /sys/block/nvme0nY/queue/zoned is host-managed, chunk_sectors the zone size, nr_zones 64,
 #     max_open_zones 4, max_active_zones 6; nvme zns id-ns: MOR 3, MAR 5, zsze 512; id-ctrl ZASL nonzero
 #   * 1 MiB written with dd at zone 1: blkzone report and nvme zns report-zones both show its write
@@ -21,7 +22,8 @@
 #     step 1 makes zone 40 read only: dmesg shows Linux's "async event result 00bfef02", blkzone shows it
 #     (ro), changed-zone-list --rae and then without lists it, then is empty; nvme write there is Zone Is
 #     Read Only (1bah), a read succeeds; step 2 takes zone 41 offline: blkzone (of), report-zones state
-#     Fh, write and read Zone Is Offline (1bbh), listed in changed-zone-list
+#     Fh, write and read Zone Is Offline (1bbh), listed in changed-zone-list; step 3 finishes open zone 42:
+#     blkzone (fu), report-zones attribute ZFC (1), a write is Zone Is Full (1b9h)
 #   * no nvme timeouts, resets or aborts in dmesg
 . /guest-lib.sh
 rc=0
@@ -182,6 +184,17 @@ expect_sc 1bb write "$dev" --start-block=$z41 --block-count=0 --data-size=4096 -
 expect_sc 1bb read "$dev" --start-block=$z41 --block-count=0 --data-size=4096 --data=/tmp/rd
 expect_ok zns changed-zone-list "$dev" --rae
 [ "$(changed_zones)" = $z41 ] || fail "changed-zone-list does not list zone 41 ($z41)"
+
+z42=$((42 * 512))
+expect_ok write "$dev" --start-block=$z42 --block-count=0 --data-size=4096 --data=/tmp/blk
+echo "ZNS-ASK 3"
+i=0; until zone_line 42 | grep -q '(fu)'; do [ $i -ge 600 ] && break; sleep 0.1; i=$((i + 1)); done
+line=$(zone_line 42); log "zone 42 after step 3: $line"
+echo "$line" | grep -q '(fu)' || fail "zone 42 is not full after zone_set_state state=full: $line"
+nvme zns report-zones "$dev" -s $z42 -d 1 -o binary > /tmp/zr 2>/dev/null
+[ "$(bytes 2 65 < /tmp/zr)" = "e0 01" ] || fail "report-zones: zone 42's state and attributes are $(bytes 2 65 < /tmp/zr), expected e0 01 (full, ZFC)"
+expect_sc 1b9 write "$dev" --start-block=$((z42 + 1)) --block-count=0 --data-size=4096 --data=/tmp/blk
+[ "$(changed_zones)" = $z42 ] || fail "changed-zone-list does not list zone 42 ($z42)"
 
 check_no_nvme_errors || fail "nvme errors in dmesg"
 [ $rc = 0 ] && log "PASS"

@@ -18,7 +18,7 @@ use crate::faults::{Fault, FaultError, FaultKind, FaultSpec};
 use crate::namespace::Namespace;
 use crate::protection::Protection;
 use crate::state::Shared;
-use crate::zoned::{ZoneFailure, ZoneOpError};
+use crate::zoned::{ZoneChange, ZoneOpError};
 
 /// How long a resize waits for the commands that hold the namespace.
 const RESIZE_QUIESCE: Duration = Duration::from_secs(10);
@@ -192,17 +192,19 @@ impl Controller {
         Ok(nsze)
     }
 
-    /// Fails the zone starting at `zslba` of zoned namespace `nsid` (read
-    /// only or offline), as the zones of a worn device fail: writes to it
-    /// then get Zone Is Read Only or Zone Is Offline (reads too, offline),
-    /// its ZSLBA joins the namespace's Changed Zone List, and a host that
-    /// enabled Zone Descriptor Changed Notices hears of it (ZNS 1.1 §5.2).
-    /// `Ok(false)`: the zone already was in that state (nothing sent).
+    /// Changes the zone starting at `zslba` of zoned namespace `nsid` as
+    /// the controller would by itself ([`ZoneChange`]): read only or
+    /// offline as the zones of a worn device fail (writes then get Zone Is
+    /// Read Only or Zone Is Offline, reads too, offline), finished, or a
+    /// finish or reset recommended. Its ZSLBA joins the namespace's Changed
+    /// Zone List, and a host that enabled Zone Descriptor Changed Notices
+    /// hears of it (ZNS 1.1 §5.2). `Ok(false)`: the zone already was so
+    /// (nothing sent).
     pub fn zone_set_state(
         &self,
         nsid: u32,
         zslba: u64,
-        to: ZoneFailure,
+        to: ZoneChange,
     ) -> Result<bool, ZoneOpError> {
         let shared = &*self.shared;
         let ns = shared
@@ -211,7 +213,7 @@ impl Controller {
             .get(nsid)
             .ok_or(ZoneOpError::NoSuchNamespace(nsid))?;
         let zones = ns.zones.as_ref().ok_or(ZoneOpError::NotZoned(nsid))?;
-        let changed = zones.fail(zslba, to)?;
+        let changed = zones.change(zslba, to)?;
         if changed && ns.attached {
             shared.async_event(
                 async_event::TYPE_NOTICE,

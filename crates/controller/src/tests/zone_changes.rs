@@ -2,11 +2,11 @@
 //! worn device's zones fail): their statuses to I/O, the Changed Zone List
 //! log (BFh) and its RAE semantics, and the Zone Descriptor Changed notice.
 
-use vnvme_spec::zns::{zone_state, zsa};
+use vnvme_spec::zns::{za, zone_state, zrasf, zsa};
 
 use super::zoned::{dnr, send, write, zoned_host, ZONES, ZSZE};
 use super::*;
-use crate::{ZoneFailure, ZoneOpError};
+use crate::{ZoneChange, ZoneOpError};
 
 /// A Zone Descriptor Changed notice as an AER completes with it: type
 /// Notice (2), information EFh, log page BFh.
@@ -55,7 +55,7 @@ fn an_offline_zone_is_listed_announced_and_refuses_reads_and_writes() {
     h.mem.write(DATA, &[9; 512]).unwrap();
     assert_eq!(h.status(1, write(2 * ZSZE, 1)), Status::SUCCESS);
     assert_eq!(
-        h.ctrl.zone_set_state(2, 2 * ZSZE, ZoneFailure::Offline),
+        h.ctrl.zone_set_state(2, 2 * ZSZE, ZoneChange::Offline),
         Ok(true)
     );
     let event = h.reap(0);
@@ -81,7 +81,7 @@ fn a_read_only_zone_keeps_its_data_readable_and_gives_back_its_resources() {
     let (mut h, backend) = zoned_host(|z| z.max_open = Some(1));
     h.mem.write(DATA, &[7; 512]).unwrap();
     assert_eq!(h.status(1, write(0, 1)), Status::SUCCESS);
-    assert_eq!(h.ctrl.zone_set_state(2, 0, ZoneFailure::ReadOnly), Ok(true));
+    assert_eq!(h.ctrl.zone_set_state(2, 0, ZoneChange::ReadOnly), Ok(true));
     assert_eq!(h.zone_state(0).0, zone_state::READ_ONLY);
     assert_eq!(h.status(1, write(1, 1)), dnr(Status::ZONE_IS_READ_ONLY));
     h.mem.zero(DATA, 512).unwrap();
@@ -111,40 +111,34 @@ fn a_read_only_zone_keeps_its_data_readable_and_gives_back_its_resources() {
 fn failing_a_zone_again_or_back_is_refused_or_changes_nothing() {
     let (mut h, _) = zoned_host(|_| {});
     let ctrl = &h.ctrl;
+    assert_eq!(ctrl.zone_set_state(2, ZSZE, ZoneChange::ReadOnly), Ok(true));
     assert_eq!(
-        ctrl.zone_set_state(2, ZSZE, ZoneFailure::ReadOnly),
-        Ok(true)
-    );
-    assert_eq!(
-        ctrl.zone_set_state(2, ZSZE, ZoneFailure::ReadOnly),
+        ctrl.zone_set_state(2, ZSZE, ZoneChange::ReadOnly),
         Ok(false)
     );
-    assert_eq!(ctrl.zone_set_state(2, ZSZE, ZoneFailure::Offline), Ok(true));
+    assert_eq!(ctrl.zone_set_state(2, ZSZE, ZoneChange::Offline), Ok(true));
+    assert_eq!(ctrl.zone_set_state(2, ZSZE, ZoneChange::Offline), Ok(false));
     assert_eq!(
-        ctrl.zone_set_state(2, ZSZE, ZoneFailure::Offline),
-        Ok(false)
-    );
-    assert_eq!(
-        ctrl.zone_set_state(2, ZSZE, ZoneFailure::ReadOnly),
+        ctrl.zone_set_state(2, ZSZE, ZoneChange::ReadOnly),
         Err(ZoneOpError::AlreadyOffline)
     );
     assert_eq!(
-        ctrl.zone_set_state(2, ZSZE + 1, ZoneFailure::Offline),
+        ctrl.zone_set_state(2, ZSZE + 1, ZoneChange::Offline),
         Err(ZoneOpError::NotZoneStart {
             lba: ZSZE + 1,
             zsze: ZSZE
         })
     );
     assert_eq!(
-        ctrl.zone_set_state(2, ZONES * ZSZE, ZoneFailure::Offline),
+        ctrl.zone_set_state(2, ZONES * ZSZE, ZoneChange::Offline),
         Err(ZoneOpError::OutOfRange(ZONES * ZSZE))
     );
     assert_eq!(
-        ctrl.zone_set_state(1, 0, ZoneFailure::Offline),
+        ctrl.zone_set_state(1, 0, ZoneChange::Offline),
         Err(ZoneOpError::NotZoned(1))
     );
     assert_eq!(
-        ctrl.zone_set_state(9, 0, ZoneFailure::Offline),
+        ctrl.zone_set_state(9, 0, ZoneChange::Offline),
         Err(ZoneOpError::NoSuchNamespace(9))
     );
     // Listed once, however many times it changed.
@@ -156,7 +150,7 @@ fn without_zone_notices_enabled_no_event_is_sent_but_the_zone_is_listed() {
     let (mut h, _) = zoned_host(|_| {});
     // Namespace Attribute Notices only.
     let aer = h.arm(1 << 8);
-    assert_eq!(h.ctrl.zone_set_state(2, 0, ZoneFailure::Offline), Ok(true));
+    assert_eq!(h.ctrl.zone_set_state(2, 0, ZoneChange::Offline), Ok(true));
     assert_eq!(h.changed_zones(2, false), Some(vec![0]));
     // The AER is still outstanding: an attribute change completes it.
     h.ctrl.namespace_attach(2, false).unwrap();
@@ -168,20 +162,20 @@ fn without_zone_notices_enabled_no_event_is_sent_but_the_zone_is_listed() {
 fn the_notice_stays_masked_until_the_log_is_read_without_rae() {
     let (mut h, _) = zoned_host(|_| {});
     let first = h.arm(1 << 27);
-    assert_eq!(h.ctrl.zone_set_state(2, 0, ZoneFailure::Offline), Ok(true));
+    assert_eq!(h.ctrl.zone_set_state(2, 0, ZoneChange::Offline), Ok(true));
     assert_eq!(h.reap(0).cid(), first);
     let second = h.push(0, cmd(AdminOpcode::ASYNC_EVENT_REQUEST.0));
     h.ring_sq(0);
     // Masked: the change is listed, no event.
     assert_eq!(
-        h.ctrl.zone_set_state(2, ZSZE, ZoneFailure::Offline),
+        h.ctrl.zone_set_state(2, ZSZE, ZoneChange::Offline),
         Ok(true)
     );
     assert_eq!(h.changed_zones(2, true), Some(vec![0, ZSZE]));
     assert_eq!(h.changed_zones(2, false), Some(vec![0, ZSZE]));
     // Unmasked by the read: the next change is announced.
     assert_eq!(
-        h.ctrl.zone_set_state(2, 2 * ZSZE, ZoneFailure::ReadOnly),
+        h.ctrl.zone_set_state(2, 2 * ZSZE, ZoneChange::ReadOnly),
         Ok(true)
     );
     let event = h.reap(0);
@@ -201,4 +195,83 @@ fn identify_and_features_offer_zone_descriptor_changed_notices() {
     get.cdw10 = U32::new(0x0B);
     let c = h.admin(get);
     assert_eq!(c.dw0.get() & (1 << 27), 1 << 27, "kept by Set Features");
+}
+
+#[test]
+fn a_zone_finished_by_the_controller_is_full_with_zfc_and_frees_its_resources() {
+    let (mut h, _) = zoned_host(|z| z.max_open = Some(1));
+    h.mem.write(DATA, &[3; 512]).unwrap();
+    assert_eq!(h.status(1, write(0, 1)), Status::SUCCESS);
+    assert_eq!(h.ctrl.zone_set_state(2, 0, ZoneChange::Finished), Ok(true));
+    let (_, d) = h.report(0, zrasf::ALL, true);
+    assert_eq!((d[0].state(), d[0].za), (zone_state::FULL, za::ZFC));
+    assert_eq!(h.status(1, write(1, 1)), dnr(Status::ZONE_IS_FULL));
+    // Its open resource is free: zone 1 opens under MOR 1.
+    assert_eq!(
+        h.status(1, send(2, ZSZE, zsa::OPEN, false)),
+        Status::SUCCESS
+    );
+    assert_eq!(h.ctrl.zone_set_state(2, 0, ZoneChange::Finished), Ok(false));
+    assert_eq!(
+        h.ctrl.zone_set_state(2, 3 * ZSZE, ZoneChange::Finished),
+        Err(ZoneOpError::Inapplicable {
+            change: "full",
+            applies: "open or closed",
+            state: "empty"
+        })
+    );
+    assert_eq!(h.changed_zones(2, false), Some(vec![0]));
+    // A reset clears ZFC with the rest.
+    assert_eq!(h.status(1, send(2, 0, zsa::RESET, false)), Status::SUCCESS);
+    let (_, d) = h.report(0, zrasf::ALL, true);
+    assert_eq!((d[0].state(), d[0].za), (zone_state::EMPTY, 0));
+}
+
+#[test]
+fn finish_and_reset_recommendations_are_attributes_the_next_transition_clears() {
+    let (mut h, _) = zoned_host(|_| {});
+    h.mem.write(DATA, &[3; 512]).unwrap();
+    assert_eq!(h.status(1, write(0, 1)), Status::SUCCESS);
+    let ctrl = &h.ctrl;
+    assert_eq!(
+        ctrl.zone_set_state(2, 0, ZoneChange::FinishRecommended),
+        Ok(true)
+    );
+    assert_eq!(
+        ctrl.zone_set_state(2, 0, ZoneChange::FinishRecommended),
+        Ok(false)
+    );
+    let (_, d) = h.report(0, zrasf::ALL, true);
+    assert_eq!(
+        (d[0].state(), d[0].za),
+        (zone_state::IMPLICITLY_OPENED, za::FZR)
+    );
+    // The host follows the recommendation: a full zone has none.
+    assert_eq!(h.status(1, send(2, 0, zsa::FINISH, false)), Status::SUCCESS);
+    assert_eq!(h.report(0, zrasf::ALL, true).1[0].za, 0);
+    assert_eq!(
+        h.ctrl.zone_set_state(2, 0, ZoneChange::ResetRecommended),
+        Ok(true)
+    );
+    let (_, d) = h.report(0, zrasf::ALL, true);
+    assert_eq!((d[0].state(), d[0].za), (zone_state::FULL, za::RZR));
+    assert_eq!(h.status(1, send(2, 0, zsa::RESET, false)), Status::SUCCESS);
+    assert_eq!(h.report(0, zrasf::ALL, true).1[0].za, 0);
+    for change in [ZoneChange::FinishRecommended, ZoneChange::ResetRecommended] {
+        assert!(matches!(
+            h.ctrl.zone_set_state(2, 0, change),
+            Err(ZoneOpError::Inapplicable { state: "empty", .. })
+        ));
+    }
+    // One entry for the zone, however many changes.
+    assert_eq!(h.changed_zones(2, false), Some(vec![0]));
+    // Read only drops a reset recommendation too.
+    assert_eq!(h.status(1, write(ZSZE, 1)), Status::SUCCESS);
+    let ctrl = &h.ctrl;
+    assert_eq!(
+        ctrl.zone_set_state(2, ZSZE, ZoneChange::ResetRecommended),
+        Ok(true)
+    );
+    assert_eq!(ctrl.zone_set_state(2, ZSZE, ZoneChange::ReadOnly), Ok(true));
+    assert_eq!(h.report(ZSZE, zrasf::ALL, true).1[0].za, 0);
 }

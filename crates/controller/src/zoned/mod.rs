@@ -14,9 +14,10 @@
 //!
 //! The zone states live in memory: a server that restarts reports every
 //! zone empty. The controller changes a zone's state by itself only when
-//! the operator says so ([`Zones::fail`]: read only or offline, as zones
-//! of a worn device go), which lists the zone in the namespace's Changed
-//! Zone List; zones can also start read only
+//! the operator says so ([`Zones::change`]: read only or offline, as zones
+//! of a worn device go; finished; a finish or reset recommended), which
+//! lists the zone in the namespace's Changed Zone List; zones can also
+//! start read only
 //! ([`ZonedConfig::read_only_zones`]).
 
 mod changed;
@@ -136,14 +137,37 @@ pub enum ZonedError {
     Discard(String),
 }
 
-/// What a worn zone becomes when the operator fails it
+/// What the controller does to a zone by itself, as a worn or busy
+/// device would, when the operator says so
 /// ([`Controller::zone_set_state`](crate::Controller::zone_set_state)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ZoneFailure {
-    /// ZSRO: readable, never written again.
+pub enum ZoneChange {
+    /// ZSRO: readable, never written again (from any state but offline).
     ReadOnly,
-    /// ZSO: neither read nor written.
+    /// ZSO: neither read nor written (from any state).
     Offline,
+    /// ZSF with Zone Finished by Controller (ZFC): an open or closed zone
+    /// finished by the controller.
+    Finished,
+    /// The Finish Zone Recommended attribute (FZR) on an open or closed
+    /// zone, state unchanged.
+    FinishRecommended,
+    /// The Reset Zone Recommended attribute (RZR) on an open, closed or
+    /// full zone, state unchanged.
+    ResetRecommended,
+}
+
+impl ZoneChange {
+    /// As the control socket names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ZoneChange::ReadOnly => "read-only",
+            ZoneChange::Offline => "offline",
+            ZoneChange::Finished => "full",
+            ZoneChange::FinishRecommended => "finish-recommended",
+            ZoneChange::ResetRecommended => "reset-recommended",
+        }
+    }
 }
 
 /// Why an operator's zone change was refused.
@@ -159,6 +183,12 @@ pub enum ZoneOpError {
     NotZoneStart { lba: u64, zsze: u64 },
     #[error("the zone is offline: an offline zone never changes state again")]
     AlreadyOffline,
+    #[error("{change} applies to {applies} zones; this one is {state}")]
+    Inapplicable {
+        change: &'static str,
+        applies: &'static str,
+        state: &'static str,
+    },
 }
 
 /// One namespace's zones.
@@ -246,10 +276,10 @@ impl Zones {
         self.table.lock().set_extension(i, data, self.limits())
     }
 
-    /// The operator fails the zone starting at `zslba` (read only or
-    /// offline) as a worn device would: it is listed in the Changed Zone
-    /// List. `Ok(false)`: it already was in that state (not listed again).
-    pub fn fail(&self, zslba: u64, to: ZoneFailure) -> Result<bool, ZoneOpError> {
+    /// The controller changes the zone starting at `zslba` by itself
+    /// (the operator said so): it is listed in the Changed Zone List.
+    /// `Ok(false)`: it already was so (not listed again).
+    pub fn change(&self, zslba: u64, to: ZoneChange) -> Result<bool, ZoneOpError> {
         let i = self.index(zslba).ok_or(ZoneOpError::OutOfRange(zslba))?;
         if !zslba.is_multiple_of(self.zsze) {
             return Err(ZoneOpError::NotZoneStart {
@@ -258,7 +288,7 @@ impl Zones {
             });
         }
         let mut table = self.table.lock();
-        let changed = table.fail(i, to)?;
+        let changed = table.change(i, to, self.zcap)?;
         self.offline.store(table.offline(), Ordering::Relaxed);
         if changed {
             // Listed before the table lock is let go: a host that sees

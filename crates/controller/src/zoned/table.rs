@@ -7,6 +7,8 @@ use std::ops::Range;
 use vnvme_spec::zns::{za, zone_state, zrasf, zsa, ZoneDescriptor};
 use vnvme_spec::Status;
 
+use super::{ZoneChange, ZoneOpError};
+
 /// A zone state (§2.1.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum State {
@@ -45,6 +47,19 @@ impl State {
 
     fn is_active(self) -> bool {
         self.is_open() || self == State::Closed
+    }
+
+    /// As the control socket's errors name it.
+    fn name(self) -> &'static str {
+        match self {
+            State::Empty => "empty",
+            State::ImplicitlyOpened => "implicitly opened",
+            State::ExplicitlyOpened => "explicitly opened",
+            State::Closed => "closed",
+            State::Full => "full",
+            State::ReadOnly => "read only",
+            State::Offline => "offline",
+        }
     }
 }
 
@@ -212,26 +227,45 @@ impl Table {
         Ok(())
     }
 
-    /// The controller takes zone `i` read only or offline by itself, as
-    /// a worn device does (§2.1.1.4.6, §2.1.1.4.7): the zone gives back
-    /// its resources. `Ok(false)`: it was already in `to`. An offline zone
-    /// never comes back, so it cannot become read only.
-    pub fn fail(&mut self, i: usize, to: super::ZoneFailure) -> Result<bool, super::ZoneOpError> {
-        let zone = *self
-            .zones
-            .get(i)
-            .ok_or(super::ZoneOpError::OutOfRange(i as u64))?;
-        let to = match to {
-            super::ZoneFailure::ReadOnly => State::ReadOnly,
-            super::ZoneFailure::Offline => State::Offline,
+    /// The controller changes zone `i` by itself (§2.1.1.4): read only or
+    /// offline as a worn device's zones go, giving back their resources;
+    /// an open or closed zone finished (ZSF, attribute ZFC); a finish or a
+    /// reset recommended (FZR, RZR). `Ok(false)`: it already was so. An
+    /// offline zone never comes back, so it cannot become read only.
+    pub fn change(&mut self, i: usize, change: ZoneChange, zcap: u64) -> Result<bool, ZoneOpError> {
+        let zone = *self.zones.get(i).ok_or(ZoneOpError::OutOfRange(i as u64))?;
+        let inapplicable = |applies| ZoneOpError::Inapplicable {
+            change: change.name(),
+            applies,
+            state: zone.state.name(),
         };
-        if zone.state == to {
+        let (to, attr) = match change {
+            ZoneChange::ReadOnly if zone.state == State::Offline => {
+                return Err(ZoneOpError::AlreadyOffline)
+            }
+            ZoneChange::ReadOnly => (State::ReadOnly, 0),
+            ZoneChange::Offline => (State::Offline, 0),
+            ZoneChange::Finished if zone.state.is_active() => (State::Full, za::ZFC),
+            // Already finished by the controller: nothing to do.
+            ZoneChange::Finished if zone.za & za::ZFC != 0 => return Ok(false),
+            ZoneChange::Finished => return Err(inapplicable("open or closed")),
+            ZoneChange::FinishRecommended if zone.state.is_active() => (zone.state, za::FZR),
+            ZoneChange::FinishRecommended => return Err(inapplicable("open or closed")),
+            ZoneChange::ResetRecommended if zone.state.is_active() || zone.state == State::Full => {
+                (zone.state, za::RZR)
+            }
+            ZoneChange::ResetRecommended => return Err(inapplicable("open, closed or full")),
+        };
+        if zone.state == to && zone.za & attr == attr {
             return Ok(false);
         }
-        if zone.state == State::Offline {
-            return Err(super::ZoneOpError::AlreadyOffline);
-        }
         self.set_state(i, to);
+        if let Some(z) = self.zones.get_mut(i) {
+            z.za |= attr;
+            if change == ZoneChange::Finished {
+                z.written = zcap;
+            }
+        }
         Ok(true)
     }
 
@@ -317,11 +351,23 @@ impl Table {
     }
 
     /// Puts zone `i` in `to`, keeping the resource counts and the
-    /// implicitly opened list in step.
+    /// implicitly opened list in step, and dropping the attributes the
+    /// new state does not keep: a finish is recommended only to active
+    /// zones, a reset not to empty, read only or offline ones; an empty
+    /// zone has none (no extension, not finished by the controller).
     fn set_state(&mut self, i: usize, to: State) {
         let Some(zone) = self.zones.get_mut(i) else {
             return;
         };
+        if !to.is_active() {
+            zone.za &= !za::FZR;
+        }
+        if matches!(to, State::Empty | State::ReadOnly | State::Offline) {
+            zone.za &= !za::RZR;
+        }
+        if to == State::Empty {
+            zone.za = 0;
+        }
         let from = std::mem::replace(&mut zone.state, to);
         if from.is_open() {
             self.open = self.open.saturating_sub(1);

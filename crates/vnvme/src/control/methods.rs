@@ -7,7 +7,7 @@
 //! | `namespace_remove` | `nsid` | `{}` |
 //! | `namespace_attach` / `namespace_detach` | `nsid` | `{}` |
 //! | `namespace_resize` | `nsid`, `size` | `{nsze}` (blocks) |
-//! | `zone_set_state` | `nsid`, `zslba`, `state` (`read-only`, `offline`) | `{changed}` |
+//! | `zone_set_state` | `nsid`, `zslba`, `state` (`read-only`, `offline`, `full`, `finish-recommended`, `reset-recommended`) | `{changed}` |
 //! | `fault_add` | a fault (`fault_params`) | `{id}` (command faults) or `{applied}` |
 //! | `fault_list` | | `{faults, smart_warning, not_ready}` |
 //! | `fault_clear` | `id`? (none: every fault) | `{cleared}` |
@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use vnvme_controller::{Controller, Fault, FaultKind, Latency, ZoneFailure};
+use vnvme_controller::{Controller, Fault, FaultKind, Latency, ZoneChange};
 
 use super::fault_params::FaultParams;
 use super::{code, RpcError};
@@ -73,12 +73,15 @@ struct Resize {
     size: Size,
 }
 
-/// What a worn zone becomes, as `zone_set_state` names it.
+/// What the controller does to a zone, as `zone_set_state` names it.
 #[derive(Deserialize)]
 #[serde(rename_all = "kebab-case")]
 enum ZoneStateParam {
     ReadOnly,
     Offline,
+    Full,
+    FinishRecommended,
+    ResetRecommended,
 }
 
 #[derive(Deserialize)]
@@ -169,12 +172,15 @@ pub fn call(
             Ok(json!({ "nsze": nsze }))
         }
         "zone_set_state" => {
-            // The controller fails a zone by itself, as a worn device's
-            // zones fail: the host sees it in the Changed Zone List.
+            // The controller changes a zone by itself, as a worn or busy
+            // device's do: the host sees it in the Changed Zone List.
             let z: ZoneSetState = params(method, p)?;
             let to = match z.state {
-                ZoneStateParam::ReadOnly => ZoneFailure::ReadOnly,
-                ZoneStateParam::Offline => ZoneFailure::Offline,
+                ZoneStateParam::ReadOnly => ZoneChange::ReadOnly,
+                ZoneStateParam::Offline => ZoneChange::Offline,
+                ZoneStateParam::Full => ZoneChange::Finished,
+                ZoneStateParam::FinishRecommended => ZoneChange::FinishRecommended,
+                ZoneStateParam::ResetRecommended => ZoneChange::ResetRecommended,
             };
             let changed = ctrl.zone_set_state(z.nsid, z.zslba, to).map_err(refused)?;
             Ok(json!({ "changed": changed }))
