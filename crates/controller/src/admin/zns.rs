@@ -17,7 +17,8 @@ use crate::zoned::Zones;
 /// size and zone descriptor extension size (ZDES, in 64-byte units; the
 /// same for every format). No zone operation characteristics (Linux
 /// refuses a namespace with any), reads may cross zone boundaries
-/// (OZCS.RAZB), no reset or finish recommendations.
+/// (OZCS.RAZB); RRL and FRL 0 (not reported): the controller recommends
+/// a reset or a finish only when the operator says so.
 pub(super) fn identify_namespace(zones: &Zones) -> Box<IdentifyNamespaceZns> {
     let mut id = IdentifyNamespaceZns::new_boxed();
     let c = &zones.config;
@@ -54,8 +55,8 @@ pub(super) fn identify_namespace_of(ns: Option<&Namespace>) -> Result<Vec<u8>, S
 }
 
 /// Changed Zone List (Log Identifier BFh, §4.1.2.1) of namespace `nsid`:
-/// the zones whose state the controller changed by itself (the operator
-/// failed them, [`crate::Controller::zone_set_state`]). A namespace with
+/// the zones the controller changed by itself (when the operator said
+/// so, [`crate::Controller::zone_set_state`]). A namespace with
 /// no zones (conventional, none at that NSID, or the broadcast NSID) has
 /// none that changed: an empty list.
 pub(super) fn changed_zone_list(shared: &Shared, nsid: u32) -> Vec<u8> {
