@@ -77,12 +77,15 @@
 #   directives --ns 64M:ram: Identify and Streams directives with nvme-cli dir-receive/dir-send
 #              (enable, parameters, allocate 4, a write with --dir-type=1 --dir-spec=2 opens stream 2,
 #              stream 5 refused, release identifier and resources)
-#   zns        --ns 64M:ram --ns 128M:ram,zoned,zone-size=2M,max-open=4,max-active=6: NSID 2 is a
-#              host-managed zoned block device (64 zones, open/active limits 4/6 in sysfs and nvme zns
-#              id-ns); a dd write shows the same write pointer in blkzone report and nvme zns report-zones;
-#              blkzone reset; a write off the write pointer gets Zone Invalid Write; zone-append returns
-#              the LBA; open-zone hits Too Many Open / Active Zones; fio --zonemode=zbd randwrite with
-#              crc32c verify over 32 zones with --max_open_zones=4; blkzone reset of all zones
+#   zns        --ns 64M:ram --ns 128M:ram,zoned,zone-size=2M,max-open=4,max-active=6,zone-ext=64 --control
+#              SOCK: NSID 2 is a host-managed zoned block device (64 zones, open/active limits 4/6 in sysfs
+#              and nvme zns id-ns); a dd write shows the same write pointer in blkzone report and nvme zns
+#              report-zones; blkzone reset; a write off the write pointer gets Zone Invalid Write;
+#              zone-append returns the LBA; open-zone hits Too Many Open / Active Zones; fio
+#              --zonemode=zbd randwrite with crc32c verify over 32 zones with --max_open_zones=4; blkzone
+#              reset of all zones; set-zone-desc and report-zones --extended; then the host fails zones
+#              with `vnvme ctl zone_set_state` (read only, offline, full): blkzone and report-zones show them,
+#              changed-zone-list lists them, writes fail (tests/vnvme-zns.sh)
 #   faults     --ns 64M:ram,vwc --max-namespaces 4 --control SOCK, nvme_core.io_timeout=5: while the guest runs,
 #              the host injects through `vnvme ctl` (tests/vnvme-faults.sh): an Unrecovered Read Error with
 #              DNR (dd and nvme read fail), namespace_add (nvme0n2 appears, verified fio) and namespace_remove
@@ -107,7 +110,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --compare) COMPARE=1 ;;
     --keep) KEEP=1 ;;
-    -h|--help) sed -n '2,99p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "run-vnvme-tests: unknown option $1" >&2; exit 126 ;;
     *) case " $ALL " in *" $1 "*) ONLY="$ONLY $1" ;; *) echo "run-vnvme-tests: unknown test $1" >&2; exit 126 ;; esac ;;
   esac
@@ -414,9 +417,46 @@ t_directives() {
   own_server_test directives --ns vnvme-nvme-cli-directives.sh --ns 64M:ram --stats "$TMP/directives.stats.json" -- --timeout 180
 }
 
+# answer_asks NAME CTL PID ACTION...: while the boot PID runs, runs `vnvme ctl --control CTL ACTION` each
+# time the console $LOG shows "<NAME>-ASK <step>" (step 1 is the first ACTION); appends to why
+answer_asks() {
+  local name=$1 ctl=$2 bg=$3 step waited=0 mark; shift 3
+  mark=$(echo "$name" | tr '[:lower:]' '[:upper:]')-ASK
+  for step in $(seq $#); do
+    while ! grep -aq "$mark $step" "$LOG" 2>/dev/null; do
+      if ! kill -0 "$bg" 2>/dev/null || [ $waited -ge 6000 ]; then break 2; fi
+      sleep 0.1; waited=$((waited + 1))
+    done
+    # shellcheck disable=SC2086
+    echo "step $step: vnvme ctl ${!step}: $("$VNVME" ctl --control "$ctl" ${!step} 2>&1 | tr '\n' ' ')" >> "$TMP/$name.ctl.log"
+  done
+  [ "$(wc -l < "$TMP/$name.ctl.log" 2>/dev/null || echo 0)" = $# ] || why="${why:+$why; }the guest asked for $(grep -c . "$TMP/$name.ctl.log" 2>/dev/null || echo 0) of $# steps"
+  grep -q 'vnvme: error' "$TMP/$name.ctl.log" && why="${why:+$why; }vnvme ctl failed: $(grep 'vnvme: error' "$TMP/$name.ctl.log" | head -2 | tr '\n' ' ')"
+  return 0
+}
+
 t_zns() {
-  own_server_test zns --ns vnvme-zns.sh --ns 64M:ram --ns 128M:ram,zoned,zone-size=2M,max-open=4,max-active=6 -- \
-    --timeout 600
+  local t0 name=zns ctl bg why='' srv; t0=$(now)
+  if ! has_opt --control; then report SKIP $name 0 "server has no '--control' option"; return; fi
+  ctl=$TMP/$name.control.sock
+  if ! start_xserver $name --ns 64M:ram --ns 128M:ram,zoned,zone-size=2M,max-open=4,max-active=6,zone-ext=64 --control "$ctl"; then
+    report FAIL $name "$(since "$t0")" "server did not start: $(tail -3 "$XLOG" | tr '\n' ' ')"; stop_xserver; return
+  fi
+  OUT=$TMP/$name.results LOG=$TMP/$name.console
+  "$HERE/run-test.sh" --vfio-user "$XSOCK" --log "$LOG" --results "$OUT" --timeout 600 \
+    "$GT/vnvme-zns.sh" > /dev/null 2> "$TMP/$name.harness" &
+  bg=$!
+  answer_asks $name "$ctl" $bg "zone_set_state nsid=2 zslba=$((40 * 512)) state=read-only" \
+    "zone_set_state nsid=2 zslba=$((41 * 512)) state=offline" "zone_set_state nsid=2 zslba=$((42 * 512)) state=full"
+  wait $bg; RC=$?
+  stop_xserver; srv=$XMSG
+  [ $RC = 0 ] || why="${why:+$why; }$(fail_detail $name)"
+  [ -z "$srv" ] || why="${why:+$why; }$srv"
+  if [ -z "$why" ]; then
+    report PASS $name "$(since "$t0")" "$(grep -ah '^TEST: ' "$LOG" | grep -v 'TEST: dmesg' | sed 's/^TEST: //' | tail -4 | tr '\n' ';')"
+  else
+    report FAIL $name "$(since "$t0")" "$why"
+  fi
 }
 
 t_reservations() {

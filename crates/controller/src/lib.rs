@@ -74,4 +74,4 @@ pub use protection::{Guard, PiType, Protection};
 pub use stats::{ControllerStats, QueueStats};
 pub use vendor::{VendorCommand, VendorCommands};
 pub use vnvme_blockdev::BlockDevice;
-pub use zoned::{ZonedConfig, ZonedError, MAX_ZONES};
+pub use zoned::{ZoneChange, ZoneOpError, ZonedConfig, ZonedError, MAX_ZONES};

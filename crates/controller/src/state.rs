@@ -228,6 +228,7 @@ impl Shared {
         if kind == async_event::TYPE_NOTICE {
             let enabled_by = match info {
                 async_event::NOTICE_FIRMWARE_ACTIVATION_STARTING => aec::FIRMWARE_ACTIVATION,
+                vnvme_spec::zns::NOTICE_ZONE_DESCRIPTOR_CHANGED => aec::ZONE_DESCRIPTOR_CHANGED,
                 _ => aec::NAMESPACE_ATTRIBUTE,
             };
             if self.admin.lock().async_event_config & enabled_by == 0 {

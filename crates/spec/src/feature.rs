@@ -184,8 +184,12 @@ pub struct AsyncEventConfig {
     pub lsian: bool,
     /// Endurance Group Event Aggregate Log Change Notices.
     pub egealcn: bool,
-    #[bits(16)]
-    __: u32,
+    #[bits(12)]
+    __: u16,
+    /// Zone Descriptor Changed Notices (ZNS 1.1 §5.2).
+    pub zdcn: bool,
+    #[bits(3)]
+    __: u8,
     /// Discovery Log Page Change Notification.
     pub dlpcn: bool,
 }
@@ -289,6 +293,8 @@ pub mod aec {
     pub const FIRMWARE_ACTIVATION: u32 = AsyncEventConfig::new().with_fan(true).into_bits();
     /// Telemetry Log Notices.
     pub const TELEMETRY_LOG: u32 = AsyncEventConfig::new().with_tln(true).into_bits();
+    /// Zone Descriptor Changed Notices.
+    pub const ZONE_DESCRIPTOR_CHANGED: u32 = AsyncEventConfig::new().with_zdcn(true).into_bits();
 }
 
 #[cfg(test)]
@@ -324,6 +330,7 @@ mod tests {
         assert_eq!(aec::NAMESPACE_ATTRIBUTE, 1 << 8);
         assert_eq!(aec::FIRMWARE_ACTIVATION, 1 << 9);
         assert_eq!(aec::TELEMETRY_LOG, 1 << 10);
+        assert_eq!(aec::ZONE_DESCRIPTOR_CHANGED, 1 << 27);
         assert!(AsyncEventConfig::from(1 << 31).dlpcn());
         assert_eq!(IoCommandSetProfile::from(0xFFFF_FFFF).iocsci(), 0x1FF);
         assert_eq!(SoftwareProgressMarker::from(0x1234).pbslc(), 0x34);

@@ -132,6 +132,8 @@ pub mod oaes {
     pub const NAMESPACE_ATTRIBUTE: u32 = crate::feature::aec::NAMESPACE_ATTRIBUTE;
     /// Firmware Activation Notices.
     pub const FIRMWARE_ACTIVATION: u32 = crate::feature::aec::FIRMWARE_ACTIVATION;
+    /// Zone Descriptor Changed Notices (ZNS 1.1 §4.1.5).
+    pub const ZONE_DESCRIPTOR_CHANGED: u32 = crate::feature::aec::ZONE_DESCRIPTOR_CHANGED;
 }
 
 /// FRMW — Firmware Updates bits of Identify Controller (§5.17.2.1).

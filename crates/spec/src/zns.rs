@@ -146,6 +146,24 @@ pub mod zone_state {
     pub const OFFLINE: u8 = 0xF;
 }
 
+/// Zone Attributes bits of a Zone Descriptor (§3.4.2.2.3 Figure 37).
+pub mod za {
+    /// Zone Finished by Controller.
+    pub const ZFC: u8 = 1 << 0;
+    /// Finish Zone Recommended.
+    pub const FZR: u8 = 1 << 1;
+    /// Reset Zone Recommended.
+    pub const RZR: u8 = 1 << 2;
+    /// Zone Random Write Area Valid.
+    pub const ZRWAV: u8 = 1 << 3;
+    /// Zone Descriptor Extension Valid: Set Zone Descriptor Extension
+    /// gave the zone its extension data.
+    pub const ZDEV: u8 = 1 << 7;
+}
+
+/// Zone Descriptor Extension Size (ZDES) unit: 64 bytes.
+pub const ZDES_UNIT: usize = 64;
+
 /// Zone Type 2h: Sequential Write Required, the only type defined.
 pub const ZONE_TYPE_SEQUENTIAL_WRITE_REQUIRED: u8 = 0x2;
 
@@ -218,6 +236,29 @@ impl ZoneDescriptor {
 /// zone identifiers (the ZSLBA of each), or FFFFh in the count when more
 /// changed.
 pub const CHANGED_ZONE_LIST_LID: u8 = 0xBF;
+
+/// Zone identifiers a Changed Zone List holds.
+pub const CHANGED_ZONE_LIST_ENTRIES: usize = 511;
+
+/// Number of Zone Identifiers when more zones changed than the list holds
+/// (the list is then empty: the host reports every zone).
+pub const CHANGED_ZONE_LIST_OVERFLOW: u16 = 0xFFFF;
+
+/// The Changed Zone List log page (§4.1.2.1 Figure 36): 4 KiB.
+#[repr(C)]
+#[derive(Clone, Debug, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct ChangedZoneList {
+    /// Number of Zone Identifiers ([`CHANGED_ZONE_LIST_OVERFLOW`]: more
+    /// than fit).
+    pub nrzid: U16,
+    _rsvd2: [u8; 6],
+    /// Zone Identifiers: the ZSLBA of each zone that changed.
+    pub zid: [U64; CHANGED_ZONE_LIST_ENTRIES],
+}
+
+const _: () = assert!(core::mem::size_of::<ChangedZoneList>() == 4096);
+
+zeroed!(ChangedZoneList);
 
 /// Asynchronous Event Information "Zone Descriptor Changed" (type Notice,
 /// §5.2): the Changed Zone List log has entries.

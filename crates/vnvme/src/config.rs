@@ -48,6 +48,7 @@
 //! max_open_zones = 8          # MOR + 1 (default: no limit)
 //! max_active_zones = 12       # MAR + 1 (default: max_open_zones)
 //! read_only_zones = 0         # the last N zones start read only
+//! zone_extension_size = 64    # zone descriptor extension bytes, ZDES x 64 (default 0)
 //!
 //! [[fault]]                   # armed at start (see control::fault_params)
 //! kind = "status"
@@ -143,6 +144,7 @@ struct FileNamespace {
     max_open_zones: Option<Spanned<u32>>,
     max_active_zones: Option<Spanned<u32>>,
     read_only_zones: Option<Spanned<u32>>,
+    zone_extension_size: Option<Spanned<u32>>,
     volatile_cache: Option<Spanned<bool>>,
 }
 
@@ -431,11 +433,13 @@ impl ServeConfig {
             z.max_open = ns.max_open_zones.as_ref().map(|v| *v.get_ref());
             z.max_active = ns.max_active_zones.as_ref().map(|v| *v.get_ref());
             z.read_only_zones = ns.read_only_zones.as_ref().map(|v| *v.get_ref());
+            z.extension_size = ns.zone_extension_size.as_ref().map(|v| *v.get_ref());
             let given = z.zone_size.is_some()
                 || z.zone_capacity.is_some()
                 || z.max_open.is_some()
                 || z.max_active.is_some()
-                || z.read_only_zones.is_some();
+                || z.read_only_zones.is_some()
+                || z.extension_size.is_some();
             if given {
                 z.first = Some("a zone setting".into());
             }
@@ -746,12 +750,12 @@ attached = false
 
     #[test]
     fn zoned_namespaces_parse_and_are_checked() {
-        let text = "[[namespaces]]\nsize = \"1G\"\nzoned = true\nzone_size = \"32M\"\nmax_open_zones = 4\n";
+        let text = "[[namespaces]]\nsize = \"1G\"\nzoned = true\nzone_size = \"32M\"\nmax_open_zones = 4\nzone_extension_size = 128\n";
         let c = ServeConfig::parse("config.toml", text).unwrap();
         let z = c.namespaces[0].zoned.unwrap();
         assert_eq!(
-            (z.zone_size, z.max_open, z.max_active),
-            (32 << 20, Some(4), Some(4))
+            (z.zone_size, z.max_open, z.max_active, z.extension_size),
+            (32 << 20, Some(4), Some(4), 128)
         );
         assert!(
             err("[[namespaces]]\nsize = \"1G\"\nzone_size = \"32M\"\n").contains(

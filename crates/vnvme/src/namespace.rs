@@ -283,7 +283,7 @@ impl FromStr for NamespaceSpec {
                     return Err(format!(
                         "unknown namespace option '{option}': use ready=DURATION, never-ready, \
                          detached, format=N, pi=1|2|3, pil=first|last, vwc or zoned (with \
-                         zone-size=, zone-cap=, max-open=, max-active=, ro-zones=)"
+                         zone-size=, zone-cap=, max-open=, max-active=, ro-zones=, zone-ext=)"
                     ))
                 }
             }
@@ -485,6 +485,15 @@ mod tests {
             .unwrap();
         assert_eq!(c.zoned.map(|z| z.zone_size), Some(1 << 20));
         assert_eq!("64M".parse::<NamespaceSpec>().unwrap().zoned, None);
+        let z = "256M:ram,zoned,zone-size=16M,zone-ext=64"
+            .parse::<NamespaceSpec>()
+            .unwrap()
+            .zoned
+            .unwrap();
+        assert_eq!(
+            (z.extension_size, ZonedConfig::new(1).extension_size),
+            (64, 0)
+        );
     }
 
     #[test]
@@ -493,6 +502,8 @@ mod tests {
         assert!(err("1G,zone-size=64M").contains("zone-size is for zoned namespaces: add ,zoned"));
         assert!(err("1G,zoned,zone-size=48M").contains("power of two"));
         assert!(err("1G,zoned,zone-cap=128M").contains("zone capacity"));
+        assert!(err("1G,zoned,zone-ext=100").contains("multiple of 64"));
+        assert!(err("1G,zone-ext=64").contains("add ,zoned"));
         assert!(err("1G,zoned,max-open=5,max-active=4")
             .contains("max-open 5 is more than max-active 4"));
         assert!(err("1G,zoned,max-open=many").contains("max-open=many: not a number"));

@@ -48,7 +48,7 @@ pub struct ServeOptions {
     /// never-ready, detached, format=N (LBA format index), pi=1|2|3 (protection information type; the
     /// format needs metadata), pil=first|last (where the PI lies in the metadata, default last),
     /// zoned (a zoned namespace, with zone-size=SIZE, zone-cap=SIZE, max-open=N, max-active=N,
-    /// ro-zones=N), vwc (ram: a volatile write cache that a power-loss fault empties).
+    /// ro-zones=N, zone-ext=BYTES: zone descriptor extensions, a multiple of 64), vwc (ram: a volatile write cache that a power-loss fault empties).
     /// Default (without --config): 1G:ram.
     #[arg(long = "ns", value_name = "SIZE[:BACKEND][,OPTION]...")]
     pub namespaces: Vec<NamespaceSpec>,

@@ -1,5 +1,5 @@
 //! The zoned namespace options of `--ns`:
-//! `zoned[,zone-size=SIZE][,zone-cap=SIZE][,max-open=N][,max-active=N][,ro-zones=N]`.
+//! `zoned[,zone-size=SIZE][,zone-cap=SIZE][,max-open=N][,max-active=N][,ro-zones=N][,zone-ext=BYTES]`.
 
 use vnvme_controller::ZonedConfig;
 
@@ -17,6 +17,8 @@ pub struct ZonedOptions {
     pub max_open: Option<u32>,
     pub max_active: Option<u32>,
     pub read_only_zones: Option<u32>,
+    /// Zone descriptor extension size in bytes (ZDES × 64).
+    pub extension_size: Option<u32>,
     /// The first zone option given, for the error if `zoned` is missing.
     pub first: Option<String>,
 }
@@ -42,6 +44,11 @@ impl ZonedOptions {
             "max-open" => count(key, value).map(|v| self.max_open = Some(v)),
             "max-active" => count(key, value).map(|v| self.max_active = Some(v)),
             "ro-zones" => count(key, value).map(|v| self.read_only_zones = Some(v)),
+            "zone-ext" => parse_size(value).and_then(|v| {
+                let v = u32::try_from(v).map_err(|_| format!("zone-ext={value}: too large"))?;
+                self.extension_size = Some(v);
+                Ok(())
+            }),
             _ => return None,
         };
         self.first.get_or_insert_with(|| key.to_owned());
@@ -62,6 +69,7 @@ impl ZonedOptions {
         // An open zone is active: the active limit is at least the open one.
         c.max_active = self.max_active.or(self.max_open);
         c.read_only_zones = self.read_only_zones.unwrap_or(0);
+        c.extension_size = self.extension_size.unwrap_or(0);
         c.validate().map_err(|e| e.to_string())?;
         Ok(Some(c))
     }

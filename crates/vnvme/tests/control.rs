@@ -232,6 +232,121 @@ fn faults_added_listed_and_cleared_are_seen_by_the_driver() {
     }
 }
 
+/// `vnvme io-passthru` or `admin-passthru` on namespace 1 as JSON.
+fn passthru(socket: &Path, args: &[&str]) -> serde_json::Value {
+    let mut a = args.to_vec();
+    a.extend_from_slice(&["--namespace-id", "1", "--json"]);
+    json(&vnvme(&a, socket))
+}
+
+/// The Changed Zone List of namespace 1 (Get Log Page BFh, 4 KiB): its
+/// zone identifiers.
+fn changed_zones(socket: &Path) -> Vec<u64> {
+    let cdw10 = (0xBF | (1023 << 16)).to_string();
+    let args = ["admin-passthru", "--opcode", "0x02", "--cdw10", &cdw10];
+    let doc = passthru(
+        socket,
+        &[&args[..], &["--data-len", "4096", "--read"]].concat(),
+    );
+    assert_eq!(doc["status_name"], "success", "{doc}");
+    let hex = doc["data"].as_str().unwrap();
+    let byte = |i: usize| u8::from_str_radix(&hex[i * 2..i * 2 + 2], 16).unwrap();
+    let n = u16::from_le_bytes([byte(0), byte(1)]);
+    (0..usize::from(n))
+        .map(|e| u64::from_le_bytes(std::array::from_fn(|b| byte(8 + e * 8 + b))))
+        .collect()
+}
+
+#[test]
+fn zone_set_state_fails_zones_the_host_then_sees_in_the_changed_zone_list() {
+    // 1 MiB zones of 4 KiB blocks: 256 blocks each.
+    let r = rig("zones", &["--ns", "16M:ram,zoned,zone-size=1M"]);
+    let block = r._dir.join("block");
+    std::fs::write(&block, [0x5A; 4096]).unwrap();
+    let write = |lba: u64| {
+        let lba = lba.to_string();
+        let args = ["io-passthru", "--opcode", "1", "--cdw10", &lba];
+        let file = block.to_str().unwrap();
+        let data = ["--data-len", "4096", "--write", "--input-file", file];
+        passthru(&r.socket, &[&args[..], &data].concat())
+    };
+    assert_eq!(write(512)["status_name"], "success");
+    assert_eq!(changed_zones(&r.socket), Vec::<u64>::new());
+
+    let v = ctl_ok(
+        &r.control,
+        &["zone_set_state", "nsid=1", "zslba=512", "state=read-only"],
+    );
+    assert_eq!(v["changed"], true);
+    assert_eq!(write(513)["status_name"], "zone-is-read-only");
+    ctl_ok(
+        &r.control,
+        &["zone_set_state", "nsid=1", "zslba=1024", "state=offline"],
+    );
+    assert_eq!(write(1024)["status_name"], "zone-is-offline");
+    let read = passthru(
+        &r.socket,
+        &[
+            "io-passthru",
+            "--opcode",
+            "2",
+            "--cdw10",
+            "1024",
+            "--data-len",
+            "4096",
+            "--read",
+        ],
+    );
+    assert_eq!(read["status_name"], "zone-is-offline");
+    // Listed until read (without RAE): then empty.
+    assert_eq!(changed_zones(&r.socket), vec![512, 1024]);
+    assert_eq!(changed_zones(&r.socket), Vec::<u64>::new());
+    // Again: nothing changes, nothing listed.
+    let v = ctl_ok(
+        &r.control,
+        &["zone_set_state", "nsid=1", "zslba=1024", "state=offline"],
+    );
+    assert_eq!(v["changed"], false);
+    assert_eq!(changed_zones(&r.socket), Vec::<u64>::new());
+
+    let e = ctl_err(
+        &r.control,
+        &["zone_set_state", "nsid=1", "zslba=1024", "state=read-only"],
+    );
+    assert!(e.contains("offline zone never changes"), "{e}");
+    let e = ctl_err(
+        &r.control,
+        &["zone_set_state", "nsid=1", "zslba=100", "state=offline"],
+    );
+    assert!(e.contains("not a zone start"), "{e}");
+    // Finished by the controller: only an open or closed zone.
+    let e = ctl_err(
+        &r.control,
+        &["zone_set_state", "nsid=1", "zslba=768", "state=full"],
+    );
+    assert!(
+        e.contains("full applies to open or closed zones; this one is empty"),
+        "{e}"
+    );
+    assert_eq!(write(768)["status_name"], "success");
+    ctl_ok(
+        &r.control,
+        &["zone_set_state", "nsid=1", "zslba=768", "state=full"],
+    );
+    assert_eq!(write(769)["status_name"], "zone-is-full");
+    assert_eq!(changed_zones(&r.socket), vec![768]);
+    let e = ctl_err(
+        &r.control,
+        &["zone_set_state", "nsid=1", "zslba=0", "state=broken"],
+    );
+    assert!(e.contains("unknown variant"), "{e}");
+    let e = ctl_err(
+        &r.control,
+        &["zone_set_state", "nsid=2", "zslba=0", "state=offline"],
+    );
+    assert!(e.contains("namespace 2 does not exist"), "{e}");
+}
+
 #[test]
 fn config_file_faults_are_armed_at_start() {
     let dir = common::temp_dir("cfgfault");

@@ -1,17 +1,29 @@
 # shellcheck shell=sh
 # vnvme-zns.sh - guest test (run-vnvme-tests.sh zns): a zoned namespace as Linux sees it. The server:
-# --ns 64M:ram --ns 128M:ram,zoned,zone-size=2M,max-open=4,max-active=6 (64 zones of 512 4 KiB blocks).
+# --ns 64M:ram --ns 128M:ram,zoned,zone-size=2M,max-open=4,max-active=6,zone-ext=64 --control SOCK (64 zones
+# of 512 4 KiB blocks, 64-byte zone descriptor extensions). At each "ZNS-ASK <step>" line the host runs
+# `vnvme ctl zone_set_state` (run-vnvme-tests.sh t_zns): 1 zone 40 read only, 2 zone 41 offline, 3 zone 42
+# finished by the controller.
 #   * NSID 2's /sys/block/nvme0nY/queue/zoned is host-managed, chunk_sectors the zone size, nr_zones 64,
 #     max_open_zones 4, max_active_zones 6; nvme zns id-ns: MOR 3, MAR 5, zsze 512; id-ctrl ZASL nonzero
 #   * 1 MiB written with dd at zone 1: blkzone report and nvme zns report-zones both show its write
 #     pointer 256 blocks in, implicitly open; blkzone reset of that zone empties it; report-zones --state=2
-#     then lists none; --extended is Invalid Field (no descriptor extensions); changed-zone-list succeeds
+#     then lists none; changed-zone-list is empty (no zone changed by the controller yet)
 #   * nvme write at an LBA that is not the write pointer: Zone Invalid Write (1bch); nvme zns zone-append
 #     twice: appended at the zone start, then 1 block after it
 #   * nvme zns open-zone: 4 zones open, the 5th Too Many Open Zones (1beh); closed, 2 more open, the 7th
 #     active Too Many Active Zones (1bdh); reset-zone --select-all empties them all
 #   * fio --zonemode=zbd randwrite 4 KiB with crc32c verify, 64 MiB over the zones at io_uring QD 8 with
 #     --max_open_zones=4: passes, and blkzone report shows at least 16 zones written; blkzone reset (all)
+#   * descriptor extensions: id-ns zdes 1; set-zone-desc on empty zone 30 closes it (blkzone: cl); again:
+#     Invalid Zone State Transition (1bfh); report-zones --extended returns the 64 bytes after its
+#     descriptor with attribute ZDEV (80h); reset-zone clears both
+#   * zones failed by the host: with Zone Descriptor Changed Notices enabled (set-feature 0Bh bit 27),
+#     step 1 makes zone 40 read only: dmesg shows Linux's "async event result 00bfef02", blkzone shows it
+#     (ro), changed-zone-list --rae and then without lists it, then is empty; nvme write there is Zone Is
+#     Read Only (1bah), a read succeeds; step 2 takes zone 41 offline: blkzone (of), report-zones state
+#     Fh, write and read Zone Is Offline (1bbh), listed in changed-zone-list; step 3 finishes open zone 42:
+#     blkzone (fu), report-zones attribute ZFC (1), a write is Zone Is Full (1b9h)
 #   * no nvme timeouts, resets or aborts in dmesg
 . /guest-lib.sh
 rc=0
@@ -20,6 +32,19 @@ fail() { echo "TEST: FAIL: $*"; rc=1; }
 field() { grep -E "^$1[[:space:]]*:" "$2" | head -1 | sed 's/^[^:]*: *//; s/ *$//'; }
 # zone_line N: blkzone's report line of zone N (512 4 KiB blocks = 4096 sectors each)
 zone_line() { blkzone report -o $(($1 * 4096)) -c 1 "$dev" 2>&1; }
+# bytes N [SKIP] < FILE: N bytes from offset SKIP as hex, space separated
+bytes() { od -An -v -tx1 -j "${2:-0}" -N "$1" | tr -s ' \n' ' ' | sed 's/^ //; s/ $//'; }
+# changed_zones [--rae]: the zone identifiers (decimal) of NSID 2's Changed Zone List, one per line
+changed_zones() {
+  nvme zns changed-zone-list "$dev" "$@" -o binary > /tmp/czl 2>/dev/null || { echo "error"; return; }
+  _n=$(od -An -tu2 -N2 /tmp/czl | tr -d ' ')
+  [ "$_n" = 65535 ] && { echo "overflow"; return; }
+  _i=0
+  while [ "$_i" -lt "${_n:-0}" ]; do
+    set -- $(od -An -tu4 -j $((8 + _i * 8)) -N8 /tmp/czl)
+    echo $(($1 + ($2 << 32))); _i=$((_i + 1))
+  done
+}
 # nvme_wp SLBA: the write pointer nvme zns report-zones gives for the zone at SLBA
 nvme_wp() { nvme zns report-zones "$dev" -s "$1" -d 1 2>&1 | sed -n 's/.*WP: *\(0x[0-9a-fA-F]*\).*/\1/p' | head -1; }
 
@@ -64,13 +89,11 @@ line=$(zone_line 1); log "after reset: $line"
 echo "$line" | grep -q 'wptr 0x000000' && echo "$line" | grep -q '(em)' || fail "zone 1 not empty after reset: $line"
 wp=$(nvme_wp 512); [ "$((wp))" = 512 ] || fail "nvme zns report-zones: zone 1 WP '$wp' after reset, expected 0x200"
 
-# report filters; what is not offered: extended reports (no zone descriptor extensions); the changed
-# zone list (the controller never changes a zone by itself) is empty
+# report filters; the changed zone list is empty until the host fails a zone (below)
 expect_ok zns report-zones "$dev" --state=2
 echo "$OUT" | grep -q 'nr_zones: 0' || fail "report-zones --state=2 (implicitly open) lists zones after the reset"
-expect_sc 2 zns report-zones "$dev" --extended
 expect_ok zns changed-zone-list "$dev"
-echo "$OUT" | grep -qE 'nrzid: *0' || fail "changed-zone-list is not empty: $OUT"
+[ "$(changed_zones)" = "" ] || fail "changed-zone-list is not empty: $OUT"
 
 # Zone Invalid Write, Zone Append
 dd if=/dev/urandom of=/tmp/blk bs=4096 count=1 2>/dev/null
@@ -106,6 +129,72 @@ log "zones written by fio: $written of 64"
 [ "$written" -ge 16 ] || fail "fio wrote only $written zones"
 blkzone reset "$dev" || fail "blkzone reset (all zones)"
 n=$(blkzone report "$dev" | grep -c '(em)'); [ "$n" = 64 ] || fail "after blkzone reset: $n of 64 zones empty"
+
+# zone descriptor extensions (zone-ext=64: ZDES 1): the 64 bytes after zone 30's descriptor
+expect_ok zns id-ns "$dev"
+echo "$OUT" | grep -q 'zdes:1' || fail "zns id-ns has no LBA format extension with zdes 1"
+head -c 64 /dev/urandom > /tmp/ext
+z30=$((30 * 512))
+expect_ok zns set-zone-desc "$dev" --start-lba=$z30 --data=/tmp/ext
+line=$(zone_line 30); log "after set-zone-desc: $line"
+echo "$line" | grep -q '(cl)' || fail "zone 30 not closed after set-zone-desc: $line"
+expect_sc 1bf zns set-zone-desc "$dev" --start-lba=$z30 --data=/tmp/ext
+expect_ok zns report-zones "$dev" --extended -s $z30 -d 1
+nvme zns report-zones "$dev" --extended -s $z30 -d 1 -o binary > /tmp/xr 2>/dev/null || fail "report-zones --extended -o binary"
+log "extended report: $(wc -c < /tmp/xr) bytes, zone 30 attrs $(bytes 1 66 < /tmp/xr), extension $(bytes 8 128 < /tmp/xr) ..."
+[ "$(bytes 1 66 < /tmp/xr)" = 80 ] || fail "zone 30's attributes are $(bytes 1 66 < /tmp/xr), expected 80 (ZDEV)"
+[ "$(bytes 64 128 < /tmp/xr)" = "$(bytes 64 < /tmp/ext)" ] || fail "the extended report's extension is not what set-zone-desc sent"
+expect_ok zns reset-zone "$dev" --start-lba=$z30
+nvme zns report-zones "$dev" --extended -s $z30 -d 1 -o binary > /tmp/xr 2>/dev/null
+[ "$(bytes 1 66 < /tmp/xr)" = 00 ] && [ "$(bytes 64 128 < /tmp/xr | tr -d '0 ')" = "" ] \
+  || fail "reset left zone 30 with attributes $(bytes 1 66 < /tmp/xr) or extension data"
+
+# zones the controller fails by itself (the host side's vnvme ctl), as a worn device's would
+aec=$(nvme get-feature /dev/nvme0 -f 0x0b 2>&1 | sed -n 's/.*Current value: *\(0x[0-9a-fA-F]*\).*/\1/p')
+expect_ok set-feature /dev/nvme0 --feature-id=0x0b --value=$(( ${aec:-0} | (1 << 27) ))
+expect_ok get-feature /dev/nvme0 --feature-id=0x0b
+echo "$OUT" | grep -qi 'current value: *0x0*8000300' || fail "Asynchronous Event Configuration is not 8000300h: $OUT"
+z40=$((40 * 512)) z41=$((41 * 512))
+dd if=/dev/urandom of=/tmp/blk bs=4096 count=1 2>/dev/null
+expect_ok write "$dev" --start-block=$z40 --block-count=0 --data-size=4096 --data=/tmp/blk
+mark=$(dmesg | wc -l)
+echo "ZNS-ASK 1"
+i=0; until zone_line 40 | grep -q '(ro)'; do [ $i -ge 600 ] && break; sleep 0.1; i=$((i + 1)); done
+line=$(zone_line 40); log "zone 40 after step 1: $line"
+echo "$line" | grep -q '(ro)' || fail "zone 40 is not read only after zone_set_state: $line"
+i=0; until dmesg | tail -n +$((mark + 1)) | grep -q 'async event result 00bfef02'; do [ $i -ge 50 ] && break; sleep 0.1; i=$((i + 1)); done
+ev=$(dmesg | tail -n +$((mark + 1)) | grep -i 'async event' | head -2 | tr '\n' ' '); log "dmesg: $ev"
+echo "$ev" | grep -q 'async event result 00bfef02' || fail "no Zone Descriptor Changed event (00bfef02) in dmesg: '$ev'"
+expect_ok zns changed-zone-list "$dev" --rae
+[ "$(changed_zones --rae)" = $z40 ] || fail "changed-zone-list --rae: '$(changed_zones --rae)', expected $z40"
+[ "$(changed_zones)" = $z40 ] || fail "changed-zone-list does not list zone 40 ($z40)"
+[ "$(changed_zones)" = "" ] || fail "changed-zone-list not emptied by reading it: '$(changed_zones)'"
+expect_sc 1ba write "$dev" --start-block=$((z40 + 1)) --block-count=0 --data-size=4096 --data=/tmp/blk
+expect_ok read "$dev" --start-block=$z40 --block-count=0 --data-size=4096 --data=/tmp/rd
+cmp /tmp/blk /tmp/rd || fail "zone 40 (read only) does not read back what was written"
+
+echo "ZNS-ASK 2"
+i=0; until zone_line 41 | grep -q '(of)'; do [ $i -ge 600 ] && break; sleep 0.1; i=$((i + 1)); done
+line=$(zone_line 41); log "zone 41 after step 2: $line"
+echo "$line" | grep -q '(of)' || fail "zone 41 is not offline after zone_set_state: $line"
+nvme zns report-zones "$dev" -s $z41 -d 1 -o binary > /tmp/zr 2>/dev/null
+[ "$(bytes 1 65 < /tmp/zr)" = f0 ] || fail "report-zones: zone 41's state byte is $(bytes 1 65 < /tmp/zr), expected f0 (offline)"
+expect_ok zns report-zones "$dev" -s $z41 -d 1
+expect_sc 1bb write "$dev" --start-block=$z41 --block-count=0 --data-size=4096 --data=/tmp/blk
+expect_sc 1bb read "$dev" --start-block=$z41 --block-count=0 --data-size=4096 --data=/tmp/rd
+expect_ok zns changed-zone-list "$dev" --rae
+[ "$(changed_zones)" = $z41 ] || fail "changed-zone-list does not list zone 41 ($z41)"
+
+z42=$((42 * 512))
+expect_ok write "$dev" --start-block=$z42 --block-count=0 --data-size=4096 --data=/tmp/blk
+echo "ZNS-ASK 3"
+i=0; until zone_line 42 | grep -q '(fu)'; do [ $i -ge 600 ] && break; sleep 0.1; i=$((i + 1)); done
+line=$(zone_line 42); log "zone 42 after step 3: $line"
+echo "$line" | grep -q '(fu)' || fail "zone 42 is not full after zone_set_state state=full: $line"
+nvme zns report-zones "$dev" -s $z42 -d 1 -o binary > /tmp/zr 2>/dev/null
+[ "$(bytes 2 65 < /tmp/zr)" = "e0 01" ] || fail "report-zones: zone 42's state and attributes are $(bytes 2 65 < /tmp/zr), expected e0 01 (full, ZFC)"
+expect_sc 1b9 write "$dev" --start-block=$((z42 + 1)) --block-count=0 --data-size=4096 --data=/tmp/blk
+[ "$(changed_zones)" = $z42 ] || fail "changed-zone-list does not list zone 42 ($z42)"
 
 check_no_nvme_errors || fail "nvme errors in dmesg"
 [ $rc = 0 ] && log "PASS"

@@ -242,12 +242,14 @@ pub(super) fn set(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
         }
         FeatureId::ASYNC_EVENT_CONFIG => {
             // The events this controller reports: SMART warnings, Namespace
-            // Attribute and Firmware Activation Notices.
+            // Attribute, Firmware Activation and Zone Descriptor Changed
+            // Notices.
             let aec = AsyncEventConfig::from(cmd.cdw11);
             shared.admin.lock().async_event_config = AsyncEventConfig::new()
                 .with_smart(aec.smart())
                 .with_nan(aec.nan())
                 .with_fan(aec.fan())
+                .with_zdcn(aec.zdcn())
                 .into();
         }
         FeatureId::KEEP_ALIVE_TIMER => {

@@ -111,7 +111,9 @@ pub(crate) fn identify_controller(shared: &Shared) -> Box<IdentifyController> {
     id.mdts = c.mdts;
     id.cntlid = U16::new(c.cntlid);
     id.ver = U32::new(version(2, 0, 0));
-    id.oaes = U32::new(oaes::NAMESPACE_ATTRIBUTE | oaes::FIRMWARE_ACTIVATION);
+    id.oaes = U32::new(
+        oaes::NAMESPACE_ATTRIBUTE | oaes::FIRMWARE_ACTIVATION | oaes::ZONE_DESCRIPTOR_CHANGED,
+    );
     id.ctratt =
         U32::new(ctratt::HOST_ID_128 | ctratt::EXTENDED_LBA_FORMATS | ctratt::ENDURANCE_GROUPS);
     // CNTRLTYPE 1: I/O controller.

@@ -128,9 +128,14 @@ const LOGS: &[LogPage] = &[
     },
     LogPage {
         lid: LogPageId(vnvme_spec::zns::CHANGED_ZONE_LIST_LID),
-        read: |_| Ok(super::zns::changed_zone_list()),
-        seen: None,
-        event: None,
+        read: |r| Ok(super::zns::changed_zone_list(r.shared, r.nsid)),
+        seen: Some(|r, page| {
+            if !r.rae {
+                super::zns::changed_zone_list_seen(r.shared, r.nsid, page);
+            }
+        }),
+        // Zone Descriptor Changed is a notice read through this log.
+        event: Some(async_event::TYPE_NOTICE),
     },
     LogPage {
         lid: LogPageId::SANITIZE_STATUS,

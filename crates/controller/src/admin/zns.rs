@@ -2,7 +2,7 @@
 //! Identify structures (CNS 05h, 06h with CSI 02h) and the Changed Zone
 //! List log.
 
-use vnvme_spec::zns::{ozcs, IdentifyControllerZns, IdentifyNamespaceZns, NO_LIMIT};
+use vnvme_spec::zns::{ozcs, IdentifyControllerZns, IdentifyNamespaceZns, NO_LIMIT, ZDES_UNIT};
 use vnvme_spec::Status;
 use zerocopy::little_endian::{U16, U32, U64};
 use zerocopy::IntoBytes;
@@ -14,9 +14,11 @@ use crate::zoned::Zones;
 
 /// Identify Namespace for the Zoned Namespace Command Set (CNS 05h and
 /// 1Bh, CSI 02h; §4.1.5.1): the resource limits and each LBA format's zone
-/// size. No zone operation characteristics (Linux refuses a namespace
-/// with any), reads may cross zone boundaries (OZCS.RAZB), no zone
-/// descriptor extensions (ZDES 0), no reset or finish recommendations.
+/// size and zone descriptor extension size (ZDES, in 64-byte units; the
+/// same for every format). No zone operation characteristics (Linux
+/// refuses a namespace with any), reads may cross zone boundaries
+/// (OZCS.RAZB); RRL and FRL 0 (not reported): the controller recommends
+/// a reset or a finish only when the operator says so.
 pub(super) fn identify_namespace(zones: &Zones) -> Box<IdentifyNamespaceZns> {
     let mut id = IdentifyNamespaceZns::new_boxed();
     let c = &zones.config;
@@ -27,6 +29,8 @@ pub(super) fn identify_namespace(zones: &Zones) -> Box<IdentifyNamespaceZns> {
     id.mor = U32::new(limit(c.max_open));
     for (lbafe, f) in id.lbafe.iter_mut().zip(LBA_FORMATS) {
         lbafe.zsze = U64::new(c.zone_size / u64::from(f.data_size));
+        // At most 255: ZonedConfig::validate bounds the size.
+        lbafe.zdes = (c.extension_size as usize / ZDES_UNIT) as u8;
     }
     id
 }
@@ -50,11 +54,27 @@ pub(super) fn identify_namespace_of(ns: Option<&Namespace>) -> Result<Vec<u8>, S
     }
 }
 
-/// Changed Zone List (Log Identifier BFh, §4.1.2.1): the zones whose
-/// state the controller changed by itself. It never does (no zone goes
-/// read only, offline or full on its own), so the list is always empty,
-/// for any NSID, and no Zone Descriptor Changed event is ever sent.
-pub(super) fn changed_zone_list() -> Vec<u8> {
-    // Number of Zone Identifiers (bytes 1:0) 0, then 511 empty entries.
-    vec![0; 4096]
+/// Changed Zone List (Log Identifier BFh, §4.1.2.1) of namespace `nsid`:
+/// the zones the controller changed by itself (when the operator said
+/// so, [`crate::Controller::zone_set_state`]). A namespace with
+/// no zones (conventional, none at that NSID, or the broadcast NSID) has
+/// none that changed: an empty list.
+pub(super) fn changed_zone_list(shared: &Shared, nsid: u32) -> Vec<u8> {
+    match zones_of(shared, nsid) {
+        Some(zones) => zones.changed_zone_list(),
+        // Number of Zone Identifiers (bytes 1:0) 0, then 511 empty entries.
+        None => vec![0; 4096],
+    }
+}
+
+/// The host read `page` of namespace `nsid`'s Changed Zone List without
+/// RAE: the zones it lists are forgotten.
+pub(super) fn changed_zone_list_seen(shared: &Shared, nsid: u32, page: &[u8]) {
+    if let Some(zones) = zones_of(shared, nsid) {
+        zones.changed_zone_list_seen(page);
+    }
+}
+
+fn zones_of(shared: &Shared, nsid: u32) -> Option<std::sync::Arc<Zones>> {
+    shared.subsystem.namespaces.active(nsid)?.zones.clone()
 }

@@ -18,6 +18,7 @@ use crate::faults::{Fault, FaultError, FaultKind, FaultSpec};
 use crate::namespace::Namespace;
 use crate::protection::Protection;
 use crate::state::Shared;
+use crate::zoned::{ZoneChange, ZoneOpError};
 
 /// How long a resize waits for the commands that hold the namespace.
 const RESIZE_QUIESCE: Duration = Duration::from_secs(10);
@@ -189,6 +190,39 @@ impl Controller {
         }
         tracing::info!(nsid, bytes, nsze, "namespace resized by the operator");
         Ok(nsze)
+    }
+
+    /// Changes the zone starting at `zslba` of zoned namespace `nsid` as
+    /// the controller would by itself ([`ZoneChange`]): read only or
+    /// offline as the zones of a worn device fail (writes then get Zone Is
+    /// Read Only or Zone Is Offline, reads too, offline), finished, or a
+    /// finish or reset recommended. Its ZSLBA joins the namespace's Changed
+    /// Zone List, and a host that enabled Zone Descriptor Changed Notices
+    /// hears of it (ZNS 1.1 §5.2). `Ok(false)`: the zone already was so
+    /// (nothing sent).
+    pub fn zone_set_state(
+        &self,
+        nsid: u32,
+        zslba: u64,
+        to: ZoneChange,
+    ) -> Result<bool, ZoneOpError> {
+        let shared = &*self.shared;
+        let ns = shared
+            .subsystem
+            .namespaces
+            .get(nsid)
+            .ok_or(ZoneOpError::NoSuchNamespace(nsid))?;
+        let zones = ns.zones.as_ref().ok_or(ZoneOpError::NotZoned(nsid))?;
+        let changed = zones.change(zslba, to)?;
+        if changed && ns.attached {
+            shared.async_event(
+                async_event::TYPE_NOTICE,
+                vnvme_spec::zns::NOTICE_ZONE_DESCRIPTOR_CHANGED,
+                vnvme_spec::zns::CHANGED_ZONE_LIST_LID,
+            );
+        }
+        tracing::info!(nsid, zslba, ?to, changed, "zone failed by the operator");
+        Ok(changed)
     }
 
     /// Sets CSTS.CFS, as an internal failure would: the host's recovery is

@@ -9,7 +9,7 @@
 use std::sync::atomic::Ordering;
 
 use vnvme_spec::zns::{
-    zra, zrasf, Cdw13ZoneMgmtRecv, Cdw13ZoneMgmtSend, ReportZonesHeader, ZoneDescriptor,
+    zra, zrasf, zsa, Cdw13ZoneMgmtRecv, Cdw13ZoneMgmtSend, ReportZonesHeader, ZoneDescriptor,
 };
 use vnvme_spec::{Command, NvmOpcode, Status};
 use zerocopy::IntoBytes;
@@ -101,6 +101,9 @@ pub(super) fn admit(
 /// backend punches a hole), so they read as zeroes again.
 fn send(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace, zones: &Zones) -> Result<(), Status> {
     let cdw13 = Cdw13ZoneMgmtSend::from(cmd.cdw13);
+    if cdw13.zsa() == zsa::SET_ZONE_DESCRIPTOR_EXTENSION {
+        return set_extension(ctx, cmd, cdw13, zones);
+    }
     let action = ZoneAction::parse(cdw13.zsa())?;
     let stats = &ctx.shared.stats;
     let mut erase = |zslba: u64| {
@@ -114,13 +117,40 @@ fn send(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace, zones: &Zones) -> Resu
     zones.send(action, cdw13.select_all(), cmd.slba(), &mut erase)
 }
 
-/// Zone Management Receive (§3.4.2): Report Zones of the zones from the
-/// one holding SLBA on, filtered by state, into NUMD + 1 dwords. No zone
-/// has a descriptor extension (ZDES 0), so Extended Report Zones is
-/// Invalid Field.
+/// Set Zone Descriptor Extension (§3.4.3.6): the data, ZDES × 64 bytes,
+/// becomes the extension of the empty zone at SLBA, which is then closed.
+/// Invalid Field without extensions (ZDES 0) and with Select All (the
+/// action names one zone). Nothing changes if the transfer fails.
+fn set_extension(
+    ctx: &mut Ctx<'_>,
+    cmd: &Command,
+    cdw13: Cdw13ZoneMgmtSend,
+    zones: &Zones,
+) -> Result<(), Status> {
+    let size = zones.extension_size();
+    if size == 0 || cdw13.select_all() {
+        return Err(invalid_field());
+    }
+    // A bad SLBA fails before anything is fetched; the zone's state is
+    // checked (again) under the zone lock by set_extension.
+    zones.zone_start(cmd.slba())?;
+    let mut data = Vec::new();
+    ctx.receive(cmd, size, &mut data)?;
+    zones.set_extension(cmd.slba(), &data)
+}
+
+/// Zone Management Receive (§3.4.2): Report Zones, or Extended Report
+/// Zones (each descriptor followed by its ZDES × 64-byte extension;
+/// Invalid Field without extensions), of the zones from the one holding
+/// SLBA on, filtered by state, into NUMD + 1 dwords.
 fn receive(ctx: &mut Ctx<'_>, cmd: &Command, zones: &Zones) -> Result<(), Status> {
     let cdw13 = Cdw13ZoneMgmtRecv::from(cmd.cdw13);
-    if cdw13.zra() != zra::REPORT_ZONES || cdw13.zrasf() > zrasf::OFFLINE {
+    let ext = match cdw13.zra() {
+        zra::REPORT_ZONES => 0,
+        zra::EXTENDED_REPORT_ZONES if zones.extension_size() > 0 => zones.extension_size(),
+        _ => return Err(invalid_field()),
+    };
+    if cdw13.zrasf() > zrasf::OFFLINE {
         return Err(invalid_field());
     }
     let len = (u64::from(cmd.cdw12.get()) + 1) * 4;
@@ -128,11 +158,22 @@ fn receive(ctx: &mut Ctx<'_>, cmd: &Command, zones: &Zones) -> Result<(), Status
         return Err(invalid_field());
     }
     let header = size_of::<ReportZonesHeader>();
-    let max = (len as usize).saturating_sub(header) / size_of::<ZoneDescriptor>();
-    let (nr_zones, descriptors) = zones.report(cmd.slba(), cdw13.zrasf(), cdw13.partial(), max)?;
-    let mut page = Vec::with_capacity(len as usize);
-    page.extend_from_slice(ReportZonesHeader::new(nr_zones).as_bytes());
-    page.extend_from_slice(descriptors.as_bytes());
+    let entry = size_of::<ZoneDescriptor>() + ext;
+    let max = (len as usize).saturating_sub(header) / entry;
+    let mut page = vec![0; header];
+    let nr_zones = zones.report_with(
+        cmd.slba(),
+        cdw13.zrasf(),
+        cdw13.partial(),
+        max,
+        |d, extension| {
+            page.extend_from_slice(d.as_bytes());
+            if ext > 0 {
+                page.extend_from_slice(extension);
+            }
+        },
+    )?;
+    page[..header].copy_from_slice(ReportZonesHeader::new(nr_zones).as_bytes());
     // A buffer shorter than the header gets what fits of it.
     page.resize(len as usize, 0);
     ctx.send(cmd, &page)

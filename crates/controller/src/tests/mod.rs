@@ -477,4 +477,6 @@ mod self_test;
 mod sgl;
 mod stress;
 mod uncorrectable;
+mod zone_changes;
+mod zone_extensions;
 mod zoned;

@@ -10,18 +10,18 @@ use vnvme_spec::zns::{
 use super::*;
 use crate::ZonedConfig;
 
-const ZNS: u8 = 0x02;
+pub(super) const ZNS: u8 = 0x02;
 /// 64 KiB zones of 512-byte blocks; namespace 2 is 1 MiB: 16 zones.
-const ZSZE: u64 = 128;
-const ZONES: u64 = NS_BLOCKS / ZSZE;
+pub(super) const ZSZE: u64 = 128;
+pub(super) const ZONES: u64 = NS_BLOCKS / ZSZE;
 
 /// Namespace 1 conventional, namespace 2 zoned as `f` says (64 KiB
 /// zones), an I/O queue pair 1 and 2. Returns namespace 2's backend too.
-fn zoned_host(f: impl FnOnce(&mut ZonedConfig)) -> (Host, Arc<RamDevice>) {
+pub(super) fn zoned_host(f: impl FnOnce(&mut ZonedConfig)) -> (Host, Arc<RamDevice>) {
     zoned_host_with(config(), f)
 }
 
-fn zoned_host_with(
+pub(super) fn zoned_host_with(
     config: ControllerConfig,
     f: impl FnOnce(&mut ZonedConfig),
 ) -> (Host, Arc<RamDevice>) {
@@ -41,37 +41,42 @@ fn zoned_host_with(
     (h, backend)
 }
 
-fn zns_identify(cns: u8, nsid: u32) -> Command {
+pub(super) fn zns_identify(cns: u8, nsid: u32) -> Command {
     let mut c = identify(cns, nsid, DATA);
     c.cdw11 = U32::new(u32::from(ZNS) << 24);
     c
 }
 
-fn send(nsid: u32, slba: u64, action: u8, all: bool) -> Command {
+pub(super) fn send(nsid: u32, slba: u64, action: u8, all: bool) -> Command {
     let mut c = rw(NvmOpcode::ZONE_MGMT_SEND, nsid, slba, 1, 0, 0);
     c.cdw12 = U32::new(0);
     c.cdw13 = U32::new(u32::from(action) | (u32::from(all) << 8));
     c
 }
 
-fn receive(nsid: u32, slba: u64, bytes: u32, filter: u8, partial: bool) -> Command {
+pub(super) fn receive(nsid: u32, slba: u64, bytes: u32, filter: u8, partial: bool) -> Command {
     let mut c = rw(NvmOpcode::ZONE_MGMT_RECV, nsid, slba, 1, DATA, 0);
     c.cdw12 = U32::new(bytes / 4 - 1);
     c.cdw13 = U32::new((u32::from(filter) << 8) | (u32::from(partial) << 16));
     c
 }
 
-fn write(slba: u64, nlb: u32) -> Command {
+pub(super) fn write(slba: u64, nlb: u32) -> Command {
     rw(NvmOpcode::WRITE, 2, slba, nlb, DATA, 0)
 }
 
 impl Host {
-    fn status(&mut self, qid: u16, c: Command) -> Status {
+    pub(super) fn status(&mut self, qid: u16, c: Command) -> Status {
         self.submit(qid, c).status()
     }
 
     /// Report Zones from `slba`: the header's count and the descriptors.
-    fn report(&mut self, slba: u64, filter: u8, partial: bool) -> (u64, Vec<ZoneDescriptor>) {
+    pub(super) fn report(
+        &mut self,
+        slba: u64,
+        filter: u8,
+        partial: bool,
+    ) -> (u64, Vec<ZoneDescriptor>) {
         self.mem.zero(DATA, 4096).unwrap();
         let c = self.submit(1, receive(2, slba, 4096, filter, partial));
         assert_eq!(c.status(), Status::SUCCESS);
@@ -86,13 +91,13 @@ impl Host {
     }
 
     /// Zone `i`'s state and write pointer.
-    fn zone_state(&mut self, i: u64) -> (u8, u64) {
+    pub(super) fn zone_state(&mut self, i: u64) -> (u8, u64) {
         let (_, d) = self.report(i * ZSZE, zrasf::ALL, true);
         (d[0].state(), d[0].wp.get())
     }
 }
 
-fn dnr(s: Status) -> Status {
+pub(super) fn dnr(s: Status) -> Status {
     s.with_dnr(true)
 }
 

@@ -13,25 +13,35 @@
 //! second gets Zone Invalid Write).
 //!
 //! The zone states live in memory: a server that restarts reports every
-//! zone empty. The controller never changes a zone's state by itself (no
-//! zone becomes read only or offline on its own, nothing is finished by
-//! the controller), so the Changed Zone List log is always empty; zones
-//! can start read only ([`ZonedConfig::read_only_zones`]) to exercise the
-//! states a worn device would have.
+//! zone empty. The controller changes a zone's state by itself only when
+//! the operator says so ([`Zones::change`]: read only or offline, as zones
+//! of a worn device go; finished; a finish or reset recommended), which
+//! lists the zone in the namespace's Changed Zone List; zones can also
+//! start read only
+//! ([`ZonedConfig::read_only_zones`]).
 
+mod changed;
 mod table;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use parking_lot::Mutex;
-use vnvme_spec::zns::ZoneDescriptor;
+use vnvme_spec::zns::{ZoneDescriptor, ZDES_UNIT};
 use vnvme_spec::Status;
 
+use changed::ChangedZones;
 use table::Table;
 pub(crate) use table::ZoneAction;
 
 /// Zones per namespace at most: the table holds 16 bytes per zone.
 pub const MAX_ZONES: u64 = 1 << 20;
+
+/// Largest zone descriptor extension: ZDES is a byte of 64-byte units.
+pub const MAX_ZONE_EXTENSION: u32 = 255 * ZDES_UNIT as u32;
+
+/// Memory all of a namespace's zone descriptor extensions may take: a
+/// guest can set one on every zone.
+pub const MAX_EXTENSION_BYTES: u64 = 64 << 20;
 
 /// A zoned namespace as configured, in bytes of logical block data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +62,9 @@ pub struct ZonedConfig {
     /// would be): Zone Is Read Only to writes, and the Offline action takes
     /// them offline.
     pub read_only_zones: u32,
+    /// Zone descriptor extension size in bytes: a multiple of 64 up to
+    /// 16320 bytes (ZDES = this / 64, a byte); 0 for none.
+    pub extension_size: u32,
 }
 
 impl ZonedConfig {
@@ -63,6 +76,7 @@ impl ZonedConfig {
             max_open: None,
             max_active: None,
             read_only_zones: 0,
+            extension_size: 0,
         }
     }
 
@@ -77,6 +91,10 @@ impl ZonedConfig {
                 capacity: cap,
                 size: self.zone_size,
             });
+        }
+        let ext = self.extension_size;
+        if ext > MAX_ZONE_EXTENSION || !ext.is_multiple_of(ZDES_UNIT as u32) {
+            return Err(ZonedError::ExtensionSize(ext));
         }
         match (self.max_open, self.max_active) {
             (Some(0), _) | (_, Some(0)) => Err(ZonedError::ZeroLimit),
@@ -109,10 +127,68 @@ pub enum ZonedError {
         value: u32,
         zones: u64,
     },
+    #[error("zone descriptor extension size {0} must be a multiple of 64 bytes up to {MAX_ZONE_EXTENSION}")]
+    ExtensionSize(u32),
+    #[error("{zones} zones with {size}-byte descriptor extensions take more than {MAX_EXTENSION_BYTES} bytes: use a larger zone size or a smaller extension")]
+    ExtensionsTooLarge { zones: u64, size: u32 },
     #[error(
         "the backend could not be emptied (a zoned namespace starts with every zone empty): {0}"
     )]
     Discard(String),
+}
+
+/// What the controller does to a zone by itself, as a worn or busy
+/// device would, when the operator says so
+/// ([`Controller::zone_set_state`](crate::Controller::zone_set_state)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ZoneChange {
+    /// ZSRO: readable, never written again (from any state but offline).
+    ReadOnly,
+    /// ZSO: neither read nor written (from any state).
+    Offline,
+    /// ZSF with Zone Finished by Controller (ZFC): an open or closed zone
+    /// finished by the controller.
+    Finished,
+    /// The Finish Zone Recommended attribute (FZR) on an open or closed
+    /// zone, state unchanged.
+    FinishRecommended,
+    /// The Reset Zone Recommended attribute (RZR) on an open, closed or
+    /// full zone, state unchanged.
+    ResetRecommended,
+}
+
+impl ZoneChange {
+    /// As the control socket names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ZoneChange::ReadOnly => "read-only",
+            ZoneChange::Offline => "offline",
+            ZoneChange::Finished => "full",
+            ZoneChange::FinishRecommended => "finish-recommended",
+            ZoneChange::ResetRecommended => "reset-recommended",
+        }
+    }
+}
+
+/// Why an operator's zone change was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ZoneOpError {
+    #[error("namespace {0} does not exist")]
+    NoSuchNamespace(u32),
+    #[error("namespace {0} is not zoned")]
+    NotZoned(u32),
+    #[error("LBA {0} is past the last zone")]
+    OutOfRange(u64),
+    #[error("LBA {lba} is not a zone start (zones are {zsze} blocks)")]
+    NotZoneStart { lba: u64, zsze: u64 },
+    #[error("the zone is offline: an offline zone never changes state again")]
+    AlreadyOffline,
+    #[error("{change} applies to {applies} zones; this one is {state}")]
+    Inapplicable {
+        change: &'static str,
+        applies: &'static str,
+        state: &'static str,
+    },
 }
 
 /// One namespace's zones.
@@ -127,6 +203,8 @@ pub(crate) struct Zones {
     table: Mutex<Table>,
     /// Zones offline: reads check their zones only while there are any.
     offline: AtomicU32,
+    /// The Changed Zone List (log page BFh).
+    changed: Mutex<ChangedZones>,
 }
 
 impl Zones {
@@ -157,7 +235,14 @@ impl Zones {
                 });
             }
         }
-        let table = Table::new(count, config.read_only_zones, zcap);
+        let ext = config.extension_size;
+        if count * u64::from(ext) > MAX_EXTENSION_BYTES {
+            return Err(ZonedError::ExtensionsTooLarge {
+                zones: count,
+                size: ext,
+            });
+        }
+        let table = Table::new(count, config.read_only_zones, zcap, ext as usize);
         Ok(Self {
             config,
             zsze,
@@ -165,7 +250,62 @@ impl Zones {
             count,
             table: Mutex::new(table),
             offline: AtomicU32::new(0),
+            changed: Mutex::new(ChangedZones::default()),
         })
+    }
+
+    /// Zone descriptor extension size in bytes (0: none).
+    pub fn extension_size(&self) -> usize {
+        self.config.extension_size as usize
+    }
+
+    /// The zone starting at `zslba`: LBA Out of Range past the last zone,
+    /// Invalid Field if `zslba` is not a zone start.
+    pub fn zone_start(&self, zslba: u64) -> Result<usize, Status> {
+        let i = self.index(zslba).ok_or(lba_out_of_range())?;
+        if !zslba.is_multiple_of(self.zsze) {
+            return Err(Status::INVALID_FIELD.with_dnr(true));
+        }
+        Ok(i)
+    }
+
+    /// Set Zone Descriptor Extension on the zone starting at `zslba`
+    /// (§3.4.3.6): `data` is its extension, as the host sent it.
+    pub fn set_extension(&self, zslba: u64, data: &[u8]) -> Result<(), Status> {
+        let i = self.zone_start(zslba)?;
+        self.table.lock().set_extension(i, data, self.limits())
+    }
+
+    /// The controller changes the zone starting at `zslba` by itself
+    /// (the operator said so): it is listed in the Changed Zone List.
+    /// `Ok(false)`: it already was so (not listed again).
+    pub fn change(&self, zslba: u64, to: ZoneChange) -> Result<bool, ZoneOpError> {
+        let i = self.index(zslba).ok_or(ZoneOpError::OutOfRange(zslba))?;
+        if !zslba.is_multiple_of(self.zsze) {
+            return Err(ZoneOpError::NotZoneStart {
+                lba: zslba,
+                zsze: self.zsze,
+            });
+        }
+        let mut table = self.table.lock();
+        let changed = table.change(i, to, self.zcap)?;
+        self.offline.store(table.offline(), Ordering::Relaxed);
+        if changed {
+            // Listed before the table lock is let go: a host that sees
+            // the new state in a report finds the zone in the log too.
+            self.changed.lock().add(zslba);
+        }
+        Ok(changed)
+    }
+
+    /// The Changed Zone List log page (4 KiB).
+    pub fn changed_zone_list(&self) -> Vec<u8> {
+        self.changed.lock().page()
+    }
+
+    /// The host read `page` of the Changed Zone List without RAE.
+    pub fn changed_zone_list_seen(&self, page: &[u8]) {
+        self.changed.lock().acknowledge(page);
     }
 
     /// The namespace size in blocks: whole zones only.
@@ -194,10 +334,7 @@ impl Zones {
     /// A Zone Append of `nlb` blocks to the zone starting at `zslba`:
     /// the LBA it was written at (§3.4.1).
     pub fn append(&self, zslba: u64, nlb: u64) -> Result<u64, Status> {
-        let i = self.index(zslba).ok_or(lba_out_of_range())?;
-        if !zslba.is_multiple_of(self.zsze) {
-            return Err(Status::INVALID_FIELD.with_dnr(true));
-        }
+        let i = self.zone_start(zslba)?;
         let offset = self.table.lock().write(i, None, nlb, self.limits())?;
         Ok(zslba + offset)
     }
@@ -225,16 +362,13 @@ impl Zones {
         slba: u64,
         erase: &mut dyn FnMut(u64) -> Result<(), Status>,
     ) -> Result<(), Status> {
-        let mut table = self.table.lock();
         let zones = if select_all {
             0..self.count as usize
         } else {
-            let i = self.index(slba).ok_or(lba_out_of_range())?;
-            if !slba.is_multiple_of(self.zsze) {
-                return Err(Status::INVALID_FIELD.with_dnr(true));
-            }
+            let i = self.zone_start(slba)?;
             i..i + 1
         };
+        let mut table = self.table.lock();
         let mut reset = Vec::new();
         let r = table.act(action, zones, select_all, self.limits(), &mut reset);
         self.offline.store(table.offline(), Ordering::Relaxed);
@@ -257,6 +391,7 @@ impl Zones {
     /// `slba` on whose state matches `filter` (a ZRASF value), at most
     /// `max`, and how many match in all (or, `partial`, how many were
     /// given).
+    #[cfg(test)]
     pub fn report(
         &self,
         slba: u64,
@@ -264,24 +399,42 @@ impl Zones {
         partial: bool,
         max: usize,
     ) -> Result<(u64, Vec<ZoneDescriptor>), Status> {
+        let mut out = Vec::new();
+        let n = self.report_with(slba, filter, partial, max, |d, _| out.push(d))?;
+        Ok((n, out))
+    }
+
+    /// Report Zones and Extended Report Zones: `each` is given the
+    /// descriptor and the descriptor extension (zeroes without ZDEV) of
+    /// the zones from the one holding `slba` on whose state matches
+    /// `filter` (a ZRASF value), at most `max` of them. Returns how many
+    /// match in all (or, `partial`, how many were given).
+    pub fn report_with(
+        &self,
+        slba: u64,
+        filter: u8,
+        partial: bool,
+        max: usize,
+        mut each: impl FnMut(ZoneDescriptor, &[u8]),
+    ) -> Result<u64, Status> {
         let first = self.index(slba).ok_or(lba_out_of_range())?;
         let table = self.table.lock();
-        let mut out = Vec::new();
+        let mut given = 0usize;
         let mut matching = 0u64;
         for (i, zone) in table.zones().iter().enumerate().skip(first) {
             if !zone.matches(filter) {
                 continue;
             }
             matching += 1;
-            if out.len() < max {
+            if given < max {
                 let zslba = i as u64 * self.zsze;
-                out.push(zone.descriptor(zslba, self.zcap));
+                each(zone.descriptor(zslba, self.zcap), table.extension(i));
+                given += 1;
             } else if partial {
                 break;
             }
         }
-        let n = if partial { out.len() as u64 } else { matching };
-        Ok((n, out))
+        Ok(if partial { given as u64 } else { matching })
     }
 
     /// Zones open and active now, for tests.

@@ -4,8 +4,10 @@
 use std::collections::VecDeque;
 use std::ops::Range;
 
-use vnvme_spec::zns::{zone_state, zrasf, zsa, ZoneDescriptor};
+use vnvme_spec::zns::{za, zone_state, zrasf, zsa, ZoneDescriptor};
 use vnvme_spec::Status;
+
+use super::{ZoneChange, ZoneOpError};
 
 /// A zone state (§2.1.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,6 +48,19 @@ impl State {
     fn is_active(self) -> bool {
         self.is_open() || self == State::Closed
     }
+
+    /// As the control socket's errors name it.
+    fn name(self) -> &'static str {
+        match self {
+            State::Empty => "empty",
+            State::ImplicitlyOpened => "implicitly opened",
+            State::ExplicitlyOpened => "explicitly opened",
+            State::Closed => "closed",
+            State::Full => "full",
+            State::ReadOnly => "read only",
+            State::Offline => "offline",
+        }
+    }
 }
 
 /// One zone.
@@ -55,6 +70,8 @@ pub(super) struct Zone {
     /// Blocks written from the zone's start: the write pointer is ZSLBA
     /// plus this.
     pub written: u64,
+    /// Zone Attributes ([`za`]).
+    pub za: u8,
 }
 
 impl Zone {
@@ -75,7 +92,9 @@ impl Zone {
     }
 
     pub fn descriptor(&self, zslba: u64, zcap: u64) -> ZoneDescriptor {
-        ZoneDescriptor::new(self.state.zs(), zslba, zcap, zslba + self.written)
+        let mut d = ZoneDescriptor::new(self.state.zs(), zslba, zcap, zslba + self.written);
+        d.za = self.za;
+        d
     }
 }
 
@@ -91,8 +110,8 @@ pub(crate) enum ZoneAction {
 
 impl ZoneAction {
     /// The action of a ZSA value; Invalid Field for Set Zone Descriptor
-    /// Extension (no extensions: ZDES 0), Flush Explicit ZRWA Range (no
-    /// ZRWA) and reserved values.
+    /// Extension (taken apart: it carries data, see `Table::set_extension`),
+    /// Flush Explicit ZRWA Range (no ZRWA) and reserved values.
     pub fn parse(zsa: u8) -> Result<Self, Status> {
         Ok(match zsa {
             zsa::CLOSE => ZoneAction::Close,
@@ -135,6 +154,10 @@ pub(super) struct Table {
     /// The implicitly opened zones, oldest first: the one closed when a
     /// zone must open and the open resources are used up.
     implicit: VecDeque<usize>,
+    /// Zone descriptor extensions, `ext_size` bytes per zone (none when
+    /// ZDES is 0); meaningful where the zone's ZDEV attribute is set.
+    ext: Vec<u8>,
+    ext_size: usize,
 }
 
 fn status(s: Status) -> Status {
@@ -142,10 +165,11 @@ fn status(s: Status) -> Status {
 }
 
 impl Table {
-    pub fn new(count: u64, read_only: u32, zcap: u64) -> Self {
+    pub fn new(count: u64, read_only: u32, zcap: u64, ext_size: usize) -> Self {
         let empty = Zone {
             state: State::Empty,
             written: 0,
+            za: 0,
         };
         let mut zones = vec![empty; count as usize];
         let first_ro = zones.len().saturating_sub(read_only as usize);
@@ -154,14 +178,95 @@ impl Table {
             *z = Zone {
                 state: State::ReadOnly,
                 written: zcap,
+                za: 0,
             };
         }
+        // Zeroed pages are mapped as they are touched: extensions that are
+        // never set cost nothing (Zones::new bounds the total).
+        let ext = vec![0; zones.len() * ext_size];
         Self {
             zones,
             open: 0,
             active: 0,
             implicit: VecDeque::new(),
+            ext,
+            ext_size,
         }
+    }
+
+    /// Zone `i`'s descriptor extension (empty with ZDES 0).
+    pub fn extension(&self, i: usize) -> &[u8] {
+        let at = i * self.ext_size;
+        self.ext.get(at..at + self.ext_size).unwrap_or_default()
+    }
+
+    /// Set Zone Descriptor Extension (§3.4.3.6, ZSA 10h) on zone `i`:
+    /// only an empty zone takes one, and becomes closed, so it holds an
+    /// active resource (Too Many Active Zones past MAR); Invalid Zone
+    /// State Transition in any other state.
+    pub fn set_extension(&mut self, i: usize, data: &[u8], l: Limits) -> Result<(), Status> {
+        let zone = *self.zones.get(i).ok_or(status(Status::LBA_OUT_OF_RANGE))?;
+        if zone.state != State::Empty {
+            return Err(status(Status::INVALID_ZONE_STATE_TRANSITION));
+        }
+        if l.mar.is_some_and(|mar| self.active >= mar) {
+            return Err(status(Status::TOO_MANY_ACTIVE_ZONES));
+        }
+        let at = i * self.ext_size;
+        let slot = self
+            .ext
+            .get_mut(at..at + self.ext_size)
+            .ok_or(status(Status::INVALID_FIELD))?;
+        let n = data.len().min(slot.len());
+        slot[..n].copy_from_slice(&data[..n]);
+        slot[n..].fill(0);
+        self.set_state(i, State::Closed);
+        if let Some(z) = self.zones.get_mut(i) {
+            z.za |= za::ZDEV;
+        }
+        Ok(())
+    }
+
+    /// The controller changes zone `i` by itself (§2.1.1.4): read only or
+    /// offline as a worn device's zones go, giving back their resources;
+    /// an open or closed zone finished (ZSF, attribute ZFC); a finish or a
+    /// reset recommended (FZR, RZR). `Ok(false)`: it already was so. An
+    /// offline zone never comes back, so it cannot become read only.
+    pub fn change(&mut self, i: usize, change: ZoneChange, zcap: u64) -> Result<bool, ZoneOpError> {
+        let zone = *self.zones.get(i).ok_or(ZoneOpError::OutOfRange(i as u64))?;
+        let inapplicable = |applies| ZoneOpError::Inapplicable {
+            change: change.name(),
+            applies,
+            state: zone.state.name(),
+        };
+        let (to, attr) = match change {
+            ZoneChange::ReadOnly if zone.state == State::Offline => {
+                return Err(ZoneOpError::AlreadyOffline)
+            }
+            ZoneChange::ReadOnly => (State::ReadOnly, 0),
+            ZoneChange::Offline => (State::Offline, 0),
+            ZoneChange::Finished if zone.state.is_active() => (State::Full, za::ZFC),
+            // Already finished by the controller: nothing to do.
+            ZoneChange::Finished if zone.za & za::ZFC != 0 => return Ok(false),
+            ZoneChange::Finished => return Err(inapplicable("open or closed")),
+            ZoneChange::FinishRecommended if zone.state.is_active() => (zone.state, za::FZR),
+            ZoneChange::FinishRecommended => return Err(inapplicable("open or closed")),
+            ZoneChange::ResetRecommended if zone.state.is_active() || zone.state == State::Full => {
+                (zone.state, za::RZR)
+            }
+            ZoneChange::ResetRecommended => return Err(inapplicable("open, closed or full")),
+        };
+        if zone.state == to && zone.za & attr == attr {
+            return Ok(false);
+        }
+        self.set_state(i, to);
+        if let Some(z) = self.zones.get_mut(i) {
+            z.za |= attr;
+            if change == ZoneChange::Finished {
+                z.written = zcap;
+            }
+        }
+        Ok(true)
     }
 
     pub fn zones(&self) -> &[Zone] {
@@ -246,11 +351,23 @@ impl Table {
     }
 
     /// Puts zone `i` in `to`, keeping the resource counts and the
-    /// implicitly opened list in step.
+    /// implicitly opened list in step, and dropping the attributes the
+    /// new state does not keep: a finish is recommended only to active
+    /// zones, a reset not to empty, read only or offline ones; an empty
+    /// zone has none (no extension, not finished by the controller).
     fn set_state(&mut self, i: usize, to: State) {
         let Some(zone) = self.zones.get_mut(i) else {
             return;
         };
+        if !to.is_active() {
+            zone.za &= !za::FZR;
+        }
+        if matches!(to, State::Empty | State::ReadOnly | State::Offline) {
+            zone.za &= !za::RZR;
+        }
+        if to == State::Empty {
+            zone.za = 0;
+        }
         let from = std::mem::replace(&mut zone.state, to);
         if from.is_open() {
             self.open = self.open.saturating_sub(1);
@@ -329,8 +446,15 @@ impl Table {
             (ZoneAction::Reset, State::Empty) => {}
             (ZoneAction::Reset, s) if s.is_active() || s == State::Full => {
                 self.set_state(i, State::Empty);
+                // An empty zone has no extension (§3.4.3.4): ZDEV off, and
+                // the old data not shown by a later extended report.
                 if let Some(z) = self.zones.get_mut(i) {
                     z.written = 0;
+                    z.za = 0;
+                }
+                let at = i * self.ext_size;
+                if let Some(ext) = self.ext.get_mut(at..at + self.ext_size) {
+                    ext.fill(0);
                 }
                 reset.push(i);
             }

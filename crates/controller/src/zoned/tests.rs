@@ -236,3 +236,44 @@ fn reports_filter_and_count() {
         Status::LBA_OUT_OF_RANGE.with_dnr(true)
     );
 }
+
+#[test]
+fn changed_zone_list_overflows_to_ffffh_and_a_read_clears_it() {
+    let mut list = super::changed::ChangedZones::default();
+    for zone in 0..511u64 {
+        list.add(zone * ZSZE);
+    }
+    let page = list.page();
+    assert_eq!(page[..2], 511u16.to_le_bytes());
+    assert_eq!(page[8 + 510 * 8..], (510 * ZSZE).to_le_bytes());
+    list.add(511 * ZSZE);
+    let page = list.page();
+    assert_eq!(page[..2], [0xFF, 0xFF], "more than 511");
+    assert!(page[2..].iter().all(|&b| b == 0), "and none listed");
+    list.acknowledge(&page);
+    list.add(0);
+    let page = list.page();
+    assert_eq!(
+        (page[..2].to_vec(), page[8..16].to_vec()),
+        (vec![1, 0], vec![0; 8])
+    );
+    // Zone 0's identifier is 0: the count, not a zero entry, ends the list.
+    list.acknowledge(&page);
+    assert_eq!(list.page()[..2], [0, 0]);
+}
+
+#[test]
+fn extension_sizes_are_checked() {
+    let mut c = ZonedConfig::new(ZONE);
+    c.extension_size = 100;
+    assert_eq!(c.validate(), Err(ZonedError::ExtensionSize(100)));
+    c.extension_size = 256 * 64;
+    assert_eq!(c.validate(), Err(ZonedError::ExtensionSize(256 * 64)));
+    c.extension_size = 255 * 64;
+    assert_eq!(c.validate(), Ok(()));
+    // 8192 zones of 16320 bytes: more than 64 MiB.
+    assert!(matches!(
+        Zones::new(c, 8192 * ZSZE, 12),
+        Err(ZonedError::ExtensionsTooLarge { .. })
+    ));
+}

@@ -7,6 +7,7 @@
 //! | `namespace_remove` | `nsid` | `{}` |
 //! | `namespace_attach` / `namespace_detach` | `nsid` | `{}` |
 //! | `namespace_resize` | `nsid`, `size` | `{nsze}` (blocks) |
+//! | `zone_set_state` | `nsid`, `zslba`, `state` (`read-only`, `offline`, `full`, `finish-recommended`, `reset-recommended`) | `{changed}` |
 //! | `fault_add` | a fault (`fault_params`) | `{id}` (command faults) or `{applied}` |
 //! | `fault_list` | | `{faults, smart_warning, not_ready}` |
 //! | `fault_clear` | `id`? (none: every fault) | `{cleared}` |
@@ -18,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use vnvme_controller::{Controller, Fault, FaultKind, Latency};
+use vnvme_controller::{Controller, Fault, FaultKind, Latency, ZoneChange};
 
 use super::fault_params::FaultParams;
 use super::{code, RpcError};
@@ -32,6 +33,7 @@ pub const METHODS: &[&str] = &[
     "namespace_attach",
     "namespace_detach",
     "namespace_resize",
+    "zone_set_state",
     "fault_add",
     "fault_list",
     "fault_clear",
@@ -69,6 +71,25 @@ enum Size {
 struct Resize {
     nsid: u32,
     size: Size,
+}
+
+/// What the controller does to a zone, as `zone_set_state` names it.
+#[derive(Deserialize)]
+#[serde(rename_all = "kebab-case")]
+enum ZoneStateParam {
+    ReadOnly,
+    Offline,
+    Full,
+    FinishRecommended,
+    ResetRecommended,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ZoneSetState {
+    nsid: u32,
+    zslba: u64,
+    state: ZoneStateParam,
 }
 
 #[derive(Deserialize)]
@@ -149,6 +170,20 @@ pub fn call(
             }
             let nsze = ctrl.namespace_resize(r.nsid, bytes).map_err(refused)?;
             Ok(json!({ "nsze": nsze }))
+        }
+        "zone_set_state" => {
+            // The controller changes a zone by itself, as a worn or busy
+            // device's do: the host sees it in the Changed Zone List.
+            let z: ZoneSetState = params(method, p)?;
+            let to = match z.state {
+                ZoneStateParam::ReadOnly => ZoneChange::ReadOnly,
+                ZoneStateParam::Offline => ZoneChange::Offline,
+                ZoneStateParam::Full => ZoneChange::Finished,
+                ZoneStateParam::FinishRecommended => ZoneChange::FinishRecommended,
+                ZoneStateParam::ResetRecommended => ZoneChange::ResetRecommended,
+            };
+            let changed = ctrl.zone_set_state(z.nsid, z.zslba, to).map_err(refused)?;
+            Ok(json!({ "changed": changed }))
         }
         "fault_add" => {
             let f: FaultParams = params(method, p)?;

@@ -130,3 +130,57 @@ fn a_zone_reset_punches_a_hole_in_a_file_backend() {
     q.read(1, 64, 32, &mut back).unwrap();
     assert!(back.to_vec().iter().all(|&b| b == 0));
 }
+
+#[test]
+fn zone_descriptor_extensions_are_set_and_reported_through_the_driver() {
+    let ns = "16M:ram,zoned,zone-size=1M,zone-ext=64";
+    let rig = start(device(DoorbellMode::Trap), &[ns], InitOptions::default());
+    let mut q = rig.ctrl.take_io_queue(0).unwrap();
+    let ext = rig.access.dma_alloc(4096).unwrap();
+    ext.write_bytes(0, &pattern(64, 9)).unwrap();
+    q.set_zone_extension(1, 2 * ZSZE, &ext, 64).unwrap();
+    let again = q.set_zone_extension(1, 2 * ZSZE, &ext, 64).unwrap_err();
+    assert!(status(again).same_code(Status::INVALID_ZONE_STATE_TRANSITION));
+    let report = rig.access.dma_alloc(4096).unwrap();
+    let r = q
+        .report_zones_extended(1, 0, zrasf::ALL, false, 64, &report)
+        .unwrap();
+    // 128 bytes an entry: 31 fit after the header, all 16 here.
+    assert_eq!(
+        (r.nr_zones, r.zones.len(), r.extensions.len()),
+        (16, 16, 16)
+    );
+    assert_eq!(
+        (r.zones[2].state(), r.zones[2].za),
+        (zone_state::CLOSED, 0x80)
+    );
+    assert_eq!(r.extensions[2], pattern(64, 9));
+    assert_eq!(r.extensions[1], vec![0; 64]);
+    // A plain report has no extensions; a reset clears the zone's.
+    let r = q
+        .report_zones(1, 2 * ZSZE, zrasf::ALL, true, &report)
+        .unwrap();
+    assert!(r.extensions.is_empty());
+    q.zone_action(1, 2 * ZSZE, zsa::RESET, false).unwrap();
+    let r = q
+        .report_zones_extended(1, 2 * ZSZE, zrasf::ALL, true, 64, &report)
+        .unwrap();
+    assert_eq!((r.zones[0].za, r.extensions[0].clone()), (0, vec![0; 64]));
+    assert!(matches!(
+        q.report_zones_extended(1, 0, 0, false, 100, &report),
+        Err(Error::InvalidRequest(_))
+    ));
+}
+
+#[test]
+fn without_extensions_the_extended_report_is_invalid_field() {
+    let rig = start(device(DoorbellMode::Trap), &[NS], InitOptions::default());
+    let mut q = rig.ctrl.take_io_queue(0).unwrap();
+    let buf = rig.access.dma_alloc(4096).unwrap();
+    let e = q
+        .report_zones_extended(1, 0, zrasf::ALL, false, 64, &buf)
+        .unwrap_err();
+    assert!(status(e).same_code(Status::INVALID_FIELD));
+    let e = q.set_zone_extension(1, 0, &buf, 64).unwrap_err();
+    assert!(status(e).same_code(Status::INVALID_FIELD));
+}
