@@ -285,7 +285,7 @@ pub struct LbaFormatSpec {
 /// fits every format with metadata: an 8-byte tuple with a 16-bit guard
 /// (CRC-16 T10-DIF) in formats 1, 2, 4 and 5, a 16-byte tuple with a
 /// 64-bit guard (CRC-64 NVMe) in formats 6 and 7 (see
-/// [`crate::protection`]). New formats are appended: hosts and
+/// the `protection` module). New formats are appended: hosts and
 /// configurations name them by index.
 pub const LBA_FORMATS: &[LbaFormatSpec] = &[
     LbaFormatSpec {

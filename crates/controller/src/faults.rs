@@ -16,7 +16,7 @@
 //!   left of them to see: the not-ready periods and the warning bits.
 //!
 //! Commands a rule holds back (latency, never-complete) stay in their
-//! worker's hands ([`Held`]); their keys are registered here so Abort can
+//! worker's hands (the worker's `held` list); their keys are registered here so Abort can
 //! find them, and a controller reset forgets them all.
 
 use std::collections::BTreeMap;

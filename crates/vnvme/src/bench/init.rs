@@ -65,6 +65,8 @@ pub struct InitBenchOptions {
     pub init_mode: List<Mode>,
     /// A namespace, SIZE[:null|ram][,ready=DURATION][,never-ready][,detached][,format=N];
     /// repeat for more. Default: 64M:null, 64M:null,ready=300ms, 64M:null,detached, 64M:null,format=4.
+    // The brackets are the help text's optional parts, not links.
+    #[allow(rustdoc::broken_intra_doc_links)]
     #[arg(long = "ns", value_name = "SPEC")]
     pub namespaces: Vec<NamespaceSpec>,
     /// MSI-X vectors of the controller (default: one per queue plus one);

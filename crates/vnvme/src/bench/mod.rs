@@ -156,6 +156,8 @@ pub struct BenchOptions {
     pub file: Option<PathBuf>,
     /// Serve the namespace from this NBD export instead of --backend
     /// (nbd://HOST[:PORT]/EXPORT or nbd+unix:///EXPORT?socket=PATH; its first --size bytes).
+    // The brackets are the help text's optional parts, not links.
+    #[allow(rustdoc::broken_intra_doc_links)]
     #[arg(long, value_name = "URI")]
     pub nbd: Option<String>,
     /// Access pattern (4 KiB blocks).

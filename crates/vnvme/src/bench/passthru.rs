@@ -497,7 +497,7 @@ fn min_max(values: &[f64]) -> Option<(f64, f64)> {
     Some((lo, hi))
 }
 
-/// One line: the measured table's [`Shape`], each figure next to the seed's
+/// One line: the measured table's shape, each figure next to the seed's
 /// at the same depths.
 pub fn shape(runs: &[PassthruRun]) -> String {
     let ours = Shape::of(

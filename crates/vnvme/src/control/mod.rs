@@ -1,7 +1,7 @@
 //! The control socket: `vnvme serve --control PATH` answers JSON-RPC 2.0
 //! requests, one per line, on a UNIX socket (mode 0600: the owner only),
 //! so the device can be changed and broken while it serves (`vnvme ctl`
-//! is its client; [`methods`] lists what it does).
+//! is its client; the `methods` module lists what it does).
 //!
 //! The client is hostile like any other: each request line is at most
 //! [`MAX_LINE`] bytes and must arrive whole within [`REQUEST_TIMEOUT`]

@@ -11,7 +11,7 @@
 //!   `--stats` counters (SQ + CQ doorbell traps, interrupts raised) divided by
 //!   the delta of I/O commands the controller executed, between two
 //!   snapshots the guest brackets the fio job with. The guest prints a marker
-//!   line and sleeps [`QUIET`] before and after the job; the host takes the
+//!   line and sleeps `QUIET` (2 s) before and after the job; the host takes the
 //!   first stats file written after it saw the marker (the server rewrites it
 //!   every second), so the window holds exactly that job's I/O (ramp and
 //!   fio's own open/close included) and nothing else.
