@@ -173,7 +173,7 @@ pub(crate) fn identify_controller(shared: &Shared) -> Box<IdentifyController> {
     id.ocfs = U16::new(ocfs::FORMAT_0);
     // SGLs for I/O data (metadata stays contiguous at MPTR), exactly as
     // long as the transfer: see `crate::sgl`.
-    id.sgls = U32::new(sgls::SUPPORTED | sgls::BIT_BUCKET);
+    id.sgls = U32::new(sgls::SUPPORTED | sgls::BIT_BUCKET | sgls::MSDS);
     // Get Features' Select field, and the Timestamp feature.
     id.oncs = U16::new(id.oncs.get() | oncs::SAVE_SELECT | oncs::TIMESTAMP);
     // VWC bit 0: present; bits 2:1 = 11b: Flush with NSID FFFFFFFFh supported.
