@@ -4,9 +4,12 @@
 //! the tuple first and last in the metadata: PI the driver generates is
 //! checked by the controller and read back verified by the driver, a
 //! corrupted guard is caught by both, and the block API (PRACT) round-trips.
+//! PI of the driver's moves at MPTR and through metadata SGLs (PSDT 10b).
 
 use vnvme_controller::DoorbellMode;
-use vnvme_driver::{DmaBuffer, Error, InitOptions, IoQueue, NsProtection, PiError};
+use vnvme_driver::{
+    DmaBuffer, Error, InitOptions, IoQueue, MetadataPointer, NsProtection, PiError,
+};
 use vnvme_spec::cdw::Cdw10FormatNvm;
 use vnvme_spec::command::Command;
 use vnvme_spec::{AdminOpcode, NvmOpcode, Status};
@@ -34,6 +37,13 @@ const SETTINGS: &[(u8, bool)] = &[
 ];
 
 const APP: u16 = 0x0B0E;
+
+/// Every way the driver passes the metadata of PI of its own.
+const MODES: &[MetadataPointer] = &[
+    MetadataPointer::Contiguous,
+    MetadataPointer::Sgl,
+    MetadataPointer::SglPerBlock,
+];
 
 /// A rig with a namespace of `format` per [`SETTINGS`] entry.
 fn rig_of(format: u8) -> Rig {
@@ -97,34 +107,48 @@ fn every_pi_format_type_and_placement_detected_and_driver_pi_round_trips() {
                 "{what}"
             );
             // Five blocks (a PRP list at 4 KiB), and metadata of the
-            // caller's own beside each tuple, which a last tuple guards.
-            let n = 5u32;
-            let data = pattern(n as usize * lba, u32::from(format) * 10 + nsid);
-            let own = pattern(n as usize * usize::from(ms), 99 + nsid);
-            let buf = dma(&rig, data.len(), &data);
-            let meta = dma(&rig, own.len(), &own);
-            q.write_protected(nsid, 30, (&buf, &meta), n, APP)
-                .unwrap_or_else(|e| panic!("{what}: {e}"));
-            let (mut back, mut mback) = (
-                rig.access.dma_alloc(data.len()).unwrap(),
-                rig.access.dma_alloc(own.len()).unwrap(),
-            );
-            q.read_protected(nsid, 30, (&mut back, &mut mback), n, APP)
-                .unwrap_or_else(|e| panic!("{what}: {e}"));
-            assert_eq!(back.to_vec(), data, "{what}");
-            // Metadata comes back as written: the caller's bytes around
-            // the tuple the driver placed.
-            let written = meta.to_vec();
-            assert_eq!(mback.to_vec(), written, "{what}");
-            let (at, size) = (pi.tuple_offset(), usize::from(pi.tuple_size()));
-            for (b, (w, o)) in written
-                .chunks(usize::from(ms))
-                .zip(own.chunks(usize::from(ms)))
-                .enumerate()
-            {
-                assert_eq!(w[..at], o[..at], "{what}: block {b} before the tuple");
-                assert_eq!(w[at + size..], o[at + size..], "{what}: block {b} after it");
+            // caller's own beside each tuple, which a last tuple guards;
+            // the metadata at MPTR, then through each metadata SGL shape.
+            for (k, mode) in (0u64..).zip(MODES) {
+                let what = format!("{what}, {mode:?}");
+                q.set_metadata_pointer(*mode).unwrap();
+                let sgls = rig.stats().sgl_commands;
+                let lba_at = 30 + 10 * k;
+                let n = 5u32;
+                let data = pattern(n as usize * lba, u32::from(format) * 10 + nsid);
+                let own = pattern(n as usize * usize::from(ms), 99 + nsid);
+                let buf = dma(&rig, data.len(), &data);
+                let meta = dma(&rig, own.len(), &own);
+                q.write_protected(nsid, lba_at, (&buf, &meta), n, APP)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                let (mut back, mut mback) = (
+                    rig.access.dma_alloc(data.len()).unwrap(),
+                    rig.access.dma_alloc(own.len()).unwrap(),
+                );
+                q.read_protected(nsid, lba_at, (&mut back, &mut mback), n, APP)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert_eq!(back.to_vec(), data, "{what}");
+                let sgl_used = *mode != MetadataPointer::Contiguous;
+                assert_eq!(
+                    rig.stats().sgl_commands - sgls,
+                    if sgl_used { 2 } else { 0 },
+                    "{what}"
+                );
+                // Metadata comes back as written: the caller's bytes around
+                // the tuple the driver placed.
+                let written = meta.to_vec();
+                assert_eq!(mback.to_vec(), written, "{what}");
+                let (at, size) = (pi.tuple_offset(), usize::from(pi.tuple_size()));
+                for (b, (w, o)) in written
+                    .chunks(usize::from(ms))
+                    .zip(own.chunks(usize::from(ms)))
+                    .enumerate()
+                {
+                    assert_eq!(w[..at], o[..at], "{what}: block {b} before the tuple");
+                    assert_eq!(w[at + size..], o[at + size..], "{what}: block {b} after it");
+                }
             }
+            q.set_metadata_pointer(MetadataPointer::Contiguous).unwrap();
         }
     }
 }
