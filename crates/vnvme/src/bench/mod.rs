@@ -441,9 +441,8 @@ impl ModeBench {
         }
         if driver.namespaces().is_empty() {
             bail!(
-                "the controller reported no usable namespace (the driver moves no metadata but PI \
-                 the controller makes: a format with metadata needs --pi, and metadata that is the \
-                 PI tuple alone, as in formats 4 and 6)"
+                "the controller reported no usable namespace (the driver moves metadata only with \
+                 protection information: a format with metadata needs --pi)"
             );
         }
         let mut queues = (0..usize::from(opts.queues))
