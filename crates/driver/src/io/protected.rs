@@ -54,7 +54,10 @@ pub(super) struct MetaBuffers {
     zeroes: Option<DmaBuffer>,
     /// Written by the controller with a PRACT read's metadata; never read.
     sink: Option<DmaBuffer>,
-    /// Metadata SGL descriptors of the one protected call waiting.
+    /// Metadata SGL descriptors of the one protected call waiting: those
+    /// calls are synchronous, so one area serves them all. (A call that
+    /// timed out leaves its command reading whatever the next call writes
+    /// here; a controller that late is already failing the queue.)
     sgl: Option<DmaBuffer>,
     /// Buffers outgrown: a command still in flight (or one that timed
     /// out) may point into them, so they live as long as the queue.
