@@ -249,7 +249,8 @@ impl IoQueue {
                 "{nblocks} blocks (NLB allows 1 to 65536)"
             )));
         }
-        let len = usize::try_from(u64::from(nblocks) * u64::from(lba_size)).unwrap_or(usize::MAX);
+        let mut len =
+            usize::try_from(u64::from(nblocks) * u64::from(lba_size)).unwrap_or(usize::MAX);
         let mut cmd = Command::new(opcode.0, 0);
         cmd.nsid = nsid.into();
         cmd.set_slba(lba);
@@ -259,12 +260,18 @@ impl IoQueue {
         let (meta, meta_len) = match protection {
             Some(pi) => {
                 protect(&mut cmd, pi, lba, nlb_z, own_pi.map(|(_, app)| app));
-                let meta = match own_pi {
-                    Some((m, _)) => Meta::Own(m),
-                    None if pi.stripped() || pi.extended => Meta::None,
-                    None => Meta::Queue,
-                };
-                (meta, nblocks as usize * usize::from(pi.ms))
+                let meta_len = nblocks as usize * usize::from(pi.ms);
+                match own_pi {
+                    // Extended LBAs: `buf` holds each block's data and
+                    // metadata (the protected calls bounce them so).
+                    Some(_) if pi.extended => {
+                        len = len.saturating_add(meta_len);
+                        (Meta::None, 0)
+                    }
+                    Some((m, _)) => (Meta::Own(m), meta_len),
+                    None if pi.stripped() || pi.extended => (Meta::None, 0),
+                    None => (Meta::Queue, meta_len),
+                }
             }
             None => (Meta::None, 0),
         };

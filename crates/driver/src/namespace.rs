@@ -53,7 +53,9 @@ pub struct NsProtection {
     /// Extended LBAs (FLBAS bit 4): the metadata follows each block's data
     /// in the data buffer. The driver takes these only where the metadata
     /// is the tuple alone, which PRACT strips: the block API moves data
-    /// alone then, and protected I/O with PI of its own is refused.
+    /// alone then (more metadata would have to be interleaved into every
+    /// caller's buffer); protected I/O bounces data and PI through a
+    /// buffer of the queue's.
     pub extended: bool,
 }
 

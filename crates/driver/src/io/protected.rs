@@ -59,6 +59,9 @@ pub(super) struct MetaBuffers {
     /// timed out leaves its command reading whatever the next call writes
     /// here; a controller that late is already failing the queue.)
     sgl: Option<DmaBuffer>,
+    /// Data and metadata of the one protected call waiting on a namespace
+    /// with extended LBAs, interleaved as the controller moves them.
+    bounce: Option<DmaBuffer>,
     /// Buffers outgrown: a command still in flight (or one that timed
     /// out) may point into them, so they live as long as the queue.
     retired: Vec<DmaBuffer>,
@@ -74,6 +77,7 @@ impl MetaBuffers {
             zeroes: None,
             sink: None,
             sgl: None,
+            bounce: None,
             retired: Vec::new(),
             sgls,
             mode: MetadataPointer::Contiguous,
@@ -88,6 +92,7 @@ impl MetaBuffers {
             Slot::Zeroes => &mut self.zeroes,
             Slot::Sink => &mut self.sink,
             Slot::Sgl => &mut self.sgl,
+            Slot::Bounce => &mut self.bounce,
         };
         if let Some(b) = slot.as_ref().filter(|b| b.len() >= len) {
             return Ok(b.clone());
@@ -107,6 +112,7 @@ enum Slot {
     Zeroes,
     Sink,
     Sgl,
+    Bounce,
 }
 
 /// Every check that applies to `pi`'s type, and PRACT unless the command
@@ -142,7 +148,8 @@ pub(super) fn protect(
 
 /// Where a Read or Write's metadata is.
 pub(super) enum Meta<'a> {
-    /// None moves (no PI, or PRACT on a tuple alone, or extended LBAs).
+    /// None moves apart from the data (no PI, or PRACT on a tuple alone,
+    /// or extended LBAs).
     None,
     /// The queue's own buffers (PRACT, metadata beyond the tuple).
     Queue,
@@ -257,16 +264,31 @@ impl IoQueue {
         let (pi, lba_size) = self.protection_of(nsid, nblocks, meta)?;
         let mut m = vec![0; nblocks as usize * usize::from(pi.ms)];
         meta.read_bytes(0, &mut m)?;
-        pi.generate(
-            &self.data_of(buf, nblocks, lba_size)?,
-            lba_size,
-            &mut m,
-            lba,
-            app,
-        )?;
+        let data = self.data_of(buf, nblocks, lba_size)?;
+        pi.generate(&data, lba_size, &mut m, lba, app)?;
         meta.write_bytes(0, &m)?;
-        let cid =
-            self.enqueue_rw_pi(NvmOpcode::WRITE, nsid, lba, nblocks, buf, Some((meta, app)))?;
+        let target = if pi.extended {
+            // Each block's metadata right after its data (FLBAS bit 4).
+            let ms = usize::from(pi.ms);
+            let mut both = Vec::with_capacity(data.len() + m.len());
+            for (d, md) in data.chunks_exact(lba_size).zip(m.chunks_exact(ms)) {
+                both.extend_from_slice(d);
+                both.extend_from_slice(md);
+            }
+            let bounce = self.meta.grow(Slot::Bounce, both.len())?;
+            bounce.write_bytes(0, &both)?;
+            bounce
+        } else {
+            buf.clone()
+        };
+        let cid = self.enqueue_rw_pi(
+            NvmOpcode::WRITE,
+            nsid,
+            lba,
+            nblocks,
+            &target,
+            Some((meta, app)),
+        )?;
         self.ring()?;
         self.complete(cid, NvmOpcode::WRITE)
     }
@@ -283,19 +305,48 @@ impl IoQueue {
         app: u16,
     ) -> Result<Completion, Error> {
         let (pi, lba_size) = self.protection_of(nsid, nblocks, meta)?;
-        let cid =
-            self.enqueue_rw_pi(NvmOpcode::READ, nsid, lba, nblocks, buf, Some((meta, app)))?;
+        let ms = usize::from(pi.ms);
+        let (data_len, meta_len) = (nblocks as usize * lba_size, nblocks as usize * ms);
+        if buf.len() < data_len {
+            return Err(Error::BufferTooSmall {
+                len: data_len,
+                buffer: buf.len(),
+            });
+        }
+        let target = if pi.extended {
+            self.meta.grow(Slot::Bounce, data_len + meta_len)?
+        } else {
+            buf.clone()
+        };
+        let cid = self.enqueue_rw_pi(
+            NvmOpcode::READ,
+            nsid,
+            lba,
+            nblocks,
+            &target,
+            Some((meta, app)),
+        )?;
         self.ring()?;
         let cqe = self.complete(cid, NvmOpcode::READ)?;
-        let mut m = vec![0; nblocks as usize * usize::from(pi.ms)];
-        meta.read_bytes(0, &mut m)?;
-        pi.verify(
-            &self.data_of(buf, nblocks, lba_size)?,
-            lba_size,
-            &m,
-            lba,
-            app,
-        )?;
+        let (mut data, mut m) = (vec![0; data_len], vec![0; meta_len]);
+        if pi.extended {
+            let mut both = vec![0; data_len + meta_len];
+            target.read_bytes(0, &mut both)?;
+            let blocks = both.chunks_exact(lba_size + ms);
+            for ((block, d), md) in blocks
+                .zip(data.chunks_exact_mut(lba_size))
+                .zip(m.chunks_exact_mut(ms))
+            {
+                d.copy_from_slice(&block[..lba_size]);
+                md.copy_from_slice(&block[lba_size..]);
+            }
+            buf.write_bytes(0, &data)?;
+            meta.write_bytes(0, &m)?;
+        } else {
+            buf.read_bytes(0, &mut data)?;
+            meta.read_bytes(0, &mut m)?;
+        }
+        pi.verify(&data, lba_size, &m, lba, app)?;
         Ok(cqe)
     }
 
@@ -312,12 +363,6 @@ impl IoQueue {
         let pi = ns.protection.ok_or_else(|| {
             Error::InvalidRequest(format!("namespace {nsid} has no protection information"))
         })?;
-        if pi.extended {
-            // The metadata would ride in the data buffer (see NsProtection).
-            return Err(Error::InvalidRequest(format!(
-                "namespace {nsid} has extended LBAs: no separate metadata buffer"
-            )));
-        }
         // The controller moves this much at MPTR.
         let need = nblocks as usize * usize::from(pi.ms);
         if meta.len() < need {

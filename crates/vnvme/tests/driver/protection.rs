@@ -247,7 +247,7 @@ fn the_block_api_round_trips_on_every_pi_format_with_pi_the_driver_can_check() {
 }
 
 #[test]
-fn extended_lbas_are_taken_only_where_pract_strips_the_whole_metadata() {
+fn extended_lbas_are_taken_where_pract_strips_the_whole_metadata_and_bounce_own_pi() {
     let rig = start(
         device(DoorbellMode::Trap),
         &["4M:ram,format=4,pi=1", "4M:ram,format=5,pi=1"],
@@ -281,9 +281,31 @@ fn extended_lbas_are_taken_only_where_pract_strips_the_whole_metadata() {
     let mut back = rig.access.dma_alloc(data.len()).unwrap();
     q.read(1, 3, 3, &mut back).unwrap();
     assert_eq!(back.to_vec(), data);
-    let meta = rig.access.dma_alloc(4096).unwrap();
-    assert!(matches!(
-        q.write_protected(1, 3, (&buf, &meta), 3, 0),
-        Err(Error::InvalidRequest(_))
-    ));
+    // PI of the driver's: data and tuples interleaved through a buffer of
+    // the queue's, checked by the controller (a misplaced tuple fails its
+    // guard), and the data where the block API finds it.
+    let data = pattern(3 * 4096, 5);
+    let buf = dma(&rig, data.len(), &data);
+    let meta = rig.access.dma_alloc(24).unwrap();
+    q.write_protected(1, 10, (&buf, &meta), 3, APP).unwrap();
+    let (mut back, mut mback) = (
+        rig.access.dma_alloc(data.len()).unwrap(),
+        rig.access.dma_alloc(24).unwrap(),
+    );
+    q.read_protected(1, 10, (&mut back, &mut mback), 3, APP)
+        .unwrap();
+    assert_eq!(
+        (back.to_vec(), mback.to_vec()),
+        (data.clone(), meta.to_vec())
+    );
+    let mut plain = rig.access.dma_alloc(data.len()).unwrap();
+    q.read(1, 10, 3, &mut plain).unwrap();
+    assert_eq!(plain.to_vec(), data);
+    let err = q
+        .read_protected(1, 10, (&mut back, &mut mback), 3, APP + 1)
+        .unwrap_err();
+    assert_eq!(
+        err.status(),
+        Some(Status::APPLICATION_TAG_CHECK_ERROR.with_dnr(true))
+    );
 }
