@@ -16,7 +16,8 @@ use vnvme_blockdev::{BlockDevice, NullDevice, RamDevice};
 use crate::deferred::Deferred;
 use vnvme_controller::testing::{CountingIrq, VecMemory};
 use vnvme_controller::{
-    Controller, ControllerConfig, DoorbellMode, GuestMemory, NamespaceConfig, ZonedConfig,
+    Controller, ControllerConfig, DoorbellMode, GuestMemory, NamespaceConfig, PiType, Protection,
+    ZonedConfig,
 };
 use vnvme_spec::{Command, Completion};
 use zerocopy::little_endian::{U32, U64};
@@ -331,6 +332,15 @@ pub fn run(input: Input) {
         NamespaceConfig::new(1, 512, ns1),
         NamespaceConfig::new(2, 4096, Arc::new(NullDevice::new(1 << 30))),
         NamespaceConfig::new(3, 4096, Arc::new(RamDevice::new(256 << 10))).with_zoned(Some(zones)),
+        // Namespace 4: 512+64, separate metadata with PI Type 1 last, so
+        // MPTR is read and written (a contiguous buffer or, PSDT 10b, a
+        // metadata SGL) and PRINFO checked.
+        NamespaceConfig::new(4, 512, Arc::new(RamDevice::new(256 << 10)))
+            .with_format(2)
+            .with_protection(Some(Protection {
+                pi_type: PiType::Type1,
+                first: false,
+            })),
     ];
     let Ok(ctrl) = Controller::new(config, namespaces) else {
         return;

@@ -25,6 +25,8 @@ pub(crate) struct Scratch {
     /// while split from or merged with the metadata.
     pub meta: Vec<u8>,
     pub split: Vec<u8>,
+    /// The pieces of a metadata SGL (PSDT 10b).
+    pub meta_segs: Vec<Segment>,
 }
 
 /// What a command handler has at hand.

@@ -32,13 +32,13 @@ use crate::command::{Ctx, Outcome};
 use crate::config::Readiness;
 use crate::inflight::{InFlight, Kind, Started};
 use crate::io_request::{Extent, ReadWrite, WriteZeroes};
-use crate::memory::DmaError;
 use crate::namespace::Namespace;
 use crate::prp;
 
 use crate::namespace::NSID_ALL;
 
 mod copy;
+mod metadata;
 mod reservation;
 mod zone;
 
@@ -104,9 +104,9 @@ fn run(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Option<u64>, Status> {
     if !SUPPORTED.contains(&op) {
         return Err(Status::INVALID_OPCODE.with_dnr(true));
     }
-    // PSDT 01b: SGL data, metadata contiguous at MPTR. 10b (metadata SGL)
-    // is not offered in SGLS.
-    if cmd.fuse() != 0 || cmd.psdt() > 1 {
+    // PSDT 01b: SGL data, metadata contiguous at MPTR; 10b: SGL data and
+    // metadata (SGLS bit 19); 11b is reserved.
+    if cmd.fuse() != 0 || cmd.psdt() > 2 {
         return Err(invalid_field());
     }
     let nsid = cmd.nsid.get();
@@ -229,14 +229,6 @@ fn read_error(ctx: &Ctx<'_>) -> Status {
     Status::UNRECOVERED_READ_ERROR.with_dnr(true)
 }
 
-/// The metadata buffer at MPTR is not guest memory the controller may
-/// use: the guest's doing, so traced, not logged (its count is in the
-/// completion statuses).
-fn metadata_transfer_error(e: DmaError) -> Status {
-    tracing::trace!("metadata buffer: {e}");
-    Status::DATA_TRANSFER_ERROR.with_dnr(true)
-}
-
 /// Copies the host's data (and separate metadata) of `rw` into `out`
 /// (`rw.len` bytes), in the backend layout.
 fn gather(
@@ -254,12 +246,8 @@ fn gather(
     let mut meta = std::mem::take(&mut ctx.scratch.meta);
     data.resize(rw.data_len as usize, 0);
     meta.resize(rw.meta_len as usize, 0);
-    let r = prp::read_from_guest(&*ctx.session.mem, &ctx.scratch.segs, &mut data).and_then(|()| {
-        ctx.session
-            .mem
-            .read(cmd.mptr.get(), &mut meta)
-            .map_err(metadata_transfer_error)
-    });
+    let r = prp::read_from_guest(&*ctx.session.mem, &ctx.scratch.segs, &mut data)
+        .and_then(|()| metadata::read(ctx, cmd, &mut meta));
     if r.is_ok() {
         let (lba, ms) = (1usize << ns.lba_shift, usize::from(ns.ms));
         for (i, (block, d)) in out
@@ -299,7 +287,7 @@ fn scatter(
         let (data, meta) = media.split_at((1usize << ns.lba_shift).min(media.len()));
         let meta = meta.get(..rw.meta_len as usize).unwrap_or_default();
         return prp::write_to_guest(&*ctx.session.mem, &ctx.scratch.segs, data)
-            .and_then(|()| write_metadata(ctx, cmd, meta));
+            .and_then(|()| metadata::write(ctx, cmd, meta));
     }
     let mut data = std::mem::take(&mut ctx.scratch.split);
     let mut meta = std::mem::take(&mut ctx.scratch.meta);
@@ -314,22 +302,10 @@ fn scatter(
     // PRACT stripped the PI, the metadata's only content.
     meta.truncate(rw.meta_len as usize);
     let r = prp::write_to_guest(&*ctx.session.mem, &ctx.scratch.segs, &data)
-        .and_then(|()| write_metadata(ctx, cmd, &meta));
+        .and_then(|()| metadata::write(ctx, cmd, &meta));
     ctx.scratch.split = data;
     ctx.scratch.meta = meta;
     r
-}
-
-/// Copies separate metadata to the host's buffer at MPTR (none when
-/// PRACT stripped it).
-fn write_metadata(ctx: &Ctx<'_>, cmd: &Command, meta: &[u8]) -> Result<(), Status> {
-    if meta.is_empty() {
-        return Ok(());
-    }
-    ctx.session
-        .mem
-        .write(cmd.mptr.get(), meta)
-        .map_err(metadata_transfer_error)
 }
 
 /// Unrecovered Read Error if any of `nlb` blocks at `slba` is marked by
@@ -343,6 +319,7 @@ fn check_marks(ctx: &Ctx<'_>, ns: &Namespace, slba: u64, nlb: u64) -> Result<(),
 fn read(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Arc<Namespace>) -> Result<Option<u64>, Status> {
     let rw = ReadWrite::parse(cmd, ns, ctx.shared.config.max_transfer())?;
     check_marks(ctx, ns, rw.slba, rw.nlb)?;
+    metadata::check_read(ctx, cmd, rw.meta_len)?;
     if ns.backend.moves_no_data() {
         // The PRPs are still walked (a malformed list fails as it would),
         // but no data moves: the null device's figures are the

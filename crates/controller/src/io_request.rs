@@ -15,8 +15,9 @@ use crate::protection::PiCommand;
 /// With metadata, `len` (backend bytes: data and metadata of each block,
 /// see [`crate::namespace`]) differs from what moves through the PRPs:
 /// extended LBAs move all of it there (`data_len == len`); separate
-/// metadata moves `data_len` bytes of data through the PRPs and
-/// `meta_len` bytes through the contiguous buffer at MPTR. With PRACT on
+/// metadata moves `data_len` bytes of data through the PRPs (or data SGL)
+/// and `meta_len` bytes through the contiguous buffer at MPTR or the
+/// metadata SGL it points to (PSDT 10b). With PRACT on
 /// a format whose metadata is the PI tuple alone, no metadata moves at
 /// all (NVM Command Set 1.0 §5.3.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,7 +28,8 @@ pub(crate) struct ReadWrite {
     pub len: u64,
     /// Bytes through PRP1/PRP2 (bounded by MDTS).
     pub data_len: u64,
-    /// Bytes through MPTR (0 without separate metadata).
+    /// Bytes through MPTR (0 without separate metadata; MPTR is then not
+    /// read, whatever PSDT says).
     pub meta_len: u64,
     /// Logical block data bytes, for the SMART data unit counters.
     pub block_bytes: u64,

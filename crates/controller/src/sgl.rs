@@ -1,13 +1,17 @@
-//! SGL data pointers (NVMe Base 2.0 §4.3.2): turning the command's SGL
-//! Entry 1 and the segments it leads to into the guest memory segments of
-//! one transfer, as [`crate::prp::map`] does for PRPs.
+//! SGL data pointers (NVMe Base 2.0 §4.1.2): turning the command's SGL
+//! Entry 1, or the one descriptor a metadata SGL's MPTR points to, and the
+//! segments it leads to into the guest memory segments of one transfer, as
+//! [`crate::prp::map`] does for PRPs.
 //!
-//! Hosts use SGLs for I/O commands only (PSDT 01b: data SGL, metadata in
+//! Hosts use SGLs for I/O commands only: PSDT 01b (data SGL, metadata in
 //! the contiguous buffer at MPTR; Linux does so when a request's segments
-//! average 32 KiB or more, `nvme.sgl_threshold`). Every descriptor is guest
-//! input: the walk reads at most [`MAX_DESCRIPTORS`] of them, whatever the
-//! segments chain to.
+//! average 32 KiB or more, `nvme.sgl_threshold`) and PSDT 10b (data SGL,
+//! and MPTR the address of one qword-aligned descriptor of a metadata SGL,
+//! offered in SGLS bit 19; Linux 6.14 and later). Every descriptor is
+//! guest input: a walk reads at most [`MAX_DESCRIPTORS`] of them, whatever
+//! the segments chain to.
 
+use vnvme_spec::sgl::{kind, Descriptor};
 use vnvme_spec::Status;
 
 use crate::memory::GuestMemory;
@@ -20,14 +24,8 @@ const MAX_DESCRIPTORS: usize = 8192;
 /// Descriptors read from guest memory at a time (one 4 KiB window).
 const WINDOW: usize = 256;
 
-const DESCRIPTOR: usize = 16;
+const DESCRIPTOR: usize = Descriptor::SIZE;
 const PAGE: u64 = 4096;
-
-/// SGL descriptor types (byte 15, bits 7:4).
-const DATA_BLOCK: u8 = 0x0;
-const BIT_BUCKET_TYPE: u8 = 0x1;
-const SEGMENT: u8 = 0x2;
-const LAST_SEGMENT: u8 = 0x3;
 
 /// Which way the data goes: a bit bucket discards what the controller
 /// sends; in a host-to-controller transfer it describes nothing and is
@@ -38,30 +36,21 @@ pub enum Direction {
     FromHost,
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Descriptor {
-    addr: u64,
-    len: u32,
-    kind: u8,
-    subtype: u8,
+/// What an SGL describes: the data buffer, or the metadata buffer, which
+/// takes no bit bucket (SGLS bit 16 offers them for data) and whose wrong
+/// length has a status of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Target {
+    Data,
+    Metadata,
 }
 
-impl Descriptor {
-    fn parse(b: &[u8; DESCRIPTOR]) -> Self {
-        let mut addr = [0u8; 8];
-        addr.copy_from_slice(&b[..8]);
-        let mut len = [0u8; 4];
-        len.copy_from_slice(&b[8..12]);
-        Self {
-            addr: u64::from_le_bytes(addr),
-            len: u32::from_le_bytes(len),
-            kind: b[15] >> 4,
-            subtype: b[15] & 0xF,
-        }
-    }
-
-    fn is_segment(&self) -> bool {
-        matches!(self.kind, SEGMENT | LAST_SEGMENT)
+impl Target {
+    fn length_invalid(self) -> Status {
+        dnr(match self {
+            Target::Data => Status::DATA_SGL_LENGTH_INVALID,
+            Target::Metadata => Status::METADATA_SGL_LENGTH_INVALID,
+        })
     }
 }
 
@@ -91,14 +80,63 @@ pub fn map(
     dir: Direction,
     out: &mut Vec<Segment>,
 ) -> Result<(), Status> {
+    walk(
+        mem,
+        Descriptor::from_bytes(&sgl1),
+        len,
+        dir,
+        Target::Data,
+        out,
+    )
+}
+
+/// Maps `len` bytes of metadata described by the metadata SGL whose one
+/// descriptor is at `mptr` (PSDT 10b) into `out` (cleared first), by the
+/// rules of [`map`] but for these:
+///
+/// * `mptr` must be qword aligned (the only MPTR SGL segment SGLS bit 19
+///   offers): else Invalid Field in Command;
+/// * a descriptor that cannot be read at `mptr` is a Data Transfer Error;
+/// * a Bit Bucket is SGL Descriptor Type Invalid;
+/// * less or more than `len` bytes is Metadata SGL Length Invalid.
+pub fn map_metadata(
+    mem: &dyn GuestMemory,
+    mptr: u64,
+    len: u64,
+    dir: Direction,
+    out: &mut Vec<Segment>,
+) -> Result<(), Status> {
+    out.clear();
+    if !mptr.is_multiple_of(8) {
+        return Err(dnr(Status::INVALID_FIELD));
+    }
+    let mut first = [0u8; DESCRIPTOR];
+    mem.read(mptr, &mut first).map_err(|e| {
+        tracing::trace!("metadata SGL descriptor: {e}");
+        dnr(Status::DATA_TRANSFER_ERROR)
+    })?;
+    let first = Descriptor::from_bytes(&first);
+    walk(mem, first, len, dir, Target::Metadata, out)
+}
+
+/// The walk of [`map`] and [`map_metadata`] from their first descriptor.
+fn walk(
+    mem: &dyn GuestMemory,
+    first: Descriptor,
+    len: u64,
+    dir: Direction,
+    target: Target,
+    out: &mut Vec<Segment>,
+) -> Result<(), Status> {
     out.clear();
     let mut walk = Walk {
         remaining: len,
         dir,
+        target,
         out,
         budget: MAX_DESCRIPTORS,
     };
-    let mut desc = Descriptor::parse(&sgl1);
+    let mut desc = first;
     if !desc.is_segment() {
         walk.data(&desc)?;
         return walk.finish();
@@ -112,7 +150,7 @@ pub fn map(
         if seg_len == 0 || !seg_len.is_multiple_of(DESCRIPTOR) {
             return Err(dnr(Status::INVALID_SGL_SEGMENT_DESCRIPTOR));
         }
-        let last_segment = desc.kind == LAST_SEGMENT;
+        let last_segment = desc.kind == kind::LAST_SEGMENT;
         let count = seg_len / DESCRIPTOR;
         let mut next = None;
         let mut index = 0;
@@ -132,7 +170,7 @@ pub fn map(
             for (i, raw) in bytes.chunks_exact(DESCRIPTOR).enumerate() {
                 let mut b = [0u8; DESCRIPTOR];
                 b.copy_from_slice(raw);
-                let d = Descriptor::parse(&b);
+                let d = Descriptor::from_bytes(&b);
                 let is_last = index + i + 1 == count;
                 if d.is_segment() {
                     if !is_last || last_segment {
@@ -155,6 +193,7 @@ pub fn map(
 struct Walk<'a> {
     remaining: u64,
     dir: Direction,
+    target: Target,
     out: &'a mut Vec<Segment>,
     budget: usize,
 }
@@ -166,16 +205,16 @@ impl Walk<'_> {
             .budget
             .checked_sub(1)
             .ok_or(dnr(Status::INVALID_NUMBER_OF_SGL_DESCRIPTORS))?;
-        if !matches!(d.kind, DATA_BLOCK | BIT_BUCKET_TYPE) || d.subtype != 0 {
+        let bucket = d.kind == kind::BIT_BUCKET && self.target == Target::Data;
+        if !(d.kind == kind::DATA_BLOCK || bucket) || d.subtype != 0 {
             return Err(dnr(Status::INVALID_SGL_DESCRIPTOR_TYPE));
         }
-        let bucket = d.kind == BIT_BUCKET_TYPE;
         if d.len == 0 || (bucket && self.dir == Direction::FromHost) {
             return Ok(());
         }
         let len = u64::from(d.len);
         if len > self.remaining {
-            return Err(dnr(Status::DATA_SGL_LENGTH_INVALID));
+            return Err(self.target.length_invalid());
         }
         self.remaining -= len;
         if bucket {
@@ -186,7 +225,7 @@ impl Walk<'_> {
             return Ok(());
         }
         if d.addr.checked_add(len).is_none() {
-            return Err(dnr(Status::DATA_SGL_LENGTH_INVALID));
+            return Err(self.target.length_invalid());
         }
         let (mut addr, mut left) = (d.addr, len);
         while left > 0 {
@@ -200,7 +239,7 @@ impl Walk<'_> {
 
     fn finish(self) -> Result<(), Status> {
         if self.remaining != 0 {
-            return Err(dnr(Status::DATA_SGL_LENGTH_INVALID));
+            return Err(self.target.length_invalid());
         }
         Ok(())
     }
@@ -210,6 +249,9 @@ impl Walk<'_> {
 mod tests {
     use super::*;
     use crate::testing::VecMemory;
+
+    const SEGMENT: u8 = kind::SEGMENT;
+    const LAST_SEGMENT: u8 = kind::LAST_SEGMENT;
 
     fn desc(addr: u64, len: u32, kind: u8) -> [u8; 16] {
         let mut b = [0u8; 16];
@@ -423,6 +465,156 @@ mod tests {
         let r = run(&mem, desc(0x8000, 32, SEGMENT), 4096, Direction::ToHost);
         assert_eq!(
             r,
+            Err(Status::INVALID_NUMBER_OF_SGL_DESCRIPTORS.with_dnr(true))
+        );
+    }
+
+    fn run_meta(
+        mem: &VecMemory,
+        mptr: u64,
+        len: u64,
+        dir: Direction,
+    ) -> Result<Vec<Segment>, Status> {
+        let mut out = vec![seg(1, 1)];
+        map_metadata(mem, mptr, len, dir, &mut out).map(|()| out)
+    }
+
+    #[test]
+    fn metadata_sgl_table_of_shapes_and_statuses() {
+        let mem = VecMemory::new(1 << 20);
+        // What MPTR points to, one descriptor each.
+        put(&mem, 0x1000, &[desc(0x20000, 64, 0)]);
+        put(&mem, 0x1010, &[desc(0x8000, 32, LAST_SEGMENT)]);
+        put(&mem, 0x1020, &[desc(0x9000, 32, SEGMENT)]);
+        put(&mem, 0x1030, &[desc(0, 64, 1)]);
+        put(&mem, 0x1040, &[desc(0xA000, 32, LAST_SEGMENT)]);
+        put(&mem, 0x1050, &[desc(0x20000, 64, 4)]);
+        put(&mem, 0x1060, &[desc(0xB000, 32, LAST_SEGMENT)]);
+        // Two blocks' metadata, the second across a page.
+        put(&mem, 0x8000, &[desc(0x20000, 8, 0), desc(0x21FFC, 8, 0)]);
+        // A segment of one block chaining to the last segment above.
+        put(
+            &mem,
+            0x9000,
+            &[desc(0x30000, 16, 0), desc(0x8000, 32, LAST_SEGMENT)],
+        );
+        // A bit bucket in a metadata segment.
+        put(&mem, 0xA000, &[desc(0x20000, 8, 0), desc(0, 8, 1)]);
+        // A segment descriptor mid-segment.
+        put(
+            &mem,
+            0xB000,
+            &[desc(0x8000, 32, LAST_SEGMENT), desc(0x20000, 8, 0)],
+        );
+        use Direction::{FromHost, ToHost};
+        type Case = (
+            &'static str,
+            u64,
+            u64,
+            Direction,
+            Result<Vec<Segment>, Status>,
+        );
+        let bad = |s: Status| Err(s.with_dnr(true));
+        let cases: &[Case] = &[
+            (
+                "one data block",
+                0x1000,
+                64,
+                FromHost,
+                Ok(vec![seg(0x20000, 64)]),
+            ),
+            (
+                "last segment of two blocks",
+                0x1010,
+                16,
+                ToHost,
+                Ok(vec![seg(0x20000, 8), seg(0x21FFC, 4), seg(0x22000, 4)]),
+            ),
+            (
+                "segment chained to a last segment",
+                0x1020,
+                32,
+                FromHost,
+                Ok(vec![
+                    seg(0x30000, 16),
+                    seg(0x20000, 8),
+                    seg(0x21FFC, 4),
+                    seg(0x22000, 4),
+                ]),
+            ),
+            (
+                "bit bucket at MPTR",
+                0x1030,
+                64,
+                ToHost,
+                bad(Status::INVALID_SGL_DESCRIPTOR_TYPE),
+            ),
+            (
+                "bit bucket in a segment",
+                0x1040,
+                16,
+                ToHost,
+                bad(Status::INVALID_SGL_DESCRIPTOR_TYPE),
+            ),
+            (
+                "keyed data block",
+                0x1050,
+                64,
+                ToHost,
+                bad(Status::INVALID_SGL_DESCRIPTOR_TYPE),
+            ),
+            (
+                "segment descriptor mid-segment",
+                0x1060,
+                16,
+                ToHost,
+                bad(Status::INVALID_NUMBER_OF_SGL_DESCRIPTORS),
+            ),
+            (
+                "too short",
+                0x1000,
+                128,
+                ToHost,
+                bad(Status::METADATA_SGL_LENGTH_INVALID),
+            ),
+            (
+                "too long",
+                0x1010,
+                8,
+                FromHost,
+                bad(Status::METADATA_SGL_LENGTH_INVALID),
+            ),
+            (
+                "MPTR not qword aligned",
+                0x1004,
+                64,
+                ToHost,
+                bad(Status::INVALID_FIELD),
+            ),
+            (
+                "MPTR unreadable",
+                0xFFFF_0000,
+                64,
+                ToHost,
+                bad(Status::DATA_TRANSFER_ERROR),
+            ),
+        ];
+        for (name, mptr, len, dir, want) in cases {
+            assert_eq!(&run_meta(&mem, *mptr, *len, *dir), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_metadata_sgl_chaining_to_itself_terminates() {
+        let mem = VecMemory::new(1 << 20);
+        put(&mem, 0x1000, &[desc(0x8000, 32, SEGMENT)]);
+        put(
+            &mem,
+            0x8000,
+            &[desc(0x10000, 0, 0), desc(0x8000, 32, SEGMENT)],
+        );
+        assert_eq!(
+            run_meta(&mem, 0x1000, 64, Direction::FromHost),
             Err(Status::INVALID_NUMBER_OF_SGL_DESCRIPTORS.with_dnr(true))
         );
     }

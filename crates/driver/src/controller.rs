@@ -19,7 +19,7 @@ use crate::admin::{self, AdminQueue};
 use crate::doorbell::{DoorbellKind, NeedEvent, ShadowBuffers};
 use crate::error::Error;
 use crate::init::{InitMode, QueueSetup};
-use crate::io::IoQueue;
+use crate::io::{IoQueue, IoQueueParts};
 use crate::irq;
 use crate::namespace::{self, Namespace, NamespaceSet, NamespaceState, Probe, ProbeCtx};
 use crate::queue::{Backoff, QueueCounters, QueuePair};
@@ -573,10 +573,14 @@ fn bring_up(
         .map(|(qp, irq)| {
             Some(IoQueue::new(
                 qp,
-                irq.take(),
-                Arc::clone(&namespaces),
-                Arc::clone(generation),
-                opts.io_timeout,
+                IoQueueParts {
+                    interrupt: irq.take(),
+                    ns_set: Arc::clone(&namespaces),
+                    generation: Arc::clone(generation),
+                    timeout: opts.io_timeout,
+                    access: Arc::clone(access),
+                    sgls: identify.sgls.get(),
+                },
             ))
         })
         .collect();

@@ -5,15 +5,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vnvme_spec::cdw::{Cdw12ReadWrite, Prinfo};
+use vnvme_spec::cdw::Cdw12ReadWrite;
 use vnvme_spec::command::Command;
 use vnvme_spec::{Completion, NvmOpcode};
 
-use crate::access::DmaBuffer;
+use crate::access::{DeviceAccess, DmaBuffer};
 use crate::error::Error;
 use crate::irq::QueueIrq;
-use crate::namespace::{Namespace, NamespaceSet, NsProtection};
+use crate::namespace::{Namespace, NamespaceSet};
 use crate::queue::{Backoff, QueueCounters, QueuePair, REAP_CAP};
+
+mod protected;
+
+pub use protected::MetadataPointer;
+use protected::{protect, Meta, MetaBuffers};
 
 /// One I/O submission/completion queue pair (SQ id = CQ id = `qid`).
 ///
@@ -34,16 +39,32 @@ pub struct IoQueue {
     generation: Arc<AtomicU64>,
     my_generation: u64,
     timeout: Duration,
+    /// Metadata the queue moves itself, and how protected I/O points at
+    /// the caller's.
+    meta: MetaBuffers,
+}
+
+/// What an I/O queue is made with besides its queue pair.
+pub(crate) struct IoQueueParts {
+    pub interrupt: Option<QueueIrq>,
+    pub ns_set: Arc<NamespaceSet>,
+    pub generation: Arc<AtomicU64>,
+    pub timeout: Duration,
+    pub access: Arc<dyn DeviceAccess>,
+    /// Identify Controller SGLS.
+    pub sgls: u32,
 }
 
 impl IoQueue {
-    pub(crate) fn new(
-        qp: QueuePair,
-        interrupt: Option<QueueIrq>,
-        ns_set: Arc<NamespaceSet>,
-        generation: Arc<AtomicU64>,
-        timeout: Duration,
-    ) -> Self {
+    pub(crate) fn new(qp: QueuePair, parts: IoQueueParts) -> Self {
+        let IoQueueParts {
+            interrupt,
+            ns_set,
+            generation,
+            timeout,
+            access,
+            sgls,
+        } = parts;
         let my_generation = generation.load(Ordering::Relaxed);
         let (ns_version, namespaces) = ns_set.snapshot();
         Self {
@@ -56,6 +77,7 @@ impl IoQueue {
             generation,
             my_generation,
             timeout,
+            meta: MetaBuffers::new(access, sgls),
         }
     }
 
@@ -190,7 +212,10 @@ impl IoQueue {
     }
 
     /// Enqueues a read or write of `nblocks` blocks at `lba` to/from `buf`
-    /// (PRPs built here, bounded by MDTS), without ringing.
+    /// (PRPs built here, bounded by MDTS), without ringing. On a namespace
+    /// with protection information the controller generates and checks
+    /// the PI (PRACT), whatever the format (see [`MetadataPointer`]'s
+    /// module for where the metadata goes).
     pub fn enqueue_rw(
         &mut self,
         opcode: NvmOpcode,
@@ -218,25 +243,41 @@ impl IoQueue {
         self.check_live()?;
         self.sync_namespaces();
         let ns = self.namespace(nsid)?;
+        let (lba_size, protection) = (ns.lba_size, ns.protection);
         if nblocks == 0 || nblocks > 1 << 16 {
             return Err(Error::InvalidRequest(format!(
                 "{nblocks} blocks (NLB allows 1 to 65536)"
             )));
         }
-        let len =
-            usize::try_from(u64::from(nblocks) * u64::from(ns.lba_size)).unwrap_or(usize::MAX);
+        let mut len =
+            usize::try_from(u64::from(nblocks) * u64::from(lba_size)).unwrap_or(usize::MAX);
         let mut cmd = Command::new(opcode.0, 0);
         cmd.nsid = nsid.into();
         cmd.set_slba(lba);
         // 1 to 65536 blocks (checked above): NLB, 0's based, fits in 16 bits.
         let nlb_z = u16::try_from(nblocks - 1).unwrap_or(u16::MAX);
         cmd.cdw12 = Cdw12ReadWrite::new().with_nlb_z(nlb_z).into();
-        if let Some(pi) = ns.protection {
-            protect(&mut cmd, pi, lba, nlb_z, own_pi);
-        }
+        let (meta, meta_len) = match protection {
+            Some(pi) => {
+                protect(&mut cmd, pi, lba, nlb_z, own_pi.map(|(_, app)| app));
+                let meta_len = nblocks as usize * usize::from(pi.ms);
+                match own_pi {
+                    // Extended LBAs: `buf` holds each block's data and
+                    // metadata (the protected calls bounce them so).
+                    Some(_) if pi.extended => {
+                        len = len.saturating_add(meta_len);
+                        (Meta::None, 0)
+                    }
+                    Some((m, _)) => (Meta::Own(m), meta_len),
+                    None if pi.stripped() || pi.extended => (Meta::None, 0),
+                    None => (Meta::Queue, meta_len),
+                }
+            }
+            None => (Meta::None, 0),
+        };
         let cid = self.qp.alloc_cid()?;
         cmd.set_cid(cid);
-        if let Err(e) = self.qp.set_data(&mut cmd, cid, buf, len) {
+        if let Err(e) = self.set_pointers(&mut cmd, cid, (buf, len), meta, meta_len) {
             self.qp.free_cid(cid);
             return Err(e);
         }
@@ -292,91 +333,6 @@ impl IoQueue {
     ) -> Result<Completion, Error> {
         let cid = self.submit_write(nsid, lba, nblocks, buf)?;
         self.complete(cid, NvmOpcode::WRITE)
-    }
-
-    /// Writes `nblocks` at `lba` from `buf` with protection information
-    /// the driver generates into `meta` (application tag `app`, reference
-    /// tags from the LBA), which the controller checks; waits.
-    pub fn write_protected(
-        &mut self,
-        nsid: u32,
-        lba: u64,
-        (buf, meta): (&DmaBuffer, &DmaBuffer),
-        nblocks: u32,
-        app: u16,
-    ) -> Result<Completion, Error> {
-        let (pi, lba_size) = self.protection_of(nsid)?;
-        let mut tuples = vec![0; meta.len()];
-        pi.generate(
-            &self.data_of(buf, nblocks, lba_size)?,
-            lba_size,
-            &mut tuples,
-            lba,
-            app,
-        )?;
-        meta.write_bytes(0, &tuples)?;
-        let cid =
-            self.enqueue_rw_pi(NvmOpcode::WRITE, nsid, lba, nblocks, buf, Some((meta, app)))?;
-        self.ring()?;
-        self.complete(cid, NvmOpcode::WRITE)
-    }
-
-    /// Reads `nblocks` at `lba` into `buf` and their PI into `meta`, checked
-    /// by the controller and then here against the data, `app` and the
-    /// LBA; waits.
-    pub fn read_protected(
-        &mut self,
-        nsid: u32,
-        lba: u64,
-        (buf, meta): (&mut DmaBuffer, &mut DmaBuffer),
-        nblocks: u32,
-        app: u16,
-    ) -> Result<Completion, Error> {
-        let (pi, lba_size) = self.protection_of(nsid)?;
-        // The controller writes this much at MPTR.
-        let need = nblocks as usize * usize::from(pi.tuple_size());
-        if meta.len() < need {
-            return Err(Error::BufferTooSmall {
-                len: need,
-                buffer: meta.len(),
-            });
-        }
-        let cid =
-            self.enqueue_rw_pi(NvmOpcode::READ, nsid, lba, nblocks, buf, Some((meta, app)))?;
-        self.ring()?;
-        let cqe = self.complete(cid, NvmOpcode::READ)?;
-        pi.verify(
-            &self.data_of(buf, nblocks, lba_size)?,
-            lba_size,
-            &meta.to_vec(),
-            lba,
-            app,
-        )?;
-        Ok(cqe)
-    }
-
-    /// The protection of `nsid` and its block size, or why there is none.
-    fn protection_of(&mut self, nsid: u32) -> Result<(NsProtection, usize), Error> {
-        self.sync_namespaces();
-        let ns = self.namespace(nsid)?;
-        let pi = ns.protection.ok_or_else(|| {
-            Error::InvalidRequest(format!("namespace {nsid} has no protection information"))
-        })?;
-        Ok((pi, ns.lba_size as usize))
-    }
-
-    /// The first `nblocks` blocks of `buf`.
-    fn data_of(&self, buf: &DmaBuffer, nblocks: u32, lba_size: usize) -> Result<Vec<u8>, Error> {
-        let len = nblocks as usize * lba_size;
-        if len > buf.len() {
-            return Err(Error::BufferTooSmall {
-                len,
-                buffer: buf.len(),
-            });
-        }
-        let mut data = vec![0; len];
-        buf.read_bytes(0, &mut data)?;
-        Ok(data)
     }
 
     /// Flushes the volatile write cache of `nsid` and waits.
@@ -468,37 +424,5 @@ impl IoQueue {
                 &mut backoff,
             )?;
         }
-    }
-}
-
-/// Every check that applies to `pi`'s type, and PRACT unless the PI moves
-/// through `own_pi`'s metadata buffer: then the controller generates the
-/// PI of a write and checks and strips that of a read. The initial
-/// reference tag is the LBA (Type 1 requires it; Type 2 takes any, Type 3
-/// checks none), its upper 16 bits in CDW3 for 48-bit tags.
-fn protect(
-    cmd: &mut Command,
-    pi: NsProtection,
-    lba: u64,
-    nlb_z: u16,
-    own_pi: Option<(&DmaBuffer, u16)>,
-) {
-    let prinfo = Prinfo::new()
-        .with_pract(own_pi.is_none())
-        .with_prchk_guard(true)
-        .with_prchk_app(own_pi.is_some())
-        .with_prchk_ref(pi.pit != 3);
-    if let Some((meta, app)) = own_pi {
-        cmd.mptr = meta.iova().into();
-        // ELBAT, and ELBATM: every bit.
-        cmd.cdw15 = (u32::from(app) | 0xFFFF << 16).into();
-    }
-    cmd.cdw12 = Cdw12ReadWrite::new()
-        .with_nlb_z(nlb_z)
-        .with_prinfo(prinfo.into_bits())
-        .into();
-    cmd.cdw14 = (lba as u32).into();
-    if pi.guard_64 {
-        cmd.cdw3 = ((lba >> 32) as u32 & 0xFFFF).into();
     }
 }

@@ -65,7 +65,7 @@ pub use controller::{AsyncEvent, Controller, InitOptions};
 pub use doorbell::{DoorbellKind, NeedEvent};
 pub use error::Error;
 pub use init::InitMode;
-pub use io::IoQueue;
+pub use io::{IoQueue, MetadataPointer};
 pub use namespace::{Namespace, NamespaceState, NsProtection, NsState};
 pub use passthru::{
     AsyncCompletion, AsyncQueue, BufferSlice, DataDirection, PassthruCompletion, PassthruData,

@@ -26,23 +26,37 @@ pub struct Namespace {
     pub capacity: u64,
     /// Bytes per logical block of the format in use.
     pub lba_size: u32,
-    /// End-to-end protection, on a namespace formatted with PI whose
-    /// metadata is the PI tuple alone: reads and writes set PRACT, so the
-    /// controller generates, checks and strips the PI and no metadata
-    /// moves (NVM Command Set 1.0 §5.3.2).
+    /// End-to-end protection, on a namespace formatted with PI: reads and
+    /// writes of the block API set PRACT, so the controller generates and
+    /// checks the PI (NVM Command Set 1.0 §5.3.2); where the metadata is
+    /// more than the tuple it moves through a buffer of the queue's (see
+    /// [`crate::IoQueue::write`]).
     pub protection: Option<NsProtection>,
     /// The Identify Namespace data it was built from.
     pub identify: Arc<IdentifyNamespace>,
 }
 
-/// A namespace's protection information: DPS.PIT and the guard of its
-/// format (Identify CNS 05h ELBAF.PIF).
+/// A namespace's protection information: DPS.PIT and PIP, the guard of
+/// its format (Identify CNS 05h ELBAF.PIF) and the metadata the tuple
+/// lies in (LBAF.MS, FLBAS bit 4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NsProtection {
     /// PI type, 1 to 3.
     pub pit: u8,
     /// 64-bit guard (16-byte tuple, 48-bit reference tag), else 16-bit.
     pub guard_64: bool,
+    /// The tuple is the first bytes of the metadata (DPS.PIP), else the
+    /// last, and the guard covers the metadata before it too.
+    pub first: bool,
+    /// Metadata bytes per block (MS): the tuple or more.
+    pub ms: u16,
+    /// Extended LBAs (FLBAS bit 4): the metadata follows each block's data
+    /// in the data buffer. The driver takes these only where the metadata
+    /// is the tuple alone, which PRACT strips: the block API moves data
+    /// alone then (more metadata would have to be interleaved into every
+    /// caller's buffer); protected I/O bounces data and PI through a
+    /// buffer of the queue's.
+    pub extended: bool,
 }
 
 impl NsProtection {
@@ -54,6 +68,20 @@ impl NsProtection {
             8
         }
     }
+
+    /// Where the tuple starts in a block's metadata.
+    pub fn tuple_offset(self) -> usize {
+        if self.first {
+            0
+        } else {
+            usize::from(self.ms.saturating_sub(self.tuple_size()))
+        }
+    }
+
+    /// Whether PRACT leaves no metadata to move (§5.3.2.1, §5.3.2.2).
+    pub fn stripped(self) -> bool {
+        self.ms == self.tuple_size()
+    }
 }
 
 /// Why a namespace from the active list is not used.
@@ -61,9 +89,15 @@ impl NsProtection {
 pub enum Skip {
     /// NSZE is zero: the controller reported the namespace as inactive.
     Inactive,
-    /// The format carries metadata, which this driver does not transfer
-    /// (but the PI tuple alone, which the controller makes with PRACT).
+    /// The format carries metadata without protection information, or
+    /// less than its tuple, which this driver does not transfer.
     Metadata,
+    /// Extended LBAs whose metadata is more than the PI tuple: the block
+    /// API would have to interleave metadata into every data buffer.
+    ExtendedMetadata,
+    /// A PI format other than the 16-bit guard and the 64-bit guard without
+    /// storage tag (ELBAF.PIF, STS).
+    PiFormat { pif: u8, sts: u8 },
     /// LBADS outside 512 B ..= 64 KiB.
     LbaSize(u8),
 }
@@ -73,6 +107,13 @@ impl fmt::Display for Skip {
         match self {
             Skip::Inactive => f.write_str("inactive (NSZE is 0)"),
             Skip::Metadata => f.write_str("unsupported LBA format: metadata"),
+            Skip::ExtendedMetadata => {
+                f.write_str("unsupported LBA format: extended LBAs with more metadata than PI")
+            }
+            Skip::PiFormat { pif, sts } => write!(
+                f,
+                "unsupported LBA format: protection information format {pif}, storage tag {sts} bits"
+            ),
             Skip::LbaSize(lbads) => write!(f, "unsupported LBA format: LBADS {lbads}"),
         }
     }
@@ -318,17 +359,31 @@ impl Namespace {
         if !(9..=16).contains(&format.lbads) {
             return Err(Skip::LbaSize(format.lbads));
         }
+        let ms = format.ms.get();
         let protection = match id.dps & dps::PIT_MASK {
-            pit @ 1..=3 => Some(NsProtection {
-                pit,
-                guard_64: elbaf.is_some_and(|e| e.pif() == pif::GUARD_64B && e.sts() == 0),
-            }),
+            pit @ 1..=3 => {
+                let elbaf = elbaf.unwrap_or_default();
+                let guard_64 = match (elbaf.pif(), elbaf.sts()) {
+                    (pif::GUARD_16B, 0) => false,
+                    (pif::GUARD_64B, 0) => true,
+                    (pif, sts) => return Err(Skip::PiFormat { pif, sts }),
+                };
+                Some(NsProtection {
+                    pit,
+                    guard_64,
+                    first: id.dps & dps::FIRST != 0,
+                    ms,
+                    extended: id.extended_lba(),
+                })
+            }
             _ => None,
         };
-        // Metadata moves only as PI the controller makes (PRACT).
-        let ms = format.ms.get();
-        if ms != 0 && protection.map(NsProtection::tuple_size) != Some(ms) {
-            return Err(Skip::Metadata);
+        // Metadata moves only with PI: the driver knows what to put there.
+        match protection {
+            None if ms != 0 => return Err(Skip::Metadata),
+            Some(pi) if ms < pi.tuple_size() => return Err(Skip::Metadata),
+            Some(pi) if pi.extended && !pi.stripped() => return Err(Skip::ExtendedMetadata),
+            _ => {}
         }
         Ok(Self {
             nsid,
@@ -375,17 +430,49 @@ mod tests {
         let pi = NsProtection {
             pit: 1,
             guard_64: false,
+            first: false,
+            ms: 8,
+            extended: false,
         };
         assert_eq!(ns.protection, Some(pi));
+        // 16 bytes of metadata, 8 of them PI, last (PIP clear).
         id.lbaf[0].ms = 16.into();
-        assert_eq!(
-            Namespace::from_identify(1, (*id).clone()).unwrap_err(),
-            Skip::Metadata,
-            "16 bytes of metadata, 8 of them PI"
-        );
+        let pi = Namespace::from_identify(1, (*id).clone())
+            .unwrap()
+            .protection;
+        assert_eq!(pi.map(|p| (p.ms, p.tuple_offset())), Some((16, 8)));
+        id.dps = 1 | dps::FIRST;
+        let pi = Namespace::from_identify(1, (*id).clone())
+            .unwrap()
+            .protection;
+        assert_eq!(pi.map(|p| (p.first, p.tuple_offset())), Some((true, 0)));
         let guard_64 = ExtendedLbaFormat::new().with_pif(pif::GUARD_64B);
         let ns = Namespace::from_identify_with(1, (*id).clone(), Some(guard_64)).unwrap();
         assert_eq!(ns.protection.map(|p| p.guard_64), Some(true));
+        // A 64-bit guard tuple does not fit 8 bytes of metadata.
+        id.lbaf[0].ms = 8.into();
+        assert_eq!(
+            Namespace::from_identify_with(1, (*id).clone(), Some(guard_64)).unwrap_err(),
+            Skip::Metadata
+        );
+        let storage_tag = guard_64.with_sts(16);
+        id.lbaf[0].ms = 16.into();
+        assert_eq!(
+            Namespace::from_identify_with(1, (*id).clone(), Some(storage_tag)).unwrap_err(),
+            Skip::PiFormat { pif: 2, sts: 16 }
+        );
+        // Extended LBAs: only the tuple alone, which PRACT strips.
+        id.set_format_index(0, true);
+        assert_eq!(
+            Namespace::from_identify(1, (*id).clone()).unwrap_err(),
+            Skip::ExtendedMetadata
+        );
+        id.lbaf[0].ms = 8.into();
+        let pi = Namespace::from_identify(1, (*id).clone())
+            .unwrap()
+            .protection;
+        assert_eq!(pi.map(|p| p.extended), Some(true));
+        id.set_format_index(0, false);
         id.dps = 0;
         id.lbaf[0].ms = 0.into();
         id.lbaf[0].lbads = 40;

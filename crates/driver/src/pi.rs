@@ -1,8 +1,11 @@
 //! Protection information the driver makes and checks itself (NVM Command
-//! Set 1.0 §5.3), on namespaces whose metadata is the PI tuple: a write
-//! carries tuples generated here in a separate metadata buffer (MPTR) and
-//! the controller checks them (PRACT 0, PRCHK); a read brings them back,
-//! checked by the controller and again here, end to end.
+//! Set 1.0 §5.3): a write carries tuples generated here in a separate
+//! metadata buffer (MPTR) and the controller checks them (PRACT 0, PRCHK);
+//! a read brings them back, checked by the controller and again here, end
+//! to end. The metadata buffer holds each block's whole metadata (MS
+//! bytes): the tuple sits at its first or last bytes (DPS.PIP), and a last
+//! one's guard covers the metadata bytes before it as well as the data
+//! (§5.3.1.1), which the caller may fill with metadata of its own.
 
 use vnvme_spec::pi::{Guard, Tuple};
 
@@ -62,13 +65,16 @@ impl NsProtection {
 
     /// Checks that `data` and `meta` hold `blocks` blocks of `lba_size`.
     fn blocks(self, data: &[u8], meta: &[u8], lba_size: usize) -> Result<u64, PiError> {
-        let tuple = usize::from(self.tuple_size());
+        let ms = usize::from(self.ms);
         let blocks = data.len() / lba_size.max(1);
-        if blocks == 0 || !data.len().is_multiple_of(lba_size.max(1)) || meta.len() < blocks * tuple
+        if blocks == 0
+            || !data.len().is_multiple_of(lba_size.max(1))
+            || meta.len() < blocks * ms
+            || ms < usize::from(self.tuple_size())
         {
             return Err(PiError::Buffers {
                 blocks: blocks as u64,
-                need: blocks * (lba_size + tuple),
+                need: blocks * (lba_size + ms),
                 data: data.len(),
                 meta: meta.len(),
             });
@@ -76,8 +82,17 @@ impl NsProtection {
         Ok(blocks as u64)
     }
 
+    /// The guard of one block: its data, and with the tuple last the
+    /// metadata before it.
+    fn guard_of(self, block: &[u8], meta: &[u8]) -> u64 {
+        let before = meta.get(..self.tuple_offset()).unwrap_or_default();
+        self.guard().checksum_parts(&[block, before])
+    }
+
     /// Writes into `meta` the PI of each `lba_size` block of `data`, with
-    /// application tag `app` and reference tags from `ilbrt`.
+    /// application tag `app` and reference tags from `ilbrt`; the other
+    /// metadata bytes are left as they are (and guarded, before a last
+    /// tuple).
     pub fn generate(
         self,
         data: &[u8],
@@ -87,16 +102,16 @@ impl NsProtection {
         app: u16,
     ) -> Result<(), PiError> {
         self.blocks(data, meta, lba_size)?;
-        let size = usize::from(self.tuple_size());
-        for (i, (block, at)) in
-            (0u64..).zip(data.chunks_exact(lba_size).zip(meta.chunks_exact_mut(size)))
+        let (ms, at) = (usize::from(self.ms), self.tuple_offset());
+        for (i, (block, m)) in
+            (0u64..).zip(data.chunks_exact(lba_size).zip(meta.chunks_exact_mut(ms)))
         {
             Tuple {
-                guard: self.guard().checksum(block),
+                guard: self.guard_of(block, m),
                 app,
                 reference: self.reference(ilbrt, i),
             }
-            .store(self.guard(), at);
+            .store(self.guard(), &mut m[at..]);
         }
         Ok(())
     }
@@ -113,15 +128,15 @@ impl NsProtection {
         app: u16,
     ) -> Result<(), PiError> {
         self.blocks(data, meta, lba_size)?;
-        let (guard, size) = (self.guard(), usize::from(self.tuple_size()));
-        for (index, (block, at)) in
-            (0u64..).zip(data.chunks_exact(lba_size).zip(meta.chunks_exact(size)))
+        let (guard, ms, at) = (self.guard(), usize::from(self.ms), self.tuple_offset());
+        for (index, (block, m)) in
+            (0u64..).zip(data.chunks_exact(lba_size).zip(meta.chunks_exact(ms)))
         {
-            let t = Tuple::load(guard, at);
+            let t = Tuple::load(guard, &m[at..]);
             if t.app == 0xFFFF && (self.pit != 3 || t.reference == guard.ref_mask()) {
                 continue;
             }
-            let expected = guard.checksum(block);
+            let expected = self.guard_of(block, m);
             if t.guard != expected {
                 return Err(PiError::Guard {
                     index,
@@ -156,6 +171,9 @@ mod tests {
     const TYPE1: NsProtection = NsProtection {
         pit: 1,
         guard_64: false,
+        first: false,
+        ms: 8,
+        extended: false,
     };
 
     #[test]
@@ -165,6 +183,9 @@ mod tests {
             NsProtection {
                 pit: 3,
                 guard_64: true,
+                first: false,
+                ms: 16,
+                extended: false,
             },
         ] {
             let data: Vec<u8> = (0..8192u32).map(|i| (i * 7) as u8).collect();
@@ -200,5 +221,39 @@ mod tests {
             TYPE1.verify(&data, 4096, &[0; 4], 0, 0),
             Err(PiError::Buffers { .. })
         ));
+    }
+
+    #[test]
+    fn a_last_tuple_guards_the_metadata_before_it_and_a_first_one_does_not() {
+        let data = vec![3u8; 1024];
+        for first in [false, true] {
+            let pi = NsProtection {
+                pit: 2,
+                guard_64: true,
+                first,
+                ms: 64,
+                extended: false,
+            };
+            let mut meta = vec![0x11u8; 128];
+            pi.generate(&data, 512, &mut meta, 7, 1).unwrap();
+            let at = pi.tuple_offset();
+            let t = Tuple::load(Guard::Crc64, &meta[64 + at..]);
+            assert_eq!(t.reference, 8, "second block, first: {first}");
+            let mut guarded = data[512..].to_vec();
+            if !first {
+                guarded.extend_from_slice(&meta[64..64 + at]);
+            }
+            assert_eq!(t.guard, Guard::Crc64.checksum(&guarded));
+            // A metadata byte outside the tuple: guarded only before a
+            // last tuple.
+            let outside = if first { 64 + 20 } else { 64 };
+            meta[outside] ^= 1;
+            let r = pi.verify(&data, 512, &meta, 7, 1);
+            if first {
+                assert_eq!(r, Ok(()));
+            } else {
+                assert!(matches!(r, Err(PiError::Guard { index: 1, .. })));
+            }
+        }
     }
 }

@@ -58,6 +58,26 @@ impl Command {
         ((self.cdw0.get() >> 14) & 0x3) as u8
     }
 
+    /// Sets PSDT ([`crate::sgl::psdt`]).
+    pub fn set_psdt(&mut self, psdt: u8) {
+        let cdw0 = (self.cdw0.get() & !(0x3 << 14)) | (u32::from(psdt & 0x3) << 14);
+        self.cdw0 = U32::new(cdw0);
+    }
+
+    /// Sets SGL Entry 1 (the data pointer's 16 bytes) to `sgl1`, for PSDT
+    /// 01b or 10b.
+    pub fn set_sgl1(&mut self, sgl1: &crate::sgl::Descriptor) {
+        let b = sgl1.to_bytes();
+        let (lo, hi) = b.split_at(8);
+        let word = |s: &[u8]| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(s);
+            u64::from_le_bytes(w)
+        };
+        self.prp1 = U64::new(word(lo));
+        self.prp2 = U64::new(word(hi));
+    }
+
     pub fn cid(&self) -> u16 {
         (self.cdw0.get() >> 16) as u16
     }

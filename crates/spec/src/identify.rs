@@ -173,6 +173,10 @@ pub mod sgls {
     /// Bits 1:0 = 01b: SGLs supported, no address or length alignment.
     pub const SUPPORTED: u32 = 1 << 0;
     pub const BIT_BUCKET: u32 = 1 << 16;
+    /// MPTR may hold the address of an SGL segment of exactly one qword
+    /// aligned descriptor that describes the metadata (PSDT 10b); Linux's
+    /// `NVME_CTRL_SGLS_MSDS`.
+    pub const MSDS: u32 = 1 << 19;
 }
 
 /// LPA — Log Page Attributes bits of Identify Controller (§5.17.2.1).

@@ -43,6 +43,7 @@ pub mod pi;
 pub mod range;
 pub mod regs;
 pub mod reservation;
+pub mod sgl;
 pub mod status;
 pub mod zns;
 

@@ -92,6 +92,7 @@ impl Status {
     pub const INVALID_SGL_SEGMENT_DESCRIPTOR: Self = Self::code(sct::GENERIC, 0x0D);
     pub const INVALID_NUMBER_OF_SGL_DESCRIPTORS: Self = Self::code(sct::GENERIC, 0x0E);
     pub const DATA_SGL_LENGTH_INVALID: Self = Self::code(sct::GENERIC, 0x0F);
+    pub const METADATA_SGL_LENGTH_INVALID: Self = Self::code(sct::GENERIC, 0x10);
     pub const INVALID_SGL_DESCRIPTOR_TYPE: Self = Self::code(sct::GENERIC, 0x11);
     /// Reservation Report without EDS while a registrant has a 128-bit
     /// Host Identifier (§7.4).
@@ -203,6 +204,10 @@ impl Status {
                 "invalid-number-of-sgl-descriptors",
             ),
             (Status::DATA_SGL_LENGTH_INVALID, "data-sgl-length-invalid"),
+            (
+                Status::METADATA_SGL_LENGTH_INVALID,
+                "metadata-sgl-length-invalid",
+            ),
             (
                 Status::INVALID_SGL_DESCRIPTOR_TYPE,
                 "invalid-sgl-descriptor-type",

@@ -173,9 +173,9 @@ pub(crate) fn identify_controller(shared: &Shared) -> Box<IdentifyController> {
             | oncs::RESERVATIONS,
     );
     id.ocfs = U16::new(ocfs::FORMAT_0);
-    // SGLs for I/O data (metadata stays contiguous at MPTR), exactly as
-    // long as the transfer: see `crate::sgl`.
-    id.sgls = U32::new(sgls::SUPPORTED | sgls::BIT_BUCKET);
+    // SGLs for I/O data, and for metadata through the one descriptor at
+    // MPTR (PSDT 10b), exactly as long as the transfer: see `crate::sgl`.
+    id.sgls = U32::new(sgls::SUPPORTED | sgls::BIT_BUCKET | sgls::MSDS);
     // Get Features' Select field, and the Timestamp feature.
     id.oncs = U16::new(id.oncs.get() | oncs::SAVE_SELECT | oncs::TIMESTAMP);
     // VWC bit 0: present; bits 2:1 = 11b: Flush with NSID FFFFFFFFh supported.

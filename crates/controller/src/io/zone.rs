@@ -45,8 +45,9 @@ pub(super) fn execute(ctx: &mut Ctx<'_>, cmd: &Command) -> Option<Outcome> {
 
 /// Runs zone command `op`: `Some(lba)` for a Zone Append, written there.
 fn run(ctx: &mut Ctx<'_>, cmd: &Command, op: NvmOpcode) -> Result<Option<u64>, Status> {
-    // As every I/O command: PSDT 01b for SGL data, no fused commands.
-    if cmd.fuse() != 0 || cmd.psdt() > 1 {
+    // As every I/O command: PSDT 01b or 10b for SGL data (10b: and a
+    // metadata SGL, which Zone Append's gather takes), no fused commands.
+    if cmd.fuse() != 0 || cmd.psdt() > 2 {
         return Err(invalid_field());
     }
     let ns = usable_namespace(ctx, cmd, op)?;

@@ -73,8 +73,8 @@ fn malformed_commands_complete_with_expected_status() {
     // PSDT 01b: DPTR is SGL Entry 1, here a data block of 0 bytes.
     let mut sgl = rw(NvmOpcode::READ, 1, 0, 1, DATA, 0);
     sgl.cdw0 = U32::new(sgl.cdw0.get() | (1 << 14));
-    let mut metadata_sgl = rw(NvmOpcode::READ, 1, 0, 1, DATA, 0);
-    metadata_sgl.cdw0 = U32::new(metadata_sgl.cdw0.get() | (2 << 14));
+    let mut reserved_psdt = rw(NvmOpcode::READ, 1, 0, 1, DATA, 0);
+    reserved_psdt.cdw0 = U32::new(reserved_psdt.cdw0.get() | (3 << 14));
     let mut noncontig_cq = create_cq(2, 16, 2, cq_base(2));
     noncontig_cq.cdw11 = U32::new(0b10 | (2 << 16));
     let mut nsq_ffff = set_features(0x07, 0xFFFF_0000);
@@ -148,7 +148,7 @@ fn malformed_commands_complete_with_expected_status() {
         ),
         ("fused", 1, fused, dnr(Status::INVALID_FIELD)),
         ("empty sgl", 1, sgl, dnr(Status::DATA_SGL_LENGTH_INVALID)),
-        ("metadata sgl", 1, metadata_sgl, dnr(Status::INVALID_FIELD)),
+        ("psdt 11b", 1, reserved_psdt, dnr(Status::INVALID_FIELD)),
         (
             "create cq qid 0",
             0,

@@ -9,6 +9,7 @@ use super::*;
 use crate::controller::{Controller, InitOptions};
 use crate::doorbell::DoorbellKind;
 use crate::error::Error;
+use crate::io::MetadataPointer;
 use crate::namespace::NsState;
 
 fn script(nsids: Vec<u32>) -> Script {
@@ -130,4 +131,18 @@ fn mapped_doorbells_are_preferred_to_an_offered_dbbuf_config() {
     let c = q.counters();
     assert_eq!((c.sq_mapped_writes, c.cq_mapped_writes), (1, 1));
     assert_eq!(traps, 0);
+}
+
+#[test]
+fn metadata_sgls_are_refused_by_the_driver_when_sgls_bit_19_is_clear() {
+    // The fake's Identify Controller reports SGLS 0: no SGLs at all.
+    let (_dev, ctrl) = init(script(vec![]));
+    let mut q = ctrl.take_io_queue(0).unwrap();
+    for mode in [MetadataPointer::Sgl, MetadataPointer::SglPerBlock] {
+        assert!(matches!(
+            q.set_metadata_pointer(mode),
+            Err(Error::Unsupported(_))
+        ));
+    }
+    q.set_metadata_pointer(MetadataPointer::Contiguous).unwrap();
 }

@@ -172,8 +172,8 @@ pub struct BenchOptions {
     /// Namespace size.
     #[arg(long, default_value = "1G", value_parser = parse_size)]
     pub size: u64,
-    /// LBA format index of the namespace (a 4096-byte one: 3 4096+0, 4 4096+8, 6 4096+16 with a
-    /// 64-bit guard; formats with other metadata need --pi with the tuple as the whole metadata).
+    /// LBA format index of the namespace (a 4096-byte one: 3 4096+0, 4 4096+8, 5 4096+64, 6
+    /// 4096+16 and 7 4096+64 with a 64-bit guard; a format with metadata needs --pi).
     #[arg(long, default_value_t = vnvme_controller::DEFAULT_FORMAT_INDEX)]
     pub format: u8,
     /// Protection information type (1, 2 or 3) of the namespace: the driver sets PRACT and every
@@ -443,9 +443,8 @@ impl ModeBench {
         }
         if driver.namespaces().is_empty() {
             bail!(
-                "the controller reported no usable namespace (the driver moves no metadata but PI \
-                 the controller makes: a format with metadata needs --pi, and metadata that is the \
-                 PI tuple alone, as in formats 4 and 6)"
+                "the controller reported no usable namespace (the driver moves metadata only with \
+                 protection information: a format with metadata needs --pi)"
             );
         }
         let mut queues = (0..usize::from(opts.queues))

@@ -207,8 +207,8 @@ fn error_statuses_are_typed() {
 #[test]
 fn protected_namespaces_move_data_with_pract_and_store_checked_pi() {
     // 4096+8 Type 1 (16-bit guard), 4096+16 Type 2 (64-bit guard, from
-    // CNS 05h), 4096+64 Type 1: 56 bytes of metadata the driver does not
-    // move, so skipped.
+    // CNS 05h), 4096+64 Type 1 (56 bytes of metadata beside the tuple,
+    // moved through the queue's own buffers).
     let rig = start(
         device(DoorbellMode::Trap),
         &[
@@ -224,12 +224,19 @@ fn protected_namespaces_move_data_with_pract_and_store_checked_pi() {
         .iter()
         .map(|n| (n.nsid, n.protection.map(|p| (p.pit, p.guard_64))))
         .collect();
-    assert_eq!(pis, [(1, Some((1, false))), (2, Some((2, true)))]);
+    assert_eq!(
+        pis,
+        [
+            (1, Some((1, false))),
+            (2, Some((2, true))),
+            (3, Some((1, false)))
+        ]
+    );
     let mut q = rig.ctrl.take_io_queue(0).unwrap();
     let data = pattern(8192, 3);
     let buf = rig.access.dma_alloc(8192).unwrap();
     buf.write_bytes(0, &data).unwrap();
-    for nsid in [1, 2] {
+    for nsid in [1, 2, 3] {
         q.write(nsid, 40, 2, &buf).unwrap();
         let mut back = rig.access.dma_alloc(8192).unwrap();
         q.read(nsid, 40, 2, &mut back).unwrap();

@@ -23,5 +23,6 @@ mod namespaces;
 mod passthru;
 #[path = "../common/pattern.rs"]
 mod pattern;
+mod protection;
 mod rig;
 mod zones;
