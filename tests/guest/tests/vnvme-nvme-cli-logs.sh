@@ -54,7 +54,7 @@ nvme id-ns /dev/nvme0n1 > /tmp/id-ns || die "id-ns"
 run nvme supported-log-pages /dev/nvme0 || fail "supported-log-pages"
 lids=$(sed -n 's/^LID \([^ ]*\) - .*/\1/p' /tmp/out | tr '\n' ' ')
 log "supported-log-pages: $lids"
-[ "$lids" = "0 0x1 0x2 0x3 0x4 0x5 0x6 0x7 0x8 0x9 0xd 0x81 " ] || fail "supported log pages: '$lids'"
+[ "$lids" = "0 0x1 0x2 0x3 0x4 0x5 0x6 0x7 0x8 0x9 0xd 0x81 0xbf " ] || fail "supported log pages: '$lids'"
 
 # --- Endurance Group Information ---
 endurance_writes() {   # host_write_cmds of group 1 (empty if the log could not be read)

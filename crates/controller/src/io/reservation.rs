@@ -120,15 +120,22 @@ fn release(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace) -> Result<(), Statu
 /// Reservation Report: NUMD (CDW10, 0's based dwords), EDS (CDW11 bit 0).
 /// The Reservation Status data structure, cut to NUMD.
 fn report(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace) -> Result<(), Status> {
+    // NUMD dwords go to the host, the structure cut or zero-padded to them:
+    // a host that describes its buffer with an SGL (Linux does for a buffer
+    // in one huge page) expects exactly that length.
     let len = (u64::from(cmd.cdw10.get()) + 1) * 4;
+    if len > ctx.shared.config.max_transfer() {
+        return Err(Status::INVALID_FIELD.with_dnr(true));
+    }
     let eds = Cdw11ResvReport::from(cmd.cdw11).eds();
     let state = ns.reservations.snapshot();
     if !eds && state.registrants.iter().any(|r| r.host.extended) {
         return Err(Status::HOST_ID_INCONSISTENT_FORMAT.with_dnr(true));
     }
-    let page = report_page(&state, eds, host(ctx).id, ctx.shared.config.cntlid);
-    let n = usize::try_from(len).map_or(page.len(), |l| l.min(page.len()));
-    ctx.send(cmd, &page[..n])
+    let mut page = report_page(&state, eds, host(ctx).id, ctx.shared.config.cntlid);
+    // At most MDTS: fits.
+    page.resize(len as usize, 0);
+    ctx.send(cmd, &page)
 }
 
 /// The whole Reservation Status data structure of `state`, as `current`

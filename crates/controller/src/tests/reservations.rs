@@ -429,6 +429,33 @@ fn preempt_moves_the_reservation_or_only_unregisters() {
 }
 
 #[test]
+fn report_through_an_sgl_fills_numd_dwords_zero_padded() {
+    // Linux sends an SGL for a passthrough buffer in one huge page: its
+    // length is NUMD dwords, longer than the structure.
+    let mut h = host(1);
+    h.register(0, false, 0, 0, KEY_A);
+    h.mem.write(BUF, &[0xFF; 4096]).unwrap();
+    let mut c = cmd(NvmOpcode::RESERVATION_REPORT.0);
+    c.nsid = U32::new(1);
+    c.set_psdt(vnvme_spec::sgl::psdt::SGL_MPTR_CONTIGUOUS);
+    c.set_sgl1(&vnvme_spec::sgl::Descriptor::data_block(BUF, 4096));
+    c.cdw10 = U32::new(1024 - 1);
+    assert_eq!(h.submit(1, c).status(), Status::SUCCESS);
+    let page = h.read_mem(BUF, 4096);
+    assert_eq!(page[5], 1, "REGCTL");
+    assert!(
+        page[48..].iter().all(|&b| b == 0),
+        "past the structure: zeroes"
+    );
+    // More than MDTS: refused, as any transfer that large.
+    c.cdw10 = U32::new(u32::MAX);
+    assert_eq!(
+        h.submit(1, c).status(),
+        Status::INVALID_FIELD.with_dnr(true)
+    );
+}
+
+#[test]
 fn report_layouts_numd_and_host_id_format() {
     let mut h = host(1);
     h.register(0, false, 0, 0, KEY_A);
