@@ -1,0 +1,232 @@
+use crc_fast::CrcAlgorithm;
+
+use super::*;
+use crate::keys::{x_pow_mod, DISTANCES};
+
+/// Numbers that look random, the same on every run (xorshift64).
+struct Noise(u64);
+
+impl Noise {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    fn bytes(&mut self, len: usize) -> Vec<u8> {
+        (0..len).map(|_| (self.next() >> 24) as u8).collect()
+    }
+}
+
+fn noise(len: usize, seed: u64) -> Vec<u8> {
+    Noise(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1).bytes(len)
+}
+
+/// Both guards of `bytes` by this crate, by its forced fallback, and by
+/// `crc-fast` alone, which must all agree.
+fn assert_matches_crc_fast(bytes: &[u8]) {
+    let want16 = crc_fast::checksum(CrcAlgorithm::Crc16T10Dif, bytes) as u16;
+    let want64 = crc_fast::checksum(CrcAlgorithm::Crc64Nvme, bytes);
+    let len = bytes.len();
+    assert_eq!(crc16_t10dif(bytes), want16, "CRC-16, {len} bytes");
+    assert_eq!(crc64_nvme(bytes), want64, "CRC-64, {len} bytes");
+    assert_eq!(
+        update_register(&CRC16_T10DIF, 0, bytes, false) as u16,
+        want16,
+        "CRC-16 fallback, {len} bytes"
+    );
+    assert_eq!(
+        update_register(&CRC64_NVME, u64::MAX, bytes, false) ^ u64::MAX,
+        want64,
+        "CRC-64 fallback, {len} bytes"
+    );
+}
+
+#[test]
+fn check_values_match_the_catalogue() {
+    assert_eq!(crc16_t10dif(b"123456789"), 0xD0DB);
+    assert_eq!(crc64_nvme(b"123456789"), 0xAE8B_1486_0A79_9888);
+    // The same message repeated past a round, so the fold runs.
+    let long = b"123456789".repeat(100);
+    assert_matches_crc_fast(&long);
+}
+
+#[test]
+fn every_length_to_1100_at_every_offset_to_64_matches_crc_fast() {
+    let data = noise(1100 + 64, 1);
+    for len in 0..=1100 {
+        for offset in 0..64 {
+            assert_matches_crc_fast(&data[offset..offset + len]);
+        }
+    }
+}
+
+#[test]
+fn block_sizes_at_every_offset_to_64_match_crc_fast() {
+    let data = noise(65536 + 64, 2);
+    for len in [4096, 4104, 4112, 4160, 8192, 65536] {
+        for offset in 0..64 {
+            assert_matches_crc_fast(&data[offset..offset + len]);
+        }
+    }
+}
+
+#[test]
+fn all_zeroes_and_all_ones_match_crc_fast() {
+    for fill in [0x00, 0xFF] {
+        for len in [256, 257, 511, 4096, 4104] {
+            assert_matches_crc_fast(&vec![fill; len]);
+        }
+    }
+}
+
+/// Parts of `bytes` cut at `cuts` (ascending), through the SIMD path where
+/// it runs and through the forced fallback; both must agree.
+fn in_parts(bytes: &[u8], cuts: &[usize]) -> (u16, u64) {
+    let mut crc16 = Crc16T10Dif::new();
+    let mut crc64 = Crc64Nvme::new();
+    let mut fallback16 = CRC16_T10DIF.init;
+    let mut fallback64 = CRC64_NVME.init;
+    let mut start = 0;
+    for &end in cuts.iter().chain([&bytes.len()]) {
+        let part = &bytes[start..end];
+        crc16.update(part);
+        crc64.update(part);
+        fallback16 = update_register(&CRC16_T10DIF, fallback16, part, false);
+        fallback64 = update_register(&CRC64_NVME, fallback64, part, false);
+        start = end;
+    }
+    assert_eq!(
+        u64::from(crc16.finalize()),
+        fallback16,
+        "CRC-16 fallback, cuts {cuts:?}"
+    );
+    assert_eq!(
+        crc64.finalize(),
+        fallback64 ^ u64::MAX,
+        "CRC-64 fallback, cuts {cuts:?}"
+    );
+    (crc16.finalize(), crc64.finalize())
+}
+
+#[test]
+fn two_parts_cut_anywhere_equal_one_shot() {
+    let data = noise(1100, 3);
+    let whole = (crc16_t10dif(&data), crc64_nvme(&data));
+    for cut in 0..=data.len() {
+        assert_eq!(in_parts(&data, &[cut]), whole, "cut at {cut}");
+    }
+}
+
+#[test]
+fn many_parts_cut_at_random_equal_one_shot() {
+    let data = noise(4160, 4);
+    let whole = (crc16_t10dif(&data), crc64_nvme(&data));
+    let mut noise = Noise(5);
+    for trial in 0..300 {
+        let mut cuts: Vec<usize> = (0..noise.below(6))
+            .map(|_| noise.below(data.len() + 1))
+            .collect();
+        cuts.sort_unstable();
+        assert_eq!(
+            in_parts(&data, &cuts),
+            whole,
+            "trial {trial}, cuts {cuts:?}"
+        );
+    }
+    // A block with a separate metadata buffer, as `checksum_parts` sees it.
+    let (block, metadata) = data.split_at(4096);
+    assert_eq!(in_parts(&data, &[4096]), whole);
+    let mut crc = Crc64Nvme::new();
+    crc.update(block);
+    crc.update(&metadata[..56]);
+    assert_eq!(crc.finalize(), crc64_nvme(&data[..4152]));
+}
+
+/// x^k mod P through `crc-fast`: the CRC, from a register of zero, of a
+/// message whose only set bit is k - width places from its end. Its own
+/// derivation of the folding keys, to check ours against.
+fn power_by_crc_fast(kernel: &Kernel, k: u32) -> u64 {
+    let bit = k - kernel.width;
+    let mut message = vec![0u8; bit as usize / 8 + 1];
+    if kernel.reflected {
+        // The first byte's least significant bit is the highest power.
+        message[0] = 0x80 >> (bit % 8);
+        from_zero(kernel, &message).reverse_bits()
+    } else {
+        message[0] = 1 << (bit % 8);
+        from_zero(kernel, &message)
+    }
+}
+
+fn from_zero(kernel: &Kernel, message: &[u8]) -> u64 {
+    let mut digest = crc_fast::Digest::new_with_init_state(kernel.algorithm, 0);
+    digest.update(message);
+    digest.get_state()
+}
+
+#[test]
+fn folding_keys_equal_crc_fast_powers_of_x() {
+    for kernel in [CRC16_T10DIF, CRC64_NVME] {
+        let (width, poly) = match kernel.algorithm {
+            CrcAlgorithm::Crc16T10Dif => (16, 0x8BB7),
+            _ => (64, 0xAD93_D235_94C9_3659),
+        };
+        for k in width..2200 {
+            assert_eq!(
+                x_pow_mod(k, width, poly),
+                power_by_crc_fast(&kernel, k),
+                "{:?}: x^{k}",
+                kernel.algorithm
+            );
+        }
+        for (keys, d) in kernel.keys.into_iter().zip(DISTANCES) {
+            let want = if kernel.reflected {
+                [
+                    power_by_crc_fast(&kernel, d + 63).reverse_bits(),
+                    power_by_crc_fast(&kernel, d - 1).reverse_bits(),
+                ]
+            } else {
+                [
+                    power_by_crc_fast(&kernel, d),
+                    power_by_crc_fast(&kernel, d + 64),
+                ]
+            };
+            assert_eq!(keys, want, "{:?}: keys for {d} bits", kernel.algorithm);
+        }
+    }
+}
+
+/// The fold must run wherever the CPU has what it needs, so the tests above
+/// check it and not only the fallback twice.
+#[test]
+fn fold_runs_where_the_cpu_lists_avx2_pclmulqdq_and_vpclmulqdq() {
+    let cpu_has_them = match std::fs::read_to_string("/proc/cpuinfo") {
+        Ok(cpuinfo) => cpuinfo
+            .lines()
+            .find(|line| line.starts_with("flags"))
+            .is_some_and(|flags| {
+                let flags: Vec<&str> = flags.split_whitespace().collect();
+                ["avx2", "pclmulqdq", "vpclmulqdq"]
+                    .iter()
+                    .all(|f| flags.contains(f))
+            }),
+        // Not Linux: what std detects is all there is to go by.
+        Err(_) => simd_available(),
+    };
+    assert_eq!(
+        simd_available(),
+        cpu_has_them && cfg!(target_arch = "x86_64")
+    );
+    let round = noise(256, 6);
+    assert_eq!(
+        fold_and_finish(&CRC64_NVME, u64::MAX, &round).is_some(),
+        simd_available()
+    );
+    assert_eq!(fold_and_finish(&CRC64_NVME, u64::MAX, &round[..255]), None);
+}
