@@ -340,7 +340,10 @@ impl Wake for Adaptive {
                     Phase::Polling {
                         idle_since,
                         idle_polls: idle_polls.wrapping_add(1),
-                        last_poll: Instant::now(),
+                        // This round's clock: the pause is part of the
+                        // gap, and a pause that yielded the core to a
+                        // runnable thread is the core lost.
+                        last_poll: now,
                     }
                 } else {
                     self.window.expired();
