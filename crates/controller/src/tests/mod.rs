@@ -465,6 +465,7 @@ mod firmware;
 mod identify;
 mod inflight;
 mod io;
+mod irq_batch;
 mod keep_alive;
 mod logs;
 mod modes;
