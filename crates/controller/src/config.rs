@@ -61,14 +61,6 @@ pub struct ControllerConfig {
     /// core is free for the threads that produce its requests (a guest's
     /// vCPUs issue one every 30-250 µs under TCG). Zero: arm at once.
     pub doze: Duration,
-    /// Adaptive mode: while the host keeps a queue deep (it submits while
-    /// completions it was interrupted for wait unreaped: it has other work
-    /// going), an MSI-X interrupt waits up to this long for up to 16
-    /// completions, so one interrupt covers several. A host that reaps
-    /// before it submits again (queue depth 1) is never made to wait; four
-    /// submissions without such completions end it. Zero: an interrupt for
-    /// every pass that posts. See [`DEFAULT_IRQ_BATCH`].
-    pub irq_batch: Duration,
     /// Handlers of vendor specific admin and I/O opcodes (C0h-FFh); the
     /// default holds the built-in examples (see [`crate::vendor`]).
     pub vendor: VendorCommands,
@@ -146,7 +138,6 @@ impl Default for ControllerConfig {
             idle_poll: DEFAULT_IDLE_POLL,
             adaptive_window: false,
             doze: DEFAULT_DOZE,
-            irq_batch: DEFAULT_IRQ_BATCH,
             vendor: VendorCommands::builtin(),
             ready_timeout: DEFAULT_READY_TIMEOUT,
             max_namespaces: 0,
@@ -180,11 +171,6 @@ impl ControllerConfig {
 pub const DEFAULT_IDLE_POLL: Duration = Duration::from_micros(300);
 /// Default [`ControllerConfig::doze`].
 pub const DEFAULT_DOZE: Duration = Duration::from_millis(1);
-/// Default [`ControllerConfig::irq_batch`]. An interrupt costs a TCG guest
-/// about 40 µs of the host's cores (its vCPU's handler, QEMU's main loop
-/// relaying the eventfd); at queue depth 32 the guest is what limits, and
-/// its commands wait milliseconds anyway.
-pub const DEFAULT_IRQ_BATCH: Duration = Duration::from_micros(250);
 
 /// How doorbell writes reach the controller (DESIGN.md, "Doorbells").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -176,13 +176,6 @@ pub(crate) struct Cq {
     /// Completions posted since the last interrupt, and when the first was.
     pub irq_pending: u32,
     pub irq_since: Option<Instant>,
-    /// The tail when the last interrupt was raised.
-    pub irq_tail: u32,
-    /// Whether the host keeps this CQ's queues deep: set to its bound when
-    /// the host submits with completions it was interrupted for still
-    /// unreaped (it has other work going), one down at every submission
-    /// without; above zero, interrupts may be batched.
-    pub depth_score: i8,
     /// Last rejected head value, so a bad write is counted once.
     pub bad_head: Option<u32>,
     /// Entries promised to commands in flight on an asynchronous backend:
@@ -207,8 +200,6 @@ impl Cq {
             sq_refs: 0,
             irq_pending: 0,
             irq_since: None,
-            irq_tail: 0,
-            depth_score: 0,
             bad_head: None,
             reserved: 0,
         }
@@ -248,12 +239,6 @@ impl Cq {
         }
         self.bad_head = Some(v);
         Err(v)
-    }
-
-    /// Completions the host was interrupted for and has not reaped, by
-    /// the head last read.
-    pub fn signalled_unreaped(&self) -> bool {
-        self.distance(self.head, self.tail) > self.distance(self.irq_tail, self.tail)
     }
 
     /// Switches to `source` (Doorbell Buffer Config, queue creation).

@@ -48,9 +48,6 @@ use crate::state::{Session, Shared, ADMIN_WORKER};
 /// Timer slack of polling workers: the kernel's default (50 µs) would
 /// stretch every short sleep (adaptive dozes for 25 µs) far too long.
 const TIMER_SLACK_NS: u64 = 1_000;
-/// Submissions without signalled completions unreaped after which a
-/// queue stops counting as deep ([`Cq::depth_score`](crate::queue::Cq)).
-const DEPTH_BOUND: i8 = 4;
 
 /// Result of one pass over an SQ.
 enum Pass {
@@ -339,11 +336,6 @@ fn process_sq(
         // already see CQ EventIdx behind its head. (Not over an EventIdx
         // armed because the CQ is full.)
         refresh_cq_head(shared, session, cq);
-        cq.depth_score = if cq.signalled_unreaped() {
-            DEPTH_BOUND
-        } else {
-            cq.depth_score.saturating_sub(1).max(0)
-        };
         if !cq.is_full() {
             publish_cq_behind(shared, session, cq);
         }

@@ -497,7 +497,6 @@ impl ServeConfig {
             idle_poll_us: cli.idle_poll_us,
             adaptive_window: cli.adaptive_window,
             doze_us: cli.doze_us,
-            irq_batch_us: cli.irq_batch_us,
             ready_timeout: cli.ready_timeout.or(self.ready_timeout),
             max_namespaces: pick(&cli.max_namespaces, &d.max_namespaces, &self.max_namespaces),
             nvm_capacity: cli.nvm_capacity.or(self.nvm_capacity),

@@ -6,8 +6,8 @@
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use vnvme_controller::{
-    ControllerConfig, DoorbellMode, DEFAULT_DOZE, DEFAULT_IDLE_POLL, DEFAULT_IRQ_BATCH,
-    DEFAULT_READY_TIMEOUT, DEFAULT_SANITIZE_RATE, DEFAULT_SELF_TEST_RATE, MAX_NAMESPACES,
+    ControllerConfig, DoorbellMode, DEFAULT_DOZE, DEFAULT_IDLE_POLL, DEFAULT_READY_TIMEOUT,
+    DEFAULT_SANITIZE_RATE, DEFAULT_SELF_TEST_RATE, MAX_NAMESPACES,
 };
 use vnvme_device::{DeviceConfig, MAX_MSIX_VECTORS};
 
@@ -57,12 +57,6 @@ pub struct DeviceOptions {
     /// before it arms EventIdx (0: arm at once). Default 1000.
     #[arg(long, value_name = "US", value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
     pub doze_us: Option<u64>,
-    /// Adaptive: microseconds an MSI-X interrupt may wait for more
-    /// completions (up to 16) while the host keeps a queue deep, i.e. submits
-    /// while completions it was interrupted for wait unreaped; never at queue
-    /// depth 1 (0: an interrupt for every pass that posts). Default 250.
-    #[arg(long, value_name = "US", value_parser = clap::value_parser!(u64).range(0..=100_000))]
-    pub irq_batch_us: Option<u64>,
     /// Model number reported by Identify Controller.
     #[arg(long, default_value = "vnvme")]
     pub model: String,
@@ -114,7 +108,6 @@ impl Default for DeviceOptions {
             idle_poll_us: None,
             adaptive_window: false,
             doze_us: None,
-            irq_batch_us: None,
             model: "vnvme".into(),
             ready_timeout: None,
             max_namespaces: 0,
@@ -142,9 +135,6 @@ impl DeviceOptions {
             doze: self
                 .doze_us
                 .map_or(DEFAULT_DOZE, std::time::Duration::from_micros),
-            irq_batch: self
-                .irq_batch_us
-                .map_or(DEFAULT_IRQ_BATCH, std::time::Duration::from_micros),
             model: self.model.clone(),
             ready_timeout: self.ready_timeout.unwrap_or(DEFAULT_READY_TIMEOUT),
             max_namespaces: self.max_namespaces,

@@ -465,7 +465,6 @@ mod firmware;
 mod identify;
 mod inflight;
 mod io;
-mod irq_batch;
 mod keep_alive;
 mod logs;
 mod modes;

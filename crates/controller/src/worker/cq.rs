@@ -13,7 +13,6 @@ use crate::admin;
 use crate::doorbell::{barrier, behind};
 use crate::queue::Cq;
 use crate::state::{Session, Shared};
-use crate::DoorbellMode;
 
 /// Aggregation Time of the Interrupt Coalescing feature.
 pub(super) fn aggregation_time(shared: &Shared) -> Duration {
@@ -59,34 +58,15 @@ pub(super) fn settle_interrupt(shared: &Shared, session: &Session, cq: &mut Cq) 
             .get(usize::from(cq.iv))
             .is_some_and(|d| d.load(Ordering::Relaxed));
     let due = exempt || cq.irq_pending > thr_z || cq.irq_since.is_none_or(|t| t.elapsed() >= time);
-    let due = due && (cq.qid == 0 || !batching(shared, session, cq));
     if due {
         raise(shared, session, cq);
     }
     due
 }
 
-/// Interrupt batching of the adaptive mode
-/// ([`ControllerConfig::irq_batch`](crate::ControllerConfig::irq_batch)):
-/// while the host keeps the queue deep (`Cq::depth_score`), an interrupt
-/// waits for [`BATCH_SIZE`] completions or the batch time. A polling worker
-/// raises it when due; a sleeping one wakes for it (coalescing timers).
-fn batching(shared: &Shared, session: &Session, cq: &Cq) -> bool {
-    let hold = shared.config.irq_batch;
-    !hold.is_zero()
-        && cq.depth_score > 0
-        && cq.irq_pending < BATCH_SIZE
-        && shared.config.doorbells == DoorbellMode::Adaptive
-        && session.irq.msix_enabled()
-        && cq.irq_since.is_some_and(|t| t.elapsed() < hold)
-}
-
-const BATCH_SIZE: u32 = 16;
-
 pub(super) fn raise(shared: &Shared, session: &Session, cq: &mut Cq) {
     cq.irq_pending = 0;
     cq.irq_since = None;
-    cq.irq_tail = cq.tail;
     if !cq.ien {
         return;
     }
