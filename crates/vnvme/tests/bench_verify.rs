@@ -62,3 +62,34 @@ fn verify_with_a_null_namespace_is_refused() {
 
     assert!(err.to_string().contains("--backend ram"), "{err}");
 }
+
+#[test]
+fn polling_knobs_reach_the_controller_and_the_guest_server() {
+    // No poll window and no dozing: the adaptive worker arms EventIdx after
+    // every command, so a driver at queue depth 1 traps for nearly each one
+    // (with the default 300 µs window it hardly ever does).
+    let opts = options(&[
+        "--modes",
+        "adaptive",
+        "--qd",
+        "1",
+        "--runtime",
+        "0.3",
+        "--idle-poll-us",
+        "0",
+        "--doze-us",
+        "0",
+    ]);
+    assert_eq!(
+        opts.polling.serve_args(),
+        ["--idle-poll-us", "0", "--doze-us", "0"]
+    );
+
+    let runs = bench::run(&opts).expect("bench run");
+
+    let [run] = runs.as_slice() else {
+        panic!("one point expected, got {}", runs.len());
+    };
+    assert!(run.ios > 0, "{run:?}");
+    assert!(run.sq_traps_per_io > 0.5, "{run:?}");
+}

@@ -121,7 +121,10 @@ impl GuestBenchOptions {
             engines: opts.engines.0.clone(),
             runtime,
             qemu_nvme: std::env::var_os("VNVME_BENCH_NO_QEMU").is_none_or(|v| v != "1"),
-            serve_args: serve_args_from_env(),
+            serve_args: serve_args_from_env()
+                .into_iter()
+                .chain(opts.polling.serve_args())
+                .collect(),
             json: opts.json.clone(),
             rig: Self::default_rig(),
         }
