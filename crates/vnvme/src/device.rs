@@ -44,19 +44,9 @@ pub struct DeviceOptions {
     /// needs the page: adaptive or mmap-poll.
     #[arg(long, value_name = "MODE", default_value_t = DoorbellMode::Adaptive)]
     pub doorbells: DoorbellMode,
-    /// Adaptive: microseconds of polling without work before a worker arms
-    /// EventIdx and sleeps. Mmap-poll: spin time before backing off.
-    #[arg(long, value_name = "US", value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
-    pub idle_poll_us: Option<u64>,
-    /// Adaptive: let each worker shrink its poll window (down to 0) when polling
-    /// finds nothing or loses the core, and grow it when it pays.
-    #[arg(long)]
-    pub adaptive_window: bool,
-    /// Adaptive: microseconds after the poll window during which a worker
-    /// still looks at the shadow doorbells every 25 µs, sleeping in between,
-    /// before it arms EventIdx (0: arm at once). Default 1000.
-    #[arg(long, value_name = "US", value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
-    pub doze_us: Option<u64>,
+    /// How the queue workers poll.
+    #[command(flatten)]
+    pub polling: PollingOptions,
     /// Model number reported by Identify Controller.
     #[arg(long, default_value = "vnvme")]
     pub model: String,
@@ -105,9 +95,7 @@ impl Default for DeviceOptions {
             msix_vectors: None,
             workers: 1,
             doorbells: DoorbellMode::default(),
-            idle_poll_us: None,
-            adaptive_window: false,
-            doze_us: None,
+            polling: PollingOptions::default(),
             model: "vnvme".into(),
             ready_timeout: None,
             max_namespaces: 0,
@@ -120,6 +108,42 @@ impl Default for DeviceOptions {
     }
 }
 
+/// The queue workers' polling (`vnvme serve`, and `vnvme bench` to compare
+/// settings in one binary).
+#[derive(Args, Debug, Clone, Default, PartialEq, Eq)]
+pub struct PollingOptions {
+    /// Adaptive: microseconds of polling without work before a worker arms
+    /// EventIdx and sleeps. Mmap-poll: spin time before backing off.
+    #[arg(long, value_name = "US", value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+    pub idle_poll_us: Option<u64>,
+    /// Adaptive: let each worker shrink its poll window (down to 0) when polling
+    /// finds nothing or loses the core, and grow it when it pays.
+    #[arg(long)]
+    pub adaptive_window: bool,
+    /// Adaptive: microseconds after the poll window during which a worker
+    /// still looks at the shadow doorbells every 25 µs, sleeping in between,
+    /// before it arms EventIdx (0: arm at once). Default 1000.
+    #[arg(long, value_name = "US", value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+    pub doze_us: Option<u64>,
+}
+
+impl PollingOptions {
+    /// The same settings as `vnvme serve` arguments.
+    pub fn serve_args(&self) -> Vec<String> {
+        let mut args = Vec::new();
+        if let Some(us) = self.idle_poll_us {
+            args.extend(["--idle-poll-us".to_string(), us.to_string()]);
+        }
+        if self.adaptive_window {
+            args.push("--adaptive-window".to_string());
+        }
+        if let Some(us) = self.doze_us {
+            args.extend(["--doze-us".to_string(), us.to_string()]);
+        }
+        args
+    }
+}
+
 impl DeviceOptions {
     /// The controller these options describe.
     pub fn controller_config(&self) -> ControllerConfig {
@@ -129,10 +153,12 @@ impl DeviceOptions {
             workers: usize::try_from(self.workers).unwrap_or(1),
             doorbells: self.doorbells,
             idle_poll: self
+                .polling
                 .idle_poll_us
                 .map_or(DEFAULT_IDLE_POLL, std::time::Duration::from_micros),
-            adaptive_window: self.adaptive_window,
+            adaptive_window: self.polling.adaptive_window,
             doze: self
+                .polling
                 .doze_us
                 .map_or(DEFAULT_DOZE, std::time::Duration::from_micros),
             model: self.model.clone(),

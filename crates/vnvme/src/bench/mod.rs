@@ -23,7 +23,7 @@ use serde::Serialize;
 use vnvme_controller::DoorbellMode;
 use vnvme_driver::{Controller, DeviceAccess, InitOptions, IoQueue};
 
-use crate::device::DeviceOptions;
+use crate::device::{DeviceOptions, PollingOptions};
 use crate::inproc::InProcess;
 use crate::namespace::{Backend, NamespaceSpec};
 use crate::size::parse_size;
@@ -208,39 +208,6 @@ pub struct BenchOptions {
     /// passed to the `vnvme serve` the bench starts).
     #[command(flatten)]
     pub polling: PollingOptions,
-}
-
-/// `vnvme serve`'s polling knobs, for comparing settings in one binary.
-#[derive(Debug, Clone, Default, clap::Args)]
-pub struct PollingOptions {
-    /// Adaptive: microseconds of polling without work before a worker arms
-    /// EventIdx and sleeps. Mmap-poll: spin time before backing off.
-    #[arg(long, value_name = "US", value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
-    pub idle_poll_us: Option<u64>,
-    /// Adaptive: let each worker shrink and grow its poll window.
-    #[arg(long)]
-    pub adaptive_window: bool,
-    /// Adaptive: microseconds of 25 µs dozes after the poll window (0: arm
-    /// at once). Default 1000.
-    #[arg(long, value_name = "US", value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
-    pub doze_us: Option<u64>,
-}
-
-impl PollingOptions {
-    /// The same settings as `vnvme serve` arguments.
-    pub fn serve_args(&self) -> Vec<String> {
-        let mut args = Vec::new();
-        if let Some(us) = self.idle_poll_us {
-            args.extend(["--idle-poll-us".to_string(), us.to_string()]);
-        }
-        if self.adaptive_window {
-            args.push("--adaptive-window".to_string());
-        }
-        if let Some(us) = self.doze_us {
-            args.extend(["--doze-us".to_string(), us.to_string()]);
-        }
-        args
-    }
 }
 
 /// One measured point. The field names are read by other tools: keep them.
@@ -456,9 +423,7 @@ impl ModeBench {
         let device_opts = DeviceOptions {
             doorbells: mode,
             max_io_queues: opts.queues,
-            idle_poll_us: opts.polling.idle_poll_us,
-            adaptive_window: opts.polling.adaptive_window,
-            doze_us: opts.polling.doze_us,
+            polling: opts.polling.clone(),
             ..DeviceOptions::default()
         };
         let device = device_opts.build(&[spec])?;

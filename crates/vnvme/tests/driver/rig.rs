@@ -10,7 +10,7 @@ use vnvme_controller::{ControllerStats, DoorbellMode, QueueStats};
 use vnvme_driver::{Controller, DeviceAccess, InitOptions};
 
 pub use crate::pattern::pattern;
-pub use vnvme::device::DeviceOptions;
+pub use vnvme::device::{DeviceOptions, PollingOptions};
 
 /// The controller being served, the driver's access to it and the driver.
 pub struct Rig {
@@ -35,8 +35,11 @@ pub fn device(mode: DoorbellMode) -> DeviceOptions {
 pub fn polling_device() -> DeviceOptions {
     DeviceOptions {
         doorbells: DoorbellMode::Adaptive,
-        idle_poll_us: Some(1_000_000),
-        doze_us: Some(1_000_000),
+        polling: PollingOptions {
+            idle_poll_us: Some(1_000_000),
+            doze_us: Some(1_000_000),
+            ..PollingOptions::default()
+        },
         ..DeviceOptions::default()
     }
 }
