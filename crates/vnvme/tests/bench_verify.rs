@@ -65,9 +65,11 @@ fn verify_with_a_null_namespace_is_refused() {
 
 #[test]
 fn polling_knobs_reach_the_controller_and_the_guest_server() {
-    // No poll window and no dozing: the adaptive worker arms EventIdx after
-    // every command, so a driver at queue depth 1 traps for nearly each one
-    // (with the default 300 µs window it hardly ever does).
+    // No poll window and no dozing: the adaptive worker arms EventIdx as soon
+    // as its queue is empty, so a driver at queue depth 1 traps whenever its
+    // next command comes after the arming: about half of them on a loaded
+    // 2-core CI machine, nearly all on a quiet one. With the default 300 µs
+    // window it hardly ever traps (under 0.01 per I/O).
     let opts = options(&[
         "--modes",
         "adaptive",
@@ -91,5 +93,5 @@ fn polling_knobs_reach_the_controller_and_the_guest_server() {
         panic!("one point expected, got {}", runs.len());
     };
     assert!(run.ios > 0, "{run:?}");
-    assert!(run.sq_traps_per_io > 0.5, "{run:?}");
+    assert!(run.sq_traps_per_io > 0.1, "{run:?}");
 }
