@@ -78,6 +78,28 @@ pub fn check_range(offset: u64, len: u64, size: u64) -> Result<(), BlockError> {
     }
 }
 
+/// How a read's bytes reach the caller's buffer
+/// ([`BlockDevice::read_with`]): the caller can compute something on them
+/// (the guard of protection information) in the very copy that reads the
+/// media, which is then read once.
+pub trait ReadFill {
+    /// `dst` gets `src`: the next `src.len()` bytes of the read.
+    fn copy(&mut self, src: &[u8], dst: &mut [u8]);
+    /// The next `buf.len()` bytes of the read are in `buf` already.
+    fn filled(&mut self, buf: &[u8]);
+}
+
+/// The fill of a plain read: copies, and sees nothing.
+pub(crate) struct CopyOnly;
+
+impl ReadFill for CopyOnly {
+    fn copy(&mut self, src: &[u8], dst: &mut [u8]) {
+        dst.copy_from_slice(src);
+    }
+
+    fn filled(&mut self, _: &[u8]) {}
+}
+
 /// Storage behind one namespace. Shared by all queue workers at once, so
 /// implementations synchronise internally (`&self` everywhere).
 pub trait BlockDevice: Send + Sync + std::fmt::Debug {
@@ -100,6 +122,20 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
 
     /// Reads `buf.len()` bytes at byte `offset`.
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), BlockError>;
+
+    /// Reads like [`read`](Self::read), the bytes passing through `fill`
+    /// in order. The default reads, then shows `fill` the whole buffer; a
+    /// device that holds its data in memory copies it with `fill`.
+    fn read_with(
+        &self,
+        offset: u64,
+        buf: &mut [u8],
+        fill: &mut dyn ReadFill,
+    ) -> Result<(), BlockError> {
+        self.read(offset, buf)?;
+        fill.filled(buf);
+        Ok(())
+    }
 
     /// Writes `buf` at byte `offset`.
     fn write(&self, offset: u64, buf: &[u8]) -> Result<(), BlockError>;
@@ -172,17 +208,30 @@ impl BlockRequest {
     /// Mapped memory is copied through a buffer, as [`BlockDevice`] moves
     /// slices.
     pub fn run_on(self, device: &dyn BlockDevice, token: u64) -> BlockCompletion {
+        self.run_with(device, token, None)
+    }
+
+    /// [`run_on`](Self::run_on), a read's bytes passing through `fill`
+    /// ([`BlockDevice::read_with`]).
+    pub fn run_with(
+        self,
+        device: &dyn BlockDevice,
+        token: u64,
+        fill: Option<&mut dyn ReadFill>,
+    ) -> BlockCompletion {
+        let mut copy_only = CopyOnly;
+        let fill = fill.unwrap_or(&mut copy_only);
         let (data, result) = match self {
             BlockRequest::Read { offset, data } => {
                 let (data, r) = match data {
                     Data::Buf(mut buf) => {
-                        let r = device.read(offset, &mut buf);
+                        let r = device.read_with(offset, &mut buf, fill);
                         (Data::Buf(buf), r)
                     }
                     Data::Mapped(mut mem) => {
                         let mut buf = IoBuf::zeroed(mem.len());
                         let r = device
-                            .read(offset, &mut buf)
+                            .read_with(offset, &mut buf, fill)
                             .and_then(|()| mem.copy_from(&buf).map_err(BlockError::Io));
                         (Data::Mapped(mem), r)
                     }

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 
 use parking_lot::{Mutex, RwLock};
 
-use crate::{check_range, BlockDevice, BlockError};
+use crate::{check_range, BlockDevice, BlockError, CopyOnly, ReadFill};
 
 /// Bytes per chunk (and per lock). 64 KiB: a 4 KiB I/O touches one chunk,
 /// and a large device needs few locks.
@@ -146,6 +146,15 @@ impl BlockDevice for RamDevice {
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), BlockError> {
+        self.read_with(offset, buf, &mut CopyOnly)
+    }
+
+    fn read_with(
+        &self,
+        offset: u64,
+        buf: &mut [u8],
+        fill: &mut dyn ReadFill,
+    ) -> Result<(), BlockError> {
         check_range(offset, buf.len() as u64, self.size)?;
         Self::for_each_piece(offset, buf.len() as u64, |c, at, n, done| {
             let out = buf.get_mut(done..done + n).ok_or(BlockError::OutOfRange {
@@ -154,14 +163,18 @@ impl BlockDevice for RamDevice {
                 size: self.size,
             })?;
             match &*self.chunk(c)?.read() {
-                Some(data) => {
-                    out.copy_from_slice(data.get(at..at + n).ok_or(BlockError::OutOfRange {
+                Some(data) => fill.copy(
+                    data.get(at..at + n).ok_or(BlockError::OutOfRange {
                         offset,
                         len: 0,
                         size: self.size,
-                    })?)
+                    })?,
+                    out,
+                ),
+                None => {
+                    out.fill(0);
+                    fill.filled(out);
                 }
-                None => out.fill(0),
             }
             Ok(())
         })
@@ -275,6 +288,53 @@ mod tests {
         assert_eq!(b, [1, 1, 1, 1, 0, 0, 0, 0], "the shrink cut the write");
         big.read(3 * CHUNK, &mut b).unwrap();
         assert_eq!(b, [0; 8], "nothing comes back from past the shrink");
+    }
+
+    /// Records what a read passes through it.
+    #[derive(Default)]
+    struct Recorder {
+        copied: Vec<u8>,
+        filled: Vec<u8>,
+        /// Bytes each piece, `true` for a copy.
+        pieces: Vec<(bool, usize)>,
+    }
+
+    impl ReadFill for Recorder {
+        fn copy(&mut self, src: &[u8], dst: &mut [u8]) {
+            dst.copy_from_slice(src);
+            self.copied.extend_from_slice(src);
+            self.pieces.push((true, src.len()));
+        }
+
+        fn filled(&mut self, buf: &[u8]) {
+            self.filled.extend_from_slice(buf);
+            self.pieces.push((false, buf.len()));
+        }
+    }
+
+    #[test]
+    fn read_with_copies_written_chunks_through_the_fill_and_shows_it_the_rest() {
+        let dev = RamDevice::new(4 * CHUNK);
+        let data: Vec<u8> = (0..CHUNK + 100).map(|i| (i % 251) as u8 + 1).collect();
+        dev.write(CHUNK - 50, &data).unwrap();
+        // From chunk 0 across chunks 1 and 2 (written, chunk 2 in part) into
+        // chunk 3, which was never written.
+        let start = CHUNK - 50;
+        let mut buf = vec![0xEEu8; 2 * CHUNK as usize + 100];
+        let mut fill = Recorder::default();
+        dev.read_with(start, &mut buf, &mut fill).unwrap();
+        let mut plain = vec![0u8; buf.len()];
+        dev.read(start, &mut plain).unwrap();
+        assert_eq!(buf, plain, "read_with reads what read does");
+        assert_eq!(&buf[..data.len()], &data[..]);
+        let chunk = CHUNK as usize;
+        assert_eq!(
+            fill.pieces,
+            [(true, 50), (true, chunk), (true, chunk), (false, 50)],
+            "a piece per chunk: copied where written, shown once zeroed where not"
+        );
+        assert_eq!(fill.copied, buf[..50 + 2 * chunk]);
+        assert_eq!(fill.filled, [0; 50]);
     }
 
     #[test]

@@ -27,6 +27,9 @@ pub(crate) struct Scratch {
     pub split: Vec<u8>,
     /// The pieces of a metadata SGL (PSDT 10b).
     pub meta_segs: Vec<Segment>,
+    /// A read's guards as the backend's copy computed them
+    /// ([`crate::protection::GuardFill`]).
+    pub guards: Vec<u64>,
 }
 
 /// What a command handler has at hand.

@@ -36,7 +36,9 @@
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
-use vnvme_blockdev::{BlockCompletion, BlockDevice, BlockQueue, BlockRequest, IoBuf, Waker};
+use vnvme_blockdev::{
+    BlockCompletion, BlockDevice, BlockQueue, BlockRequest, IoBuf, ReadFill, Waker,
+};
 use vnvme_spec::Command;
 
 use crate::backend_error::Chain;
@@ -171,20 +173,21 @@ impl InFlight {
 
     /// Starts `request` for `ns`'s command `cmd`: submitted to the
     /// backend's queue, or, on a synchronous backend or a queue with no
-    /// room for it, run at once.
+    /// room for it, run at once, a read's bytes passing through `fill`.
     pub fn start(
         &mut self,
         ns: &Arc<Namespace>,
         cmd: &Command,
         kind: Kind,
         request: BlockRequest,
+        fill: Option<&mut dyn ReadFill>,
     ) -> Started {
         if !Self::is_async(ns) {
-            return Started::Done(request.run_on(&*ns.backend, RAN_AT_ONCE));
+            return Started::Done(request.run_with(&*ns.backend, RAN_AT_ONCE, fill));
         }
         match self.submit(ns, cmd, kind, request) {
             Ok(token) => Started::InFlight(token),
-            Err(request) => Started::Done(request.run_on(&*ns.backend, RAN_AT_ONCE)),
+            Err(request) => Started::Done(request.run_with(&*ns.backend, RAN_AT_ONCE, fill)),
         }
     }
 

@@ -21,7 +21,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use vnvme_blockdev::{BlockCompletion, BlockError, BlockRequest, Data, MappedBuf};
+use vnvme_blockdev::{BlockCompletion, BlockError, BlockRequest, Data, MappedBuf, ReadFill};
 use vnvme_spec::cdw::{Cdw10Dsm, Cdw11Dsm, Cdw12ReadWrite};
 use vnvme_spec::range::DsmRange;
 use vnvme_spec::{Command, NvmOpcode, Status};
@@ -33,6 +33,7 @@ use crate::config::Readiness;
 use crate::inflight::{InFlight, Kind, Started};
 use crate::io_request::{Extent, ReadWrite, WriteZeroes};
 use crate::namespace::Namespace;
+use crate::protection::GuardFill;
 use crate::prp;
 
 use crate::namespace::NSID_ALL;
@@ -170,16 +171,18 @@ fn usable_namespace(ctx: &Ctx<'_>, cmd: &Command, op: NvmOpcode) -> Result<Arc<N
 /// Finishes a read, write or flush whose backend request completed, at
 /// once or reaped from an asynchronous backend: copies what was read to
 /// the host (unless it went there in place), counts, and gives the status.
+/// `guards`: a read's guards, if computed as the backend read it.
 pub(crate) fn finish(
     ctx: &mut Ctx<'_>,
     cmd: &Command,
     ns: &Namespace,
     kind: &Kind,
     done: &BlockCompletion,
+    guards: &[u64],
 ) -> Status {
     let r = match (kind, &done.result, &done.data) {
         (_, result, Some(Data::Mapped(mem))) if lost(mem, result) => Err(host_memory_lost()),
-        (Kind::Read(rw), Ok(()), Some(Data::Buf(buf))) => read_done(ctx, cmd, ns, rw, buf),
+        (Kind::Read(rw), Ok(()), Some(Data::Buf(buf))) => read_done(ctx, cmd, ns, rw, buf, guards),
         (Kind::Read(rw), Ok(()), Some(Data::Mapped(_))) => {
             read_counted(ctx, ns, rw);
             Ok(())
@@ -337,14 +340,27 @@ fn read(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Arc<Namespace>) -> Result<Option<
                 offset: rw.offset,
                 data: Data::Mapped(mem),
             };
-            return start(ctx, cmd, ns, Kind::Read(rw), request);
+            return start(ctx, cmd, ns, Kind::Read(rw), request, None);
         }
     }
     let request = BlockRequest::Read {
         offset: rw.offset,
         data: Data::Buf(ctx.inflight.buffer(rw.len as usize)),
     };
-    start(ctx, cmd, ns, Kind::Read(rw), request)
+    let fill = guard_fill(ctx, ns, &rw);
+    start(ctx, cmd, ns, Kind::Read(rw), request, fill)
+}
+
+/// For a read whose guards are checked: the fill that computes them as a
+/// synchronous backend copies the blocks out.
+fn guard_fill(ctx: &mut Ctx<'_>, ns: &Namespace, rw: &ReadWrite) -> Option<GuardFill> {
+    match (ns.pi, rw.pi) {
+        (Some(format), Some(pc)) if pc.prinfo.prchk_guard() => Some(GuardFill::new(
+            format,
+            std::mem::take(&mut ctx.scratch.guards),
+        )),
+        _ => None,
+    }
 }
 
 /// The host's memory of `rw`, at the PRPs just mapped, held for the
@@ -362,21 +378,38 @@ fn pin(ctx: &Ctx<'_>, rw: &ReadWrite, write: bool) -> Option<MappedBuf> {
 }
 
 /// Starts `request`: `Some(token)` if it is in flight, or finishes it.
+/// `fill`: a read's guards computed on the way, if it runs at once.
 fn start(
     ctx: &mut Ctx<'_>,
     cmd: &Command,
     ns: &Arc<Namespace>,
     kind: Kind,
     request: BlockRequest,
+    mut fill: Option<GuardFill>,
 ) -> Result<Option<u64>, Status> {
-    match ctx.inflight.start(ns, cmd, kind, request) {
+    let started = ctx.inflight.start(
+        ns,
+        cmd,
+        kind,
+        request,
+        fill.as_mut().map(|f| f as &mut dyn ReadFill),
+    );
+    let guards = fill.map(GuardFill::into_guards);
+    let r = match started {
         Started::InFlight(token) => Ok(Some(token)),
         Started::Done(done) => {
             if let (Kind::Read(rw) | Kind::Write(rw), Some(Data::Mapped(_))) = (&kind, &done.data) {
                 // Run synchronously, through a buffer of the backend's.
                 bounced(ctx, rw);
             }
-            let status = finish(ctx, cmd, ns, &kind, &done);
+            let status = finish(
+                ctx,
+                cmd,
+                ns,
+                &kind,
+                &done,
+                guards.as_deref().unwrap_or_default(),
+            );
             if let Some(Data::Buf(buf)) = done.data {
                 ctx.inflight.recycle(buf);
             }
@@ -386,7 +419,11 @@ fn start(
                 Err(status)
             }
         }
+    };
+    if let Some(guards) = guards {
+        ctx.scratch.guards = guards;
     }
+    r
 }
 
 /// A read's data is in `media`: to the host, and counted.
@@ -396,10 +433,11 @@ fn read_done(
     ns: &Namespace,
     rw: &ReadWrite,
     media: &[u8],
+    guards: &[u64],
 ) -> Result<(), Status> {
     bounced(ctx, rw);
     let r = match (ns.pi, rw.pi) {
-        (Some(f), Some(pc)) => match f.on_read(&pc, media) {
+        (Some(f), Some(pc)) => match f.on_read(&pc, media, guards) {
             // Unwritten tuples the host gets (not stripped) are shown as
             // FFh, in a copy: `media` is the backend's buffer.
             Ok(true) if rw.data_len + rw.meta_len == rw.len => {
@@ -460,7 +498,7 @@ fn write(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Arc<Namespace>) -> Result<Option
                 data: Data::Mapped(mem),
                 fua,
             };
-            return start(ctx, cmd, ns, Kind::Write(rw), request);
+            return start(ctx, cmd, ns, Kind::Write(rw), request, None);
         }
     }
     let mut buf = ctx.inflight.buffer(rw.len as usize);
@@ -478,7 +516,7 @@ fn write(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Arc<Namespace>) -> Result<Option
         data: Data::Buf(buf),
         fua,
     };
-    start(ctx, cmd, ns, Kind::Write(rw), request)
+    start(ctx, cmd, ns, Kind::Write(rw), request, None)
 }
 
 /// A write is done: its blocks are no longer uncorrectable, and counted.
@@ -496,7 +534,7 @@ fn write_done(ctx: &Ctx<'_>, ns: &Namespace, rw: &ReadWrite) {
 }
 
 fn flush(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Arc<Namespace>) -> Result<Option<u64>, Status> {
-    start(ctx, cmd, ns, Kind::Flush, BlockRequest::Flush)
+    start(ctx, cmd, ns, Kind::Flush, BlockRequest::Flush, None)
 }
 
 /// Compare: data and metadata, extended or separate.

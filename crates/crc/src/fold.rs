@@ -9,8 +9,8 @@
 use std::arch::x86_64::{
     __m128i, __m256i, _mm256_castsi256_si128, _mm256_clmulepi64_epi128, _mm256_extracti128_si256,
     _mm256_loadu_si256, _mm256_set_epi64x, _mm256_shuffle_epi8, _mm256_xor_si256,
-    _mm_clmulepi64_si128, _mm_loadu_si128, _mm_set_epi64x, _mm_shuffle_epi8, _mm_storeu_si128,
-    _mm_xor_si128,
+    _mm_clmulepi64_si128, _mm_loadu_si128, _mm_prefetch, _mm_set_epi64x, _mm_shuffle_epi8,
+    _mm_storeu_si128, _mm_xor_si128, _MM_HINT_T0,
 };
 
 use crate::keys::Kernel;
@@ -23,6 +23,10 @@ pub(crate) const ROUND: usize = 256;
 /// the CRC would take it, into one 16-byte block in message order. Returns
 /// the block and the bytes of `rest` left over (fewer than 16).
 ///
+/// After each round `folded` gets how many bytes of the message (`first`
+/// then `rest`) are folded so far: a copy of the message can follow the
+/// fold a round behind, from bytes the fold just brought into the cache.
+///
 /// Needs AVX2, PCLMULQDQ and VPCLMULQDQ: calling it is unsafe, and sound
 /// only once they are detected.
 #[target_feature(enable = "avx2,pclmulqdq,vpclmulqdq")]
@@ -31,6 +35,7 @@ pub(crate) fn fold<'a>(
     register: u64,
     first: &[u8; ROUND],
     rest: &'a [u8],
+    mut folded: impl FnMut(usize),
 ) -> ([u8; 16], &'a [u8]) {
     let order = Order::new(kernel.reflected);
     let [k2048, k1024, k512, k256, k128] = kernel.keys;
@@ -50,14 +55,16 @@ pub(crate) fn fold<'a>(
         (0, register << (64 - kernel.width))
     };
     acc[0] = _mm256_xor_si256(acc[0], _mm256_set_epi64x(0, 0, hi as i64, lo as i64));
+    folded(ROUND);
 
     let (rounds, rest) = rest.as_chunks::<ROUND>();
     let k = keys256(k2048);
-    for round in rounds {
+    for (i, round) in rounds.iter().enumerate() {
         let (chunks, _) = round.as_chunks::<32>();
         for (a, chunk) in acc.iter_mut().zip(chunks) {
             *a = fold256(*a, k, order.load256(chunk));
         }
+        folded((i + 2) * ROUND);
     }
 
     // Eight registers into one: each pair lies 128, 64, then 32 bytes apart.
@@ -176,4 +183,15 @@ fn fold128(acc: __m128i, keys: __m128i, next: __m128i) -> __m128i {
     let lo = _mm_clmulepi64_si128::<0x00>(acc, keys);
     let hi = _mm_clmulepi64_si128::<0x11>(acc, keys);
     _mm_xor_si128(_mm_xor_si128(lo, next), hi)
+}
+
+/// Asks for `bytes` in the first-level cache, a line at a time, without
+/// waiting for them: the loads of a fold then find the lines on their way
+/// while it computes, instead of waiting on memory one round after another.
+pub(crate) fn prefetch(bytes: &[u8]) {
+    for line in bytes.chunks(64) {
+        // SAFETY: a prefetch reads nothing and never faults, whatever the
+        // address; this one is of bytes we may read anyway.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast()) };
+    }
 }

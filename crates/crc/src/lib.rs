@@ -79,6 +79,16 @@ impl Crc16T10Dif {
         self.register = update_register(&CRC16_T10DIF, self.register.into(), bytes, true) as u16;
     }
 
+    /// Copies `bytes` to `dst`, which must be as long (it panics otherwise,
+    /// as `copy_from_slice` does), and takes them as the next part of the
+    /// message, reading them once: from memory, the fold costs little
+    /// more than the copy alone.
+    pub fn update_copy(&mut self, bytes: &[u8], dst: &mut [u8]) {
+        self.register =
+            update_register_copy(&CRC16_T10DIF, self.register.into(), bytes, Some(dst), true)
+                as u16;
+    }
+
     /// The CRC of the parts so far.
     pub fn finalize(&self) -> u16 {
         self.register ^ CRC16_T10DIF.xorout as u16
@@ -110,6 +120,14 @@ impl Crc64Nvme {
         self.register = update_register(&CRC64_NVME, self.register, bytes, true);
     }
 
+    /// Copies `bytes` to `dst`, which must be as long (it panics otherwise,
+    /// as `copy_from_slice` does), and takes them as the next part of the
+    /// message, reading them once: from memory, the fold costs little
+    /// more than the copy alone.
+    pub fn update_copy(&mut self, bytes: &[u8], dst: &mut [u8]) {
+        self.register = update_register_copy(&CRC64_NVME, self.register, bytes, Some(dst), true);
+    }
+
     /// The CRC of the parts so far.
     pub fn finalize(&self) -> u64 {
         self.register ^ CRC64_NVME.xorout
@@ -122,6 +140,10 @@ impl Default for Crc64Nvme {
     }
 }
 
+/// How far ahead of the fold `update_copy` prefetches.
+#[cfg(target_arch = "x86_64")]
+const AHEAD: usize = 4096;
+
 /// The longest input that `crc_fast_register` copies to XOR a register
 /// into: what a fold leaves, or a part too short to fold.
 const SHORT: usize = 256;
@@ -130,10 +152,27 @@ const SHORT: usize = 256;
 /// `simd` false, `crc-fast` does all of it, which tests use to check the
 /// fold on any machine.
 fn update_register(kernel: &Kernel, register: u64, bytes: &[u8], simd: bool) -> u64 {
+    update_register_copy(kernel, register, bytes, None, simd)
+}
+
+/// [`update_register`], copying `bytes` to `copy_to` (as long) on the way.
+fn update_register_copy(
+    kernel: &Kernel,
+    register: u64,
+    bytes: &[u8],
+    mut copy_to: Option<&mut [u8]>,
+    simd: bool,
+) -> u64 {
+    if let Some(dst) = &copy_to {
+        assert_eq!(dst.len(), bytes.len(), "a copy as long as the bytes");
+    }
     if simd {
-        if let Some(register) = fold_and_finish(kernel, register, bytes) {
+        if let Some(register) = fold_and_finish(kernel, register, bytes, copy_to.as_deref_mut()) {
             return register;
         }
+    }
+    if let Some(dst) = copy_to {
+        dst.copy_from_slice(bytes);
     }
     crc_fast_register(kernel, register, bytes)
 }
@@ -143,16 +182,43 @@ fn update_register(kernel: &Kernel, register: u64, bytes: &[u8], simd: bool) -> 
 /// message and the block already carries `register` and everything before
 /// the tail, so the rest is a CRC from a register of zero; `crc-fast`
 /// starts from init instead, which XORed into the block cancels out. `None`
-/// where the CPU lacks the features or `bytes` is shorter than a round.
+/// where the CPU lacks the features or `bytes` is shorter than a round
+/// (then nothing is copied).
+///
+/// With `copy_to` (as long as `bytes`), each round is copied there once it
+/// is folded, from the cache: `bytes`, likely cold, are read from memory
+/// once, prefetched [`AHEAD`] bytes ahead of the fold so that its
+/// arithmetic runs while memory delivers the next lines. (With a copy of
+/// 4 KiB from memory, then a fold of it, the fold added 240-300 ns to the
+/// copy's 700-800 ns on the development machine; folded and copied this way,
+/// 160-210 ns.)
 #[cfg(target_arch = "x86_64")]
-fn fold_and_finish(kernel: &Kernel, register: u64, bytes: &[u8]) -> Option<u64> {
+fn fold_and_finish(
+    kernel: &Kernel,
+    register: u64,
+    bytes: &[u8],
+    mut copy_to: Option<&mut [u8]>,
+) -> Option<u64> {
     if !simd_available() {
         return None;
     }
     let (first, rest) = bytes.split_first_chunk::<{ fold::ROUND }>()?;
+    let mut copied = 0;
+    if copy_to.is_some() {
+        fold::prefetch(&bytes[..AHEAD.min(bytes.len())]);
+    }
+    let mut copy = |upto: usize| {
+        if let Some(dst) = copy_to.as_deref_mut() {
+            dst[copied..upto].copy_from_slice(&bytes[copied..upto]);
+            let ahead = (upto + AHEAD).min(bytes.len());
+            fold::prefetch(&bytes[(copied + AHEAD).min(ahead)..ahead]);
+            copied = upto;
+        }
+    };
     // SAFETY: simd_available() saw AVX2, PCLMULQDQ and VPCLMULQDQ, the
     // features `fold` is compiled for.
-    let (block, tail) = unsafe { fold::fold(kernel, register, first, rest) };
+    let (block, tail) = unsafe { fold::fold(kernel, register, first, rest, &mut copy) };
+    copy(bytes.len());
     let mut last = [0u8; 31];
     let last = &mut last[..16 + tail.len()];
     let (head, rest) = last.split_at_mut(16);
@@ -163,7 +229,7 @@ fn fold_and_finish(kernel: &Kernel, register: u64, bytes: &[u8]) -> Option<u64> 
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-fn fold_and_finish(_: &Kernel, _: u64, _: &[u8]) -> Option<u64> {
+fn fold_and_finish(_: &Kernel, _: u64, _: &[u8], _: Option<&mut [u8]>) -> Option<u64> {
     None
 }
 

@@ -148,6 +148,46 @@ fn many_parts_cut_at_random_equal_one_shot() {
     assert_eq!(crc.finalize(), crc64_nvme(&data[..4152]));
 }
 
+/// `update_copy` of `bytes` from a register that is not init, and in two
+/// parts cut at `cut`: the same CRCs as `update`, and a copy equal to
+/// `bytes`.
+fn assert_copies(bytes: &[u8], cut: usize) {
+    let (mut want16, mut want64) = (Crc16T10Dif::new(), Crc64Nvme::new());
+    want16.update(b"head");
+    want64.update(b"head");
+    let (mut got16, mut got64) = (want16, want64);
+    want16.update(bytes);
+    want64.update(bytes);
+    let len = bytes.len();
+    let (a, b) = bytes.split_at(cut);
+    let mut copy16 = vec![0u8; len];
+    let (c, d) = copy16.split_at_mut(cut);
+    got16.update_copy(a, c);
+    got16.update_copy(b, d);
+    let mut copy64 = vec![0u8; len];
+    got64.update_copy(bytes, &mut copy64);
+    assert_eq!(got16, want16, "CRC-16, {len} bytes cut at {cut}");
+    assert_eq!(got64, want64, "CRC-64, {len} bytes");
+    assert!(copy16 == bytes && copy64 == bytes, "copies of {len} bytes");
+}
+
+#[test]
+fn update_copy_copies_and_equals_update() {
+    let data = noise(65536 + 64, 7);
+    let mut noise = Noise(8);
+    for len in (0..=1100).chain([4096, 4104, 4160, 8192, 65536]) {
+        let offset = noise.below(64);
+        let cut = noise.below(len + 1);
+        assert_copies(&data[offset..offset + len], cut);
+    }
+}
+
+#[test]
+#[should_panic(expected = "a copy as long as the bytes")]
+fn update_copy_to_a_shorter_buffer_panics() {
+    Crc16T10Dif::new().update_copy(&[0; 300], &mut [0; 299]);
+}
+
 /// x^k mod P through `crc-fast`: the CRC, from a register of zero, of a
 /// message whose only set bit is k - width places from its end. Its own
 /// derivation of the folding keys, to check ours against.
@@ -225,8 +265,11 @@ fn fold_runs_where_the_cpu_lists_avx2_pclmulqdq_and_vpclmulqdq() {
     );
     let round = noise(256, 6);
     assert_eq!(
-        fold_and_finish(&CRC64_NVME, u64::MAX, &round).is_some(),
+        fold_and_finish(&CRC64_NVME, u64::MAX, &round, None).is_some(),
         simd_available()
     );
-    assert_eq!(fold_and_finish(&CRC64_NVME, u64::MAX, &round[..255]), None);
+    assert_eq!(
+        fold_and_finish(&CRC64_NVME, u64::MAX, &round[..255], None),
+        None
+    );
 }

@@ -56,17 +56,50 @@ impl Guard {
     /// separate metadata buffer) and a copy to join them would cost more
     /// than the CRC.
     pub fn checksum_parts(self, parts: &[&[u8]]) -> u64 {
+        let mut crc = GuardCrc::new(self);
+        parts.iter().for_each(|part| crc.update(part));
+        crc.finalize()
+    }
+}
+
+/// A guard over bytes that come in parts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GuardCrc {
+    Crc16(vnvme_crc::Crc16T10Dif),
+    Crc64(vnvme_crc::Crc64Nvme),
+}
+
+impl GuardCrc {
+    /// The guard of no bytes yet.
+    pub const fn new(guard: Guard) -> Self {
+        match guard {
+            Guard::Crc16 => GuardCrc::Crc16(vnvme_crc::Crc16T10Dif::new()),
+            Guard::Crc64 => GuardCrc::Crc64(vnvme_crc::Crc64Nvme::new()),
+        }
+    }
+
+    /// Takes `bytes` as the next part.
+    pub fn update(&mut self, bytes: &[u8]) {
         match self {
-            Guard::Crc16 => {
-                let mut crc = vnvme_crc::Crc16T10Dif::new();
-                parts.iter().for_each(|part| crc.update(part));
-                crc.finalize().into()
-            }
-            Guard::Crc64 => {
-                let mut crc = vnvme_crc::Crc64Nvme::new();
-                parts.iter().for_each(|part| crc.update(part));
-                crc.finalize()
-            }
+            GuardCrc::Crc16(crc) => crc.update(bytes),
+            GuardCrc::Crc64(crc) => crc.update(bytes),
+        }
+    }
+
+    /// Copies `bytes` to `dst` (as long) and takes them as the next part,
+    /// reading them once (see `vnvme_crc`'s `update_copy`).
+    pub fn update_copy(&mut self, bytes: &[u8], dst: &mut [u8]) {
+        match self {
+            GuardCrc::Crc16(crc) => crc.update_copy(bytes, dst),
+            GuardCrc::Crc64(crc) => crc.update_copy(bytes, dst),
+        }
+    }
+
+    /// The guard of the parts so far.
+    pub fn finalize(&self) -> u64 {
+        match self {
+            GuardCrc::Crc16(crc) => crc.finalize().into(),
+            GuardCrc::Crc64(crc) => crc.finalize(),
         }
     }
 }

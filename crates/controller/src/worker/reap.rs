@@ -116,6 +116,7 @@ fn complete_one(
         &request.ns,
         &request.kind,
         completion,
+        &[],
     );
     let done = Reserved {
         cmd: &request.cmd,
