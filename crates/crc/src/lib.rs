@@ -8,36 +8,47 @@
 //! 256 bytes a round in eight 256-bit registers instead: half the carry-less
 //! multiplications per byte, and on that core a 256-bit one issues as often
 //! as a 128-bit one. It leaves the rest to `crc-fast`: inputs shorter
-//! than a round, CPUs without the features, and the last 16 to 31 bytes of
-//! a fold (a 16-byte block congruent to everything folded, then the tail).
+//! than a round and CPUs without the features. What a fold leaves, a
+//! 16-byte block congruent to everything folded and the tail after it (0
+//! to 15 bytes), it finishes itself (`reduce`): the tail folded in, then
+//! 128 bits reduced to 64 and, by Barrett's method, to the register.
 //!
 //! Measured on the development machine's AMD EPYC (AVX2 and VPCLMULQDQ, no
 //! AVX-512, 2.45 GHz), ns per call with
-//! `cargo run --release -p vnvme-crc --example throughput`, the least of six
-//! runs (the machine is shared; single runs came out up to 40% slower):
+//! `cargo run --release -p vnvme-crc --example throughput`, the least of
+//! twenty runs (the machine is shared; medians came out 0-6% slower, single
+//! runs up to 40%):
 //!
 //! | bytes | CRC-16 T10-DIF: `crc-fast` | this crate | CRC-64 NVMe: `crc-fast` | this crate |
 //! |---|---|---|---|---|
-//! | 512 | 91 | 44 (2.1x) | 79 | 47 (1.7x) |
-//! | 520 | 77 | 47 (1.6x) | 65 | 50 (1.3x) |
-//! | 4096 | 383 | 184 (2.1x) | 357 | 188 (1.9x) |
-//! | 4104 | 371 | 185 (2.0x) | 347 | 190 (1.8x) |
-//! | 4160 | 387 | 188 (2.1x) | 357 | 190 (1.9x) |
-//! | 65536 | 5320 | 2607 (2.0x) | 5208 | 2613 (2.0x) |
+//! | 512 | 87 | 29 (3.0x) | 76 | 28 (2.7x) |
+//! | 520 | 74 | 31 (2.4x) | 62 | 30 (2.1x) |
+//! | 4096 | 375 | 167 (2.2x) | 353 | 167 (2.1x) |
+//! | 4104 | 362 | 170 (2.1x) | 340 | 168 (2.0x) |
+//! | 4160 | 376 | 175 (2.1x) | 353 | 171 (2.1x) |
+//! | 65536 | 5306 | 2559 (2.1x) | 5145 | 2550 (2.0x) |
 //!
 //! The fold itself is twice as fast (64 KiB: a 256-bit carry-less multiply
-//! issues as often as a 128-bit one); what keeps shorter inputs under 2x is
-//! the fixed cost, of which `crc-fast` finishing the last 16 to 31 bytes is
-//! about 20 ns. A final reduction of our own (Barrett) would save most of
-//! that.
+//! issues as often as a 128-bit one); on shorter inputs the fixed costs
+//! decide the rest. Finishing a fold with `crc-fast` (a CRC of the 16 to 31
+//! bytes it leaves) cost about 15 ns a call more than our own reduction:
+//! with it, in twenty runs alternating with the ones above, 512 bytes took
+//! 44 and 47 ns (CRC-16, CRC-64), 4096 bytes 182 and 185, 4104 bytes 184
+//! and 187 (the least of twenty again; medians 45-192); 64 KiB did not
+//! move.
 //!
-//! Unsafe lives only in the folding kernel (`fold`): its loads and stores,
-//! and the call into it once the CPU features are detected.
+//! Unsafe lives only in the folding kernel (`fold`), in its loads and
+//! stores, and in the calls into it and into the final reduction
+//! (`reduce`, which needs none of its own) once the CPU features are
+//! detected.
 
 mod keys;
 
 #[cfg(target_arch = "x86_64")]
 mod fold;
+
+#[cfg(target_arch = "x86_64")]
+mod reduce;
 
 #[cfg(test)]
 mod tests;
@@ -145,7 +156,7 @@ impl Default for Crc64Nvme {
 const AHEAD: usize = 4096;
 
 /// The longest input that `crc_fast_register` copies to XOR a register
-/// into: what a fold leaves, or a part too short to fold.
+/// into: a part too short to fold.
 const SHORT: usize = 256;
 
 /// The CRC register (before xorout) after `bytes`, from `register`. With
@@ -177,11 +188,10 @@ fn update_register_copy(
     crc_fast_register(kernel, register, bytes)
 }
 
-/// Folds `bytes` with the SIMD kernel and lets `crc-fast` finish the
-/// block out of the fold and the tail. The register is linear in the
-/// message and the block already carries `register` and everything before
-/// the tail, so the rest is a CRC from a register of zero; `crc-fast`
-/// starts from init instead, which XORed into the block cancels out. `None`
+/// Folds `bytes` with the SIMD kernel and finishes the block out of the
+/// fold and the tail with a reduction of our own. The register is linear
+/// in the message and the block already carries `register` and everything
+/// before the tail, so the rest is a CRC from a register of zero. `None`
 /// where the CPU lacks the features or `bytes` is shorter than a round
 /// (then nothing is copied).
 ///
@@ -219,13 +229,9 @@ fn fold_and_finish(
     // features `fold` is compiled for.
     let (block, tail) = unsafe { fold::fold(kernel, register, first, rest, &mut copy) };
     copy(bytes.len());
-    let mut last = [0u8; 31];
-    let last = &mut last[..16 + tail.len()];
-    let (head, rest) = last.split_at_mut(16);
-    head.copy_from_slice(&block);
-    rest.copy_from_slice(tail);
-    xor_register(kernel, kernel.init, last);
-    Some(checksum_from_init(kernel, last))
+    // SAFETY: the same features cover AVX2 and PCLMULQDQ, those `reduce`
+    // is compiled for.
+    Some(unsafe { reduce::reduce(kernel, &block, tail) })
 }
 
 #[cfg(not(target_arch = "x86_64"))]

@@ -1,7 +1,7 @@
 use crc_fast::CrcAlgorithm;
 
 use super::*;
-use crate::keys::{x_pow_mod, DISTANCES};
+use crate::keys::{x_pow_div, x_pow_mod, DISTANCES};
 
 /// Numbers that look random, the same on every run (xorshift64).
 struct Noise(u64);
@@ -69,7 +69,7 @@ fn every_length_to_1100_at_every_offset_to_64_matches_crc_fast() {
 #[test]
 fn block_sizes_at_every_offset_to_64_match_crc_fast() {
     let data = noise(65536 + 64, 2);
-    for len in [4096, 4104, 4112, 4160, 8192, 65536] {
+    for len in [4096, 4097, 4104, 4111, 4112, 4160, 8192, 65535, 65536] {
         for offset in 0..64 {
             assert_matches_crc_fast(&data[offset..offset + len]);
         }
@@ -238,6 +238,213 @@ fn folding_keys_equal_crc_fast_powers_of_x() {
                 ]
             };
             assert_eq!(keys, want, "{:?}: keys for {d} bits", kernel.algorithm);
+        }
+        for (keys, d) in kernel.tail_keys.into_iter().zip((8..=120).step_by(8)) {
+            let want = if kernel.reflected {
+                [
+                    power(&kernel, d + 63).reverse_bits(),
+                    power(&kernel, d - 1).reverse_bits(),
+                ]
+            } else {
+                [power(&kernel, d), power(&kernel, d + 64)]
+            };
+            assert_eq!(keys, want, "{:?}: tail keys for {d} bits", kernel.algorithm);
+        }
+    }
+}
+
+/// x^k mod P, below the width too, where it is x^k itself.
+fn power(kernel: &Kernel, k: u32) -> u64 {
+    if k < kernel.width {
+        1 << k
+    } else {
+        power_by_crc_fast(kernel, k)
+    }
+}
+
+/// A polynomial over GF(2) as its coefficients, the lowest power first.
+type Poly = Vec<bool>;
+
+fn poly_from_bits(bits: u128) -> Poly {
+    (0..128).map(|i| bits >> i & 1 != 0).collect()
+}
+
+fn poly_to_bits(p: &[bool]) -> u128 {
+    assert!(p.iter().skip(128).all(|&c| !c), "wider than 128 bits");
+    p.iter()
+        .take(128)
+        .enumerate()
+        .fold(0, |bits, (i, &c)| bits | u128::from(c) << i)
+}
+
+fn x_to_the(k: usize) -> Poly {
+    let mut p = vec![false; k + 1];
+    p[k] = true;
+    p
+}
+
+/// P as a polynomial: x^width + `poly`.
+fn crc_poly(width: u32, poly: u64) -> Poly {
+    let mut p = poly_from_bits(poly.into());
+    p.truncate(width as usize);
+    p.push(true);
+    p
+}
+
+/// Quotient and remainder by schoolbook long division, one bit at a time:
+/// the slow way, to check the constants of keys.rs against.
+fn divide(dividend: &[bool], divisor: &[bool]) -> (Poly, Poly) {
+    let n = divisor.iter().rposition(|&c| c).expect("a divisor");
+    let mut rem = dividend.to_vec();
+    let mut quot = vec![false; dividend.len().saturating_sub(n).max(1)];
+    for i in (n..dividend.len()).rev() {
+        if rem[i] {
+            quot[i - n] = true;
+            for (r, &d) in rem[i - n..=i].iter_mut().zip(&divisor[..=n]) {
+                *r ^= d;
+            }
+        }
+    }
+    rem.truncate(n);
+    (quot, rem)
+}
+
+fn multiply(a: &[bool], b: &[bool]) -> Poly {
+    let mut product = vec![false; a.len() + b.len()];
+    for (i, _) in a.iter().enumerate().filter(|(_, &c)| c) {
+        for (j, _) in b.iter().enumerate().filter(|(_, &c)| c) {
+            product[i + j] ^= true;
+        }
+    }
+    product
+}
+
+fn add(a: &[bool], b: &[bool]) -> Poly {
+    let len = a.len().max(b.len());
+    let coef = |p: &[bool], i: usize| p.get(i).copied().unwrap_or(false);
+    (0..len).map(|i| coef(a, i) ^ coef(b, i)).collect()
+}
+
+fn trimmed(mut p: Poly) -> Poly {
+    while p.last() == Some(&false) {
+        p.pop();
+    }
+    p
+}
+
+#[test]
+fn x_pow_div_and_x_pow_mod_equal_long_division() {
+    for (width, poly) in [(16, 0x8BB7), (64, 0xAD93_D235_94C9_3659)] {
+        let p = crc_poly(width, poly);
+        for k in 0..width + 128 {
+            let (quot, rem) = divide(&x_to_the(k as usize), &p);
+            assert_eq!(x_pow_div(k, width, poly), poly_to_bits(&quot), "x^{k}/P");
+            assert_eq!(
+                u128::from(x_pow_mod(k, width, poly)),
+                poly_to_bits(&rem),
+                "x^{k} mod P"
+            );
+            // What division means: x^k = quot·P + rem.
+            assert_eq!(
+                trimmed(add(&multiply(&quot, &p), &rem)),
+                x_to_the(k as usize)
+            );
+        }
+    }
+}
+
+#[test]
+fn final_reduction_constants_equal_long_division() {
+    for kernel in [CRC16_T10DIF, CRC64_NVME] {
+        let (width, poly) = match kernel.algorithm {
+            CrcAlgorithm::Crc16T10Dif => (16, 0x8BB7u64),
+            _ => (64, 0xAD93_D235_94C9_3659),
+        };
+        let name = kernel.algorithm;
+        let c = kernel.barrett;
+        // P' = P·x^(64-w).
+        let p = multiply(&crc_poly(width, poly), &x_to_the(64 - width as usize));
+        let (mu, x128_mod) = divide(&x_to_the(128), &p);
+        let mu = poly_to_bits(&mu);
+        assert_eq!(mu >> 64, 1, "{name:?}: µ has degree 64");
+        let poly_bits = poly_to_bits(&p) as u64;
+        if kernel.reflected {
+            let (_, x127_mod) = divide(&x_to_the(127), &p);
+            let x127_mod = poly_to_bits(&x127_mod) as u64;
+            assert_eq!(c.fold, x127_mod.reverse_bits(), "{name:?}: x^127");
+            assert_eq!(c.mu, ((mu >> 1) as u64).reverse_bits(), "{name:?}: µ");
+            assert_eq!(c.poly, (poly_bits >> 1).reverse_bits(), "{name:?}: P");
+        } else {
+            assert_eq!(
+                u128::from(c.fold),
+                poly_to_bits(&x128_mod),
+                "{name:?}: x^128"
+            );
+            assert_eq!(c.mu, mu as u64, "{name:?}: µ");
+            assert_eq!(c.poly, poly_bits, "{name:?}: P'");
+        }
+    }
+}
+
+/// `block` followed by `tail` through the final reduction, where the CPU
+/// runs it.
+fn reduced(kernel: &Kernel, block: &[u8; 16], tail: &[u8]) -> Option<u64> {
+    #[cfg(target_arch = "x86_64")]
+    if simd_available() {
+        // SAFETY: simd_available() saw AVX2 and PCLMULQDQ, the features
+        // `reduce` is compiled for.
+        return Some(unsafe { reduce::reduce(kernel, block, tail) });
+    }
+    let _ = (kernel, block, tail);
+    None
+}
+
+#[test]
+fn final_reduction_of_any_block_and_tail_matches_crc_fast() {
+    let mut noise = Noise(7);
+    let mut blocks: Vec<[u8; 16]> = vec![[0; 16], [0xFF; 16]];
+    // Every single bit, to catch an order or a reflection off by one.
+    for bit in 0..128 {
+        let mut block = [0u8; 16];
+        block[bit / 8] = 1 << (bit % 8);
+        blocks.push(block);
+    }
+    blocks.extend((0..2000).map(|_| <[u8; 16]>::try_from(noise.bytes(16)).unwrap()));
+    for kernel in [CRC16_T10DIF, CRC64_NVME] {
+        for block in &blocks {
+            for len in 0..16 {
+                let tail = noise.bytes(len);
+                let Some(ours) = reduced(&kernel, block, &tail) else {
+                    return;
+                };
+                let message = [&block[..], &tail].concat();
+                assert_eq!(
+                    ours,
+                    from_zero(&kernel, &message),
+                    "{:?}: block {block:02x?}, tail {tail:02x?}",
+                    kernel.algorithm
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn simd_path_from_any_register_matches_the_fallback() {
+    let data = noise(70_000, 8);
+    let mut noise = Noise(9);
+    let lengths = (256..=1100).chain([4096, 4104, 4111, 65536, 65551, 69_999]);
+    for len in lengths {
+        let offset = noise.below(data.len() - len + 1);
+        let bytes = &data[offset..offset + len];
+        for kernel in [CRC16_T10DIF, CRC64_NVME] {
+            let register = noise.next() >> (64 - kernel.width);
+            assert_eq!(
+                update_register(&kernel, register, bytes, true),
+                update_register(&kernel, register, bytes, false),
+                "{:?}: {len} bytes at {offset} from {register:#x}",
+                kernel.algorithm
+            );
         }
     }
 }
