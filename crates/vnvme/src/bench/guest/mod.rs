@@ -15,6 +15,10 @@
 //!   first stats file written after it saw the marker (the server rewrites it
 //!   every second), so the window holds exactly that job's I/O (ramp and
 //!   fio's own open/close included) and nothing else.
+//! * guest interrupts per I/O (every device): the interrupts the guest took
+//!   on its nvme I/O queue vectors (`/proc/interrupts`) around the fio job,
+//!   over fio's I/Os with its 1 s ramp counted at the measured rate: how
+//!   QEMU's nvme, which has no counters of ours, batches its completions.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -182,6 +186,10 @@ pub struct GuestRun {
     /// null for QEMU's nvme.
     pub traps_per_io: Option<f64>,
     pub interrupts_per_io: Option<f64>,
+    /// Interrupts the guest took on its nvme I/O queues' vectors, over
+    /// fio's I/O including its 1 s ramp (`iops` × (runtime + 1 s)): the
+    /// same count for QEMU's nvme, which has no counters of ours.
+    pub guest_interrupts_per_io: Option<f64>,
     pub clat_p50_us: f64,
     pub clat_p99_us: f64,
     pub lat_mean_us: f64,
@@ -359,10 +367,18 @@ fn guest_script(opts: &GuestBenchOptions) -> String {
 . /guest-lib.sh
 wait_nvme 20 || die "no /dev/nvme0n1"
 rc=0
+# Interrupts the guest took on its nvme I/O queues' vectors (any device's).
+io_irqs() {{
+  awk '/nvme[0-9]+q[1-9]/ {{ for (i = 2; i <= NF && $i ~ /^[0-9]+$/; i++) n += $i }}
+       END {{ print n + 0 }}' /proc/interrupts
+}}
 for e in {engines}; do
   for q in {qds}; do
     echo "{BEGIN}$e-qd$q"; sleep {QUIET}
-    fio_randread "$e-qd$q" "$e" "$q" {runtime} || rc=1
+    irqs=$(io_irqs)
+    out=$(fio_randread "$e-qd$q" "$e" "$q" {runtime}) || rc=1
+    irqs=$(($(io_irqs) - irqs))
+    echo "$out" | sed "s/^RESULT {{/RESULT {{\"guest_irqs\":$irqs,/"
     echo "{END}$e-qd$q"; sleep {QUIET}
   done
 done
@@ -523,6 +539,7 @@ fn boot(
             iops: f("iops"),
             traps_per_io: per_io.map(|p| p.0),
             interrupts_per_io: per_io.map(|p| p.1),
+            guest_interrupts_per_io: guest_interrupts_per_io(&v),
             clat_p50_us: f("clat_p50_us"),
             clat_p99_us: f("clat_p99_us"),
             lat_mean_us: f("lat_mean_us"),
@@ -534,12 +551,13 @@ fn boot(
         };
         let per = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.3}"));
         eprintln!(
-            "bench --guest:   {:<9} qd {:>3}: {:>8.0} IOPS, traps/IO {}, irq/IO {}, p99 {:.0} us{}",
+            "bench --guest:   {:<9} qd {:>3}: {:>8.0} IOPS, traps/IO {}, irq/IO {} (guest {}), p99 {:.0} us{}",
             engine.name(),
             qd,
             run.iops,
             per(run.traps_per_io),
             per(run.interrupts_per_io),
+            per(run.guest_interrupts_per_io),
             run.clat_p99_us,
             run.host_cores.as_ref().map_or(String::new(), cores_line)
         );
@@ -601,6 +619,15 @@ fn fresh_stats(path: &Path, since: Instant) -> Option<Counters> {
     None
 }
 
+/// A point's guest interrupts per I/O: fio's I/Os with the ramp's second
+/// counted at the measured rate, as the interrupt count spans it.
+fn guest_interrupts_per_io(v: &Value) -> Option<f64> {
+    let irqs = v.get("guest_irqs")?.as_f64()?;
+    let iops = v.get("iops")?.as_f64()?;
+    let secs = v.get("runtime_ms")?.as_f64()? / 1000.0 + 1.0;
+    (iops > 0.0).then(|| irqs / (iops * secs))
+}
+
 /// The reference of a point: QEMU's nvme with dbcs=on, same engine and depth.
 fn reference(runs: &[GuestRun], engine: Engine, qd: u16) -> Option<f64> {
     runs.iter()
@@ -622,8 +649,8 @@ pub fn table(runs: &[GuestRun]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "\n{:<9} {:>4}  {:<19} {:>8} {:>8} {:>9} {:>7} {:>8}",
-        "engine", "qd", "device", "IOPS", "vs qemu", "traps/IO", "irq/IO", "p99 us"
+        "\n{:<9} {:>4}  {:<19} {:>8} {:>8} {:>9} {:>7} {:>9} {:>8}",
+        "engine", "qd", "device", "IOPS", "vs qemu", "traps/IO", "irq/IO", "guest irq", "p99 us"
     );
     for (engine, qd) in keys {
         let base = reference(runs, engine, qd);
@@ -637,7 +664,7 @@ pub fn table(runs: &[GuestRun]) -> String {
             let per = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.3}"));
             let _ = writeln!(
                 s,
-                "{:<9} {:>4}  {:<19} {:>8} {:>8} {:>9} {:>7} {:>8.0}",
+                "{:<9} {:>4}  {:<19} {:>8} {:>8} {:>9} {:>7} {:>9} {:>8.0}",
                 engine.name(),
                 qd,
                 device,
@@ -645,6 +672,7 @@ pub fn table(runs: &[GuestRun]) -> String {
                 ratio,
                 per(r.traps_per_io),
                 per(r.interrupts_per_io),
+                per(r.guest_interrupts_per_io),
                 r.clat_p99_us
             );
         }
@@ -666,12 +694,21 @@ mod tests {
             iops,
             traps_per_io: mode.map(|_| 0.05),
             interrupts_per_io: mode.map(|_| 1.0),
+            guest_interrupts_per_io: Some(0.5),
             clat_p50_us: 100.0,
             clat_p99_us: 300.0,
             lat_mean_us: 110.0,
             server_ios: None,
             host_cores: None,
         }
+    }
+
+    #[test]
+    fn guest_interrupts_count_the_ramp_second_at_the_measured_rate() {
+        let v = serde_json::json!({"guest_irqs": 3000, "iops": 1000, "runtime_ms": 5000});
+        assert_eq!(guest_interrupts_per_io(&v), Some(0.5));
+        let no_count = serde_json::json!({"iops": 1000, "runtime_ms": 5000});
+        assert_eq!(guest_interrupts_per_io(&no_count), None);
     }
 
     #[test]
@@ -705,6 +742,7 @@ mod tests {
             "iops",
             "traps_per_io",
             "interrupts_per_io",
+            "guest_interrupts_per_io",
         ] {
             assert!(v.get(k).is_some(), "{k}");
         }
