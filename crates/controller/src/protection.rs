@@ -134,6 +134,11 @@ impl PiFormat {
         })
     }
 
+    /// Bytes of a block in the backend: data, then metadata.
+    fn stride(&self) -> usize {
+        self.lba + self.ms
+    }
+
     /// Bytes of a block the guard covers: the data, and with PI last the
     /// metadata before it.
     fn covered(&self) -> usize {
@@ -157,7 +162,7 @@ impl PiFormat {
     /// PRACT the controller generates each tuple, else it checks those
     /// PRCHK names.
     pub fn on_write(&self, pc: &PiCommand, media: &mut [u8]) -> Result<(), Status> {
-        let stride = self.lba + self.ms;
+        let stride = self.stride();
         for (i, block) in (0u64..).zip(media.chunks_exact_mut(stride)) {
             if pc.prinfo.pract() {
                 let tuple = Tuple {
@@ -182,7 +187,7 @@ impl PiFormat {
     /// `guards`: the blocks' guards if [`GuardFill`] computed them as the
     /// backend read them (else they are computed here).
     pub fn on_read(&self, pc: &PiCommand, media: &[u8], guards: &[u64]) -> Result<bool, Status> {
-        let stride = self.lba + self.ms;
+        let stride = self.stride();
         let known = guards.len() == media.len() / stride;
         let mut unwritten = false;
         for (i, block) in (0u64..).zip(media.chunks_exact(stride)) {
@@ -198,7 +203,7 @@ impl PiFormat {
 
     /// Turns the tuples of zeroes in `media` into FFh.
     pub fn show_unwritten(&self, media: &mut [u8]) {
-        let stride = self.lba + self.ms;
+        let stride = self.stride();
         let (at, size) = (self.lba + self.offset(), usize::from(self.guard.pi_size()));
         for block in media.chunks_exact_mut(stride) {
             let tuple = &mut block[at..at + size];
@@ -282,7 +287,7 @@ impl GuardFill {
 
     /// Takes the next bytes of the read, copying them to `dst` if given.
     fn take(&mut self, mut src: &[u8], mut dst: Option<&mut [u8]>) {
-        let (covered, stride) = (self.format.covered(), self.format.lba + self.format.ms);
+        let (covered, stride) = (self.format.covered(), self.format.stride());
         while !src.is_empty() {
             let end = if self.at < covered { covered } else { stride };
             let n = (end - self.at).min(src.len());
