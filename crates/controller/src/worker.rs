@@ -20,6 +20,7 @@ use vnvme_spec::Status;
 
 mod cq;
 mod held;
+mod priority;
 mod reap;
 mod wake;
 
@@ -27,6 +28,7 @@ use cq::{
     arm_cq, deliver_events, finish_deletions, fire_timers, post, publish_cq_behind,
     refresh_cq_head, settle_interrupt,
 };
+use priority::Priority;
 use reap::{complete_in_flight, waker};
 use wake::{
     Adaptive, MmapPoll, OnKick, Round, Wake, MAX_ADMIN_BACKOFF, MAX_ADMIN_PAGE_BACKOFF,
@@ -88,6 +90,8 @@ struct Local {
     touched: Vec<u16>,
     /// Commands a fault holds back ([`held`]).
     held: Vec<Held>,
+    /// I/O workers in the idle scheduling class, watched for starving.
+    priority: Option<Priority>,
 }
 
 /// The worker thread's body. Returns when stopped.
@@ -150,6 +154,9 @@ fn run_with<W: Wake>(shared: &Arc<Shared>, session: &Session, index: usize, mut 
         reaped: Vec::new(),
         touched: Vec::new(),
         held: Vec::new(),
+        priority: (shared.config.idle_class && index != ADMIN_WORKER)
+            .then(|| Priority::new(Instant::now()))
+            .flatten(),
     };
     loop {
         let mut wait = held::clamp(wake.wait(shared, &local), &local.held);
@@ -178,6 +185,9 @@ fn run_with<W: Wake>(shared: &Arc<Shared>, session: &Session, index: usize, mut 
         if polled {
             work += poll_owned(shared, session, &mut local, index, policy);
             work += complete_in_flight(shared, session, &mut local, policy);
+        }
+        if let Some(p) = &mut local.priority {
+            p.check(Instant::now());
         }
         if slept && (kicked || work > 0) {
             shared.stats.worker_wakeups.fetch_add(1, Ordering::Relaxed);

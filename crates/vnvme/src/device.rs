@@ -125,6 +125,12 @@ pub struct PollingOptions {
     /// before it arms EventIdx (0: arm at once). Default 1000.
     #[arg(long, value_name = "US", value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
     pub doze_us: Option<u64>,
+    /// Keep the I/O queue workers in the usual scheduling class. By default
+    /// they run in the idle class (SCHED_IDLE: a core only when no other
+    /// thread wants it, so polling never delays a guest's vCPUs), back in
+    /// the usual class for a while whenever that starves one.
+    #[arg(long)]
+    pub no_idle_class: bool,
 }
 
 impl PollingOptions {
@@ -139,6 +145,9 @@ impl PollingOptions {
         }
         if let Some(us) = self.doze_us {
             args.extend(["--doze-us".to_string(), us.to_string()]);
+        }
+        if self.no_idle_class {
+            args.push("--no-idle-class".to_string());
         }
         args
     }
@@ -161,6 +170,7 @@ impl DeviceOptions {
                 .polling
                 .doze_us
                 .map_or(DEFAULT_DOZE, std::time::Duration::from_micros),
+            idle_class: !self.polling.no_idle_class,
             model: self.model.clone(),
             ready_timeout: self.ready_timeout.unwrap_or(DEFAULT_READY_TIMEOUT),
             max_namespaces: self.max_namespaces,

@@ -17,6 +17,7 @@
 #[path = "../common/crc32c.rs"]
 mod crc32c;
 mod doorbells;
+mod idle_class;
 mod init;
 mod io;
 mod namespaces;

@@ -1,0 +1,509 @@
+//! An I/O worker's scheduling class: the usual one while the worker has a
+//! core to itself, `SCHED_IDLE` (a core only when no other thread wants
+//! it) while it has to fight for one, and never starved.
+//!
+//! A polling worker on a host with no core to spare (a TCG guest's vCPUs
+//! on 2 cores) takes the core from the threads that produce its requests:
+//! beside it the vCPUs waited for a core 0.10-0.22 of one, against
+//! 0.04-0.05 beside QEMU's own nvme, which polls nothing (README, "Where
+//! the host's cores go"). In the idle class the vCPUs come first and the
+//! worker takes what they leave (their wait fell to 0.06-0.11). Where the
+//! worker has a core (the embedded bench: it waits 0-3% of the time) the
+//! idle class would only cost it a preemption at every wake-up of any other
+//! thread (35-45% of the embedded bench's IOPS, in two rounds with the
+//! worker always idle), so it stays in the usual class.
+//!
+//! The worker reads its own wait for a core (`/proc/thread-self/
+//! schedstat`) every [`CHECK`]:
+//! * in the usual class, [`CONTENDED_CHECKS`] checks in a row waiting more
+//!   than [`CONTENDED`] of the time move it to the idle class (a wait that
+//!   lasts: the embedded bench sees single checks of 10-50% when other
+//!   work starts);
+//! * in the idle class, after [`RETRY`] it goes back to the usual class
+//!   (which the next checks judge again: the host may have cores free now);
+//! * in the idle class, waiting more than [`STARVED`] of a check's time
+//!   (every core stays busy with other threads) sends it back to the usual
+//!   class for a cool-down, 1 s doubling to [`LONGEST_COOLDOWN`] while the
+//!   starving recurs.
+//!
+//! A starved worker cannot see that it starves until it runs, which in the
+//! idle class among threads that never sleep took up to a second (and the
+//! kernel adds to a thread's wait only when it gets a core). So a watchdog
+//! thread of the usual class, awake only while some worker is in the idle
+//! class, looks at those workers every [`CHECK`] too: one that is runnable
+//! but has not been through its loop since the last look starves, and the
+//! watchdog moves it back to the usual class itself.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use scheduler::Policy;
+
+/// How often the worker looks at its wait for a core.
+const CHECK: Duration = Duration::from_millis(50);
+/// The share of a check's time spent waiting for a core that counts as
+/// contended: beside a TCG guest on 2 cores the worker waited 10-20% of the
+/// time, in the embedded bench 0-3%.
+const CONTENDED: f64 = 0.08;
+const CONTENDED_CHECKS: u8 = 4;
+/// The share that counts as starving: beside a TCG guest the idle class
+/// waits 40-60% of the time and gets its work done; starved by threads that
+/// never sleep, it waits over 99%.
+const STARVED: f64 = 0.9;
+/// How long the idle class lasts before the usual class is tried again.
+const RETRY: Duration = Duration::from_secs(1);
+const FIRST_COOLDOWN: Duration = Duration::from_secs(1);
+const LONGEST_COOLDOWN: Duration = Duration::from_secs(64);
+
+pub(super) struct Priority {
+    schedstat: File,
+    guard: Guard,
+    tid: i32,
+    /// Shared with the watchdog.
+    flags: Arc<Flags>,
+}
+
+#[derive(Debug, Default)]
+struct Flags {
+    /// The worker is in the idle class: the watchdog watches it.
+    idle: AtomicBool,
+    /// The watchdog found it starving and moved it to the usual class.
+    starved: AtomicBool,
+    /// Rounds of the worker loop, for the watchdog to see it run.
+    rounds: AtomicU64,
+}
+
+impl Priority {
+    /// The calling worker's class, starting in the usual one. `None` where
+    /// it stays there: a thread that could not come back from `SCHED_IDLE`
+    /// (it needs `CAP_SYS_NICE` or an `RLIMIT_NICE` allowing nice 0), or a
+    /// kernel without per-thread schedstat.
+    pub fn new(now: Instant) -> Option<Self> {
+        static CAN_RETURN: OnceLock<bool> = OnceLock::new();
+        let can = *CAN_RETURN.get_or_init(|| {
+            let round_trip = || set_class(true).and_then(|()| set_class(false));
+            match std::thread::spawn(round_trip).join() {
+                Ok(Ok(())) => true,
+                Ok(Err(e)) => {
+                    tracing::info!("I/O workers keep the usual scheduling class: {e}");
+                    false
+                }
+                Err(_) => false,
+            }
+        });
+        if !can {
+            return None;
+        }
+        let schedstat = File::open("/proc/thread-self/schedstat")
+            .inspect_err(|e| {
+                tracing::info!("I/O workers keep the usual scheduling class: schedstat: {e}");
+            })
+            .ok()?;
+        let waited = read_wait(&schedstat)?;
+        let tid = rustix::thread::gettid().as_raw_nonzero().get();
+        let flags = Arc::<Flags>::default();
+        let stat = File::open("/proc/thread-self/stat").ok()?;
+        watchdog::add(tid, stat, flags.clone());
+        Some(Self {
+            schedstat,
+            guard: Guard::new(now, waited),
+            tid,
+            flags,
+        })
+    }
+
+    /// After a round: every [`CHECK`], the class for what the worker
+    /// waited.
+    pub fn check(&mut self, now: Instant) {
+        self.flags.rounds.fetch_add(1, Ordering::Relaxed);
+        if !self.guard.due(now) {
+            return;
+        }
+        let Some(waited) = read_wait(&self.schedstat) else {
+            return;
+        };
+        if self.flags.starved.swap(false, Ordering::AcqRel) {
+            self.guard.starved(now, waited);
+            return;
+        }
+        if let Some(idle) = self.guard.observe(now, waited) {
+            // Watched before it may starve.
+            self.flags.idle.store(idle, Ordering::Release);
+            match set_class(idle) {
+                Ok(()) => tracing::debug!(idle, "an I/O worker changes its scheduling class"),
+                Err(e) => {
+                    self.flags.idle.store(false, Ordering::Release);
+                    tracing::debug!("setting an I/O worker's scheduling class: {e}");
+                }
+            }
+            if idle {
+                watchdog::wake();
+            }
+        }
+    }
+}
+
+impl Drop for Priority {
+    fn drop(&mut self) {
+        watchdog::remove(self.tid);
+    }
+}
+
+/// The watchdog of the workers in the idle class: one thread for the
+/// process, asleep while none is.
+mod watchdog {
+    use super::*;
+
+    struct Watched {
+        tid: i32,
+        /// The worker's `/proc/thread-self/stat`: its state.
+        stat: File,
+        flags: Arc<Flags>,
+        /// At the last look: when, and the worker's rounds.
+        last: Option<(Instant, u64)>,
+    }
+
+    struct Watch {
+        workers: Mutex<Vec<Watched>>,
+        idle: Condvar,
+    }
+
+    fn watch() -> &'static Watch {
+        static WATCH: OnceLock<Watch> = OnceLock::new();
+        WATCH.get_or_init(|| {
+            let spawned = std::thread::Builder::new()
+                .name("vnvme-class-watch".into())
+                .spawn(run);
+            if let Err(e) = spawned {
+                tracing::warn!("no watchdog for idle-class workers: {e}");
+            }
+            Watch {
+                workers: Mutex::new(Vec::new()),
+                idle: Condvar::new(),
+            }
+        })
+    }
+
+    pub(super) fn add(tid: i32, stat: File, flags: Arc<Flags>) {
+        let mut workers = watch().workers.lock().unwrap_or_else(|e| e.into_inner());
+        workers.push(Watched {
+            tid,
+            stat,
+            flags,
+            last: None,
+        });
+    }
+
+    pub(super) fn remove(tid: i32) {
+        let mut workers = watch().workers.lock().unwrap_or_else(|e| e.into_inner());
+        workers.retain(|w| w.tid != tid);
+    }
+
+    pub(super) fn wake() {
+        // Under the lock: the watchdog checks for idle workers and waits
+        // without releasing it in between, so the call is never lost.
+        let _workers = watch().workers.lock().unwrap_or_else(|e| e.into_inner());
+        watch().idle.notify_one();
+    }
+
+    fn run() {
+        let watch = watch();
+        let mut workers = watch.workers.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            let any_idle = workers.iter().any(|w| w.flags.idle.load(Ordering::Acquire));
+            if !any_idle {
+                for w in workers.iter_mut() {
+                    w.last = None;
+                }
+                workers = watch.idle.wait(workers).unwrap_or_else(|e| e.into_inner());
+                continue;
+            }
+            let now = Instant::now();
+            for w in workers.iter_mut() {
+                look(w, now);
+            }
+            drop(workers);
+            std::thread::sleep(CHECK);
+            workers = watch.workers.lock().unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// A look at one worker: runnable in the idle class, without a round
+    /// since a look at least [`CHECK`] ago, it starves and goes to the
+    /// usual class (the worker's guard then cools down).
+    fn look(w: &mut Watched, now: Instant) {
+        if !w.flags.idle.load(Ordering::Acquire) {
+            w.last = None;
+            return;
+        }
+        let rounds = w.flags.rounds.load(Ordering::Relaxed);
+        let last = w.last.replace((now, rounds));
+        let Some((at, before)) = last else {
+            return;
+        };
+        if rounds != before || now.saturating_duration_since(at) < CHECK || !runnable(&w.stat) {
+            return;
+        }
+        match scheduler::set_policy(w.tid, Policy::Other, 0) {
+            Ok(()) => {
+                w.flags.idle.store(false, Ordering::Release);
+                w.flags.starved.store(true, Ordering::Release);
+                tracing::debug!(
+                    tid = w.tid,
+                    "a starving I/O worker goes back to the usual class"
+                );
+            }
+            Err(()) => tracing::debug!(
+                "moving a starving I/O worker back to the usual class: {}",
+                io::Error::last_os_error()
+            ),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Class {
+    /// `contended`: the checks in a row that waited more than
+    /// [`CONTENDED`].
+    Usual {
+        contended: u8,
+    },
+    Idle {
+        since: Instant,
+    },
+    /// Starved in the idle class: the usual class until then.
+    Cooling {
+        until: Instant,
+    },
+}
+
+/// The class decisions, apart from the system calls.
+#[derive(Debug, Clone, PartialEq)]
+struct Guard {
+    class: Class,
+    /// At the last check: when, and the thread's total wait for a core.
+    at: Instant,
+    waited: Duration,
+    cooldown: Duration,
+    last_starved: Option<Instant>,
+}
+
+impl Guard {
+    fn new(now: Instant, waited: Duration) -> Self {
+        Self {
+            class: Class::Usual { contended: 0 },
+            at: now,
+            waited,
+            cooldown: FIRST_COOLDOWN,
+            last_starved: None,
+        }
+    }
+
+    fn due(&self, now: Instant) -> bool {
+        now.saturating_duration_since(self.at) >= CHECK
+    }
+
+    /// Starved in the idle class: the usual class for the cool-down.
+    fn cool(&mut self, now: Instant) -> Class {
+        let until = now + self.cooldown;
+        self.cooldown = (self.cooldown * 2).min(LONGEST_COOLDOWN);
+        self.last_starved = Some(now);
+        Class::Cooling { until }
+    }
+
+    /// The watchdog found the worker starving and moved it to the usual
+    /// class.
+    fn starved(&mut self, now: Instant, waited: Duration) {
+        self.at = now;
+        self.waited = waited;
+        if self.idle() {
+            self.class = self.cool(now);
+        }
+    }
+
+    fn idle(&self) -> bool {
+        matches!(self.class, Class::Idle { .. })
+    }
+
+    /// A check at `now` with the thread's total wait `waited`: the class to
+    /// move to (`true`: idle), if it changes.
+    fn observe(&mut self, now: Instant, waited: Duration) -> Option<bool> {
+        let span = now.saturating_duration_since(self.at).as_secs_f64();
+        let share = waited.saturating_sub(self.waited).as_secs_f64() / span.max(1e-9);
+        self.at = now;
+        self.waited = waited;
+        if self
+            .last_starved
+            .is_some_and(|t| now.saturating_duration_since(t) >= LONGEST_COOLDOWN)
+        {
+            // A longest cool-down without starving: start again from the
+            // shortest.
+            self.cooldown = FIRST_COOLDOWN;
+            self.last_starved = None;
+        }
+        let was_idle = self.idle();
+        self.class = match self.class {
+            Class::Usual { contended } if share > CONTENDED => {
+                if contended + 1 >= CONTENDED_CHECKS {
+                    Class::Idle { since: now }
+                } else {
+                    Class::Usual {
+                        contended: contended + 1,
+                    }
+                }
+            }
+            Class::Usual { .. } => Class::Usual { contended: 0 },
+            Class::Idle { .. } if share > STARVED => self.cool(now),
+            Class::Idle { since } if now.saturating_duration_since(since) >= RETRY => {
+                Class::Usual { contended: 0 }
+            }
+            Class::Cooling { until } if now >= until => Class::Usual { contended: 0 },
+            class => class,
+        };
+        (self.idle() != was_idle).then_some(self.idle())
+    }
+}
+
+/// The calling thread's total time runnable but waiting for a core (the
+/// second field of schedstat, in nanoseconds).
+fn read_wait(schedstat: &File) -> Option<Duration> {
+    let mut buf = [0u8; 96];
+    let n = schedstat.read_at(&mut buf, 0).ok()?;
+    let text = std::str::from_utf8(buf.get(..n)?).ok()?;
+    let ns = text.split_ascii_whitespace().nth(1)?.parse().ok()?;
+    Some(Duration::from_nanos(ns))
+}
+
+/// Whether the thread of `stat` (a `/proc/.../stat` file) is runnable: its
+/// state, after the name in parentheses, is `R`.
+fn runnable(stat: &File) -> bool {
+    let mut buf = [0u8; 512];
+    let Ok(n) = stat.read_at(&mut buf, 0) else {
+        return false;
+    };
+    let text = buf.get(..n).unwrap_or_default();
+    text.iter()
+        .rposition(|&b| b == b')')
+        .and_then(|i| text.get(i + 2))
+        .is_some_and(|&state| state == b'R')
+}
+
+/// `SCHED_IDLE`, or `SCHED_OTHER`, for the calling thread.
+fn set_class(idle: bool) -> io::Result<()> {
+    let policy = if idle { Policy::Idle } else { Policy::Other };
+    scheduler::set_self_policy(policy, 0).map_err(|()| io::Error::last_os_error())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_thread_goes_to_the_idle_class_and_back() {
+        std::thread::spawn(|| {
+            set_class(true).unwrap();
+            assert!(matches!(scheduler::get_self_policy(), Ok(Policy::Idle)));
+            set_class(false).unwrap();
+            assert!(matches!(scheduler::get_self_policy(), Ok(Policy::Other)));
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn a_worker_reads_its_own_wait_for_a_core() {
+        std::thread::spawn(|| {
+            let p = Priority::new(Instant::now()).expect("root can leave SCHED_IDLE");
+            assert!(matches!(scheduler::get_self_policy(), Ok(Policy::Other)));
+            assert!(read_wait(&p.schedstat).is_some());
+        })
+        .join()
+        .unwrap();
+    }
+
+    const fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    /// Checks every 50 ms from `t` (ms after `t0`), each waiting `wait` ms
+    /// more; returns the class changes.
+    fn checks(
+        g: &mut Guard,
+        t0: Instant,
+        t: &mut u64,
+        w: &mut u64,
+        waits: &[u64],
+    ) -> Vec<Option<bool>> {
+        waits
+            .iter()
+            .map(|&wait| {
+                *t += 50;
+                *w += wait;
+                g.observe(t0 + ms(*t), ms(*w))
+            })
+            .collect()
+    }
+
+    /// Four contended checks in a row and the idle class.
+    const TO_IDLE: [Option<bool>; 4] = [None, None, None, Some(true)];
+
+    #[test]
+    fn contended_checks_in_a_row_move_to_the_idle_class_and_a_while_later_back() {
+        let t0 = Instant::now();
+        let (mut t, mut w) = (0, 0);
+        let mut g = Guard::new(t0, ms(0));
+        // 1-2 ms of 50 waiting: the usual class, and three contended checks
+        // in a row are not enough.
+        let waits = [1, 2, 10, 10, 10, 1];
+        assert_eq!(checks(&mut g, t0, &mut t, &mut w, &waits), [None; 6]);
+        assert_eq!(checks(&mut g, t0, &mut t, &mut w, &[10, 8, 9, 10]), TO_IDLE);
+        // Idle, waiting 50%, for a second: then the usual class again.
+        let changes = checks(&mut g, t0, &mut t, &mut w, &[25; 20]);
+        assert_eq!(changes[..19], [None; 19]);
+        assert_eq!(changes[19], Some(false));
+        // Still contended: idle again.
+        assert_eq!(checks(&mut g, t0, &mut t, &mut w, &[10; 4]), TO_IDLE);
+    }
+
+    #[test]
+    fn starving_means_the_usual_class_for_a_doubling_cool_down() {
+        let t0 = Instant::now();
+        let (mut t, mut w) = (0, 0);
+        let mut g = Guard::new(t0, ms(0));
+        checks(&mut g, t0, &mut t, &mut w, &[10; 4]);
+        assert!(g.idle());
+        // 50 ms of 50 waiting: starved, 1 s in the usual class, contended
+        // or not.
+        assert_eq!(checks(&mut g, t0, &mut t, &mut w, &[50]), [Some(false)]);
+        let changes = checks(&mut g, t0, &mut t, &mut w, &[10; 20]);
+        assert_eq!(changes, [None; 20]);
+        // The cool-down over, contention moves it to the idle class again.
+        assert_eq!(checks(&mut g, t0, &mut t, &mut w, &[10; 4]), TO_IDLE);
+        // Starving again: 2 s this time.
+        assert_eq!(checks(&mut g, t0, &mut t, &mut w, &[50]), [Some(false)]);
+        assert_eq!(g.cooldown, FIRST_COOLDOWN * 4);
+        let changes = checks(&mut g, t0, &mut t, &mut w, &[10; 40]);
+        assert_eq!(changes, [None; 40]);
+        assert_eq!(checks(&mut g, t0, &mut t, &mut w, &[10; 4]), TO_IDLE);
+        // The watchdog's word counts as starving too: 4 s.
+        g.starved(t0 + ms(t), ms(w));
+        assert!(!g.idle());
+        assert_eq!(g.cooldown, FIRST_COOLDOWN * 8);
+        // A longest cool-down without starving resets it.
+        t += LONGEST_COOLDOWN.as_millis() as u64;
+        g.observe(t0 + ms(t), ms(w));
+        assert_eq!(g.cooldown, FIRST_COOLDOWN);
+    }
+
+    #[test]
+    fn checks_come_every_check_interval() {
+        let t0 = Instant::now();
+        let g = Guard::new(t0, Duration::ZERO);
+        assert!(!g.due(t0 + CHECK / 2));
+        assert!(g.due(t0 + CHECK));
+    }
+}
