@@ -61,11 +61,12 @@ pub struct ControllerConfig {
     /// core is free for the threads that produce its requests (a guest's
     /// vCPUs issue one every 30-250 µs under TCG). Zero: arm at once.
     pub doze: Duration,
-    /// Run the I/O workers in the idle scheduling class (`SCHED_IDLE`: a
-    /// worker gets a core only when no other thread wants it), back in the
-    /// usual class for a while whenever that starves one (the
-    /// `worker::priority` module): a polling worker then never takes a core
-    /// from the guest's vCPUs. On by default; off, the usual class.
+    /// Move an I/O worker to the idle scheduling class (`SCHED_IDLE`: it gets
+    /// a core only when no other thread wants one) while it has to fight for
+    /// a core, and back to the usual class when it has one again or starves
+    /// (the `worker::priority` module): a polling worker then does not take
+    /// the core a guest's vCPUs need. On by default; off, always the usual
+    /// class.
     pub idle_class: bool,
     /// Handlers of vendor specific admin and I/O opcodes (C0h-FFh); the
     /// default holds the built-in examples (see [`crate::vendor`]).

@@ -125,10 +125,11 @@ pub struct PollingOptions {
     /// before it arms EventIdx (0: arm at once). Default 1000.
     #[arg(long, value_name = "US", value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
     pub doze_us: Option<u64>,
-    /// Keep the I/O queue workers in the usual scheduling class. By default
-    /// they run in the idle class (SCHED_IDLE: a core only when no other
-    /// thread wants it, so polling never delays a guest's vCPUs), back in
-    /// the usual class for a while whenever that starves one.
+    /// Keep the I/O queue workers in the usual scheduling class. By default a
+    /// worker that has to fight for a core (waiting over 8% of the time for
+    /// 200 ms) moves to the idle class (SCHED_IDLE: a core only when no
+    /// other thread wants one, so its polling does not delay a guest's
+    /// vCPUs), and back when it has a core again or starves.
     #[arg(long)]
     pub no_idle_class: bool,
 }

@@ -17,7 +17,6 @@
 #[path = "../common/crc32c.rs"]
 mod crc32c;
 mod doorbells;
-mod idle_class;
 mod init;
 mod io;
 mod namespaces;

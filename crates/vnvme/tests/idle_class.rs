@@ -2,6 +2,19 @@
 //! that has to fight for a core moves to the idle class, but a host whose
 //! cores all stay busy with other threads does not starve it: the worker
 //! goes back to the usual class for a cool-down, and the I/O goes on.
+//!
+//! A test binary of its own: the latency it bounds is measured under the
+//! load it makes itself, not beside the driver tests that run in parallel
+//! in that binary (among them it measured 400 ms once).
+
+// The driver tests' rig and the pattern it re-exports: this binary uses a
+// part of them.
+#[allow(dead_code)]
+#[path = "common/pattern.rs"]
+mod pattern;
+#[allow(dead_code, unused_imports)]
+#[path = "driver/rig.rs"]
+mod rig;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
