@@ -19,8 +19,8 @@
 #   RIG_APPEND     extra kernel command line, e.g. "nvme.poll_queues=1"
 #   RIG_NVME       extra -device nvme properties, e.g. "dbcs=off" (comma-separated)
 #   RIG_NO_NVME    1 = do not add the built-in nvme device (e.g. when attaching vfio-user-pci)
-#   RIG_VFIO_USER  path of a vfio-user server socket, as seen INSIDE the chroot (e.g. /tmp/vnvme.sock);
-#                  adds QEMU's vfio-user-pci device connected to it (run-test.sh maps host paths for you)
+#   RIG_VFIO_USER  paths of vfio-user server sockets (space-separated), as seen INSIDE the chroot (e.g. /tmp/vnvme.sock);
+#                  adds one QEMU vfio-user-pci device connected to each (run-test.sh maps host paths for you)
 #   RIG_TRACE      QEMU trace event pattern(s), comma-separated, e.g. "pci_nvme_mmio_doorbell*"
 #   RIG_TRACE_FILE host path to copy the trace log to (default $RIG_OUT/trace.log)
 #   RIG_TIMESTAMP  1 = prefix console lines with host seconds since QEMU start
@@ -84,9 +84,9 @@ if [ "${RIG_NO_NVME:-0}" != 1 ]; then
   ARGS+=(-drive id=nvm,if=none,file=null-co://,file.read-zeroes=off,format=raw
          -device "nvme,serial=deadbeef,drive=nvm${RIG_NVME:+,$RIG_NVME}")
 fi
-if [ -n "${RIG_VFIO_USER:-}" ]; then
-  ARGS+=(-device "{\"driver\":\"vfio-user-pci\",\"socket\":{\"path\":\"$RIG_VFIO_USER\",\"type\":\"unix\"}}")
-fi
+for s in ${RIG_VFIO_USER:-}; do
+  ARGS+=(-device "{\"driver\":\"vfio-user-pci\",\"socket\":{\"path\":\"$s\",\"type\":\"unix\"}}")
+done
 if [ -n "${RIG_TRACE:-}" ]; then
   IFS=, read -ra EV <<< "$RIG_TRACE"
   for e in "${EV[@]}"; do ARGS+=(-trace "enable=$e"); done

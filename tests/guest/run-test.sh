@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # run-test.sh - boot the rig guest, run one guest script in it, exit with that script's exit status.
 #
-# usage: run-test.sh [--qemu-nvme [--dbcs on|off] | --vfio-user SOCK] [options] GUEST_SCRIPT
+# usage: run-test.sh [--qemu-nvme [--dbcs on|off] | --vfio-user SOCK...] [options] GUEST_SCRIPT
 #   --qemu-nvme         QEMU's built-in nvme, null-co backend reading zeroes (default)
 #   --dbcs on|off       shadow doorbells (Doorbell Buffer Config) of the built-in nvme (QEMU default: on)
 #   --vfio-user SOCK    attach a vfio-user-pci device connected to the server socket SOCK, a HOST path
 #                       (its folder is bind-mounted read-only into the chroot in a private mount namespace,
-#                       so nothing leaks if the harness dies); no built-in nvme then
+#                       so nothing leaks if the harness dies); no built-in nvme then; repeatable (one
+#                       device per socket, in the order given)
 #   --socket-wait SECS  wait up to SECS for SOCK to appear (default 10)
 #   --mem-file PATH     guest RAM in a regular file instead of a memfd: memory-backend-file on PATH (a HOST
 #                       path, e.g. /dev/shm/vm.ram) with share=on, RIG_MEM bytes; the file alone is
@@ -38,12 +39,12 @@ export VNVME_RIG_CACHE=$CACHE RIG_CHROOT=$CHROOT
 
 usage() { sed -n '4,31p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 126; }
 err() { echo "run-test: $*" >&2; exit 126; }
-MODE=qemu DBCS='' SOCK='' MEMFILE='' GFILES='' SOCKWAIT=10 TIMEOUT=300 APPEND='' QARGS='' PIDFILE='' LOG='' RESULTS='' VERBOSE=0 SCRIPT=''
+MODE=qemu DBCS='' SOCKS=() MEMFILE='' GFILES='' SOCKWAIT=10 TIMEOUT=300 APPEND='' QARGS='' PIDFILE='' LOG='' RESULTS='' VERBOSE=0 SCRIPT=''
 while [ $# -gt 0 ]; do
   case $1 in
     --qemu-nvme) MODE=qemu ;;
     --dbcs) [ $# -ge 2 ] || usage; case $2 in on|off) DBCS=$2;; *) err "--dbcs takes on or off";; esac; shift ;;
-    --vfio-user) [ $# -ge 2 ] || usage; MODE=vfio; SOCK=$2; shift ;;
+    --vfio-user) [ $# -ge 2 ] || usage; MODE=vfio; SOCKS+=("$2"); shift ;;
     --socket-wait) [ $# -ge 2 ] || usage; SOCKWAIT=$2; shift ;;
     --mem-file) [ $# -ge 2 ] || usage; MEMFILE=$2; shift ;;
     --timeout) [ $# -ge 2 ] || usage; TIMEOUT=$2; shift ;;
@@ -82,7 +83,7 @@ TMP=$(mktemp -d "${TMPDIR:-/tmp}/rig-test.XXXXXX")
 export RIG_PIDFILE=${PIDFILE:-$TMP/qemu.pid}
 rm -f "$RIG_PIDFILE"
 
-RG='' TAILPID='' MNT='' MEMMNT='' MEMMADE=''
+RG='' TAILPID='' MNTS=() MEMMNT='' MEMMADE=''
 qemu_pid() { cat "$RIG_PIDFILE" 2>/dev/null || true; }
 stop_qemu() {   # TERM, then KILL after 3 s
   local q; q=$(qemu_pid)
@@ -94,7 +95,7 @@ stop_qemu() {   # TERM, then KILL after 3 s
 cleanup() {
   if [ -n "$RG" ] && kill -0 "$RG" 2>/dev/null; then stop_qemu; kill "$RG" 2>/dev/null || true; wait "$RG" 2>/dev/null || true; fi
   [ -n "$TAILPID" ] && { kill "$TAILPID" 2>/dev/null || true; }
-  [ -n "$MNT" ] && { rmdir "$MNT" 2>/dev/null || true; }
+  for m in "${MNTS[@]}"; do rmdir "$m" 2>/dev/null || true; done
   [ -n "$MEMMNT" ] && { rm -f "$MEMMNT" 2>/dev/null || true; }
   [ -n "$MEMMADE" ] && { rm -f "$MEMMADE" 2>/dev/null || true; }
   rm -f "$RIG_PIDFILE"; rm -rf "$TMP"
@@ -120,17 +121,26 @@ if [ -n "$MEMFILE" ]; then
   export RIG_QEMU_ARGS="$RIG_QEMU_ARGS -object memory-backend-file,id=rigmemfile,size=${RIG_MEM:-1G},mem-path=${MEMMNT#"$CHROOT"},share=on -machine memory-backend=rigmemfile"
 fi
 if [ "$MODE" = vfio ]; then
-  for _ in $(seq $((SOCKWAIT * 10))); do [ -S "$SOCK" ] && break; sleep 0.1; done
-  [ -S "$SOCK" ] || err "no vfio-user socket at $SOCK (waited $SOCKWAIT s)"
-  SDIR=$(cd "$(dirname "$SOCK")" && pwd -P); SBASE=$(basename "$SOCK")
-  case "$SDIR/" in
-    "$CREAL"/*) export RIG_VFIO_USER=${SDIR#"$CREAL"}/$SBASE ;;      # already inside the chroot
-    *) MNT=$(mktemp -d "$CHROOT/run/rig-sock.XXXXXX")
-       export RIG_VFIO_USER=${MNT#"$CHROOT"}/$SBASE
-       BINDS+=("$SDIR" "$MNT" ro) ;;
-  esac
+  RIG_VFIO_USER='' MOUNTED=()   # folder:mount point pairs, one bind mount per folder
+  for SOCK in "${SOCKS[@]}"; do
+    for _ in $(seq $((SOCKWAIT * 10))); do [ -S "$SOCK" ] && break; sleep 0.1; done
+    [ -S "$SOCK" ] || err "no vfio-user socket at $SOCK (waited $SOCKWAIT s)"
+    case $SOCK in *' '*) err "--vfio-user: no spaces in the path, please: $SOCK";; esac
+    SDIR=$(cd "$(dirname "$SOCK")" && pwd -P); SBASE=$(basename "$SOCK")
+    case "$SDIR/" in
+      "$CREAL"/*) RIG_VFIO_USER="$RIG_VFIO_USER ${SDIR#"$CREAL"}/$SBASE"; continue ;;   # already inside the chroot
+    esac
+    MNT=''
+    for m in "${MOUNTED[@]}"; do [ "${m%%:*}" = "$SDIR" ] && MNT=${m#*:}; done
+    if [ -z "$MNT" ]; then
+      MNT=$(mktemp -d "$CHROOT/run/rig-sock.XXXXXX"); MNTS+=("$MNT")
+      MOUNTED+=("$SDIR:$MNT"); BINDS+=("$SDIR" "$MNT" ro)
+    fi
+    RIG_VFIO_USER="$RIG_VFIO_USER ${MNT#"$CHROOT"}/$SBASE"
+  done
+  export RIG_VFIO_USER=${RIG_VFIO_USER# }
   export RIG_NO_NVME=1
-  DESC="vfio-user $SOCK"
+  DESC="vfio-user ${SOCKS[*]}"
 else
   unset RIG_VFIO_USER
   export RIG_NO_NVME=0

@@ -197,8 +197,9 @@ pub struct BenchOptions {
     /// Draw IOPS and traps per I/O against queue depth (SVG).
     #[arg(long)]
     pub plot: Option<PathBuf>,
-    /// Boot the tests/guest Linux guest (QEMU, TCG) once per device: QEMU's built-in nvme (dbcs on,
-    /// off) and `vnvme serve` in each of --modes, and run fio randread at each --qd and --engines.
+    /// Boot the tests/guest Linux guest (QEMU, TCG) once with every device: QEMU's built-in nvme
+    /// (dbcs on, off) and `vnvme serve` in each of --modes; fio randread at each --qd and --engines
+    /// runs 1 s slices on each device in turn until each has had --runtime seconds.
     #[arg(long)]
     pub guest: bool,
     /// With --guest: fio engines, comma separated (io_uring, libaio).

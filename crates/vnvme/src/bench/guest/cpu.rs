@@ -42,11 +42,11 @@ pub struct HostCores {
 }
 
 /// The threads of `qemu` (its vCPUs by their "CPU n/TCG" or "CPU n/KVM"
-/// names, the rest) and of `server`, now.
-pub(super) fn sample(qemu: Option<u32>, server: Option<u32>) -> Sample {
+/// names, the rest) and of the `servers`, now.
+pub(super) fn sample(qemu: Option<u32>, servers: &[u32]) -> Sample {
     let mut ns = BTreeMap::new();
-    for (pid, is_qemu) in [(qemu, true), (server, false)] {
-        let Some(pid) = pid else { continue };
+    let pids = qemu.map(|q| (q, true)).into_iter();
+    for (pid, is_qemu) in pids.chain(servers.iter().map(|&s| (s, false))) {
         let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
             continue;
         };
@@ -81,21 +81,46 @@ fn parse_schedstat(text: &str) -> Option<(u64, u64)> {
     Some((f.next()??, f.next()??))
 }
 
-/// What each group used between `a` and `b`.
-pub(super) fn between(a: &Sample, b: &Sample) -> HostCores {
-    let wall = b.at.saturating_duration_since(a.at).as_nanos().max(1) as f64;
-    let cores = |g: &str| -> Option<GroupCores> {
-        let (r0, w0) = a.ns.get(g)?;
-        let (r1, w1) = b.ns.get(g)?;
-        Some(GroupCores {
-            ran: r1.saturating_sub(*r0) as f64 / wall,
-            waited: w1.saturating_sub(*w0) as f64 / wall,
+/// Run and wait nanoseconds per group, summed over windows (a device's
+/// slices), and their wall time.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Window {
+    wall_ns: u64,
+    ns: BTreeMap<&'static str, (u64, u64)>,
+}
+
+impl Window {
+    /// Adds what each group used between `a` and `b`.
+    pub(super) fn add(&mut self, a: &Sample, b: &Sample) {
+        let wall = b.at.saturating_duration_since(a.at).as_nanos();
+        self.wall_ns += u64::try_from(wall).unwrap_or(u64::MAX);
+        for (group, (r1, w1)) in &b.ns {
+            let Some((r0, w0)) = a.ns.get(group) else {
+                continue;
+            };
+            let e = self.ns.entry(group).or_default();
+            e.0 += r1.saturating_sub(*r0);
+            e.1 += w1.saturating_sub(*w0);
+        }
+    }
+
+    /// Cores per group over the summed wall time; `None` before any window.
+    pub(super) fn cores(&self) -> Option<HostCores> {
+        if self.wall_ns == 0 {
+            return None;
+        }
+        let wall = self.wall_ns as f64;
+        let cores = |g: &str| {
+            self.ns.get(g).map(|(r, w)| GroupCores {
+                ran: *r as f64 / wall,
+                waited: *w as f64 / wall,
+            })
+        };
+        Some(HostCores {
+            vcpus: cores(GROUPS[0]).unwrap_or_default(),
+            qemu_other: cores(GROUPS[1]).unwrap_or_default(),
+            server: cores(GROUPS[2]),
         })
-    };
-    HostCores {
-        vcpus: cores(GROUPS[0]).unwrap_or_default(),
-        qemu_other: cores(GROUPS[1]).unwrap_or_default(),
-        server: cores(GROUPS[2]),
     }
 }
 
@@ -116,14 +141,16 @@ mod tests {
     #[test]
     fn a_busy_thread_of_this_process_shows_as_server_time() {
         let me = std::process::id();
-        let a = sample(None, Some(me));
+        let a = sample(None, &[me]);
         let until = Instant::now() + std::time::Duration::from_millis(30);
         let mut x = 0u64;
         while Instant::now() < until {
             x = std::hint::black_box(x.wrapping_add(1));
         }
-        let b = sample(None, Some(me));
-        let cores = between(&a, &b);
+        let b = sample(None, &[me]);
+        let mut window = Window::default();
+        window.add(&a, &b);
+        let cores = window.cores().expect("one window");
         let server = cores.server.expect("this process has threads");
         assert!(server.ran > 0.0, "{cores:?}");
         assert_eq!(cores.vcpus, GroupCores::default());

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
 
-use super::{BEGIN, END};
+use super::{BEGIN, END, SLICE_MARK};
 
 /// New complete lines of a growing file.
 #[derive(Debug, Default)]
@@ -34,7 +34,7 @@ impl Tail {
             // The console is a serial line: "\r\n", and a marker can follow
             // kernel output on the same line.
             let line = line.trim_end_matches(['\r', '\n']);
-            for marker in [BEGIN, END] {
+            for marker in [BEGIN, END, SLICE_MARK] {
                 if let Some(at) = line.find(marker) {
                     out.push(line[at..].to_string());
                 }

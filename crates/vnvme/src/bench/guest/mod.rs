@@ -1,24 +1,33 @@
-//! `vnvme bench --guest`: the same Linux guest (the `tests/guest` rig: QEMU
-//! 11.1, TCG, Debian's kernel and fio) booted once per device configuration —
-//! QEMU's built-in `nvme` (null-co, reads zeroes) with shadow doorbells on and
-//! off, then `vnvme serve --ns 1G:null` in each doorbell mode — each boot
-//! running fio 4 KiB randread for every engine × queue depth.
+//! `vnvme bench --guest`: one boot of the Linux guest of the `tests/guest`
+//! rig (QEMU 11.1, TCG, Debian's kernel and fio) with every device attached —
+//! QEMU's built-in `nvme` (null-co, reads no data) with shadow doorbells on
+//! and off, and one `vnvme serve --ns 1G:null` per doorbell mode — told apart
+//! in the guest by their serial numbers. Per engine × queue depth, fio 4 KiB
+//! randread runs in rounds: one slice ([`SLICE`] s after a [`RAMP`] s ramp)
+//! on each device in turn, the order rotated by one every round, until each
+//! device has had `--runtime` seconds. So the devices are compared over the
+//! same seconds of a host whose speed drifts 2x in minutes, which separate
+//! boots (the method before) could not do.
 //!
 //! What is measured, per point:
-//! * IOPS: fio's (`fio_json` in the guest's `guest-lib.sh`), after its 1 s
-//!   ramp;
+//! * IOPS: fio's I/Os over its measured seconds, summed over the slices
+//!   (`fio_json` in the guest's `guest-lib.sh`); latency percentiles are the
+//!   means of the slices' own;
 //! * traps and interrupts per I/O (vnvme only): deltas of the server's
 //!   `--stats` counters (SQ + CQ doorbell traps, interrupts raised) divided by
 //!   the delta of I/O commands the controller executed, between two
-//!   snapshots the guest brackets the fio job with. The guest prints a marker
-//!   line and sleeps `QUIET` (2 s) before and after the job; the host takes the
+//!   snapshots the guest brackets the point's rounds with (each server counts
+//!   only in its own slices). The guest prints a marker
+//!   line and sleeps `QUIET` (2 s) before and after the point; the host takes the
 //!   first stats file written after it saw the marker (the server rewrites it
-//!   every second), so the window holds exactly that job's I/O (ramp and
+//!   every second), so the window holds exactly that point's I/O (ramps and
 //!   fio's own open/close included) and nothing else.
 //! * guest interrupts per I/O (every device): the interrupts the guest took
-//!   on its nvme I/O queue vectors (`/proc/interrupts`) around the fio job,
-//!   over fio's I/Os with its 1 s ramp counted at the measured rate: how
-//!   QEMU's nvme, which has no counters of ours, batches its completions.
+//!   on that controller's I/O queue vectors (`/proc/interrupts`) around each
+//!   slice, over fio's I/Os with each ramp counted at its slice's rate: how
+//!   QEMU's nvme, which has no counters of ours, batches its completions;
+//! * the host's cores (QEMU's vCPUs, its other threads, the servers) between
+//!   the marker lines around each slice, summed per device.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -47,6 +56,12 @@ const QUIET: u32 = 2;
 /// Guest marker lines.
 const BEGIN: &str = "VNVME-BENCH-BEGIN ";
 const END: &str = "VNVME-BENCH-END ";
+/// Before each fio slice ("SLICE point@serial") and after it ("SLICE -").
+const SLICE_MARK: &str = "VNVME-BENCH-SLICE ";
+/// Measured seconds of one fio slice, and the ramp before it (long enough for
+/// a worker that dozed while the other devices ran to be back at speed).
+const SLICE: f64 = 1.0;
+const RAMP: f64 = 0.5;
 
 /// A fio I/O engine the guest has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
@@ -81,17 +96,20 @@ impl Engine {
 /// What `vnvme bench --guest` measures.
 #[derive(Debug, Clone)]
 pub struct GuestBenchOptions {
-    /// vnvme doorbell modes, one guest boot each.
+    /// vnvme doorbell modes, one server (and guest device) each.
     pub modes: Vec<DoorbellMode>,
     /// fio iodepths.
     pub qd: Vec<u16>,
     pub engines: Vec<Engine>,
     /// Seconds per fio point (after a 1 s ramp).
     pub runtime: f64,
-    /// Also boot QEMU's built-in nvme (dbcs on and off) as the reference.
+    /// Also attach QEMU's built-in nvme (dbcs on and off) as the reference.
     pub qemu_nvme: bool,
     /// Extra `vnvme serve` arguments (e.g. `--idle-poll-us 20`).
     pub serve_args: Vec<String>,
+    /// An A/B experiment in one boot: a second server per mode, with these
+    /// extra arguments too (`VNVME_BENCH_B_ARGS`).
+    pub b_args: Option<Vec<String>>,
     pub json: Option<PathBuf>,
     /// The guest rig (`tests/guest`).
     pub rig: PathBuf,
@@ -106,7 +124,9 @@ impl GuestBenchOptions {
     /// `--runtime` become 1,4,16,32 and 8 s (a guest point costs seconds of
     /// boot-free but slow TCG time). Experiment knobs from the environment:
     /// `VNVME_BENCH_SERVE_ARGS` (extra `vnvme serve` arguments, split on
-    /// whitespace) and `VNVME_BENCH_NO_QEMU=1` (skip the reference boots).
+    /// whitespace), `VNVME_BENCH_NO_QEMU=1` (no reference devices) and
+    /// `VNVME_BENCH_B_ARGS` (a second server per mode with these arguments
+    /// too: an A/B comparison over the same seconds).
     pub fn from_bench(opts: &super::BenchOptions) -> Self {
         let qd = if opts.qd.0 == INPROC_QDS {
             vec![1, 4, 16, 32]
@@ -129,6 +149,9 @@ impl GuestBenchOptions {
                 .into_iter()
                 .chain(opts.polling.serve_args())
                 .collect(),
+            b_args: std::env::var("VNVME_BENCH_B_ARGS")
+                .ok()
+                .map(|a| a.split_whitespace().map(str::to_string).collect()),
             json: opts.json.clone(),
             rig: Self::default_rig(),
         }
@@ -152,20 +175,35 @@ fn serve_args_from_env() -> Vec<String> {
         .collect()
 }
 
-/// One device configuration: one guest boot.
+/// One device of the guest, told apart there by its serial number.
 #[derive(Debug, Clone, Copy, PartialEq)]
-enum Config {
-    QemuNvme { dbcs: bool },
-    Vnvme(DoorbellMode),
+enum Device {
+    QemuNvme {
+        dbcs: bool,
+    },
+    /// `b`: the second server of this mode, with `GuestBenchOptions::b_args`.
+    Vnvme {
+        mode: DoorbellMode,
+        b: bool,
+    },
 }
 
-impl Config {
+impl Device {
     fn label(self) -> String {
         match self {
-            Config::QemuNvme { dbcs } => {
+            Device::QemuNvme { dbcs } => {
                 format!("qemu-nvme dbcs={}", if dbcs { "on" } else { "off" })
             }
-            Config::Vnvme(m) => format!("vnvme {m}"),
+            Device::Vnvme { mode, b } => format!("vnvme {mode}{}", if b { " B" } else { "" }),
+        }
+    }
+
+    /// Its Identify Controller serial number (at most 20 characters; no
+    /// spaces: the guest script splits on them).
+    fn serial(self) -> String {
+        match self {
+            Device::QemuNvme { dbcs } => format!("qemu-dbcs-{}", if dbcs { "on" } else { "off" }),
+            Device::Vnvme { mode, b } => format!("vnvme-{mode}{}", if b { "-b" } else { "" }),
         }
     }
 }
@@ -179,9 +217,14 @@ pub struct GuestRun {
     pub mode: Option<String>,
     /// QEMU's nvme `dbcs` property; null for vnvme.
     pub dbcs: Option<bool>,
+    /// The B server's extra arguments (`VNVME_BENCH_B_ARGS`); null otherwise.
+    pub b_args: Option<String>,
     pub engine: Engine,
     pub qd: u16,
+    /// fio's I/Os over its measured seconds, all slices.
     pub iops: f64,
+    /// fio slices the point's figures sum ([`SLICE`] seconds each).
+    pub slices: u32,
     /// (SQ + CQ doorbell traps) / I/O commands, from the server's counters;
     /// null for QEMU's nvme.
     pub traps_per_io: Option<f64>,
@@ -226,6 +269,18 @@ impl Counters {
             io_commands: n("commands")?.saturating_sub(admin),
         })
     }
+
+    /// Traps and interrupts per I/O command from `self` to `later`, and the
+    /// I/O commands.
+    fn per_io(&self, later: &Self) -> (f64, f64, u64) {
+        let ios = later.io_commands.saturating_sub(self.io_commands);
+        let d = ios.max(1) as f64;
+        (
+            later.traps.saturating_sub(self.traps) as f64 / d,
+            later.interrupts.saturating_sub(self.interrupts) as f64 / d,
+            ios,
+        )
+    }
 }
 
 pub fn main(opts: &GuestBenchOptions) -> Result<()> {
@@ -236,68 +291,65 @@ pub fn main(opts: &GuestBenchOptions) -> Result<()> {
         .with_context(|| format!("guest rig {}", opts.rig.display()))?;
     ensure_rig(&rig)?;
     let tmp = TempDir::new()?;
-    let script = tmp.path().join("bench.sh");
-    std::fs::write(&script, guest_script(opts))
-        .with_context(|| format!("writing {}", script.display()))?;
-
-    let mut configs = Vec::new();
+    let mut devices = Vec::new();
     if opts.qemu_nvme {
-        configs.push(Config::QemuNvme { dbcs: true });
-        configs.push(Config::QemuNvme { dbcs: false });
+        devices.push(Device::QemuNvme { dbcs: true });
+        devices.push(Device::QemuNvme { dbcs: false });
     }
-    configs.extend(opts.modes.iter().map(|&m| Config::Vnvme(m)));
-    let points = opts.engines.len() * opts.qd.len();
-    let per_boot = 15.0 + points as f64 * (opts.runtime + 2.0 + 2.0 * f64::from(QUIET));
-    eprintln!(
-        "bench --guest: {} boots x {} fio points ({} s each): about {:.0} min; logs in {}",
-        configs.len(),
-        points,
-        opts.runtime,
-        per_boot * configs.len() as f64 / 60.0,
-        tmp.path().display()
-    );
-    let t0 = Instant::now();
-    let mut runs = Vec::new();
-    let mut failures = Vec::new();
-    for (i, &config) in configs.iter().enumerate() {
-        eprintln!(
-            "bench --guest: [{}/{}] {} (at {:.0} s)",
-            i + 1,
-            configs.len(),
-            config.label(),
-            t0.elapsed().as_secs_f64()
-        );
-        let dir = tmp.path().join(format!("{i}"));
-        std::fs::create_dir_all(&dir)?;
-        match boot(opts, &rig, &script, &dir, config, per_boot) {
-            Ok(mut r) => runs.append(&mut r),
-            Err(e) => {
-                eprintln!("bench --guest:   {}: FAILED: {e:#}", config.label());
-                failures.push(format!("{}: {e:#}", config.label()));
-            }
+    for &mode in &opts.modes {
+        devices.push(Device::Vnvme { mode, b: false });
+        if let Some(args) = &opts.b_args {
+            devices.push(Device::Vnvme { mode, b: true });
+            eprintln!(
+                "bench --guest: vnvme {mode} B: served with {}",
+                args.join(" ")
+            );
         }
     }
+    let script = tmp.path().join("bench.sh");
+    std::fs::write(&script, guest_script(opts, &devices))
+        .with_context(|| format!("writing {}", script.display()))?;
+
+    let points = opts.engines.len() * opts.qd.len();
+    let slices = points * devices.len() * rounds(opts.runtime) as usize;
+    let expected =
+        25.0 + slices as f64 * (SLICE + RAMP + 0.5) + points as f64 * 2.0 * f64::from(QUIET);
+    eprintln!(
+        "bench --guest: one boot, {} devices x {} fio points x {} rounds of {SLICE} s slices \
+         (after a {RAMP} s ramp each): about {:.0} min; logs in {}",
+        devices.len(),
+        points,
+        rounds(opts.runtime),
+        expected / 60.0,
+        tmp.path().display()
+    );
+    let runs = match boot(opts, &rig, &script, tmp.path(), &devices, expected) {
+        Ok(r) => r,
+        Err(e) => {
+            tmp.keep();
+            return Err(e.context(format!("logs kept in {}", tmp.path().display())));
+        }
+    };
     print!("{}", table(&runs));
     if let Some(path) = &opts.json {
         let doc = serde_json::json!({
             "runs": runs,
             "runtime_s": opts.runtime,
+            "slice_s": SLICE,
+            "ramp_s": RAMP,
+            "method": "one guest boot with every device attached; per point, fio runs one slice on each device in turn, the order rotated every round",
             "guest": "tests/guest rig: QEMU 11.1 -accel tcg, Debian trixie kernel, fio 4 KiB randread direct",
             "machine": report::machine(),
         });
         super::write_json(path, &doc, "bench --guest")?;
     }
-    if !failures.is_empty() {
-        tmp.keep();
-        bail!(
-            "{} of {} boots failed ({}); logs kept in {}",
-            failures.len(),
-            configs.len(),
-            failures.join("; "),
-            tmp.path().display()
-        );
-    }
     Ok(())
+}
+
+/// Rounds per point: one slice on every device each, so that each device
+/// gets `--runtime` seconds of measured fio in all.
+fn rounds(runtime: f64) -> u32 {
+    (runtime / SLICE).round().max(1.0) as u32
 }
 
 fn check(opts: &GuestBenchOptions) -> Result<()> {
@@ -356,76 +408,142 @@ fn ensure_rig(rig: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The guest side: every engine × depth, each bracketed by marker lines and
-/// quiet periods for the host's stats snapshots.
-fn guest_script(opts: &GuestBenchOptions) -> String {
+/// The guest side: the devices found by serial number, then per engine ×
+/// depth a window bracketed by marker lines and quiet periods (for the host's
+/// stats snapshots), in which each round runs one fio slice on every device,
+/// in an order rotated by one each round. Slice marker lines let the host
+/// split its CPU samples by device.
+fn guest_script(opts: &GuestBenchOptions, devices: &[Device]) -> String {
     let engines: Vec<&str> = opts.engines.iter().map(|e| e.name()).collect();
     let qds: Vec<String> = opts.qd.iter().map(u16::to_string).collect();
-    let runtime = opts.runtime.round().max(1.0) as u32;
+    let serials: Vec<String> = devices.iter().map(|d| d.serial()).collect();
     format!(
         r#"# generated by vnvme bench --guest
 . /guest-lib.sh
-wait_nvme 20 || die "no /dev/nvme0n1"
-rc=0
-# Interrupts the guest took on its nvme I/O queues' vectors (any device's).
+DEVS="{serials}"
+N=$(echo $DEVS | wc -w)
+# The namespace block device and the controller of a serial number.
+bdev_of() {{
+  for _b in /sys/block/nvme*; do
+    [ "$(tr -d ' ' < "$_b/device/serial" 2>/dev/null)" = "$1" ] && {{ echo "/dev/${{_b##*/}}"; return 0; }}
+  done; return 1
+}}
+ctrl_of() {{
+  for _c in /sys/class/nvme/nvme*; do
+    [ "$(tr -d ' ' < "$_c/serial" 2>/dev/null)" = "$1" ] && {{ echo "${{_c##*/}}"; return 0; }}
+  done; return 1
+}}
+for d in $DEVS; do
+  i=0
+  until bdev_of "$d" > /dev/null && ctrl_of "$d" > /dev/null; do
+    [ $i -ge 200 ] && die "no nvme namespace with serial $d"
+    sleep 0.1; i=$((i + 1))
+  done
+  log "device $d: $(bdev_of "$d") on $(ctrl_of "$d")"
+done
+# Interrupts the guest took on the I/O queues' vectors of controller $1.
 io_irqs() {{
-  awk '/nvme[0-9]+q[1-9]/ {{ for (i = 2; i <= NF && $i ~ /^[0-9]+$/; i++) n += $i }}
+  awk -v c="$1" '$NF ~ ("^" c "q[1-9][0-9]*$") {{ for (i = 2; i <= NF && $i ~ /^[0-9]+$/; i++) n += $i }}
        END {{ print n + 0 }}' /proc/interrupts
 }}
+rc=0
 for e in {engines}; do
   for q in {qds}; do
-    echo "{BEGIN}$e-qd$q"; sleep {QUIET}
-    irqs=$(io_irqs)
-    out=$(fio_randread "$e-qd$q" "$e" "$q" {runtime}) || rc=1
-    irqs=$(($(io_irqs) - irqs))
-    echo "$out" | sed "s/^RESULT {{/RESULT {{\"guest_irqs\":$irqs,/"
-    echo "{END}$e-qd$q"; sleep {QUIET}
+    p=$e-qd$q
+    echo "{BEGIN}$p"; sleep {QUIET}
+    r=0
+    while [ $r -lt {rounds} ]; do
+      # rotate: round r starts at device r mod N
+      order=$(echo $DEVS $DEVS | cut -d' ' -f$((r % N + 1))-$((r % N + N)))
+      for d in $order; do
+        b=$(bdev_of "$d"); c=$(ctrl_of "$d"); irqs=$(io_irqs "$c")
+        echo "{SLICE_MARK}$p@$d"
+        out=$(fio_json "$p@$d" --filename="$b" --rw=randread --bs=4k --ioengine="$e" --direct=1 \
+          --iodepth="$q" --numjobs=1 --time_based --runtime={SLICE} --ramp_time={ramp_ms}ms) || rc=1
+        echo "{SLICE_MARK}-"
+        irqs=$(($(io_irqs "$c") - irqs))
+        echo "$out" | sed "s/^RESULT {{/RESULT {{\"guest_irqs\":$irqs,/"
+      done
+      r=$((r + 1))
+    done
+    echo "{END}$p"; sleep {QUIET}
   done
 done
 check_no_nvme_errors || rc=1
 exit $rc
 "#,
+        serials = serials.join(" "),
         engines = engines.join(" "),
         qds = qds.join(" "),
+        rounds = rounds(opts.runtime),
+        ramp_ms = (RAMP * 1000.0) as u32,
     )
 }
 
-/// One guest boot on `config`: its points, in the order they ran.
+/// The `run-test.sh` arguments that attach QEMU's nvme as `device`: a
+/// null-co drive (reads no data, as vnvme's `null`) named by its serial.
+fn qemu_nvme_args(device: Device) -> Vec<String> {
+    let Device::QemuNvme { dbcs } = device else {
+        return Vec::new();
+    };
+    let id = device.serial();
+    [
+        "-drive".to_string(),
+        format!("id={id},if=none,file=null-co://,file.read-zeroes=off,format=raw"),
+        "-device".to_string(),
+        format!(
+            "nvme,serial={id},drive={id},dbcs={}",
+            if dbcs { "on" } else { "off" }
+        ),
+    ]
+    .into_iter()
+    .flat_map(|a| ["--qemu-arg".to_string(), a])
+    .collect()
+}
+
+/// The one guest boot with every device: the points, in device order.
 fn boot(
     opts: &GuestBenchOptions,
     rig: &Path,
     script: &Path,
     dir: &Path,
-    config: Config,
+    devices: &[Device],
     expected: f64,
 ) -> Result<Vec<GuestRun>> {
     let console = dir.join("console.log");
     let results = dir.join("results.jsonl");
     let harness = dir.join("harness.log");
-    let stats_path = dir.join("stats.json");
     let qemu_pidfile = dir.join("qemu.pid");
-    let mut server = match config {
-        Config::Vnvme(mode) => {
-            let mut args = vec![
-                "--ns".to_string(),
-                "1G:null".to_string(),
-                "--doorbells".to_string(),
-                mode.to_string(),
-            ];
-            args.extend(opts.serve_args.iter().cloned());
-            Some(Server::start(dir, &stats_path, &args)?)
-        }
-        Config::QemuNvme { .. } => None,
-    };
     let mut cmd = Command::new(rig.join("run-test.sh"));
-    match (config, &server) {
-        (Config::QemuNvme { dbcs }, _) => {
-            cmd.args(["--qemu-nvme", "--dbcs", if dbcs { "on" } else { "off" }]);
+    // vnvme's servers, each in a folder of its own (socket, log, stats).
+    let mut servers: Vec<(Device, Server, PathBuf)> = Vec::new();
+    for &device in devices {
+        match device {
+            Device::Vnvme { mode, b } => {
+                let sdir = dir.join(device.serial());
+                std::fs::create_dir_all(&sdir)?;
+                let stats = sdir.join("stats.json");
+                let mut args = vec![
+                    "--ns".to_string(),
+                    "1G:null".to_string(),
+                    "--doorbells".to_string(),
+                    mode.to_string(),
+                    "--serial".to_string(),
+                    device.serial(),
+                ];
+                args.extend(opts.serve_args.iter().cloned());
+                if b {
+                    args.extend(opts.b_args.iter().flatten().cloned());
+                }
+                let server = Server::start(&sdir, &stats, &args)
+                    .with_context(|| format!("starting {}", device.label()))?;
+                cmd.arg("--vfio-user").arg(&server.socket);
+                servers.push((device, server, stats));
+            }
+            Device::QemuNvme { .. } => {
+                cmd.args(qemu_nvme_args(device));
+            }
         }
-        (Config::Vnvme(_), Some(s)) => {
-            cmd.arg("--vfio-user").arg(&s.socket);
-        }
-        (Config::Vnvme(_), None) => unreachable!("a vnvme boot has a server"),
     }
     let timeout = (expected * 2.0 + 120.0) as u64;
     cmd.args(["--timeout", &timeout.to_string()])
@@ -442,38 +560,44 @@ fn boot(
     let mut child = cmd
         .spawn()
         .with_context(|| format!("starting {}", rig.join("run-test.sh").display()))?;
+    let server_pids: Vec<u32> = servers.iter().map(|(_, s, _)| s.pid()).collect();
     let mut tail = Tail::default();
-    let mut windows: BTreeMap<String, (Option<Counters>, Option<Counters>)> = BTreeMap::new();
-    let mut cpu_windows: BTreeMap<String, (Option<cpu::Sample>, Option<cpu::Sample>)> =
+    // Per point, per vnvme serial: the stats at BEGIN and at END.
+    let mut windows: BTreeMap<(String, String), (Option<Counters>, Option<Counters>)> =
         BTreeMap::new();
-    let server_pid = server.as_ref().map(Server::pid);
+    // Per "point@serial": the host's cores over that device's slices.
+    let mut cores: BTreeMap<String, cpu::Window> = BTreeMap::new();
+    let mut open_slice: Option<(String, cpu::Sample)> = None;
     let status = loop {
         for line in tail.lines(&console) {
+            if let Some(key) = line.strip_prefix(SLICE_MARK) {
+                let qemu_pid = std::fs::read_to_string(&qemu_pidfile)
+                    .ok()
+                    .and_then(|t| t.trim().parse().ok());
+                let sample = cpu::sample(qemu_pid, &server_pids);
+                if let Some((key, start)) = open_slice.take() {
+                    cores.entry(key).or_default().add(&start, &sample);
+                }
+                let key = key.trim();
+                if key != "-" {
+                    open_slice = Some((key.to_string(), sample));
+                }
+                continue;
+            }
             let (name, begin) = if let Some(n) = line.strip_prefix(BEGIN) {
-                (n, true)
+                (n.trim().to_string(), true)
             } else if let Some(n) = line.strip_prefix(END) {
-                (n, false)
+                (n.trim().to_string(), false)
             } else {
                 continue;
             };
-            let name = name.trim().to_string();
             if !begin {
                 eprintln!("bench --guest:   {name} done");
             }
-            // Before the stats wait below: the sample marks the window's edge.
-            let qemu_pid = std::fs::read_to_string(&qemu_pidfile)
-                .ok()
-                .and_then(|t| t.trim().parse().ok());
-            let sample = cpu::sample(qemu_pid, server_pid);
-            let c = cpu_windows.entry(name.clone()).or_default();
-            if begin {
-                c.0 = Some(sample);
-            } else {
-                c.1 = Some(sample);
-            }
-            if server.is_some() {
-                let snap = fresh_stats(&stats_path, Instant::now());
-                let w = windows.entry(name).or_default();
+            let now = Instant::now();
+            for (device, _, stats) in &servers {
+                let snap = fresh_stats(stats, now);
+                let w = windows.entry((name.clone(), device.serial())).or_default();
                 if begin {
                     w.0 = snap;
                 } else {
@@ -484,84 +608,103 @@ fn boot(
         if let Some(status) = child.try_wait()? {
             break status;
         }
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(Duration::from_millis(20));
     };
-    if let Some(s) = server.as_mut() {
+    for (_, s, _) in &mut servers {
         s.stop();
     }
     let code = status.code().unwrap_or(-1);
     let text = std::fs::read_to_string(&results).unwrap_or_default();
-    let mut runs = Vec::new();
+    let mut slices: BTreeMap<(String, String), Vec<Value>> = BTreeMap::new();
     for line in text.lines() {
         let Ok(v) = serde_json::from_str::<Value>(line) else {
             continue;
         };
         let name = v.get("name").and_then(Value::as_str).unwrap_or_default();
-        let Some((engine, qd)) = parse_point(name) else {
+        let Some((point, serial)) = name.split_once('@') else {
             continue;
         };
         if let Some(err) = v.get("err").filter(|e| e.is_string()) {
             eprintln!("bench --guest:   {name}: fio failed: {err}");
             continue;
         }
-        let f = |k: &str| v.get(k).and_then(Value::as_f64).unwrap_or(0.0);
-        let window = windows.get(name).copied().unwrap_or_default();
-        let per_io = match window {
-            (Some(a), Some(b)) => {
-                let ios = b.io_commands.saturating_sub(a.io_commands);
-                let d = ios.max(1) as f64;
-                Some((
-                    b.traps.saturating_sub(a.traps) as f64 / d,
-                    b.interrupts.saturating_sub(a.interrupts) as f64 / d,
-                    ios,
-                ))
+        slices
+            .entry((point.to_string(), serial.to_string()))
+            .or_default()
+            .push(v);
+    }
+    let mut runs = Vec::new();
+    for &device in devices {
+        let serial = device.serial();
+        for &engine in &opts.engines {
+            for &qd in &opts.qd {
+                let point = format!("{}-qd{qd}", engine.name());
+                let Some(measured) = slices.get(&(point.clone(), serial.clone())) else {
+                    eprintln!("bench --guest:   {point} on {}: no result", device.label());
+                    continue;
+                };
+                let Some(fio) = Slices::sum(measured) else {
+                    continue;
+                };
+                let per_io = match windows.get(&(point.clone(), serial.clone())) {
+                    Some((Some(a), Some(b))) => Some(a.per_io(b)),
+                    _ if matches!(device, Device::Vnvme { .. }) => {
+                        eprintln!(
+                            "bench --guest:   {point} on {}: no stats window (markers or stats file missing)",
+                            device.label()
+                        );
+                        None
+                    }
+                    _ => None,
+                };
+                let run = GuestRun {
+                    device: match device {
+                        Device::QemuNvme { .. } => "qemu-nvme",
+                        Device::Vnvme { .. } => "vnvme",
+                    },
+                    mode: match device {
+                        Device::Vnvme { mode, .. } => Some(mode.to_string()),
+                        Device::QemuNvme { .. } => None,
+                    },
+                    dbcs: match device {
+                        Device::QemuNvme { dbcs } => Some(dbcs),
+                        Device::Vnvme { .. } => None,
+                    },
+                    b_args: match device {
+                        Device::Vnvme { b: true, .. } => opts.b_args.as_ref().map(|a| a.join(" ")),
+                        _ => None,
+                    },
+                    engine,
+                    qd,
+                    iops: fio.iops(),
+                    slices: fio.slices,
+                    traps_per_io: per_io.map(|p| p.0),
+                    interrupts_per_io: per_io.map(|p| p.1),
+                    guest_interrupts_per_io: fio.guest_interrupts_per_io(),
+                    clat_p50_us: fio.p50_us,
+                    clat_p99_us: fio.p99_us,
+                    lat_mean_us: fio.lat_mean_us,
+                    server_ios: per_io.map(|p| p.2),
+                    host_cores: cores
+                        .get(&format!("{point}@{serial}"))
+                        .and_then(cpu::Window::cores),
+                };
+                let per = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.3}"));
+                eprintln!(
+                    "bench --guest:   {:<19} {:<9} qd {:>3}: {:>8.0} IOPS, traps/IO {}, irq/IO {} (guest {}), p99 {:.0} us{}",
+                    device.label(),
+                    engine.name(),
+                    qd,
+                    run.iops,
+                    per(run.traps_per_io),
+                    per(run.interrupts_per_io),
+                    per(run.guest_interrupts_per_io),
+                    run.clat_p99_us,
+                    run.host_cores.as_ref().map_or(String::new(), cores_line)
+                );
+                runs.push(run);
             }
-            _ => None,
-        };
-        if server.is_some() && per_io.is_none() {
-            eprintln!("bench --guest:   {name}: no stats window (markers or stats file missing)");
         }
-        let run = GuestRun {
-            device: match config {
-                Config::QemuNvme { .. } => "qemu-nvme",
-                Config::Vnvme(_) => "vnvme",
-            },
-            mode: match config {
-                Config::Vnvme(m) => Some(m.to_string()),
-                Config::QemuNvme { .. } => None,
-            },
-            dbcs: match config {
-                Config::QemuNvme { dbcs } => Some(dbcs),
-                Config::Vnvme(_) => None,
-            },
-            engine,
-            qd,
-            iops: f("iops"),
-            traps_per_io: per_io.map(|p| p.0),
-            interrupts_per_io: per_io.map(|p| p.1),
-            guest_interrupts_per_io: guest_interrupts_per_io(&v),
-            clat_p50_us: f("clat_p50_us"),
-            clat_p99_us: f("clat_p99_us"),
-            lat_mean_us: f("lat_mean_us"),
-            server_ios: per_io.map(|p| p.2),
-            host_cores: match cpu_windows.get(name) {
-                Some((Some(a), Some(b))) => Some(cpu::between(a, b)),
-                _ => None,
-            },
-        };
-        let per = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.3}"));
-        eprintln!(
-            "bench --guest:   {:<9} qd {:>3}: {:>8.0} IOPS, traps/IO {}, irq/IO {} (guest {}), p99 {:.0} us{}",
-            engine.name(),
-            qd,
-            run.iops,
-            per(run.traps_per_io),
-            per(run.interrupts_per_io),
-            per(run.guest_interrupts_per_io),
-            run.clat_p99_us,
-            run.host_cores.as_ref().map_or(String::new(), cores_line)
-        );
-        runs.push(run);
     }
     if code != 0 {
         let last = std::fs::read_to_string(&harness).unwrap_or_default();
@@ -581,6 +724,65 @@ fn boot(
     Ok(runs)
 }
 
+/// One device's fio slices at one point, summed.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Slices {
+    slices: u32,
+    /// I/Os after the ramps, and the seconds they took.
+    ios: f64,
+    secs: f64,
+    /// I/Os with each ramp counted at its slice's rate: what the guest's
+    /// interrupt count spans.
+    ios_with_ramp: f64,
+    guest_irqs: Option<f64>,
+    /// Means over the slices (a percentile of the union is not kept by fio's
+    /// terse output; each slice has thousands of I/Os).
+    p50_us: f64,
+    p99_us: f64,
+    /// Weighted by each slice's I/Os.
+    lat_mean_us: f64,
+}
+
+impl Slices {
+    /// `None` for no slice with I/O.
+    fn sum(results: &[Value]) -> Option<Self> {
+        let mut s = Self {
+            guest_irqs: Some(0.0),
+            ..Self::default()
+        };
+        for v in results {
+            let f = |k: &str| v.get(k).and_then(Value::as_f64);
+            let (Some(iops), Some(ms)) = (f("iops"), f("runtime_ms")) else {
+                continue;
+            };
+            let ios = f("io_kib").map_or(iops * ms / 1000.0, |k| k / 4.0);
+            s.slices += 1;
+            s.ios += ios;
+            s.secs += ms / 1000.0;
+            s.ios_with_ramp += ios + iops * RAMP;
+            s.guest_irqs = s.guest_irqs.zip(f("guest_irqs")).map(|(a, b)| a + b);
+            s.p50_us += f("clat_p50_us").unwrap_or(0.0);
+            s.p99_us += f("clat_p99_us").unwrap_or(0.0);
+            s.lat_mean_us += f("lat_mean_us").unwrap_or(0.0) * ios;
+        }
+        if s.slices == 0 || s.ios <= 0.0 {
+            return None;
+        }
+        s.p50_us /= f64::from(s.slices);
+        s.p99_us /= f64::from(s.slices);
+        s.lat_mean_us /= s.ios;
+        Some(s)
+    }
+
+    fn iops(&self) -> f64 {
+        self.ios / self.secs.max(1e-9)
+    }
+
+    fn guest_interrupts_per_io(&self) -> Option<f64> {
+        self.guest_irqs.map(|n| n / self.ios_with_ramp.max(1.0))
+    }
+}
+
 /// ", cores: vCPUs 1.62 (+0.21 waiting), QEMU 0.10, server 0.85".
 fn cores_line(c: &HostCores) -> String {
     let g = |x: &GroupCores| format!("{:.2} (+{:.2} waiting)", x.ran, x.waited);
@@ -593,13 +795,6 @@ fn cores_line(c: &HostCores) -> String {
         g(&c.vcpus),
         g(&c.qemu_other)
     )
-}
-
-/// "io_uring-qd32" -> (IoUring, 32).
-fn parse_point(name: &str) -> Option<(Engine, u16)> {
-    let (engine, qd) = name.rsplit_once("-qd")?;
-    let engine = engine.parse::<Engine>().ok()?;
-    Some((engine, qd.parse().ok()?))
 }
 
 /// Waits (up to 1.8 s) for the server to rewrite its stats file after
@@ -619,23 +814,25 @@ fn fresh_stats(path: &Path, since: Instant) -> Option<Counters> {
     None
 }
 
-/// A point's guest interrupts per I/O: fio's I/Os with the ramp's second
-/// counted at the measured rate, as the interrupt count spans it.
-fn guest_interrupts_per_io(v: &Value) -> Option<f64> {
-    let irqs = v.get("guest_irqs")?.as_f64()?;
-    let iops = v.get("iops")?.as_f64()?;
-    let secs = v.get("runtime_ms")?.as_f64()? / 1000.0 + 1.0;
-    (iops > 0.0).then(|| irqs / (iops * secs))
-}
-
-/// The reference of a point: QEMU's nvme with dbcs=on, same engine and depth.
+/// The reference of a point: QEMU's nvme with dbcs=on, same engine and
+/// depth; without it (`VNVME_BENCH_NO_QEMU=1`) the point's first device.
 fn reference(runs: &[GuestRun], engine: Engine, qd: u16) -> Option<f64> {
-    runs.iter()
-        .find(|r| {
-            r.device == "qemu-nvme" && r.dbcs == Some(true) && r.engine == engine && r.qd == qd
-        })
+    let point = || runs.iter().filter(|r| r.engine == engine && r.qd == qd);
+    point()
+        .find(|r| r.device == "qemu-nvme" && r.dbcs == Some(true))
+        .or_else(|| point().next())
         .map(|r| r.iops)
         .filter(|&i| i > 0.0)
+}
+
+/// "vnvme adaptive B", "qemu-nvme dbcs=on".
+fn label(r: &GuestRun) -> String {
+    match (&r.mode, r.dbcs) {
+        (Some(m), _) if r.b_args.is_some() => format!("vnvme {m} B"),
+        (Some(m), _) => format!("vnvme {m}"),
+        (None, Some(d)) => format!("qemu-nvme dbcs={}", if d { "on" } else { "off" }),
+        (None, None) => r.device.to_string(),
+    }
 }
 
 /// One table: grouped by engine and depth, one row per device configuration.
@@ -655,11 +852,7 @@ pub fn table(runs: &[GuestRun]) -> String {
     for (engine, qd) in keys {
         let base = reference(runs, engine, qd);
         for r in runs.iter().filter(|r| r.engine == engine && r.qd == qd) {
-            let device = match (&r.mode, r.dbcs) {
-                (Some(m), _) => format!("vnvme {m}"),
-                (None, Some(d)) => format!("qemu-nvme dbcs={}", if d { "on" } else { "off" }),
-                (None, None) => r.device.to_string(),
-            };
+            let device = label(r);
             let ratio = base.map_or("-".to_string(), |b| format!("{:.2}x", r.iops / b));
             let per = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.3}"));
             let _ = writeln!(
@@ -677,6 +870,14 @@ pub fn table(runs: &[GuestRun]) -> String {
             );
         }
     }
+    if !runs.iter().any(|r| r.device == "qemu-nvme") {
+        if let Some(first) = runs.first() {
+            let _ = writeln!(s, "(no QEMU nvme: \"vs qemu\" is to {})", label(first));
+        }
+    }
+    if let Some(b) = runs.iter().find_map(|r| r.b_args.as_ref()) {
+        let _ = writeln!(s, "B: served with {b} too");
+    }
     s
 }
 
@@ -689,9 +890,11 @@ mod tests {
             device,
             mode: mode.map(str::to_string),
             dbcs,
+            b_args: None,
             engine: Engine::IoUring,
             qd: 4,
             iops,
+            slices: 8,
             traps_per_io: mode.map(|_| 0.05),
             interrupts_per_io: mode.map(|_| 1.0),
             guest_interrupts_per_io: Some(0.5),
@@ -704,18 +907,52 @@ mod tests {
     }
 
     #[test]
-    fn guest_interrupts_count_the_ramp_second_at_the_measured_rate() {
-        let v = serde_json::json!({"guest_irqs": 3000, "iops": 1000, "runtime_ms": 5000});
-        assert_eq!(guest_interrupts_per_io(&v), Some(0.5));
-        let no_count = serde_json::json!({"iops": 1000, "runtime_ms": 5000});
-        assert_eq!(guest_interrupts_per_io(&no_count), None);
+    fn slices_sum_to_ios_over_seconds_with_ramps_in_the_interrupt_count() {
+        let slice = |iops: f64, p99: f64, irqs: u64| {
+            serde_json::json!({"iops": iops, "io_kib": iops * 4.0, "runtime_ms": 1000,
+                "clat_p50_us": 100, "clat_p99_us": p99, "lat_mean_us": 1e6 / iops,
+                "guest_irqs": irqs})
+        };
+        let s = Slices::sum(&[slice(1000.0, 300.0, 750), slice(3000.0, 500.0, 2250)]).unwrap();
+        assert_eq!(s.slices, 2);
+        assert_eq!(s.iops(), 2000.0);
+        assert_eq!(s.p99_us, 400.0);
+        // 4000 I/Os measured, 2000 more in the two 0.5 s ramps.
+        assert_eq!(s.guest_interrupts_per_io(), Some(0.5));
+        // Means weighted by I/Os: (1000 × 1000 + 3000 × 333.3) / 4000.
+        assert!((s.lat_mean_us - 500.0).abs() < 0.1, "{}", s.lat_mean_us);
+
+        let no_count = serde_json::json!({"iops": 10, "runtime_ms": 1000});
+        let s = Slices::sum(&[no_count]).unwrap();
+        assert_eq!(s.guest_interrupts_per_io(), None);
+        assert_eq!(Slices::sum(&[]), None);
     }
 
     #[test]
-    fn point_names_parse_back() {
-        assert_eq!(parse_point("io_uring-qd32"), Some((Engine::IoUring, 32)));
-        assert_eq!(parse_point("libaio-qd1"), Some((Engine::Libaio, 1)));
-        assert_eq!(parse_point("sync-qd1"), None);
+    fn the_guest_script_rotates_every_device_each_round() {
+        let opts = GuestBenchOptions {
+            modes: vec![DoorbellMode::Adaptive],
+            qd: vec![1, 32],
+            engines: vec![Engine::IoUring],
+            runtime: 3.0,
+            qemu_nvme: true,
+            serve_args: Vec::new(),
+            b_args: None,
+            json: None,
+            rig: GuestBenchOptions::default_rig(),
+        };
+        let devices = [
+            Device::QemuNvme { dbcs: true },
+            Device::Vnvme {
+                mode: DoorbellMode::Adaptive,
+                b: false,
+            },
+        ];
+        let s = guest_script(&opts, &devices);
+        assert!(s.contains(r#"DEVS="qemu-dbcs-on vnvme-adaptive""#), "{s}");
+        assert!(s.contains("-lt 3 ]"), "{s}");
+        assert!(s.contains("--runtime=1 --ramp_time=500ms"), "{s}");
+        assert!(devices.iter().all(|d| d.serial().len() <= 20));
     }
 
     #[test]
@@ -774,10 +1011,17 @@ mod tests {
         assert_eq!(t.lines(&p), vec!["VNVME-BENCH-BEGIN io_uring-qd1"]);
         std::fs::write(
             &p,
-            "boot\r\n[ 1.0] x VNVME-BENCH-BEGIN io_uring-qd1\r\nVNVME-BENCH-END io_uring-qd1\r\n",
+            "boot\r\n[ 1.0] x VNVME-BENCH-BEGIN io_uring-qd1\r\nVNVME-BENCH-END io_uring-qd1\r\n\
+             VNVME-BENCH-SLICE io_uring-qd1@vnvme-trap\r\n",
         )
         .unwrap();
-        assert_eq!(t.lines(&p), vec!["VNVME-BENCH-END io_uring-qd1"]);
+        assert_eq!(
+            t.lines(&p),
+            vec![
+                "VNVME-BENCH-END io_uring-qd1",
+                "VNVME-BENCH-SLICE io_uring-qd1@vnvme-trap"
+            ]
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
