@@ -68,6 +68,12 @@ pub struct ControllerConfig {
     /// the core a guest's vCPUs need. On by default; off, always the usual
     /// class.
     pub idle_class: bool,
+    /// Hold an I/O CQ's interrupt while its host is still submitting below
+    /// the queue depth it has shown, so that a host filling its queue gets
+    /// one interrupt when it is full (the `irq_batch` module); at most
+    /// 1 ms, and never when the host asked for Interrupt Coalescing or
+    /// disabled it on the vector. On by default.
+    pub batch_interrupts: bool,
     /// Handlers of vendor specific admin and I/O opcodes (C0h-FFh); the
     /// default holds the built-in examples (see [`crate::vendor`]).
     pub vendor: VendorCommands,
@@ -146,6 +152,7 @@ impl Default for ControllerConfig {
             adaptive_window: false,
             doze: DEFAULT_DOZE,
             idle_class: true,
+            batch_interrupts: true,
             vendor: VendorCommands::builtin(),
             ready_timeout: DEFAULT_READY_TIMEOUT,
             max_namespaces: 0,

@@ -30,6 +30,7 @@ mod firmware;
 mod inflight;
 mod io;
 mod io_request;
+mod irq_batch;
 mod keep_alive;
 mod mailbox;
 pub mod memory;

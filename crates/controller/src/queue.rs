@@ -9,6 +9,7 @@ use vnvme_spec::{Command, Completion};
 use zerocopy::IntoBytes;
 
 use crate::doorbell::{DoorbellSource, Doorbells, EventIdx};
+use crate::irq_batch::Batch;
 use crate::memory::{DmaError, GuestMemory};
 
 /// Numbers every queue created, so a completion owed to a queue that was
@@ -181,6 +182,8 @@ pub(crate) struct Cq {
     /// Entries promised to commands in flight on an asynchronous backend:
     /// a command is fetched only if its completion will have room.
     pub reserved: u32,
+    /// The host's submissions, for interrupt batching.
+    pub batch: Batch,
 }
 
 impl Cq {
@@ -202,6 +205,7 @@ impl Cq {
             irq_since: None,
             bad_head: None,
             reserved: 0,
+            batch: Batch::default(),
         }
     }
 
@@ -245,6 +249,13 @@ impl Cq {
     pub fn set_source(&mut self, source: DoorbellSource) {
         self.source = source;
         self.event_idx.reset();
+    }
+
+    /// Entries the host has outstanding: posted and not yet reaped (as of
+    /// the last head read), or in flight on an asynchronous backend.
+    pub fn outstanding(&self) -> u32 {
+        self.distance(self.head, self.tail)
+            .saturating_add(self.reserved)
     }
 
     /// No room for another command's completion: the entries posted and

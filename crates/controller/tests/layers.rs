@@ -30,6 +30,7 @@ const LAYERS: &[&[&str]] = &[
         "backend_error",
         "mailbox",
         "poll_window",
+        "irq_batch",
         "uncorrectable",
         "keep_alive",
         "firmware",

@@ -132,6 +132,11 @@ pub struct PollingOptions {
     /// vCPUs), and back when it has a core again or starves.
     #[arg(long)]
     pub no_idle_class: bool,
+    /// Raise each I/O completion's interrupt at once. By default an interrupt waits (at most 1
+    /// ms) while the host is still submitting below the queue depth it has shown, so a host
+    /// that fills its queue gets one interrupt when it is full; a host at QD 1 is never held.
+    #[arg(long)]
+    pub no_irq_batching: bool,
 }
 
 impl PollingOptions {
@@ -149,6 +154,9 @@ impl PollingOptions {
         }
         if self.no_idle_class {
             args.push("--no-idle-class".to_string());
+        }
+        if self.no_irq_batching {
+            args.push("--no-irq-batching".to_string());
         }
         args
     }
@@ -172,6 +180,7 @@ impl DeviceOptions {
                 .doze_us
                 .map_or(DEFAULT_DOZE, std::time::Duration::from_micros),
             idle_class: !self.polling.no_idle_class,
+            batch_interrupts: !self.polling.no_irq_batching,
             model: self.model.clone(),
             ready_timeout: self.ready_timeout.unwrap_or(DEFAULT_READY_TIMEOUT),
             max_namespaces: self.max_namespaces,

@@ -24,8 +24,20 @@ pub(super) fn next_deadline(shared: &Shared, timers: &[u16]) -> Option<Instant> 
     if timers.is_empty() {
         return None;
     }
+    let time = aggregation_time(shared);
+    if time.is_zero() {
+        // Batched interrupts: the earliest CQ's.
+        return timers
+            .iter()
+            .filter_map(|&cqid| {
+                let g = shared.cqs.get(usize::from(cqid))?.lock();
+                let cq = g.as_ref()?;
+                Some(cq.batch.deadline(cq.irq_since?))
+            })
+            .min();
+    }
     // Coarse: wake after one aggregation time and re-check every CQ.
-    Some(Instant::now() + aggregation_time(shared).max(Duration::from_micros(50)))
+    Some(Instant::now() + time.max(Duration::from_micros(50)))
 }
 
 pub(super) fn fire_timers(shared: &Shared, session: &Session, timers: &mut Vec<u16>) {
@@ -52,16 +64,57 @@ pub(super) fn settle_interrupt(shared: &Shared, session: &Session, cq: &mut Cq) 
     let thr_z = c & 0xFF;
     let time = aggregation_time(shared);
     let exempt = cq.qid == 0
-        || time.is_zero()
         || shared
             .coalescing_disabled
             .get(usize::from(cq.iv))
             .is_some_and(|d| d.load(Ordering::Relaxed));
-    let due = exempt || cq.irq_pending > thr_z || cq.irq_since.is_none_or(|t| t.elapsed() >= time);
+    let due = if exempt {
+        true
+    } else if time.is_zero() {
+        match batched(shared, session, cq) {
+            Batched::Raise => true,
+            Batched::Hold => false,
+            Batched::Reaped => {
+                cq.irq_pending = 0;
+                cq.irq_since = None;
+                return true;
+            }
+        }
+    } else {
+        cq.irq_pending > thr_z || cq.irq_since.is_none_or(|t| t.elapsed() >= time)
+    };
     if due {
         raise(shared, session, cq);
     }
     due
+}
+
+/// What interrupt batching ([`crate::irq_batch`]) makes of a pending interrupt.
+enum Batched {
+    Raise,
+    /// The host is still filling its queue.
+    Hold,
+    /// The host has reaped every entry posted (while its interrupt was
+    /// held): nothing is left to signal.
+    Reaped,
+}
+
+fn batched(shared: &Shared, session: &Session, cq: &mut Cq) -> Batched {
+    let Some(since) = cq.irq_since else {
+        return Batched::Raise;
+    };
+    if !shared.config.batch_interrupts || !cq.ien || !cq.batch.slow() {
+        return Batched::Raise;
+    }
+    refresh_cq_head(shared, session, cq);
+    if cq.head == cq.tail {
+        return Batched::Reaped;
+    }
+    if cq.batch.hold(cq.outstanding(), since, Instant::now()) {
+        Batched::Hold
+    } else {
+        Batched::Raise
+    }
 }
 
 pub(super) fn raise(shared: &Shared, session: &Session, cq: &mut Cq) {

@@ -51,10 +51,19 @@ pub(super) struct Server {
 }
 
 impl Server {
-    /// `vnvme serve` with its socket and log in `dir`, counters in `stats`,
-    /// and `args` (namespaces, doorbell mode, ...).
-    pub(super) fn start(dir: &Path, stats: &Path, args: &[String]) -> Result<Self> {
-        let exe = std::env::current_exe().context("finding the vnvme executable")?;
+    /// `vnvme serve` (of `exe`, or this executable) with its socket and log
+    /// in `dir`, counters in `stats`, and `args` (namespaces, doorbell
+    /// mode, ...).
+    pub(super) fn start(
+        exe: Option<&Path>,
+        dir: &Path,
+        stats: &Path,
+        args: &[String],
+    ) -> Result<Self> {
+        let exe = match exe {
+            Some(e) => e.to_path_buf(),
+            None => std::env::current_exe().context("finding the vnvme executable")?,
+        };
         let socket = dir.join("vnvme.sock");
         let log = dir.join("serve.log");
         let mut cmd = Command::new(&exe);

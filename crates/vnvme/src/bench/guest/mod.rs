@@ -107,9 +107,8 @@ pub struct GuestBenchOptions {
     pub qemu_nvme: bool,
     /// Extra `vnvme serve` arguments (e.g. `--idle-poll-us 20`).
     pub serve_args: Vec<String>,
-    /// An A/B experiment in one boot: a second server per mode, with these
-    /// extra arguments too (`VNVME_BENCH_B_ARGS`).
-    pub b_args: Option<Vec<String>>,
+    /// An A/B experiment in one boot: a second server per mode.
+    pub b: Option<BServer>,
     pub json: Option<PathBuf>,
     /// The guest rig (`tests/guest`).
     pub rig: PathBuf,
@@ -124,9 +123,10 @@ impl GuestBenchOptions {
     /// `--runtime` become 1,4,16,32 and 8 s (a guest point costs seconds of
     /// boot-free but slow TCG time). Experiment knobs from the environment:
     /// `VNVME_BENCH_SERVE_ARGS` (extra `vnvme serve` arguments, split on
-    /// whitespace), `VNVME_BENCH_NO_QEMU=1` (no reference devices) and
-    /// `VNVME_BENCH_B_ARGS` (a second server per mode with these arguments
-    /// too: an A/B comparison over the same seconds).
+    /// whitespace), `VNVME_BENCH_NO_QEMU=1` (no reference devices), and
+    /// `VNVME_BENCH_B_EXE` and/or `VNVME_BENCH_B_ARGS`: a second server per
+    /// mode, run from another vnvme executable and/or with more arguments,
+    /// for an A/B comparison over the same seconds.
     pub fn from_bench(opts: &super::BenchOptions) -> Self {
         let qd = if opts.qd.0 == INPROC_QDS {
             vec![1, 4, 16, 32]
@@ -149,9 +149,7 @@ impl GuestBenchOptions {
                 .into_iter()
                 .chain(opts.polling.serve_args())
                 .collect(),
-            b_args: std::env::var("VNVME_BENCH_B_ARGS")
-                .ok()
-                .map(|a| a.split_whitespace().map(str::to_string).collect()),
+            b: BServer::from_env(),
             json: opts.json.clone(),
             rig: Self::default_rig(),
         }
@@ -163,6 +161,43 @@ impl GuestBenchOptions {
             || Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/guest"),
             PathBuf::from,
         )
+    }
+}
+
+/// The B server of an A/B experiment: another executable (a build of other
+/// code), more arguments, or both.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BServer {
+    pub exe: Option<PathBuf>,
+    pub args: Vec<String>,
+}
+
+impl BServer {
+    /// From `VNVME_BENCH_B_EXE` and `VNVME_BENCH_B_ARGS`; `None` without
+    /// either.
+    fn from_env() -> Option<Self> {
+        let exe = std::env::var_os("VNVME_BENCH_B_EXE").map(PathBuf::from);
+        let args = std::env::var("VNVME_BENCH_B_ARGS").ok();
+        if exe.is_none() && args.is_none() {
+            return None;
+        }
+        Some(Self {
+            exe,
+            args: args
+                .unwrap_or_default()
+                .split_whitespace()
+                .map(str::to_string)
+                .collect(),
+        })
+    }
+
+    /// "/tmp/old/vnvme --no-idle-class".
+    fn describe(&self) -> String {
+        let exe = self
+            .exe
+            .as_ref()
+            .map_or("this vnvme".to_string(), |e| e.display().to_string());
+        format!("{exe} {}", self.args.join(" ")).trim().to_string()
     }
 }
 
@@ -181,7 +216,7 @@ enum Device {
     QemuNvme {
         dbcs: bool,
     },
-    /// `b`: the second server of this mode, with `GuestBenchOptions::b_args`.
+    /// `b`: the second server of this mode, `GuestBenchOptions::b`.
     Vnvme {
         mode: DoorbellMode,
         b: bool,
@@ -217,8 +252,10 @@ pub struct GuestRun {
     pub mode: Option<String>,
     /// QEMU's nvme `dbcs` property; null for vnvme.
     pub dbcs: Option<bool>,
-    /// The B server's extra arguments (`VNVME_BENCH_B_ARGS`); null otherwise.
-    pub b_args: Option<String>,
+    /// The B server of an A/B experiment (`VNVME_BENCH_B_EXE`,
+    /// `VNVME_BENCH_B_ARGS`): its executable and extra arguments; null
+    /// otherwise.
+    pub b: Option<String>,
     pub engine: Engine,
     pub qd: u16,
     /// fio's I/Os over its measured seconds, all slices.
@@ -298,12 +335,9 @@ pub fn main(opts: &GuestBenchOptions) -> Result<()> {
     }
     for &mode in &opts.modes {
         devices.push(Device::Vnvme { mode, b: false });
-        if let Some(args) = &opts.b_args {
+        if let Some(b) = &opts.b {
             devices.push(Device::Vnvme { mode, b: true });
-            eprintln!(
-                "bench --guest: vnvme {mode} B: served with {}",
-                args.join(" ")
-            );
+            eprintln!("bench --guest: vnvme {mode} B: {}", b.describe());
         }
     }
     let script = tmp.path().join("bench.sh");
@@ -532,10 +566,14 @@ fn boot(
                     device.serial(),
                 ];
                 args.extend(opts.serve_args.iter().cloned());
-                if b {
-                    args.extend(opts.b_args.iter().flatten().cloned());
-                }
-                let server = Server::start(&sdir, &stats, &args)
+                let exe = match (b, &opts.b) {
+                    (true, Some(spec)) => {
+                        args.extend(spec.args.iter().cloned());
+                        spec.exe.clone()
+                    }
+                    _ => None,
+                };
+                let server = Server::start(exe.as_deref(), &sdir, &stats, &args)
                     .with_context(|| format!("starting {}", device.label()))?;
                 cmd.arg("--vfio-user").arg(&server.socket);
                 servers.push((device, server, stats));
@@ -594,9 +632,9 @@ fn boot(
             if !begin {
                 eprintln!("bench --guest:   {name} done");
             }
-            let now = Instant::now();
-            for (device, _, stats) in &servers {
-                let snap = fresh_stats(stats, now);
+            let paths: Vec<&Path> = servers.iter().map(|(_, _, p)| p.as_path()).collect();
+            let snaps = fresh_stats(&paths);
+            for ((device, _, _), snap) in servers.iter().zip(snaps) {
                 let w = windows.entry((name.clone(), device.serial())).or_default();
                 if begin {
                     w.0 = snap;
@@ -670,8 +708,8 @@ fn boot(
                         Device::QemuNvme { dbcs } => Some(dbcs),
                         Device::Vnvme { .. } => None,
                     },
-                    b_args: match device {
-                        Device::Vnvme { b: true, .. } => opts.b_args.as_ref().map(|a| a.join(" ")),
+                    b: match device {
+                        Device::Vnvme { b: true, .. } => opts.b.as_ref().map(BServer::describe),
                         _ => None,
                     },
                     engine,
@@ -797,21 +835,27 @@ fn cores_line(c: &HostCores) -> String {
     )
 }
 
-/// Waits (up to 1.8 s) for the server to rewrite its stats file after
-/// `since`, then reads it. `None` if it never did or does not parse.
-fn fresh_stats(path: &Path, since: Instant) -> Option<Counters> {
-    let wall = SystemTime::now();
-    while since.elapsed() < Duration::from_millis(1800) {
-        let fresh = std::fs::metadata(path)
-            .and_then(|m| m.modified())
-            .is_ok_and(|t| t > wall);
-        if fresh {
-            let v: Value = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
-            return Counters::parse(&v);
+/// Waits (up to 1.8 s in all) for each server to rewrite its stats file
+/// after now, then reads them. `None` for one that never did or does not
+/// parse.
+fn fresh_stats(paths: &[&Path]) -> Vec<Option<Counters>> {
+    let (since, wall) = (Instant::now(), SystemTime::now());
+    let mut snaps: Vec<Option<Option<Counters>>> = vec![None; paths.len()];
+    while since.elapsed() < Duration::from_millis(1800) && snaps.iter().any(Option::is_none) {
+        for (path, snap) in paths.iter().zip(&mut snaps) {
+            let fresh = std::fs::metadata(path)
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t > wall);
+            if snap.is_none() && fresh {
+                let v = std::fs::read(path)
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<Value>(&b).ok());
+                *snap = Some(v.as_ref().and_then(Counters::parse));
+            }
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    None
+    snaps.into_iter().map(Option::flatten).collect()
 }
 
 /// The reference of a point: QEMU's nvme with dbcs=on, same engine and
@@ -828,7 +872,7 @@ fn reference(runs: &[GuestRun], engine: Engine, qd: u16) -> Option<f64> {
 /// "vnvme adaptive B", "qemu-nvme dbcs=on".
 fn label(r: &GuestRun) -> String {
     match (&r.mode, r.dbcs) {
-        (Some(m), _) if r.b_args.is_some() => format!("vnvme {m} B"),
+        (Some(m), _) if r.b.is_some() => format!("vnvme {m} B"),
         (Some(m), _) => format!("vnvme {m}"),
         (None, Some(d)) => format!("qemu-nvme dbcs={}", if d { "on" } else { "off" }),
         (None, None) => r.device.to_string(),
@@ -875,8 +919,8 @@ pub fn table(runs: &[GuestRun]) -> String {
             let _ = writeln!(s, "(no QEMU nvme: \"vs qemu\" is to {})", label(first));
         }
     }
-    if let Some(b) = runs.iter().find_map(|r| r.b_args.as_ref()) {
-        let _ = writeln!(s, "B: served with {b} too");
+    if let Some(b) = runs.iter().find_map(|r| r.b.as_ref()) {
+        let _ = writeln!(s, "B: {b}");
     }
     s
 }
@@ -890,7 +934,7 @@ mod tests {
             device,
             mode: mode.map(str::to_string),
             dbcs,
-            b_args: None,
+            b: None,
             engine: Engine::IoUring,
             qd: 4,
             iops,
@@ -937,7 +981,7 @@ mod tests {
             runtime: 3.0,
             qemu_nvme: true,
             serve_args: Vec::new(),
-            b_args: None,
+            b: None,
             json: None,
             rig: GuestBenchOptions::default_rig(),
         };

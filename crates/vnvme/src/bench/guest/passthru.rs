@@ -56,7 +56,7 @@ pub fn main(opts: &PassthruOptions) -> Result<()> {
     };
     let mut serve_args = vec!["--ns".to_string(), ns];
     serve_args.extend(serve_args_from_env());
-    let mut server = Server::start(dir, &dir.join("stats.json"), &serve_args)?;
+    let mut server = Server::start(None, dir, &dir.join("stats.json"), &serve_args)?;
 
     let points = opts.apis.0.len() * opts.qd.0.len();
     let samples = points * usize::from(opts.reps);
