@@ -3,7 +3,7 @@
 //! QEMU's built-in `nvme` (null-co, reads no data) with shadow doorbells on
 //! and off, and one `vnvme serve --ns 1G:null` per doorbell mode — told apart
 //! in the guest by their serial numbers. Per engine × queue depth, fio 4 KiB
-//! randread runs in rounds: one slice ([`SLICE`] s after a [`RAMP`] s ramp)
+//! randread runs in rounds: one slice (1 s after a 0.5 s ramp)
 //! on each device in turn, the order rotated by one every round, until each
 //! device has had `--runtime` seconds. So the devices are compared over the
 //! same seconds of a host whose speed drifts 2x in minutes, which separate
@@ -260,7 +260,7 @@ pub struct GuestRun {
     pub qd: u16,
     /// fio's I/Os over its measured seconds, all slices.
     pub iops: f64,
-    /// fio slices the point's figures sum ([`SLICE`] seconds each).
+    /// fio slices the point's figures sum (1 s each).
     pub slices: u32,
     /// (SQ + CQ doorbell traps) / I/O commands, from the server's counters;
     /// null for QEMU's nvme.
