@@ -70,8 +70,9 @@ pub struct ControllerConfig {
     pub idle_class: bool,
     /// Hold an I/O CQ's interrupt while its host is still submitting below
     /// the queue depth it has shown, so that a host filling its queue gets
-    /// one interrupt when it is full (the `irq_batch` module); at most
-    /// 1 ms, and never when the host asked for Interrupt Coalescing or
+    /// one interrupt when it is full (the `irq_batch` module): only a slow
+    /// host (commands more than 25 µs apart, as from a TCG guest), at most
+    /// 2 ms, and never when the host asked for Interrupt Coalescing or
     /// disabled it on the vector. On by default.
     pub batch_interrupts: bool,
     /// Handlers of vendor specific admin and I/O opcodes (C0h-FFh); the

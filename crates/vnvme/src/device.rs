@@ -132,9 +132,10 @@ pub struct PollingOptions {
     /// vCPUs), and back when it has a core again or starves.
     #[arg(long)]
     pub no_idle_class: bool,
-    /// Raise each I/O completion's interrupt at once. By default an interrupt waits (at most 1
-    /// ms) while the host is still submitting below the queue depth it has shown, so a host
-    /// that fills its queue gets one interrupt when it is full; a host at QD 1 is never held.
+    /// Raise each I/O completion's interrupt at once. By default, for a slow host (commands more
+    /// than 25 µs apart, as from a TCG guest), an interrupt waits (at most 2 ms) while the host is
+    /// still submitting below the queue depth it has shown, so a host that fills its queue gets
+    /// one interrupt when it is full; a host at QD 1 is never held.
     #[arg(long)]
     pub no_irq_batching: bool,
 }
