@@ -187,3 +187,36 @@ impl Drop for TempDir {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn markers_are_found_after_kernel_output() {
+        let dir = std::env::temp_dir().join(format!("vnvme-tail-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("c.log");
+        std::fs::write(
+            &p,
+            "boot\r\n[ 1.0] x VNVME-BENCH-BEGIN io_uring-qd1\r\nVNVME-BENCH-E",
+        )
+        .unwrap();
+        let mut t = Tail::default();
+        assert_eq!(t.lines(&p), vec!["VNVME-BENCH-BEGIN io_uring-qd1"]);
+        std::fs::write(
+            &p,
+            "boot\r\n[ 1.0] x VNVME-BENCH-BEGIN io_uring-qd1\r\nVNVME-BENCH-END io_uring-qd1\r\n\
+             VNVME-BENCH-SLICE io_uring-qd1@vnvme-trap\r\n",
+        )
+        .unwrap();
+        assert_eq!(
+            t.lines(&p),
+            vec![
+                "VNVME-BENCH-END io_uring-qd1",
+                "VNVME-BENCH-SLICE io_uring-qd1@vnvme-trap"
+            ]
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
