@@ -10,8 +10,9 @@
 #   check_no_nvme_errors       fail (return 1, lines printed) if nvme_errors finds anything
 #   fio_json NAME [FIO ARGS]   run one fio job (group reporting) and print one line
 #                                RESULT {"name":..,"iops":..,"read_iops":..,"write_iops":..,"bw_kib":..,
-#                                        "lat_mean_us":..,"clat_p50_us":..,"clat_p99_us":..,"io_kib":..,"runtime_ms":..,"err":..}
-#                              (read fields when the job reads, else write fields); return = fio's status
+#                                        "lat_mean_us":..,"clat_p50_us":..,"clat_p99_us":..,"clat_pcts_us":[[PCT,US],..],"io_kib":..,"runtime_ms":..,"err":..}
+#                              (read fields when the job reads, else write fields; lat_p50_us.. with
+#                              --lat_percentiles=1); return = fio's status
 #   result_json JSON           print "RESULT JSON" (one line); run-test.sh collects these lines
 #   fio_randread NAME ENGINE QD [SECS] [DEV]   4 KiB random read, direct, time based (default 10 s);
 #                              ENGINE io_uring_cmd (async passthrough): give DEV /dev/ngXnY
@@ -56,9 +57,11 @@ check_no_nvme_errors() {
 result_json() { echo "RESULT $*"; }
 
 # fio terse v3 fields (1-based): 5 error; read: 6 KiB, 7 bw KiB/s, 8 iops, 18-37 clat percentiles, 40 lat mean us;
-# write: 47 KiB, 48 bw, 49 iops, 59-78 clat percentiles, 81 lat mean us
+# write: 47 KiB, 48 bw, 49 iops, 59-78 clat percentiles, 81 lat mean us. With --lat_percentiles=1
+# the percentile fields are of the total latency (submission + completion): named lat_* then.
 fio_json() {
   _name=$1; shift
+  _k=clat; case " $* " in *" --lat_percentiles=1 "*) _k=lat ;; esac
   _out=$(fio --name="$_name" --group_reporting --output-format=terse --terse-version=3 "$@" 2>&1)
   _rc=$?
   _line=$(echo "$_out" | grep '^3;' | tail -1)
@@ -69,17 +72,24 @@ fio_json() {
     [ $_rc = 0 ] && _rc=1
     return $_rc
   fi
-  echo "$_line" | awk -F';' -v name="$_name" '
+  echo "$_line" | awk -F';' -v name="$_name" -v k="$_k" '
     function pct(a, b, want,   i, kv) {     # clat percentile "99.000000%=123" in fields a..b
       for (i = a; i <= b; i++) { split($i, kv, "%="); if (kv[1] + 0 == want) return kv[2] + 0 }
       return -1
     }
+    function pcts(a, b,   i, kv, out) {    # every clat percentile in fields a..b as [[p, us], ...]
+      for (i = a; i <= b; i++) {
+        split($i, kv, "%="); if (kv[1] + 0 <= 0) continue
+        out = out (out == "" ? "" : ",") "[" kv[1] + 0 "," kv[2] + 0 "]"
+      }
+      return "[" out "]"
+    }
     {
       rd = ($8 + 0 > 0 || $49 + 0 == 0)
-      if (rd) { bw = $7; lat = $40; p50 = pct(18, 37, 50); p99 = pct(18, 37, 99) }
-      else    { bw = $48; lat = $81; p50 = pct(59, 78, 50); p99 = pct(59, 78, 99) }
-      printf "RESULT {\"name\":\"%s\",\"iops\":%d,\"read_iops\":%d,\"write_iops\":%d,\"bw_kib\":%d,\"lat_mean_us\":%.1f,\"clat_p50_us\":%d,\"clat_p99_us\":%d,\"io_kib\":%d,\"runtime_ms\":%d,\"err\":%d}\n",
-        name, $8 + $49, $8, $49, bw, lat, p50, p99, $6 + $47, ($9 > $50 ? $9 : $50), $5
+      if (rd) { bw = $7; lat = $40; a = 18 } else { bw = $48; lat = $81; a = 59 }
+      printf "RESULT {\"name\":\"%s\",\"iops\":%d,\"read_iops\":%d,\"write_iops\":%d,\"bw_kib\":%d,\"lat_mean_us\":%.1f,\"%s_p50_us\":%d,\"%s_p99_us\":%d,\"%s_pcts_us\":%s,\"io_kib\":%d,\"runtime_ms\":%d,\"err\":%d}\n",
+        name, $8 + $49, $8, $49, bw, lat, k, pct(a, a + 19, 50), k, pct(a, a + 19, 99), k, pcts(a, a + 19),
+        $6 + $47, ($9 > $50 ? $9 : $50), $5
     }'
   [ "$(echo "$_line" | cut -d';' -f5)" = 0 ] || return 1
   return $_rc

@@ -2,7 +2,7 @@
 //! devices found by serial number, fio slices in rotated rounds, marker
 //! lines for the host) and the QEMU arguments that attach QEMU's nvme.
 
-use super::{Device, GuestBenchOptions, BEGIN, END, QUIET, RAMP, SLICE, SLICE_MARK};
+use super::{Device, GuestBenchOptions, BEGIN, END, PERCENTILES, QUIET, RAMP, SLICE, SLICE_MARK};
 
 /// The guest side: the devices found by serial number, then per engine ×
 /// depth a window bracketed by marker lines and quiet periods (for the host's
@@ -55,7 +55,8 @@ for e in {engines}; do
         b=$(bdev_of "$d"); c=$(ctrl_of "$d"); irqs=$(io_irqs "$c")
         echo "{SLICE_MARK}$p@$d"
         out=$(fio_json "$p@$d" --filename="$b" --rw=randread --bs=4k --ioengine="$e" --direct=1 \
-          --iodepth="$q" --numjobs=1 --time_based --runtime={SLICE} --ramp_time={ramp_ms}ms) || rc=1
+          --iodepth="$q" --numjobs=1 --time_based --runtime={SLICE} --ramp_time={ramp_ms}ms \
+          --lat_percentiles=1 --percentile_list={PERCENTILES}) || rc=1
         echo "{SLICE_MARK}-"
         irqs=$(($(io_irqs "$c") - irqs))
         echo "$out" | sed "s/^RESULT {{/RESULT {{\"guest_irqs\":$irqs,/"

@@ -58,7 +58,7 @@ pub fn table(runs: &[GuestRun]) -> String {
                 per(r.traps_per_io),
                 per(r.interrupts_per_io),
                 per(r.guest_interrupts_per_io),
-                r.clat_p99_us
+                r.lat_p99_us
             );
         }
     }
@@ -91,8 +91,8 @@ mod tests {
             traps_per_io: mode.map(|_| 0.05),
             interrupts_per_io: mode.map(|_| 1.0),
             guest_interrupts_per_io: Some(0.5),
-            clat_p50_us: 100.0,
-            clat_p99_us: 300.0,
+            lat_p50_us: 100.0,
+            lat_p99_us: 300.0,
             lat_mean_us: 110.0,
             server_ios: None,
             host_cores: None,
