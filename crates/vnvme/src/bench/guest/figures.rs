@@ -75,7 +75,7 @@ impl Slices {
             guest_irqs: Some(0.0),
             ..Self::default()
         };
-        let mut cdfs: Option<Vec<(f64, Vec<(f64, f64)>)>> = Some(Vec::new());
+        let mut cdfs: Option<Vec<Percentiles>> = Some(Vec::new());
         for v in results {
             let f = |k: &str| v.get(k).and_then(Value::as_f64);
             let (Some(iops), Some(ms)) = (f("iops"), f("runtime_ms")) else {
@@ -117,6 +117,9 @@ impl Slices {
     }
 }
 
+/// A slice's I/O count and its latency percentiles, `(percent, µs)`.
+type Percentiles = (f64, Vec<(f64, f64)>);
+
 /// A slice's latency percentiles (`lat_pcts_us`: `[[percent, us], ...]`),
 /// sorted by percent.
 fn percentiles(v: &Value) -> Option<Vec<(f64, f64)>> {
@@ -137,7 +140,7 @@ fn percentiles(v: &Value) -> Option<Vec<(f64, f64)>> {
 /// by I/Os, which is linear between consecutive points of all slices, so
 /// the crossing is found exactly. A mean of the slices' p99s would let one
 /// slice's hiccup (its 1% slowest) stand for the union's 1% slowest.
-fn union_percentile(slices: &[(f64, Vec<(f64, f64)>)], percent: f64) -> Option<f64> {
+fn union_percentile(slices: &[Percentiles], percent: f64) -> Option<f64> {
     let total: f64 = slices.iter().map(|(ios, _)| ios).sum();
     if total <= 0.0 {
         return None;

@@ -607,7 +607,7 @@ fn boot(
                 };
                 let per = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.3}"));
                 eprintln!(
-                    "bench --guest:   {:<19} {:<9} qd {:>3}: {:>8.0} IOPS, traps/IO {}, irq/IO {} (guest {}), p99 {:.0} us{}",
+                    "bench --guest:   {:<19} {:<9} qd {:>3}: {:>8.0} IOPS, traps/IO {}, irq/IO {} (guest {}), latency p50 {:.0} us p99 {:.0} us{}",
                     device.label(),
                     engine.name(),
                     qd,
@@ -615,6 +615,7 @@ fn boot(
                     per(run.traps_per_io),
                     per(run.interrupts_per_io),
                     per(run.guest_interrupts_per_io),
+                    run.lat_p50_us,
                     run.lat_p99_us,
                     run.host_cores.as_ref().map_or(String::new(), cores_line)
                 );

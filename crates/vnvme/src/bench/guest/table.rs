@@ -38,8 +38,17 @@ pub fn table(runs: &[GuestRun]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "\n{:<9} {:>4}  {:<19} {:>8} {:>8} {:>9} {:>7} {:>9} {:>8}",
-        "engine", "qd", "device", "IOPS", "vs qemu", "traps/IO", "irq/IO", "guest irq", "p99 us"
+        "\n{:<9} {:>4}  {:<19} {:>8} {:>8} {:>9} {:>7} {:>9} {:>7} {:>7}",
+        "engine",
+        "qd",
+        "device",
+        "IOPS",
+        "vs qemu",
+        "traps/IO",
+        "irq/IO",
+        "guest irq",
+        "p50 us",
+        "p99 us"
     );
     for (engine, qd) in keys {
         let base = reference(runs, engine, qd);
@@ -49,7 +58,7 @@ pub fn table(runs: &[GuestRun]) -> String {
             let per = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.3}"));
             let _ = writeln!(
                 s,
-                "{:<9} {:>4}  {:<19} {:>8} {:>8} {:>9} {:>7} {:>9} {:>8.0}",
+                "{:<9} {:>4}  {:<19} {:>8} {:>8} {:>9} {:>7} {:>9} {:>7.0} {:>7.0}",
                 engine.name(),
                 qd,
                 device,
@@ -58,10 +67,15 @@ pub fn table(runs: &[GuestRun]) -> String {
                 per(r.traps_per_io),
                 per(r.interrupts_per_io),
                 per(r.guest_interrupts_per_io),
+                r.lat_p50_us,
                 r.lat_p99_us
             );
         }
     }
+    let _ = writeln!(
+        s,
+        "(latency: fio's total, submission to completion, of all a point's slices together)"
+    );
     if !runs.iter().any(|r| r.device == "qemu-nvme") {
         if let Some(first) = runs.first() {
             let _ = writeln!(s, "(no QEMU nvme: \"vs qemu\" is to {})", label(first));
