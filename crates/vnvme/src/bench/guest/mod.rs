@@ -248,6 +248,30 @@ impl Device {
         }
     }
 
+    /// [`GuestRun::device`].
+    fn kind(self) -> &'static str {
+        match self {
+            Device::QemuNvme { .. } => "qemu-nvme",
+            Device::Vnvme { .. } => "vnvme",
+        }
+    }
+
+    /// [`GuestRun::mode`].
+    fn mode(self) -> Option<String> {
+        match self {
+            Device::Vnvme { mode, .. } => Some(mode.to_string()),
+            Device::QemuNvme { .. } => None,
+        }
+    }
+
+    /// [`GuestRun::dbcs`].
+    fn dbcs(self) -> Option<bool> {
+        match self {
+            Device::QemuNvme { dbcs } => Some(dbcs),
+            Device::Vnvme { .. } => None,
+        }
+    }
+
     /// Its Identify Controller serial number (at most 20 characters; no
     /// spaces: the guest script splits on them).
     fn serial(self) -> String {
@@ -427,39 +451,12 @@ fn boot(
     let harness = dir.join("harness.log");
     let qemu_pidfile = dir.join("qemu.pid");
     let mut cmd = Command::new(rig.join("run-test.sh"));
-    // vnvme's servers, each in a folder of its own (socket, log, stats).
-    let mut servers: Vec<(Device, Server, PathBuf)> = Vec::new();
+    let mut servers = start_servers(opts, dir, devices)?;
+    for served in &servers {
+        cmd.arg("--vfio-user").arg(&served.server.socket);
+    }
     for &device in devices {
-        match device {
-            Device::Vnvme { mode, b } => {
-                let sdir = dir.join(device.serial());
-                std::fs::create_dir_all(&sdir)?;
-                let stats = sdir.join("stats.json");
-                let mut args = vec![
-                    "--ns".to_string(),
-                    "1G:null".to_string(),
-                    "--doorbells".to_string(),
-                    mode.to_string(),
-                    "--serial".to_string(),
-                    device.serial(),
-                ];
-                args.extend(opts.serve_args.iter().cloned());
-                let exe = match (b, &opts.b) {
-                    (true, Some(spec)) => {
-                        args.extend(spec.args.iter().cloned());
-                        spec.exe.clone()
-                    }
-                    _ => None,
-                };
-                let server = Server::start(exe.as_deref(), &sdir, &stats, &args)
-                    .with_context(|| format!("starting {}", device.label()))?;
-                cmd.arg("--vfio-user").arg(&server.socket);
-                servers.push((device, server, stats));
-            }
-            Device::QemuNvme { .. } => {
-                cmd.args(qemu_nvme_args(device));
-            }
-        }
+        cmd.args(qemu_nvme_args(device));
     }
     let timeout = (expected * 2.0 + 120.0) as u64;
     cmd.args(["--timeout", &timeout.to_string()])
@@ -476,150 +473,24 @@ fn boot(
     let mut child = cmd
         .spawn()
         .with_context(|| format!("starting {}", rig.join("run-test.sh").display()))?;
-    let server_pids: Vec<u32> = servers.iter().map(|(_, s, _)| s.pid()).collect();
-    let mut tail = Tail::default();
-    // Per point, per vnvme serial: the stats at BEGIN and at END.
-    let mut windows: BTreeMap<(String, String), (Option<Counters>, Option<Counters>)> =
-        BTreeMap::new();
-    // Per "point@serial": the host's cores over that device's slices.
-    let mut cores: BTreeMap<String, cpu::Window> = BTreeMap::new();
-    let mut open_slice: Option<(String, cpu::Sample)> = None;
+    let mut watch = Watch::default();
     let status = loop {
-        for line in tail.lines(&console) {
-            if let Some(key) = line.strip_prefix(SLICE_MARK) {
-                let qemu_pid = std::fs::read_to_string(&qemu_pidfile)
-                    .ok()
-                    .and_then(|t| t.trim().parse().ok());
-                let sample = cpu::sample(qemu_pid, &server_pids);
-                if let Some((key, start)) = open_slice.take() {
-                    cores.entry(key).or_default().add(&start, &sample);
-                }
-                let key = key.trim();
-                if key != "-" {
-                    open_slice = Some((key.to_string(), sample));
-                }
-                continue;
-            }
-            let (name, begin) = if let Some(n) = line.strip_prefix(BEGIN) {
-                (n.trim().to_string(), true)
-            } else if let Some(n) = line.strip_prefix(END) {
-                (n.trim().to_string(), false)
-            } else {
-                continue;
-            };
-            if !begin {
-                eprintln!("bench --guest:   {name} done");
-            }
-            let paths: Vec<&Path> = servers.iter().map(|(_, _, p)| p.as_path()).collect();
-            let snaps = fresh_stats(&paths);
-            for ((device, _, _), snap) in servers.iter().zip(snaps) {
-                let w = windows.entry((name.clone(), device.serial())).or_default();
-                if begin {
-                    w.0 = snap;
-                } else {
-                    w.1 = snap;
-                }
-            }
-        }
+        watch.follow(&console, &qemu_pidfile, &servers);
         if let Some(status) = child.try_wait()? {
             break status;
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    for (_, s, _) in &mut servers {
-        s.stop();
+    for served in &mut servers {
+        served.server.stop();
     }
     let code = status.code().unwrap_or(-1);
-    let text = std::fs::read_to_string(&results).unwrap_or_default();
-    let mut slices: BTreeMap<(String, String), Vec<Value>> = BTreeMap::new();
-    for line in text.lines() {
-        let Ok(v) = serde_json::from_str::<Value>(line) else {
-            continue;
-        };
-        let name = v.get("name").and_then(Value::as_str).unwrap_or_default();
-        let Some((point, serial)) = name.split_once('@') else {
-            continue;
-        };
-        if let Some(err) = v.get("err").filter(|e| e.is_string()) {
-            eprintln!("bench --guest:   {name}: fio failed: {err}");
-            continue;
-        }
-        slices
-            .entry((point.to_string(), serial.to_string()))
-            .or_default()
-            .push(v);
-    }
+    let slices = read_slices(&results);
     let mut runs = Vec::new();
     for &device in devices {
-        let serial = device.serial();
         for &engine in &opts.engines {
             for &qd in &opts.qd {
-                let point = format!("{}-qd{qd}", engine.name());
-                let Some(measured) = slices.get(&(point.clone(), serial.clone())) else {
-                    eprintln!("bench --guest:   {point} on {}: no result", device.label());
-                    continue;
-                };
-                let Some(fio) = Slices::sum(measured) else {
-                    continue;
-                };
-                let per_io = match windows.get(&(point.clone(), serial.clone())) {
-                    Some((Some(a), Some(b))) => Some(a.per_io(b)),
-                    _ if matches!(device, Device::Vnvme { .. }) => {
-                        eprintln!(
-                            "bench --guest:   {point} on {}: no stats window (markers or stats file missing)",
-                            device.label()
-                        );
-                        None
-                    }
-                    _ => None,
-                };
-                let run = GuestRun {
-                    device: match device {
-                        Device::QemuNvme { .. } => "qemu-nvme",
-                        Device::Vnvme { .. } => "vnvme",
-                    },
-                    mode: match device {
-                        Device::Vnvme { mode, .. } => Some(mode.to_string()),
-                        Device::QemuNvme { .. } => None,
-                    },
-                    dbcs: match device {
-                        Device::QemuNvme { dbcs } => Some(dbcs),
-                        Device::Vnvme { .. } => None,
-                    },
-                    b: match device {
-                        Device::Vnvme { b: true, .. } => opts.b.as_ref().map(BServer::describe),
-                        _ => None,
-                    },
-                    engine,
-                    qd,
-                    iops: fio.iops(),
-                    slices: fio.slices,
-                    traps_per_io: per_io.map(|p| p.0),
-                    interrupts_per_io: per_io.map(|p| p.1),
-                    guest_interrupts_per_io: fio.guest_interrupts_per_io(),
-                    lat_p50_us: fio.p50_us,
-                    lat_p99_us: fio.p99_us,
-                    lat_mean_us: fio.lat_mean_us,
-                    server_ios: per_io.map(|p| p.2),
-                    host_cores: cores
-                        .get(&format!("{point}@{serial}"))
-                        .and_then(cpu::Window::cores),
-                };
-                let per = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.3}"));
-                eprintln!(
-                    "bench --guest:   {:<19} {:<9} qd {:>3}: {:>8.0} IOPS, traps/IO {}, irq/IO {} (guest {}), latency p50 {:.0} us p99 {:.0} us{}",
-                    device.label(),
-                    engine.name(),
-                    qd,
-                    run.iops,
-                    per(run.traps_per_io),
-                    per(run.interrupts_per_io),
-                    per(run.guest_interrupts_per_io),
-                    run.lat_p50_us,
-                    run.lat_p99_us,
-                    run.host_cores.as_ref().map_or(String::new(), cores_line)
-                );
-                runs.push(run);
+                runs.extend(point_run(opts, device, engine, qd, &slices, &watch));
             }
         }
     }
@@ -639,6 +510,206 @@ fn boot(
         );
     }
     Ok(runs)
+}
+
+/// A vnvme server of the boot and its stats file.
+struct Served {
+    device: Device,
+    server: Server,
+    stats: PathBuf,
+}
+
+/// One `vnvme serve` per vnvme device, each in a folder of its own (socket,
+/// log, stats) named by its serial number.
+fn start_servers(opts: &GuestBenchOptions, dir: &Path, devices: &[Device]) -> Result<Vec<Served>> {
+    let mut servers = Vec::new();
+    for &device in devices {
+        let Device::Vnvme { mode, b } = device else {
+            continue;
+        };
+        let sdir = dir.join(device.serial());
+        std::fs::create_dir_all(&sdir)?;
+        let stats = sdir.join("stats.json");
+        let mut args = vec![
+            "--ns".to_string(),
+            "1G:null".to_string(),
+            "--doorbells".to_string(),
+            mode.to_string(),
+            "--serial".to_string(),
+            device.serial(),
+        ];
+        args.extend(opts.serve_args.iter().cloned());
+        let exe = match (b, &opts.b) {
+            (true, Some(spec)) => {
+                args.extend(spec.args.iter().cloned());
+                spec.exe.clone()
+            }
+            _ => None,
+        };
+        let server = Server::start(exe.as_deref(), &sdir, &stats, &args)
+            .with_context(|| format!("starting {}", device.label()))?;
+        servers.push(Served {
+            device,
+            server,
+            stats,
+        });
+    }
+    Ok(servers)
+}
+
+/// What the host gathers from the console's marker lines as the guest
+/// runs.
+#[derive(Default)]
+struct Watch {
+    tail: Tail,
+    /// Per point and vnvme serial: the server's stats at BEGIN and at END.
+    windows: BTreeMap<(String, String), (Option<Counters>, Option<Counters>)>,
+    /// Per "point@serial": the host's cores over that device's slices.
+    cores: BTreeMap<String, cpu::Window>,
+    /// The slice under way and the host's CPU sample at its start.
+    open_slice: Option<(String, cpu::Sample)>,
+}
+
+impl Watch {
+    /// Acts on the console's new marker lines: a slice marker samples the
+    /// host's CPU, BEGIN and END snapshot every server's stats.
+    fn follow(&mut self, console: &Path, qemu_pidfile: &Path, servers: &[Served]) {
+        for line in self.tail.lines(console) {
+            if let Some(key) = line.strip_prefix(SLICE_MARK) {
+                let qemu_pid = std::fs::read_to_string(qemu_pidfile)
+                    .ok()
+                    .and_then(|t| t.trim().parse().ok());
+                let pids: Vec<u32> = servers.iter().map(|s| s.server.pid()).collect();
+                let sample = cpu::sample(qemu_pid, &pids);
+                if let Some((key, start)) = self.open_slice.take() {
+                    self.cores.entry(key).or_default().add(&start, &sample);
+                }
+                let key = key.trim();
+                if key != "-" {
+                    self.open_slice = Some((key.to_string(), sample));
+                }
+                continue;
+            }
+            let (name, begin) = if let Some(n) = line.strip_prefix(BEGIN) {
+                (n.trim().to_string(), true)
+            } else if let Some(n) = line.strip_prefix(END) {
+                (n.trim().to_string(), false)
+            } else {
+                continue;
+            };
+            if !begin {
+                eprintln!("bench --guest:   {name} done");
+            }
+            let paths: Vec<&Path> = servers.iter().map(|s| s.stats.as_path()).collect();
+            let snaps = fresh_stats(&paths);
+            for (served, snap) in servers.iter().zip(snaps) {
+                let w = self
+                    .windows
+                    .entry((name.clone(), served.device.serial()))
+                    .or_default();
+                if begin {
+                    w.0 = snap;
+                } else {
+                    w.1 = snap;
+                }
+            }
+        }
+    }
+}
+
+/// The guest's fio results by (point, serial); a failed slice is reported
+/// and left out.
+fn read_slices(results: &Path) -> BTreeMap<(String, String), Vec<Value>> {
+    let text = std::fs::read_to_string(results).unwrap_or_default();
+    let mut slices: BTreeMap<(String, String), Vec<Value>> = BTreeMap::new();
+    for line in text.lines() {
+        let Ok(v) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        let name = v.get("name").and_then(Value::as_str).unwrap_or_default();
+        let Some((point, serial)) = name.split_once('@') else {
+            continue;
+        };
+        if let Some(err) = v.get("err").filter(|e| e.is_string()) {
+            eprintln!("bench --guest:   {name}: fio failed: {err}");
+            continue;
+        }
+        slices
+            .entry((point.to_string(), serial.to_string()))
+            .or_default()
+            .push(v);
+    }
+    slices
+}
+
+/// One device's figures at one point, printed as they are found; `None`
+/// (said why) without fio results.
+fn point_run(
+    opts: &GuestBenchOptions,
+    device: Device,
+    engine: Engine,
+    qd: u16,
+    slices: &BTreeMap<(String, String), Vec<Value>>,
+    watch: &Watch,
+) -> Option<GuestRun> {
+    let serial = device.serial();
+    let point = format!("{}-qd{qd}", engine.name());
+    let key = (point.clone(), serial.clone());
+    let Some(measured) = slices.get(&key) else {
+        eprintln!("bench --guest:   {point} on {}: no result", device.label());
+        return None;
+    };
+    let fio = Slices::sum(measured)?;
+    let per_io = match watch.windows.get(&key) {
+        Some((Some(a), Some(b))) => Some(a.per_io(b)),
+        _ if matches!(device, Device::Vnvme { .. }) => {
+            eprintln!(
+                "bench --guest:   {point} on {}: no stats window (markers or stats file missing)",
+                device.label()
+            );
+            None
+        }
+        _ => None,
+    };
+    let run = GuestRun {
+        device: device.kind(),
+        mode: device.mode(),
+        dbcs: device.dbcs(),
+        b: match device {
+            Device::Vnvme { b: true, .. } => opts.b.as_ref().map(BServer::describe),
+            _ => None,
+        },
+        engine,
+        qd,
+        iops: fio.iops(),
+        slices: fio.slices,
+        traps_per_io: per_io.map(|p| p.0),
+        interrupts_per_io: per_io.map(|p| p.1),
+        guest_interrupts_per_io: fio.guest_interrupts_per_io(),
+        lat_p50_us: fio.p50_us,
+        lat_p99_us: fio.p99_us,
+        lat_mean_us: fio.lat_mean_us,
+        server_ios: per_io.map(|p| p.2),
+        host_cores: watch
+            .cores
+            .get(&format!("{point}@{serial}"))
+            .and_then(cpu::Window::cores),
+    };
+    let per = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.3}"));
+    eprintln!(
+        "bench --guest:   {:<19} {:<9} qd {:>3}: {:>8.0} IOPS, traps/IO {}, irq/IO {} (guest {}), latency p50 {:.0} us p99 {:.0} us{}",
+        device.label(),
+        engine.name(),
+        qd,
+        run.iops,
+        per(run.traps_per_io),
+        per(run.interrupts_per_io),
+        per(run.guest_interrupts_per_io),
+        run.lat_p50_us,
+        run.lat_p99_us,
+        run.host_cores.as_ref().map_or(String::new(), cores_line)
+    );
+    Some(run)
 }
 
 /// ", cores: vCPUs 1.62 (+0.21 waiting), QEMU 0.10, server 0.85".
