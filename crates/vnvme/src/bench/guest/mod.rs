@@ -14,7 +14,7 @@
 //!   (`fio_json` in the guest's `guest-lib.sh`); latency percentiles are
 //!   those of all the slices' I/Os together, of the total latency
 //!   (submission and completion), from each slice's fio percentiles
-//!   ([`PERCENTILES`], dense in the tail);
+//!   (`PERCENTILES`, dense in the tail);
 //! * traps and interrupts per I/O (vnvme only): deltas of the server's
 //!   `--stats` counters (SQ + CQ doorbell traps, interrupts raised) divided by
 //!   the delta of I/O commands the controller executed, between two
