@@ -73,11 +73,11 @@ fio_json() {
     return $_rc
   fi
   echo "$_line" | awk -F';' -v name="$_name" -v k="$_k" '
-    function pct(a, b, want,   i, kv) {     # clat percentile "99.000000%=123" in fields a..b
+    function pct(a, b, want,   i, kv) {     # percentile "99.000000%=123" in fields a..b
       for (i = a; i <= b; i++) { split($i, kv, "%="); if (kv[1] + 0 == want) return kv[2] + 0 }
       return -1
     }
-    function pcts(a, b,   i, kv, out) {    # every clat percentile in fields a..b as [[p, us], ...]
+    function pcts(a, b,   i, kv, out) {    # every percentile in fields a..b as [[p, us], ...]
       for (i = a; i <= b; i++) {
         split($i, kv, "%="); if (kv[1] + 0 <= 0) continue
         out = out (out == "" ? "" : ",") "[" kv[1] + 0 "," kv[2] + 0 "]"
