@@ -265,6 +265,24 @@ mod tests {
     }
 
     #[test]
+    fn slices_with_percentile_lists_give_the_unions_percentiles() {
+        // fio_json's line for a slice, with its percentile list.
+        let slice = |p99: f64| {
+            serde_json::json!({"iops": 1000, "io_kib": 4000, "runtime_ms": 1000,
+                "lat_p50_us": 100, "lat_p99_us": p99, "lat_mean_us": 120.0,
+                "lat_pcts_us": [[99, p99], [50, 100], [90, 200]]})
+        };
+        let s = Slices::sum(&[slice(400.0), slice(400.0)]).unwrap();
+        assert!((s.p99_us - 400.0).abs() < 1e-9, "{}", s.p99_us);
+        assert!((s.p50_us - 100.0).abs() < 1e-9, "{}", s.p50_us);
+        // One slice without the list: the mean of the slices' own.
+        let mut bare = slice(1000.0);
+        bare.as_object_mut().unwrap().remove("lat_pcts_us");
+        let s = Slices::sum(&[slice(400.0), bare]).unwrap();
+        assert!((s.p99_us - 700.0).abs() < 1e-9, "{}", s.p99_us);
+    }
+
+    #[test]
     fn counters_exclude_admin_commands() {
         let v = serde_json::json!({
             "sq_doorbell_traps": 5, "cq_doorbell_traps": 2, "interrupts": 9, "commands": 110,

@@ -134,6 +134,13 @@ mod tests {
         assert!(s.contains(r#"DEVS="qemu-dbcs-on vnvme-adaptive""#), "{s}");
         assert!(s.contains("-lt 3 ]"), "{s}");
         assert!(s.contains("--runtime=1 --ramp_time=500ms"), "{s}");
+        // Total latency, and the percentiles the union is found between.
+        assert!(
+            s.contains(&format!(
+                "--lat_percentiles=1 --percentile_list={PERCENTILES}"
+            )),
+            "{s}"
+        );
         assert!(devices.iter().all(|d| d.serial().len() <= 20));
     }
 }
