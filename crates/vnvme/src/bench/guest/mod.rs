@@ -116,7 +116,8 @@ pub struct GuestBenchOptions {
     /// fio iodepths.
     pub qd: Vec<u16>,
     pub engines: Vec<Engine>,
-    /// Seconds per fio point (after a 1 s ramp).
+    /// Seconds of fio per device and point, in 1 s slices (each after a
+    /// 0.5 s ramp).
     pub runtime: f64,
     /// Also attach QEMU's built-in nvme (dbcs on and off) as the reference.
     pub qemu_nvme: bool,
@@ -192,17 +193,13 @@ impl BServer {
     /// either.
     fn from_env() -> Option<Self> {
         let exe = std::env::var_os("VNVME_BENCH_B_EXE").map(PathBuf::from);
-        let args = std::env::var("VNVME_BENCH_B_ARGS").ok();
+        let args = env_args("VNVME_BENCH_B_ARGS");
         if exe.is_none() && args.is_none() {
             return None;
         }
         Some(Self {
             exe,
-            args: args
-                .unwrap_or_default()
-                .split_whitespace()
-                .map(str::to_string)
-                .collect(),
+            args: args.unwrap_or_default(),
         })
     }
 
@@ -216,13 +213,16 @@ impl BServer {
     }
 }
 
-/// `VNVME_BENCH_SERVE_ARGS`: extra `vnvme serve` arguments, split on whitespace.
+/// `VNVME_BENCH_SERVE_ARGS`: extra `vnvme serve` arguments.
 fn serve_args_from_env() -> Vec<String> {
-    std::env::var("VNVME_BENCH_SERVE_ARGS")
-        .unwrap_or_default()
-        .split_whitespace()
-        .map(str::to_string)
-        .collect()
+    env_args("VNVME_BENCH_SERVE_ARGS").unwrap_or_default()
+}
+
+/// The arguments in environment variable `var`, split on whitespace;
+/// `None` where it is not set.
+fn env_args(var: &str) -> Option<Vec<String>> {
+    let text = std::env::var(var).ok()?;
+    Some(text.split_whitespace().map(str::to_string).collect())
 }
 
 /// One device of the guest, told apart there by its serial number.
@@ -314,10 +314,11 @@ pub struct GuestRun {
     pub lat_p50_us: f64,
     pub lat_p99_us: f64,
     pub lat_mean_us: f64,
-    /// I/O commands the server executed in the window (ramp included).
+    /// I/O commands the server executed between the point's BEGIN and END
+    /// markers (its slices' ramps included).
     pub server_ios: Option<u64>,
-    /// The host's cores over the same window (from one marker to the
-    /// next: fio's ramp and the quiet seconds before it included).
+    /// The host's cores over this device's slices, each from its slice
+    /// marker to the next (fio's start and ramp included).
     pub host_cores: Option<HostCores>,
 }
 
