@@ -21,6 +21,15 @@
 //!   work starts);
 //! * in the idle class, after [`RETRY`] it goes back to the usual class
 //!   (which the next checks judge again: the host may have cores free now);
+//!   each time it comes back to the idle class that wait doubles, up to
+//!   [`LONGEST_RETRY`], until [`CALM_CHECKS`] busy checks in a row (the
+//!   worker ran at least [`BUSY`] of the time) find the usual class
+//!   uncontended. Beside a TCG guest every return to the usual class was
+//!   contended again within 0.2 s (four checks), and a worker that spent
+//!   half its time there (back after every second, the checks while it
+//!   slept between bursts calm) had the vCPUs queued for a core 0.3-4 ms
+//!   25-50% more often, and itself twice as often, as one that stayed in
+//!   the idle class (perf sched; README "Why QD 1 stays close");
 //! * in the idle class, waiting more than [`STARVED`] of a check's time
 //!   (every core stays busy with other threads) sends it back to the usual
 //!   class for a cool-down, 1 s doubling to [`LONGEST_COOLDOWN`] while the
@@ -54,8 +63,17 @@ const CONTENDED_CHECKS: u8 = 4;
 /// waits 40-60% of the time and gets its work done; starved by threads that
 /// never sleep, it waits over 99%.
 const STARVED: f64 = 0.9;
-/// How long the idle class lasts before the usual class is tried again.
+/// How long the idle class lasts before the usual class is tried again,
+/// at first and at most.
 const RETRY: Duration = Duration::from_secs(1);
+const LONGEST_RETRY: Duration = Duration::from_secs(32);
+/// A check in which the worker ran at least this share of the time is
+/// busy: asleep between bursts (woken every 1-5 ms to look at the doorbell
+/// page) it runs about 2%, polling 40% and more.
+const BUSY: f64 = 0.1;
+/// Busy checks in a row without contention in the usual class that bring
+/// the idle class's wait back to [`RETRY`].
+const CALM_CHECKS: u8 = 20;
 const FIRST_COOLDOWN: Duration = Duration::from_secs(1);
 const LONGEST_COOLDOWN: Duration = Duration::from_secs(64);
 
@@ -103,14 +121,14 @@ impl Priority {
                 tracing::info!("I/O workers keep the usual scheduling class: schedstat: {e}");
             })
             .ok()?;
-        let waited = read_wait(&schedstat)?;
+        let times = read_times(&schedstat)?;
         let tid = rustix::thread::gettid().as_raw_nonzero().get();
         let flags = Arc::<Flags>::default();
         let stat = File::open("/proc/thread-self/stat").ok()?;
         watchdog::add(tid, stat, flags.clone());
         Some(Self {
             schedstat,
-            guard: Guard::new(now, waited),
+            guard: Guard::new(now, times),
             tid,
             flags,
         })
@@ -123,14 +141,14 @@ impl Priority {
         if !self.guard.due(now) {
             return;
         }
-        let Some(waited) = read_wait(&self.schedstat) else {
+        let Some(times) = read_times(&self.schedstat) else {
             return;
         };
         if self.flags.starved.swap(false, Ordering::AcqRel) {
-            self.guard.starved(now, waited);
+            self.guard.starved(now, times);
             return;
         }
-        if let Some(idle) = self.guard.observe(now, waited) {
+        if let Some(idle) = self.guard.observe(now, times) {
             // Watched before it may starve.
             self.flags.idle.store(idle, Ordering::Release);
             match set_class(idle) {
@@ -265,15 +283,21 @@ mod watchdog {
     }
 }
 
+const USUAL: Class = Class::Usual {
+    contended: 0,
+    calm: 0,
+};
+
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Class {
     /// `contended`: the checks in a row that waited more than
-    /// [`CONTENDED`].
+    /// [`CONTENDED`]; `calm`: the busy checks in a row that did not.
     Usual {
         contended: u8,
+        calm: u8,
     },
     Idle {
-        since: Instant,
+        until: Instant,
     },
     /// Starved in the idle class: the usual class until then.
     Cooling {
@@ -285,19 +309,22 @@ enum Class {
 #[derive(Debug, Clone, PartialEq)]
 struct Guard {
     class: Class,
-    /// At the last check: when, and the thread's total wait for a core.
+    /// At the last check: when, and the thread's total run and wait.
     at: Instant,
-    waited: Duration,
+    times: Times,
+    /// How long the next stay in the idle class lasts.
+    retry: Duration,
     cooldown: Duration,
     last_starved: Option<Instant>,
 }
 
 impl Guard {
-    fn new(now: Instant, waited: Duration) -> Self {
+    fn new(now: Instant, times: Times) -> Self {
         Self {
-            class: Class::Usual { contended: 0 },
+            class: USUAL,
             at: now,
-            waited,
+            times,
+            retry: RETRY,
             cooldown: FIRST_COOLDOWN,
             last_starved: None,
         }
@@ -317,9 +344,9 @@ impl Guard {
 
     /// The watchdog found the worker starving and moved it to the usual
     /// class.
-    fn starved(&mut self, now: Instant, waited: Duration) {
+    fn starved(&mut self, now: Instant, times: Times) {
         self.at = now;
-        self.waited = waited;
+        self.times = times;
         if self.idle() {
             self.class = self.cool(now);
         }
@@ -329,13 +356,26 @@ impl Guard {
         matches!(self.class, Class::Idle { .. })
     }
 
-    /// A check at `now` with the thread's total wait `waited`: the class to
-    /// move to (`true`: idle), if it changes.
-    fn observe(&mut self, now: Instant, waited: Duration) -> Option<bool> {
-        let span = now.saturating_duration_since(self.at).as_secs_f64();
-        let share = waited.saturating_sub(self.waited).as_secs_f64() / span.max(1e-9);
+    /// The idle class for the current retry, which doubles for the next
+    /// time.
+    fn idle_class(&mut self, now: Instant) -> Class {
+        let until = now + self.retry;
+        self.retry = (self.retry * 2).min(LONGEST_RETRY);
+        Class::Idle { until }
+    }
+
+    /// A check at `now` with the thread's totals `times`: the class to move
+    /// to (`true`: idle), if it changes.
+    fn observe(&mut self, now: Instant, times: Times) -> Option<bool> {
+        let span = now
+            .saturating_duration_since(self.at)
+            .as_secs_f64()
+            .max(1e-9);
+        let share = |now: Duration, then: Duration| now.saturating_sub(then).as_secs_f64() / span;
+        let waited = share(times.waited, self.times.waited);
+        let busy = share(times.ran, self.times.ran) >= BUSY;
         self.at = now;
-        self.waited = waited;
+        self.times = times;
         if self
             .last_starved
             .is_some_and(|t| now.saturating_duration_since(t) >= LONGEST_COOLDOWN)
@@ -347,35 +387,51 @@ impl Guard {
         }
         let was_idle = self.idle();
         self.class = match self.class {
-            Class::Usual { contended } if share > CONTENDED => {
+            Class::Usual { contended, .. } if waited > CONTENDED => {
                 if contended + 1 >= CONTENDED_CHECKS {
-                    Class::Idle { since: now }
+                    self.idle_class(now)
                 } else {
                     Class::Usual {
                         contended: contended + 1,
+                        calm: 0,
                     }
                 }
             }
-            Class::Usual { .. } => Class::Usual { contended: 0 },
-            Class::Idle { .. } if share > STARVED => self.cool(now),
-            Class::Idle { since } if now.saturating_duration_since(since) >= RETRY => {
-                Class::Usual { contended: 0 }
+            Class::Usual { calm, .. } if busy => {
+                let calm = calm.saturating_add(1);
+                if calm >= CALM_CHECKS {
+                    self.retry = RETRY;
+                }
+                Class::Usual { contended: 0, calm }
             }
-            Class::Cooling { until } if now >= until => Class::Usual { contended: 0 },
+            Class::Usual { calm, .. } => Class::Usual { contended: 0, calm },
+            Class::Idle { .. } if waited > STARVED => self.cool(now),
+            Class::Idle { until } | Class::Cooling { until } if now >= until => USUAL,
             class => class,
         };
         (self.idle() != was_idle).then_some(self.idle())
     }
 }
 
-/// The calling thread's total time runnable but waiting for a core (the
-/// second field of schedstat, in nanoseconds).
-fn read_wait(schedstat: &File) -> Option<Duration> {
+/// A thread's total time on a core and runnable but waiting for one.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Times {
+    ran: Duration,
+    waited: Duration,
+}
+
+/// The calling thread's [`Times`] (the first two fields of schedstat, in
+/// nanoseconds).
+fn read_times(schedstat: &File) -> Option<Times> {
     let mut buf = [0u8; 96];
     let n = schedstat.read_at(&mut buf, 0).ok()?;
     let text = std::str::from_utf8(buf.get(..n)?).ok()?;
-    let ns = text.split_ascii_whitespace().nth(1)?.parse().ok()?;
-    Some(Duration::from_nanos(ns))
+    let mut fields = text.split_ascii_whitespace();
+    let mut next = || Some(Duration::from_nanos(fields.next()?.parse().ok()?));
+    Some(Times {
+        ran: next()?,
+        waited: next()?,
+    })
 }
 
 /// Whether the thread of `stat` (a `/proc/.../stat` file) is runnable: its
@@ -419,7 +475,7 @@ mod tests {
         std::thread::spawn(|| {
             let p = Priority::new(Instant::now()).expect("root can leave SCHED_IDLE");
             assert!(matches!(scheduler::get_self_policy(), Ok(Policy::Other)));
-            assert!(read_wait(&p.schedstat).is_some());
+            assert!(read_times(&p.schedstat).is_some());
         })
         .join()
         .unwrap();
@@ -429,8 +485,17 @@ mod tests {
         Duration::from_millis(n)
     }
 
-    /// Checks every 50 ms from `t` (ms after `t0`), each waiting `wait` ms
-    /// more; returns the class changes.
+    /// The totals of a thread that ran half the time since `t0` (busy)
+    /// and waited `w` ms in all.
+    fn times(t: u64, w: u64) -> Times {
+        Times {
+            ran: ms(t / 2),
+            waited: ms(w),
+        }
+    }
+
+    /// Busy checks every 50 ms from `t` (ms after `t0`), each waiting
+    /// `wait` ms more; returns the class changes.
     fn checks(
         g: &mut Guard,
         t0: Instant,
@@ -443,7 +508,7 @@ mod tests {
             .map(|&wait| {
                 *t += 50;
                 *w += wait;
-                g.observe(t0 + ms(*t), ms(*w))
+                g.observe(t0 + ms(*t), times(*t, *w))
             })
             .collect()
     }
@@ -455,7 +520,7 @@ mod tests {
     fn contended_checks_in_a_row_move_to_the_idle_class_and_a_while_later_back() {
         let t0 = Instant::now();
         let (mut t, mut w) = (0, 0);
-        let mut g = Guard::new(t0, ms(0));
+        let mut g = Guard::new(t0, times(0, 0));
         // 1-2 ms of 50 waiting: the usual class, and three contended checks
         // in a row are not enough.
         let waits = [1, 2, 10, 10, 10, 1];
@@ -465,15 +530,54 @@ mod tests {
         let changes = checks(&mut g, t0, &mut t, &mut w, &[25; 20]);
         assert_eq!(changes[..19], [None; 19]);
         assert_eq!(changes[19], Some(false));
-        // Still contended: idle again.
+        // Still contended: idle again, for 2 s this time.
         assert_eq!(checks(&mut g, t0, &mut t, &mut w, &[10; 4]), TO_IDLE);
+        let changes = checks(&mut g, t0, &mut t, &mut w, &[25; 40]);
+        assert_eq!(changes[..39], [None; 39]);
+        assert_eq!(changes[39], Some(false));
+    }
+
+    #[test]
+    fn the_idle_class_lasts_longer_each_time_until_the_usual_class_is_calm_when_busy() {
+        let t0 = Instant::now();
+        let (mut t, mut w) = (0, 0);
+        let mut g = Guard::new(t0, times(0, 0));
+        // Contended again at every return: 1, 2, 4, ... s, at most 32 s.
+        for retry in [1, 2, 4, 8, 16, 32, 32] {
+            assert_eq!(checks(&mut g, t0, &mut t, &mut w, &[10; 4]), TO_IDLE);
+            assert_eq!(
+                g.class,
+                Class::Idle {
+                    until: t0 + ms(t + retry * 1000)
+                }
+            );
+            t += retry * 1000;
+            assert_eq!(checks(&mut g, t0, &mut t, &mut w, &[25]), [Some(false)]);
+        }
+        // Asleep (no check ran 10% of its time): however long, not calm.
+        for _ in 0..100 {
+            t += 50;
+            let ran = g.times.ran + ms(1);
+            assert_eq!(g.observe(t0 + ms(t), Times { ran, waited: ms(w) }), None);
+        }
+        assert_eq!(g.retry, LONGEST_RETRY);
+        // A busy second without contention: the next stay is 1 s again.
+        checks(&mut g, t0, &mut t, &mut w, &[1; 20]);
+        assert_eq!(g.retry, RETRY);
+        assert_eq!(checks(&mut g, t0, &mut t, &mut w, &[10; 4]), TO_IDLE);
+        assert_eq!(
+            g.class,
+            Class::Idle {
+                until: t0 + ms(t) + RETRY
+            }
+        );
     }
 
     #[test]
     fn starving_means_the_usual_class_for_a_doubling_cool_down() {
         let t0 = Instant::now();
         let (mut t, mut w) = (0, 0);
-        let mut g = Guard::new(t0, ms(0));
+        let mut g = Guard::new(t0, times(0, 0));
         checks(&mut g, t0, &mut t, &mut w, &[10; 4]);
         assert!(g.idle());
         // 50 ms of 50 waiting: starved, 1 s in the usual class, contended
@@ -490,19 +594,19 @@ mod tests {
         assert_eq!(changes, [None; 40]);
         assert_eq!(checks(&mut g, t0, &mut t, &mut w, &[10; 4]), TO_IDLE);
         // The watchdog's word counts as starving too: 4 s.
-        g.starved(t0 + ms(t), ms(w));
+        g.starved(t0 + ms(t), times(t, w));
         assert!(!g.idle());
         assert_eq!(g.cooldown, FIRST_COOLDOWN * 8);
         // A longest cool-down without starving resets it.
         t += LONGEST_COOLDOWN.as_millis() as u64;
-        g.observe(t0 + ms(t), ms(w));
+        g.observe(t0 + ms(t), times(t, w));
         assert_eq!(g.cooldown, FIRST_COOLDOWN);
     }
 
     #[test]
     fn checks_come_every_check_interval() {
         let t0 = Instant::now();
-        let g = Guard::new(t0, Duration::ZERO);
+        let g = Guard::new(t0, times(0, 0));
         assert!(!g.due(t0 + CHECK / 2));
         assert!(g.due(t0 + CHECK));
     }
