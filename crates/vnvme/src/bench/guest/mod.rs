@@ -32,6 +32,7 @@
 //!   the marker lines around each slice, summed per device.
 
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -474,7 +475,7 @@ fn boot(
     let mut child = cmd
         .spawn()
         .with_context(|| format!("starting {}", rig.join("run-test.sh").display()))?;
-    let mut watch = Watch::default();
+    let mut watch = Watch::new(&dir.join("markers.txt"));
     let status = loop {
         watch.follow(&console, &qemu_pidfile, &servers);
         if let Some(status) = child.try_wait()? {
@@ -563,6 +564,10 @@ fn start_servers(opts: &GuestBenchOptions, dir: &Path, devices: &[Device]) -> Re
 #[derive(Default)]
 struct Watch {
     tail: Tail,
+    /// Every marker line with the host's CLOCK_MONOTONIC time (seconds) at
+    /// which the host saw it, within the 20 ms it polls the console: the
+    /// slices' times for `bench/sched-waits.sh` and other host traces.
+    markers: Option<std::fs::File>,
     /// Per point and vnvme serial: the server's stats at BEGIN and at END.
     windows: BTreeMap<(String, String), (Option<Counters>, Option<Counters>)>,
     /// Per "point@serial": the host's cores over that device's slices.
@@ -572,10 +577,25 @@ struct Watch {
 }
 
 impl Watch {
+    fn new(markers: &Path) -> Self {
+        let markers = std::fs::File::create(markers)
+            .inspect_err(|e| eprintln!("bench --guest:   warning: {}: {e}", markers.display()))
+            .ok();
+        Self {
+            markers,
+            ..Self::default()
+        }
+    }
+
     /// Acts on the console's new marker lines: a slice marker samples the
     /// host's CPU, BEGIN and END snapshot every server's stats.
     fn follow(&mut self, console: &Path, qemu_pidfile: &Path, servers: &[Served]) {
         for line in self.tail.lines(console) {
+            if let Some(f) = &mut self.markers {
+                let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+                // Losing the file loses only the times, not the run.
+                let _ = writeln!(f, "{}.{:06} {line}", t.tv_sec, t.tv_nsec / 1000);
+            }
             if let Some(key) = line.strip_prefix(SLICE_MARK) {
                 let qemu_pid = std::fs::read_to_string(qemu_pidfile)
                     .ok()
