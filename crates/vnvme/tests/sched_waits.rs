@@ -32,82 +32,63 @@ const TIMEHIST: &str = "\
    103.700000 [0000]  CPU 0/TCG[11/10]                    0.000      2.000      1.000
 ";
 
+/// `bench/sched-waits.sh ARGS...`.
+fn sched_waits(args: &[&std::ffi::OsStr]) -> std::process::Output {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../bench/sched-waits.sh");
+    Command::new(script).args(args).output().unwrap()
+}
+
+/// The row of `device` and thread `kind`, split on blanks: device, secs,
+/// thread, runnable, waits over the threshold, per s, wait cores, ran
+/// cores.
+fn row<'a>(text: &'a str, device: &str, kind: &str) -> Vec<&'a str> {
+    text.lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|r| r.len() == 8 && r[0] == device && r[2] == kind)
+        .unwrap_or_else(|| panic!("no {device} {kind} row in\n{text}"))
+}
+
 #[test]
 fn counts_each_devices_long_waits_per_thread_kind_within_its_slices() {
     let dir = common::temp_dir("sched-waits");
     std::fs::write(dir.join("markers.txt"), MARKERS).unwrap();
     let timehist = dir.join("timehist.txt");
     std::fs::write(&timehist, TIMEHIST).unwrap();
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../bench/sched-waits.sh");
-    let out = Command::new(script)
-        .arg(&*dir)
-        .arg(&timehist)
-        .output()
-        .unwrap();
+    let (dir, timehist) = (dir.as_os_str(), timehist.as_os_str());
+    let out = sched_waits(&[dir, timehist]);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
     let text = String::from_utf8(out.stdout).unwrap();
-    let rows: Vec<Vec<&str>> = text
-        .lines()
-        .skip(1)
-        .map(|l| l.split_whitespace().collect())
-        .collect();
-    // device, secs, thread, runnable, waits over 0.3 ms, per s, wait cores, ran cores
-    let row = |device: &str, kind: &str| {
-        rows.iter()
-            .find(|r| r[0] == device && r[2] == kind)
-            .unwrap_or_else(|| panic!("no {device} {kind} row in\n{text}"))
-            .clone()
-    };
     // Before the first slice and the other kinds (bash) do not count; an
     // idle server's worker does not count beside QEMU's device.
     assert_eq!(
-        row("qemu-dbcs-on", "vCPU")[1..6],
+        row(&text, "qemu-dbcs-on", "vCPU")[1..6],
         ["2.0", "vCPU", "2", "1", "0.5"]
     );
-    assert_eq!(row("qemu-dbcs-on", "QEMU")[3..5], ["1", "1"]);
-    assert!(rows
-        .iter()
-        .all(|r| !(r[0] == "qemu-dbcs-on" && r[2] == "worker")));
+    assert_eq!(row(&text, "qemu-dbcs-on", "QEMU")[3..5], ["1", "1"]);
+    assert!(!text
+        .lines()
+        .any(|l| l.starts_with("qemu-dbcs-on") && l.contains("worker")));
     // In the vnvme slice: 0.35 ms counts, 0.2 and 0.01 do not; after the
     // last slice nothing counts.
     assert_eq!(
-        row("vnvme-adaptive", "vCPU")[1..5],
+        row(&text, "vnvme-adaptive", "vCPU")[1..5],
         ["1.0", "vCPU", "1", "0"]
     );
-    assert_eq!(row("vnvme-adaptive", "worker")[3..5], ["2", "1"]);
+    assert_eq!(row(&text, "vnvme-adaptive", "worker")[3..5], ["2", "1"]);
     // 4 ms run in the 1 s slice: 0.004 of a core.
-    assert_eq!(row("vnvme-adaptive", "vCPU")[7], "0.004");
-    assert_eq!(rows.len(), 4, "{text}");
+    assert_eq!(row(&text, "vnvme-adaptive", "vCPU")[7], "0.004");
+    assert_eq!(text.lines().count(), 5, "{text}");
 
-    let over = Command::new(script)
-        .args(["--over", "0.45"])
-        .arg(&*dir)
-        .arg(&timehist)
-        .output()
-        .unwrap();
-    let text = String::from_utf8(over.stdout).unwrap();
-    assert!(
-        text.lines().any(|l| l.starts_with("qemu-dbcs-on")
-            && l.contains(" vCPU ")
-            && l.split_whitespace().nth(4) == Some("1")),
-        "{text}"
-    );
-    assert!(
-        text.lines().any(|l| l.starts_with("qemu-dbcs-on")
-            && l.contains(" QEMU ")
-            && l.split_whitespace().nth(4) == Some("0")),
-        "{text}"
-    );
+    let out = sched_waits(&["--over".as_ref(), "0.45".as_ref(), dir, timehist]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(row(&text, "qemu-dbcs-on", "vCPU")[4], "1");
+    assert_eq!(row(&text, "qemu-dbcs-on", "QEMU")[4], "0");
 
-    let missing = Command::new(script)
-        .arg("/nonexistent")
-        .arg(&timehist)
-        .output()
-        .unwrap();
+    let missing = sched_waits(&["/nonexistent".as_ref(), timehist]);
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("VNVME_BENCH_KEEP=1"));
 }
