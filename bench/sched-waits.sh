@@ -17,7 +17,10 @@
 # wait; the device on which it waits more is the one that needs more of the host.
 set -euo pipefail
 OVER=0.3
-[ "${1:-}" = --over ] && { OVER=$2; shift 2; }
+[ "${1:-}" = --over ] && { OVER=${2:-}; shift; shift || true; }
+case $OVER in
+  ''|.|*[!0-9.]*|*.*.*) echo "sched-waits: --over takes milliseconds, a number such as 0.3 (got '$OVER')" >&2; exit 2 ;;
+esac
 [ $# -eq 2 ] || { sed -n '4,13p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 MARKERS=$1/markers.txt
 [ -r "$MARKERS" ] || { echo "sched-waits: no $MARKERS (a bench --guest folder kept with VNVME_BENCH_KEEP=1?)" >&2; exit 2; }

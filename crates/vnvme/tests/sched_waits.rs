@@ -88,6 +88,10 @@ fn counts_each_devices_long_waits_per_thread_kind_within_its_slices() {
     assert_eq!(row(&text, "qemu-dbcs-on", "vCPU")[4], "1");
     assert_eq!(row(&text, "qemu-dbcs-on", "QEMU")[4], "0");
 
+    let bad = sched_waits(&["--over".as_ref(), "0.3ms".as_ref(), dir, timehist]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--over takes milliseconds"));
+
     let missing = sched_waits(&["/nonexistent".as_ref(), timehist]);
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("VNVME_BENCH_KEEP=1"));
