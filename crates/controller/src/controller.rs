@@ -461,6 +461,12 @@ impl Controller {
                 self.controller_reset(ctl);
             }
             Some(Action::Shutdown) => {
+                // Commands need a controller reset after a shutdown (CSTS.SHST):
+                // the workers stop first, so that nothing reads or writes the
+                // host's queues once SHST says complete (a host may free them
+                // then; a worker fetching from a freed SQ set CSTS.CFS).
+                self.stop_workers(ctl);
+                self.shared.faults.reset();
                 for ns in self.shared.subsystem.namespaces.active_list() {
                     if let Err(e) = ns.backend.flush() {
                         tracing::warn!(nsid = ns.nsid, "flush at shutdown failed: {e}");

@@ -63,6 +63,36 @@ fn shutdown_notification_completes_shst() {
     assert_eq!(h.csts().shst(), 2);
 }
 
+/// After a shutdown a host may free its queues, and commands need a reset
+/// (CSTS.SHST): nothing rung then is fetched, and nothing sets CFS. Before,
+/// the workers went on, and one fetching from an SQ the driver had just freed
+/// set CSTS.CFS (`vnvme bench init`, learning mode, most runs).
+#[test]
+fn after_a_shutdown_nothing_is_fetched_until_a_reset() {
+    let mut h = Host::new();
+    h.enable();
+    h.create_pair(1, 8);
+    h.write32(offset::CC, CC_ENABLE | (1 << 14));
+    assert_eq!(h.csts().shst(), 2);
+
+    h.push(1, rw(NvmOpcode::READ, 1, 0, 1, DATA, 0));
+    h.ring_sq(1);
+    h.push(0, identify(1, 0, DATA));
+    h.ring_sq(0);
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(h.peek_cqe(1).is_none(), "an I/O command ran after shutdown");
+    assert!(
+        h.peek_cqe(0).is_none(),
+        "an admin command ran after shutdown"
+    );
+    assert!(!h.csts().cfs());
+    assert_eq!(h.ctrl.stats().fatal_errors, 0);
+
+    h.rings = vec![None; 16];
+    h.reenable();
+    assert_eq!(h.admin(identify(1, 0, DATA)).status(), Status::SUCCESS);
+}
+
 #[test]
 fn bad_register_accesses_never_panic() {
     let h = Host::new();
