@@ -55,15 +55,15 @@ pub(super) struct MetaBuffers {
     /// Written by the controller with a PRACT read's metadata; never read.
     sink: Option<DmaBuffer>,
     /// Metadata SGL descriptors of the one protected call waiting: those
-    /// calls are synchronous, so one area serves them all. (A call that
-    /// timed out leaves its command reading whatever the next call writes
-    /// here; a controller that late is already failing the queue.)
+    /// calls are synchronous, so one area serves them all (a call that
+    /// did not see its completion retires it: [`abandon`](Self::abandon)).
     sgl: Option<DmaBuffer>,
     /// Data and metadata of the one protected call waiting on a namespace
     /// with extended LBAs, interleaved as the controller moves them.
     bounce: Option<DmaBuffer>,
-    /// Buffers outgrown: a command still in flight (or one that timed
-    /// out) may point into them, so they live as long as the queue.
+    /// Buffers outgrown or abandoned: a command still in flight (or one
+    /// that timed out) may point into them, so they live as long as the
+    /// queue.
     retired: Vec<DmaBuffer>,
     /// Identify Controller SGLS.
     sgls: u32,
@@ -104,6 +104,16 @@ impl MetaBuffers {
             self.retired.push(old);
         }
         Ok(fresh)
+    }
+
+    /// A protected call ended without its completion (a timeout): its
+    /// command may still run, following the descriptors and filling the
+    /// bounce buffer it was given. The next call gets areas of its own, or
+    /// that late command would put its metadata into the next caller's
+    /// buffer after that call returned.
+    fn abandon(&mut self) {
+        self.retired.extend(self.sgl.take());
+        self.retired.extend(self.bounce.take());
     }
 }
 
@@ -290,7 +300,7 @@ impl IoQueue {
             Some((meta, app)),
         )?;
         self.ring()?;
-        self.complete(cid, NvmOpcode::WRITE)
+        self.complete_protected(cid, NvmOpcode::WRITE)
     }
 
     /// Reads `nblocks` at `lba` into `buf` and their metadata (MS bytes a
@@ -327,7 +337,7 @@ impl IoQueue {
             Some((meta, app)),
         )?;
         self.ring()?;
-        let cqe = self.complete(cid, NvmOpcode::READ)?;
+        let cqe = self.complete_protected(cid, NvmOpcode::READ)?;
         let (mut data, mut m) = (vec![0; data_len], vec![0; meta_len]);
         if pi.extended {
             let mut both = vec![0; data_len + meta_len];
@@ -348,6 +358,16 @@ impl IoQueue {
         }
         pi.verify(&data, lba_size, &m, lba, app)?;
         Ok(cqe)
+    }
+
+    /// Waits for `cid` of a protected call; one that ends without its
+    /// completion leaves the queue's shared areas to its command.
+    fn complete_protected(&mut self, cid: u16, opcode: NvmOpcode) -> Result<Completion, Error> {
+        self.complete(cid, opcode).inspect_err(|e| {
+            if !matches!(e, Error::IoCommand { .. }) {
+                self.meta.abandon();
+            }
+        })
     }
 
     /// The protection of `nsid` and its block size, or why there is none

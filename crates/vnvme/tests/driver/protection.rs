@@ -6,7 +6,9 @@
 //! corrupted guard is caught by both, and the block API (PRACT) round-trips.
 //! PI of the driver's moves at MPTR and through metadata SGLs (PSDT 10b).
 
-use vnvme_controller::DoorbellMode;
+use std::time::{Duration, Instant};
+
+use vnvme_controller::{DoorbellMode, FaultKind, FaultSpec, Latency};
 use vnvme_driver::{
     DmaBuffer, Error, InitOptions, IoQueue, MetadataPointer, NsProtection, PiError,
 };
@@ -308,4 +310,64 @@ fn extended_lbas_are_taken_where_pract_strips_the_whole_metadata_and_bounce_own_
         err.status(),
         Some(Status::APPLICATION_TAG_CHECK_ERROR.with_dnr(true))
     );
+}
+
+/// A protected call that timed out leaves its command with the controller,
+/// still pointing at the queue's metadata SGL area. The next call must not
+/// write its descriptors there: the late command would follow them and put
+/// its metadata into the next caller's buffer, after that call returned.
+#[test]
+fn a_protected_read_that_timed_out_cannot_write_into_the_next_callers_metadata() {
+    let opts = InitOptions {
+        io_timeout: Duration::from_millis(200),
+        ..InitOptions::default()
+    };
+    let rig = start(device(DoorbellMode::Trap), &["4M:ram,format=2,pi=1"], opts);
+    let mut q = rig.ctrl.take_io_queue(0).unwrap();
+    let ms = 64;
+    for (lba, seed) in [(0u64, 1u32), (1, 2)] {
+        let buf = dma(&rig, 512, &pattern(512, seed));
+        let meta = dma(&rig, ms, &pattern(ms, 10 + seed));
+        q.write_protected(1, lba, (&buf, &meta), 1, APP).unwrap();
+    }
+    q.set_metadata_pointer(MetadataPointer::Sgl).unwrap();
+    let late = Duration::from_millis(600);
+    rig.server
+        .controller()
+        .fault_add(FaultSpec {
+            opcodes: vec![NvmOpcode::READ.0],
+            lba: Some((0, 1)),
+            count: Some(1),
+            ..FaultSpec::new(FaultKind::Latency(Latency::Fixed(late)))
+        })
+        .unwrap();
+    let started = Instant::now();
+    let (mut back, mut mback) = (
+        rig.access.dma_alloc(512).unwrap(),
+        rig.access.dma_alloc(ms).unwrap(),
+    );
+    let err = q
+        .read_protected(1, 0, (&mut back, &mut mback), 1, APP)
+        .unwrap_err();
+    assert!(matches!(err, Error::CommandTimeout { .. }), "{err}");
+
+    let (mut back, mut mback) = (
+        rig.access.dma_alloc(512).unwrap(),
+        rig.access.dma_alloc(ms).unwrap(),
+    );
+    q.read_protected(1, 1, (&mut back, &mut mback), 1, APP)
+        .unwrap();
+    let read = mback.to_vec();
+    assert!(
+        started.elapsed() < late,
+        "the second read came after the late one"
+    );
+    // The late read runs now.
+    std::thread::sleep(late * 2 - started.elapsed().min(late));
+    assert_eq!(
+        mback.to_vec(),
+        read,
+        "the late read wrote into this caller's metadata"
+    );
+    assert_eq!(back.to_vec(), pattern(512, 2));
 }
