@@ -10,6 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+tests/install-deps.sh
 echo "== cargo test (workspace)"
 cargo test --workspace --all-targets 2>&1
 

@@ -18,6 +18,7 @@
 //! max_dma_size = "64G"        # ... and in bytes
 //! handshake_timeout = "5s"    # VERSION within this
 //! message_timeout = "5s"      # each message whole within this
+//! stop_timeout = "10s"        # then exit even if a worker is stuck
 //!
 //! [[namespaces]]              # NSID 1
 //! size = "1G"
@@ -119,6 +120,7 @@ struct FileConfig {
     max_dma_size: Option<Spanned<SizeValue>>,
     handshake_timeout: Option<Spanned<String>>,
     message_timeout: Option<Spanned<String>>,
+    stop_timeout: Option<Spanned<String>>,
     #[serde(default)]
     namespaces: Vec<FileNamespace>,
     /// Faults armed at start (`control::fault_params`).
@@ -168,6 +170,7 @@ pub struct ServeConfig {
     pub max_dma_size: Option<u64>,
     pub handshake_timeout: Option<Duration>,
     pub message_timeout: Option<Duration>,
+    pub stop_timeout: Option<Duration>,
     /// NSIDs from 1 in order; empty if the file has none.
     pub namespaces: Vec<NamespaceSpec>,
     /// `[[fault]]` tables, armed when the controller starts.
@@ -229,6 +232,7 @@ impl ServeConfig {
             nssr: raw.nssr.as_ref().map(|v| *v.get_ref()),
             handshake_timeout: duration("handshake_timeout", &raw.handshake_timeout)?,
             message_timeout: duration("message_timeout", &raw.message_timeout)?,
+            stop_timeout: duration("stop_timeout", &raw.stop_timeout)?,
             nvm_capacity: raw
                 .nvm_capacity
                 .as_ref()
@@ -316,6 +320,7 @@ impl ServeConfig {
                 cfg.handshake_timeout,
             ),
             ("message_timeout", &raw.message_timeout, cfg.message_timeout),
+            ("stop_timeout", &raw.stop_timeout, cfg.stop_timeout),
         ] {
             if let (Some(v), Some(Duration::ZERO)) = (v, parsed) {
                 return Err(at(
@@ -698,13 +703,14 @@ attached = false
     fn client_limits_and_deadlines_parse_and_are_checked() {
         let c = ServeConfig::parse(
             "config.toml",
-            "max_dma_maps = 64\nmax_dma_size = \"64G\"\nhandshake_timeout = \"2s\"\nmessage_timeout = \"500ms\"\n",
+            "max_dma_maps = 64\nmax_dma_size = \"64G\"\nhandshake_timeout = \"2s\"\nmessage_timeout = \"500ms\"\nstop_timeout = \"3s\"\n",
         )
         .unwrap();
         assert_eq!(c.max_dma_maps, Some(64));
         assert_eq!(c.max_dma_size, Some(64 << 30));
         assert_eq!(c.handshake_timeout, Some(Duration::from_secs(2)));
         assert_eq!(c.message_timeout, Some(Duration::from_millis(500)));
+        assert_eq!(c.stop_timeout, Some(Duration::from_secs(3)));
         assert_eq!(
             err("max_dma_maps = 20000\n"),
             "config.toml:1: max_dma_maps: 20000 is out of range 1..=16384"
@@ -716,6 +722,10 @@ attached = false
         assert_eq!(
             err("\nmessage_timeout = \"0s\"\n"),
             "config.toml:2: message_timeout: must be more than 0"
+        );
+        assert_eq!(
+            err("stop_timeout = \"0\"\n"),
+            "config.toml:1: stop_timeout: must be more than 0"
         );
     }
 

@@ -78,6 +78,12 @@ pub struct ServeOptions {
     /// not read its socket may block a reply). Default 5s.
     #[arg(long, value_name = "DURATION", value_parser = crate::namespace::parse_duration)]
     pub message_timeout: Option<Duration>,
+    /// How long the server has to stop once asked (SIGTERM, SIGINT, the control socket's
+    /// `shutdown`) before it exits anyway, with status 1: a worker stuck in storage that does not
+    /// answer (a hung filesystem) would otherwise keep it running. A second signal exits at once.
+    /// Default 10s.
+    #[arg(long, value_name = "DURATION", value_parser = crate::namespace::parse_duration)]
+    pub stop_timeout: Option<Duration>,
     /// Serve JSON-RPC 2.0 on this UNIX socket, one request per line, to change and break the
     /// device while it serves (`vnvme ctl --control PATH METHOD`: namespaces, faults, stats,
     /// controller_fatal, shutdown).
@@ -135,6 +141,7 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
         opts.max_dma_size = opts.max_dma_size.or(file.max_dma_size);
         opts.handshake_timeout = opts.handshake_timeout.or(file.handshake_timeout);
         opts.message_timeout = opts.message_timeout.or(file.message_timeout);
+        opts.stop_timeout = opts.stop_timeout.or(file.stop_timeout);
         if opts.namespaces.is_empty() {
             opts.namespaces = file.namespaces;
         }
@@ -142,6 +149,10 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
         opts.namespaces = vec!["1G:ram".parse().map_err(anyhow::Error::msg)?];
     }
     let server_options = opts.server_options()?;
+    let stop_timeout = opts.stop_timeout.unwrap_or(STOP_TIMEOUT);
+    if stop_timeout.is_zero() {
+        bail!("--stop-timeout must be more than 0");
+    }
     let device = opts.device.build(&opts.namespaces)?;
     for (i, spec) in faults.into_iter().enumerate() {
         device
@@ -172,9 +183,13 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
         None => None,
     };
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        // The first asks for a clean stop; one after it exits at once.
+        signal_hook::flag::register_conditional_shutdown(sig, 1, Arc::clone(&stop))
+            .context("installing signal handlers")?;
         signal_hook::flag::register(sig, Arc::clone(&stop))
             .context("installing signal handlers")?;
     }
+    watch_stop(Arc::clone(&stop), stop_timeout, opts.socket.clone())?;
     tracing::info!(
         socket = %opts.socket.display(),
         namespaces = opts.namespaces.len(),
@@ -219,6 +234,37 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
         }
         Err(e) => Err(e).context("serving vfio-user"),
     }
+}
+
+/// How long a stop may take before the server exits anyway.
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How often the stop watch looks whether a stop was asked.
+const STOP_CHECK: Duration = Duration::from_millis(250);
+
+/// Exits the process (status 1, the socket file removed) if it still runs
+/// `timeout` after `stop` was set. A clean stop joins every queue worker,
+/// and one blocked in a read of storage that never answers (a FUSE or NFS
+/// mount whose server hangs: the kernel waits without end) would hold it
+/// forever.
+fn watch_stop(stop: Arc<AtomicBool>, timeout: Duration, socket: PathBuf) -> Result<()> {
+    std::thread::Builder::new()
+        .name("vnvme-stop-watch".into())
+        .spawn(move || {
+            while !stop.load(Ordering::Acquire) {
+                std::thread::sleep(STOP_CHECK);
+            }
+            std::thread::sleep(timeout);
+            tracing::error!(
+                "the server did not stop within {timeout:?} (--stop-timeout): a queue worker is \
+                 blocked, most likely in a namespace's storage that does not answer; exiting \
+                 without a clean stop (commands in flight are lost; data already written stays)"
+            );
+            let _ = std::fs::remove_file(&socket);
+            std::process::exit(1);
+        })
+        .context("starting the stop watch thread")?;
+    Ok(())
 }
 
 /// Binds the socket, replacing a stale socket file but refusing one a live

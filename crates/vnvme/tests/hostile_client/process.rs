@@ -74,28 +74,8 @@ impl ServeProcess {
     /// Sends SIGTERM and waits for the process: it must exit 0 within
     /// [`STOP_LIMIT`] and remove its socket. Returns the time it took.
     pub(crate) fn sigterm(mut self) -> Duration {
-        assert!(
-            self.alive(),
-            "the server died before SIGTERM:\n{}",
-            self.log()
-        );
         let started = Instant::now();
-        rustix::process::kill_process(
-            rustix::process::Pid::from_raw(self.pid()).unwrap(),
-            rustix::process::Signal::TERM,
-        )
-        .unwrap();
-        let status = loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                break status;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(15),
-                "vnvme serve still runs 15 s after SIGTERM:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        };
+        let status = self.terminate();
         let took = started.elapsed();
         assert!(
             status.success(),
@@ -110,6 +90,32 @@ impl ServeProcess {
         );
         eprintln!("SIGTERM to exit: {took:?}");
         took
+    }
+
+    /// Sends SIGTERM and waits (15 s at most) for the process to exit.
+    pub(crate) fn terminate(&mut self) -> std::process::ExitStatus {
+        assert!(
+            self.alive(),
+            "the server died before SIGTERM:\n{}",
+            self.log()
+        );
+        let started = Instant::now();
+        rustix::process::kill_process(
+            rustix::process::Pid::from_raw(self.pid()).unwrap(),
+            rustix::process::Signal::TERM,
+        )
+        .unwrap();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(15),
+                "vnvme serve still runs 15 s after SIGTERM:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 }
 

@@ -216,3 +216,104 @@ fn refused_connections_and_unwanted_fds_are_closed() {
     assert_eq!(before, srv.fd_count(), "fds before and after");
     srv.sigterm();
 }
+
+/// A FUSE filesystem (bindfs, run in the foreground) whose daemon the test
+/// can stop: reads through it then wait in the kernel without end, as on a
+/// network filesystem whose server hangs.
+struct HungFs {
+    daemon: std::process::Child,
+    dir: std::path::PathBuf,
+}
+
+impl HungFs {
+    fn mount() -> Self {
+        let dir = std::env::temp_dir().join(format!("vnvme-hung-fs-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("src")).unwrap();
+        std::fs::create_dir_all(dir.join("mnt")).unwrap();
+        let daemon = std::process::Command::new("bindfs")
+            .arg("-f")
+            .arg(dir.join("src"))
+            .arg(dir.join("mnt"))
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("bindfs (Debian package bindfs; .ci/run installs it) and /dev/fuse are needed");
+        let fs = Self { daemon, dir };
+        let mnt = fs.mnt().to_string_lossy().into_owned();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .any(|l| l.split(' ').nth(4) == Some(mnt.as_str()))
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "bindfs did not mount {mnt}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        fs
+    }
+
+    fn mnt(&self) -> std::path::PathBuf {
+        self.dir.join("mnt")
+    }
+
+    fn signal(&self, signal: rustix::process::Signal) {
+        let pid = rustix::process::Pid::from_raw(self.daemon.id() as i32).unwrap();
+        rustix::process::kill_process(pid, signal).unwrap();
+    }
+}
+
+impl Drop for HungFs {
+    fn drop(&mut self) {
+        self.signal(rustix::process::Signal::CONT);
+        let _ = std::process::Command::new("fusermount")
+            .arg("-u")
+            .arg("-z")
+            .arg(self.mnt())
+            .status();
+        let _ = self.daemon.kill();
+        let _ = self.daemon.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A worker waits in a read of a file namespace whose filesystem hangs: a
+/// clean stop would wait for it forever, so after --stop-timeout the server
+/// exits anyway, with status 1, a log line saying why, and its socket gone.
+#[test]
+fn sigterm_stops_serve_within_the_stop_timeout_while_a_worker_waits_on_a_hung_filesystem() {
+    let fs = HungFs::mount();
+    let file = fs.mnt().join("ns.img");
+    std::fs::write(&file, vec![0x5A; 1 << 20]).unwrap();
+    let ns = format!("{}:file", file.display());
+    let mut srv = ServeProcess::start(&["--ns", &ns, "--stop-timeout", "1s"]);
+    let mut g = ready_at(&srv.path);
+    let mut read = rw(NvmOpcode::READ, 0, 1, DATA, 0);
+    read.nsid = 2.into();
+    assert!(g.submit(1, read).status().is_success());
+    fs.signal(rustix::process::Signal::STOP);
+    let mut read = rw(NvmOpcode::READ, 1, 1, DATA, 0);
+    read.nsid = 2.into();
+    g.push(1, read);
+    assert!(
+        g.reap_within(1, Duration::from_millis(500)).is_none(),
+        "the read of the hung filesystem completed"
+    );
+    let started = std::time::Instant::now();
+    let status = srv.terminate();
+    let took = started.elapsed();
+    assert_eq!(status.code(), Some(1), "{}", srv.log());
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_secs(4),
+        "stopped after {took:?}:\n{}",
+        srv.log()
+    );
+    assert!(
+        srv.log().contains("did not stop within 1s"),
+        "{}",
+        srv.log()
+    );
+    assert!(!srv.path.exists(), "the socket file was left behind");
+}
