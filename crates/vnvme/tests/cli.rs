@@ -70,6 +70,24 @@ fn bad_flags_get_a_clear_message_and_a_non_zero_exit() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown backend 'floppy'"));
 
+    let (_dir, socket) = temp_socket("stop-timeout");
+    let out = Command::new(BIN)
+        .args([
+            "serve",
+            "--ns",
+            "1M:null",
+            "--stop-timeout",
+            "0",
+            "--socket",
+        ])
+        .arg(&socket)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--stop-timeout must be more than 0"), "{err}");
+    assert!(!socket.exists(), "a refused start left its socket");
+
     let out = vnvme(&["list"], Path::new("/nonexistent/vnvme.sock"));
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("is `vnvme serve --socket"));
