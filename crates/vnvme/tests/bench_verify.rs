@@ -73,7 +73,7 @@ fn polling_knobs_reach_the_controller_and_the_guest_server() {
     // `--no-idle-class`: beside the other tests the worker waits for a core
     // long enough to move to SCHED_IDLE, where the woken driver preempts it
     // between the completion and the arming and submits unseen by EventIdx
-    // (0.09-0.2 traps per I/O in that class; one CI run failed on it).
+    // (0.09-0.23 traps per I/O in that class; one CI run failed on it).
     let opts = options(&[
         "--modes",
         "adaptive",
