@@ -160,7 +160,18 @@ fn adaptive_mode_busy_worker_needs_no_traps() {
             q.sq_doorbell_traps
         );
         assert_eq!(u64::from(traps), q.sq_doorbell_traps);
-        assert_eq!(q.cq_doorbell_traps, 0, "spdk {spdk}");
+        // CQ EventIdx is published behind the head read at a pass's start,
+        // so a pass that goes on with commands the host submitted meanwhile
+        // (it reaped and rang while the worker posted) keeps an older value.
+        // Behind an older head, EventIdx can lie inside a later head move
+        // that wraps the ring, and that update traps. Seen twice here in
+        // about 100 runs with the cores loaded; trap mode would trap at
+        // every batch (100 times).
+        assert!(
+            q.cq_doorbell_traps <= wraps,
+            "spdk {spdk}: {} CQ traps, {wraps} wraps",
+            q.cq_doorbell_traps
+        );
         assert_eq!(q.commands, 250);
         assert!(q.shadow_reads > 0);
     }
