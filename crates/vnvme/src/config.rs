@@ -18,7 +18,7 @@
 //! max_dma_size = "64G"        # ... and in bytes
 //! handshake_timeout = "5s"    # VERSION within this
 //! message_timeout = "5s"      # each message whole within this
-//! stop_timeout = "10s"        # then exit even if a worker is stuck
+//! stop_timeout = "30s"        # then exit even if a worker is stuck
 //!
 //! [[namespaces]]              # NSID 1
 //! size = "1G"

@@ -81,7 +81,7 @@ pub struct ServeOptions {
     /// How long the server has to stop once asked (SIGTERM, SIGINT, the control socket's
     /// `shutdown`) before it exits anyway, with status 1: a worker stuck in storage that does not
     /// answer (a hung filesystem) would otherwise keep it running. A second signal exits at once.
-    /// Default 10s.
+    /// Default 30s.
     #[arg(long, value_name = "DURATION", value_parser = crate::namespace::parse_duration)]
     pub stop_timeout: Option<Duration>,
     /// Serve JSON-RPC 2.0 on this UNIX socket, one request per line, to change and break the
@@ -236,8 +236,9 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
     }
 }
 
-/// How long a stop may take before the server exits anyway.
-const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a stop may take before the server exits anyway: longer than any
+/// wait that ends on its own (an NBD request's, 2 × its 10 s I/O timeout).
+const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How often the stop watch looks whether a stop was asked.
 const STOP_CHECK: Duration = Duration::from_millis(250);
