@@ -12,14 +12,14 @@ command -v nbdkit >/dev/null || missing+=(nbdkit)
 { command -v qemu-nbd >/dev/null && command -v qemu-img >/dev/null; } || missing+=(qemu-utils)
 # A stop test hangs a FUSE filesystem (bindfs) under a file namespace.
 command -v bindfs >/dev/null || missing+=(bindfs)
-install() {
+apt_install() {
   echo "== apt-get install $*"
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
 }
 if [ ${#missing[@]} -gt 0 ]; then
-  install "${missing[@]}"
+  apt_install "${missing[@]}"
 fi
 # The metrics test runs `promtool check metrics` (package prometheus, whose
 # recommended packages are a whole monitoring stack).
-command -v promtool >/dev/null || install --no-install-recommends prometheus
+command -v promtool >/dev/null || apt_install --no-install-recommends prometheus

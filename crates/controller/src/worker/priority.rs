@@ -371,7 +371,8 @@ impl Guard {
             .saturating_duration_since(self.at)
             .as_secs_f64()
             .max(1e-9);
-        let share = |now: Duration, then: Duration| now.saturating_sub(then).as_secs_f64() / span;
+        let share =
+            |total: Duration, before: Duration| total.saturating_sub(before).as_secs_f64() / span;
         let waited = share(times.waited, self.times.waited);
         let busy = share(times.ran, self.times.ran) >= BUSY;
         self.at = now;

@@ -4,7 +4,7 @@
 
 use std::io::Write;
 use std::os::fd::AsFd;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use vnvme_spec::NvmOpcode;
 use vnvme_vfio_user::irq;
@@ -240,16 +240,13 @@ impl HungFs {
             .expect("bindfs (Debian package bindfs; .ci/run installs it) and /dev/fuse are needed");
         let fs = Self { daemon, dir };
         let mnt = fs.mnt().to_string_lossy().into_owned();
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + Duration::from_secs(10);
         while !std::fs::read_to_string("/proc/self/mountinfo")
             .unwrap()
             .lines()
             .any(|l| l.split(' ').nth(4) == Some(mnt.as_str()))
         {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "bindfs did not mount {mnt}"
-            );
+            assert!(Instant::now() < deadline, "bindfs did not mount {mnt}");
             std::thread::sleep(Duration::from_millis(20));
         }
         fs
@@ -301,7 +298,7 @@ fn sigterm_stops_serve_within_the_stop_timeout_while_a_worker_waits_on_a_hung_fi
         g.reap_within(1, Duration::from_millis(500)).is_none(),
         "the read of the hung filesystem completed"
     );
-    let started = std::time::Instant::now();
+    let started = Instant::now();
     let status = srv.terminate();
     let took = started.elapsed();
     assert_eq!(status.code(), Some(1), "{}", srv.log());
