@@ -376,8 +376,11 @@ fn process_sq(
             }
             let cmd = match sq.pop(mem) {
                 Ok(cmd) => cmd,
-                Err(_) => {
-                    shared.set_fatal("submission queue entry unreadable");
+                Err(e) => {
+                    shared.set_fatal(&format!(
+                        "submission queue {qid} entry unreadable ({e}): the host's queue \
+                         memory is not mapped"
+                    ));
                     return (Pass::Idle, done);
                 }
             };

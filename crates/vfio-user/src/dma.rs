@@ -1,8 +1,10 @@
 //! The client's DMA address space as the device sees it.
 //!
-//! Maps that came with an fd are mmapped (MAP_SHARED) into this process and
-//! accessed with plain memory copies: no allocation and no syscall on the hot
-//! path. Maps without an fd are reached with DMA_READ/DMA_WRITE messages to the
+//! Maps that came with an fd are slices of a MAP_SHARED mapping of their file
+//! in this process, one per file however many maps lie in it (`mmap.rs`: how
+//! hugetlbfs memory maps at all, and how a vIOMMU's stream of small maps
+//! stays cheap), accessed with plain memory copies: no allocation and no
+//! syscall on the hot path. Maps without an fd are reached with DMA_READ/DMA_WRITE messages to the
 //! client.
 //!
 //! The map table is immutable: DMA_MAP and DMA_UNMAP publish a new one, and
@@ -11,7 +13,8 @@
 //! access holds its snapshot for its copy (or its DMA_READ/DMA_WRITE round
 //! trip), and a thread keeps it until its next access or until it quiesces
 //! ([`DmaSpace::quiesce`]) before blocking. DMA_UNMAP waits until no snapshot
-//! holds the removed map, then munmaps it. So once the server replies to
+//! holds the removed map, then drops it (munmapping its file's mapping if it
+//! was the last map in it). So once the server replies to
 //! DMA_UNMAP no access can touch the range, and no access can ever touch
 //! memory that was unmapped; the wait is bounded, and past the bound only the
 //! first promise is given up, for an access in progress all that time.
@@ -31,26 +34,27 @@
 //! pages), so it fails with [`DmaError::Broken`] and the command with a Data
 //! Transfer Error; the map stays broken until the client unmaps it.
 //!
-//! Resources: each map costs a kernel VMA and, with an fd, a slot of the
-//! process-wide fault registry, so a client gets at most
+//! Resources: a map costs at most a kernel VMA and, with an fd, a slot of the
+//! process-wide fault registry (fewer where maps share a file), so a client gets at most
 //! [`DmaLimits::max_maps`] maps and [`DmaLimits::max_bytes`] bytes at once;
 //! beyond them DMA_MAP fails with ENOSPC and ENOMEM.
 
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::BorrowedFd;
 use std::sync::atomic::{compiler_fence, AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use rustix::mm::{MapFlags, ProtFlags};
+use parking_lot::Mutex;
 
 use crate::conn::{Conn, MAX_DATA_XFER_SIZE};
-use crate::fault;
 use crate::Errno;
 
 mod access;
+mod mmap;
 mod pin;
 mod remote;
 mod snapshot;
+use mmap::{FileMaps, Mmap};
 pub use pin::DmaPin;
 use snapshot::Tables;
 
@@ -110,66 +114,10 @@ impl Default for DmaLimits {
     }
 }
 
-/// A MAP_SHARED mapping owned by one DMA map.
-#[derive(Debug)]
-struct Mmap {
-    /// Start of the mapping as returned by mmap (page aligned).
-    ptr: *mut u8,
-    len: usize,
-    /// Byte offset in the mapping of the DMA map's first byte.
-    delta: usize,
-    /// The SIGBUS registry slot of a file mapping; None for anonymous memory,
-    /// which nobody can truncate.
-    fault: Option<fault::Registration>,
-    /// Whether the broken map was reported.
-    warned: AtomicBool,
-}
-
-impl Mmap {
-    fn new(ptr: *mut u8, len: usize, delta: usize) -> Self {
-        Self {
-            ptr,
-            len,
-            delta,
-            fault: None,
-            warned: AtomicBool::new(false),
-        }
-    }
-
-    /// Whether a SIGBUS replaced the mapping with zero pages.
-    #[inline]
-    fn is_broken(&self) -> bool {
-        self.fault
-            .as_ref()
-            .is_some_and(fault::Registration::is_broken)
-    }
-}
-
-// SAFETY: the mapping is plain shared memory owned by this value; it is only
-// unmapped in Drop, which needs exclusive ownership. Accesses through `ptr`
-// hold a table snapshot that keeps the value alive (see module docs).
-unsafe impl Send for Mmap {}
-// SAFETY: as above; `&Mmap` only hands out the pointer for copies made while
-// a snapshot holding the map is held.
-unsafe impl Sync for Mmap {}
-
-impl Drop for Mmap {
-    fn drop(&mut self) {
-        // Out of the SIGBUS registry before the range can be reused.
-        drop(self.fault.take());
-        // SAFETY: `ptr`/`len` describe a mapping created by `mmap` in
-        // `map_fd`/`map_anonymous` and not unmapped since; this is the only
-        // owner, dropped with the last table snapshot holding its map, and
-        // every access holds a snapshot, so no access is using it.
-        if let Err(e) = unsafe { rustix::mm::munmap(self.ptr.cast(), self.len) } {
-            tracing::warn!(error = %e, "munmap of a DMA map failed");
-        }
-    }
-}
-
 #[derive(Debug)]
 enum Backing {
-    Mmap(Mmap),
+    /// At `delta` bytes into a mapping it may share with other maps.
+    Mmap { mm: Arc<Mmap>, delta: usize },
     /// Reached with DMA_READ/DMA_WRITE messages.
     Remote,
 }
@@ -249,6 +197,10 @@ struct DmaInner {
     limits: DmaLimits,
     /// Whether a DMA_MAP was refused already (later refusals log at debug).
     refused: AtomicBool,
+    /// The latest refused DMA_MAPs, oldest first.
+    refusals: Mutex<Vec<Refused>>,
+    /// The client's files as mapped here, shared by its maps.
+    files: FileMaps,
 }
 
 /// The client's DMA maps as the device sees them. Cheap to clone, Send + Sync.
@@ -286,6 +238,8 @@ impl DmaSpace {
                 max_xfer: max_xfer.clamp(4, MAX_DATA_XFER_SIZE),
                 limits,
                 refused: AtomicBool::new(false),
+                refusals: Mutex::new(Vec::new()),
+                files: FileMaps::default(),
             }),
         }
     }
@@ -314,9 +268,11 @@ impl DmaSpace {
         self.inner.maps.late_unmaps.load(Ordering::Relaxed)
     }
 
-    /// Maps `size` bytes of `fd` from `file_offset` at `iova` (MAP_SHARED),
-    /// registered with the SIGBUS guard (see the module docs). Errors are
-    /// errnos for a DMA_MAP reply.
+    /// Maps `size` bytes of `fd` from `file_offset` at `iova`: a slice of
+    /// this client's MAP_SHARED mapping of that file, made now if no map
+    /// holds one that covers it (`mmap.rs`), registered with the SIGBUS
+    /// guard (see the module docs). Errors are errnos for a DMA_MAP reply;
+    /// a refusal is logged with its cause.
     pub fn map_fd(
         &self,
         iova: u64,
@@ -327,74 +283,25 @@ impl DmaSpace {
         writable: bool,
     ) -> Result<(), Errno> {
         self.check_new_map(iova, size)?;
-        let stat = rustix::fs::fstat(fd).map_err(|e| e.raw_os_error())?;
-        let kind = rustix::fs::FileType::from_raw_mode(stat.st_mode);
-        if kind != rustix::fs::FileType::RegularFile {
-            self.log_refusal(format_args!(
-                "DMA_MAP at {iova:#x} refused (EINVAL): the fd is a {kind:?}, not a memfd or \
-                 regular file"
-            ));
-            return Err(libc::EINVAL);
-        }
-        // An access past the end of the file would raise SIGBUS.
-        let end = file_offset.checked_add(size).ok_or(libc::EINVAL)?;
-        let file_size = u64::try_from(stat.st_size).unwrap_or(0);
-        if file_size < end {
-            self.log_refusal(format_args!(
-                "DMA_MAP of {size:#x} bytes at {iova:#x} refused (EINVAL): it ends at file \
-                 offset {end:#x}, past the end of the {file_size:#x}-byte file it came with"
-            ));
-            return Err(libc::EINVAL);
-        }
-        let page = rustix::param::page_size() as u64;
-        let delta = file_offset % page;
-        // The kernel splits a hugetlbfs mapping only at huge pages, and the
-        // SIGBUS handler replaces the whole mapping: map whole huge pages.
-        let granule = hugetlb_page_size(fd).unwrap_or(page);
-        let len = size
-            .checked_add(delta)
-            .and_then(|l| l.checked_next_multiple_of(granule))
-            .ok_or(libc::EINVAL)?;
-        // Only a length beyond the address space fails: no more to say.
-        let len = usize::try_from(len).map_err(|_| libc::ENOMEM)?;
-        let mut prot = ProtFlags::empty();
-        if readable {
-            prot |= ProtFlags::READ;
-        }
-        if writable {
-            prot |= ProtFlags::WRITE;
-        }
-        // SAFETY: a fresh mapping at an address the kernel chooses, so no
-        // existing memory is affected; the result is owned by `Mmap`.
-        let ptr = unsafe {
-            rustix::mm::mmap(
-                std::ptr::null_mut(),
-                len,
-                prot,
-                MapFlags::SHARED,
-                fd.as_fd(),
-                file_offset - delta,
-            )
-        }
-        .map_err(|e| e.raw_os_error())?;
-        // Unmapped by its Drop if what follows fails.
-        let mut mmap = Mmap::new(ptr.cast(), len, delta as usize);
-        mmap.fault = Some(fault::register(mmap.ptr, len).inspect_err(|&e| {
-            if e == libc::ENOSPC {
-                self.log_refusal(format_args!(
-                    "DMA_MAP of {size:#x} bytes at {iova:#x} refused (ENOSPC): {} \
-                     shared-memory DMA maps are registered in this process, the most \
-                     its SIGBUS guard tracks",
-                    fault::CAPACITY
-                ));
-            }
-        })?);
+        let whole_up_to = self.inner.limits.max_bytes;
+        let (mm, delta) = self
+            .inner
+            .files
+            .get(fd, file_offset, size, writable, whole_up_to)
+            .map_err(|r| {
+                self.refuse(
+                    iova,
+                    size,
+                    r.errno,
+                    format_args!("{} (file offset {file_offset:#x})", r.why),
+                )
+            })?;
         self.insert(Mapping {
             iova,
             size,
             readable,
             writable,
-            backing: Backing::Mmap(mmap),
+            backing: Backing::Mmap { mm, delta },
         })
     }
 
@@ -404,24 +311,13 @@ impl DmaSpace {
         self.check_new_map(iova, size)?;
         // Only a size beyond the address space fails: no more to say.
         let len = usize::try_from(size).map_err(|_| libc::ENOMEM)?;
-        // SAFETY: a fresh anonymous mapping at an address the kernel chooses;
-        // the result is owned by `Mmap`.
-        let ptr = unsafe {
-            rustix::mm::mmap_anonymous(
-                std::ptr::null_mut(),
-                len,
-                ProtFlags::READ | ProtFlags::WRITE,
-                MapFlags::SHARED,
-            )
-        }
-        .map_err(|e| e.raw_os_error())?;
-        let mmap = Mmap::new(ptr.cast(), len, 0);
+        let mm = Arc::new(Mmap::anonymous(len)?);
         self.insert(Mapping {
             iova,
             size,
             readable: true,
             writable: true,
-            backing: Backing::Mmap(mmap),
+            backing: Backing::Mmap { mm, delta: 0 },
         })
     }
 
@@ -462,37 +358,85 @@ impl DmaSpace {
     fn check_room(&self, table: &MapTable, iova: u64, size: u64) -> Result<(), Errno> {
         let limits = self.inner.limits;
         if table.maps.len() >= limits.max_maps {
-            self.log_refusal(format_args!(
-                "DMA_MAP of {size:#x} bytes at {iova:#x} refused (ENOSPC): the client \
-                 has {} DMA maps, the limit; raise it with `vnvme serve --max-dma-maps`",
-                table.maps.len()
+            return Err(self.refuse(
+                iova,
+                size,
+                libc::ENOSPC,
+                format_args!(
+                    "the client has {} DMA maps, the limit; raise it with `vnvme serve \
+                     --max-dma-maps`",
+                    table.maps.len()
+                ),
             ));
-            return Err(libc::ENOSPC);
         }
         if table
             .bytes
             .checked_add(size)
             .is_none_or(|total| total > limits.max_bytes)
         {
-            self.log_refusal(format_args!(
-                "DMA_MAP of {size:#x} bytes at {iova:#x} refused (ENOMEM): the client \
-                 has {:#x} bytes mapped and may map {:#x}; raise the limit with \
-                 `vnvme serve --max-dma-size`",
-                table.bytes, limits.max_bytes
+            return Err(self.refuse(
+                iova,
+                size,
+                libc::ENOMEM,
+                format_args!(
+                    "the client has {:#x} bytes mapped and may map {:#x}; raise the limit \
+                     with `vnvme serve --max-dma-size`",
+                    table.bytes, limits.max_bytes
+                ),
             ));
-            return Err(libc::ENOMEM);
         }
         Ok(())
     }
 
-    /// A refused DMA_MAP: a warning the first time for this client, then
-    /// debug lines, so a flooding client cannot flood the log.
+    /// A refused DMA_MAP: logged (a warning the first time for this client,
+    /// then debug lines, so a flooding client cannot flood the log) and
+    /// remembered, so that a later access to the range can say why it is
+    /// not mapped. Returns `errno`.
     #[cold]
-    fn log_refusal(&self, what: std::fmt::Arguments<'_>) {
+    fn refuse(&self, iova: u64, size: u64, errno: Errno, why: std::fmt::Arguments<'_>) -> Errno {
+        let what = format!(
+            "DMA_MAP of {size:#x} bytes at {iova:#x} refused ({}): {why}",
+            errno_name(errno)
+        );
         if self.inner.refused.swap(true, Ordering::Relaxed) {
             tracing::debug!("{what}");
         } else {
             tracing::warn!("{what} (further refusals for this client are logged at debug level)");
+        }
+        let mut refusals = self.inner.refusals.lock();
+        if refusals.len() >= MAX_REFUSALS_KEPT {
+            refusals.remove(0);
+        }
+        refusals.push(Refused {
+            iova,
+            size,
+            what,
+            explained: false,
+        });
+        errno
+    }
+
+    /// An access failed on unmapped memory: if it lies in a DMA_MAP that was
+    /// refused, say so (once per refused map), with the refusal's cause.
+    #[cold]
+    fn explain(&self, e: &DmaError) {
+        let DmaError::Unmapped { addr, .. } = *e else {
+            return;
+        };
+        let mut refusals = self.inner.refusals.lock();
+        let Some(r) = refusals
+            .iter_mut()
+            .rev()
+            .find(|r| addr.wrapping_sub(r.iova) < r.size)
+        else {
+            return;
+        };
+        if !std::mem::replace(&mut r.explained, true) {
+            tracing::warn!(
+                "guest memory at {addr:#x} is not mapped: the client's {} (the access fails; \
+                 a command on it completes with a Data Transfer Error)",
+                r.what
+            );
         }
     }
 
@@ -511,32 +455,38 @@ impl DmaSpace {
         Ok(())
     }
 
-    /// Removes the map that exactly matches `iova`/`size`. Waits (at most
-    /// one second) until no thread holds it; after it returns no access
-    /// touches the range (see the module docs for past the bound).
+    /// Removes the maps that lie in `[iova, iova + size)`, as the kernel's
+    /// VFIO_IOMMU_UNMAP_DMA does: a range that holds none is no error (QEMU
+    /// behind a vIOMMU unmaps whole IOVA windows at shutdown), one that would
+    /// split a map is EINVAL. The vfio-user specification and libvfio-user
+    /// expect exactly one map's range, a case of this. Waits (at most one
+    /// second) until no thread holds a removed map; after it returns no
+    /// access touches the range (see the module docs for past the bound).
     pub fn unmap(&self, iova: u64, size: u64) -> Result<(), Errno> {
+        let end = iova.checked_add(size).ok_or(libc::EINVAL)?;
+        if size == 0 {
+            return Err(libc::EINVAL);
+        }
         let removed = {
             let mut current = self.inner.maps.lock();
-            let idx = current
-                .maps
-                .iter()
-                .position(|m| m.iova == iova && m.size == size);
-            let Some(idx) = idx else {
-                return Err(if overlaps(&current, iova, size) {
-                    libc::EINVAL
-                } else {
-                    libc::ENOENT
-                });
-            };
+            let first = current.maps.partition_point(|m| m.end() <= iova);
+            let last = current.maps.partition_point(|m| m.iova < end);
+            let inside = current.maps.get(first..last).unwrap_or_default();
+            if inside.iter().any(|m| m.iova < iova || m.end() > end) {
+                return Err(libc::EINVAL);
+            }
+            if inside.is_empty() {
+                return Ok(());
+            }
             let mut next = MapTable::clone(&current);
-            let m = next.maps.remove(idx);
-            next.bytes -= m.size;
+            let removed: Vec<_> = next.maps.drain(first..last).collect();
+            next.bytes -= removed.iter().map(|m| m.size).sum::<u64>();
             self.inner.maps.publish(&mut current, next);
-            m
+            removed
         };
         // Waits outside the lock: threads with an old snapshot take it to
         // refresh.
-        self.inner.maps.retire(vec![removed]);
+        self.inner.maps.retire(removed);
         Ok(())
     }
 
@@ -557,7 +507,9 @@ impl DmaSpace {
         let table = self.inner.maps.current();
         let m = table.maps.get(table.find(iova)?)?;
         match &m.backing {
-            Backing::Mmap(mm) => Some(mm.ptr.wrapping_add(mm.delta + (iova - m.iova) as usize)),
+            Backing::Mmap { mm, delta } => {
+                Some(mm.ptr.wrapping_add(delta + (iova - m.iova) as usize))
+            }
             Backing::Remote => None,
         }
     }
@@ -580,6 +532,7 @@ impl DmaSpace {
         self.inner
             .maps
             .with(|table| self.walk_in(table, iova, end, write, &mut f))
+            .inspect_err(|e| self.explain(e))
     }
 
     /// [`DmaSpace::walk`] on `table`.
@@ -618,12 +571,12 @@ impl DmaSpace {
             }
             let off = addr - m.iova;
             match &m.backing {
-                Backing::Mmap(mm) => {
+                Backing::Mmap { mm, delta } => {
                     m.check_intact(mm, addr, end)?;
                     // In bounds: off + n <= m.size and the mapping is
                     // delta + size bytes long.
                     // SAFETY: the offset stays inside the mapping (above).
-                    let p = unsafe { mm.ptr.add(mm.delta + off as usize) };
+                    let p = unsafe { mm.ptr.add(delta + off as usize) };
                     f(Piece::Local(p), addr, done, n)?;
                     // A copy that faulted was redone on zero pages by the
                     // SIGBUS handler, on this thread: the fence keeps the
@@ -649,16 +602,35 @@ impl DmaSpace {
     }
 }
 
-/// The huge page size of a file on hugetlbfs (SPDK's memory), else None.
-fn hugetlb_page_size(fd: BorrowedFd<'_>) -> Option<u64> {
-    const HUGETLBFS_MAGIC: u32 = 0x9584_58f6;
-    let fs = rustix::fs::fstatfs(fd).ok()?;
-    if fs.f_type as u32 != HUGETLBFS_MAGIC {
-        return None;
-    }
-    u64::try_from(fs.f_bsize)
-        .ok()
-        .filter(|b| b.is_power_of_two())
+/// Refused DMA_MAPs remembered per client, to explain later accesses.
+const MAX_REFUSALS_KEPT: usize = 16;
+
+/// A refused DMA_MAP (see [`DmaSpace::refuse`]).
+#[derive(Debug)]
+struct Refused {
+    iova: u64,
+    size: u64,
+    /// The log line that refused it.
+    what: String,
+    /// Whether an access to it was explained already.
+    explained: bool,
+}
+
+/// The symbolic name of a DMA_MAP reply's errno, for messages.
+fn errno_name(e: Errno) -> std::borrow::Cow<'static, str> {
+    let name = match e {
+        libc::EINVAL => "EINVAL",
+        libc::ENOMEM => "ENOMEM",
+        libc::ENOSPC => "ENOSPC",
+        libc::EACCES => "EACCES",
+        libc::EPERM => "EPERM",
+        libc::ENODEV => "ENODEV",
+        libc::EBADF => "EBADF",
+        libc::EEXIST => "EEXIST",
+        libc::EOVERFLOW => "EOVERFLOW",
+        other => return format!("errno {other}").into(),
+    };
+    name.into()
 }
 
 fn overlaps(table: &MapTable, iova: u64, size: u64) -> bool {

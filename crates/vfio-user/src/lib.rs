@@ -20,6 +20,7 @@ mod conn;
 mod dma;
 mod door;
 mod fault;
+pub mod hugepages;
 mod server;
 mod shared;
 pub mod wire;

@@ -53,7 +53,7 @@ impl DmaSpace {
                     if m.iova > addr || !m.readable || (write && !m.writable) {
                         return None;
                     }
-                    let Backing::Mmap(mm) = &m.backing else {
+                    let Backing::Mmap { mm, delta } = &m.backing else {
                         return None;
                     };
                     if mm.is_broken() {
@@ -61,8 +61,8 @@ impl DmaSpace {
                     }
                     let n = end.min(m.end()) - addr;
                     // In bounds: `addr - m.iova + n <= m.size`, and the
-                    // mapping is `delta + size` bytes long.
-                    let host = mm.ptr as usize + mm.delta + (addr - m.iova) as usize;
+                    // mapping holds `delta + size` bytes.
+                    let host = mm.ptr as usize + delta + (addr - m.iova) as usize;
                     pin.add(m, host, n as usize);
                     addr += n;
                     idx += 1;
@@ -88,20 +88,20 @@ impl DmaPin {
     /// Whether none of the maps broke (see the module doc).
     pub fn intact(&self) -> bool {
         self.maps.iter().all(|m| match &m.backing {
-            Backing::Mmap(mm) => !mm.is_broken(),
+            Backing::Mmap { mm, .. } => !mm.is_broken(),
             Backing::Remote => false,
         })
     }
 }
 
 // SAFETY: every region lies inside the `Mmap` of a map in `self.maps`
-// (`pin` checked it against the map's bounds), and holding the `Arc`
+// (`pin` checked it against the map's bounds), and holding the map's `Arc`
 // keeps that `Mmap`, whose drop alone munmaps it, alive: the memory stays
 // mapped as long as the pin, whatever the client unmaps. The SIGBUS guard
 // may replace a mapping with anonymous memory at the same addresses,
-// which the trait allows. The maps were mapped readable, and writable when
-// `writable` (PROT_READ and PROT_WRITE follow the map's flags, checked in
-// `pin`). The regions and the flag never change after `pin`, and nothing
+// which the trait allows. Every mapping is PROT_READ, and PROT_WRITE when
+// a writable map lies in it; `pin` checked that each map is readable, and
+// writable when `writable`. The regions and the flag never change after `pin`, and nothing
 // here forms a reference to the memory.
 unsafe impl MappedMemory for DmaPin {
     fn regions(&self) -> &[Region] {

@@ -9,13 +9,13 @@
 
 use std::fs::File;
 use std::os::fd::AsFd;
-use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
-use rustix::fs::ftruncate;
+use rustix::fs::{ftruncate, memfd_create, MemfdFlags};
 use vnvme::device::DeviceOptions;
 use vnvme_controller::DoorbellMode;
 use vnvme_spec::{NvmOpcode, Status};
+use vnvme_vfio_user::hugepages::HugePages;
 
 use crate::guest::*;
 use crate::peer::fds;
@@ -96,14 +96,25 @@ fn truncated_guest_ram_memfd_in_mmap_poll_mode_fails_commands_and_the_server_liv
 const EXTRA_IOVA: u64 = 0x2_0000_0000;
 const EXTRA_SIZE: u64 = 1 << 20;
 
-#[test]
-fn truncated_regular_file_dma_map_fails_io_with_data_transfer_error_until_remapped() {
+/// The 4 KiB at `buf`, read through the device (written to LBA 9, read
+/// back into the RAM): hugetlbfs files cannot be read with read(2).
+fn lands(g: &mut Guest, buf: u64) -> Vec<u8> {
+    let c = g.submit(1, rw(NvmOpcode::WRITE, 9, 1, buf, 0));
+    assert_eq!(c.status(), Status::SUCCESS, "write from the file");
+    let c = g.submit(1, rw(NvmOpcode::READ, 9, 1, DATA + 0x2000, 0));
+    assert_eq!(c.status(), Status::SUCCESS, "read into RAM");
+    g.read_mem(DATA + 0x2000, 4096)
+}
+
+/// `file` (`len` bytes, at least `offset + EXTRA_SIZE`) is mapped from `offset`
+/// beside the guest RAM; I/O lands in it, then the client shrinks it under
+/// the map: every command on it fails with a Data Transfer Error until the
+/// client maps it again, and the queue serves throughout.
+fn truncated_file_under_a_map(file: File, offset: u64, len: u64) {
     let srv = Served::start();
     let mut g = ready(&srv);
-    // A regular file as QEMU's `memory-backend-file,share=on` passes it.
-    let file = File::from(fds::shm_file(EXTRA_SIZE));
     g.client
-        .dma_map(EXTRA_IOVA, EXTRA_SIZE, file.as_fd(), 0, true)
+        .dma_map(EXTRA_IOVA, EXTRA_SIZE, file.as_fd(), offset, true)
         .unwrap();
     let buf = EXTRA_IOVA + 0x1000;
     let pattern: Vec<u8> = (0..4096u32).map(|i| (i * 13) as u8).collect();
@@ -112,9 +123,7 @@ fn truncated_regular_file_dma_map_fails_io_with_data_transfer_error_until_remapp
     assert_eq!(c.status(), Status::SUCCESS, "write from RAM");
     let c = g.submit(1, rw(NvmOpcode::READ, 7, 1, buf, 0));
     assert_eq!(c.status(), Status::SUCCESS, "read into the file");
-    let mut got = vec![0u8; 4096];
-    file.read_exact_at(&mut got, 0x1000).unwrap();
-    assert_eq!(got, pattern, "the read landed in the file");
+    assert_eq!(lands(&mut g, buf), pattern, "the read landed in the file");
 
     file.set_len(0).unwrap();
     let c = g.submit(1, rw(NvmOpcode::READ, 7, 1, buf, 0));
@@ -122,14 +131,14 @@ fn truncated_regular_file_dma_map_fails_io_with_data_transfer_error_until_remapp
     let c = g.submit(1, rw(NvmOpcode::WRITE, 8, 1, buf, 0));
     assert_eq!(c.status(), dte(), "write from the truncated file");
     // Growing the file back does not mend the map: broken until unmapped.
-    file.set_len(EXTRA_SIZE).unwrap();
+    file.set_len(len).unwrap();
     let c = g.submit(1, rw(NvmOpcode::READ, 7, 1, buf, 0));
     assert_eq!(c.status(), dte(), "read into the grown-back file");
     // The queue still serves, and so does the file once mapped again.
     g.assert_serving();
     g.client.dma_unmap(EXTRA_IOVA, EXTRA_SIZE).unwrap();
     g.client
-        .dma_map(EXTRA_IOVA, EXTRA_SIZE, file.as_fd(), 0, true)
+        .dma_map(EXTRA_IOVA, EXTRA_SIZE, file.as_fd(), offset, true)
         .unwrap();
     let c = g.submit(1, rw(NvmOpcode::READ, 7, 1, buf, 0));
     assert_eq!(
@@ -137,7 +146,36 @@ fn truncated_regular_file_dma_map_fails_io_with_data_transfer_error_until_remapp
         Status::SUCCESS,
         "read into the file mapped again"
     );
-    file.read_exact_at(&mut got, 0x1000).unwrap();
-    assert_eq!(got, pattern, "the read landed in the file mapped again");
+    assert_eq!(
+        lands(&mut g, buf),
+        pattern,
+        "the read landed in the file mapped again"
+    );
     g.finish(&srv);
+}
+
+#[test]
+fn truncated_regular_file_dma_map_fails_io_with_data_transfer_error_until_remapped() {
+    // A regular file as QEMU's `memory-backend-file,share=on` passes it.
+    truncated_file_under_a_map(File::from(fds::shm_file(EXTRA_SIZE)), 0, EXTRA_SIZE);
+}
+
+/// The same on hugetlbfs, mapped from an offset inside a huge page as QEMU
+/// maps the RAM above the VGA hole.
+#[test]
+fn truncated_hugetlbfs_dma_map_fails_io_with_data_transfer_error_until_remapped() {
+    let _pages = match HugePages::reserve(2, 2048) {
+        Ok(p) => p,
+        Err(why) if !rustix::process::geteuid().is_root() => {
+            return eprintln!("not run: {why}");
+        }
+        Err(why) => panic!("cannot reserve huge pages: {why}"),
+    };
+    let fd = memfd_create(
+        "vnvme-huge",
+        MemfdFlags::CLOEXEC | MemfdFlags::HUGETLB | MemfdFlags::HUGE_2MB,
+    )
+    .unwrap();
+    ftruncate(&fd, 4 << 20).unwrap();
+    truncated_file_under_a_map(File::from(fd), 0xC_0000, 4 << 20);
 }
