@@ -54,6 +54,10 @@
 #              memory-backend-file, share=on) instead of a memfd: the verify test on 64 MiB; fails if
 #              QEMU does not start (the server refused the memory), the server never mmapped that file
 #              (checked in /proc/PID/maps by device and inode), data is wrong, or the file is left behind
+#   hugepage-ram  --ns 64M:ram, guest RAM in a file on hugetlbfs (2 MiB pages; the test mounts hugetlbfs in
+#              its temp folder and reserves the pages, then gives them back): a controller reset, then fio
+#              randrw 4k-128k with crc32c verify (tests/vnvme-hugepage-ram.sh). Then the same with one 1 GiB
+#              page where the kernel can allocate one now (else that half is skipped with the reason)
 #   nvme-cli-admin  --ns 256M:ram --max-io-queues 8 --msix-vectors 6: nvme-cli's nvm-id-ns (ELBAF),
 #              nvm-id-ctrl, list-ns --csi, cmdset-ind-id-ns, id-iocs, id-uuid, id-domain (refused),
 #              primary-ctrl-caps, list-secondary; get/set-feature timestamp (advances across a sleep),
@@ -104,7 +108,7 @@ set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 GT=$HERE/tests
-ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io sanitize file-backed-ram nvme-cli-admin logs firmware directives pi zns faults reservations nbd nbd-restart"
+ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io sanitize file-backed-ram hugepage-ram nvme-cli-admin logs firmware directives pi zns faults reservations nbd nbd-restart"
 COMPARE=0 KEEP=0 ONLY=''
 while [ $# -gt 0 ]; do
   case $1 in
@@ -643,6 +647,59 @@ t_file-backed-ram() {
   else
     report FAIL $name "$(since "$t0")" "$why"
   fi
+}
+
+# One boot with the guest RAM on hugetlbfs pages of KIB KiB: mounts hugetlbfs (pagesize) in the temp
+# folder, adds the pages to the kernel's pool, runs the guest, then unmounts and gives the pages back.
+# Sets HP_WHY (empty when it passed) or HP_SKIP (the kernel could not give the pages now).
+hugepage_boot() {   # NAME KIB RIG_MEM_MIB
+  local name=$1 kib=$2 mib=$3 dir pool before want got
+  HP_WHY='' HP_SKIP=''
+  pool=/sys/kernel/mm/hugepages/hugepages-${kib}kB
+  [ -d "$pool" ] || { HP_SKIP="this kernel has no ${kib} KiB huge pages"; return; }
+  want=$((mib * 1024 / kib))
+  before=$(cat "$pool/nr_hugepages")
+  echo $((before + want)) > "$pool/nr_hugepages" 2>/dev/null
+  got=$(( $(cat "$pool/free_hugepages") ))
+  if [ "$got" -lt "$want" ]; then
+    echo "$before" > "$pool/nr_hugepages"
+    HP_SKIP="the kernel found memory for $got of $want ${kib} KiB huge pages now"; return
+  fi
+  dir=$TMP/$name.hugetlbfs
+  mkdir -p "$dir"
+  if ! mount -t hugetlbfs -o "pagesize=${kib}K" nodev "$dir"; then
+    echo "$before" > "$pool/nr_hugepages"; HP_WHY="mount -t hugetlbfs -o pagesize=${kib}K failed"; return
+  fi
+  if start_xserver $name --ns 64M:ram; then
+    RIG_MEM=${mib}M boot $name "$GT/vnvme-hugepage-ram.sh" --mem-file "$dir/vm.ram" --timeout 400 \
+      --append "rig.size=64M rig.name=$name"
+    [ $RC = 0 ] || HP_WHY="$(fail_detail $name)"
+    grep -aq 'error reply on async request command 2 ' "$LOG" 2>/dev/null &&
+      HP_WHY="${HP_WHY:+$HP_WHY; }QEMU got errors in reply to DMA_MAP (console $LOG)"
+    grep -aE 'refused|not mapped|fatal' "$XLOG" > /dev/null &&
+      HP_WHY="${HP_WHY:+$HP_WHY; }the server log: $(grep -aE 'refused|not mapped|fatal' "$XLOG" | head -2 | tr '\n' ' ')"
+  else
+    HP_WHY="server did not start: $(tail -3 "$XLOG" | tr '\n' ' ')"
+  fi
+  stop_xserver; [ -z "$XMSG" ] || HP_WHY="${HP_WHY:+$HP_WHY; }$XMSG"
+  umount "$dir" || HP_WHY="${HP_WHY:+$HP_WHY; }umount $dir failed"
+  echo "$before" > "$pool/nr_hugepages"
+  [ "$(cat "$pool/nr_hugepages")" = "$before" ] || HP_WHY="${HP_WHY:+$HP_WHY; }the pool kept $(cat "$pool/nr_hugepages") pages, had $before"
+}
+
+t_hugepage-ram() {
+  local t0 name=hugepage-ram why='' detail=''; t0=$(now)
+  hugepage_boot $name-2M 2048 512
+  if [ -n "$HP_SKIP" ]; then why="2 MiB pages: $HP_SKIP"
+  elif [ -n "$HP_WHY" ]; then why="2 MiB pages: $HP_WHY"
+  else detail="2 MiB pages (512 MiB RAM): reset + randrw 4k-128k verified $(iops_of "$OUT")"; fi
+  if [ -z "$why" ]; then
+    hugepage_boot $name-1G 1048576 1024
+    if [ -n "$HP_SKIP" ]; then detail="$detail; 1 GiB pages not run: $HP_SKIP"
+    elif [ -n "$HP_WHY" ]; then why="1 GiB pages: $HP_WHY"
+    else detail="$detail; 1 GiB page (1 GiB RAM): verified $(iops_of "$OUT")"; fi
+  fi
+  if [ -z "$why" ]; then report PASS $name "$(since "$t0")" "$detail"; else report FAIL $name "$(since "$t0")" "$why"; fi
 }
 
 t_faults() {
