@@ -58,6 +58,11 @@
 #              its temp folder and reserves the pages, then gives them back): a controller reset, then fio
 #              randrw 4k-128k with crc32c verify (tests/vnvme-hugepage-ram.sh). Then the same with one 1 GiB
 #              page where the kernel can allocate one now (else that half is skipped with the reason)
+#   viommu     --ns 128M:ram, the guest behind a virtual IOMMU (-device intel-iommu,caching-mode=on,
+#              intel_iommu=on): its nvme driver maps each I/O buffer, QEMU sends a DMA_MAP and a DMA_UNMAP for
+#              each; the controller is in a translated IOMMU group, fio randrw 4k-128k QD 16 with crc32c verify
+#              over 64 MiB (tests/vnvme-viommu.sh); QEMU reports no DMA_MAP/DMA_UNMAP error (vfio-user
+#              commands 2 and 3), also not at shutdown, and the server logs its share of the messages' time
 #   nvme-cli-admin  --ns 256M:ram --max-io-queues 8 --msix-vectors 6: nvme-cli's nvm-id-ns (ELBAF),
 #              nvm-id-ctrl, list-ns --csi, cmdset-ind-id-ns, id-iocs, id-uuid, id-domain (refused),
 #              primary-ctrl-caps, list-secondary; get/set-feature timestamp (advances across a sleep),
@@ -108,7 +113,7 @@ set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 GT=$HERE/tests
-ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io sanitize file-backed-ram hugepage-ram nvme-cli-admin logs firmware directives pi zns faults reservations nbd nbd-restart"
+ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io sanitize file-backed-ram hugepage-ram viommu nvme-cli-admin logs firmware directives pi zns faults reservations nbd nbd-restart"
 COMPARE=0 KEEP=0 ONLY=''
 while [ $# -gt 0 ]; do
   case $1 in
@@ -700,6 +705,25 @@ t_hugepage-ram() {
     else detail="$detail; 1 GiB page (1 GiB RAM): verified $(iops_of "$OUT")"; fi
   fi
   if [ -z "$why" ]; then report PASS $name "$(since "$t0")" "$detail"; else report FAIL $name "$(since "$t0")" "$why"; fi
+}
+
+t_viommu() {
+  local t0 name=viommu why='' srv; t0=$(now)
+  if ! start_xserver $name --ns 128M:ram; then
+    report FAIL $name "$(since "$t0")" "server did not start: $(tail -3 "$XLOG" | tr '\n' ' ')"; stop_xserver; return
+  fi
+  boot $name "$GT/vnvme-viommu.sh" --timeout 400 --qemu-arg -device --qemu-arg intel-iommu,caching-mode=on \
+    --append "intel_iommu=on rig.size=64M rig.name=viommu"
+  stop_xserver; srv=$XMSG
+  [ $RC = 0 ] || why="$(fail_detail $name)"
+  grep -aqE 'error reply on async request:? command [23]|vfio_container_dma_(un)?map' "$LOG" 2>/dev/null &&
+    why="${why:+$why; }QEMU got errors in reply to DMA_MAP/DMA_UNMAP: $(grep -aE 'command [23]|vfio_container_dma' "$LOG" | head -2 | tr '\n' ' ')"
+  [ -z "$srv" ] || why="${why:+$why; }$srv"
+  if [ -z "$why" ]; then
+    report PASS $name "$(since "$t0")" "$(grep -ah '^TEST: controller' "$LOG" | sed 's/^TEST: //'); verified $(iops_of "$OUT"); server: $(grep -ao "[0-9]* messages in .*DMA_UNMAP [0-9]* ([^)]*)" "$XLOG" | sed 's/ VERSION.*DMA_MAP/ DMA_MAP/' | head -1)"
+  else
+    report FAIL $name "$(since "$t0")" "$why"
+  fi
 }
 
 t_faults() {

@@ -463,23 +463,25 @@ impl DmaSpace {
     /// second) until no thread holds a removed map; after it returns no
     /// access touches the range (see the module docs for past the bound).
     pub fn unmap(&self, iova: u64, size: u64) -> Result<(), Errno> {
-        let end = iova.checked_add(size).ok_or(libc::EINVAL)?;
-        if size == 0 {
-            return Err(libc::EINVAL);
-        }
+        // Inclusive: QEMU unmaps up to the end of the address space
+        // (`iova + size` = 2^64), which the kernel accepts too.
+        let last = size
+            .checked_sub(1)
+            .and_then(|s| iova.checked_add(s))
+            .ok_or(libc::EINVAL)?;
         let removed = {
             let mut current = self.inner.maps.lock();
             let first = current.maps.partition_point(|m| m.end() <= iova);
-            let last = current.maps.partition_point(|m| m.iova < end);
-            let inside = current.maps.get(first..last).unwrap_or_default();
-            if inside.iter().any(|m| m.iova < iova || m.end() > end) {
+            let after = current.maps.partition_point(|m| m.iova <= last);
+            let inside = current.maps.get(first..after).unwrap_or_default();
+            if inside.iter().any(|m| m.iova < iova || m.end() - 1 > last) {
                 return Err(libc::EINVAL);
             }
             if inside.is_empty() {
                 return Ok(());
             }
             let mut next = MapTable::clone(&current);
-            let removed: Vec<_> = next.maps.drain(first..last).collect();
+            let removed: Vec<_> = next.maps.drain(first..after).collect();
             next.bytes -= removed.iter().map(|m| m.size).sum::<u64>();
             self.inner.maps.publish(&mut current, next);
             removed

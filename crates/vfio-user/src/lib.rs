@@ -21,6 +21,7 @@ mod dma;
 mod door;
 mod fault;
 pub mod hugepages;
+mod msg_times;
 mod server;
 mod shared;
 pub mod wire;

@@ -26,6 +26,7 @@ use crate::conn::{
 };
 use crate::dma::{DmaLimits, DmaSpace};
 use crate::door::{Door, RateLimit, STOP_POLL};
+use crate::msg_times::MessageTimes;
 use crate::wire::*;
 use crate::{Device, Errno, Error};
 
@@ -71,6 +72,8 @@ struct Session {
     regions: Vec<Option<(u32, u64)>>,
     /// Warnings about this client's messages, at most one a second.
     warnings: RateLimit,
+    /// How long each kind of message took, logged when the client goes.
+    times: MessageTimes,
 }
 
 /// Region indexes whose info is cached; others are looked up per access.
@@ -149,11 +152,13 @@ impl<D: Device> Server<D> {
             dma: None,
             regions: Vec::new(),
             warnings: RateLimit::default(),
+            times: MessageTimes::default(),
         };
         if let Some(door) = door {
             door.set_owner(Some(conn.clone()));
         }
         let result = self.run(&mut session, stop);
+        tracing::info!("vfio-user client's {}", session.times.summary());
         // Order matters: first fail any DMA_READ/WRITE a worker is waiting
         // for, then let the device stop its workers, then unmap.
         conn.shutdown();
@@ -210,7 +215,9 @@ impl<D: Device> Server<D> {
                 }
                 Err(e) => return Err(e),
             };
+            let (command, started) = (msg.header.command, Instant::now());
             self.handle(s, msg)?;
+            s.times.add(command, started.elapsed());
         }
     }
 

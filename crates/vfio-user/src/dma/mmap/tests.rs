@@ -114,9 +114,10 @@ fn unmap_removes_the_maps_inside_the_range_and_an_empty_range_is_no_error() {
         dma.load_u32(0x10_1000),
         Err(DmaError::Unmapped { .. })
     ));
-    dma.unmap(0, u64::MAX).unwrap();
+    // To the end of the address space, as QEMU unmaps at shutdown.
+    dma.unmap(0x10_0000, 0u64.wrapping_sub(0x10_0000)).unwrap();
     assert_eq!(dma.map_count(), 0);
-    assert_eq!(dma.unmap(1, u64::MAX), Err(libc::EINVAL), "overflow");
+    assert_eq!(dma.unmap(2, u64::MAX), Err(libc::EINVAL), "past the end");
     assert_eq!(dma.unmap(0x1000, 0), Err(libc::EINVAL));
 }
 
