@@ -23,7 +23,6 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use rustix::fs::{ftruncate, memfd_create, MemfdFlags};
 use vnvme_vfio_user::DmaSpace;
 
-#[allow(dead_code)]
 #[path = "../tests/common/mod.rs"]
 mod common;
 
