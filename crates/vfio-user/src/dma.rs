@@ -441,17 +441,19 @@ impl DmaSpace {
     }
 
     fn insert(&self, m: Mapping) -> Result<(), Errno> {
-        let mut current = self.inner.maps.lock();
+        let mut w = self.inner.maps.lock();
         // Checked again with the writers serialised: maps may have changed.
-        self.check_room(&current, m.iova, m.size)?;
-        if overlaps(&current, m.iova, m.size) {
+        self.check_room(&w, m.iova, m.size)?;
+        if overlaps(&w, m.iova, m.size) {
             return Err(libc::EEXIST);
         }
-        let mut next = MapTable::clone(&current);
-        let idx = next.maps.partition_point(|x| x.iova < m.iova);
-        next.bytes += m.size;
-        next.maps.insert(idx, Arc::new(m));
-        self.inner.maps.publish(&mut current, next);
+        let (iova, size) = (m.iova, m.size);
+        let m = w.new_map(m);
+        self.inner.maps.publish(&mut w, |next| {
+            let idx = next.maps.partition_point(|x| x.iova < iova);
+            next.bytes += size;
+            next.maps.insert(idx, m);
+        });
         Ok(())
     }
 
@@ -469,38 +471,45 @@ impl DmaSpace {
             .checked_sub(1)
             .and_then(|s| iova.checked_add(s))
             .ok_or(libc::EINVAL)?;
-        let removed = {
-            let mut current = self.inner.maps.lock();
-            let first = current.maps.partition_point(|m| m.end() <= iova);
-            let after = current.maps.partition_point(|m| m.iova <= last);
-            let inside = current.maps.get(first..after).unwrap_or_default();
+        let mut removed = {
+            let mut w = self.inner.maps.lock();
+            let first = w.maps.partition_point(|m| m.end() <= iova);
+            let after = w.maps.partition_point(|m| m.iova <= last);
+            let inside = w.maps.get(first..after).unwrap_or_default();
             if inside.iter().any(|m| m.iova < iova || m.end() - 1 > last) {
                 return Err(libc::EINVAL);
             }
             if inside.is_empty() {
                 return Ok(());
             }
-            let mut next = MapTable::clone(&current);
-            let removed: Vec<_> = next.maps.drain(first..after).collect();
-            next.bytes -= removed.iter().map(|m| m.size).sum::<u64>();
-            self.inner.maps.publish(&mut current, next);
+            // Lent out while this unmap waits: no allocation per unmap.
+            let mut removed = std::mem::take(&mut w.removed);
+            self.inner.maps.publish(&mut w, |next| {
+                removed.extend(next.maps.drain(first..after));
+                next.bytes -= removed.iter().map(|m| m.size).sum::<u64>();
+            });
             removed
         };
         // Waits outside the lock: threads with an old snapshot take it to
         // refresh.
-        self.inner.maps.retire(removed);
+        self.inner.maps.retire(&mut removed);
+        self.inner.maps.lock().removed = removed;
         Ok(())
     }
 
     /// Removes every map, waiting as [`DmaSpace::unmap`] does.
     pub fn unmap_all(&self) {
-        let removed = {
-            let mut current = self.inner.maps.lock();
-            let removed = current.maps.clone();
-            self.inner.maps.publish(&mut current, MapTable::default());
+        let mut removed = {
+            let mut w = self.inner.maps.lock();
+            let mut removed = std::mem::take(&mut w.removed);
+            self.inner.maps.publish(&mut w, |next| {
+                removed.append(&mut next.maps);
+                next.bytes = 0;
+            });
             removed
         };
-        self.inner.maps.retire(removed);
+        self.inner.maps.retire(&mut removed);
+        self.inner.maps.lock().removed = removed;
     }
 
     /// Where `iova` is in this process, for tests of the mapping itself.

@@ -32,6 +32,13 @@
 //! round trip) for the whole bound: a thread merely holding the old table
 //! sees the new generation at its next access and never reaches the range.
 //!
+//! Writers reuse allocations ([`Writer`]): a table that was current is
+//! written over by a later change once no thread holds it, and a retired
+//! map's allocation takes a later map, so the stream of small maps and
+//! unmaps a guest behind a vIOMMU sends allocates nothing once warm. A
+//! spare table no thread holds is emptied before an unmap waits, so it
+//! never keeps a map alive.
+//!
 //! A pin (`pin.rs`) holds the maps under a transfer the kernel is doing in
 //! them, and counts exactly like a table holding them: the unmap waits for
 //! the transfer (microseconds to milliseconds of storage latency), and past
@@ -45,7 +52,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, MutexGuard};
 
-use super::{MapTable, Mapping};
+use super::{Backing, MapTable, Mapping};
 
 /// Longest an unmap waits for threads to let go of the map: longer than
 /// any copy (a 2 MiB transfer takes well under a millisecond) and than a
@@ -107,7 +114,7 @@ thread_local! {
 /// A space's map tables: the current one and its generation.
 #[derive(Debug)]
 pub(super) struct Tables {
-    current: Mutex<Arc<MapTable>>,
+    current: Mutex<Writer>,
     /// The current table's generation, for accesses to check their
     /// snapshot against without the lock.
     generation: AtomicU64,
@@ -115,6 +122,50 @@ pub(super) struct Tables {
     pub(super) late_unmaps: AtomicU64,
     /// Whether a late unmap was logged (later ones log at debug).
     warned: AtomicBool,
+}
+
+/// What the writers (DMA_MAP, DMA_UNMAP) hold under the lock: the current
+/// table, and what earlier changes left whose allocations the next ones
+/// reuse, so that a guest behind a vIOMMU (a DMA_MAP and a DMA_UNMAP per
+/// I/O buffer) costs no allocation per message once the first few have
+/// filled the pools.
+#[derive(Debug)]
+pub(super) struct Writer {
+    table: Arc<MapTable>,
+    /// Tables that were current, written over by a later publish once no
+    /// thread holds them (their maps are let go as soon as that is so, see
+    /// [`Tables::retire`]).
+    spare_tables: Vec<Arc<MapTable>>,
+    /// Maps an unmap retired, for later maps to be written into.
+    pub(super) spare_maps: Vec<Arc<Mapping>>,
+    /// The list an unmap gathers its maps in, lent out while it waits.
+    pub(super) removed: Vec<Arc<Mapping>>,
+}
+
+/// Tables and maps kept for reuse: enough for a burst of changes while
+/// threads still hold the tables before it.
+const SPARE_TABLES: usize = 4;
+const SPARE_MAPS: usize = 64;
+
+impl std::ops::Deref for Writer {
+    type Target = MapTable;
+
+    fn deref(&self) -> &MapTable {
+        &self.table
+    }
+}
+
+impl Writer {
+    /// A spare map to write `m` into, or a new one.
+    pub(super) fn new_map(&mut self, m: Mapping) -> Arc<Mapping> {
+        while let Some(mut spare) = self.spare_maps.pop() {
+            if let Some(slot) = Arc::get_mut(&mut spare) {
+                *slot = m;
+                return spare;
+            }
+        }
+        Arc::new(m)
+    }
 }
 
 impl Default for Tables {
@@ -125,7 +176,12 @@ impl Default for Tables {
         };
         Self {
             generation: AtomicU64::new(table.generation),
-            current: Mutex::new(Arc::new(table)),
+            current: Mutex::new(Writer {
+                table: Arc::new(table),
+                spare_tables: Vec::new(),
+                spare_maps: Vec::new(),
+                removed: Vec::new(),
+            }),
             late_unmaps: AtomicU64::new(0),
             warned: AtomicBool::new(false),
         }
@@ -144,24 +200,67 @@ impl Tables {
     /// The current table, for what is not on the I/O path (a lock and a
     /// reference count).
     pub fn current(&self) -> Arc<MapTable> {
-        Arc::clone(&self.current.lock())
+        Arc::clone(&self.current.lock().table)
     }
 
     /// The current table, locked against other writers until
     /// [`Tables::publish`].
-    pub fn lock(&self) -> MutexGuard<'_, Arc<MapTable>> {
+    pub fn lock(&self) -> MutexGuard<'_, Writer> {
         self.current.lock()
     }
 
-    /// Makes `next` the current table. Accesses pick it up at their next
-    /// generation check.
-    pub fn publish(&self, current: &mut MutexGuard<'_, Arc<MapTable>>, mut next: MapTable) {
-        next.generation = next_generation();
-        let generation = next.generation;
-        **current = Arc::new(next);
+    /// Makes a copy of the current table, changed by `edit`, the current
+    /// table: written into a spare table no thread holds any more where
+    /// there is one (no allocation), else a new one. Accesses pick it up at
+    /// their next generation check.
+    pub fn publish(&self, w: &mut MutexGuard<'_, Writer>, edit: impl FnOnce(&mut MapTable)) {
+        let mut next = match w
+            .spare_tables
+            .iter()
+            .position(|t| Arc::strong_count(t) == 1)
+        {
+            Some(i) => w.spare_tables.swap_remove(i),
+            None => Arc::new(MapTable::default()),
+        };
+        let generation = next_generation();
+        let Some(t) = Arc::get_mut(&mut next) else {
+            // Unreachable (the count was one, under the lock, and nothing
+            // hands out weak references); a fresh table then.
+            return self.publish_new(w, edit);
+        };
+        t.maps.clear();
+        t.maps.extend(w.table.maps.iter().cloned());
+        t.bytes = w.table.bytes;
+        edit(t);
+        t.generation = generation;
+        let old = std::mem::replace(&mut w.table, next);
+        if w.spare_tables.len() >= SPARE_TABLES {
+            w.spare_tables.remove(0);
+        }
+        w.spare_tables.push(old);
         // Release: a thread that sees the generation and takes the lock
         // finds this table (the lock orders the rest).
         self.generation.store(generation, Ordering::Release);
+    }
+
+    #[cold]
+    fn publish_new(&self, w: &mut MutexGuard<'_, Writer>, edit: impl FnOnce(&mut MapTable)) {
+        let mut t = MapTable::clone(&w.table);
+        edit(&mut t);
+        t.generation = next_generation();
+        let generation = t.generation;
+        w.table = Arc::new(t);
+        self.generation.store(generation, Ordering::Release);
+    }
+
+    /// Empties the spare tables no thread holds any more, so the maps in
+    /// them are held only by the tables threads use.
+    fn release_spares(&self) {
+        for t in &mut self.current.lock().spare_tables {
+            if let Some(t) = Arc::get_mut(t) {
+                t.maps.clear();
+            }
+        }
     }
 
     /// Runs `f` on this thread's snapshot of the table, swapped for the
@@ -207,37 +306,45 @@ impl Tables {
 
     /// Drops maps that are out of the table once no table holds them,
     /// waiting at most [`UNMAP_WAIT`] for threads to let go (see the module
-    /// docs for what happens past it).
-    pub fn retire(&self, removed: Vec<Arc<Mapping>>) {
+    /// docs for what happens past it), and keeps them for later maps to be
+    /// written into. Empties `removed`.
+    pub fn retire(&self, removed: &mut Vec<Arc<Mapping>>) {
         quiesce();
         let deadline = Instant::now() + UNMAP_WAIT;
         let mut tries = 0u32;
-        for mut m in removed {
+        for mut m in removed.drain(..) {
             loop {
-                // Acquire (in `try_unwrap`): the accesses of threads that
-                // let go happen before the munmap in the map's drop.
-                match Arc::try_unwrap(m) {
-                    Ok(unique) => {
-                        drop(unique);
-                        break;
+                self.release_spares();
+                // Acquire (in `get_mut`): the accesses of threads that let
+                // go happen before the munmap in the mapping's drop.
+                if let Some(unique) = Arc::get_mut(&mut m) {
+                    // Its mapping goes now (munmapped if it was the last
+                    // map in it); the allocation stays for a later map.
+                    unique.backing = Backing::Remote;
+                    let mut w = self.current.lock();
+                    if w.spare_maps.len() < SPARE_MAPS {
+                        w.spare_maps.push(m);
                     }
-                    Err(held) if Instant::now() >= deadline => {
-                        self.gave_up(&held);
-                        // The last table holding it munmaps it.
-                        drop(held);
-                        break;
-                    }
-                    Err(held) => {
-                        m = held;
-                        // Busy threads let go within microseconds: yield
-                        // first, then sleep, so a wedged one costs no core.
-                        tries += 1;
-                        if tries < 64 {
-                            std::thread::yield_now();
-                        } else {
-                            std::thread::sleep(Duration::from_micros(100));
-                        }
-                    }
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    self.gave_up(&m);
+                    // The last table holding it munmaps it: a thread's, not
+                    // a spare kept here.
+                    self.current
+                        .lock()
+                        .spare_tables
+                        .retain(|t| !t.maps.iter().any(|x| Arc::ptr_eq(x, &m)));
+                    drop(m);
+                    break;
+                }
+                // Busy threads let go within microseconds: yield first, then
+                // sleep, so a wedged one costs no core.
+                tries += 1;
+                if tries < 64 {
+                    std::thread::yield_now();
+                } else {
+                    std::thread::sleep(Duration::from_micros(100));
                 }
             }
         }

@@ -205,6 +205,12 @@ pub struct BenchOptions {
     /// With --guest: fio engines, comma separated (io_uring, libaio).
     #[arg(long, default_value = "io_uring,libaio")]
     pub engines: List<guest::Engine>,
+    /// With --guest: the guest's RAM in this file (QEMU's memory-backend-file, share=on) instead of
+    /// a memfd: a file on a hugetlbfs mount for huge pages (mount it and reserve the pages first:
+    /// `mount -t hugetlbfs nodev DIR; echo 600 > /proc/sys/vm/nr_hugepages`), or on /dev/shm. Made
+    /// and removed by the bench unless it exists.
+    #[arg(long, value_name = "PATH")]
+    pub guest_mem_file: Option<PathBuf>,
     /// The controller's polling, as `vnvme serve` takes it (with --guest,
     /// passed to the `vnvme serve` the bench starts).
     #[command(flatten)]

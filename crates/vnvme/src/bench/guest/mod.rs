@@ -129,6 +129,8 @@ pub struct GuestBenchOptions {
     pub json: Option<PathBuf>,
     /// The guest rig (`tests/guest`).
     pub rig: PathBuf,
+    /// The guest's RAM in this file instead of a memfd (`run-test.sh --mem-file`).
+    pub mem_file: Option<PathBuf>,
 }
 
 /// `vnvme bench`'s in-process defaults, replaced by the guest's when not given.
@@ -169,6 +171,7 @@ impl GuestBenchOptions {
             b: BServer::from_env(),
             json: opts.json.clone(),
             rig: Self::default_rig(),
+            mem_file: opts.guest_mem_file.clone(),
         }
     }
 
@@ -459,6 +462,9 @@ fn boot(
     }
     for &device in devices {
         cmd.args(qemu_nvme_args(device));
+    }
+    if let Some(file) = &opts.mem_file {
+        cmd.arg("--mem-file").arg(file);
     }
     let timeout = (expected * 2.0 + 120.0) as u64;
     cmd.args(["--timeout", &timeout.to_string()])

@@ -122,6 +122,7 @@ mod tests {
             b: None,
             json: None,
             rig: GuestBenchOptions::default_rig(),
+            mem_file: None,
         };
         let devices = [
             Device::QemuNvme { dbcs: true },
