@@ -15,6 +15,7 @@
 //! commands, and any waiting thread reads the socket for the others (see
 //! `conn.rs`), so neither side has to be idle for the other to progress.
 
+pub mod activation;
 mod client;
 mod conn;
 mod dma;
