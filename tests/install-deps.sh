@@ -12,6 +12,11 @@ command -v nbdkit >/dev/null || missing+=(nbdkit)
 { command -v qemu-nbd >/dev/null && command -v qemu-img >/dev/null; } || missing+=(qemu-utils)
 # A stop test hangs a FUSE filesystem (bindfs) under a file namespace.
 command -v bindfs >/dev/null || missing+=(bindfs)
+# The socket tests start `vnvme serve` through systemd-socket-activate, and
+# check the sample units with systemd-analyze verify (neither needs systemd
+# running as init); they run clients as nobody with setpriv (util-linux).
+{ command -v systemd-socket-activate >/dev/null && command -v systemd-analyze >/dev/null; } || missing+=(systemd)
+command -v setpriv >/dev/null || missing+=(util-linux)
 apt_install() {
   echo "== apt-get install $*"
   apt-get update -qq

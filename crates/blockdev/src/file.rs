@@ -83,7 +83,9 @@ pub enum FileError {
     Open(PathBuf, #[source] io::Error),
     #[error("extending {} to {} bytes", .0.display(), .1)]
     Extend(PathBuf, u64, #[source] io::Error),
-    #[error("io_uring is not available (is kernel.io_uring_disabled set?)")]
+    /// ENOMEM: the ring does not fit in RLIMIT_MEMLOCK (an unprivileged
+    /// process's rings count against it); EPERM: kernel.io_uring_disabled.
+    #[error("io_uring is not available (kernel.io_uring_disabled set, or RLIMIT_MEMLOCK too low for its ring: raise `ulimit -l`, LimitMEMLOCK= in a unit)")]
     Uring(#[source] io::Error),
 }
 

@@ -19,6 +19,8 @@
 //! handshake_timeout = "5s"    # VERSION within this
 //! message_timeout = "5s"      # each message whole within this
 //! stop_timeout = "30s"        # then exit even if a worker is stuck
+//! socket_group = "kvm"        # the vfio-user socket's group (a name or number) ...
+//! socket_mode = "660"         # ... and mode, octal in a string (default 600; 660 with a group)
 //!
 //! [[namespaces]]              # NSID 1
 //! size = "1G"
@@ -121,6 +123,8 @@ struct FileConfig {
     handshake_timeout: Option<Spanned<String>>,
     message_timeout: Option<Spanned<String>>,
     stop_timeout: Option<Spanned<String>>,
+    socket_mode: Option<Spanned<String>>,
+    socket_group: Option<Spanned<SizeValue>>,
     #[serde(default)]
     namespaces: Vec<FileNamespace>,
     /// Faults armed at start (`control::fault_params`).
@@ -171,6 +175,9 @@ pub struct ServeConfig {
     pub handshake_timeout: Option<Duration>,
     pub message_timeout: Option<Duration>,
     pub stop_timeout: Option<Duration>,
+    /// `--socket-mode` and `--socket-group` (a name or number, checked to exist).
+    pub socket_mode: Option<u32>,
+    pub socket_group: Option<String>,
     /// NSIDs from 1 in order; empty if the file has none.
     pub namespaces: Vec<NamespaceSpec>,
     /// `[[fault]]` tables, armed when the controller starts.
@@ -329,6 +336,19 @@ impl ServeConfig {
                     "must be more than 0".into(),
                 ));
             }
+        }
+        if let Some(v) = &raw.socket_mode {
+            let mode = crate::socket::parse_mode(v.get_ref());
+            cfg.socket_mode = Some(mode.map_err(|m| at(Some(v.span()), "socket_mode".into(), m))?);
+        }
+        if let Some(v) = &raw.socket_group {
+            let text = match v.get_ref() {
+                SizeValue::Bytes(n) => n.to_string(),
+                SizeValue::Text(t) => t.clone(),
+            };
+            crate::socket::access::resolve_group(&text)
+                .map_err(|m| at(Some(v.span()), "socket_group".into(), m))?;
+            cfg.socket_group = Some(text);
         }
         if let Some(v) = &raw.max_namespaces {
             ranged(

@@ -13,5 +13,6 @@ pub mod namespace;
 pub mod passthru;
 pub mod serve;
 pub mod size;
+pub mod socket;
 pub mod tools;
 pub mod zoned_options;

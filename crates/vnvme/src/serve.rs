@@ -1,6 +1,5 @@
 //! `vnvme serve`: the controller on a vfio-user socket, one client at a time.
 
-use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -17,6 +16,7 @@ use vnvme_vfio_user::{
 use crate::control::ControlServer;
 use crate::device::DeviceOptions;
 use crate::namespace::NamespaceSpec;
+use crate::socket::{parse_mode, Plan, SocketFile};
 
 /// Where `vnvme serve` listens and the tools connect by default.
 pub const DEFAULT_SOCKET: &str = "/run/vnvme.sock";
@@ -34,14 +34,34 @@ files). Maps without an fd are served with DMA_READ/DMA_WRITE messages. If the c
 it shared, the lost pages are replaced with zeroes, that map is marked broken, and every command
 touching it fails with Data Transfer Error until the client unmaps it; the server keeps running.
 At most --max-dma-maps maps and --max-dma-size bytes are accepted. Interrupt fds (SET_IRQS) must
-be eventfds.";
+be eventfds.
+
+Who may connect: the socket is made with its final mode and group (bound in a private folder, then
+moved into place), 600 by default (the server's user), 660 with --socket-group. Connecting needs
+write permission on the socket and search permission on its folders. For QEMU run by libvirt as
+libvirt-qemu: --socket-group libvirt-qemu (the server must be root or a member of that group).
+
+Socket activation: when LISTEN_PID is this process and LISTEN_FDS=1 (systemd, or
+systemd-socket-activate), the listening socket at fd 3 is served instead of binding one; the .socket
+unit sets its path, owner and mode (--socket-mode and --socket-group are refused then), and it is
+left in place at exit.";
 
 #[derive(Args, Debug, Clone)]
 #[command(after_help = CLIENT_HELP)]
 pub struct ServeOptions {
-    /// The vfio-user socket to listen on (a stale socket file is replaced; a live one is an error).
-    #[arg(long, short = 's', default_value = DEFAULT_SOCKET)]
-    pub socket: PathBuf,
+    /// The vfio-user socket to listen on (a stale socket file is replaced; a live one, or a file
+    /// that is not a socket, is an error). Default /run/vnvme.sock. With socket activation, if
+    /// given, it must be the inherited socket's path.
+    #[arg(long, short = 's', value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// The vfio-user socket's permissions, in octal (connecting needs write permission). Default
+    /// 600 (the server's user only), or 660 with --socket-group.
+    #[arg(long, value_name = "MODE", value_parser = parse_mode)]
+    pub socket_mode: Option<u32>,
+    /// Give the vfio-user socket to this group (a name or a number), e.g. the group the VMM runs
+    /// as (libvirt-qemu, kvm); the server must be root or a member of it.
+    #[arg(long, value_name = "GROUP")]
+    pub socket_group: Option<String>,
     /// A namespace, SIZE[:null|ram] (e.g. 1G:ram; null keeps and moves no data), or a file or block device: PATH:file (its size)
     /// or SIZE:file=PATH (created or extended to SIZE); repeat for more. NSIDs are given in order from 1.
     /// Options follow commas: ready=DURATION (Namespace Not Ready until then after each enable),
@@ -97,14 +117,6 @@ pub struct ServeOptions {
     pub device: DeviceOptions,
 }
 
-/// A file mode in octal (`600`, `0660`).
-fn parse_mode(text: &str) -> Result<u32, String> {
-    u32::from_str_radix(text, 8)
-        .ok()
-        .filter(|&m| m <= 0o777)
-        .ok_or_else(|| format!("invalid mode '{text}': give octal permissions such as 600 or 660"))
-}
-
 impl ServeOptions {
     /// What the vfio-user server allows a client.
     pub fn server_options(&self) -> Result<ServerOptions> {
@@ -132,6 +144,10 @@ impl ServeOptions {
 }
 
 pub fn run(mut opts: ServeOptions) -> Result<()> {
+    // First, while the process has one thread: taking the passed socket
+    // removes LISTEN_* from the environment.
+    let inherited = vnvme_vfio_user::activation::take_listener()
+        .context("taking the socket passed by the launcher (socket activation)")?;
     let mut faults = Vec::new();
     if let Some(path) = &opts.config {
         let file = crate::config::ServeConfig::load(path)?;
@@ -142,6 +158,8 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
         opts.handshake_timeout = opts.handshake_timeout.or(file.handshake_timeout);
         opts.message_timeout = opts.message_timeout.or(file.message_timeout);
         opts.stop_timeout = opts.stop_timeout.or(file.stop_timeout);
+        opts.socket_mode = opts.socket_mode.or(file.socket_mode);
+        opts.socket_group = opts.socket_group.take().or(file.socket_group.clone());
         if opts.namespaces.is_empty() {
             opts.namespaces = file.namespaces;
         }
@@ -149,6 +167,14 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
         opts.namespaces = vec!["1G:ram".parse().map_err(anyhow::Error::msg)?];
     }
     let server_options = opts.server_options()?;
+    // Before the device: a group that does not exist fails the start at once.
+    let plan = Plan::new(
+        inherited,
+        opts.socket.as_deref(),
+        Path::new(DEFAULT_SOCKET),
+        opts.socket_mode,
+        opts.socket_group.as_deref(),
+    )?;
     let stop_timeout = opts.stop_timeout.unwrap_or(STOP_TIMEOUT);
     if stop_timeout.is_zero() {
         bail!("--stop-timeout must be more than 0");
@@ -171,8 +197,21 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
         }
         None => None,
     };
-    let listener = bind(&opts.socket)?;
+    // Before the socket: a stop asked for as soon as the socket appears is
+    // a clean one, which removes it.
     let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        // The first asks for a clean stop; one after it exits at once.
+        signal_hook::flag::register_conditional_shutdown(sig, 1, Arc::clone(&stop))
+            .context("installing signal handlers")?;
+        signal_hook::flag::register(sig, Arc::clone(&stop))
+            .context("installing signal handlers")?;
+    }
+    // Dropped (its file removed, if this process made it) on every return.
+    let listening = plan.listen()?;
+    let socket_shown = listening
+        .path()
+        .map_or("(unnamed)".into(), |p| p.display().to_string());
     let control = match &opts.control {
         Some(path) => Some(ControlServer::start(
             path,
@@ -182,19 +221,11 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
         )?),
         None => None,
     };
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        // The first asks for a clean stop; one after it exits at once.
-        signal_hook::flag::register_conditional_shutdown(sig, 1, Arc::clone(&stop))
-            .context("installing signal handlers")?;
-        signal_hook::flag::register(sig, Arc::clone(&stop))
-            .context("installing signal handlers")?;
-    }
-    watch_stop(Arc::clone(&stop), stop_timeout, opts.socket.clone())?;
+    watch_stop(Arc::clone(&stop), stop_timeout, listening.own_file())?;
     tracing::info!(
-        socket = %opts.socket.display(),
+        socket = %socket_shown,
         namespaces = opts.namespaces.len(),
-        "serving NVMe controller over vfio-user; attach with -device '{{\"driver\":\"vfio-user-pci\",\"socket\":{{\"path\":\"{}\",\"type\":\"unix\"}}}}'",
-        opts.socket.display()
+        "serving NVMe controller over vfio-user; attach with -device '{{\"driver\":\"vfio-user-pci\",\"socket\":{{\"path\":\"{socket_shown}\",\"type\":\"unix\"}}}}'",
     );
     let stats = opts.stats.clone().map(|path| {
         let ctrl = Arc::clone(device.controller());
@@ -207,8 +238,8 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
     });
     let ctrl = Arc::clone(device.controller());
     let mut server = vnvme_vfio_user::Server::with_options(device, server_options);
-    let result = server.serve_listener(&listener, &stop);
-    let _ = std::fs::remove_file(&opts.socket);
+    let result = server.serve_listener(listening.listener(), &stop);
+    drop(listening);
     drop(control);
     if let Some(m) = metrics {
         m.stop();
@@ -243,12 +274,12 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often the stop watch looks whether a stop was asked.
 const STOP_CHECK: Duration = Duration::from_millis(250);
 
-/// Exits the process (status 1, the socket file removed) if it still runs
-/// `timeout` after `stop` was set. A clean stop joins every queue worker,
+/// Exits the process (status 1, the socket file removed if it made it) if
+/// it still runs `timeout` after `stop` was set. A clean stop joins every queue worker,
 /// and one blocked in a read of storage that never answers (a FUSE or NFS
 /// mount whose server hangs: the kernel waits without end) would hold it
 /// forever.
-fn watch_stop(stop: Arc<AtomicBool>, timeout: Duration, socket: PathBuf) -> Result<()> {
+fn watch_stop(stop: Arc<AtomicBool>, timeout: Duration, socket: Option<SocketFile>) -> Result<()> {
     std::thread::Builder::new()
         .name("vnvme-stop-watch".into())
         .spawn(move || {
@@ -261,42 +292,13 @@ fn watch_stop(stop: Arc<AtomicBool>, timeout: Duration, socket: PathBuf) -> Resu
                  blocked, most likely in a namespace's storage that does not answer; exiting \
                  without a clean stop (commands in flight are lost; data already written stays)"
             );
-            let _ = std::fs::remove_file(&socket);
+            if let Some(file) = &socket {
+                file.remove();
+            }
             std::process::exit(1);
         })
         .context("starting the stop watch thread")?;
     Ok(())
-}
-
-/// Binds the socket, replacing a stale socket file but refusing one a live
-/// server still answers on.
-fn bind(path: &Path) -> Result<UnixListener> {
-    bind_unix(path, "--socket", "vfio-user socket")
-}
-
-/// Binds UNIX socket `path` (`what`, given by `flag`), replacing a stale
-/// socket file but refusing one a live server still answers on.
-pub(crate) fn bind_unix(path: &Path, flag: &str, what: &str) -> Result<UnixListener> {
-    if path.exists() {
-        if UnixStream::connect(path).is_ok() {
-            bail!(
-                "{} is in use by a running server: stop it first or choose another {flag}",
-                path.display()
-            );
-        }
-        std::fs::remove_file(path)
-            .with_context(|| format!("removing stale socket {}", path.display()))?;
-    }
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        if !dir.is_dir() {
-            bail!(
-                "cannot create socket {}: directory {} does not exist",
-                path.display(),
-                dir.display()
-            );
-        }
-    }
-    UnixListener::bind(path).with_context(|| format!("binding {what} {}", path.display()))
 }
 
 /// Rewrites the stats file every second until `done`.

@@ -13,10 +13,10 @@ use crate::size::human_decimal;
 /// Connects to a vfio-user NVMe device and brings it up with one I/O queue,
 /// polling (the tools issue a handful of admin commands).
 pub fn open(socket: &Path) -> Result<Controller> {
-    let access = VfioUserAccess::connect(socket).with_context(|| {
+    let stream = crate::socket::connect(socket, crate::socket::connect::VFIO_USER)?;
+    let access = VfioUserAccess::from_stream(stream).with_context(|| {
         format!(
-            "connecting to {} (is `vnvme serve --socket {}` running?)",
-            socket.display(),
+            "negotiating with the vfio-user server on {}",
             socket.display()
         )
     })?;

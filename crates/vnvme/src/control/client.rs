@@ -4,7 +4,6 @@
 //! otherwise; readable output, or the JSON result with `--json`.
 
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -52,13 +51,7 @@ pub struct CtlOptions {
 
 /// Sends one request and returns the server's result or error.
 pub fn call(path: &Path, method: &str, params: Value) -> Result<Result<Value, RpcError>> {
-    let mut stream = UnixStream::connect(path).with_context(|| {
-        format!(
-            "connecting to control socket {} (is `vnvme serve --control {}` running?)",
-            path.display(),
-            path.display()
-        )
-    })?;
+    let mut stream = crate::socket::connect(path, crate::socket::connect::CONTROL)?;
     stream.set_read_timeout(Some(REPLY_TIMEOUT))?;
     stream.set_write_timeout(Some(REPLY_TIMEOUT))?;
     let mut line = json!({"jsonrpc": "2.0", "method": method, "params": params, "id": 1})

@@ -11,9 +11,8 @@
 //! closed). Nothing a client sends reaches the controller unchecked.
 
 use std::io::{ErrorKind, Read, Write};
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -22,6 +21,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
 use vnvme_controller::Controller;
+
+use crate::socket::{Access, SocketFile};
 
 pub mod client;
 pub mod fault_params;
@@ -69,7 +70,7 @@ impl RpcError {
 /// the socket.
 #[derive(Debug)]
 pub struct ControlServer {
-    path: PathBuf,
+    file: SocketFile,
     done: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -84,7 +85,7 @@ impl ControlServer {
         ctrl: Arc<Controller>,
         stop: Arc<AtomicBool>,
     ) -> Result<Self> {
-        let listener = bind(path, mode)?;
+        let (listener, file) = bind(path, mode)?;
         listener
             .set_nonblocking(true)
             .context("making the control socket non-blocking")?;
@@ -95,7 +96,7 @@ impl ControlServer {
             .spawn(move || accept_loop(&listener, &ctrl, &stop, &d))
             .context("starting the control socket's thread")?;
         Ok(Self {
-            path: path.to_owned(),
+            file,
             done,
             thread: Some(thread),
         })
@@ -108,22 +109,15 @@ impl Drop for ControlServer {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        let _ = std::fs::remove_file(&self.path);
+        self.file.remove();
     }
 }
 
-/// Binds the socket, replacing a stale file but not a live server's.
-fn bind(path: &Path, mode: u32) -> Result<UnixListener> {
-    // Created with the mode asked for (no moment when others could
-    // connect), then set again in case a umask took more away.
-    let mask = rustix::fs::Mode::from_raw_mode(0o777 & !mode);
-    let old = rustix::process::umask(mask);
-    let bound = crate::serve::bind_unix(path, "--control", "control socket");
-    rustix::process::umask(old);
-    let listener = bound?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
-        .with_context(|| format!("setting the mode of {}", path.display()))?;
-    Ok(listener)
+/// Binds the socket with `mode` from its first moment (see
+/// `socket::bind`), replacing a stale file but not a live server's.
+fn bind(path: &Path, mode: u32) -> Result<(UnixListener, SocketFile)> {
+    let access = Access { mode, group: None };
+    crate::socket::bind(path, &access, "--control", "control socket")
 }
 
 fn accept_loop(

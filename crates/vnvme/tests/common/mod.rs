@@ -49,6 +49,11 @@ impl Drop for Served {
 }
 
 impl Served {
+    /// Takes a started server (or a launcher that will exec one).
+    pub fn from_child(child: Child) -> Self {
+        Served(child)
+    }
+
     /// Whether the server is still running.
     pub fn running(&mut self) -> bool {
         matches!(self.0.try_wait(), Ok(None))
@@ -58,6 +63,46 @@ impl Served {
     pub fn terminate(mut self) -> ExitStatus {
         let pid = rustix::process::Pid::from_child(&self.0);
         rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = self.0.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "serve did not stop on SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Served {
+    /// Stops the server (SIGTERM) if it runs, and returns how it exited
+    /// with what it wrote to stderr (which the caller must have piped).
+    pub fn terminate_with_stderr(mut self) -> (ExitStatus, String) {
+        let mut log = String::new();
+        let stderr = self.0.stderr.take();
+        let status = self.terminate_ref();
+        if let Some(mut e) = stderr {
+            let _ = std::io::Read::read_to_string(&mut e, &mut log);
+        }
+        (status, log)
+    }
+
+    /// Waits up to `timeout` for the server to exit by itself (an error
+    /// at start), then stops it; how it exited and its stderr (piped).
+    pub fn exit_with_stderr(mut self, timeout: Duration) -> (ExitStatus, String) {
+        let deadline = Instant::now() + timeout;
+        while matches!(self.0.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.terminate_with_stderr()
+    }
+
+    fn terminate_ref(&mut self) -> ExitStatus {
+        if let Some(status) = self.0.try_wait().unwrap() {
+            return status;
+        }
+        let pid = rustix::process::Pid::from_child(&self.0);
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             if let Some(status) = self.0.try_wait().unwrap() {
