@@ -30,7 +30,9 @@
 //! [[namespaces]]              # NSID 2
 //! size = "256M"
 //! ready = "5s"                # Namespace Not Ready until 5 s after enable
-//! format = 0                  # index into LBA_FORMATS (512 + 0)
+//! format = 0                  # index into LBA_FORMATS (512 + 0); default 3 (4096 + 0),
+//!                             # or for a file or nbd image the one its partition table
+//!                             # was made for (see vnvme::image_format)
 //!
 //! [[namespaces]]              # NSID 3
 //! size = "64M"
@@ -70,7 +72,9 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use toml::Spanned;
-use vnvme_controller::{DoorbellMode, FaultSpec, Protection, Readiness, MAX_NAMESPACES};
+use vnvme_controller::{
+    DoorbellMode, FaultSpec, Protection, Readiness, DEFAULT_FORMAT_INDEX, MAX_NAMESPACES,
+};
 use vnvme_device::MAX_MSIX_VECTORS;
 
 use crate::control::fault_params::FaultParams;
@@ -401,12 +405,13 @@ impl ServeConfig {
             if let Some(v) = &ns.format {
                 check_format_index(*v.get_ref())
                     .map_err(|m| at(Some(v.span()), field("format"), m))?;
-                spec.format_index = *v.get_ref();
+                spec.format = Some(*v.get_ref());
             }
             if let Some(v) = &ns.pi {
                 let pi_type = parse_pi_type(&v.get_ref().to_string())
                     .map_err(|m| at(Some(v.span()), field("pi"), m))?;
-                check_pi_fits(spec.format_index).map_err(|m| at(Some(v.span()), field("pi"), m))?;
+                check_pi_fits(spec.format.unwrap_or(DEFAULT_FORMAT_INDEX))
+                    .map_err(|m| at(Some(v.span()), field("pi"), m))?;
                 spec.protection = Some(Protection {
                     pi_type,
                     first: false,
@@ -659,7 +664,7 @@ attached = false
         assert_eq!(c.namespaces.len(), 3);
         assert_eq!(c.namespaces[0], NamespaceSpec::new(1 << 30, Backend::Null));
         let ns = &c.namespaces[1];
-        assert_eq!((ns.size, ns.format_index), (1 << 20, 0));
+        assert_eq!((ns.size, ns.format), (1 << 20, Some(0)));
         assert_eq!(ns.readiness, Readiness::After(Duration::from_millis(250)));
         let ns = &c.namespaces[2];
         assert_eq!(ns.readiness, Readiness::Never);

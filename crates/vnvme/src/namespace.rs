@@ -5,6 +5,8 @@
 //! (created, or extended, to SIZE), or an NBD export: `nbd=URI` (its size)
 //! or `SIZE:nbd=URI` (its first SIZE bytes), with the same options; `,zoned`
 //! and its options (see [`crate::zoned_options`]) make it a zoned namespace.
+//! A file or NBD namespace without `format=` takes the sector size its image
+//! was made for (see [`crate::image_format`]).
 
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -71,8 +73,10 @@ pub struct NamespaceSpec {
     pub readiness: Readiness,
     /// Attached at start (a detached namespace is allocated but inactive).
     pub attached: bool,
-    /// Index into [`LBA_FORMATS`].
-    pub format_index: u8,
+    /// Index into [`LBA_FORMATS`] given by `format=`; `None`: the image's
+    /// (a `file` or `nbd` namespace, see [`crate::image_format`]), else
+    /// [`DEFAULT_FORMAT_INDEX`].
+    pub format: Option<u8>,
     /// Protection information type and place (`pi=`, `pil=`), if any.
     pub protection: Option<Protection>,
     /// A zoned namespace: its zones (`None`: conventional).
@@ -83,14 +87,14 @@ pub struct NamespaceSpec {
 }
 
 impl NamespaceSpec {
-    /// A ready, attached namespace of 4 KiB blocks.
+    /// A ready, attached namespace in the image's format or of 4 KiB blocks.
     pub fn new(size: u64, backend: Backend) -> Self {
         Self {
             size,
             backend,
             readiness: Readiness::Immediate,
             attached: true,
-            format_index: DEFAULT_FORMAT_INDEX,
+            format: None,
             protection: None,
             zoned: None,
             volatile_cache: false,
@@ -117,11 +121,48 @@ impl NamespaceSpec {
         })
     }
 
+    /// The format given, or else for an image (a `file` or `nbd` backend)
+    /// the one its partition table was written for, or else the default.
+    /// The choice is logged with its reason.
+    pub fn format_for(&self, device: &dyn BlockDevice) -> anyhow::Result<u8> {
+        let image = match &self.backend {
+            Backend::File(path) => path.display().to_string(),
+            Backend::Nbd(uri) => uri.clone(),
+            Backend::Null | Backend::Ram => return Ok(self.format.unwrap_or(DEFAULT_FORMAT_INDEX)),
+        };
+        if let Some(index) = self.format {
+            return Ok(index);
+        }
+        let layout = crate::image_format::detect(device).map_err(|e| {
+            anyhow::anyhow!(
+                "reading the start of {image} to find its sector size: {e} (give format=N to \
+                 choose the LBA format)"
+            )
+        })?;
+        let index = layout.format_index();
+        let data_size = LBA_FORMATS
+            .get(usize::from(index))
+            .map_or(0, |f| f.data_size);
+        tracing::info!(
+            "{image}: {}: LBA format {index} ({data_size}-byte blocks; format=N chooses another)",
+            layout.describe()
+        );
+        Ok(index)
+    }
+
+    /// The backend, opened, and the LBA format to serve it in.
+    pub fn open_formatted(&self) -> anyhow::Result<(Arc<dyn BlockDevice>, u8)> {
+        let device = self.open()?;
+        let index = self.format_for(&*device)?;
+        Ok((device, index))
+    }
+
     /// The controller's configuration of this namespace as `nsid`. A file
     /// namespace keeps its reservations (with PTPL) in `IMAGE.reservations`.
     pub fn config(&self, nsid: u32) -> anyhow::Result<NamespaceConfig> {
-        let mut c = NamespaceConfig::new(nsid, 4096, self.open()?)
-            .with_format(self.format_index)
+        let (device, index) = self.open_formatted()?;
+        let mut c = NamespaceConfig::new(nsid, 4096, device)
+            .with_format(index)
             .with_readiness(self.readiness)
             .with_attached(self.attached)
             .with_protection(self.protection)
@@ -144,9 +185,12 @@ impl NamespaceSpec {
                 self.size
             ));
         }
-        check_format_index(self.format_index)?;
+        if let Some(index) = self.format {
+            check_format_index(index)?;
+        }
         match self.protection {
-            Some(_) => check_pi_fits(self.format_index),
+            // Protection needs a format with metadata: never an image's.
+            Some(_) => check_pi_fits(self.format.unwrap_or(DEFAULT_FORMAT_INDEX)),
             None => Ok(()),
         }
     }
@@ -272,9 +316,10 @@ impl FromStr for NamespaceSpec {
                 Some(("pil", l)) => pil = Some(parse_pil(l)?),
                 Some(("ready", d)) => spec.readiness = Readiness::After(parse_duration(d)?),
                 Some(("format", n)) => {
-                    spec.format_index = n
-                        .parse()
-                        .map_err(|e| format!("format '{n}' is not an LBA format index: {e}"))?;
+                    spec.format =
+                        Some(n.parse().map_err(|e| {
+                            format!("format '{n}' is not an LBA format index: {e}")
+                        })?);
                 }
                 None if option == "never-ready" => spec.readiness = Readiness::Never,
                 None if option == "detached" => spec.attached = false,
@@ -331,11 +376,11 @@ mod tests {
         assert_eq!(spec.backend, Backend::Null);
         assert_eq!(spec.readiness, Readiness::After(Duration::from_millis(250)));
         assert!(!spec.attached);
-        assert_eq!(spec.format_index, 1);
+        assert_eq!(spec.format, Some(1));
         let spec: NamespaceSpec = "64M,never-ready".parse().unwrap();
         assert_eq!(spec.readiness, Readiness::Never);
         assert!(spec.attached);
-        assert_eq!(spec.format_index, DEFAULT_FORMAT_INDEX);
+        assert_eq!(spec.format, None);
         let spec: NamespaceSpec = "64M,vwc".parse().unwrap();
         assert!(spec.volatile_cache);
         assert!("64M:null,vwc".parse::<NamespaceSpec>().is_err());
@@ -442,6 +487,79 @@ mod tests {
             err.contains("/nonexistent/vnvme-ns.img does not exist"),
             "{err}"
         );
+    }
+
+    /// A file `name` in a fresh temporary folder, with `head` at its start
+    /// and `len` bytes long (no file when `head` is `None`).
+    fn image(name: &str, head: Option<&[u8]>, len: u64) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("vnvme-ns-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("disk.img");
+        if let Some(head) = head {
+            std::fs::write(&path, head).unwrap();
+            std::fs::File::options()
+                .write(true)
+                .open(&path)
+                .unwrap()
+                .set_len(len)
+                .unwrap();
+        }
+        path
+    }
+
+    fn with_signature(at: usize, signature: &[u8]) -> Vec<u8> {
+        let mut head = vec![0u8; 8192];
+        head[at..at + signature.len()].copy_from_slice(signature);
+        head
+    }
+
+    #[test]
+    fn a_file_namespace_takes_the_sector_size_of_its_image() {
+        let gpt512 = image("gpt512", Some(&with_signature(512, b"EFI PART")), 1 << 20);
+        let gpt4k = image("gpt4k", Some(&with_signature(4096, b"EFI PART")), 1 << 20);
+        let format_of = |spec: String| {
+            let spec: NamespaceSpec = spec.parse().unwrap();
+            spec.config(1).unwrap().format_index
+        };
+        assert_eq!(
+            format_of(format!("{}:file", gpt512.display())),
+            0,
+            "512 + 0"
+        );
+        assert_eq!(
+            format_of(format!("{}:file", gpt4k.display())),
+            3,
+            "4096 + 0"
+        );
+        // format= wins over what the image says.
+        assert_eq!(format_of(format!("{}:file,format=3", gpt512.display())), 3);
+        assert_eq!(format_of(format!("{}:file,format=0", gpt4k.display())), 0);
+        // A new file, and a zeroed one: the default.
+        let new = image("new", None, 0);
+        assert_eq!(
+            format_of(format!("1M:file={}", new.display())),
+            DEFAULT_FORMAT_INDEX
+        );
+        assert_eq!(
+            format_of(format!("{}:file", new.display())),
+            DEFAULT_FORMAT_INDEX
+        );
+        // ram and null namespaces are never read.
+        assert_eq!(format_of("1M:ram".into()), DEFAULT_FORMAT_INDEX);
+        for p in [gpt512, gpt4k, new] {
+            let _ = std::fs::remove_dir_all(p.parent().unwrap());
+        }
+    }
+
+    #[test]
+    fn a_short_image_is_refused_with_its_size_not_read() {
+        // A hostile or truncated image shorter than a sector.
+        let short = image("short", Some(b"EFI PART"), 100);
+        let spec: NamespaceSpec = format!("{}:file", short.display()).parse().unwrap();
+        let err = format!("{:#}", spec.config(1).unwrap_err());
+        assert!(err.contains("is 100 bytes"), "{err}");
+        let _ = std::fs::remove_dir_all(short.parent().unwrap());
     }
 
     #[test]

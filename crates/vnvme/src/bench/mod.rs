@@ -414,7 +414,7 @@ impl ModeBench {
             None => opts.backend.backend(file),
         };
         let mut spec = NamespaceSpec::new(opts.size, backend);
-        spec.format_index = opts.format;
+        spec.format = Some(opts.format);
         spec.protection = opts.pi.map(|pi_type| vnvme_controller::Protection {
             pi_type,
             first: false,

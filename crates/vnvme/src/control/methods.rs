@@ -138,9 +138,11 @@ pub fn call(
                     "ns: ready= and never-ready apply at start only: add the namespace, then a not-ready fault",
                 ));
             }
-            let backend = spec.open().map_err(|e| refused(format!("{e:#}")))?;
+            let (backend, format) = spec
+                .open_formatted()
+                .map_err(|e| refused(format!("{e:#}")))?;
             let nsid = ctrl
-                .namespace_add(backend, spec.format_index, a.nsid, spec.attached)
+                .namespace_add(backend, format, a.nsid, spec.attached)
                 .map_err(refused)?;
             Ok(json!({ "nsid": nsid }))
         }
