@@ -28,6 +28,11 @@
 #   RIG_PIDFILE    host path: write QEMU's pid there once it is started (to kill it mid-test)
 #   RIG_GUEST_FILES host paths, space-separated: each is appended to the initramfs as /BASENAME
 #                  (e.g. a static program a test runs: nvme-sync-read)
+#   RIG_BOOT       kernel (default: QEMU's -kernel/-initrd/-append) | disk: the firmware boots the first
+#                  vfio-user device (bootindex 0), no -kernel; the disk holds kernel, initramfs, test and
+#                  command line (make-boot-image.sh), and TEST_SCRIPT is then not used; no NIC (-nic none)
+#   RIG_FIRMWARE   -bios FILE, a path INSIDE the chroot (default: QEMU's, SeaBIOS), e.g.
+#                  /usr/share/ovmf/OVMF.fd (Debian's ovmf: UEFI, variables in memory only)
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -75,17 +80,29 @@ pad=$(( (4 - $(stat -c %s "$RUN/initrd") % 4) % 4 ))
 head -c "$pad" /dev/zero >> "$RUN/initrd"
 cat "$RUN/extra.cpio" >> "$RUN/initrd"
 
+BOOT=${RIG_BOOT:-kernel}
+case $BOOT in kernel|disk) ;; *) echo "run-guest: RIG_BOOT is kernel or disk, not '$BOOT'" >&2; exit 1 ;; esac
+[ "$BOOT" = kernel ] || [ -n "${RIG_VFIO_USER:-}" ] || { echo "run-guest: RIG_BOOT=disk boots a vfio-user device: set RIG_VFIO_USER" >&2; exit 1; }
 ARGS=(-accel tcg -nographic -no-reboot -m "$MEM" -smp "$SMP"
-      -object "memory-backend-memfd,id=mem,size=$MEM,share=on" -machine q35,memory-backend=mem
-      -kernel "$RUNREL/vmlinuz" -initrd "$RUNREL/initrd"
-      -append "console=ttyS0 panic=-1 quiet ${RIG_APPEND:-}")
+      -object "memory-backend-memfd,id=mem,size=$MEM,share=on" -machine q35,memory-backend=mem)
+if [ "$BOOT" = kernel ]; then
+  ARGS+=(-kernel "$RUNREL/vmlinuz" -initrd "$RUNREL/initrd" -append "console=ttyS0 panic=-1 quiet ${RIG_APPEND:-}")
+else
+  ARGS+=(-nic none)   # nothing to network-boot from if the disk fails
+fi
+if [ -n "${RIG_FIRMWARE:-}" ]; then
+  [ -f "$CHROOT$RIG_FIRMWARE" ] || { echo "run-guest: no firmware $RIG_FIRMWARE in $CHROOT (RIG_FIRMWARE)" >&2; exit 1; }
+  ARGS+=(-bios "$RIG_FIRMWARE")
+fi
 [ -n "${RIG_CPU:-}" ] && ARGS+=(-cpu "$RIG_CPU")
 if [ "${RIG_NO_NVME:-0}" != 1 ]; then
   ARGS+=(-drive id=nvm,if=none,file=null-co://,file.read-zeroes=off,format=raw
          -device "nvme,serial=deadbeef,drive=nvm${RIG_NVME:+,$RIG_NVME}")
 fi
+BOOTINDEX=''; [ "$BOOT" = disk ] && BOOTINDEX=',"bootindex":0'   # the first device is the boot disk
 for s in ${RIG_VFIO_USER:-}; do
-  ARGS+=(-device "{\"driver\":\"vfio-user-pci\",\"socket\":{\"path\":\"$s\",\"type\":\"unix\"}}")
+  ARGS+=(-device "{\"driver\":\"vfio-user-pci\",\"socket\":{\"path\":\"$s\",\"type\":\"unix\"}$BOOTINDEX}")
+  BOOTINDEX=''
 done
 if [ -n "${RIG_TRACE:-}" ]; then
   IFS=, read -ra EV <<< "$RIG_TRACE"

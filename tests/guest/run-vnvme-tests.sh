@@ -109,11 +109,23 @@
 #              acquire, not for its read; preempt, release (wrong type: Invalid Field); with PTPL set
 #              the keys are in F.reservations, and a second boot on a new server over F finds them
 #              (a third host's write conflicts), then clears them
+# Boot tests: the guest boots from a vnvme disk through firmware, not QEMU's -kernel (RIG_BOOT=disk).
+# make-boot-image.sh writes a 66 MiB image with 512-byte sectors holding the rig's kernel, its initramfs
+# with tests/vnvme-boot.sh as /test.sh, and the command line; the test's own server serves it as
+# --ns IMAGE:file (no format=: its log must show the GPT or MBR taken as 512-byte sectors, LBA format 0)
+# and --ns 64M:ram; the first vfio-user device has bootindex 0 and there is no NIC. In the guest
+# (tests/vnvme-boot.sh): the command line is the boot entry's, /sys/firmware/efi is there only under
+# UEFI, NSID 1 has 512-byte blocks and its FAT32 partition, fio verify (4k random, 128k sequential,
+# crc32c) on NSID 2
+#   boot-uefi  OVMF (Debian's ovmf, -bios /usr/share/ovmf/OVMF.fd); GPT with an EFI system partition:
+#              systemd-boot as \EFI\BOOT\BOOTX64.EFI (the removable-media path, no boot variable needed),
+#              a loader entry with the kernel (its EFI stub), initramfs and command line; the console
+#              must show OVMF starting the vnvme disk's boot option
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 GT=$HERE/tests
-ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io sanitize file-backed-ram hugepage-ram viommu nvme-cli-admin logs firmware directives pi zns faults reservations nbd nbd-restart"
+ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io sanitize file-backed-ram hugepage-ram viommu nvme-cli-admin logs firmware directives pi zns faults reservations nbd nbd-restart boot-uefi"
 COMPARE=0 KEEP=0 ONLY=''
 while [ $# -gt 0 ]; do
   case $1 in
@@ -495,6 +507,35 @@ t_file() {
   own_server_test file --ns vnvme-fio-verify.sh --ns "128M:file=$TMP/file-ns.img" -- \
     --timeout 300 --append "rig.size=128M rig.name=file"
 }
+
+# t_boot KIND: boot-uefi / boot-bios (see the header)
+t_boot() {
+  local kind=$1 name=boot-$1 t0 img why='' fw='' sig detected; t0=$(now)
+  img=$TMP/$name.img
+  case $kind in
+    uefi) fw=/usr/share/ovmf/OVMF.fd sig='BdsDxe: starting Boot[0-9A-F]* "UEFI vnvme' detected='a GPT header at byte 512' ;;
+    bios) sig='SYSLINUX [0-9.]* EDD' detected='an MBR partition table' ;;
+  esac
+  if ! "$HERE/make-boot-image.sh" "--$kind" --append "rig.boot=$kind rig.size=32M" "$GT/vnvme-boot.sh" "$img" \
+       > "$TMP/$name.image.log" 2>&1; then
+    report FAIL $name "$(since "$t0")" "make-boot-image.sh failed: $(tail -2 "$TMP/$name.image.log" | tr '\n' ' ')"; return
+  fi
+  if ! start_xserver $name --ns "$img:file" --ns 64M:ram; then
+    report FAIL $name "$(since "$t0")" "server did not start: $(tail -3 "$XLOG" | tr '\n' ' ')"; stop_xserver; return
+  fi
+  RIG_BOOT=disk RIG_FIRMWARE=$fw boot $name "$GT/vnvme-boot.sh" --timeout 240
+  stop_xserver; why=$XMSG
+  grep -q "$detected (512-byte sectors): LBA format 0" "$XLOG" \
+    || why="${why:+$why; }the server did not take the image's 512-byte sectors: $(grep -m1 'LBA format' "$XLOG")"
+  tr -d '\r' < "$LOG" | grep -aq "$sig" || why="${why:+$why; }the console has no '$sig': not booted by that firmware from vnvme?"
+  [ $RC = 0 ] || why="$(fail_detail $name)${why:+; $why}"
+  if [ -z "$why" ]; then
+    report PASS $name "$(since "$t0")" "$(grep -ah '^TEST: ' "$LOG" | sed 's/^TEST: //' | tr '\n' ';') $(iops_of "$OUT")"
+  else
+    report FAIL $name "$(since "$t0")" "$why"
+  fi
+}
+t_boot-uefi() { t_boot uefi; }
 
 t_pi() {
   own_server_test pi pi= vnvme-pi.sh --ns "64M:file=$TMP/pi.img" -- --timeout 600

@@ -3,6 +3,7 @@
 #   host: debootstrap (apt-get update + install, only if missing)
 #   $VNVME_RIG_CACHE/trixie : Debian trixie chroot with QEMU 11.1 (trixie-backports, has vfio-user-pci)
 #   $VNVME_RIG_CACHE/guest  : guest kernel + initramfs (busybox, fio, nvme-cli, blkzone, nvme.ko)
+#   boot tools in the chroot (OVMF, systemd-boot, SYSLINUX, mtools, mkfs.fat, sfdisk) for the boot tests
 # Each step is skipped when its stamp file records the hash of the scripts that produced it (and the
 # outputs are still there), so a second run takes a second or two.
 #
@@ -83,7 +84,25 @@ else
   echo "rig: guest built in $(( $(now) - t )) s (kernel $(cat "$OUT/kernel-version"))"
 fi
 
-# --- 3. optional smoke test ---
+# --- 3. boot tools: the boot-uefi and boot-bios guest tests build disk images with these (make-boot-image.sh)
+# and boot them with OVMF. Installed where missing, outside the stamps, so adding them rebuilds nothing ---
+BOOT_PKGS="ovmf systemd-boot-efi mtools dosfstools fdisk syslinux syslinux-common"
+MISSING=''
+for p in $BOOT_PKGS; do
+  chroot "$CHROOT" dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || MISSING="$MISSING $p"
+done
+if [ -n "$MISSING" ]; then
+  echo "rig: installing boot tools in the chroot:$MISSING"
+  # shellcheck disable=SC2086
+  { chroot "$CHROOT" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $MISSING >/dev/null 2>&1 \
+    || { chroot "$CHROOT" env DEBIAN_FRONTEND=noninteractive apt-get update -qq \
+         && chroot "$CHROOT" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $MISSING >/dev/null; }; } \
+    || die "installing the boot tools ($MISSING) in the chroot failed"
+else
+  echo "rig: boot tools ready (OVMF, systemd-boot, SYSLINUX, mtools)"
+fi
+
+# --- 4. optional smoke test ---
 if [ $SMOKE = 1 ]; then
   S=$(mktemp "${TMPDIR:-/tmp}/rig-smoke.XXXXXX.sh")
   trap 'rm -f "$S"' EXIT
