@@ -2,16 +2,18 @@
 # make-boot-image.sh - a bootable disk image holding the rig guest (kernel + initramfs + a test script), so
 # the guest boots from a disk through firmware instead of QEMU's -kernel. Debian packages only, no mounts:
 # sfdisk (fdisk) writes the partition table, mkfs.fat (dosfstools) the FAT file system inside the image at
-# its offset, mtools copies the files in; all run inside the rig's chroot (tests/guest/setup.sh installs them).
+# its offset, mtools copies the files in, dd puts GRUB's boot code in; all run inside the rig's chroot
+# (tests/guest/setup.sh installs them).
 #
 # usage: make-boot-image.sh --uefi|--bios [--append "ARGS"] [--guest-file PATH]... GUEST_SCRIPT IMAGE
 #   --uefi    GPT, 512-byte sectors; one EFI system partition (FAT32) with systemd-boot (systemd-boot-efi) as
 #             \EFI\BOOT\BOOTX64.EFI (the removable-media path firmware boots without a boot entry), a loader
 #             entry for /vmlinuz (Debian's kernel, an EFI stub) with /initrd and the command line; the menu
 #             timeout is 0. For OVMF (run-guest.sh RIG_FIRMWARE=/usr/share/ovmf/OVMF.fd).
-#   --bios    MBR, 512-byte sectors; one active FAT32 partition with SYSLINUX (syslinux, its mtools installer
-#             --offset) and syslinux.cfg for /vmlinuz, /initrd and the command line; SYSLINUX's mbr.bin
-#             (syslinux-common) as the MBR's boot code. For SeaBIOS, QEMU's default firmware.
+#   --bios    MBR, 512-byte sectors; one FAT32 partition with /vmlinuz and /initrd; GRUB (grub-pc-bin): its
+#             boot.img as the MBR's boot code, core.img (grub-mkimage: biosdisk, part_msdos, fat, linux, echo,
+#             and an embedded configuration that loads them with the command line) in the sectors between
+#             the MBR and the partition. For SeaBIOS, QEMU's default firmware.
 #   --append  appended to the kernel command line, after "console=ttyS0 panic=-1 quiet" (as run-guest.sh's)
 #   --guest-file  also put this host file into the initramfs as /BASENAME (as run-guest.sh's RIG_GUEST_FILES)
 #   GUEST_SCRIPT  host path, put into the initramfs as /test.sh (with guest-lib.sh), run by /init
@@ -24,7 +26,7 @@ CACHE=${VNVME_RIG_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vnvme-rig}
 CHROOT=${RIG_CHROOT:-$CACHE/trixie}
 OUT=${RIG_OUT:-$CACHE/guest}
 die() { echo "make-boot-image: $*" >&2; exit 1; }
-usage() { sed -n '6,20p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '8,22p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 KIND='' APPEND='' FILES=() SCRIPT='' IMAGE=''
 while [ $# -gt 0 ]; do
@@ -82,7 +84,7 @@ else
 start=$START, size=$PART_SECTORS, type=c, bootable"
 fi
 echo "$TABLE" | in_chroot sfdisk -q "$W/disk.img" >/dev/null || die "sfdisk failed"
-# FAT32 inside the image at the partition's offset; -h: the hidden sectors before it (SYSLINUX reads them)
+# FAT32 inside the image at the partition's offset; -h: the hidden sectors before it
 # (it warns that the image holds more blocks than the file system: it is meant to)
 in_chroot mkfs.fat -F 32 -n RIGBOOT --offset $START -h $START "$W/disk.img" $((PART_SECTORS / 2)) > "$WORK/mkfs.log" 2>&1 \
   || { cat "$WORK/mkfs.log" >&2; die "mkfs.fat failed"; }
@@ -102,15 +104,26 @@ if [ "$KIND" = uefi ]; then
   mt mcopy -i "$FAT" "$W/loader.conf" ::/loader/loader.conf
   mt mcopy -i "$FAT" "$W/rig.conf" ::/loader/entries/rig.conf
 else
-  MBR=/usr/lib/syslinux/mbr/mbr.bin
-  [ -f "$CHROOT$MBR" ] || die "no $MBR in $CHROOT: run tests/guest/setup.sh (syslinux-common)"
-  printf 'DEFAULT rig\nPROMPT 0\nTIMEOUT 0\nSERIAL 0 115200\nLABEL rig\n  LINUX /vmlinuz\n  INITRD /initrd\n  APPEND %s\n' \
-    "$CMDLINE" > "$WORK/syslinux.cfg"
-  mt mcopy -i "$FAT" "$W/syslinux.cfg" ::/syslinux.cfg
-  # the mtools installer: ldlinux.sys and ldlinux.c32 into the FAT at that byte offset, its boot sector
-  in_chroot syslinux --install --stupid --offset $((START * 512)) "$W/disk.img" || die "syslinux --install failed"
-  # the MBR's boot code (440 bytes, before the disk signature and the table): it starts the active partition
-  dd if="$CHROOT$MBR" of="$WORK/disk.img" bs=440 count=1 conv=notrunc status=none
+  # GRUB (i386-pc), not SYSLINUX: a boot chain that never loads code where code already ran. SYSLINUX's
+  # MBR runs at 0x7C00 and reads the partition's boot sector over itself; under TCG, QEMU keeps the
+  # MBR's translated code for that address, since the vfio-user server wrote the new sector into guest
+  # RAM through its own mapping, which QEMU's code-page tracking does not see (QEMU's own devices write
+  # through QEMU and invalidate it): the old MBR ran again and SYSLINUX stopped with "Boot error".
+  # GRUB's boot.img loads core.img at 0x8000, memory not run before.
+  GRUBLIB=/usr/lib/grub/i386-pc
+  [ -f "$CHROOT$GRUBLIB/boot.img" ] || die "no $GRUBLIB/boot.img in $CHROOT: run tests/guest/setup.sh (grub-pc-bin)"
+  # core.img's embedded configuration, run by GRUB's rescue parser (no normal.mod, no menu)
+  printf 'echo "GRUB: booting the vnvme rig from (hd0,msdos1)"\nset root=(hd0,msdos1)\nlinux /vmlinuz %s\ninitrd /initrd\nboot\n' \
+    "$CMDLINE" > "$WORK/early.cfg"
+  in_chroot grub-mkimage -O i386-pc -o "$W/core.img" -c "$W/early.cfg" -p '(hd0,msdos1)/boot/grub' \
+    biosdisk part_msdos fat linux echo || die "grub-mkimage failed"
+  # core.img (diskboot.img first, its block list already "sector 2, the rest") in the gap after the MBR,
+  # from sector 1, where boot.img looks for it by default
+  CORE_SECTORS=$(( ($(stat -c %s "$WORK/core.img") + 511) / 512 ))
+  [ $((1 + CORE_SECTORS)) -le $START ] || die "core.img ($CORE_SECTORS sectors) does not fit before the partition"
+  dd if="$WORK/core.img" of="$WORK/disk.img" bs=512 seek=1 conv=notrunc status=none
+  # boot.img's 440 bytes of code, before the disk signature and the partition table
+  dd if="$CHROOT$GRUBLIB/boot.img" of="$WORK/disk.img" bs=440 count=1 conv=notrunc status=none
 fi
 mkdir -p "$(dirname "$IMAGE")"
 mv "$WORK/disk.img" "$IMAGE"

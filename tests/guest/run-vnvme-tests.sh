@@ -121,11 +121,14 @@
 #              systemd-boot as \EFI\BOOT\BOOTX64.EFI (the removable-media path, no boot variable needed),
 #              a loader entry with the kernel (its EFI stub), initramfs and command line; the console
 #              must show OVMF starting the vnvme disk's boot option
+#   boot-bios  SeaBIOS (QEMU's default); MBR with GRUB's boot.img, its core.img (an embedded configuration
+#              that loads kernel and initramfs from the FAT32 partition with the command line) after the
+#              MBR; the console must show that configuration's "GRUB: booting the vnvme rig"
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 GT=$HERE/tests
-ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io sanitize file-backed-ram hugepage-ram viommu nvme-cli-admin logs firmware directives pi zns faults reservations nbd nbd-restart boot-uefi"
+ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io sanitize file-backed-ram hugepage-ram viommu nvme-cli-admin logs firmware directives pi zns faults reservations nbd nbd-restart boot-uefi boot-bios"
 COMPARE=0 KEEP=0 ONLY=''
 while [ $# -gt 0 ]; do
   case $1 in
@@ -514,7 +517,7 @@ t_boot() {
   img=$TMP/$name.img
   case $kind in
     uefi) fw=/usr/share/ovmf/OVMF.fd sig='BdsDxe: starting Boot[0-9A-F]* "UEFI vnvme' detected='a GPT header at byte 512' ;;
-    bios) sig='SYSLINUX [0-9.]* EDD' detected='an MBR partition table' ;;
+    bios) sig='GRUB: booting the vnvme rig' detected='an MBR partition table' ;;
   esac
   if ! "$HERE/make-boot-image.sh" "--$kind" --append "rig.boot=$kind rig.size=32M" "$GT/vnvme-boot.sh" "$img" \
        > "$TMP/$name.image.log" 2>&1; then
@@ -536,6 +539,7 @@ t_boot() {
   fi
 }
 t_boot-uefi() { t_boot uefi; }
+t_boot-bios() { t_boot bios; }
 
 t_pi() {
   own_server_test pi pi= vnvme-pi.sh --ns "64M:file=$TMP/pi.img" -- --timeout 600

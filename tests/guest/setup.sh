@@ -3,7 +3,7 @@
 #   host: debootstrap (apt-get update + install, only if missing)
 #   $VNVME_RIG_CACHE/trixie : Debian trixie chroot with QEMU 11.1 (trixie-backports, has vfio-user-pci)
 #   $VNVME_RIG_CACHE/guest  : guest kernel + initramfs (busybox, fio, nvme-cli, blkzone, nvme.ko)
-#   boot tools in the chroot (OVMF, systemd-boot, SYSLINUX, mtools, mkfs.fat, sfdisk) for the boot tests
+#   boot tools in the chroot (OVMF, systemd-boot, GRUB i386-pc, mtools, mkfs.fat, sfdisk) for the boot tests
 # Each step is skipped when its stamp file records the hash of the scripts that produced it (and the
 # outputs are still there), so a second run takes a second or two.
 #
@@ -86,7 +86,7 @@ fi
 
 # --- 3. boot tools: the boot-uefi and boot-bios guest tests build disk images with these (make-boot-image.sh)
 # and boot them with OVMF. Installed where missing, outside the stamps, so adding them rebuilds nothing ---
-BOOT_PKGS="ovmf systemd-boot-efi mtools dosfstools fdisk syslinux syslinux-common"
+BOOT_PKGS="ovmf systemd-boot-efi grub-pc-bin mtools dosfstools fdisk"
 MISSING=''
 for p in $BOOT_PKGS; do
   chroot "$CHROOT" dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || MISSING="$MISSING $p"
@@ -99,7 +99,7 @@ if [ -n "$MISSING" ]; then
          && chroot "$CHROOT" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $MISSING >/dev/null; }; } \
     || die "installing the boot tools ($MISSING) in the chroot failed"
 else
-  echo "rig: boot tools ready (OVMF, systemd-boot, SYSLINUX, mtools)"
+  echo "rig: boot tools ready (OVMF, systemd-boot, GRUB i386-pc, mtools)"
 fi
 
 # --- 4. optional smoke test ---
