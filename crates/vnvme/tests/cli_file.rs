@@ -108,3 +108,37 @@ fn unusable_files_are_explained() {
     let err = serve_fails(&socket, "1M:file");
     assert!(err.contains("PATH:file or SIZE:file=PATH"), "{err}");
 }
+
+/// A disk image made for 512-byte sectors (a GPT header at byte 512, as
+/// every cloud image has) is served with 512-byte blocks without format=,
+/// so its partitions show; one with its GPT at byte 4096 with 4096-byte
+/// blocks; format= wins.
+#[test]
+fn a_disk_image_is_served_in_the_sector_size_it_was_made_for() {
+    let dir = temp_dir("image");
+    let socket = dir.join("vnvme.sock");
+    let image = |name: &str, gpt_at: usize| {
+        let path = dir.join(name);
+        let mut head = vec![0u8; 8 << 20];
+        head[gpt_at..gpt_at + 8].copy_from_slice(b"EFI PART");
+        std::fs::write(&path, head).unwrap();
+        path
+    };
+    let sector_size = |ns: String| {
+        let server = serve(&socket, &ns);
+        let size = list(&socket)["Devices"][0]["SectorSize"].clone();
+        terminate(server);
+        size
+    };
+    let gpt512 = image("gpt512.img", 512);
+    let gpt4k = image("gpt4k.img", 4096);
+    assert_eq!(sector_size(format!("{}:file", gpt512.display())), 512);
+    assert_eq!(sector_size(format!("{}:file", gpt4k.display())), 4096);
+    assert_eq!(
+        sector_size(format!("{}:file,format=3", gpt512.display())),
+        4096
+    );
+    // A new file: the default.
+    let new = dir.join("new.img");
+    assert_eq!(sector_size(format!("8M:file={}", new.display())), 4096);
+}
