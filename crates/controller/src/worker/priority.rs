@@ -106,6 +106,16 @@ impl Priority {
             let round_trip = || set_class(true).and_then(|()| set_class(false));
             match std::thread::spawn(round_trip).join() {
                 Ok(Ok(())) => true,
+                // EPERM: an unprivileged process (README, "Running as
+                // an unprivileged user"); said plainly, not as an error.
+                Ok(Err(e)) if e.kind() == io::ErrorKind::PermissionDenied => {
+                    tracing::info!(
+                        "I/O workers keep the usual scheduling class: this process may not bring \
+                         a thread back from SCHED_IDLE (that takes CAP_SYS_NICE, or RLIMIT_NICE \
+                         20: ulimit -e 20, LimitNICE=+0 in a systemd unit)"
+                    );
+                    false
+                }
                 Ok(Err(e)) => {
                     tracing::info!("I/O workers keep the usual scheduling class: {e}");
                     false
