@@ -26,6 +26,8 @@
 #   RIG_TIMESTAMP  1 = prefix console lines with host seconds since QEMU start
 #   RIG_QEMU_ARGS  extra raw QEMU arguments (word-split)
 #   RIG_PIDFILE    host path: write QEMU's pid there once it is started (to kill it mid-test)
+#   RIG_QEMU_USER  UID:GID: run QEMU as that user with that one group (chroot --userspec; numbers, so the
+#                  chroot needs no entry for them); the staged kernel and initrd are made readable to it
 #   RIG_GUEST_FILES host paths, space-separated: each is appended to the initramfs as /BASENAME
 #                  (e.g. a static program a test runs: nvme-sync-read)
 #   RIG_BOOT       kernel (default: QEMU's -kernel/-initrd/-append) | disk: the firmware boots the first
@@ -113,14 +115,19 @@ fi
 [ -n "${RIG_QEMU_ARGS:-}" ] && ARGS+=(${RIG_QEMU_ARGS})
 
 # QEMU runs in the background so that its pid is known (chroot execs it: $! is QEMU's pid)
+CHROOT_AS=()
+if [ -n "${RIG_QEMU_USER:-}" ]; then
+  chmod 755 "$RUN"   # mktemp -d made it 0700: the user must read vmlinuz and initrd in it
+  CHROOT_AS=(--userspec="$RIG_QEMU_USER" --groups="${RIG_QEMU_USER#*:}")
+fi
 set +e
 if [ "${RIG_TIMESTAMP:-0}" = 1 ]; then
   t0=${EPOCHREALTIME/./}
-  chroot "$CHROOT" qemu-system-x86_64 "${ARGS[@]}" </dev/null > >(while IFS= read -r l; do
+  chroot "${CHROOT_AS[@]}" "$CHROOT" qemu-system-x86_64 "${ARGS[@]}" </dev/null > >(while IFS= read -r l; do
     d=$(( ${EPOCHREALTIME/./} - t0 )); printf '[%4d.%03d] %s\n' $((d/1000000)) $(((d/1000)%1000)) "${l%$'\r'}"
   done) 2>&1 &
 else
-  chroot "$CHROOT" qemu-system-x86_64 "${ARGS[@]}" </dev/null &
+  chroot "${CHROOT_AS[@]}" "$CHROOT" qemu-system-x86_64 "${ARGS[@]}" </dev/null &
 fi
 QPID=$!
 [ -n "${RIG_PIDFILE:-}" ] && echo "$QPID" > "$RIG_PIDFILE"

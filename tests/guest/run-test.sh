@@ -21,6 +21,10 @@
 #   --guest-file PATH   also put the host file PATH into the guest as /BASENAME (e.g. a static program the
 #                       script runs); repeatable
 #   --pidfile FILE      write QEMU's pid to FILE once it runs (a test can kill QEMU mid-I/O); removed at exit
+#   --qemu-user USER:GROUP  run QEMU as USER with GROUP as its only group (host names or numbers, passed to
+#                       the chroot as numbers: it needs no entry for them): its vfio-user connect is then
+#                       an unprivileged one, as under libvirt. QEMU's own -run-with user= drops privileges
+#                       only after the devices connected, so it tests no socket permission
 #   --log FILE          console log (default $VNVME_RIG_CACHE/logs/NAME-DATE-PID.log); its path is printed
 #   --results FILE      also write the guest's RESULT lines there, without the "RESULT " prefix (JSON lines)
 #   -v                  also copy the console to stdout as it comes
@@ -37,9 +41,9 @@ CACHE=${VNVME_RIG_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vnvme-rig}
 CHROOT=${RIG_CHROOT:-$CACHE/trixie}
 export VNVME_RIG_CACHE=$CACHE RIG_CHROOT=$CHROOT
 
-usage() { sed -n '4,31p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 126; }
+usage() { sed -n '4,/^set /{/^#/p}' "$0" | sed 's/^# \{0,1\}//' >&2; exit 126; }
 err() { echo "run-test: $*" >&2; exit 126; }
-MODE=qemu DBCS='' SOCKS=() MEMFILE='' GFILES='' SOCKWAIT=10 TIMEOUT=300 APPEND='' QARGS='' PIDFILE='' LOG='' RESULTS='' VERBOSE=0 SCRIPT=''
+MODE=qemu DBCS='' SOCKS=() MEMFILE='' GFILES='' SOCKWAIT=10 TIMEOUT=300 APPEND='' QARGS='' PIDFILE='' LOG='' RESULTS='' VERBOSE=0 SCRIPT='' QUSER=''
 while [ $# -gt 0 ]; do
   case $1 in
     --qemu-nvme) MODE=qemu ;;
@@ -54,6 +58,7 @@ while [ $# -gt 0 ]; do
                   case $2 in *' '*) err "--guest-file: no spaces in the path, please: $2";; esac
                   GFILES="$GFILES $(cd "$(dirname "$2")" && pwd)/$(basename "$2")"; shift ;;
     --pidfile) [ $# -ge 2 ] || usage; PIDFILE=$2; shift ;;
+    --qemu-user) [ $# -ge 2 ] || usage; QUSER=$2; shift ;;
     --log) [ $# -ge 2 ] || usage; LOG=$2; shift ;;
     --results) [ $# -ge 2 ] || usage; RESULTS=$2; shift ;;
     -v|--verbose) VERBOSE=1 ;;
@@ -73,6 +78,16 @@ if [ -n "$MEMFILE" ]; then
   [ ! -e "$MEMFILE" ] || [ -f "$MEMFILE" ] || err "--mem-file: $MEMFILE is not a regular file"
 fi
 [ -x "$CHROOT/usr/bin/qemu-system-x86_64" ] || err "rig not set up (no QEMU in $CHROOT): run tests/guest/setup.sh"
+if [ -n "$QUSER" ]; then
+  case $QUSER in *:*) ;; *) err "--qemu-user takes USER:GROUP";; esac
+  QUID=$(id -u "${QUSER%%:*}" 2>/dev/null) || err "--qemu-user: no user ${QUSER%%:*}"
+  QGID=$(getent group "${QUSER#*:}" | cut -d: -f3) || true
+  [ -n "$QGID" ] || err "--qemu-user: no group ${QUSER#*:}"
+  [ -z "$MEMFILE" ] || err "--qemu-user and --mem-file: the RAM file would have to be the user's; not supported"
+  export RIG_QEMU_USER=$QUID:$QGID
+else
+  unset RIG_QEMU_USER
+fi
 NAME=$(basename "$SCRIPT"); NAME=${NAME%.sh}
 if [ -z "$LOG" ]; then   # default log folder: keep the newest 200
   mkdir -p "$CACHE/logs"; LOG=$CACHE/logs/$NAME-$(date +%Y%m%d-%H%M%S)-$$.log
@@ -160,6 +175,7 @@ if [ ${#BINDS[@]} -gt 0 ]; then
           _ "${BINDS[@]}" -- "${LAUNCH[@]}")
 fi
 [ -n "$MEMFILE" ] && DESC="$DESC, guest RAM in file $MEMFILE"
+[ -n "$QUSER" ] && DESC="$DESC, QEMU as $QUSER ($RIG_QEMU_USER)"
 echo "run-test: $NAME on $DESC, timeout ${TIMEOUT}s, log $LOG" >&2
 T0=${EPOCHREALTIME/./}
 "${LAUNCH[@]}" > "$LOG" 2>&1 &

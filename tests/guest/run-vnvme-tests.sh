@@ -109,6 +109,13 @@
 #              acquire, not for its read; preempt, release (wrong type: Invalid Field); with PTPL set
 #              the keys are in F.reservations, and a second boot on a new server over F finds them
 #              (a third host's write conflicts), then clears them
+#   unprivileged  QEMU and the server as two unprivileged users sharing a group, as under libvirt (users
+#              vnvme-t-serve and vnvme-t-qemu and group vnvme-t-vm, created for the test where missing and
+#              removed after): the server (setpriv, that group its one other group) serves
+#              --socket-group vnvme-t-vm, the socket must be vnvme-t-serve:vnvme-t-vm 660 on the host;
+#              QEMU as vnvme-t-qemu with only its own group must fail to connect ("Permission
+#              denied", no boot); QEMU as vnvme-t-qemu in group vnvme-t-vm (run-test.sh --qemu-user)
+#              boots and passes fio verify (64 MiB, 4k random + 128k sequential)
 # Boot tests: the guest boots from a vnvme disk through firmware, not QEMU's -kernel (RIG_BOOT=disk).
 # make-boot-image.sh writes a 66 MiB image with 512-byte sectors holding the rig's kernel, its initramfs
 # with tests/vnvme-boot.sh as /test.sh, and the command line; the test's own server serves it as
@@ -128,7 +135,7 @@ set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 GT=$HERE/tests
-ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io sanitize file-backed-ram hugepage-ram viommu nvme-cli-admin logs firmware directives pi zns faults reservations nbd nbd-restart boot-uefi boot-bios"
+ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io sanitize file-backed-ram hugepage-ram viommu nvme-cli-admin logs firmware directives pi zns faults reservations nbd nbd-restart boot-uefi boot-bios unprivileged"
 COMPARE=0 KEEP=0 ONLY=''
 while [ $# -gt 0 ]; do
   case $1 in
@@ -164,6 +171,7 @@ SOCK=$TMP/vnvme.sock STATS=$TMP/stats.json SLOG=$TMP/serve.log
 SPID='' XPID=''
 cleanup() {
   [ -z "$XPID" ] || stop_xserver
+  [ -z "${UNPRIV_MADE:-}${UNPRIV_DIR:-}" ] || unpriv_clean
   if [ -n "$SPID" ] && kill -0 "$SPID" 2>/dev/null; then
     kill -TERM "$SPID" 2>/dev/null
     for _ in $(seq 50); do kill -0 "$SPID" 2>/dev/null || break; sleep 0.1; done
@@ -768,6 +776,74 @@ t_viommu() {
   [ -z "$srv" ] || why="${why:+$why; }$srv"
   if [ -z "$why" ]; then
     report PASS $name "$(since "$t0")" "$(grep -ah '^TEST: controller' "$LOG" | sed 's/^TEST: //'); verified $(iops_of "$OUT"); server: $(grep -ao "[0-9]* messages in .*DMA_UNMAP [0-9]* ([^)]*)" "$XLOG" | sed 's/ VERSION.*DMA_MAP/ DMA_MAP/' | head -1)"
+  else
+    report FAIL $name "$(since "$t0")" "$why"
+  fi
+}
+
+# The unprivileged test's users, group and folder: what it made, removed by unpriv_clean (also at exit).
+UNPRIV_G=vnvme-t-vm UNPRIV_S=vnvme-t-serve UNPRIV_Q=vnvme-t-qemu UNPRIV_MADE='' UNPRIV_DIR=''
+unpriv_make() {   # creates what is missing; 1 with UNPRIV_WHY set if it cannot
+  UNPRIV_WHY=''
+  if ! getent group $UNPRIV_G > /dev/null; then
+    groupadd --system $UNPRIV_G 2> "$TMP/unprivileged.users" || { UNPRIV_WHY="groupadd $UNPRIV_G: $(cat "$TMP/unprivileged.users")"; return 1; }
+    UNPRIV_MADE="$UNPRIV_MADE group:$UNPRIV_G"
+  fi
+  for u in $UNPRIV_S $UNPRIV_Q; do
+    id -u $u > /dev/null 2>&1 && continue
+    useradd --system --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin $u \
+      2> "$TMP/unprivileged.users" || { UNPRIV_WHY="useradd $u: $(cat "$TMP/unprivileged.users")"; return 1; }
+    UNPRIV_MADE="$UNPRIV_MADE user:$u"
+  done
+}
+unpriv_clean() {
+  local m
+  [ -z "$UNPRIV_DIR" ] || rm -rf "$UNPRIV_DIR"
+  for m in $UNPRIV_MADE; do   # users before the group (userdel also removes a user's own group)
+    case $m in user:*) userdel "${m#user:}" 2> /dev/null ;; esac
+  done
+  for m in $UNPRIV_MADE; do
+    case $m in group:*) groupdel "${m#group:}" 2> /dev/null ;; esac
+  done
+  UNPRIV_MADE='' UNPRIV_DIR=''
+}
+
+t_unprivileged() {
+  local t0 name=unprivileged why='' srv gid owner refused; t0=$(now)
+  if ! has_opt --socket-group; then report SKIP $name 0 "server has no '--socket-group' option"; return; fi
+  if ! unpriv_make; then report FAIL $name "$(since "$t0")" "$UNPRIV_WHY"; unpriv_clean; return; fi
+  gid=$(getent group $UNPRIV_G | cut -d: -f3)
+  # The socket's folder: the server's, searchable by the group (run-test.sh bind-mounts it into the
+  # chroot as it is). The binary is copied there: $VNVME may sit under a folder only root can enter.
+  UNPRIV_DIR=$(mktemp -d "${TMPDIR:-/tmp}/vnvme-unpriv.XXXXXX")
+  cp "$VNVME" "$UNPRIV_DIR/vnvme"
+  chown -R $UNPRIV_S:$UNPRIV_G "$UNPRIV_DIR"; chmod 750 "$UNPRIV_DIR"
+  XSOCK=$UNPRIV_DIR/vnvme.sock XLOG=$TMP/$name.serve.log
+  setpriv --reuid $UNPRIV_S --regid $UNPRIV_S --groups "$gid" -- "$UNPRIV_DIR/vnvme" serve --socket "$XSOCK" \
+    --socket-group $UNPRIV_G --ns 64M:ram > "$XLOG" 2>&1 &
+  XPID=$!
+  for _ in $(seq 100); do [ -S "$XSOCK" ] && break; kill -0 "$XPID" 2>/dev/null || break; sleep 0.1; done
+  if [ ! -S "$XSOCK" ]; then
+    report FAIL $name "$(since "$t0")" "server as $UNPRIV_S did not start: $(tail -3 "$XLOG" | tr '\n' ' ')"
+    stop_xserver; unpriv_clean; return
+  fi
+  owner=$(stat -c '%U:%G %a' "$XSOCK")
+  [ "$owner" = "$UNPRIV_S:$UNPRIV_G 660" ] || why="socket is $owner, want $UNPRIV_S:$UNPRIV_G 660"
+  # Not in the group: refused at connect, before any boot.
+  boot $name-refused "$GT/vnvme-fio-verify.sh" --qemu-user $UNPRIV_Q:$UNPRIV_Q --timeout 60
+  refused=$(grep -ao "Failed to connect to [^ ]*: Permission denied" "$LOG" | head -1)
+  if [ $RC != 125 ] || [ -z "$refused" ]; then
+    why="${why:+$why; }QEMU as $UNPRIV_Q without the group was not refused (run-test exit $RC, console $LOG)"
+  fi
+  # In the group: boots, verified I/O.
+  boot $name "$GT/vnvme-fio-verify.sh" --qemu-user $UNPRIV_Q:$UNPRIV_G --timeout 300 \
+    --append "rig.size=64M rig.name=unprivileged"
+  [ $RC = 0 ] || why="${why:+$why; }$(fail_detail $name)"
+  stop_xserver; srv=$XMSG
+  [ -z "$srv" ] || why="${why:+$why; }$srv"
+  unpriv_clean
+  if [ -z "$why" ]; then
+    report PASS $name "$(since "$t0")" "server as $UNPRIV_S, socket $owner; QEMU as $UNPRIV_Q alone: '$refused'; QEMU as $UNPRIV_Q:$UNPRIV_G: 64 MiB verified $(iops_of "$OUT")"
   else
     report FAIL $name "$(since "$t0")" "$why"
   fi
