@@ -65,9 +65,9 @@ pub struct ServeOptions {
     /// A namespace, SIZE[:null|ram] (e.g. 1G:ram; null keeps and moves no data), or a file or block device: PATH:file (its size)
     /// or SIZE:file=PATH (created or extended to SIZE); repeat for more. NSIDs are given in order from 1.
     /// Options follow commas: ready=DURATION (Namespace Not Ready until then after each enable),
-    /// never-ready, detached, format=N (LBA format index; default 3, 4096-byte blocks, except a file
-    /// or nbd image with a partition table: 0, 512-byte blocks, unless its GPT header is at byte
-    /// 4096, as disk images are made; the choice is logged), pi=1|2|3 (protection information type; the
+    /// never-ready, detached, format=N (LBA format index; default 3, 4096-byte blocks; a file or nbd
+    /// image with a partition table gets the sector size it was made for: 0, 512-byte blocks, or 3
+    /// if its GPT header is at byte 4096; the choice is logged), pi=1|2|3 (protection information type; the
     /// format needs metadata), pil=first|last (where the PI lies in the metadata, default last),
     /// zoned (a zoned namespace, with zone-size=SIZE, zone-cap=SIZE, max-open=N, max-active=N,
     /// ro-zones=N, zone-ext=BYTES: zone descriptor extensions, a multiple of 64), vwc (ram: a volatile write cache that a power-loss fault empties).
