@@ -10,6 +10,8 @@ command -v cc >/dev/null || missing+=(gcc)
 # filter) and qemu-nbd exporting a qcow2 file made by qemu-img.
 command -v nbdkit >/dev/null || missing+=(nbdkit)
 { command -v qemu-nbd >/dev/null && command -v qemu-img >/dev/null; } || missing+=(qemu-utils)
+# The guest hot-plug test talks QMP to QEMU with tests/guest/qmp.py.
+command -v python3 >/dev/null || missing+=(python3)
 # A stop test hangs a FUSE filesystem (bindfs) under a file namespace.
 command -v bindfs >/dev/null || missing+=(bindfs)
 # The socket tests start `vnvme serve` through systemd-socket-activate, and

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # run-test.sh - boot the rig guest, run one guest script in it, exit with that script's exit status.
 #
-# usage: run-test.sh [--qemu-nvme [--dbcs on|off] | --vfio-user SOCK...] [options] GUEST_SCRIPT
+# usage: run-test.sh [--qemu-nvme [--dbcs on|off] | --vfio-user SOCK... | --no-disk] [options] GUEST_SCRIPT
 #   --qemu-nvme         QEMU's built-in nvme, null-co backend reading zeroes (default)
+#   --no-disk           no NVMe device at boot (a hot-plug test adds them over QMP: --qemu-arg -qmp ...)
 #   --dbcs on|off       shadow doorbells (Doorbell Buffer Config) of the built-in nvme (QEMU default: on)
 #   --vfio-user SOCK    attach a vfio-user-pci device connected to the server socket SOCK, a HOST path
 #                       (its folder is bind-mounted read-only into the chroot in a private mount namespace,
@@ -47,6 +48,7 @@ MODE=qemu DBCS='' SOCKS=() MEMFILE='' GFILES='' SOCKWAIT=10 TIMEOUT=300 APPEND='
 while [ $# -gt 0 ]; do
   case $1 in
     --qemu-nvme) MODE=qemu ;;
+    --no-disk) MODE=none ;;
     --dbcs) [ $# -ge 2 ] || usage; case $2 in on|off) DBCS=$2;; *) err "--dbcs takes on or off";; esac; shift ;;
     --vfio-user) [ $# -ge 2 ] || usage; MODE=vfio; SOCKS+=("$2"); shift ;;
     --socket-wait) [ $# -ge 2 ] || usage; SOCKWAIT=$2; shift ;;
@@ -71,7 +73,7 @@ done
 [ -n "$SCRIPT" ] || usage
 [ -f "$SCRIPT" ] || err "no such guest script: $SCRIPT"
 case $TIMEOUT in ''|*[!0-9]*) err "--timeout takes whole seconds";; esac
-[ "$MODE" = vfio ] && [ -n "$DBCS" ] && err "--dbcs applies to --qemu-nvme only"
+[ "$MODE" != qemu ] && [ -n "$DBCS" ] && err "--dbcs applies to --qemu-nvme only"
 [ "$(id -u)" = 0 ] || err "must run as root (chroot)"
 if [ -n "$MEMFILE" ]; then
   [ -d "$(dirname "$MEMFILE")" ] || err "--mem-file: no folder $(dirname "$MEMFILE")"
@@ -157,6 +159,10 @@ if [ "$MODE" = vfio ]; then
   export RIG_VFIO_USER=${RIG_VFIO_USER# }
   export RIG_NO_NVME=1
   DESC="vfio-user ${SOCKS[*]}"
+elif [ "$MODE" = none ]; then
+  unset RIG_VFIO_USER
+  export RIG_NO_NVME=1
+  DESC="no disk at boot"
 else
   unset RIG_VFIO_USER
   export RIG_NO_NVME=0

@@ -131,11 +131,18 @@
 #   boot-bios  SeaBIOS (QEMU's default); MBR with GRUB's boot.img, its core.img (an embedded configuration
 #              that loads kernel and initramfs from the FAT32 partition with the command line) after the
 #              MBR; the console must show that configuration's "GRUB: booting the vnvme rig"
+#   hotplug    disks attached and detached at run time, as a cloud does: one server per doorbell mode
+#              (trap, shadow, adaptive, mmap-poll; --interrupts msi, the detach procedure QEMU 11.1
+#              needs), a guest booted with no disk and a pcie-root-port; for each mode, 5 rounds of QMP
+#              device_add, fio verify (8 MiB), device_del (odd rounds: the guest removes the device in
+#              sysfs first) (tests/vnvme-hotplug.sh); QEMU and the guest survive every round, the
+#              device leaves QEMU and the server sees the client go before the next round; every
+#              server is still up at the end
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 GT=$HERE/tests
-ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io sanitize file-backed-ram hugepage-ram viommu nvme-cli-admin logs firmware directives pi zns faults reservations nbd nbd-restart boot-uefi boot-bios unprivileged"
+ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io sanitize file-backed-ram hugepage-ram viommu nvme-cli-admin logs firmware directives pi zns faults reservations nbd nbd-restart boot-uefi boot-bios unprivileged hotplug"
 COMPARE=0 KEEP=0 ONLY=''
 while [ $# -gt 0 ]; do
   case $1 in
@@ -882,6 +889,94 @@ t_faults() {
   else
     report FAIL $name "$(since "$t0")" "$why"
   fi
+}
+
+t_hotplug() {
+  local name=hotplug t0 modes="trap shadow adaptive mmap-poll" rounds=5 m r step=0 bg why='' dir qmp
+  local spids=() secs dels='' chroot; t0=$(now)
+  if ! has_opt --interrupts; then report SKIP $name 0 "server has no '--interrupts' option"; return; fi
+  if ! python3 -c 'import json, socket' 2>/dev/null; then
+    report FAIL $name 0 "python3 is not installed (the QMP client, tests/guest/qmp.py, needs it; apt-get install python3)"; return
+  fi
+  # The QMP socket and the servers' sockets in one folder inside the chroot, so QEMU sees them as they
+  # are (a device_add names its socket by QEMU's path); removed at the end.
+  chroot=${RIG_CHROOT:-${VNVME_RIG_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vnvme-rig}/trixie}
+  dir=$(mktemp -d "$chroot/run/vnvme-hotplug.XXXXXX") || { report FAIL $name 0 "no folder in $chroot/run"; return; }
+  qmp=$dir/qmp.sock
+  for m in $modes; do
+    "$VNVME" serve --socket "$dir/$m.sock" --ns 64M:ram --doorbells "$m" --interrupts msi \
+      > "$TMP/$name.$m.serve.log" 2>&1 &
+    spids+=($!)
+  done
+  for m in $modes; do
+    for _ in $(seq 100); do [ -S "$dir/$m.sock" ] && break; sleep 0.1; done
+    [ -S "$dir/$m.sock" ] || why="${why:+$why; }the $m server did not start: $(tail -2 "$TMP/$name.$m.serve.log" | tr '\n' ' ')"
+  done
+  OUT=$TMP/$name.results LOG=$TMP/$name.console
+  if [ -z "$why" ]; then
+    "$HERE/run-test.sh" --no-disk --log "$LOG" --results "$OUT" --timeout 420 \
+      --qemu-arg -qmp --qemu-arg "unix:${dir#"$chroot"}/qmp.sock,server=on,wait=off" \
+      --qemu-arg -device --qemu-arg pcie-root-port,id=rp1,chassis=1,slot=1 \
+      --append "rig.nvme_wait=0 rig.modes=$(echo $modes | tr ' ' ,) rig.rounds=$rounds rig.size=8M rig.irq=msi" \
+      "$GT/vnvme-hotplug.sh" > /dev/null 2> "$TMP/$name.harness" &
+    bg=$!
+    for m in $modes; do
+      for r in $(seq $rounds); do
+        step=$((step + 1))
+        hotplug_ask $bg "$step add $m $r" || { why="the guest never asked for step $step (add $m $r)"; break 2; }
+        if ! python3 "$HERE/qmp.py" "$qmp" add "{\"driver\":\"vfio-user-pci\",\"id\":\"vnvme-$m-$r\",\"bus\":\"rp1\",\"socket\":{\"type\":\"unix\",\"path\":\"${dir#"$chroot"}/$m.sock\"}}" 2>> "$TMP/$name.qmp.log"; then
+          why="device_add $m round $r failed: $(tail -1 "$TMP/$name.qmp.log")"; break 2
+        fi
+        step=$((step + 1))
+        hotplug_ask $bg "$step del $m $r" || { why="the guest never asked for step $step (del $m $r)"; break 2; }
+        if ! secs=$(python3 "$HERE/qmp.py" "$qmp" del "vnvme-$m-$r" 60 2>> "$TMP/$name.qmp.log"); then
+          why="device_del $m round $r: $(tail -1 "$TMP/$name.qmp.log")"; break 2
+        fi
+        dels="$dels $secs"
+        # QEMU closes the vfio-user connection when it frees the device: the next add needs the server free.
+        for _ in $(seq 100); do
+          [ "$(grep -c 'client disconnected' "$TMP/$name.$m.serve.log")" -ge "$r" ] && break; sleep 0.1
+        done
+        [ "$(grep -c 'client disconnected' "$TMP/$name.$m.serve.log")" -ge "$r" ] ||
+          { why="$m round $r: the server did not see QEMU close the connection within 10 s of the device_del"; break 2; }
+      done
+    done
+    # The guest's last step: the first mode's disk once more, left attached at power-off.
+    m=${modes%% *} step=$((step + 1))
+    if [ -z "$why" ]; then
+      if ! hotplug_ask $bg "$step add $m final"; then
+        why="the guest never asked for step $step (add $m final)"
+      elif ! python3 "$HERE/qmp.py" "$qmp" add "{\"driver\":\"vfio-user-pci\",\"id\":\"vnvme-final\",\"bus\":\"rp1\",\"socket\":{\"type\":\"unix\",\"path\":\"${dir#"$chroot"}/$m.sock\"}}" 2>> "$TMP/$name.qmp.log"; then
+        why="the final device_add failed: $(tail -1 "$TMP/$name.qmp.log")"
+      fi
+    fi
+    [ -z "$why" ] || kill -TERM $bg 2>/dev/null   # the guest would wait for a device that never comes
+    wait $bg; RC=$?
+    [ $RC = 0 ] || why="${why:+$why; }$(fail_detail $name)"
+    grep -aq 'Assertion' "$LOG" && why="${why:+$why; }QEMU aborted: $(grep -a 'Assertion' "$LOG" | head -1)"
+  fi
+  local i=0
+  for m in $modes; do
+    if kill -0 "${spids[$i]}" 2>/dev/null; then kill -TERM "${spids[$i]}"; else why="${why:+$why; }the $m server died (log $TMP/$name.$m.serve.log)"; fi
+    wait "${spids[$i]}" 2>/dev/null
+    grep -qiE 'panic|ERROR' "$TMP/$name.$m.serve.log" && why="${why:+$why; }the $m server log has errors: $(grep -iE 'panic|ERROR' "$TMP/$name.$m.serve.log" | head -1)"
+    i=$((i + 1))
+  done
+  rm -rf "$dir"
+  if [ -z "$why" ]; then
+    report PASS $name "$(since "$t0")" "$rounds rounds per mode ($modes): attached, 8 MiB verified, detached, the server free again; device_del took$dels s; a last attach served"
+  else
+    report FAIL $name "$(since "$t0")" "$why"
+  fi
+}
+# hotplug_ask PID STEP: wait (up to 2 min) until the console $LOG shows "HOTPLUG-ASK STEP" while PID runs
+hotplug_ask() {
+  local waited=0
+  while ! { [ -f "$LOG" ] && tr -d '\r' < "$LOG" | grep -aq "HOTPLUG-ASK $2\$"; }; do
+    kill -0 "$1" 2>/dev/null && [ $waited -lt 600 ] || return 1
+    sleep 0.2; waited=$((waited + 1))
+  done
+  return 0
 }
 
 T0=$(now)

@@ -2,7 +2,7 @@
 //! refuse.
 
 use vnvme_controller::{ConfigError, ControllerConfig, NamespaceConfig, MAX_NAMESPACES};
-use vnvme_pci::{PciError, MSIX_ENTRY_SIZE};
+use vnvme_pci::{msi_vectors, Interrupts, PciError, MSIX_ENTRY_SIZE};
 use vnvme_spec::regs::Bar0Layout;
 
 /// MSI-X vectors the function can have: its table fills one page of BAR0
@@ -21,8 +21,11 @@ pub struct DeviceConfig {
     pub namespaces: Vec<NamespaceConfig>,
     /// MSI-X vectors, 1..=[`MAX_MSIX_VECTORS`]. `None`: one per I/O queue
     /// plus the admin queue's, at most [`MAX_MSIX_VECTORS`] (fewer vectors
-    /// than queues means CQs share vectors).
+    /// than queues means CQs share vectors). With MSI: the largest power of
+    /// two not above it, at most 32.
     pub msix_vectors: Option<u16>,
+    /// MSI-X (the default) or MSI; see [`Interrupts`] for why MSI exists.
+    pub interrupts: Interrupts,
 }
 
 impl DeviceConfig {
@@ -32,11 +35,20 @@ impl DeviceConfig {
             controller,
             namespaces,
             msix_vectors: None,
+            interrupts: Interrupts::Msix,
         }
     }
 
-    /// The MSI-X vectors the function exposes.
+    /// The MSI-X (or MSI) vectors the function exposes.
     pub(crate) fn vectors(&self) -> Result<u16, DeviceError> {
+        let msix = self.msix_vectors()?;
+        Ok(match self.interrupts {
+            Interrupts::Msix => msix,
+            Interrupts::Msi => msi_vectors(msix),
+        })
+    }
+
+    fn msix_vectors(&self) -> Result<u16, DeviceError> {
         match self.msix_vectors {
             None => Ok(self
                 .controller

@@ -1,12 +1,13 @@
 //! The NVMe PCI function served over vfio-user: PCI config space (region 7),
 //! BAR0 (region 0: controller registers and doorbells, then the MSI-X table
-//! and PBA, as [`Bar0Layout`] places them), and interrupts as eventfds.
+//! and PBA, as [`Bar0Layout`] places them), and interrupts as eventfds
+//! (MSI-X, or MSI when [`DeviceConfig::interrupts`] asks for it, and INTx).
 
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
 use vnvme_controller::{Controller, DoorbellPage};
-use vnvme_pci::{MsixTable, PciConfig, PciFunction, CONFIG_SPACE_SIZE};
+use vnvme_pci::{Interrupts, MsixTable, PciConfig, PciFunction, CONFIG_SPACE_SIZE};
 use vnvme_spec::regs::Bar0Layout;
 use vnvme_vfio_user::{
     irq, region, DeviceInfo, DmaSpace, Errno, IrqInfo, RegionInfo, SharedRegion, SparseArea,
@@ -66,6 +67,7 @@ impl NvmeDevice {
         let vectors = config.vectors()?;
         config.check_namespaces()?;
         let pci_config = PciConfig {
+            interrupts: config.interrupts,
             msix_vectors: vectors,
             ..PciConfig::default()
         };
@@ -116,6 +118,65 @@ impl NvmeDevice {
 
     fn vectors(&self) -> u32 {
         u32::from(self.pci.msix_vectors())
+    }
+
+    /// The vectors behind IRQ index `index` (MSI-X or MSI): all of them for
+    /// the kind the function offers, none for the other.
+    fn vectors_of(&self, index: u32) -> u32 {
+        match (index, self.pci.interrupts()) {
+            (irq::MSIX, Interrupts::Msix) | (irq::MSI, Interrupts::Msi) => self.vectors(),
+            _ => 0,
+        }
+    }
+
+    /// SET_IRQS for MSI-X or MSI: eventfds per vector (one table serves
+    /// both; the function offers one kind).
+    fn set_vectors(
+        &self,
+        index: u32,
+        flags: u32,
+        start: u32,
+        count: u32,
+        fds: Vec<OwnedFd>,
+    ) -> Result<(), Errno> {
+        let end = start.checked_add(count).ok_or_else(libc_einval)?;
+        let have = self.vectors_of(index);
+        if have == 0 {
+            // The kind the function does not offer: a disable is a no-op.
+            return if count == 0 {
+                Ok(())
+            } else {
+                Err(libc_einval())
+            };
+        }
+        if end > have {
+            return Err(libc_einval());
+        }
+        let trigger = flags & VFIO_IRQ_SET_ACTION_TRIGGER != 0;
+        let (first, n) = (start as usize, count as usize);
+        if flags & VFIO_IRQ_SET_DATA_EVENTFD != 0 && trigger {
+            if fds.is_empty() {
+                self.irqs.clear_msix(first, n.max(1));
+            } else {
+                self.irqs.set_msix(first, fds);
+            }
+        } else if flags & VFIO_IRQ_SET_DATA_NONE != 0 && trigger {
+            if count == 0 {
+                self.irqs.clear_msix(0, 0);
+            } else {
+                // A loopback trigger: fire the vectors now.
+                for v in start..end {
+                    vnvme_controller::InterruptSink::signal(&*self.irqs, v as u16);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether BAR0 holds an MSI-X table and PBA: with MSI that part of
+    /// BAR0 is reserved (reads 0, writes ignored).
+    fn offers_msix(&self) -> bool {
+        self.pci.interrupts() == Interrupts::Msix
     }
 }
 
@@ -169,12 +230,12 @@ impl vnvme_vfio_user::Device for NvmeDevice {
                 count: 1,
             },
             irq::MSI => IrqInfo {
-                flags: eventfd,
-                count: 0,
+                flags: eventfd | VFIO_IRQ_INFO_NORESIZE,
+                count: self.vectors_of(irq::MSI),
             },
             irq::MSIX => IrqInfo {
                 flags: eventfd | VFIO_IRQ_INFO_NORESIZE,
-                count: self.vectors(),
+                count: self.vectors_of(irq::MSIX),
             },
             irq::ERR | irq::REQ => IrqInfo {
                 flags: eventfd,
@@ -186,6 +247,7 @@ impl vnvme_vfio_user::Device for NvmeDevice {
 
     fn region_read(&mut self, index: u32, offset: u64, buf: &mut [u8]) -> Result<(), Errno> {
         match index {
+            region::BAR0 if offset >= MSIX_TABLE && !self.offers_msix() => buf.fill(0),
             region::BAR0 if offset >= MSIX_PBA => self.msix.pba_read(offset - MSIX_PBA, buf),
             region::BAR0 if offset >= MSIX_TABLE => self.msix.table_read(offset - MSIX_TABLE, buf),
             region::BAR0 => self.ctrl.mmio_read(offset, buf),
@@ -197,7 +259,8 @@ impl vnvme_vfio_user::Device for NvmeDevice {
 
     fn region_write(&mut self, index: u32, offset: u64, data: &[u8]) -> Result<(), Errno> {
         match index {
-            // The PBA is read-only.
+            // The PBA is read-only; without MSI-X the part is reserved.
+            region::BAR0 if offset >= MSIX_TABLE && !self.offers_msix() => {}
             region::BAR0 if offset >= MSIX_PBA => {}
             region::BAR0 if offset >= MSIX_TABLE => {
                 self.msix.table_write(offset - MSIX_TABLE, data)
@@ -220,29 +283,8 @@ impl vnvme_vfio_user::Device for NvmeDevice {
         let end = start.checked_add(count).ok_or_else(libc_einval)?;
         let eventfds = flags & VFIO_IRQ_SET_DATA_EVENTFD != 0;
         let trigger = flags & VFIO_IRQ_SET_ACTION_TRIGGER != 0;
-        let (first, n) = (start as usize, count as usize);
         match index {
-            irq::MSIX => {
-                if end > self.vectors() {
-                    return Err(libc_einval());
-                }
-                if eventfds && trigger {
-                    if fds.is_empty() {
-                        self.irqs.clear_msix(first, n.max(1));
-                    } else {
-                        self.irqs.set_msix(first, fds);
-                    }
-                } else if flags & VFIO_IRQ_SET_DATA_NONE != 0 && trigger {
-                    if count == 0 {
-                        self.irqs.clear_msix(0, 0);
-                    } else {
-                        // A loopback trigger: fire the vectors now.
-                        for v in start..end {
-                            vnvme_controller::InterruptSink::signal(&*self.irqs, v as u16);
-                        }
-                    }
-                }
-            }
+            irq::MSIX | irq::MSI => self.set_vectors(index, flags, start, count, fds)?,
             irq::INTX => {
                 if end > 1 {
                     return Err(libc_einval());
@@ -265,11 +307,6 @@ impl vnvme_vfio_user::Device for NvmeDevice {
                     }
                 } else if flags & VFIO_IRQ_SET_ACTION_MASK != 0 {
                     self.irqs.mask_intx();
-                }
-            }
-            irq::MSI => {
-                if count != 0 {
-                    return Err(libc_einval());
                 }
             }
             // Error and request notifiers: accepted, never signalled.
@@ -379,6 +416,47 @@ mod tests {
         let err = NvmeDevice::new(config).unwrap_err().to_string();
         assert!(err.contains("1..=256"), "{err}");
         assert!(err.contains("got 300"), "{err}");
+    }
+
+    #[test]
+    fn an_msi_function_signals_msi_eventfds_and_has_no_msix() {
+        use std::io::Read;
+        let config = DeviceConfig {
+            interrupts: Interrupts::Msi,
+            ..DeviceConfig::new(ControllerConfig::default(), Vec::new())
+        };
+        let mut d = NvmeDevice::new(config).unwrap();
+        // 65 vectors wished (64 I/O queues + admin): MSI announces 32.
+        assert_eq!(d.irq_info(irq::MSI).unwrap().count, 32);
+        assert_eq!(d.irq_info(irq::MSIX).unwrap().count, 0);
+        let eventfd_trigger = VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER;
+        let (mut rx, tx) = std::io::pipe().unwrap();
+        d.set_irqs(irq::MSI, eventfd_trigger, 0, 1, vec![tx.into()])
+            .unwrap();
+        vnvme_controller::InterruptSink::signal(&*d.irqs, 0);
+        let mut got = [0u8; 8];
+        rx.read_exact(&mut got).unwrap();
+        assert_eq!(u64::from_ne_bytes(got), 1);
+        assert_eq!(
+            d.set_irqs(irq::MSI, eventfd_trigger, 32, 1, Vec::new()),
+            Err(libc::EINVAL)
+        );
+        assert_eq!(
+            d.set_irqs(irq::MSIX, eventfd_trigger, 0, 1, Vec::new()),
+            Err(libc::EINVAL)
+        );
+        // QEMU disables the kind it does not use: a no-op.
+        let none_trigger = VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_ACTION_TRIGGER;
+        assert_eq!(
+            d.set_irqs(irq::MSIX, none_trigger, 0, 0, Vec::new()),
+            Ok(())
+        );
+        // Where the MSI-X table would be, BAR0 is reserved.
+        d.region_write(region::BAR0, MSIX_TABLE, &[0xff; 4])
+            .unwrap();
+        let mut b = [0xaau8; 4];
+        d.region_read(region::BAR0, MSIX_TABLE, &mut b).unwrap();
+        assert_eq!(b, [0; 4]);
     }
 
     #[test]

@@ -10,7 +10,8 @@ use parking_lot::RwLock;
 use vnvme_controller::InterruptSink;
 
 /// The eventfds a client gave for each vector. A vector with an MSI-X
-/// eventfd is signalled there; otherwise INTx is used if the client gave
+/// eventfd (or an MSI one: a function offers one kind, and both fill the
+/// same table) is signalled there; otherwise INTx is used if the client gave
 /// one; otherwise the interrupt is dropped and counted (a driver that polls
 /// needs none).
 ///

@@ -21,3 +21,4 @@ pub use device::NvmeDevice;
 pub use inproc::{InProcessServer, ServeError};
 pub use interrupts::EventfdInterrupts;
 pub use memory::DmaMemory;
+pub use vnvme_pci::{Interrupts, UnknownInterrupts};

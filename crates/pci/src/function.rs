@@ -1,9 +1,10 @@
 //! An NVMe PCI Express endpoint function: type 0 header, 64-bit memory BAR0,
-//! and the capability list PM -> MSI-X -> PCI Express.
+//! and the capability list PM -> MSI-X (or MSI) -> PCI Express.
 
 use vnvme_spec::regs::Bar0Layout;
 
 use crate::config::ConfigSpace;
+use crate::msi::{define_msi, Interrupts, MAX_MSI_VECTORS};
 
 /// Vendor ID used by default: 0x7E57 ("TEST"), for the Subsystem Vendor ID
 /// too, and the one source of the VID and SSVID the controller reports in
@@ -70,6 +71,7 @@ pub mod status {
 /// Capability IDs.
 pub mod cap_id {
     pub const POWER_MANAGEMENT: u8 = 0x01;
+    pub const MSI: u8 = 0x05;
     pub const PCI_EXPRESS: u8 = 0x10;
     pub const MSIX: u8 = 0x11;
 }
@@ -77,6 +79,8 @@ pub mod cap_id {
 /// Where our capabilities live.
 pub const PM_CAP: usize = 0x40;
 pub const MSIX_CAP: usize = 0x50;
+/// MSI takes MSI-X's place when [`PciConfig::interrupts`] asks for it.
+pub const MSI_CAP: usize = MSIX_CAP;
 pub const PCIE_CAP: usize = 0x60;
 
 /// MSI-X Message Control bits.
@@ -99,7 +103,10 @@ pub struct PciConfig {
     pub revision: u8,
     /// Size of BAR0: a power of two, at least 4 KiB.
     pub bar0_size: u64,
-    /// Number of MSI-X vectors, 1..=2048.
+    /// MSI-X (the default) or MSI.
+    pub interrupts: Interrupts,
+    /// Number of MSI-X vectors, 1..=2048; with MSI, the vectors the MSI
+    /// capability announces: a power of two, at most 32.
     pub msix_vectors: u16,
     /// (BIR, offset) of the MSI-X table; only BAR0 exists, so BIR must be 0.
     pub msix_table: (u8, u32),
@@ -118,6 +125,7 @@ impl Default for PciConfig {
             subsystem: DEFAULT_DEVICE_ID,
             revision: 1,
             bar0_size: Bar0Layout::SIZE,
+            interrupts: Interrupts::Msix,
             msix_vectors: 64,
             msix_table: (0, Bar0Layout::MSIX_TABLE.start as u32),
             msix_pba: (0, Bar0Layout::MSIX_PBA.start as u32),
@@ -132,6 +140,8 @@ pub enum PciError {
     Bar0Size(u64),
     #[error("{0} MSI-X vectors is outside 1..=2048")]
     MsixVectors(u16),
+    #[error("{0} MSI vectors is not a power of two up to {MAX_MSI_VECTORS}")]
+    MsiVectors(u16),
     #[error("MSI-X {what} at BIR {bir} offset {offset:#x} is not 8-byte aligned inside BAR0")]
     MsixPlacement {
         what: &'static str,
@@ -157,14 +167,24 @@ impl PciFunction {
         if !size.is_power_of_two() || size < 4096 {
             return Err(PciError::Bar0Size(size));
         }
-        if params.msix_vectors == 0 || params.msix_vectors > 2048 {
-            return Err(PciError::MsixVectors(params.msix_vectors));
-        }
-        let n = u64::from(params.msix_vectors);
-        let table = check_placement("table", params.msix_table, n * 16, size)?;
-        let pba = check_placement("PBA", params.msix_pba, n.div_ceil(64) * 8, size)?;
-        if table.0 < pba.1 && pba.0 < table.1 {
-            return Err(PciError::MsixOverlap);
+        let n = params.msix_vectors;
+        match params.interrupts {
+            Interrupts::Msix => {
+                if n == 0 || n > 2048 {
+                    return Err(PciError::MsixVectors(n));
+                }
+                let n = u64::from(n);
+                let table = check_placement("table", params.msix_table, n * 16, size)?;
+                let pba = check_placement("PBA", params.msix_pba, n.div_ceil(64) * 8, size)?;
+                if table.0 < pba.1 && pba.0 < table.1 {
+                    return Err(PciError::MsixOverlap);
+                }
+            }
+            Interrupts::Msi => {
+                if !n.is_power_of_two() || n > MAX_MSI_VECTORS {
+                    return Err(PciError::MsiVectors(n));
+                }
+            }
         }
 
         let mut c = ConfigSpace::default();
@@ -207,31 +227,15 @@ impl PciFunction {
 
         // Power Management (PCI PM 1.2 §3.2): version 3, D0 only.
         c.define(PM_CAP, 1, cap_id::POWER_MANAGEMENT.into(), 0, 0);
-        c.define(PM_CAP + 1, 1, MSIX_CAP as u32, 0, 0);
+        c.define(PM_CAP + 1, 1, MSIX_CAP as u32, 0, 0); // MSI-X or MSI, same place
         c.define(PM_CAP + 2, 2, 0x0003, 0, 0);
         // PMCSR: PowerState (1:0) writable, No_Soft_Reset (3) set, PME_Status W1C.
         c.define(PM_CAP + 4, 2, 1 << 3, 0x0003, 1 << 15);
 
-        // MSI-X (PCI 3.0 §6.8.2).
-        c.define(MSIX_CAP, 1, cap_id::MSIX.into(), 0, 0);
-        c.define(MSIX_CAP + 1, 1, PCIE_CAP as u32, 0, 0);
-        let ctrl = params.msix_vectors - 1;
-        let ctrl_writable = msix_ctrl::ENABLE | msix_ctrl::FUNCTION_MASK;
-        c.define(MSIX_CAP + 2, 2, ctrl.into(), ctrl_writable.into(), 0);
-        c.define(
-            MSIX_CAP + 4,
-            4,
-            params.msix_table.1 | u32::from(params.msix_table.0),
-            0,
-            0,
-        );
-        c.define(
-            MSIX_CAP + 8,
-            4,
-            params.msix_pba.1 | u32::from(params.msix_pba.0),
-            0,
-            0,
-        );
+        match params.interrupts {
+            Interrupts::Msix => define_msix(&mut c, &params),
+            Interrupts::Msi => define_msi(&mut c, MSI_CAP, PCIE_CAP, n),
+        }
 
         // PCI Express capability, version 2, endpoint (PCIe Base 4.0 §7.5.3).
         c.define(PCIE_CAP, 1, cap_id::PCI_EXPRESS.into(), 0, 0);
@@ -314,7 +318,10 @@ impl PciFunction {
     }
 
     fn msix_control(&self) -> u16 {
-        self.config.get_u16(MSIX_CAP + 2)
+        match self.params.interrupts {
+            Interrupts::Msix => self.config.get_u16(MSIX_CAP + 2),
+            Interrupts::Msi => 0,
+        }
     }
 
     pub fn msix_enabled(&self) -> bool {
@@ -325,8 +332,14 @@ impl PciFunction {
         self.msix_control() & msix_ctrl::FUNCTION_MASK != 0
     }
 
+    /// MSI-X vectors, or with MSI the vectors its capability announces.
     pub fn msix_vectors(&self) -> u16 {
         self.params.msix_vectors
+    }
+
+    /// MSI-X or MSI.
+    pub fn interrupts(&self) -> Interrupts {
+        self.params.interrupts
     }
 
     /// Status.Interrupt Status reflects the device's INTx# level.
@@ -360,6 +373,30 @@ impl PciFunction {
         }
         None
     }
+}
+
+/// MSI-X (PCI 3.0 §6.8.2) at [`MSIX_CAP`]: table size, enable and function
+/// mask, table and PBA in BAR0.
+fn define_msix(c: &mut ConfigSpace, params: &PciConfig) {
+    c.define(MSIX_CAP, 1, cap_id::MSIX.into(), 0, 0);
+    c.define(MSIX_CAP + 1, 1, PCIE_CAP as u32, 0, 0);
+    let ctrl = params.msix_vectors - 1;
+    let ctrl_writable = msix_ctrl::ENABLE | msix_ctrl::FUNCTION_MASK;
+    c.define(MSIX_CAP + 2, 2, ctrl.into(), ctrl_writable.into(), 0);
+    c.define(
+        MSIX_CAP + 4,
+        4,
+        params.msix_table.1 | u32::from(params.msix_table.0),
+        0,
+        0,
+    );
+    c.define(
+        MSIX_CAP + 8,
+        4,
+        params.msix_pba.1 | u32::from(params.msix_pba.0),
+        0,
+        0,
+    );
 }
 
 /// Checks a table/PBA placement; returns its [start, end) in BAR0.
@@ -544,6 +581,47 @@ mod tests {
         assert_eq!(read32(&f, MSIX_CAP as u64 + 4), 0x2000);
         f.reset();
         assert!(!f.msix_enabled());
+    }
+
+    #[test]
+    fn msi_replaces_msix_in_the_chain_and_takes_the_hosts_writes() {
+        use crate::msi::msi_ctrl;
+        let mut f = PciFunction::nvme(PciConfig {
+            interrupts: Interrupts::Msi,
+            msix_vectors: 32,
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(f.find_capability(cap_id::MSIX), None);
+        assert_eq!(f.find_capability(cap_id::MSI), Some(MSI_CAP));
+        assert_eq!(f.find_capability(cap_id::PCI_EXPRESS), Some(PCIE_CAP));
+        let ctrl = MSI_CAP as u64 + 2;
+        // 64-bit, Multiple Message Capable 101b (32 vectors), disabled.
+        assert_eq!(read16(&f, ctrl), msi_ctrl::ADDR_64 | 5 << 1);
+        f.config_write(ctrl, &0xffffu16.to_le_bytes());
+        assert_eq!(
+            read16(&f, ctrl),
+            msi_ctrl::ADDR_64 | 5 << 1 | msi_ctrl::MME_MASK | msi_ctrl::ENABLE
+        );
+        f.config_write(MSI_CAP as u64 + 4, &0xfee0_0003u32.to_le_bytes());
+        assert_eq!(read32(&f, MSI_CAP as u64 + 4), 0xfee0_0000);
+        f.config_write(MSI_CAP as u64 + 0xc, &0x4041u16.to_le_bytes());
+        assert_eq!(read16(&f, MSI_CAP as u64 + 0xc), 0x4041);
+        assert!(!f.msix_enabled(), "MSI's enable bit is not MSI-X's");
+        f.reset();
+        assert_eq!(read16(&f, ctrl) & msi_ctrl::ENABLE, 0);
+    }
+
+    #[test]
+    fn msi_vectors_must_be_a_power_of_two_up_to_32() {
+        for n in [0, 3, 64] {
+            let c = PciConfig {
+                interrupts: Interrupts::Msi,
+                msix_vectors: n,
+                ..Default::default()
+            };
+            assert_eq!(PciFunction::nvme(c).unwrap_err(), PciError::MsiVectors(n));
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! doorbells = "adaptive"      # trap | shadow | adaptive | mmap-poll
 //! max_io_queues = 8
 //! msix_vectors = 4            # fewer than queues: CQs share vectors
+//! interrupts = "msix"         # or "msi": for VMs that detach disks (QEMU 11.1)
 //! workers = 2
 //! ready_timeout = "5s"        # CRTO; never-ready namespaces get DNR after it
 //! max_namespaces = 16         # NN
@@ -75,7 +76,7 @@ use toml::Spanned;
 use vnvme_controller::{
     DoorbellMode, FaultSpec, Protection, Readiness, DEFAULT_FORMAT_INDEX, MAX_NAMESPACES,
 };
-use vnvme_device::MAX_MSIX_VECTORS;
+use vnvme_device::{Interrupts, MAX_MSIX_VECTORS};
 
 use crate::control::fault_params::FaultParams;
 use crate::device::{DeviceOptions, MAX_IO_QUEUES, MAX_WORKERS};
@@ -114,6 +115,7 @@ struct FileConfig {
     doorbells: Option<Spanned<String>>,
     max_io_queues: Option<Spanned<u16>>,
     msix_vectors: Option<Spanned<u16>>,
+    interrupts: Option<Spanned<String>>,
     workers: Option<Spanned<u64>>,
     ready_timeout: Option<Spanned<String>>,
     max_namespaces: Option<Spanned<u32>>,
@@ -166,6 +168,7 @@ pub struct ServeConfig {
     pub doorbells: Option<DoorbellMode>,
     pub max_io_queues: Option<u16>,
     pub msix_vectors: Option<u16>,
+    pub interrupts: Option<Interrupts>,
     pub workers: Option<u64>,
     pub ready_timeout: Option<Duration>,
     pub max_namespaces: Option<u32>,
@@ -265,6 +268,13 @@ impl ServeConfig {
             cfg.doorbells = Some(v.get_ref().parse().map_err(
                 |e: vnvme_controller::UnknownDoorbellMode| {
                     at(Some(v.span()), "doorbells".into(), e.to_string())
+                },
+            )?);
+        }
+        if let Some(v) = &raw.interrupts {
+            cfg.interrupts = Some(v.get_ref().parse().map_err(
+                |e: vnvme_device::UnknownInterrupts| {
+                    at(Some(v.span()), "interrupts".into(), e.to_string())
                 },
             )?);
         }
@@ -523,6 +533,7 @@ impl ServeConfig {
             doorbells: pick(&cli.doorbells, &d.doorbells, &self.doorbells),
             max_io_queues: pick(&cli.max_io_queues, &d.max_io_queues, &self.max_io_queues),
             msix_vectors: cli.msix_vectors.or(self.msix_vectors),
+            interrupts: pick(&cli.interrupts, &d.interrupts, &self.interrupts),
             workers: pick(&cli.workers, &d.workers, &self.workers),
             polling: cli.polling.clone(),
             ready_timeout: cli.ready_timeout.or(self.ready_timeout),
@@ -669,6 +680,22 @@ attached = false
         let ns = &c.namespaces[2];
         assert_eq!(ns.readiness, Readiness::Never);
         assert!(!ns.attached);
+    }
+
+    #[test]
+    fn interrupts_key_picks_msi_and_names_the_kinds_when_wrong() {
+        let c = ServeConfig::parse("config.toml", "interrupts = \"msi\"\n").unwrap();
+        assert_eq!(c.interrupts, Some(Interrupts::Msi));
+        assert_eq!(
+            c.apply(&DeviceOptions::default()).interrupts,
+            Interrupts::Msi
+        );
+        let e = err("serial = \"x\"\ninterrupts = \"intx\"\n");
+        assert!(
+            e.starts_with("config.toml:2: interrupts: unknown interrupt kind"),
+            "{e}"
+        );
+        assert!(e.contains("msix | msi"), "{e}");
     }
 
     #[test]

@@ -9,7 +9,7 @@ use vnvme_controller::{
     ControllerConfig, DoorbellMode, DEFAULT_DOZE, DEFAULT_IDLE_POLL, DEFAULT_READY_TIMEOUT,
     DEFAULT_SANITIZE_RATE, DEFAULT_SELF_TEST_RATE, MAX_NAMESPACES,
 };
-use vnvme_device::{DeviceConfig, MAX_MSIX_VECTORS};
+use vnvme_device::{DeviceConfig, Interrupts, MAX_MSIX_VECTORS};
 
 pub use vnvme_device::NvmeDevice;
 
@@ -33,6 +33,15 @@ pub struct DeviceOptions {
     /// MSI-X vectors (default: one per I/O queue plus the admin queue); fewer than queues means vectors are shared.
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=i64::from(MAX_MSIX_VECTORS)))]
     pub msix_vectors: Option<u16>,
+    /// Message-signalled interrupts the PCI function offers: msix (a
+    /// vector per queue) or msi (no MSI-X capability; an x86 guest without
+    /// interrupt remapping gets one vector, so Linux uses one I/O queue).
+    /// Use msi for VMs whose disks are detached at run time: QEMU 11.1
+    /// aborts the VM on `device_del` of a vfio-user-pci device with MSI-X
+    /// (see the README, "Attaching and detaching at run time"). With msi,
+    /// `--msix-vectors` is rounded down to a power of two, at most 32.
+    #[arg(long, value_name = "KIND", default_value_t = Interrupts::Msix)]
+    pub interrupts: Interrupts,
     /// Queue worker threads in the controller.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=MAX_WORKERS))]
     pub workers: u64,
@@ -93,6 +102,7 @@ impl Default for DeviceOptions {
             serial: "VNVME0001".into(),
             max_io_queues: 64,
             msix_vectors: None,
+            interrupts: Interrupts::Msix,
             workers: 1,
             doorbells: DoorbellMode::default(),
             polling: PollingOptions::default(),
@@ -214,6 +224,7 @@ impl DeviceOptions {
             .collect::<Result<Vec<_>>>()?;
         let config = DeviceConfig {
             msix_vectors: self.msix_vectors,
+            interrupts: self.interrupts,
             ..DeviceConfig::new(self.controller_config(), namespaces)
         };
         Ok(NvmeDevice::new(config)?)
