@@ -151,6 +151,17 @@ fn a_group_member_connects_and_others_are_told_why_not() {
         socket.display()
     );
     assert_eq!(stderr(&out), expected);
+    // Nor may nobody's server take the path: that it cannot connect does
+    // not make the socket stale.
+    let out = as_nobody(&bin, NOBODY, &["serve", "--ns", "1M:null"], &socket);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("exists and cannot be probed for a running server"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(socket.exists());
+    assert!(vnvme(&["id-ctrl"], &socket).status.success());
     assert!(server.terminate().success());
 
     // --socket-group nogroup: nobody (in nogroup) connects; a user of
@@ -180,7 +191,25 @@ fn a_folder_the_client_cannot_search_is_named() {
     std::fs::create_dir(&inner).unwrap();
     std::fs::set_permissions(&inner, std::fs::Permissions::from_mode(0o700)).unwrap();
     let socket = inner.join("vnvme.sock");
-    let server = serve(&socket, &["--ns", "1M:null", "--socket-mode", "666"]);
+    let child = Command::new(BIN)
+        .args([
+            "serve",
+            "--ns",
+            "1M:null",
+            "--socket-mode",
+            "666",
+            "--socket",
+        ])
+        .arg(&socket)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let server = common::Served::from_child(child);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !socket.exists() {
+        assert!(Instant::now() < deadline, "serve made no socket");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let out = as_nobody(&bin, NOBODY, &["id-ctrl"], &socket);
     let err = stderr(&out);
     assert!(!out.status.success());
@@ -192,7 +221,17 @@ fn a_folder_the_client_cannot_search_is_named() {
         )),
         "{err}"
     );
-    assert!(server.terminate().success());
+    // The server said so when it made the socket.
+    let (status, log) = server.terminate_with_stderr();
+    assert!(status.success(), "{log}");
+    assert!(
+        log.contains(&format!(
+            "other users cannot reach {}: folder {} (root:root mode 700) does not let them search it",
+            socket.display(),
+            inner.display()
+        )),
+        "{log}"
+    );
 }
 
 #[test]

@@ -155,11 +155,23 @@ fn remove_stale(path: &Path, flag: &str) -> Result<()> {
             path.display()
         );
     }
-    if UnixStream::connect(path).is_ok() {
-        bail!(
+    // Only a refused connection proves nothing listens: a socket this
+    // user may not connect to may well have a live server behind it.
+    match UnixStream::connect(path) {
+        Ok(_) => bail!(
             "{} is in use by a running server: stop it first or choose another {flag}",
             path.display()
-        );
+        ),
+        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {}
+        Err(e) => {
+            return Err(e).with_context(|| {
+                format!(
+                    "{} exists and cannot be probed for a running server: remove it if none \
+                     runs, or choose another {flag}",
+                    path.display()
+                )
+            })
+        }
     }
     match std::fs::remove_file(path) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => {
