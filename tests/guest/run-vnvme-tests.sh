@@ -137,7 +137,8 @@
 #              device_add, fio verify (8 MiB), device_del (odd rounds: the guest removes the device in
 #              sysfs first) (tests/vnvme-hotplug.sh); QEMU and the guest survive every round, the
 #              device leaves QEMU and the server sees the client go before the next round; every
-#              server is still up at the end
+#              server is still up at the end. HOTPLUG_INTERRUPTS=msix serves MSI-X instead: with QEMU 11.1
+#              that run fails, QEMU aborting at the first device_del (a reproducer for QEMU's bug)
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
@@ -893,7 +894,7 @@ t_faults() {
 
 t_hotplug() {
   local name=hotplug t0 modes="trap shadow adaptive mmap-poll" rounds=5 m r step=0 bg why='' dir qmp
-  local spids=() secs dels='' chroot; t0=$(now)
+  local spids=() secs dels='' chroot irq=${HOTPLUG_INTERRUPTS:-msi}; t0=$(now)
   if ! has_opt --interrupts; then report SKIP $name 0 "server has no '--interrupts' option"; return; fi
   if ! python3 -c 'import json, socket' 2>/dev/null; then
     report FAIL $name 0 "python3 is not installed (the QMP client, tests/guest/qmp.py, needs it; apt-get install python3)"; return
@@ -904,7 +905,7 @@ t_hotplug() {
   dir=$(mktemp -d "$chroot/run/vnvme-hotplug.XXXXXX") || { report FAIL $name 0 "no folder in $chroot/run"; return; }
   qmp=$dir/qmp.sock
   for m in $modes; do
-    "$VNVME" serve --socket "$dir/$m.sock" --ns 64M:ram --doorbells "$m" --interrupts msi \
+    "$VNVME" serve --socket "$dir/$m.sock" --ns 64M:ram --doorbells "$m" --interrupts "$irq" \
       > "$TMP/$name.$m.serve.log" 2>&1 &
     spids+=($!)
   done
@@ -917,7 +918,7 @@ t_hotplug() {
     "$HERE/run-test.sh" --no-disk --log "$LOG" --results "$OUT" --timeout 420 \
       --qemu-arg -qmp --qemu-arg "unix:${dir#"$chroot"}/qmp.sock,server=on,wait=off" \
       --qemu-arg -device --qemu-arg pcie-root-port,id=rp1,chassis=1,slot=1 \
-      --append "rig.nvme_wait=0 rig.modes=$(echo $modes | tr ' ' ,) rig.rounds=$rounds rig.size=8M rig.irq=msi" \
+      --append "rig.nvme_wait=0 rig.modes=$(echo $modes | tr ' ' ,) rig.rounds=$rounds rig.size=8M rig.irq=$irq" \
       "$GT/vnvme-hotplug.sh" > /dev/null 2> "$TMP/$name.harness" &
     bg=$!
     for m in $modes; do
@@ -964,7 +965,7 @@ t_hotplug() {
   done
   rm -rf "$dir"
   if [ -z "$why" ]; then
-    report PASS $name "$(since "$t0")" "$rounds rounds per mode ($modes): attached, 8 MiB verified, detached, the server free again; device_del took$dels s; a last attach served"
+    report PASS $name "$(since "$t0")" "--interrupts $irq, $rounds rounds per mode ($modes): attached, 8 MiB verified, detached, the server free again; device_del took$dels s; a last attach served"
   else
     report FAIL $name "$(since "$t0")" "$why"
   fi

@@ -9,7 +9,7 @@
 # Last, it asks for the first mode's disk once more ("add <mode> final") and reads from it: the host
 # checks each detach up to the server's side before it answers, and the guest must not power off
 # before the host has checked the last one.
-# rig.irq=msi: the device's vectors must be MSI (not MSI-X) ones.
+# rig.irq=msi (msix): the device's vectors must be MSI (MSI-X) ones.
 #   rig.modes=trap,shadow,adaptive,mmap-poll  rig.rounds=5  rig.size=8M  rig.irq=
 . /guest-lib.sh
 MODES=$(cmdline_get modes trap,shadow,adaptive,mmap-poll)
@@ -28,6 +28,9 @@ for m in $(echo "$MODES" | tr , ' '); do
     fi
     if [ "$IRQ" = msi ] && { ! echo "$irqs" | grep -q 'MSI' || echo "$irqs" | grep -q 'MSIX'; }; then
       die "$m round $r: expected MSI vectors, /proc/interrupts has: $irqs"
+    fi
+    if [ "$IRQ" = msix ] && ! echo "$irqs" | grep -q 'MSIX'; then
+      die "$m round $r: expected MSI-X vectors, /proc/interrupts has: $irqs"
     fi
     fio_json "$m-$r" --filename=/dev/nvme0n1 --rw=randwrite --bs=4k --size="$SIZE" --ioengine=io_uring \
       --direct=1 --iodepth=16 --verify=crc32c --verify_fatal=1 --do_verify=1 --randrepeat=0 \
