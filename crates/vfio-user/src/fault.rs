@@ -45,7 +45,7 @@
 //! the second replacement is a no-op in effect (zero pages for zero pages).
 //! The flag is set before the replacement, so a thread whose copy read the
 //! replacement's zero pages without faulting sees it set after its copy.
-//! A hugetlbfs mapping is made of whole huge pages (see `DmaSpace::map_fd`),
+//! A hugetlbfs mapping is made of whole huge pages (see `dma/mmap.rs`),
 //! as the kernel can only replace it whole.
 
 use std::io;
