@@ -247,6 +247,22 @@ fn a_missing_a_dead_and_a_non_socket_path_get_their_own_message() {
         "{err}"
     );
 
+    // The control socket's client says the same, naming its own flag.
+    let out = Command::new(BIN)
+        .args(["ctl", "--control"])
+        .arg(&missing)
+        .arg("fault_list")
+        .output()
+        .unwrap();
+    assert!(
+        stderr(&out).contains(&format!(
+            "no control socket at {0}: is `vnvme serve --control {0}` running?",
+            missing.display()
+        )),
+        "{}",
+        stderr(&out)
+    );
+
     // A socket file left by a server that died: nothing listens.
     let stale = dir.join("stale.sock");
     drop(UnixListener::bind(&stale).unwrap());
