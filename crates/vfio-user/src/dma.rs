@@ -4,8 +4,8 @@
 //! in this process, one per file however many maps lie in it (`mmap.rs`: how
 //! hugetlbfs memory maps at all, and how a vIOMMU's stream of small maps
 //! stays cheap), accessed with plain memory copies: no allocation and no
-//! syscall on the hot path. Maps without an fd are reached with DMA_READ/DMA_WRITE messages to the
-//! client.
+//! syscall on the hot path. Maps without an fd are reached with
+//! DMA_READ/DMA_WRITE messages to the client.
 //!
 //! The map table is immutable: DMA_MAP and DMA_UNMAP publish a new one, and
 //! each thread accesses through its own snapshot of it, checked against the
@@ -14,8 +14,8 @@
 //! trip), and a thread keeps it until its next access or until it quiesces
 //! ([`DmaSpace::quiesce`]) before blocking. DMA_UNMAP waits until no snapshot
 //! holds the removed map, then drops it (munmapping its file's mapping if it
-//! was the last map in it). So once the server replies to
-//! DMA_UNMAP no access can touch the range, and no access can ever touch
+//! was the last map in it). So once the server replies to DMA_UNMAP no
+//! access can touch the range, and no access can ever touch
 //! memory that was unmapped; the wait is bounded, and past the bound only the
 //! first promise is given up, for an access in progress all that time.
 //!
@@ -35,8 +35,8 @@
 //! Transfer Error; the map stays broken until the client unmaps it.
 //!
 //! Resources: a map costs at most a kernel VMA and, with an fd, a slot of the
-//! process-wide fault registry (fewer where maps share a file), so a client gets at most
-//! [`DmaLimits::max_maps`] maps and [`DmaLimits::max_bytes`] bytes at once;
+//! process-wide fault registry (fewer where maps share a file), so a client
+//! gets at most [`DmaLimits::max_maps`] maps and [`DmaLimits::max_bytes`] bytes at once;
 //! beyond them DMA_MAP fails with ENOSPC and ENOMEM.
 
 use std::os::fd::BorrowedFd;
