@@ -69,6 +69,7 @@ fn passed_count(
     let pid_num: u32 = pid
         .trim()
         .parse()
+        // The parser's error says only "invalid digit"; the value says more.
         .map_err(|_| ActivationError::BadPid(pid.to_string()))?;
     if pid_num != own_pid {
         return Ok(None);
@@ -77,6 +78,7 @@ fn passed_count(
     let n: u32 = fds
         .trim()
         .parse()
+        // As above: the value is the whole cause.
         .map_err(|_| ActivationError::BadCount(fds.to_string()))?;
     match n {
         0 => Ok(None),

@@ -19,7 +19,7 @@ use crate::conn::{
     error_header, reply_header, Conn, Message, Wanted, MAX_DATA_XFER_SIZE, MAX_MSG_FDS,
     MESSAGE_TIMEOUT,
 };
-use crate::server::parse_version_caps;
+use crate::version::parse_version_caps;
 use crate::wire::*;
 use crate::{DeviceInfo, Error, IrqInfo, RegionInfo, SparseArea};
 

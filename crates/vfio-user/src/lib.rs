@@ -25,6 +25,7 @@ pub mod hugepages;
 mod msg_times;
 mod server;
 mod shared;
+mod version;
 pub mod wire;
 
 use std::io;
