@@ -40,6 +40,18 @@ wait_nvme() {
   return 0
 }
 
+# reset_live WHAT: a controller reset from sysfs, then wait (30 s at most) until nvme0 is live again;
+# logs "WHAT: controller live again after ~N s", dies naming WHAT if it is not
+reset_live() {
+  echo 1 > /sys/class/nvme/nvme0/reset_controller || die "writing reset_controller failed"
+  _n=0
+  while [ "$(cat /sys/class/nvme/nvme0/state)" != live ]; do
+    [ $_n -ge 300 ] && die "controller state '$(cat /sys/class/nvme/nvme0/state)' 30 s after $1"
+    sleep 0.1; _n=$((_n + 1))
+  done
+  log "$1: controller live again after ~$((_n / 10)).$((_n % 10)) s"
+}
+
 nvme_errors() {
   dmesg | grep -iE 'nvme' | grep -iE 'timeout|timed out|reset|error|abort|fail|disabl|offline|I/O [0-9]+ QID|dead|removing' \
     | grep -viE 'failfast|Shutdown timeout set'

@@ -5,16 +5,9 @@
 # command timeout): `nvme subsystem-reset` is refused and the next I/O completes at once.
 . /guest-lib.sh
 wait_nvme 10 || die "no /dev/nvme0n1"
-C=/sys/class/nvme/nvme0
 fio_randread reset-before io_uring 8 2 || die "I/O before the reset failed"
 for i in 1 2; do
-  echo 1 > $C/reset_controller || die "writing reset_controller failed"
-  n=0
-  while [ "$(cat $C/state)" != live ]; do
-    [ $n -ge 300 ] && die "controller state '$(cat $C/state)' 30 s after reset $i"
-    sleep 0.1; n=$((n + 1))
-  done
-  log "reset $i: controller live again after ~$((n / 10)).$((n % 10)) s"
+  reset_live "reset $i"
 done
 if out=$(nvme subsystem-reset /dev/nvme0 2>&1); then
   die "nvme subsystem-reset succeeded: $out"
