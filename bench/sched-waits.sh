@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # sched-waits.sh - how often the host kept each thread of a guest benchmark waiting for a core, per
-# device: the measurement behind the README's "Why QD 1 stays close".
+# device: the measurement behind docs/guest-benchmark.md, "Why QD 1 stays close".
 #
 # usage: sched-waits.sh [--over MS] BENCH_DIR TIMEHIST
 #   BENCH_DIR  a folder `vnvme bench --guest` kept (VNVME_BENCH_KEEP=1): its markers.txt gives the

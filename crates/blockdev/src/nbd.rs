@@ -2,7 +2,8 @@
 //! (nbdkit, qemu-nbd, qemu-storage-daemon, nbd-server...) over TCP
 //! (`nbd://HOST[:PORT]/EXPORT`) or a UNIX socket
 //! (`nbd+unix:///EXPORT?socket=PATH`), through a client of vnvme's own
-//! (see `proto`; README.md says why not libnbd).
+//! (see `proto`; docs/nbd.md, "Why a client of our own and not libnbd",
+//! says why not libnbd).
 //!
 //! * The namespace's size is the export's, rounded down to 4 KiB, or a
 //!   size given that the export holds. A read-only export is refused.

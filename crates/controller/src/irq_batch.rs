@@ -2,7 +2,7 @@
 //! host that is still submitting wait for its last submission, then come
 //! with one interrupt.
 //!
-//! An interrupt costs a TCG guest about 40 µs of the host's cores (README,
+//! An interrupt costs a TCG guest about 40 µs of the host's cores (docs/guest-benchmark.md,
 //! "What an interrupt costs"); at QD 32 vnvme raised 0.6-0.8 per I/O where
 //! QEMU's nvme, whose completions wait for its main loop, raised 0.5-0.6.
 //! The device cannot see a host block, but it sees how many entries the

@@ -3,7 +3,7 @@
 //!
 //! * [`Controller`] — BAR0 registers and doorbells, enable/reset, workers.
 //!
-//! The modules are layered (README, "Inside the controller"; the test
+//! The modules are layered (docs/architecture.md, "Inside the controller"; the test
 //! `tests/layers.rs` keeps it true): `worker` (queue workers and their wake
 //! policies) over `admin` and `io` (command handlers) over `command` (what a
 //! handler has at hand) over `inflight` (the one path of reads, writes and

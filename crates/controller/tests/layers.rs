@@ -1,5 +1,5 @@
 //! The controller's modules import each other without circles, and only
-//! downwards in [`LAYERS`] (README's "Inside the controller" draws the same
+//! downwards in [`LAYERS`] (docs/architecture.md, "Inside the controller", draws the same
 //! rows): each module's `crate::` paths (and a submodule's `super::` paths
 //! that leave its parent) name modules in its own row or below. A module
 //! and its own submodules count as one.

@@ -5,7 +5,7 @@
 //! QEMU bug: QEMU 11.1's `vfio-user-pci` aborts the whole VM when a device
 //! with an MSI-X capability is hot-unplugged (`device_del`), because its
 //! finalizer removes the MSI-X PBA's memory region from a container the
-//! region was already detached from (see the README, "Attaching and
+//! region was already detached from (see docs/hotplug.md, "Attaching and
 //! detaching at run time"). A function without MSI-X never reaches that
 //! code.
 

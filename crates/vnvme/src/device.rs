@@ -38,7 +38,7 @@ pub struct DeviceOptions {
     /// interrupt remapping gets one vector, so Linux uses one I/O queue).
     /// Use msi for VMs whose disks are detached at run time: QEMU 11.1
     /// aborts the VM on `device_del` of a vfio-user-pci device with MSI-X
-    /// (see the README, "Attaching and detaching at run time"). With msi,
+    /// (see docs/hotplug.md, "Attaching and detaching at run time"). With msi,
     /// `--msix-vectors` is rounded down to a power of two, at most 32.
     #[arg(long, value_name = "KIND", default_value_t = Interrupts::Msix)]
     pub interrupts: Interrupts,

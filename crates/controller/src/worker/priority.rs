@@ -5,8 +5,8 @@
 //! A polling worker on a host with no core to spare (a TCG guest's vCPUs
 //! on 2 cores) takes the core from the threads that produce its requests:
 //! beside it the vCPUs waited for a core 0.10-0.22 of one, against
-//! 0.04-0.05 beside QEMU's own nvme, which polls nothing (README, "Where
-//! the host's cores go"). In the idle class the vCPUs come first and the
+//! 0.04-0.05 beside QEMU's own nvme, which polls nothing (docs/guest-benchmark.md,
+//! "Where the host's cores go"). In the idle class the vCPUs come first and the
 //! worker takes what they leave (their wait fell to 0.06-0.11). Where the
 //! worker has a core (the embedded bench: it waits 0-3% of the time) the
 //! idle class would only cost it a preemption at every wake-up of any other
@@ -29,7 +29,7 @@
 //!   half its time there (back after every second, the checks while it
 //!   slept between bursts calm) had the vCPUs queued for a core 0.3-4 ms
 //!   25-50% more often, and itself twice as often, as one that stayed in
-//!   the idle class (perf sched; README "Why QD 1 stays close");
+//!   the idle class (perf sched; docs/guest-benchmark.md, "Why QD 1 stays close");
 //! * in the idle class, waiting more than [`STARVED`] of a check's time
 //!   (every core stays busy with other threads) sends it back to the usual
 //!   class for a cool-down, 1 s doubling to [`LONGEST_COOLDOWN`] while the
@@ -106,8 +106,8 @@ impl Priority {
             let round_trip = || set_class(true).and_then(|()| set_class(false));
             match std::thread::spawn(round_trip).join() {
                 Ok(Ok(())) => true,
-                // EPERM: an unprivileged process (README, "Running as
-                // an unprivileged user"); said plainly, not as an error.
+                // EPERM: an unprivileged process (docs/deployment.md, "Running
+                // as an unprivileged user"); said plainly, not as an error.
                 Ok(Err(e)) if e.kind() == io::ErrorKind::PermissionDenied => {
                     tracing::info!(
                         "I/O workers keep the usual scheduling class: this process may not bring \
