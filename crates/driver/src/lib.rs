@@ -66,10 +66,10 @@ pub use doorbell::{DoorbellKind, NeedEvent};
 pub use error::Error;
 pub use init::InitMode;
 pub use io::{IoQueue, MetadataPointer};
-pub use namespace::{Namespace, NamespaceState, NsProtection, NsState};
+pub use namespace::{Namespace, NamespaceState, NsState};
 pub use passthru::{
     AsyncCompletion, AsyncQueue, BufferSlice, DataDirection, PassthruCompletion, PassthruData,
 };
-pub use pi::PiError;
+pub use pi::{NsProtection, PiError};
 pub use queue::QueueCounters;
 pub use vfio_user_access::VfioUserAccess;

@@ -9,8 +9,6 @@
 
 use vnvme_spec::pi::{Guard, Tuple};
 
-use crate::namespace::NsProtection;
-
 /// A block whose PI does not match its data or the expected tags.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum PiError {
@@ -43,7 +41,53 @@ pub enum PiError {
     },
 }
 
+/// A namespace's protection information: DPS.PIT and PIP, the guard of
+/// its format (Identify CNS 05h ELBAF.PIF) and the metadata the tuple
+/// lies in (LBAF.MS, FLBAS bit 4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NsProtection {
+    /// PI type, 1 to 3.
+    pub pit: u8,
+    /// 64-bit guard (16-byte tuple, 48-bit reference tag), else 16-bit.
+    pub guard_64: bool,
+    /// The tuple is the first bytes of the metadata (DPS.PIP), else the
+    /// last, and the guard covers the metadata before it too.
+    pub first: bool,
+    /// Metadata bytes per block (MS): the tuple or more.
+    pub ms: u16,
+    /// Extended LBAs (FLBAS bit 4): the metadata follows each block's data
+    /// in the data buffer. The driver takes these only where the metadata
+    /// is the tuple alone, which PRACT strips: the block API moves data
+    /// alone then (more metadata would have to be interleaved into every
+    /// caller's buffer); protected I/O bounces data and PI through a
+    /// buffer of the queue's.
+    pub extended: bool,
+}
+
 impl NsProtection {
+    /// Bytes of the PI tuple.
+    pub fn tuple_size(self) -> u16 {
+        if self.guard_64 {
+            16
+        } else {
+            8
+        }
+    }
+
+    /// Where the tuple starts in a block's metadata.
+    pub fn tuple_offset(self) -> usize {
+        if self.first {
+            0
+        } else {
+            usize::from(self.ms.saturating_sub(self.tuple_size()))
+        }
+    }
+
+    /// Whether PRACT leaves no metadata to move (§5.3.2.1, §5.3.2.2).
+    pub fn stripped(self) -> bool {
+        self.ms == self.tuple_size()
+    }
+
     pub fn guard(self) -> Guard {
         if self.guard_64 {
             Guard::Crc64

@@ -2,6 +2,14 @@
 //! and its write-1-to-clear mask (the Cloud Hypervisor `configuration.rs`
 //! model), so read-only bits are enforced in one place.
 
+/// Capability IDs (PCI Local Bus 3.0 §6.7, Appendix H).
+pub mod cap_id {
+    pub const POWER_MANAGEMENT: u8 = 0x01;
+    pub const MSI: u8 = 0x05;
+    pub const PCI_EXPRESS: u8 = 0x10;
+    pub const MSIX: u8 = 0x11;
+}
+
 /// Size of PCI Express configuration space.
 pub const CONFIG_SPACE_SIZE: usize = 4096;
 

@@ -3,7 +3,7 @@
 
 use vnvme_spec::regs::Bar0Layout;
 
-use crate::config::ConfigSpace;
+use crate::config::{cap_id, ConfigSpace};
 use crate::msi::{define_msi, Interrupts, MAX_MSI_VECTORS};
 
 /// Vendor ID used by default: 0x7E57 ("TEST"), for the Subsystem Vendor ID
@@ -66,14 +66,6 @@ pub mod status {
         | RECEIVED_MASTER_ABORT
         | SIGNALED_SYSTEM_ERROR
         | DETECTED_PARITY_ERROR;
-}
-
-/// Capability IDs.
-pub mod cap_id {
-    pub const POWER_MANAGEMENT: u8 = 0x01;
-    pub const MSI: u8 = 0x05;
-    pub const PCI_EXPRESS: u8 = 0x10;
-    pub const MSIX: u8 = 0x11;
 }
 
 /// Where our capabilities live.

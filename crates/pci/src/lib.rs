@@ -10,9 +10,9 @@ mod function;
 mod msi;
 mod msix;
 
-pub use config::{ConfigSpace, CONFIG_SPACE_SIZE};
+pub use config::{cap_id, ConfigSpace, CONFIG_SPACE_SIZE};
 pub use function::{
-    cap_id, command, msix_ctrl, offset, status, PciConfig, PciError, PciFunction, CLASS_CODE_NVME,
+    command, msix_ctrl, offset, status, PciConfig, PciError, PciFunction, CLASS_CODE_NVME,
     DEFAULT_DEVICE_ID, DEFAULT_VENDOR_ID, MSIX_CAP, MSI_CAP, PCIE_CAP, PM_CAP,
 };
 pub use msi::{msi_ctrl, msi_vectors, Interrupts, UnknownInterrupts, MAX_MSI_VECTORS};

@@ -12,7 +12,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::config::ConfigSpace;
+use crate::config::{cap_id, ConfigSpace};
 
 /// The interrupt capability in the function's capability list.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -83,7 +83,7 @@ pub fn msi_vectors(want: u16) -> u16 {
 /// host's to write.
 pub(crate) fn define_msi(c: &mut ConfigSpace, at: usize, next: usize, vectors: u16) {
     let mmc = vectors.trailing_zeros() as u16;
-    c.define(at, 1, crate::function::cap_id::MSI.into(), 0, 0);
+    c.define(at, 1, cap_id::MSI.into(), 0, 0);
     c.define(at + 1, 1, next as u32, 0, 0);
     let ctrl = msi_ctrl::ADDR_64 | mmc << msi_ctrl::MMC_SHIFT;
     let writable = msi_ctrl::ENABLE | msi_ctrl::MME_MASK;

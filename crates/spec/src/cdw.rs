@@ -26,7 +26,7 @@ use bitfield_struct::bitfield;
 
 use crate::feature::FeatureId;
 use crate::identify::Cns;
-use crate::log::LogPageId;
+use crate::log_page_id::LogPageId;
 
 dword!(
     Cdw10CreateIoQueue,

@@ -38,6 +38,7 @@ pub mod directive;
 pub mod feature;
 pub mod identify;
 pub mod log;
+mod log_page_id;
 pub mod opcode;
 pub mod pi;
 pub mod range;

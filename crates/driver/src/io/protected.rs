@@ -26,7 +26,7 @@ use vnvme_spec::{Completion, NvmOpcode};
 
 use crate::access::{DeviceAccess, DmaBuffer};
 use crate::error::Error;
-use crate::namespace::NsProtection;
+use crate::pi::NsProtection;
 
 use super::IoQueue;
 
