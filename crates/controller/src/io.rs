@@ -316,6 +316,7 @@ fn scatter(
 fn check_marks(ctx: &Ctx<'_>, ns: &Namespace, slba: u64, nlb: u64) -> Result<(), Status> {
     ns.uncorrectable
         .check(slba, nlb)
+        // Its only error is Unrecovered Read Error, which read_error returns, counted.
         .map_err(|_| read_error(ctx))
 }
 

@@ -304,7 +304,9 @@ impl State {
             let words: Vec<&str> = line.split_whitespace().collect();
             match words.as_slice() {
                 [] => {}
-                ["generation", n] => state.generation = n.parse().map_err(|_| at("bad number"))?,
+                ["generation", n] => {
+                    state.generation = n.parse().map_err(|e| at(&format!("bad number ({e})")))?
+                }
                 ["registrant", id, width, key] => {
                     let id = unhex(id).ok_or_else(|| at("bad host id"))?;
                     let extended = match *width {
@@ -312,7 +314,8 @@ impl State {
                         "16" => true,
                         _ => return Err(at("width must be 8 or 16")),
                     };
-                    let key = u64::from_str_radix(key, 16).map_err(|_| at("bad key"))?;
+                    let key =
+                        u64::from_str_radix(key, 16).map_err(|e| at(&format!("bad key ({e})")))?;
                     if state.registrant(&id).is_some() || state.registrants.len() >= MAX_REGISTRANTS
                     {
                         return Err(at("duplicate or too many registrants"));
@@ -321,7 +324,8 @@ impl State {
                     state.registrants.push(Registrant { host, key });
                 }
                 ["reservation", rtype, holder] if state.held.is_none() => {
-                    let rtype = ReservationType(rtype.parse().map_err(|_| at("bad type"))?);
+                    let rtype = rtype.parse().map_err(|e| at(&format!("bad type ({e})")))?;
+                    let rtype = ReservationType(rtype);
                     let holder = match *holder {
                         "all" => None,
                         h => Some(unhex(h).ok_or_else(|| at("bad holder"))?),

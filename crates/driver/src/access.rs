@@ -453,6 +453,7 @@ impl MappedArea {
         {
             return Err(invalid("mmap area extends past the end of the file"));
         }
+        // Past usize is the conversion's only failure: the message says it.
         let len = usize::try_from(len).map_err(|_| invalid("mmap area too large"))?;
         // SAFETY: a fresh mapping (null hint, no MAP_FIXED) of a range checked
         // to be page aligned (and inside the file when the file has a size):

@@ -232,6 +232,7 @@ fn extended_lba_format(
     ) {
         Ok(_) => {
             let nvm = IdentifyNamespaceNvm::read_from_bytes(&cx.buf.to_vec())
+                // A size mismatch, all the error can say.
                 .map_err(|_| Error::Unsupported("short identify data".into()))?;
             let elbaf = nvm.elbaf.get(index).map_or(0, |e| e.get());
             Ok(Ok(ExtendedLbaFormat::from(elbaf)))

@@ -16,6 +16,8 @@
 //!
 //! `tests/workspace.rs` checks every crate of the workspace; the controller's
 //! `tests/layers.rs` also checks its table of layers.
+//! `tests/dropped_causes.rs` checks that every `map_err(|_| ..)` outside
+//! tests says in a comment why the cause it drops carries nothing.
 
 #![forbid(unsafe_code)]
 

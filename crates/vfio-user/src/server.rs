@@ -474,6 +474,7 @@ impl<D: Device> Server<D> {
                 }
             }
         }
+        // A reply past the wire's u32 argsz: the errno is the whole answer.
         let full = u32::try_from(base + caps.len()).map_err(|_| libc::EINVAL)?;
         let fits = req.argsz >= full;
         if !fits {

@@ -45,6 +45,7 @@ impl ZonedOptions {
             "max-active" => count(key, value).map(|v| self.max_active = Some(v)),
             "ro-zones" => count(key, value).map(|v| self.read_only_zones = Some(v)),
             "zone-ext" => parse_size(value).and_then(|v| {
+                // Past u32 is the conversion's only failure: the message says it.
                 let v = u32::try_from(v).map_err(|_| format!("zone-ext={value}: too large"))?;
                 self.extension_size = Some(v);
                 Ok(())

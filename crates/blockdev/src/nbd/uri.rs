@@ -157,7 +157,8 @@ fn decode(s: &str) -> Result<String, String> {
             i += 1;
         }
     }
-    String::from_utf8(out).map_err(|_| format!("'{s}' decodes to invalid UTF-8"))
+    String::from_utf8(out)
+        .map_err(|e| format!("'{s}' decodes to invalid UTF-8: {}", e.utf8_error()))
 }
 
 #[cfg(test)]

@@ -64,6 +64,7 @@ fn set_from(
     match fid {
         FeatureId::TIMESTAMP => {
             ctx.receive(cmd, TIMESTAMP_SIZE, buf)?;
+            // `receive` took exactly TIMESTAMP_SIZE bytes: no size mismatch is left.
             let raw = u64::read_from_bytes(buf).map_err(|_| invalid_field())?;
             // Bytes 7:6 are reserved in the value the host sets.
             let tstmp = Timestamp::from(raw).tstmp();
@@ -71,6 +72,7 @@ fn set_from(
         }
         FeatureId::HOST_BEHAVIOR_SUPPORT => {
             ctx.receive(cmd, size_of::<HostBehaviorSupport>(), buf)?;
+            // `receive` took exactly its size: no size mismatch is left.
             let hbs = HostBehaviorSupport::read_from_bytes(buf).map_err(|_| invalid_field())?;
             // Each field is 0h or 1h, other values reserved; the reserved
             // bytes after them are not kept.

@@ -300,7 +300,11 @@ fn format_namespaces(
             .ok_or_else(invalid_format)?;
         // A zoned namespace stays zoned, the same zones in bytes, all empty.
         if let Some(zones) = &old.zones {
-            ns = ns.zoned(zones.config).map_err(|_| invalid_format())?;
+            ns = ns.zoned(zones.config).map_err(|e| {
+                // The host sees Invalid Format; the log keeps why.
+                tracing::debug!(nsid = id, error = %e, "format refused: the zones do not fit it");
+                invalid_format()
+            })?;
         }
         // Erase before the new format is visible: no read may see old data
         // under it.

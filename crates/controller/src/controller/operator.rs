@@ -249,9 +249,11 @@ impl Controller {
                     .ok_or(FaultError::NoNamespace(nsid))?;
                 let (slba, nlb) = spec.lba.unwrap_or_default();
                 ns.byte_range(slba, nlb)
+                    // Its only error is LBA Out of Range, which OutOfRange says.
                     .map_err(|_| FaultError::OutOfRange(nsid))?;
                 ns.uncorrectable
                     .mark(slba, nlb)
+                    // Its only error is Internal Error when the ranges are full.
                     .map_err(|_| FaultError::Media("too many marked ranges".into()))?;
             }
             FaultKind::NotReady(d) => {

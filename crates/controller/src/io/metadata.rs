@@ -31,6 +31,7 @@ pub(super) fn check_read(ctx: &mut Ctx<'_>, cmd: &Command, len: u64) -> Result<(
     if cmd.psdt() != psdt::SGL_MPTR_SGL || len == 0 {
         return Ok(());
     }
+    // Past usize is the conversion's only failure; the status is the answer.
     let len = usize::try_from(len).map_err(|_| Status::INVALID_FIELD.with_dnr(true))?;
     map(ctx, cmd, len, Direction::ToHost)
 }

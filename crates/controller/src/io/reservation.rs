@@ -47,6 +47,7 @@ fn data<T: FromBytes>(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<T, Status> {
     let mut buf = std::mem::take(&mut ctx.scratch.buf);
     let r = ctx
         .receive(cmd, size_of::<T>(), &mut buf)
+        // `receive` took exactly size_of::<T>() bytes: no size mismatch is left.
         .and_then(|()| T::read_from_bytes(&buf).map_err(|_| invalid_field()));
     ctx.scratch.buf = buf;
     r

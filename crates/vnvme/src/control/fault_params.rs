@@ -152,6 +152,7 @@ impl FaultParams {
 
 fn opcode(v: &NumberOrName) -> Result<u8, String> {
     match v {
+        // Past u8 is the conversion's only failure: the message says it.
         NumberOrName::Number(n) => u8::try_from(*n).map_err(|_| format!("opcode {n} is past 255")),
         NumberOrName::Name(name) => OPCODES
             .iter()
