@@ -19,21 +19,21 @@ use vnvme_spec::regs::Doorbell;
 use vnvme_spec::{Command, Status};
 use zerocopy::little_endian::{U16, U32, U64};
 
+use crate::background::sanitize::Sanitize;
+use crate::background::self_test::SelfTest;
 use crate::config::ControllerConfig;
 use crate::doorbell::Doorbells;
 use crate::faults::Faults;
 use crate::keep_alive::KeepAlive;
-use crate::mailbox::Mailbox;
 use crate::memory::{GuestMemory, InterruptSink};
 use crate::namespace::Namespace;
-use crate::persistent_event_log::PersistentEventLog;
+use crate::queue::mailbox::Mailbox;
 use crate::queue::{Cq, Sq};
-use crate::sanitize::Sanitize;
-use crate::self_test::SelfTest;
+use crate::reporting::persistent_event_log::PersistentEventLog;
+use crate::reporting::telemetry::{Capture, Telemetry};
 use crate::stats::Stats;
 use crate::streams::Streams;
 use crate::subsystem::Subsystem;
-use crate::telemetry::{Capture, Telemetry};
 use crate::timestamp::TimestampClock;
 
 /// The worker of the admin queue: admin commands never run inside an I/O

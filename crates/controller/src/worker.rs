@@ -1,7 +1,7 @@
 //! Queue workers: threads that fetch commands, execute them and post
 //! completions, woken by doorbell traps — or polling, per doorbell mode.
 //!
-//! A worker takes the kicks in its [`Mailbox`](crate::mailbox::Mailbox)
+//! A worker takes the kicks in its [`Mailbox`](crate::queue::mailbox::Mailbox)
 //! (SQs whose tail moved, CQs whose head moved while it waited on them) and
 //! processes each kicked SQ for at most its size in commands before
 //! requeueing it behind the others. How it waits, and whether it also polls
@@ -20,6 +20,7 @@ use vnvme_spec::Status;
 
 mod cq;
 mod held;
+mod poll_window;
 mod priority;
 mod reap;
 mod wake;
@@ -42,10 +43,10 @@ use crate::doorbell::{barrier, behind};
 use crate::faults::Held;
 use crate::inflight::{InFlight, Request};
 use crate::io;
-use crate::mailbox::Wait;
-use crate::poll_window::PollWindow;
+use crate::queue::mailbox::Wait;
 use crate::queue::{Cq, Sq};
 use crate::state::{Session, Shared, ADMIN_WORKER};
+use poll_window::PollWindow;
 
 /// Timer slack of polling workers: the kernel's default (50 µs) would
 /// stretch every short sleep (adaptive dozes for 25 µs) far too long.

@@ -1,6 +1,6 @@
 //! Firmware Image Download (§5.13) and Firmware Commit (§5.12): the
 //! commands' fields and data; the slots they change are
-//! [`crate::firmware`].
+//! [`crate::subsystem::firmware`].
 
 use std::time::Instant;
 use vnvme_spec::cdw::Cdw10FirmwareCommit;
@@ -11,8 +11,8 @@ use vnvme_spec::{Command, Status};
 
 use super::invalid_field;
 use crate::command::Ctx;
-use crate::firmware::{Committed, Revision};
-use crate::persistent_event_log::firmware_commit;
+use crate::reporting::persistent_event_log::firmware_commit;
+use crate::subsystem::firmware::{Committed, Revision};
 
 /// Firmware Image Download: CDW10 NUMD (dwords, 0's based), CDW11 OFST
 /// (dwords). The piece is checked before its data moves.

@@ -16,11 +16,11 @@ use zerocopy::IntoBytes;
 use super::invalid_field;
 use crate::background;
 use crate::command::Ctx;
-use crate::firmware::{FWUG, SLOTS};
 use crate::keep_alive::KAS;
 use crate::namespace::{Namespace, ENDURANCE_GROUP_ID, NSID_ALL};
-use crate::persistent_event_log::PELS;
+use crate::reporting::persistent_event_log::PELS;
 use crate::state::{Shared, ACL, AERL, ELPE};
+use crate::subsystem::firmware::{FWUG, SLOTS};
 
 /// The I/O Command Set Combinations of Identify CNS 1Ch, by index: one,
 /// the NVM and Zoned Namespace Command Sets together. Index 0 is what a
@@ -135,7 +135,7 @@ pub(crate) fn identify_controller(shared: &Shared) -> Box<IdentifyController> {
     id.acl = ACL;
     id.aerl = AERL;
     id.frmw = frmw::SLOT1_READ_ONLY | frmw::nofs(SLOTS) | frmw::ACTIVATION_WITHOUT_RESET;
-    // Activation is a switch of revision (crate::firmware): well within
+    // Activation is a switch of revision (crate::subsystem::firmware): well within
     // the smallest nonzero bound, 100 ms.
     id.mtfa = U16::new(1);
     id.fwug = FWUG;

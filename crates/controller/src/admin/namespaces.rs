@@ -15,8 +15,8 @@ use super::invalid_field;
 use crate::command::Ctx;
 use crate::config::{LbaFormatSpec, LBA_FORMATS, MAX_NAMESPACES};
 use crate::namespace::{Namespace, NSID_ALL};
-use crate::persistent_event_log::{change_namespace, format_completion, format_start};
 use crate::protection::{PiType, Protection};
+use crate::reporting::persistent_event_log::{change_namespace, format_completion, format_start};
 use crate::state::Shared;
 use crate::subsystem::Namespaces;
 

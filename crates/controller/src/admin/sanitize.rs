@@ -1,6 +1,6 @@
 //! The Sanitize command (NVMe Base 2.0 §5.24), the commands a sanitize
 //! refuses, and the operation's thread (the methods and the state are in
-//! [`crate::sanitize`]).
+//! [`crate::background::sanitize`]).
 //!
 //! The command only starts the operation: the thread then erases the
 //! medium at [`ControllerConfig::sanitize_rate`](crate::ControllerConfig)
@@ -24,11 +24,11 @@ use vnvme_spec::{AdminOpcode, Command, Status};
 
 use super::invalid_field;
 use crate::backend_error::BackendOp;
+use crate::background::sanitize::{new_key, Method, Operation};
 use crate::background::Pace;
 use crate::command::Ctx;
 use crate::namespace::Namespace;
-use crate::persistent_event_log::{sanitize_completion, sanitize_start};
-use crate::sanitize::{new_key, Method, Operation};
+use crate::reporting::persistent_event_log::{sanitize_completion, sanitize_start};
 use crate::state::Shared;
 
 /// Admin commands a sanitize in progress or failed permits (§8.21): none

@@ -1,5 +1,5 @@
 //! The Device Self-test command (NVMe Base 2.0 §5.9) and the test's
-//! thread (the state and the log are in [`crate::self_test`]).
+//! thread (the state and the log are in [`crate::background::self_test`]).
 //!
 //! The command completes once the test has started; the Device Self-test
 //! log shows its progress and, at the end, its result. A test covers the
@@ -24,10 +24,10 @@ use vnvme_spec::{Command, Status};
 
 use super::invalid_field;
 use crate::backend_error::BackendOp;
+use crate::background::self_test::Failure;
 use crate::background::Pace;
 use crate::command::Ctx;
 use crate::namespace::{Namespace, NSID_ALL};
-use crate::self_test::Failure;
 use crate::state::Shared;
 
 /// A short test reads one step of the medium in this many.

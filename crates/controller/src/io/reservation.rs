@@ -1,7 +1,7 @@
 //! The reservation commands (NVMe Base 2.0 §7.3–§7.6): Reservation
 //! Register (0Dh), Report (0Eh), Acquire (11h) and Release (15h). Each
 //! parses its dwords and data, then applies one change of the namespace's
-//! [`State`](crate::reservation::State) for the host that sent it.
+//! [`State`](crate::namespace::reservation::State) for the host that sent it.
 
 use vnvme_spec::reservation::{
     cptpl, racqa, rrega, rrela, Cdw10ResvAcquire, Cdw10ResvRegister, Cdw10ResvRelease,
@@ -14,8 +14,8 @@ use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
 use super::invalid_field;
 use crate::command::Ctx;
+use crate::namespace::reservation::{Host, State};
 use crate::namespace::Namespace;
-use crate::reservation::{Host, State};
 
 /// Runs `cmd` if `op` is a reservation command; `None` otherwise.
 pub(super) fn command(

@@ -134,7 +134,7 @@ fn unnamed_image_gets_a_hash_revision() {
     let frs = h.fw_log(false).frs[2];
     assert_eq!(
         frs,
-        crate::firmware::revision([&[0u8; 512][..]].into_iter())
+        crate::subsystem::firmware::revision([&[0u8; 512][..]].into_iter())
     );
     assert_eq!(&frs[..2], b"VN");
 }

@@ -87,7 +87,7 @@ impl Host {
 /// Counter `name` of a telemetry log's Data Area 1 (the log from block 0).
 fn counter(log: &[u8], name: &str) -> u64 {
     let stats = crate::stats::Stats::new(1);
-    let counters = crate::telemetry::counters(&stats, &stats.snapshot());
+    let counters = crate::reporting::telemetry::counters(&stats, &stats.snapshot());
     let i = counters.iter().position(|(n, _)| *n == name).unwrap();
     le64(log, 512 + 24 + i * 8)
 }
@@ -205,7 +205,7 @@ fn host_telemetry_creates_a_snapshot_of_counters_errors_and_queues() {
     );
     // Queue records: qid, then commands at byte 40.
     let area3 = &log[512 * (usize::from(lb2) + 1)..];
-    let io = &area3[crate::telemetry::QUEUE_RECORD..];
+    let io = &area3[crate::reporting::telemetry::QUEUE_RECORD..];
     assert_eq!(
         (le16(area3, 0), le16(io, 0)),
         (0, 1),

@@ -18,7 +18,7 @@ use super::{EventIdxPolicy, Local};
 use crate::command::{Ctx, Outcome};
 use crate::faults::{Held, Hit};
 use crate::io;
-use crate::mailbox::Wait;
+use crate::queue::mailbox::Wait;
 use crate::queue::{Cq, Sq};
 use crate::state::{Session, Shared};
 

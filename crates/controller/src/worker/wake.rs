@@ -20,10 +20,10 @@ use std::time::{Duration, Instant};
 use super::cq::next_deadline;
 use super::{EventIdxPolicy, Local};
 use crate::doorbell::barrier;
-use crate::mailbox::Wait;
-use crate::poll_window::PollWindow;
+use crate::queue::mailbox::Wait;
 use crate::queue::Sq;
 use crate::state::{Session, Shared};
+use crate::worker::poll_window::PollWindow;
 
 /// Longest mmap-poll back-off sleep of an I/O worker.
 pub(super) const MAX_BACKOFF: Duration = Duration::from_micros(200);
@@ -208,7 +208,7 @@ impl Phase {
 /// `adaptive`: once Doorbell Buffer Config is on, after a wake-up keep
 /// polling every owned SQ's shadow tail, EventIdx kept one behind what was
 /// seen so the host never needs to trap; after the worker's poll window (at
-/// most `idle_poll`: see [`crate::poll_window`]) without work, doze: poll
+/// most `idle_poll`: see [`crate::worker::poll_window`]) without work, doze: poll
 /// every 25 µs, sleeping in between, for `doze`; then arm EventIdx = tail
 /// seen, fence, re-read every shadow tail, and sleep only if none moved. A
 /// host that moves a tail after our re-read sees the armed EventIdx and

@@ -1,5 +1,5 @@
 //! Telemetry Host-Initiated (07h) and Controller-Initiated (08h) log pages
-//! (§5.16.1.8, §5.16.1.9): the captures of [`crate::telemetry`].
+//! (§5.16.1.8, §5.16.1.9): the captures of [`crate::reporting::telemetry`].
 
 use std::time::Instant;
 

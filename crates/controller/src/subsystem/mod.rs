@@ -4,6 +4,8 @@
 //! timer that makes slow namespaces ready, and the firmware slots (shared
 //! by the subsystem's controllers, §5.12).
 
+pub(crate) mod firmware;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -12,8 +14,8 @@ use std::time::Instant;
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::config::Readiness;
-use crate::firmware::Firmware;
 use crate::namespace::Namespace;
+use crate::subsystem::firmware::Firmware;
 
 /// Entries in the Changed Namespace List log page (4 KiB of NSIDs).
 pub(crate) const CHANGED_LIST_ENTRIES: usize = 1024;

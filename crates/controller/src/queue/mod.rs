@@ -1,6 +1,8 @@
 //! Submission and completion queue rings in guest memory (§3.3.1, §4.1):
 //! head/tail arithmetic, phase tag, validation of doorbell values.
 
+pub(crate) mod mailbox;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 

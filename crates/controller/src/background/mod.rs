@@ -3,6 +3,9 @@
 //! so neither the next operation nor the server's shutdown (SIGTERM drops
 //! the controller) waits for it longer than one step.
 
+pub(crate) mod sanitize;
+pub(crate) mod self_test;
+
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 

@@ -11,6 +11,9 @@
 //! layout). Extended-LBA transfers copy that layout as is; separate
 //! metadata (MPTR) is split from and merged into it.
 
+pub(crate) mod reservation;
+pub(crate) mod uncorrectable;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,10 +25,10 @@ use vnvme_spec::{NvmOpcode, Status};
 use zerocopy::little_endian::{U16, U32, U64};
 
 use crate::config::{ConfigError, LbaFormatSpec, NamespaceConfig, Readiness, LBA_FORMATS};
+use crate::namespace::reservation::Reservations;
+use crate::namespace::uncorrectable::Uncorrectable;
 use crate::protection::{Guard, PiFormat, Protection};
-use crate::reservation::Reservations;
 use crate::stats::NamespaceCounters;
-use crate::uncorrectable::Uncorrectable;
 use crate::zoned::{ZonedConfig, ZonedError, Zones};
 
 /// NSIDs 1..=0xFFFF_FFFE are valid; 0xFFFF_FFFF is the broadcast value.
