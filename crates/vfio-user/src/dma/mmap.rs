@@ -247,11 +247,23 @@ fn map(
     if writable || fd_writable {
         prot |= ProtFlags::WRITE;
     }
+    // A hugetlbfs file may be sparse: SPDK's `-g` memory (one file per
+    // DPDK memory segment list, pages where DPDK allocated them, holes where
+    // it freed them) or a QEMU guest's RAM with `reserve=off`. Without
+    // MAP_NORESERVE the kernel reserves a huge page for every hole of the
+    // range at mmap: a file larger than the free pool is refused (ENOMEM),
+    // and a smaller one takes pages the client needs for its own
+    // allocations. The client's pages are there already; an access to a
+    // hole with no page left raises SIGBUS, which the guard turns into a
+    // Data Transfer Error.
+    let mut flags = MapFlags::SHARED;
+    if granule > page {
+        flags |= MapFlags::NORESERVE;
+    }
     // SAFETY: a fresh mapping at an address the kernel chooses, so no
     // existing memory is affected; the result is owned by `Mmap`.
-    let ptr =
-        unsafe { rustix::mm::mmap(std::ptr::null_mut(), len, prot, MapFlags::SHARED, fd, start) }
-            .map_err(|e| {
+    let ptr = unsafe { rustix::mm::mmap(std::ptr::null_mut(), len, prot, flags, fd, start) }
+        .map_err(|e| {
             Refusal::new(
                 e.raw_os_error(),
                 format!(

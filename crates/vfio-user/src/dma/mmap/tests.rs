@@ -3,7 +3,8 @@
 
 use std::os::fd::{AsFd, OwnedFd};
 
-use rustix::fs::{ftruncate, memfd_create, MemfdFlags};
+use rustix::fs::{fallocate, ftruncate, memfd_create, FallocateFlags, MemfdFlags};
+use rustix::io::pread;
 
 use crate::fault;
 use crate::hugepages::HugePages;
@@ -206,4 +207,43 @@ fn truncated_hugetlbfs_ram_fails_accesses_with_broken_and_the_process_lives() {
     ftruncate(&fd, SIZE).unwrap();
     map_like_qemu(&dma, &fd, SIZE).unwrap();
     assert_eq!(dma.load_u32(0x10_0000).unwrap(), 0, "a fresh mapping");
+}
+
+/// SPDK's host with `-g` (DPDK's one hugetlbfs file per memory segment
+/// list) and QEMU's hugetlbfs RAM with `reserve=off` share sparse files:
+/// pages only where the client allocated them. SPDK sends each of its
+/// pages where it lies in the file (IOVA = its virtual address from DPDK's
+/// base 0x2000_0000_0000, offset = page index x 2 MiB), and the server maps
+/// the whole file: it must not reserve huge pages for the holes. The file
+/// is 1 TiB, more than any machine's pool, so a reserving mmap is refused
+/// (ENOMEM) for sure.
+#[test]
+fn a_sparse_hugetlbfs_file_maps_whole_without_reserving_its_holes() {
+    let Some(_pages) = huge_pages(2) else { return };
+    const PAGE: u64 = 2 << 20;
+    const SIZE: u64 = 1 << 40;
+    const BASE: u64 = 0x2000_0000_0000;
+    let fd = memfd(MemfdFlags::HUGETLB | MemfdFlags::HUGE_2MB, SIZE);
+    let (first, last) = (2 * PAGE, SIZE - PAGE);
+    for offset in [first, last] {
+        fallocate(&fd, FallocateFlags::empty(), offset, PAGE).unwrap();
+    }
+    let dma = DmaSpace::new_local();
+    for offset in [first, last] {
+        dma.map_fd(BASE + offset, PAGE, fd.as_fd(), offset, true, true)
+            .expect("a page of a sparse hugetlbfs file maps");
+    }
+    let low = dma.host_address(BASE + first).unwrap() as u64;
+    let high = dma.host_address(BASE + last).unwrap() as u64;
+    assert_eq!(high - low, last - first, "both pages in one mapping");
+    dma.write(BASE + first + 8, b"spdkpage").unwrap();
+    dma.write(BASE + last + PAGE - 8, b"lastpage").unwrap();
+    // Written into the client's pages, not into pages of a mapping's own.
+    let mut buf = [0u8; 8];
+    pread(&fd, &mut buf, first + 8).unwrap();
+    assert_eq!(&buf, b"spdkpage");
+    pread(&fd, &mut buf, last + PAGE - 8).unwrap();
+    assert_eq!(&buf, b"lastpage");
+    dma.unmap(0, u64::MAX).unwrap();
+    assert_eq!(fault::lookup(low as usize), None);
 }
