@@ -54,6 +54,11 @@
 #              memory-backend-file, share=on) instead of a memfd: the verify test on 64 MiB; fails if
 #              QEMU does not start (the server refused the memory), the server never mmapped that file
 #              (checked in /proc/PID/maps by device and inode), data is wrong, or the file is left behind
+#   many-disks  eight `vnvme serve --ns 64M:ram` with default settings (no --serial), one VM with all eight
+#              (tests/vnvme-many-disks.sh): eight controllers and namespaces, no "Duplicate cntlid" or
+#              "duplicate IDs" in dmesg, distinct serials, NQNs, EUI-64s, NGUIDs, UUIDs and wwids, and a
+#              by-id name per disk (nvme-WWID, as udev makes) that writes that disk; then each server
+#              restarted on its socket reports the serial it had
 #   hugepage-ram  --ns 64M:ram, guest RAM in a file on hugetlbfs (2 MiB pages; the test mounts hugetlbfs in
 #              its temp folder and reserves the pages, then gives them back): a controller reset, then fio
 #              randrw 4k-128k with crc32c verify (tests/vnvme-hugepage-ram.sh). Then the same with one 1 GiB
@@ -143,7 +148,7 @@ set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 GT=$HERE/tests
-ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io sanitize file-backed-ram hugepage-ram viommu nvme-cli-admin logs firmware directives pi zns faults reservations nbd nbd-restart boot-uefi boot-bios unprivileged hotplug"
+ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io sanitize file-backed-ram hugepage-ram viommu nvme-cli-admin logs firmware directives pi zns faults reservations nbd nbd-restart boot-uefi boot-bios unprivileged hotplug many-disks"
 COMPARE=0 KEEP=0 ONLY=''
 while [ $# -gt 0 ]; do
   case $1 in
@@ -887,6 +892,51 @@ t_faults() {
   [ -z "$srv" ] || why="${why:+$why; }$srv"
   if [ -z "$why" ]; then
     report PASS $name "$(since "$t0")" "$(grep -ah '^TEST: ' "$LOG" | grep -v 'TEST: dmesg' | sed 's/^TEST: //' | tr '\n' ';') (dmesg per step in $LOG)"
+  else
+    report FAIL $name "$(since "$t0")" "$why"
+  fi
+}
+
+# many-disks: several default servers in one VM; their identities must all differ, and stay at a restart
+t_many-disks() {
+  local name=many-disks t0 n=8 i why='' pids=() serials=() again; t0=$(now)
+  for i in $(seq $n); do
+    "$VNVME" serve --socket "$TMP/$name.$i.sock" --ns 64M:ram > "$TMP/$name.$i.serve.log" 2>&1 &
+    pids+=($!)
+  done
+  local args=()
+  for i in $(seq $n); do
+    for _ in $(seq 100); do [ -S "$TMP/$name.$i.sock" ] && break; sleep 0.1; done
+    [ -S "$TMP/$name.$i.sock" ] || why="${why:+$why; }server $i did not start: $(tail -2 "$TMP/$name.$i.serve.log" | tr '\n' ' ')"
+    args+=(--vfio-user "$TMP/$name.$i.sock")
+    serials+=("$(grep -o 'serial=[^ ]*' "$TMP/$name.$i.serve.log" | head -1)")
+  done
+  if [ -z "$why" ]; then
+    OUT=$TMP/$name.results LOG=$TMP/$name.console
+    "$HERE/run-test.sh" "${args[@]}" --log "$LOG" --results "$OUT" --timeout 400 --append "rig.disks=$n" \
+      "$GT/vnvme-many-disks.sh" > /dev/null 2> "$TMP/$name.harness"
+    RC=$?
+    [ $RC = 0 ] || why="$(fail_detail $name)"
+  fi
+  for i in $(seq $n); do
+    kill -TERM "${pids[$((i - 1))]}" 2>/dev/null
+  done
+  for i in $(seq $n); do
+    wait "${pids[$((i - 1))]}" 2>/dev/null
+    grep -qiE 'panic|ERROR' "$TMP/$name.$i.serve.log" &&
+      why="${why:+$why; }server $i logged errors: $(grep -iE 'panic|ERROR' "$TMP/$name.$i.serve.log" | head -1)"
+  done
+  # Stable: server 1 again on its socket has the serial it had (namespace ids derive from it).
+  "$VNVME" serve --socket "$TMP/$name.1.sock" --ns 64M:ram > "$TMP/$name.again.serve.log" 2>&1 &
+  i=$!
+  for _ in $(seq 100); do grep -q 'serial=' "$TMP/$name.again.serve.log" && break; sleep 0.1; done
+  kill -TERM $i 2>/dev/null; wait $i 2>/dev/null
+  again=$(grep -o 'serial=[^ ]*' "$TMP/$name.again.serve.log" | head -1)
+  [ -n "${serials[0]}" ] && [ "$again" = "${serials[0]}" ] ||
+    why="${why:+$why; }server 1 restarted on its socket: '$again', before '${serials[0]}'"
+  [ "$(printf '%s\n' "${serials[@]}" | sort -u | wc -l)" = $n ] || why="${why:+$why; }the servers logged the same serial: ${serials[*]}"
+  if [ -z "$why" ]; then
+    report PASS $name "$(since "$t0")" "$(grep -ah '^TEST: ' "$LOG" | grep -v dmesg | sed 's/^TEST: //' | head -2 | tr '\n' ';') restart keeps ${serials[0]}"
   else
     report FAIL $name "$(since "$t0")" "$why"
   fi

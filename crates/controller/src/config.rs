@@ -9,6 +9,9 @@ use crate::protection::{Guard, Protection};
 use crate::vendor::VendorCommands;
 use crate::zoned::{ZonedConfig, ZonedError};
 
+mod ids;
+pub use ids::NamespaceIds;
+
 /// How the controller presents itself and how much it grants. Everything here
 /// is chosen by the operator, not the guest.
 #[derive(Debug, Clone)]
@@ -172,7 +175,8 @@ impl ControllerConfig {
         4096u64 << self.mdts.min(12)
     }
 
-    pub(crate) fn nqn(&self) -> String {
+    /// The NVM Subsystem NQN: `subnqn`, else derived from the serial.
+    pub fn nqn(&self) -> String {
         self.subnqn
             .clone()
             .unwrap_or_else(|| format!("nqn.2024-01.io.vnvme:{}", self.serial))
@@ -406,6 +410,10 @@ pub struct NamespaceConfig {
     /// while PTPL is set (RESCAP.PTPLS); loaded at start if it exists.
     /// `None` (default): reservations cannot persist.
     pub reservation_file: Option<std::path::PathBuf>,
+    /// NGUID, EUI-64 and UUID. `None` (default): derived from the
+    /// controller's serial number and the NSID
+    /// ([`NamespaceIds::for_controller`]).
+    pub ids: Option<NamespaceIds>,
 }
 
 impl NamespaceConfig {
@@ -424,7 +432,15 @@ impl NamespaceConfig {
             protection: None,
             zoned: None,
             reservation_file: None,
+            ids: None,
         }
+    }
+
+    /// Reports `ids` instead of the identifiers derived from the
+    /// controller's serial number.
+    pub fn with_ids(mut self, ids: NamespaceIds) -> Self {
+        self.ids = Some(ids);
+        self
     }
 
     /// Selects LBA format `index` (see [`LBA_FORMATS`]) and the matching
@@ -488,6 +504,15 @@ pub enum ConfigError {
     Nsid(u32),
     #[error("namespace id {0} is configured twice")]
     DuplicateNsid(u32),
+    #[error(
+        "namespaces {other} and {nsid} have the same {id}: hosts would not tell them apart; give \
+         one of them its own"
+    )]
+    DuplicateId {
+        nsid: u32,
+        other: u32,
+        id: &'static str,
+    },
     #[error("namespace {nsid}: LBA size {lba_size} is not 512 or 4096")]
     LbaSize { nsid: u32, lba_size: u32 },
     #[error("namespace {0}: backend is smaller than one logical block")]

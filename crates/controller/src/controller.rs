@@ -13,7 +13,9 @@ use vnvme_spec::regs::{offset, shutdown, Bar0Layout, Doorbell};
 
 use crate::background::sanitize::Sanitize;
 use crate::background::self_test::SelfTest;
-use crate::config::{ConfigError, ControllerConfig, NamespaceConfig, Readiness, MAX_NAMESPACES};
+use crate::config::{
+    ConfigError, ControllerConfig, NamespaceConfig, NamespaceIds, Readiness, MAX_NAMESPACES,
+};
 use crate::doorbell::{DoorbellPage, Doorbells, HeapDoorbellPage, Invalid, TrapOutcome};
 use crate::faults::Faults;
 use crate::keep_alive::KeepAlive;
@@ -121,9 +123,20 @@ impl Controller {
         if config.ready_timeout.is_zero() || config.ready_timeout > MAX_READY_TIMEOUT {
             return Err(ConfigError::ReadyTimeout(config.ready_timeout));
         }
-        let mut map = BTreeMap::new();
+        let mut map = BTreeMap::<u32, Arc<Namespace>>::new();
         for nc in &namespaces {
-            let ns = Namespace::new(nc)?;
+            let ns = Namespace::new(nc, NamespaceIds::for_controller(&config.serial, nc.nsid))?;
+            // Hosts trust an identifier only while no other namespace has it.
+            if let Some((other, id)) = map
+                .values()
+                .find_map(|o| Some((o.nsid, o.ids.shared_with(&ns.ids)?)))
+            {
+                return Err(ConfigError::DuplicateId {
+                    nsid: ns.nsid,
+                    other,
+                    id,
+                });
+            }
             if map.insert(ns.nsid, Arc::new(ns)).is_some() {
                 return Err(ConfigError::DuplicateNsid(nc.nsid));
             }

@@ -1,7 +1,8 @@
 //! `vnvme serve --config FILE`: the controller and its namespaces in TOML.
 //!
 //! ```toml
-//! serial = "VNVME0042"
+//! serial = "VNVME0042"         # default: derived from the machine-id and the socket path
+//! nqn = "nqn.2024-01.com.example:disk1"  # default nqn.2024-01.io.vnvme:SERIAL
 //! model = "vnvme slow-start"
 //! doorbells = "adaptive"      # trap | shadow | adaptive | mmap-poll
 //! max_io_queues = 8
@@ -27,6 +28,9 @@
 //! size = "1G"
 //! backend = "ram"             # null | ram | file (with path = "...") | nbd=URI
 //! volatile_cache = true       # ram: writes durable once flushed (power-loss fault)
+//! nguid = "5d1e7a2c3f4b4e8e9a610c2b7d9fe310"  # identifiers (default: derived, unique):
+//! eui64 = "0200000000000001"                  # hex digits, dashes allowed
+//! uuid = "9a5e2a4e-3c1b-4a8f-8f4e-2b1d6c7e8f90"
 //!
 //! [[namespaces]]              # NSID 2
 //! size = "256M"
@@ -80,6 +84,7 @@ use vnvme_device::{Interrupts, MAX_MSIX_VECTORS};
 
 use crate::control::fault_params::FaultParams;
 use crate::device::{DeviceOptions, MAX_IO_QUEUES, MAX_WORKERS};
+use crate::identity::{parse_nqn, parse_serial};
 use crate::namespace::{
     check_format_index, check_pi_fits, parse_duration, parse_pi_type, parse_pil, Backend,
     NamespaceSpec,
@@ -111,6 +116,7 @@ enum SizeValue {
 #[serde(deny_unknown_fields)]
 struct FileConfig {
     serial: Option<Spanned<String>>,
+    nqn: Option<Spanned<String>>,
     model: Option<Spanned<String>>,
     doorbells: Option<Spanned<String>>,
     max_io_queues: Option<Spanned<u16>>,
@@ -158,12 +164,16 @@ struct FileNamespace {
     read_only_zones: Option<Spanned<u32>>,
     zone_extension_size: Option<Spanned<u32>>,
     volatile_cache: Option<Spanned<bool>>,
+    nguid: Option<Spanned<String>>,
+    eui64: Option<Spanned<String>>,
+    uuid: Option<Spanned<String>>,
 }
 
 /// What a configuration file sets; `None` leaves the command line's value.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ServeConfig {
     pub serial: Option<String>,
+    pub nqn: Option<String>,
     pub model: Option<String>,
     pub doorbells: Option<DoorbellMode>,
     pub max_io_queues: Option<u16>,
@@ -239,7 +249,18 @@ impl ServeConfig {
             }
         };
         let mut cfg = ServeConfig {
-            serial: raw.serial.as_ref().map(|v| v.get_ref().clone()),
+            serial: raw
+                .serial
+                .as_ref()
+                .map(|v| {
+                    parse_serial(v.get_ref()).map_err(|m| at(Some(v.span()), "serial".into(), m))
+                })
+                .transpose()?,
+            nqn: raw
+                .nqn
+                .as_ref()
+                .map(|v| parse_nqn(v.get_ref()).map_err(|m| at(Some(v.span()), "nqn".into(), m)))
+                .transpose()?,
             model: raw.model.as_ref().map(|v| v.get_ref().clone()),
             ready_timeout: duration("ready_timeout", &raw.ready_timeout)?,
             format_duration: duration("format_duration", &raw.format_duration)?,
@@ -502,6 +523,17 @@ impl ServeConfig {
                 }
                 spec.volatile_cache = *v.get_ref();
             }
+            for (key, v) in [
+                ("nguid", &ns.nguid),
+                ("eui64", &ns.eui64),
+                ("uuid", &ns.uuid),
+            ] {
+                if let Some(v) = v {
+                    if let Some(Err(m)) = spec.ids.set(key, v.get_ref()) {
+                        return Err(at(Some(v.span()), field(key), m));
+                    }
+                }
+            }
             let span = ns.size.as_ref().map(Spanned::span);
             spec.validate().map_err(|m| at(span, field("size"), m))?;
             cfg.namespaces.push(spec);
@@ -528,7 +560,8 @@ impl ServeConfig {
             }
         }
         DeviceOptions {
-            serial: pick(&cli.serial, &d.serial, &self.serial),
+            serial: cli.serial.clone().or(self.serial.clone()),
+            nqn: cli.nqn.clone().or(self.nqn.clone()),
             model: pick(&cli.model, &d.model, &self.model),
             doorbells: pick(&cli.doorbells, &d.doorbells, &self.doorbells),
             max_io_queues: pick(&cli.max_io_queues, &d.max_io_queues, &self.max_io_queues),

@@ -13,6 +13,7 @@ use vnvme_device::{DeviceConfig, Interrupts, MAX_MSIX_VECTORS};
 
 pub use vnvme_device::NvmeDevice;
 
+use crate::identity::Origin;
 use crate::namespace::NamespaceSpec;
 
 /// Most I/O queue pairs `--max-io-queues` accepts: the default vectors, one
@@ -24,9 +25,16 @@ pub const MAX_WORKERS: u64 = 64;
 /// Controller options shared by `vnvme serve` and `vnvme bench`.
 #[derive(Args, Debug, Clone)]
 pub struct DeviceOptions {
-    /// Serial number reported by Identify Controller.
-    #[arg(long, default_value = "VNVME0001")]
-    pub serial: String,
+    /// Serial number reported by Identify Controller (1 to 20 ASCII
+    /// characters). Default: `VNVME-` and 14 hex digits derived from the
+    /// host's machine-id and the socket path, the same at every start, so
+    /// that disks of several servers never look alike to a guest.
+    #[arg(long, value_parser = crate::identity::parse_serial)]
+    pub serial: Option<String>,
+    /// NVM Subsystem NQN reported by Identify Controller. Default
+    /// nqn.2024-01.io.vnvme:SERIAL.
+    #[arg(long, value_parser = crate::identity::parse_nqn)]
+    pub nqn: Option<String>,
     /// I/O queue pairs the controller grants at most.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=i64::from(MAX_IO_QUEUES)))]
     pub max_io_queues: u16,
@@ -99,7 +107,8 @@ pub struct DeviceOptions {
 impl Default for DeviceOptions {
     fn default() -> Self {
         Self {
-            serial: "VNVME0001".into(),
+            serial: None,
+            nqn: None,
             max_io_queues: 64,
             msix_vectors: None,
             interrupts: Interrupts::Msix,
@@ -174,10 +183,17 @@ impl PollingOptions {
 }
 
 impl DeviceOptions {
-    /// The controller these options describe.
-    pub fn controller_config(&self) -> ControllerConfig {
+    /// The serial number: the one given, else the one derived for a
+    /// controller served at `origin`.
+    pub fn serial(&self, origin: &Origin) -> String {
+        self.serial.clone().unwrap_or_else(|| origin.serial())
+    }
+
+    /// The controller these options describe, served at `origin`.
+    pub fn controller_config(&self, origin: &Origin) -> ControllerConfig {
         ControllerConfig {
-            serial: self.serial.clone(),
+            serial: self.serial(origin),
+            subnqn: self.nqn.clone(),
             max_io_queues: self.max_io_queues,
             workers: usize::try_from(self.workers).unwrap_or(1),
             doorbells: self.doorbells,
@@ -204,9 +220,10 @@ impl DeviceOptions {
         }
     }
 
-    /// The device these options describe, with `namespaces` as NSIDs 1, 2,
-    /// ... in order (their backends opened here).
-    pub fn build(&self, namespaces: &[NamespaceSpec]) -> Result<NvmeDevice> {
+    /// The device these options describe, served at `origin` (which gives
+    /// its default identity), with `namespaces` as NSIDs 1, 2, ... in order
+    /// (their backends opened here).
+    pub fn build(&self, namespaces: &[NamespaceSpec], origin: &Origin) -> Result<NvmeDevice> {
         // Before any backend is opened.
         if namespaces.len() > MAX_NAMESPACES as usize {
             bail!(
@@ -214,18 +231,19 @@ impl DeviceOptions {
                 namespaces.len()
             );
         }
+        let serial = self.serial(origin);
         let namespaces = namespaces
             .iter()
             .zip(1u32..)
             .map(|(spec, nsid)| {
-                spec.config(nsid)
+                spec.config(nsid, &serial)
                     .with_context(|| format!("namespace {nsid}"))
             })
             .collect::<Result<Vec<_>>>()?;
         let config = DeviceConfig {
             msix_vectors: self.msix_vectors,
             interrupts: self.interrupts,
-            ..DeviceConfig::new(self.controller_config(), namespaces)
+            ..DeviceConfig::new(self.controller_config(origin), namespaces)
         };
         Ok(NvmeDevice::new(config)?)
     }

@@ -15,9 +15,11 @@ use std::time::Duration;
 
 use vnvme_blockdev::BlockDevice;
 use vnvme_controller::{
-    NamespaceConfig, PiType, Protection, Readiness, ZonedConfig, DEFAULT_FORMAT_INDEX, LBA_FORMATS,
+    NamespaceConfig, NamespaceIds, PiType, Protection, Readiness, ZonedConfig,
+    DEFAULT_FORMAT_INDEX, LBA_FORMATS,
 };
 
+use crate::identity::parse_id;
 use crate::size::parse_size;
 use crate::zoned_options::ZonedOptions;
 
@@ -84,6 +86,45 @@ pub struct NamespaceSpec {
     /// A `ram` namespace with a volatile write cache: writes are durable
     /// once flushed, and a power-loss fault drops the others.
     pub volatile_cache: bool,
+    /// Identifiers given (`nguid=`, `eui64=`, `uuid=`) instead of the
+    /// derived ones (see [`crate::identity`]).
+    pub ids: IdChoice,
+}
+
+/// The namespace identifiers a configuration sets; each `None` keeps the
+/// derived one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IdChoice {
+    pub nguid: Option<[u8; 16]>,
+    pub eui64: Option<[u8; 8]>,
+    pub uuid: Option<[u8; 16]>,
+}
+
+impl IdChoice {
+    /// Parses and sets `key` (nguid, eui64 or uuid) to `value`; `None` if
+    /// `key` is none of them.
+    pub fn set(&mut self, key: &str, value: &str) -> Option<Result<(), String>> {
+        let r = match key {
+            "nguid" => parse_id(key, value).map(|v| self.nguid = Some(v)),
+            "eui64" => parse_id(key, value).map(|v| self.eui64 = Some(v)),
+            "uuid" => parse_id(key, value).map(|v| self.uuid = Some(v)),
+            _ => return None,
+        };
+        Some(r)
+    }
+
+    /// `base` with the identifiers chosen here in place of its own.
+    pub fn apply(&self, base: NamespaceIds) -> NamespaceIds {
+        NamespaceIds {
+            nguid: self.nguid.unwrap_or(base.nguid),
+            eui64: self.eui64.unwrap_or(base.eui64),
+            uuid: self.uuid.unwrap_or(base.uuid),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 impl NamespaceSpec {
@@ -98,6 +139,19 @@ impl NamespaceSpec {
             protection: None,
             zoned: None,
             volatile_cache: false,
+            ids: IdChoice::default(),
+        }
+    }
+
+    /// Its identifiers: the ones chosen, the others its backend's
+    /// ([`crate::identity::backend_ids`]) or else `derived`'s. `None`:
+    /// leave them to the controller (a `ram` or `null` namespace with no
+    /// identifier chosen).
+    pub fn ids(&self, derived: impl FnOnce() -> NamespaceIds) -> Option<NamespaceIds> {
+        match crate::identity::backend_ids(&self.backend) {
+            Some(base) => Some(self.ids.apply(base)),
+            None if self.ids.is_empty() => None,
+            None => Some(self.ids.apply(derived())),
         }
     }
 
@@ -157,9 +211,10 @@ impl NamespaceSpec {
         Ok((device, index))
     }
 
-    /// The controller's configuration of this namespace as `nsid`. A file
-    /// namespace keeps its reservations (with PTPL) in `IMAGE.reservations`.
-    pub fn config(&self, nsid: u32) -> anyhow::Result<NamespaceConfig> {
+    /// The controller's configuration of this namespace as `nsid`, for the
+    /// controller with serial number `serial`. A file namespace keeps its
+    /// reservations (with PTPL) in `IMAGE.reservations`.
+    pub fn config(&self, nsid: u32, serial: &str) -> anyhow::Result<NamespaceConfig> {
         let (device, index) = self.open_formatted()?;
         let mut c = NamespaceConfig::new(nsid, 4096, device)
             .with_format(index)
@@ -167,6 +222,9 @@ impl NamespaceSpec {
             .with_attached(self.attached)
             .with_protection(self.protection)
             .with_zoned(self.zoned);
+        // A choice of one identifier keeps the others the controller would
+        // have derived.
+        c.ids = self.ids(|| NamespaceIds::for_controller(serial, nsid));
         if let Backend::File(path) = &self.backend {
             let mut name = path.as_os_str().to_owned();
             name.push(".reservations");
@@ -311,6 +369,13 @@ impl FromStr for NamespaceSpec {
                 r?;
                 continue;
             }
+            if let Some(r) = option
+                .split_once('=')
+                .and_then(|(key, value)| spec.ids.set(key, value))
+            {
+                r?;
+                continue;
+            }
             match option.split_once('=') {
                 Some(("pi", t)) => pi = Some(parse_pi_type(t)?),
                 Some(("pil", l)) => pil = Some(parse_pil(l)?),
@@ -327,7 +392,8 @@ impl FromStr for NamespaceSpec {
                 _ => {
                     return Err(format!(
                         "unknown namespace option '{option}': use ready=DURATION, never-ready, \
-                         detached, format=N, pi=1|2|3, pil=first|last, vwc or zoned (with \
+                         detached, format=N, pi=1|2|3, pil=first|last, vwc, nguid=HEX, eui64=HEX, \
+                         uuid=UUID or zoned (with \
                          zone-size=, zone-cap=, max-open=, max-active=, ro-zones=, zone-ext=)"
                     ))
                 }
@@ -389,6 +455,38 @@ mod tests {
     }
 
     #[test]
+    fn chosen_identifiers_replace_the_derived_ones() {
+        let spec: NamespaceSpec =
+            "64M,nguid=00112233-4455-6677-8899-aabbccddeeff,eui64=02:00:00:00:00:00:00:2a"
+                .parse()
+                .unwrap();
+        let c = spec.config(1, "S").unwrap();
+        let ids = c.ids.unwrap();
+        assert_eq!(ids.nguid[..3], [0x00, 0x11, 0x22]);
+        assert_eq!(ids.eui64, [2, 0, 0, 0, 0, 0, 0, 0x2a]);
+        let derived = NamespaceIds::for_controller("S", 1);
+        assert_eq!(
+            ids.uuid, derived.uuid,
+            "the UUID not chosen: the derived one"
+        );
+        // Nothing chosen on ram: the controller derives them all.
+        assert_eq!(
+            "64M"
+                .parse::<NamespaceSpec>()
+                .unwrap()
+                .config(1, "S")
+                .unwrap()
+                .ids,
+            None
+        );
+        let e = "64M,uuid=1234".parse::<NamespaceSpec>().unwrap_err();
+        assert!(
+            e.contains("uuid '1234' must be 32 hexadecimal digits"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn protection_options_parse_and_need_metadata() {
         let spec: NamespaceSpec = "1M,format=4,pi=2,pil=first".parse().unwrap();
         let want = Protection {
@@ -396,7 +494,7 @@ mod tests {
             first: true,
         };
         assert_eq!(spec.protection, Some(want));
-        let c = spec.config(1).unwrap();
+        let c = spec.config(1, "S").unwrap();
         assert_eq!((c.format_index, c.protection), (4, Some(want)));
         let spec: NamespaceSpec = "1M,format=6,pi=3".parse().unwrap();
         assert_eq!(
@@ -423,7 +521,7 @@ mod tests {
         let c = "1M:ram,format=1,detached,ready=1s"
             .parse::<NamespaceSpec>()
             .unwrap()
-            .config(7)
+            .config(7, "S")
             .unwrap();
         assert_eq!((c.nsid, c.lba_size, c.format_index), (7, 512, 1));
         assert!(!c.attached);
@@ -520,7 +618,7 @@ mod tests {
         let gpt4k = image("gpt4k", Some(&with_signature(4096, b"EFI PART")), 1 << 20);
         let format_of = |spec: String| {
             let spec: NamespaceSpec = spec.parse().unwrap();
-            spec.config(1).unwrap().format_index
+            spec.config(1, "S").unwrap().format_index
         };
         assert_eq!(
             format_of(format!("{}:file", gpt512.display())),
@@ -557,7 +655,7 @@ mod tests {
         // A hostile or truncated image shorter than a sector.
         let short = image("short", Some(b"EFI PART"), 100);
         let spec: NamespaceSpec = format!("{}:file", short.display()).parse().unwrap();
-        let err = format!("{:#}", spec.config(1).unwrap_err());
+        let err = format!("{:#}", spec.config(1, "S").unwrap_err());
         assert!(err.contains("is 100 bytes"), "{err}");
         let _ = std::fs::remove_dir_all(short.parent().unwrap());
     }
@@ -599,7 +697,7 @@ mod tests {
         let c = "256M,zoned,zone-size=1M"
             .parse::<NamespaceSpec>()
             .unwrap()
-            .config(2)
+            .config(2, "S")
             .unwrap();
         assert_eq!(c.zoned.map(|z| z.zone_size), Some(1 << 20));
         assert_eq!("64M".parse::<NamespaceSpec>().unwrap().zoned, None);

@@ -15,6 +15,7 @@ use vnvme_vfio_user::{
 
 use crate::control::ControlServer;
 use crate::device::DeviceOptions;
+use crate::identity::Origin;
 use crate::namespace::NamespaceSpec;
 use crate::socket::{parse_mode, Plan, SocketFile};
 
@@ -181,7 +182,18 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
     if stop_timeout.is_zero() {
         bail!("--stop-timeout must be more than 0");
     }
-    let device = opts.device.build(&opts.namespaces)?;
+    let origin = match plan.path() {
+        Some(path) => Origin::socket(path),
+        None => {
+            tracing::warn!(
+                "the socket passed has no path: the default serial number is this host's \
+                 embedded one, which every such server shares (give --serial)"
+            );
+            Origin::embedded()
+        }
+    };
+    let device = opts.device.build(&opts.namespaces, &origin)?;
+    let identity = opts.device.controller_config(&origin);
     for (i, spec) in faults.into_iter().enumerate() {
         device
             .controller()
@@ -226,6 +238,8 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
     watch_stop(Arc::clone(&stop), stop_timeout, listening.own_file())?;
     tracing::info!(
         socket = %socket_shown,
+        serial = %identity.serial,
+        nqn = %identity.nqn(),
         namespaces = opts.namespaces.len(),
         "serving NVMe controller over vfio-user; attach with -device '{{\"driver\":\"vfio-user-pci\",\"socket\":{{\"path\":\"{socket_shown}\",\"type\":\"unix\"}}}}'",
     );
@@ -349,7 +363,9 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("stats.json");
         let ns: NamespaceSpec = "1M:null".parse().unwrap();
-        let device = DeviceOptions::default().build(&[ns]).unwrap();
+        let device = DeviceOptions::default()
+            .build(&[ns], &Origin::embedded())
+            .unwrap();
         write_stats(device.controller(), &path).unwrap();
         let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         assert_eq!(v["sq_doorbell_traps"], 0);

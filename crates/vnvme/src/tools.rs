@@ -98,6 +98,11 @@ pub fn id_ctrl(socket: &Path, as_json: bool) -> Result<()> {
     Ok(())
 }
 
+/// Lower-case hexadecimal digits, as nvme-cli prints identifiers.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 pub fn list(socket: &Path, as_json: bool) -> Result<()> {
     let ctrl = open(socket)?;
     let id = ctrl.identify();
@@ -121,6 +126,9 @@ pub fn list(socket: &Path, as_json: bool) -> Result<()> {
                     "MaximumLBA": ns.blocks,
                     "PhysicalSize": ns.size_bytes(),
                     "SectorSize": ns.lba_size,
+                    "SubsystemNQN": ascii_field(&id.subnqn),
+                    "NGUID": hex(&ns.identify.nguid),
+                    "EUI64": hex(&ns.identify.eui64),
                 })
             })
             .collect();

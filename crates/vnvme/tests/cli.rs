@@ -92,3 +92,74 @@ fn bad_flags_get_a_clear_message_and_a_non_zero_exit() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("is `vnvme serve --socket"));
 }
+
+/// `vnvme list --json`: the serial number, NQN, and each namespace's
+/// NGUID and EUI-64.
+fn identities(socket: &Path) -> (String, String, Vec<String>) {
+    let out = vnvme(&["list", "--json"], socket);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let devices = doc["Devices"].as_array().unwrap();
+    let text = |d: &serde_json::Value, key: &str| d[key].as_str().unwrap().to_string();
+    let ids = devices
+        .iter()
+        .flat_map(|d| [text(d, "NGUID"), text(d, "EUI64")])
+        .collect();
+    (
+        text(&devices[0], "SerialNumber"),
+        text(&devices[0], "SubsystemNQN"),
+        ids,
+    )
+}
+
+#[test]
+fn default_servers_have_their_own_identity_and_keep_it_across_restarts() {
+    let (_dir, a) = temp_socket("ident-a");
+    let (_dir2, b) = temp_socket("ident-b");
+    let first = serve(&a, &["--ns", "8M:ram"]);
+    let other = serve(&b, &["--ns", "8M:ram"]);
+    let ident_a = identities(&a);
+    let ident_b = identities(&b);
+    assert!(first.terminate().success());
+    assert!(other.terminate().success());
+    let (serial, nqn, ids) = &ident_a;
+    assert!(serial.starts_with("VNVME-"), "{serial}");
+    assert_eq!(nqn, &format!("nqn.2024-01.io.vnvme:{serial}"));
+    assert_ne!(serial, &ident_b.0);
+    assert_ne!(nqn, &ident_b.1);
+    for (x, y) in ids.iter().zip(&ident_b.2) {
+        assert_ne!(x, y, "namespace identifiers");
+        assert!(x.chars().any(|c| c != '0'), "{x}");
+    }
+    let again = serve(&a, &["--ns", "8M:ram"]);
+    assert_eq!(identities(&a), ident_a, "after a restart");
+    assert!(again.terminate().success());
+}
+
+#[test]
+fn two_namespaces_with_one_identifier_are_refused_at_start() {
+    let (_dir, socket) = temp_socket("dup-id");
+    let uuid = "uuid=5d1e7a2c-3f4b-4e8e-9a61-0c2b7d9fe310";
+    let out = Command::new(BIN)
+        .args([
+            "serve",
+            "--ns",
+            &format!("1M,{uuid}"),
+            "--ns",
+            &format!("1M:null,{uuid}"),
+            "--socket",
+        ])
+        .arg(&socket)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("namespaces 1 and 2 have the same UUID"),
+        "{err}"
+    );
+}

@@ -258,7 +258,9 @@ fn u64_at(p: &[u8], o: usize) -> u64 {
 #[test]
 fn qemu_realize_and_seabios_probe_replay_without_errors() {
     let spec: NamespaceSpec = "16M:ram".parse().unwrap();
-    let device = DeviceOptions::default().build(&[spec]).unwrap();
+    let device = DeviceOptions::default()
+        .build(&[spec], &vnvme::identity::Origin::embedded())
+        .unwrap();
     let controller = std::sync::Arc::clone(device.controller());
     let (mut client, server_end) = UnixStream::pair().unwrap();
     client

@@ -268,12 +268,18 @@ fn namespace_controllers(shared: &Shared, nsid: u32, cmd: &Command) -> Result<Ve
     Ok(controller_list(shared, attached, cmd))
 }
 
-/// Namespace Identification Descriptor list (CNS 03h): NGUID and CSI.
+/// Namespace Identification Descriptor list (CNS 03h): EUI-64, NGUID,
+/// UUID (the same as Identify Namespace reports, and the UUID only here)
+/// and CSI.
 fn descriptors(shared: &Shared, nsid: u32) -> Result<Vec<u8>, Status> {
     let ns = shared.namespace(nsid)?;
     let mut page = Vec::with_capacity(IDENTIFY_SIZE);
+    page.extend_from_slice(&[ns_descriptor::EUI64, 8, 0, 0]);
+    page.extend_from_slice(&ns.ids.eui64);
     page.extend_from_slice(&[ns_descriptor::NGUID, 16, 0, 0]);
-    page.extend_from_slice(&ns.nguid());
+    page.extend_from_slice(&ns.ids.nguid);
+    page.extend_from_slice(&[ns_descriptor::UUID, 16, 0, 0]);
+    page.extend_from_slice(&ns.ids.uuid);
     page.extend_from_slice(&[ns_descriptor::CSI, 1, 0, 0, ns.csi()]);
     page.resize(IDENTIFY_SIZE, 0);
     Ok(page)

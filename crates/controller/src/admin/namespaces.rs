@@ -13,7 +13,7 @@ use vnvme_spec::{Command, Status};
 
 use super::invalid_field;
 use crate::command::Ctx;
-use crate::config::{LbaFormatSpec, LBA_FORMATS, MAX_NAMESPACES};
+use crate::config::{LbaFormatSpec, NamespaceIds, LBA_FORMATS, MAX_NAMESPACES};
 use crate::namespace::{Namespace, NSID_ALL};
 use crate::protection::{PiType, Protection};
 use crate::reporting::persistent_event_log::{change_namespace, format_completion, format_start};
@@ -112,8 +112,15 @@ fn create(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
             .filter(|_| map.len() < MAX_NAMESPACES as usize)
             .ok_or(Status::NAMESPACE_ID_UNAVAILABLE.with_dnr(true))?;
         let backend = Arc::new(vnvme_blockdev::RamDevice::new(bytes));
-        let mut ns = Namespace::with_format(nsid, backend, req.format_index, req.extended, None)
-            .ok_or(Status::NAMESPACE_INSUFFICIENT_CAPACITY.with_dnr(true))?;
+        let mut ns = Namespace::with_format(
+            nsid,
+            NamespaceIds::fresh(&shared.config.serial, nsid),
+            backend,
+            req.format_index,
+            req.extended,
+            None,
+        )
+        .ok_or(Status::NAMESPACE_INSUFFICIENT_CAPACITY.with_dnr(true))?;
         // Allocated, not attached (§8.3.2): the host attaches it next.
         ns.attached = false;
         record_change(shared, cmd.cdw10.get(), &ns);
@@ -296,8 +303,15 @@ fn format_namespaces(
         let Some(old) = shared.subsystem.namespaces.active(id) else {
             continue;
         };
-        let mut ns = Namespace::with_format(id, old.backend.clone(), index, extended, protection)
-            .ok_or_else(invalid_format)?;
+        let mut ns = Namespace::with_format(
+            id,
+            old.ids,
+            old.backend.clone(),
+            index,
+            extended,
+            protection,
+        )
+        .ok_or_else(invalid_format)?;
         // A zoned namespace stays zoned, the same zones in bytes, all empty.
         if let Some(zones) = &old.zones {
             ns = ns.zoned(zones.config).map_err(|e| {

@@ -14,6 +14,7 @@ use vnvme_spec::Status;
 
 use super::Controller;
 use crate::admin;
+use crate::config::NamespaceIds;
 use crate::faults::{Fault, FaultError, FaultKind, FaultSpec};
 use crate::namespace::Namespace;
 use crate::protection::Protection;
@@ -39,6 +40,8 @@ pub enum NamespaceOpError {
     NsidOutOfRange { nsid: u32, nn: u32 },
     #[error("NSID {0} is in use")]
     NsidInUse(u32),
+    #[error("namespace {other} has the same {what}: hosts would not tell the two apart")]
+    DuplicateId { other: u32, what: &'static str },
     #[error("no free NSID up to NN = {0}: remove a namespace or start the server with a larger --max-namespaces")]
     NoFreeNsid(u32),
     #[error("namespace {0} is already attached")]
@@ -58,14 +61,16 @@ pub enum NamespaceOpError {
 impl Controller {
     /// Adds a namespace over `backend` in LBA format `format_index`, at
     /// `nsid` or the lowest free NSID up to NN; attached (the host hears of
-    /// it) or only allocated. Returns its NSID. Operator namespaces are not
-    /// taken from TNVMCAP: they are new capacity.
+    /// it) or only allocated, identified by `ids` (`None`: new identifiers
+    /// no namespace had before). Returns its NSID. Operator namespaces are
+    /// not taken from TNVMCAP: they are new capacity.
     pub fn namespace_add(
         &self,
         backend: Arc<dyn BlockDevice>,
         format_index: u8,
         nsid: Option<u32>,
         attached: bool,
+        ids: Option<NamespaceIds>,
     ) -> Result<u32, NamespaceOpError> {
         let shared = &*self.shared;
         let nn = shared.subsystem.nn;
@@ -87,12 +92,24 @@ impl Controller {
                     .find(|id| !map.contains_key(id))
                     .ok_or(NamespaceOpError::NoFreeNsid(nn))?,
             };
-            let mut ns = Namespace::with_format(id, backend, format_index, false, None).ok_or(
-                NamespaceOpError::TooSmall {
-                    bytes,
-                    format: format_index,
-                },
-            )?;
+            let mut ns = Namespace::with_format(
+                id,
+                ids.unwrap_or_else(|| NamespaceIds::fresh(&shared.config.serial, id)),
+                backend,
+                format_index,
+                false,
+                None,
+            )
+            .ok_or(NamespaceOpError::TooSmall {
+                bytes,
+                format: format_index,
+            })?;
+            if let Some((other, what)) = map
+                .values()
+                .find_map(|o| Some((o.nsid, o.ids.shared_with(&ns.ids)?)))
+            {
+                return Err(NamespaceOpError::DuplicateId { other, what });
+            }
             ns.attached = attached;
             admin::record_change(shared, SEL_CREATE, &ns);
             map.insert(id, Arc::new(ns));
@@ -171,9 +188,14 @@ impl Controller {
             pi_type: p.pi_type,
             first: p.first,
         });
-        let Some(mut ns) =
-            Namespace::with_format(nsid, backend, old.format_index, old.extended, protection)
-        else {
+        let Some(mut ns) = Namespace::with_format(
+            nsid,
+            old.ids,
+            backend,
+            old.format_index,
+            old.extended,
+            protection,
+        ) else {
             let format = old.format_index;
             return restore(NamespaceOpError::TooSmall { bytes, format });
         };

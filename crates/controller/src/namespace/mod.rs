@@ -24,7 +24,9 @@ use vnvme_spec::reservation::rescap;
 use vnvme_spec::{NvmOpcode, Status};
 use zerocopy::little_endian::{U16, U32, U64};
 
-use crate::config::{ConfigError, LbaFormatSpec, NamespaceConfig, Readiness, LBA_FORMATS};
+use crate::config::{
+    ConfigError, LbaFormatSpec, NamespaceConfig, NamespaceIds, Readiness, LBA_FORMATS,
+};
 use crate::namespace::reservation::Reservations;
 use crate::namespace::uncorrectable::Uncorrectable;
 use crate::protection::{Guard, PiFormat, Protection};
@@ -52,6 +54,8 @@ pub(crate) const MSRC_Z: u8 = 127;
 #[derive(Debug, Clone)]
 pub(crate) struct Namespace {
     pub nsid: u32,
+    /// NGUID, EUI-64 and UUID: kept through Format NVM, attach and detach.
+    pub ids: NamespaceIds,
     /// Index into [`LBA_FORMATS`].
     pub format_index: u8,
     /// log2 of the data size (9 or 12).
@@ -92,7 +96,8 @@ fn format(index: u8) -> Option<LbaFormatSpec> {
 }
 
 impl Namespace {
-    pub fn new(c: &NamespaceConfig) -> Result<Self, ConfigError> {
+    /// Namespace `c`, with `ids` unless `c` sets its own.
+    pub fn new(c: &NamespaceConfig, ids: NamespaceIds) -> Result<Self, ConfigError> {
         if c.nsid == 0 || c.nsid >= 0xFFFF_FFFE {
             return Err(ConfigError::Nsid(c.nsid));
         }
@@ -126,6 +131,7 @@ impl Namespace {
         }
         let ns = Self::with_format(
             c.nsid,
+            c.ids.unwrap_or(ids),
             c.backend.clone(),
             c.format_index,
             c.extended_metadata,
@@ -193,6 +199,7 @@ impl Namespace {
     /// not fit its metadata or the backend holds no whole block.
     pub fn with_format(
         nsid: u32,
+        ids: NamespaceIds,
         backend: Arc<dyn BlockDevice>,
         index: u8,
         extended: bool,
@@ -208,6 +215,7 @@ impl Namespace {
         let nsze = backend.size() / stride;
         (nsze > 0).then_some(Self {
             nsid,
+            ids,
             format_index: index,
             lba_shift,
             ms: f.metadata_size,
@@ -330,9 +338,9 @@ impl Namespace {
         }
         let bytes = u128::from(self.backend.size());
         id.nvmcap = bytes.to_le_bytes();
-        id.nguid = self.nguid();
+        id.nguid = self.ids.nguid;
         id.endgid = U16::new(ENDURANCE_GROUP_ID);
-        id.eui64.copy_from_slice(&self.nguid()[8..]);
+        id.eui64 = self.ids.eui64;
         id.rescap = rescap::ALL_TYPES
             | rescap::IEKEY13
             | if self.reservations.can_persist() {
@@ -356,12 +364,5 @@ impl Namespace {
             *slot = U32::new(ExtendedLbaFormat::new().with_pif(pif).into());
         }
         id
-    }
-
-    /// A stable NGUID derived from the NSID (unique within this controller).
-    pub fn nguid(&self) -> [u8; 16] {
-        let mut g = *b"vnvme-ns\0\0\0\0\0\0\0\0";
-        g[12..].copy_from_slice(&self.nsid.to_be_bytes());
-        g
     }
 }

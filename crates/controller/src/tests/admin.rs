@@ -36,7 +36,14 @@ fn identify_namespace_and_lists() {
     assert_eq!(h.admin(identify(2, 0, DATA)).status(), Status::SUCCESS);
     assert_eq!(h.read_mem(DATA, 8), [1, 0, 0, 0, 0, 0, 0, 0]);
     assert_eq!(h.admin(identify(3, 1, DATA)).status(), Status::SUCCESS);
-    assert_eq!(h.read_mem(DATA, 2), [2, 16], "NGUID descriptor first");
+    // EUI-64, NGUID, UUID, CSI: the first two as Identify Namespace has them.
+    let d = h.read_mem(DATA, 64);
+    assert_eq!((d[0], d[1], &d[4..12]), (1, 8, &ns.eui64[..]), "EUI-64");
+    assert_eq!((d[12], d[13], &d[16..32]), (2, 16, &ns.nguid[..]), "NGUID");
+    assert_eq!((d[32], d[33]), (3, 16), "UUID");
+    assert_ne!(d[36..52], [0; 16], "a UUID is reported");
+    assert_eq!(d[52..57], [4, 1, 0, 0, 0], "CSI: NVM");
+    assert_eq!(d[57..], [0; 7], "then the end of the list");
     assert_eq!(h.admin(identify(8, 1, DATA)).status(), Status::SUCCESS);
     assert_eq!(h.read_mem(DATA + 14, 1), [1], "NSTAT: ready");
     // Identify with PRP1 offset crossing into PRP2.

@@ -203,7 +203,7 @@ fn operator_namespaces_are_added_resized_and_removed_with_notices() {
         Status::SUCCESS
     );
     let backend: Arc<dyn BlockDevice> = Arc::new(RamDevice::new(1 << 20));
-    let nsid = h.ctrl.namespace_add(backend, 0, None, true).unwrap();
+    let nsid = h.ctrl.namespace_add(backend, 0, None, true, None).unwrap();
     assert_eq!(nsid, 2);
     h.mem.write(BUF, &[7; 512]).unwrap();
     let w = h.submit(1, rw(NvmOpcode::WRITE, 2, 3, 1, BUF, 0));
@@ -241,11 +241,11 @@ fn namespace_add_without_a_free_nsid_says_how_to_get_one() {
     h.enable();
     let backend: Arc<dyn BlockDevice> = Arc::new(RamDevice::new(1 << 20));
     assert_eq!(
-        h.ctrl.namespace_add(backend.clone(), 0, None, true),
+        h.ctrl.namespace_add(backend.clone(), 0, None, true, None),
         Err(crate::NamespaceOpError::NoFreeNsid(1))
     );
     assert_eq!(
-        h.ctrl.namespace_add(backend, 9, None, true),
+        h.ctrl.namespace_add(backend, 9, None, true, None),
         Err(crate::NamespaceOpError::Format(9))
     );
 }

@@ -463,6 +463,7 @@ mod faults;
 mod features;
 mod firmware;
 mod identify;
+mod identities;
 mod inflight;
 mod io;
 mod keep_alive;

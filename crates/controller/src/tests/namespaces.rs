@@ -32,7 +32,7 @@ impl Host {
         }
     }
 
-    fn identify_page(&mut self, cns: u8, nsid: u32) -> Vec<u8> {
+    pub(super) fn identify_page(&mut self, cns: u8, nsid: u32) -> Vec<u8> {
         let c = self.admin(identify(cns, nsid, PAGE));
         assert_eq!(
             c.status(),
@@ -42,7 +42,7 @@ impl Host {
         self.read_mem(PAGE, 4096)
     }
 
-    fn identify_ns(&mut self, cns: u8, nsid: u32) -> IdentifyNamespace {
+    pub(super) fn identify_ns(&mut self, cns: u8, nsid: u32) -> IdentifyNamespace {
         IdentifyNamespace::read_from_bytes(&self.identify_page(cns, nsid)).unwrap()
     }
 
@@ -55,7 +55,7 @@ impl Host {
             .collect()
     }
 
-    fn create_ns(&mut self, nsze: u64, ncap: u64, flbas: u8) -> Completion {
+    pub(super) fn create_ns(&mut self, nsze: u64, ncap: u64, flbas: u8) -> Completion {
         let mut data = vec![0u8; 4096];
         data[..8].copy_from_slice(&nsze.to_le_bytes());
         data[8..16].copy_from_slice(&ncap.to_le_bytes());
@@ -66,7 +66,7 @@ impl Host {
         self.admin(c)
     }
 
-    fn delete_ns(&mut self, nsid: u32) -> Completion {
+    pub(super) fn delete_ns(&mut self, nsid: u32) -> Completion {
         let mut c = cmd(AdminOpcode::NAMESPACE_MANAGEMENT.0);
         c.nsid = U32::new(nsid);
         c.cdw10 = U32::new(1);
@@ -84,12 +84,12 @@ impl Host {
         c
     }
 
-    fn attach(&mut self, nsid: u32, attach: bool) -> Completion {
+    pub(super) fn attach(&mut self, nsid: u32, attach: bool) -> Completion {
         let c = self.attach_cmd(nsid, attach, &[1, CNTLID]);
         self.admin(c)
     }
 
-    fn format(&mut self, nsid: u32, cdw10: u32) -> Completion {
+    pub(super) fn format(&mut self, nsid: u32, cdw10: u32) -> Completion {
         let mut c = cmd(AdminOpcode::FORMAT_NVM.0);
         c.nsid = U32::new(nsid);
         c.cdw10 = U32::new(cdw10);
@@ -127,11 +127,11 @@ impl Host {
 /// The Namespace Attribute Changed notice as an AER completes with it.
 const NS_CHANGED_EVENT: u32 = 0x0004_0002;
 
-fn ram_ns(nsid: u32, bytes: u64) -> NamespaceConfig {
+pub(super) fn ram_ns(nsid: u32, bytes: u64) -> NamespaceConfig {
     NamespaceConfig::new(nsid, 4096, Arc::new(RamDevice::new(bytes)))
 }
 
-fn mgmt_config(capacity: u64) -> ControllerConfig {
+pub(super) fn mgmt_config(capacity: u64) -> ControllerConfig {
     ControllerConfig {
         nvm_capacity: capacity,
         max_namespaces: 4,

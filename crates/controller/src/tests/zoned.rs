@@ -114,8 +114,8 @@ fn zoned_namespace_reports_csi_02h_and_its_zone_geometry() {
             h.admin(identify(0x03, nsid, DATA)).status(),
             Status::SUCCESS
         );
-        let page = h.read_mem(DATA, 32);
-        assert_eq!(page[20..25], [0x04, 1, 0, 0, csi], "nsid {nsid}");
+        let page = h.read_mem(DATA, 64);
+        assert_eq!(page[52..57], [0x04, 1, 0, 0, csi], "nsid {nsid}");
     }
     assert_eq!(h.admin(zns_identify(0x05, 2)).status(), Status::SUCCESS);
     let id = IdentifyNamespaceZns::read_from_bytes(&h.read_mem(DATA, 4096)).unwrap();

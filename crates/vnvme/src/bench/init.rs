@@ -19,6 +19,7 @@ use vnvme_driver::{Controller, DeviceAccess, InitMode, InitOptions, NsState};
 
 use super::List;
 use crate::device::{DeviceOptions, MAX_IO_QUEUES};
+use crate::identity::Origin;
 use crate::inproc::InProcess;
 use crate::namespace::NamespaceSpec;
 
@@ -152,7 +153,7 @@ fn measure(
         msix_vectors,
         ..DeviceOptions::default()
     };
-    let device = device_opts.build(specs)?;
+    let device = device_opts.build(specs, &Origin::embedded())?;
     let mut inproc = InProcess::start(device)?;
     let access: Arc<dyn DeviceAccess> = Arc::new(inproc.access()?);
     let init = InitOptions {

@@ -24,6 +24,7 @@ use vnvme_controller::DoorbellMode;
 use vnvme_driver::{Controller, DeviceAccess, InitOptions, IoQueue};
 
 use crate::device::{DeviceOptions, PollingOptions};
+use crate::identity::Origin;
 use crate::inproc::InProcess;
 use crate::namespace::{Backend, NamespaceSpec};
 use crate::size::parse_size;
@@ -433,7 +434,7 @@ impl ModeBench {
             polling: opts.polling.clone(),
             ..DeviceOptions::default()
         };
-        let device = device_opts.build(&[spec])?;
+        let device = device_opts.build(&[spec], &Origin::embedded())?;
         let init = InitOptions {
             io_queues: opts.queues,
             // A ring of N entries holds N - 1 commands.

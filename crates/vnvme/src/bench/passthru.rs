@@ -29,6 +29,7 @@ use vnvme_spec::{Command, NvmOpcode};
 use super::io::{self as block, Pattern, Submit};
 use super::{BackendArg, List, Rw};
 use crate::device::DeviceOptions;
+use crate::identity::Origin;
 use crate::inproc::InProcess;
 use crate::namespace::NamespaceSpec;
 use crate::size::parse_size;
@@ -136,7 +137,7 @@ pub fn run(opts: &PassthruOptions) -> Result<Vec<PassthruRun>> {
         max_io_queues: 1,
         ..DeviceOptions::default()
     };
-    let device = device_opts.build(&[spec])?;
+    let device = device_opts.build(&[spec], &Origin::embedded())?;
     let init = InitOptions {
         io_queues: 1,
         // A ring of N entries holds N - 1 commands.

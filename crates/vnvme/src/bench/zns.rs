@@ -20,6 +20,7 @@ use vnvme_spec::NvmOpcode;
 
 use super::{BackendArg, List};
 use crate::device::DeviceOptions;
+use crate::identity::Origin;
 use crate::inproc::InProcess;
 use crate::namespace::NamespaceSpec;
 use crate::size::parse_size;
@@ -79,7 +80,7 @@ pub fn main(opts: &ZnsBenchOptions) -> Result<()> {
         max_io_queues: 1,
         ..DeviceOptions::default()
     }
-    .build(&[conventional, zoned])?;
+    .build(&[conventional, zoned], &Origin::embedded())?;
     let init = InitOptions {
         io_queues: 1,
         queue_depth: max_qd.saturating_add(1).max(2),

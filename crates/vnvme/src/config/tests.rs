@@ -102,6 +102,30 @@ fn interrupts_key_picks_msi_and_names_the_kinds_when_wrong() {
 }
 
 #[test]
+fn identities_are_checked_where_they_are_written() {
+    let text = "nqn = \"nqn.2024-01.com.example:a\"\n[[namespaces]]\nsize = \"1M\"\n\
+                uuid = \"5d1e7a2c-3f4b-4e8e-9a61-0c2b7d9fe310\"\n";
+    let c = ServeConfig::parse("config.toml", text).unwrap();
+    assert_eq!(c.nqn.as_deref(), Some("nqn.2024-01.com.example:a"));
+    assert_eq!(c.namespaces[0].ids.uuid.map(|u| u[0]), Some(0x5d));
+    let e = err("serial = \"a serial number much too long\"\n");
+    assert!(
+        e.starts_with("config.toml:1: serial: serial 'a serial"),
+        "{e}"
+    );
+    let e = err("nqn = \"disk1\"\n");
+    assert!(
+        e.starts_with("config.toml:1: nqn: NQN 'disk1' must start with 'nqn.'"),
+        "{e}"
+    );
+    let e = err("[[namespaces]]\nsize = \"1M\"\nnguid = \"0\"\n");
+    assert!(
+        e.starts_with("config.toml:3: namespaces[0].nguid: nguid '0' must be 32"),
+        "{e}"
+    );
+}
+
+#[test]
 fn nbd_namespace_takes_the_exports_size_unless_given() {
     let text = "[[namespaces]]\nbackend = \"nbd=nbd://storage:10809/vm1\"\n";
     let c = ServeConfig::parse("config.toml", text).unwrap();
@@ -119,7 +143,11 @@ fn command_line_overrides_the_file_where_it_differs_from_the_default() {
     };
     let o = c.apply(&cli);
     assert_eq!(o.max_io_queues, 2, "flag wins");
-    assert_eq!(o.serial, "VNVME0042", "file wins over a default");
+    assert_eq!(
+        o.serial.as_deref(),
+        Some("VNVME0042"),
+        "file wins over a default"
+    );
     assert_eq!(o.msix_vectors, Some(4));
     assert_eq!(o.doorbells, DoorbellMode::Trap);
     assert_eq!(o.ready_timeout, Some(Duration::from_secs(3)));

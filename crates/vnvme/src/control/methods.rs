@@ -24,6 +24,7 @@ use vnvme_controller::{Controller, Fault, FaultKind, Latency, ZoneChange};
 use super::fault_params::FaultParams;
 use super::{code, RpcError};
 use crate::namespace::NamespaceSpec;
+use vnvme_controller::NamespaceIds;
 
 /// Every method, for `vnvme ctl --help` and the not-found error.
 pub const METHODS: &[&str] = &[
@@ -142,7 +143,14 @@ pub fn call(
                 .open_formatted()
                 .map_err(|e| refused(format!("{e:#}")))?;
             let nsid = ctrl
-                .namespace_add(backend, format, a.nsid, spec.attached)
+                .namespace_add(
+                    backend,
+                    format,
+                    a.nsid,
+                    spec.attached,
+                    // A ram namespace with one identifier chosen: the others new.
+                    spec.ids(|| NamespaceIds::fresh("control socket", 0)),
+                )
                 .map_err(refused)?;
             Ok(json!({ "nsid": nsid }))
         }

@@ -62,6 +62,14 @@ impl Plan {
         Ok(Plan::Inherit(activated))
     }
 
+    /// The socket's path: the one to bind, or the passed one's if named.
+    pub fn path(&self) -> Option<&Path> {
+        match self {
+            Plan::Bind { path, .. } => Some(path),
+            Plan::Inherit(a) => a.path.as_deref(),
+        }
+    }
+
     /// Binds the socket, or takes the passed one.
     pub fn listen(self) -> Result<Listening> {
         match self {

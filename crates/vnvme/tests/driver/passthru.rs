@@ -210,7 +210,8 @@ fn vendor_commands_through_passthru() {
     assert_eq!(&bytes[..8], &VendorInfo::MAGIC);
     assert_eq!(&bytes[8..12], &1u32.to_le_bytes(), "layout version");
     assert_eq!(&bytes[12..16], &1u32.to_le_bytes(), "one namespace");
-    assert_eq!(&bytes[44..53], b"VNVME0001");
+    let serial = vnvme::identity::Origin::embedded().serial();
+    assert_eq!(&bytes[44..64], serial.as_bytes());
     assert!(
         bytes[64..].iter().all(|&b| b == 0),
         "NUMD bounds the transfer"

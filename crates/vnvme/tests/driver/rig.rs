@@ -48,7 +48,9 @@ pub fn polling_device() -> DeviceOptions {
 /// and brings the driver up with `opts`.
 pub fn start(device: DeviceOptions, namespaces: &[&str], opts: InitOptions) -> Rig {
     let specs: Vec<NamespaceSpec> = namespaces.iter().map(|s| s.parse().unwrap()).collect();
-    let device = device.build(&specs).unwrap();
+    let device = device
+        .build(&specs, &vnvme::identity::Origin::embedded())
+        .unwrap();
     let (server, access, ctrl) = InProcess::start_driver(device, opts).unwrap();
     Rig {
         server,

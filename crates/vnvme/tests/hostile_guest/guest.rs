@@ -69,7 +69,12 @@ impl Served {
             max_io_queues: 4,
             ..opts
         };
-        let device = opts.build(&[spec.parse().unwrap()]).unwrap();
+        let device = opts
+            .build(
+                &[spec.parse().unwrap()],
+                &vnvme::identity::Origin::embedded(),
+            )
+            .unwrap();
         let ctrl = Arc::clone(device.controller());
         let path = std::env::temp_dir().join(format!(
             "vnvme-hostile-{}-{:?}.sock",
