@@ -2,7 +2,7 @@
 # Runs every test of the project: the cargo workspace's unit and in-process
 # tests (controller, protocol, driver end to end over a real socketpair), then
 # the guest suite: a real Linux guest under QEMU 11.1's vfio-user-pci driving
-# `vnvme serve` (tests/guest/, 31 tests, about 15 minutes).
+# `vnvme serve` (tests/guest/, 32 tests, about 15 minutes).
 # Usage: tests/run-all.sh            (from anywhere; as root on Debian bookworm)
 #        VNVME_SKIP_GUEST=1 tests/run-all.sh   cargo tests only
 #        VNVME_FUZZ_SECONDS=N                  run each cargo fuzz target N s

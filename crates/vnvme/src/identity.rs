@@ -18,8 +18,6 @@ use std::sync::OnceLock;
 
 use vnvme_controller::NamespaceIds;
 
-use crate::namespace::Backend;
-
 /// Serial numbers are 20 ASCII characters (Identify Controller SN).
 const SERIAL_LEN: usize = 20;
 /// What a derived serial number starts with; the rest is hexadecimal.
@@ -65,25 +63,15 @@ impl Origin {
     }
 }
 
-/// The identifiers a namespace over `backend` has by default, if its
-/// backend gives it an identity of its own: a file's (its absolute path on
-/// this host) or an NBD export's (its URI). `None` for `ram` and `null`:
-/// the controller derives theirs from its serial number and the NSID.
-pub fn backend_ids(backend: &Backend) -> Option<NamespaceIds> {
-    let name = match backend {
-        Backend::File(path) => format!("file {}", absolute(path).display()),
-        Backend::Nbd(uri) => format!("nbd {uri}"),
-        Backend::Null | Backend::Ram => return None,
-    };
-    Some(NamespaceIds::from_name(&format!(
-        "namespace {} {name}",
-        machine_id()
-    )))
+/// The identifiers of the namespace named `name` on this host (a file's
+/// absolute path, an NBD export's URI): its own wherever it is served.
+pub fn host_ids(name: &str) -> NamespaceIds {
+    NamespaceIds::from_name(&format!("namespace {} {name}", machine_id()))
 }
 
 /// `path` with symbolic links and `..` resolved where it exists (a socket
 /// not bound yet: its folder), else as given, made absolute.
-fn absolute(path: &Path) -> PathBuf {
+pub fn absolute(path: &Path) -> PathBuf {
     if let Ok(p) = path.canonicalize() {
         return p;
     }
@@ -162,10 +150,11 @@ pub fn parse_id<const N: usize>(what: &str, text: &str) -> Result<[u8; N], Strin
     if digits.len() != 2 * N {
         return Err(bad());
     }
+    let nibble = |d: u8| char::from(d).to_digit(16).ok_or_else(bad);
     let mut out = [0u8; N];
-    for (byte, pair) in out.iter_mut().zip(digits.chunks(2)) {
-        let pair = std::str::from_utf8(pair).map_err(|_| bad())?;
-        *byte = u8::from_str_radix(pair, 16).map_err(|_| bad())?;
+    for (byte, pair) in out.iter_mut().zip(digits.chunks_exact(2)) {
+        *byte =
+            u8::try_from(nibble(pair[0])? << 4 | nibble(pair[1])?).map_err(|e| e.to_string())?;
     }
     if out == [0; N] {
         return Err(bad());
@@ -196,16 +185,6 @@ mod tests {
             Origin::socket(Path::new("v.sock")),
             Origin::socket(&cwd.join("v.sock"))
         );
-    }
-
-    #[test]
-    fn files_have_their_own_ids_and_ram_takes_the_controllers() {
-        let a = backend_ids(&Backend::File("/srv/a.img".into())).unwrap();
-        let b = backend_ids(&Backend::File("/srv/b.img".into())).unwrap();
-        assert_eq!(a.shared_with(&b), None);
-        assert_eq!(backend_ids(&Backend::File("/srv/a.img".into())), Some(a));
-        assert_eq!(backend_ids(&Backend::Ram), None);
-        assert_eq!(backend_ids(&Backend::Null), None);
     }
 
     #[test]

@@ -19,7 +19,7 @@ use vnvme_controller::{
     DEFAULT_FORMAT_INDEX, LBA_FORMATS,
 };
 
-use crate::identity::parse_id;
+use crate::identity::{absolute, host_ids, parse_id};
 use crate::size::parse_size;
 use crate::zoned_options::ZonedOptions;
 
@@ -143,12 +143,23 @@ impl NamespaceSpec {
         }
     }
 
-    /// Its identifiers: the ones chosen, the others its backend's
-    /// ([`crate::identity::backend_ids`]) or else `derived`'s. `None`:
+    /// The identifiers its backend gives it: a file's (from its absolute
+    /// path on this host) or an NBD export's (from its URI), which keep
+    /// their identity wherever they are served. `None` for `ram` and
+    /// `null`: the controller derives theirs from its serial number.
+    fn backend_ids(&self) -> Option<NamespaceIds> {
+        match &self.backend {
+            Backend::File(path) => Some(host_ids(&format!("file {}", absolute(path).display()))),
+            Backend::Nbd(uri) => Some(host_ids(&format!("nbd {uri}"))),
+            Backend::Null | Backend::Ram => None,
+        }
+    }
+
+    /// Its identifiers: the ones chosen, the others its backend's or else `derived`'s. `None`:
     /// leave them to the controller (a `ram` or `null` namespace with no
     /// identifier chosen).
     pub fn ids(&self, derived: impl FnOnce() -> NamespaceIds) -> Option<NamespaceIds> {
-        match crate::identity::backend_ids(&self.backend) {
+        match self.backend_ids() {
             Some(base) => Some(self.ids.apply(base)),
             None if self.ids.is_empty() => None,
             None => Some(self.ids.apply(derived())),
@@ -452,6 +463,22 @@ mod tests {
         assert!("64M:null,vwc".parse::<NamespaceSpec>().is_err());
         let spec: NamespaceSpec = "64M,ready=5s".parse().unwrap();
         assert_eq!(spec.readiness, Readiness::After(Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn files_have_their_own_ids_and_ram_takes_the_controllers() {
+        let file = |p: &str| NamespaceSpec::new(0, Backend::File(p.into())).backend_ids();
+        let a = file("/srv/a.img").unwrap();
+        assert_eq!(a.shared_with(&file("/srv/b.img").unwrap()), None);
+        assert_eq!(file("/srv/a.img"), Some(a));
+        assert_eq!(
+            NamespaceSpec::new(1 << 20, Backend::Ram).backend_ids(),
+            None
+        );
+        assert_eq!(
+            NamespaceSpec::new(1 << 20, Backend::Null).backend_ids(),
+            None
+        );
     }
 
     #[test]
