@@ -11,9 +11,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arbitrary::Arbitrary;
+use vnvme_blockdev::held::{HeldRam, Release};
 use vnvme_blockdev::{BlockDevice, NullDevice, RamDevice};
 
-use crate::deferred::Deferred;
 use vnvme_controller::testing::{CountingIrq, VecMemory};
 use vnvme_controller::{
     Controller, ControllerConfig, DoorbellMode, GuestMemory, NamespaceConfig, PiType, Protection,
@@ -318,7 +318,9 @@ pub fn run(input: Input) {
     };
     // Mode bit 2: namespace 1 keeps commands in flight (asynchronous).
     let ns1: Arc<dyn BlockDevice> = if input.mode & 4 != 0 {
-        Arc::new(Deferred::new(256 << 10))
+        // Each request finishes on the next poll, newest first, at most 4
+        // in flight per queue (the next are given back).
+        Arc::new(HeldRam::new(256 << 10, Release::NextPoll { limit: 4 }).with_volatile_cache())
     } else {
         Arc::new(RamDevice::new(256 << 10))
     };

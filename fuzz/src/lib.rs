@@ -2,11 +2,10 @@
 //! structured input (`arbitrary`) and must neither panic nor hang.
 //!
 //! * [`controller`] — the NVMe controller over fake guest memory (with
-//!   [`deferred`], a backend whose requests are in flight);
+//!   `vnvme_blockdev::held::HeldRam`, a backend whose requests are in flight);
 //! * [`server`] — the vfio-user server with the NVMe device, over a socketpair;
 //! * [`driver`] — the user-space driver against a hostile device.
 
 pub mod controller;
-pub mod deferred;
 pub mod driver;
 pub mod server;

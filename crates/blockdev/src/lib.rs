@@ -45,6 +45,8 @@
 
 mod buf;
 mod file;
+#[cfg(any(test, feature = "testing"))]
+pub mod held;
 mod mapped;
 mod nbd;
 mod null;

@@ -1,25 +1,24 @@
 //! How the driver reaches a device: BAR0 registers, DMA memory shared with the
 //! device, and interrupts.
 //!
-//! This is the only module of the driver with `unsafe` (the vfio-user
-//! implementation builds on the safe types defined here). DMA memory is a
-//! `MAP_SHARED` mapping of a memfd that the device also maps, so it changes
-//! under our feet: it is never handed out as a Rust reference, only read and
-//! written through bulk copies into and out of Rust buffers and through
-//! atomics. Register areas the device offers for mapping ([`MappedArea`])
-//! are reached through atomics only.
+//! DMA memory is a `MAP_SHARED` mapping of a memfd that the device also
+//! maps, so it changes under our feet: it is never handed out as a Rust
+//! reference, only read and written through bulk copies into and out of
+//! Rust buffers and through atomics. Register areas the device offers for
+//! mapping ([`MappedArea`]) are reached through atomics only. Both are a
+//! [`SharedRegion`] of the vfio-user crate, which holds the `unsafe` of
+//! mapping and reaching them: the driver has none.
 
 use std::fmt;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
 use rustix::event::{EventfdFlags, PollFd, PollFlags};
-use rustix::mm::{MapFlags, ProtFlags};
+use vnvme_vfio_user::SharedRegion;
 use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 /// Size of a memory page as the driver uses it (CC.MPS = 0) and the alignment
@@ -123,9 +122,7 @@ pub trait DeviceAccess: Send + Sync + fmt::Debug {
 /// Dropped when the last [`DmaBuffer`] carved from it goes: the device mapping
 /// is released first (through the `release` hook), then the memory is unmapped.
 pub struct DmaRegion {
-    fd: OwnedFd,
-    ptr: NonNull<u8>,
-    len: usize,
+    memory: SharedRegion,
     iova: u64,
     release: Mutex<Option<ReleaseHook>>,
 }
@@ -133,49 +130,22 @@ pub struct DmaRegion {
 /// What runs when a [`DmaRegion`] is dropped, given the region.
 type ReleaseHook = Box<dyn FnOnce(&DmaRegion) + Send>;
 
-// SAFETY: `ptr` is a shared mapping owned by this value for its whole life;
-// nothing hands out references into it, and every access is an atomic or a
-// copy between it and a Rust buffer (see `DmaBuffer::read_bytes`), which
-// does not depend on the thread.
-unsafe impl Send for DmaRegion {}
-// SAFETY: as for `Send`: no access goes through a shared Rust reference.
-unsafe impl Sync for DmaRegion {}
-
 impl fmt::Debug for DmaRegion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DmaRegion")
             .field("iova", &format_args!("{:#x}", self.iova))
-            .field("len", &self.len)
+            .field("len", &self.len())
             .finish()
     }
 }
 
 impl DmaRegion {
-    /// Creates a memfd of `len` bytes (rounded up to pages), zero filled, and
-    /// maps it shared.
+    /// Creates a memfd of `len` bytes (rounded up to pages), zero filled,
+    /// sealed against resizing (the device gets the fd: it cannot shrink it
+    /// under our mapping), and maps it shared.
     pub fn new(len: usize, iova: u64) -> io::Result<Self> {
-        let len = round_up_to_page(len.max(1))
-            .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
-        let fd = rustix::fs::memfd_create("vnvme-dma", rustix::fs::MemfdFlags::CLOEXEC)?;
-        rustix::fs::ftruncate(&fd, len as u64)?;
-        // SAFETY: a fresh mapping (null hint, no MAP_FIXED) of a file we own
-        // and just sized to `len`: it aliases no Rust memory.
-        let ptr = unsafe {
-            rustix::mm::mmap(
-                std::ptr::null_mut(),
-                len,
-                ProtFlags::READ | ProtFlags::WRITE,
-                MapFlags::SHARED,
-                &fd,
-                0,
-            )?
-        };
-        let ptr =
-            NonNull::new(ptr.cast::<u8>()).ok_or_else(|| io::Error::other("mmap gave null"))?;
         Ok(Self {
-            fd,
-            ptr,
-            len,
+            memory: SharedRegion::new("vnvme-dma", len.max(1))?,
             iova,
             release: Mutex::new(None),
         })
@@ -183,15 +153,15 @@ impl DmaRegion {
 
     /// The memfd backing the region, for handing to the device (DMA_MAP).
     pub fn fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
+        self.memory.fd()
     }
 
     pub fn len(&self) -> usize {
-        self.len
+        self.memory.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.memory.is_empty()
     }
 
     pub fn iova(&self) -> u64 {
@@ -206,7 +176,7 @@ impl DmaRegion {
 
     /// A buffer covering `len` bytes of the region from `offset`.
     pub fn buffer(self: &Arc<Self>, offset: usize, len: usize) -> Result<DmaBuffer, AccessError> {
-        check_range(offset, len, self.len)?;
+        check_range(offset, len, self.len())?;
         Ok(DmaBuffer {
             region: Arc::clone(self),
             offset,
@@ -217,13 +187,9 @@ impl DmaRegion {
 
 impl Drop for DmaRegion {
     fn drop(&mut self) {
+        // Before the memory goes (unmapped when `memory` drops).
         if let Some(release) = self.release.get_mut().take() {
             release(self);
-        }
-        // SAFETY: `ptr`/`len` is the mapping made in `new`; no buffer refers
-        // to it any more (each holds an `Arc` to this region).
-        if let Err(e) = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len) } {
-            tracing::warn!(error = %e, "munmap of a DMA region failed");
         }
     }
 }
@@ -284,54 +250,53 @@ impl DmaBuffer {
         })
     }
 
-    /// Pointer to byte `offset` of this buffer after checking that `len`
-    /// bytes from there are inside it and that it is `align`-byte aligned.
-    fn ptr(&self, offset: usize, len: usize, align: usize) -> Result<*mut u8, AccessError> {
+    /// Offset in the region of byte `offset` of this buffer, after checking
+    /// that `len` bytes from there are inside it and that it is
+    /// `align`-byte aligned.
+    fn at(&self, offset: usize, len: usize, align: usize) -> Result<usize, AccessError> {
         check_range(offset, len, self.len)?;
         let at = self.offset + offset;
         if at & (align - 1) != 0 {
             return Err(AccessError::Misaligned { offset, align });
         }
-        // SAFETY: `self.offset + self.len <= region.len` (checked when the
-        // buffer was made) and `offset + len <= self.len`, so the result
-        // stays inside the mapping.
-        Ok(unsafe { self.region.ptr.as_ptr().add(at) })
+        Ok(at)
+    }
+
+    /// What a region access outside the region would be (`at` checked
+    /// against the buffer, which lies inside the region: never).
+    fn outside(&self, offset: usize, len: usize) -> AccessError {
+        AccessError::OutOfBounds {
+            offset,
+            len,
+            size: self.len,
+        }
     }
 
     /// Copies bytes out of the buffer from `offset` into `out`.
     pub fn read_bytes(&self, offset: usize, out: &mut [u8]) -> Result<(), AccessError> {
-        let src = self.ptr(offset, out.len(), 1)?;
-        // SAFETY: `src..src + out.len()` is inside the mapping (checked by
-        // `ptr`) and cannot overlap `out`, which is Rust-owned memory. The
-        // mapping is never referenced as `&[u8]`, so the device writing it
-        // meanwhile breaks no reference invariant: such a racing write (a
-        // buggy or hostile device; a correct one publishes data before the
-        // completion we acquire) leaves arbitrary bytes in `out`, and every
-        // byte value is a valid `u8`, as with DMA racing a CPU copy on
-        // hardware. A bulk copy is several times faster than per-byte
-        // volatile loads.
-        unsafe { std::ptr::copy_nonoverlapping(src.cast_const(), out.as_mut_ptr(), out.len()) };
-        Ok(())
+        let at = self.at(offset, out.len(), 1)?;
+        match self.region.memory.read(at, out) {
+            true => Ok(()),
+            false => Err(self.outside(offset, out.len())),
+        }
     }
 
     /// Copies `data` into the buffer at `offset`.
     pub fn write_bytes(&self, offset: usize, data: &[u8]) -> Result<(), AccessError> {
-        let dst = self.ptr(offset, data.len(), 1)?;
-        // SAFETY: `dst..dst + data.len()` is inside the mapping and cannot
-        // overlap `data` (a Rust slice, never a view of DMA memory). The
-        // device reads it only after a doorbell, which a release fence orders
-        // after this copy; a device reading early sees some mix of old and
-        // new bytes, which harms nobody but itself.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
-        Ok(())
+        let at = self.at(offset, data.len(), 1)?;
+        match self.region.memory.write(at, data) {
+            true => Ok(()),
+            false => Err(self.outside(offset, data.len())),
+        }
     }
 
     /// Fills `len` bytes from `offset` with `value`.
     pub fn fill(&self, offset: usize, len: usize, value: u8) -> Result<(), AccessError> {
-        let dst = self.ptr(offset, len, 1)?;
-        // SAFETY: `dst..dst + len` is inside the mapping; as in `write_bytes`.
-        unsafe { std::ptr::write_bytes(dst, value, len) };
-        Ok(())
+        let at = self.at(offset, len, 1)?;
+        match self.region.memory.fill(at, len, value) {
+            true => Ok(()),
+            false => Err(self.outside(offset, len)),
+        }
     }
 
     /// Copies the whole buffer out.
@@ -359,17 +324,19 @@ impl DmaBuffer {
     }
 
     fn atomic_u32(&self, offset: usize) -> Result<&AtomicU32, AccessError> {
-        let p = self.ptr(offset, 4, 4)?;
-        // SAFETY: `p` is 4-byte aligned, inside the mapping, and the mapping
-        // lives as long as `self` (we hold an `Arc` to it). Memory shared with
-        // another process is only ever accessed atomically at this address.
-        Ok(unsafe { AtomicU32::from_ptr(p.cast()) })
+        let at = self.at(offset, 4, 4)?;
+        self.region
+            .memory
+            .atomic_u32(at)
+            .ok_or_else(|| self.outside(offset, 4))
     }
 
     fn atomic_u64(&self, offset: usize) -> Result<&AtomicU64, AccessError> {
-        let p = self.ptr(offset, 8, 8)?;
-        // SAFETY: as in `atomic_u32`, with 8-byte alignment checked.
-        Ok(unsafe { AtomicU64::from_ptr(p.cast()) })
+        let at = self.at(offset, 8, 8)?;
+        self.region
+            .memory
+            .atomic_u64(at)
+            .ok_or_else(|| self.outside(offset, 8))
     }
 
     /// Loads a little-endian u32 at a 4-byte aligned `offset` with acquire
@@ -409,70 +376,27 @@ impl DmaBuffer {
 /// Accessed only through 32-bit atomics, never through references, like
 /// [`DmaBuffer`].
 pub struct MappedArea {
-    ptr: NonNull<u8>,
-    len: usize,
+    memory: SharedRegion,
     /// Offset of the first byte in the region.
     region_offset: u64,
 }
-
-// SAFETY: `ptr` is a shared mapping owned by this value for its whole life;
-// every access is atomic, which is sound from any thread.
-unsafe impl Send for MappedArea {}
-// SAFETY: as for `Send`.
-unsafe impl Sync for MappedArea {}
 
 impl fmt::Debug for MappedArea {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MappedArea")
             .field("region_offset", &format_args!("{:#x}", self.region_offset))
-            .field("len", &self.len)
+            .field("len", &self.len())
             .finish()
     }
 }
 
 impl MappedArea {
-    /// Maps `len` bytes of `fd` from `region_offset`, shared, read-write.
-    ///
-    /// The offset and length come from the device, so they are checked: page
-    /// aligned, non-empty, and (for a regular file such as a memfd) inside the
-    /// file, since touching a page past its end raises SIGBUS. A device that
-    /// shrinks the file later can still do that; an `F_SEAL_SHRINK` seal on
-    /// its memfd rules it out.
+    /// Maps `len` bytes of `fd` from `region_offset`, shared, read-write:
+    /// page aligned, non-empty and inside the file, as
+    /// [`SharedRegion::map`] checks (the device chose them).
     pub fn map(fd: BorrowedFd<'_>, region_offset: u64, len: u64) -> io::Result<Self> {
-        let invalid = |why: &str| io::Error::new(io::ErrorKind::InvalidInput, why.to_string());
-        let page = PAGE_SIZE as u64;
-        if len == 0 || !len.is_multiple_of(page) || !region_offset.is_multiple_of(page) {
-            return Err(invalid("mmap area is empty or not page aligned"));
-        }
-        let end = region_offset
-            .checked_add(len)
-            .ok_or_else(|| invalid("mmap area overflows"))?;
-        let stat = rustix::fs::fstat(fd)?;
-        if rustix::fs::FileType::from_raw_mode(stat.st_mode) == rustix::fs::FileType::RegularFile
-            && u64::try_from(stat.st_size).unwrap_or(0) < end
-        {
-            return Err(invalid("mmap area extends past the end of the file"));
-        }
-        // Past usize is the conversion's only failure: the message says it.
-        let len = usize::try_from(len).map_err(|_| invalid("mmap area too large"))?;
-        // SAFETY: a fresh mapping (null hint, no MAP_FIXED) of a range checked
-        // to be page aligned (and inside the file when the file has a size):
-        // it aliases no Rust memory.
-        let ptr = unsafe {
-            rustix::mm::mmap(
-                std::ptr::null_mut(),
-                len,
-                ProtFlags::READ | ProtFlags::WRITE,
-                MapFlags::SHARED,
-                fd,
-                region_offset,
-            )?
-        };
-        let ptr =
-            NonNull::new(ptr.cast::<u8>()).ok_or_else(|| io::Error::other("mmap gave null"))?;
         Ok(Self {
-            ptr,
-            len,
+            memory: SharedRegion::map(fd, region_offset, len)?,
             region_offset,
         })
     }
@@ -483,23 +407,17 @@ impl MappedArea {
     }
 
     pub fn len(&self) -> usize {
-        self.len
+        self.memory.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.memory.is_empty()
     }
 
     /// The 4-byte aligned atomic at region offset `offset`, if inside the area.
     fn atomic_u32(&self, offset: u64) -> Option<&AtomicU32> {
         let at = usize::try_from(offset.checked_sub(self.region_offset)?).ok()?;
-        if !at.is_multiple_of(4) || at.checked_add(4)? > self.len {
-            return None;
-        }
-        // SAFETY: `at + 4 <= len`, the mapping is page aligned so `at % 4 ==
-        // 0` makes the pointer 4-byte aligned, and the mapping lives as long
-        // as `self`. The memory is only ever accessed atomically.
-        Some(unsafe { AtomicU32::from_ptr(self.ptr.as_ptr().add(at).cast()) })
+        self.memory.atomic_u32(at)
     }
 
     /// Whether the 32-bit register at region offset `offset` is in the area.
@@ -525,16 +443,6 @@ impl MappedArea {
                 true
             }
             None => false,
-        }
-    }
-}
-
-impl Drop for MappedArea {
-    fn drop(&mut self) {
-        // SAFETY: `ptr`/`len` is the mapping made in `map`; no reference into
-        // it outlives `self` (atomics are borrowed from `&self`).
-        if let Err(e) = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len) } {
-            tracing::warn!(error = %e, "munmap of a register area failed");
         }
     }
 }

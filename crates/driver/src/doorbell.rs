@@ -18,6 +18,7 @@
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 
+use vnvme_spec::event_idx::{need_event_linux, need_event_spdk};
 use vnvme_spec::regs::{offset, Doorbell};
 
 use crate::access::{AccessError, DeviceAccess, DmaBuffer, PAGE_SIZE};
@@ -56,10 +57,10 @@ impl std::fmt::Display for DoorbellKind {
 /// EventIdx exactly needs a register write.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum NeedEvent {
-    /// [`need_event::linux`]: write when the value moves past EventIdx.
+    /// [`need_event_linux`]: write when the value moves past EventIdx.
     #[default]
     Linux,
-    /// [`need_event::spdk`]: write when the value moves onto or past EventIdx.
+    /// [`need_event_spdk`]: write when the value moves onto or past EventIdx.
     Spdk,
 }
 
@@ -68,8 +69,8 @@ impl NeedEvent {
     /// register, given the device's `event_idx`.
     pub fn check(self, new: u16, old: u16, event_idx: u16) -> bool {
         match self {
-            NeedEvent::Linux => need_event::linux(new, old, event_idx),
-            NeedEvent::Spdk => need_event::spdk(new, old, event_idx),
+            NeedEvent::Linux => need_event_linux(event_idx, new, old),
+            NeedEvent::Spdk => need_event_spdk(event_idx, new, old),
         }
     }
 }
@@ -258,60 +259,10 @@ impl DoorbellRegister {
     }
 }
 
-/// The need-event tests of shadow doorbells: given the old and new doorbell
-/// values and the device's EventIdx, whether the host must write the real
-/// register. Both are correct in the sense that neither loses a wake-up; they
-/// differ by one on whether reaching EventIdx exactly needs a trap.
-///
-/// The arithmetic is mod 2^16 while ring indexes wrap at the queue size, so
-/// an update that wraps the ring covers every value from `old` up to 65535:
-/// an EventIdx of 0xFFFF ("never", as SPDK's target writes in poll mode)
-/// still costs one register write per ring wrap. A device that wants no
-/// writes at all keeps EventIdx one behind the value it has seen.
-pub mod need_event {
-    /// Linux `nvme_dbbuf_need_event`: `(u16)(new - ei - 1) < (u16)(new - old)`
-    /// — notify when the update moves the value past EventIdx, i.e. EventIdx
-    /// is in `[old, new)`.
-    pub fn linux(new: u16, old: u16, event_idx: u16) -> bool {
-        new.wrapping_sub(event_idx).wrapping_sub(1) < new.wrapping_sub(old)
-    }
-
-    /// SPDK / libvfn: `(u16)(new - ei) <= (u16)(new - old)` — notify when the
-    /// update moves the value onto or past EventIdx, i.e. EventIdx is in
-    /// `[old, new]`.
-    pub fn spdk(new: u16, old: u16, event_idx: u16) -> bool {
-        new.wrapping_sub(event_idx) <= new.wrapping_sub(old)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::recorder::Recorder;
-
-    #[test]
-    fn need_event_linux_fires_when_crossing_event_idx() {
-        // Device wants to hear once the tail moves past 5.
-        assert!(need_event::linux(6, 5, 5));
-        assert!(need_event::linux(8, 3, 5));
-        assert!(
-            !need_event::linux(5, 3, 5),
-            "reaching EventIdx is not past it"
-        );
-        assert!(!need_event::linux(4, 3, 5));
-        // Wrap-around.
-        assert!(need_event::linux(2, 65534, 65535));
-        assert!(!need_event::linux(65534, 65533, 2));
-    }
-
-    #[test]
-    fn need_event_spdk_fires_when_reaching_or_crossing_event_idx() {
-        assert!(need_event::spdk(5, 3, 5));
-        assert!(need_event::spdk(6, 5, 5));
-        assert!(!need_event::spdk(4, 3, 5));
-        assert!(need_event::spdk(1, 65534, 0));
-        assert!(!need_event::spdk(1, 65534, 2));
-    }
 
     #[test]
     fn need_event_on_a_ring_wrap_covers_old_to_65535() {

@@ -39,6 +39,7 @@
 //! q.read(1, 0, 8, &mut buf)?;
 //! # Ok(()) }
 //! ```
+#![forbid(unsafe_code)]
 
 pub mod access;
 pub mod admin;

@@ -35,6 +35,7 @@ macro_rules! dword {
 pub mod cdw;
 pub mod command;
 pub mod directive;
+pub mod event_idx;
 pub mod feature;
 pub mod identify;
 pub mod log;

@@ -30,6 +30,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use vnvme::bench::rng::Rng;
 use vnvme_driver::{Controller, DeviceAccess, DmaBuffer, InitOptions, IoQueue, VfioUserAccess};
 use vnvme_spec::{Command as NvmeCommand, NvmOpcode};
 
@@ -42,22 +43,6 @@ const ROUNDS: usize = 30;
 const MAX_BATCH: usize = 8;
 const NSID: u32 = 1;
 const MAGIC: &[u8; 8] = b"VNVMECRS";
-
-/// xorshift64*: small, seeded, good enough to pick kill points.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 /// The content of `lba` at generation `generation` (0: never written, zeroes).
 fn block(lba: u64, generation: u32) -> Vec<u8> {
@@ -498,7 +483,7 @@ fn crash_rounds(pi: bool) {
         "crash test{} seed {seed} (replay with VNVME_CRASH_SEED={seed})",
         if pi { " with PI" } else { "" }
     ));
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let dir = std::env::temp_dir().join(format!("vnvme-crash-{}-{pi}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();

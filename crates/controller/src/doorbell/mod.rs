@@ -29,8 +29,11 @@ use vnvme_spec::regs::Doorbell;
 use crate::stats::Stats;
 pub use page::{DoorbellPage, HeapDoorbellPage, DOORBELL_PAGE_DWORDS};
 use shadow::Dbbuf;
-pub(crate) use shadow::{barrier, behind, EventIdx};
+pub(crate) use shadow::{barrier, EventIdx};
 pub(crate) use source::DoorbellSource;
+/// One behind the value seen (the arithmetic lives in the spec crate, the
+/// driver's need-event test next to it).
+pub(crate) use vnvme_spec::event_idx::behind;
 
 /// One doorbell register's state.
 #[derive(Debug, Default)]

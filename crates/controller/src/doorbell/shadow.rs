@@ -327,18 +327,6 @@ impl EventIdx {
     }
 }
 
-/// The EventIdx that keeps a polling device's host from trapping: one
-/// behind the value seen, mod 2^16. The host's move from `old` to `new`
-/// traps when EventIdx lies in `[old, new)` (Linux) or `[old, new]` (SPDK),
-/// counted mod 2^16; every value the host can move to lies ahead of `seen`
-/// within the ring, so neither interval reaches `seen - 1` — except SPDK's
-/// when the host fills the ring completely (`new == seen - 1`), which traps
-/// once (unless `seen` is 0 in a ring shorter than 2^16): the safe
-/// direction. Valid only while the device keeps it updated.
-pub(crate) fn behind(seen: u16) -> u16 {
-    seen.wrapping_sub(1)
-}
-
 /// The full barrier between publishing EventIdx and re-reading the shadow
 /// value. Pairs with the host's barrier between its shadow store and its
 /// EventIdx load (Linux `mb()`): either our re-read sees its new value, or

@@ -5,144 +5,22 @@
 //! The backend here is a gate the test opens: requests wait until released,
 //! so the tests decide what is in flight and in which order it finishes.
 
-use std::sync::atomic::{AtomicU32, Ordering};
-
-use parking_lot::Mutex;
-use vnvme_blockdev::{
-    AsyncBlockDevice, BlockCompletion, BlockError, BlockQueue, BlockRequest, Waker,
-};
+use vnvme_blockdev::held::{HeldRam, Release};
+use vnvme_blockdev::BlockRequest;
 
 use super::*;
 
-#[derive(Debug, Default)]
-struct Gate {
-    /// Submitted, not released.
-    held: Vec<(u64, BlockRequest)>,
-    /// Released, not yet polled.
-    done: Vec<BlockCompletion>,
-    /// Most requests held at once.
-    peak: usize,
-}
-
-/// A RAM namespace whose requests finish only when the test releases them.
-struct Gated {
-    ram: RamDevice,
-    gate: Arc<Mutex<Gate>>,
-    wakers: Mutex<Vec<Waker>>,
-    queues_open: Arc<AtomicU32>,
-}
-
-impl Gated {
-    fn new() -> Arc<Self> {
-        Arc::new(Self {
-            ram: RamDevice::new(NS_BLOCKS * 512),
-            gate: Arc::default(),
-            wakers: Mutex::default(),
-            queues_open: Arc::default(),
-        })
-    }
-
-    fn held(&self) -> usize {
-        self.gate.lock().held.len()
-    }
-
-    fn peak(&self) -> usize {
-        self.gate.lock().peak
-    }
-
-    /// Waits until `n` requests are held.
-    fn wait_held(&self, n: usize) {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while self.held() < n {
-            assert!(Instant::now() < deadline, "{n} requests in flight");
-            std::thread::sleep(Duration::from_micros(100));
-        }
-    }
-
-    /// Runs the held requests, newest first, and wakes the worker.
-    fn release_all_newest_first(&self) {
-        let mut g = self.gate.lock();
-        while let Some((token, request)) = g.held.pop() {
-            let done = request.run_on(&self.ram, token);
-            g.done.push(done);
-        }
-        drop(g);
-        for w in self.wakers.lock().iter() {
-            w();
-        }
+/// Waits until `n` requests are held.
+fn wait_held(gate: &HeldRam, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while gate.held() < n {
+        assert!(Instant::now() < deadline, "{n} requests in flight");
+        std::thread::sleep(Duration::from_micros(100));
     }
 }
 
-impl std::fmt::Debug for Gated {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Gated")
-    }
-}
-
-impl BlockDevice for Gated {
-    fn size(&self) -> u64 {
-        self.ram.size()
-    }
-    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), BlockError> {
-        self.ram.read(offset, buf)
-    }
-    fn write(&self, offset: u64, buf: &[u8]) -> Result<(), BlockError> {
-        self.ram.write(offset, buf)
-    }
-    fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), BlockError> {
-        self.ram.write_zeroes(offset, len)
-    }
-    fn as_async(&self) -> Option<&dyn AsyncBlockDevice> {
-        Some(self)
-    }
-}
-
-impl AsyncBlockDevice for Gated {
-    fn queue(&self, waker: Waker) -> Result<Box<dyn BlockQueue>, BlockError> {
-        self.wakers.lock().push(waker);
-        self.queues_open.fetch_add(1, Ordering::Relaxed);
-        Ok(Box::new(GatedQueue {
-            gate: self.gate.clone(),
-            in_flight: 0,
-            queues_open: self.queues_open.clone(),
-        }))
-    }
-}
-
-struct GatedQueue {
-    gate: Arc<Mutex<Gate>>,
-    in_flight: usize,
-    queues_open: Arc<AtomicU32>,
-}
-
-impl BlockQueue for GatedQueue {
-    fn submit(&mut self, request: BlockRequest, token: u64) -> Result<(), BlockRequest> {
-        let mut g = self.gate.lock();
-        g.held.push((token, request));
-        g.peak = g.peak.max(g.held.len());
-        self.in_flight += 1;
-        Ok(())
-    }
-    fn poll(&mut self, out: &mut Vec<BlockCompletion>, max: usize) -> usize {
-        let mut g = self.gate.lock();
-        let n = g.done.len().min(max);
-        out.extend(g.done.drain(..n));
-        self.in_flight -= n;
-        n
-    }
-    fn in_flight(&self) -> usize {
-        self.in_flight
-    }
-}
-
-impl Drop for GatedQueue {
-    fn drop(&mut self) {
-        self.queues_open.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-fn host_with_gate(mode: DoorbellMode, size: u16) -> (Host, Arc<Gated>) {
-    let backend = Gated::new();
+fn host_with_gate(mode: DoorbellMode, size: u16) -> (Host, Arc<HeldRam>) {
+    let backend = Arc::new(HeldRam::new(NS_BLOCKS * 512, Release::Test));
     let mut h = Host::enabled_on(mode_config(mode), backend.clone());
     if mode != DoorbellMode::Trap {
         h.enable_dbbuf();
@@ -169,13 +47,13 @@ fn completions_posted_in_the_order_the_backend_finishes() {
         cids.push(h.push(1, rw(NvmOpcode::WRITE, 1, i * 8, 8, buf(i), 0)));
     }
     h.ring_sq(1);
-    gate.wait_held(4);
+    wait_held(&gate, 4);
     assert!(
         h.peek_cqe(1).is_none(),
         "nothing completes before the backend"
     );
 
-    gate.release_all_newest_first();
+    gate.release_newest_first();
     let posted: Vec<u16> = h.reap_batch(1, 4).iter().map(|c| c.cid()).collect();
     let newest_first: Vec<u16> = cids.iter().rev().copied().collect();
     assert_eq!(posted, newest_first);
@@ -186,8 +64,8 @@ fn completions_posted_in_the_order_the_backend_finishes() {
         h.push(1, rw(NvmOpcode::READ, 1, i * 8, 8, buf(i), 0));
     }
     h.ring_sq(1);
-    gate.wait_held(4);
-    gate.release_all_newest_first();
+    wait_held(&gate, 4);
+    gate.release_newest_first();
     for c in h.reap_batch(1, 4) {
         assert_eq!(c.status(), Status::SUCCESS);
     }
@@ -220,10 +98,10 @@ fn commands_in_flight_never_exceed_the_free_cq_entries() {
         }
         h.ring_sq(1);
         for round in 0..3 {
-            gate.wait_held(3);
+            wait_held(&gate, 3);
             std::thread::sleep(Duration::from_millis(20));
             assert_eq!(gate.held(), 3, "{mode:?} round {round}");
-            gate.release_all_newest_first();
+            gate.release_newest_first();
             for c in h.reap_batch(1, 3) {
                 assert_eq!(c.status(), Status::SUCCESS, "{mode:?}");
             }
@@ -237,11 +115,11 @@ fn commands_in_flight_never_exceed_the_free_cq_entries() {
 #[test]
 fn deleting_an_sq_waits_for_its_commands_in_flight() {
     let (mut h, gate) = host_with_gate(DoorbellMode::Trap, 4);
-    gate.ram.write(0, &pattern(1)).unwrap();
+    gate.write(0, &pattern(1)).unwrap();
     h.mem.write(buf(0), &[0xAA; 4096]).unwrap();
     let read = h.push(1, rw(NvmOpcode::READ, 1, 0, 8, buf(0), 0));
     h.ring_sq(1);
-    gate.wait_held(1);
+    wait_held(&gate, 1);
 
     let del = h.push(0, delete(AdminOpcode::DELETE_IO_SQ, 1));
     h.ring_sq(0);
@@ -252,7 +130,7 @@ fn deleting_an_sq_waits_for_its_commands_in_flight() {
     std::thread::sleep(Duration::from_millis(20));
     assert_eq!(gate.held(), 1, "nothing more fetched from a deleting SQ");
 
-    gate.release_all_newest_first();
+    gate.release_newest_first();
     let c = h.reap(1);
     assert_eq!((c.cid(), c.status()), (read, Status::SUCCESS));
     assert_eq!(h.read_mem(buf(0), 4096), pattern(1));
@@ -275,21 +153,21 @@ fn deleting_an_sq_waits_for_its_commands_in_flight() {
 #[test]
 fn controller_reset_closes_backend_queues_and_posts_nothing() {
     let (mut h, gate) = host_with_gate(DoorbellMode::Trap, 4);
-    gate.ram.write(0, &pattern(1)).unwrap();
+    gate.write(0, &pattern(1)).unwrap();
     h.mem.write(buf(0), &[0xAA; 4096]).unwrap();
     h.push(1, rw(NvmOpcode::READ, 1, 0, 8, buf(0), 0));
     h.ring_sq(1);
-    gate.wait_held(1);
-    assert!(gate.queues_open.load(Ordering::Relaxed) >= 1);
+    wait_held(&gate, 1);
+    assert!(gate.queues_open() >= 1);
 
     h.write32(offset::CC, 0);
     assert!(!h.csts().rdy());
     assert_eq!(
-        gate.queues_open.load(Ordering::Relaxed),
+        gate.queues_open(),
         0,
         "the stopped worker dropped its queue"
     );
-    gate.release_all_newest_first();
+    gate.release_newest_first();
     std::thread::sleep(Duration::from_millis(20));
     assert!(h.peek_cqe(1).is_none());
     assert_eq!(
@@ -309,15 +187,13 @@ fn fua_write_and_flush_go_down_as_asynchronous_requests() {
     flush.nsid = U32::new(1);
     let cid_flush = h.push(1, flush);
     h.ring_sq(1);
-    gate.wait_held(2);
-    {
-        let g = gate.gate.lock();
-        let tokens: Vec<_> = g.held.iter().map(|(t, _)| *t).collect();
-        assert_ne!(tokens[0], tokens[1], "one token per command");
-        assert!(matches!(g.held[0].1, BlockRequest::Write { fua: true, .. }));
-        assert!(matches!(g.held[1].1, BlockRequest::Flush));
-    }
-    gate.release_all_newest_first();
+    wait_held(&gate, 2);
+    gate.with_held(|held| {
+        assert_ne!(held[0].0, held[1].0, "one token per command");
+        assert!(matches!(held[0].1, BlockRequest::Write { fua: true, .. }));
+        assert!(matches!(held[1].1, BlockRequest::Flush));
+    });
+    gate.release_newest_first();
     let cids: Vec<u16> = h.reap_batch(1, 2).iter().map(|c| c.cid()).collect();
     assert_eq!(cids, [cid_flush, cid_write]);
 }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vnvme_blockdev::{BlockDevice, RamDevice};
+use vnvme_spec::event_idx::{need_event_linux, need_event_spdk};
 use vnvme_spec::identify::{IdentifyController, IdentifyNamespace};
 use vnvme_spec::regs::{offset, Cap, Csts};
 use vnvme_spec::{AdminOpcode, Command, Completion, NvmOpcode, Status};
@@ -84,17 +85,6 @@ struct Host {
 /// Shadow doorbell and EventIdx buffers the tests configure.
 const SHADOW: u64 = 0x30000;
 const EVENTIDX: u64 = 0x31000;
-
-/// Linux `nvme_dbbuf_need_event`: ring the register when EventIdx lies in
-/// `[old, new)` (mod 2^16).
-fn need_event_linux(ei: u16, new: u16, old: u16) -> bool {
-    new.wrapping_sub(ei).wrapping_sub(1) < new.wrapping_sub(old)
-}
-
-/// SPDK / libvfn: EventIdx in `[old, new]` (mod 2^16).
-fn need_event_spdk(ei: u16, new: u16, old: u16) -> bool {
-    new.wrapping_sub(ei) <= new.wrapping_sub(old)
-}
 
 fn mode_config(mode: DoorbellMode) -> ControllerConfig {
     ControllerConfig {

@@ -2,11 +2,8 @@
 //! it failed, the Sanitize Status log and its event, the data gone
 //! afterwards on the ram and file backends, a controller reset meanwhile.
 
-use parking_lot::Mutex;
-use vnvme_blockdev::{
-    AsyncBlockDevice, BlockCompletion, BlockError, BlockQueue, BlockRequest, FileDevice,
-    NullDevice, Waker,
-};
+use vnvme_blockdev::held::{HeldRam, Release};
+use vnvme_blockdev::{BlockError, FileDevice, NullDevice};
 use vnvme_spec::log::sanitize::{action, sstat, NOT_REPORTED, SPROG_IDLE};
 use vnvme_spec::log::SanitizeStatusLog;
 
@@ -430,117 +427,10 @@ fn dropping_the_controller_stops_a_running_sanitize_and_self_test() {
     );
 }
 
-/// What [`HeldWrites`] keeps from its queues: requests held until the
-/// test opens it, then run at once.
-#[derive(Default)]
-struct Gate {
-    open: bool,
-    held: Vec<(BlockRequest, u64)>,
-    done: Vec<BlockCompletion>,
-    waker: Option<Waker>,
-}
-
-/// A RAM disk whose asynchronous requests wait for the test: a write in
-/// flight when the sanitize starts.
-struct HeldWrites {
-    ram: Arc<RamDevice>,
-    gate: Arc<Mutex<Gate>>,
-}
-
-impl std::fmt::Debug for HeldWrites {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HeldWrites").finish_non_exhaustive()
-    }
-}
-
-impl HeldWrites {
-    fn held(&self) -> usize {
-        self.gate.lock().held.len()
-    }
-
-    /// Runs what was held, and everything from now on at once.
-    fn open(&self) {
-        let mut g = self.gate.lock();
-        g.open = true;
-        for (request, token) in std::mem::take(&mut g.held) {
-            let done = request.run_on(&*self.ram, token);
-            g.done.push(done);
-        }
-        let waker = g.waker.clone();
-        drop(g);
-        if let Some(w) = waker {
-            w();
-        }
-    }
-}
-
-impl BlockDevice for HeldWrites {
-    fn size(&self) -> u64 {
-        self.ram.size()
-    }
-    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), BlockError> {
-        self.ram.read(offset, buf)
-    }
-    fn write(&self, offset: u64, buf: &[u8]) -> Result<(), BlockError> {
-        self.ram.write(offset, buf)
-    }
-    fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), BlockError> {
-        self.ram.write_zeroes(offset, len)
-    }
-    fn as_async(&self) -> Option<&dyn AsyncBlockDevice> {
-        Some(self)
-    }
-}
-
-impl AsyncBlockDevice for HeldWrites {
-    fn queue(&self, waker: Waker) -> Result<Box<dyn BlockQueue>, BlockError> {
-        self.gate.lock().waker = Some(waker);
-        Ok(Box::new(HeldQueue {
-            ram: Arc::clone(&self.ram),
-            gate: Arc::clone(&self.gate),
-        }))
-    }
-}
-
-struct HeldQueue {
-    ram: Arc<RamDevice>,
-    gate: Arc<Mutex<Gate>>,
-}
-
-impl BlockQueue for HeldQueue {
-    fn submit(&mut self, request: BlockRequest, token: u64) -> Result<(), BlockRequest> {
-        let mut g = self.gate.lock();
-        if !g.open {
-            g.held.push((request, token));
-            return Ok(());
-        }
-        let done = request.run_on(&*self.ram, token);
-        g.done.push(done);
-        let waker = g.waker.clone();
-        drop(g);
-        if let Some(w) = waker {
-            w();
-        }
-        Ok(())
-    }
-    fn poll(&mut self, out: &mut Vec<BlockCompletion>, max: usize) -> usize {
-        let mut g = self.gate.lock();
-        let n = g.done.len().min(max);
-        out.extend(g.done.drain(..n));
-        n
-    }
-    fn in_flight(&self) -> usize {
-        let g = self.gate.lock();
-        g.held.len() + g.done.len()
-    }
-}
-
 #[test]
 fn a_write_in_flight_when_the_sanitize_starts_lands_before_the_erase() {
-    let backend = Arc::new(HeldWrites {
-        ram: Arc::new(RamDevice::new(NS_BLOCKS * 512)),
-        gate: Arc::default(),
-    });
+    // Requests wait for the test: a write in flight when the sanitize starts.
+    let backend = Arc::new(HeldRam::new(NS_BLOCKS * 512, Release::Test));
     let mut h = Host::enabled_on(config(), backend.clone());
     h.create_pair(1, 16);
     h.mem.write(BUF, &data(4)).unwrap();

@@ -10,6 +10,7 @@ use anyhow::{bail, Context, Result};
 use vnvme_driver::{DeviceAccess, DmaBuffer, IoQueue};
 use vnvme_spec::NvmOpcode;
 
+use super::rng::Rng;
 use super::verify::{self, Stripe};
 use super::Rw;
 
@@ -205,18 +206,6 @@ pub fn run_threads_with(
     })
 }
 
-/// xorshift64*: cheap, good enough to spread LBAs.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-}
-
 /// One command in flight.
 #[derive(Debug, Clone, Copy)]
 struct InFlight {
@@ -282,7 +271,7 @@ fn run_one(
         .map(|_| access.dma_alloc(block_bytes))
         .collect::<Result<_, _>>()?;
     let mut inflight: Vec<Option<InFlight>> = vec![None; usize::from(u16::MAX) + 1];
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut scratch = vec![0u8; block_bytes];
     let mut out = Summary::default();
 
@@ -292,7 +281,7 @@ fn run_one(
                       slot: usize,
                       rng: &mut Rng|
      -> Result<()> {
-        let mut block = rng.next() % span;
+        let mut block = rng.next_u64() % span;
         if let Some(st) = stripe.as_deref() {
             // Redraw a block that has a command in flight; the stripe has
             // more blocks than the queue depth, so a scan always ends.
@@ -300,7 +289,7 @@ fn run_one(
             while st.is_busy(block) {
                 tries += 1;
                 block = if tries < 16 {
-                    rng.next() % span
+                    rng.next_u64() % span
                 } else {
                     (block + 1) % span
                 };
@@ -310,7 +299,7 @@ fn run_one(
         let write = match pattern.rw {
             Rw::Randread => false,
             Rw::Randwrite => true,
-            Rw::Randrw => rng.next() & 1 == 1,
+            Rw::Randrw => rng.next_u64() & 1 == 1,
         };
         let mut write_gen = None;
         if let Some(st) = stripe.as_deref_mut() {

@@ -9,6 +9,7 @@ mod io;
 pub mod passthru;
 mod plot;
 mod report;
+pub mod rng;
 mod verify;
 pub mod zns;
 

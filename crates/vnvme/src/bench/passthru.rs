@@ -27,6 +27,7 @@ use vnvme_spec::cdw::Cdw12ReadWrite;
 use vnvme_spec::{Command, NvmOpcode};
 
 use super::io::{self as block, Pattern, Submit};
+use super::rng::Rng;
 use super::{BackendArg, List, Rw};
 use crate::device::DeviceOptions;
 use crate::identity::Origin;
@@ -185,21 +186,9 @@ pub fn run(opts: &PassthruOptions) -> Result<Vec<PassthruRun>> {
     Ok(runs)
 }
 
-/// xorshift64*: cheap, good enough to spread LBAs.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-}
-
 /// A 4 KiB Read (one 4096-byte block) of a random LBA.
 fn read_command(rng: &mut Rng, blocks: u64) -> Command {
-    let lba = rng.next() % blocks.max(1);
+    let lba = rng.next_u64() % blocks.max(1);
     let mut cmd = Command::new(NvmOpcode::READ.0, 0);
     cmd.nsid = NSID.into();
     cmd.set_slba(lba);
@@ -295,7 +284,7 @@ fn sync(
     seed: u64,
 ) -> Result<(IoQueue, PassthruRun)> {
     let buf = access.dma_alloc(BLOCK)?;
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut tally = Tally {
         latencies_ns: Vec::with_capacity(1 << 20),
         ..Tally::default()
@@ -340,7 +329,7 @@ fn asynchronous(
         .map(|_| access.dma_alloc(BLOCK))
         .collect::<Result<_, _>>()?;
     let first = aq.register_buffers(bufs);
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut started = vec![Instant::now(); slots];
     let mut tally = Tally {
         latencies_ns: Vec::with_capacity(1 << 20),
