@@ -38,8 +38,8 @@ pub struct ControllerConfig {
     /// Bits OR-ed into Identify Controller OACS (e.g. Doorbell Buffer Config).
     pub oacs_extra: u16,
     /// PCI Vendor ID and Subsystem Vendor ID reported in Identify Controller;
-    /// must match the PCI config space the glue exposes. Default: the PCI
-    /// function's, [`vnvme_pci::DEFAULT_VENDOR_ID`] (documented there).
+    /// must match the PCI config space the glue exposes. Default:
+    /// [`DEFAULT_VENDOR_ID`], which the NVMe PCI function uses too.
     pub vid: u16,
     pub ssvid: u16,
     /// Controller ID.
@@ -123,6 +123,15 @@ pub struct ControllerConfig {
 /// holds 1024 entries.
 pub const MAX_NAMESPACES: u32 = 1024;
 
+/// Vendor ID used by default: 0x7E57 ("TEST"), for the Subsystem Vendor ID
+/// too: the VID and SSVID of Identify Controller and of the NVMe PCI
+/// function (`vnvme-device`). It is *not* assigned by the PCI-SIG: it was
+/// chosen for testing, so hosts bind the device by its class code
+/// (01:08:02, NVM Express) and apply no vendor-specific quirks. Override it
+/// to impersonate a real device (e.g. 0x1B36:0x0010 is QEMU's NVMe
+/// controller, for which Linux enables quirks).
+pub const DEFAULT_VENDOR_ID: u16 = 0x7e57;
+
 /// Default [`ControllerConfig::sanitize_rate`]: a 64 MiB namespace is
 /// block erased in 64 ms, in about 32 steps the Sanitize Status log shows.
 pub const DEFAULT_SANITIZE_RATE: u64 = 1 << 30;
@@ -147,8 +156,8 @@ impl Default for ControllerConfig {
             mdts: 5,
             workers: 1,
             oacs_extra: 0,
-            vid: vnvme_pci::DEFAULT_VENDOR_ID,
-            ssvid: vnvme_pci::DEFAULT_VENDOR_ID,
+            vid: DEFAULT_VENDOR_ID,
+            ssvid: DEFAULT_VENDOR_ID,
             cntlid: 1,
             subnqn: None,
             doorbells: DoorbellMode::default(),

@@ -56,7 +56,7 @@ pub use config::{
     format_index_for, ConfigError, ControllerConfig, DoorbellMode, LbaFormatSpec, NamespaceConfig,
     NamespaceIds, Readiness, UnknownDoorbellMode, DEFAULT_DOZE, DEFAULT_FORMAT_INDEX,
     DEFAULT_IDLE_POLL, DEFAULT_READY_TIMEOUT, DEFAULT_SANITIZE_RATE, DEFAULT_SELF_TEST_RATE,
-    LBA_FORMATS, MAX_NAMESPACES,
+    DEFAULT_VENDOR_ID, LBA_FORMATS, MAX_NAMESPACES,
 };
 pub use controller::{Controller, NamespaceOpError};
 pub use doorbell::{DoorbellPage, HeapDoorbellPage, DOORBELL_PAGE_DWORDS};

@@ -5,6 +5,13 @@ use vnvme_controller::{ConfigError, ControllerConfig, NamespaceConfig, MAX_NAMES
 use vnvme_pci::{msi_vectors, Interrupts, PciError, MSIX_ENTRY_SIZE};
 use vnvme_spec::regs::Bar0Layout;
 
+/// Device ID used by default: 0x4E56 ("NV"), with
+/// [`DEFAULT_VENDOR_ID`](vnvme_controller::DEFAULT_VENDOR_ID).
+pub const DEFAULT_DEVICE_ID: u16 = 0x4e56;
+/// Class code: mass storage (01), non-volatile memory (08), NVM Express I/O
+/// controller (02).
+pub const CLASS_CODE_NVME: u32 = 0x01_08_02;
+
 /// MSI-X vectors the function can have: its table fills one page of BAR0
 /// ([`Bar0Layout::MSIX_TABLE`]) with 16-byte entries, 256 of them.
 pub const MAX_MSIX_VECTORS: u16 =

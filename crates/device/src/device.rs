@@ -6,7 +6,7 @@
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
-use vnvme_controller::{Controller, DoorbellPage};
+use vnvme_controller::{Controller, DoorbellPage, DEFAULT_VENDOR_ID};
 use vnvme_pci::{Interrupts, MsixTable, PciConfig, PciFunction, CONFIG_SPACE_SIZE};
 use vnvme_spec::regs::Bar0Layout;
 use vnvme_vfio_user::{
@@ -18,7 +18,7 @@ use vnvme_vfio_user::{
     VFIO_REGION_INFO_FLAG_WRITE,
 };
 
-use crate::config::{DeviceConfig, DeviceError};
+use crate::config::{DeviceConfig, DeviceError, CLASS_CODE_NVME, DEFAULT_DEVICE_ID};
 use crate::interrupts::EventfdInterrupts;
 use crate::memory::DmaMemory;
 
@@ -66,12 +66,22 @@ impl NvmeDevice {
     pub fn new(config: DeviceConfig) -> Result<Self, DeviceError> {
         let vectors = config.vectors()?;
         config.check_namespaces()?;
+        // BAR0 as Bar0Layout lays it out: registers and doorbells, then the
+        // MSI-X table and PBA.
         let pci_config = PciConfig {
+            vendor: DEFAULT_VENDOR_ID,
+            device: DEFAULT_DEVICE_ID,
+            subsystem_vendor: DEFAULT_VENDOR_ID,
+            subsystem: DEFAULT_DEVICE_ID,
+            revision: 1,
+            class_code: CLASS_CODE_NVME,
+            bar0_size: Bar0Layout::SIZE,
             interrupts: config.interrupts,
             msix_vectors: vectors,
-            ..PciConfig::default()
+            msix_table: (0, MSIX_TABLE as u32),
+            msix_pba: (0, MSIX_PBA as u32),
         };
-        let pci = PciFunction::nvme(pci_config.clone()).map_err(DeviceError::Pci)?;
+        let pci = PciFunction::new(pci_config.clone()).map_err(DeviceError::Pci)?;
         let controller = vnvme_controller::ControllerConfig {
             msix_vectors: vectors,
             vid: pci_config.vendor,
@@ -464,10 +474,10 @@ mod tests {
         let mut d = device(DoorbellMode::Trap);
         let mut id = [0u8; 2];
         d.region_read(region::CONFIG, 0, &mut id).unwrap();
-        assert_eq!(u16::from_le_bytes(id), vnvme_pci::DEFAULT_VENDOR_ID);
+        assert_eq!(u16::from_le_bytes(id), vnvme_controller::DEFAULT_VENDOR_ID);
         assert_eq!(
             ControllerConfig::default().vid,
-            vnvme_pci::DEFAULT_VENDOR_ID
+            vnvme_controller::DEFAULT_VENDOR_ID
         );
     }
 }

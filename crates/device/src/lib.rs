@@ -16,7 +16,7 @@ mod inproc;
 mod interrupts;
 mod memory;
 
-pub use config::{DeviceConfig, DeviceError, MAX_MSIX_VECTORS};
+pub use config::{DeviceConfig, DeviceError, CLASS_CODE_NVME, DEFAULT_DEVICE_ID, MAX_MSIX_VECTORS};
 pub use device::NvmeDevice;
 pub use inproc::{InProcessServer, ServeError};
 pub use interrupts::EventfdInterrupts;

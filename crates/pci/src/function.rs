@@ -1,24 +1,10 @@
-//! An NVMe PCI Express endpoint function: type 0 header, 64-bit memory BAR0,
-//! and the capability list PM -> MSI-X (or MSI) -> PCI Express.
-
-use vnvme_spec::regs::Bar0Layout;
+//! A PCI Express endpoint function: type 0 header, 64-bit memory BAR0,
+//! and the capability list PM -> MSI-X (or MSI) -> PCI Express. What the
+//! function is (IDs, class code, BAR0 size, where the MSI-X table and PBA
+//! lie) is the caller's [`PciConfig`]: the NVMe function is `vnvme-device`'s.
 
 use crate::config::{cap_id, ConfigSpace};
 use crate::msi::{define_msi, Interrupts, MAX_MSI_VECTORS};
-
-/// Vendor ID used by default: 0x7E57 ("TEST"), for the Subsystem Vendor ID
-/// too, and the one source of the VID and SSVID the controller reports in
-/// Identify Controller by default. It is *not* assigned by the PCI-SIG: it
-/// was chosen for testing, so hosts bind the device by its class code
-/// (01:08:02, NVM Express) and apply no vendor-specific quirks. Override it in
-/// [`PciConfig`] to impersonate a real device (e.g. 0x1B36:0x0010 is QEMU's
-/// NVMe controller, for which Linux enables quirks).
-pub const DEFAULT_VENDOR_ID: u16 = 0x7e57;
-/// Device ID used by default: 0x4E56 ("NV").
-pub const DEFAULT_DEVICE_ID: u16 = 0x4e56;
-/// Class code: mass storage (01), non-volatile memory (08), NVM Express I/O
-/// controller (02).
-pub const CLASS_CODE_NVME: u32 = 0x01_08_02;
 
 /// Type 0 header offsets (PCI Local Bus 3.0 §6.1).
 pub mod offset {
@@ -93,6 +79,9 @@ pub struct PciConfig {
     pub subsystem_vendor: u16,
     pub subsystem: u16,
     pub revision: u8,
+    /// Class code: base class, sub-class, programming interface (e.g.
+    /// 01:08:02, an NVM Express I/O controller).
+    pub class_code: u32,
     /// Size of BAR0: a power of two, at least 4 KiB.
     pub bar0_size: u64,
     /// MSI-X (the default) or MSI.
@@ -104,25 +93,6 @@ pub struct PciConfig {
     pub msix_table: (u8, u32),
     /// (BIR, offset) of the PBA.
     pub msix_pba: (u8, u32),
-}
-
-impl Default for PciConfig {
-    /// vnvme's BAR0 ([`Bar0Layout`]: registers and doorbells, then the MSI-X
-    /// table and PBA, 16 KiB); 64 vectors.
-    fn default() -> Self {
-        Self {
-            vendor: DEFAULT_VENDOR_ID,
-            device: DEFAULT_DEVICE_ID,
-            subsystem_vendor: DEFAULT_VENDOR_ID,
-            subsystem: DEFAULT_DEVICE_ID,
-            revision: 1,
-            bar0_size: Bar0Layout::SIZE,
-            interrupts: Interrupts::Msix,
-            msix_vectors: 64,
-            msix_table: (0, Bar0Layout::MSIX_TABLE.start as u32),
-            msix_pba: (0, Bar0Layout::MSIX_PBA.start as u32),
-        }
-    }
 }
 
 /// A [`PciConfig`] that cannot describe a function.
@@ -153,8 +123,8 @@ pub struct PciFunction {
 }
 
 impl PciFunction {
-    /// An NVMe controller function.
-    pub fn nvme(params: PciConfig) -> Result<Self, PciError> {
+    /// The function `params` describes.
+    pub fn new(params: PciConfig) -> Result<Self, PciError> {
         let size = params.bar0_size;
         if !size.is_power_of_two() || size < 4096 {
             return Err(PciError::Bar0Size(size));
@@ -196,7 +166,7 @@ impl PciFunction {
             status::W1C.into(),
         );
         c.define(offset::REVISION, 1, params.revision.into(), 0, 0);
-        c.define(offset::CLASS_PROG_IF, 3, CLASS_CODE_NVME, 0, 0);
+        c.define(offset::CLASS_PROG_IF, 3, params.class_code, 0, 0);
         c.define(offset::CACHE_LINE_SIZE, 1, 0, 0xff, 0);
         c.define(offset::HEADER_TYPE, 1, 0, 0, 0);
         // 64-bit BAR0/BAR1: the address bits below the size are read-only 0,
@@ -413,8 +383,30 @@ fn check_placement(
 mod tests {
     use super::*;
 
+    const VENDOR: u16 = 0x7e57;
+    const DEVICE: u16 = 0x4e56;
+    const CLASS: u32 = 0x01_08_02;
+
+    /// A function laid out as vnvme's NVMe one: 16 KiB BAR0, the MSI-X
+    /// table at 8 KiB and the PBA at 12 KiB, 64 vectors.
+    fn config() -> PciConfig {
+        PciConfig {
+            vendor: VENDOR,
+            device: DEVICE,
+            subsystem_vendor: VENDOR,
+            subsystem: DEVICE,
+            revision: 1,
+            class_code: CLASS,
+            bar0_size: 0x4000,
+            interrupts: Interrupts::Msix,
+            msix_vectors: 64,
+            msix_table: (0, 0x2000),
+            msix_pba: (0, 0x3000),
+        }
+    }
+
     fn f() -> PciFunction {
-        PciFunction::nvme(PciConfig::default()).unwrap()
+        PciFunction::new(config()).unwrap()
     }
 
     fn read32(f: &PciFunction, off: u64) -> u32 {
@@ -432,17 +424,14 @@ mod tests {
     #[test]
     fn ids_and_class_code_are_read_only() {
         let mut f = f();
-        assert_eq!(
-            read32(&f, 0),
-            u32::from(DEFAULT_DEVICE_ID) << 16 | u32::from(DEFAULT_VENDOR_ID)
-        );
-        assert_eq!(read32(&f, 8) >> 8, CLASS_CODE_NVME);
+        assert_eq!(read32(&f, 0), u32::from(DEVICE) << 16 | u32::from(VENDOR));
+        assert_eq!(read32(&f, 8) >> 8, CLASS);
         f.config_write(0, &[0xff; 4]);
         f.config_write(8, &[0xff; 4]);
         f.config_write(0x2c, &[0xff; 4]);
-        assert_eq!(read16(&f, 0), DEFAULT_VENDOR_ID);
-        assert_eq!(read32(&f, 8) >> 8, CLASS_CODE_NVME);
-        assert_eq!(read16(&f, 0x2e), DEFAULT_DEVICE_ID);
+        assert_eq!(read16(&f, 0), VENDOR);
+        assert_eq!(read32(&f, 8) >> 8, CLASS);
+        assert_eq!(read16(&f, 0x2e), DEVICE);
         // Header type, BIST, capability pointer, interrupt pin: read-only.
         f.config_write(0x3d, &[4]);
         assert_eq!(read16(&f, 0x3c) >> 8, 1);
@@ -496,9 +485,9 @@ mod tests {
 
     #[test]
     fn bar0_sizing_returns_the_size_and_address_programs() {
-        let mut f = PciFunction::nvme(PciConfig {
+        let mut f = PciFunction::new(PciConfig {
             bar0_size: 0x4000,
-            ..Default::default()
+            ..config()
         })
         .unwrap();
         assert_eq!(read32(&f, 0x10), BAR_MEM_64);
@@ -578,10 +567,10 @@ mod tests {
     #[test]
     fn msi_replaces_msix_in_the_chain_and_takes_the_hosts_writes() {
         use crate::msi::msi_ctrl;
-        let mut f = PciFunction::nvme(PciConfig {
+        let mut f = PciFunction::new(PciConfig {
             interrupts: Interrupts::Msi,
             msix_vectors: 32,
-            ..Default::default()
+            ..config()
         })
         .unwrap();
         assert_eq!(f.find_capability(cap_id::MSIX), None);
@@ -610,9 +599,9 @@ mod tests {
             let c = PciConfig {
                 interrupts: Interrupts::Msi,
                 msix_vectors: n,
-                ..Default::default()
+                ..config()
             };
-            assert_eq!(PciFunction::nvme(c).unwrap_err(), PciError::MsiVectors(n));
+            assert_eq!(PciFunction::new(c).unwrap_err(), PciError::MsiVectors(n));
         }
     }
 
@@ -632,39 +621,39 @@ mod tests {
 
     #[test]
     fn bad_configs_are_refused() {
-        let bad = |c: PciConfig| PciFunction::nvme(c).unwrap_err();
+        let bad = |c: PciConfig| PciFunction::new(c).unwrap_err();
         assert_eq!(
             bad(PciConfig {
                 bar0_size: 0x3000,
-                ..Default::default()
+                ..config()
             }),
             PciError::Bar0Size(0x3000)
         );
         assert_eq!(
             bad(PciConfig {
                 msix_vectors: 0,
-                ..Default::default()
+                ..config()
             }),
             PciError::MsixVectors(0)
         );
         assert!(matches!(
             bad(PciConfig {
                 msix_table: (1, 0x2000),
-                ..Default::default()
+                ..config()
             }),
             PciError::MsixPlacement { .. }
         ));
         assert!(matches!(
             bad(PciConfig {
                 msix_pba: (0, 0x3ffc),
-                ..Default::default()
+                ..config()
             }),
             PciError::MsixPlacement { .. }
         ));
         assert_eq!(
             bad(PciConfig {
                 msix_pba: (0, 0x2008),
-                ..Default::default()
+                ..config()
             }),
             PciError::MsixOverlap
         );

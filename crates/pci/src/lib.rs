@@ -12,8 +12,8 @@ mod msix;
 
 pub use config::{cap_id, ConfigSpace, CONFIG_SPACE_SIZE};
 pub use function::{
-    command, msix_ctrl, offset, status, PciConfig, PciError, PciFunction, CLASS_CODE_NVME,
-    DEFAULT_DEVICE_ID, DEFAULT_VENDOR_ID, MSIX_CAP, MSI_CAP, PCIE_CAP, PM_CAP,
+    command, msix_ctrl, offset, status, PciConfig, PciError, PciFunction, MSIX_CAP, MSI_CAP,
+    PCIE_CAP, PM_CAP,
 };
 pub use msi::{msi_ctrl, msi_vectors, Interrupts, UnknownInterrupts, MAX_MSI_VECTORS};
 pub use msix::{MsixEntry, MsixTable, MSIX_ENTRY_SIZE};

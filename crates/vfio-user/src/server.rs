@@ -65,7 +65,7 @@ pub struct Server<D: Device> {
 }
 
 /// State of one client connection.
-struct Session {
+struct ClientState {
     conn: Arc<Conn>,
     dma: Option<DmaSpace>,
     /// (flags, size) per region index, read once at VERSION so region
@@ -148,7 +148,7 @@ impl<D: Device> Server<D> {
         door: Option<&Door>,
     ) -> Result<(), Error> {
         let conn = Arc::new(Conn::new(stream, self.opts.message_timeout)?);
-        let mut session = Session {
+        let mut client = ClientState {
             conn: conn.clone(),
             dma: None,
             regions: Vec::new(),
@@ -158,12 +158,12 @@ impl<D: Device> Server<D> {
         if let Some(door) = door {
             door.set_owner(Some(conn.clone()));
         }
-        let result = self.run(&mut session, stop);
-        tracing::info!("vfio-user client's {}", session.times.summary());
+        let result = self.run(&mut client, stop);
+        tracing::info!("vfio-user client's {}", client.times.summary());
         // Order matters: first fail any DMA_READ/WRITE a worker is waiting
         // for, then let the device stop its workers, then unmap.
         conn.shutdown();
-        if let Some(dma) = session.dma.take() {
+        if let Some(dma) = client.dma.take() {
             self.device.detach();
             dma.unmap_all();
         }
@@ -173,7 +173,7 @@ impl<D: Device> Server<D> {
         }
     }
 
-    fn run(&mut self, s: &mut Session, stop: Option<&AtomicBool>) -> Result<(), Error> {
+    fn run(&mut self, s: &mut ClientState, stop: Option<&AtomicBool>) -> Result<(), Error> {
         let handshake_deadline = Instant::now() + self.opts.handshake_timeout;
         loop {
             if stop.is_some_and(|f| f.load(Ordering::Relaxed)) {
@@ -223,7 +223,7 @@ impl<D: Device> Server<D> {
     }
 
     /// Handles one request and sends its reply (unless NO_REPLY).
-    fn handle(&mut self, s: &mut Session, msg: Message) -> Result<(), Error> {
+    fn handle(&mut self, s: &mut ClientState, msg: Message) -> Result<(), Error> {
         let hdr = msg.header;
         let no_reply = hdr.no_reply();
         // One line per message at trace (`vnvme -vv serve`): how a client
@@ -326,7 +326,7 @@ impl<D: Device> Server<D> {
         }
     }
 
-    fn version(&mut self, s: &mut Session, payload: &[u8]) -> Handled {
+    fn version(&mut self, s: &mut ClientState, payload: &[u8]) -> Handled {
         if s.dma.is_some() {
             return Err(libc::EINVAL);
         }
@@ -363,7 +363,7 @@ impl<D: Device> Server<D> {
         Ok(out)
     }
 
-    fn dma_map(&mut self, s: &mut Session, payload: &[u8], fd: Option<OwnedFd>) -> Handled {
+    fn dma_map(&mut self, s: &mut ClientState, payload: &[u8], fd: Option<OwnedFd>) -> Handled {
         let m = read_prefix::<DmaMap>(payload).ok_or(libc::EINVAL)?;
         if (m.argsz as usize) < size_of::<DmaMap>() || m.argsz as usize > payload.len() {
             return Err(libc::EINVAL);
@@ -381,7 +381,7 @@ impl<D: Device> Server<D> {
         Ok(Vec::new())
     }
 
-    fn dma_unmap(&mut self, s: &mut Session, payload: &[u8]) -> Handled {
+    fn dma_unmap(&mut self, s: &mut ClientState, payload: &[u8]) -> Handled {
         let u = read_prefix::<DmaUnmap>(payload).ok_or(libc::EINVAL)?;
         if (u.argsz as usize) < size_of::<DmaUnmap>() {
             return Err(libc::EINVAL);
@@ -525,7 +525,7 @@ impl<D: Device> Server<D> {
         Ok(w.as_bytes().to_vec())
     }
 
-    fn set_irqs(&mut self, s: &mut Session, payload: &[u8], fds: Vec<OwnedFd>) -> Handled {
+    fn set_irqs(&mut self, s: &mut ClientState, payload: &[u8], fds: Vec<OwnedFd>) -> Handled {
         let set = read_prefix::<IrqSet>(payload).ok_or(libc::EINVAL)?;
         if (set.argsz as usize) < size_of::<IrqSet>() {
             return Err(libc::EINVAL);
@@ -603,7 +603,7 @@ impl<D: Device> Server<D> {
     /// Checks an access against the region's size and permission.
     fn check_region(
         &self,
-        s: &Session,
+        s: &ClientState,
         index: u32,
         offset: u64,
         count: u32,
@@ -630,7 +630,7 @@ impl<D: Device> Server<D> {
         Ok(())
     }
 
-    fn region_read(&mut self, s: &Session, payload: &[u8]) -> Handled {
+    fn region_read(&mut self, s: &ClientState, payload: &[u8]) -> Handled {
         let a = read_prefix::<RegionAccess>(payload).ok_or(libc::EINVAL)?;
         self.check_region(s, a.region, a.offset, a.count, VFIO_REGION_INFO_FLAG_READ)?;
         let mut out = a.as_bytes().to_vec();
@@ -641,7 +641,7 @@ impl<D: Device> Server<D> {
         Ok(out)
     }
 
-    fn region_write(&mut self, s: &Session, payload: &[u8]) -> Handled {
+    fn region_write(&mut self, s: &ClientState, payload: &[u8]) -> Handled {
         let a = read_prefix::<RegionAccess>(payload).ok_or(libc::EINVAL)?;
         let data = &payload[size_of::<RegionAccess>()..];
         if data.len() != a.count as usize {
@@ -671,7 +671,7 @@ fn prepare_eventfd(fd: &OwnedFd) -> Result<(), String> {
 }
 
 fn send_result(
-    s: &Session,
+    s: &ClientState,
     req: &Header,
     no_reply: bool,
     result: Handled,
