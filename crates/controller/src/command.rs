@@ -7,6 +7,7 @@
 use std::sync::atomic::Ordering::Relaxed;
 
 use vnvme_spec::identify::fill_ascii;
+use vnvme_spec::status::invalid_field;
 use vnvme_spec::{Command, Status};
 use zerocopy::little_endian::{U16, U32, U64};
 
@@ -110,7 +111,7 @@ impl Ctx<'_> {
     pub fn send(&mut self, cmd: &Command, data: &[u8]) -> Result<(), Status> {
         let len = data.len() as u64;
         if len > self.shared.config.max_transfer() {
-            return Err(Status::INVALID_FIELD.with_dnr(true));
+            return Err(invalid_field());
         }
         self.map_prps(cmd, len)?;
         crate::prp::write_to_guest(&*self.session.mem, &self.scratch.segs, data)
@@ -120,7 +121,7 @@ impl Ctx<'_> {
     /// the command's PRPs into `out`.
     pub fn receive(&mut self, cmd: &Command, len: usize, out: &mut Vec<u8>) -> Result<(), Status> {
         if len as u64 > self.shared.config.max_transfer() {
-            return Err(Status::INVALID_FIELD.with_dnr(true));
+            return Err(invalid_field());
         }
         self.map_prps(cmd, len as u64)?;
         out.clear();
@@ -144,7 +145,7 @@ pub(crate) fn execute_vendor(
         .cloned()
         .ok_or(Status::INVALID_OPCODE.with_dnr(true))?;
     if cmd.fuse() != 0 || cmd.psdt() != 0 {
-        return Err(Status::INVALID_FIELD.with_dnr(true));
+        return Err(invalid_field());
     }
     handler.execute(&mut VendorContext::new(ctx), cmd)
 }
@@ -177,7 +178,7 @@ impl VendorHost for Ctx<'_> {
         let lba_size = 1u64 << ns.lba_shift;
         let len = out.len() as u64;
         if !len.is_multiple_of(lba_size) {
-            return Err(Status::INVALID_FIELD.with_dnr(true));
+            return Err(invalid_field());
         }
         let (offset, _) = ns.byte_range(slba, len / lba_size)?;
         ns.uncorrectable

@@ -24,6 +24,7 @@ use std::time::Instant;
 use vnvme_blockdev::{BlockCompletion, BlockError, BlockRequest, Data, MappedBuf, ReadFill};
 use vnvme_spec::cdw::{Cdw10Dsm, Cdw11Dsm, Cdw12ReadWrite};
 use vnvme_spec::range::DsmRange;
+use vnvme_spec::status::invalid_field;
 use vnvme_spec::{Command, NvmOpcode, Status};
 use zerocopy::FromBytes;
 
@@ -44,10 +45,6 @@ mod reservation;
 mod zone;
 
 pub(crate) use zone::OPCODES as ZONE_OPCODES;
-
-fn invalid_field() -> Status {
-    Status::INVALID_FIELD.with_dnr(true)
-}
 
 /// Opcodes this controller implements (Commands Supported and Effects, ONCS).
 pub(crate) const SUPPORTED: &[NvmOpcode] = &[

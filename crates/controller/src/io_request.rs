@@ -4,6 +4,7 @@
 //! both hold.
 
 use vnvme_spec::cdw::{Cdw12ReadWrite, Cdw12WriteZeroes, Cdw13ReadWrite};
+use vnvme_spec::status::invalid_field;
 use vnvme_spec::{Command, Status};
 
 use crate::namespace::Namespace;
@@ -56,7 +57,7 @@ impl ReadWrite {
         };
         let data_len = nlb * data_per_block;
         if data_len > max_transfer {
-            return Err(Status::INVALID_FIELD.with_dnr(true));
+            return Err(invalid_field());
         }
         let Extent {
             slba,

@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use vnvme_spec::directive::dtype;
+use vnvme_spec::status::invalid_field;
 use vnvme_spec::Status;
 
 /// Max Streams Limit: stream resources of the whole NVM subsystem, shared
@@ -26,10 +27,6 @@ pub(crate) struct NsStreams {
 #[derive(Debug, Default)]
 pub(crate) struct Streams {
     namespaces: BTreeMap<u32, NsStreams>,
-}
-
-fn invalid_field() -> Status {
-    Status::INVALID_FIELD.with_dnr(true)
 }
 
 impl Streams {

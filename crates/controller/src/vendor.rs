@@ -33,6 +33,7 @@ use std::sync::Arc;
 
 use vnvme_spec::cdw::Cdw12ReadWrite;
 use vnvme_spec::log::effects;
+use vnvme_spec::status::invalid_field;
 use vnvme_spec::{Command, Status};
 use zerocopy::little_endian::{U16, U32, U64};
 use zerocopy::{Immutable, IntoBytes, KnownLayout};
@@ -211,10 +212,6 @@ impl<'a, 'b> VendorContext<'a, 'b> {
     pub fn read_blocks(&mut self, nsid: u32, slba: u64, out: &mut [u8]) -> Result<(), Status> {
         self.host.read_blocks(nsid, slba, out)
     }
-}
-
-fn invalid_field() -> Status {
-    Status::INVALID_FIELD.with_dnr(true)
 }
 
 /// The data of [`VENDOR_INFO`]: 64 bytes, little endian.

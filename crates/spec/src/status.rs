@@ -346,6 +346,13 @@ impl fmt::Display for Status {
     }
 }
 
+/// Invalid Field in Command with Do Not Retry: the answer to a command
+/// field the controller cannot take (retrying the same command cannot
+/// help). The one place it is built; controller handlers return it.
+pub const fn invalid_field() -> Status {
+    Status::INVALID_FIELD.with_dnr(true)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -52,9 +52,7 @@ pub(crate) fn supported(op: AdminOpcode, config: &crate::ControllerConfig) -> bo
         && (op != AdminOpcode::DOORBELL_BUFFER_CONFIG || config.doorbells.uses_dbbuf())
 }
 
-pub(crate) fn invalid_field() -> Status {
-    Status::INVALID_FIELD.with_dnr(true)
-}
+pub(crate) use vnvme_spec::status::invalid_field;
 
 /// Executes one admin command.
 pub(crate) fn execute(ctx: &mut Ctx<'_>, cmd: &Command) -> Outcome {

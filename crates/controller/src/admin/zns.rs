@@ -2,6 +2,7 @@
 //! Identify structures (CNS 05h, 06h with CSI 02h) and the Changed Zone
 //! List log.
 
+use vnvme_spec::status::invalid_field;
 use vnvme_spec::zns::{ozcs, IdentifyControllerZns, IdentifyNamespaceZns, NO_LIMIT, ZDES_UNIT};
 use vnvme_spec::Status;
 use zerocopy::little_endian::{U16, U32, U64};
@@ -49,7 +50,7 @@ pub(super) fn identify_controller(shared: &Shared) -> Box<IdentifyControllerZns>
 pub(super) fn identify_namespace_of(ns: Option<&Namespace>) -> Result<Vec<u8>, Status> {
     match ns.map(|ns| ns.zones.as_deref()) {
         Some(Some(zones)) => Ok(identify_namespace(zones).as_bytes().to_vec()),
-        Some(None) => Err(Status::INVALID_FIELD.with_dnr(true)),
+        Some(None) => Err(invalid_field()),
         None => Ok(vec![0; vnvme_spec::identify::IDENTIFY_SIZE]),
     }
 }

@@ -13,6 +13,7 @@ use std::sync::atomic::Ordering;
 
 use vnvme_spec::cdw::Cdw12Copy;
 use vnvme_spec::range::CopyRangeF0;
+use vnvme_spec::status::invalid_field;
 use vnvme_spec::{Command, Status};
 use zerocopy::FromBytes;
 
@@ -43,7 +44,7 @@ impl CopyRequest {
     fn parse(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace) -> Result<Self, Status> {
         let cdw12 = Cdw12Copy::from(cmd.cdw12);
         if cdw12.desfmt() != 0 {
-            return Err(Status::INVALID_FIELD.with_dnr(true));
+            return Err(invalid_field());
         }
         if cdw12.nr_z() > MSRC_Z {
             return Err(size_limit_exceeded());

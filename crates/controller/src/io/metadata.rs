@@ -4,6 +4,7 @@
 //! descriptor, [`crate::sgl::map_metadata`]).
 
 use vnvme_spec::sgl::psdt;
+use vnvme_spec::status::invalid_field;
 use vnvme_spec::{Command, Status};
 
 use crate::command::Ctx;
@@ -32,7 +33,7 @@ pub(super) fn check_read(ctx: &mut Ctx<'_>, cmd: &Command, len: u64) -> Result<(
         return Ok(());
     }
     // Past usize is the conversion's only failure; the status is the answer.
-    let len = usize::try_from(len).map_err(|_| Status::INVALID_FIELD.with_dnr(true))?;
+    let len = usize::try_from(len).map_err(|_| invalid_field())?;
     map(ctx, cmd, len, Direction::ToHost)
 }
 

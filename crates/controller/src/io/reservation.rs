@@ -126,7 +126,7 @@ fn report(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace) -> Result<(), Status
     // in one huge page) expects exactly that length.
     let len = (u64::from(cmd.cdw10.get()) + 1) * 4;
     if len > ctx.shared.config.max_transfer() {
-        return Err(Status::INVALID_FIELD.with_dnr(true));
+        return Err(invalid_field());
     }
     let eds = Cdw11ResvReport::from(cmd.cdw11).eds();
     let state = ns.reservations.snapshot();

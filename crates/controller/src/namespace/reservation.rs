@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 use vnvme_spec::reservation::ReservationType;
+use vnvme_spec::status::invalid_field;
 use vnvme_spec::Status;
 
 /// Registrants kept at most: a host can present any number of
@@ -74,10 +75,6 @@ pub(crate) struct State {
 
 fn conflict() -> Status {
     Status::RESERVATION_CONFLICT.with_dnr(true)
-}
-
-fn invalid_field() -> Status {
-    Status::INVALID_FIELD.with_dnr(true)
 }
 
 impl State {

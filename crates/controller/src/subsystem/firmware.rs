@@ -20,6 +20,7 @@ use std::collections::BTreeMap;
 
 use vnvme_spec::identify::fill_ascii;
 use vnvme_spec::log::firmware::{commit_action, FirmwareSlotLog};
+use vnvme_spec::status::invalid_field;
 use vnvme_spec::Status;
 
 /// Firmware slots (FRMW.NOFS).
@@ -93,7 +94,7 @@ impl Firmware {
     pub fn check_piece(&self, offset: u64, len: u64) -> Result<(), Status> {
         let end = offset.saturating_add(len);
         if len == 0 || end > MAX_IMAGE_BYTES || !offset.is_multiple_of(GRANULE) {
-            return Err(Status::INVALID_FIELD.with_dnr(true));
+            return Err(invalid_field());
         }
         // Pieces do not overlap one another, so only the last one starting
         // before `end` can reach into this one.
@@ -123,7 +124,7 @@ impl Firmware {
             // else the one already in the slot.
             commit_action::REPLACE_AND_ACTIVATE_NOW => downloaded,
             // No Boot Partitions; 100b and 101b are reserved.
-            _ => return Err(Status::INVALID_FIELD.with_dnr(true)),
+            _ => return Err(invalid_field()),
         };
         let slot = match fs {
             0 if replace => self.slot_to_replace(),

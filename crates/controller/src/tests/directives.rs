@@ -2,6 +2,7 @@
 //! writes that name a stream.
 
 use vnvme_spec::directive::StreamsParameters;
+use vnvme_spec::status::invalid_field;
 
 use super::*;
 
@@ -74,10 +75,6 @@ impl Host {
     fn allocate(&mut self, nsr: u16) -> Completion {
         self.dir_receive(1, 3, u32::from(nsr))
     }
-}
-
-fn invalid_field() -> Status {
-    Status::INVALID_FIELD.with_dnr(true)
 }
 
 #[test]

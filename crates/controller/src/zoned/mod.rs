@@ -26,6 +26,7 @@ mod table;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use parking_lot::Mutex;
+use vnvme_spec::status::invalid_field;
 use vnvme_spec::zns::{ZoneDescriptor, ZDES_UNIT};
 use vnvme_spec::Status;
 
@@ -264,7 +265,7 @@ impl Zones {
     pub fn zone_start(&self, zslba: u64) -> Result<usize, Status> {
         let i = self.index(zslba).ok_or(lba_out_of_range())?;
         if !zslba.is_multiple_of(self.zsze) {
-            return Err(Status::INVALID_FIELD.with_dnr(true));
+            return Err(invalid_field());
         }
         Ok(i)
     }

@@ -4,6 +4,7 @@
 use std::collections::VecDeque;
 use std::ops::Range;
 
+use vnvme_spec::status::invalid_field;
 use vnvme_spec::zns::{za, zone_state, zrasf, zsa, ZoneDescriptor};
 use vnvme_spec::Status;
 
@@ -119,7 +120,7 @@ impl ZoneAction {
             zsa::OPEN => ZoneAction::Open,
             zsa::RESET => ZoneAction::Reset,
             zsa::OFFLINE => ZoneAction::Offline,
-            _ => return Err(Status::INVALID_FIELD.with_dnr(true)),
+            _ => return Err(invalid_field()),
         })
     }
 
