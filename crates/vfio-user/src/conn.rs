@@ -17,7 +17,7 @@ use std::io::{self, IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
@@ -80,6 +80,8 @@ pub struct Conn {
     state: Mutex<RecvState>,
     cv: Condvar,
     next_id: AtomicU16,
+    /// The peer completed the VERSION exchange (server side).
+    negotiated: AtomicBool,
 }
 
 /// What a waiting thread takes out of the receive state.
@@ -107,6 +109,7 @@ impl Conn {
             state: Mutex::new(RecvState::default()),
             cv: Condvar::new(),
             next_id: AtomicU16::new(0),
+            negotiated: AtomicBool::new(false),
         })
     }
 
@@ -128,6 +131,17 @@ impl Conn {
                 .intersects(PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR),
             Err(_) => true,
         }
+    }
+
+    /// Marks the VERSION exchange done: from now on the peer is a client
+    /// that keeps the device, not a connection that may be displaced.
+    pub fn set_negotiated(&self) {
+        self.negotiated.store(true, Ordering::Release);
+    }
+
+    /// Whether [`Conn::set_negotiated`] was called.
+    pub fn negotiated(&self) -> bool {
+        self.negotiated.load(Ordering::Acquire)
     }
 
     pub fn next_msg_id(&self) -> u16 {

@@ -3,6 +3,13 @@
 //! has hung up and is being torn down), refuses every other one at once
 //! with an EBUSY reply to its VERSION, and on stop shuts the served
 //! connection down, so no blocked send or wait outlives the stop.
+//!
+//! A served connection that has not sent VERSION yet does not hold the
+//! device against a client that does: connections that arrive meanwhile
+//! wait at the door (a few, the oldest dropped for a newer one), and the
+//! first of them to speak displaces the silent one. So a connection that
+//! says nothing (a port scanner, a stuck launcher) cannot keep QEMU out
+//! until its handshake deadline.
 
 use std::collections::VecDeque;
 use std::os::fd::AsFd;
@@ -14,7 +21,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use zerocopy::IntoBytes;
 
-use crate::conn::{error_header, wait_readable, Conn};
+use crate::conn::{error_header, Conn};
 use crate::wire::{cmd, Header, HEADER_SIZE};
 
 /// How often a blocked server looks at its `stop` flag.
@@ -22,6 +29,8 @@ pub(crate) const STOP_POLL: Duration = Duration::from_millis(100);
 /// How long a refused connection is kept open, and how many at most.
 const REFUSED_LINGER: Duration = Duration::from_secs(1);
 const MAX_LINGERING: usize = 16;
+/// Connections waiting at the door while the served one is silent.
+const MAX_CHALLENGERS: usize = 4;
 
 /// Lets one log line through a second; counts the rest, so a client that
 /// repeats a bad message cannot flood the log.
@@ -72,35 +81,51 @@ impl Door {
     /// connection down.
     pub(crate) fn run(&self, listener: &UnixListener, stop: &AtomicBool) {
         let mut errors = RateLimit::default();
-        // Refused connections stay open a moment, so their VERSION is sent
-        // and our EBUSY reply read rather than their send failing with EPIPE;
-        // at most a few, so refused clients cannot pile up fds.
-        let mut lingering: VecDeque<(UnixStream, Instant)> = VecDeque::new();
+        let mut lingering = Lingering::default();
+        let mut challengers: VecDeque<UnixStream> = VecDeque::new();
         while !stop.load(Ordering::Relaxed) {
-            while lingering
-                .front()
-                .is_some_and(|(_, t)| t.elapsed() >= REFUSED_LINGER)
-            {
-                lingering.pop_front();
-            }
-            match wait_readable(listener, Some(STOP_POLL)) {
-                Ok(false) => continue,
-                Ok(true) => {}
+            lingering.expire();
+            // A wait may have ended: the owner spoke, or left.
+            self.settle(&mut challengers, &mut lingering);
+            let spoke = match wait_any(listener, &challengers, STOP_POLL) {
+                Ok(ready) => ready,
                 Err(e) => {
                     tracing::error!(error = %e, "polling the vfio-user socket");
                     std::thread::sleep(STOP_POLL);
                     continue;
                 }
+            };
+            // Taken out newest first (the indexes stay valid), then offered
+            // oldest first: the first to speak takes a silent owner's place.
+            let mut spoken: Vec<_> = spoke
+                .challengers
+                .into_iter()
+                .rev()
+                .filter_map(|(i, hung_up)| Some((challengers.remove(i)?, hung_up)))
+                .collect();
+            spoken.reverse();
+            for (stream, hung_up) in spoken {
+                if hung_up {
+                    continue;
+                }
+                if let Some(refused) = self.displace(stream) {
+                    lingering.add(refused);
+                }
+            }
+            if !spoke.listener {
+                continue;
             }
             match listener.accept() {
-                Ok((stream, _)) => {
-                    if let Some(refused) = self.offer(stream) {
-                        if lingering.len() >= MAX_LINGERING {
-                            lingering.pop_front();
+                Ok((stream, _)) => match self.offer(stream) {
+                    Offer::Taken => {}
+                    Offer::Refused(stream) => lingering.add(stream),
+                    Offer::Wait(stream) => {
+                        if challengers.len() >= MAX_CHALLENGERS {
+                            challengers.pop_front();
                         }
-                        lingering.push_back((refused, Instant::now()));
+                        challengers.push_back(stream);
                     }
-                }
+                },
                 Err(e)
                     if matches!(
                         e.kind(),
@@ -125,19 +150,67 @@ impl Door {
     }
 
     /// A new connection: the next to be served if the device is free (or
-    /// its owner has already hung up and is being torn down), else refused
-    /// and given back.
-    fn offer(&self, stream: UnixStream) -> Option<UnixStream> {
+    /// its owner has already hung up and is being torn down); left to wait
+    /// if the owner has not sent VERSION yet; else refused.
+    fn offer(&self, stream: UnixStream) -> Offer {
         let mut st = self.state.lock();
-        let free = st.pending.is_none()
-            && (!st.serving || st.owner.as_ref().is_some_and(|c| c.peer_gone()));
-        if free {
+        if st.is_free() {
+            st.pending = Some(stream);
+            self.cv.notify_all();
+            return Offer::Taken;
+        }
+        if st.pending.is_none() && !st.owner_negotiated() {
+            return Offer::Wait(stream);
+        }
+        drop(st);
+        Offer::Refused(self.refuse(stream))
+    }
+
+    /// Waiting connections once the owner has left (the oldest is served
+    /// next) or has completed VERSION (they are refused).
+    fn settle(&self, challengers: &mut VecDeque<UnixStream>, lingering: &mut Lingering) {
+        if challengers.is_empty() {
+            return;
+        }
+        let mut st = self.state.lock();
+        if st.is_free() {
+            st.pending = challengers.pop_front();
+            self.cv.notify_all();
+        } else if st.pending.is_some() || st.owner_negotiated() {
+            drop(st);
+            for c in challengers.drain(..) {
+                lingering.add(self.refuse(c));
+            }
+        }
+    }
+
+    /// A waiting connection that spoke: it takes the place of an owner that
+    /// still has not sent VERSION, whose connection is shut down; refused
+    /// (and given back) if the owner has meanwhile.
+    fn displace(&self, stream: UnixStream) -> Option<UnixStream> {
+        let mut st = self.state.lock();
+        if st.pending.is_none() && (st.is_free() || !st.owner_negotiated()) {
+            if let Some(silent) = st.owner.clone() {
+                silent.shutdown();
+                if let Some(suppressed) = st.refusals.allow() {
+                    tracing::warn!(
+                        suppressed,
+                        "dropped a vfio-user connection that had not sent VERSION for one that did"
+                    );
+                }
+            }
             st.pending = Some(stream);
             self.cv.notify_all();
             return None;
         }
-        let log = st.refusals.allow();
         drop(st);
+        Some(self.refuse(stream))
+    }
+
+    /// Refuses `stream` (logged at most once a second) and gives it back,
+    /// to be closed a moment later.
+    fn refuse(&self, stream: UnixStream) -> UnixStream {
+        let log = self.state.lock().refusals.allow();
         if let Some(suppressed) = log {
             tracing::warn!(
                 suppressed,
@@ -146,7 +219,7 @@ impl Door {
             );
         }
         refuse(&stream);
-        Some(stream)
+        stream
     }
 
     /// Waits for the next connection to serve; None once stopped.
@@ -168,13 +241,110 @@ impl Door {
     pub(crate) fn set_owner(&self, conn: Option<Arc<Conn>>) {
         let mut st = self.state.lock();
         st.serving = conn.is_some();
-        if st.stopped {
+        // A connection waiting at the door spoke before this one was even
+        // framed: it has been displaced already.
+        if st.stopped || st.pending.is_some() {
             if let Some(c) = &conn {
                 c.shutdown();
             }
         }
         st.owner = conn;
     }
+}
+
+/// Refused connections, kept open a moment so their VERSION is sent and
+/// our EBUSY reply read rather than their send failing with EPIPE; at most
+/// a few, so refused clients cannot pile up fds.
+#[derive(Default)]
+struct Lingering(VecDeque<(UnixStream, Instant)>);
+
+impl Lingering {
+    fn add(&mut self, refused: UnixStream) {
+        if self.0.len() >= MAX_LINGERING {
+            self.0.pop_front();
+        }
+        self.0.push_back((refused, Instant::now()));
+    }
+
+    fn expire(&mut self) {
+        while self
+            .0
+            .front()
+            .is_some_and(|(_, t)| t.elapsed() >= REFUSED_LINGER)
+        {
+            self.0.pop_front();
+        }
+    }
+}
+
+/// What [`Door::offer`] did with a new connection.
+enum Offer {
+    /// To be served next.
+    Taken,
+    /// Refused: to be closed a moment later.
+    Refused(UnixStream),
+    /// To wait: the owner has not sent VERSION.
+    Wait(UnixStream),
+}
+
+impl DoorState {
+    /// No connection is being served, or the served one has hung up and
+    /// is being torn down.
+    fn is_free(&self) -> bool {
+        self.pending.is_none()
+            && (!self.serving || self.owner.as_ref().is_some_and(|c| c.peer_gone()))
+    }
+
+    /// The served connection has completed VERSION (one handed over but
+    /// not yet framed has not).
+    fn owner_negotiated(&self) -> bool {
+        self.owner.as_ref().is_some_and(|c| c.negotiated())
+    }
+}
+
+/// What [`wait_any`] found readable.
+struct Ready {
+    listener: bool,
+    /// Indexes of waiting connections that sent something, each with
+    /// whether it hung up instead.
+    challengers: Vec<(usize, bool)>,
+}
+
+/// Waits up to `timeout` for a connection on `listener` or bytes (or a
+/// hang-up) on one of `challengers`.
+fn wait_any(
+    listener: &UnixListener,
+    challengers: &VecDeque<UnixStream>,
+    timeout: Duration,
+) -> std::io::Result<Ready> {
+    use rustix::event::{PollFd, PollFlags, Timespec};
+    let mut fds = vec![PollFd::new(listener, PollFlags::IN)];
+    fds.extend(
+        challengers
+            .iter()
+            .map(|c| PollFd::new(c, PollFlags::IN | PollFlags::RDHUP)),
+    );
+    let ts = Timespec {
+        tv_sec: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
+        tv_nsec: i64::from(timeout.subsec_nanos()),
+    };
+    loop {
+        match rustix::event::poll(&mut fds, Some(&ts)) {
+            Ok(_) => break,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let gone = PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR;
+    Ok(Ready {
+        listener: fds[0].revents().contains(PollFlags::IN),
+        challengers: fds[1..]
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| !f.revents().is_empty())
+            .map(|(i, f)| (i, f.revents().intersects(gone)))
+            .collect(),
+    })
 }
 
 /// Answers a connection we will not serve: an EBUSY reply to the VERSION it

@@ -360,6 +360,7 @@ impl<D: Device> Server<D> {
         );
         s.dma = Some(dma.clone());
         self.device.attach(dma);
+        s.conn.set_negotiated();
         Ok(out)
     }
 

@@ -26,8 +26,9 @@ pub const DEFAULT_SOCKET: &str = "/run/vnvme.sock";
 const CLIENT_HELP: &str = "\
 Clients: one at a time. While one owns the device, other connections get an EBUSY reply to their
 VERSION and are closed; the next client is served as soon as the owner disconnects. A connection
-must send VERSION within --handshake-timeout, and every message, once started, must arrive whole
-within --message-timeout; an idle client that has negotiated is never dropped.
+must send VERSION within --handshake-timeout (and one that has not gives way to the first connection
+that does), and every message, once started, must arrive whole within --message-timeout; an idle
+client that has negotiated is never dropped.
 
 Guest memory (DMA_MAP): a memfd (QEMU's memory-backend-memfd, sealed by default) or a regular file
 shared with the client (memory-backend-file,share=on on /dev/shm or hugetlbfs; SPDK's hugepage

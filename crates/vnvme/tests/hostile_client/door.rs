@@ -141,6 +141,37 @@ fn a_silent_connection_does_not_lock_out_a_good_client() {
 }
 
 #[test]
+fn silent_connections_give_way_to_a_client_that_speaks() {
+    // A handshake deadline far beyond the test: only giving way ends them.
+    let srv = Served::with_server_options(
+        DeviceOptions::default(),
+        ServerOptions {
+            handshake_timeout: Duration::from_secs(60),
+            ..ServerOptions::default()
+        },
+        "16M:ram",
+    );
+    let mut owner = Peer::connect(&srv.path);
+    // Served first (the door hands it over at once), then two more that
+    // wait at the door saying nothing, one of which hangs up.
+    std::thread::sleep(Duration::from_millis(200));
+    let mut waiting = Peer::connect(&srv.path);
+    drop(Peer::connect(&srv.path));
+    std::thread::sleep(Duration::from_millis(200));
+    let c = Client::connect(&srv.path).expect("a client that speaks is served, not refused");
+    assert!(
+        owner.expect_eof_within(Duration::from_secs(10)) < Duration::from_secs(10),
+        "the silent owner was dropped"
+    );
+    // The client keeps the device: the one still waiting is now refused
+    // (the EBUSY reply to the VERSION it has not sent).
+    let (h, _) = waiting.recv();
+    assert_eq!(h.error as i32, libc::EBUSY, "{h:?}");
+    drop(c);
+    srv.assert_serves_a_new_client();
+}
+
+#[test]
 fn the_next_client_gets_the_device_within_a_second_of_the_owner_leaving() {
     let srv = Served::start();
     let owner = ready(&srv);
