@@ -18,6 +18,7 @@ use crate::config::{
 };
 use crate::doorbell::{DoorbellPage, Doorbells, HeapDoorbellPage, Invalid, TrapOutcome};
 use crate::faults::Faults;
+use crate::interrupts::Interrupts;
 use crate::keep_alive::KeepAlive;
 use crate::memory::{GuestMemory, InterruptSink};
 use crate::namespace::Namespace;
@@ -196,13 +197,8 @@ impl Controller {
             cc: AtomicU32::new(0),
             ready: AtomicBool::new(false),
             fatal: AtomicBool::new(false),
-            intm: AtomicU32::new(0),
-            intx_held: AtomicBool::new(false),
+            interrupts: Interrupts::new(&config),
             deleting_sqs: AtomicU32::new(0),
-            coalescing: AtomicU32::new(0),
-            coalescing_disabled: (0..config.msix_vectors)
-                .map(|_| AtomicBool::new(false))
-                .collect(),
             wce: AtomicBool::new(true),
             software_progress: AtomicU8::new(0),
             keep_alive: Arc::default(),
@@ -294,13 +290,12 @@ impl Controller {
             None => return false,
         };
         let shared = &*self.shared;
-        let intm = shared.intm.load(Ordering::Acquire);
         for slot in &shared.cqs {
             let mut guard = slot.lock();
             let Some(cq) = guard.as_mut() else {
                 continue;
             };
-            if !cq.ien || intm & (1u32 << (cq.iv & 31)) != 0 {
+            if !cq.ien || shared.interrupts.masked(cq.iv) {
                 continue;
             }
             if cq.refresh_head(&shared.doorbells, &*mem).is_err() {
@@ -463,7 +458,7 @@ impl Controller {
 
     fn register_write(&self, ctl: &mut Control, off: u64, value: u32) {
         let action = ctl.regs.write32(off, value);
-        self.shared.intm.store(ctl.regs.intm, Ordering::Release);
+        self.shared.interrupts.set_mask(ctl.regs.intm);
         self.shared
             .cc
             .store(u32::from(ctl.regs.cc), Ordering::Release);
@@ -494,7 +489,7 @@ impl Controller {
                 ctl.regs.csts.set_nssro(true);
             }
             Some(Action::Unmasked) => {
-                let held = self.shared.intx_held.swap(false, Ordering::AcqRel);
+                let held = self.shared.interrupts.take_held();
                 if let (true, Some(a)) = (held, &ctl.attachment) {
                     a.irq.signal(0);
                 }
@@ -506,7 +501,7 @@ impl Controller {
             let active = cc.en() && csts.rdy() && cc.shn() == 0 && csts.shst() == 0;
             self.shared.keep_alive.set_active(active);
         }
-        self.shared.intm.store(ctl.regs.intm, Ordering::Release);
+        self.shared.interrupts.set_mask(ctl.regs.intm);
         self.shared
             .cc
             .store(u32::from(ctl.regs.cc), Ordering::Release);
@@ -644,13 +639,9 @@ impl Controller {
         *shared.admin.lock() = AdminState::new(&shared.config);
         *shared.events.lock() = Events::default();
         shared.streams.lock().reset();
-        shared.coalescing.store(0, Ordering::Relaxed);
-        for cd in &shared.coalescing_disabled {
-            cd.store(false, Ordering::Relaxed);
-        }
+        shared.interrupts.reset();
         shared.wce.store(true, Ordering::Relaxed);
         shared.fatal.store(false, Ordering::Release);
-        shared.intx_held.store(false, Ordering::Relaxed);
         // A sanitize goes on across the reset; so does an extended
         // self-test.
         shared.self_test.controller_reset(shared.power_on_hours());

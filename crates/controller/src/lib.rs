@@ -7,7 +7,8 @@
 //! the test `tests/layers.rs` keeps it true): `worker` (queue workers and
 //! their wake policies) over `admin` and `io` (command handlers) over
 //! `command` (what a handler has at hand) over `inflight` (the one path of
-//! reads, writes and flushes) over `state` over `queue` (SQ/CQ rings) over
+//! reads, writes and flushes) over `state` over `interrupts` (whether a
+//! CQE gets an interrupt) over `queue` (SQ/CQ rings) over
 //! `doorbell` (every doorbell value and its source: register, shadow buffer,
 //! mapped page) over `subsystem` (with the firmware slots) and `background`
 //! (sanitize and self-test) over `namespace` (with its reservations) over
@@ -26,6 +27,7 @@ mod controller;
 mod doorbell;
 pub mod faults;
 mod inflight;
+mod interrupts;
 mod io;
 mod io_request;
 mod irq_batch;

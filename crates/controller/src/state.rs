@@ -24,6 +24,7 @@ use crate::background::self_test::SelfTest;
 use crate::config::ControllerConfig;
 use crate::doorbell::Doorbells;
 use crate::faults::Faults;
+use crate::interrupts::Interrupts;
 use crate::keep_alive::KeepAlive;
 use crate::memory::{GuestMemory, InterruptSink};
 use crate::namespace::Namespace;
@@ -152,17 +153,12 @@ pub(crate) struct Shared {
     pub ready: AtomicBool,
     /// A fatal error (CSTS.CFS): queue memory unreachable. Workers stop.
     pub fatal: AtomicBool,
-    /// Interrupt mask (INTMS) for non-MSI-X interrupts, and whether an
-    /// interrupt was held back by it.
-    pub intm: AtomicU32,
-    pub intx_held: AtomicBool,
+    /// Interrupt mask, coalescing and batching: whether a CQE gets an
+    /// interrupt.
+    pub interrupts: Interrupts,
     /// SQs whose Delete waits for their commands in flight
     /// ([`Sq::deleting`]).
     pub deleting_sqs: AtomicU32,
-    /// Interrupt Coalescing feature value (THR 7:0, TIME 15:8).
-    pub coalescing: AtomicU32,
-    /// Interrupt Vector Configuration: coalescing disabled, per vector.
-    pub coalescing_disabled: Vec<AtomicBool>,
     /// Volatile Write Cache enabled (feature 06h).
     pub wce: AtomicBool,
     /// Software Progress Marker (80h): persists across resets (§5.27.1

@@ -452,8 +452,8 @@ fn process_sq(
         refresh_admin_sources(shared, sq, cq);
         deliver_events(shared, session, cq, sq.head as u16);
         finish_deletions(shared, session, cq, sq.head as u16);
-    } else if done > 0 && shared.config.batch_interrupts {
-        cq.batch.fetched(Instant::now());
+    } else if done > 0 {
+        shared.interrupts.fetched(cq, Instant::now());
     }
     if !matches!(pass, Pass::Stalled(_)) {
         match policy {

@@ -20,6 +20,7 @@ const LAYERS: &[&[&str]] = &[
     &["inflight"],
     &["io_request"],
     &["state"],
+    &["interrupts"],
     &["queue"],
     &["doorbell"],
     &["subsystem", "background"],

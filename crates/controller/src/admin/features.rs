@@ -139,16 +139,16 @@ pub(super) fn get(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
         FeatureId::VOLATILE_WRITE_CACHE => VolatileWriteCache::new()
             .with_wce(!current || shared.wce.load(Ordering::Relaxed))
             .into(),
-        FeatureId::INTERRUPT_COALESCING if current => shared.coalescing.load(Ordering::Relaxed),
+        FeatureId::INTERRUPT_COALESCING if current => shared.interrupts.coalescing(),
         FeatureId::INTERRUPT_VECTOR_CONFIG => {
             let iv = InterruptVectorConfig::from(cmd.cdw11).iv();
             let cd = shared
-                .coalescing_disabled
-                .get(usize::from(iv))
+                .interrupts
+                .coalescing_disabled(iv)
                 .ok_or_else(invalid_field)?;
             InterruptVectorConfig::new()
                 .with_iv(iv)
-                .with_cd(current && cd.load(Ordering::Relaxed))
+                .with_cd(current && cd)
                 .into()
         }
         FeatureId::KEEP_ALIVE_TIMER if current => shared.keep_alive.kato(),
@@ -208,21 +208,15 @@ pub(super) fn set(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
             }
             shared.wce.store(enable, Ordering::Release);
         }
-        FeatureId::INTERRUPT_COALESCING => {
-            // THR and TIME; the reserved bits are not kept.
-            let ic = InterruptCoalescing::from(cmd.cdw11);
-            let kept = InterruptCoalescing::new()
-                .with_thr_z(ic.thr_z())
-                .with_time(ic.time());
-            shared.coalescing.store(kept.into(), Ordering::Relaxed);
-        }
+        FeatureId::INTERRUPT_COALESCING => shared
+            .interrupts
+            .set_coalescing(InterruptCoalescing::from(cmd.cdw11)),
         FeatureId::INTERRUPT_VECTOR_CONFIG => {
             let ivc = InterruptVectorConfig::from(cmd.cdw11);
-            let cd = shared
-                .coalescing_disabled
-                .get(usize::from(ivc.iv()))
+            shared
+                .interrupts
+                .set_coalescing_disabled(ivc.iv(), ivc.cd())
                 .ok_or_else(invalid_field)?;
-            cd.store(ivc.cd(), Ordering::Relaxed);
         }
         FeatureId::POWER_MANAGEMENT => {
             // One power state (NPSS = 0); the workload hint is kept.

@@ -1,9 +1,10 @@
 //! The completion side of a queue worker: posting CQ entries, the CQ head
-//! and its EventIdx, interrupts (with coalescing), and the admin queue's
+//! and its EventIdx, settling interrupts (decided in [`crate::interrupts`]),
+//! and the admin queue's
 //! late completions (Asynchronous Event Requests, deferred SQ deletions).
 
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use vnvme_spec::log::async_event;
 use vnvme_spec::{Command, Completion, Status};
@@ -11,33 +12,15 @@ use zerocopy::little_endian::U32;
 
 use crate::admin;
 use crate::doorbell::{barrier, behind};
+use crate::interrupts::deadline_in;
 use crate::queue::Cq;
 use crate::state::{Session, Shared};
 
-/// Aggregation Time of the Interrupt Coalescing feature.
-pub(super) fn aggregation_time(shared: &Shared) -> Duration {
-    let c = shared.coalescing.load(Ordering::Relaxed);
-    Duration::from_micros(u64::from((c >> 8) & 0xFF) * 100)
-}
-
+/// When the worker should look again at the CQs whose interrupts wait.
 pub(super) fn next_deadline(shared: &Shared, timers: &[u16]) -> Option<Instant> {
-    if timers.is_empty() {
-        return None;
-    }
-    let time = aggregation_time(shared);
-    if time.is_zero() {
-        // Batched interrupts: the earliest CQ's.
-        return timers
-            .iter()
-            .filter_map(|&cqid| {
-                let g = shared.cqs.get(usize::from(cqid))?.lock();
-                let cq = g.as_ref()?;
-                Some(cq.batch.deadline(cq.irq_since?))
-            })
-            .min();
-    }
-    // Coarse: wake after one aggregation time and re-check every CQ.
-    Some(Instant::now() + time.max(Duration::from_micros(50)))
+    shared
+        .interrupts
+        .next_deadline(timers, |cqid| deadline_in(&shared.cqs, cqid))
 }
 
 pub(super) fn fire_timers(shared: &Shared, session: &Session, timers: &mut Vec<u16>) {
@@ -53,86 +36,15 @@ pub(super) fn fire_timers(shared: &Shared, session: &Session, timers: &mut Vec<u
     });
 }
 
-/// Raises the CQ's interrupt now or leaves it for coalescing (§5.27.1.6).
-/// Returns `true` when nothing is left pending. The clock is read only for
-/// a coalesced interrupt: this runs after every pass, idle polls included.
+/// Raises the CQ's interrupt now or leaves it for later
+/// ([`Interrupts::settle`](crate::interrupts::Interrupts::settle)).
+/// Returns `true` when nothing is left pending.
 pub(super) fn settle_interrupt(shared: &Shared, session: &Session, cq: &mut Cq) -> bool {
-    if cq.irq_pending == 0 {
-        return true;
-    }
-    let c = shared.coalescing.load(Ordering::Relaxed);
-    let thr_z = c & 0xFF;
-    let time = aggregation_time(shared);
-    let exempt = cq.qid == 0
-        || shared
-            .coalescing_disabled
-            .get(usize::from(cq.iv))
-            .is_some_and(|d| d.load(Ordering::Relaxed));
-    let due = if exempt {
-        true
-    } else if time.is_zero() {
-        match batched(shared, session, cq) {
-            Batched::Raise => true,
-            Batched::Hold => false,
-            Batched::Reaped => {
-                cq.irq_pending = 0;
-                cq.irq_since = None;
-                return true;
-            }
-        }
-    } else {
-        cq.irq_pending > thr_z || cq.irq_since.is_none_or(|t| t.elapsed() >= time)
-    };
-    if due {
-        raise(shared, session, cq);
-    }
-    due
-}
-
-/// What interrupt batching ([`crate::irq_batch`]) makes of a pending interrupt.
-enum Batched {
-    Raise,
-    /// The host is still filling its queue.
-    Hold,
-    /// The host has reaped every entry posted (while its interrupt was
-    /// held): nothing is left to signal.
-    Reaped,
-}
-
-fn batched(shared: &Shared, session: &Session, cq: &mut Cq) -> Batched {
-    let Some(since) = cq.irq_since else {
-        return Batched::Raise;
-    };
-    if !shared.config.batch_interrupts || !cq.ien || !cq.batch.slow() {
-        return Batched::Raise;
-    }
-    refresh_cq_head(shared, session, cq);
-    if cq.head == cq.tail {
-        return Batched::Reaped;
-    }
-    if cq.batch.hold(cq.outstanding(), since, Instant::now()) {
-        Batched::Hold
-    } else {
-        Batched::Raise
-    }
-}
-
-pub(super) fn raise(shared: &Shared, session: &Session, cq: &mut Cq) {
-    cq.irq_pending = 0;
-    cq.irq_since = None;
-    if !cq.ien {
-        return;
-    }
-    if !session.irq.msix_enabled()
-        && shared.intm.load(Ordering::Acquire) & (1u32 << (cq.iv & 31)) != 0
-    {
-        shared.intx_held.store(true, Ordering::Release);
-        return;
-    }
-    session.irq.signal(cq.iv);
-    if let Some(q) = shared.stats.queue(cq.qid) {
-        q.interrupts.fetch_add(1, Ordering::Relaxed);
-    }
+    shared
+        .interrupts
+        .settle(cq, &*session.irq, &shared.stats, |cq| {
+            refresh_cq_head(shared, session, cq)
+        })
 }
 
 /// Reads the CQ head; a bad value is ignored, counted and reported.
