@@ -20,6 +20,8 @@ use crate::doorbell::{DoorbellPage, Doorbells, HeapDoorbellPage, Invalid, TrapOu
 use crate::faults::Faults;
 use crate::interrupts::Interrupts;
 use crate::keep_alive::KeepAlive;
+use crate::lifecycle::timestamp::TimestampClock;
+use crate::lifecycle::Lifecycle;
 use crate::memory::{GuestMemory, InterruptSink};
 use crate::namespace::Namespace;
 use crate::queue::mailbox::Mailbox;
@@ -31,7 +33,6 @@ use crate::state::{AdminState, ErrorLog, Events, Session, Shared, ADMIN_WORKER};
 use crate::stats::{ControllerStats, Stats};
 use crate::subsystem::firmware::Firmware;
 use crate::subsystem::{ChangedNamespaces, Namespaces, ReadyTimer, Subsystem};
-use crate::timestamp::TimestampClock;
 use crate::worker;
 
 mod operator;
@@ -169,7 +170,7 @@ impl Controller {
             .then(|| page.unwrap_or_else(|| Arc::new(HeapDoorbellPage::default())));
         let stats = Arc::new(Stats::new(qids));
         let created = Instant::now();
-        let clock = Arc::new(Mutex::new(TimestampClock::reset(created)));
+        let lifecycle = Lifecycle::new(created);
         let shared = Arc::new_cyclic(|me| Shared {
             me: me.clone(),
             subsystem: Subsystem {
@@ -181,7 +182,6 @@ impl Controller {
                 vwc,
                 firmware: Mutex::new(Firmware::new(&config.firmware)),
             },
-            enabled_at: Mutex::new(None),
             doorbells: Doorbells::new(qids, page, Arc::clone(&stats)),
             sqs: (0..qids).map(|_| Mutex::new(None)).collect(),
             cqs: (0..qids).map(|_| Mutex::new(None)).collect(),
@@ -190,13 +190,9 @@ impl Controller {
             error_log: Mutex::new(ErrorLog::default()),
             streams: Mutex::default(),
             telemetry: Telemetry::default(),
-            persistent_events: PersistentEventLog::new(&config, created, Arc::clone(&clock)),
-            timestamp: clock,
+            persistent_events: PersistentEventLog::new(&config, created, lifecycle.clock()),
             stats,
             mailboxes: (0..=config.workers).map(|_| Mailbox::default()).collect(),
-            cc: AtomicU32::new(0),
-            ready: AtomicBool::new(false),
-            fatal: AtomicBool::new(false),
             interrupts: Interrupts::new(&config),
             deleting_sqs: AtomicU32::new(0),
             wce: AtomicBool::new(true),
@@ -205,7 +201,7 @@ impl Controller {
             sanitize: Sanitize::default(),
             self_test: SelfTest::default(),
             faults: Faults::default(),
-            created,
+            lifecycle,
             config,
         });
         shared.persistent_events.power_on_or_reset(created, 0);
@@ -333,7 +329,7 @@ impl Controller {
         ctl.regs.settle(Instant::now());
         let read32 = |off: u64| {
             let mut v = ctl.regs.read32(off);
-            if off == offset::CSTS && self.shared.fatal.load(Ordering::Acquire) {
+            if off == offset::CSTS && self.shared.lifecycle.fatal() {
                 v |= 1 << 1;
             }
             v
@@ -459,9 +455,7 @@ impl Controller {
     fn register_write(&self, ctl: &mut Control, off: u64, value: u32) {
         let action = ctl.regs.write32(off, value);
         self.shared.interrupts.set_mask(ctl.regs.intm);
-        self.shared
-            .cc
-            .store(u32::from(ctl.regs.cc), Ordering::Release);
+        self.shared.lifecycle.set_cc(ctl.regs.cc);
         match action {
             None => {}
             Some(Action::Enable) => self.enable(ctl),
@@ -502,9 +496,7 @@ impl Controller {
             self.shared.keep_alive.set_active(active);
         }
         self.shared.interrupts.set_mask(ctl.regs.intm);
-        self.shared
-            .cc
-            .store(u32::from(ctl.regs.cc), Ordering::Release);
+        self.shared.lifecycle.set_cc(ctl.regs.cc);
     }
 
     /// CC.EN 0 -> 1 (§3.5.1): validate, create the admin queues, start the
@@ -572,7 +564,7 @@ impl Controller {
             }
         }
         let now = Instant::now();
-        *shared.enabled_at.lock() = Some(now);
+        shared.lifecycle.enabled(now);
         let active = shared.subsystem.namespaces.active_list();
         if ctl.regs.cc.crime() {
             // Ready independent of media: RDY now, and each slow namespace
@@ -596,8 +588,7 @@ impl Controller {
             ctl.threads.push(t);
         }
         ctl.clean_shutdown = false;
-        shared.fatal.store(false, Ordering::Release);
-        shared.ready.store(true, Ordering::Release);
+        shared.lifecycle.set_ready();
         shared.stats.enables.fetch_add(1, Ordering::Relaxed);
         ctl.regs.csts.set_cfs(false);
         // Ready with media (CC.CRIME = 0, every host that predates NVMe 2.0):
@@ -622,8 +613,7 @@ impl Controller {
     fn controller_reset(&self, ctl: &mut Control) {
         let shared = &*self.shared;
         let was_enabled = ctl.regs.cc.en() || ctl.regs.csts.rdy();
-        shared.ready.store(false, Ordering::Release);
-        *shared.enabled_at.lock() = None;
+        shared.lifecycle.reset();
         self.stop_workers(ctl);
         self.clear_queues();
         // The commands faults held went with the workers.
@@ -641,16 +631,18 @@ impl Controller {
         shared.streams.lock().reset();
         shared.interrupts.reset();
         shared.wce.store(true, Ordering::Relaxed);
-        shared.fatal.store(false, Ordering::Release);
+        shared.lifecycle.clear_fatal();
         // A sanitize goes on across the reset; so does an extended
         // self-test.
-        shared.self_test.controller_reset(shared.power_on_hours());
+        shared
+            .self_test
+            .controller_reset(shared.lifecycle.power_on_hours());
         ctl.regs.cc.set_en(false);
         ctl.regs.csts.set_rdy(false);
         ctl.regs.rdy_at = None;
         ctl.regs.csts.set_cfs(false);
         ctl.regs.csts.set_shst(shutdown::NONE);
-        shared.cc.store(u32::from(ctl.regs.cc), Ordering::Release);
+        shared.lifecycle.set_cc(ctl.regs.cc);
         // The host that took a Persistent Event Log reporting context is
         // gone with the reset; keeping it would refuse its next Establish.
         shared.persistent_events.release();
@@ -665,7 +657,9 @@ impl Controller {
                 .power_on_or_reset(Instant::now(), power_cycles);
         }
         // After the reset's event, which carries the time it happened at.
-        *shared.timestamp.lock() = TimestampClock::reset(Instant::now());
+        shared
+            .lifecycle
+            .set_timestamp(TimestampClock::reset(Instant::now()));
     }
 
     fn stop_workers(&self, ctl: &mut Control) {

@@ -159,7 +159,7 @@ fn usable_namespace(ctx: &Ctx<'_>, cmd: &Command, op: NvmOpcode) -> Result<Arc<N
         || ns.sanitize.is_some()
     {
         let now = Instant::now();
-        let enabled_at = *ctx.shared.enabled_at.lock();
+        let enabled_at = ctx.shared.lifecycle.enabled_at();
         ns.check_usable(op, now, enabled_at, ctx.shared.config.ready_timeout)?;
     }
     Ok(ns)

@@ -15,7 +15,8 @@
 //! `reporting` (Persistent Event Log, telemetry) over `config` and `regs`
 //! over [`vendor`] (vendor specific opcodes C0h-FFh) and [`prp`] over the
 //! leaves ([`memory`], [`stats`], `backend_error`, `irq_batch`,
-//! `keep_alive`, `streams`, `timestamp`, `protection`, `zoned`, `faults`).
+//! `keep_alive`, `streams`, `lifecycle` (CC, RDY, CFS, the Timestamp
+//! clock), `protection`, `zoned`, `faults`).
 #![forbid(unsafe_code)]
 
 mod admin;
@@ -32,6 +33,7 @@ mod io;
 mod io_request;
 mod irq_batch;
 mod keep_alive;
+mod lifecycle;
 pub mod memory;
 mod namespace;
 mod protection;
@@ -46,7 +48,6 @@ mod streams;
 mod subsystem;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
-mod timestamp;
 pub mod vendor;
 mod worker;
 mod zoned;

@@ -10,7 +10,6 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use vnvme_spec::feature::{aec, HostBehaviorSupport};
@@ -26,6 +25,7 @@ use crate::doorbell::Doorbells;
 use crate::faults::Faults;
 use crate::interrupts::Interrupts;
 use crate::keep_alive::KeepAlive;
+use crate::lifecycle::Lifecycle;
 use crate::memory::{GuestMemory, InterruptSink};
 use crate::namespace::Namespace;
 use crate::queue::mailbox::Mailbox;
@@ -35,7 +35,6 @@ use crate::reporting::telemetry::{Capture, Telemetry};
 use crate::stats::Stats;
 use crate::streams::Streams;
 use crate::subsystem::Subsystem;
-use crate::timestamp::TimestampClock;
 
 /// The worker of the admin queue: admin commands never run inside an I/O
 /// worker's loop.
@@ -123,9 +122,9 @@ pub(crate) struct Shared {
     /// This very value: a background operation's thread holds it.
     pub me: Weak<Shared>,
     pub config: ControllerConfig,
+    /// CC, RDY, CFS, when enabled and created, the Timestamp clock.
+    pub lifecycle: Lifecycle,
     pub subsystem: Subsystem,
-    /// When CC.EN last went to 1 (namespace readiness counts from it).
-    pub enabled_at: Mutex<Option<Instant>>,
     pub doorbells: Doorbells,
     /// Indexed by queue id, `0..=max_io_queues`.
     pub sqs: Vec<Mutex<Option<Sq>>>,
@@ -139,20 +138,11 @@ pub(crate) struct Shared {
     pub telemetry: Telemetry,
     /// Persistent Event Log (0Dh).
     pub persistent_events: PersistentEventLog,
-    /// The Timestamp feature's clock, which the Persistent Event Log's
-    /// timestamps read too.
-    pub timestamp: Arc<Mutex<TimestampClock>>,
     /// Shared with `doorbells`, which counts shadow reads and errors.
     pub stats: Arc<Stats>,
     /// One per worker thread: the admin worker's at [`ADMIN_WORKER`], then
     /// the I/O workers' (`config.workers` of them).
     pub mailboxes: Vec<Mailbox>,
-    /// CC as last written (workers read IOSQES/IOCQES at queue creation).
-    pub cc: AtomicU32,
-    /// CSTS.RDY as workers and doorbell traps see it.
-    pub ready: AtomicBool,
-    /// A fatal error (CSTS.CFS): queue memory unreachable. Workers stop.
-    pub fatal: AtomicBool,
     /// Interrupt mask, coalescing and batching: whether a CQE gets an
     /// interrupt.
     pub interrupts: Interrupts,
@@ -171,14 +161,13 @@ pub(crate) struct Shared {
     pub self_test: SelfTest,
     /// Faults injected on purpose (control socket, configuration).
     pub faults: Faults,
-    pub created: Instant,
 }
 
 impl std::fmt::Debug for Shared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Shared")
             .field("nn", &self.subsystem.nn)
-            .field("ready", &self.ready)
+            .field("ready", &self.lifecycle.ready())
             .finish_non_exhaustive()
     }
 }
@@ -218,7 +207,7 @@ impl Shared {
     /// report it. Events of a masked type, or arriving while not ready, are
     /// dropped.
     pub fn async_event(&self, kind: u8, info: u8, lid: u8) {
-        if !self.ready.load(Ordering::Acquire) {
+        if !self.lifecycle.ready() {
             return;
         }
         if kind == async_event::TYPE_NOTICE {
@@ -255,22 +244,9 @@ impl Shared {
         );
     }
 
-    /// Power-on hours (SMART, device self-test results): since the
-    /// controller was created.
-    pub fn power_on_hours(&self) -> u64 {
-        self.created.elapsed().as_secs() / 3600
-    }
-
-    /// Time since the controller was last enabled (zero while disabled).
-    pub fn since_enable(&self, now: Instant) -> Duration {
-        self.enabled_at
-            .lock()
-            .map_or(Duration::ZERO, |t| now.saturating_duration_since(t))
-    }
-
     /// Sets CSTS.CFS: the controller cannot reach its queues.
     pub fn set_fatal(&self, why: &str) {
-        if !self.fatal.swap(true, Ordering::AcqRel) {
+        if self.lifecycle.set_fatal() {
             self.stats.fatal_errors.fetch_add(1, Ordering::Relaxed);
             tracing::warn!("controller fatal status: {why}");
             self.controller_telemetry(why);
@@ -280,7 +256,12 @@ impl Shared {
     /// The controller's state now, for a telemetry log.
     pub fn telemetry_capture(&self, reason: &str) -> Capture {
         let errors = self.error_log.lock();
-        Capture::new(&self.stats, &errors.entries, self.created.elapsed(), reason)
+        Capture::new(
+            &self.stats,
+            &errors.entries,
+            self.lifecycle.uptime(),
+            reason,
+        )
     }
 
     /// CSTS.CFS is being set: the Telemetry Controller-Initiated data

@@ -326,7 +326,7 @@ fn process_sq(
     let Some(cq) = cq_guard.as_mut() else {
         return (Pass::Idle, 0);
     };
-    if shared.fatal.load(Ordering::Acquire) {
+    if shared.lifecycle.fatal() {
         return (Pass::Idle, 0);
     }
     let mem = &*session.mem;

@@ -36,7 +36,7 @@ const LAYERS: &[&[&str]] = &[
         "irq_batch",
         "keep_alive",
         "streams",
-        "timestamp",
+        "lifecycle",
         "protection",
         "zoned",
         "faults",

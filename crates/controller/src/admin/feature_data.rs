@@ -11,8 +11,8 @@ use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
 use super::invalid_field;
 use crate::command::Ctx;
+use crate::lifecycle::timestamp::TimestampClock;
 use crate::state::AdminState;
-use crate::timestamp::TimestampClock;
 
 const TIMESTAMP_SIZE: usize = 8;
 
@@ -30,7 +30,7 @@ pub(super) fn get(
             let now = Instant::now();
             // The default: as a Controller Level Reset leaves it.
             let clock = match current {
-                true => *ctx.shared.timestamp.lock(),
+                true => ctx.shared.lifecycle.timestamp(),
                 false => TimestampClock::reset(now),
             };
             ctx.send(cmd, &u64::from(clock.read(now)).to_le_bytes())
@@ -68,7 +68,9 @@ fn set_from(
             let raw = u64::read_from_bytes(buf).map_err(|_| invalid_field())?;
             // Bytes 7:6 are reserved in the value the host sets.
             let tstmp = Timestamp::from(raw).tstmp();
-            *shared.timestamp.lock() = TimestampClock::set(tstmp, Instant::now());
+            shared
+                .lifecycle
+                .set_timestamp(TimestampClock::set(tstmp, Instant::now()));
         }
         FeatureId::HOST_BEHAVIOR_SUPPORT => {
             ctx.receive(cmd, size_of::<HostBehaviorSupport>(), buf)?;

@@ -11,7 +11,7 @@ use vnvme_spec::feature::{
     InterruptVectorConfig, IoCommandSetProfile, NumberOfQueues, PowerManagement,
     SoftwareProgressMarker, VolatileWriteCache, WriteAtomicity,
 };
-use vnvme_spec::regs::{css, Cc};
+use vnvme_spec::regs::css;
 use vnvme_spec::{Command, Status};
 
 use super::identify::IO_COMMAND_SET_COMBINATIONS;
@@ -313,7 +313,7 @@ fn reservation_persistence(shared: &Shared, target: Target, cmd: &Command) -> Re
 /// must name a combination of Identify CNS 1Ch; the only one is index 0
 /// (the NVM Command Set), so the value never changes from 0.
 fn io_command_set_profile(shared: &Shared, cmd: &Command) -> Result<(), Status> {
-    let cc = Cc::from(shared.cc.load(Ordering::Acquire));
+    let cc = shared.lifecycle.cc();
     let index = usize::from(IoCommandSetProfile::from(cmd.cdw11).iocsci());
     let exists = IO_COMMAND_SET_COMBINATIONS
         .get(index)

@@ -295,7 +295,7 @@ fn ns_independent(shared: &Shared, nsid: u32) -> Result<Vec<u8>, Status> {
     if let Some(ns) = shared.subsystem.namespaces.active(nsid) {
         let now = std::time::Instant::now();
         let faulted = shared.faults.not_ready(ns.nsid, || now);
-        id.nstat = u8::from(ns.is_ready(shared.since_enable(now)) && !faulted);
+        id.nstat = u8::from(ns.is_ready(shared.lifecycle.since_enable(now)) && !faulted);
         id.nsfeat = if ns.backend.volatile_cache() {
             0
         } else {

@@ -268,7 +268,10 @@ fn smart_log(req: &Request<'_>) -> Result<Vec<u8>, Status> {
         &mut log.power_cycles,
         u128::from(s.power_cycles.load(Relaxed)),
     );
-    set_u128(&mut log.power_on_hours, u128::from(shared.power_on_hours()));
+    set_u128(
+        &mut log.power_on_hours,
+        u128::from(shared.lifecycle.power_on_hours()),
+    );
     set_u128(
         &mut log.unsafe_shutdowns,
         u128::from(s.unsafe_shutdowns.load(Relaxed)),

@@ -163,7 +163,7 @@ fn delete(shared: &Shared, cmd: &Command) -> Result<(), Status> {
 /// with `cdw10`, or the operator): self-tests on them, their settings, and
 /// the host hears of those that were attached.
 pub(crate) fn forget(shared: &Shared, removed: &[Arc<Namespace>], cdw10: u32) {
-    let poh = shared.power_on_hours();
+    let poh = shared.lifecycle.power_on_hours();
     for ns in removed {
         shared.self_test.abort_for(ns.nsid, ABORTED_NS_REMOVED, poh);
     }
@@ -263,7 +263,7 @@ pub(super) fn format_nvm(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status
         shared.namespace(nsid)?;
         vec![nsid]
     };
-    let poh = shared.power_on_hours();
+    let poh = shared.lifecycle.power_on_hours();
     for &id in &targets {
         shared.self_test.abort_for(id, ABORTED_FORMAT, poh);
     }

@@ -3,7 +3,7 @@
 use std::sync::atomic::Ordering;
 
 use vnvme_spec::cdw::{Cdw10CreateIoQueue, Cdw10DeleteIoQueue, Cdw11CreateIoCq, Cdw11CreateIoSq};
-use vnvme_spec::regs::{Cc, Doorbell};
+use vnvme_spec::regs::Doorbell;
 use vnvme_spec::{Command, Completion, Status};
 
 use super::invalid_field;
@@ -60,7 +60,7 @@ fn parse_create(
 pub(super) fn create_cq(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> {
     let shared = ctx.shared;
     let ncqa_z = shared.admin.lock().ncqa_z;
-    let cc = Cc::from(shared.cc.load(Ordering::Acquire));
+    let cc = shared.lifecycle.cc();
     let entry_ok = 1usize << cc.iocqes() == Completion::SIZE;
     let qid = Cdw10CreateIoQueue::from(cmd.cdw10).qid();
     let slot = shared.cqs.get(usize::from(qid)).ok_or_else(invalid_qid)?;
@@ -100,7 +100,7 @@ pub(super) fn create_sq(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> 
         return Err(Status::INVALID_CQ.with_dnr(true));
     }
     let nsqa_z = shared.admin.lock().nsqa_z;
-    let cc = Cc::from(shared.cc.load(Ordering::Acquire));
+    let cc = shared.lifecycle.cc();
     let entry_ok = 1usize << cc.iosqes() == Command::SIZE;
     let qid = Cdw10CreateIoQueue::from(cmd.cdw10).qid();
     if qid == 0 {

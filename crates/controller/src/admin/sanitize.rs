@@ -121,7 +121,7 @@ fn start(shared: &Shared, op: Operation, cdw11: u32) -> Result<u32, Status> {
     shared.sanitize.task.stop();
     shared
         .self_test
-        .abort(ABORTED_SANITIZE, shared.power_on_hours());
+        .abort(ABORTED_SANITIZE, shared.lifecycle.power_on_hours());
     clear_completion_event(shared);
     let namespaces = block_io(shared, Some(Status::SANITIZE_IN_PROGRESS.with_dnr(false)));
     tracing::debug!(?op, "sanitize started");

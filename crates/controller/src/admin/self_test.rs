@@ -42,7 +42,7 @@ pub(super) fn device_self_test(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, 
         code::ABORT => {
             shared
                 .self_test
-                .abort(result::ABORTED, shared.power_on_hours());
+                .abort(result::ABORTED, shared.lifecycle.power_on_hours());
             return Ok(0);
         }
         _ => return Err(invalid_field()),
@@ -61,12 +61,12 @@ pub(super) fn device_self_test(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, 
     let spawned = shared.self_test.task.start("vnvme-self-test", move || {
         if let Some(outcome) = test(&me, stc, generation, &namespaces) {
             me.self_test
-                .finish(generation, outcome, me.power_on_hours());
+                .finish(generation, outcome, me.lifecycle.power_on_hours());
         }
     });
     spawned.map(|()| 0).map_err(|e| {
         tracing::error!("no thread for the device self-test: {e}");
-        let poh = shared.power_on_hours();
+        let poh = shared.lifecycle.power_on_hours();
         shared.self_test.abort(result::FATAL_ERROR, poh);
         Status::INTERNAL_ERROR.with_dnr(true)
     })

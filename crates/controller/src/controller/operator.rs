@@ -385,7 +385,7 @@ impl Controller {
     /// power coming back would show it (CSTS.CFS; the host resets it).
     fn power_loss(&self) -> Result<(), FaultError> {
         let shared = &self.shared;
-        if !shared.ready.load(Ordering::Acquire) {
+        if !shared.lifecycle.ready() {
             return Err(FaultError::NotEnabled);
         }
         let mut dropped = 0;

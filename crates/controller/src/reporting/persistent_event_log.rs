@@ -36,7 +36,7 @@ use zerocopy::little_endian::{U16, U32, U64};
 use zerocopy::IntoBytes;
 
 use crate::config::ControllerConfig;
-use crate::timestamp::TimestampClock;
+use crate::lifecycle::timestamp::TimestampClock;
 
 /// Persistent Event Log Size (Identify Controller PELS), 64 KiB units: the
 /// whole log, header included, never exceeds it.

@@ -8,7 +8,6 @@
 //! Submission Queue waits for it, §5.6), a never-completing one does not
 //! (the host deletes the queue when it gives up on it).
 
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use vnvme_spec::{Command, Status};
@@ -130,7 +129,7 @@ fn release_one(
             shared.kick_sq(0);
         }
     }
-    if shared.fatal.load(Ordering::Acquire) || sq.deleting.is_some() {
+    if shared.lifecycle.fatal() || sq.deleting.is_some() {
         return None;
     }
     let outcome = if aborted {

@@ -3,7 +3,6 @@
 //! flush is finished ([`io::finish`]), and posting them (see
 //! [`crate::inflight`]).
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -101,7 +100,7 @@ fn complete_one(
         // The admin queue's worker completes the Delete.
         shared.kick_sq(0);
     }
-    if shared.fatal.load(Ordering::Acquire) {
+    if shared.lifecycle.fatal() {
         return None;
     }
     let mut ctx = Ctx {
