@@ -28,8 +28,8 @@ use crate::queue::mailbox::Mailbox;
 use crate::queue::{Cq, Sq};
 use crate::regs::{Action, Regs};
 use crate::reporting::persistent_event_log::PersistentEventLog;
-use crate::reporting::telemetry::Telemetry;
-use crate::state::{AdminState, ErrorLog, Events, Session, Shared, ADMIN_WORKER};
+use crate::reporting::{Events, Reporting};
+use crate::state::{AdminState, Session, Shared, ADMIN_WORKER};
 use crate::stats::{ControllerStats, Stats};
 use crate::subsystem::firmware::Firmware;
 use crate::subsystem::{ChangedNamespaces, Namespaces, ReadyTimer, Subsystem};
@@ -186,11 +186,8 @@ impl Controller {
             sqs: (0..qids).map(|_| Mutex::new(None)).collect(),
             cqs: (0..qids).map(|_| Mutex::new(None)).collect(),
             admin: Mutex::new(AdminState::new(&config)),
-            events: Mutex::new(Events::default()),
-            error_log: Mutex::new(ErrorLog::default()),
             streams: Mutex::default(),
-            telemetry: Telemetry::default(),
-            persistent_events: PersistentEventLog::new(&config, created, lifecycle.clock()),
+            reporting: Reporting::new(PersistentEventLog::new(&config, created, lifecycle.clock())),
             stats,
             mailboxes: (0..=config.workers).map(|_| Mailbox::default()).collect(),
             interrupts: Interrupts::new(&config),
@@ -204,7 +201,10 @@ impl Controller {
             lifecycle,
             config,
         });
-        shared.persistent_events.power_on_or_reset(created, 0);
+        shared
+            .reporting
+            .persistent_events
+            .power_on_or_reset(created, 0);
         let regs = Regs::new(&shared.config);
         Ok(Self {
             shared,
@@ -627,7 +627,7 @@ impl Controller {
         shared.doorbells.clear_dbbuf();
         shared.keep_alive.reset();
         *shared.admin.lock() = AdminState::new(&shared.config);
-        *shared.events.lock() = Events::default();
+        *shared.reporting.events.lock() = Events::default();
         shared.streams.lock().reset();
         shared.interrupts.reset();
         shared.wce.store(true, Ordering::Relaxed);
@@ -645,7 +645,7 @@ impl Controller {
         shared.lifecycle.set_cc(ctl.regs.cc);
         // The host that took a Persistent Event Log reporting context is
         // gone with the reset; keeping it would refuse its next Establish.
-        shared.persistent_events.release();
+        shared.reporting.persistent_events.release();
         if was_enabled {
             shared
                 .stats
@@ -653,6 +653,7 @@ impl Controller {
                 .fetch_add(1, Ordering::Relaxed);
             let power_cycles = shared.stats.power_cycles.load(Ordering::Relaxed);
             shared
+                .reporting
                 .persistent_events
                 .power_on_or_reset(Instant::now(), power_cycles);
         }

@@ -1,22 +1,37 @@
-//! State shared by the control thread and the queue workers.
+//! State shared by the control thread and the queue workers: one field per
+//! owner. The parts (each in the module that owns its concept):
+//! [`Lifecycle`] (CC, RDY, CFS, timestamps), [`Interrupts`] (whether a CQE
+//! gets an interrupt), [`Reporting`] (asynchronous events, error log,
+//! telemetry, Persistent Event Log), the queues and their workers'
+//! mailboxes, the doorbells, the subsystem (namespaces, firmware), the
+//! background operations, features, faults and counters.
+//!
+//! What is what, for a save and restore of the controller (each part's
+//! module says it of its own fields): `config` is configuration (fixed at
+//! start); the queues, doorbells, features (`admin`, `streams`, `wce`,
+//! `software_progress`, the Keep Alive value), the subsystem, the
+//! background operations and the parts above are guest-visible state;
+//! `stats`, `faults`, the mailboxes and `me` are transient (counters,
+//! operator's faults and wake-ups a new process starts afresh).
 //!
 //! Lock order (never take an earlier lock while holding a later one):
-//! `sqs[0]` -> `cqs[0]` -> `sqs[n]` -> `cqs[n]`; `admin`, `events`,
-//! `error_log`, `streams`, `telemetry`, `persistent_events`, the doorbells' shadow
-//! buffer lock and the sanitize and self-test states are leaves (nothing is locked while holding them). Only the
-//! admin queue's worker takes I/O queue locks while holding the admin ones,
-//! and admin commands reject queue id 0 before locking anything.
+//! `sqs[0]` -> `cqs[0]` -> `sqs[n]` -> `cqs[n]`; `admin`, the reporting
+//! locks (`events`, `error_log`, `telemetry`, `persistent_events`),
+//! `streams`, the doorbells' shadow buffer lock and the sanitize and
+//! self-test states are leaves (nothing is locked while holding them).
+//! Only the admin queue's worker takes I/O queue locks while holding the
+//! admin ones, and admin commands reject queue id 0 before locking
+//! anything.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 use vnvme_spec::feature::{aec, HostBehaviorSupport};
-use vnvme_spec::log::{async_event, ErrorLogEntry};
+use vnvme_spec::log::async_event;
 use vnvme_spec::regs::Doorbell;
 use vnvme_spec::{Command, Status};
-use zerocopy::little_endian::{U16, U32, U64};
 
 use crate::background::sanitize::Sanitize;
 use crate::background::self_test::SelfTest;
@@ -30,8 +45,7 @@ use crate::memory::{GuestMemory, InterruptSink};
 use crate::namespace::Namespace;
 use crate::queue::mailbox::Mailbox;
 use crate::queue::{Cq, Sq};
-use crate::reporting::persistent_event_log::PersistentEventLog;
-use crate::reporting::telemetry::{Capture, Telemetry};
+use crate::reporting::Reporting;
 use crate::stats::Stats;
 use crate::streams::Streams;
 use crate::subsystem::Subsystem;
@@ -39,13 +53,8 @@ use crate::subsystem::Subsystem;
 /// The worker of the admin queue: admin commands never run inside an I/O
 /// worker's loop.
 pub(crate) const ADMIN_WORKER: usize = 0;
-/// Asynchronous Event Request Limit, 0's based (Identify Controller AERL).
-pub(crate) const AERL: u8 = 3;
 /// Abort Command Limit, 0's based: Aborts pending per submission queue.
 pub(crate) const ACL: u8 = 3;
-/// Error Log Page Entries, 0's based (ELPE).
-pub(crate) const ELPE: u8 = 63;
-const MAX_QUEUED_EVENTS: usize = 16;
 
 /// What enable gives the workers: the client's memory and interrupts, and
 /// the page size chosen in CC.MPS.
@@ -99,25 +108,6 @@ impl AdminState {
     }
 }
 
-/// Outstanding Asynchronous Event Requests and events not yet reported (§5.2).
-#[derive(Debug, Default)]
-pub(crate) struct Events {
-    /// CIDs of outstanding AER commands.
-    pub outstanding: Vec<u16>,
-    /// Completion dword 0 of events waiting for an AER.
-    pub queue: VecDeque<u32>,
-    /// Event types (bit per type) reported and not yet cleared by reading
-    /// their log page: further events of that type are dropped (§5.2).
-    pub masked: u8,
-}
-
-#[derive(Debug, Default)]
-pub(crate) struct ErrorLog {
-    pub count: u64,
-    /// Newest first.
-    pub entries: VecDeque<ErrorLogEntry>,
-}
-
 pub(crate) struct Shared {
     /// This very value: a background operation's thread holds it.
     pub me: Weak<Shared>,
@@ -130,14 +120,11 @@ pub(crate) struct Shared {
     pub sqs: Vec<Mutex<Option<Sq>>>,
     pub cqs: Vec<Mutex<Option<Cq>>>,
     pub admin: Mutex<AdminState>,
-    pub events: Mutex<Events>,
-    pub error_log: Mutex<ErrorLog>,
     /// Streams directive: enabled, allocated and open, per namespace.
     pub streams: Mutex<Streams>,
-    /// Telemetry captures (log pages 07h, 08h).
-    pub telemetry: Telemetry,
-    /// Persistent Event Log (0Dh).
-    pub persistent_events: PersistentEventLog,
+    /// Asynchronous events, the error log, telemetry, the Persistent
+    /// Event Log.
+    pub reporting: Reporting,
     /// Shared with `doorbells`, which counts shadow reads and errors.
     pub stats: Arc<Stats>,
     /// One per worker thread: the admin worker's at [`ADMIN_WORKER`], then
@@ -220,14 +207,8 @@ impl Shared {
                 return;
             }
         }
-        let bit = 1u8 << (kind & 0x7);
-        {
-            let mut e = self.events.lock();
-            if e.masked & bit != 0 || e.queue.len() >= MAX_QUEUED_EVENTS {
-                return;
-            }
-            e.masked |= bit;
-            e.queue.push_back(async_event::dword0(kind, info, lid));
+        if !self.reporting.queue_event(kind, info, lid) {
+            return;
         }
         self.kick_sq(0);
     }
@@ -253,30 +234,17 @@ impl Shared {
         }
     }
 
-    /// The controller's state now, for a telemetry log.
-    pub fn telemetry_capture(&self, reason: &str) -> Capture {
-        let errors = self.error_log.lock();
-        Capture::new(
-            &self.stats,
-            &errors.entries,
-            self.lifecycle.uptime(),
-            reason,
-        )
-    }
-
-    /// CSTS.CFS is being set: the Telemetry Controller-Initiated data
-    /// records why and the state then (unless the host has not released
-    /// the previous capture).
+    /// CSTS.CFS is being set (or an enable refused): the Telemetry
+    /// Controller-Initiated data records why and the state then.
     pub fn controller_telemetry(&self, reason: &str) {
-        let kept = self
-            .telemetry
-            .controller_initiated(self.telemetry_capture(reason));
-        tracing::debug!(kept, "controller-initiated telemetry: {reason}");
+        self.reporting
+            .controller_telemetry(&self.stats, self.lifecycle.uptime(), reason);
     }
 
     /// Adds a failed command to the Error Information log.
     pub fn log_error(&self, sqid: u16, cmd: &Command, status: Status) {
-        self.record_error(sqid, cmd.cid(), cmd.nsid.get(), status);
+        self.reporting
+            .record_error(sqid, cmd.cid(), cmd.nsid.get(), status);
     }
 
     /// The Keep Alive Timer expired (§3.9, Keep Alive Timeout Cleanup in
@@ -285,21 +253,8 @@ impl Shared {
     /// host recovers with a controller reset.
     pub fn keep_alive_expired(&self) {
         // Not a command's error: SQID and CID FFFFh.
-        self.record_error(0xFFFF, 0xFFFF, 0, Status::KEEP_ALIVE_TIMEOUT_EXPIRED);
+        self.reporting
+            .record_error(0xFFFF, 0xFFFF, 0, Status::KEEP_ALIVE_TIMEOUT_EXPIRED);
         self.set_fatal("keep alive timeout expired");
-    }
-
-    fn record_error(&self, sqid: u16, cid: u16, nsid: u32, status: Status) {
-        let mut log = self.error_log.lock();
-        log.count = log.count.wrapping_add(1).max(1);
-        let mut e = ErrorLogEntry::default();
-        e.error_count = U64::new(log.count);
-        e.sqid = U16::new(sqid);
-        e.cid = U16::new(cid);
-        e.status = U16::new(status.raw() << 1);
-        e.param_error_location = U16::new(0xFFFF);
-        e.nsid = U32::new(nsid);
-        log.entries.push_front(e);
-        log.entries.truncate(usize::from(ELPE) + 1);
     }
 }

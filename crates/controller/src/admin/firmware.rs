@@ -40,7 +40,7 @@ pub(super) fn commit(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
     };
     let result = answer(ctx, committed.map(|(c, _)| c));
     let new = committed.map_or_else(|_| Revision::default(), |(_, r)| r);
-    ctx.shared.persistent_events.record(
+    ctx.shared.reporting.persistent_events.record(
         EventType::FIRMWARE_COMMIT,
         Instant::now(),
         firmware_commit(old, new, cdw10.ca(), cdw10.fs(), result.err()),

@@ -19,7 +19,8 @@ use crate::command::Ctx;
 use crate::keep_alive::KAS;
 use crate::namespace::{Namespace, ENDURANCE_GROUP_ID, NSID_ALL};
 use crate::reporting::persistent_event_log::PELS;
-use crate::state::{Shared, ACL, AERL, ELPE};
+use crate::reporting::{AERL, ELPE};
+use crate::state::{Shared, ACL};
 use crate::subsystem::firmware::{FWUG, SLOTS};
 
 /// The I/O Command Set Combinations of Identify CNS 1Ch, by index: one,

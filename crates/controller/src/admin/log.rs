@@ -21,7 +21,8 @@ use zerocopy::IntoBytes;
 
 use super::invalid_field;
 use crate::command::Ctx;
-use crate::state::{Shared, ELPE};
+use crate::reporting::ELPE;
+use crate::state::Shared;
 use crate::vendor::CommandSet;
 
 /// A Get Log Page command's fields, for a log's reader.
@@ -191,7 +192,7 @@ pub(super) fn get_log_page(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Statu
     }
     if let Some(kind) = log.event {
         if !req.rae {
-            shared.events.lock().masked &= !(1u8 << kind);
+            shared.reporting.events.lock().masked &= !(1u8 << kind);
         }
     }
     Ok(())
@@ -208,7 +209,7 @@ fn supported_log_pages() -> Vec<u8> {
 }
 
 fn error_log(shared: &Shared) -> Vec<u8> {
-    let log = shared.error_log.lock();
+    let log = shared.reporting.error_log.lock();
     let mut page = Vec::with_capacity((usize::from(ELPE) + 1) * 64);
     for e in &log.entries {
         page.extend_from_slice(e.as_bytes());
@@ -240,7 +241,7 @@ impl Health {
             host_read_commands: count(&s.host_read_commands),
             host_write_commands: count(&s.host_write_commands),
             media_errors: count(&s.media_errors),
-            error_log_entries: u128::from(shared.error_log.lock().count),
+            error_log_entries: u128::from(shared.reporting.error_log.lock().count),
         }
     }
 }

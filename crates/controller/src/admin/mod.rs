@@ -18,7 +18,7 @@ mod zns;
 use vnvme_spec::{AdminOpcode, Command, Status};
 
 use crate::command::{Ctx, Outcome};
-use crate::state::AERL;
+use crate::reporting::AERL;
 
 /// Admin opcodes this controller implements (Commands Supported and Effects).
 pub(crate) const SUPPORTED: &[AdminOpcode] = &[
@@ -110,7 +110,7 @@ pub(crate) fn execute(ctx: &mut Ctx<'_>, cmd: &Command) -> Outcome {
 /// Asynchronous Event Request (§5.2): held until an event occurs; at most
 /// AERL + 1 outstanding.
 fn async_event_request(ctx: &mut Ctx<'_>, cmd: &Command) -> Outcome {
-    let mut e = ctx.shared.events.lock();
+    let mut e = ctx.shared.reporting.events.lock();
     if e.outstanding.len() > usize::from(AERL) {
         return Outcome::from_result(Err(Status::AER_LIMIT_EXCEEDED.with_dnr(true)));
     }

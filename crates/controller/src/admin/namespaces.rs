@@ -134,6 +134,7 @@ fn create(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
 pub(crate) fn record_change(shared: &Shared, cdw10: u32, ns: &Namespace) {
     let data = change_namespace(cdw10, ns.nsid, ns.nsze, ns.identify().flbas);
     shared
+        .reporting
         .persistent_events
         .record(EventType::CHANGE_NAMESPACE, Instant::now(), data);
 }
@@ -267,7 +268,7 @@ pub(super) fn format_nvm(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status
     for &id in &targets {
         shared.self_test.abort_for(id, ABORTED_FORMAT, poh);
     }
-    let events = &shared.persistent_events;
+    let events = &shared.reporting.persistent_events;
     let start = Instant::now();
     // FNA 0 (Identify Controller): each namespace is formatted on its own.
     events.record(

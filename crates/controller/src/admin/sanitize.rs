@@ -111,7 +111,7 @@ fn start(shared: &Shared, op: Operation, cdw11: u32) -> Result<u32, Status> {
         .upgrade()
         .ok_or(Status::INTERNAL_ERROR.with_dnr(true))?;
     shared.sanitize.begin(&op)?;
-    shared.persistent_events.record(
+    shared.reporting.persistent_events.record(
         EventType::SANITIZE_START,
         Instant::now(),
         sanitize_start(SANICAP, op.cdw10, cdw11),
@@ -157,7 +157,7 @@ fn clear_completion_event(shared: &Shared) {
         async_event::IO_SANITIZE_COMPLETED,
         LogPageId::SANITIZE_STATUS.0,
     );
-    let mut e = shared.events.lock();
+    let mut e = shared.reporting.events.lock();
     e.queue.retain(|&dw| dw != completed);
     e.masked &= !(1 << kind);
 }
@@ -269,7 +269,7 @@ fn fail(shared: &Shared, op: &Operation) {
 /// the Persistent Event Log.
 fn report(shared: &Shared) {
     let log = shared.sanitize.log(user_data_writes(shared), 0, 0);
-    shared.persistent_events.record(
+    shared.reporting.persistent_events.record(
         EventType::SANITIZE_COMPLETION,
         Instant::now(),
         sanitize_completion(log.sprog.get(), log.sstat.get()),

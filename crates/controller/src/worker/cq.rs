@@ -166,7 +166,7 @@ pub(super) fn deliver_events(shared: &Shared, session: &Session, cq: &mut Cq, sq
             return;
         }
         let (cid, dw0) = {
-            let mut e = shared.events.lock();
+            let mut e = shared.reporting.events.lock();
             if e.outstanding.is_empty() || e.queue.is_empty() {
                 return;
             }

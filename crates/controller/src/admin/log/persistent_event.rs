@@ -12,7 +12,7 @@ use super::{invalid_field, Request};
 /// A read with no context, or an establish over an existing one, is a
 /// Command Sequence Error; action 11b is reserved.
 pub(super) fn read(req: &Request<'_>) -> Result<Vec<u8>, Status> {
-    let pel = &req.shared.persistent_events;
+    let pel = &req.shared.reporting.persistent_events;
     let sequence_error = || Status::COMMAND_SEQUENCE_ERROR.with_dnr(true);
     match PersistentEventLsp::from_bits(req.lsp).action() {
         action::READ => pel.context().map(|p| p.to_vec()).ok_or_else(sequence_error),

@@ -31,16 +31,21 @@ pub(super) fn host_initiated(req: &Request<'_>) -> Result<Vec<u8>, Status> {
         if lsp.mcda() > 4 {
             return Err(invalid_field());
         }
-        let capture = shared.telemetry_capture("host-initiated").limit(lsp.mcda());
-        shared.telemetry.host_initiated(capture);
-        let page = shared.telemetry.page(lid);
+        let capture = shared
+            .reporting
+            .telemetry_capture(&shared.stats, shared.lifecycle.uptime(), "host-initiated")
+            .limit(lsp.mcda());
+        shared.reporting.telemetry.host_initiated(capture);
+        let page = shared.reporting.telemetry.page(lid);
         let header = page.get(..BLOCK).unwrap_or_default().to_vec();
-        shared
-            .persistent_events
-            .record(EventType::TELEMETRY_LOG_CREATE, Instant::now(), header);
+        shared.reporting.persistent_events.record(
+            EventType::TELEMETRY_LOG_CREATE,
+            Instant::now(),
+            header,
+        );
         return Ok(page);
     }
-    Ok(shared.telemetry.page(lid))
+    Ok(shared.reporting.telemetry.page(lid))
 }
 
 /// Log 08h.
@@ -48,6 +53,7 @@ pub(super) fn controller_initiated(req: &Request<'_>) -> Result<Vec<u8>, Status>
     check_offset(req)?;
     Ok(req
         .shared
+        .reporting
         .telemetry
         .page(LogPageId::TELEMETRY_CONTROLLER_INITIATED))
 }
@@ -62,6 +68,9 @@ pub(super) fn release_controller_initiated(req: &Request<'_>, page: &[u8]) {
         return;
     }
     if let Some(&generation) = page.get(GENERATION) {
-        req.shared.telemetry.release_controller(generation);
+        req.shared
+            .reporting
+            .telemetry
+            .release_controller(generation);
     }
 }
