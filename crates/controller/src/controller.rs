@@ -2,7 +2,7 @@
 //! thread, enable/reset/shutdown, and the worker threads' lifecycle.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -24,7 +24,7 @@ use crate::lifecycle::timestamp::TimestampClock;
 use crate::lifecycle::Lifecycle;
 use crate::memory::{GuestMemory, InterruptSink};
 use crate::namespace::Namespace;
-use crate::queue::mailbox::Mailbox;
+use crate::queue::table::QueueTable;
 use crate::queue::{Cq, Sq};
 use crate::regs::{Action, Regs};
 use crate::reporting::persistent_event_log::PersistentEventLog;
@@ -183,15 +183,12 @@ impl Controller {
                 firmware: Mutex::new(Firmware::new(&config.firmware)),
             },
             doorbells: Doorbells::new(qids, page, Arc::clone(&stats)),
-            sqs: (0..qids).map(|_| Mutex::new(None)).collect(),
-            cqs: (0..qids).map(|_| Mutex::new(None)).collect(),
+            queues: QueueTable::new(qids, config.workers),
             admin: Mutex::new(AdminState::new(&config)),
             streams: Mutex::default(),
             reporting: Reporting::new(PersistentEventLog::new(&config, created, lifecycle.clock())),
             stats,
-            mailboxes: (0..=config.workers).map(|_| Mailbox::default()).collect(),
             interrupts: Interrupts::new(&config),
-            deleting_sqs: AtomicU32::new(0),
             wce: AtomicBool::new(true),
             software_progress: AtomicU8::new(0),
             keep_alive: Arc::default(),
@@ -286,7 +283,7 @@ impl Controller {
             None => return false,
         };
         let shared = &*self.shared;
-        for slot in &shared.cqs {
+        for slot in &shared.queues.cqs {
             let mut guard = slot.lock();
             let Some(cq) = guard.as_mut() else {
                 continue;
@@ -429,7 +426,7 @@ impl Controller {
         }
         match outcome {
             TrapOutcome::Kick { worker, doorbell } => {
-                if let Some(w) = shared.mailboxes.get(worker) {
+                if let Some(w) = shared.queues.mailboxes.get(worker) {
                     w.push(doorbell);
                 }
             }
@@ -533,7 +530,9 @@ impl Controller {
         cq.set_source(shared.doorbells.source_for(Doorbell::CqHead(0)));
         let mut sq = Sq::new(0, ctl.regs.asq, asqs, 0);
         sq.set_source(shared.doorbells.source_for(Doorbell::SqTail(0)));
-        if let (Some(sq_slot), Some(cq_slot)) = (shared.sqs.first(), shared.cqs.first()) {
+        if let (Some(sq_slot), Some(cq_slot)) =
+            (shared.queues.sqs.first(), shared.queues.cqs.first())
+        {
             *sq_slot.lock() = Some(sq);
             *cq_slot.lock() = Some(cq);
         }
@@ -543,7 +542,7 @@ impl Controller {
         shared
             .doorbells
             .open(Doorbell::CqHead(0), acqs, ADMIN_WORKER);
-        for (i, w) in shared.mailboxes.iter().enumerate() {
+        for (i, w) in shared.queues.mailboxes.iter().enumerate() {
             w.rearm();
             let (sh, se) = (self.shared.clone(), session.clone());
             let spawned = std::thread::Builder::new()
@@ -666,7 +665,7 @@ impl Controller {
     fn stop_workers(&self, ctl: &mut Control) {
         self.shared.subsystem.ready_timer.stop();
         self.shared.keep_alive.stop();
-        for w in &self.shared.mailboxes {
+        for w in &self.shared.queues.mailboxes {
             w.stop();
         }
         for t in ctl.threads.drain(..) {
@@ -678,13 +677,13 @@ impl Controller {
 
     fn clear_queues(&self) {
         let shared = &*self.shared;
-        for s in &shared.sqs {
+        for s in &shared.queues.sqs {
             *s.lock() = None;
         }
-        for c in &shared.cqs {
+        for c in &shared.queues.cqs {
             *c.lock() = None;
         }
-        shared.deleting_sqs.store(0, Ordering::Release);
+        shared.queues.deleting_sqs.store(0, Ordering::Release);
         shared.doorbells.close_all();
     }
 }
@@ -703,7 +702,7 @@ impl Drop for Controller {
         self.shared.self_test.task.stop();
         self.shared.subsystem.ready_timer.stop();
         self.shared.keep_alive.stop();
-        for w in &self.shared.mailboxes {
+        for w in &self.shared.queues.mailboxes {
             w.stop();
         }
         for t in ctl.threads.drain(..) {

@@ -2,8 +2,8 @@
 //! owner. The parts (each in the module that owns its concept):
 //! [`Lifecycle`] (CC, RDY, CFS, timestamps), [`Interrupts`] (whether a CQE
 //! gets an interrupt), [`Reporting`] (asynchronous events, error log,
-//! telemetry, Persistent Event Log), the queues and their workers'
-//! mailboxes, the doorbells, the subsystem (namespaces, firmware), the
+//! telemetry, Persistent Event Log), [`QueueTable`] (the queues, who works
+//! which, the workers' mailboxes), the doorbells, the subsystem (namespaces, firmware), the
 //! background operations, features, faults and counters.
 //!
 //! What is what, for a save and restore of the controller (each part's
@@ -11,7 +11,7 @@
 //! start); the queues, doorbells, features (`admin`, `streams`, `wce`,
 //! `software_progress`, the Keep Alive value), the subsystem, the
 //! background operations and the parts above are guest-visible state;
-//! `stats`, `faults`, the mailboxes and `me` are transient (counters,
+//! `stats`, `faults` and `me` are transient (counters,
 //! operator's faults and wake-ups a new process starts afresh).
 //!
 //! Lock order (never take an earlier lock while holding a later one):
@@ -24,7 +24,7 @@
 //! anything.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
@@ -43,16 +43,13 @@ use crate::keep_alive::KeepAlive;
 use crate::lifecycle::Lifecycle;
 use crate::memory::{GuestMemory, InterruptSink};
 use crate::namespace::Namespace;
-use crate::queue::mailbox::Mailbox;
-use crate::queue::{Cq, Sq};
+use crate::queue::table::QueueTable;
 use crate::reporting::Reporting;
 use crate::stats::Stats;
 use crate::streams::Streams;
 use crate::subsystem::Subsystem;
 
-/// The worker of the admin queue: admin commands never run inside an I/O
-/// worker's loop.
-pub(crate) const ADMIN_WORKER: usize = 0;
+pub(crate) use crate::queue::table::ADMIN_WORKER;
 /// Abort Command Limit, 0's based: Aborts pending per submission queue.
 pub(crate) const ACL: u8 = 3;
 
@@ -116,9 +113,8 @@ pub(crate) struct Shared {
     pub lifecycle: Lifecycle,
     pub subsystem: Subsystem,
     pub doorbells: Doorbells,
-    /// Indexed by queue id, `0..=max_io_queues`.
-    pub sqs: Vec<Mutex<Option<Sq>>>,
-    pub cqs: Vec<Mutex<Option<Cq>>>,
+    /// The SQs and CQs, and which worker serves which.
+    pub queues: QueueTable,
     pub admin: Mutex<AdminState>,
     /// Streams directive: enabled, allocated and open, per namespace.
     pub streams: Mutex<Streams>,
@@ -127,15 +123,9 @@ pub(crate) struct Shared {
     pub reporting: Reporting,
     /// Shared with `doorbells`, which counts shadow reads and errors.
     pub stats: Arc<Stats>,
-    /// One per worker thread: the admin worker's at [`ADMIN_WORKER`], then
-    /// the I/O workers' (`config.workers` of them).
-    pub mailboxes: Vec<Mailbox>,
     /// Interrupt mask, coalescing and batching: whether a CQE gets an
     /// interrupt.
     pub interrupts: Interrupts,
-    /// SQs whose Delete waits for their commands in flight
-    /// ([`Sq::deleting`]).
-    pub deleting_sqs: AtomicU32,
     /// Volatile Write Cache enabled (feature 06h).
     pub wce: AtomicBool,
     /// Software Progress Marker (80h): persists across resets (§5.27.1
@@ -160,18 +150,6 @@ impl std::fmt::Debug for Shared {
 }
 
 impl Shared {
-    /// The worker that owns the queue pair whose CQ is `cqid`: SQs live with
-    /// their CQ, so a CQ is only ever posted to by one thread. The admin
-    /// queue has a worker of its own; I/O queues are spread over the others.
-    pub fn worker_for(&self, cqid: u16) -> usize {
-        let io_workers = self.mailboxes.len().saturating_sub(1).max(1);
-        if cqid == 0 {
-            ADMIN_WORKER
-        } else {
-            1 + usize::from(cqid - 1) % io_workers
-        }
-    }
-
     /// Active (allocated and attached) namespace `nsid`, or Invalid
     /// Namespace or Format.
     pub fn namespace(&self, nsid: u32) -> Result<Arc<Namespace>, Status> {
@@ -184,7 +162,7 @@ impl Shared {
     /// Queues SQ `qid` for a pass by its worker (outside a doorbell trap).
     pub fn kick_sq(&self, qid: u16) {
         if let Some(w) = self.doorbells.request(Doorbell::SqTail(qid)) {
-            if let Some(worker) = self.mailboxes.get(w) {
+            if let Some(worker) = self.queues.mailboxes.get(w) {
                 worker.push(Doorbell::SqTail(qid));
             }
         }

@@ -139,7 +139,7 @@ pub(crate) fn run(shared: Arc<Shared>, session: Arc<Session>, index: usize) {
 /// ones if the policy polls, reap asynchronous completions, then let the
 /// policy choose what comes next.
 fn run_with<W: Wake>(shared: &Arc<Shared>, session: &Session, index: usize, mut wake: W) {
-    let Some(me) = shared.mailboxes.get(index) else {
+    let Some(me) = shared.queues.mailboxes.get(index) else {
         return;
     };
     let policy = W::EVENT_IDX;
@@ -312,14 +312,14 @@ fn process_sq(
 ) -> (Pass, u32) {
     let shared = ctx.shared;
     let session = ctx.session;
-    let Some(sq_slot) = shared.sqs.get(usize::from(qid)) else {
+    let Some(sq_slot) = shared.queues.sqs.get(usize::from(qid)) else {
         return (Pass::Idle, 0);
     };
     let mut sq_guard = sq_slot.lock();
     let Some(sq) = sq_guard.as_mut().filter(|sq| sq.deleting.is_none()) else {
         return (Pass::Idle, 0);
     };
-    let Some(cq_slot) = shared.cqs.get(usize::from(sq.cqid)) else {
+    let Some(cq_slot) = shared.queues.cqs.get(usize::from(sq.cqid)) else {
         return (Pass::Idle, 0);
     };
     let mut cq_guard = cq_slot.lock();

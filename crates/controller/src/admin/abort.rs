@@ -24,7 +24,7 @@ pub(super) fn abort(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
     if cdw10.sqid() == 0 {
         return Ok(NOT_ABORTED);
     }
-    let Some(slot) = shared.sqs.get(usize::from(cdw10.sqid())) else {
+    let Some(slot) = shared.queues.sqs.get(usize::from(cdw10.sqid())) else {
         return Ok(NOT_ABORTED);
     };
     let mut guard = slot.lock();
@@ -33,8 +33,8 @@ pub(super) fn abort(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
     };
     // Fetched, but held back by a fault: its worker completes it.
     if shared.faults.abort(cdw10.sqid(), cdw10.cid()) {
-        let worker = shared.worker_for(sq.cqid);
-        if let Some(w) = shared.mailboxes.get(worker) {
+        let worker = shared.queues.worker_for(sq.cqid);
+        if let Some(w) = shared.queues.mailboxes.get(worker) {
             w.wake_for_completions();
         }
         return Ok(0);

@@ -77,12 +77,12 @@ pub(super) fn doorbell_buffer_config(ctx: &mut Ctx<'_>, cmd: &Command) -> Result
     // this worker holds sqs[0] and cqs[0]; take sqs[n], then cqs[n].
     for qid in 1..doorbells.queue_ids() {
         let qid = qid as u16;
-        if let Some(slot) = shared.sqs.get(usize::from(qid)) {
+        if let Some(slot) = shared.queues.sqs.get(usize::from(qid)) {
             if let Some(sq) = slot.lock().as_mut() {
                 sq.set_source(doorbells.source_for(Doorbell::SqTail(qid)));
             }
         }
-        if let Some(slot) = shared.cqs.get(usize::from(qid)) {
+        if let Some(slot) = shared.queues.cqs.get(usize::from(qid)) {
             if let Some(cq) = slot.lock().as_mut() {
                 cq.set_source(doorbells.source_for(Doorbell::CqHead(qid)));
             }

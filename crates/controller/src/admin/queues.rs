@@ -63,7 +63,11 @@ pub(super) fn create_cq(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> 
     let cc = shared.lifecycle.cc();
     let entry_ok = 1usize << cc.iocqes() == Completion::SIZE;
     let qid = Cdw10CreateIoQueue::from(cmd.cdw10).qid();
-    let slot = shared.cqs.get(usize::from(qid)).ok_or_else(invalid_qid)?;
+    let slot = shared
+        .queues
+        .cqs
+        .get(usize::from(qid))
+        .ok_or_else(invalid_qid)?;
     if qid == 0 {
         return Err(invalid_qid());
     }
@@ -84,9 +88,11 @@ pub(super) fn create_cq(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> 
             .fresh_source(Doorbell::CqHead(q.qid), &*ctx.session.mem),
     );
     *g = Some(cq);
-    shared
-        .doorbells
-        .open(Doorbell::CqHead(q.qid), q.entries, shared.worker_for(q.qid));
+    shared.doorbells.open(
+        Doorbell::CqHead(q.qid),
+        q.entries,
+        shared.queues.worker_for(q.qid),
+    );
     shared.admin.lock().io_queues_created = true;
     Ok(())
 }
@@ -106,12 +112,17 @@ pub(super) fn create_sq(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> 
     if qid == 0 {
         return Err(invalid_qid());
     }
-    let slot = shared.sqs.get(usize::from(qid)).ok_or_else(invalid_qid)?;
+    let slot = shared
+        .queues
+        .sqs
+        .get(usize::from(qid))
+        .ok_or_else(invalid_qid)?;
     let mut g = slot.lock();
     if g.is_some() {
         return Err(invalid_qid());
     }
     let cq_slot = shared
+        .queues
         .cqs
         .get(usize::from(cqid))
         .ok_or(Status::INVALID_CQ.with_dnr(true))?;
@@ -126,9 +137,11 @@ pub(super) fn create_sq(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> 
             .fresh_source(Doorbell::SqTail(q.qid), &*ctx.session.mem),
     );
     *g = Some(sq);
-    shared
-        .doorbells
-        .open(Doorbell::SqTail(q.qid), q.entries, shared.worker_for(cqid));
+    shared.doorbells.open(
+        Doorbell::SqTail(q.qid),
+        q.entries,
+        shared.queues.worker_for(cqid),
+    );
     shared.admin.lock().io_queues_created = true;
     Ok(())
 }
@@ -142,7 +155,11 @@ pub(super) fn delete_sq(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Outcome, Sta
     if qid == 0 {
         return Err(invalid_qid());
     }
-    let slot = shared.sqs.get(usize::from(qid)).ok_or_else(invalid_qid)?;
+    let slot = shared
+        .queues
+        .sqs
+        .get(usize::from(qid))
+        .ok_or_else(invalid_qid)?;
     let mut g = slot.lock();
     let sq = g
         .as_mut()
@@ -151,7 +168,7 @@ pub(super) fn delete_sq(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Outcome, Sta
     if sq.in_flight > 0 {
         // Completed when the last of them is (`finish_deletions`).
         sq.deleting = Some(cmd.cid());
-        shared.deleting_sqs.fetch_add(1, Ordering::AcqRel);
+        shared.queues.deleting_sqs.fetch_add(1, Ordering::AcqRel);
         return Ok(Outcome::Deferred);
     }
     remove_sq(shared, &mut g);
@@ -164,7 +181,7 @@ pub(crate) fn remove_sq(shared: &Shared, slot: &mut Option<Sq>) {
         return;
     };
     shared.doorbells.close(Doorbell::SqTail(sq.qid));
-    if let Some(cq_slot) = shared.cqs.get(usize::from(sq.cqid)) {
+    if let Some(cq_slot) = shared.queues.cqs.get(usize::from(sq.cqid)) {
         if let Some(cq) = cq_slot.lock().as_mut() {
             cq.sq_refs = cq.sq_refs.saturating_sub(1);
         }
@@ -178,7 +195,11 @@ pub(super) fn delete_cq(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> 
     if qid == 0 {
         return Err(invalid_qid());
     }
-    let slot = shared.cqs.get(usize::from(qid)).ok_or_else(invalid_qid)?;
+    let slot = shared
+        .queues
+        .cqs
+        .get(usize::from(qid))
+        .ok_or_else(invalid_qid)?;
     let mut g = slot.lock();
     match g.as_ref() {
         None => return Err(invalid_qid()),

@@ -2,6 +2,7 @@
 //! head/tail arithmetic, phase tag, validation of doorbell values.
 
 pub(crate) mod mailbox;
+pub(crate) mod table;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -22,7 +23,7 @@ fn next_instance() -> u64 {
     INSTANCES.fetch_add(1, Ordering::Relaxed)
 }
 
-/// A submission queue. Owned by one worker; sits in `Shared::sqs[qid]`.
+/// A submission queue. Owned by one worker; sits in `QueueTable::sqs[qid]`.
 #[derive(Debug)]
 pub(crate) struct Sq {
     pub qid: u16,
@@ -157,7 +158,7 @@ impl Sq {
     }
 }
 
-/// A completion queue. Owned by the worker of its qid; sits in `Shared::cqs`.
+/// A completion queue. Owned by the worker of its qid; sits in `QueueTable::cqs`.
 #[derive(Debug)]
 pub(crate) struct Cq {
     pub qid: u16,

@@ -20,12 +20,12 @@ use crate::state::{Session, Shared};
 pub(super) fn next_deadline(shared: &Shared, timers: &[u16]) -> Option<Instant> {
     shared
         .interrupts
-        .next_deadline(timers, |cqid| deadline_in(&shared.cqs, cqid))
+        .next_deadline(timers, |cqid| deadline_in(&shared.queues.cqs, cqid))
 }
 
 pub(super) fn fire_timers(shared: &Shared, session: &Session, timers: &mut Vec<u16>) {
     timers.retain(|&cqid| {
-        let Some(slot) = shared.cqs.get(usize::from(cqid)) else {
+        let Some(slot) = shared.queues.cqs.get(usize::from(cqid)) else {
             return false;
         };
         let mut g = slot.lock();
@@ -132,10 +132,10 @@ pub(super) fn post(
 /// their SQ's commands in flight, now done. Runs on the admin queue's
 /// worker, which holds the admin queue's locks (then SQ locks: lock order).
 pub(super) fn finish_deletions(shared: &Shared, session: &Session, cq: &mut Cq, sq_head: u16) {
-    if shared.deleting_sqs.load(Ordering::Acquire) == 0 {
+    if shared.queues.deleting_sqs.load(Ordering::Acquire) == 0 {
         return;
     }
-    for slot in shared.sqs.iter().skip(1) {
+    for slot in shared.queues.sqs.iter().skip(1) {
         refresh_cq_head(shared, session, cq);
         if cq.is_full() {
             return;
@@ -149,7 +149,7 @@ pub(super) fn finish_deletions(shared: &Shared, session: &Session, cq: &mut Cq, 
             continue;
         };
         admin::queues::remove_sq(shared, &mut g);
-        shared.deleting_sqs.fetch_sub(1, Ordering::AcqRel);
+        shared.queues.deleting_sqs.fetch_sub(1, Ordering::AcqRel);
         let mut delete = Command::default();
         delete.set_cid(cid);
         if !post(shared, session, sq_head, 0, cq, &delete, 0, Status::SUCCESS) {

@@ -113,8 +113,8 @@ fn release_one(
     aborted: bool,
     policy: EventIdxPolicy,
 ) -> Option<u16> {
-    let mut sq_guard = shared.sqs.get(usize::from(h.sqid))?.lock();
-    let mut cq_guard = shared.cqs.get(usize::from(h.cqid))?.lock();
+    let mut sq_guard = shared.queues.sqs.get(usize::from(h.sqid))?.lock();
+    let mut cq_guard = shared.queues.cqs.get(usize::from(h.cqid))?.lock();
     let cq = cq_guard
         .as_mut()
         .filter(|cq| cq.instance == h.cq_instance)?;

@@ -21,7 +21,7 @@ use crate::state::{Session, Shared};
 pub(super) fn waker(shared: &Arc<Shared>, index: usize) -> Waker {
     let shared = Arc::clone(shared);
     Arc::new(move || {
-        if let Some(w) = shared.mailboxes.get(index) {
+        if let Some(w) = shared.queues.mailboxes.get(index) {
             w.wake_for_completions();
         }
     })
@@ -60,7 +60,7 @@ pub(super) fn complete_in_flight(
 /// released completions) once, or leaves it to a coalescing timer.
 pub(super) fn settle_touched(shared: &Shared, session: &Session, local: &mut Local) {
     for cqid in local.touched.drain(..) {
-        let Some(slot) = shared.cqs.get(usize::from(cqid)) else {
+        let Some(slot) = shared.queues.cqs.get(usize::from(cqid)) else {
             continue;
         };
         if let Some(cq) = slot.lock().as_mut() {
@@ -83,8 +83,8 @@ fn complete_one(
     completion: &BlockCompletion,
     policy: EventIdxPolicy,
 ) -> Option<u16> {
-    let mut sq_guard = shared.sqs.get(usize::from(request.sqid))?.lock();
-    let mut cq_guard = shared.cqs.get(usize::from(request.cqid))?.lock();
+    let mut sq_guard = shared.queues.sqs.get(usize::from(request.sqid))?.lock();
+    let mut cq_guard = shared.queues.cqs.get(usize::from(request.cqid))?.lock();
     let cq = cq_guard
         .as_mut()
         .filter(|cq| cq.instance == request.cq_instance)?;

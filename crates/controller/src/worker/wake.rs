@@ -375,7 +375,7 @@ fn arm(shared: &Shared, session: &Session, local: &Local) -> bool {
     shared.stats.eventidx_arms.fetch_add(1, Ordering::Relaxed);
     let mem = &*session.mem;
     let with_sq = |qid: u16, f: &mut dyn FnMut(&mut Sq)| {
-        if let Some(slot) = shared.sqs.get(usize::from(qid)) {
+        if let Some(slot) = shared.queues.sqs.get(usize::from(qid)) {
             if let Some(sq) = slot.lock().as_mut() {
                 f(sq);
             }
