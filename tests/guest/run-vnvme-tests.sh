@@ -70,9 +70,11 @@
 #              commands 2 and 3), also not at shutdown, and the server logs its share of the messages' time
 #   nvme-cli-admin  --ns 256M:ram --max-io-queues 8 --msix-vectors 6: nvme-cli's nvm-id-ns (ELBAF),
 #              nvm-id-ctrl, list-ns --csi, cmdset-ind-id-ns, id-iocs, id-uuid, id-domain (refused),
-#              primary-ctrl-caps, list-secondary; get/set-feature timestamp (advances across a sleep),
-#              host behavior, I/O command set profile, software progress marker (kept across a
-#              reset), host identifier (8 then 16 bytes), keep alive timer and command, -s 1/2/3
+#              primary-ctrl-caps (with -c, and without: CNTID 0), list-secondary; get/set-feature 6 and
+#              security-recv/send refused (no volatile write cache, no security protocol); get/set-feature
+#              timestamp (advances across a sleep), host behavior, I/O command set profile, software
+#              progress marker (kept across a reset), host identifier (8 then 16 bytes), keep alive timer
+#              and command, -s 1/2/3
 #   logs       --ns 64M:ram: nvme-cli's log pages with content: supported-log-pages lists exactly what
 #              is answered; telemetry-log saves files whose header (LID, last blocks, generation) fits
 #              their size; endurance-log --group-id=1 counts the writes made; persistent-event-log

@@ -1,7 +1,9 @@
 # shellcheck shell=sh
 # vnvme-nvme-cli-admin.sh - guest test (run-vnvme-tests.sh nvme-cli-admin): the admin commands of
 # issue 17 items 1, 2 and 4 as nvme-cli 2.x runs them, each answer checked for content: the I/O
-# command set Identify structures, SR-IOV visibility, features with a data buffer, the Select field.
+# command set Identify structures, SR-IOV visibility, features with a data buffer, the Select field;
+# and issue 37 item 4: primary-ctrl-caps without -c, the Volatile Write Cache feature and Security
+# Send/Receive refused as the specification says when absent.
 #   rig.vqprt=N rig.viprt=N   the server's I/O queues + 1 and MSI-X vectors (Primary Controller Caps)
 # The guest kernel refuses Set Features for Keep Alive Timer and Host Behavior Support from user
 # space (EACCES before any command is sent): those are read here, and set in the controller tests.
@@ -106,9 +108,34 @@ if nv primary-ctrl-caps $C -c "$cntlid"; then
   [ -z "$VIPRT" ] || [ "$(field viprt /tmp/pcc)" = "$VIPRT" ] || fail "VIPRT, expected $VIPRT"
   for f in vqfrt vqrfa vqrfap vifrt virfa virfap; do [ "$(field $f /tmp/pcc)" = 0 ] || fail "$f not 0"; done
 else fail "primary-ctrl-caps -c $cntlid failed: $(cat /tmp/out)"; fi
-# CNTID names the primary controller: 0 is not this one (CNTLID 1)
-[ $((cntlid)) = 0 ] || expect_status "Invalid Field in Command" primary-ctrl-caps $C -c 0
+# Without -c nvme-cli sends CNTID 0: this controller's capabilities, as QEMU's nvme answers; a CNTID
+# that names another controller is refused
+if nv primary-ctrl-caps $C; then
+  log "primary-ctrl-caps (CNTID 0): cntlid=$(field cntlid /tmp/out) vqprt=$(field vqprt /tmp/out)"
+  [ $(($(field cntlid /tmp/out))) = $((cntlid)) ] && [ "$(field vqprt /tmp/out)" = "$(field vqprt /tmp/pcc)" ] \
+    || fail "primary-ctrl-caps without -c is not this controller's: $(cat /tmp/out)"
+else fail "primary-ctrl-caps without -c failed: $(cat /tmp/out)"; fi
+expect_status "Invalid Field in Command" primary-ctrl-caps $C -c $((cntlid + 1))
 nv list-secondary $C && grep -q 'NUMID.*: 0$' /tmp/out || fail "list-secondary: $(cat /tmp/out)"
+
+# --- Volatile Write Cache (06h) on a controller without one (VWC bit 0 clear: a RAM namespace): Get and
+#     Set Features abort with Invalid Field in Command, as the NVMe Base specification requires (QEMU's
+#     nvme always reports a cache, so it answers) ---
+vwc=$(field vwc /tmp/id-ctrl)
+log "id-ctrl: vwc=$vwc"
+[ $((vwc & 1)) = 0 ] || fail "VWC $vwc says a volatile write cache is present on a RAM namespace"
+expect_status "Invalid Field in Command" get-feature $C -f 6
+expect_status "Invalid Field in Command" get-feature $C -f 6 -s 3
+expect_status "Invalid Field in Command" set-feature $C -f 6 -V 0
+
+# --- Security Send/Receive: not supported (OACS bit 0 clear, no CSUPP in the effects log), so Invalid
+#     Command Opcode, the status for a command the controller does not implement ---
+[ $((oacs & 1)) = 0 ] || fail "OACS $oacs claims Security Send/Receive"
+expect_status "Invalid Command Opcode" security-recv $C -x 512
+expect_status "Invalid Command Opcode" security-recv $NS -p 1 -s 1 -x 512
+printf 'x' > /tmp/sec; expect_status "Invalid Command Opcode" security-send $C -t 1 -f /tmp/sec
+nv effects-log $C --csi=0 || fail "effects-log failed: $(cat /tmp/out)"
+grep -qiE 'Security (Send|Receive|Recv)' /tmp/out && fail "effects log lists a security command: $(grep -i security /tmp/out)"
 
 # --- Timestamp (0Eh): the kernel set it at init; it advances in ms; the value nvme-cli sets sticks ---
 nv get-feature $C -f 0xe -H || fail "get-feature 0xe failed"

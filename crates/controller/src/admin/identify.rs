@@ -375,12 +375,18 @@ fn io_command_sets(shared: &Shared, cntid: u16) -> Result<Vec<u8>, Status> {
 }
 
 /// Primary Controller Capabilities (CNS 14h) of the primary controller
-/// CNTID, which can only be this one. Without Virtualization Management
-/// (OACS bit 7) no resource is flexible (CRT 0): every queue, admin
-/// included, and every interrupt vector is the controller's own.
+/// CNTID, which can only be this one. CNTID 0 is taken as this one too:
+/// it is what nvme-cli and libnvme send when the user names no controller
+/// (`nvme primary-ctrl-caps /dev/nvme0`), QEMU answers every CNTID with its
+/// own capabilities, and the structure names the controller it describes
+/// (its CNTLID field), so a host cannot mistake whose it is; another
+/// CNTID names no controller of this subsystem: Invalid Field.
+/// Without Virtualization Management (OACS bit 7) no resource is flexible
+/// (CRT 0): every queue, admin included, and every interrupt vector is the
+/// controller's own.
 fn primary_controller_caps(shared: &Shared, cntid: u16) -> Result<Vec<u8>, Status> {
     let c = &shared.config;
-    if cntid != c.cntlid {
+    if cntid != c.cntlid && cntid != 0 {
         return Err(invalid_field());
     }
     let mut caps = PrimaryControllerCaps::new_boxed();

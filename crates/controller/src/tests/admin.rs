@@ -365,3 +365,46 @@ fn async_event_request_limit_and_invalid_doorbell_event() {
     assert_eq!(c.dw0.get() & 0x7, 0, "error event type");
     assert_eq!((c.dw0.get() >> 16) & 0xFF, 1, "error log page");
 }
+
+#[test]
+fn security_send_and_receive_are_not_supported_even_if_configured() {
+    // OACS bit 0 stays clear whatever oacs_extra asks: there is no security
+    // protocol behind the commands. Optional commands a controller does not
+    // support complete with Invalid Command Opcode (generic status 01h), which
+    // nvme-cli's security-recv prints as it is.
+    let mut h = Host::with(
+        ControllerConfig {
+            oacs_extra: 1,
+            ..config()
+        },
+        512,
+    );
+    h.enable();
+    assert_eq!(h.admin(identify(1, 0, DATA)).status(), Status::SUCCESS);
+    let id = IdentifyController::read_from_bytes(&h.read_mem(DATA, 4096)).unwrap();
+    assert_eq!(id.oacs.get() & 1, 0, "OACS.SSRS");
+    for (name, opcode) in [("Security Send", 0x81), ("Security Receive", 0x82)] {
+        let mut c = cmd(opcode);
+        c.prp1 = U64::new(DATA);
+        // SECP 00h (the protocol list), AL 512: what `nvme security-recv -x 512` sends.
+        c.cdw11 = U32::new(512);
+        assert_eq!(
+            h.admin(c).status(),
+            Status::INVALID_OPCODE.with_dnr(true),
+            "{name}"
+        );
+    }
+    // The Commands Supported and Effects log agrees: CSUPP clear for both.
+    assert_eq!(
+        h.admin(get_log(0x05, 1024, 0, DATA)).status(),
+        Status::SUCCESS
+    );
+    let log = h.read_mem(DATA, 4096);
+    for opcode in [0x81usize, 0x82] {
+        assert_eq!(
+            log[opcode * 4..opcode * 4 + 4],
+            [0; 4],
+            "opcode {opcode:#x}"
+        );
+    }
+}

@@ -105,8 +105,17 @@ fn vwc_is_reported_and_disabling_it_makes_every_write_durable() {
         .is_success());
     assert_eq!(backend.counts(), (0, 1, 2));
 
+    // Get Features reads WCE back: 0 now, 1 by default (SEL 01b).
+    let wce = |h: &mut Host, sel| {
+        let c = h.admin(get_features(0x06, sel, DATA));
+        assert!(c.status().is_success(), "SEL {sel}");
+        c.dw0.get()
+    };
+    assert_eq!((wce(&mut h, 0), wce(&mut h, 1)), (0, 1));
+
     // Re-enabled: plain writes stay in the cache.
     assert!(h.admin(set_features(0x06, 1)).status().is_success());
+    assert_eq!(wce(&mut h, 0), 1);
     assert!(h
         .submit(1, rw(NvmOpcode::WRITE, 1, 0, 8, DATA, 0))
         .status()
@@ -154,9 +163,19 @@ fn a_ram_namespace_reports_no_volatile_write_cache() {
     assert!(h.admin(identify(1, 0, DATA)).status().is_success());
     let id = IdentifyController::read_from_bytes(&h.read_mem(DATA, 4096)).unwrap();
     assert_eq!(id.vwc & 1, 0);
-    // Nothing to enable or disable.
+    // Nothing to enable or disable, nor to read: without a volatile write
+    // cache, Set Features and Get Features for the Volatile Write Cache
+    // feature abort with Invalid Field in Command (NVMe Base 1.4, Identify
+    // Controller VWC; 2.x, Volatile Write Cache feature), whatever SEL asks.
     assert_eq!(
         h.admin(set_features(0x06, 0)).status(),
         Status::INVALID_FIELD.with_dnr(true)
     );
+    for sel in 0..4 {
+        assert_eq!(
+            h.admin(get_features(0x06, sel, DATA)).status(),
+            Status::INVALID_FIELD.with_dnr(true),
+            "Get Features 06h SEL {sel}"
+        );
+    }
 }

@@ -186,12 +186,27 @@ fn primary_controller_capabilities_report_private_resources_only() {
     rest[42..44].fill(0);
     rest[74..76].fill(0);
     assert!(rest.iter().all(|&b| b == 0), "everything else zero");
-    let (status, _) = h.identify_data(identify_with(0x14, 0, 0, 0));
-    assert_eq!(
-        status,
-        Status::INVALID_FIELD.with_dnr(true),
-        "CNTID 0 is not ours"
-    );
+}
+
+#[test]
+fn primary_controller_capabilities_for_cntid_0_are_this_controllers() {
+    // nvme-cli's `primary-ctrl-caps` without -c sends CNTID 0.
+    let mut h = Host::new();
+    h.enable();
+    let (status, page) = h.identify_data(identify_with(0x14, 0, 0, 0));
+    assert_eq!(status, Status::SUCCESS);
+    let (_, own) = h.identify_data(identify_with(0x14, 0, 1, 0));
+    assert_eq!(page, own, "CNTID 0 answers as CNTID 1 (ours)");
+    let caps = PrimaryControllerCaps::read_from_bytes(&page).unwrap();
+    assert_eq!(caps.cntlid.get(), 1, "the structure names this controller");
+    for cntid in [2, 0xFFFE, 0xFFFF] {
+        let (status, _) = h.identify_data(identify_with(0x14, 0, cntid, 0));
+        assert_eq!(
+            status,
+            Status::INVALID_FIELD.with_dnr(true),
+            "CNTID {cntid:#x} names no controller here"
+        );
+    }
 }
 
 #[test]
