@@ -2,7 +2,7 @@
 //! thread, enable/reset/shutdown, and the worker threads' lifecycle.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -18,6 +18,7 @@ use crate::config::{
 };
 use crate::doorbell::{DoorbellPage, Doorbells, HeapDoorbellPage, Invalid, TrapOutcome};
 use crate::faults::Faults;
+use crate::features::{AdminState, Features};
 use crate::interrupts::Interrupts;
 use crate::keep_alive::KeepAlive;
 use crate::lifecycle::timestamp::TimestampClock;
@@ -29,7 +30,7 @@ use crate::queue::{Cq, Sq};
 use crate::regs::{Action, Regs};
 use crate::reporting::persistent_event_log::PersistentEventLog;
 use crate::reporting::{Events, Reporting};
-use crate::state::{AdminState, Session, Shared, ADMIN_WORKER};
+use crate::state::{Session, Shared, ADMIN_WORKER};
 use crate::stats::{ControllerStats, Stats};
 use crate::subsystem::firmware::Firmware;
 use crate::subsystem::{ChangedNamespaces, Namespaces, ReadyTimer, Subsystem};
@@ -184,14 +185,10 @@ impl Controller {
             },
             doorbells: Doorbells::new(qids, page, Arc::clone(&stats)),
             queues: QueueTable::new(qids, config.workers),
-            admin: Mutex::new(AdminState::new(&config)),
-            streams: Mutex::default(),
+            features: Features::new(&config),
             reporting: Reporting::new(PersistentEventLog::new(&config, created, lifecycle.clock())),
             stats,
             interrupts: Interrupts::new(&config),
-            wce: AtomicBool::new(true),
-            software_progress: AtomicU8::new(0),
-            keep_alive: Arc::default(),
             sanitize: Sanitize::default(),
             self_test: SelfTest::default(),
             faults: Faults::default(),
@@ -490,7 +487,7 @@ impl Controller {
             // §3.9.2 (2.1): no keep alive timeout while disabled or shut down.
             let (cc, csts) = (ctl.regs.cc, ctl.regs.csts);
             let active = cc.en() && csts.rdy() && cc.shn() == 0 && csts.shst() == 0;
-            self.shared.keep_alive.set_active(active);
+            self.shared.features.keep_alive.set_active(active);
         }
         self.shared.interrupts.set_mask(ctl.regs.intm);
         self.shared.lifecycle.set_cc(ctl.regs.cc);
@@ -583,7 +580,9 @@ impl Controller {
             }
         }
         let sh = Arc::clone(&self.shared);
-        if let Some(t) = KeepAlive::start(&shared.keep_alive, move || sh.keep_alive_expired()) {
+        if let Some(t) =
+            KeepAlive::start(&shared.features.keep_alive, move || sh.keep_alive_expired())
+        {
             ctl.threads.push(t);
         }
         ctl.clean_shutdown = false;
@@ -624,12 +623,12 @@ impl Controller {
             tracing::debug!("firmware activated by the controller reset");
         }
         shared.doorbells.clear_dbbuf();
-        shared.keep_alive.reset();
-        *shared.admin.lock() = AdminState::new(&shared.config);
+        shared.features.keep_alive.reset();
+        *shared.features.admin.lock() = AdminState::new(&shared.config);
         *shared.reporting.events.lock() = Events::default();
-        shared.streams.lock().reset();
+        shared.features.streams.lock().reset();
         shared.interrupts.reset();
-        shared.wce.store(true, Ordering::Relaxed);
+        shared.features.wce.store(true, Ordering::Relaxed);
         shared.lifecycle.clear_fatal();
         // A sanitize goes on across the reset; so does an extended
         // self-test.
@@ -664,7 +663,7 @@ impl Controller {
 
     fn stop_workers(&self, ctl: &mut Control) {
         self.shared.subsystem.ready_timer.stop();
-        self.shared.keep_alive.stop();
+        self.shared.features.keep_alive.stop();
         for w in &self.shared.queues.mailboxes {
             w.stop();
         }
@@ -701,7 +700,7 @@ impl Drop for Controller {
         self.shared.sanitize.task.stop();
         self.shared.self_test.task.stop();
         self.shared.subsystem.ready_timer.stop();
-        self.shared.keep_alive.stop();
+        self.shared.features.keep_alive.stop();
         for w in &self.shared.queues.mailboxes {
             w.stop();
         }

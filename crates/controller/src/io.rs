@@ -129,7 +129,7 @@ fn run(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Option<u64>, Status> {
     }
     let writes = !READ_GROUP.contains(&op);
     ns.reservations
-        .check(|| ctx.shared.admin.lock().host_id, writes)?;
+        .check(|| ctx.shared.features.admin.lock().host_id, writes)?;
     match op {
         NvmOpcode::READ => read(ctx, cmd, &ns),
         NvmOpcode::WRITE => write(ctx, cmd, &ns),
@@ -477,7 +477,7 @@ fn write(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Arc<Namespace>) -> Result<Option
     let rw = ReadWrite::parse(cmd, ns, ctx.shared.config.max_transfer())?;
     // Only a write naming a directive takes the streams lock.
     if rw.dtype != 0 {
-        let mut streams = ctx.shared.streams.lock();
+        let mut streams = ctx.shared.features.streams.lock();
         streams.write(ns.nsid, rw.dtype, rw.dspec)?;
     }
     if ns.backend.moves_no_data() {
@@ -487,7 +487,7 @@ fn write(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Arc<Namespace>) -> Result<Option
     }
     // FUA, or a disabled volatile write cache: durable before the
     // completion is posted.
-    let fua = rw.fua || !ctx.shared.wce.load(Ordering::Relaxed);
+    let fua = rw.fua || !ctx.shared.features.wce.load(Ordering::Relaxed);
     if InFlight::is_async(ns) && rw.data_len == rw.len && rw.pi.is_none() {
         ctx.map_prps(cmd, rw.data_len)?;
         if let Some(mem) = pin(ctx, &rw, false) {
@@ -608,7 +608,7 @@ fn write_zeroes(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace) -> Result<(), 
     };
     // FUA, or a disabled volatile write cache: durable now.
     let r = r.and_then(|()| {
-        if wz.fua || !ctx.shared.wce.load(Ordering::Relaxed) {
+        if wz.fua || !ctx.shared.features.wce.load(Ordering::Relaxed) {
             ns.backend.flush()
         } else {
             Ok(())

@@ -27,6 +27,7 @@ mod config;
 mod controller;
 mod doorbell;
 pub mod faults;
+mod features;
 mod inflight;
 mod interrupts;
 mod io;

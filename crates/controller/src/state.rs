@@ -8,8 +8,7 @@
 //!
 //! What is what, for a save and restore of the controller (each part's
 //! module says it of its own fields): `config` is configuration (fixed at
-//! start); the queues, doorbells, features (`admin`, `streams`, `wce`,
-//! `software_progress`, the Keep Alive value), the subsystem, the
+//! start); the queues, doorbells, features ([`Features`]), the subsystem, the
 //! background operations and the parts above are guest-visible state;
 //! `stats`, `faults` and `me` are transient (counters,
 //! operator's faults and wake-ups a new process starts afresh).
@@ -23,12 +22,10 @@
 //! admin ones, and admin commands reject queue id 0 before locking
 //! anything.
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
-use parking_lot::Mutex;
-use vnvme_spec::feature::{aec, HostBehaviorSupport};
+use vnvme_spec::feature::aec;
 use vnvme_spec::log::async_event;
 use vnvme_spec::regs::Doorbell;
 use vnvme_spec::{Command, Status};
@@ -38,15 +35,14 @@ use crate::background::self_test::SelfTest;
 use crate::config::ControllerConfig;
 use crate::doorbell::Doorbells;
 use crate::faults::Faults;
+use crate::features::Features;
 use crate::interrupts::Interrupts;
-use crate::keep_alive::KeepAlive;
 use crate::lifecycle::Lifecycle;
 use crate::memory::{GuestMemory, InterruptSink};
 use crate::namespace::Namespace;
 use crate::queue::table::QueueTable;
 use crate::reporting::Reporting;
 use crate::stats::Stats;
-use crate::streams::Streams;
 use crate::subsystem::Subsystem;
 
 pub(crate) use crate::queue::table::ADMIN_WORKER;
@@ -61,50 +57,6 @@ pub(crate) struct Session {
     pub page_size: u64,
 }
 
-/// Admin-only state, changed by admin commands (a leaf lock).
-#[derive(Debug, Clone)]
-pub(crate) struct AdminState {
-    /// Granted I/O queues (Number of Queues), 0's based.
-    pub nsqa_z: u16,
-    pub ncqa_z: u16,
-    /// An I/O queue was created since the last reset: Number of Queues can
-    /// no longer change.
-    pub io_queues_created: bool,
-    pub arbitration: u32,
-    pub async_event_config: u32,
-    pub power_state: u32,
-    pub temperature_threshold: u32,
-    /// Error Recovery (05h) by NSID: a namespace scope feature.
-    pub error_recovery: BTreeMap<u32, u32>,
-    pub write_atomicity: u32,
-    /// Host Behavior Support (16h), reserved bytes cleared.
-    pub host_behavior: HostBehaviorSupport,
-    /// Host Identifier (81h): 8 bytes, or 16 with EXHID; zeroes until set.
-    pub host_id: [u8; 16],
-    /// The Host Identifier was set as 128 bits (EXHID).
-    pub host_id_extended: bool,
-}
-
-impl AdminState {
-    pub fn new(config: &ControllerConfig) -> Self {
-        let q = config.max_io_queues.saturating_sub(1);
-        Self {
-            nsqa_z: q,
-            ncqa_z: q,
-            io_queues_created: false,
-            arbitration: 0,
-            async_event_config: 0,
-            power_state: 0,
-            temperature_threshold: 0x0157,
-            error_recovery: BTreeMap::new(),
-            write_atomicity: 0,
-            host_behavior: zerocopy::FromZeros::new_zeroed(),
-            host_id: [0; 16],
-            host_id_extended: false,
-        }
-    }
-}
-
 pub(crate) struct Shared {
     /// This very value: a background operation's thread holds it.
     pub me: Weak<Shared>,
@@ -115,9 +67,8 @@ pub(crate) struct Shared {
     pub doorbells: Doorbells,
     /// The SQs and CQs, and which worker serves which.
     pub queues: QueueTable,
-    pub admin: Mutex<AdminState>,
-    /// Streams directive: enabled, allocated and open, per namespace.
-    pub streams: Mutex<Streams>,
+    /// The features' values (Set Features), Streams, the Keep Alive Timer.
+    pub features: Features,
     /// Asynchronous events, the error log, telemetry, the Persistent
     /// Event Log.
     pub reporting: Reporting,
@@ -126,13 +77,6 @@ pub(crate) struct Shared {
     /// Interrupt mask, coalescing and batching: whether a CQE gets an
     /// interrupt.
     pub interrupts: Interrupts,
-    /// Volatile Write Cache enabled (feature 06h).
-    pub wce: AtomicBool,
-    /// Software Progress Marker (80h): persists across resets (§5.27.1
-    /// Figure 317), so it lives outside [`AdminState`].
-    pub software_progress: AtomicU8,
-    /// The Keep Alive Timer (feature 0Fh, Keep Alive command).
-    pub keep_alive: Arc<KeepAlive>,
     /// The NVM subsystem's sanitize state; it outlives controller resets.
     pub sanitize: Sanitize,
     pub self_test: SelfTest,
@@ -181,7 +125,7 @@ impl Shared {
                 vnvme_spec::zns::NOTICE_ZONE_DESCRIPTOR_CHANGED => aec::ZONE_DESCRIPTOR_CHANGED,
                 _ => aec::NAMESPACE_ATTRIBUTE,
             };
-            if self.admin.lock().async_event_config & enabled_by == 0 {
+            if self.features.admin.lock().async_event_config & enabled_by == 0 {
                 return;
             }
         }

@@ -25,7 +25,7 @@ const LAYERS: &[&[&str]] = &[
     &["doorbell"],
     &["subsystem", "background"],
     &["namespace"],
-    &["reporting"],
+    &["reporting", "features"],
     &["config", "regs"],
     &["vendor", "sgl"],
     &["prp"],

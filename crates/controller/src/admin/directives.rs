@@ -40,7 +40,7 @@ pub(super) fn send(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
             } else {
                 vec![shared.namespace(nsid)?.nsid]
             };
-            let mut streams = shared.streams.lock();
+            let mut streams = shared.features.streams.lock();
             for nsid in nsids {
                 streams.set_enabled(nsid, cdw12.endir());
             }
@@ -49,6 +49,7 @@ pub(super) fn send(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
         (dtype::STREAMS, send_doper::RELEASE_IDENTIFIER) => {
             let nsid = shared.namespace(nsid)?.nsid;
             let released = shared
+                .features
                 .streams
                 .lock()
                 .release_identifier(nsid, cdw11.dspec());
@@ -56,7 +57,12 @@ pub(super) fn send(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
         }
         (dtype::STREAMS, send_doper::RELEASE_RESOURCES) => {
             let nsid = shared.namespace(nsid)?.nsid;
-            shared.streams.lock().release_resources(nsid).map(|()| 0)
+            shared
+                .features
+                .streams
+                .lock()
+                .release_resources(nsid)
+                .map(|()| 0)
         }
         _ => Err(invalid_field()),
     }
@@ -68,7 +74,7 @@ pub(super) fn receive(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
     let cdw11 = Cdw11Directive::from(cmd.cdw11);
     let ns = ctx.shared.namespace(cmd.nsid.get())?;
     let (data, dw0) = {
-        let mut streams = ctx.shared.streams.lock();
+        let mut streams = ctx.shared.features.streams.lock();
         match (cdw11.dtype(), cdw11.doper()) {
             (dtype::IDENTIFY, receive_doper::RETURN_PARAMETERS) => {
                 let mut data = vec![0; IDENTIFY_PARAMETERS_SIZE];

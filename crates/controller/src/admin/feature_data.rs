@@ -11,8 +11,8 @@ use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
 use super::invalid_field;
 use crate::command::Ctx;
+use crate::features::AdminState;
 use crate::lifecycle::timestamp::TimestampClock;
-use crate::state::AdminState;
 
 const TIMESTAMP_SIZE: usize = 8;
 
@@ -85,13 +85,13 @@ fn set_from(
             kept.acre = hbs.acre;
             kept.etdas = hbs.etdas;
             kept.lbafee = hbs.lbafee;
-            shared.admin.lock().host_behavior = kept;
+            shared.features.admin.lock().host_behavior = kept;
         }
         FeatureId::HOST_IDENTIFIER => {
             // Once non-zero, the Host Identifier changes only after a
             // Controller Level Reset returns it to 0h (2.1 §5.2.26.1.32). Admin
             // commands run one at a time: nothing sets it meanwhile.
-            if shared.admin.lock().host_id != [0; 16] {
+            if shared.features.admin.lock().host_id != [0; 16] {
                 return Err(Status::COMMAND_SEQUENCE_ERROR.with_dnr(true));
             }
             let len = HostIdentifier::from(cmd.cdw11).data_len();
@@ -100,7 +100,7 @@ fn set_from(
             for (to, from) in id.iter_mut().zip(buf.iter()) {
                 *to = *from;
             }
-            let mut admin = shared.admin.lock();
+            let mut admin = shared.features.admin.lock();
             admin.host_id = id;
             admin.host_id_extended = len == 16;
         }

@@ -17,9 +17,10 @@ use vnvme_spec::{Command, Status};
 use super::identify::IO_COMMAND_SET_COMBINATIONS;
 use super::{feature_data, invalid_field};
 use crate::command::Ctx;
+use crate::features::AdminState;
 use crate::keep_alive::round_kato;
 use crate::namespace::NSID_ALL;
-use crate::state::{AdminState, Shared};
+use crate::state::Shared;
 
 /// Features this controller implements.
 fn supported(ctx: &Ctx<'_>, fid: FeatureId) -> bool {
@@ -108,7 +109,7 @@ pub(super) fn get(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
         _ => return Err(invalid_field()),
     };
     let admin = if current {
-        shared.admin.lock().clone()
+        shared.features.admin.lock().clone()
     } else {
         AdminState::new(&shared.config)
     };
@@ -137,7 +138,7 @@ pub(super) fn get(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
             .with_ncqr_z(admin.ncqa_z)
             .into(),
         FeatureId::VOLATILE_WRITE_CACHE => VolatileWriteCache::new()
-            .with_wce(!current || shared.wce.load(Ordering::Relaxed))
+            .with_wce(!current || shared.features.wce.load(Ordering::Relaxed))
             .into(),
         FeatureId::INTERRUPT_COALESCING if current => shared.interrupts.coalescing(),
         FeatureId::INTERRUPT_VECTOR_CONFIG => {
@@ -151,9 +152,9 @@ pub(super) fn get(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
                 .with_cd(current && cd)
                 .into()
         }
-        FeatureId::KEEP_ALIVE_TIMER if current => shared.keep_alive.kato(),
+        FeatureId::KEEP_ALIVE_TIMER if current => shared.features.keep_alive.kato(),
         FeatureId::SOFTWARE_PROGRESS_MARKER if current => SoftwareProgressMarker::new()
-            .with_pbslc(shared.software_progress.load(Ordering::Relaxed))
+            .with_pbslc(shared.features.software_progress.load(Ordering::Relaxed))
             .into(),
         // The index of the one combination there is (see
         // `io_command_set_profile`), current and default alike.
@@ -184,7 +185,7 @@ pub(super) fn set(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
             if req.nsqr_z() == 0xFFFF || req.ncqr_z() == 0xFFFF {
                 return Err(invalid_field());
             }
-            let mut admin = shared.admin.lock();
+            let mut admin = shared.features.admin.lock();
             if admin.io_queues_created {
                 return Err(Status::COMMAND_SEQUENCE_ERROR.with_dnr(true));
             }
@@ -198,7 +199,7 @@ pub(super) fn set(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
         }
         FeatureId::VOLATILE_WRITE_CACHE => {
             let enable = VolatileWriteCache::from(cmd.cdw11).wce();
-            if !enable && shared.wce.swap(false, Ordering::AcqRel) {
+            if !enable && shared.features.wce.swap(false, Ordering::AcqRel) {
                 for ns in shared.subsystem.namespaces.active_list() {
                     ns.backend.flush().map_err(|e| {
                         let op = crate::backend_error::BackendOp::Flush;
@@ -206,7 +207,7 @@ pub(super) fn set(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
                     })?;
                 }
             }
-            shared.wce.store(enable, Ordering::Release);
+            shared.features.wce.store(enable, Ordering::Release);
         }
         FeatureId::INTERRUPT_COALESCING => shared
             .interrupts
@@ -224,22 +225,25 @@ pub(super) fn set(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
             if pm.ps() != 0 {
                 return Err(invalid_field());
             }
-            shared.admin.lock().power_state = PowerManagement::new().with_wh(pm.wh()).into();
+            shared.features.admin.lock().power_state =
+                PowerManagement::new().with_wh(pm.wh()).into();
         }
-        FeatureId::ARBITRATION => shared.admin.lock().arbitration = value,
-        FeatureId::TEMPERATURE_THRESHOLD => shared.admin.lock().temperature_threshold = value,
+        FeatureId::ARBITRATION => shared.features.admin.lock().arbitration = value,
+        FeatureId::TEMPERATURE_THRESHOLD => {
+            shared.features.admin.lock().temperature_threshold = value
+        }
         FeatureId::ERROR_RECOVERY => error_recovery(shared, target, cmd)?,
         FeatureId::RESERVATION_PERSISTENCE => reservation_persistence(shared, target, cmd)?,
         FeatureId::WRITE_ATOMICITY => {
             let dn = WriteAtomicity::from(cmd.cdw11).dn();
-            shared.admin.lock().write_atomicity = WriteAtomicity::new().with_dn(dn).into();
+            shared.features.admin.lock().write_atomicity = WriteAtomicity::new().with_dn(dn).into();
         }
         FeatureId::ASYNC_EVENT_CONFIG => {
             // The events this controller reports: SMART warnings, Namespace
             // Attribute, Firmware Activation and Zone Descriptor Changed
             // Notices.
             let aec = AsyncEventConfig::from(cmd.cdw11);
-            shared.admin.lock().async_event_config = AsyncEventConfig::new()
+            shared.features.admin.lock().async_event_config = AsyncEventConfig::new()
                 .with_smart(aec.smart())
                 .with_nan(aec.nan())
                 .with_fan(aec.fan())
@@ -251,12 +255,15 @@ pub(super) fn set(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
             // is beyond the largest timeout the controller supports.
             let kato =
                 round_kato(value).ok_or(Status::KEEP_ALIVE_TIMEOUT_INVALID.with_dnr(true))?;
-            shared.keep_alive.set_kato(kato);
+            shared.features.keep_alive.set_kato(kato);
         }
         FeatureId::IO_COMMAND_SET_PROFILE => io_command_set_profile(shared, cmd)?,
         FeatureId::SOFTWARE_PROGRESS_MARKER => {
             let pbslc = SoftwareProgressMarker::from(cmd.cdw11).pbslc();
-            shared.software_progress.store(pbslc, Ordering::Relaxed);
+            shared
+                .features
+                .software_progress
+                .store(pbslc, Ordering::Relaxed);
         }
         _ => return Err(invalid_field()),
     }
@@ -282,7 +289,7 @@ fn error_recovery(shared: &Shared, target: Target, cmd: &Command) -> Result<(), 
             .collect(),
         Target::Controller => return Err(invalid_field()),
     };
-    let mut admin = shared.admin.lock();
+    let mut admin = shared.features.admin.lock();
     for nsid in nsids {
         admin.error_recovery.insert(nsid, kept);
     }

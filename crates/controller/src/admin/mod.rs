@@ -96,7 +96,7 @@ pub(crate) fn execute(ctx: &mut Ctx<'_>, cmd: &Command) -> Outcome {
             }
             // Keep Alive (§5.18): restarts the Keep Alive Timer if it runs.
             AdminOpcode::KEEP_ALIVE => {
-                ctx.shared.keep_alive.keep_alive();
+                ctx.shared.features.keep_alive.keep_alive();
                 Ok(0)
             }
             AdminOpcode::ABORT => abort::abort(ctx, cmd),

@@ -175,7 +175,7 @@ pub(crate) fn forget(shared: &Shared, removed: &[Arc<Namespace>], cdw10: u32) {
         }
     }
     // A namespace created later under the same NSID starts from defaults.
-    let mut admin = shared.admin.lock();
+    let mut admin = shared.features.admin.lock();
     for ns in removed {
         admin.error_recovery.remove(&ns.nsid);
     }

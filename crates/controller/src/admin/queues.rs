@@ -59,7 +59,7 @@ fn parse_create(
 /// Create I/O Completion Queue (§5.4): IEN (CDW11 bit 1), IV (CDW11 31:16).
 pub(super) fn create_cq(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> {
     let shared = ctx.shared;
-    let ncqa_z = shared.admin.lock().ncqa_z;
+    let ncqa_z = shared.features.admin.lock().ncqa_z;
     let cc = shared.lifecycle.cc();
     let entry_ok = 1usize << cc.iocqes() == Completion::SIZE;
     let qid = Cdw10CreateIoQueue::from(cmd.cdw10).qid();
@@ -93,7 +93,7 @@ pub(super) fn create_cq(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> 
         q.entries,
         shared.queues.worker_for(q.qid),
     );
-    shared.admin.lock().io_queues_created = true;
+    shared.features.admin.lock().io_queues_created = true;
     Ok(())
 }
 
@@ -105,7 +105,7 @@ pub(super) fn create_sq(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> 
     if cqid == 0 {
         return Err(Status::INVALID_CQ.with_dnr(true));
     }
-    let nsqa_z = shared.admin.lock().nsqa_z;
+    let nsqa_z = shared.features.admin.lock().nsqa_z;
     let cc = shared.lifecycle.cc();
     let entry_ok = 1usize << cc.iosqes() == Command::SIZE;
     let qid = Cdw10CreateIoQueue::from(cmd.cdw10).qid();
@@ -142,7 +142,7 @@ pub(super) fn create_sq(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> 
         q.entries,
         shared.queues.worker_for(cqid),
     );
-    shared.admin.lock().io_queues_created = true;
+    shared.features.admin.lock().io_queues_created = true;
     Ok(())
 }
 

@@ -364,7 +364,7 @@ fn raise_smart_warning(shared: &Shared, bits: u8) {
         .faults
         .smart_warning
         .fetch_or(bits, Ordering::Relaxed);
-    let enabled = shared.admin.lock().async_event_config as u8;
+    let enabled = shared.features.admin.lock().async_event_config as u8;
     if enabled & bits == 0 {
         return;
     }

@@ -109,7 +109,7 @@ pub(super) fn copy(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace) -> Result<(
             .map_err(|e| stats.backend_error(BackendOp::Read, ns.nsid, &e))
             .and_then(|()| {
                 // FUA, or a disabled volatile write cache: durable now.
-                let w = if copy.fua || !ctx.shared.wce.load(Ordering::Relaxed) {
+                let w = if copy.fua || !ctx.shared.features.wce.load(Ordering::Relaxed) {
                     ns.backend.write_fua(d.offset, &buf)
                 } else {
                     ns.backend.write(d.offset, &buf)

@@ -35,7 +35,7 @@ pub(super) fn command(
 
 /// The host `cmd` comes from: this controller's Host Identifier now.
 fn host(ctx: &Ctx<'_>) -> Host {
-    let admin = ctx.shared.admin.lock();
+    let admin = ctx.shared.features.admin.lock();
     Host {
         id: admin.host_id,
         extended: admin.host_id_extended,

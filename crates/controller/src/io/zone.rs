@@ -211,7 +211,7 @@ fn write_at(
     data: &[u8],
     fua: bool,
 ) -> Result<(), Status> {
-    let durable = fua || !ctx.shared.wce.load(Ordering::Relaxed);
+    let durable = fua || !ctx.shared.features.wce.load(Ordering::Relaxed);
     let r = if durable {
         ns.backend.write_fua(offset, data)
     } else {
