@@ -1,12 +1,12 @@
-//! Namespace descriptions from the command line:
-//! `SIZE[:null|ram][,ready=DURATION][,never-ready][,detached][,format=N]`
-//! `[,pi=1|2|3][,pil=first|last]`,
-//! or a file or block device: `PATH:file` (its size) or `SIZE:file=PATH`
-//! (created, or extended, to SIZE), or an NBD export: `nbd=URI` (its size)
-//! or `SIZE:nbd=URI` (its first SIZE bytes), with the same options; `,zoned`
-//! and its options (see [`crate::zoned_options`]) make it a zoned namespace.
-//! A file or NBD namespace without `format=` takes the sector size its image
-//! was made for (see [`crate::image_format`]).
+//! Namespace descriptions from the command line: RAM (`SIZE[:null|ram]`), a
+//! file or block device (`PATH:file`, its size, or `SIZE:file=PATH`,
+//! created or extended to SIZE) or an NBD export (`nbd=URI`, its size, or
+//! `SIZE:nbd=URI`, its first SIZE bytes), then options after commas; the
+//! forms and options are listed, with their help, in [`crate::ns_syntax`],
+//! and the parser takes no option that is not listed there. `,zoned` and its
+//! options (see [`crate::zoned_options`]) make it a zoned namespace. A file
+//! or NBD namespace without `format=` takes the sector size its image was
+//! made for (see [`crate::image_format`]).
 
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -20,6 +20,7 @@ use vnvme_controller::{
 };
 
 use crate::identity::{absolute, host_ids, parse_id};
+use crate::ns_syntax::{is_option, unknown_option, unknown_storage};
 use crate::size::parse_size;
 use crate::zoned_options::ZonedOptions;
 
@@ -54,12 +55,26 @@ impl FromStr for Backend {
                     return Ok(Backend::Nbd(uri.into()));
                 }
                 match other.strip_prefix("file=") {
-                    Some("") | None => Err(format!(
-                    "unknown backend '{other}': use null, ram, nbd=URI, PATH:file or SIZE:file=PATH"
-                )),
+                    Some("") => {
+                        Err("the file backend needs a path: PATH:file or SIZE:file=PATH".into())
+                    }
+                    None => Err(unknown_storage(other)),
                     Some(path) => Ok(Backend::File(path.into())),
                 }
             }
+        }
+    }
+}
+
+impl Backend {
+    /// The forms of [`NS_FORMS`](crate::ns_syntax::NS_FORMS) that give
+    /// this backend. No default arm: a new backend names its forms here,
+    /// and the tests find them in that list and in the help.
+    pub fn forms(&self) -> &'static [&'static str] {
+        match self {
+            Backend::Null | Backend::Ram => &["SIZE[:null|ram]"],
+            Backend::File(_) => &["PATH:file", "SIZE:file=PATH"],
+            Backend::Nbd(_) => &["nbd=URI", "SIZE:nbd=URI"],
         }
     }
 }
@@ -376,6 +391,10 @@ impl FromStr for NamespaceSpec {
         let (mut pi, mut pil) = (None, None);
         let mut zoned = ZonedOptions::default();
         for option in parts {
+            // Only the options the help lists (crate::ns_syntax).
+            if !is_option(option) {
+                return Err(unknown_option(option));
+            }
             if let Some(r) = zoned.take(option) {
                 r?;
                 continue;
@@ -400,14 +419,8 @@ impl FromStr for NamespaceSpec {
                 None if option == "never-ready" => spec.readiness = Readiness::Never,
                 None if option == "detached" => spec.attached = false,
                 None if option == "vwc" => spec.volatile_cache = true,
-                _ => {
-                    return Err(format!(
-                        "unknown namespace option '{option}': use ready=DURATION, never-ready, \
-                         detached, format=N, pi=1|2|3, pil=first|last, vwc, nguid=HEX, eui64=HEX, \
-                         uuid=UUID or zoned (with \
-                         zone-size=, zone-cap=, max-open=, max-active=, ro-zones=, zone-ext=)"
-                    ))
-                }
+                // A listed key in another form (`vwc=1`).
+                _ => return Err(unknown_option(option)),
             }
         }
         spec.protection = match (pi, pil) {

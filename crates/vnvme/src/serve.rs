@@ -17,6 +17,7 @@ use crate::control::ControlServer;
 use crate::device::DeviceOptions;
 use crate::identity::Origin;
 use crate::namespace::NamespaceSpec;
+use crate::ns_syntax;
 use crate::socket::{parse_mode, Plan, SocketFile};
 
 /// Where `vnvme serve` listens and the tools connect by default.
@@ -64,17 +65,14 @@ pub struct ServeOptions {
     /// as (libvirt-qemu, kvm); the server must be root or a member of it.
     #[arg(long, value_name = "GROUP")]
     pub socket_group: Option<String>,
-    /// A namespace, SIZE[:null|ram] (e.g. 1G:ram; null keeps and moves no data), or a file or block device: PATH:file (its size)
-    /// or SIZE:file=PATH (created or extended to SIZE); repeat for more. NSIDs are given in order from 1.
-    /// Options follow commas: ready=DURATION (Namespace Not Ready until then after each enable),
-    /// never-ready, detached, format=N (LBA format index; default 3, 4096-byte blocks; a file or nbd
-    /// image with a partition table gets the sector size it was made for: 0, 512-byte blocks, or 3
-    /// if its GPT header is at byte 4096; the choice is logged), pi=1|2|3 (protection information type; the
-    /// format needs metadata), pil=first|last (where the PI lies in the metadata, default last),
-    /// zoned (a zoned namespace, with zone-size=SIZE, zone-cap=SIZE, max-open=N, max-active=N,
-    /// ro-zones=N, zone-ext=BYTES: zone descriptor extensions, a multiple of 64), vwc (ram: a volatile write cache that a power-loss fault empties).
-    /// Default (without --config): 1G:ram.
-    #[arg(long = "ns", value_name = "SIZE[:BACKEND][,OPTION]...")]
+    // Help from crate::ns_syntax, which lists every form and option the
+    // parser takes (the tests hold the two together).
+    #[arg(
+        long = "ns",
+        value_name = "STORAGE[,OPTION]...",
+        help = ns_syntax::short_help("1G:ram (without --config)"),
+        long_help = ns_syntax::long_help("1G:ram (without --config)")
+    )]
     pub namespaces: Vec<NamespaceSpec>,
     /// A TOML file describing the controller and its namespaces (see `vnvme::config`); flags given
     /// on the command line override it, and --ns replaces its namespaces.

@@ -5,6 +5,18 @@ use vnvme_controller::ZonedConfig;
 
 use crate::size::parse_size;
 
+/// The zoned options, as `--ns`'s help writes them (see
+/// [`crate::ns_syntax`]): [`ZonedOptions::take`] takes no other key.
+pub const ZONED_OPTIONS: &[&str] = &[
+    "zoned",
+    "zone-size=SIZE",
+    "zone-cap=SIZE",
+    "max-open=N",
+    "max-active=N",
+    "ro-zones=N",
+    "zone-ext=BYTES",
+];
+
 /// Zone size when `zoned` names none.
 pub const DEFAULT_ZONE_SIZE: u64 = 64 << 20;
 

@@ -163,3 +163,31 @@ fn two_namespaces_with_one_identifier_are_refused_at_start() {
         "{err}"
     );
 }
+
+/// Issue 37 item 3: `--ns`'s help hid the NBD backend. Every storage form
+/// and option the parser takes (it takes no other, see
+/// `vnvme::ns_syntax`) is in the help of each command that takes `--ns`.
+#[test]
+fn ns_help_names_every_form_and_option_the_parser_takes() {
+    use vnvme::ns_syntax::{NS_FORMS, NS_OPTIONS};
+    use vnvme::zoned_options::ZONED_OPTIONS;
+    let help = |args: &[&str]| {
+        let out = Command::new(BIN).args(args).output().unwrap();
+        assert!(out.status.success(), "vnvme {}", args.join(" "));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    for command in [&["serve"][..], &["bench", "init"]] {
+        let long = help(&[command, &["--help"]].concat());
+        for form in NS_FORMS.iter().chain(NS_OPTIONS).chain(ZONED_OPTIONS) {
+            assert!(
+                long.contains(form),
+                "`vnvme {command:?} --help` lacks {form}"
+            );
+        }
+        // The short help names every backend too.
+        let short = help(&[command, &["-h"]].concat());
+        for form in NS_FORMS {
+            assert!(short.contains(form), "`vnvme {command:?} -h` lacks {form}");
+        }
+    }
+}

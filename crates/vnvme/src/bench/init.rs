@@ -22,6 +22,7 @@ use crate::device::{DeviceOptions, MAX_IO_QUEUES};
 use crate::identity::Origin;
 use crate::inproc::InProcess;
 use crate::namespace::NamespaceSpec;
+use crate::ns_syntax;
 
 /// The default namespace mix: ready, ready after 300 ms, detached, and a
 /// format with 8 bytes of metadata per block (which the driver skips).
@@ -64,11 +65,13 @@ pub struct InitBenchOptions {
     /// (create, one read per queue, delete, create again).
     #[arg(long, default_value = "fast,learning")]
     pub init_mode: List<Mode>,
-    /// A namespace, SIZE[:null|ram][,ready=DURATION][,never-ready][,detached][,format=N];
-    /// repeat for more. Default: 64M:null, 64M:null,ready=300ms, 64M:null,detached, 64M:null,format=4.
-    // The brackets are the help text's optional parts, not links.
-    #[allow(rustdoc::broken_intra_doc_links)]
-    #[arg(long = "ns", value_name = "SPEC")]
+    // Help from crate::ns_syntax, as `vnvme serve --ns`'s.
+    #[arg(
+        long = "ns",
+        value_name = "STORAGE[,OPTION]...",
+        help = ns_syntax::short_help(&DEFAULT_NAMESPACES.join(", ")),
+        long_help = ns_syntax::long_help(&DEFAULT_NAMESPACES.join(", "))
+    )]
     pub namespaces: Vec<NamespaceSpec>,
     /// MSI-X vectors of the controller (default: one per queue plus one);
     /// fewer than queues means vectors are shared.
