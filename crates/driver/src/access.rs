@@ -151,6 +151,16 @@ impl DmaRegion {
         })
     }
 
+    /// As [`DmaRegion::new`], but not sealed: for a client that means to
+    /// shrink its memory under the device (tests of a device's defences).
+    pub fn resizable(len: usize, iova: u64) -> io::Result<Self> {
+        Ok(Self {
+            memory: SharedRegion::resizable("vnvme-dma", len.max(1))?,
+            iova,
+            release: Mutex::new(None),
+        })
+    }
+
     /// The memfd backing the region, for handing to the device (DMA_MAP).
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.memory.fd()

@@ -41,6 +41,23 @@ impl SharedRegion {
     /// Creates a zeroed memfd named `name` of `len` bytes rounded up to whole
     /// pages, seals its size and maps it.
     pub fn new(name: &str, len: usize) -> io::Result<Self> {
+        let (fd, len) = Self::memfd(name, len)?;
+        // Nobody, the other side included, can resize it now, nor lift the seals.
+        fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
+        Self::map_fd(fd, 0, len)
+    }
+
+    /// As [`SharedRegion::new`], but not sealed: either side may resize the
+    /// file, and an access past its new end faults. Only for a side that
+    /// means to shrink its own memory under the other, as a hostile
+    /// vfio-user client does in tests of the server's SIGBUS guard.
+    pub fn resizable(name: &str, len: usize) -> io::Result<Self> {
+        let (fd, len) = Self::memfd(name, len)?;
+        Self::map_fd(fd, 0, len)
+    }
+
+    /// A zeroed memfd named `name` of `len` bytes rounded up to pages.
+    fn memfd(name: &str, len: usize) -> io::Result<(OwnedFd, usize)> {
         let page = rustix::param::page_size();
         let len = match len.checked_add(page - 1) {
             Some(l) if len > 0 => l & !(page - 1),
@@ -48,9 +65,7 @@ impl SharedRegion {
         };
         let fd = memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
         ftruncate(&fd, len as u64)?;
-        // Nobody, the other side included, can resize it now, nor lift the seals.
-        fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
-        Self::map_fd(fd, 0, len)
+        Ok((fd, len))
     }
 
     /// Maps `len` bytes of another process's `fd` from `offset` (a vfio-user

@@ -93,6 +93,38 @@ impl ServeProcess {
     }
 
     /// Sends SIGTERM and waits (15 s at most) for the process to exit.
+    /// Sends SIGTERM and returns how long until the server exited: its
+    /// main thread is gone (a zombie) even if the kernel cannot reap the
+    /// process yet, as while an io_uring request of it waits on a hung
+    /// filesystem; `None` if it still runs after `limit`.
+    pub(crate) fn sigterm_exits_within(&mut self, limit: Duration) -> Option<Duration> {
+        let started = Instant::now();
+        rustix::process::kill_process(
+            rustix::process::Pid::from_raw(self.pid()).unwrap(),
+            rustix::process::Signal::TERM,
+        )
+        .unwrap();
+        while started.elapsed() < limit {
+            let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid()));
+            // "PID (comm) STATE ...": the state follows the last ')'.
+            let state = stat
+                .as_deref()
+                .ok()
+                .and_then(|s| s.rsplit(')').next())
+                .map(str::trim);
+            if state.is_none_or(|s| s.starts_with('Z') || s.starts_with('X')) {
+                return Some(started.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        None
+    }
+
+    /// Waits for the server's exit status.
+    pub(crate) fn wait(&mut self) -> std::process::ExitStatus {
+        self.child.wait().unwrap()
+    }
+
     pub(crate) fn terminate(&mut self) -> std::process::ExitStatus {
         assert!(
             self.alive(),
