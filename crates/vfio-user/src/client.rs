@@ -94,8 +94,8 @@ impl Client {
                 v.major, v.minor
             )));
         }
-        // The errno is always EINVAL; the parser traces what was wrong.
         let server = parse_version_caps(&reply.payload[size_of::<Version>()..])
+            // The errno is always EINVAL; the parser traces what was wrong.
             .map_err(|_| Error::Protocol("malformed VERSION capabilities".into()))?;
         let inner = Inner {
             server_max_fds: server.max_msg_fds.clamp(1, MAX_MSG_FDS),
@@ -470,9 +470,9 @@ impl Inner {
         // An offset or count no usize holds is outside any mapping: the
         // errno is the whole answer.
         let start = usize::try_from(addr - backing.0).map_err(|_| libc::EFAULT)?;
-        let end = start
-            .checked_add(usize::try_from(count).map_err(|_| libc::EFAULT)?)
-            .ok_or(libc::EFAULT)?;
+        // The same for the count.
+        let count = usize::try_from(count).map_err(|_| libc::EFAULT)?;
+        let end = start.checked_add(count).ok_or(libc::EFAULT)?;
         let bytes = mem.get_mut(start..end).ok_or(libc::EFAULT)?;
         Ok(f(bytes))
     }

@@ -94,8 +94,8 @@ impl std::str::FromStr for Engine {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        // Clap's text names the bad value only; this names the good ones.
         <Self as ValueEnum>::from_str(s, false)
+            // Clap's text names the bad value only; this names the good ones.
             .map_err(|_| "expected io_uring or libaio".to_string())
     }
 }
