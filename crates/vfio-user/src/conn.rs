@@ -389,17 +389,21 @@ fn read_message(
 
 /// Waits until the socket is readable; false on timeout.
 pub(crate) fn wait_readable(fd: impl AsFd, timeout: Option<Duration>) -> Result<bool, Error> {
+    let mut pfd = [PollFd::new(&fd, PollFlags::IN)];
+    Ok(poll(&mut pfd, timeout).map_err(|e| Error::Io(e.into()))? > 0)
+}
+
+/// `poll(2)` on `fds` for at most `timeout` (`None`: no limit), retried
+/// when a signal interrupts it; the number of fds with events.
+pub(crate) fn poll(fds: &mut [PollFd<'_>], timeout: Option<Duration>) -> rustix::io::Result<usize> {
     let ts = timeout.map(|t| Timespec {
         tv_sec: i64::try_from(t.as_secs()).unwrap_or(i64::MAX),
         tv_nsec: i64::from(t.subsec_nanos()),
     });
     loop {
-        let mut pfd = [PollFd::new(&fd, PollFlags::IN)];
-        match rustix::event::poll(&mut pfd, ts.as_ref()) {
-            Ok(0) => return Ok(false),
-            Ok(_) => return Ok(true),
+        match rustix::event::poll(fds, ts.as_ref()) {
             Err(rustix::io::Errno::INTR) => continue,
-            Err(e) => return Err(Error::Io(e.into())),
+            r => return r,
         }
     }
 }

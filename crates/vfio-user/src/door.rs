@@ -317,24 +317,14 @@ fn wait_any(
     challengers: &VecDeque<UnixStream>,
     timeout: Duration,
 ) -> std::io::Result<Ready> {
-    use rustix::event::{PollFd, PollFlags, Timespec};
+    use rustix::event::{PollFd, PollFlags};
     let mut fds = vec![PollFd::new(listener, PollFlags::IN)];
     fds.extend(
         challengers
             .iter()
             .map(|c| PollFd::new(c, PollFlags::IN | PollFlags::RDHUP)),
     );
-    let ts = Timespec {
-        tv_sec: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
-        tv_nsec: i64::from(timeout.subsec_nanos()),
-    };
-    loop {
-        match rustix::event::poll(&mut fds, Some(&ts)) {
-            Ok(_) => break,
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
+    crate::conn::poll(&mut fds, Some(timeout))?;
     let gone = PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR;
     Ok(Ready {
         listener: fds[0].revents().contains(PollFlags::IN),
