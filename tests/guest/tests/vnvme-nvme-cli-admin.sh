@@ -27,14 +27,6 @@ expect_status() {
   if nv "$@"; then fail "nvme $* succeeded, expected '$_want'"
   elif ! grep -q "$_want" /tmp/out; then fail "nvme $*: expected '$_want', got: $(cat /tmp/out)"; fi
 }
-reset_ctrl() {
-  echo 1 > /sys/class/nvme/nvme0/reset_controller || die "writing reset_controller failed"
-  _n=0
-  while [ "$(cat /sys/class/nvme/nvme0/state)" != live ]; do
-    [ $_n -ge 300 ] && die "controller not live 30 s after reset"
-    sleep 0.1; _n=$((_n + 1))
-  done
-}
 timestamp() { sed -n 's/.*The timestamp is : \([0-9]*\).*/\1/p' /tmp/out; }
 # the bytes of nvme-cli's hex dump in /tmp/out, "xx " each
 hexdump_bytes() { sed -n 's/^[0-9a-f]\{4\}: \(\([0-9a-f][0-9a-f] \)*\).*/\1/p' /tmp/out | tr -d '\n'; }
@@ -176,8 +168,7 @@ printf 'abcdefgh' > /tmp/hid8; printf '0123456789abcdef' > /tmp/hid16
 nv set-feature $C -f 0x81 -V 0 -l 8 -d /tmp/hid8 || fail "set-feature 0x81 (8 bytes): $(cat /tmp/out)"
 nv get-feature $C -f 0x81 && grep -q '"abcdefgh"' /tmp/out || fail "host id 8: $(cat /tmp/out)"
 expect_status "Command Sequence Error" set-feature $C -f 0x81 -V 1 -l 16 -d /tmp/hid16
-reset_ctrl
-log "controller reset"
+reset_live "controller reset"
 nv get-feature $C -f 0x80 -H && grep -q '(PBSLC): 5$' /tmp/out || fail "0x80 after reset: $(cat /tmp/out)"
 nv get-feature $C -f 0x81 -c 1
 [ "$(hexdump_bytes)" = "00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 " ] || fail "host id after reset, not 0h: $(cat /tmp/out)"

@@ -48,16 +48,8 @@ entry() {   # WANT...: the registrants of resv-report, each "cntlid rcsts rkey h
   got=$(sed -n 's/^ *\(cntlid\|rcsts\|hostid\|rkey\) *: *\(0x\)\{0,1\}//p' /tmp/out | tr '\n' ' ' | sed 's/ $//')
   [ "$got" = "$*" ] || fail "resv-report entries: '$got', expected '$*'"
 }
-reset_ctrl() {
-  echo 1 > /sys/class/nvme/nvme0/reset_controller || die "writing reset_controller failed"
-  _n=0
-  while [ "$(cat /sys/class/nvme/nvme0/state)" != live ]; do
-    [ $_n -ge 300 ] && die "controller not live 30 s after reset"
-    sleep 0.1; _n=$((_n + 1))
-  done
-}
 as_host() {   # LETTER: reset (the host id is set once per reset), then that host's 8-byte identifier
-  [ "${1}" = first ] || reset_ctrl
+  [ "${1}" = first ] || reset_live "reset for host $1"
   printf '%s%s%s%s%s%s%s%s' "$2" "$2" "$2" "$2" "$2" "$2" "$2" "$2" > /tmp/hid
   ok nvme set-feature $C -f 0x81 -V 0 -l 8 -d /tmp/hid
   log "now host $2"
