@@ -55,13 +55,16 @@ mod uring;
 
 pub use buf::{IoBuf, ALIGN};
 pub use file::{FileCounters, FileDevice, FileError};
-pub use mapped::{Data, MappedBuf, MappedMemory, Region};
+pub use mapped::{Data, MappedBuf};
+// The promise a pin of guest memory makes, shared with vfio-user's DMA
+// space, which implements it.
 pub use nbd::{
     Address as NbdAddress, NbdDevice, NbdError, NbdUri, OpenError as NbdOpenError,
     ProtocolError as NbdProtocolError, Timeouts as NbdTimeouts, UriError as NbdUriError,
 };
 pub use null::NullDevice;
 pub use ram::RamDevice;
+pub use vnvme_memory::{MappedMemory, Region};
 
 /// A backend failure. Guest-visible as an NVMe media or internal error.
 #[derive(Debug, thiserror::Error)]

@@ -17,7 +17,7 @@
 
 use std::sync::Arc;
 
-use vnvme_blockdev::{MappedMemory, Region};
+use vnvme_memory::{MappedMemory, Region};
 
 use super::{Backing, DmaSpace, Mapping};
 
