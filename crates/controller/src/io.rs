@@ -372,7 +372,10 @@ fn pin(ctx: &Ctx<'_>, rw: &ReadWrite, write: bool) -> Option<MappedBuf> {
     if rw.data_len != rw.len || rw.pi.is_some() || ctx.scratch.segs.iter().any(bucket) {
         return None;
     }
-    ctx.session.mem.pin(&ctx.scratch.segs, write)
+    ctx.session
+        .mem
+        .pin(&ctx.scratch.segs, write)
+        .map(MappedBuf::new)
 }
 
 /// Starts `request`: `Some(token)` if it is in flight, or finishes it.

@@ -20,7 +20,6 @@ use vnvme_vfio_user::{
 
 use crate::config::{DeviceConfig, DeviceError, CLASS_CODE_NVME, DEFAULT_DEVICE_ID};
 use crate::interrupts::EventfdInterrupts;
-use crate::memory::DmaMemory;
 
 /// BAR0 offsets the PCI layer owns.
 const MSIX_TABLE: u64 = Bar0Layout::MSIX_TABLE.start;
@@ -331,8 +330,8 @@ impl vnvme_vfio_user::Device for NvmeDevice {
     }
 
     fn attach(&mut self, dma: DmaSpace) {
-        self.ctrl
-            .attach(Arc::new(DmaMemory(dma)), Arc::clone(&self.irqs) as _);
+        // The DMA space is the controller's guest memory as it is.
+        self.ctrl.attach(Arc::new(dma), Arc::clone(&self.irqs) as _);
     }
 
     fn detach(&mut self) {

@@ -14,11 +14,9 @@ mod config;
 mod device;
 mod inproc;
 mod interrupts;
-mod memory;
 
 pub use config::{DeviceConfig, DeviceError, CLASS_CODE_NVME, DEFAULT_DEVICE_ID, MAX_MSIX_VECTORS};
 pub use device::NvmeDevice;
 pub use inproc::{InProcessServer, ServeError};
 pub use interrupts::EventfdInterrupts;
-pub use memory::DmaMemory;
 pub use vnvme_pci::{Interrupts, UnknownInterrupts};

@@ -10,8 +10,8 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use vnvme_driver::{DeviceAccess, DmaPool, VfioUserAccess};
 use vnvme_vfio_user::{
-    irq, region, Device, DeviceInfo, DmaSpace, Errno, IrqInfo, RegionInfo, Server, SparseArea,
-    VFIO_DEVICE_FLAGS_PCI, VFIO_DEVICE_FLAGS_RESET, VFIO_IRQ_INFO_EVENTFD,
+    irq, region, Device, DeviceInfo, DmaSpace, Errno, GuestMemory, IrqInfo, RegionInfo, Server,
+    SparseArea, VFIO_DEVICE_FLAGS_PCI, VFIO_DEVICE_FLAGS_RESET, VFIO_IRQ_INFO_EVENTFD,
     VFIO_REGION_INFO_FLAG_READ, VFIO_REGION_INFO_FLAG_WRITE,
 };
 

@@ -3,6 +3,13 @@
 //! implements it, and the `file` backend hands its pinned pieces to the
 //! kernel.
 //!
+//! * [`GuestMemory`]: the one trait for guest memory (copies, the atomic
+//!   dwords of shadow doorbells and completion entries, pins), implemented
+//!   by vfio-user's `DmaSpace` (the client's DMA maps) and by the
+//!   controller's test fakes, and called by the controller directly;
+//! * [`DmaError`]: the one error of an access, with its cause (unmapped,
+//!   no permission, a broken map), unconverted on its way up;
+//! * [`Segment`]: one contiguous piece of a transfer in guest memory;
 //! * [`MappedMemory`] and [`Region`]: guest memory held mapped in this
 //!   process for the kernel to read or write in place (a pin).
 //!
@@ -15,6 +22,10 @@
 //! memory stays mapped); nothing here dereferences an address.
 #![deny(unsafe_code)]
 
+mod error;
+mod guest;
 mod mapped;
 
+pub use error::DmaError;
+pub use guest::{GuestMemory, Segment};
 pub use mapped::{MappedMemory, Region};

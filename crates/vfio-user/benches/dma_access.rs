@@ -10,7 +10,7 @@ use std::hint::black_box;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use vnvme_vfio_user::DmaSpace;
+use vnvme_vfio_user::{DmaSpace, GuestMemory};
 
 const IOVA: u64 = 0x1000_0000;
 const SIZE: u64 = 1 << 20;

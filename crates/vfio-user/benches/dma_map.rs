@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use rustix::fs::{ftruncate, memfd_create, MemfdFlags};
-use vnvme_vfio_user::DmaSpace;
+use vnvme_vfio_user::{DmaSpace, GuestMemory};
 
 #[path = "../tests/common/mod.rs"]
 mod common;

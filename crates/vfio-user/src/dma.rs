@@ -46,6 +46,8 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use vnvme_memory::DmaError;
+
 use crate::conn::{Conn, MAX_DATA_XFER_SIZE};
 use crate::Errno;
 
@@ -65,21 +67,6 @@ pub const DEFAULT_MAX_DMA_MAPS: usize = 4096;
 pub const DEFAULT_MAX_DMA_BYTES: u64 = 4 << 40;
 /// How long a DMA_READ/DMA_WRITE waits for the client's reply.
 pub const REMOTE_DMA_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// A DMA access that cannot be performed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum DmaError {
-    /// Part of the range is not mapped (or, for a map without an fd, the
-    /// client did not complete the DMA_READ/DMA_WRITE).
-    #[error("DMA range {addr:#x}+{len:#x} is not mapped")]
-    Unmapped { addr: u64, len: u64 },
-    /// The range is mapped without the needed read or write permission.
-    #[error("DMA range {addr:#x}+{len:#x} does not allow this access")]
-    Permission { addr: u64, len: u64 },
-    /// The client shrank the file behind the map (see the module docs).
-    #[error("the client shrank the file behind DMA range {addr:#x}+{len:#x}: the map is broken")]
-    Broken { addr: u64, len: u64 },
-}
 
 /// What one client may map at once. Each map costs a kernel VMA
 /// (`vm.max_map_count` bounds them per process) and, with an fd, a slot of

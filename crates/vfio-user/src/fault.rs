@@ -345,7 +345,7 @@ mod tests {
     use rustix::fs::{ftruncate, memfd_create, MemfdFlags};
 
     use super::*;
-    use crate::{DmaError, DmaSpace};
+    use crate::{DmaError, DmaSpace, GuestMemory};
 
     const IOVA: u64 = 0x10_0000;
     const SIZE: u64 = 0x4000;

@@ -34,14 +34,16 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 pub use client::Client;
 pub use conn::{MAX_DATA_XFER_SIZE, MAX_MSG_FDS, MAX_MSG_SIZE, MESSAGE_TIMEOUT};
 pub use dma::{
-    DmaError, DmaLimits, DmaPin, DmaSpace, DEFAULT_MAX_DMA_BYTES, DEFAULT_MAX_DMA_MAPS,
-    REMOTE_DMA_TIMEOUT,
+    DmaLimits, DmaPin, DmaSpace, DEFAULT_MAX_DMA_BYTES, DEFAULT_MAX_DMA_MAPS, REMOTE_DMA_TIMEOUT,
 };
 /// Most fd-backed DMA maps the whole process can hold (the SIGBUS guard's
 /// registry): the highest `max_dma_maps` worth configuring.
 pub use fault::CAPACITY as MAX_FD_DMA_MAPS;
 pub use server::{Server, ServerOptions, HANDSHAKE_TIMEOUT};
 pub use shared::SharedRegion;
+/// [`DmaSpace`] is guest memory in `vnvme-memory`'s words: its accesses are
+/// the [`GuestMemory`] trait's, and fail with its [`DmaError`].
+pub use vnvme_memory::{DmaError, GuestMemory};
 pub use wire::{
     VFIO_DEVICE_FLAGS_PCI, VFIO_DEVICE_FLAGS_RESET, VFIO_IRQ_INFO_AUTOMASKED,
     VFIO_IRQ_INFO_EVENTFD, VFIO_IRQ_INFO_MASKABLE, VFIO_IRQ_INFO_NORESIZE,

@@ -8,7 +8,7 @@ use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use rustix::fs::{ftruncate, memfd_create, MemfdFlags};
-use vnvme_vfio_user::DmaSpace;
+use vnvme_vfio_user::{DmaSpace, GuestMemory};
 
 struct Counting;
 

@@ -1,15 +1,18 @@
 //! Copies in and out of guest memory, and the atomic dword accesses of
 //! shadow doorbells and completion entries: every access walks the maps of
-//! this thread's snapshot ([`DmaSpace::walk`]).
+//! this thread's snapshot ([`DmaSpace::walk`]). They are `vnvme-memory`'s
+//! [`GuestMemory`] trait, which the controller calls directly.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use super::remote::{remote_read, remote_write};
-use super::{DmaError, DmaSpace, Piece};
+use vnvme_memory::{DmaError, GuestMemory, MappedMemory, Segment};
 
-impl DmaSpace {
+use super::{DmaSpace, Piece};
+
+impl GuestMemory for DmaSpace {
     /// Copies guest memory at `iova` into `buf`.
-    pub fn read(&self, iova: u64, buf: &mut [u8]) -> Result<(), DmaError> {
+    fn read(&self, iova: u64, buf: &mut [u8]) -> Result<(), DmaError> {
         let max_xfer = self.inner.max_xfer;
         self.walk(iova, buf.len() as u64, false, |piece, addr, done, n| {
             let dst = &mut buf[done..done + n];
@@ -30,7 +33,7 @@ impl DmaSpace {
     }
 
     /// Copies `buf` into guest memory at `iova`.
-    pub fn write(&self, iova: u64, buf: &[u8]) -> Result<(), DmaError> {
+    fn write(&self, iova: u64, buf: &[u8]) -> Result<(), DmaError> {
         let max_xfer = self.inner.max_xfer;
         self.walk(iova, buf.len() as u64, true, |piece, addr, done, n| {
             let src = &buf[done..done + n];
@@ -49,7 +52,7 @@ impl DmaSpace {
     }
 
     /// Zeroes `len` bytes of guest memory at `iova`.
-    pub fn zero(&self, iova: u64, len: u64) -> Result<(), DmaError> {
+    fn zero(&self, iova: u64, len: u64) -> Result<(), DmaError> {
         let max_xfer = self.inner.max_xfer;
         self.walk(iova, len, true, |piece, addr, _done, n| {
             match piece {
@@ -71,7 +74,7 @@ impl DmaSpace {
 
     /// Loads a little-endian u32 with Acquire ordering: atomic when `iova` is
     /// 4-byte aligned in an fd-backed map, a plain copy otherwise.
-    pub fn load_u32(&self, iova: u64) -> Result<u32, DmaError> {
+    fn load_u32(&self, iova: u64) -> Result<u32, DmaError> {
         let mut out = None;
         self.walk(iova, 4, false, |piece, _addr, _done, n| {
             if let Piece::Local(p) = piece {
@@ -98,7 +101,7 @@ impl DmaSpace {
 
     /// Stores a little-endian u32 with Release ordering: atomic when `iova`
     /// is 4-byte aligned in an fd-backed map, a plain copy otherwise.
-    pub fn store_u32(&self, iova: u64, v: u32) -> Result<(), DmaError> {
+    fn store_u32(&self, iova: u64, v: u32) -> Result<(), DmaError> {
         let mut done = false;
         self.walk(iova, 4, true, |piece, _addr, _done, n| {
             if let Piece::Local(p) = piece {
@@ -120,7 +123,7 @@ impl DmaSpace {
     /// Copies `head` to `iova`, then stores `last` right after it with
     /// release ordering, in one walk when both lie in one local mapping (a
     /// completion queue entry: one translation instead of two).
-    pub fn write_then_store_u32(&self, iova: u64, head: &[u8], last: u32) -> Result<(), DmaError> {
+    fn write_then_store_u32(&self, iova: u64, head: &[u8], last: u32) -> Result<(), DmaError> {
         let len = head.len() + 4;
         let mut done = false;
         self.walk(iova, len as u64, true, |piece, _addr, _done, n| {
@@ -148,5 +151,16 @@ impl DmaSpace {
             self.store_u32(iova.wrapping_add(head.len() as u64), last)?;
         }
         Ok(())
+    }
+
+    /// Held mapped by a [`DmaPin`](super::DmaPin): an unmap waits for the
+    /// transfer.
+    fn pin(&self, segs: &[Segment], write: bool) -> Option<Box<dyn MappedMemory>> {
+        let pin = DmaSpace::pin(self, segs.iter().map(|s| (s.addr, s.len)), write)?;
+        Some(Box::new(pin))
+    }
+
+    fn quiesce(&self) {
+        DmaSpace::quiesce(self);
     }
 }

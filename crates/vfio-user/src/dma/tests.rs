@@ -3,6 +3,7 @@ use std::os::fd::AsFd;
 
 use super::*;
 use crate::fault;
+use crate::GuestMemory;
 
 #[test]
 fn anonymous_map_read_write_and_bounds() {

@@ -8,7 +8,7 @@ use rustix::io::pread;
 
 use crate::fault;
 use crate::hugepages::HugePages;
-use crate::{DmaError, DmaSpace};
+use crate::{DmaError, DmaSpace, GuestMemory};
 
 fn memfd(flags: MemfdFlags, size: u64) -> OwnedFd {
     let fd = memfd_create("vnvme-mmap-test", MemfdFlags::CLOEXEC | flags).unwrap();

@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::*;
 use crate::dma::DmaError;
 use crate::fault;
+use crate::GuestMemory;
 
 fn memfd(size: u64) -> std::os::fd::OwnedFd {
     let fd = rustix::fs::memfd_create("vnvme-pin-test", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
