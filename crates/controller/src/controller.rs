@@ -253,6 +253,13 @@ impl Controller {
         ctl.regs = Regs::new(&self.shared.config);
     }
 
+    /// Tests only: queue worker `index`'s rounds, for a test that runs
+    /// them one at a time.
+    #[cfg(test)]
+    pub(crate) fn worker_steps(&self, index: usize) -> &crate::queue::mailbox::Steps {
+        &self.shared.queues.mailboxes[index].steps
+    }
+
     /// A snapshot of the counters.
     pub fn stats(&self) -> ControllerStats {
         let mut s = self.shared.stats.snapshot();

@@ -44,6 +44,9 @@ pub(crate) struct Mailbox {
     /// Something is in `pending` (set and cleared with its lock held), for
     /// polling workers to check without the lock.
     kicked: AtomicBool,
+    /// Tests only: the rounds the worker may run.
+    #[cfg(test)]
+    pub steps: Steps,
 }
 
 impl Mailbox {
@@ -68,6 +71,8 @@ impl Mailbox {
     }
 
     pub fn stop(&self) {
+        #[cfg(test)]
+        self.steps.stop();
         self.pending.lock().stop = true;
         self.kicked.store(true, Ordering::Release);
         self.cv.notify_one();
@@ -78,12 +83,19 @@ impl Mailbox {
         let mut p = self.pending.lock();
         *p = Pending::default();
         self.kicked.store(false, Ordering::Release);
+        #[cfg(test)]
+        self.steps.rearm();
     }
 
     /// Takes the pending kicks into `sqs` and `cqs` (which must be empty),
     /// blocking as `wait` allows. Returns `None` when stopped, else whether
     /// it blocked and whether there were kicks.
     pub fn take(&self, wait: Wait, sqs: &mut Vec<u16>, cqs: &mut Vec<u16>) -> Option<(bool, bool)> {
+        // The worker calls this once a round, first thing.
+        #[cfg(test)]
+        if !self.steps.gate() {
+            return None;
+        }
         if matches!(wait, Wait::No) && !self.kicked.load(Ordering::Acquire) {
             return Some((false, false));
         }
@@ -123,5 +135,88 @@ impl Mailbox {
         std::mem::swap(&mut p.cqs, cqs);
         self.kicked.store(false, Ordering::Release);
         Some((slept, kicked))
+    }
+}
+
+/// Tests only: a worker that runs one round of its loop at a time, when the
+/// test says so, so a test can interleave the host's steps and the worker's
+/// rounds exactly instead of racing them (counts that do not depend on how
+/// fast the host is). A round is everything from one [`Mailbox::take`] to
+/// the next: the take (which still blocks as the wake policy asks: a
+/// sleeping worker needs a kick), the passes, and what the policy does
+/// after (arming EventIdx).
+#[cfg(test)]
+#[derive(Debug, Default)]
+pub(crate) struct Steps {
+    state: Mutex<StepState>,
+    cv: Condvar,
+}
+
+#[cfg(test)]
+#[derive(Debug, Default)]
+struct StepState {
+    on: bool,
+    stopped: bool,
+    /// Rounds the test has allowed.
+    granted: u64,
+    /// Times the worker reached the start of a round.
+    arrived: u64,
+}
+
+#[cfg(test)]
+impl Steps {
+    /// From now on the worker waits for [`Steps::round`] before each round.
+    /// Before the controller is enabled, so that every round is counted.
+    pub fn start(&self) {
+        let mut s = self.state.lock();
+        *s = StepState {
+            on: true,
+            ..StepState::default()
+        };
+    }
+
+    /// Lets the worker run one round and waits (10 s at most: a sleeping
+    /// worker without a kick never finishes one) until it has.
+    pub fn round(&self) {
+        let mut s = self.state.lock();
+        s.granted += 1;
+        let done = s.granted + 1;
+        self.cv.notify_all();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while s.arrived < done {
+            let timed_out = self.cv.wait_until(&mut s, deadline).timed_out();
+            assert!(
+                !timed_out || s.arrived >= done,
+                "round {} not finished within 10 s (a sleeping worker without a kick?)",
+                s.granted
+            );
+        }
+    }
+
+    /// The worker, at a round's start: `false` once stopped.
+    fn gate(&self) -> bool {
+        let mut s = self.state.lock();
+        if !s.on {
+            return true;
+        }
+        s.arrived += 1;
+        self.cv.notify_all();
+        while s.granted < s.arrived && !s.stopped {
+            self.cv.wait(&mut s);
+        }
+        !s.stopped
+    }
+
+    fn stop(&self) {
+        self.state.lock().stopped = true;
+        self.cv.notify_all();
+    }
+
+    /// A new worker thread starts counting afresh.
+    fn rearm(&self) {
+        let mut s = self.state.lock();
+        s.stopped = false;
+        s.granted = 0;
+        s.arrived = 0;
     }
 }

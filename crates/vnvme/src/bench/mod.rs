@@ -409,6 +409,17 @@ struct ModeBench {
     stripes: Option<Vec<verify::Stripe>>,
 }
 
+/// The device an in-process point of `mode` measures: its queues and the
+/// controller's polling as `opts` give them.
+pub fn device_options(mode: DoorbellMode, opts: &BenchOptions) -> DeviceOptions {
+    DeviceOptions {
+        doorbells: mode,
+        max_io_queues: opts.queues,
+        polling: opts.polling.clone(),
+        ..DeviceOptions::default()
+    }
+}
+
 impl ModeBench {
     fn start(mode: DoorbellMode, opts: &BenchOptions, max_qd: u16, file: &Path) -> Result<Self> {
         let backend = match &opts.nbd {
@@ -429,13 +440,7 @@ impl ModeBench {
                 opts.format
             );
         }
-        let device_opts = DeviceOptions {
-            doorbells: mode,
-            max_io_queues: opts.queues,
-            polling: opts.polling.clone(),
-            ..DeviceOptions::default()
-        };
-        let device = device_opts.build(&[spec], &Origin::embedded())?;
+        let device = device_options(mode, opts).build(&[spec], &Origin::embedded())?;
         let init = InitOptions {
             io_queues: opts.queues,
             // A ring of N entries holds N - 1 commands.
