@@ -108,6 +108,12 @@ impl Mailbox {
             if p.any() {
                 break;
             }
+            // With the lock held until the wait below: a kick after the
+            // test saw this finds the worker waiting.
+            #[cfg(test)]
+            if !matches!(wait, Wait::No) {
+                self.steps.asleep();
+            }
             match wait {
                 Wait::No => break,
                 Wait::For(d) => {
@@ -161,6 +167,8 @@ struct StepState {
     granted: u64,
     /// Times the worker reached the start of a round.
     arrived: u64,
+    /// Times it blocked in its mailbox.
+    asleep: u64,
 }
 
 #[cfg(test)]
@@ -178,18 +186,48 @@ impl Steps {
     /// Lets the worker run one round and waits (10 s at most: a sleeping
     /// worker without a kick never finishes one) until it has.
     pub fn round(&self) {
-        let mut s = self.state.lock();
-        s.granted += 1;
-        let done = s.granted + 1;
+        self.grant();
+        self.finish();
+    }
+
+    /// Lets the worker start a round and waits until it blocks in its
+    /// mailbox (an armed worker with nothing to do); a kick then lets it
+    /// go on, and [`Steps::finish`] waits for the end of the round.
+    pub fn round_asleep(&self) {
+        let before = self.state.lock().asleep;
+        self.grant();
+        self.until(|s| s.asleep > before, "asleep in its mailbox");
+    }
+
+    /// Waits until the round granted last has ended.
+    pub fn finish(&self) {
+        self.until(|s| s.arrived > s.granted, "finished its round");
+    }
+
+    fn grant(&self) {
+        self.state.lock().granted += 1;
         self.cv.notify_all();
+    }
+
+    fn until(&self, done: impl Fn(&StepState) -> bool, what: &str) {
+        let mut s = self.state.lock();
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while s.arrived < done {
+        while !done(&s) {
             let timed_out = self.cv.wait_until(&mut s, deadline).timed_out();
             assert!(
-                !timed_out || s.arrived >= done,
-                "round {} not finished within 10 s (a sleeping worker without a kick?)",
+                !timed_out || done(&s),
+                "the worker has not {what} within 10 s (round {})",
                 s.granted
             );
+        }
+    }
+
+    /// The worker, in its round, is about to wait for a kick.
+    fn asleep(&self) {
+        let mut s = self.state.lock();
+        if s.on {
+            s.asleep += 1;
+            self.cv.notify_all();
         }
     }
 
@@ -218,5 +256,6 @@ impl Steps {
         s.stopped = false;
         s.granted = 0;
         s.arrived = 0;
+        s.asleep = 0;
     }
 }

@@ -28,7 +28,6 @@ impl Host {
             cid: 0,
             dbbuf: None,
             spdk: false,
-            raced: std::cell::Cell::new(0),
         }
     }
 
