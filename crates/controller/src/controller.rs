@@ -37,6 +37,7 @@ use crate::subsystem::{ChangedNamespaces, Namespaces, ReadyTimer, Subsystem};
 use crate::worker;
 
 mod operator;
+mod qos_ops;
 pub use operator::NamespaceOpError;
 
 /// CRTO.CRWMT is 16 bits of 500 ms units.
@@ -192,6 +193,7 @@ impl Controller {
             sanitize: Sanitize::default(),
             self_test: SelfTest::default(),
             faults: Faults::default(),
+            qos: Default::default(),
             lifecycle,
             config,
         });
@@ -623,6 +625,8 @@ impl Controller {
         self.clear_queues();
         // The commands faults held went with the workers.
         shared.faults.reset();
+        // And those limits held: their debt goes too.
+        shared.qos.reset();
         // With the workers stopped no command sees the switch half done.
         // Persistent Event Log: the Power-on or Reset event of this reset
         // records this (its FA field) and the revision now running.

@@ -247,6 +247,8 @@ pub(crate) struct Held {
     pub cq_instance: u64,
     /// When it runs; `None`: never (until aborted).
     pub due: Option<Instant>,
+    /// Held by a limit ([`crate::qos`]), not a fault.
+    pub throttled: Option<crate::qos::Throttled>,
 }
 
 /// The controller's faults.

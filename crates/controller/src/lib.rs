@@ -16,7 +16,7 @@
 //! over [`vendor`] (vendor specific opcodes C0h-FFh) and [`prp`] over the
 //! leaves ([`memory`], [`stats`], `backend_error`, `irq_batch`,
 //! `keep_alive`, `streams`, `lifecycle` (CC, RDY, CFS, the Timestamp
-//! clock), `protection`, `zoned`, `faults`).
+//! clock), `protection`, `zoned`, `faults`, `qos` (IOPS and bandwidth limits)).
 #![forbid(unsafe_code)]
 
 mod admin;
@@ -39,6 +39,7 @@ pub mod memory;
 mod namespace;
 mod protection;
 pub mod prp;
+pub mod qos;
 mod queue;
 mod regs;
 mod reporting;
@@ -67,6 +68,9 @@ pub use doorbell::{DoorbellPage, HeapDoorbellPage, DOORBELL_PAGE_DWORDS};
 pub use faults::{Fault, FaultError, FaultKind, FaultSpec, Latency};
 pub use memory::{DmaError, GuestMemory, InterruptSink, Segment};
 pub use protection::{Guard, PiType, Protection};
+pub use qos::{
+    QosError, QosGroup, QosLimits, QosRate, QosReport, QosTarget, TargetReport, ThrottleReport,
+};
 pub use stats::{ControllerStats, QueueStats};
 pub use vendor::{VendorCommand, VendorCommands};
 pub use vnvme_blockdev::BlockDevice;

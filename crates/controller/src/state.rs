@@ -40,6 +40,7 @@ use crate::interrupts::Interrupts;
 use crate::lifecycle::Lifecycle;
 use crate::memory::{GuestMemory, InterruptSink};
 use crate::namespace::Namespace;
+use crate::qos::Qos;
 use crate::queue::table::QueueTable;
 use crate::reporting::Reporting;
 use crate::stats::Stats;
@@ -82,6 +83,9 @@ pub(crate) struct Shared {
     pub self_test: SelfTest,
     /// Faults injected on purpose (control socket, configuration).
     pub faults: Faults,
+    /// IOPS and bandwidth limits ([`crate::qos`]): configuration, not
+    /// guest-visible.
+    pub qos: Qos,
 }
 
 impl std::fmt::Debug for Shared {

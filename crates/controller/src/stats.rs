@@ -153,6 +153,10 @@ pub(crate) struct Stats {
     /// Bytes of reads and writes copied through a buffer between the host
     /// and the backend (see [`crate::io`]).
     pub bounced_bytes: AtomicU64,
+    /// I/O commands a limit held back ([`crate::qos`]), and the time they
+    /// were held, in nanoseconds.
+    pub qos_throttled: AtomicU64,
+    pub qos_throttled_ns: AtomicU64,
     /// Writes by stream id (Streams directive), `0..=MSL`.
     stream_writes: Vec<AtomicU64>,
     backend_error_log: LogLimit,
@@ -188,6 +192,8 @@ impl Stats {
             media_errors: AtomicU64::new(0),
             backend_errors: AtomicU64::new(0),
             bounced_bytes: AtomicU64::new(0),
+            qos_throttled: AtomicU64::new(0),
+            qos_throttled_ns: AtomicU64::new(0),
             stream_writes: counters(usize::from(crate::streams::MSL) + 1),
             backend_error_log: LogLimit::new(BACKEND_ERROR_LOG_INTERVAL),
         }
@@ -329,6 +335,8 @@ impl Stats {
         s.sgl_commands = self.sgl_commands.load(Relaxed);
         s.backend_errors = self.backend_errors.load(Relaxed);
         s.bounced_bytes = self.bounced_bytes.load(Relaxed);
+        s.qos_throttled_commands = self.qos_throttled.load(Relaxed);
+        s.qos_throttled_ns = self.qos_throttled_ns.load(Relaxed);
         for (sid, c) in self.stream_writes.iter().enumerate() {
             let n = c.load(Relaxed);
             if n != 0 {
@@ -432,6 +440,11 @@ pub struct ControllerStats {
     /// metadata, memory reached by messages, a request its queue had no
     /// room for).
     pub bounced_bytes: u64,
+    /// I/O commands an IOPS or bandwidth limit made wait (see
+    /// `vnvme_controller::qos`), and the time they waited, summed, in
+    /// nanoseconds (counted when each starts).
+    pub qos_throttled_commands: u64,
+    pub qos_throttled_ns: u64,
     /// Admin commands by opcode name.
     pub admin_commands: BTreeMap<String, u64>,
     /// I/O commands by opcode name.

@@ -400,6 +400,7 @@ fn process_sq(
                     .faults
                     .on_command(&cmd)
                     .and_then(|hit| held::hold(shared, held, sq, cq, &cmd, hit))
+                    .or_else(|| held::throttle(shared, held, sq, cq, &cmd))
                     .unwrap_or_else(|| io::execute(ctx, &cmd))
             };
             if std::mem::take(&mut sq_behind) {

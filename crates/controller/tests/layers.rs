@@ -40,6 +40,7 @@ const LAYERS: &[&[&str]] = &[
         "protection",
         "zoned",
         "faults",
+        "qos",
     ],
 ];
 

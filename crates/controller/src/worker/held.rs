@@ -7,7 +7,12 @@
 //! has room; a delayed one also counts in flight on its SQ (Delete I/O
 //! Submission Queue waits for it, §5.6), a never-completing one does not
 //! (the host deletes the queue when it gives up on it).
+//!
+//! Commands an IOPS or bandwidth limit holds back ([`crate::qos`]) wait
+//! here too, as delayed ones: until their limits let them start, charged
+//! again if the limits change meanwhile.
 
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 use vnvme_spec::{Command, Status};
@@ -17,6 +22,7 @@ use super::{EventIdxPolicy, Local};
 use crate::command::{Ctx, Outcome};
 use crate::faults::{Held, Hit};
 use crate::io;
+use crate::qos::{self, Throttled};
 use crate::queue::mailbox::Wait;
 use crate::queue::{Cq, Sq};
 use crate::state::{Session, Shared};
@@ -51,8 +57,86 @@ pub(super) fn hold(
         cqid: cq.qid,
         cq_instance: cq.instance,
         due,
+        throttled: None,
     });
     Some(Outcome::Deferred)
+}
+
+/// Holds I/O command `cmd` until its limits let it start ([`crate::qos`]);
+/// `None`: it starts now. Without limits, one relaxed load.
+#[inline]
+pub(super) fn throttle(
+    shared: &Shared,
+    held: &mut Vec<Held>,
+    sq: &mut Sq,
+    cq: &mut Cq,
+    cmd: &Command,
+) -> Option<Outcome> {
+    if !shared.qos.armed() {
+        return None;
+    }
+    throttle_limited(shared, held, sq, cq, cmd)
+}
+
+fn throttle_limited(
+    shared: &Shared,
+    held: &mut Vec<Held>,
+    sq: &mut Sq,
+    cq: &mut Cq,
+    cmd: &Command,
+) -> Option<Outcome> {
+    // Read before charging: a change meanwhile makes this charge stale.
+    let generation = qos::generation();
+    let now = Instant::now();
+    let due = shared
+        .qos
+        .admit(cmd, |nsid| block_bytes(shared, nsid), now)?;
+    shared.stats.qos_throttled.fetch_add(1, Relaxed);
+    // Known to Abort while there is room in the table; held either way
+    // (at most the SQ's entries are: the host waits for their completions).
+    shared.faults.hold(sq.qid, cmd.cid());
+    cq.reserved = cq.reserved.saturating_add(1);
+    sq.in_flight = sq.in_flight.saturating_add(1);
+    held.push(Held {
+        cmd: *cmd,
+        sqid: sq.qid,
+        sq_instance: sq.instance,
+        cqid: cq.qid,
+        cq_instance: cq.instance,
+        due: Some(due),
+        throttled: Some(Throttled {
+            generation,
+            since: now,
+        }),
+    });
+    Some(Outcome::Deferred)
+}
+
+/// Bytes per logical block of namespace `nsid` through the data pointer.
+fn block_bytes(shared: &Shared, nsid: u32) -> Option<u64> {
+    shared
+        .namespace(nsid)
+        .ok()
+        .map(|ns| ns.data_bytes_per_block())
+}
+
+/// A throttled command charged under limits changed since: charged again
+/// under the new ones (it may start at once).
+fn recharge(shared: &Shared, h: &mut Held, now: Instant) {
+    let Some(t) = h.throttled.as_mut() else {
+        return;
+    };
+    let generation = qos::generation();
+    if t.generation == generation {
+        return;
+    }
+    t.generation = generation;
+    h.due = Some(
+        shared
+            .qos
+            .admit(&h.cmd, |nsid| block_bytes(shared, nsid), now)
+            .unwrap_or(now),
+    );
 }
 
 /// The wait, shortened to the next held command's start.
@@ -83,10 +167,18 @@ pub(super) fn release(
     let now = Instant::now();
     let mut held = std::mem::take(&mut local.held);
     let mut done = 0;
-    held.retain(|h| {
+    held.retain_mut(|h| {
         let aborted = shared.faults.abort_requested(h.sqid, h.cmd.cid());
+        if !aborted {
+            recharge(shared, h, now);
+        }
         if !aborted && h.due.is_none_or(|due| due > now) {
             return true;
+        }
+        if let Some(t) = h.throttled {
+            let waited = now.saturating_duration_since(t.since).as_nanos();
+            let waited = u64::try_from(waited).unwrap_or(u64::MAX);
+            shared.stats.qos_throttled_ns.fetch_add(waited, Relaxed);
         }
         let aborted = shared.faults.release(h.sqid, h.cmd.cid()) || aborted;
         done += 1;
