@@ -60,6 +60,17 @@
 //! read_only_zones = 0         # the last N zones start read only
 //! zone_extension_size = 64    # zone descriptor extension bytes, ZDES x 64 (default 0)
 //!
+//! [[namespaces]]              # NSID 6: limited (see crate::qos, docs/qos.md)
+//! size = "1G"
+//! qos = { read_iops = 1000, write_bps = "50M", write_bps_burst = "4M", group = "tenant-a" }
+//!
+//! [qos]                       # the controller's limits: all its namespaces together
+//! iops = 20000
+//! bps = "200M"
+//!
+//! [qos_groups.tenant-a]       # a budget shared by its members (group = "tenant-a")
+//! write_iops = 5000
+//!
 //! [[fault]]                   # armed at start (see control::fault_params)
 //! kind = "status"
 //! nsid = 1
@@ -71,6 +82,7 @@
 //! Errors name the file, line and field:
 //! `config.toml:7: namespaces[1].ready: invalid duration 'soon' ...`.
 
+use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::Path;
 use std::time::Duration;
@@ -78,7 +90,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 use vnvme_controller::{
-    DoorbellMode, FaultSpec, Protection, Readiness, DEFAULT_FORMAT_INDEX, MAX_NAMESPACES,
+    DoorbellMode, FaultSpec, Protection, QosLimits, Readiness, DEFAULT_FORMAT_INDEX, MAX_NAMESPACES,
 };
 use vnvme_device::{Interrupts, MAX_MSIX_VECTORS};
 
@@ -89,6 +101,7 @@ use crate::namespace::{
     check_format_index, check_pi_fits, parse_duration, parse_pi_type, parse_pil, Backend,
     NamespaceSpec,
 };
+use crate::qos::{QosSpec, QosValue};
 use crate::size::parse_size;
 use crate::zoned_options::ZonedOptions;
 
@@ -142,7 +155,14 @@ struct FileConfig {
     /// Faults armed at start (`control::fault_params`).
     #[serde(default)]
     fault: Vec<Spanned<FaultParams>>,
+    /// The controller's limits (`crate::qos`).
+    qos: Option<QosTable>,
+    #[serde(default)]
+    qos_groups: BTreeMap<String, QosTable>,
 }
+
+/// A `qos` table: keys are checked by `crate::qos`, so the error lists them.
+type QosTable = BTreeMap<String, Spanned<QosValue>>;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -167,6 +187,7 @@ struct FileNamespace {
     nguid: Option<Spanned<String>>,
     eui64: Option<Spanned<String>>,
     uuid: Option<Spanned<String>>,
+    qos: Option<QosTable>,
 }
 
 /// What a configuration file sets; `None` leaves the command line's value.
@@ -199,6 +220,10 @@ pub struct ServeConfig {
     pub namespaces: Vec<NamespaceSpec>,
     /// `[[fault]]` tables, armed when the controller starts.
     pub faults: Vec<FaultSpec>,
+    /// `[qos]`: the controller's limits and group.
+    pub qos: QosSpec,
+    /// `[qos_groups.NAME]` tables.
+    pub qos_groups: BTreeMap<String, QosLimits>,
 }
 
 impl ServeConfig {
@@ -248,6 +273,43 @@ impl ServeConfig {
                 }
             }
         };
+        // A qos table, `field` naming it in errors; `group` if it may join one.
+        let qos = |field: &str,
+                   table: &QosTable,
+                   group: bool,
+                   defined: &BTreeMap<String, QosLimits>|
+         -> Result<QosSpec, ConfigFileError> {
+            let mut spec = QosSpec::default();
+            for (key, v) in table {
+                spec.set(key, v.get_ref(), group)
+                    .map_err(|m| at(Some(v.span()), format!("{field}.{key}"), m))?;
+            }
+            let first = table.values().next().map(Spanned::span);
+            spec.validate()
+                .map_err(|m| at(first.clone(), field.to_string(), m))?;
+            if let Some(name) = spec.group.as_ref().filter(|n| !defined.contains_key(*n)) {
+                let span = table.get("group").map(Spanned::span);
+                return Err(at(
+                    span,
+                    format!("{field}.group"),
+                    format!("no [qos_groups.{name}] table defines this group"),
+                ));
+            }
+            Ok(spec)
+        };
+        let mut qos_groups = BTreeMap::new();
+        for (name, table) in &raw.qos_groups {
+            let spec = qos(&format!("qos_groups.{name}"), table, false, &qos_groups)?;
+            if vnvme_controller::QosGroup::new(name, spec.limits).is_err() {
+                let span = table.values().next().map(Spanned::span);
+                return Err(at(
+                    span,
+                    format!("qos_groups.{name}"),
+                    "a group's name is 1 to 64 letters, digits, '-', '_' or '.'".into(),
+                ));
+            }
+            qos_groups.insert(name.clone(), spec.limits);
+        }
         let mut cfg = ServeConfig {
             serial: raw
                 .serial
@@ -283,6 +345,10 @@ impl ServeConfig {
                 .as_ref()
                 .map(|v| size("self_test_rate", v))
                 .transpose()?,
+            qos: match &raw.qos {
+                Some(t) => qos("qos", t, true, &qos_groups)?,
+                None => QosSpec::default(),
+            },
             ..ServeConfig::default()
         };
         if let Some(v) = &raw.doorbells {
@@ -534,6 +600,9 @@ impl ServeConfig {
                     }
                 }
             }
+            if let Some(t) = &ns.qos {
+                spec.qos = qos(&field("qos"), t, true, &qos_groups)?;
+            }
             let span = ns.size.as_ref().map(Spanned::span);
             spec.validate().map_err(|m| at(span, field("size"), m))?;
             cfg.namespaces.push(spec);
@@ -545,6 +614,7 @@ impl ServeConfig {
                 .map_err(|m| at(Some(f.span()), format!("fault[{i}]"), m))?;
             cfg.faults.push(spec);
         }
+        cfg.qos_groups = qos_groups;
         Ok(cfg)
     }
 

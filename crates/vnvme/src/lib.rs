@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod namespace;
 pub mod ns_syntax;
 pub mod passthru;
+pub mod qos;
 pub mod serve;
 pub mod size;
 pub mod socket;

@@ -11,7 +11,8 @@
 //! Metric families, all `vnvme_`:
 //! * per controller: `commands_total{queue_type,opcode}`,
 //!   `completions_total{status}` (errors by status), `*_total` of the
-//!   controller's own counters (resets, fatal errors, backend errors...);
+//!   controller's own counters (resets, fatal errors, backend errors,
+//!   commands QoS limits made wait...), `qos_throttled_seconds_total`;
 //! * per queue id (`qid`): commands, errors, interrupts, doorbell traps,
 //!   shadow reads, EventIdx writes, ignored doorbell writes, and the
 //!   histogram `command_latency_seconds` of one command in 64 (fetch to
@@ -47,8 +48,12 @@ impl Family {
 
     /// A sample with `labels` (name, value).
     fn add(&mut self, labels: &[(&str, String)], value: u64) {
+        self.add_f64(labels, value as f64);
+    }
+
+    fn add_f64(&mut self, labels: &[(&str, String)], value: f64) {
         let mut c = Counter::default();
-        c.set_value(value as f64);
+        c.set_value(value);
         let mut m = Metric::from_label(pairs(labels));
         m.set_counter(c);
         self.0.mut_metric().push(m);
@@ -160,6 +165,11 @@ const CONTROLLER_COUNTERS: &[Field<ControllerStats>] = &[
         |s| s.eventidx_arms,
     ),
     (
+        "qos_throttled_commands_total",
+        "I/O commands an IOPS or bandwidth limit made wait.",
+        |s| s.qos_throttled_commands,
+    ),
+    (
         "dbbuf_configs_total",
         "Successful Doorbell Buffer Config commands.",
         |s| s.dbbuf_configs,
@@ -232,6 +242,12 @@ pub fn families(s: &ControllerStats) -> Vec<MetricFamily> {
         |_| None,
         &mut out,
     );
+    let mut f = Family::counter(
+        "qos_throttled_seconds_total",
+        "Time I/O commands waited for IOPS or bandwidth limits, summed.",
+    );
+    f.add_f64(&[], s.qos_throttled_ns as f64 / 1e9);
+    f.push_to(&mut out);
     let mut f = Family::counter("stream_writes_total", "Writes completed, by stream id.");
     for (sid, &n) in &s.stream_writes {
         f.add(&[("stream", sid.to_string())], n);

@@ -21,6 +21,7 @@ use vnvme_controller::{
 
 use crate::identity::{absolute, host_ids, parse_id};
 use crate::ns_syntax::{is_option, unknown_option, unknown_storage};
+use crate::qos::QosSpec;
 use crate::size::parse_size;
 use crate::zoned_options::ZonedOptions;
 
@@ -104,6 +105,9 @@ pub struct NamespaceSpec {
     /// Identifiers given (`nguid=`, `eui64=`, `uuid=`) instead of the
     /// derived ones (see [`crate::identity`]).
     pub ids: IdChoice,
+    /// IOPS and bandwidth limits and group (`iops=`, `qos-group=`...; see
+    /// [`crate::qos`]).
+    pub qos: QosSpec,
 }
 
 /// The namespace identifiers a configuration sets; each `None` keeps the
@@ -155,6 +159,7 @@ impl NamespaceSpec {
             zoned: None,
             volatile_cache: false,
             ids: IdChoice::default(),
+            qos: QosSpec::default(),
         }
     }
 
@@ -396,6 +401,10 @@ impl FromStr for NamespaceSpec {
                 return Err(unknown_option(option));
             }
             if let Some(r) = zoned.take(option) {
+                r?;
+                continue;
+            }
+            if let Some(r) = spec.qos.take_ns_option(option) {
                 r?;
                 continue;
             }

@@ -8,6 +8,7 @@
 //! init --help` and parse an example of each: an option cannot be added
 //! without its help.
 
+use crate::qos::NS_QOS_OPTIONS;
 use crate::zoned_options::ZONED_OPTIONS;
 
 /// The storage, the part before the first comma.
@@ -66,6 +67,14 @@ Options, each after a comma:
   max-active=N     open or closed zones at most (default max-open)
   ro-zones=N       the last N zones start read only
   zone-ext=BYTES   zone descriptor extension size, a multiple of 64 up to 16320
+  iops=N           at most N reads and writes a second (a token bucket, burst a tenth of N;
+                   bursts and more in the configuration's qos tables, see docs/qos.md)
+  read-iops=N      at most N reads a second
+  write-iops=N     at most N writes a second
+  bps=SIZE         at most SIZE bytes read and written a second (50M)
+  read-bps=SIZE    at most SIZE bytes read a second
+  write-bps=SIZE   at most SIZE bytes written a second
+  qos-group=NAME   shares the budget of [qos_groups.NAME] of --config with its other members
 Example: --ns 1G --ns /srv/vm1.img:file,format=0 --ns 4G:nbd=nbd://127.0.0.1/vm2,ready=2s";
 
 /// `-h`'s line for `--ns`: the storage forms, and `default`, the
@@ -93,15 +102,20 @@ fn key(option: &str) -> &str {
 /// or [`ZONED_OPTIONS`] lists.
 pub fn is_option(option: &str) -> bool {
     let k = key(option);
-    NS_OPTIONS.iter().chain(ZONED_OPTIONS).any(|o| key(o) == k)
+    NS_OPTIONS
+        .iter()
+        .chain(ZONED_OPTIONS)
+        .chain(NS_QOS_OPTIONS)
+        .any(|o| key(o) == k)
 }
 
 /// The error for an option that is none of them, or whose key is one but
 /// whose form is not (`vwc=1`).
 pub fn unknown_option(option: &str) -> String {
     format!(
-        "unknown namespace option '{option}': use {}, or zoned with {} (see vnvme serve --help)",
+        "unknown namespace option '{option}': use {}, {}, or zoned with {} (see vnvme serve --help)",
         NS_OPTIONS.join(", "),
+        NS_QOS_OPTIONS.join(", "),
         ZONED_OPTIONS
             .iter()
             .filter(|o| **o != "zoned")
@@ -143,11 +157,23 @@ mod tests {
         ("max-active=N", "256M,zoned,max-active=3"),
         ("ro-zones=N", "256M,zoned,ro-zones=1"),
         ("zone-ext=BYTES", "256M,zoned,zone-ext=64"),
+        ("iops=N", "1M,iops=1000"),
+        ("read-iops=N", "1M,read-iops=1000"),
+        ("write-iops=N", "1M,write-iops=1000"),
+        ("bps=SIZE", "1M,bps=50M"),
+        ("read-bps=SIZE", "1M,read-bps=50M"),
+        ("write-bps=SIZE", "1M,write-bps=50M"),
+        ("qos-group=NAME", "1M,qos-group=tenant-a"),
     ];
 
     #[test]
     fn every_listed_option_is_one_the_parser_takes() {
-        let listed: Vec<&str> = NS_OPTIONS.iter().chain(ZONED_OPTIONS).copied().collect();
+        let listed: Vec<&str> = NS_OPTIONS
+            .iter()
+            .chain(ZONED_OPTIONS)
+            .chain(NS_QOS_OPTIONS)
+            .copied()
+            .collect();
         let examples: Vec<&str> = OPTION_EXAMPLES.iter().map(|(o, _)| *o).collect();
         assert_eq!(
             listed, examples,
@@ -199,7 +225,12 @@ mod tests {
 
     #[test]
     fn the_help_names_every_form_and_option() {
-        for form in NS_FORMS.iter().chain(NS_OPTIONS).chain(ZONED_OPTIONS) {
+        for form in NS_FORMS
+            .iter()
+            .chain(NS_OPTIONS)
+            .chain(ZONED_OPTIONS)
+            .chain(NS_QOS_OPTIONS)
+        {
             assert!(NS_HELP.contains(form), "{form}");
         }
     }

@@ -151,9 +151,13 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
     let inherited = vnvme_vfio_user::activation::take_listener()
         .context("taking the socket passed by the launcher (socket activation)")?;
     let mut faults = Vec::new();
+    let mut qos = crate::qos::QosSpec::default();
+    let mut qos_groups = std::collections::BTreeMap::new();
     if let Some(path) = &opts.config {
         let file = crate::config::ServeConfig::load(path)?;
         faults = file.faults.clone();
+        qos = file.qos.clone();
+        qos_groups = file.qos_groups.clone();
         opts.device = file.apply(&opts.device);
         opts.max_dma_maps = opts.max_dma_maps.or(file.max_dma_maps);
         opts.max_dma_size = opts.max_dma_size.or(file.max_dma_size);
@@ -199,6 +203,8 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
             .fault_add(spec)
             .with_context(|| format!("[[fault]] number {} of the configuration", i + 1))?;
     }
+    let groups = crate::qos::groups(&qos_groups)?;
+    crate::qos::apply_all(device.controller(), &qos, &opts.namespaces, &groups)?;
     // Before the socket: a --metrics address in use fails the start
     // without leaving a socket file behind.
     let metrics = match opts.metrics {

@@ -170,6 +170,7 @@ fn two_namespaces_with_one_identifier_are_refused_at_start() {
 #[test]
 fn ns_help_names_every_form_and_option_the_parser_takes() {
     use vnvme::ns_syntax::{NS_FORMS, NS_OPTIONS};
+    use vnvme::qos::NS_QOS_OPTIONS;
     use vnvme::zoned_options::ZONED_OPTIONS;
     let help = |args: &[&str]| {
         let out = Command::new(BIN).args(args).output().unwrap();
@@ -178,7 +179,12 @@ fn ns_help_names_every_form_and_option_the_parser_takes() {
     };
     for command in [&["serve"][..], &["bench", "init"]] {
         let long = help(&[command, &["--help"]].concat());
-        for form in NS_FORMS.iter().chain(NS_OPTIONS).chain(ZONED_OPTIONS) {
+        for form in NS_FORMS
+            .iter()
+            .chain(NS_OPTIONS)
+            .chain(ZONED_OPTIONS)
+            .chain(NS_QOS_OPTIONS)
+        {
             assert!(
                 long.contains(form),
                 "`vnvme {command:?} --help` lacks {form}"

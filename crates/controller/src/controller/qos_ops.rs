@@ -42,6 +42,11 @@ impl Controller {
         Ok(())
     }
 
+    /// Group `name`, if a target of this controller is in it.
+    pub fn qos_group(&self, name: &str) -> Option<Arc<QosGroup>> {
+        self.shared.qos.group(name)
+    }
+
     /// The limits, groups and their counters.
     pub fn qos_get(&self) -> QosReport {
         self.shared.qos.report()

@@ -2,7 +2,7 @@
 //! controller and per namespace, alone or shared with others in a named
 //! group (QEMU's `throttle-group`).
 //!
-//! A limit is a token bucket ([`bucket`]): `iops`, `read_iops` and
+//! A limit is a token bucket (`bucket.rs`): `iops`, `read_iops` and
 //! `write_iops` count commands, `bps`, `read_bps` and `write_bps` count
 //! bytes (the LBA range's logical block data), each with a burst (the
 //! bucket's size, by default a tenth of a second's worth, at least 1). The
@@ -30,7 +30,7 @@
 //! speeds up the commands already waiting.
 //!
 //! Cost when nothing is limited: one relaxed load per I/O command
-//! ([`Qos::armed`]). A target that joined a group pays the check (a lock
+//! (`Qos::armed`). A target that joined a group pays the check (a lock
 //! per command) even while the group has no limit.
 //!
 //! Limits are configuration the guest cannot see (no Identify field or

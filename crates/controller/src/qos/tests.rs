@@ -13,11 +13,12 @@ const MS: u64 = 1_000_000;
 const S: u64 = 1_000_000_000;
 
 fn cmd(op: NvmOpcode, nsid: u32, blocks: u32) -> Command {
-    let mut c = Command::default();
-    c.cdw0 = U32::new(u32::from(op.0));
-    c.nsid = U32::new(nsid);
-    c.cdw12 = U32::new(blocks - 1);
-    c
+    Command {
+        cdw0: U32::new(u32::from(op.0)),
+        nsid: U32::new(nsid),
+        cdw12: U32::new(blocks - 1),
+        ..Default::default()
+    }
 }
 
 fn limits(pairs: &[(&str, u64)]) -> QosLimits {

@@ -213,6 +213,11 @@ pub struct BenchOptions {
     /// and removed by the bench unless it exists.
     #[arg(long, value_name = "PATH")]
     pub guest_mem_file: Option<PathBuf>,
+    /// Limits on namespace 1, set after the bench's first fill (KEY=VALUE, comma separated:
+    /// iops=20000, read_bps=100M, iops_burst=64...; see docs/qos.md): IOPS then shows how well
+    /// the controller holds them.
+    #[arg(long, value_name = "LIMITS")]
+    pub qos: Option<crate::qos::QosSpec>,
     /// The controller's polling, as `vnvme serve` takes it (with --guest,
     /// passed to the `vnvme serve` the bench starts).
     #[command(flatten)]
@@ -368,6 +373,9 @@ pub fn run(opts: &BenchOptions) -> Result<Vec<Run>> {
 
 /// Runs the benchmark and writes what was asked for.
 pub fn main(opts: &BenchOptions) -> Result<()> {
+    if opts.guest && opts.qos.is_some() {
+        bail!("--qos is for the in-process bench, not --guest");
+    }
     if opts.guest && opts.verify {
         bail!("--verify is for the in-process bench, not --guest");
     }
@@ -479,6 +487,10 @@ impl ModeBench {
         let with_pi = opts.pi.is_some() && opts.backend != BackendArg::Null;
         if (empty || with_pi) && !opts.verify {
             Self::prefill(&mut queues, &access)?;
+        }
+        if let Some(q) = &opts.qos {
+            let target = vnvme_controller::QosTarget::Namespace(1);
+            inproc.controller().qos_set(target, q.limits)?;
         }
         let stripes = if opts.verify {
             Some(Self::stripes(&queues, BLOCK_SIZE)?)

@@ -29,9 +29,13 @@ fault_add kind=KIND [nsid=N] [opcodes=read,write] [lba=N blocks=N] [probability=
 the kind's own (latency=5ms | distribution=uniform min= max= | distribution=exponential mean=;
 status=NAME|0xSCTSC dnr=true|false; duration=5s; warning=temperature|spare|reliability|read-only|backup);
 KIND is latency, status, never-complete, media-error, not-ready, smart-warning or power-loss;
-fault_list; fault_clear [id=N]; controller_fatal [reason=TEXT]; shutdown.
+fault_list; fault_clear [id=N]; qos_set [nsid=N | group=NAME] [iops=N] [read_iops=N]
+[write_iops=N] [bps=SIZE] [read_bps=SIZE] [write_bps=SIZE] [KEY_burst=N] (replaces every limit of
+the controller, namespace or group; none given: unlimited); qos_get; controller_fatal
+[reason=TEXT]; shutdown.
 
-Example: vnvme ctl fault_add kind=status nsid=1 opcodes=read status=unrecovered-read-error dnr=true count=1";
+Example: vnvme ctl fault_add kind=status nsid=1 opcodes=read status=unrecovered-read-error dnr=true count=1
+Example: vnvme ctl qos_set nsid=1 read_iops=5000 write_bps=50M";
 
 #[derive(Args, Debug, Clone)]
 #[command(after_help = CTL_HELP)]

@@ -11,6 +11,8 @@
 //! | `fault_add` | a fault (`fault_params`) | `{id}` (command faults) or `{applied}` |
 //! | `fault_list` | | `{faults, smart_warning, not_ready}` |
 //! | `fault_clear` | `id`? (none: every fault) | `{cleared}` |
+//! | `qos_set` | `nsid`? or `group`?, then limits (`crate::qos`: `iops`, `read_bps`, `write_iops_burst`...) | `{}`; replaces every limit of the target (none given: no limit) |
+//! | `qos_get` | | `{controller, namespaces, groups}` with limits and counters |
 //! | `controller_fatal` | `reason`? | `{}` |
 //! | `shutdown` | | `{}`; the server stops as on SIGTERM |
 
@@ -19,11 +21,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use vnvme_controller::{Controller, Fault, FaultKind, Latency, ZoneChange};
+use vnvme_controller::{Controller, Fault, FaultKind, Latency, QosTarget, ZoneChange};
 
 use super::fault_params::FaultParams;
 use super::{code, RpcError};
 use crate::namespace::NamespaceSpec;
+use crate::qos::{QosSpec, QosValue};
 use vnvme_controller::NamespaceIds;
 
 /// Every method, for `vnvme ctl --help` and the not-found error.
@@ -38,6 +41,8 @@ pub const METHODS: &[&str] = &[
     "fault_add",
     "fault_list",
     "fault_clear",
+    "qos_set",
+    "qos_get",
     "controller_fatal",
     "shutdown",
 ];
@@ -152,6 +157,18 @@ pub fn call(
                     spec.ids(|| NamespaceIds::fresh("control socket", 0)),
                 )
                 .map_err(refused)?;
+            if !spec.qos.is_empty() {
+                // A group named in --ns is the configuration's: reach it
+                // through a member of this controller.
+                let groups = spec
+                    .qos
+                    .group
+                    .iter()
+                    .filter_map(|name| Some((name.clone(), ctrl.qos_group(name)?)))
+                    .collect();
+                crate::qos::apply(ctrl, QosTarget::Namespace(nsid), &spec.qos, &groups)
+                    .map_err(|e| refused(format!("namespace {nsid} added, but its QoS: {e:#}")))?;
+            }
             Ok(json!({ "nsid": nsid }))
         }
         "namespace_remove" => {
@@ -222,6 +239,15 @@ pub fn call(
             }
             Ok(json!({ "cleared": cleared }))
         }
+        "qos_set" => qos_set(ctrl, p),
+        "qos_get" => {
+            params::<NoParams>(method, p)?;
+            let stats = ctrl.stats();
+            let mut v = serde_json::to_value(ctrl.qos_get()).map_err(refused)?;
+            v["throttled_commands"] = json!(stats.qos_throttled_commands);
+            v["throttled_ns"] = json!(stats.qos_throttled_ns);
+            Ok(v)
+        }
         "controller_fatal" => {
             let f: Fatal = params(method, p)?;
             let reason = f
@@ -241,6 +267,50 @@ pub fn call(
             format!("no method '{other}': use one of {}", METHODS.join(", ")),
         )),
     }
+}
+
+/// `qos_set`: `nsid` (a namespace), `group` (a group's budget) or neither
+/// (the controller), then the limits; keys not given are unlimited.
+fn qos_set(ctrl: &Controller, p: Value) -> Result<Value, RpcError> {
+    let bad = |m: String| RpcError::new(code::INVALID_PARAMS, format!("qos_set: {m}"));
+    let map = match p {
+        Value::Object(m) => m,
+        Value::Null => serde_json::Map::new(),
+        _ => return Err(bad("params must be named (an object)".into())),
+    };
+    let mut target = QosTarget::Controller;
+    let mut group = None;
+    let mut spec = QosSpec::default();
+    for (key, v) in map {
+        match key.as_str() {
+            "nsid" => {
+                let nsid = v
+                    .as_u64()
+                    .and_then(|n| u32::try_from(n).ok())
+                    .filter(|&n| n != 0)
+                    .ok_or_else(|| bad(format!("nsid: {v} is not a namespace id")))?;
+                target = QosTarget::Namespace(nsid);
+            }
+            "group" => match v {
+                Value::String(name) => group = Some(name),
+                other => return Err(bad(format!("group: {other} is not a group's name"))),
+            },
+            _ => {
+                let value: QosValue = serde_json::from_value(v.clone())
+                    .map_err(|_| bad(format!("{key}: {v} is not a number or a size")))?;
+                spec.set(&key, &value, false).map_err(bad)?;
+            }
+        }
+    }
+    spec.validate().map_err(bad)?;
+    match group {
+        Some(_) if target != QosTarget::Controller => {
+            Err(bad("give nsid or group, not both".into()))
+        }
+        Some(name) => ctrl.qos_set_group(&name, spec.limits).map_err(refused),
+        None => ctrl.qos_set(target, spec.limits).map_err(refused),
+    }?;
+    Ok(json!({}))
 }
 
 /// A command fault as `fault_list` shows it.
