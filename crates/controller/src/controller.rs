@@ -38,6 +38,7 @@ use crate::worker;
 
 mod operator;
 mod qos_ops;
+mod saved;
 pub use operator::NamespaceOpError;
 
 /// CRTO.CRWMT is 16 bits of 500 ms units.
@@ -57,6 +58,11 @@ struct Control {
     threads: Vec<JoinHandle<()>>,
     /// CC.SHN completed since the last enable (for SMART unsafe shutdowns).
     clean_shutdown: bool,
+    /// What the workers of this enable were given (until a reset), so
+    /// that [`Controller::resume`] can start them again.
+    session: Option<Arc<Session>>,
+    /// [`Controller::pause`] stopped the workers of this enable.
+    paused: bool,
 }
 
 /// An NVMe controller. `Send + Sync`; every method takes `&self`.
@@ -209,6 +215,8 @@ impl Controller {
                 attachment: None,
                 threads: Vec::new(),
                 clean_shutdown: true,
+                session: None,
+                paused: false,
             }),
         })
     }
@@ -471,6 +479,7 @@ impl Controller {
                 // host's queues once SHST says complete (a host may free them
                 // then; a worker fetching from a freed SQ set CSTS.CFS).
                 self.stop_workers(ctl);
+                (ctl.session, ctl.paused) = (None, false);
                 self.shared.faults.reset();
                 for ns in self.shared.subsystem.namespaces.active_list() {
                     if let Err(e) = ns.backend.flush() {
@@ -548,25 +557,10 @@ impl Controller {
         shared
             .doorbells
             .open(Doorbell::CqHead(0), acqs, ADMIN_WORKER);
-        for (i, w) in shared.queues.mailboxes.iter().enumerate() {
-            w.rearm();
-            let (sh, se) = (self.shared.clone(), session.clone());
-            let spawned = std::thread::Builder::new()
-                .name(match i {
-                    ADMIN_WORKER => "vnvme-admin".into(),
-                    i => format!("vnvme-io{i}"),
-                })
-                .spawn(move || worker::run(sh, se, i));
-            match spawned {
-                Ok(t) => ctl.threads.push(t),
-                Err(e) => {
-                    tracing::error!("spawning queue worker {i}: {e}");
-                    self.stop_workers(ctl);
-                    self.clear_queues();
-                    ctl.regs.csts.set_cfs(true);
-                    return;
-                }
-            }
+        if !self.spawn_workers(ctl, &session) {
+            self.clear_queues();
+            ctl.regs.csts.set_cfs(true);
+            return;
         }
         let now = Instant::now();
         shared.lifecycle.enabled(now);
@@ -614,6 +608,32 @@ impl Controller {
         ctl.regs.settle(now);
     }
 
+    /// Starts a worker thread per mailbox on `session`. On failure, stops
+    /// those started and returns `false`.
+    fn spawn_workers(&self, ctl: &mut Control, session: &Arc<Session>) -> bool {
+        for (i, w) in self.shared.queues.mailboxes.iter().enumerate() {
+            w.rearm();
+            let (sh, se) = (self.shared.clone(), session.clone());
+            let spawned = std::thread::Builder::new()
+                .name(match i {
+                    ADMIN_WORKER => "vnvme-admin".into(),
+                    i => format!("vnvme-io{i}"),
+                })
+                .spawn(move || worker::run(sh, se, i));
+            match spawned {
+                Ok(t) => ctl.threads.push(t),
+                Err(e) => {
+                    tracing::error!("spawning queue worker {i}: {e}");
+                    self.stop_workers(ctl);
+                    return false;
+                }
+            }
+        }
+        ctl.session = Some(Arc::clone(session));
+        ctl.paused = false;
+        true
+    }
+
     /// Controller reset (§3.7.2): stop the workers, delete every queue,
     /// drop outstanding AERs, return features to defaults, clear CSTS.RDY,
     /// activate the firmware slot a Firmware Commit left for this reset.
@@ -622,6 +642,7 @@ impl Controller {
         let was_enabled = ctl.regs.cc.en() || ctl.regs.csts.rdy();
         shared.lifecycle.reset();
         self.stop_workers(ctl);
+        (ctl.session, ctl.paused) = (None, false);
         self.clear_queues();
         // The commands faults held went with the workers.
         shared.faults.reset();

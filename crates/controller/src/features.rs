@@ -18,6 +18,9 @@ use crate::config::ControllerConfig;
 use crate::keep_alive::KeepAlive;
 use crate::streams::Streams;
 
+mod saved;
+pub(crate) use saved::SavedFeatures;
+
 /// The features, each behind its own leaf lock or atomic.
 #[derive(Debug)]
 pub(crate) struct Features {

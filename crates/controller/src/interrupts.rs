@@ -30,6 +30,9 @@ use crate::memory::InterruptSink;
 use crate::queue::Cq;
 use crate::stats::Stats;
 
+mod saved;
+pub(crate) use saved::SavedInterrupts;
+
 /// The controller-wide interrupt state (a field of the shared state; every
 /// value an atomic, read by the workers on each pass).
 #[derive(Debug)]

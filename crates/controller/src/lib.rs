@@ -43,6 +43,8 @@ pub mod qos;
 mod queue;
 mod regs;
 mod reporting;
+mod saved_check;
+mod saved_state;
 mod sgl;
 mod state;
 pub mod stats;
@@ -70,6 +72,10 @@ pub use memory::{DmaError, GuestMemory, InterruptSink, Segment};
 pub use protection::{Guard, PiType, Protection};
 pub use qos::{
     QosError, QosGroup, QosLimits, QosRate, QosReport, QosTarget, TargetReport, ThrottleReport,
+};
+pub use saved_check::InvalidState;
+pub use saved_state::{
+    SavedState, StateError, FORMAT_VERSION, HEADER_LEN, MAGIC, OLDEST_READABLE_VERSION,
 };
 pub use stats::{ControllerStats, QueueStats};
 pub use vendor::{VendorCommand, VendorCommands};

@@ -8,6 +8,9 @@ use vnvme_spec::regs::{css, offset, shutdown, version, Aqa, Cap, Cc, Crto, Csts,
 
 use crate::config::ControllerConfig;
 
+mod saved;
+pub(crate) use saved::SavedRegs;
+
 /// CRTO.CRWMT/CRIMT in 500 ms units: `ready_timeout` rounded up (at least
 /// 1). This is the host's patience: the controller is ready at once, its
 /// namespaces may not be (see [`crate::Readiness`]).

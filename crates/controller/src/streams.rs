@@ -9,6 +9,8 @@ use vnvme_spec::directive::dtype;
 use vnvme_spec::status::invalid_field;
 use vnvme_spec::Status;
 
+pub(crate) mod saved;
+
 /// Max Streams Limit: stream resources of the whole NVM subsystem, shared
 /// by its namespaces.
 pub(crate) const MSL: u16 = 16;

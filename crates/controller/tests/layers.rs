@@ -14,6 +14,7 @@ use vnvme_layers::Crate;
 /// The controller's top-level modules, top row first.
 const LAYERS: &[&[&str]] = &[
     &["controller"],
+    &["saved_state"],
     &["worker"],
     &["admin", "io"],
     &["command"],
@@ -41,6 +42,7 @@ const LAYERS: &[&[&str]] = &[
         "zoned",
         "faults",
         "qos",
+        "saved_check",
     ],
 ];
 

@@ -4,7 +4,10 @@
 //! the controller) waits for it longer than one step.
 
 pub(crate) mod sanitize;
+mod saved;
 pub(crate) mod self_test;
+
+pub(crate) use saved::SavedBackground;
 
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};

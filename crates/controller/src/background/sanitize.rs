@@ -27,6 +27,9 @@ use zerocopy::little_endian::{U16, U32};
 
 use crate::background::{seconds, Task};
 
+mod saved;
+pub(crate) use saved::SavedSanitize;
+
 /// Passes of the Overwrite that ETO estimates.
 const ETO_PASSES: u64 = 16;
 /// How much faster than a block erase a crypto erase goes.

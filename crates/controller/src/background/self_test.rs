@@ -22,6 +22,9 @@ use zerocopy::little_endian::{U32, U64};
 use crate::background::Task;
 use crate::namespace::NSID_ALL;
 
+mod saved;
+pub(crate) use saved::SavedSelfTest;
+
 #[derive(Debug, Default)]
 pub(crate) struct SelfTest {
     state: Mutex<State>,

@@ -17,6 +17,7 @@
 //! comes from.
 
 mod page;
+mod saved;
 mod shadow;
 mod source;
 
@@ -28,6 +29,7 @@ use vnvme_spec::regs::Doorbell;
 
 use crate::stats::Stats;
 pub use page::{DoorbellPage, HeapDoorbellPage, DOORBELL_PAGE_DWORDS};
+pub(crate) use saved::SavedDoorbells;
 use shadow::Dbbuf;
 pub(crate) use shadow::{barrier, EventIdx};
 pub(crate) use source::DoorbellSource;

@@ -12,7 +12,10 @@
 //!   restore keeps their distance to now, so power-on hours and namespace
 //!   readiness go on counting).
 
+pub(crate) mod saved;
 pub(crate) mod timestamp;
+
+pub(crate) use saved::SavedLifecycle;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
@@ -33,7 +36,8 @@ pub(crate) struct Lifecycle {
     fatal: AtomicBool,
     /// When CC.EN last went to 1 (namespace readiness counts from it).
     enabled_at: Mutex<Option<Instant>>,
-    created: Instant,
+    /// A restore moves it back by the saved uptime.
+    created: Mutex<Instant>,
     /// The Timestamp feature's clock, which the Persistent Event Log's
     /// timestamps read too.
     timestamp: Arc<Mutex<TimestampClock>>,
@@ -48,7 +52,7 @@ impl Lifecycle {
             ready: AtomicBool::new(false),
             fatal: AtomicBool::new(false),
             enabled_at: Mutex::new(None),
-            created,
+            created: Mutex::new(created),
             timestamp: Arc::new(Mutex::new(TimestampClock::reset(created))),
         }
     }
@@ -112,7 +116,7 @@ impl Lifecycle {
 
     /// Time since power on.
     pub fn uptime(&self) -> Duration {
-        self.created.elapsed()
+        self.created.lock().elapsed()
     }
 
     /// Power-on hours (SMART, device self-test results): since the

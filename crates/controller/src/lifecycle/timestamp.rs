@@ -35,6 +35,16 @@ impl TimestampClock {
         }
     }
 
+    /// A restored clock: `value` (milliseconds, as [`read`](Self::read)
+    /// gave it when saved) at `at`, of `origin`.
+    pub fn restored(value: u64, origin: u8, at: Instant) -> Self {
+        Self {
+            base_ms: value,
+            since: at,
+            origin,
+        }
+    }
+
     /// The value at `now`: TSTMP wraps modulo 2^48 (the field's width).
     pub fn read(&self, now: Instant) -> Timestamp {
         let elapsed = now.saturating_duration_since(self.since).as_millis();

@@ -12,6 +12,7 @@
 //! metadata (MPTR) is split from and merged into it.
 
 pub(crate) mod reservation;
+mod saved;
 pub(crate) mod uncorrectable;
 
 use std::sync::Arc;
@@ -32,6 +33,7 @@ use crate::namespace::uncorrectable::Uncorrectable;
 use crate::protection::{Guard, PiFormat, Protection};
 use crate::stats::NamespaceCounters;
 use crate::zoned::{ZonedConfig, ZonedError, Zones};
+pub(crate) use saved::SavedNamespace;
 
 /// NSIDs 1..=0xFFFF_FFFE are valid; 0xFFFF_FFFF is the broadcast value.
 pub(crate) const NSID_ALL: u32 = 0xFFFF_FFFF;

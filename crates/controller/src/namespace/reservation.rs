@@ -29,6 +29,8 @@ use vnvme_spec::reservation::ReservationType;
 use vnvme_spec::status::invalid_field;
 use vnvme_spec::Status;
 
+pub(crate) mod saved;
+
 /// Registrants kept at most: a host can present any number of
 /// identifiers (one per controller reset), each registering.
 pub(crate) const MAX_REGISTRANTS: usize = 64;

@@ -14,6 +14,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use parking_lot::Mutex;
 use vnvme_spec::Status;
 
+pub(crate) mod saved;
+
 /// Ranges kept at most. Each Write Uncorrectable adds at most one, and so
 /// does each write into the middle of one (it splits it): without a bound,
 /// a guest could grow the set by a range per command.

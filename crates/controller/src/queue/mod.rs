@@ -2,6 +2,7 @@
 //! head/tail arithmetic, phase tag, validation of doorbell values.
 
 pub(crate) mod mailbox;
+mod saved;
 pub(crate) mod table;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,6 +15,7 @@ use zerocopy::IntoBytes;
 use crate::doorbell::{DoorbellSource, Doorbells, EventIdx};
 use crate::irq_batch::Batch;
 use crate::memory::{DmaError, GuestMemory};
+pub(crate) use saved::{Limits, SavedQueues};
 
 /// Numbers every queue created, so a completion owed to a queue that was
 /// deleted (or reset) and re-created under the same id is recognised.

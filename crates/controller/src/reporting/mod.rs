@@ -12,6 +12,7 @@
 //! * transient: nothing (every value here is something a host can read).
 
 pub(crate) mod persistent_event_log;
+mod saved;
 pub(crate) mod telemetry;
 
 use std::collections::VecDeque;
@@ -24,6 +25,7 @@ use zerocopy::little_endian::{U16, U32, U64};
 
 use crate::stats::Stats;
 use persistent_event_log::PersistentEventLog;
+pub(crate) use saved::SavedReporting;
 use telemetry::{Capture, Telemetry};
 
 /// Asynchronous Event Request Limit, 0's based (Identify Controller AERL).

@@ -59,6 +59,9 @@ pub(crate) const SUPPORTED: &[EventType] = &[
     EventType::SANITIZE_COMPLETION,
 ];
 
+mod saved;
+pub(crate) use saved::SavedPersistentEventLog;
+
 fn power_on_ms(created: Instant, at: Instant) -> u64 {
     u64::try_from(at.saturating_duration_since(created).as_millis()).unwrap_or(u64::MAX)
 }
@@ -93,7 +96,8 @@ struct Store {
 /// The log (a leaf lock).
 pub(crate) struct PersistentEventLog {
     store: Mutex<Store>,
-    created: Instant,
+    /// Power on (a restore moves it back by the saved power-on time).
+    created: Mutex<Instant>,
     /// The controller's Timestamp, shared with the Timestamp feature.
     clock: Arc<Mutex<TimestampClock>>,
     cntlid: u16,
@@ -139,7 +143,7 @@ impl PersistentEventLog {
         fill_ascii(&mut firmware, &config.firmware);
         Self {
             store: Mutex::default(),
-            created,
+            created: Mutex::new(created),
             clock,
             cntlid: config.cntlid,
             firmware,
@@ -175,7 +179,7 @@ impl PersistentEventLog {
         let mut info = ResetInformation::default();
         info.cntlid = U16::new(self.cntlid);
         info.cpc = U32::new(u32::try_from(power_cycles).unwrap_or(u32::MAX));
-        info.pwrontime = U64::new(power_on_ms(self.created, at));
+        info.pwrontime = U64::new(power_on_ms(*self.created.lock(), at));
         info.ctime = U64::new(self.timestamp(at));
         let mut data = self.firmware.to_vec();
         data.extend_from_slice(info.as_bytes());
@@ -230,7 +234,10 @@ impl PersistentEventLog {
         h.tnev = U32::new(count);
         h.tll = U64::new(page.len() as u64);
         h.ts = U64::new(self.timestamp(now));
-        let hours = now.saturating_duration_since(self.created).as_secs() / 3600;
+        let hours = now
+            .saturating_duration_since(*self.created.lock())
+            .as_secs()
+            / 3600;
         h.poh = u128::from(hours).to_le_bytes();
         h.pcc = U64::new(power_cycles);
         h.gn = U16::new(s.generation);

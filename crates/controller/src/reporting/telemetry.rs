@@ -79,6 +79,9 @@ pub(crate) fn counters(stats: &Stats, s: &ControllerStats) -> Vec<(&'static str,
     ]
 }
 
+mod saved;
+pub(crate) use saved::SavedTelemetry;
+
 /// The data areas of one capture.
 #[derive(Debug, Clone)]
 pub(crate) struct Capture {

@@ -23,6 +23,9 @@ use vnvme_spec::log::firmware::{commit_action, FirmwareSlotLog};
 use vnvme_spec::status::invalid_field;
 use vnvme_spec::Status;
 
+mod saved;
+pub(crate) use saved::SavedFirmware;
+
 /// Firmware slots (FRMW.NOFS).
 pub(crate) const SLOTS: u8 = 3;
 /// Firmware Update Granularity (FWUG), 4 KiB units: every piece starts on

@@ -5,6 +5,7 @@
 //! by the subsystem's controllers, §5.12).
 
 pub(crate) mod firmware;
+mod saved;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -16,6 +17,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use crate::config::Readiness;
 use crate::namespace::Namespace;
 use crate::subsystem::firmware::Firmware;
+pub(crate) use saved::SavedSubsystem;
 
 /// Entries in the Changed Namespace List log page (4 KiB of NSIDs).
 pub(crate) const CHANGED_LIST_ENTRIES: usize = 1024;

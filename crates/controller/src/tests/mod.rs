@@ -456,6 +456,7 @@ mod protection;
 mod registers;
 mod reservations;
 mod sanitize;
+mod saved_state;
 mod self_test;
 mod sgl;
 mod stress;

@@ -11,10 +11,10 @@ use zerocopy::{FromBytes, IntoBytes};
 /// The zones changed, by ZSLBA, or "more than the log holds".
 #[derive(Debug, Default)]
 pub(super) struct ChangedZones {
-    zslbas: BTreeSet<u64>,
+    pub(super) zslbas: BTreeSet<u64>,
     /// More than [`CHANGED_ZONE_LIST_ENTRIES`] zones changed: the log says
     /// FFFFh and lists none, so the host looks at every zone.
-    overflow: bool,
+    pub(super) overflow: bool,
 }
 
 impl ChangedZones {

@@ -21,6 +21,7 @@
 //! ([`ZonedConfig::read_only_zones`]).
 
 mod changed;
+mod saved;
 mod table;
 
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -31,6 +32,7 @@ use vnvme_spec::zns::{ZoneDescriptor, ZDES_UNIT};
 use vnvme_spec::Status;
 
 use changed::ChangedZones;
+pub(crate) use saved::SavedZones;
 use table::Table;
 pub(crate) use table::ZoneAction;
 

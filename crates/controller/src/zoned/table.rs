@@ -30,7 +30,7 @@ pub(super) enum State {
 }
 
 impl State {
-    fn zs(self) -> u8 {
+    pub(super) fn zs(self) -> u8 {
         match self {
             State::Empty => zone_state::EMPTY,
             State::ImplicitlyOpened => zone_state::IMPLICITLY_OPENED,
@@ -42,11 +42,11 @@ impl State {
         }
     }
 
-    fn is_open(self) -> bool {
+    pub(super) fn is_open(self) -> bool {
         matches!(self, State::ImplicitlyOpened | State::ExplicitlyOpened)
     }
 
-    fn is_active(self) -> bool {
+    pub(super) fn is_active(self) -> bool {
         self.is_open() || self == State::Closed
     }
 
@@ -148,17 +148,17 @@ pub(super) struct Limits {
 
 #[derive(Debug)]
 pub(super) struct Table {
-    zones: Vec<Zone>,
+    pub(super) zones: Vec<Zone>,
     /// Zones open (implicitly or explicitly), and active (open or closed).
-    open: u32,
-    active: u32,
+    pub(super) open: u32,
+    pub(super) active: u32,
     /// The implicitly opened zones, oldest first: the one closed when a
     /// zone must open and the open resources are used up.
-    implicit: VecDeque<usize>,
+    pub(super) implicit: VecDeque<usize>,
     /// Zone descriptor extensions, `ext_size` bytes per zone (none when
     /// ZDES is 0); meaningful where the zone's ZDEV attribute is set.
-    ext: Vec<u8>,
-    ext_size: usize,
+    pub(super) ext: Vec<u8>,
+    pub(super) ext_size: usize,
 }
 
 fn status(s: Status) -> Status {

@@ -1,0 +1,222 @@
+//! Saving and restoring the whole controller (docs/state-format.md): the
+//! pause that makes a save consistent, the save that asks every part for
+//! its saved form, and the restore that builds a controller from its
+//! configuration and puts each part back before any worker runs.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use vnvme_spec::regs::{shutdown, Doorbell};
+
+use super::{Control, Controller};
+use crate::background::SavedBackground;
+use crate::config::{ControllerConfig, NamespaceConfig};
+use crate::doorbell::DoorbellPage;
+use crate::keep_alive::KeepAlive;
+use crate::memory::{GuestMemory, InterruptSink};
+use crate::queue::Limits;
+use crate::regs::Regs;
+use crate::saved_check::{inconsistent, same};
+use crate::saved_state::{SavedState, StateBody, StateError};
+use crate::state::{Session, ACL};
+
+impl Controller {
+    /// Stops the queue workers between two commands: when it returns, no
+    /// worker runs, every command fetched has completed or waits on an
+    /// asynchronous backend (then [`save_state`](Self::save_state) says
+    /// so), and doorbell writes are kept for [`resume`](Self::resume).
+    /// The keep alive timer stops with them. Register accesses still work;
+    /// a reset or an enable meanwhile ends the pause.
+    pub fn pause(&self) {
+        let mut ctl = self.control.lock();
+        if ctl.threads.is_empty() {
+            return;
+        }
+        self.stop_workers(&mut ctl);
+        ctl.paused = true;
+    }
+
+    /// Starts the workers [`pause`](Self::pause) stopped: they look at
+    /// every queue once (doorbells written meanwhile included) and raise
+    /// the interrupt of every CQ holding entries (a coalescing timer
+    /// pending at the pause is gone). Nothing if not paused.
+    pub fn resume(&self) -> Result<(), StateError> {
+        let mut ctl = self.control.lock();
+        let Some(session) = ctl.session.clone().filter(|_| ctl.paused) else {
+            return Ok(());
+        };
+        self.run(&mut ctl, &session)
+    }
+
+    /// Whether [`pause`](Self::pause) holds the workers.
+    pub fn is_paused(&self) -> bool {
+        self.control.lock().paused
+    }
+
+    /// The controller's state (docs/state-format.md). Only at a quiescent
+    /// point: paused (or with no worker running: disabled or shut down),
+    /// no command in flight on a backend, no sanitize or self-test running.
+    pub fn save_state(&self) -> Result<SavedState, StateError> {
+        let ctl = self.control.lock();
+        if !ctl.paused && !ctl.threads.is_empty() {
+            return Err(StateError::NotPaused);
+        }
+        let shared = &*self.shared;
+        let now = Instant::now();
+        let queues = shared.queues.save().map_err(StateError::Busy)?;
+        let background = SavedBackground::save(&shared.sanitize, &shared.self_test)
+            .map_err(StateError::BackgroundBusy)?;
+        let body = StateBody {
+            regs: ctl.regs.save(now),
+            clean_shutdown: ctl.clean_shutdown,
+            lifecycle: shared.lifecycle.save(now),
+            interrupts: shared.interrupts.save(),
+            features: shared.features.save(),
+            reporting: shared.reporting.save(now),
+            queues,
+            doorbells: shared.doorbells.save(),
+            subsystem: shared.subsystem.save(now),
+            background,
+        };
+        Ok(SavedState { body })
+    }
+
+    /// A controller of `config` and `namespaces` (their backends: the
+    /// saved namespaces reattach to them, see docs/state-format.md) in the
+    /// state `state`, attached to the client's `mem` and `irq`. If the
+    /// saved controller was running, the workers resume its queues where
+    /// they were. A state that does not fit the configuration is refused
+    /// with what differs, and nothing runs.
+    pub fn restore(
+        config: ControllerConfig,
+        namespaces: Vec<NamespaceConfig>,
+        state: &SavedState,
+        mem: Arc<dyn GuestMemory>,
+        irq: Arc<dyn InterruptSink>,
+    ) -> Result<Self, StateError> {
+        Self::restore_with_doorbell_page(config, namespaces, None, state, mem, irq)
+    }
+
+    /// As [`restore`](Self::restore), with the doorbell page of
+    /// [`with_doorbell_page`](Self::with_doorbell_page).
+    pub fn restore_with_doorbell_page(
+        config: ControllerConfig,
+        mut namespaces: Vec<NamespaceConfig>,
+        page: Option<Arc<dyn DoorbellPage>>,
+        state: &SavedState,
+        mem: Arc<dyn GuestMemory>,
+        irq: Arc<dyn InterruptSink>,
+    ) -> Result<Self, StateError> {
+        // The zones come from the state: cutting them anew would discard
+        // the backend's data (a new zoned namespace starts empty).
+        for ns in &mut namespaces {
+            ns.zoned = None;
+        }
+        let ctrl = Self::with_doorbell_page(config, namespaces, page)?;
+        ctrl.attach(Arc::clone(&mem), irq);
+        let body = &state.body;
+        let now = Instant::now();
+        let shared = &*ctrl.shared;
+        let regs = Regs::restored(&shared.config, &body.regs, now)?;
+        check_admin_queues(&regs, body)?;
+        shared.lifecycle.restore(&body.lifecycle, now)?;
+        shared.interrupts.restore(&body.interrupts, regs.intm)?;
+        shared.features.restore(&shared.config, &body.features)?;
+        shared.reporting.restore(&body.reporting, now)?;
+        shared.subsystem.restore(&body.subsystem, now)?;
+        body.background
+            .restore(&shared.sanitize, &shared.self_test)?;
+        let limits = Limits {
+            max_size: u32::from(shared.config.mqes_z) + 1,
+            vectors: shared.config.msix_vectors,
+            aborts: usize::from(ACL) + 1,
+        };
+        shared
+            .queues
+            .restore(&body.queues, &shared.doorbells, limits)?;
+        shared.doorbells.restore(&body.doorbells, &mem)?;
+        let mut ctl = ctrl.control.lock();
+        ctl.regs = regs;
+        ctl.clean_shutdown = body.clean_shutdown;
+        let (cc, csts) = (ctl.regs.cc, ctl.regs.csts);
+        let running = cc.en() && !csts.cfs() && csts.shst() == shutdown::NONE;
+        if running {
+            let page_size = ctl
+                .regs
+                .validate_enable()
+                .map_err(|why| inconsistent(format!("the saved controller runs with {why}")))?;
+            let attachment = ctl.attachment.as_ref();
+            let Some(att) = attachment else {
+                return Err(inconsistent("no client is attached").into());
+            };
+            let session = Arc::new(Session {
+                mem: Arc::clone(&att.mem),
+                irq: Arc::clone(&att.irq),
+                page_size,
+            });
+            ctrl.run(&mut ctl, &session)?;
+        }
+        ctl.regs.settle(now);
+        let csts = ctl.regs.csts;
+        let active = cc.en() && csts.rdy() && cc.shn() == 0 && csts.shst() == 0;
+        shared.features.keep_alive.set_active(active);
+        drop(ctl);
+        Ok(ctrl)
+    }
+
+    /// Starts the workers on `session` and the keep alive timer, then
+    /// has every SQ looked at and every CQ holding entries signalled.
+    fn run(&self, ctl: &mut Control, session: &Arc<Session>) -> Result<(), StateError> {
+        if !self.spawn_workers(ctl, session) {
+            return Err(StateError::Busy(
+                "no queue worker thread could start".into(),
+            ));
+        }
+        let shared = &self.shared;
+        let sh = Arc::clone(shared);
+        if let Some(t) =
+            KeepAlive::start(&shared.features.keep_alive, move || sh.keep_alive_expired())
+        {
+            ctl.threads.push(t);
+        }
+        for qid in 0..shared.doorbells.queue_ids() {
+            let qid = qid as u16;
+            if let Some(slot) = shared.queues.cqs.get(usize::from(qid)) {
+                if let Some(cq) = slot.lock().as_mut().filter(|cq| cq.head != cq.tail) {
+                    cq.irq_pending = cq.irq_pending.max(1);
+                    shared.interrupts.raise(cq, &*session.irq, &shared.stats);
+                }
+            }
+            if shared.doorbells.is_open(Doorbell::SqTail(qid)) {
+                // A trap while paused left the slot marked as queued, its
+                // kick gone with the stopped mailbox.
+                shared.doorbells.take_pending(Doorbell::SqTail(qid));
+                shared.kick_sq(qid);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The admin queues in the state are the ones AQA, ASQ and ACQ describe.
+fn check_admin_queues(regs: &Regs, body: &StateBody) -> Result<(), StateError> {
+    let sq = body.queues.sqs.iter().find(|q| q.qid == 0);
+    let cq = body.queues.cqs.iter().find(|q| q.qid == 0);
+    if let Some(sq) = sq {
+        same("the admin SQ's base (ASQ)", sq.base, regs.asq)?;
+        same(
+            "the admin SQ's size (AQA.ASQS + 1)",
+            sq.size,
+            u32::from(regs.aqa.asqs_z()) + 1,
+        )?;
+    }
+    if let Some(cq) = cq {
+        same("the admin CQ's base (ACQ)", cq.base, regs.acq)?;
+        same(
+            "the admin CQ's size (AQA.ACQS + 1)",
+            cq.size,
+            u32::from(regs.aqa.acqs_z()) + 1,
+        )?;
+    }
+    Ok(())
+}

@@ -1,0 +1,280 @@
+//! The queues' saved form (docs/state-format.md, `queues`): every SQ and
+//! CQ with its base, size, head, tail, phase, doorbell source and what the
+//! host asked of it (the CQ's interrupt vector, Aborts pending on a SQ).
+//!
+//! Saved only at a quiescent point: no command in flight on a backend, no
+//! Delete waiting for one. Entries fetched ahead of the head and not yet
+//! run are not saved: they lie after the head, so a restored worker
+//! fetches them again from the same guest memory (the host may not
+//! rewrite them before a completion moves the head past them). Each
+//! queue's EventIdx cache starts empty: the next publication writes it.
+
+use serde::{Deserialize, Serialize};
+use vnvme_spec::regs::Doorbell;
+
+use super::table::QueueTable;
+use super::{Cq, Sq};
+use crate::doorbell::{DoorbellSource, Doorbells};
+use crate::saved_check::{at_most, inconsistent, same, InvalidState};
+
+/// Where a queue's doorbell value comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum SavedSource {
+    /// The register (or the doorbell page).
+    Register,
+    /// Doorbell Buffer Config: this queue's dwords in the two buffers.
+    Shadow { shadow: u64, event_idx: u64 },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct SavedSq {
+    pub qid: u16,
+    /// Guest address of entry 0.
+    pub base: u64,
+    /// Entries (not 0's based).
+    pub size: u32,
+    pub head: u32,
+    /// The last valid tail the worker saw.
+    pub tail: u32,
+    pub cqid: u16,
+    pub source: SavedSource,
+    /// CIDs an Abort marked to complete as aborted when fetched.
+    pub aborts: Vec<u16>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct SavedCq {
+    pub qid: u16,
+    pub base: u64,
+    pub size: u32,
+    /// The last valid head the worker read.
+    pub head: u32,
+    pub tail: u32,
+    /// The phase tag the next entry is posted with.
+    pub phase: bool,
+    /// Interrupts Enabled and the Interrupt Vector.
+    pub ien: bool,
+    pub iv: u16,
+    pub source: SavedSource,
+    /// A rejected head value, reported once.
+    pub bad_head: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct SavedQueues {
+    /// In queue id order; the admin queue's first when it exists.
+    pub sqs: Vec<SavedSq>,
+    pub cqs: Vec<SavedCq>,
+}
+
+impl From<DoorbellSource> for SavedSource {
+    fn from(s: DoorbellSource) -> Self {
+        match s {
+            DoorbellSource::Register => Self::Register,
+            DoorbellSource::Shadow { shadow, event_idx } => Self::Shadow { shadow, event_idx },
+        }
+    }
+}
+
+impl From<SavedSource> for DoorbellSource {
+    fn from(s: SavedSource) -> Self {
+        match s {
+            SavedSource::Register => Self::Register,
+            SavedSource::Shadow { shadow, event_idx } => Self::Shadow { shadow, event_idx },
+        }
+    }
+}
+
+/// What keeps the queues from being saved now.
+pub(crate) fn busy(sq: &Sq) -> Option<String> {
+    if sq.in_flight > 0 {
+        return Some(format!(
+            "SQ {} has {} commands in flight",
+            sq.qid, sq.in_flight
+        ));
+    }
+    sq.deleting
+        .map(|_| format!("SQ {} is being deleted", sq.qid))
+}
+
+impl QueueTable {
+    /// The queues, or why they cannot be saved now (a command in flight).
+    pub fn save(&self) -> Result<SavedQueues, String> {
+        let mut saved = SavedQueues {
+            sqs: Vec::new(),
+            cqs: Vec::new(),
+        };
+        for slot in &self.sqs {
+            let g = slot.lock();
+            let Some(sq) = g.as_ref() else { continue };
+            if let Some(why) = busy(sq) {
+                return Err(why);
+            }
+            saved.sqs.push(SavedSq {
+                qid: sq.qid,
+                base: sq.base,
+                size: sq.size,
+                head: sq.head,
+                tail: sq.tail,
+                cqid: sq.cqid,
+                source: sq.source.into(),
+                aborts: sq.aborts.clone(),
+            });
+        }
+        for slot in &self.cqs {
+            let g = slot.lock();
+            let Some(cq) = g.as_ref() else { continue };
+            if cq.reserved > 0 {
+                return Err(format!(
+                    "CQ {} has {} entries promised to commands in flight",
+                    cq.qid, cq.reserved
+                ));
+            }
+            saved.cqs.push(SavedCq {
+                qid: cq.qid,
+                base: cq.base,
+                size: cq.size,
+                head: cq.head,
+                tail: cq.tail,
+                phase: cq.phase,
+                ien: cq.ien,
+                iv: cq.iv,
+                source: cq.source.into(),
+                bad_head: cq.bad_head,
+            });
+        }
+        Ok(saved)
+    }
+
+    /// Puts the saved queues in this (empty) table and opens their
+    /// doorbells, each owned by the worker of its CQ. Every value is
+    /// checked first: queue ids within the table, sizes within `max_size`
+    /// (CAP.MQES + 1), positions within the queue, vectors within
+    /// `vectors`, each SQ's CQ present, at most `abort_limit` Aborts.
+    pub fn restore(
+        &self,
+        saved: &SavedQueues,
+        doorbells: &Doorbells,
+        limits: Limits,
+    ) -> Result<(), InvalidState> {
+        let qids = self.sqs.len();
+        let max_qid = qids.saturating_sub(1) as u64;
+        let mut cqs: Vec<Option<Cq>> = (0..qids).map(|_| None).collect();
+        for c in &saved.cqs {
+            let what = |field: &str| format!("CQ {}'s {field}", c.qid);
+            at_most("a CQ's queue id", u64::from(c.qid), max_qid)?;
+            check_ring(&what(""), c.size, c.head, c.tail, limits.max_size(c.qid))?;
+            at_most(
+                what("interrupt vector"),
+                u64::from(c.iv),
+                u64::from(limits.vectors) - 1,
+            )?;
+            if let Some(bad) = c.bad_head {
+                at_most(what("rejected head"), u64::from(bad), u64::from(u16::MAX))?;
+            }
+            let mut cq = Cq::new(c.qid, c.base, c.size, c.ien, c.iv);
+            cq.head = c.head;
+            cq.tail = c.tail;
+            cq.phase = c.phase;
+            cq.bad_head = c.bad_head;
+            cq.set_source(c.source.into());
+            let slot = cqs.get_mut(usize::from(c.qid));
+            match slot {
+                Some(s @ None) => *s = Some(cq),
+                _ => return Err(inconsistent(format!("CQ {} is saved twice", c.qid))),
+            }
+        }
+        let mut sqs: Vec<Option<Sq>> = (0..qids).map(|_| None).collect();
+        for s in &saved.sqs {
+            let what = |field: &str| format!("SQ {}'s {field}", s.qid);
+            at_most("a SQ's queue id", u64::from(s.qid), max_qid)?;
+            check_ring(&what(""), s.size, s.head, s.tail, limits.max_size(s.qid))?;
+            at_most(
+                what("pending Aborts"),
+                s.aborts.len() as u64,
+                limits.aborts as u64,
+            )?;
+            if (s.qid == 0) != (s.cqid == 0) {
+                return Err(inconsistent(format!(
+                    "SQ {} completes on CQ {}: only the admin queues pair with queue 0",
+                    s.qid, s.cqid
+                )));
+            }
+            let cq = cqs.get_mut(usize::from(s.cqid)).and_then(Option::as_mut);
+            let Some(cq) = cq else {
+                return Err(inconsistent(format!(
+                    "SQ {} completes on CQ {}, which is not saved",
+                    s.qid, s.cqid
+                )));
+            };
+            cq.sq_refs += 1;
+            let mut sq = Sq::new(s.qid, s.base, s.size, s.cqid);
+            sq.head = s.head;
+            sq.tail = s.tail;
+            sq.aborts = s.aborts.clone();
+            sq.set_source(s.source.into());
+            let slot = sqs.get_mut(usize::from(s.qid));
+            match slot {
+                Some(slot @ None) => *slot = Some(sq),
+                _ => return Err(inconsistent(format!("SQ {} is saved twice", s.qid))),
+            }
+        }
+        same(
+            "whether the admin SQ and CQ exist together",
+            sqs.first().is_some_and(Option::is_some),
+            cqs.first().is_some_and(Option::is_some),
+        )?;
+        for (qid, (sq, cq)) in sqs.into_iter().zip(cqs).enumerate() {
+            let qid = qid as u16;
+            if let Some(cq) = cq {
+                let worker = self.worker_for(qid);
+                doorbells.open(Doorbell::CqHead(qid), cq.size, worker);
+                if let Some(slot) = self.cqs.get(usize::from(qid)) {
+                    *slot.lock() = Some(cq);
+                }
+            }
+            if let Some(sq) = sq {
+                let worker = self.worker_for(sq.cqid);
+                doorbells.open(Doorbell::SqTail(qid), sq.size, worker);
+                if let Some(slot) = self.sqs.get(usize::from(qid)) {
+                    *slot.lock() = Some(sq);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What the configuration allows of the restored queues.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    /// CAP.MQES + 1.
+    pub max_size: u32,
+    /// MSI-X vectors.
+    pub vectors: u16,
+    /// Aborts pending per SQ (ACL + 1).
+    pub aborts: usize,
+}
+
+impl Limits {
+    /// The largest size of queue `qid`: the admin queues' is AQA's (12
+    /// bits, 0's based), the others' CAP.MQES + 1.
+    fn max_size(&self, qid: u16) -> u32 {
+        if qid == 0 {
+            4096
+        } else {
+            self.max_size
+        }
+    }
+}
+
+fn check_ring(what: &str, size: u32, head: u32, tail: u32, max: u32) -> Result<(), InvalidState> {
+    if size < 2 {
+        return Err(inconsistent(format!("{what}size {size} is below 2")));
+    }
+    at_most(format!("{what}size"), u64::from(size), u64::from(max))?;
+    at_most(format!("{what}head"), u64::from(head), u64::from(size - 1))?;
+    at_most(format!("{what}tail"), u64::from(tail), u64::from(size - 1))?;
+    Ok(())
+}
