@@ -2,7 +2,7 @@
 # Runs the cargo fuzz (libFuzzer) targets, each for SECONDS (default 60), and
 # fails on the first crash, panic, hang (an input taking over 30 s) or leak of
 # the RSS limit. Usage: fuzz/run.sh [SECONDS] [TARGET...]
-# Targets: controller, vfio_user_server, driver (default: all).
+# Targets: controller, vfio_user_server, driver, saved_state (default: all).
 #
 # cargo fuzz passes nightly-only flags (-Zsanitizer=address); RUSTC_BOOTSTRAP=1
 # lets the stable toolchain accept them. New inputs go to a scratch corpus;
@@ -16,7 +16,7 @@ secs=${1:-60}
 shift || true
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-  targets=(controller vfio_user_server driver)
+  targets=(controller vfio_user_server driver saved_state)
 fi
 export RUSTC_BOOTSTRAP=1
 export CARGO_TERM_COLOR=never
