@@ -16,8 +16,8 @@ use vnvme_blockdev::{BlockDevice, NullDevice, RamDevice};
 
 use vnvme_controller::testing::{CountingIrq, VecMemory};
 use vnvme_controller::{
-    Controller, ControllerConfig, DoorbellMode, GuestMemory, NamespaceConfig, PiType, Protection,
-    ZonedConfig,
+    Controller, ControllerConfig, DoorbellMode, GuestAddress, GuestMemory, NamespaceConfig, PiType,
+    Protection, ZonedConfig,
 };
 use vnvme_spec::{Command, Completion};
 use zerocopy::little_endian::{U32, U64};
@@ -242,9 +242,10 @@ impl Host {
             let mut cmd = *cmd;
             self.cid = self.cid.wrapping_add(1);
             cmd.set_cid(self.cid);
-            let _ = self
-                .mem
-                .write(r.base_sq + u64::from(r.tail) * 64, cmd.as_bytes());
+            let _ = self.mem.write(
+                GuestAddress(r.base_sq + u64::from(r.tail) * 64),
+                cmd.as_bytes(),
+            );
             r.tail = (r.tail + 1) % r.size.max(1);
         }
         self.doorbell(2 * u32::from(qid), r.tail);
@@ -269,7 +270,7 @@ impl Host {
             let mut b = [0u8; 16];
             if self
                 .mem
-                .read(r.base_cq + u64::from(r.head) * 16, &mut b)
+                .read(GuestAddress(r.base_cq + u64::from(r.head) * 16), &mut b)
                 .is_err()
             {
                 break;
@@ -372,7 +373,7 @@ fn step(host: &mut Host, op: Op) {
             host.write32(0x24, u32::from(s) | (u32::from(c) << 16));
             host.ctrl.mmio_write(0x28, &ASQ.to_le_bytes());
             host.ctrl.mmio_write(0x30, &ACQ.to_le_bytes());
-            let _ = host.mem.zero(ACQ, 0x1000);
+            let _ = host.mem.zero(GuestAddress(ACQ), 0x1000);
             host.write32(0x14, 0x0046_0001);
             host.rings = [None; MAX_IO_QUEUES as usize + 1];
             host.rings[0] = Some(Ring {
@@ -404,7 +405,7 @@ fn step(host: &mut Host, op: Op) {
         }
         Op::WriteMem { addr, bytes } => {
             let n = bytes.len().min(4096);
-            let _ = host.mem.write(addr.get(), &bytes[..n]);
+            let _ = host.mem.write(GuestAddress(addr.get()), &bytes[..n]);
         }
         Op::PrpList { addr, entries } => {
             let list: Vec<u8> = entries
@@ -412,7 +413,7 @@ fn step(host: &mut Host, op: Op) {
                 .take(512)
                 .flat_map(|e| e.get().to_le_bytes())
                 .collect();
-            let _ = host.mem.write(addr.get(), &list);
+            let _ = host.mem.write(GuestAddress(addr.get()), &list);
         }
         Op::Admin(sqe) => {
             host.submit(0, sqe.command());
@@ -454,7 +455,7 @@ fn step(host: &mut Host, op: Op) {
             let size = u16::from(size_z.max(1)) + 1;
             let sq = IOQ + u64::from(qid) * 0x4000;
             let cq = sq + 0x2000;
-            let _ = host.mem.zero(cq, 0x2000);
+            let _ = host.mem.zero(GuestAddress(cq), 0x2000);
             let mut c = Command::new(0x05, 0);
             c.prp1 = U64::new(cq);
             c.cdw10 = U32::new(u32::from(qid) | (u32::from(size - 1) << 16));
@@ -495,7 +496,7 @@ fn step(host: &mut Host, op: Op) {
         Op::Shadow { index, value } => {
             let _ = host
                 .mem
-                .store_u32(SHADOW + 4 * u64::from(index % 16), value);
+                .store_u32(GuestAddress(SHADOW + 4 * u64::from(index % 16)), value);
         }
         Op::Poll { micros } => {
             std::thread::sleep(Duration::from_micros(u64::from(micros % 200)));

@@ -12,6 +12,7 @@ use vnvme_spec::{Command, Status};
 use zerocopy::little_endian::{U16, U32, U64};
 
 use crate::inflight::InFlight;
+use crate::memory::GuestAddress;
 use crate::prp::Segment;
 use crate::state::{Session, Shared};
 use crate::vendor::{CommandSet, NamespaceGeometry, VendorContext, VendorHost, VendorInfo};
@@ -85,8 +86,8 @@ impl Ctx<'_> {
         if cmd.psdt() == 0 {
             return crate::prp::map(
                 &*self.session.mem,
-                prp1,
-                prp2,
+                GuestAddress(prp1),
+                GuestAddress(prp2),
                 len,
                 self.session.page_size,
                 &mut self.scratch.segs,

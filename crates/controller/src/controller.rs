@@ -23,7 +23,7 @@ use crate::interrupts::Interrupts;
 use crate::keep_alive::KeepAlive;
 use crate::lifecycle::timestamp::TimestampClock;
 use crate::lifecycle::Lifecycle;
-use crate::memory::{GuestMemory, InterruptSink};
+use crate::memory::{GuestAddress, GuestMemory, InterruptSink};
 use crate::namespace::Namespace;
 use crate::queue::table::QueueTable;
 use crate::queue::{Cq, Sq};
@@ -540,10 +540,10 @@ impl Controller {
         self.clear_queues();
         let asqs = u32::from(ctl.regs.aqa.asqs_z()) + 1;
         let acqs = u32::from(ctl.regs.aqa.acqs_z()) + 1;
-        let mut cq = Cq::new(0, ctl.regs.acq, acqs, true, 0);
+        let mut cq = Cq::new(0, GuestAddress(ctl.regs.acq), acqs, true, 0);
         cq.sq_refs = 1;
         cq.set_source(shared.doorbells.source_for(Doorbell::CqHead(0)));
-        let mut sq = Sq::new(0, ctl.regs.asq, asqs, 0);
+        let mut sq = Sq::new(0, GuestAddress(ctl.regs.asq), asqs, 0);
         sq.set_source(shared.doorbells.source_for(Doorbell::SqTail(0)));
         if let (Some(sq_slot), Some(cq_slot)) =
             (shared.queues.sqs.first(), shared.queues.cqs.first())

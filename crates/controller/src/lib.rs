@@ -68,7 +68,7 @@ pub use config::{
 pub use controller::{Controller, NamespaceOpError};
 pub use doorbell::{DoorbellPage, HeapDoorbellPage, DOORBELL_PAGE_DWORDS};
 pub use faults::{Fault, FaultError, FaultKind, FaultSpec, Latency};
-pub use memory::{DmaError, GuestMemory, InterruptSink, Segment};
+pub use memory::{DmaError, GuestAddress, GuestMemory, InterruptSink, Segment};
 pub use protection::{Guard, PiType, Protection};
 pub use qos::{
     QosError, QosGroup, QosLimits, QosRate, QosReport, QosTarget, TargetReport, ThrottleReport,

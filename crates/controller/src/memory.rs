@@ -5,7 +5,7 @@
 //! Interrupts go to eventfds in `vnvme-device`, and to a counting fake in
 //! tests.
 
-pub use vnvme_memory::{DmaError, GuestMemory, Segment};
+pub use vnvme_memory::{DmaError, GuestAddress, GuestMemory, Segment};
 
 /// Where the controller's interrupts go: MSI-X vectors (eventfds given by
 /// SET_IRQS) or, when MSI-X is disabled, the INTx pin.

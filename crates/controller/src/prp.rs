@@ -8,7 +8,7 @@
 use vnvme_spec::Status;
 
 pub use crate::memory::Segment;
-use crate::memory::{DmaError, GuestMemory};
+use crate::memory::{DmaError, GuestAddress, GuestMemory};
 
 const ENTRY: u64 = 8;
 
@@ -43,8 +43,8 @@ fn dma_error(e: DmaError) -> Status {
 /// * A list that cannot be read is a Data Transfer Error.
 pub fn map(
     mem: &dyn GuestMemory,
-    prp1: u64,
-    prp2: u64,
+    prp1: GuestAddress,
+    prp2: GuestAddress,
     len: u64,
     page_size: u64,
     out: &mut Vec<Segment>,
@@ -53,11 +53,10 @@ pub fn map(
     if len == 0 {
         return Ok(());
     }
-    let mask = page_size.wrapping_sub(1);
-    if prp1 & 0x3 != 0 {
+    if !prp1.is_aligned(4) {
         return Err(invalid_offset());
     }
-    let first = len.min(page_size - (prp1 & mask));
+    let first = len.min(page_size - prp1.page_offset(page_size));
     out.push(Segment {
         addr: prp1,
         len: first,
@@ -67,7 +66,7 @@ pub fn map(
         return Ok(());
     }
     if remaining <= page_size {
-        if prp2 & mask != 0 {
+        if prp2.page_offset(page_size) != 0 {
             return Err(invalid_offset());
         }
         out.push(Segment {
@@ -76,7 +75,7 @@ pub fn map(
         });
         return Ok(());
     }
-    if prp2 & 0x7 != 0 {
+    if !prp2.is_aligned(ENTRY) {
         return Err(invalid_offset());
     }
     let mut list = prp2;
@@ -90,7 +89,7 @@ pub fn map(
             return Err(invalid_offset());
         }
         lists_left -= 1;
-        let slots = (page_size - (list & mask)) / ENTRY;
+        let slots = (page_size - list.page_offset(page_size)) / ENTRY;
         let chained = pages_left > slots;
         // Read at most one 4 KiB window of entries at a time.
         let wanted = if chained { slots } else { pages_left };
@@ -105,8 +104,8 @@ pub fn map(
             for (i, raw) in window.chunks_exact(ENTRY as usize).enumerate() {
                 let mut e = [0u8; 8];
                 e.copy_from_slice(raw);
-                let entry = u64::from_le_bytes(e);
-                if entry & mask != 0 {
+                let entry = GuestAddress(u64::from_le_bytes(e));
+                if entry.page_offset(page_size) != 0 {
                     return Err(invalid_offset());
                 }
                 if chained && index + i as u64 == slots - 1 {
@@ -171,12 +170,20 @@ mod tests {
 
     fn write_list(mem: &VecMemory, at: u64, entries: &[u64]) {
         let bytes: Vec<u8> = entries.iter().flat_map(|e| e.to_le_bytes()).collect();
-        mem.write(at, &bytes).unwrap();
+        mem.write(GuestAddress(at), &bytes).unwrap();
     }
 
     fn run(mem: &VecMemory, prp1: u64, prp2: u64, len: u64) -> Result<Vec<Segment>, Status> {
         let mut out = Vec::new();
-        map(mem, prp1, prp2, len, PAGE, &mut out).map(|()| out)
+        map(
+            mem,
+            GuestAddress(prp1),
+            GuestAddress(prp2),
+            len,
+            PAGE,
+            &mut out,
+        )
+        .map(|()| out)
     }
 
     #[test]
@@ -186,7 +193,10 @@ mod tests {
         write_list(&mem, 0x9000, &[0x10000, 0x11008]);
         write_list(&mem, 0xAFF8, &[0xB000]); // list ending on a chain pointer
         write_list(&mem, 0xB000, &[0x20000, 0x21000]);
-        let seg = |addr, len| Segment { addr, len };
+        let seg = |addr, len| Segment {
+            addr: GuestAddress(addr),
+            len,
+        };
         type Case = (&'static str, u64, u64, u64, Result<Vec<Segment>, Status>);
         let cases: &[Case] = &[
             ("one page", 0x1000, 0, 4096, Ok(vec![seg(0x1000, 4096)])),
@@ -296,7 +306,7 @@ mod tests {
             let segs = run(&mem, prp1, prp2, len).unwrap();
             prop_assert_eq!(segs.iter().map(|s| s.len).sum::<u64>(), len);
             for s in &segs {
-                prop_assert!(s.len <= PAGE - s.addr % PAGE);
+                prop_assert!(s.len <= PAGE - s.addr.page_offset(PAGE));
             }
         }
     }

@@ -14,7 +14,7 @@
 use vnvme_spec::sgl::{kind, Descriptor};
 use vnvme_spec::Status;
 
-use crate::memory::GuestMemory;
+use crate::memory::{GuestAddress, GuestMemory};
 use crate::prp::Segment;
 
 /// Descriptors one command's SGL may hold in all. Linux puts at most 256
@@ -101,13 +101,13 @@ pub fn map(
 /// * less or more than `len` bytes is Metadata SGL Length Invalid.
 pub fn map_metadata(
     mem: &dyn GuestMemory,
-    mptr: u64,
+    mptr: GuestAddress,
     len: u64,
     dir: Direction,
     out: &mut Vec<Segment>,
 ) -> Result<(), Status> {
     out.clear();
-    if !mptr.is_multiple_of(8) {
+    if !mptr.is_aligned(8) {
         return Err(dnr(Status::INVALID_FIELD));
     }
     let mut first = [0u8; DESCRIPTOR];
@@ -159,8 +159,7 @@ fn walk(
             let bytes = window
                 .get_mut(..n * DESCRIPTOR)
                 .ok_or(dnr(Status::DATA_TRANSFER_ERROR))?;
-            let at = desc
-                .addr
+            let at = GuestAddress(desc.addr)
                 .checked_add((index * DESCRIPTOR) as u64)
                 .ok_or(dnr(Status::DATA_TRANSFER_ERROR))?;
             mem.read(at, bytes).map_err(|e| {
@@ -224,14 +223,16 @@ impl Walk<'_> {
             });
             return Ok(());
         }
-        if d.addr.checked_add(len).is_none() {
+        let start = GuestAddress(d.addr);
+        if start.checked_add(len).is_none() {
             return Err(self.target.length_invalid());
         }
-        let (mut addr, mut left) = (d.addr, len);
+        let (mut addr, mut left) = (start, len);
         while left > 0 {
-            let piece = left.min(PAGE - addr % PAGE);
+            let piece = left.min(PAGE - addr.page_offset(PAGE));
             self.out.push(Segment { addr, len: piece });
-            addr += piece;
+            // Cannot wrap: `start + len` was checked above.
+            addr = addr.wrapping_add(piece);
             left -= piece;
         }
         Ok(())
@@ -263,7 +264,7 @@ mod tests {
 
     fn put(mem: &VecMemory, at: u64, descs: &[[u8; 16]]) {
         let bytes: Vec<u8> = descs.iter().flatten().copied().collect();
-        mem.write(at, &bytes).unwrap();
+        mem.write(GuestAddress(at), &bytes).unwrap();
     }
 
     fn run(
@@ -277,7 +278,10 @@ mod tests {
     }
 
     fn seg(addr: u64, len: u64) -> Segment {
-        Segment { addr, len }
+        Segment {
+            addr: GuestAddress(addr),
+            len,
+        }
     }
 
     #[test]
@@ -373,7 +377,7 @@ mod tests {
                 ToHost,
                 Ok(vec![
                     seg(0x30000, 512),
-                    seg(Segment::BIT_BUCKET, 1024),
+                    seg(Segment::BIT_BUCKET.raw(), 1024),
                     seg(0x31000, 512),
                 ]),
             ),
@@ -476,7 +480,7 @@ mod tests {
         dir: Direction,
     ) -> Result<Vec<Segment>, Status> {
         let mut out = vec![seg(1, 1)];
-        map_metadata(mem, mptr, len, dir, &mut out).map(|()| out)
+        map_metadata(mem, GuestAddress(mptr), len, dir, &mut out).map(|()| out)
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
-use crate::memory::{DmaError, GuestMemory, InterruptSink};
+use crate::memory::{DmaError, GuestAddress, GuestMemory, InterruptSink};
 
 /// Guest memory `0..size` backed by a vector.
 #[derive(Debug)]
@@ -20,46 +20,51 @@ impl VecMemory {
         }
     }
 
-    fn range(&self, addr: u64, len: u64, size: usize) -> Result<std::ops::Range<usize>, DmaError> {
+    fn range(
+        &self,
+        addr: GuestAddress,
+        len: u64,
+        size: usize,
+    ) -> Result<std::ops::Range<usize>, DmaError> {
         let end = addr
             .checked_add(len)
             .ok_or(DmaError::Unmapped { addr, len })?;
-        if end > size as u64 {
+        if end.raw() > size as u64 {
             return Err(DmaError::Unmapped { addr, len });
         }
-        Ok(addr as usize..end as usize)
+        Ok(addr.raw() as usize..end.raw() as usize)
     }
 }
 
 impl GuestMemory for VecMemory {
-    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), DmaError> {
+    fn read(&self, addr: GuestAddress, buf: &mut [u8]) -> Result<(), DmaError> {
         let data = self.data.lock();
         let r = self.range(addr, buf.len() as u64, data.len())?;
         buf.copy_from_slice(&data[r]);
         Ok(())
     }
 
-    fn write(&self, addr: u64, buf: &[u8]) -> Result<(), DmaError> {
+    fn write(&self, addr: GuestAddress, buf: &[u8]) -> Result<(), DmaError> {
         let mut data = self.data.lock();
         let r = self.range(addr, buf.len() as u64, data.len())?;
         data[r].copy_from_slice(buf);
         Ok(())
     }
 
-    fn zero(&self, addr: u64, len: u64) -> Result<(), DmaError> {
+    fn zero(&self, addr: GuestAddress, len: u64) -> Result<(), DmaError> {
         let mut data = self.data.lock();
         let r = self.range(addr, len, data.len())?;
         data[r].fill(0);
         Ok(())
     }
 
-    fn load_u32(&self, addr: u64) -> Result<u32, DmaError> {
+    fn load_u32(&self, addr: GuestAddress) -> Result<u32, DmaError> {
         let mut b = [0u8; 4];
         self.read(addr, &mut b)?;
         Ok(u32::from_le_bytes(b))
     }
 
-    fn store_u32(&self, addr: u64, value: u32) -> Result<(), DmaError> {
+    fn store_u32(&self, addr: GuestAddress, value: u32) -> Result<(), DmaError> {
         self.write(addr, &value.to_le_bytes())
     }
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use vnvme_driver::{DeviceAccess, DmaPool, VfioUserAccess};
+use vnvme_vfio_user::GuestAddress;
 use vnvme_vfio_user::{
     irq, region, Device, DeviceInfo, DmaSpace, Errno, GuestMemory, IrqInfo, RegionInfo, Server,
     SparseArea, VFIO_DEVICE_FLAGS_PCI, VFIO_DEVICE_FLAGS_RESET, VFIO_IRQ_INFO_EVENTFD,
@@ -188,9 +189,10 @@ fn dma_buffers_are_reachable_by_the_device_at_their_iova() {
     buf.write_bytes(4000, b"hello device").unwrap();
     let dma = shared.lock().dma.clone().unwrap();
     let mut got = [0u8; 12];
-    dma.read(buf.iova() + 4000, &mut got).unwrap();
+    dma.read(GuestAddress(buf.iova() + 4000), &mut got).unwrap();
     assert_eq!(&got, b"hello device");
-    dma.write(buf.iova() + 16, b"hi driver").unwrap();
+    dma.write(GuestAddress(buf.iova() + 16), b"hi driver")
+        .unwrap();
     let mut back = [0u8; 9];
     buf.read_bytes(16, &mut back).unwrap();
     assert_eq!(&back, b"hi driver");
@@ -204,9 +206,12 @@ fn freed_dma_memory_is_unmapped_with_or_without_its_fd() {
         // Past half the pool's chunk: a region, and a DMA_MAP, of its own.
         let buf = access.dma_alloc(DmaPool::DEFAULT_CHUNK).unwrap();
         let (iova, dma) = (buf.iova(), shared.lock().dma.clone().unwrap());
-        dma.read(iova, &mut [0u8; 4]).unwrap();
+        dma.read(GuestAddress(iova), &mut [0u8; 4]).unwrap();
         drop(buf);
-        assert!(dma.read(iova, &mut [0u8; 4]).is_err(), "fd: {with_fd}");
+        assert!(
+            dma.read(GuestAddress(iova), &mut [0u8; 4]).is_err(),
+            "fd: {with_fd}"
+        );
         assert_eq!(access.failed_unmaps(), 0);
     }
 }

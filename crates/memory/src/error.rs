@@ -2,6 +2,8 @@
 //! the controller, which turns it into a Data Transfer Error (or ignores
 //! it, for a shadow doorbell): no layer converts it.
 
+use crate::GuestAddress;
+
 /// A guest memory access that cannot be performed. The range is the one
 /// the access asked for, its first byte to its length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -10,14 +12,14 @@ pub enum DmaError {
     /// mapping, or, for a map without an fd, the client did not complete
     /// the DMA_READ/DMA_WRITE).
     #[error("guest address {addr:#x}+{len:#x} is not mapped")]
-    Unmapped { addr: u64, len: u64 },
+    Unmapped { addr: GuestAddress, len: u64 },
     /// The range is mapped without the needed read or write permission.
     #[error("guest address {addr:#x}+{len:#x} is mapped without the needed permission")]
-    Permission { addr: u64, len: u64 },
+    Permission { addr: GuestAddress, len: u64 },
     /// The client shrank the file behind the map: to the guest the memory
     /// is gone, as if unmapped; the map stays broken until it is unmapped.
     #[error(
         "the client shrank the file behind guest address {addr:#x}+{len:#x}: the map is broken"
     )]
-    Broken { addr: u64, len: u64 },
+    Broken { addr: GuestAddress, len: u64 },
 }

@@ -2,13 +2,13 @@
 //! through, implemented by vfio-user's DMA address space (the client's
 //! maps) and by in-process fakes in tests.
 
-use crate::{DmaError, MappedMemory};
+use crate::{DmaError, GuestAddress, MappedMemory};
 
 /// One contiguous piece of a transfer in guest memory (a PRP never crosses
 /// a page).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Segment {
-    pub addr: u64,
+    pub addr: GuestAddress,
     pub len: u64,
 }
 
@@ -17,7 +17,7 @@ impl Segment {
     /// SGL Bit Bucket in a controller-to-host transfer, see the
     /// controller's `sgl`). No data block can start there: it would end
     /// past the address space.
-    pub const BIT_BUCKET: u64 = u64::MAX;
+    pub const BIT_BUCKET: GuestAddress = GuestAddress(u64::MAX);
 }
 
 /// Guest physical memory as the device sees it (IOVAs given by DMA_MAP).
@@ -27,22 +27,27 @@ impl Segment {
 /// implementation supports it; otherwise they fail with `Unmapped`.
 pub trait GuestMemory: Send + Sync {
     /// Copies `buf.len()` bytes from guest address `addr` into `buf`.
-    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), DmaError>;
+    fn read(&self, addr: GuestAddress, buf: &mut [u8]) -> Result<(), DmaError>;
     /// Copies `buf` to guest address `addr`.
-    fn write(&self, addr: u64, buf: &[u8]) -> Result<(), DmaError>;
+    fn write(&self, addr: GuestAddress, buf: &[u8]) -> Result<(), DmaError>;
     /// Writes `len` zero bytes at `addr` (reads from a null namespace).
-    fn zero(&self, addr: u64, len: u64) -> Result<(), DmaError>;
+    fn zero(&self, addr: GuestAddress, len: u64) -> Result<(), DmaError>;
     /// Atomically loads the aligned little-endian dword at `addr` with
     /// acquire ordering (shadow doorbells, NVMe Base 2.0 §5.8).
-    fn load_u32(&self, addr: u64) -> Result<u32, DmaError>;
+    fn load_u32(&self, addr: GuestAddress) -> Result<u32, DmaError>;
     /// Atomically stores the aligned little-endian dword at `addr` with
     /// release ordering (EventIdx, §5.8).
-    fn store_u32(&self, addr: u64, value: u32) -> Result<(), DmaError>;
+    fn store_u32(&self, addr: GuestAddress, value: u32) -> Result<(), DmaError>;
     /// Copies `head` to `addr`, then stores `last` (aligned) right after it
     /// with release ordering: a reader that sees `last` sees `head` too (a
     /// completion queue entry, its phase tag in the last dword, §4.6).
     /// Implementations may do both in one access.
-    fn write_then_store_u32(&self, addr: u64, head: &[u8], last: u32) -> Result<(), DmaError> {
+    fn write_then_store_u32(
+        &self,
+        addr: GuestAddress,
+        head: &[u8],
+        last: u32,
+    ) -> Result<(), DmaError> {
         self.write(addr, head)?;
         self.store_u32(addr.wrapping_add(head.len() as u64), last)
     }

@@ -3,6 +3,7 @@
 //! implements it, and the `file` backend hands its pinned pieces to the
 //! kernel.
 //!
+//! * [`GuestAddress`]: an address in guest memory, never a bare `u64`;
 //! * [`GuestMemory`]: the one trait for guest memory (copies, the atomic
 //!   dwords of shadow doorbells and completion entries, pins), implemented
 //!   by vfio-user's `DmaSpace` (the client's DMA maps) and by the
@@ -22,10 +23,12 @@
 //! memory stays mapped); nothing here dereferences an address.
 #![deny(unsafe_code)]
 
+mod address;
 mod error;
 mod guest;
 mod mapped;
 
+pub use address::GuestAddress;
 pub use error::DmaError;
 pub use guest::{GuestMemory, Segment};
 pub use mapped::{MappedMemory, Region};

@@ -10,7 +10,7 @@ use std::hint::black_box;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use vnvme_vfio_user::{DmaSpace, GuestMemory};
+use vnvme_vfio_user::{DmaSpace, GuestAddress, GuestMemory};
 
 const IOVA: u64 = 0x1000_0000;
 const SIZE: u64 = 1 << 20;
@@ -26,14 +26,14 @@ fn main() {
         (
             "load_u32",
             |d, i, _| {
-                black_box(d.load_u32(IOVA + (i % 4096) * 4).ok());
+                black_box(d.load_u32(GuestAddress(IOVA + (i % 4096) * 4)).ok());
             },
             2_000_000,
         ),
         (
             "read 4 KiB",
             |d, i, buf| {
-                black_box(d.read(IOVA + (i % 256) * 4096, buf).ok());
+                black_box(d.read(GuestAddress(IOVA + (i % 256) * 4096), buf).ok());
             },
             200_000,
         ),

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use rustix::fs::{ftruncate, memfd_create, MemfdFlags};
-use vnvme_vfio_user::{DmaSpace, GuestMemory};
+use vnvme_vfio_user::{DmaSpace, GuestAddress, GuestMemory};
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -79,7 +79,7 @@ fn dma_space(c: &mut Criterion) {
         let (dma, stop) = (dma.clone(), Arc::clone(&stop));
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
-                black_box(dma.load_u32(0x1000).ok());
+                black_box(dma.load_u32(GuestAddress(0x1000)).ok());
             }
         })
     };

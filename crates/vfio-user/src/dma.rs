@@ -46,7 +46,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use vnvme_memory::DmaError;
+use vnvme_memory::{DmaError, GuestAddress};
 
 use crate::conn::{Conn, MAX_DATA_XFER_SIZE};
 use crate::Errno;
@@ -145,7 +145,7 @@ impl Mapping {
             );
         }
         DmaError::Broken {
-            addr,
+            addr: GuestAddress(addr),
             len: end - addr,
         }
     }
@@ -414,7 +414,7 @@ impl DmaSpace {
         let Some(r) = refusals
             .iter_mut()
             .rev()
-            .find(|r| addr.wrapping_sub(r.iova) < r.size)
+            .find(|r| addr.raw().wrapping_sub(r.iova) < r.size)
         else {
             return;
         };
@@ -524,9 +524,10 @@ impl DmaSpace {
         if len == 0 {
             return Ok(());
         }
-        let end = iova
-            .checked_add(len)
-            .ok_or(DmaError::Unmapped { addr: iova, len })?;
+        let end = iova.checked_add(len).ok_or(DmaError::Unmapped {
+            addr: GuestAddress(iova),
+            len,
+        })?;
         self.inner
             .maps
             .with(|table| self.walk_in(table, iova, end, write, &mut f))
@@ -543,7 +544,7 @@ impl DmaSpace {
         f: &mut impl FnMut(Piece<'_>, u64, usize, usize) -> Result<(), DmaError>,
     ) -> Result<(), DmaError> {
         let unmapped = DmaError::Unmapped {
-            addr: iova,
+            addr: GuestAddress(iova),
             len: end - iova,
         };
         let mut idx = table.find(iova).ok_or(unmapped)?;
@@ -551,19 +552,19 @@ impl DmaSpace {
         let mut done = 0usize;
         loop {
             let m = table.maps.get(idx).ok_or(DmaError::Unmapped {
-                addr,
+                addr: GuestAddress(addr),
                 len: end - addr,
             })?;
             if m.iova != addr && done != 0 {
                 return Err(DmaError::Unmapped {
-                    addr,
+                    addr: GuestAddress(addr),
                     len: end - addr,
                 });
             }
             let n = (end.min(m.end()) - addr) as usize;
             if (write && !m.writable) || (!write && !m.readable) {
                 return Err(DmaError::Permission {
-                    addr,
+                    addr: GuestAddress(addr),
                     len: end - addr,
                 });
             }
@@ -584,7 +585,7 @@ impl DmaSpace {
                 }
                 Backing::Remote => {
                     let conn = self.inner.conn.as_deref().ok_or(DmaError::Unmapped {
-                        addr,
+                        addr: GuestAddress(addr),
                         len: n as u64,
                     })?;
                     f(Piece::Remote(conn), addr, done, n)?;

@@ -345,7 +345,7 @@ mod tests {
     use rustix::fs::{ftruncate, memfd_create, MemfdFlags};
 
     use super::*;
-    use crate::{DmaError, DmaSpace, GuestMemory};
+    use crate::{DmaError, DmaSpace, GuestAddress, GuestMemory};
 
     const IOVA: u64 = 0x10_0000;
     const SIZE: u64 = 0x4000;
@@ -365,17 +365,25 @@ mod tests {
     fn every_access_fails_after_truncation(fd: impl Fn() -> std::os::fd::OwnedFd) {
         type Access = fn(&DmaSpace) -> bool;
         let accesses: [(&str, Access); 5] = [
-            ("read", |d| is_broken(d.read(IOVA + 0x1ffe, &mut [0u8; 8]))),
-            ("write", |d| is_broken(d.write(IOVA + 0x1ffe, &[1u8; 8]))),
-            ("zero", |d| is_broken(d.zero(IOVA, SIZE))),
-            ("load_u32", |d| is_broken(d.load_u32(IOVA + 0x3000))),
-            ("store_u32", |d| is_broken(d.store_u32(IOVA + 0x3000, 7))),
+            ("read", |d| {
+                is_broken(d.read(GuestAddress(IOVA + 0x1ffe), &mut [0u8; 8]))
+            }),
+            ("write", |d| {
+                is_broken(d.write(GuestAddress(IOVA + 0x1ffe), &[1u8; 8]))
+            }),
+            ("zero", |d| is_broken(d.zero(GuestAddress(IOVA), SIZE))),
+            ("load_u32", |d| {
+                is_broken(d.load_u32(GuestAddress(IOVA + 0x3000)))
+            }),
+            ("store_u32", |d| {
+                is_broken(d.store_u32(GuestAddress(IOVA + 0x3000), 7))
+            }),
         ];
         for (first, access) in accesses {
             let dma = DmaSpace::new_local();
             let fd = fd();
             dma.map_fd(IOVA, SIZE, fd.as_fd(), 0, true, true).unwrap();
-            dma.write(IOVA, &[0xAB; 64]).unwrap();
+            dma.write(GuestAddress(IOVA), &[0xAB; 64]).unwrap();
             ftruncate(&fd, 0).unwrap();
             assert!(access(&dma), "{first}: the faulting access");
             for (name, again) in accesses {
@@ -385,7 +393,11 @@ mod tests {
             dma.unmap(IOVA, SIZE).unwrap();
             ftruncate(&fd, SIZE).unwrap();
             dma.map_fd(IOVA, SIZE, fd.as_fd(), 0, true, true).unwrap();
-            assert_eq!(dma.load_u32(IOVA).unwrap(), 0, "{first}: remapped");
+            assert_eq!(
+                dma.load_u32(GuestAddress(IOVA)).unwrap(),
+                0,
+                "{first}: remapped"
+            );
         }
     }
 
@@ -424,9 +436,9 @@ mod tests {
         ftruncate(&fd, SIZE / 2).unwrap();
         // The first half is still backed by the file, but not to be trusted
         // once the second half faulted.
-        assert_eq!(dma.load_u32(IOVA).unwrap(), 0);
-        assert!(is_broken(dma.load_u32(IOVA + SIZE - 4)));
-        assert!(is_broken(dma.load_u32(IOVA)));
+        assert_eq!(dma.load_u32(GuestAddress(IOVA)).unwrap(), 0);
+        assert!(is_broken(dma.load_u32(GuestAddress(IOVA + SIZE - 4))));
+        assert!(is_broken(dma.load_u32(GuestAddress(IOVA))));
     }
 
     #[test]

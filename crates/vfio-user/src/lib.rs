@@ -43,7 +43,7 @@ pub use server::{Server, ServerOptions, HANDSHAKE_TIMEOUT};
 pub use shared::SharedRegion;
 /// [`DmaSpace`] is guest memory in `vnvme-memory`'s words: its accesses are
 /// the [`GuestMemory`] trait's, and fail with its [`DmaError`].
-pub use vnvme_memory::{DmaError, GuestMemory};
+pub use vnvme_memory::{DmaError, GuestAddress, GuestMemory};
 pub use wire::{
     VFIO_DEVICE_FLAGS_PCI, VFIO_DEVICE_FLAGS_RESET, VFIO_IRQ_INFO_AUTOMASKED,
     VFIO_IRQ_INFO_EVENTFD, VFIO_IRQ_INFO_MASKABLE, VFIO_IRQ_INFO_NORESIZE,

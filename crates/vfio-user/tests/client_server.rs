@@ -119,20 +119,20 @@ fn dma_map_with_memfd_is_shared_both_ways() {
     let dma = dma(&shared);
     assert_eq!(dma.map_count(), 1);
 
-    dma.write(0x10_0010, b"from device").unwrap();
+    dma.write(GuestAddress(0x10_0010), b"from device").unwrap();
     let mut b = [0u8; 11];
     rustix::io::pread(&memfd, &mut b, 0x10010).unwrap();
     assert_eq!(&b, b"from device");
 
     rustix::io::pwrite(&memfd, &0xfeed_f00du32.to_le_bytes(), 0x10040).unwrap();
-    assert_eq!(dma.load_u32(0x10_0040).unwrap(), 0xfeed_f00d);
-    dma.store_u32(0x10_0044, 0x1234_5678).unwrap();
+    assert_eq!(dma.load_u32(GuestAddress(0x10_0040)).unwrap(), 0xfeed_f00d);
+    dma.store_u32(GuestAddress(0x10_0044), 0x1234_5678).unwrap();
     let mut w = [0u8; 4];
     rustix::io::pread(&memfd, &mut w, 0x10044).unwrap();
     assert_eq!(u32::from_le_bytes(w), 0x1234_5678);
 
     assert!(matches!(
-        dma.read(0x10_fff0, &mut [0u8; 32]),
+        dma.read(GuestAddress(0x10_fff0), &mut [0u8; 32]),
         Err(DmaError::Unmapped { .. })
     ));
 }
@@ -147,10 +147,10 @@ fn read_only_map_refuses_device_writes() {
         .unwrap();
     let dma = dma(&shared);
     assert!(matches!(
-        dma.write(0x2000, &[1]),
+        dma.write(GuestAddress(0x2000), &[1]),
         Err(DmaError::Permission { .. })
     ));
-    dma.read(0x2000, &mut [0u8; 8]).unwrap();
+    dma.read(GuestAddress(0x2000), &mut [0u8; 8]).unwrap();
 }
 
 #[test]
@@ -176,13 +176,13 @@ fn map_without_fd_is_served_by_dma_read_and_write() {
 
     // The client is idle here: its responder thread answers.
     let mut b = [0u8; 4];
-    dma.read(0x40_0100, &mut b).unwrap();
+    dma.read(GuestAddress(0x40_0100), &mut b).unwrap();
     assert_eq!(b, [1, 2, 3, 4]);
-    dma.write(0x40_0200, b"remote").unwrap();
+    dma.write(GuestAddress(0x40_0200), b"remote").unwrap();
     assert_eq!(&backing.lock()[0x200..0x206], b"remote");
-    dma.store_u32(0x40_0300, 0xabcd).unwrap();
-    assert_eq!(dma.load_u32(0x40_0300).unwrap(), 0xabcd);
-    dma.zero(0x40_0100, 4).unwrap();
+    dma.store_u32(GuestAddress(0x40_0300), 0xabcd).unwrap();
+    assert_eq!(dma.load_u32(GuestAddress(0x40_0300)).unwrap(), 0xabcd);
+    dma.zero(GuestAddress(0x40_0100), 4).unwrap();
     assert_eq!(&backing.lock()[0x100..0x104], &[0; 4]);
 
     // Device DMA from several threads while the client issues commands.
@@ -192,9 +192,9 @@ fn map_without_fd_is_served_by_dma_read_and_write() {
             std::thread::spawn(move || {
                 for i in 0..50u64 {
                     let addr = 0x40_1000 + t * 0x100 + (i % 16) * 8;
-                    dma.write(addr, &i.to_le_bytes()).unwrap();
+                    dma.write(GuestAddress(addr), &i.to_le_bytes()).unwrap();
                     let mut r = [0u8; 8];
-                    dma.read(addr, &mut r).unwrap();
+                    dma.read(GuestAddress(addr), &mut r).unwrap();
                     assert_eq!(u64::from_le_bytes(r), i);
                 }
             })
@@ -215,18 +215,18 @@ fn unmap_then_access_is_unmapped() {
         .dma_map(0x8000, 0x4000, memfd.as_fd(), 0, true)
         .unwrap();
     let dma = dma(&shared);
-    dma.write(0x8000, &[9; 16]).unwrap();
+    dma.write(GuestAddress(0x8000), &[9; 16]).unwrap();
     client.dma_unmap(0x8000, 0x4000).unwrap();
     assert_eq!(shared.unmapping.lock().as_slice(), &[(0x8000, 0x4000)]);
     assert_eq!(
-        dma.read(0x8000, &mut [0u8; 16]),
+        dma.read(GuestAddress(0x8000), &mut [0u8; 16]),
         Err(DmaError::Unmapped {
-            addr: 0x8000,
+            addr: GuestAddress(0x8000),
             len: 16
         })
     );
     assert!(matches!(
-        dma.load_u32(0x8000),
+        dma.load_u32(GuestAddress(0x8000)),
         Err(DmaError::Unmapped { .. })
     ));
     // Unmapping what is not mapped removes nothing and is no error (as the
@@ -245,7 +245,7 @@ fn unmap_then_access_is_unmapped() {
         .dma_map(0x8000, 0x4000, memfd.as_fd(), 0, true)
         .unwrap();
     let mut b = [0u8; 16];
-    dma.read(0x8000, &mut b).unwrap();
+    dma.read(GuestAddress(0x8000), &mut b).unwrap();
     assert_eq!(b, [9; 16]);
 }
 
@@ -308,7 +308,7 @@ fn server_returns_when_the_client_goes_and_dma_is_torn_down() {
     assert_eq!(shared.detaches.load(Ordering::SeqCst), 1);
     assert_eq!(dma.map_count(), 0);
     assert!(matches!(
-        dma.read(0, &mut [0u8; 4]),
+        dma.read(GuestAddress(0), &mut [0u8; 4]),
         Err(DmaError::Unmapped { .. })
     ));
 }

@@ -8,6 +8,7 @@ use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use rustix::fs::{ftruncate, memfd_create, MemfdFlags};
+use vnvme_vfio_user::GuestAddress;
 use vnvme_vfio_user::{DmaSpace, GuestMemory};
 
 struct Counting;
@@ -53,7 +54,7 @@ fn map_and_unmap_of_mapped_memory_allocate_nothing_once_warm() {
         }
         dma.map_fd(iova, 0x1000, fd.as_fd(), page, true, true)
             .unwrap();
-        dma.load_u32(iova).unwrap();
+        dma.load_u32(GuestAddress(iova)).unwrap();
     };
     for i in 0..64 {
         cycle(i);

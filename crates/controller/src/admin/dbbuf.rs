@@ -9,11 +9,12 @@ use vnvme_spec::{Command, Status};
 
 use super::invalid_field;
 use crate::command::Ctx;
+use crate::memory::GuestAddress;
 
 /// The two buffers, checked.
 struct Buffers {
-    shadow: u64,
-    event_idx: u64,
+    shadow: GuestAddress,
+    event_idx: GuestAddress,
     /// Queue ids whose doorbells the buffers hold: every queue the controller
     /// can grant, plus the admin queue.
     queue_ids: u16,
@@ -27,13 +28,10 @@ struct Buffers {
 /// Field, and the host learns it now rather than through a silent queue.
 fn parse(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Buffers, Status> {
     let page = ctx.session.page_size;
-    let shadow = cmd.prp1.get();
-    let event_idx = cmd.prp2.get();
-    if page == 0
-        || !shadow.is_multiple_of(page)
-        || !event_idx.is_multiple_of(page)
-        || shadow == event_idx
-    {
+    let shadow = GuestAddress(cmd.prp1.get());
+    let event_idx = GuestAddress(cmd.prp2.get());
+    // CC.MPS's page size is a power of two.
+    if page == 0 || !shadow.is_aligned(page) || !event_idx.is_aligned(page) || shadow == event_idx {
         return Err(invalid_field());
     }
     // What the controller can grant, not what Number of Queues granted so
@@ -49,8 +47,8 @@ fn parse(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Buffers, Status> {
     let mem = &*ctx.session.mem;
     if mem.read(shadow, buf).is_err() || mem.read(event_idx, buf).is_err() {
         tracing::debug!(
-            shadow,
-            event_idx,
+            ?shadow,
+            ?event_idx,
             "doorbell buffer config: buffer not mapped"
         );
         return Err(invalid_field());

@@ -8,6 +8,7 @@ use vnvme_spec::{Command, Completion, Status};
 
 use super::invalid_field;
 use crate::command::{Ctx, Outcome};
+use crate::memory::GuestAddress;
 use crate::queue::{Cq, Sq};
 use crate::state::Shared;
 
@@ -20,7 +21,7 @@ fn invalid_qid() -> Status {
 struct CreateQueue {
     qid: u16,
     entries: u32,
-    base: u64,
+    base: GuestAddress,
 }
 
 fn parse_create(
@@ -40,8 +41,8 @@ fn parse_create(
     if !entry_size_ok {
         return Err(invalid_field());
     }
-    let base = cmd.prp1.get();
-    if base & (ctx.session.page_size - 1) != 0 {
+    let base = GuestAddress(cmd.prp1.get());
+    if base.page_offset(ctx.session.page_size) != 0 {
         return Err(Status::INVALID_PRP_OFFSET.with_dnr(true));
     }
     // CAP.CQR = 1: physically contiguous queues only. PC is bit 0 of

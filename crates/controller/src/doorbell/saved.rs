@@ -16,7 +16,7 @@ use vnvme_spec::regs::Doorbell;
 
 use super::shadow::Dbbuf;
 use super::Doorbells;
-use crate::memory::GuestMemory;
+use crate::memory::{GuestAddress, GuestMemory};
 use crate::saved_check::{at_most, inconsistent, InvalidState};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -58,8 +58,8 @@ fn doorbell(index: u32) -> Doorbell {
 impl Doorbells {
     pub fn save(&self) -> SavedDoorbells {
         let dbbuf = self.dbbuf.read().as_ref().map(|d| SavedDbbuf {
-            shadow: d.shadow,
-            event_idx: d.event_idx,
+            shadow: d.shadow.raw(),
+            event_idx: d.event_idx.raw(),
         });
         let registers = (self.slots.iter().enumerate())
             .filter(|(_, s)| s.limit.load(Ordering::Acquire) != 0)
@@ -121,8 +121,8 @@ impl Doorbells {
             }
         }
         *self.dbbuf.write() = saved.dbbuf.as_ref().map(|d| Dbbuf {
-            shadow: d.shadow,
-            event_idx: d.event_idx,
+            shadow: GuestAddress(d.shadow),
+            event_idx: GuestAddress(d.event_idx),
             mem: Arc::clone(mem),
             warned: AtomicBool::new(false),
         });

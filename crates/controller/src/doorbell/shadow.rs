@@ -23,12 +23,12 @@ use std::sync::Arc;
 use vnvme_spec::regs::Doorbell;
 
 use super::{DoorbellSource, Doorbells};
-use crate::memory::{DmaError, GuestMemory};
+use crate::memory::{DmaError, GuestAddress, GuestMemory};
 
 /// Configured shadow doorbell and EventIdx buffers (page aligned).
 pub(super) struct Dbbuf {
-    pub shadow: u64,
-    pub event_idx: u64,
+    pub shadow: GuestAddress,
+    pub event_idx: GuestAddress,
     pub mem: Arc<dyn GuestMemory>,
     /// A failure was already logged for this configuration.
     pub warned: AtomicBool,
@@ -101,8 +101,8 @@ impl Doorbells {
     /// switches each queue to [`source_for`](Self::source_for).
     pub fn configure_dbbuf(
         &self,
-        shadow: u64,
-        event_idx: u64,
+        shadow: GuestAddress,
+        event_idx: GuestAddress,
         mem: Arc<dyn GuestMemory>,
         queue_ids: u16,
     ) -> bool {
@@ -194,7 +194,7 @@ impl Doorbells {
         &self,
         db: Doorbell,
         value: u32,
-        addr: u64,
+        addr: GuestAddress,
         mem: &dyn GuestMemory,
     ) -> Result<(), DmaError> {
         if !is_admin(db) {
@@ -343,12 +343,12 @@ mod tests {
 
     use super::super::Doorbells;
     use super::offset;
-    use crate::memory::GuestMemory;
+    use crate::memory::{GuestAddress, GuestMemory};
     use crate::stats::Stats;
     use crate::testing::VecMemory;
 
-    const SHADOW: u64 = 0x1000;
-    const EVENT_IDX: u64 = 0x2000;
+    const SHADOW: GuestAddress = GuestAddress(0x1000);
+    const EVENT_IDX: GuestAddress = GuestAddress(0x2000);
 
     /// Doorbells with shadow buffers on and queue pairs 0 and 1 open.
     fn configured() -> (Doorbells, Arc<VecMemory>) {
@@ -363,7 +363,7 @@ mod tests {
     }
 
     fn shadow(mem: &VecMemory, db: Doorbell) -> u32 {
-        mem.load_u32(SHADOW + offset(db)).unwrap()
+        mem.load_u32(SHADOW.wrapping_add(offset(db))).unwrap()
     }
 
     #[test]
@@ -378,12 +378,12 @@ mod tests {
     #[test]
     fn an_admin_shadow_the_host_wrote_is_never_copied_over() {
         let (doorbells, mem) = configured();
-        mem.store_u32(SHADOW + offset(Doorbell::SqTail(0)), 2)
+        mem.store_u32(SHADOW.wrapping_add(offset(Doorbell::SqTail(0))), 2)
             .unwrap();
         // The trap of 1, late: the host already wrote 2.
         doorbells.shadow_trap(Doorbell::SqTail(0), 1);
         assert_eq!(shadow(&mem, Doorbell::SqTail(0)), 2);
-        mem.store_u32(SHADOW + offset(Doorbell::SqTail(0)), 0)
+        mem.store_u32(SHADOW.wrapping_add(offset(Doorbell::SqTail(0))), 0)
             .unwrap();
         doorbells.shadow_trap(Doorbell::SqTail(0), 3);
         assert_eq!(shadow(&mem, Doorbell::SqTail(0)), 0);

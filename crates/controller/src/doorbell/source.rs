@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use vnvme_spec::regs::Doorbell;
 
 use super::Doorbells;
-use crate::memory::{DmaError, GuestMemory};
+use crate::memory::{DmaError, GuestAddress, GuestMemory};
 
 /// Where a queue's doorbell value comes from (§5.8).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -18,7 +18,10 @@ pub(crate) enum DoorbellSource {
     Register,
     /// Doorbell Buffer Config: guest addresses of this doorbell's dword in
     /// the shadow doorbell buffer and in the EventIdx buffer.
-    Shadow { shadow: u64, event_idx: u64 },
+    Shadow {
+        shadow: GuestAddress,
+        event_idx: GuestAddress,
+    },
 }
 
 impl DoorbellSource {
@@ -60,7 +63,7 @@ impl DoorbellSource {
     }
 
     /// The EventIdx dword's address, for a shadow source.
-    pub fn event_idx(&self) -> Option<u64> {
+    pub fn event_idx(&self) -> Option<GuestAddress> {
         match *self {
             DoorbellSource::Shadow { event_idx, .. } => Some(event_idx),
             _ => None,

@@ -8,7 +8,7 @@ use vnvme_spec::status::invalid_field;
 use vnvme_spec::{Command, Status};
 
 use crate::command::Ctx;
-use crate::memory::DmaError;
+use crate::memory::{DmaError, GuestAddress};
 use crate::prp;
 use crate::sgl::{self, Direction};
 
@@ -22,7 +22,13 @@ fn transfer_error(e: DmaError) -> Status {
 /// Maps `cmd`'s metadata SGL for `len` bytes into the scratch list.
 fn map(ctx: &mut Ctx<'_>, cmd: &Command, len: usize, dir: Direction) -> Result<(), Status> {
     let out = &mut ctx.scratch.meta_segs;
-    sgl::map_metadata(&*ctx.session.mem, cmd.mptr.get(), len as u64, dir, out)
+    sgl::map_metadata(
+        &*ctx.session.mem,
+        GuestAddress(cmd.mptr.get()),
+        len as u64,
+        dir,
+        out,
+    )
 }
 
 /// Checks `cmd`'s metadata SGL (PSDT 10b) for `len` bytes to the host
@@ -46,7 +52,7 @@ pub(super) fn read(ctx: &mut Ctx<'_>, cmd: &Command, meta: &mut [u8]) -> Result<
         return ctx
             .session
             .mem
-            .read(cmd.mptr.get(), meta)
+            .read(GuestAddress(cmd.mptr.get()), meta)
             .map_err(transfer_error);
     }
     map(ctx, cmd, meta.len(), Direction::FromHost)?;
@@ -63,7 +69,7 @@ pub(super) fn write(ctx: &mut Ctx<'_>, cmd: &Command, meta: &[u8]) -> Result<(),
         return ctx
             .session
             .mem
-            .write(cmd.mptr.get(), meta)
+            .write(GuestAddress(cmd.mptr.get()), meta)
             .map_err(transfer_error);
     }
     map(ctx, cmd, meta.len(), Direction::ToHost)?;

@@ -14,7 +14,7 @@ use zerocopy::IntoBytes;
 
 use crate::doorbell::{DoorbellSource, Doorbells, EventIdx};
 use crate::irq_batch::Batch;
-use crate::memory::{DmaError, GuestMemory};
+use crate::memory::{DmaError, GuestAddress, GuestMemory};
 pub(crate) use saved::{Limits, SavedQueues};
 
 /// Numbers every queue created, so a completion owed to a queue that was
@@ -31,7 +31,7 @@ pub(crate) struct Sq {
     pub qid: u16,
     /// Unique among all queues ever created.
     pub instance: u64,
-    pub base: u64,
+    pub base: GuestAddress,
     /// Entries (2..=65536).
     pub size: u32,
     pub head: u32,
@@ -62,7 +62,7 @@ pub(crate) struct Sq {
 const FETCH_BATCH: usize = 16;
 
 impl Sq {
-    pub fn new(qid: u16, base: u64, size: u32, cqid: u16) -> Self {
+    pub fn new(qid: u16, base: GuestAddress, size: u32, cqid: u16) -> Self {
         Self {
             qid,
             instance: next_instance(),
@@ -166,7 +166,7 @@ pub(crate) struct Cq {
     pub qid: u16,
     /// Unique among all queues ever created.
     pub instance: u64,
-    pub base: u64,
+    pub base: GuestAddress,
     pub size: u32,
     pub head: u32,
     pub tail: u32,
@@ -192,7 +192,7 @@ pub(crate) struct Cq {
 }
 
 impl Cq {
-    pub fn new(qid: u16, base: u64, size: u32, ien: bool, iv: u16) -> Self {
+    pub fn new(qid: u16, base: GuestAddress, size: u32, ien: bool, iv: u16) -> Self {
         Self {
             qid,
             instance: next_instance(),

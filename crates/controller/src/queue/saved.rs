@@ -15,6 +15,7 @@ use vnvme_spec::regs::Doorbell;
 use super::table::QueueTable;
 use super::{Cq, Sq};
 use crate::doorbell::{DoorbellSource, Doorbells};
+use crate::memory::GuestAddress;
 use crate::saved_check::{at_most, inconsistent, same, InvalidState};
 
 /// Where a queue's doorbell value comes from.
@@ -72,7 +73,10 @@ impl From<DoorbellSource> for SavedSource {
     fn from(s: DoorbellSource) -> Self {
         match s {
             DoorbellSource::Register => Self::Register,
-            DoorbellSource::Shadow { shadow, event_idx } => Self::Shadow { shadow, event_idx },
+            DoorbellSource::Shadow { shadow, event_idx } => Self::Shadow {
+                shadow: shadow.raw(),
+                event_idx: event_idx.raw(),
+            },
         }
     }
 }
@@ -81,7 +85,10 @@ impl From<SavedSource> for DoorbellSource {
     fn from(s: SavedSource) -> Self {
         match s {
             SavedSource::Register => Self::Register,
-            SavedSource::Shadow { shadow, event_idx } => Self::Shadow { shadow, event_idx },
+            SavedSource::Shadow { shadow, event_idx } => Self::Shadow {
+                shadow: GuestAddress(shadow),
+                event_idx: GuestAddress(event_idx),
+            },
         }
     }
 }
@@ -113,7 +120,7 @@ impl QueueTable {
             }
             saved.sqs.push(SavedSq {
                 qid: sq.qid,
-                base: sq.base,
+                base: sq.base.raw(),
                 size: sq.size,
                 head: sq.head,
                 tail: sq.tail,
@@ -133,7 +140,7 @@ impl QueueTable {
             }
             saved.cqs.push(SavedCq {
                 qid: cq.qid,
-                base: cq.base,
+                base: cq.base.raw(),
                 size: cq.size,
                 head: cq.head,
                 tail: cq.tail,
@@ -173,7 +180,7 @@ impl QueueTable {
             if let Some(bad) = c.bad_head {
                 at_most(what("rejected head"), u64::from(bad), u64::from(u16::MAX))?;
             }
-            let mut cq = Cq::new(c.qid, c.base, c.size, c.ien, c.iv);
+            let mut cq = Cq::new(c.qid, GuestAddress(c.base), c.size, c.ien, c.iv);
             cq.head = c.head;
             cq.tail = c.tail;
             cq.phase = c.phase;
@@ -209,7 +216,7 @@ impl QueueTable {
                 )));
             };
             cq.sq_refs += 1;
-            let mut sq = Sq::new(s.qid, s.base, s.size, s.cqid);
+            let mut sq = Sq::new(s.qid, GuestAddress(s.base), s.size, s.cqid);
             sq.head = s.head;
             sq.tail = s.tail;
             sq.aborts = s.aborts.clone();

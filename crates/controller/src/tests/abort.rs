@@ -1,6 +1,7 @@
 //! Abort: commands still in their submission queue are aborted, others not.
 
 use super::*;
+use crate::memory::GuestAddress;
 
 fn abort(sqid: u16, cid: u16) -> Command {
     let mut c = cmd(AdminOpcode::ABORT.0);
@@ -14,7 +15,9 @@ fn wait_posted(h: &Host, qid: u16, n: u16) {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let mut b = [0u8; 16];
-        h.mem.read(r.cq + u64::from(n - 1) * 16, &mut b).unwrap();
+        h.mem
+            .read(GuestAddress(r.cq + u64::from(n - 1) * 16), &mut b)
+            .unwrap();
         if Completion::read_from_bytes(&b).unwrap().phase() {
             return;
         }
@@ -44,7 +47,7 @@ fn abort_completes_queued_commands_with_abort_requested_and_only_those() {
     let mut cids = Vec::new();
     for i in 0..8u8 {
         let buf = DATA + u64::from(i) * 0x1000;
-        h.mem.write(buf, &[i + 1; 512]).unwrap();
+        h.mem.write(GuestAddress(buf), &[i + 1; 512]).unwrap();
         cids.push(h.push(1, rw(NvmOpcode::WRITE, 1, u64::from(i), 1, buf, 0)));
     }
     h.ring_sq(1);

@@ -1,6 +1,7 @@
 //! Admin commands.
 
 use super::*;
+use crate::memory::GuestAddress;
 
 #[test]
 fn identify_controller_reports_the_configuration() {
@@ -69,10 +70,16 @@ fn malformed_commands_complete_with_expected_status() {
     h.create_pair(1, 16);
     // A PRP list whose second entry has an offset.
     h.mem
-        .write(DATA + 0x10000, &(DATA + 0x20000).to_le_bytes())
+        .write(
+            GuestAddress(DATA + 0x10000),
+            &(DATA + 0x20000).to_le_bytes(),
+        )
         .unwrap();
     h.mem
-        .write(DATA + 0x10008, &(DATA + 0x30010).to_le_bytes())
+        .write(
+            GuestAddress(DATA + 0x10008),
+            &(DATA + 0x30010).to_le_bytes(),
+        )
         .unwrap();
     let dnr = |s: Status| s.with_dnr(true);
     let mut fused = rw(NvmOpcode::READ, 1, 0, 1, DATA, 0);

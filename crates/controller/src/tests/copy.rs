@@ -5,6 +5,7 @@ use vnvme_blockdev::{FileDevice, NullDevice};
 use vnvme_spec::range::CopyRangeF0;
 
 use super::*;
+use crate::memory::GuestAddress;
 use crate::namespace::{MCL, MSRC_Z, MSSRL};
 
 /// Where the source range entries go.
@@ -20,7 +21,7 @@ fn copy(h: &Host, sdlba: u64, ranges: &[(u64, u16)]) -> Command {
         .iter()
         .flat_map(|&(slba, nlb)| CopyRangeF0::new(slba, nlb).as_bytes().to_vec())
         .collect();
-    h.mem.write(RANGES, &entries).unwrap();
+    h.mem.write(GuestAddress(RANGES), &entries).unwrap();
     let mut c = cmd(NvmOpcode::COPY.0);
     c.nsid = U32::new(1);
     c.prp1 = U64::new(RANGES);
@@ -185,8 +186,12 @@ fn copy_with_another_descriptor_format_or_bad_entries_pointer_fails() {
     fill(&h, 8);
     let mut c = copy(&h, 200, &[(5, 1), (6, 1)]);
     let entries = h.read_mem(RANGES, 64);
-    h.mem.write(RANGES + 0x10000 - 32, &entries[..32]).unwrap();
-    h.mem.write(RANGES + 0x20000, &entries[32..]).unwrap();
+    h.mem
+        .write(GuestAddress(RANGES + 0x10000 - 32), &entries[..32])
+        .unwrap();
+    h.mem
+        .write(GuestAddress(RANGES + 0x20000), &entries[32..])
+        .unwrap();
     c.prp1 = U64::new(RANGES + 0x10000 - 32);
     c.prp2 = U64::new(RANGES + 0x20000);
     assert_eq!(h.submit(1, c).status(), Status::SUCCESS);
@@ -239,7 +244,7 @@ fn copy_and_verify_on_the_file_backend_read_and_write_the_file() {
     let mut h = Host::enabled_on(config(), file.clone());
     h.create_pair(1, 16);
     let data: Vec<u8> = (0..8 * 512).map(|i| (i * 13 % 251) as u8).collect();
-    h.mem.write(DATA, &data).unwrap();
+    h.mem.write(GuestAddress(DATA), &data).unwrap();
     let write = rw(NvmOpcode::WRITE, 1, 16, 8, DATA, DATA + 4096);
     assert_eq!(h.submit(1, write).status(), Status::SUCCESS);
     let c = copy(&h, 1000, &[(20, 4), (16, 4)]);

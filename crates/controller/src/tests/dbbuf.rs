@@ -7,6 +7,7 @@ use parking_lot::Mutex;
 
 use super::*;
 use crate::memory::DmaError;
+use crate::memory::GuestAddress;
 
 #[test]
 fn dbbuf_config_invalid_buffers_are_invalid_field() {
@@ -83,8 +84,12 @@ fn queue_creation_zeroes_stale_shadow_slots() {
     h.enable();
     h.enable_dbbuf();
     for index in [2, 3] {
-        h.mem.store_u32(SHADOW + index * 4, 0x1234).unwrap();
-        h.mem.store_u32(EVENTIDX + index * 4, 0x5678).unwrap();
+        h.mem
+            .store_u32(GuestAddress(SHADOW + index * 4), 0x1234)
+            .unwrap();
+        h.mem
+            .store_u32(GuestAddress(EVENTIDX + index * 4), 0x5678)
+            .unwrap();
     }
     h.create_pair(1, 16);
     for index in [2, 3] {
@@ -126,17 +131,17 @@ fn reset_drops_the_buffers() {
     h.write32(offset::CC, 0);
     assert!(!h.csts().rdy());
     h.dbbuf = None;
-    h.mem.zero(ACQ, 4096).unwrap();
+    h.mem.zero(GuestAddress(ACQ), 4096).unwrap();
     h.enable();
     // Stale values in the old buffers: the controller no longer touches them.
-    h.mem.store_u32(SHADOW + 8, 0xAB).unwrap();
-    h.mem.store_u32(EVENTIDX + 8, 0xCD).unwrap();
+    h.mem.store_u32(GuestAddress(SHADOW + 8), 0xAB).unwrap();
+    h.mem.store_u32(GuestAddress(EVENTIDX + 8), 0xCD).unwrap();
     h.create_pair(1, 16);
     assert_eq!(h.shadow_slot(2), 0xAB);
     assert_eq!(h.eventidx_slot(2), 0xCD);
     // A shadow-only tail update is not seen; the register write is.
     h.push(1, rw(NvmOpcode::READ, 1, 0, 1, DATA, 0));
-    h.mem.store_u32(SHADOW + 8, 1).unwrap();
+    h.mem.store_u32(GuestAddress(SHADOW + 8), 1).unwrap();
     std::thread::sleep(Duration::from_millis(20));
     assert!(
         h.peek_cqe(1).is_none(),
@@ -156,9 +161,10 @@ struct HoleyMemory {
 }
 
 impl HoleyMemory {
-    fn check(&self, addr: u64, len: u64) -> Result<(), DmaError> {
+    fn check(&self, addr: GuestAddress, len: u64) -> Result<(), DmaError> {
+        let a = addr.raw();
         match &*self.hole.lock() {
-            Some(h) if addr < h.end && addr.saturating_add(len) > h.start => {
+            Some(h) if a < h.end && a.saturating_add(len) > h.start => {
                 Err(DmaError::Unmapped { addr, len })
             }
             _ => Ok(()),
@@ -167,23 +173,23 @@ impl HoleyMemory {
 }
 
 impl GuestMemory for HoleyMemory {
-    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), DmaError> {
+    fn read(&self, addr: GuestAddress, buf: &mut [u8]) -> Result<(), DmaError> {
         self.check(addr, buf.len() as u64)?;
         self.inner.read(addr, buf)
     }
-    fn write(&self, addr: u64, buf: &[u8]) -> Result<(), DmaError> {
+    fn write(&self, addr: GuestAddress, buf: &[u8]) -> Result<(), DmaError> {
         self.check(addr, buf.len() as u64)?;
         self.inner.write(addr, buf)
     }
-    fn zero(&self, addr: u64, len: u64) -> Result<(), DmaError> {
+    fn zero(&self, addr: GuestAddress, len: u64) -> Result<(), DmaError> {
         self.check(addr, len)?;
         self.inner.zero(addr, len)
     }
-    fn load_u32(&self, addr: u64) -> Result<u32, DmaError> {
+    fn load_u32(&self, addr: GuestAddress) -> Result<u32, DmaError> {
         self.check(addr, 4)?;
         self.inner.load_u32(addr)
     }
-    fn store_u32(&self, addr: u64, value: u32) -> Result<(), DmaError> {
+    fn store_u32(&self, addr: GuestAddress, value: u32) -> Result<(), DmaError> {
         self.check(addr, 4)?;
         self.inner.store_u32(addr, value)
     }
@@ -221,7 +227,7 @@ fn unmapped_shadow_buffers_never_crash_or_hang() {
         h.write32(offset::CC, 0);
         assert!(!h.csts().rdy());
         *holey.hole.lock() = None;
-        h.mem.zero(ACQ, 4096).unwrap();
+        h.mem.zero(GuestAddress(ACQ), 4096).unwrap();
         h.enable();
         h.create_pair(1, 16);
         assert!(h

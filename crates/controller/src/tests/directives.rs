@@ -5,6 +5,7 @@ use vnvme_spec::directive::StreamsParameters;
 use vnvme_spec::status::invalid_field;
 
 use super::*;
+use crate::memory::GuestAddress;
 
 const BUF: u64 = DATA + 0x40000;
 
@@ -40,7 +41,7 @@ impl Host {
 
     /// Directive Receive into BUF (filled with FFh before).
     fn dir_receive(&mut self, dtype: u8, doper: u8, cdw12: u32) -> Completion {
-        self.mem.write(BUF, &[0xFF; 4096]).unwrap();
+        self.mem.write(GuestAddress(BUF), &[0xFF; 4096]).unwrap();
         self.admin(directive(
             AdminOpcode::DIRECTIVE_RECEIVE,
             1,
@@ -194,7 +195,7 @@ fn write_with_a_stream_opens_it_and_counts() {
     assert_eq!(h.enable_streams(true), Status::SUCCESS);
     assert_eq!(h.allocate(4).dw0.get(), 4);
     assert!(h.open_streams().is_empty());
-    h.mem.write(DATA, &[0xA5; 4096]).unwrap();
+    h.mem.write(GuestAddress(DATA), &[0xA5; 4096]).unwrap();
     assert_eq!(h.submit(1, stream_write(3, 16)).status(), Status::SUCCESS);
     assert_eq!(h.submit(1, stream_write(3, 24)).status(), Status::SUCCESS);
     assert_eq!(h.submit(1, stream_write(1, 32)).status(), Status::SUCCESS);
@@ -209,7 +210,7 @@ fn write_with_a_stream_opens_it_and_counts() {
     // Get Status with room for the count only: one dword.
     let mut c = directive(AdminOpcode::DIRECTIVE_RECEIVE, 1, 1, 2, 0, 0);
     c.cdw10 = U32::new(0);
-    h.mem.write(BUF, &[0xFF; 8]).unwrap();
+    h.mem.write(GuestAddress(BUF), &[0xFF; 8]).unwrap();
     assert_eq!(h.admin(c).status(), Status::SUCCESS);
     assert_eq!(h.read_mem(BUF, 8), [2, 0, 1, 0, 0xFF, 0xFF, 0xFF, 0xFF]);
 }
@@ -277,7 +278,7 @@ fn controller_reset_disables_streams_and_releases_resources() {
     assert_eq!(h.allocate(4).dw0.get(), 4);
     assert_eq!(h.submit(1, stream_write(2, 0)).status(), Status::SUCCESS);
     h.write32(offset::CC, 0x0046_0000);
-    h.mem.zero(ACQ, 4096).unwrap();
+    h.mem.zero(GuestAddress(ACQ), 4096).unwrap();
     h.enable();
     assert_eq!(h.dir_receive(0, 1, 0).status(), Status::SUCCESS);
     assert_eq!(h.read_mem(BUF + 32, 1), [0b01], "streams disabled");

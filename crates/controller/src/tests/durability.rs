@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use vnvme_blockdev::BlockError;
 
 use super::*;
+use crate::memory::GuestAddress;
 
 /// A RAM namespace with a volatile cache that records how it was written.
 #[derive(Debug)]
@@ -144,7 +145,7 @@ fn verify_with_fua_flushes_and_copy_with_fua_writes_durably() {
     assert!(h.submit(1, verify).status().is_success());
     assert_eq!(backend.counts(), (0, 0, 1), "flushed before reading");
     // One source range entry (zeroes: LBA 0, one block) at DATA.
-    h.mem.zero(DATA, 32).unwrap();
+    h.mem.zero(GuestAddress(DATA), 32).unwrap();
     let mut copy = cmd(NvmOpcode::COPY.0);
     copy.nsid = U32::new(1);
     copy.prp1 = U64::new(DATA);

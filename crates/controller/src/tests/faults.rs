@@ -5,6 +5,7 @@
 
 use super::*;
 use crate::faults::{FaultKind, FaultSpec, Latency};
+use crate::memory::GuestAddress;
 
 const BUF: u64 = DATA;
 
@@ -108,7 +109,7 @@ fn never_completed_commands_are_dropped_by_a_controller_reset() {
     h.ring_sq(1);
     std::thread::sleep(Duration::from_millis(100));
     h.reenable();
-    h.mem.zero(cq_base(1), 16 * 16).unwrap();
+    h.mem.zero(GuestAddress(cq_base(1)), 16 * 16).unwrap();
     h.create_pair(1, 16);
     let c = h.submit(1, read(0));
     assert_eq!(c.status(), Status::SUCCESS);
@@ -205,7 +206,7 @@ fn operator_namespaces_are_added_resized_and_removed_with_notices() {
     let backend: Arc<dyn BlockDevice> = Arc::new(RamDevice::new(1 << 20));
     let nsid = h.ctrl.namespace_add(backend, 0, None, true, None).unwrap();
     assert_eq!(nsid, 2);
-    h.mem.write(BUF, &[7; 512]).unwrap();
+    h.mem.write(GuestAddress(BUF), &[7; 512]).unwrap();
     let w = h.submit(1, rw(NvmOpcode::WRITE, 2, 3, 1, BUF, 0));
     assert_eq!(w.status(), Status::SUCCESS);
     assert_eq!(h.ctrl.namespace_resize(2, 2 << 20).unwrap(), 4096);
@@ -256,7 +257,7 @@ fn power_loss_drops_acknowledged_unflushed_writes_and_never_flushed_ones() {
     let mut h = Host::enabled_on(config(), ram);
     h.create_pair(1, 16);
     let write = |h: &mut Host, lba: u64, byte: u8, fua: bool| {
-        h.mem.write(BUF, &[byte; 512]).unwrap();
+        h.mem.write(GuestAddress(BUF), &[byte; 512]).unwrap();
         let mut c = rw(NvmOpcode::WRITE, 1, lba, 1, BUF, 0);
         if fua {
             c.cdw12 = U32::new(c.cdw12.get() | 1 << 30);

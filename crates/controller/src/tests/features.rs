@@ -4,6 +4,7 @@
 use vnvme_spec::feature::{timestamp_origin, FeatureCapabilities, Timestamp};
 
 use super::*;
+use crate::memory::GuestAddress;
 
 const BUF: u64 = DATA + 0x40000;
 /// Every feature the controller implements with a RAM namespace (no
@@ -27,14 +28,14 @@ fn set_with_data(fid: u8, cdw11: u32, buf: u64) -> Command {
 impl Host {
     /// Set Features `fid` with `data` in the data buffer.
     fn set_data(&mut self, fid: u8, cdw11: u32, data: &[u8]) -> Status {
-        self.mem.write(BUF, data).unwrap();
+        self.mem.write(GuestAddress(BUF), data).unwrap();
         self.admin(set_with_data(fid, cdw11, BUF)).status()
     }
 
     /// Get Features `fid` (SEL `sel`, CDW11 `cdw11`): its dword 0 and the
     /// first `len` bytes of the data buffer (filled with FFh before).
     fn get_data(&mut self, fid: u8, sel: u8, cdw11: u32, len: usize) -> (u32, Vec<u8>) {
-        self.mem.write(BUF, &[0xFF; 4096]).unwrap();
+        self.mem.write(GuestAddress(BUF), &[0xFF; 4096]).unwrap();
         let mut c = get_features(fid, sel, BUF);
         c.cdw11 = U32::new(cdw11);
         let c = self.admin(c);

@@ -6,6 +6,7 @@
 use vnvme_spec::log::firmware::{commit_action as ca, FirmwareSlotLog};
 
 use super::*;
+use crate::memory::GuestAddress;
 
 /// Identify and log pages land here; image pieces are staged at `DATA`.
 const PAGE: u64 = DATA + 0x40000;
@@ -20,7 +21,7 @@ impl Host {
     /// Firmware Image Download of `data` (at most two pages) at byte
     /// `offset`.
     fn fw_download(&mut self, offset: u32, data: &[u8]) -> Status {
-        self.mem.write(DATA, data).unwrap();
+        self.mem.write(GuestAddress(DATA), data).unwrap();
         let mut c = cmd(AdminOpcode::FIRMWARE_IMAGE_DOWNLOAD.0);
         c.prp1 = U64::new(DATA);
         c.prp2 = U64::new(DATA + 4096);
@@ -376,7 +377,7 @@ fn a_pending_activation_survives_a_client_reconnect_and_runs_after_it() {
     assert_eq!(h.fw_commit(3, ca::REPLACE_AND_ACTIVATE), RESET_OUTCOME);
     h.ctrl.detach();
     h.ctrl.attach(h.mem.clone(), h.irq.clone());
-    h.mem.zero(ACQ, 4096).unwrap();
+    h.mem.zero(GuestAddress(ACQ), 4096).unwrap();
     h.enable();
     assert_eq!(&h.id_ctrl().fr, b"RECONNEC");
 }

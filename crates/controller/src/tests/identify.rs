@@ -6,6 +6,7 @@ use vnvme_spec::identify::{ctratt, oncs};
 use vnvme_spec::regs::css;
 
 use super::*;
+use crate::memory::GuestAddress;
 
 const NVM: u8 = 0x00;
 const ZONED: u8 = 0x02;
@@ -40,7 +41,7 @@ impl Host {
     /// Runs `c`, returning its status and the 4 KiB it wrote at DATA (which
     /// is filled with FFh first, so untouched bytes show).
     fn identify_data(&mut self, c: Command) -> (Status, Vec<u8>) {
-        self.mem.write(DATA, &[0xFF; 4096]).unwrap();
+        self.mem.write(GuestAddress(DATA), &[0xFF; 4096]).unwrap();
         let status = self.admin(c).status();
         (status, self.read_mem(DATA, 4096))
     }

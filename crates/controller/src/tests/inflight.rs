@@ -9,6 +9,7 @@ use vnvme_blockdev::held::{HeldRam, Release};
 use vnvme_blockdev::BlockRequest;
 
 use super::*;
+use crate::memory::GuestAddress;
 
 /// Waits until `n` requests are held.
 fn wait_held(gate: &HeldRam, n: usize) {
@@ -43,7 +44,7 @@ fn completions_posted_in_the_order_the_backend_finishes() {
     let (mut h, gate) = host_with_gate(DoorbellMode::Trap, 16);
     let mut cids = Vec::new();
     for i in 0..4 {
-        h.mem.write(buf(i), &pattern(i)).unwrap();
+        h.mem.write(GuestAddress(buf(i)), &pattern(i)).unwrap();
         cids.push(h.push(1, rw(NvmOpcode::WRITE, 1, i * 8, 8, buf(i), 0)));
     }
     h.ring_sq(1);
@@ -60,7 +61,7 @@ fn completions_posted_in_the_order_the_backend_finishes() {
 
     // Read back through the queue, into zeroed buffers.
     for i in 0..4 {
-        h.mem.zero(buf(i), 4096).unwrap();
+        h.mem.zero(GuestAddress(buf(i)), 4096).unwrap();
         h.push(1, rw(NvmOpcode::READ, 1, i * 8, 8, buf(i), 0));
     }
     h.ring_sq(1);
@@ -116,7 +117,7 @@ fn commands_in_flight_never_exceed_the_free_cq_entries() {
 fn deleting_an_sq_waits_for_its_commands_in_flight() {
     let (mut h, gate) = host_with_gate(DoorbellMode::Trap, 4);
     gate.write(0, &pattern(1)).unwrap();
-    h.mem.write(buf(0), &[0xAA; 4096]).unwrap();
+    h.mem.write(GuestAddress(buf(0)), &[0xAA; 4096]).unwrap();
     let read = h.push(1, rw(NvmOpcode::READ, 1, 0, 8, buf(0), 0));
     h.ring_sq(1);
     wait_held(&gate, 1);
@@ -154,7 +155,7 @@ fn deleting_an_sq_waits_for_its_commands_in_flight() {
 fn controller_reset_closes_backend_queues_and_posts_nothing() {
     let (mut h, gate) = host_with_gate(DoorbellMode::Trap, 4);
     gate.write(0, &pattern(1)).unwrap();
-    h.mem.write(buf(0), &[0xAA; 4096]).unwrap();
+    h.mem.write(GuestAddress(buf(0)), &[0xAA; 4096]).unwrap();
     h.push(1, rw(NvmOpcode::READ, 1, 0, 8, buf(0), 0));
     h.ring_sq(1);
     wait_held(&gate, 1);

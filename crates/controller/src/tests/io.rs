@@ -1,6 +1,7 @@
 //! I/O commands, doorbells, interrupts, workers.
 
 use super::*;
+use crate::memory::GuestAddress;
 
 #[test]
 fn write_then_read_back() {
@@ -8,7 +9,7 @@ fn write_then_read_back() {
     h.enable();
     h.create_pair(1, 16);
     let data: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
-    h.mem.write(DATA, &data).unwrap();
+    h.mem.write(GuestAddress(DATA), &data).unwrap();
     assert!(h
         .submit(1, rw(NvmOpcode::WRITE, 1, 10, 8, DATA, 0))
         .status()
@@ -26,7 +27,7 @@ fn write_then_read_back() {
         .submit(1, rw(NvmOpcode::COMPARE, 1, 10, 8, DATA, 0))
         .status()
         .is_success());
-    h.mem.write(DATA + 100, &[0xEE]).unwrap();
+    h.mem.write(GuestAddress(DATA + 100), &[0xEE]).unwrap();
     assert_eq!(
         h.submit(1, rw(NvmOpcode::COMPARE, 1, 10, 8, DATA, 0))
             .status(),
@@ -46,17 +47,19 @@ fn prp_list_crossing_pages_moves_all_data() {
     let pages: Vec<u64> = (0..16).map(|i| DATA + 0x100000 + i * 0x3000).collect();
     let list1 = DATA + 0x50FF8;
     let list2 = DATA + 0x60000;
-    h.mem.write(list1, &list2.to_le_bytes()).unwrap();
+    h.mem
+        .write(GuestAddress(list1), &list2.to_le_bytes())
+        .unwrap();
     let l2: Vec<u8> = pages.iter().flat_map(|p| p.to_le_bytes()).collect();
-    h.mem.write(list2, &l2).unwrap();
+    h.mem.write(GuestAddress(list2), &l2).unwrap();
     let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
     // Scatter the data where the PRPs say.
     let first = 4096 - 0x200;
-    h.mem.write(prp1, &data[..first]).unwrap();
+    h.mem.write(GuestAddress(prp1), &data[..first]).unwrap();
     for (i, p) in pages.iter().enumerate() {
         let start = first + i * 4096;
         let end = (start + 4096).min(len);
-        h.mem.write(*p, &data[start..end]).unwrap();
+        h.mem.write(GuestAddress(*p), &data[start..end]).unwrap();
     }
     let c = h.submit(1, rw(NvmOpcode::WRITE, 1, 0, 128, prp1, list1));
     assert_eq!(c.status(), Status::SUCCESS);
@@ -78,7 +81,7 @@ fn write_zeroes_and_deallocate_read_back_zero() {
     let mut range = [0u8; 16];
     range[4..8].copy_from_slice(&8u32.to_le_bytes());
     range[8..16].copy_from_slice(&8u64.to_le_bytes());
-    h.mem.write(DATA, &range).unwrap();
+    h.mem.write(GuestAddress(DATA), &range).unwrap();
     let mut dsm = cmd(NvmOpcode::DATASET_MANAGEMENT.0);
     dsm.nsid = U32::new(1);
     dsm.prp1 = U64::new(DATA);
@@ -91,7 +94,7 @@ fn write_zeroes_and_deallocate_read_back_zero() {
     assert!(back[4096..].iter().all(|&b| b == 0));
     // A range past the end fails without deallocating anything.
     range[8..16].copy_from_slice(&(NS_BLOCKS - 1).to_le_bytes());
-    h.mem.write(DATA, &range).unwrap();
+    h.mem.write(GuestAddress(DATA), &range).unwrap();
     assert_eq!(
         h.submit(1, dsm).status(),
         Status::LBA_OUT_OF_RANGE.with_dnr(true)
@@ -106,7 +109,7 @@ fn reset_and_reenable_keeps_data_and_drops_queues() {
     let mut h = Host::new();
     h.enable();
     h.create_pair(1, 16);
-    h.mem.write(DATA, &[0x5A; 512]).unwrap();
+    h.mem.write(GuestAddress(DATA), &[0x5A; 512]).unwrap();
     assert!(h
         .submit(1, rw(NvmOpcode::WRITE, 1, 3, 1, DATA, 0))
         .status()
@@ -117,7 +120,7 @@ fn reset_and_reenable_keeps_data_and_drops_queues() {
     let before = h.ctrl.stats().queue(1).invalid_doorbell_writes;
     h.write32(0x1008, 1);
     assert_eq!(h.ctrl.stats().queue(1).invalid_doorbell_writes, before + 1);
-    h.mem.zero(ACQ, 4096).unwrap();
+    h.mem.zero(GuestAddress(ACQ), 4096).unwrap();
     h.enable();
     h.create_pair(1, 16);
     assert!(h
@@ -130,7 +133,7 @@ fn reset_and_reenable_keeps_data_and_drops_queues() {
     assert_eq!(h.read32(offset::CC), 0);
     h.ctrl.detach();
     h.ctrl.attach(h.mem.clone(), h.irq.clone());
-    h.mem.zero(ACQ, 4096).unwrap();
+    h.mem.zero(GuestAddress(ACQ), 4096).unwrap();
     h.enable();
     h.create_pair(1, 16);
     assert!(h
@@ -262,7 +265,7 @@ fn cq_full_stalls_until_the_head_moves() {
     while seen < 6 && Instant::now() < deadline {
         let mut b = [0u8; 16];
         h.mem
-            .read(cq_base(1) + u64::from(head) * 16, &mut b)
+            .read(GuestAddress(cq_base(1) + u64::from(head) * 16), &mut b)
             .unwrap();
         let cqe = Completion::read_from_bytes(&b).unwrap();
         if cqe.phase() != phase {
@@ -406,7 +409,7 @@ fn multiple_workers_serve_their_queues() {
     }
     for q in 1..=4u16 {
         h.mem
-            .write(DATA + u64::from(q) * 0x1000, &[q as u8; 512])
+            .write(GuestAddress(DATA + u64::from(q) * 0x1000), &[q as u8; 512])
             .unwrap();
         let c = h.submit(
             q,

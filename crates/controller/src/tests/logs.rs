@@ -4,6 +4,7 @@
 //! at offsets, LSP actions, RAE).
 
 use super::*;
+use crate::memory::GuestAddress;
 
 const TELEMETRY_HOST: u8 = 0x07;
 const TELEMETRY_CTRL: u8 = 0x08;
@@ -41,7 +42,7 @@ impl Host {
         offset: u64,
     ) -> Result<Vec<u8>, Status> {
         assert!(bytes <= 4096);
-        self.mem.zero(DATA, 4096).unwrap();
+        self.mem.zero(GuestAddress(DATA), 4096).unwrap();
         let c = self.admin(log_cmd(lid, lsp, lsi, rae, bytes, offset));
         if c.status().is_success() {
             Ok(self.read_mem(DATA, bytes as usize))
@@ -412,9 +413,13 @@ fn persistent_events_record_power_on_resets_format_and_namespace_changes() {
     c.cdw10 = U32::new(3);
     assert_eq!(h.admin(c).status(), Status::SUCCESS);
     // Create a namespace (64 blocks, format 0) and delete it.
-    h.mem.zero(DATA + 0x10000, 4096).unwrap();
-    h.mem.write(DATA + 0x10000, &64u64.to_le_bytes()).unwrap();
-    h.mem.write(DATA + 0x10008, &64u64.to_le_bytes()).unwrap();
+    h.mem.zero(GuestAddress(DATA + 0x10000), 4096).unwrap();
+    h.mem
+        .write(GuestAddress(DATA + 0x10000), &64u64.to_le_bytes())
+        .unwrap();
+    h.mem
+        .write(GuestAddress(DATA + 0x10008), &64u64.to_le_bytes())
+        .unwrap();
     let mut c = cmd(AdminOpcode::NAMESPACE_MANAGEMENT.0);
     c.prp1 = U64::new(DATA + 0x10000);
     let created = h.admin(c);
@@ -465,7 +470,7 @@ fn persistent_events_record_firmware_commits_and_a_sanitize() {
     let mut h = Host::with(config, 512);
     h.enable();
     let image: Vec<u8> = b"NEWFW001".iter().copied().cycle().take(4096).collect();
-    h.mem.write(DATA + 0x20000, &image).unwrap();
+    h.mem.write(GuestAddress(DATA + 0x20000), &image).unwrap();
     let mut c = cmd(AdminOpcode::FIRMWARE_IMAGE_DOWNLOAD.0);
     c.prp1 = U64::new(DATA + 0x20000);
     c.cdw10 = U32::new(4096 / 4 - 1);
@@ -515,7 +520,9 @@ fn persistent_events_carry_the_timestamp_the_host_set_and_a_reset_clears() {
     let mut h = Host::with(config(), 512);
     h.enable();
     let set_to: u64 = 1_700_000_000_000;
-    h.mem.write(DATA + 0x20000, &set_to.to_le_bytes()).unwrap();
+    h.mem
+        .write(GuestAddress(DATA + 0x20000), &set_to.to_le_bytes())
+        .unwrap();
     let mut c = set_features(0x0E, 0);
     c.prp1 = U64::new(DATA + 0x20000);
     assert_eq!(h.admin(c).status(), Status::SUCCESS);

@@ -12,6 +12,7 @@ use vnvme_spec::{AdminOpcode, Command, Completion, NvmOpcode, Status};
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, IntoBytes};
 
+use crate::memory::GuestAddress;
 use crate::memory::GuestMemory;
 use crate::testing::{CountingIrq, VecMemory};
 use crate::{Controller, ControllerConfig, DoorbellMode, NamespaceConfig};
@@ -151,11 +152,15 @@ impl Host {
     }
 
     fn shadow_slot(&self, index: u32) -> u32 {
-        self.mem.load_u32(SHADOW + u64::from(index) * 4).unwrap()
+        self.mem
+            .load_u32(GuestAddress(SHADOW + u64::from(index) * 4))
+            .unwrap()
     }
 
     fn eventidx_slot(&self, index: u32) -> u32 {
-        self.mem.load_u32(EVENTIDX + u64::from(index) * 4).unwrap()
+        self.mem
+            .load_u32(GuestAddress(EVENTIDX + u64::from(index) * 4))
+            .unwrap()
     }
 
     /// A doorbell update as the host driver does it: with shadow buffers,
@@ -167,9 +172,11 @@ impl Host {
             return true;
         };
         let off = u64::from(index) * 4;
-        self.mem.store_u32(shadow + off, u32::from(new)).unwrap();
+        self.mem
+            .store_u32(GuestAddress(shadow + off), u32::from(new))
+            .unwrap();
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-        let ei = self.mem.load_u32(event_idx + off).unwrap() as u16;
+        let ei = self.mem.load_u32(GuestAddress(event_idx + off)).unwrap() as u16;
         let need = if self.spdk {
             need_event_spdk(ei, new, old)
         } else {
@@ -228,7 +235,7 @@ impl Host {
     /// (stale entries would carry a valid phase).
     fn reenable(&mut self) {
         self.write32(offset::CC, 0);
-        self.mem.zero(ACQ, 4096).unwrap();
+        self.mem.zero(GuestAddress(ACQ), 4096).unwrap();
         self.enable();
     }
 
@@ -243,7 +250,7 @@ impl Host {
         cmd.set_cid(cid);
         let r = self.rings[usize::from(qid)].as_mut().expect("queue exists");
         self.mem
-            .write(r.sq + u64::from(r.tail) * 64, cmd.as_bytes())
+            .write(GuestAddress(r.sq + u64::from(r.tail) * 64), cmd.as_bytes())
             .unwrap();
         r.tail = (r.tail + 1) % r.size;
         cid
@@ -302,7 +309,7 @@ impl Host {
         let r = self.rings[usize::from(qid)].unwrap();
         let mut b = [0u8; 16];
         self.mem
-            .read(r.cq + u64::from(r.head) * 16, &mut b)
+            .read(GuestAddress(r.cq + u64::from(r.head) * 16), &mut b)
             .unwrap();
         let cqe = Completion::read_from_bytes(&b).unwrap();
         (cqe.phase() == r.phase).then_some(cqe)
@@ -348,7 +355,9 @@ impl Host {
 
     fn create_pair(&mut self, qid: u16, size: u16) {
         // A host zeroes CQ memory: stale entries would carry a valid phase.
-        self.mem.zero(cq_base(qid), u64::from(size) * 16).unwrap();
+        self.mem
+            .zero(GuestAddress(cq_base(qid)), u64::from(size) * 16)
+            .unwrap();
         let c = self.admin(create_cq(qid, size, qid, cq_base(qid)));
         assert_eq!(c.status(), Status::SUCCESS, "create cq {qid}");
         let c = self.admin(create_sq(qid, size, qid, sq_base(qid)));
@@ -358,7 +367,7 @@ impl Host {
 
     fn read_mem(&self, addr: u64, len: usize) -> Vec<u8> {
         let mut v = vec![0; len];
-        self.mem.read(addr, &mut v).unwrap();
+        self.mem.read(GuestAddress(addr), &mut v).unwrap();
         v
     }
 }

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::config::{Readiness, LBA_FORMATS};
+use crate::memory::GuestAddress;
 
 const CNTLID: u16 = 1;
 /// Identify and log pages land here; command data buffers further on.
@@ -59,7 +60,7 @@ impl Host {
         data[..8].copy_from_slice(&nsze.to_le_bytes());
         data[8..16].copy_from_slice(&ncap.to_le_bytes());
         data[26] = flbas;
-        self.mem.write(BUF, &data).unwrap();
+        self.mem.write(GuestAddress(BUF), &data).unwrap();
         let mut c = cmd(AdminOpcode::NAMESPACE_MANAGEMENT.0);
         c.prp1 = U64::new(BUF);
         self.admin(c)
@@ -75,7 +76,7 @@ impl Host {
     fn attach_cmd(&mut self, nsid: u32, attach: bool, list: &[u16]) -> Command {
         let mut data: Vec<u8> = list.iter().flat_map(|v| v.to_le_bytes()).collect();
         data.resize(4096, 0);
-        self.mem.write(BUF, &data).unwrap();
+        self.mem.write(GuestAddress(BUF), &data).unwrap();
         let mut c = cmd(AdminOpcode::NAMESPACE_ATTACHMENT.0);
         c.nsid = U32::new(nsid);
         c.prp1 = U64::new(BUF);
@@ -441,7 +442,7 @@ fn never_ready_namespace_sets_dnr_after_ready_timeout() {
     assert_eq!(h.identify_page(0x08, 1)[14] & 1, 0);
     // A reset and enable starts the clock again.
     h.write32(offset::CC, 0);
-    h.mem.zero(ACQ, 4096).unwrap();
+    h.mem.zero(GuestAddress(ACQ), 4096).unwrap();
     h.enable();
     h.create_pair(1, 16);
     assert_eq!(h.read1(1), Status::NAMESPACE_NOT_READY.with_dnr(false));
@@ -497,7 +498,7 @@ fn format_nvm_switches_format_and_erases() {
     let mut h = Host::with_namespaces(config(), vec![ram_ns(1, 1 << 20)]);
     h.enable();
     h.create_pair(1, 16);
-    h.mem.write(BUF, &[0xAB; 4096]).unwrap();
+    h.mem.write(GuestAddress(BUF), &[0xAB; 4096]).unwrap();
     assert!(h
         .submit(1, rw(NvmOpcode::WRITE, 1, 0, 1, BUF, 0))
         .status()
@@ -565,11 +566,11 @@ fn extended_metadata_io_moves_data_and_metadata_together() {
     assert_eq!(id.nsze.get(), (1 << 20) / 4160);
     let data: Vec<u8> = (0..2 * 4160u32).map(|i| (i % 253) as u8).collect();
     let (p1, p2, p3, list) = (BUF, BUF + 0x3000, BUF + 0x6000, BUF + 0x9000);
-    h.mem.write(p1, &data[..4096]).unwrap();
-    h.mem.write(p2, &data[4096..8192]).unwrap();
-    h.mem.write(p3, &data[8192..]).unwrap();
+    h.mem.write(GuestAddress(p1), &data[..4096]).unwrap();
+    h.mem.write(GuestAddress(p2), &data[4096..8192]).unwrap();
+    h.mem.write(GuestAddress(p3), &data[8192..]).unwrap();
     let entries: Vec<u8> = [p2, p3].iter().flat_map(|p| p.to_le_bytes()).collect();
-    h.mem.write(list, &entries).unwrap();
+    h.mem.write(GuestAddress(list), &entries).unwrap();
     assert!(h
         .submit(1, rw(NvmOpcode::WRITE, 1, 3, 2, p1, list))
         .status()
@@ -608,8 +609,8 @@ fn separate_metadata_io_uses_mptr() {
     let data: Vec<u8> = (0..4096u32).map(|i| (i % 249) as u8).collect();
     let meta: Vec<u8> = (0..64u8).collect();
     let mptr = BUF + 0x8000 + 4;
-    h.mem.write(BUF, &data).unwrap();
-    h.mem.write(mptr, &meta).unwrap();
+    h.mem.write(GuestAddress(BUF), &data).unwrap();
+    h.mem.write(GuestAddress(mptr), &meta).unwrap();
     let mut w = rw(NvmOpcode::WRITE, 1, 1, 8, BUF, 0);
     w.mptr = U64::new(mptr);
     assert!(h.submit(1, w).status().is_success());
@@ -642,7 +643,7 @@ fn fewer_vectors_than_queues_share_vectors() {
         Status::INVALID_INTERRUPT_VECTOR.with_dnr(true)
     );
     for qid in 1..=4u16 {
-        h.mem.zero(cq_base(qid), 16 * 16).unwrap();
+        h.mem.zero(GuestAddress(cq_base(qid)), 16 * 16).unwrap();
         let iv = qid % 2;
         assert!(h
             .admin(create_cq(qid, 16, iv, cq_base(qid)))

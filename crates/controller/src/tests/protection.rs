@@ -5,6 +5,7 @@
 use vnvme_spec::cdw::Prinfo;
 
 use super::*;
+use crate::memory::GuestAddress;
 use crate::protection::{Guard, PiType, Protection, Tuple};
 use crate::ConfigError;
 
@@ -153,7 +154,7 @@ fn configuration_refuses_pi_without_room_for_it() {
 fn pract_write_generates_pi_that_reads_back_and_checks() {
     let mut h = protected(4, PiType::Type1, false, false);
     let data: Vec<u8> = [block(3), block(5)].concat();
-    h.mem.write(BUF, &data).unwrap();
+    h.mem.write(GuestAddress(BUF), &data).unwrap();
     // PRACT with 8 bytes of metadata: none moves; the controller makes it.
     let w = pi_rw(
         NvmOpcode::WRITE,
@@ -177,7 +178,7 @@ fn pract_write_generates_pi_that_reads_back_and_checks() {
     .concat();
     assert_eq!(h.read_mem(RMETA, 16), want);
     // A read with PRACT checks and strips: the metadata buffer is not touched.
-    h.mem.write(RMETA, &[0xEE; 16]).unwrap();
+    h.mem.write(GuestAddress(RMETA), &[0xEE; 16]).unwrap();
     let r = pi_rw(
         NvmOpcode::READ,
         7,
@@ -212,8 +213,8 @@ fn write_with_pi(
     data: &[u8],
     pi: &[u8],
 ) -> Status {
-    h.mem.write(BUF, data).unwrap();
-    h.mem.write(META, pi).unwrap();
+    h.mem.write(GuestAddress(BUF), data).unwrap();
+    h.mem.write(GuestAddress(META), pi).unwrap();
     let w = pi_rw(
         NvmOpcode::WRITE,
         slba,
@@ -363,14 +364,14 @@ fn guard_of_pi_last_covers_the_metadata_before_it() {
     lba.extend_from_slice(&user_meta);
     let pi = tuple16(&lba, 0x0A0B, 2);
     lba.extend_from_slice(&pi);
-    h.mem.write(BUF, &lba).unwrap();
+    h.mem.write(GuestAddress(BUF), &lba).unwrap();
     let w = pi_rw(NvmOpcode::WRITE, 2, 1, ALL, 2, 0x0A0B, 0xFFFF, BUF, 0);
     assert_eq!(h.submit(1, w).status(), Status::SUCCESS);
     // A guard over the data alone is wrong here.
     let mut data_only = data.clone();
     data_only.extend_from_slice(&user_meta);
     data_only.extend_from_slice(&tuple16(&data, 0x0A0B, 2));
-    h.mem.write(BUF, &data_only).unwrap();
+    h.mem.write(GuestAddress(BUF), &data_only).unwrap();
     let w = pi_rw(NvmOpcode::WRITE, 2, 1, ALL, 2, 0x0A0B, 0xFFFF, BUF, 0);
     assert_eq!(
         h.submit(1, w).status(),
@@ -378,8 +379,8 @@ fn guard_of_pi_last_covers_the_metadata_before_it() {
     );
     // PRACT with more metadata than PI: the host's metadata moves, the
     // controller fills in the tuple.
-    h.mem.write(BUF, &lba).unwrap();
-    h.mem.write(BUF + 4096 + 56, &[0; 8]).unwrap();
+    h.mem.write(GuestAddress(BUF), &lba).unwrap();
+    h.mem.write(GuestAddress(BUF + 4096 + 56), &[0; 8]).unwrap();
     let w = pi_rw(NvmOpcode::WRITE, 2, 1, PRACT, 2, 0x0A0B, 0xFFFF, BUF, 0);
     assert_eq!(h.submit(1, w).status(), Status::SUCCESS);
     let r = pi_rw(NvmOpcode::READ, 2, 1, ALL, 2, 0x0A0B, 0xFFFF, RBUF, 0);
@@ -418,7 +419,7 @@ fn guard_64b_uses_crc64_and_48_bit_reference_tags() {
         Status::GUARD_CHECK_ERROR.with_dnr(true)
     );
     // PRACT, 16 bytes of metadata: generated, stripped, checked.
-    h.mem.write(BUF, &data).unwrap();
+    h.mem.write(GuestAddress(BUF), &data).unwrap();
     let w = pi_rw(NvmOpcode::WRITE, 2, 1, PRACT, 77, 0x0C0D, 0, BUF, 0);
     assert_eq!(h.submit(1, w).status(), Status::SUCCESS);
     let r = pi_rw(NvmOpcode::READ, 2, 1, ALL, 77, 0x0C0D, 0xFFFF, RBUF, RMETA);

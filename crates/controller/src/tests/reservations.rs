@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use vnvme_spec::reservation::{RegisteredController, RegisteredControllerExt, ReservationStatus};
 
 use super::*;
+use crate::memory::GuestAddress;
 
 const BUF: u64 = DATA + 0x40000;
 const IO: u64 = DATA + 0x80000;
@@ -22,7 +23,7 @@ fn id(n: u8) -> [u8; 8] {
 }
 
 fn resv(op: NvmOpcode, cdw10: u32, data: &[u8], h: &mut Host) -> Status {
-    h.mem.write(BUF, data).unwrap();
+    h.mem.write(GuestAddress(BUF), data).unwrap();
     let mut c = cmd(op.0);
     c.nsid = U32::new(1);
     c.prp1 = U64::new(BUF);
@@ -51,7 +52,7 @@ impl Host {
     /// creates I/O queue pair 1.
     fn become_host(&mut self, n: u8, extended: bool) {
         let len = if extended { 16 } else { 8 };
-        self.mem.write(BUF, &[n; 16][..len]).unwrap();
+        self.mem.write(GuestAddress(BUF), &[n; 16][..len]).unwrap();
         let mut c = set_features(0x81, u32::from(extended));
         c.prp1 = U64::new(BUF);
         assert_eq!(self.admin(c).status(), Status::SUCCESS, "host id");
@@ -97,7 +98,7 @@ impl Host {
 
     /// Reservation Report of `dwords` dwords into a buffer of FFh.
     fn reservation_report(&mut self, eds: bool, dwords: u32) -> (Status, Vec<u8>) {
-        self.mem.write(BUF, &[0xFF; 4096]).unwrap();
+        self.mem.write(GuestAddress(BUF), &[0xFF; 4096]).unwrap();
         let mut c = cmd(NvmOpcode::RESERVATION_REPORT.0);
         c.nsid = U32::new(1);
         c.prp1 = U64::new(BUF);
@@ -434,7 +435,7 @@ fn report_through_an_sgl_fills_numd_dwords_zero_padded() {
     // length is NUMD dwords, longer than the structure.
     let mut h = host(1);
     h.register(0, false, 0, 0, KEY_A);
-    h.mem.write(BUF, &[0xFF; 4096]).unwrap();
+    h.mem.write(GuestAddress(BUF), &[0xFF; 4096]).unwrap();
     let mut c = cmd(NvmOpcode::RESERVATION_REPORT.0);
     c.nsid = U32::new(1);
     c.set_psdt(vnvme_spec::sgl::psdt::SGL_MPTR_CONTIGUOUS);

@@ -8,6 +8,7 @@ use vnvme_spec::log::sanitize::{action, sstat, NOT_REPORTED, SPROG_IDLE};
 use vnvme_spec::log::SanitizeStatusLog;
 
 use super::*;
+use crate::memory::GuestAddress;
 use crate::vendor::CHECKSUM_LBA_RANGE;
 
 const LOG: u64 = DATA + 0x40000;
@@ -74,13 +75,13 @@ impl Host {
 
     /// Reads 8 blocks (4 KiB) at `slba` of `nsid`.
     fn read8(&mut self, nsid: u32, slba: u64) -> (Status, Vec<u8>) {
-        self.mem.zero(BUF, 4096).unwrap();
+        self.mem.zero(GuestAddress(BUF), 4096).unwrap();
         let c = self.submit(1, rw(NvmOpcode::READ, nsid, slba, 8, BUF, 0));
         (c.status(), self.read_mem(BUF, 4096))
     }
 
     fn write8(&mut self, nsid: u32, slba: u64, data: &[u8]) -> Status {
-        self.mem.write(BUF, data).unwrap();
+        self.mem.write(GuestAddress(BUF), data).unwrap();
         self.submit(1, rw(NvmOpcode::WRITE, nsid, slba, 8, BUF, 0))
             .status()
     }
@@ -296,7 +297,7 @@ fn a_sanitize_goes_on_across_a_controller_reset() {
     assert_eq!(c.status(), Status::SUCCESS);
     h.write32(offset::CC, 0);
     assert!(!h.csts().rdy());
-    h.mem.zero(ACQ, 4096).unwrap();
+    h.mem.zero(GuestAddress(ACQ), 4096).unwrap();
     h.enable();
     h.create_pair(1, 16);
     let log = h.sanitize_status();
@@ -433,7 +434,7 @@ fn a_write_in_flight_when_the_sanitize_starts_lands_before_the_erase() {
     let backend = Arc::new(HeldRam::new(NS_BLOCKS * 512, Release::Test));
     let mut h = Host::enabled_on(config(), backend.clone());
     h.create_pair(1, 16);
-    h.mem.write(BUF, &data(4)).unwrap();
+    h.mem.write(GuestAddress(BUF), &data(4)).unwrap();
     let write = h.push(1, rw(NvmOpcode::WRITE, 1, 0, 8, BUF, 0));
     h.ring_sq(1);
     let deadline = Instant::now() + Duration::from_secs(5);

@@ -65,7 +65,8 @@ fn twin(a: &mut Run, b2: &RamDevice, pending: Option<(u16, Command)>) -> Run {
     let decoded = SavedState::decode(&saved.encode()).expect("its own encoding decodes");
     assert_eq!(decoded, saved, "the encoding round-trips");
     let mem = Arc::new(VecMemory::new(MEM_SIZE));
-    mem.write(0, &a.h.read_mem(0, MEM_SIZE)).unwrap();
+    mem.write(GuestAddress(0), &a.h.read_mem(0, MEM_SIZE))
+        .unwrap();
     let b1 = copy_of(&a.h.backend);
     let irq = Arc::new(CountingIrq::default());
     let ctrl = Controller::restore(
@@ -299,7 +300,10 @@ impl Run {
                 // A host zeroes the memory of a CQ it creates (never one
                 // in use: its entries' phase would read as new).
                 if self.h.rings[usize::from(qid)].is_none() {
-                    self.h.mem.zero(cq_base(qid), u64::from(size) * 16).unwrap();
+                    self.h
+                        .mem
+                        .zero(GuestAddress(cq_base(qid)), u64::from(size) * 16)
+                        .unwrap();
                 }
                 let cq = self.admin(create_cq(qid, size, qid, cq_base(qid)));
                 let sq = self.admin(create_sq(qid, size, qid, sq_base(qid)));
@@ -328,7 +332,7 @@ impl Run {
                 seed,
             } => {
                 let data: Vec<u8> = (0..nlb * 512).map(|i| seed.wrapping_add(i as u8)).collect();
-                self.h.mem.write(DATA, &data).unwrap();
+                self.h.mem.write(GuestAddress(DATA), &data).unwrap();
                 io(self, qid, rw(NvmOpcode::WRITE, nsid, slba, nlb, DATA, 0));
             }
             Op::Read {
@@ -337,7 +341,7 @@ impl Run {
                 slba,
                 nlb,
             } => {
-                self.h.mem.write(DATA, &[0xEE; 4096]).unwrap();
+                self.h.mem.write(GuestAddress(DATA), &[0xEE; 4096]).unwrap();
                 io(self, qid, rw(NvmOpcode::READ, nsid, slba, nlb, DATA, 0));
                 seen.data = self.h.read_mem(DATA, 4096);
             }
@@ -371,7 +375,7 @@ impl Run {
                 seen.cqes.push(bytes(&c));
             }
             Op::GetFeature { fid } => {
-                self.h.mem.write(BUF, &[0xEE; 4096]).unwrap();
+                self.h.mem.write(GuestAddress(BUF), &[0xEE; 4096]).unwrap();
                 let mut g = get_features(fid, 0, BUF);
                 if fid == 0x05 {
                     g.nsid = U32::new(1);
@@ -381,7 +385,7 @@ impl Run {
                 seen.data = self.h.read_mem(BUF, 512);
             }
             Op::HostId { id } => {
-                self.h.mem.write(BUF, &[id; 16]).unwrap();
+                self.h.mem.write(GuestAddress(BUF), &[id; 16]).unwrap();
                 let mut c = set_features(0x81, 0);
                 c.prp1 = U64::new(BUF);
                 let c = self.admin(c);
@@ -413,7 +417,7 @@ impl Run {
                 self.resv(&mut seen, qid, NvmOpcode::RESERVATION_RELEASE, cdw10, &key);
             }
             Op::Report { qid } => {
-                self.h.mem.write(BUF, &[0xEE; 4096]).unwrap();
+                self.h.mem.write(GuestAddress(BUF), &[0xEE; 4096]).unwrap();
                 let mut c = cmd(NvmOpcode::RESERVATION_REPORT.0);
                 c.nsid = U32::new(1);
                 c.prp1 = U64::new(BUF);
@@ -431,7 +435,7 @@ impl Run {
                 seed,
             } => {
                 let data = vec![seed; nlb as usize * 512];
-                self.h.mem.write(DATA, &data).unwrap();
+                self.h.mem.write(GuestAddress(DATA), &data).unwrap();
                 io(
                     self,
                     qid,
@@ -439,7 +443,7 @@ impl Run {
                 );
             }
             Op::ZoneReport { qid } => {
-                self.h.mem.write(DATA, &[0xEE; 4096]).unwrap();
+                self.h.mem.write(GuestAddress(DATA), &[0xEE; 4096]).unwrap();
                 let mut c = rw(NvmOpcode::ZONE_MGMT_RECV, 2, 0, 1, DATA, 0);
                 c.cdw12 = U32::new(4096 / 4 - 1);
                 io(self, qid, c);
@@ -465,7 +469,7 @@ impl Run {
                 }
             }
             Op::GetLog { lid } => {
-                self.h.mem.write(BUF, &[0xEE; 4096]).unwrap();
+                self.h.mem.write(GuestAddress(BUF), &[0xEE; 4096]).unwrap();
                 let c = self.admin(get_log(lid, 128, 0, BUF));
                 seen.cqes.push(bytes(&c));
                 // The Persistent Event Log needs a context first: its
@@ -491,7 +495,7 @@ impl Run {
                 seen.cqes.push(bytes(&c));
             }
             Op::Identify { cns, nsid } => {
-                self.h.mem.write(BUF, &[0xEE; 4096]).unwrap();
+                self.h.mem.write(GuestAddress(BUF), &[0xEE; 4096]).unwrap();
                 let c = self.admin(identify(cns, nsid, BUF));
                 seen.cqes.push(bytes(&c));
                 seen.data = self.h.read_mem(BUF, 4096);
@@ -508,7 +512,7 @@ impl Run {
     }
 
     fn resv(&mut self, seen: &mut Seen, qid: u16, op: NvmOpcode, cdw10: u32, data: &[u8]) {
-        self.h.mem.write(BUF, data).unwrap();
+        self.h.mem.write(GuestAddress(BUF), data).unwrap();
         let mut c = cmd(op.0);
         c.nsid = U32::new(1);
         c.prp1 = U64::new(BUF);

@@ -4,6 +4,7 @@
 use vnvme_spec::identify::sgls;
 
 use super::*;
+use crate::memory::GuestAddress;
 
 /// An SGL descriptor: address, length, type (byte 15, bits 7:4).
 fn desc(addr: u64, len: u32, kind: u8) -> [u8; 16] {
@@ -39,13 +40,19 @@ fn sgl_write_and_read_with_a_bit_bucket_move_the_right_bytes() {
     assert_eq!(id.sgls.get() & 0x3, 1, "SGLS: supported, no alignment");
     let data: Vec<u8> = (0..8192u32).map(|i| (i * 13 + 1) as u8).collect();
     // Write 16 blocks from two pieces, the first not page aligned.
-    h.mem.write(DATA + 0x123, &data[..3000]).unwrap();
-    h.mem.write(DATA + 0x10000, &data[3000..]).unwrap();
+    h.mem
+        .write(GuestAddress(DATA + 0x123), &data[..3000])
+        .unwrap();
+    h.mem
+        .write(GuestAddress(DATA + 0x10000), &data[3000..])
+        .unwrap();
     let list = [
         desc(DATA + 0x123, 3000, 0),
         desc(DATA + 0x10000, 8192 - 3000, 0),
     ];
-    h.mem.write(SEGMENT_LIST, list.as_flattened()).unwrap();
+    h.mem
+        .write(GuestAddress(SEGMENT_LIST), list.as_flattened())
+        .unwrap();
     let c = h.submit(
         1,
         rw_sgl(
@@ -62,13 +69,15 @@ fn sgl_write_and_read_with_a_bit_bucket_move_the_right_bytes() {
 
     // Read them back skipping the middle 4 KiB into a bit bucket.
     let out = DATA + 0x20000;
-    h.mem.zero(out, 0x3000).unwrap();
+    h.mem.zero(GuestAddress(out), 0x3000).unwrap();
     let list = [
         desc(out, 2048, 0),
         desc(0, 4096, 1),
         desc(out + 0x2000, 2048, 0),
     ];
-    h.mem.write(SEGMENT_LIST, list.as_flattened()).unwrap();
+    h.mem
+        .write(GuestAddress(SEGMENT_LIST), list.as_flattened())
+        .unwrap();
     let c = h.submit(
         1,
         rw_sgl(NvmOpcode::READ, 4, 16, desc(SEGMENT_LIST, 48, LAST_SEGMENT)),
@@ -145,18 +154,21 @@ fn metadata_sgl_moves_separate_metadata_both_ways() {
     assert_ne!(id.sgls.get() & sgls::MSDS, 0, "SGLS bit 19: metadata SGL");
     let data: Vec<u8> = (0..2048u32).map(|i| (i * 7 + 3) as u8).collect();
     let meta: Vec<u8> = (0..256u32).map(|i| (i * 11 + 5) as u8).collect();
-    h.mem.write(DATA, &data).unwrap();
+    h.mem.write(GuestAddress(DATA), &data).unwrap();
     // Four blocks' metadata in two pieces, the second across a page:
     // MPTR -> a Last Segment -> two data blocks.
     let (a, b) = (DATA + 0x30000, DATA + 0x31FF0);
-    h.mem.write(a, &meta[..100]).unwrap();
-    h.mem.write(b, &meta[100..]).unwrap();
+    h.mem.write(GuestAddress(a), &meta[..100]).unwrap();
+    h.mem.write(GuestAddress(b), &meta[100..]).unwrap();
     let pieces = [desc(a, 100, 0), desc(b, 156, 0)];
     h.mem
-        .write(META_SGL + 0x100, pieces.as_flattened())
+        .write(GuestAddress(META_SGL + 0x100), pieces.as_flattened())
         .unwrap();
     h.mem
-        .write(META_SGL, &desc(META_SGL + 0x100, 32, LAST_SEGMENT))
+        .write(
+            GuestAddress(META_SGL),
+            &desc(META_SGL + 0x100, 32, LAST_SEGMENT),
+        )
         .unwrap();
     let c = h.submit(1, rw_meta_sgl(NvmOpcode::WRITE, 1, 2, 4, META_SGL));
     assert_eq!(c.status(), Status::SUCCESS);
@@ -172,15 +184,17 @@ fn metadata_sgl_moves_separate_metadata_both_ways() {
     }
     // Back through MPTR -> one data block, and Compare takes it too.
     let out = DATA + 0x38000;
-    h.mem.write(META_SGL + 0x200, &desc(out, 256, 0)).unwrap();
-    h.mem.zero(DATA, 2048).unwrap();
+    h.mem
+        .write(GuestAddress(META_SGL + 0x200), &desc(out, 256, 0))
+        .unwrap();
+    h.mem.zero(GuestAddress(DATA), 2048).unwrap();
     let c = h.submit(1, rw_meta_sgl(NvmOpcode::READ, 1, 2, 4, META_SGL + 0x200));
     assert_eq!(c.status(), Status::SUCCESS);
     assert_eq!(h.read_mem(DATA, 2048), data);
     assert_eq!(h.read_mem(out, 256), meta);
     let c = h.submit(1, rw_meta_sgl(NvmOpcode::COMPARE, 1, 2, 4, META_SGL));
     assert_eq!(c.status(), Status::SUCCESS);
-    h.mem.write(b + 155, &[!meta[255]]).unwrap();
+    h.mem.write(GuestAddress(b + 155), &[!meta[255]]).unwrap();
     let c = h.submit(1, rw_meta_sgl(NvmOpcode::COMPARE, 1, 2, 4, META_SGL));
     assert_eq!(c.status(), Status::COMPARE_FAILURE.with_dnr(true));
 }
@@ -189,7 +203,7 @@ fn metadata_sgl_moves_separate_metadata_both_ways() {
 fn metadata_sgl_errors_complete_with_their_status_and_touch_nothing() {
     let (mut h, backend) = metadata_host();
     let dnr = |s: Status| s.with_dnr(true);
-    h.mem.write(DATA, &[0xAB; 2048]).unwrap();
+    h.mem.write(GuestAddress(DATA), &[0xAB; 2048]).unwrap();
     let write = |mptr| rw_meta_sgl(NvmOpcode::WRITE, 1, 0, 4, mptr);
     let read = |mptr| rw_meta_sgl(NvmOpcode::READ, 1, 0, 4, mptr);
     let cases: &[(&str, [u8; 16], Command, Status)] = &[
@@ -225,8 +239,8 @@ fn metadata_sgl_errors_complete_with_their_status_and_touch_nothing() {
         ),
     ];
     for (name, at_mptr, c, want) in cases {
-        h.mem.write(META_SGL, at_mptr).unwrap();
-        h.mem.zero(DATA + 0x10000, 2048).unwrap();
+        h.mem.write(GuestAddress(META_SGL), at_mptr).unwrap();
+        h.mem.zero(GuestAddress(DATA + 0x10000), 2048).unwrap();
         let mut c = *c;
         if c.opcode() == NvmOpcode::READ.0 {
             // Reads land elsewhere, to see that nothing does.

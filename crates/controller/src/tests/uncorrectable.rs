@@ -6,6 +6,7 @@ use vnvme_blockdev::NullDevice;
 use crate::vendor::CHECKSUM_LBA_RANGE;
 
 use super::*;
+use crate::memory::GuestAddress;
 
 fn unrecovered() -> Status {
     Status::UNRECOVERED_READ_ERROR.with_dnr(true)
@@ -42,7 +43,7 @@ fn verify_checks_written_blocks_and_transfers_nothing() {
     h.create_pair(1, 16);
     h.backend.write(0, &pattern(8192, 1)).unwrap();
     // A host buffer the command must not touch, though PRP1 points at it.
-    h.mem.write(DATA, &[0x5A; 8192]).unwrap();
+    h.mem.write(GuestAddress(DATA), &[0x5A; 8192]).unwrap();
     let mut v = rw(NvmOpcode::VERIFY, 1, 0, 16, DATA, DATA + 4096);
     assert_eq!(h.submit(1, v).status(), Status::SUCCESS);
     assert_eq!(h.read_mem(DATA, 8192), vec![0x5A; 8192]);
@@ -78,7 +79,7 @@ fn uncorrectable_blocks_fail_every_read_until_written() {
     h.enable();
     h.create_pair(1, 16);
     let data = pattern(64 * 512, 7);
-    h.mem.write(DATA, &data[..16 * 512]).unwrap();
+    h.mem.write(GuestAddress(DATA), &data[..16 * 512]).unwrap();
     assert!(h
         .submit(1, rw(NvmOpcode::WRITE, 1, 0, 16, DATA, DATA + 4096))
         .status()
@@ -104,7 +105,9 @@ fn uncorrectable_blocks_fail_every_read_until_written() {
     assert_eq!(media_errors(&mut h), before + 6, "each failed read counted");
 
     // Write block 5: it reads back what was written; 4, 6 and 7 still fail.
-    h.mem.write(DATA + 0x20000, &[0xC3; 512]).unwrap();
+    h.mem
+        .write(GuestAddress(DATA + 0x20000), &[0xC3; 512])
+        .unwrap();
     let write = rw(NvmOpcode::WRITE, 1, 5, 1, DATA + 0x20000, 0);
     assert_eq!(h.submit(1, write).status(), Status::SUCCESS);
     assert_eq!(h.submit(1, read(5, 1)).status(), Status::SUCCESS);
@@ -127,7 +130,7 @@ fn uncorrectable_blocks_fail_every_read_until_written() {
     let mut range = [0u8; 16];
     range[4..8].copy_from_slice(&1u32.to_le_bytes());
     range[8..16].copy_from_slice(&7u64.to_le_bytes());
-    h.mem.write(DATA + 0x30000, &range).unwrap();
+    h.mem.write(GuestAddress(DATA + 0x30000), &range).unwrap();
     let mut dsm = rw(NvmOpcode::DATASET_MANAGEMENT, 1, 0, 1, DATA + 0x30000, 0);
     dsm.cdw10 = U32::new(0);
     dsm.cdw11 = U32::new(1 << 2);

@@ -6,6 +6,7 @@ use vnvme_spec::zns::{za, zone_state, zrasf, zsa};
 
 use super::zoned::{dnr, send, write, zoned_host, ZONES, ZSZE};
 use super::*;
+use crate::memory::GuestAddress;
 use crate::{ZoneChange, ZoneOpError};
 
 /// A Zone Descriptor Changed notice as an AER completes with it: type
@@ -52,7 +53,7 @@ impl Host {
 fn an_offline_zone_is_listed_announced_and_refuses_reads_and_writes() {
     let (mut h, _) = zoned_host(|_| {});
     let aer = h.arm(1 << 27);
-    h.mem.write(DATA, &[9; 512]).unwrap();
+    h.mem.write(GuestAddress(DATA), &[9; 512]).unwrap();
     assert_eq!(h.status(1, write(2 * ZSZE, 1)), Status::SUCCESS);
     assert_eq!(
         h.ctrl.zone_set_state(2, 2 * ZSZE, ZoneChange::Offline),
@@ -79,12 +80,12 @@ fn an_offline_zone_is_listed_announced_and_refuses_reads_and_writes() {
 #[test]
 fn a_read_only_zone_keeps_its_data_readable_and_gives_back_its_resources() {
     let (mut h, backend) = zoned_host(|z| z.max_open = Some(1));
-    h.mem.write(DATA, &[7; 512]).unwrap();
+    h.mem.write(GuestAddress(DATA), &[7; 512]).unwrap();
     assert_eq!(h.status(1, write(0, 1)), Status::SUCCESS);
     assert_eq!(h.ctrl.zone_set_state(2, 0, ZoneChange::ReadOnly), Ok(true));
     assert_eq!(h.zone_state(0).0, zone_state::READ_ONLY);
     assert_eq!(h.status(1, write(1, 1)), dnr(Status::ZONE_IS_READ_ONLY));
-    h.mem.zero(DATA, 512).unwrap();
+    h.mem.zero(GuestAddress(DATA), 512).unwrap();
     assert_eq!(
         h.status(1, rw(NvmOpcode::READ, 2, 0, 1, DATA, 0)),
         Status::SUCCESS
@@ -200,7 +201,7 @@ fn identify_and_features_offer_zone_descriptor_changed_notices() {
 #[test]
 fn a_zone_finished_by_the_controller_is_full_with_zfc_and_frees_its_resources() {
     let (mut h, _) = zoned_host(|z| z.max_open = Some(1));
-    h.mem.write(DATA, &[3; 512]).unwrap();
+    h.mem.write(GuestAddress(DATA), &[3; 512]).unwrap();
     assert_eq!(h.status(1, write(0, 1)), Status::SUCCESS);
     assert_eq!(h.ctrl.zone_set_state(2, 0, ZoneChange::Finished), Ok(true));
     let (_, d) = h.report(0, zrasf::ALL, true);
@@ -230,7 +231,7 @@ fn a_zone_finished_by_the_controller_is_full_with_zfc_and_frees_its_resources() 
 #[test]
 fn finish_and_reset_recommendations_are_attributes_the_next_transition_clears() {
     let (mut h, _) = zoned_host(|_| {});
-    h.mem.write(DATA, &[3; 512]).unwrap();
+    h.mem.write(GuestAddress(DATA), &[3; 512]).unwrap();
     assert_eq!(h.status(1, write(0, 1)), Status::SUCCESS);
     let ctrl = &h.ctrl;
     assert_eq!(

@@ -6,6 +6,7 @@ use vnvme_spec::zns::{za, zone_state, zra, zrasf, zsa, IdentifyNamespaceZns, Zon
 
 use super::zoned::{dnr, receive, send, write, zns_identify, zoned_host, ZONES, ZSZE};
 use super::*;
+use crate::memory::GuestAddress;
 
 /// 128-byte extensions: ZDES 2.
 const EXT: usize = 128;
@@ -32,7 +33,9 @@ impl Host {
         filter: u8,
         partial: bool,
     ) -> (u64, Vec<(ZoneDescriptor, Vec<u8>)>) {
-        self.mem.write(DATA + 4096, &[0xEE; 4096]).unwrap();
+        self.mem
+            .write(GuestAddress(DATA + 4096), &[0xEE; 4096])
+            .unwrap();
         let mut c = extended(slba, 4096, filter, partial);
         c.prp1 = U64::new(DATA + 4096);
         assert_eq!(self.status(1, c), Status::SUCCESS);
@@ -73,7 +76,7 @@ fn identify_namespace_reports_zdes_in_64_byte_units() {
 fn set_extension_closes_an_empty_zone_and_extended_report_returns_it() {
     let mut h = ext_host(|_| {});
     let data: Vec<u8> = (0..EXT as u8).collect();
-    h.mem.write(DATA, &data).unwrap();
+    h.mem.write(GuestAddress(DATA), &data).unwrap();
     assert_eq!(h.status(1, set_ext(3 * ZSZE, false)), Status::SUCCESS);
     assert_eq!(h.zone_state(3), (zone_state::CLOSED, 3 * ZSZE));
     let (n, zones) = h.ext_report(0, zrasf::ALL, false);
@@ -90,7 +93,7 @@ fn set_extension_closes_an_empty_zone_and_extended_report_returns_it() {
     assert_eq!((n, zones[0].0.zslba.get()), (1, 3 * ZSZE));
     assert_eq!(h.ext_report(4 * ZSZE, zrasf::CLOSED, false).0, 0);
     // Room for one entry: a non-partial count is of every match.
-    h.mem.zero(DATA + 4096, 4096).unwrap();
+    h.mem.zero(GuestAddress(DATA + 4096), 4096).unwrap();
     let mut one = extended(0, 64 + 64 + EXT as u32, zrasf::ALL, false);
     one.prp1 = U64::new(DATA + 4096);
     assert_eq!(h.status(1, one), Status::SUCCESS);
@@ -105,9 +108,9 @@ fn set_extension_closes_an_empty_zone_and_extended_report_returns_it() {
 #[test]
 fn a_zone_with_an_extension_is_written_finished_and_reset_like_any_closed_zone() {
     let mut h = ext_host(|_| {});
-    h.mem.write(DATA, &[0x42; EXT]).unwrap();
+    h.mem.write(GuestAddress(DATA), &[0x42; EXT]).unwrap();
     assert_eq!(h.status(1, set_ext(0, false)), Status::SUCCESS);
-    h.mem.write(DATA, &[1; 512]).unwrap();
+    h.mem.write(GuestAddress(DATA), &[1; 512]).unwrap();
     assert_eq!(h.status(1, write(0, 1)), Status::SUCCESS);
     assert_eq!(h.zone_state(0), (zone_state::IMPLICITLY_OPENED, 1));
     assert_eq!(h.status(1, send(2, 0, zsa::FINISH, false)), Status::SUCCESS);
@@ -133,7 +136,7 @@ fn a_zone_with_an_extension_is_written_finished_and_reset_like_any_closed_zone()
 fn set_extension_needs_an_empty_zone_and_one_zone() {
     let mut h = ext_host(|z| z.read_only_zones = 1);
     let transition = dnr(Status::INVALID_ZONE_STATE_TRANSITION);
-    h.mem.write(DATA, &[1; 512]).unwrap();
+    h.mem.write(GuestAddress(DATA), &[1; 512]).unwrap();
     assert_eq!(h.status(1, write(0, 1)), Status::SUCCESS);
     assert_eq!(
         h.status(1, set_ext(0, false)),
@@ -181,7 +184,7 @@ fn set_extension_takes_an_active_resource() {
     );
     assert_eq!(h.zone_state(2).0, zone_state::EMPTY);
     // A write cannot open a third zone either; a reset frees one.
-    h.mem.write(DATA, &[1; 512]).unwrap();
+    h.mem.write(GuestAddress(DATA), &[1; 512]).unwrap();
     assert_eq!(
         h.status(1, write(2 * ZSZE, 1)),
         dnr(Status::TOO_MANY_ACTIVE_ZONES)

@@ -8,6 +8,7 @@ use vnvme_spec::zns::{
 };
 
 use super::*;
+use crate::memory::GuestAddress;
 use crate::ZonedConfig;
 
 pub(super) const ZNS: u8 = 0x02;
@@ -77,7 +78,7 @@ impl Host {
         filter: u8,
         partial: bool,
     ) -> (u64, Vec<ZoneDescriptor>) {
-        self.mem.zero(DATA, 4096).unwrap();
+        self.mem.zero(GuestAddress(DATA), 4096).unwrap();
         let c = self.submit(1, receive(2, slba, 4096, filter, partial));
         assert_eq!(c.status(), Status::SUCCESS);
         let page = self.read_mem(DATA, 4096);
@@ -109,7 +110,7 @@ fn zoned_namespace_reports_csi_02h_and_its_zone_geometry() {
     });
     // Namespace Identification Descriptors: CSI descriptor (type 04h) last.
     for (nsid, csi) in [(1, 0), (2, ZNS)] {
-        h.mem.zero(DATA, 4096).unwrap();
+        h.mem.zero(GuestAddress(DATA), 4096).unwrap();
         assert_eq!(
             h.admin(identify(0x03, nsid, DATA)).status(),
             Status::SUCCESS
@@ -173,7 +174,7 @@ fn effects_log_of_the_zoned_command_set_lists_zone_append() {
 #[test]
 fn writes_must_start_at_the_write_pointer() {
     let (mut h, backend) = zoned_host(|_| {});
-    h.mem.write(DATA, &[0xA5; 8 * 512]).unwrap();
+    h.mem.write(GuestAddress(DATA), &[0xA5; 8 * 512]).unwrap();
     assert_eq!(h.status(1, write(ZSZE, 8)), Status::SUCCESS);
     assert_eq!(h.zone_state(1), (zone_state::IMPLICITLY_OPENED, ZSZE + 8));
     let mut back = vec![0; 8 * 512];
@@ -211,7 +212,9 @@ fn zone_append_returns_the_lba_it_wrote_in_dw0_and_dw1() {
     let (mut h, backend) = zoned_host(|_| {});
     let zslba = 3 * ZSZE;
     for (i, expected) in [(0u8, zslba), (1, zslba + 4), (2, zslba + 8)] {
-        h.mem.write(DATA, &[0x10 + i; 4 * 512]).unwrap();
+        h.mem
+            .write(GuestAddress(DATA), &[0x10 + i; 4 * 512])
+            .unwrap();
         let c = h.submit(1, rw(NvmOpcode::ZONE_APPEND, 2, zslba, 4, DATA, 0));
         assert_eq!(c.status(), Status::SUCCESS);
         assert_eq!(
@@ -253,7 +256,7 @@ fn zone_management_send_moves_zones_through_their_states() {
     assert_eq!(h.status(1, send(2, 0, zsa::CLOSE, false)), invalid);
     assert_eq!(h.status(1, send(2, 0, zsa::OPEN, false)), Status::SUCCESS);
     assert_eq!(h.zone_state(0).0, zone_state::EXPLICITLY_OPENED);
-    h.mem.write(DATA, &[0x77; 512]).unwrap();
+    h.mem.write(GuestAddress(DATA), &[0x77; 512]).unwrap();
     assert_eq!(h.status(1, write(0, 1)), Status::SUCCESS);
     assert_eq!(h.status(1, send(2, 0, zsa::CLOSE, false)), Status::SUCCESS);
     assert_eq!(h.zone_state(0), (zone_state::CLOSED, 1));
@@ -311,7 +314,7 @@ fn zone_management_send_moves_zones_through_their_states() {
 #[test]
 fn select_all_resets_every_written_zone() {
     let (mut h, backend) = zoned_host(|_| {});
-    h.mem.write(DATA, &[0x5A; 512]).unwrap();
+    h.mem.write(GuestAddress(DATA), &[0x5A; 512]).unwrap();
     for zone in 0..4 {
         assert_eq!(h.status(1, write(zone * ZSZE, 1)), Status::SUCCESS);
     }
@@ -370,7 +373,7 @@ fn open_and_active_limits_give_their_statuses() {
 #[test]
 fn report_zones_filters_counts_and_refuses_what_it_lacks() {
     let (mut h, _) = zoned_host(|_| {});
-    h.mem.write(DATA, &[1; 512]).unwrap();
+    h.mem.write(GuestAddress(DATA), &[1; 512]).unwrap();
     assert_eq!(h.status(1, write(2 * ZSZE, 1)), Status::SUCCESS);
     let (n, d) = h.report(0, zrasf::ALL, false);
     assert_eq!((n, d.len()), (ZONES, ZONES as usize));
@@ -381,7 +384,7 @@ fn report_zones_filters_counts_and_refuses_what_it_lacks() {
     assert_eq!((n, d[0].zslba.get()), (ZONES - 2, 2 * ZSZE));
     assert_eq!(h.report(0, zrasf::EMPTY, false).0, ZONES - 1);
     // A buffer of the header and two descriptors: non-partial counts all.
-    h.mem.zero(DATA, 4096).unwrap();
+    h.mem.zero(GuestAddress(DATA), 4096).unwrap();
     assert_eq!(
         h.status(1, receive(2, 0, 192, zrasf::ALL, false)),
         Status::SUCCESS
@@ -389,7 +392,7 @@ fn report_zones_filters_counts_and_refuses_what_it_lacks() {
     let page = h.read_mem(DATA, 256);
     assert_eq!(page[..8], ZONES.to_le_bytes());
     assert_eq!(page[192..], [0; 64], "nothing past the buffer");
-    h.mem.zero(DATA, 4096).unwrap();
+    h.mem.zero(GuestAddress(DATA), 4096).unwrap();
     assert_eq!(
         h.status(1, receive(2, 0, 192, zrasf::ALL, true)),
         Status::SUCCESS
@@ -444,7 +447,7 @@ fn changed_zone_list_is_empty() {
     let (mut h, _) = zoned_host(|_| {});
     let mut c = get_log(0xBF, 1024, 0, DATA);
     c.nsid = U32::new(2);
-    h.mem.write(DATA, &[0xFF; 4096]).unwrap();
+    h.mem.write(GuestAddress(DATA), &[0xFF; 4096]).unwrap();
     assert_eq!(h.admin(c).status(), Status::SUCCESS);
     assert!(h.read_mem(DATA, 4096).iter().all(|&b| b == 0));
 }
@@ -452,7 +455,7 @@ fn changed_zone_list_is_empty() {
 #[test]
 fn format_keeps_a_namespace_zoned_with_every_zone_empty() {
     let (mut h, _) = zoned_host(|_| {});
-    h.mem.write(DATA, &[1; 512]).unwrap();
+    h.mem.write(GuestAddress(DATA), &[1; 512]).unwrap();
     assert_eq!(h.status(1, write(0, 1)), Status::SUCCESS);
     let mut format = cmd(AdminOpcode::FORMAT_NVM.0);
     format.nsid = U32::new(2);
@@ -465,7 +468,7 @@ fn format_keeps_a_namespace_zoned_with_every_zone_empty() {
 #[test]
 fn a_sanitize_leaves_every_zone_empty() {
     let (mut h, _) = zoned_host(|_| {});
-    h.mem.write(DATA, &[3; 512]).unwrap();
+    h.mem.write(GuestAddress(DATA), &[3; 512]).unwrap();
     assert_eq!(h.status(1, write(0, 1)), Status::SUCCESS);
     assert_eq!(h.status(1, write(ZSZE, 8)), Status::SUCCESS);
     let mut sanitize = cmd(AdminOpcode::SANITIZE.0);

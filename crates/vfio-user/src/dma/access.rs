@@ -6,13 +6,14 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use super::remote::{remote_read, remote_write};
-use vnvme_memory::{DmaError, GuestMemory, MappedMemory, Segment};
+use vnvme_memory::{DmaError, GuestAddress, GuestMemory, MappedMemory, Segment};
 
 use super::{DmaSpace, Piece};
 
 impl GuestMemory for DmaSpace {
     /// Copies guest memory at `iova` into `buf`.
-    fn read(&self, iova: u64, buf: &mut [u8]) -> Result<(), DmaError> {
+    fn read(&self, iova: GuestAddress, buf: &mut [u8]) -> Result<(), DmaError> {
+        let iova = iova.raw();
         let max_xfer = self.inner.max_xfer;
         self.walk(iova, buf.len() as u64, false, |piece, addr, done, n| {
             let dst = &mut buf[done..done + n];
@@ -33,7 +34,8 @@ impl GuestMemory for DmaSpace {
     }
 
     /// Copies `buf` into guest memory at `iova`.
-    fn write(&self, iova: u64, buf: &[u8]) -> Result<(), DmaError> {
+    fn write(&self, iova: GuestAddress, buf: &[u8]) -> Result<(), DmaError> {
+        let iova = iova.raw();
         let max_xfer = self.inner.max_xfer;
         self.walk(iova, buf.len() as u64, true, |piece, addr, done, n| {
             let src = &buf[done..done + n];
@@ -52,7 +54,8 @@ impl GuestMemory for DmaSpace {
     }
 
     /// Zeroes `len` bytes of guest memory at `iova`.
-    fn zero(&self, iova: u64, len: u64) -> Result<(), DmaError> {
+    fn zero(&self, iova: GuestAddress, len: u64) -> Result<(), DmaError> {
+        let iova = iova.raw();
         let max_xfer = self.inner.max_xfer;
         self.walk(iova, len, true, |piece, addr, _done, n| {
             match piece {
@@ -74,7 +77,8 @@ impl GuestMemory for DmaSpace {
 
     /// Loads a little-endian u32 with Acquire ordering: atomic when `iova` is
     /// 4-byte aligned in an fd-backed map, a plain copy otherwise.
-    fn load_u32(&self, iova: u64) -> Result<u32, DmaError> {
+    fn load_u32(&self, iova: GuestAddress) -> Result<u32, DmaError> {
+        let iova = iova.raw();
         let mut out = None;
         self.walk(iova, 4, false, |piece, _addr, _done, n| {
             if let Piece::Local(p) = piece {
@@ -92,7 +96,7 @@ impl GuestMemory for DmaSpace {
             None => {
                 // Unaligned, split over two maps, or remote.
                 let mut b = [0u8; 4];
-                self.read(iova, &mut b)?;
+                self.read(GuestAddress(iova), &mut b)?;
                 std::sync::atomic::fence(Ordering::Acquire);
                 Ok(u32::from_le_bytes(b))
             }
@@ -101,7 +105,8 @@ impl GuestMemory for DmaSpace {
 
     /// Stores a little-endian u32 with Release ordering: atomic when `iova`
     /// is 4-byte aligned in an fd-backed map, a plain copy otherwise.
-    fn store_u32(&self, iova: u64, v: u32) -> Result<(), DmaError> {
+    fn store_u32(&self, iova: GuestAddress, v: u32) -> Result<(), DmaError> {
+        let iova = iova.raw();
         let mut done = false;
         self.walk(iova, 4, true, |piece, _addr, _done, n| {
             if let Piece::Local(p) = piece {
@@ -115,7 +120,7 @@ impl GuestMemory for DmaSpace {
         })?;
         if !done {
             std::sync::atomic::fence(Ordering::Release);
-            self.write(iova, &v.to_le_bytes())?;
+            self.write(GuestAddress(iova), &v.to_le_bytes())?;
         }
         Ok(())
     }
@@ -123,7 +128,13 @@ impl GuestMemory for DmaSpace {
     /// Copies `head` to `iova`, then stores `last` right after it with
     /// release ordering, in one walk when both lie in one local mapping (a
     /// completion queue entry: one translation instead of two).
-    fn write_then_store_u32(&self, iova: u64, head: &[u8], last: u32) -> Result<(), DmaError> {
+    fn write_then_store_u32(
+        &self,
+        iova: GuestAddress,
+        head: &[u8],
+        last: u32,
+    ) -> Result<(), DmaError> {
+        let iova = iova.raw();
         let len = head.len() + 4;
         let mut done = false;
         self.walk(iova, len as u64, true, |piece, _addr, _done, n| {
@@ -147,6 +158,7 @@ impl GuestMemory for DmaSpace {
             Ok(())
         })?;
         if !done {
+            let iova = GuestAddress(iova);
             self.write(iova, head)?;
             self.store_u32(iova.wrapping_add(head.len() as u64), last)?;
         }
@@ -156,7 +168,7 @@ impl GuestMemory for DmaSpace {
     /// Held mapped by a [`DmaPin`](super::DmaPin): an unmap waits for the
     /// transfer.
     fn pin(&self, segs: &[Segment], write: bool) -> Option<Box<dyn MappedMemory>> {
-        let pin = DmaSpace::pin(self, segs.iter().map(|s| (s.addr, s.len)), write)?;
+        let pin = DmaSpace::pin(self, segs.iter().map(|s| (s.addr.raw(), s.len)), write)?;
         Some(Box::new(pin))
     }
 

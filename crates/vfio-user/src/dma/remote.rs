@@ -5,6 +5,8 @@ use std::time::Instant;
 
 use zerocopy::IntoBytes;
 
+use vnvme_memory::GuestAddress;
+
 use super::{DmaError, REMOTE_DMA_TIMEOUT};
 use crate::conn::{Conn, Wanted};
 use crate::wire::{cmd, flags, read_prefix, DmaAccess, Header};
@@ -12,7 +14,7 @@ use crate::wire::{cmd, flags, read_prefix, DmaAccess, Header};
 /// One DMA_READ round trip for `buf.len() <= max_xfer` bytes.
 pub(super) fn remote_read(conn: &Conn, addr: u64, buf: &mut [u8]) -> Result<(), DmaError> {
     let fail = DmaError::Unmapped {
-        addr,
+        addr: GuestAddress(addr),
         len: buf.len() as u64,
     };
     let req = DmaAccess {
@@ -29,7 +31,7 @@ pub(super) fn remote_read(conn: &Conn, addr: u64, buf: &mut [u8]) -> Result<(), 
 /// One DMA_WRITE round trip for `data.len() <= max_xfer` bytes.
 pub(super) fn remote_write(conn: &Conn, addr: u64, data: &[u8]) -> Result<(), DmaError> {
     let fail = DmaError::Unmapped {
-        addr,
+        addr: GuestAddress(addr),
         len: data.len() as u64,
     };
     let req = DmaAccess {

@@ -9,31 +9,31 @@ use crate::GuestMemory;
 fn anonymous_map_read_write_and_bounds() {
     let dma = DmaSpace::new_local();
     dma.map_anonymous(0x1000, 0x2000).unwrap();
-    dma.write(0x1ffe, &[1, 2, 3, 4]).unwrap();
+    dma.write(GuestAddress(0x1ffe), &[1, 2, 3, 4]).unwrap();
     let mut b = [0u8; 4];
-    dma.read(0x1ffe, &mut b).unwrap();
+    dma.read(GuestAddress(0x1ffe), &mut b).unwrap();
     assert_eq!(b, [1, 2, 3, 4]);
     assert_eq!(
-        dma.load_u32(0x2000).unwrap(),
+        dma.load_u32(GuestAddress(0x2000)).unwrap(),
         u32::from_le_bytes([3, 4, 0, 0])
     );
-    dma.store_u32(0x2004, 0xdead_beef).unwrap();
-    assert_eq!(dma.load_u32(0x2004).unwrap(), 0xdead_beef);
+    dma.store_u32(GuestAddress(0x2004), 0xdead_beef).unwrap();
+    assert_eq!(dma.load_u32(GuestAddress(0x2004)).unwrap(), 0xdead_beef);
     // Unaligned load falls back to a copy.
     assert_eq!(
-        dma.load_u32(0x1fff).unwrap(),
+        dma.load_u32(GuestAddress(0x1fff)).unwrap(),
         u32::from_le_bytes([2, 3, 4, 0])
     );
     assert!(matches!(
-        dma.read(0x2fff, &mut b),
+        dma.read(GuestAddress(0x2fff), &mut b),
         Err(DmaError::Unmapped { .. })
     ));
     assert!(matches!(
-        dma.read(u64::MAX - 1, &mut b),
+        dma.read(GuestAddress(u64::MAX - 1), &mut b),
         Err(DmaError::Unmapped { .. })
     ));
     assert!(matches!(
-        dma.load_u32(0xffc),
+        dma.load_u32(GuestAddress(0xffc)),
         Err(DmaError::Unmapped { .. })
     ));
 }
@@ -44,16 +44,19 @@ fn access_spanning_adjacent_maps_works_and_gap_fails() {
     dma.map_anonymous(0x1000, 0x1000).unwrap();
     dma.map_anonymous(0x2000, 0x1000).unwrap();
     dma.map_anonymous(0x4000, 0x1000).unwrap();
-    dma.write(0x1ff0, &[7u8; 32]).unwrap();
+    dma.write(GuestAddress(0x1ff0), &[7u8; 32]).unwrap();
     let mut b = [0u8; 32];
-    dma.read(0x1ff0, &mut b).unwrap();
+    dma.read(GuestAddress(0x1ff0), &mut b).unwrap();
     assert_eq!(b, [7u8; 32]);
-    dma.zero(0x1ff8, 16).unwrap();
-    dma.read(0x1ff0, &mut b).unwrap();
+    dma.zero(GuestAddress(0x1ff8), 16).unwrap();
+    dma.read(GuestAddress(0x1ff0), &mut b).unwrap();
     assert_eq!(&b[8..24], &[0u8; 16]);
     assert!(matches!(
-        dma.write(0x2ff0, &[0u8; 32]),
-        Err(DmaError::Unmapped { addr: 0x3000, .. })
+        dma.write(GuestAddress(0x2ff0), &[0u8; 32]),
+        Err(DmaError::Unmapped {
+            addr: GuestAddress(0x3000),
+            ..
+        })
     ));
 }
 
@@ -125,7 +128,7 @@ fn overlapping_map_is_eexist_and_unmap_must_not_split_a_map() {
     assert_eq!(dma.unmap(0x8000, 0x1000), Ok(()), "nothing there to unmap");
     dma.unmap(0x1000, 0x2000).unwrap();
     assert!(matches!(
-        dma.load_u32(0x1000),
+        dma.load_u32(GuestAddress(0x1000)),
         Err(DmaError::Unmapped { .. })
     ));
 }
@@ -138,7 +141,8 @@ fn overlapping_map_is_eexist_and_unmap_must_not_split_a_map() {
 fn readers_never_touch_a_map_unmapped_and_remapped_under_them() {
     let dma = DmaSpace::new_local();
     dma.map_anonymous(0x10_0000, 0x10000).unwrap();
-    dma.write(0x10_0000, &[0xa5; 0x10000]).unwrap();
+    dma.write(GuestAddress(0x10_0000), &[0xa5; 0x10000])
+        .unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let readers: Vec<_> = (0..3)
         .map(|_| {
@@ -147,7 +151,7 @@ fn readers_never_touch_a_map_unmapped_and_remapped_under_them() {
                 let mut buf = vec![0u8; 0x10000];
                 let (mut whole, mut gone) = (0u64, 0u64);
                 while !stop.load(Ordering::Relaxed) {
-                    match dma.read(0x10_0000, &mut buf) {
+                    match dma.read(GuestAddress(0x10_0000), &mut buf) {
                         Ok(()) => {
                             assert!(buf.iter().all(|&b| b == 0xa5 || b == 0), "foreign bytes");
                             whole += 1;
@@ -163,7 +167,8 @@ fn readers_never_touch_a_map_unmapped_and_remapped_under_them() {
     for _ in 0..2000 {
         dma.unmap(0x10_0000, 0x10000).unwrap();
         dma.map_anonymous(0x10_0000, 0x10000).unwrap();
-        dma.write(0x10_0000, &[0xa5; 0x10000]).unwrap();
+        dma.write(GuestAddress(0x10_0000), &[0xa5; 0x10000])
+            .unwrap();
     }
     stop.store(true, Ordering::Relaxed);
     let (whole, _gone): (u64, u64) = readers
@@ -189,7 +194,7 @@ fn unmap_by_a_thread_that_accessed_the_map_does_not_wait_for_itself() {
     let dma = DmaSpace::new_local();
     let _fd = memfd_map(&dma, 0x10_0000, 0x4000);
     let ptr = dma.host_address(0x10_0000).unwrap() as usize;
-    dma.store_u32(0x10_0000, 7).unwrap();
+    dma.store_u32(GuestAddress(0x10_0000), 7).unwrap();
     dma.unmap(0x10_0000, 0x4000).unwrap();
     assert_eq!(dma.late_unmaps(), 0);
     assert_eq!(fault::lookup(ptr), None, "unmapped at once");
@@ -207,11 +212,11 @@ fn a_reader_that_quiesced_before_blocking_does_not_hold_up_an_unmap() {
     let reader = {
         let dma = dma.clone();
         std::thread::spawn(move || {
-            dma.load_u32(0x10_0000).unwrap();
+            dma.load_u32(GuestAddress(0x10_0000)).unwrap();
             dma.quiesce();
             blocked_tx.send(()).unwrap();
             go_rx.recv().unwrap();
-            dma.load_u32(0x10_0000)
+            dma.load_u32(GuestAddress(0x10_0000))
         })
     };
     blocked.recv().unwrap();
@@ -240,10 +245,10 @@ fn a_wedged_reader_delays_an_unmap_by_the_bound_and_the_memory_outlives_it() {
     let reader = {
         let dma = dma.clone();
         std::thread::spawn(move || {
-            dma.store_u32(0x10_0000, 7).unwrap();
+            dma.store_u32(GuestAddress(0x10_0000), 7).unwrap();
             holding_tx.send(()).unwrap();
             go_rx.recv().unwrap();
-            dma.load_u32(0x10_0000)
+            dma.load_u32(GuestAddress(0x10_0000))
         })
     };
     holding.recv().unwrap();
@@ -273,15 +278,17 @@ fn a_map_added_after_a_reader_snapshot_is_seen_at_its_next_access() {
     let reader = {
         let dma = dma.clone();
         std::thread::spawn(move || {
-            dma.load_u32(0x1000).unwrap();
-            back_tx.send(dma.load_u32(0x8000).is_err()).unwrap();
+            dma.load_u32(GuestAddress(0x1000)).unwrap();
+            back_tx
+                .send(dma.load_u32(GuestAddress(0x8000)).is_err())
+                .unwrap();
             rx.recv().unwrap();
-            dma.load_u32(0x8000)
+            dma.load_u32(GuestAddress(0x8000))
         })
     };
     assert!(back.recv().unwrap(), "not mapped yet");
     dma.map_anonymous(0x8000, 0x1000).unwrap();
-    dma.store_u32(0x8000, 0x1234_5678).unwrap();
+    dma.store_u32(GuestAddress(0x8000), 0x1234_5678).unwrap();
     tx.send(()).unwrap();
     assert_eq!(reader.join().unwrap(), Ok(0x1234_5678));
 }
@@ -337,7 +344,7 @@ fn dropping_a_space_munmaps_its_maps_on_a_thread_that_accessed_them() {
     let dma = DmaSpace::new_local();
     let _fd = memfd_map(&dma, 0x10_0000, 0x4000);
     let ptr = dma.host_address(0x10_0000).unwrap() as usize;
-    dma.load_u32(0x10_0000).unwrap();
+    dma.load_u32(GuestAddress(0x10_0000)).unwrap();
     drop(dma);
     assert_eq!(fault::lookup(ptr), None);
 }

@@ -123,7 +123,9 @@ impl Device for RamDevice {
             // DMA from the control thread, while the client waits for this reply.
             let dma = self.shared.dma.lock().clone().ok_or(libc::EIO)?;
             // The tests check the client sees the failure, as EIO.
-            return dma.write(CONFIG_DMA_TARGET, data).map_err(|_| libc::EIO);
+            return dma
+                .write(GuestAddress(CONFIG_DMA_TARGET), data)
+                .map_err(|_| libc::EIO);
         }
         let mem = match index {
             region::BAR0 => &mut self.bar0,

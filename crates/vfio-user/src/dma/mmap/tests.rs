@@ -8,6 +8,7 @@ use rustix::io::pread;
 
 use crate::fault;
 use crate::hugepages::HugePages;
+use crate::GuestAddress;
 use crate::{DmaError, DmaSpace, GuestMemory};
 
 fn memfd(flags: MemfdFlags, size: u64) -> OwnedFd {
@@ -40,15 +41,15 @@ fn maps_of_one_file_are_slices_of_one_mapping() {
         dma.host_address(0x1_0000_0000).unwrap() as usize,
         low + 0x10_0000
     );
-    dma.write(0x10_0000, b"shared").unwrap();
+    dma.write(GuestAddress(0x10_0000), b"shared").unwrap();
     let mut buf = [0u8; 6];
-    dma.read(0x1_0000_0000, &mut buf).unwrap();
+    dma.read(GuestAddress(0x1_0000_0000), &mut buf).unwrap();
     assert_eq!(&buf, b"shared");
     // The mapping stays while any map lies in it.
     dma.unmap(0, 0xA_0000).unwrap();
     dma.unmap(0xC_0000, 0x20_0000 - 0xC_0000).unwrap();
     assert!(fault::lookup(low).is_some(), "munmapped under a map");
-    dma.read(0x1_0000_0000, &mut buf).unwrap();
+    dma.read(GuestAddress(0x1_0000_0000), &mut buf).unwrap();
     dma.unmap(0x1_0000_0000, 0x1000).unwrap();
     assert_eq!(
         fault::lookup(low),
@@ -73,7 +74,7 @@ fn a_writable_map_of_a_file_first_mapped_read_only_gets_a_writable_mapping() {
     dma.map_fd(0x1000, 0x1000, ro.as_fd(), 0, true, false)
         .unwrap();
     assert!(matches!(
-        dma.write(0x1000, &[1]),
+        dma.write(GuestAddress(0x1000), &[1]),
         Err(DmaError::Permission { .. })
     ));
     assert_eq!(
@@ -83,9 +84,9 @@ fn a_writable_map_of_a_file_first_mapped_read_only_gets_a_writable_mapping() {
     );
     dma.map_fd(0x8000, 0x1000, rw.as_fd(), 0x1000, true, true)
         .unwrap();
-    dma.write(0x8000, &[7]).unwrap();
+    dma.write(GuestAddress(0x8000), &[7]).unwrap();
     let mut b = [0u8];
-    dma.read(0x8000, &mut b).unwrap();
+    dma.read(GuestAddress(0x8000), &mut b).unwrap();
     assert_eq!(b, [7]);
 }
 
@@ -112,7 +113,7 @@ fn unmap_removes_the_maps_inside_the_range_and_an_empty_range_is_no_error() {
     dma.unmap(0x10_1000, 0x2000).unwrap();
     assert_eq!(dma.map_count(), 2);
     assert!(matches!(
-        dma.load_u32(0x10_1000),
+        dma.load_u32(GuestAddress(0x10_1000)),
         Err(DmaError::Unmapped { .. })
     ));
     // To the end of the address space, as QEMU unmaps at shutdown.
@@ -132,8 +133,11 @@ fn a_map_past_the_end_of_its_file_is_refused_and_an_access_there_stays_unmapped(
     );
     // Explained in the log; to the access, plain unmapped memory.
     assert!(matches!(
-        dma.load_u32(0x4000),
-        Err(DmaError::Unmapped { addr: 0x4000, .. })
+        dma.load_u32(GuestAddress(0x4000)),
+        Err(DmaError::Unmapped {
+            addr: GuestAddress(0x4000),
+            ..
+        })
     ));
     let refusals = dma.inner.refusals.lock();
     assert_eq!(refusals.len(), 1);
@@ -170,15 +174,15 @@ fn hugetlbfs_ram_maps_at_the_offsets_qemu_sends() {
     let low = dma.host_address(0).unwrap() as usize;
     assert_eq!(low % (2 << 20), 0, "a huge page mapping");
     assert_eq!(dma.host_address(0xC_0000).unwrap() as usize, low + 0xC_0000);
-    dma.write(SIZE - 8, b"lastword").unwrap();
-    dma.write(0x9_fff8, b"belowvga").unwrap();
+    dma.write(GuestAddress(SIZE - 8), b"lastword").unwrap();
+    dma.write(GuestAddress(0x9_fff8), b"belowvga").unwrap();
     let mut buf = [0u8; 8];
-    dma.read(SIZE - 8, &mut buf).unwrap();
+    dma.read(GuestAddress(SIZE - 8), &mut buf).unwrap();
     assert_eq!(&buf, b"lastword");
     // A vIOMMU's 4 KiB map inside a huge page.
     dma.map_fd(0x1_0000_0000, 0x1000, fd.as_fd(), 0x9_f000, true, true)
         .unwrap();
-    dma.read(0x1_0000_0ff8, &mut buf).unwrap();
+    dma.read(GuestAddress(0x1_0000_0ff8), &mut buf).unwrap();
     assert_eq!(&buf, b"belowvga");
     dma.unmap(0, u64::MAX).unwrap();
     assert_eq!(fault::lookup(low), None);
@@ -191,22 +195,29 @@ fn truncated_hugetlbfs_ram_fails_accesses_with_broken_and_the_process_lives() {
     let fd = memfd(MemfdFlags::HUGETLB | MemfdFlags::HUGE_2MB, SIZE);
     let dma = DmaSpace::new_local();
     map_like_qemu(&dma, &fd, SIZE).unwrap();
-    dma.write(0x10_0000, &[0xAB; 64]).unwrap();
+    dma.write(GuestAddress(0x10_0000), &[0xAB; 64]).unwrap();
     ftruncate(&fd, 0).unwrap();
     assert!(matches!(
-        dma.load_u32(SIZE - 4),
+        dma.load_u32(GuestAddress(SIZE - 4)),
         Err(DmaError::Broken { .. })
     ));
     // Both maps lie in the one mapping the guard replaced.
-    assert!(matches!(dma.load_u32(0), Err(DmaError::Broken { .. })));
     assert!(matches!(
-        dma.write(0x10_0000, &[1]),
+        dma.load_u32(GuestAddress(0)),
+        Err(DmaError::Broken { .. })
+    ));
+    assert!(matches!(
+        dma.write(GuestAddress(0x10_0000), &[1]),
         Err(DmaError::Broken { .. })
     ));
     dma.unmap(0, u64::MAX).unwrap();
     ftruncate(&fd, SIZE).unwrap();
     map_like_qemu(&dma, &fd, SIZE).unwrap();
-    assert_eq!(dma.load_u32(0x10_0000).unwrap(), 0, "a fresh mapping");
+    assert_eq!(
+        dma.load_u32(GuestAddress(0x10_0000)).unwrap(),
+        0,
+        "a fresh mapping"
+    );
 }
 
 /// SPDK's host with `-g` (DPDK's one hugetlbfs file per memory segment
@@ -236,8 +247,10 @@ fn a_sparse_hugetlbfs_file_maps_whole_without_reserving_its_holes() {
     let low = dma.host_address(BASE + first).unwrap() as u64;
     let high = dma.host_address(BASE + last).unwrap() as u64;
     assert_eq!(high - low, last - first, "both pages in one mapping");
-    dma.write(BASE + first + 8, b"spdkpage").unwrap();
-    dma.write(BASE + last + PAGE - 8, b"lastpage").unwrap();
+    dma.write(GuestAddress(BASE + first + 8), b"spdkpage")
+        .unwrap();
+    dma.write(GuestAddress(BASE + last + PAGE - 8), b"lastpage")
+        .unwrap();
     // Written into the client's pages, not into pages of a mapping's own.
     let mut buf = [0u8; 8];
     pread(&fd, &mut buf, first + 8).unwrap();

@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::*;
 use crate::dma::DmaError;
 use crate::fault;
+use crate::GuestAddress;
 use crate::GuestMemory;
 
 fn memfd(size: u64) -> std::os::fd::OwnedFd {
@@ -80,7 +81,10 @@ fn a_pin_is_refused_for_memory_the_kernel_cannot_be_handed() {
     dma.map_fd(0x8000, 0x1000, rw.as_fd(), 0, true, true)
         .unwrap();
     rustix::fs::ftruncate(&rw, 0).unwrap();
-    assert!(matches!(dma.load_u32(0x8000), Err(DmaError::Broken { .. })));
+    assert!(matches!(
+        dma.load_u32(GuestAddress(0x8000)),
+        Err(DmaError::Broken { .. })
+    ));
     assert!(dma.pin([(0x8000, 0x1000)], true).is_none(), "broken");
 }
 
