@@ -544,6 +544,23 @@ impl Run {
     }
 }
 
+/// Reads of every feature, log page, identify page and report the
+/// sequences touch.
+fn probes() -> Vec<Op> {
+    let mut ops: Vec<Op> = [
+        0x01u8, 0x02, 0x04, 0x05, 0x07, 0x08, 0x0A, 0x0B, 0x0F, 0x80, 0x81,
+    ]
+    .into_iter()
+    .map(|fid| Op::GetFeature { fid })
+    .collect();
+    ops.extend([0x01u8, 0x03, 0x04, 0x06].map(|lid| Op::GetLog { lid }));
+    ops.extend([(0u8, 1u32), (0, 2), (1, 0), (2, 0)].map(|(cns, nsid)| Op::Identify { cns, nsid }));
+    for qid in 1..=QIDS {
+        ops.extend([Op::Report { qid }, Op::ZoneReport { qid }]);
+    }
+    ops
+}
+
 /// Where the command pending at the save reads to.
 const PENDING: u64 = DATA + 0x20000;
 
@@ -580,6 +597,12 @@ proptest! {
         for op in &after {
             let (sa, sb) = (a.apply(op), b.apply(op));
             prop_assert_eq!(sa, sb, "after {:?}", op);
+        }
+        // Then every feature, log and report once: a value the random
+        // commands did not happen to read back is compared too.
+        for op in probes() {
+            let (sa, sb) = (a.apply(&op), b.apply(&op));
+            prop_assert_eq!(sa, sb, "probe {:?}", op);
         }
         let (sa, sb) = (a.settle(), b.settle());
         prop_assert_eq!(sa, sb);
