@@ -266,6 +266,9 @@ pub(crate) struct Faults {
     pub smart_warning: AtomicU8,
     /// (sqid, cid) of commands held back, and whether Abort asked for one.
     held: Mutex<BTreeMap<(u16, u16), bool>>,
+    /// Held commands of workers that stopped without a reset (a pause):
+    /// the next workers take them back.
+    parked: Mutex<Vec<Held>>,
 }
 
 #[derive(Debug, Default)]
@@ -418,6 +421,23 @@ impl Faults {
     /// A controller reset dropped every held command.
     pub fn reset(&self) {
         self.held.lock().clear();
+        self.parked.lock().clear();
+    }
+
+    /// A stopping worker leaves its held commands for the next one (a
+    /// reset drops them).
+    pub fn park(&self, held: Vec<Held>) {
+        if !held.is_empty() {
+            self.parked.lock().extend(held);
+        }
+    }
+
+    /// A starting worker takes the parked commands `mine` picks.
+    pub fn adopt(&self, mine: impl Fn(&Held) -> bool) -> Vec<Held> {
+        let mut parked = self.parked.lock();
+        let (taken, left) = std::mem::take(&mut *parked).into_iter().partition(mine);
+        *parked = left;
+        taken
     }
 }
 

@@ -159,6 +159,9 @@ fn run_with<W: Wake>(shared: &Arc<Shared>, session: &Session, index: usize, mut 
             .then(|| Priority::new(Instant::now()))
             .flatten(),
     };
+    local.held = shared
+        .faults
+        .adopt(|h| shared.queues.worker_for(h.cqid) == index);
     loop {
         let mut wait = held::clamp(wake.wait(shared, &local), &local.held);
         // Backend completions wake the worker only while it sleeps: turn
@@ -176,6 +179,9 @@ fn run_with<W: Wake>(shared: &Arc<Shared>, session: &Session, index: usize, mut 
             session.mem.quiesce();
         }
         let Some((slept, kicked)) = me.take(wait, &mut local.sqs, &mut local.cqs) else {
+            // A pause stops the workers without a reset: the commands held
+            // back (a fault's delay, a QoS limit) wait for the next ones.
+            shared.faults.park(std::mem::take(&mut local.held));
             return;
         };
         local.inflight.set_waking(false);

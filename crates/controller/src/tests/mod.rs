@@ -462,6 +462,7 @@ mod logs;
 mod modes;
 mod namespaces;
 mod protection;
+mod qos;
 mod registers;
 mod reservations;
 mod sanitize;
