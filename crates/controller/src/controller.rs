@@ -35,6 +35,7 @@ use crate::stats::{ControllerStats, Stats};
 use crate::subsystem::firmware::Firmware;
 use crate::subsystem::{ChangedNamespaces, Namespaces, ReadyTimer, Subsystem};
 use crate::worker;
+use crate::worker::group::{Detached, PollGroups};
 
 mod operator;
 mod qos_ops;
@@ -43,6 +44,9 @@ pub use operator::NamespaceOpError;
 
 /// CRTO.CRWMT is 16 bits of 500 ms units.
 const MAX_READY_TIMEOUT: Duration = Duration::from_millis(500 * 0xFFFF);
+/// How long a reset waits for its workers to leave their poll groups: a
+/// member leaves at its group's next pass, unless it is blocked in storage.
+const MEMBERS_LEAVE: Duration = Duration::from_secs(30);
 /// How much longer than its slowest namespace a host is told to wait.
 const READY_MARGIN: Duration = Duration::from_secs(2);
 
@@ -56,6 +60,9 @@ struct Control {
     regs: Regs,
     attachment: Option<Attachment>,
     threads: Vec<JoinHandle<()>>,
+    /// In poll groups: the workers that joined at the last enable, to wait
+    /// for their leaving at reset.
+    members: Option<Arc<Detached>>,
     /// CC.SHN completed since the last enable (for SMART unsafe shutdowns).
     clean_shutdown: bool,
     /// What the workers of this enable were given (until a reset), so
@@ -77,6 +84,8 @@ struct Control {
 pub struct Controller {
     shared: Arc<Shared>,
     control: Mutex<Control>,
+    /// Where the workers run when they have no threads of their own.
+    groups: Option<PollGroups>,
 }
 
 impl std::fmt::Debug for Controller {
@@ -101,10 +110,27 @@ impl Controller {
     /// Without one, such a mode uses a page in the heap that only register
     /// writes reach. Ignored in other modes.
     pub fn with_doorbell_page(
-        mut config: ControllerConfig,
+        config: ControllerConfig,
         namespaces: Vec<NamespaceConfig>,
         page: Option<Arc<dyn DoorbellPage>>,
     ) -> Result<Self, ConfigError> {
+        Self::with_poll_groups(config, namespaces, page, None)
+    }
+
+    /// As [`with_doorbell_page`](Self::with_doorbell_page); with `groups`,
+    /// the controller starts no threads of its own: its admin worker and
+    /// one I/O worker per group (`config.workers` is ignored) are members
+    /// of those poll groups, with the other controllers made with them
+    /// (see [`PollGroups`]).
+    pub fn with_poll_groups(
+        mut config: ControllerConfig,
+        namespaces: Vec<NamespaceConfig>,
+        page: Option<Arc<dyn DoorbellPage>>,
+        groups: Option<PollGroups>,
+    ) -> Result<Self, ConfigError> {
+        if let Some(g) = &groups {
+            config.workers = g.len();
+        }
         if config.workers == 0 {
             return Err(ConfigError::NoWorkers);
         }
@@ -191,7 +217,10 @@ impl Controller {
                 firmware: Mutex::new(Firmware::new(&config.firmware)),
             },
             doorbells: Doorbells::new(qids, page, Arc::clone(&stats)),
-            queues: QueueTable::new(qids, config.workers),
+            queues: match &groups {
+                Some(g) => QueueTable::in_groups(qids, g.assign()),
+                None => QueueTable::new(qids, config.workers),
+            },
             features: Features::new(&config),
             reporting: Reporting::new(PersistentEventLog::new(&config, created, lifecycle.clock())),
             stats,
@@ -214,10 +243,12 @@ impl Controller {
                 regs,
                 attachment: None,
                 threads: Vec::new(),
+                members: None,
                 clean_shutdown: true,
                 session: None,
                 paused: false,
             }),
+            groups,
         })
     }
 
@@ -610,7 +641,23 @@ impl Controller {
 
     /// Starts a worker thread per mailbox on `session`. On failure, stops
     /// those started and returns `false`.
+    /// In poll groups, hands each worker to its group instead.
     fn spawn_workers(&self, ctl: &mut Control, session: &Arc<Session>) -> bool {
+        if let Some(groups) = &self.groups {
+            let mailboxes = &self.shared.queues.mailboxes;
+            let members = Detached::new(mailboxes.len());
+            for (i, w) in mailboxes.iter().enumerate() {
+                w.rearm();
+                let group = w.group().unwrap_or(0);
+                let (sh, se) = (self.shared.clone(), session.clone());
+                match worker::member(sh, se, i, true) {
+                    Some(m) => groups.join(group, m, Arc::clone(&members)),
+                    None => members.left(),
+                }
+            }
+            ctl.members = Some(members);
+            return true;
+        }
         for (i, w) in self.shared.queues.mailboxes.iter().enumerate() {
             w.rearm();
             let (sh, se) = (self.shared.clone(), session.clone());
@@ -704,6 +751,14 @@ impl Controller {
                 tracing::error!("a queue worker panicked");
             }
         }
+        if let Some(members) = ctl.members.take() {
+            if !members.wait(MEMBERS_LEAVE) {
+                tracing::error!(
+                    "a queue worker did not leave its poll group within {MEMBERS_LEAVE:?}: it is \
+                     blocked, most likely in storage that does not answer"
+                );
+            }
+        }
     }
 
     fn clear_queues(&self) {
@@ -738,6 +793,9 @@ impl Drop for Controller {
         }
         for t in ctl.threads.drain(..) {
             let _ = t.join();
+        }
+        if let Some(members) = ctl.members.take() {
+            members.wait(MEMBERS_LEAVE);
         }
     }
 }

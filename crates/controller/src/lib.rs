@@ -80,4 +80,5 @@ pub use saved_state::{
 pub use stats::{ControllerStats, QueueStats};
 pub use vendor::{VendorCommand, VendorCommands};
 pub use vnvme_blockdev::BlockDevice;
+pub use worker::group::{PollGroupError, PollGroups, MAX_POLL_GROUPS};
 pub use zoned::{ZoneChange, ZoneOpError, ZonedConfig, ZonedError, MAX_ZONES};

@@ -19,6 +19,7 @@ use vnvme_spec::regs::Doorbell;
 use vnvme_spec::Status;
 
 mod cq;
+pub(crate) mod group;
 mod held;
 mod poll_window;
 mod priority;
@@ -93,13 +94,30 @@ struct Local {
     held: Vec<Held>,
     /// I/O workers in the idle scheduling class, watched for starving.
     priority: Option<Priority>,
+    /// Commands a pass over one SQ runs at most besides the queue's size
+    /// ([`GROUP_PASS_BUDGET`] in a poll group).
+    budget: u32,
 }
 
 /// The worker thread's body. Returns when stopped.
 pub(crate) fn run(shared: Arc<Shared>, session: Arc<Session>, index: usize) {
-    let config = &shared.config;
+    set_timer_slack(&shared);
+    let Some(mut worker) = member(shared, session, index, false) else {
+        return;
+    };
+    loop {
+        let wait = worker.prepare();
+        if !worker.round(Take::Block(wait)) {
+            return;
+        }
+    }
+}
+
+/// Polling modes sleep for tens of microseconds: the kernel's default
+/// slack would stretch them.
+fn set_timer_slack(shared: &Shared) {
     if matches!(
-        config.doorbells,
+        shared.config.doorbells,
         DoorbellMode::Adaptive | DoorbellMode::MmapPoll
     ) {
         let slack = std::num::NonZeroU64::new(TIMER_SLACK_NS);
@@ -107,15 +125,55 @@ pub(crate) fn run(shared: Arc<Shared>, session: Arc<Session>, index: usize) {
             tracing::debug!("setting the worker's timer slack: {e}");
         }
     }
-    match config.doorbells {
-        DoorbellMode::Trap | DoorbellMode::Shadow => run_with(&shared, &session, index, OnKick),
+}
+
+/// How a round takes its mailbox's kicks.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Take {
+    /// A thread of its own: block as the wait allows.
+    Block(Wait),
+    /// A poll group member: take what is there now; `slept` says whether
+    /// the member waited (its wait was not [`Wait::No`]) since its last
+    /// round.
+    Now { slept: bool },
+}
+
+/// A queue worker as a value, one round at a time: a thread of its own
+/// ([`run`]) or a member of a poll group ([`group`]) runs it.
+pub(crate) trait Member: Send {
+    /// Before a round: how long the worker may wait for kicks (reaping
+    /// what its backends finished meanwhile, and letting go of guest
+    /// memory if it may wait).
+    fn prepare(&mut self) -> Wait;
+    /// One round. Returns `false` once stopped (the controller's reset or
+    /// end): the member is done.
+    fn round(&mut self, take: Take) -> bool;
+    /// Whether kicks wait in the mailbox (a group looks before waking a
+    /// member early).
+    fn kicked(&self) -> bool;
+}
+
+/// Worker `index` of `shared` with its wake policy, as a [`Member`]; `None`
+/// if the controller has no such worker. A poll group member has no
+/// scheduling priority of its own: its thread serves other controllers.
+pub(crate) fn member(
+    shared: Arc<Shared>,
+    session: Arc<Session>,
+    index: usize,
+    in_group: bool,
+) -> Option<Box<dyn Member>> {
+    let config = &shared.config;
+    Some(match config.doorbells {
+        DoorbellMode::Trap | DoorbellMode::Shadow => {
+            Box::new(Worker::new(shared, session, index, in_group, OnKick)?)
+        }
         DoorbellMode::MmapPoll if index == ADMIN_WORKER => {
             let wake = MmapPoll::new(Duration::ZERO, MAX_ADMIN_BACKOFF);
-            run_with(&shared, &session, index, wake);
+            Box::new(Worker::new(shared, session, index, in_group, wake)?)
         }
         DoorbellMode::MmapPoll => {
             let wake = MmapPoll::new(config.idle_poll, MAX_BACKOFF);
-            run_with(&shared, &session, index, wake);
+            Box::new(Worker::new(shared, session, index, in_group, wake)?)
         }
         DoorbellMode::Adaptive => {
             let window = if config.adaptive_window {
@@ -129,47 +187,87 @@ pub(crate) fn run(shared: Arc<Shared>, session: Arc<Session>, index: usize) {
                 _ => Some(MAX_PAGE_BACKOFF),
             };
             let wake = Adaptive::new(window, config.doze, max_backoff);
-            run_with(&shared, &session, index, wake);
+            Box::new(Worker::new(shared, session, index, in_group, wake)?)
         }
+    })
+}
+
+/// Commands one pass over an SQ runs at most in a poll group, whatever the
+/// queue's size: a deep queue of one controller yields the thread to the
+/// other members after this many (round-robin with a budget per pass).
+const GROUP_PASS_BUDGET: u32 = 128;
+
+/// One worker: its controller, wake policy and local state.
+struct Worker<W> {
+    shared: Arc<Shared>,
+    session: Arc<Session>,
+    index: usize,
+    wake: W,
+    local: Local,
+    /// Work done by `prepare` (completions reaped before waiting).
+    reaped: u32,
+}
+
+impl<W: Wake> Worker<W> {
+    fn new(
+        shared: Arc<Shared>,
+        session: Arc<Session>,
+        index: usize,
+        in_group: bool,
+        wake: W,
+    ) -> Option<Self> {
+        shared.queues.mailboxes.get(index)?;
+        let mut local = Local {
+            sqs: Vec::new(),
+            cqs: Vec::new(),
+            stalled: Vec::new(),
+            timers: Vec::new(),
+            scratch: Scratch::default(),
+            owned: Vec::new(),
+            generation: None,
+            inflight: InFlight::new(waker(&shared, index)),
+            reaped: Vec::new(),
+            touched: Vec::new(),
+            held: Vec::new(),
+            priority: (shared.config.idle_class && index != ADMIN_WORKER && !in_group)
+                .then(|| Priority::new(Instant::now()))
+                .flatten(),
+            budget: if in_group {
+                GROUP_PASS_BUDGET
+            } else {
+                u32::MAX
+            },
+        };
+        local.held = shared
+            .faults
+            .adopt(|h| shared.queues.worker_for(h.cqid) == index);
+        Some(Self {
+            shared,
+            session,
+            index,
+            wake,
+            local,
+            reaped: 0,
+        })
     }
 }
 
-/// The worker loop, the same for every wake policy: take the mailbox's
-/// kicks (blocking as the policy allows), run the kicked SQs, poll the owned
-/// ones if the policy polls, reap asynchronous completions, then let the
-/// policy choose what comes next.
-fn run_with<W: Wake>(shared: &Arc<Shared>, session: &Session, index: usize, mut wake: W) {
-    let Some(me) = shared.queues.mailboxes.get(index) else {
-        return;
-    };
-    let policy = W::EVENT_IDX;
-    let mut local = Local {
-        sqs: Vec::new(),
-        cqs: Vec::new(),
-        stalled: Vec::new(),
-        timers: Vec::new(),
-        scratch: Scratch::default(),
-        owned: Vec::new(),
-        generation: None,
-        inflight: InFlight::new(waker(shared, index)),
-        reaped: Vec::new(),
-        touched: Vec::new(),
-        held: Vec::new(),
-        priority: (shared.config.idle_class && index != ADMIN_WORKER)
-            .then(|| Priority::new(Instant::now()))
-            .flatten(),
-    };
-    local.held = shared
-        .faults
-        .adopt(|h| shared.queues.worker_for(h.cqid) == index);
-    loop {
-        let mut wait = held::clamp(wake.wait(shared, &local), &local.held);
+/// The worker loop, the same for every wake policy and whoever runs it:
+/// take the mailbox's kicks (blocking as the policy allows), run the
+/// kicked SQs, poll the owned ones if the policy polls, reap asynchronous
+/// completions, then let the policy choose what comes next.
+impl<W: Wake + Send> Member for Worker<W> {
+    fn prepare(&mut self) -> Wait {
+        let (shared, session) = (&*self.shared, &*self.session);
+        let local = &mut self.local;
+        let policy = W::EVENT_IDX;
+        let mut wait = held::clamp(self.wake.wait(shared, local), &local.held);
         // Backend completions wake the worker only while it sleeps: turn
         // their wakers on, then reap what came before.
         let mut work = 0;
         if !matches!(wait, Wait::No) && !local.inflight.is_empty() {
             local.inflight.set_waking(true);
-            work = complete_in_flight(shared, session, &mut local, policy);
+            work = complete_in_flight(shared, session, local, policy);
             if work > 0 {
                 wait = Wait::No;
             }
@@ -178,20 +276,42 @@ fn run_with<W: Wake>(shared: &Arc<Shared>, session: &Session, index: usize, mut 
             // It may block: a DMA_UNMAP meanwhile must not wait for it.
             session.mem.quiesce();
         }
-        let Some((slept, kicked)) = me.take(wait, &mut local.sqs, &mut local.cqs) else {
+        self.reaped = work;
+        wait
+    }
+
+    fn round(&mut self, take: Take) -> bool {
+        let (shared, session) = (&*self.shared, &*self.session);
+        let local = &mut self.local;
+        let policy = W::EVENT_IDX;
+        let Some(me) = shared.queues.mailboxes.get(self.index) else {
+            return false;
+        };
+        let taken = match take {
+            Take::Block(wait) => me.take(wait, &mut local.sqs, &mut local.cqs),
+            Take::Now { slept } => me
+                .take(Wait::No, &mut local.sqs, &mut local.cqs)
+                .map(|(_, kicked)| (slept, kicked)),
+        };
+        let Some((slept, kicked)) = taken else {
             // A pause stops the workers without a reset: the commands held
             // back (a fault's delay, a QoS limit) wait for the next ones.
             shared.faults.park(std::mem::take(&mut local.held));
-            return;
+            // Stopped: let go of guest memory now. A thread of its own
+            // lets go as it ends; a poll group's thread goes on and may
+            // sleep, and the client's DMA_UNMAP must not wait for it.
+            session.mem.quiesce();
+            return false;
         };
+        let mut work = std::mem::take(&mut self.reaped);
         local.inflight.set_waking(false);
-        work += held::release(shared, session, &mut local, policy);
-        work += run_kicked(shared, session, &mut local, policy);
-        work += complete_in_flight(shared, session, &mut local, policy);
-        let polled = wake.polls(shared);
+        work += held::release(shared, session, local, policy);
+        work += run_kicked(shared, session, local, policy);
+        work += complete_in_flight(shared, session, local, policy);
+        let polled = self.wake.polls(shared);
         if polled {
-            work += poll_owned(shared, session, &mut local, index, policy);
-            work += complete_in_flight(shared, session, &mut local, policy);
+            work += poll_owned(shared, session, local, self.index, policy);
+            work += complete_in_flight(shared, session, local, policy);
         }
         if let Some(p) = &mut local.priority {
             p.check(Instant::now());
@@ -206,7 +326,16 @@ fn run_with<W: Wake>(shared: &Arc<Shared>, session: &Session, index: usize, mut 
             kicked,
             polled,
         };
-        wake.after(round, shared, session, &local);
+        self.wake.after(round, shared, session, local);
+        true
+    }
+
+    fn kicked(&self) -> bool {
+        self.shared
+            .queues
+            .mailboxes
+            .get(self.index)
+            .is_some_and(|m| m.kicked())
     }
 }
 
@@ -253,7 +382,14 @@ fn run_pass(
         scratch: &mut local.scratch,
         inflight: &mut local.inflight,
     };
-    let (pass, done) = process_sq(&mut ctx, qid, &mut local.timers, &mut local.held, policy);
+    let (pass, done) = process_sq(
+        &mut ctx,
+        qid,
+        &mut local.timers,
+        &mut local.held,
+        policy,
+        local.budget,
+    );
     match pass {
         Pass::Idle => {}
         Pass::More => shared.kick_sq(qid),
@@ -315,6 +451,7 @@ fn process_sq(
     timers: &mut Vec<u16>,
     held: &mut Vec<Held>,
     policy: EventIdxPolicy,
+    cap: u32,
 ) -> (Pass, u32) {
     let shared = ctx.shared;
     let session = ctx.session;
@@ -357,7 +494,7 @@ fn process_sq(
             publish_cq_behind(shared, session, cq);
         }
     }
-    let mut budget = sq.size;
+    let mut budget = sq.size.min(cap);
     let mut done = 0u32;
     let pass = 'pass: loop {
         while !sq.is_empty() {

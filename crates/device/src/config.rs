@@ -1,7 +1,9 @@
 //! What an [`NvmeDevice`](crate::NvmeDevice) is built from, and why it may
 //! refuse.
 
-use vnvme_controller::{ConfigError, ControllerConfig, NamespaceConfig, MAX_NAMESPACES};
+use vnvme_controller::{
+    ConfigError, ControllerConfig, NamespaceConfig, PollGroups, MAX_NAMESPACES,
+};
 use vnvme_pci::{msi_vectors, Interrupts, PciError, MSIX_ENTRY_SIZE};
 use vnvme_spec::regs::Bar0Layout;
 
@@ -33,6 +35,9 @@ pub struct DeviceConfig {
     pub msix_vectors: Option<u16>,
     /// MSI-X (the default) or MSI; see [`Interrupts`] for why MSI exists.
     pub interrupts: Interrupts,
+    /// Serve the queues from these poll group threads, shared with other
+    /// devices, instead of the controller's own (`None`, the default).
+    pub poll_groups: Option<PollGroups>,
 }
 
 impl DeviceConfig {
@@ -43,6 +48,7 @@ impl DeviceConfig {
             namespaces,
             msix_vectors: None,
             interrupts: Interrupts::Msix,
+            poll_groups: None,
         }
     }
 

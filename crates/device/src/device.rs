@@ -98,8 +98,9 @@ impl NvmeDevice {
         let page = doorbell_region
             .as_ref()
             .map(|r| Arc::new(SharedDoorbells(r.clone())) as Arc<dyn DoorbellPage>);
-        let ctrl = Controller::with_doorbell_page(controller, config.namespaces, page)
-            .map_err(DeviceError::Controller)?;
+        let ctrl =
+            Controller::with_poll_groups(controller, config.namespaces, page, config.poll_groups)
+                .map_err(DeviceError::Controller)?;
         Ok(Self {
             ctrl: Arc::new(ctrl),
             pci,

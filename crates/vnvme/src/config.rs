@@ -117,6 +117,12 @@ pub struct ConfigFileError {
     pub message: String,
 }
 
+/// Makes the error for a span (its line), a field and a message.
+type At<'a> = dyn Fn(Option<Range<usize>>, String, String) -> ConfigFileError + 'a;
+
+mod controllers;
+pub use controllers::{ControllerEntry, ServeFile};
+
 /// A size: bytes as an integer, or text with a K/M/G/T suffix.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
@@ -159,6 +165,12 @@ struct FileConfig {
     qos: Option<QosTable>,
     #[serde(default)]
     qos_groups: BTreeMap<String, QosTable>,
+    /// `[[controllers]]` only: the vfio-user socket and control socket.
+    socket: Option<Spanned<String>>,
+    control: Option<Spanned<String>>,
+    /// Several controllers in one process ([`controllers`]).
+    #[serde(default)]
+    controllers: Vec<Spanned<FileConfig>>,
 }
 
 /// A `qos` table: keys are checked by `crate::qos`, so the error lists them.
@@ -234,22 +246,25 @@ impl ServeConfig {
         Ok(Self::parse(&path.display().to_string(), &text)?)
     }
 
-    /// Parses `text`, naming `file` in errors.
+    /// Parses `text`, naming `file` in errors: one controller (a file with
+    /// `[[controllers]]` is refused: see [`ServeFile`]).
     pub fn parse(file: &str, text: &str) -> Result<Self, ConfigFileError> {
-        let at = |span: Option<Range<usize>>, field: String, message: String| ConfigFileError {
-            file: file.to_string(),
-            line: span.map_or(1, |s| line_of(text, s.start)),
-            field,
-            message,
-        };
-        let raw: FileConfig = toml::from_str(text).map_err(|e| {
-            let span = e.span();
-            let field = span
-                .clone()
-                .map(|s| field_at(text, s.start))
-                .unwrap_or_default();
-            at(span, field, e.message().trim().to_string())
-        })?;
+        match ServeFile::parse(file, text)? {
+            ServeFile::One(c) => Ok(c),
+            ServeFile::Many { .. } => Err(ConfigFileError {
+                file: file.to_string(),
+                line: 1,
+                field: "controllers".into(),
+                message: "this file describes several controllers: serve it with vnvme serve \
+                          --config"
+                    .into(),
+            }),
+        }
+    }
+
+    /// One controller's table: the whole file, or a `[[controllers]]`
+    /// table (`at` then names it in front of every field).
+    fn from_raw(raw: &FileConfig, at: &At<'_>) -> Result<Self, ConfigFileError> {
         // A value's check, reported at the value's line under `field`.
         let check =
             |field: &str, v: &Spanned<String>, parse: &dyn Fn(&str) -> Result<(), String>| {
@@ -664,22 +679,38 @@ fn line_of(text: &str, offset: usize) -> usize {
 fn field_at(text: &str, offset: usize) -> String {
     let line = line_of(text, offset);
     let mut table = String::new();
+    // Array tables seen, by dotted name: the count restarts for
+    // `controllers.namespaces` with each `[[controllers]]`.
     let mut counts: Vec<(String, usize)> = Vec::new();
     for l in text.lines().take(line.saturating_sub(1)) {
         let l = l.trim();
         if let Some(name) = l.strip_prefix("[[").and_then(|r| r.split("]]").next()) {
             let name = name.trim().to_string();
-            let n = match counts.iter_mut().find(|(k, _)| *k == name) {
-                Some((_, n)) => {
-                    *n += 1;
-                    *n
+            let nested = format!("{name}.");
+            counts.retain(|(k, _)| !k.starts_with(&nested));
+            match counts.iter_mut().find(|(k, _)| *k == name) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((name.clone(), 0)),
+            }
+            // Each part of the name with the index of its array, if one.
+            let mut path = String::new();
+            let mut prefix = String::new();
+            for part in name.split('.') {
+                let part = part.trim();
+                prefix = if prefix.is_empty() {
+                    part.to_string()
+                } else {
+                    format!("{prefix}.{part}")
+                };
+                if !path.is_empty() {
+                    path.push('.');
                 }
-                None => {
-                    counts.push((name.clone(), 0));
-                    0
+                path.push_str(part);
+                if let Some((_, n)) = counts.iter().find(|(k, _)| *k == prefix) {
+                    path.push_str(&format!("[{n}]"));
                 }
-            };
-            table = format!("{name}[{n}]");
+            }
+            table = path;
         } else if let Some(name) = l.strip_prefix('[').and_then(|r| r.split(']').next()) {
             table = name.trim().to_string();
         }

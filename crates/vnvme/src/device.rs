@@ -6,8 +6,8 @@
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use vnvme_controller::{
-    ControllerConfig, DoorbellMode, DEFAULT_DOZE, DEFAULT_IDLE_POLL, DEFAULT_READY_TIMEOUT,
-    DEFAULT_SANITIZE_RATE, DEFAULT_SELF_TEST_RATE, MAX_NAMESPACES,
+    ControllerConfig, DoorbellMode, NamespaceConfig, PollGroups, DEFAULT_DOZE, DEFAULT_IDLE_POLL,
+    DEFAULT_READY_TIMEOUT, DEFAULT_SANITIZE_RATE, DEFAULT_SELF_TEST_RATE, MAX_NAMESPACES,
 };
 use vnvme_device::{DeviceConfig, Interrupts, MAX_MSIX_VECTORS};
 
@@ -224,6 +224,17 @@ impl DeviceOptions {
     /// its default identity), with `namespaces` as NSIDs 1, 2, ... in order
     /// (their backends opened here).
     pub fn build(&self, namespaces: &[NamespaceSpec], origin: &Origin) -> Result<NvmeDevice> {
+        let namespaces = self.namespace_configs(namespaces, origin)?;
+        self.build_from(namespaces, origin, None)
+    }
+
+    /// The namespaces' configurations (their backends opened here), NSIDs
+    /// 1, 2, ... in order.
+    pub fn namespace_configs(
+        &self,
+        namespaces: &[NamespaceSpec],
+        origin: &Origin,
+    ) -> Result<Vec<NamespaceConfig>> {
         // Before any backend is opened.
         if namespaces.len() > MAX_NAMESPACES as usize {
             bail!(
@@ -232,17 +243,28 @@ impl DeviceOptions {
             );
         }
         let serial = self.serial(origin);
-        let namespaces = namespaces
+        namespaces
             .iter()
             .zip(1u32..)
             .map(|(spec, nsid)| {
                 spec.config(nsid, &serial)
                     .with_context(|| format!("namespace {nsid}"))
             })
-            .collect::<Result<Vec<_>>>()?;
+            .collect()
+    }
+
+    /// The device with `namespaces` ([`namespace_configs`](Self::namespace_configs)),
+    /// its queues served by `groups` if given (else by threads of its own).
+    pub fn build_from(
+        &self,
+        namespaces: Vec<NamespaceConfig>,
+        origin: &Origin,
+        groups: Option<PollGroups>,
+    ) -> Result<NvmeDevice> {
         let config = DeviceConfig {
             msix_vectors: self.msix_vectors,
             interrupts: self.interrupts,
+            poll_groups: groups,
             ..DeviceConfig::new(self.controller_config(origin), namespaces)
         };
         Ok(NvmeDevice::new(config)?)

@@ -20,6 +20,8 @@ use crate::namespace::NamespaceSpec;
 use crate::ns_syntax;
 use crate::socket::{parse_mode, Plan, SocketFile};
 
+mod many;
+
 /// Where `vnvme serve` listens and the tools connect by default.
 pub const DEFAULT_SOCKET: &str = "/run/vnvme.sock";
 
@@ -154,7 +156,13 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
     let mut qos = crate::qos::QosSpec::default();
     let mut qos_groups = std::collections::BTreeMap::new();
     if let Some(path) = &opts.config {
-        let file = crate::config::ServeConfig::load(path)?;
+        let file = match crate::config::ServeFile::load(path)? {
+            crate::config::ServeFile::One(file) => file,
+            crate::config::ServeFile::Many {
+                workers,
+                controllers,
+            } => return many::run(&opts, inherited, workers, controllers),
+        };
         faults = file.faults.clone();
         qos = file.qos.clone();
         qos_groups = file.qos_groups.clone();
@@ -219,13 +227,7 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
     // Before the socket: a stop asked for as soon as the socket appears is
     // a clean one, which removes it.
     let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        // The first asks for a clean stop; one after it exits at once.
-        signal_hook::flag::register_conditional_shutdown(sig, 1, Arc::clone(&stop))
-            .context("installing signal handlers")?;
-        signal_hook::flag::register(sig, Arc::clone(&stop))
-            .context("installing signal handlers")?;
-    }
+    stop_on_signals(&stop)?;
     // Dropped (its file removed, if this process made it) on every return.
     let listening = plan.listen()?;
     let socket_shown = listening
@@ -240,7 +242,8 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
         )?),
         None => None,
     };
-    watch_stop(Arc::clone(&stop), stop_timeout, listening.own_file())?;
+    let own = listening.own_file().into_iter().collect();
+    watch_stop(Arc::clone(&stop), stop_timeout, own)?;
     tracing::info!(
         socket = %socket_shown,
         serial = %identity.serial,
@@ -288,6 +291,17 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
     }
 }
 
+/// Installs SIGINT and SIGTERM: the first asks for a clean stop (`stop`),
+/// a second exits at once.
+fn stop_on_signals(stop: &Arc<AtomicBool>) -> Result<()> {
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register_conditional_shutdown(sig, 1, Arc::clone(stop))
+            .context("installing signal handlers")?;
+        signal_hook::flag::register(sig, Arc::clone(stop)).context("installing signal handlers")?;
+    }
+    Ok(())
+}
+
 /// How long a stop may take before the server exits anyway: longer than any
 /// wait that ends on its own (an NBD request's, 2 × its 10 s I/O timeout).
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -300,7 +314,7 @@ const STOP_CHECK: Duration = Duration::from_millis(250);
 /// and one blocked in a read of storage that never answers (a FUSE or NFS
 /// mount whose server hangs: the kernel waits without end) would hold it
 /// forever.
-fn watch_stop(stop: Arc<AtomicBool>, timeout: Duration, socket: Option<SocketFile>) -> Result<()> {
+fn watch_stop(stop: Arc<AtomicBool>, timeout: Duration, sockets: Vec<SocketFile>) -> Result<()> {
     std::thread::Builder::new()
         .name("vnvme-stop-watch".into())
         .spawn(move || {
@@ -313,7 +327,7 @@ fn watch_stop(stop: Arc<AtomicBool>, timeout: Duration, socket: Option<SocketFil
                  blocked, most likely in a namespace's storage that does not answer; exiting \
                  without a clean stop (commands in flight are lost; data already written stays)"
             );
-            if let Some(file) = &socket {
+            for file in &sockets {
                 file.remove();
             }
             std::process::exit(1);

@@ -5,8 +5,14 @@
 //! worker waited on them) sits behind a mutex and condvar. A trap pushes and
 //! notifies — the doorbell slot's `queued` flag makes repeated traps for an
 //! already queued SQ free — and the worker takes the whole list at once.
+//!
+//! A worker that is a member of a poll group (`worker::group`) does not
+//! sleep here: its group's thread sleeps on the group's [`Bell`], which
+//! every mailbox of the group rings along with its own condvar, so one
+//! thread sleeps for many controllers' workers and any kick wakes it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
@@ -35,6 +41,38 @@ impl Pending {
     }
 }
 
+/// Where a poll group's thread sleeps: rung by every mailbox of the group
+/// (and by the group itself when a member joins or it stops).
+#[derive(Debug, Default)]
+pub(crate) struct Bell {
+    rung: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Bell {
+    pub fn ring(&self) {
+        *self.rung.lock() = true;
+        self.cv.notify_one();
+    }
+
+    /// Sleeps until rung or `deadline` (`None`: until rung); a ring since
+    /// the last wait returns at once.
+    pub fn wait(&self, deadline: Option<Instant>) {
+        let mut rung = self.rung.lock();
+        while !*rung {
+            match deadline {
+                Some(at) => {
+                    if self.cv.wait_until(&mut rung, at).timed_out() {
+                        break;
+                    }
+                }
+                None => self.cv.wait(&mut rung),
+            }
+        }
+        *rung = false;
+    }
+}
+
 /// The kick side of a worker, shared with the trap path. Lives as long as the
 /// controller; threads come and go with enable and reset.
 #[derive(Debug, Default)]
@@ -47,9 +85,37 @@ pub(crate) struct Mailbox {
     /// Tests only: the rounds the worker may run.
     #[cfg(test)]
     pub steps: Steps,
+    /// The poll group this worker is a member of (its index and bell), for
+    /// the controller's whole life; `None`: a thread of its own.
+    group: Option<(usize, Arc<Bell>)>,
 }
 
 impl Mailbox {
+    /// The mailbox of a member of poll group `index`.
+    pub fn in_group(index: usize, bell: Arc<Bell>) -> Self {
+        Self {
+            group: Some((index, bell)),
+            ..Self::default()
+        }
+    }
+
+    /// The poll group this worker runs in, if any.
+    pub fn group(&self) -> Option<usize> {
+        self.group.as_ref().map(|(i, _)| *i)
+    }
+
+    /// Whether kicks (or a stop) wait to be taken.
+    pub fn kicked(&self) -> bool {
+        self.kicked.load(Ordering::Acquire)
+    }
+
+    fn notify(&self) {
+        self.cv.notify_one();
+        if let Some((_, bell)) = &self.group {
+            bell.ring();
+        }
+    }
+
     pub fn push(&self, db: Doorbell) {
         let mut p = self.pending.lock();
         match db {
@@ -58,7 +124,7 @@ impl Mailbox {
         }
         self.kicked.store(true, Ordering::Release);
         drop(p);
-        self.cv.notify_one();
+        self.notify();
     }
 
     /// A backend's waker: commands in flight may have finished.
@@ -67,7 +133,7 @@ impl Mailbox {
         p.completions = true;
         self.kicked.store(true, Ordering::Release);
         drop(p);
-        self.cv.notify_one();
+        self.notify();
     }
 
     pub fn stop(&self) {
@@ -75,7 +141,7 @@ impl Mailbox {
         self.steps.stop();
         self.pending.lock().stop = true;
         self.kicked.store(true, Ordering::Release);
-        self.cv.notify_one();
+        self.notify();
     }
 
     /// Clears the stop flag and any leftover kicks (before threads start).

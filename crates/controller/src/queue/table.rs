@@ -8,10 +8,11 @@
 //! queue's commands in flight are transient, to be drained before a save.
 
 use std::sync::atomic::AtomicU32;
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::mailbox::Mailbox;
+use super::mailbox::{Bell, Mailbox};
 use super::{Cq, Sq};
 
 /// The worker of the admin queue: admin commands never run inside an I/O
@@ -39,6 +40,21 @@ impl QueueTable {
             sqs: (0..qids).map(|_| Mutex::new(None)).collect(),
             cqs: (0..qids).map(|_| Mutex::new(None)).collect(),
             mailboxes: (0..=io_workers).map(|_| Mailbox::default()).collect(),
+            deleting_sqs: AtomicU32::new(0),
+        }
+    }
+
+    /// As [`new`](Self::new), each worker a member of a poll group: worker
+    /// `i` of `bells.len()` (the admin worker first) in the group whose
+    /// index and bell `bells[i]` gives.
+    pub fn in_groups(qids: usize, bells: Vec<(usize, Arc<Bell>)>) -> Self {
+        Self {
+            sqs: (0..qids).map(|_| Mutex::new(None)).collect(),
+            cqs: (0..qids).map(|_| Mutex::new(None)).collect(),
+            mailboxes: bells
+                .into_iter()
+                .map(|(i, bell)| Mailbox::in_group(i, bell))
+                .collect(),
             deleting_sqs: AtomicU32::new(0),
         }
     }

@@ -252,3 +252,136 @@ fn zoned_namespaces_parse_and_are_checked() {
         )
     );
 }
+
+fn many(text: &str) -> Result<ServeFile, String> {
+    ServeFile::parse("serve.toml", text).map_err(|e| e.to_string())
+}
+
+const TWO: &str = r#"workers = 2
+
+[[controllers]]
+socket = "/run/vnvme-a.sock"
+control = "/run/vnvme-a.ctl"
+serial = "DISK-A"
+doorbells = "shadow"
+[[controllers.namespaces]]
+size = "1G"
+[[controllers.fault]]
+kind = "status"
+nsid = 1
+opcodes = ["read"]
+status = "unrecovered-read-error"
+probability = 0.5
+
+[[controllers]]
+socket = "/run/vnvme-b.sock"
+[[controllers.namespaces]]
+size = "64M"
+[[controllers.namespaces]]
+size = "32M"
+backend = "null"
+"#;
+
+#[test]
+fn controllers_tables_are_each_a_whole_controller() {
+    let ServeFile::Many {
+        workers,
+        controllers,
+    } = many(TWO).unwrap()
+    else {
+        panic!("not several controllers");
+    };
+    assert_eq!(workers, Some(2));
+    assert_eq!(controllers.len(), 2);
+    let (a, b) = (&controllers[0], &controllers[1]);
+    assert_eq!(a.socket, std::path::PathBuf::from("/run/vnvme-a.sock"));
+    assert_eq!(a.control.as_deref(), Some(Path::new("/run/vnvme-a.ctl")));
+    assert_eq!(a.config.serial.as_deref(), Some("DISK-A"));
+    assert_eq!(a.config.doorbells, Some(DoorbellMode::Shadow));
+    assert_eq!(a.config.namespaces.len(), 1);
+    assert_eq!(a.config.faults.len(), 1);
+    assert_eq!(b.control, None);
+    assert_eq!(b.config.namespaces.len(), 2);
+    assert_eq!(b.config.namespaces[1].backend, Backend::Null);
+    // A file without [[controllers]] is one controller, as before.
+    assert!(matches!(many(EXAMPLE).unwrap(), ServeFile::One(_)));
+    // ... and the one-controller reader refuses several.
+    assert!(ServeConfig::parse("serve.toml", TWO)
+        .unwrap_err()
+        .to_string()
+        .contains("several controllers"));
+}
+
+#[test]
+fn controllers_errors_name_the_table_and_field() {
+    let bad_size = TWO.replace("size = \"32M\"", "size = \"lots\"");
+    let e = many(&bad_size).unwrap_err();
+    assert!(
+        e.starts_with("serve.toml:22: controllers[1].namespaces[1].size: "),
+        "{e}"
+    );
+    let bad_doorbells = TWO.replace("\"shadow\"", "\"sometimes\"");
+    let e = many(&bad_doorbells).unwrap_err();
+    assert!(
+        e.starts_with("serve.toml:7: controllers[0].doorbells: "),
+        "{e}"
+    );
+    // An unknown key: serde's error, placed by field_at.
+    let unknown = TWO.replace("probability = 0.5", "probability = 0.5\nbogus = 1");
+    let e = many(&unknown).unwrap_err();
+    assert!(e.contains("controllers[0].fault[0]"), "{e}");
+}
+
+#[test]
+fn controllers_without_socket_or_with_the_same_one_are_refused() {
+    let e = many("[[controllers]]\nserial = \"A\"\n").unwrap_err();
+    assert!(
+        e.starts_with("serve.toml:1: controllers[0]: socket is missing"),
+        "{e}"
+    );
+    let same = TWO.replace("/run/vnvme-b.sock", "/run/vnvme-a.sock");
+    let e = many(&same).unwrap_err();
+    assert!(
+        e.contains("controllers[1].socket: /run/vnvme-a.sock is also controllers[0].socket"),
+        "{e}"
+    );
+    let control_is_a_socket = TWO.replace("/run/vnvme-a.ctl", "/run/vnvme-b.sock");
+    let e = many(&control_is_a_socket).unwrap_err();
+    assert!(e.contains("controllers[1].socket"), "{e}");
+    let serial = TWO.replace(
+        "socket = \"/run/vnvme-b.sock\"",
+        "socket = \"/run/vnvme-b.sock\"\nserial = \"DISK-A\"",
+    );
+    let e = many(&serial).unwrap_err();
+    assert!(
+        e.contains("controllers[1].serial: 'DISK-A' is also controllers[0]'s serial"),
+        "{e}"
+    );
+}
+
+#[test]
+fn controller_keys_at_the_top_level_with_controllers_are_refused() {
+    let e = many(&format!("doorbells = \"trap\"\n{TWO}")).unwrap_err();
+    assert!(
+        e.starts_with("serve.toml:1: doorbells: with [[controllers]], doorbells belongs inside"),
+        "{e}"
+    );
+    let e = many(&TWO.replace("serial = \"DISK-A\"", "workers = 3")).unwrap_err();
+    assert!(
+        e.contains("controllers[0].workers: workers is process-wide"),
+        "{e}"
+    );
+    let e = many(&TWO.replace("workers = 2", "workers = 0")).unwrap_err();
+    assert!(
+        e.starts_with("serve.toml:1: workers: 0 is out of range"),
+        "{e}"
+    );
+    let e = many("socket = \"/run/x.sock\"\n").unwrap_err();
+    assert!(
+        e.contains("socket is a key of [[controllers]] tables; for one controller give --socket"),
+        "{e}"
+    );
+    let e = many("[[controllers]]\nsocket = \"a\"\n[[controllers.controllers]]\nsocket = \"b\"\n")
+        .unwrap_err();
+    assert!(e.contains("do not nest"), "{e}");
+}

@@ -54,6 +54,11 @@ impl Served {
         Served(child)
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+
     /// Whether the server is still running.
     pub fn running(&mut self) -> bool {
         matches!(self.0.try_wait(), Ok(None))

@@ -1,0 +1,302 @@
+//! Poll groups: a fixed set of threads that serve the queues of many
+//! controllers, as SPDK's reactors do (a poll group per thread).
+//!
+//! Without poll groups every controller starts its own threads at enable
+//! (its admin worker and `workers` I/O workers), so N busy controllers on K
+//! cores are N sets of pollers fighting over the cores. With them, each
+//! controller's workers are [`Member`]s: at enable they join the groups
+//! their mailboxes were assigned to when the controller was made (the
+//! controller's I/O workers spread over every group, from an offset that
+//! turns with each controller, so the first queue of each controller lands
+//! on a different thread), and they leave at reset.
+//!
+//! A group's thread runs passes over its members, round-robin: each pass
+//! gives every member that has work (a kick, a polling policy, a deadline
+//! passed) one round, and a round runs each queue for at most
+//! [`GROUP_PASS_BUDGET`](super::GROUP_PASS_BUDGET) commands, so a busy
+//! controller never holds the thread while another waits. When no member
+//! has work the thread sleeps on the group's [`Bell`] until the earliest
+//! member's deadline; any member's mailbox rings it.
+//!
+//! A controller's client connecting, resetting or dying touches only that
+//! controller's members: the reset stops them (their mailboxes' stop flag),
+//! the group drops them at their next round, and the reset waits for that
+//! ([`Detached`]) before it clears the queues. What no group can give: a
+//! member blocked inside a backend call (a storage that hangs) blocks its
+//! group's other members too.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::{JoinHandle, ThreadId};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use super::{Member, Take, TIMER_SLACK_NS};
+use crate::queue::mailbox::{Bell, Wait};
+
+/// Most poll groups a process may have.
+pub const MAX_POLL_GROUPS: usize = 64;
+
+/// A set of poll group threads, shared by the controllers made with it
+/// ([`Controller::with_poll_groups`](crate::Controller::with_poll_groups)).
+/// Cloning shares the threads; they stop when the last clone and the last
+/// controller using them are gone.
+#[derive(Clone)]
+pub struct PollGroups(Arc<Inner>);
+
+impl std::fmt::Debug for PollGroups {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PollGroups")
+            .field("threads", &self.0.groups.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why poll groups could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum PollGroupError {
+    #[error("poll groups must number 1..={MAX_POLL_GROUPS}, not {0}")]
+    Count(usize),
+    #[error("starting poll group thread {0}")]
+    Spawn(usize, #[source] std::io::Error),
+}
+
+struct Inner {
+    groups: Vec<Arc<Group>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    /// Controllers made so far: where the next one's workers start.
+    controllers: AtomicUsize,
+}
+
+/// What a group's thread and the controllers share.
+struct Group {
+    bell: Arc<Bell>,
+    /// Members waiting to join (enable puts them here).
+    joining: Mutex<Vec<Joining>>,
+    stop: AtomicBool,
+    /// Members now served.
+    members: AtomicUsize,
+}
+
+struct Joining {
+    member: Box<dyn Member>,
+    left: Arc<Detached>,
+}
+
+/// Counts a controller's members still in their groups, so its reset can
+/// wait until none serves its queues.
+#[derive(Debug, Default)]
+pub(crate) struct Detached {
+    remaining: Mutex<usize>,
+    cv: Condvar,
+}
+
+impl Detached {
+    pub fn new(members: usize) -> Arc<Self> {
+        Arc::new(Self {
+            remaining: Mutex::new(members),
+            cv: Condvar::new(),
+        })
+    }
+
+    pub fn left(&self) {
+        let mut n = self.remaining.lock();
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            self.cv.notify_all();
+        }
+    }
+
+    /// Waits until every member has left its group (the caller stopped
+    /// their mailboxes). Bounded: past `timeout` it returns `false` (a
+    /// member blocked in storage that does not answer).
+    pub fn wait(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut n = self.remaining.lock();
+        while *n > 0 {
+            if self.cv.wait_until(&mut n, deadline).timed_out() {
+                return *n == 0;
+            }
+        }
+        true
+    }
+}
+
+impl PollGroups {
+    /// Starts `threads` poll group threads, named `vnvme-pg{i}`.
+    pub fn new(threads: usize) -> Result<Self, PollGroupError> {
+        if !(1..=MAX_POLL_GROUPS).contains(&threads) {
+            return Err(PollGroupError::Count(threads));
+        }
+        let groups: Vec<Arc<Group>> = (0..threads)
+            .map(|_| {
+                Arc::new(Group {
+                    bell: Arc::default(),
+                    joining: Mutex::new(Vec::new()),
+                    stop: AtomicBool::new(false),
+                    members: AtomicUsize::new(0),
+                })
+            })
+            .collect();
+        let inner = Inner {
+            groups,
+            threads: Mutex::new(Vec::new()),
+            controllers: AtomicUsize::new(0),
+        };
+        for (i, g) in inner.groups.iter().enumerate() {
+            let g = Arc::clone(g);
+            let t = std::thread::Builder::new()
+                .name(format!("vnvme-pg{i}"))
+                .spawn(move || serve(&g))
+                .map_err(|e| PollGroupError::Spawn(i, e))?;
+            inner.threads.lock().push(t);
+        }
+        Ok(Self(Arc::new(inner)))
+    }
+
+    /// How many threads (groups).
+    pub fn len(&self) -> usize {
+        self.0.groups.len()
+    }
+
+    /// Always false: there is at least one group.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Members (workers of enabled controllers) each group serves now.
+    pub fn members(&self) -> Vec<usize> {
+        self.0
+            .groups
+            .iter()
+            .map(|g| g.members.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// The groups and bells of a new controller's workers: the admin
+    /// worker's first, then one I/O worker per group, starting at a group
+    /// that turns with each controller.
+    pub(crate) fn assign(&self) -> Vec<(usize, Arc<Bell>)> {
+        let n = self.0.groups.len();
+        let start = self.0.controllers.fetch_add(1, Ordering::Relaxed) % n;
+        let bell = |g: usize| (g, Arc::clone(&self.0.groups[g].bell));
+        std::iter::once(bell(start))
+            .chain((0..n).map(|k| bell((start + k) % n)))
+            .collect()
+    }
+
+    /// Hands `member` to group `group` (an index [`assign`](Self::assign)
+    /// gave); `left` is told when it leaves.
+    pub(crate) fn join(&self, group: usize, member: Box<dyn Member>, left: Arc<Detached>) {
+        match self.0.groups.get(group) {
+            Some(g) => {
+                g.joining.lock().push(Joining { member, left });
+                g.bell.ring();
+            }
+            None => left.left(),
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        for g in &self.groups {
+            g.stop.store(true, Ordering::Release);
+            g.bell.ring();
+        }
+        // The last controller may go on a group thread: that one cannot
+        // join itself, and ends on its own.
+        let me: ThreadId = std::thread::current().id();
+        for t in self.threads.get_mut().drain(..) {
+            if t.thread().id() != me {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+/// A member as its group holds it.
+struct Served {
+    member: Box<dyn Member>,
+    left: Arc<Detached>,
+    /// What it asked for before its next round, and until when.
+    wait: Wait,
+    due: Option<Instant>,
+}
+
+impl Served {
+    fn prepare(&mut self) {
+        self.wait = self.member.prepare();
+        self.due = match self.wait {
+            Wait::No => None,
+            Wait::For(d) => Some(Instant::now() + d),
+            Wait::Until(at) => at,
+        };
+    }
+
+    /// Whether it gets a round in this pass.
+    fn ready(&self, now: Instant) -> bool {
+        matches!(self.wait, Wait::No) || self.member.kicked() || self.due.is_some_and(|d| now >= d)
+    }
+}
+
+/// A group's thread: passes over its members until the groups stop.
+fn serve(group: &Group) {
+    let slack = std::num::NonZeroU64::new(TIMER_SLACK_NS);
+    if let Err(e) = rustix::thread::set_current_timer_slack(slack) {
+        tracing::debug!("setting the poll group's timer slack: {e}");
+    }
+    let mut members: Vec<Served> = Vec::new();
+    loop {
+        if group.stop.load(Ordering::Acquire) {
+            break;
+        }
+        let joined = std::mem::take(&mut *group.joining.lock());
+        for j in joined {
+            let mut s = Served {
+                member: j.member,
+                left: j.left,
+                wait: Wait::No,
+                due: None,
+            };
+            s.prepare();
+            members.push(s);
+        }
+        let now = Instant::now();
+        let mut i = 0;
+        while let Some(s) = members.get_mut(i) {
+            if s.ready(now) {
+                let slept = !matches!(s.wait, Wait::No);
+                if !s.member.round(Take::Now { slept }) {
+                    // Dropped (its session, its commands' state) before
+                    // its controller's reset goes on, as a joined thread.
+                    let gone = members.remove(i);
+                    let left = gone.left;
+                    drop(gone.member);
+                    left.left();
+                    continue;
+                }
+                s.prepare();
+            }
+            i += 1;
+        }
+        group.members.store(members.len(), Ordering::Relaxed);
+        if members.iter().any(|s| matches!(s.wait, Wait::No)) {
+            continue;
+        }
+        let deadline = members.iter().filter_map(|s| s.due).min();
+        // A kick after a member's prepare rang the bell: the wait returns
+        // at once for it.
+        group.bell.wait(deadline);
+    }
+    // Stopped with members left (the process is ending): let their
+    // controllers' resets go on.
+    for s in members {
+        s.left.left();
+    }
+    let joined = std::mem::take(&mut *group.joining.lock());
+    for j in joined {
+        j.left.left();
+    }
+}

@@ -1,0 +1,286 @@
+//! `vnvme serve --config FILE` with `[[controllers]]`: several controllers
+//! in one process, each on its own vfio-user socket (and its own thread
+//! for its client's messages), their queues served by one set of poll
+//! group threads (`workers`).
+//!
+//! A controller's client connecting, resetting or dying touches only that
+//! controller: its connection thread is its own, and a reset stops only
+//! its workers (see `vnvme_controller::PollGroups`).
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use vnvme_controller::{NamespaceConfig, NamespaceIds, PollGroups};
+use vnvme_vfio_user::activation::Activated;
+
+use super::{stop_on_signals, watch_stop, ServeOptions, DEFAULT_SOCKET, STOP_TIMEOUT};
+use crate::config::ControllerEntry;
+use crate::control::ControlServer;
+use crate::device::NvmeDevice;
+use crate::identity::Origin;
+use crate::socket::Plan;
+
+/// Poll-group threads when neither `--workers` nor the file says: what one
+/// controller has for its I/O queues today (`--workers`' default).
+const DEFAULT_POLL_GROUPS: u64 = 1;
+
+/// One controller, ready to serve.
+struct Ready {
+    name: String,
+    device: NvmeDevice,
+    plan: Plan,
+    server: vnvme_vfio_user::ServerOptions,
+    control: Option<std::path::PathBuf>,
+}
+
+/// Serves `controllers` until stopped. `workers` is the file's top-level
+/// value; a `--workers` other than its default wins over it.
+pub(super) fn run(
+    opts: &ServeOptions,
+    inherited: Option<Activated>,
+    workers: Option<u64>,
+    controllers: Vec<ControllerEntry>,
+) -> Result<()> {
+    if inherited.is_some() {
+        bail!(
+            "a launcher passed one socket (LISTEN_FDS, socket activation), but the \
+             [[controllers]] file names a socket per controller: serve it without socket \
+             activation"
+        );
+    }
+    for (given, flag) in [
+        (opts.socket.is_some(), "--socket"),
+        (opts.control.is_some(), "--control"),
+        (!opts.namespaces.is_empty(), "--ns"),
+        (opts.stats.is_some(), "--stats"),
+        (opts.metrics.is_some(), "--metrics"),
+    ] {
+        if given {
+            bail!(
+                "{flag} describes one controller, and the configuration has [[controllers]]: set \
+                 socket, control and namespaces in each [[controllers]] table (a controller's \
+                 counters: vnvme ctl --control ITS_CONTROL stats)"
+            );
+        }
+    }
+    let threads = match (opts.device.workers, workers) {
+        (cli, _) if cli != DEFAULT_POLL_GROUPS => cli,
+        (_, Some(file)) => file,
+        _ => DEFAULT_POLL_GROUPS,
+    };
+    let groups = PollGroups::new(usize::try_from(threads).unwrap_or(usize::MAX))
+        .context("starting the poll-group threads (--workers)")?;
+    let mut stop_timeout = opts.stop_timeout.unwrap_or(STOP_TIMEOUT);
+    // Identities first, over every controller, before any device starts.
+    let mut built = Vec::new();
+    let mut identities = Vec::new();
+    for (i, entry) in controllers.into_iter().enumerate() {
+        let name = format!("controllers[{i}] ({})", entry.socket.display());
+        let file = &entry.config;
+        let device = file.apply(&opts.device);
+        let origin = Origin::socket(&entry.socket);
+        let namespaces = if file.namespaces.is_empty() {
+            vec!["1G:ram".parse().map_err(anyhow::Error::msg)?]
+        } else {
+            file.namespaces.clone()
+        };
+        let configs = device
+            .namespace_configs(&namespaces, &origin)
+            .with_context(|| name.clone())?;
+        let identity = device.controller_config(&origin);
+        identities.push(Identity::new(
+            &name,
+            &identity.serial,
+            &identity.nqn(),
+            &configs,
+        ));
+        if let Some(t) = file.stop_timeout {
+            stop_timeout = stop_timeout.max(t);
+        }
+        built.push((name, entry, device, origin, configs, namespaces));
+    }
+    check_unique(&identities)?;
+    let mut ready = Vec::new();
+    for (name, entry, device, origin, configs, namespaces) in built {
+        let file = &entry.config;
+        let mut o = opts.clone();
+        o.max_dma_maps = o.max_dma_maps.or(file.max_dma_maps);
+        o.max_dma_size = o.max_dma_size.or(file.max_dma_size);
+        o.handshake_timeout = o.handshake_timeout.or(file.handshake_timeout);
+        o.message_timeout = o.message_timeout.or(file.message_timeout);
+        let server = o.server_options().with_context(|| name.clone())?;
+        let plan = Plan::new(
+            None,
+            Some(&entry.socket),
+            Path::new(DEFAULT_SOCKET),
+            o.socket_mode.or(file.socket_mode),
+            o.socket_group.as_deref().or(file.socket_group.as_deref()),
+        )
+        .with_context(|| name.clone())?;
+        let nvme = device
+            .build_from(configs, &origin, Some(groups.clone()))
+            .with_context(|| name.clone())?;
+        for (k, spec) in file.faults.iter().enumerate() {
+            nvme.controller()
+                .fault_add(spec.clone())
+                .with_context(|| format!("{name}: [[controllers.fault]] number {}", k + 1))?;
+        }
+        // A controller's QoS groups are its own: one budget for some of its
+        // namespaces (and itself).
+        let qos_groups = crate::qos::groups(&file.qos_groups).with_context(|| name.clone())?;
+        crate::qos::apply_all(nvme.controller(), &file.qos, &namespaces, &qos_groups)
+            .with_context(|| name.clone())?;
+        ready.push(Ready {
+            name,
+            device: nvme,
+            plan,
+            server,
+            control: entry.control,
+        });
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    stop_on_signals(&stop)?;
+    // Dropped (their files removed) on every return.
+    let mut serving = Vec::new();
+    let mut devices = Vec::new();
+    for r in ready {
+        let listening = r.plan.listen().with_context(|| r.name.clone())?;
+        let control = match &r.control {
+            Some(path) => Some(ControlServer::start(
+                path,
+                opts.control_mode,
+                Arc::clone(r.device.controller()),
+                Arc::clone(&stop),
+            )?),
+            None => None,
+        };
+        tracing::info!(controller = %r.name, "serving NVMe controller over vfio-user");
+        devices.push(r.device);
+        serving.push((r.name, r.server, listening, control));
+    }
+    let own = serving
+        .iter()
+        .filter_map(|(_, _, l, _)| l.own_file())
+        .collect();
+    watch_stop(Arc::clone(&stop), stop_timeout, own)?;
+    tracing::info!(
+        controllers = serving.len(),
+        workers = groups.len(),
+        "serving every controller; the poll-group threads are vnvme-pg0.."
+    );
+    // A thread per controller for its client's messages: one client's
+    // connection, reset or end never waits for another's.
+    let failed = std::thread::scope(|scope| {
+        let handles: Vec<_> = serving
+            .iter()
+            .zip(devices)
+            .map(|((name, server, listening, _), device)| {
+                let stop = &*stop;
+                let listener = listening.listener();
+                let name = name.clone();
+                let server = server.clone();
+                std::thread::Builder::new()
+                    .name("vnvme-conn".into())
+                    .spawn_scoped(scope, move || {
+                        let mut s = vnvme_vfio_user::Server::with_options(device, server);
+                        let r = s.serve_listener(listener, stop);
+                        if let Err(e) = &r {
+                            tracing::error!("{name}: serving vfio-user: {e}");
+                        }
+                        r.is_err()
+                    })
+            })
+            .collect();
+        let mut failed = 0;
+        for h in handles {
+            match h {
+                Ok(h) => failed += usize::from(h.join().unwrap_or(true)),
+                Err(e) => {
+                    tracing::error!("starting a controller's connection thread: {e}");
+                    stop.store(true, Ordering::Release);
+                    failed += 1;
+                }
+            }
+        }
+        failed
+    });
+    drop(serving);
+    if failed > 0 {
+        bail!("{failed} controller(s) stopped serving with an error (logged above)");
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// What hosts tell one controller and its namespaces apart by.
+struct Identity {
+    name: String,
+    serial: String,
+    nqn: String,
+    /// Each namespace's NSID and identifiers.
+    namespaces: Vec<(u32, NamespaceIds)>,
+}
+
+impl Identity {
+    fn new(name: &str, serial: &str, nqn: &str, namespaces: &[NamespaceConfig]) -> Self {
+        Self {
+            name: name.to_string(),
+            serial: serial.to_string(),
+            nqn: nqn.to_string(),
+            // As the controller derives what the configuration leaves out.
+            namespaces: namespaces
+                .iter()
+                .map(|ns| {
+                    let ids = ns
+                        .ids
+                        .unwrap_or_else(|| NamespaceIds::for_controller(serial, ns.nsid));
+                    (ns.nsid, ids)
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Refuses two controllers of one process with the same serial number,
+/// subsystem NQN or namespace identifier (NGUID, EUI-64, UUID): Linux
+/// rejects the second controller ("Duplicate cntlid") or clears the
+/// namespaces' identifiers, after which /dev/disk/by-id may name the wrong
+/// disk. (Within one controller the controller itself refuses them.)
+fn check_unique(all: &[Identity]) -> Result<()> {
+    for (j, b) in all.iter().enumerate() {
+        for a in &all[..j] {
+            if a.serial == b.serial {
+                bail!(
+                    "{} and {} have the same serial number {}: give each its own serial",
+                    a.name,
+                    b.name,
+                    a.serial
+                );
+            }
+            if a.nqn == b.nqn {
+                bail!(
+                    "{} and {} have the same subsystem NQN {}: give each its own nqn",
+                    a.name,
+                    b.name,
+                    a.nqn
+                );
+            }
+            for (na, ia) in &a.namespaces {
+                for (nb, ib) in &b.namespaces {
+                    if let Some(id) = ia.shared_with(ib) {
+                        bail!(
+                            "{} namespace {na} and {} namespace {nb} have the same {id}: give \
+                             each its own (nguid, eui64, uuid), or leave them out to have them \
+                             derived",
+                            a.name,
+                            b.name
+                        );
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
