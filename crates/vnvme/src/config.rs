@@ -81,6 +81,45 @@
 //!
 //! Errors name the file, line and field:
 //! `config.toml:7: namespaces[1].ready: invalid duration 'soon' ...`.
+//!
+//! # Several controllers in one process
+//!
+//! A file with `[[controllers]]` tables serves several independent
+//! controllers from one process ([`ServeFile::Many`]). Each table is a
+//! whole document as above (the same keys, its own
+//! `[[controllers.namespaces]]` and `[[controllers.fault]]`) plus `socket`
+//! (required) and `control` (optional: `vnvme ctl --control PATH` for that
+//! controller). At the top level only `workers` may stand: the poll-group
+//! threads that serve every controller's queues (default: `--workers`,
+//! 1), each controller's admin queue and one I/O worker per thread, a
+//! busy controller yielding to the others every 128 commands per queue.
+//!
+//! ```toml
+//! workers = 2                  # poll-group threads for all controllers
+//!
+//! [[controllers]]
+//! socket = "/run/vnvme/vm1-disk1.sock"
+//! control = "/run/vnvme/vm1-disk1.ctl"
+//! [[controllers.namespaces]]
+//! size = "8G"
+//! backend = "file"
+//! path = "/var/lib/vnvme/vm1-disk1.img"
+//!
+//! [[controllers]]
+//! socket = "/run/vnvme/vm1-disk2.sock"
+//! doorbells = "shadow"
+//! [[controllers.namespaces]]
+//! size = "1G"
+//! ```
+//!
+//! Errors name the table: `serve.toml:14: controllers[1].namespaces[0].size:
+//! ...`. Mixing top-level controller keys with `[[controllers]]`, a
+//! controller table without `socket`, `workers` inside one, two tables with
+//! one socket or control path, and two controllers with one serial number,
+//! subsystem NQN or namespace identifier (NGUID, EUI-64, UUID, also where
+//! derived) are refused. Without `[[controllers]]` the file is one
+//! controller, as before, and separate processes (one `--socket` each)
+//! stay the default.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -250,7 +289,7 @@ impl ServeConfig {
     /// `[[controllers]]` is refused: see [`ServeFile`]).
     pub fn parse(file: &str, text: &str) -> Result<Self, ConfigFileError> {
         match ServeFile::parse(file, text)? {
-            ServeFile::One(c) => Ok(c),
+            ServeFile::One(c) => Ok(*c),
             ServeFile::Many { .. } => Err(ConfigFileError {
                 file: file.to_string(),
                 line: 1,

@@ -50,7 +50,9 @@ pub struct DeviceOptions {
     /// `--msix-vectors` is rounded down to a power of two, at most 32.
     #[arg(long, value_name = "KIND", default_value_t = Interrupts::Msix)]
     pub interrupts: Interrupts,
-    /// Queue worker threads in the controller.
+    /// Queue worker threads in the controller (its I/O queues spread over them; the admin queue has
+    /// a thread of its own besides). With a --config file of `[[controllers]]`: the poll-group
+    /// threads that serve every controller's queues, admin queues included.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=MAX_WORKERS))]
     pub workers: u64,
     /// How guest doorbell writes reach the controller: trap (every write is

@@ -77,7 +77,11 @@ pub struct ServeOptions {
     )]
     pub namespaces: Vec<NamespaceSpec>,
     /// A TOML file describing the controller and its namespaces (see `vnvme::config`); flags given
-    /// on the command line override it, and --ns replaces its namespaces.
+    /// on the command line override it, and --ns replaces its namespaces. With `[[controllers]]`
+    /// tables (each a controller with its own socket = "PATH", control = "PATH" and namespaces),
+    /// one process serves them all, their queues on --workers poll-group threads (default 1, or
+    /// the file's top-level workers); --socket, --control, --ns, --stats and --metrics are refused
+    /// then, the other flags apply to every controller.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Write the controller's counters as JSON to FILE every second and at
@@ -157,7 +161,7 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
     let mut qos_groups = std::collections::BTreeMap::new();
     if let Some(path) = &opts.config {
         let file = match crate::config::ServeFile::load(path)? {
-            crate::config::ServeFile::One(file) => file,
+            crate::config::ServeFile::One(file) => *file,
             crate::config::ServeFile::Many {
                 workers,
                 controllers,

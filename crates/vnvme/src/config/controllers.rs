@@ -19,7 +19,7 @@ use super::{field_at, line_of, At, ConfigFileError, FileConfig, ServeConfig};
 #[derive(Debug, Clone, PartialEq)]
 pub enum ServeFile {
     /// One controller: the file's keys at the top level.
-    One(ServeConfig),
+    One(Box<ServeConfig>),
     /// `[[controllers]]` tables, in file order, and the poll-group threads
     /// (`workers`; `None`: the command line's or the default).
     Many {
@@ -67,7 +67,7 @@ impl ServeFile {
         })?;
         if raw.controllers.is_empty() {
             only_in_controllers(&raw, &at)?;
-            return Ok(ServeFile::One(ServeConfig::from_raw(&raw, &at)?));
+            return Ok(ServeFile::One(Box::new(ServeConfig::from_raw(&raw, &at)?)));
         }
         // Every top-level key but these belongs to one controller.
         let table: toml::Table =
