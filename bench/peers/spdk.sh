@@ -14,6 +14,20 @@
 #   SPDK_DIR=/path/to/spdk bench/peers/spdk.sh [--runtime S] [--qd 1,4,32,128]
 #       [--workloads randread,randwrite] [--modes adaptive,mmap-poll,trap,shadow]
 #       [--rounds N] [--no-spdk] [--json FILE]
+#   SPDK_DIR=/path/to/spdk bench/peers/spdk.sh --controllers 1,4,16,64 [--qd 32]
+#       [--runtime S] [--modes adaptive] [--rounds N] [--no-spdk] [--json FILE]
+#
+# With --controllers, the scale sweep: each target serves the largest N
+# controllers from one process on core 0 (nvmf_tgt: N subsystems, each with
+# a null bdev and a vfio-user listener; vnvme: one `vnvme serve --config`
+# with N [[controllers]] tables), and `vnvme bench --controllers --attach`
+# on core 1 drives the first N of them for each N, one driver client (one
+# I/O queue) per controller, randread. It prints aggregate IOPS, the
+# slowest and fastest controller, and the target's CPU; the same client
+# drives both targets. Against SPDK the client maps the doorbell page, as
+# SPDK's own host does (its target polls that page; a doorbell written
+# through the socket costs it milliseconds); against vnvme it takes each
+# of --modes as the single-controller bench does.
 #
 # The machine's speed drifts by minutes: --rounds N (default 3) runs every
 # target N times in turn, and the table gives each cell's median (the JSON
@@ -30,6 +44,8 @@ workloads=randread,randwrite
 modes=adaptive,mmap-poll,trap,shadow
 with_spdk=1
 rounds=3
+controllers=
+json_given=0
 root=$(cd "$(dirname "$0")/../.." && pwd)
 json=$root/target/bench/spdk-peer.json
 
@@ -42,7 +58,8 @@ while [ $# -gt 0 ]; do
     --modes) modes=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --no-spdk) with_spdk=0; shift ;;
-    --json) json=$2; shift 2 ;;
+    --controllers) controllers=$2; shift 2 ;;
+    --json) json=$2; json_given=1; shift 2 ;;
     -h | --help) usage; exit 0 ;;
     *) echo "spdk.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
@@ -130,6 +147,96 @@ perf() {
     fi
     echo "$out" | awk '/^Total/ { print $3, $5; found=1 } END { if (!found) print "error: no Total line" }'
 }
+
+# --- the scale sweep (--controllers) ---
+# start_spdk_many N / start_vnvme_many MODE N: N controllers in one target
+# process on core 0; set `sockets` (comma separated) and `target_pid`.
+start_spdk_many() {
+    local n=$1 i d
+    taskset -c 0 "$SPDK_DIR/build/bin/nvmf_tgt" -m 0x1 -r "$work/spdk.sock" >"$work/spdk-target.log" 2>&1 &
+    target_pid=$!
+    wait_for "$work/spdk.sock" || die "nvmf_tgt did not start (see $work/spdk-target.log)"
+    sleep 0.5
+    rpc -s "$work/spdk.sock" nvmf_create_transport -t VFIOUSER
+    sockets=
+    for i in $(seq 0 $((n - 1))); do
+        d=$work/spdk-many/$i
+        mkdir -p "$d"
+        rpc -s "$work/spdk.sock" bdev_null_create "Null$i" 1024 4096
+        rpc -s "$work/spdk.sock" nvmf_create_subsystem "nqn.2019-07.io.spdk:cnode$i" -a -s "SPDK$i"
+        rpc -s "$work/spdk.sock" nvmf_subsystem_add_ns "nqn.2019-07.io.spdk:cnode$i" "Null$i"
+        rpc -s "$work/spdk.sock" nvmf_subsystem_add_listener "nqn.2019-07.io.spdk:cnode$i" -t VFIOUSER -a "$d" -s 0
+        wait_for "$d/cntrl" || die "SPDK's listener socket $d/cntrl did not appear"
+        sockets=${sockets:+$sockets,}$d/cntrl
+    done
+}
+
+start_vnvme_many() {
+    local mode=$1 n=$2 i conf=$work/vnvme-many.toml
+    mkdir -p "$work/vnvme-many"
+    : >"$conf"
+    for i in $(seq 0 $((n - 1))); do
+        printf '[[controllers]]\nsocket = "%s"\ndoorbells = "%s"\nmax_io_queues = 1\n[[controllers.namespaces]]\nsize = "1G"\nbackend = "null"\n\n' \
+            "$work/vnvme-many/$i.sock" "$mode" >>"$conf"
+    done
+    taskset -c 0 "$VNVME" serve --config "$conf" >"$work/vnvme-many-$mode.log" 2>&1 &
+    target_pid=$!
+    sockets=
+    for i in $(seq 0 $((n - 1))); do
+        wait_for "$work/vnvme-many/$i.sock" || die "vnvme serve did not start (see $work/vnvme-many-$mode.log)"
+        sockets=${sockets:+$sockets,}$work/vnvme-many/$i.sock
+    done
+}
+
+if [ -n "$controllers" ]; then
+    IFS=, read -ra count_list <<<"$controllers"
+    most=$(printf '%s\n' "${count_list[@]}" | sort -n | tail -1)
+    IFS=, read -ra mode_list <<<"$modes"
+    [ "$qds" = 1,4,32,128 ] && qds=32
+    [ "$json_given" = 1 ] || json=$root/target/bench/spdk-scale.json
+    targets=()
+    [ "$with_spdk" = 1 ] && targets+=(spdk)
+    for m in "${mode_list[@]}"; do targets+=("vnvme:$m"); done
+    for round in $(seq "$rounds"); do
+        for t in "${targets[@]}"; do
+            case $t in
+            spdk) start_spdk_many "$most"; mode=mmap-poll ;;
+            vnvme:*) mode=${t#vnvme:}; start_vnvme_many "$mode" "$most" ;;
+            esac
+            echo "round $round $t: $most controllers, driving $controllers of them" >&2
+            taskset -c 1 "$VNVME" bench --controllers "$controllers" --attach "$sockets" \
+                --server-pid "$target_pid" --modes "$mode" --qd "$qds" --runtime "$runtime" \
+                --json "$work/scale-$round-${t/:/-}.json" >&2 ||
+                echo "spdk.sh: the sweep against $t failed (see above)" >&2
+            stop_target
+        done
+    done
+    mkdir -p "$(dirname "$json")"
+    python3 - "$work" "$json" <<'EOF'
+import glob, json, os, statistics, sys
+work, out_path = sys.argv[1], sys.argv[2]
+rows = []
+for path in sorted(glob.glob(os.path.join(work, "scale-*.json"))):
+    _, rnd, target = os.path.basename(path)[:-5].split("-", 2)
+    for r in json.load(open(path))["scale"]:
+        r.update(round=int(rnd), target=target.replace("-", ":", 1))
+        rows.append(r)
+json.dump({"pinning": "target core 0, vnvme bench (client) core 1", "runs": rows},
+          open(out_path, "w"), indent=2)
+cells = {}
+for r in rows:
+    cells.setdefault((r["target"], r["qd"], r["controllers"]), []).append(r)
+print("| target | QD | controllers | IOPS (median) | min/max per controller | target CPU (cores) |")
+print("|---|---|---|---|---|---|")
+for (t, qd, n), rs in sorted(cells.items()):
+    med = statistics.median(x["iops"] for x in rs)
+    fair = statistics.median(x["min_controller_iops"] / max(x["max_controller_iops"], 1e-9) for x in rs)
+    cpu = statistics.median(x["server_cpu_cores"] for x in rs)
+    print(f"| {t} | {qd} | {n} | {med/1e6:.2f}M | {fair:.2f} | {cpu:.2f} |")
+print(f"\nmedian of {max(len(v) for v in cells.values()) if cells else 0} run(s) per cell; JSON: {out_path}")
+EOF
+    exit 0
+fi
 
 results=$work/results.tsv
 : >"$results"

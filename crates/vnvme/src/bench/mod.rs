@@ -10,6 +10,7 @@ pub mod passthru;
 mod plot;
 mod report;
 pub mod rng;
+pub mod scale;
 mod verify;
 pub mod zns;
 
@@ -218,6 +219,34 @@ pub struct BenchOptions {
     /// the controller holds them.
     #[arg(long, value_name = "LIMITS")]
     pub qos: Option<crate::qos::QosSpec>,
+    /// Scale: for each N in the list, N controllers at once, each with its own driver client (one
+    /// I/O queue at each --qd), served by one `vnvme serve` process (a config with N
+    /// [[controllers]]); prints aggregate IOPS, the slowest and fastest controller, and the
+    /// server's CPU busy and idle. E.g. `--controllers 1,4,16,64 --modes adaptive --qd 32`.
+    #[arg(long, value_name = "N,...")]
+    pub controllers: Option<List<usize>>,
+    /// With --controllers: one `vnvme serve` process per controller instead of one for all.
+    #[arg(long, requires = "controllers")]
+    pub processes: bool,
+    /// With --controllers: attach to these vfio-user sockets (comma separated) instead of starting
+    /// servers, the first N for each N; e.g. SPDK's nvmf_tgt (bench/peers/spdk.sh --controllers).
+    #[arg(long, value_name = "SOCKET,...", requires = "controllers")]
+    pub attach: Option<List<PathBuf>>,
+    /// With --attach: the server's process id, whose CPU is reported (0 without it).
+    #[arg(long, value_name = "PID", requires = "attach")]
+    pub server_pid: Option<u32>,
+    /// With --controllers (one process): the server's --workers (default: its own).
+    #[arg(long, value_name = "N", requires = "controllers")]
+    pub server_workers: Option<u16>,
+    /// With --controllers: seconds every client stays attached and idle before the first point,
+    /// while the server's idle CPU is measured.
+    #[arg(
+        long,
+        value_name = "S",
+        default_value_t = 2.0,
+        requires = "controllers"
+    )]
+    pub idle_seconds: f64,
     /// The controller's polling, as `vnvme serve` takes it (with --guest,
     /// passed to the `vnvme serve` the bench starts).
     #[command(flatten)]
@@ -376,6 +405,9 @@ pub fn main(opts: &BenchOptions) -> Result<()> {
     if opts.guest && opts.qos.is_some() {
         bail!("--qos is for the in-process bench, not --guest");
     }
+    if opts.guest && opts.controllers.is_some() {
+        bail!("--controllers is for the in-process bench's servers, not --guest");
+    }
     if opts.guest && opts.verify {
         bail!("--verify is for the in-process bench, not --guest");
     }
@@ -384,6 +416,9 @@ pub fn main(opts: &BenchOptions) -> Result<()> {
     }
     if opts.guest {
         return guest::main(&guest::GuestBenchOptions::from_bench(opts));
+    }
+    if let Some(counts) = &opts.controllers {
+        return scale_main(opts, &counts.0);
     }
     let runs = run(opts)?;
     print!("{}", report::table(&runs));
@@ -396,6 +431,29 @@ pub fn main(opts: &BenchOptions) -> Result<()> {
     }
     if let Some(path) = &opts.plot {
         write_output(path, plot::svg(&runs), "bench")?;
+    }
+    Ok(())
+}
+
+/// `--controllers`: the scale sweep, its table and its JSON.
+fn scale_main(opts: &BenchOptions, counts: &[usize]) -> Result<()> {
+    if opts.plot.is_some() {
+        bail!("--plot draws the single-controller sweep: leave it out with --controllers");
+    }
+    if !(opts.idle_seconds > 0.0 && opts.idle_seconds <= 3600.0) {
+        bail!(
+            "--idle-seconds must be between 0 and 3600 (got {})",
+            opts.idle_seconds
+        );
+    }
+    let runs = scale::run(opts, counts)?;
+    print!("{}", scale::table(&runs));
+    if let Some(path) = &opts.json {
+        write_json(
+            path,
+            &serde_json::json!({ "scale": runs, "machine": report::machine() }),
+            "bench",
+        )?;
     }
     Ok(())
 }
