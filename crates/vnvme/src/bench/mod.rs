@@ -437,8 +437,8 @@ pub fn main(opts: &BenchOptions) -> Result<()> {
 
 /// `--controllers`: the scale sweep, its table and its JSON.
 fn scale_main(opts: &BenchOptions, counts: &[usize]) -> Result<()> {
-    if opts.plot.is_some() {
-        bail!("--plot draws the single-controller sweep: leave it out with --controllers");
+    if opts.plot.is_some() || opts.qos.is_some() {
+        bail!("--plot and --qos are for the single-controller sweep: leave them out with --controllers");
     }
     if !(opts.idle_seconds > 0.0 && opts.idle_seconds <= 3600.0) {
         bail!(
