@@ -1,6 +1,6 @@
 //! The controller's view of the outside world: guest memory and interrupts.
 //! Guest memory is `vnvme-memory`'s one trait, which vfio-user's DMA space
-//! implements (and [`crate::testing::VecMemory`] in tests): the controller
+//! implements (and `testing::VecMemory` in tests): the controller
 //! calls it directly, and its errors reach the controller unconverted.
 //! Interrupts go to eventfds in `vnvme-device`, and to a counting fake in
 //! tests.

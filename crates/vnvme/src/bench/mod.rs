@@ -223,6 +223,8 @@ pub struct BenchOptions {
     /// I/O queue at each --qd), served by one `vnvme serve` process (a config with N
     /// [[controllers]]); prints aggregate IOPS, the slowest and fastest controller, and the
     /// server's CPU busy and idle. E.g. `--controllers 1,4,16,64 --modes adaptive --qd 32`.
+    // The brackets are the config's table name, not links.
+    #[allow(rustdoc::broken_intra_doc_links)]
     #[arg(long, value_name = "N,...")]
     pub controllers: Option<List<usize>>,
     /// With --controllers: one `vnvme serve` process per controller instead of one for all.
