@@ -33,7 +33,6 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use vnvme_controller::{Controller, QosGroup, QosLimits, QosTarget};
 
-use crate::namespace::NamespaceSpec;
 use crate::size::parse_size;
 
 /// `--ns` options ([`crate::ns_syntax`]) that set limits.
@@ -185,17 +184,19 @@ pub fn apply(
 }
 
 /// Gives a started controller the limits of its configuration: its own
-/// (`controller`) and its namespaces' (NSIDs from 1 in order).
-pub fn apply_all(
+/// (`controller`) and its namespaces' (NSIDs from 1 in order). The
+/// namespaces come as their limits only: `namespace` holds [`QosSpec`], so
+/// this module does not name `NamespaceSpec` (no import circle).
+pub fn apply_all<'a>(
     ctrl: &Controller,
     controller: &QosSpec,
-    namespaces: &[NamespaceSpec],
+    namespaces: impl IntoIterator<Item = &'a QosSpec>,
     groups: &BTreeMap<String, Arc<QosGroup>>,
 ) -> Result<()> {
     apply(ctrl, QosTarget::Controller, controller, groups).context("the controller's QoS")?;
-    for (i, ns) in namespaces.iter().enumerate() {
+    for (i, ns) in namespaces.into_iter().enumerate() {
         let nsid = u32::try_from(i + 1).unwrap_or(u32::MAX);
-        apply(ctrl, QosTarget::Namespace(nsid), &ns.qos, groups)
+        apply(ctrl, QosTarget::Namespace(nsid), ns, groups)
             .with_context(|| format!("namespace {nsid}'s QoS"))?;
     }
     Ok(())

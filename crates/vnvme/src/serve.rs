@@ -216,7 +216,12 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
             .with_context(|| format!("[[fault]] number {} of the configuration", i + 1))?;
     }
     let groups = crate::qos::groups(&qos_groups)?;
-    crate::qos::apply_all(device.controller(), &qos, &opts.namespaces, &groups)?;
+    crate::qos::apply_all(
+        device.controller(),
+        &qos,
+        opts.namespaces.iter().map(|ns| &ns.qos),
+        &groups,
+    )?;
     // Before the socket: a --metrics address in use fails the start
     // without leaving a socket file behind.
     let metrics = match opts.metrics {

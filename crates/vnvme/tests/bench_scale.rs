@@ -11,15 +11,29 @@ fn vnvme(args: &[&str]) -> std::process::Output {
 }
 
 #[test]
-fn every_controller_of_every_point_completes_io_without_errors() {
-    let dir = std::env::temp_dir().join(format!("vnvme-bench-scale-test-{}", std::process::id()));
+fn every_controller_of_every_point_completes_io_as_processes() {
+    every_controller_completes_io("processes");
+}
+
+#[test]
+fn every_controller_of_every_point_completes_io_in_one_process() {
+    every_controller_completes_io("one-process");
+}
+
+/// A sweep of 1 and 3 controllers served as `server` ("processes" or
+/// "one-process"): every client of every point completed I/O, none failed.
+fn every_controller_completes_io(server: &str) {
+    let dir = std::env::temp_dir().join(format!(
+        "vnvme-bench-scale-test-{}-{server}",
+        std::process::id()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     let json = dir.join("scale.json");
-    let out = vnvme(&[
+    let json_arg = json.to_str().unwrap();
+    let mut args = vec![
         "bench",
         "--controllers",
         "1,3",
-        "--processes",
         "--modes",
         "adaptive",
         "--qd",
@@ -31,8 +45,12 @@ fn every_controller_of_every_point_completes_io_without_errors() {
         "--size",
         "64M",
         "--json",
-        json.to_str().unwrap(),
-    ]);
+        json_arg,
+    ];
+    if server == "processes" {
+        args.push("--processes");
+    }
+    let out = vnvme(&args);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "bench failed: {stderr}");
     let doc: serde_json::Value =
@@ -44,7 +62,7 @@ fn every_controller_of_every_point_completes_io_without_errors() {
         .collect();
     assert_eq!(counts, [1, 3], "{doc}");
     for r in rows {
-        assert_eq!(r["server"], "processes", "{r}");
+        assert_eq!(r["server"], server, "{r}");
         assert_eq!(r["errors"], 0, "{r}");
         // The slowest controller completed I/O too: every client ran.
         let min = r["min_controller_iops"].as_f64().unwrap();

@@ -130,8 +130,13 @@ pub(super) fn run(
         // A controller's QoS groups are its own: one budget for some of its
         // namespaces (and itself).
         let qos_groups = crate::qos::groups(&file.qos_groups).with_context(|| name.clone())?;
-        crate::qos::apply_all(nvme.controller(), &file.qos, &namespaces, &qos_groups)
-            .with_context(|| name.clone())?;
+        crate::qos::apply_all(
+            nvme.controller(),
+            &file.qos,
+            namespaces.iter().map(|ns| &ns.qos),
+            &qos_groups,
+        )
+        .with_context(|| name.clone())?;
         ready.push(Ready {
             name,
             device: nvme,
