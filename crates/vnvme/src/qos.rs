@@ -93,6 +93,7 @@ impl QosSpec {
             "commands a second: a whole number"
         };
         let n = match value {
+            // The only way an i64 does not fit a u64 is being negative: said below.
             QosValue::Int(n) => u64::try_from(*n).map_err(|_| {
                 format!("{key}: {n} is negative; give {unit}, or leave {key} out for no limit")
             })?,
@@ -102,6 +103,7 @@ impl QosSpec {
             QosValue::Text(t) => t
                 .trim()
                 .parse()
+                // The integer parse error (invalid digit, too large) says less than naming the unit.
                 .map_err(|_| format!("{key}: '{t}' is not {unit}"))?,
         };
         self.limits.set(key, n).map_err(|e| e.to_string())

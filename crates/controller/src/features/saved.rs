@@ -102,6 +102,7 @@ impl Features {
             )));
         }
         let host_behavior = HostBehaviorSupport::read_from_bytes(&saved.host_behavior)
+            // zerocopy's size error says only that the length is wrong: the message does.
             .map_err(|_| inconsistent("Host Behavior Support is not 512 bytes long"))?;
         let admin = AdminState {
             nsqa_z: saved.nsqa_z,

@@ -80,6 +80,7 @@ impl Reporting {
         let entries = (saved.error_log.iter())
             .map(|e| {
                 ErrorLogEntry::read_from_bytes(&e.0)
+                    // zerocopy's size error says only that the length is wrong: the message does.
                     .map_err(|_| inconsistent("an error log entry is not 64 bytes long"))
             })
             .collect::<Result<_, _>>()?;

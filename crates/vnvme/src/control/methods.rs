@@ -297,6 +297,7 @@ fn qos_set(ctrl: &Controller, p: Value) -> Result<Value, RpcError> {
             },
             _ => {
                 let value: QosValue = serde_json::from_value(v.clone())
+                    // serde's untagged-enum error names no variant: the message names both.
                     .map_err(|_| bad(format!("{key}: {v} is not a number or a size")))?;
                 spec.set(&key, &value, false).map_err(bad)?;
             }

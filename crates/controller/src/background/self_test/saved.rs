@@ -41,6 +41,7 @@ impl SelfTest {
         let results = (saved.results.iter())
             .map(|r| {
                 SelfTestResult::read_from_bytes(&r.0)
+                    // zerocopy's size error says only that the length is wrong: the message does.
                     .map_err(|_| inconsistent("a self-test result is not 28 bytes long"))
             })
             .collect::<Result<_, _>>()?;
