@@ -88,6 +88,7 @@ pub(crate) mod hex {
 /// `bytes` as a fixed-size array, or [`InvalidState::Mismatch`] naming
 /// `what` if its length differs.
 pub(crate) fn array<const N: usize>(what: &str, bytes: &[u8]) -> Result<[u8; N], InvalidState> {
+    // TryFromSliceError carries nothing: the lengths below say what was wrong.
     <[u8; N]>::try_from(bytes).map_err(|_| InvalidState::Mismatch {
         what: format!("the length of {what}"),
         saved: bytes.len().to_string(),
