@@ -19,12 +19,12 @@
 #   GUEST_SCRIPT  host path, put into the initramfs as /test.sh (with guest-lib.sh), run by /init
 #   IMAGE     host path of the image to write (replaced); 64 MiB for the partition + 2 MiB
 # The initramfs is the rig's ($RIG_OUT/initramfs.cpio.gz) with a second archive appended, exactly as
-# run-guest.sh stages it. Variables: VNVME_RIG_CACHE, RIG_CHROOT, RIG_OUT (as run-guest.sh).
+# run-guest.sh stages it. Variables: VNVME_RIG_CACHE, RIG_CHROOT, RIG_OUT, RIG_RELEASE (as run-guest.sh).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 CACHE=${VNVME_RIG_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vnvme-rig}
 CHROOT=${RIG_CHROOT:-$CACHE/trixie}
-OUT=${RIG_OUT:-$CACHE/guest}
+case ${RIG_RELEASE:-trixie} in trixie) OUT=${RIG_OUT:-$CACHE/guest} ;; *) OUT=${RIG_OUT:-$CACHE/guest-$RIG_RELEASE} ;; esac
 die() { echo "make-boot-image: $*" >&2; exit 1; }
 usage() { sed -n '8,22p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 

@@ -12,7 +12,8 @@
 # Variables (all optional):
 #   VNVME_RIG_CACHE cache root (default ~/.cache/vnvme-rig)
 #   RIG_CHROOT     Debian trixie chroot holding qemu-system-x86 (default $VNVME_RIG_CACHE/trixie)
-#   RIG_OUT        where build-guest.sh put vmlinuz + initramfs.cpio[.gz] (default $VNVME_RIG_CACHE/guest)
+#   RIG_OUT        where build-guest.sh put vmlinuz + initramfs.cpio[.gz] (default $VNVME_RIG_CACHE/guest,
+#                  or $VNVME_RIG_CACHE/guest-RELEASE with RIG_RELEASE other than trixie: setup.sh --guest-release)
 #   RIG_MEM        guest RAM, also the memfd backend size (default 1G)
 #   RIG_SMP        vCPUs (default 2)
 #   RIG_CPU        -cpu model (default: QEMU's default)
@@ -40,13 +41,13 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 CACHE=${VNVME_RIG_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vnvme-rig}
 CHROOT=${RIG_CHROOT:-$CACHE/trixie}
-OUT=${RIG_OUT:-$CACHE/guest}
+case ${RIG_RELEASE:-trixie} in trixie) OUT=${RIG_OUT:-$CACHE/guest} ;; *) OUT=${RIG_OUT:-$CACHE/guest-$RIG_RELEASE} ;; esac
 MEM=${RIG_MEM:-1G}
 SMP=${RIG_SMP:-2}
 TEST=${1:-}
 
 INITRD="$OUT/initramfs.cpio.gz"; [ -f "$INITRD" ] || INITRD="$OUT/initramfs.cpio"
-[ -f "$OUT/vmlinuz" ] && [ -f "$INITRD" ] || { echo "run-guest: no guest in $OUT: run tests/guest/setup.sh first" >&2; exit 1; }
+[ -f "$OUT/vmlinuz" ] && [ -f "$INITRD" ] || { echo "run-guest: no guest in $OUT: run tests/guest/setup.sh${RIG_RELEASE:+ --guest-release $RIG_RELEASE} first" >&2; exit 1; }
 [ -x "$CHROOT/usr/bin/qemu-system-x86_64" ] || { echo "run-guest: no QEMU in $CHROOT: run tests/guest/setup.sh first" >&2; exit 1; }
 [ -z "$TEST" ] || [ -f "$TEST" ] || { echo "run-guest: no such test script: $TEST" >&2; exit 1; }
 mountpoint -q "$CHROOT/proc" || mount -t proc proc "$CHROOT/proc"

@@ -3,8 +3,11 @@
 # `vnvme serve` through every test, one boot per test. Prints one line per test and a last line
 # "N passed, M failed"; exits 1 if any test failed (126: could not even start).
 #
-# usage: tests/guest/run-vnvme-tests.sh [--compare] [--keep] [TEST...]
+# usage: tests/guest/run-vnvme-tests.sh [--compare] [--keep] [--guest-release R] [TEST...]
 #   TEST       run only these (names below); default all
+#   --guest-release R  boot the guest setup.sh --guest-release R built (trixie, the default, or bookworm:
+#              Linux 6.1, nvme-cli 2.4, fio 3.33; RIG_RELEASE too); QEMU is the same. A test whose check needs
+#              what that guest lacks says SKIP with the reason, or passes with the check it skipped named
 #   --compare  also run the randread test on QEMU's built-in nvme (null-co) for reference IOPS
 #   --keep     keep the temp folder (server log, console logs, stats) even when everything passed
 # Needs: tests/guest/setup.sh done, root. The server binary is $VNVME if set, else the workspace's
@@ -156,6 +159,9 @@ while [ $# -gt 0 ]; do
   case $1 in
     --compare) COMPARE=1 ;;
     --keep) KEEP=1 ;;
+    --guest-release) [ $# -ge 2 ] || { echo "run-vnvme-tests: --guest-release needs trixie or bookworm" >&2; exit 126; }
+      RIG_RELEASE=$2; shift ;;
+    --guest-release=*) RIG_RELEASE=${1#*=} ;;
     -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "run-vnvme-tests: unknown option $1" >&2; exit 126 ;;
     *) case " $ALL " in *" $1 "*) ONLY="$ONLY $1" ;; *) echo "run-vnvme-tests: unknown test $1" >&2; exit 126 ;; esac ;;
@@ -163,6 +169,15 @@ while [ $# -gt 0 ]; do
   shift
 done
 [ -n "$ONLY" ] || ONLY=$ALL
+# which guest: run-guest.sh takes RIG_RELEASE's folder unless RIG_OUT names one
+RIG_CACHE=${VNVME_RIG_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vnvme-rig}
+case ${RIG_RELEASE:=trixie} in
+  trixie) RIG_OUT=${RIG_OUT:-$RIG_CACHE/guest} ;;
+  bookworm) RIG_OUT=${RIG_OUT:-$RIG_CACHE/guest-$RIG_RELEASE} ;;
+  *) echo "run-vnvme-tests: --guest-release '$RIG_RELEASE': the rig builds trixie or bookworm guests" >&2; exit 126 ;;
+esac
+export RIG_RELEASE RIG_OUT
+[ -f "$RIG_OUT/vmlinuz" ] || { echo "run-vnvme-tests: no guest in $RIG_OUT: run tests/guest/setup.sh --guest-release $RIG_RELEASE first" >&2; exit 126; }
 
 NS_BYTES=$((256 << 20))
 SERIAL=VNVMEGUEST01
@@ -210,6 +225,7 @@ if [ ! -S "$SOCK" ]; then
   echo "run-vnvme-tests: server did not start:"; tail -20 "$SLOG"; FAILED=1; exit 126
 fi
 echo "run-vnvme-tests: $VNVME ${ARGS[*]} (pid $SPID), doorbells: $([ -n "$DBBUF" ] && echo adaptive || echo "no --doorbells option"), stats: $([ $HAVE_STATS = 1 ] && echo "$STATS" || echo 'no --stats option')"
+echo "run-vnvme-tests: guest $RIG_RELEASE ($RIG_OUT, kernel $(cat "$RIG_OUT/kernel-version" 2>/dev/null || echo unknown))"
 
 PASSED=0 FAILED=0 SKIPPED=0
 report() {   # STATUS NAME SECONDS DETAIL

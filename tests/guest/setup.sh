@@ -3,40 +3,66 @@
 #   host: debootstrap (apt-get update + install, only if missing)
 #   $VNVME_RIG_CACHE/trixie : Debian trixie chroot with QEMU 11.1 (trixie-backports, has vfio-user-pci)
 #   $VNVME_RIG_CACHE/guest  : guest kernel + initramfs (busybox, fio, nvme-cli, blkzone, nvme.ko)
+#   with --guest-release bookworm: $VNVME_RIG_CACHE/bookworm (a Debian 12 chroot the guest's packages come
+#   from) and $VNVME_RIG_CACHE/guest-bookworm (its kernel + initramfs); QEMU stays the trixie chroot's
 #   boot tools in the chroot (OVMF, systemd-boot, GRUB i386-pc, mtools, mkfs.fat, sfdisk) for the boot tests
 # Each step is skipped when its stamp file records the hash of the scripts that produced it (and the
 # outputs are still there), so a second run takes a second or two.
 #
-# usage: setup.sh [--force] [--smoke] | --clean
+# usage: setup.sh [--force] [--smoke] [--guest-release trixie|bookworm] | --clean
 #   --force   rebuild both steps even if the stamps match
-#   --clean   unmount $RIG_CHROOT/proc and delete the whole cache (never rm -rf it by hand while proc is mounted)
+#   --guest-release R  build the guest from Debian R (default trixie, or RIG_RELEASE): bookworm is Linux 6.1,
+#             nvme-cli 2.4, fio 3.33; it leaves the trixie guest alone (run-vnvme-tests.sh takes the same option)
+#   --clean   unmount $RIG_CHROOT/proc and delete the whole cache (never rm -rf it by hand while proc is mounted);
+#             with --guest-release bookworm only that release's chroot and guest
 #   --smoke   afterwards boot the guest once with QEMU's built-in nvme and check the exit-status plumbing
-# Variables: VNVME_RIG_CACHE (default ~/.cache/vnvme-rig), RIG_CHROOT, RIG_OUT, RIG_MIRROR (see the scripts).
+# Variables: VNVME_RIG_CACHE (default ~/.cache/vnvme-rig), RIG_CHROOT, RIG_OUT, RIG_MIRROR (see the scripts),
+#   RIG_RELEASE (as --guest-release), RIG_GUEST_CHROOT (the other release's chroot, $VNVME_RIG_CACHE/RELEASE).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-CACHE=${VNVME_RIG_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vnvme-rig}
-CHROOT=${RIG_CHROOT:-$CACHE/trixie}
-OUT=${RIG_OUT:-$CACHE/guest}
-export VNVME_RIG_CACHE=$CACHE RIG_CHROOT=$CHROOT RIG_OUT=$OUT
 FORCE=0 SMOKE=0 CLEAN=0
-for a in "$@"; do
-  case $a in
+while [ $# -gt 0 ]; do
+  case $1 in
     --force) FORCE=1 ;;
     --smoke) SMOKE=1 ;;
     --clean) CLEAN=1 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
-    *) echo "setup.sh: unknown argument $a" >&2; exit 2 ;;
+    --guest-release) [ $# -ge 2 ] || { echo "setup.sh: --guest-release needs trixie or bookworm" >&2; exit 2; }
+      RIG_RELEASE=$2; shift ;;
+    --guest-release=*) RIG_RELEASE=${1#*=} ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown argument $1" >&2; exit 2 ;;
   esac
+  shift
 done
 die() { echo "rig: ERROR: $*" >&2; exit 1; }
+CACHE=${VNVME_RIG_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vnvme-rig}
+CHROOT=${RIG_CHROOT:-$CACHE/trixie}
+RELEASE=${RIG_RELEASE:-trixie}
+# QEMU (vfio-user-pci needs 11.1, trixie-backports) always runs from the trixie chroot; another release
+# only gives the guest's kernel and tools, from a chroot of its own, into an output folder of its own
+case $RELEASE in
+  trixie) GUEST_CHROOT=$CHROOT OUT=${RIG_OUT:-$CACHE/guest} ;;
+  bookworm) GUEST_CHROOT=${RIG_GUEST_CHROOT:-$CACHE/$RELEASE} OUT=${RIG_OUT:-$CACHE/guest-$RELEASE} ;;
+  *) die "--guest-release '$RELEASE': the rig builds trixie (default) or bookworm guests" ;;
+esac
+export VNVME_RIG_CACHE=$CACHE RIG_CHROOT=$CHROOT RIG_OUT=$OUT RIG_RELEASE=$RELEASE
 now() { date +%s; }
 [ "$(id -u)" = 0 ] || die "setup.sh must run as root (debootstrap, chroot and mount need it)"
 [ "$(uname -m)" = x86_64 ] || die "x86_64 host needed (got $(uname -m))"
 for c in sha256sum chroot mount mountpoint; do command -v $c >/dev/null || die "missing host command: $c"; done
+# unmount anything under a folder (proc in a chroot), deepest first, then delete it on this filesystem only
+remove_tree() {
+  awk -v c="$1/" 'index($2"/", c) == 1 {print $2}' /proc/mounts | sort -r | while read -r m; do umount "$m" || umount -l "$m"; done
+  rm -rf --one-file-system "$1"
+}
 if [ $CLEAN = 1 ]; then
-  # unmount anything under the cache (proc in the chroot), deepest first, then delete on this filesystem only
-  awk -v c="$CACHE/" 'index($2"/", c) == 1 {print $2}' /proc/mounts | sort -r | while read -r m; do umount "$m" || umount -l "$m"; done
-  rm -rf --one-file-system "$CACHE"
+  if [ "$GUEST_CHROOT" != "$CHROOT" ]; then
+    # --clean --guest-release R: only that release's chroot and guest; the trixie rig stays
+    remove_tree "$GUEST_CHROOT"; remove_tree "$OUT"
+    echo "rig: removed $GUEST_CHROOT and $OUT"
+    exit 0
+  fi
+  remove_tree "$CACHE"
   echo "rig: removed $CACHE"
   exit 0
 fi
@@ -45,7 +71,9 @@ T0=$(now)
 
 hash_of() { cat "$@" | sha256sum | cut -c1-16; }
 CHROOT_HASH=$(hash_of "$HERE/make-chroot.sh")
-GUEST_HASH=$(hash_of "$HERE/build-guest.sh" "$HERE"/tests/*.sh <(echo "$CHROOT_HASH"))
+# the release enters the hash only when it is not trixie, so the trixie guest's stamp stays what it was
+GUEST_HASH=$(hash_of "$HERE/build-guest.sh" "$HERE"/tests/*.sh <(echo "$CHROOT_HASH") \
+  <([ "$RELEASE" = trixie ] || echo "$RELEASE"))
 CHROOT_STAMP=$CACHE/.chroot.stamp
 GUEST_STAMP=$OUT/.guest.stamp
 
@@ -70,15 +98,35 @@ fi
 chroot "$CHROOT" qemu-system-x86_64 -device help 2>/dev/null | grep -q '"vfio-user-pci"' \
   || die "QEMU in $CHROOT has no vfio-user-pci device"
 
+# --- 1b. the other release's chroot: a minbase debootstrap; build-guest.sh installs the guest's packages.
+# debootstrap removes $GUEST_CHROOT/debootstrap when it succeeds, so a folder with it is a broken run ---
+if [ "$GUEST_CHROOT" != "$CHROOT" ]; then
+  if [ $FORCE = 0 ] && [ -x "$GUEST_CHROOT/usr/bin/apt-get" ] && [ ! -d "$GUEST_CHROOT/debootstrap" ]; then
+    echo "rig: $RELEASE chroot ready (cached, $GUEST_CHROOT)"
+  else
+    echo "rig: building the $RELEASE chroot $GUEST_CHROOT (debootstrap --variant=minbase) ..."
+    t=$(now)
+    rm -f "$GUEST_STAMP"
+    [ ! -d "$GUEST_CHROOT" ] || remove_tree "$GUEST_CHROOT"
+    command -v debootstrap >/dev/null || die "no debootstrap on the host (the trixie step installs it: run setup.sh once without --guest-release)"
+    mkdir -p "$GUEST_CHROOT"
+    debootstrap --variant=minbase "$RELEASE" "$GUEST_CHROOT" "${RIG_MIRROR:-http://deb.debian.org/debian}" \
+      > "$CACHE/debootstrap-$RELEASE.log" 2>&1 \
+      || { tail -20 "$CACHE/debootstrap-$RELEASE.log" >&2; die "debootstrap $RELEASE failed (log: $CACHE/debootstrap-$RELEASE.log)"; }
+    echo 'force-unsafe-io' > "$GUEST_CHROOT/etc/dpkg/dpkg.cfg.d/unsafe-io"
+    echo "rig: $RELEASE chroot ready in $(( $(now) - t )) s"
+  fi
+fi
+
 # --- 2. guest kernel + initramfs ---
 if [ $FORCE = 0 ] && [ "$(cat "$GUEST_STAMP" 2>/dev/null)" = "$GUEST_HASH" ] && [ -f "$OUT/vmlinuz" ] \
    && { [ -f "$OUT/initramfs.cpio.gz" ] || [ -f "$OUT/initramfs.cpio" ]; }; then
   echo "rig: guest ready (kernel $(cat "$OUT/kernel-version"), cached)"
 else
-  echo "rig: building guest kernel + initramfs into $OUT ..."
+  echo "rig: building the $RELEASE guest kernel + initramfs into $OUT ..."
   t=$(now)
   rm -f "$GUEST_STAMP"
-  RIG_APT_UPDATE=$APT_UPDATE "$HERE/build-guest.sh" > "$OUT/build-guest.log" 2>&1 \
+  RIG_CHROOT=$GUEST_CHROOT RIG_APT_UPDATE=$APT_UPDATE "$HERE/build-guest.sh" > "$OUT/build-guest.log" 2>&1 \
     || { tail -20 "$OUT/build-guest.log" >&2; die "build-guest.sh failed (log: $OUT/build-guest.log)"; }
   echo "$GUEST_HASH" > "$GUEST_STAMP"
   echo "rig: guest built in $(( $(now) - t )) s (kernel $(cat "$OUT/kernel-version"))"
