@@ -20,6 +20,13 @@
 #                              status) and SC (status code type and code in hex, e.g. 281, or empty)
 #   expect_ok ARGS...          run_nvme, and `fail` (the test's own) unless it exits 0
 #   expect_sc SC ARGS...       run_nvme, and `fail` unless it fails with status SC
+# Raw bytes, for what nvme-cli versions print differently (the guest suite runs on nvme-cli 2.3 and 2.13):
+#   le FILE OFFSET N           the little-endian unsigned number in N bytes (N <= 6) at OFFSET of FILE
+#   id_raw FILE CNS [NSID [CSI]]  Identify (06h): its 4096 bytes into FILE through admin-passthru; 1 on failure
+#   log_raw FILE LID LEN [GET-LOG OPTIONS...]  Get Log Page: LEN raw bytes into FILE (get-log --raw-binary)
+#   nvme_cli_version           nvme-cli's version as a number, 2.3 -> 203, 2.13 -> 213
+#   kernel_before X.Y          true if the guest's Linux is older than X.Y (what it does not do yet)
+#   skip_check WHAT: WHY       print "TEST: SKIP-CHECK: WHAT: WHY" (run-vnvme-tests.sh shows these beside PASS)
 
 log() { echo "TEST: $*"; }
 die() { echo "TEST: FAIL: $*"; exit 1; }
@@ -127,3 +134,26 @@ expect_sc() {
   run_nvme "$@"
   [ $NRC != 0 ] && [ "$SC" = "$_want" ] || fail "nvme $*: exit $NRC status '$SC', expected $_want ($OUT)"
 }
+
+le() {
+  od -A n -t u1 -v -j "$2" -N "$3" "$1" | awk '{ for (i = 1; i <= NF; i++) b[n++] = $i }
+    END { v = 0; for (i = n - 1; i >= 0; i--) v = v * 256 + b[i]; printf "%.0f\n", v }'
+}
+id_raw() {
+  nvme admin-passthru /dev/nvme0 --opcode=0x06 --cdw10="$2" --namespace-id="${3:-0}" --cdw11=$(( ${4:-0} << 24 )) \
+    --data-len=4096 --read --raw-binary > "$1" 2> /tmp/id_raw.err && [ "$(wc -c < "$1")" = 4096 ]
+}
+log_raw() {
+  _f=$1 _lid=$2 _len=$3; shift 3
+  nvme get-log /dev/nvme0 --log-id="$_lid" --log-len="$_len" --raw-binary "$@" > "$_f" 2> /tmp/log_raw.err \
+    && [ "$(wc -c < "$_f")" = "$_len" ]
+}
+nvme_cli_version() {
+  nvme version | sed -n 's/^nvme version \([0-9]*\)\.\([0-9]*\).*/\1 \2/p' | { read -r _a _b; echo $((_a * 100 + _b)); }
+}
+kernel_before() {
+  _k=$(uname -r | sed -n 's/^\([0-9]*\)\.\([0-9]*\).*/\1 \2/p')
+  set -- "$1" $_k
+  [ $(($2 * 1000 + $3)) -lt $((${1%%.*} * 1000 + ${1#*.})) ]
+}
+skip_check() { echo "TEST: SKIP-CHECK: $*"; }

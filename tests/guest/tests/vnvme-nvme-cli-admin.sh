@@ -41,20 +41,33 @@ log "id-ctrl: cntlid=$cntlid kas=$kas ctratt=$ctratt oncs=$oncs"
 [ $((oncs & 0x50)) = $((0x50)) ] || fail "ONCS $oncs lacks Save/Select (4) or Timestamp (6)"
 
 # --- CNS 05h: NVM Identify Namespace, one ELBAF per LBA format: 16-bit guards (PIF 0) but formats 6 and 7,
-#     whose 64-bit guard is PIF 2; no storage tags ---
+#     whose 64-bit guard is PIF 2; no storage tags. Checked in the raw structure (admin-passthru): nvme-cli
+#     2.3 prints pif:0 for every format, 2.13 decodes bits 8:7 ---
 nv id-ns $NS && cp /tmp/out /tmp/id-ns || fail "id-ns failed"
 nlbaf=$(field nlbaf /tmp/id-ns); flbas=$(field flbas /tmp/id-ns)
-if nv nvm-id-ns $NS; then
-  cp /tmp/out /tmp/nvm-id-ns
-  n=$(grep -c '^elbaf' /tmp/nvm-id-ns); zero=$(grep -c '^elbaf .*pif:0 sts:0' /tmp/nvm-id-ns)
-  wide=$(grep -c '^elbaf *[67] .*pif:2 sts:0' /tmp/nvm-id-ns)
-  inuse=$(sed -n 's/^elbaf *\([0-9]*\) .*(in use).*/\1/p' /tmp/nvm-id-ns)
-  log "nvm-id-ns: lbstm=$(field lbstm /tmp/nvm-id-ns) pic=$(field pic /tmp/nvm-id-ns) elbaf=$n (16b guard, sts 0: $zero; 64b guard, sts 0: $wide) in use=$inuse; id-ns nlbaf=$nlbaf flbas=$flbas"
+nv nvm-id-ns $NS || fail "nvm-id-ns failed: $(cat /tmp/out)"
+nsid=$(cat /sys/block/nvme0n1/nsid)
+if id_raw /tmp/nvm-id-ns.bin 5 "$nsid" 0; then
+  # bytes 7:0 LBSTM, 8 PIC, then ELBAF n at 12 + 4n: bits 6:0 STS, 8:7 PIF (NVM Command Set 1.0 §4.1.5.2)
+  n=0 zero=0 wide=0 rest='' elbafs=''
+  i=0
+  while [ $i -lt 64 ]; do
+    e=$(le /tmp/nvm-id-ns.bin $((12 + 4 * i)) 4)
+    if [ $i -le $((nlbaf)) ]; then
+      n=$((n + 1)); elbafs="$elbafs $i:$(printf '%#x' "$e")"
+      [ "$e" = 0 ] && zero=$((zero + 1))
+      { [ $i = 6 ] || [ $i = 7 ]; } && [ "$e" = $((2 << 7)) ] && wide=$((wide + 1))
+    elif [ "$e" != 0 ]; then rest="$rest $i:$e"
+    fi
+    i=$((i + 1))
+  done
+  lbstm=$(le /tmp/nvm-id-ns.bin 0 8); pic=$(le /tmp/nvm-id-ns.bin 8 1)
+  log "nvm-id-ns (raw): lbstm=$lbstm pic=$pic elbaf=$n (16b guard, sts 0: $zero; 64b guard, sts 0: $wide):$elbafs; id-ns nlbaf=$nlbaf flbas=$flbas"
   [ "$n" = $((nlbaf + 1)) ] || fail "$n ELBAF entries for NLBAF $nlbaf"
-  [ "$zero" = $((n - 2)) ] && [ "$wide" = 2 ] || fail "ELBAF: $zero with a 16-bit guard, $wide (formats 6, 7) with a 64-bit one, of $n: $(grep '^elbaf' /tmp/nvm-id-ns | tr '\n' ' ')"
-  [ "$(field lbstm /tmp/nvm-id-ns)" = 0 ] && [ "$(field pic /tmp/nvm-id-ns)" = 0 ] || fail "LBSTM/PIC not 0"
-  [ "$inuse" = $((flbas & 0xf)) ] || fail "ELBAF in use $inuse, FLBAS $flbas"
-else fail "nvm-id-ns failed: $(cat /tmp/out)"; fi
+  [ "$zero" = $((n - 2)) ] && [ "$wide" = 2 ] || fail "ELBAF: $zero with a 16-bit guard, $wide (formats 6, 7) with a 64-bit one, of $n:$elbafs"
+  [ -z "$rest" ] || fail "ELBAF past NLBAF not zero:$rest"
+  [ "$lbstm" = 0 ] && [ "$pic" = 0 ] || fail "LBSTM/PIC not 0"
+else fail "Identify CNS 05h through admin-passthru failed: $(cat /tmp/id_raw.err)"; fi
 
 # --- CNS 06h: NVM Identify Controller, no size limits reported ---
 if nv nvm-id-ctrl $C; then
@@ -71,7 +84,9 @@ if nv list-ns $C --csi=2; then
 else fail "list-ns --csi=2 failed: $(cat /tmp/out)"; fi
 
 # --- CNS 08h: I/O Command Set Independent Identify Namespace ---
-if nv cmdset-ind-id-ns $NS; then
+# the NSID given: nvme-cli 2.3 sends NSID 0 without it (its "nsid = nvme_get_nsid(...)" keeps the return
+# code, 0, not the NSID), which the controller rightly answers with Invalid Namespace or Format
+if nv cmdset-ind-id-ns $NS --namespace-id="$nsid"; then
   nstat=$(field nstat /tmp/out); nsfeat=$(field nsfeat /tmp/out)
   log "cmdset-ind-id-ns: nstat=$nstat nsfeat=$nsfeat"
   [ "$nstat" = 0x1 ] || fail "NSTAT $nstat, expected ready (0x1)"
@@ -118,7 +133,7 @@ log "id-ctrl: vwc=$vwc"
 [ $((vwc & 1)) = 0 ] || fail "VWC $vwc says a volatile write cache is present on a RAM namespace"
 expect_status "Invalid Field in Command" get-feature $C -f 6
 expect_status "Invalid Field in Command" get-feature $C -f 6 -s 3
-expect_status "Invalid Field in Command" set-feature $C -f 6 -V 0
+expect_status "Invalid Field in Command" set-feature $C -f 6 --value=0
 
 # --- Security Send/Receive: not supported (OACS bit 0 clear, no CSUPP in the effects log), so Invalid
 #     Command Opcode, the status for a command the controller does not implement ---
@@ -138,7 +153,7 @@ t2=$(timestamp)
 tsd=$(awk -v a="$t1" -v b="$t2" 'BEGIN { printf "%d", b - a }')
 log "timestamp: $t1 then $t2 two seconds later (+$tsd ms)"
 [ -n "$t1" ] && [ "$tsd" -ge 2000 ] && [ "$tsd" -lt 60000 ] || fail "timestamp did not advance by ~2 s: $t1 -> $t2"
-nv set-feature $C -f 0xe -V 1700000000000 || fail "set-feature 0xe failed"
+nv set-feature $C -f 0xe --value=1700000000000 || fail "set-feature 0xe failed"
 nv get-feature $C -f 0xe -H; t3=$(timestamp)
 d=$(awk -v a="$t3" 'BEGIN { printf "%d", a - 1700000000000 }')
 [ -n "$t3" ] && [ "$d" -ge 0 ] && [ "$d" -lt 60000 ] || fail "timestamp after setting 1700000000000: $t3"
@@ -146,50 +161,62 @@ nv get-feature $C -f 0xe -s 1 -H
 [ "$(timestamp)" = 0 ] && grep -q 'by a Controller Level Reset' /tmp/out || fail "default timestamp: $(cat /tmp/out)"
 
 # --- Host Behavior Support (16h): the kernel enabled LBAFEE (CTRATT.ELBAS); the default is zeroes ---
+# (the 512-byte structure read raw: nvme-cli 2.3's -H shows ACRE alone; byte 0 ACRE, byte 2 LBAFEE)
 nv get-feature $C -f 0x16 -H
-grep -q 'LBAFEE): True' /tmp/out && grep -q 'ACRE): False' /tmp/out || fail "host behavior: $(cat /tmp/out)"
-nv get-feature $C -f 0x16 -s 1 -H; grep -q 'LBAFEE): False' /tmp/out || fail "host behavior default: $(cat /tmp/out)"
+hbs() {   # SEL: the Host Behavior Support structure into /tmp/hbs.bin
+  nvme admin-passthru $C --opcode=0x0a --cdw10=$(( ($1 << 8) | 0x16 )) --data-len=512 --read --raw-binary > /tmp/hbs.bin 2> /tmp/hbs.err
+}
+hbs 0 && [ "$(le /tmp/hbs.bin 2 1)" = 1 ] && [ "$(le /tmp/hbs.bin 0 1)" = 0 ] \
+  || fail "host behavior: ACRE $(le /tmp/hbs.bin 0 1) LBAFEE $(le /tmp/hbs.bin 2 1), expected 0 and 1: $(cat /tmp/hbs.err)"
+hbs 1 && [ "$(le /tmp/hbs.bin 2 1)" = 0 ] || fail "host behavior default: LBAFEE $(le /tmp/hbs.bin 2 1): $(cat /tmp/hbs.err)"
 ( printf '\001\000\001'; dd if=/dev/zero bs=509 count=1 2>/dev/null ) > /tmp/hbs
 nv set-feature $C -f 0x16 -l 512 -d /tmp/hbs   # refused by the guest kernel: logged, not checked
 
 # --- I/O Command Set Profile (19h): CC.CSS is 110b (Linux, CAP.CSS.IOCSS), only index 0 exists ---
 nv get-feature $C -f 0x19 && grep -q 'Current value:0*$' /tmp/out || fail "get-feature 0x19: $(cat /tmp/out)"
-nv set-feature $C -f 0x19 -V 0 || fail "set-feature 0x19 -V 0: $(cat /tmp/out)"
-expect_status "combination is rejected" set-feature $C -f 0x19 -V 1
+nv set-feature $C -f 0x19 --value=0 || fail "set-feature 0x19 --value=0: $(cat /tmp/out)"
+expect_status "combination is rejected" set-feature $C -f 0x19 --value=1
 
 # --- Software Progress Marker (80h): set, read, kept across a controller reset; default 0 ---
-nv set-feature $C -f 0x80 -V 5 || fail "set-feature 0x80: $(cat /tmp/out)"
+nv set-feature $C -f 0x80 --value=5 || fail "set-feature 0x80: $(cat /tmp/out)"
 nv get-feature $C -f 0x80 -H && grep -q '(PBSLC): 5$' /tmp/out || fail "get-feature 0x80: $(cat /tmp/out)"
 nv get-feature $C -f 0x80 -s 1 && grep -q 'Default value:0*$' /tmp/out || fail "0x80 default: $(cat /tmp/out)"
-expect_status "Feature Not Namespace Specific" set-feature $C -f 0x80 -V 6 -n 1
+expect_status "Feature Not Namespace Specific" set-feature $C -f 0x80 --value=6 -n 1
 
 # --- Host Identifier (81h): 8 bytes, set once; a reset clears it; then 16 bytes with EXHID ---
 printf 'abcdefgh' > /tmp/hid8; printf '0123456789abcdef' > /tmp/hid16
-nv set-feature $C -f 0x81 -V 0 -l 8 -d /tmp/hid8 || fail "set-feature 0x81 (8 bytes): $(cat /tmp/out)"
+nv set-feature $C -f 0x81 --value=0 -l 8 -d /tmp/hid8 || fail "set-feature 0x81 (8 bytes): $(cat /tmp/out)"
 nv get-feature $C -f 0x81 && grep -q '"abcdefgh"' /tmp/out || fail "host id 8: $(cat /tmp/out)"
-expect_status "Command Sequence Error" set-feature $C -f 0x81 -V 1 -l 16 -d /tmp/hid16
+expect_status "Command Sequence Error" set-feature $C -f 0x81 --value=1 -l 16 -d /tmp/hid16
 reset_live "controller reset"
 nv get-feature $C -f 0x80 -H && grep -q '(PBSLC): 5$' /tmp/out || fail "0x80 after reset: $(cat /tmp/out)"
 nv get-feature $C -f 0x81 -c 1
 [ "$(hexdump_bytes)" = "00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 " ] || fail "host id after reset, not 0h: $(cat /tmp/out)"
-nv set-feature $C -f 0x81 -V 1 -l 16 -d /tmp/hid16 || fail "set-feature 0x81 (16 bytes): $(cat /tmp/out)"
+nv set-feature $C -f 0x81 --value=1 -l 16 -d /tmp/hid16 || fail "set-feature 0x81 (16 bytes): $(cat /tmp/out)"
 nv get-feature $C -f 0x81 -c 1 && grep -q '"0123456789abcdef"' /tmp/out || fail "host id 16: $(cat /tmp/out)"
 
 # --- Keep Alive Timer (0Fh) and the Keep Alive command (18h) ---
 nv get-feature $C -f 0xf && grep -q 'Current value:0*$' /tmp/out || fail "KATO not 0 (disabled) on PCIe: $(cat /tmp/out)"
-nv set-feature $C -f 0xf -V 60000   # refused by the guest kernel: logged, not checked
+nv set-feature $C -f 0xf --value=60000   # refused by the guest kernel: logged, not checked
 nv admin-passthru $C --opcode=0x18 || fail "keep alive command: $(cat /tmp/out)"
 nv effects-log $C --csi=0 && grep -q 'Keep Alive.*00000001' /tmp/out || fail "effects log lacks Keep Alive: $(cat /tmp/out)"
 
-# --- Supported capabilities (SEL 011b) of every feature: changeable, not saveable; 05h per namespace ---
-nv get-feature $C -s 3   # status of the last FID tried (FFh, unsupported): not checked
-caps=$(grep -c 'Supported capabilities value:0x00000004' /tmp/out)
-log "get-feature -s 3: $caps features changeable, not saveable, controller scope"
+# --- Supported capabilities (SEL 011b) of every feature: changeable, not saveable; 05h per namespace.
+#     Asked per feature through admin-passthru (the completion's dword 0): nvme-cli 2.13's get-feature -s 3
+#     without -f walks the features, 2.3's asks for FID 0 alone ---
+capsof() {   # FID [NSID]: prints dword 0 in hex, or the error
+  _o=$(nvme admin-passthru $C --opcode=0x0a --cdw10=$(( (3 << 8) | $1 )) --namespace-id=${2:-0xffffffff} 2>&1)
+  # "NVMe command result:00000004" (2.13), "... is Success and result: 0x00000004" (2.3)
+  echo "$_o" | sed -n 's/.*result: *\(0x\)\{0,1\}\([0-9a-fA-F]\{8\}\).*/0x\2/p' | grep . || echo "$_o" | tail -1
+}
+caps=0
 for f in 0x01 0x02 0x04 0x07 0x08 0x09 0x0a 0x0b 0x0e 0x0f 0x16 0x19 0x80 0x81; do
-  grep -q "^get-feature:$f .*Supported capabilities value:0x00000004" /tmp/out || fail "capabilities of $f: $(grep "^get-feature:$f" /tmp/out)"
+  c=$(capsof $f)
+  if [ "$c" = 0x00000004 ]; then caps=$((caps + 1)); else fail "capabilities of $f: $c"; fi
 done
-grep -q '^get-feature:0x05 .*Invalid Namespace' /tmp/out || fail "0x05 with NSID FFFFFFFFh: $(grep '^get-feature:0x05' /tmp/out)"
-nv get-feature $C -f 5 -n 1 -s 3 && grep -q 'value:0x00000006' /tmp/out || fail "0x05 capabilities: $(cat /tmp/out)"
+log "SEL 3: $caps features changeable, not saveable, controller scope"
+c=$(capsof 0x05); echo "$c" | grep -q 'Invalid Namespace' || fail "0x05 with NSID FFFFFFFFh: $c"
+c=$(capsof 0x05 1); [ "$c" = 0x00000006 ] || fail "0x05 capabilities: $c"
 nv get-feature $C -f 7 -s 2 && grep -q 'Saved value:0x' /tmp/out || fail "SEL saved: $(cat /tmp/out)"
 
 log "summary: ELBAF for $((nlbaf + 1)) formats, timestamp +$tsd ms over sleep 2, $caps features changeable"

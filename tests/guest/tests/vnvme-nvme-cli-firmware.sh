@@ -39,6 +39,16 @@ afi() { field afi /tmp/fwlog; }
 frs() { sed -n "s/^frs$1 *: 0x[0-9a-f]* (\(.*\))\$/\1/p" /tmp/fwlog; }
 fr() { nvme id-ctrl $C > /tmp/idc 2>&1 && field fr /tmp/idc; }
 sysfs_fr() { sed 's/[[:space:]]*$//' $S/firmware_rev; }
+# Linux 6.1 rereads the revision for sysfs after a reset, not after an activation notice (its
+# nvme_get_fw_slot_info reads the slot log and leaves firmware_rev; the trixie guest's 6.12 updates it).
+# There the device's own FR (id-ctrl) is waited for instead, and the sysfs check is named as skipped.
+SYSFS_FR=1
+if kernel_before 6.12; then
+  SYSFS_FR=0
+  skip_check "sysfs firmware_rev after an activation without reset: Linux $(uname -r) does not reread it on the notice (6.12 does); id-ctrl FR and fw-log checked"
+fi
+# the running revision as this guest can see it change: sysfs, or the device's FR where sysfs does not follow
+fr_now() { if [ $SYSFS_FR = 1 ]; then sysfs_fr; else fr; fi; }
 # a revision as nvme-cli prints it: spaces become '.'
 shown() { printf '%s' "$1" | sed 's/ /./g'; }
 
@@ -90,7 +100,19 @@ expect_status "Invalid Firmware Image" fw-commit $C --slot=3 --action=2
 expect_status "Invalid Firmware Image" fw-commit $C --slot=3 --action=0
 nv fw-download $C --fw=/tmp/img-a.bin --offset=2048 || fail "fw-download at 8 KiB: $(cat /tmp/out)"
 expect_status "Invalid Firmware Image" fw-commit $C --slot=3 --action=0
-expect_status "Invalid Field in Command" fw-download $C --fw=/tmp/img-a.bin --offset=$((16 << 18))
+# past the 16 MiB image limit: OFST 4M dwords. nvme-cli 2.3's fw-download exits 0 here (why is not known:
+# no piece at 16 MiB reaches an image, the unnamed image below still hashes as 8192 zero bytes alone); the
+# command itself, sent through admin-passthru (opcode 11h, NUMD 1023, OFST 400000h), must be refused on
+# every guest
+if nv fw-download $C --fw=/tmp/img-a.bin --offset=$((16 << 18)); then
+  if [ "$(nvme_cli_version)" -lt 213 ]; then
+    skip_check "fw-download --offset=$((16 << 18)): nvme-cli $(nvme version | head -1 | cut -d' ' -f3) exits 0; the raw Firmware Image Download is checked"
+  else fail "nvme fw-download --offset=$((16 << 18)) succeeded, expected 'Invalid Field in Command'"
+  fi
+elif ! grep -q "Invalid Field in Command" /tmp/out; then fail "fw-download past 16 MiB: expected 'Invalid Field in Command', got: $(cat /tmp/out)"
+fi
+nv admin-passthru $C --opcode=0x11 --cdw10=1023 --cdw11=$((16 << 18)) --data-len=4096 --write --input-file=/tmp/img-a.bin
+[ $_s != 0 ] && grep -qiE 'Invalid Field|0x4002|0x2\)' /tmp/out || fail "raw Firmware Image Download past 16 MiB: exit $_s, $(cat /tmp/out)"
 # --- an unnamed image (zeroes), slot 0: the controller picks slot 3 (slot 2 runs) ---
 dd if=/dev/zero of=/tmp/zero.bin bs=4096 count=2 2>/dev/null
 nv fw-download $C --fw=/tmp/zero.bin || fail "fw-download of zeroes: $(cat /tmp/out)"
@@ -110,8 +132,8 @@ starts=$(dmesg | grep -c 'nvme0: .*default/read/poll queues')
 nv fw-commit $C --slot=3 --action=3 || fail "fw-commit slot 3 action 3: $(cat /tmp/out)"
 grep -q 'Success committing firmware action:3 slot:3' /tmp/out || fail "commit output: $(cat /tmp/out)"
 n=0
-while [ "$(sysfs_fr)" != GUEST-03 ] || [ "$(cat $S/state)" != live ]; do
-  [ $n -ge 100 ] && { fail "sysfs firmware_rev '$(sysfs_fr)', state $(cat $S/state) 10 s after activation"; break; }
+while [ "$(fr_now)" != GUEST-03 ] || [ "$(cat $S/state)" != live ]; do
+  [ $n -ge 100 ] && { fail "firmware_rev '$(fr_now)' ($([ $SYSFS_FR = 1 ] && echo sysfs || echo id-ctrl)), state $(cat $S/state) 10 s after activation"; break; }
   sleep 0.1; n=$((n + 1))
 done
 log "activated at once: sysfs firmware_rev=$(sysfs_fr) after ~$((n / 10)).$((n % 10)) s, state $(cat $S/state)"

@@ -51,8 +51,10 @@ nvme id-ns /dev/nvme0n1 > /tmp/id-ns || die "id-ns"
 [ "$(field endgid /tmp/id-ns)" = 1 ] || fail "id-ns ENDGID $(field endgid /tmp/id-ns)"
 
 # --- Supported Log Pages ---
+# from the raw page (LIDS n at 4n, bit 0 LSUPP): nvme-cli 2.3 prints no list, 2.13 one line per LID
 run nvme supported-log-pages /dev/nvme0 || fail "supported-log-pages"
-lids=$(sed -n 's/^LID \([^ ]*\) - .*/\1/p' /tmp/out | tr '\n' ' ')
+log_raw /tmp/slp.bin 0 1024 || fail "get-log 00h: $(cat /tmp/log_raw.err)"
+lids=$(od -A n -t u4 -v /tmp/slp.bin | awk '{ for (i = 1; i <= NF; i++) { if ($i % 2) printf (n ? "%#x " : "0 "), n; n++ } }')
 log "supported-log-pages: $lids"
 [ "$lids" = "0 0x1 0x2 0x3 0x4 0x5 0x6 0x7 0x8 0x9 0xd 0x81 0xbf " ] || fail "supported log pages: '$lids'"
 
@@ -116,7 +118,8 @@ cp /tmp/pel.types /tmp/pel0.types
 grep -q '^Log Identifier: 13$' /tmp/pel || fail "PEL log identifier"
 grep -q '^Serial Number (SN): VNVME' /tmp/pel || fail "PEL serial number"
 [ "$(cut -d';' -f1 /tmp/pel0.types)" = "Power-on or Reset Event" ] || fail "first event: $(cut -d';' -f1 /tmp/pel0.types)"
-[ "$(grep -o 'Set Telemetry CRT Event' /tmp/pel0.types | wc -l)" = 2 ] || fail "two telemetry create events expected"
+# nvme-cli 2.3 names it "Set Telemetry CRT  Event" (two spaces)
+[ "$(grep -o 'Set Telemetry CRT *Event' /tmp/pel0.types | wc -l)" = 2 ] || fail "two telemetry create events expected"
 resets0=$(grep -o 'Power-on or Reset Event' /tmp/pel0.types | wc -l)
 log "sysfs reset_controller"
 echo 1 > /sys/class/nvme/nvme0/reset_controller || fail "sysfs reset_controller"
@@ -132,8 +135,20 @@ esac
 grep -A1 '^Format NVM Completion Event Entry' /tmp/pel | grep -q '^Namespace Identifier: 1$' || fail "format completion NSID"
 
 # --- Telemetry Controller-Initiated ---
-run nvme telemetry-log /dev/nvme0 --controller-init --rae --output-file=/tmp/c0.bin || fail "controller telemetry: $(cat /tmp/out)"
-grep -q 'Not Available' /tmp/out || fail "controller-initiated data before any failure"
+# ctel_empty FILE: the controller-initiated header while no data is available, without a trap for the host:
+# nvme-cli's telemetry-log --rae where it has it (2.13), else the raw header (get-log 08h --rae: nvme-cli
+# 2.3 has no --rae there, and the header is what is checked)
+if nvme telemetry-log --help 2>&1 | grep -q -- '--rae'; then TEL_RAE=1; else TEL_RAE=0; fi
+ctel_empty() {
+  if [ $TEL_RAE = 1 ]; then
+    run nvme telemetry-log /dev/nvme0 --controller-init --rae --output-file="$1" || fail "controller telemetry: $(cat /tmp/out)"
+  else
+    log "nvme-cli $(nvme version | head -1 | cut -d' ' -f3) has no telemetry-log --rae: the header through get-log 08h --rae"
+    log_raw "$1" 8 512 --rae || fail "get-log 08h: $(cat /tmp/log_raw.err)"
+  fi
+}
+ctel_empty /tmp/c0.bin
+[ $TEL_RAE = 0 ] || grep -q 'Not Available' /tmp/out || fail "controller-initiated data before any failure"
 [ "$(u8_at /tmp/c0.bin 0)" = 8 ] && [ "$(u8_at /tmp/c0.bin 382)" = 0 ] || fail "empty controller-initiated header"
 bdf=$(basename "$(readlink /sys/class/nvme/nvme0/device)")
 bar0=$(head -1 "/sys/bus/pci/devices/$bdf/resource" | cut -d' ' -f1)
@@ -155,7 +170,14 @@ log "controller telemetry: $size bytes, available $(u8_at /tmp/c1.bin 382), gene
 [ "$(u8_at /tmp/c1.bin 382)" = 1 ] && [ "$(u8_at /tmp/c1.bin 383)" = 1 ] || fail "controller data not available"
 [ "$size" = $(((lb3 + 1) * 512)) ] || fail "controller telemetry $size bytes, last block $lb3"
 case "$reason" in "enable refused: AQA"*) ;; *) fail "reason '$reason'" ;; esac
-run nvme telemetry-log /dev/nvme0 --controller-init --rae --output-file=/tmp/c2.bin || fail "controller telemetry again"
+if [ $TEL_RAE = 0 ]; then
+  # nvme-cli 2.3 reads log 08h with RAE set, always (nvme_get_ctrl_telemetry(fd, true, ...)): the data stays
+  # available, as it should. The host releases it as 2.13 does without --rae: a read with RAE cleared.
+  log "nvme-cli 2.3's telemetry-log keeps RAE set: get-log 08h without --rae releases the data"
+  log_raw /tmp/c1r.bin 8 512 || fail "get-log 08h: $(cat /tmp/log_raw.err)"
+  [ "$(u8_at /tmp/c1r.bin 382)" = 1 ] || fail "controller data not available at the releasing read"
+fi
+ctel_empty /tmp/c2.bin
 [ "$(u8_at /tmp/c2.bin 382)" = 0 ] && [ "$(u8_at /tmp/c2.bin 383)" = 1 ] || fail "reading did not release the data"
 pel
 resets2=$(grep -o 'Power-on or Reset Event' /tmp/pel.types | wc -l)

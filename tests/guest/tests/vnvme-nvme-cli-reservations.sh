@@ -37,21 +37,37 @@ invalid() {
   [ $S != 0 ] && grep -qi 'invalid.field\|0x2)\|0x4002' /tmp/out || fail "$*: not Invalid Field: exit $S"
 }
 field() { sed -n "s/^ *$1 *: *//p" /tmp/out | head -1; }   # NAME: the first "NAME : value" of /tmp/out
-report() {   # RTYPE REGCTL PTPLS: checks the header of resv-report
+# report RTYPE REGCTL PTPLS: resv-report runs (its exit checked); the fields are read from the raw
+# Reservation Report (io-passthru, opcode 0Eh, EDS set: the extended structure with 128-bit host ids, as
+# nvme-cli 2.13 asks for it; 2.3 asks for the 64-bit one and prints its fields in another order)
+report() {
   run nvme resv-report $NS
   [ $S = 0 ] || { fail "resv-report: exit $S"; return; }
-  [ "$(field rtype) $(field regctl) $(field ptpls)" = "$1 $2 $3" ] ||
-    fail "resv-report: rtype/regctl/ptpls $(field rtype)/$(field regctl)/$(field ptpls), expected $1/$2/$3"
+  nvme io-passthru $NS --opcode=0x0e --namespace-id=1 --cdw10=$((4096 / 4 - 1)) --cdw11=1 --data-len=4096 \
+    --read --raw-binary > /tmp/rr.bin 2> /tmp/rr.err || { fail "raw reservation report: $(cat /tmp/rr.err)"; return; }
+  # bytes 4 RTYPE, 6:5 REGCTL, 9 PTPLS
+  got="$(le /tmp/rr.bin 4 1) $(le /tmp/rr.bin 5 2) $(le /tmp/rr.bin 9 1)"
+  log "reservation report (raw): rtype/regctl/ptpls $got"
+  [ "$got" = "$1 $2 $3" ] || fail "resv-report: rtype/regctl/ptpls $got, expected $1 $2 $3"
 }
-entry() {   # WANT...: the registrants of resv-report, each "cntlid rcsts rkey hostid" (nvme-cli asks for the
-            # extended structure, EDS, as CTRATT says 128-bit host ids are supported)
-  got=$(sed -n 's/^ *\(cntlid\|rcsts\|hostid\|rkey\) *: *\(0x\)\{0,1\}//p' /tmp/out | tr '\n' ' ' | sed 's/ $//')
+# entry WANT...: the registrants of the last report, each "cntlid rcsts rkey hostid" in hex: the registrant
+# extended data structures from byte 64, 64 bytes each (1:0 CNTLID, 2 RCSTS, 15:8 RKEY, 31:16 HOSTID)
+entry() {
+  got='' _i=0
+  while [ $_i -lt "$(le /tmp/rr.bin 5 2)" ]; do
+    _o=$((64 + 64 * _i))
+    got="$got $(printf '%x' "$(le /tmp/rr.bin $_o 2)") $(le /tmp/rr.bin $((_o + 2)) 1)"
+    got="$got $(printf '%x' "$(le /tmp/rr.bin $((_o + 8)) 6)")"
+    got="$got $(od -A n -t x1 -v -j $((_o + 16)) -N 16 /tmp/rr.bin | tr -d ' \n')"
+    _i=$((_i + 1))
+  done
+  got=${got# }
   [ "$got" = "$*" ] || fail "resv-report entries: '$got', expected '$*'"
 }
 as_host() {   # LETTER: reset (the host id is set once per reset), then that host's 8-byte identifier
   [ "${1}" = first ] || reset_live "reset for host $1"
   printf '%s%s%s%s%s%s%s%s' "$2" "$2" "$2" "$2" "$2" "$2" "$2" "$2" > /tmp/hid
-  ok nvme set-feature $C -f 0x81 -V 0 -l 8 -d /tmp/hid
+  ok nvme set-feature $C -f 0x81 --value=0 -l 8 -d /tmp/hid
   log "now host $2"
 }
 dd if=/dev/urandom of=/tmp/blk bs=4096 count=1 2>/dev/null

@@ -4,8 +4,9 @@
 # erase of both namespaces takes 2 s; a short self-test 4 s, an extended one 64 s).
 #   * id-ctrl: SANICAP crypto erase, block erase and overwrite; OACS bit 4 (device self-test); DSTO 1
 #   * random data on both namespaces; `nvme sanitize --sanact=2` (block erase): while it runs a read
-#     and a device self-test get Sanitize In Progress, and sanitize-log shows SPROG growing; then
-#     SSTAT 0x101 (completed, global data erased), and both namespaces read back all zeroes
+#     and a device self-test get Sanitize In Progress, and the Sanitize Status log (its raw bytes,
+#     get-log 81h) shows SPROG growing; then SSTAT 0x101 (completed, global data erased), and both
+#     namespaces read back all zeroes
 #   * overwrite, 2 passes inverting the pattern between them, no deallocate: SSTAT 0x111 and the
 #     blocks hold the inverted pattern; crypto erase: zeroes again
 #   * `nvme device-self-test -s 1 --wait`: result 0 in self-test-log; a write-uncor block on nvme0n1
@@ -22,8 +23,17 @@ NS_MIB=64
 rc=0
 fail() { echo "TEST: FAIL: $*"; rc=1; }
 field() { grep -E "^$1[[:space:]]*:" "$2" | head -1 | sed 's/^[^:]*: *//; s/ *$//'; }
-# a sanitize-log field by its mnemonic: "(SPROG)", "(SSTAT)", "(SCDW10)"
-san() { grep -F "($1)" /tmp/san-log | head -1 | sed 's/.*: *//'; }
+# a field of the Sanitize Status log (81h) by its mnemonic, from the raw page (sanitize_log below): SPROG
+# (bytes 1:0, decimal), SSTAT (3:2) and SCDW10 (7:4) in hex. Raw because nvme-cli 2.3 prints SSTAT's
+# status bits only (0x1 for 0x101), 2.13 the whole field.
+san() {
+  case $1 in
+    SPROG) le /tmp/san-log 0 2 ;;
+    SSTAT) printf '%#x\n' "$(le /tmp/san-log 2 2)" ;;
+    SCDW10) printf '%#x\n' "$(le /tmp/san-log 4 4)" ;;
+  esac
+}
+sanitize_log() { log_raw /tmp/san-log 0x81 512 || { fail "get-log 81h: $(cat /tmp/log_raw.err)"; return 1; }; }
 is() { [ -n "$1" ] && [ $(($1)) = $(($2)) ]; }   # VALUE NUMBER: equal as numbers (nvme-cli mixes 0x and not)
 running() { _s=$(san SSTAT); [ -n "$_s" ] && [ $((_s & 7)) = 2 ]; }   # the log says a sanitize is in progress
 
@@ -55,7 +65,7 @@ wait_sanitized() {
   SPROGS=''
   _i=0
   while [ $_i -lt 300 ]; do
-    nvme sanitize-log /dev/nvme0 > /tmp/san-log 2>&1 || { fail "sanitize-log: $(cat /tmp/san-log)"; return 1; }
+    sanitize_log || return 1
     running || return 0
     SPROGS="$SPROGS $(san SPROG)"
     sleep 0.2; _i=$((_i + 1))
@@ -166,7 +176,7 @@ log "dmesg: $(dmesg | grep -ci nvme) nvme lines, the last: $(dmesg | grep -i nvm
 check_no_nvme_errors || rc=1
 result_json "{\"name\":\"sanitize\",\"ok\":$((1 - rc))}"
 # For the host: a long sanitize (16 overwrite passes) still running when the guest is gone.
-start --sanact=3 --ovrpat=0x1 && nvme sanitize-log /dev/nvme0 > /tmp/san-log 2>&1
+start --sanact=3 --ovrpat=0x1 && sanitize_log
 running || fail "16-pass overwrite not running: SSTAT $(san SSTAT)"
 log "left running: a 16-pass overwrite, SPROG $(san SPROG)"
 exit $rc

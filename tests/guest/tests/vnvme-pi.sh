@@ -34,6 +34,13 @@ format_pi() {
   while [ "$(cat $INTEG 2>/dev/null)" != "$3" ] && [ $_i -lt 50 ]; do sleep 0.1; _i=$((_i + 1)); done
   got=$(cat $INTEG 2>/dev/null)
   log "format --lbaf=$1 --pi=$2: dps $dps, integrity/format '$got', tag_size $(cat /sys/block/nvme0n1/integrity/tag_size 2>/dev/null)"
+  if [ "$got" = nop ] && [ "${4:-0}" = 0 ] && [ "$1" = 5 ] && kernel_before 6.12; then
+    # the device said what it should (FLBAS and DPS checked above: PI type 1, last in 64 bytes of metadata);
+    # Linux 6.1 takes PI only first in the metadata or as all of it (nvme_init_ms: first || ms == pi_size),
+    # so it registers no profile: checked on 6.1 (nop) and 6.12 (T10-DIF-TYPE1-CRC)
+    skip_check "integrity/format for PI last in 64-byte metadata (lbaf 5, pil 0): Linux $(uname -r) uses PI only first in the metadata (integrity '$got'; 6.12 does)"
+    return 2
+  fi
   [ "$got" = "$3" ] || { fail "integrity/format '$got' after --lbaf=$1 --pi=$2, expected '$3'"; return 1; }
   return 0
 }
@@ -87,7 +94,8 @@ case_pi 6 1 EXT-DIF-TYPE1-CRC64 16
 case_pi 6 3 EXT-DIF-TYPE3-CRC64 16
 # 4096+64: 56 bytes of metadata besides the tuple, PI last (guard over data and those bytes) or first
 for pil in 0 1; do
-  format_pi 5 1 T10-DIF-TYPE1-CRC $pil || continue
+  format_pi 5 1 T10-DIF-TYPE1-CRC $pil
+  case $? in 1) continue ;; 2) log "lbaf 5 pil $pil: fio verify with the guest's own metadata (no PI from the kernel)" ;; esac
   fio_json "pi-l5-pil$pil" --filename=$DEV --rw=randwrite --bs=4k --size=8M --ioengine=io_uring --direct=1 \
     --iodepth=8 --verify=crc32c --verify_fatal=1 --do_verify=1 --randrepeat=0 \
     || fail "lbaf 5 pil $pil: fio verify"
