@@ -176,8 +176,9 @@ impl Mailbox {
             }
             // With the lock held until the wait below: a kick after the
             // test saw this finds the worker waiting.
+            // Once per take, however often the wait loops.
             #[cfg(test)]
-            if !matches!(wait, Wait::No) {
+            if !matches!(wait, Wait::No) && !slept {
                 self.steps.asleep();
             }
             match wait {
@@ -263,6 +264,12 @@ impl Steps {
         let before = self.state.lock().asleep;
         self.grant();
         self.until(|s| s.asleep > before, "asleep in its mailbox");
+    }
+
+    /// Rounds in which the worker blocked in its mailbox since
+    /// [`Steps::start`].
+    pub fn sleeps(&self) -> u64 {
+        self.state.lock().asleep
     }
 
     /// Waits until the round granted last has ended.

@@ -198,3 +198,84 @@ fn fua_write_and_flush_go_down_as_asynchronous_requests() {
     let cids: Vec<u16> = h.reap_batch(1, 2).iter().map(|c| c.cid()).collect();
     assert_eq!(cids, [cid_flush, cid_write]);
 }
+
+/// Adaptive mode with polling on (Doorbell Buffer Config) and a poll window
+/// longer than the test, so the worker never arms: its I/O worker runs one
+/// round at a time (see `modes::adaptive_stepped`).
+fn adaptive_stepped_on_gate() -> (Host, Arc<HeldRam>) {
+    let backend = Arc::new(HeldRam::new(NS_BLOCKS * 512, Release::Test));
+    let mut h = Host::new();
+    let config = ControllerConfig {
+        idle_poll: Duration::from_secs(3600),
+        doze: Duration::ZERO,
+        ..mode_config(DoorbellMode::Adaptive)
+    };
+    h.ctrl = Controller::new(config, vec![NamespaceConfig::new(1, 512, backend.clone())]).unwrap();
+    h.ctrl.attach(h.mem.clone(), h.irq.clone());
+    h.ctrl.worker_steps(1).start();
+    h.enable();
+    h.enable_dbbuf();
+    h.create_pair(1, 16);
+    (h, backend)
+}
+
+/// A polling worker whose only business is a request in flight on its
+/// backend sleeps until the backend completes it, every round, instead of
+/// spinning on a core the storage may need (io_uring's workers, a loop
+/// device's thread); the completion wakes it. With nothing in flight it
+/// polls without sleeping, as before.
+#[test]
+fn adaptive_polling_worker_sleeps_while_its_backend_works() {
+    let (mut h, gate) = adaptive_stepped_on_gate();
+    h.push(1, rw(NvmOpcode::READ, 1, 0, 8, buf(0), 0));
+    assert!(
+        h.ring_sq(1),
+        "EventIdx starts at 0: the first command traps"
+    );
+    // The trap's round runs the command: it goes to the backend.
+    h.ctrl.worker_steps(1).round();
+    assert_eq!(gate.held(), 1);
+    // The first round after work polls at once: the host's next commands
+    // would follow at once.
+    h.ctrl.worker_steps(1).round();
+    assert_eq!(
+        h.ctrl.worker_steps(1).sleeps(),
+        0,
+        "the first idle round polls"
+    );
+    // From then on every round sleeps (until the backend's waker or the
+    // short bound wakes it), and polls once when it wakes.
+    for round in 1..=5 {
+        let steps = h.ctrl.worker_steps(1);
+        steps.round_asleep();
+        steps.finish();
+        assert_eq!(steps.sleeps(), round, "round {round} slept");
+        assert!(h.peek_cqe(1).is_none());
+    }
+    // The backend finishes: its waker kicks the worker, whose next round
+    // posts the completion.
+    gate.release_newest_first();
+    h.ctrl.worker_steps(1).round();
+    assert!(h.reap(1).status().is_success());
+    // Nothing in flight: polling the shadow doorbells, never asleep.
+    for _ in 0..5 {
+        h.ctrl.worker_steps(1).round();
+    }
+    assert_eq!(
+        h.ctrl.worker_steps(1).sleeps(),
+        5,
+        "no sleep with nothing in flight"
+    );
+    // Polling still: the next command needs no trap.
+    h.push(1, rw(NvmOpcode::READ, 1, 8, 8, buf(1), 0));
+    assert!(!h.ring_sq(1), "a polling worker needs no trap");
+    h.ctrl.worker_steps(1).round();
+    assert_eq!(gate.held(), 1);
+    gate.open();
+    h.ctrl.worker_steps(1).round();
+    assert!(h.reap(1).status().is_success());
+    let s = h.ctrl.stats();
+    assert_eq!(s.queue(1).sq_doorbell_traps, 1);
+    assert_eq!(s.queue(1).commands, 2);
+    assert_eq!(s.eventidx_arms, 0);
+}

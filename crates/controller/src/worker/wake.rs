@@ -11,7 +11,10 @@
 //!   doorbell page is offered, poll the shadow doorbells (or the page) while
 //!   busy with EventIdx kept behind, doze, then arm EventIdx and sleep: until
 //!   a trap, or with the page offered, for a growing back-off, since a
-//!   client ringing through the page never traps.
+//!   client ringing through the page never traps. While requests are in
+//!   flight on an asynchronous backend, a poll that finds nothing is
+//!   followed by a sleep until one completes ([`BACKEND_WAIT`] at most),
+//!   not by spinning: the storage may need this core to complete them.
 //! * [`MmapPoll`]: poll the shared doorbell page, spin, then back off.
 
 use std::sync::atomic::Ordering;
@@ -42,6 +45,14 @@ const PREEMPTED: Duration = Duration::from_micros(50);
 /// request arriving then waits, and few enough wake-ups (at most 40,000 a
 /// second) to leave the core to the threads that produce the requests.
 const DOZE_INTERVAL: Duration = Duration::from_micros(25);
+/// The longest a polling worker sleeps, after a round without work, while
+/// its only business is requests in flight on an asynchronous backend (the
+/// `file` backend's io_uring): their completion wakes it at once (the
+/// backend's waker kicks the mailbox), and this bounds what a new command
+/// that does not trap waits meanwhile, as a doze does. Spinning instead
+/// would take the core the storage needs to finish them: io_uring's
+/// workers, or a loop device's kernel thread, on a file in tmpfs.
+const BACKEND_WAIT: Duration = DOZE_INTERVAL;
 /// Longest sleep of an adaptive I/O worker whose doorbell page is offered:
 /// the most a request that a page-ringing client sends to an idle
 /// controller waits, and at most 1,000 idle wake-ups a second.
@@ -276,6 +287,9 @@ impl Wake for Adaptive {
 
     fn wait(&self, shared: &Shared, local: &Local) -> Wait {
         match self.phase {
+            Phase::Polling { idle_polls, .. } if waits_on_backend(idle_polls, local) => {
+                Wait::For(BACKEND_WAIT)
+            }
             Phase::Polling { .. } => Wait::No,
             Phase::Dozing { .. } => Wait::For(DOZE_INTERVAL),
             Phase::Asleep if self.max_backoff.is_some() => {
@@ -332,11 +346,19 @@ impl Wake for Adaptive {
                 // Idle polls take well under a microsecond: a longer gap
                 // means another thread had this core. Polling on is taking
                 // it from someone (the guest's vCPUs, QEMU): stop and sleep.
-                if idle_polls > 0 && now.saturating_duration_since(last_poll) > PREEMPTED {
+                // (Not a gap the worker slept through, waiting on its
+                // backend.)
+                if idle_polls > 0
+                    && !round.slept
+                    && now.saturating_duration_since(last_poll) > PREEMPTED
+                {
                     self.window.preempted();
                 }
                 if now.saturating_duration_since(idle_since) < self.window.current() {
-                    idle_pause(idle_polls);
+                    // The next round sleeps on the backend instead.
+                    if !waits_on_backend(idle_polls.wrapping_add(1), local) {
+                        idle_pause(idle_polls);
+                    }
                     Phase::Polling {
                         idle_since,
                         idle_polls: idle_polls.wrapping_add(1),
@@ -365,6 +387,15 @@ impl Wake for Adaptive {
             }
         };
     }
+}
+
+/// Whether a polling worker whose last `idle_polls` rounds found no work
+/// should sleep until its backend completes something (at most
+/// [`BACKEND_WAIT`]) rather than poll again: requests are in flight there,
+/// so their completions are the work to come. The first round after work
+/// still polls at once (the host's next commands follow its completions).
+fn waits_on_backend(idle_polls: u32, local: &Local) -> bool {
+    idle_polls > 0 && !local.inflight.is_empty()
 }
 
 /// Adaptive mode, before sleeping: EventIdx = tail seen for every owned SQ,
