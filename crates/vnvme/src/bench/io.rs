@@ -135,6 +135,14 @@ impl Summary {
         all
     }
 
+    /// One completed I/O of `latency` (submission to reaping).
+    pub fn record(&mut self, latency: Duration, ok: bool) {
+        self.ios += 1;
+        self.errors += u64::from(!ok);
+        self.latencies
+            .record(u32::try_from(latency.as_nanos()).unwrap_or(u32::MAX));
+    }
+
     /// The `p`th percentile latency in microseconds (0 with no samples).
     pub fn percentile_us(&self, p: f64) -> f64 {
         let n = self.latencies.total;
@@ -358,13 +366,8 @@ fn run_one(
             else {
                 continue;
             };
-            out.ios += 1;
             let ok = c.status().is_success();
-            if !ok {
-                out.errors += 1;
-            }
-            out.latencies
-                .record(u32::try_from(now.duration_since(io.t0).as_nanos()).unwrap_or(u32::MAX));
+            out.record(now.duration_since(io.t0), ok);
             if let Some(st) = stripe.as_deref_mut() {
                 match io.write_gen {
                     Some(gen) => st.end_write(io.block, gen, ok),

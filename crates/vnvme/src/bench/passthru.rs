@@ -197,43 +197,31 @@ fn read_command(rng: &mut Rng, blocks: u64) -> Command {
     cmd
 }
 
-/// Latencies in nanoseconds and counts of one point.
-#[derive(Default)]
-struct Tally {
-    ios: u64,
-    errors: u64,
-    latencies_ns: Vec<u32>,
+/// A measured point from what its thread counted.
+fn point(api: Api, qd: u16, summary: &block::Summary) -> PassthruRun {
+    PassthruRun {
+        api,
+        qd,
+        iops: summary.ios as f64 / summary.elapsed.as_secs_f64().max(1e-9),
+        lat_p50_us: summary.percentile_us(50.0),
+        lat_p99_us: summary.percentile_us(99.0),
+        ios: summary.ios,
+        errors: summary.errors,
+    }
 }
 
-impl Tally {
-    fn record(&mut self, t0: Instant, now: Instant, ok: bool) {
-        self.ios += 1;
-        self.errors += u64::from(!ok);
-        let ns = now.duration_since(t0).as_nanos();
-        self.latencies_ns
-            .push(u32::try_from(ns).unwrap_or(u32::MAX));
-    }
-
-    fn into_run(mut self, api: Api, qd: u16, elapsed: Duration) -> PassthruRun {
-        self.latencies_ns.sort_unstable();
-        let pct = |p: f64| -> f64 {
-            let n = self.latencies_ns.len();
-            if n == 0 {
-                return 0.0;
-            }
-            let rank = ((p / 100.0) * (n - 1) as f64).round() as usize;
-            f64::from(self.latencies_ns[rank.min(n - 1)]) / 1000.0
-        };
-        PassthruRun {
-            api,
-            qd,
-            iops: self.ios as f64 / elapsed.as_secs_f64().max(1e-9),
-            lat_p50_us: pct(50.0),
-            lat_p99_us: pct(99.0),
-            ios: self.ios,
-            errors: self.errors,
-        }
-    }
+/// Runs `f` on a thread of its own, as [`block::run_threads`] runs the
+/// block API: every API is measured from the same kind of thread, counted
+/// the same way (one latency histogram), so the table compares the APIs and
+/// not the harness (the caller's main thread, a per-I/O latency vector).
+fn on_own_thread(
+    f: impl FnOnce() -> Result<(IoQueue, block::Summary)> + Send,
+) -> Result<(IoQueue, block::Summary)> {
+    std::thread::scope(|s| {
+        s.spawn(f)
+            .join()
+            .unwrap_or_else(|_| bail!("a benchmark thread panicked"))
+    })
 }
 
 fn measure(
@@ -247,8 +235,15 @@ fn measure(
 ) -> Result<(IoQueue, PassthruRun)> {
     let seed = 0x9E37_79B9_7F4A_7C15 ^ u64::from(qd);
     match api {
-        Api::Sync => sync(q, qd, access, blocks, runtime, seed),
-        Api::Async => asynchronous(q, qd, access, blocks, runtime, seed, submit),
+        Api::Sync => {
+            let (q, summary) = on_own_thread(|| sync(q, access, blocks, runtime, seed))?;
+            Ok((q, point(api, qd, &summary)))
+        }
+        Api::Async => {
+            let (q, summary) =
+                on_own_thread(|| asynchronous(q, qd, access, blocks, runtime, seed, submit))?;
+            Ok((q, point(api, qd, &summary)))
+        }
         Api::Block => {
             let mut queues = [q];
             let pattern = Pattern {
@@ -260,16 +255,7 @@ fn measure(
             };
             let summary = block::Summary::merge(block::run_threads(&mut queues, access, &pattern)?);
             let [q] = queues;
-            let run = PassthruRun {
-                api,
-                qd,
-                iops: summary.ios as f64 / summary.elapsed.as_secs_f64().max(1e-9),
-                lat_p50_us: summary.percentile_us(50.0),
-                lat_p99_us: summary.percentile_us(99.0),
-                ios: summary.ios,
-                errors: summary.errors,
-            };
-            Ok((q, run))
+            Ok((q, point(api, qd, &summary)))
         }
     }
 }
@@ -277,18 +263,14 @@ fn measure(
 /// One caller, one command at a time, whatever `qd` says.
 fn sync(
     mut q: IoQueue,
-    qd: u16,
     access: &Arc<dyn DeviceAccess>,
     blocks: u64,
     runtime: Duration,
     seed: u64,
-) -> Result<(IoQueue, PassthruRun)> {
+) -> Result<(IoQueue, block::Summary)> {
     let buf = access.dma_alloc(BLOCK)?;
     let mut rng = Rng::new(seed);
-    let mut tally = Tally {
-        latencies_ns: Vec::with_capacity(1 << 20),
-        ..Tally::default()
-    };
+    let mut tally = block::Summary::default();
     let start = Instant::now();
     let deadline = start + runtime;
     loop {
@@ -300,9 +282,10 @@ fn sync(
             read_command(&mut rng, blocks),
             Some(PassthruData::read(&buf, BLOCK)),
         )?;
-        tally.record(t0, Instant::now(), done.is_success());
+        tally.record(t0.elapsed(), done.is_success());
     }
-    Ok((q, tally.into_run(Api::Sync, qd, start.elapsed())))
+    tally.elapsed = start.elapsed();
+    Ok((q, tally))
 }
 
 /// `qd` commands in flight through the asynchronous passthrough: one
@@ -316,7 +299,7 @@ fn asynchronous(
     runtime: Duration,
     seed: u64,
     submit: Submit,
-) -> Result<(IoQueue, PassthruRun)> {
+) -> Result<(IoQueue, block::Summary)> {
     let slots = usize::from(qd);
     let mut aq = AsyncQueue::new(q);
     if slots > aq.capacity() {
@@ -331,10 +314,7 @@ fn asynchronous(
     let first = aq.register_buffers(bufs);
     let mut rng = Rng::new(seed);
     let mut started = vec![Instant::now(); slots];
-    let mut tally = Tally {
-        latencies_ns: Vec::with_capacity(1 << 20),
-        ..Tally::default()
-    };
+    let mut tally = block::Summary::default();
     let mut done: Vec<AsyncCompletion> = Vec::with_capacity(256);
     let start = Instant::now();
     let deadline = start + runtime;
@@ -354,7 +334,7 @@ fn asynchronous(
             let Some(t0) = started.get_mut(slot) else {
                 continue;
             };
-            tally.record(*t0, now, c.completion.is_success());
+            tally.record(now.duration_since(*t0), c.completion.is_success());
             if now < deadline {
                 *t0 = Instant::now();
                 let data = BufferSlice::read(first + slot, BLOCK);
@@ -366,9 +346,9 @@ fn asynchronous(
         }
         aq.submit()?;
     }
-    let elapsed = start.elapsed();
+    tally.elapsed = start.elapsed();
     let (q, _bufs) = aq.into_inner();
-    Ok((q, tally.into_run(Api::Async, qd, elapsed)))
+    Ok((q, tally))
 }
 
 /// The seed's table: a row per queue depth, IOPS (thousands) per API, the
