@@ -95,3 +95,15 @@ pub(crate) fn array<const N: usize>(what: &str, bytes: &[u8]) -> Result<[u8; N],
         configured: N.to_string(),
     })
 }
+
+/// `bytes` read as a `T` (a log entry, a feature's data structure), or
+/// [`InvalidState::Mismatch`] naming `what` if the length differs.
+pub(crate) fn record<T: zerocopy::FromBytes>(what: &str, bytes: &[u8]) -> Result<T, InvalidState> {
+    // zerocopy's size error says only that the length is wrong: the
+    // lengths below say by how much.
+    T::read_from_bytes(bytes).map_err(|_| InvalidState::Mismatch {
+        what: format!("the length of {what}"),
+        saved: bytes.len().to_string(),
+        configured: std::mem::size_of::<T>().to_string(),
+    })
+}

@@ -75,19 +75,16 @@ fn every_controller_completes_io(server: &str) {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Runs `vnvme bench ARGS`, which must fail, and returns its stderr.
+fn refused(args: &[&str]) -> String {
+    let out = vnvme(&[&["bench"], args].concat());
+    assert!(!out.status.success(), "{args:?} succeeded");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 #[test]
 fn attach_needs_a_socket_per_controller() {
-    let out = vnvme(&[
-        "bench",
-        "--controllers",
-        "2",
-        "--attach",
-        "/nonexistent/a.sock",
-        "--modes",
-        "mmap-poll",
-    ]);
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = refused(&["--controllers", "2", "--attach", "/nonexistent/a.sock"]);
     assert!(
         stderr.contains("--controllers 2 needs 2 sockets, --attach gave 1"),
         "{stderr}"
@@ -96,23 +93,19 @@ fn attach_needs_a_socket_per_controller() {
 
 #[test]
 fn attach_and_processes_together_are_refused() {
-    let out = vnvme(&[
-        "bench",
+    let stderr = refused(&[
         "--controllers",
         "1",
         "--attach",
         "/nonexistent/a.sock",
         "--processes",
     ]);
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("leave out --processes"), "{stderr}");
 }
 
 #[test]
 fn a_socket_nobody_serves_is_named() {
-    let out = vnvme(&[
-        "bench",
+    let stderr = refused(&[
         "--controllers",
         "1",
         "--attach",
@@ -122,8 +115,6 @@ fn a_socket_nobody_serves_is_named() {
         "--idle-seconds",
         "0.1",
     ]);
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("connecting to /nonexistent/a.sock"),
         "{stderr}"

@@ -8,12 +8,12 @@ use std::sync::atomic::Ordering;
 
 use serde::{Deserialize, Serialize};
 use vnvme_spec::feature::HostBehaviorSupport;
-use zerocopy::{FromBytes, IntoBytes};
+use zerocopy::IntoBytes;
 
 use super::{AdminState, Features};
 use crate::config::ControllerConfig;
 use crate::keep_alive::round_kato;
-use crate::saved_check::{array, at_most, hex, inconsistent, InvalidState};
+use crate::saved_check::{array, at_most, hex, inconsistent, record, InvalidState};
 use crate::streams::saved::SavedStreams;
 use crate::streams::Streams;
 
@@ -101,9 +101,8 @@ impl Features {
                 saved.kato_ms
             )));
         }
-        let host_behavior = HostBehaviorSupport::read_from_bytes(&saved.host_behavior)
-            // zerocopy's size error says only that the length is wrong: the message does.
-            .map_err(|_| inconsistent("Host Behavior Support is not 512 bytes long"))?;
+        let host_behavior: HostBehaviorSupport =
+            record("Host Behavior Support", &saved.host_behavior)?;
         let admin = AdminState {
             nsqa_z: saved.nsqa_z,
             ncqa_z: saved.ncqa_z,

@@ -8,12 +8,12 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 use vnvme_spec::log::ErrorLogEntry;
-use zerocopy::{FromBytes, IntoBytes};
+use zerocopy::IntoBytes;
 
 use super::persistent_event_log::SavedPersistentEventLog;
 use super::telemetry::SavedTelemetry;
 use super::{ErrorLog, Events, Reporting, AERL, ELPE, MAX_QUEUED_EVENTS};
-use crate::saved_check::{at_most, hex, inconsistent, InvalidState};
+use crate::saved_check::{at_most, hex, record, InvalidState};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct SavedReporting {
@@ -78,11 +78,7 @@ impl Reporting {
             u64::from(ELPE) + 1,
         )?;
         let entries = (saved.error_log.iter())
-            .map(|e| {
-                ErrorLogEntry::read_from_bytes(&e.0)
-                    // zerocopy's size error says only that the length is wrong: the message does.
-                    .map_err(|_| inconsistent("an error log entry is not 64 bytes long"))
-            })
+            .map(|e| record::<ErrorLogEntry>("an error log entry", &e.0))
             .collect::<Result<_, _>>()?;
         self.telemetry.restore(&saved.telemetry)?;
         self.persistent_events

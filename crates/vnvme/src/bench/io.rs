@@ -185,15 +185,7 @@ pub fn run_threads_with(
             .enumerate()
             .map(|(i, (q, stripe))| {
                 let access = Arc::clone(access);
-                s.spawn(move || {
-                    run_one(
-                        q,
-                        stripe,
-                        &access,
-                        pattern,
-                        0x9E37_79B9_7F4A_7C15 ^ (i as u64 + 1),
-                    )
-                })
+                s.spawn(move || run_one(q, stripe, &access, pattern, thread_seed(i)))
             })
             .collect();
         let mut next_tick = Instant::now().checked_add(tick_every);
@@ -204,14 +196,25 @@ pub fn run_threads_with(
                 next_tick = at.checked_add(tick_every);
             }
         }
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| bail!("a benchmark thread panicked"))
-            })
-            .collect()
+        join_all(handles)
     })
+}
+
+/// The random seed of benchmark thread `i`: distinct per thread, the same
+/// in every run.
+pub fn thread_seed(i: usize) -> u64 {
+    0x9E37_79B9_7F4A_7C15 ^ (i as u64 + 1)
+}
+
+/// Waits for every benchmark thread; one that panicked is an error.
+pub fn join_all<T>(handles: Vec<std::thread::ScopedJoinHandle<'_, Result<T>>>) -> Result<Vec<T>> {
+    handles
+        .into_iter()
+        .map(|h| {
+            h.join()
+                .unwrap_or_else(|_| bail!("a benchmark thread panicked"))
+        })
+        .collect()
 }
 
 /// One command in flight.
@@ -225,7 +228,9 @@ struct InFlight {
     write_gen: Option<u32>,
 }
 
-fn run_one(
+/// Runs `pattern` on `q` in this thread, checking what it reads against
+/// `stripe` if given.
+pub fn run_one(
     q: &mut IoQueue,
     mut stripe: Option<&mut Stripe>,
     access: &Arc<dyn DeviceAccess>,

@@ -255,6 +255,19 @@ pub struct BenchOptions {
     pub polling: PollingOptions,
 }
 
+impl BenchOptions {
+    /// What each benchmark thread does at depth `qd` for `runtime`.
+    fn pattern(&self, qd: u16, runtime: Duration) -> Pattern {
+        Pattern {
+            rw: self.rw,
+            qd,
+            runtime,
+            block_size: BLOCK_SIZE,
+            submit: self.submit,
+        }
+    }
+}
+
 /// One measured point. The field names are read by other tools: keep them.
 #[derive(Debug, Clone, Serialize)]
 pub struct Run {
@@ -610,13 +623,7 @@ impl ModeBench {
         let mut rss_max_mib = rss_start_mib;
         let started = std::time::Instant::now();
         let before = self.inproc.controller().stats();
-        let pattern = Pattern {
-            rw: opts.rw,
-            qd,
-            runtime,
-            block_size: BLOCK_SIZE,
-            submit: opts.submit,
-        };
+        let pattern = opts.pattern(qd, runtime);
         let results = io::run_threads_with(
             &mut self.queues,
             self.stripes.as_deref_mut(),

@@ -19,7 +19,7 @@ use vnvme_controller::DoorbellMode;
 use vnvme_driver::{Controller, DeviceAccess, InitOptions, IoQueue, VfioUserAccess};
 
 use super::io::{self, Pattern, Summary};
-use super::{BenchOptions, BLOCK_SIZE};
+use super::BenchOptions;
 
 /// How long a started server has to create its socket.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -122,13 +122,7 @@ pub fn run(opts: &BenchOptions, counts: &[usize]) -> Result<Vec<ScaleRun>> {
                 Ok(())
             })?;
             for &qd in &opts.qd.0 {
-                let pattern = Pattern {
-                    rw: opts.rw,
-                    qd,
-                    runtime,
-                    block_size: BLOCK_SIZE,
-                    submit: opts.submit,
-                };
+                let pattern = opts.pattern(qd, runtime);
                 let mut per = Vec::new();
                 let cpu = servers.cpu_over(runtime, || {
                     per = run_all(&mut clients, &pattern)?;
@@ -194,21 +188,14 @@ fn run_all(clients: &mut [Client], pattern: &Pattern) -> Result<Vec<Summary>> {
     std::thread::scope(|s| {
         let handles: Vec<_> = clients
             .iter_mut()
-            .map(|c| {
+            .enumerate()
+            .map(|(i, c)| {
                 s.spawn(move || {
-                    let parts =
-                        io::run_threads(std::slice::from_mut(&mut c.queue), &c.access, pattern)?;
-                    Ok(Summary::merge(parts))
+                    io::run_one(&mut c.queue, None, &c.access, pattern, io::thread_seed(i))
                 })
             })
             .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| bail!("a benchmark thread panicked"))
-            })
-            .collect()
+        io::join_all(handles)
     })
 }
 

@@ -4,10 +4,10 @@
 
 use serde::{Deserialize, Serialize};
 use vnvme_spec::log::SelfTestResult;
-use zerocopy::{FromBytes, IntoBytes};
+use zerocopy::IntoBytes;
 
 use super::{SelfTest, State, RESULTS};
-use crate::saved_check::{at_most, hex, inconsistent, InvalidState};
+use crate::saved_check::{at_most, hex, record, InvalidState};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct SavedSelfTest {
@@ -39,11 +39,7 @@ impl SelfTest {
             RESULTS as u64,
         )?;
         let results = (saved.results.iter())
-            .map(|r| {
-                SelfTestResult::read_from_bytes(&r.0)
-                    // zerocopy's size error says only that the length is wrong: the message does.
-                    .map_err(|_| inconsistent("a self-test result is not 28 bytes long"))
-            })
+            .map(|r| record::<SelfTestResult>("a self-test result", &r.0))
             .collect::<Result<_, _>>()?;
         *self.state.lock() = State {
             running: None,
