@@ -514,6 +514,11 @@ pub enum ConfigError {
     #[error("namespace id {0} is configured twice")]
     DuplicateNsid(u32),
     #[error(
+        "the subsystem has a controller with CNTLID {0} already: each controller of a subsystem \
+         needs its own (hosts reject a duplicate)"
+    )]
+    DuplicateCntlid(u16),
+    #[error(
         "namespaces {other} and {nsid} have the same {id}: hosts would not tell them apart; give \
          one of them its own"
     )]

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -33,13 +33,15 @@ use crate::reporting::{Events, Reporting};
 use crate::state::{Session, Shared, ADMIN_WORKER};
 use crate::stats::{ControllerStats, Stats};
 use crate::subsystem::firmware::Firmware;
-use crate::subsystem::{ChangedNamespaces, Namespaces, ReadyTimer, Subsystem};
+use crate::subsystem::{ChangedNamespaces, Member, Namespaces, ReadyTimer, Subsystem};
 use crate::worker;
 use crate::worker::group::{Detached, PollGroups};
 
+mod ana_ops;
 mod operator;
 mod qos_ops;
 mod saved;
+pub use ana_ops::AnaError;
 pub use operator::NamespaceOpError;
 
 /// CRTO.CRWMT is 16 bits of 500 ms units.
@@ -128,40 +130,14 @@ impl Controller {
         page: Option<Arc<dyn DoorbellPage>>,
         groups: Option<PollGroups>,
     ) -> Result<Self, ConfigError> {
-        if let Some(g) = &groups {
-            config.workers = g.len();
-        }
-        if config.workers == 0 {
-            return Err(ConfigError::NoWorkers);
-        }
-        // Doorbells for qids 0..=max_io_queues must fit below the MSI-X table.
-        if config.max_io_queues == 0 || config.max_io_queues > Bar0Layout::MAX_QID {
-            return Err(ConfigError::MaxIoQueues {
-                got: config.max_io_queues,
-                max: Bar0Layout::MAX_QID,
-            });
-        }
-        if config.msix_vectors == 0 || config.msix_vectors > 2048 {
-            return Err(ConfigError::MsixVectors(config.msix_vectors));
-        }
-        if config.mqes_z == 0 {
-            return Err(ConfigError::Mqes);
-        }
-        if config.mdts == 0 || config.mdts > 12 {
-            return Err(ConfigError::Mdts(config.mdts));
-        }
-        if config.max_namespaces > MAX_NAMESPACES {
-            return Err(ConfigError::MaxNamespaces {
-                got: config.max_namespaces,
-                max: MAX_NAMESPACES,
-            });
-        }
-        if config.ready_timeout.is_zero() || config.ready_timeout > MAX_READY_TIMEOUT {
-            return Err(ConfigError::ReadyTimeout(config.ready_timeout));
-        }
+        Self::check(&mut config, &groups)?;
         let mut map = BTreeMap::<u32, Arc<Namespace>>::new();
         for nc in &namespaces {
-            let ns = Namespace::new(nc, NamespaceIds::for_controller(&config.serial, nc.nsid))?;
+            let ns = Namespace::new(
+                nc,
+                NamespaceIds::for_controller(&config.serial, nc.nsid),
+                config.cntlid,
+            )?;
             // Hosts trust an identifier only while no other namespace has it.
             if let Some((other, id)) = map
                 .values()
@@ -197,6 +173,98 @@ impl Controller {
             .max(config.max_namespaces);
         let tnvmcap = config.nvm_capacity.max(Namespaces::allocated_bytes(&map));
         let vwc = map.values().any(|ns| ns.backend.volatile_cache());
+        let subsystem = Subsystem {
+            namespaces: Namespaces::new(map, config.cntlid),
+            nn,
+            tnvmcap,
+            changed: Mutex::new(ChangedNamespaces::default()),
+            ready_timer: Arc::default(),
+            vwc,
+            firmware: Mutex::new(Firmware::new(&config.firmware)),
+        };
+        Ok(Self::assemble(config, subsystem, page, groups))
+    }
+
+    /// Another controller of `first`'s NVM subsystem (NVMe Base 2.0 §3.2.1):
+    /// its own CNTLID (`config.cntlid`), queues, features, events and
+    /// resets, and `first`'s namespaces — the same objects, so data,
+    /// format, reservations and zones are one — attached to it as they are
+    /// to `first`. `config` should give the subsystem's serial and NQN;
+    /// its namespace settings (NN, TNVMCAP) are `first`'s.
+    pub fn joining(
+        first: &Controller,
+        mut config: ControllerConfig,
+        page: Option<Arc<dyn DoorbellPage>>,
+        groups: Option<PollGroups>,
+    ) -> Result<Self, ConfigError> {
+        Self::check(&mut config, &groups)?;
+        let theirs = &first.shared.subsystem;
+        let namespaces = theirs
+            .namespaces
+            .join(config.cntlid)
+            .ok_or(ConfigError::DuplicateCntlid(config.cntlid))?;
+        // The namespaces' readiness is the subsystem's: the same CRWMT.
+        config.ready_timeout = config.ready_timeout.max(first.shared.config.ready_timeout);
+        let subsystem = Subsystem {
+            namespaces,
+            nn: theirs.nn,
+            tnvmcap: theirs.tnvmcap,
+            changed: Mutex::new(ChangedNamespaces::default()),
+            ready_timer: Arc::default(),
+            vwc: theirs.vwc,
+            firmware: Mutex::new(Firmware::new(&config.firmware)),
+        };
+        Ok(Self::assemble(config, subsystem, page, groups))
+    }
+
+    /// Refuses what `config` cannot be; with `groups`, the workers are
+    /// one per group.
+    fn check(
+        config: &mut ControllerConfig,
+        groups: &Option<PollGroups>,
+    ) -> Result<(), ConfigError> {
+        if let Some(g) = &groups {
+            config.workers = g.len();
+        }
+        if config.workers == 0 {
+            return Err(ConfigError::NoWorkers);
+        }
+        // Doorbells for qids 0..=max_io_queues must fit below the MSI-X table.
+        if config.max_io_queues == 0 || config.max_io_queues > Bar0Layout::MAX_QID {
+            return Err(ConfigError::MaxIoQueues {
+                got: config.max_io_queues,
+                max: Bar0Layout::MAX_QID,
+            });
+        }
+        if config.msix_vectors == 0 || config.msix_vectors > 2048 {
+            return Err(ConfigError::MsixVectors(config.msix_vectors));
+        }
+        if config.mqes_z == 0 {
+            return Err(ConfigError::Mqes);
+        }
+        if config.mdts == 0 || config.mdts > 12 {
+            return Err(ConfigError::Mdts(config.mdts));
+        }
+        if config.max_namespaces > MAX_NAMESPACES {
+            return Err(ConfigError::MaxNamespaces {
+                got: config.max_namespaces,
+                max: MAX_NAMESPACES,
+            });
+        }
+        if config.ready_timeout.is_zero() || config.ready_timeout > MAX_READY_TIMEOUT {
+            return Err(ConfigError::ReadyTimeout(config.ready_timeout));
+        }
+        Ok(())
+    }
+
+    /// The controller with `subsystem`, its state made and registered
+    /// with the subsystem's other controllers.
+    fn assemble(
+        config: ControllerConfig,
+        subsystem: Subsystem,
+        page: Option<Arc<dyn DoorbellPage>>,
+        groups: Option<PollGroups>,
+    ) -> Self {
         let qids = usize::from(config.max_io_queues) + 1;
         let page = config
             .doorbells
@@ -207,15 +275,7 @@ impl Controller {
         let lifecycle = Lifecycle::new(created);
         let shared = Arc::new_cyclic(|me| Shared {
             me: me.clone(),
-            subsystem: Subsystem {
-                namespaces: Namespaces::new(map),
-                nn,
-                tnvmcap,
-                changed: Mutex::new(ChangedNamespaces::default()),
-                ready_timer: Arc::default(),
-                vwc,
-                firmware: Mutex::new(Firmware::new(&config.firmware)),
-            },
+            subsystem,
             doorbells: Doorbells::new(qids, page, Arc::clone(&stats)),
             queues: match &groups {
                 Some(g) => QueueTable::in_groups(qids, g.assign()),
@@ -236,8 +296,11 @@ impl Controller {
             .reporting
             .persistent_events
             .power_on_or_reset(created, 0);
+        let weak: Weak<Shared> = Arc::downgrade(&shared);
+        let member: Weak<dyn Member> = weak;
+        shared.subsystem.namespaces.register(member);
         let regs = Regs::new(&shared.config);
-        Ok(Self {
+        Self {
             shared,
             control: Mutex::new(Control {
                 regs,
@@ -249,7 +312,7 @@ impl Controller {
                 paused: false,
             }),
             groups,
-        })
+        }
     }
 
     /// A new client: its guest memory and interrupts. Namespaces (and their

@@ -151,6 +151,10 @@ fn run(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Option<u64>, Status> {
 fn usable_namespace(ctx: &Ctx<'_>, cmd: &Command, op: NvmOpcode) -> Result<Arc<Namespace>, Status> {
     let nsid = cmd.nsid.get();
     let ns = ctx.shared.namespace(nsid)?;
+    // Its ANA group (= NSID) through this controller: a relaxed load while
+    // every path is usable.
+    let namespaces = &ctx.shared.subsystem.namespaces;
+    namespaces.table().ana.check_io(namespaces.cntlid(), nsid)?;
     if ctx.shared.faults.not_ready(nsid, Instant::now) {
         return Err(Status::NAMESPACE_NOT_READY.with_dnr(false));
     }

@@ -65,7 +65,7 @@ pub use config::{
     DEFAULT_IDLE_POLL, DEFAULT_READY_TIMEOUT, DEFAULT_SANITIZE_RATE, DEFAULT_SELF_TEST_RATE,
     DEFAULT_VENDOR_ID, LBA_FORMATS, MAX_NAMESPACES,
 };
-pub use controller::{Controller, NamespaceOpError};
+pub use controller::{AnaError, Controller, NamespaceOpError};
 pub use doorbell::{DoorbellPage, HeapDoorbellPage, DOORBELL_PAGE_DWORDS};
 pub use faults::{Fault, FaultError, FaultKind, FaultSpec, Latency};
 pub use memory::{DmaError, GuestAddress, GuestMemory, InterruptSink, Segment};
@@ -78,6 +78,7 @@ pub use saved_state::{
     SavedState, StateError, FORMAT_VERSION, HEADER_LEN, MAGIC, OLDEST_READABLE_VERSION,
 };
 pub use stats::{ControllerStats, QueueStats};
+pub use subsystem::ana::AnaState;
 pub use vendor::{VendorCommand, VendorCommands};
 pub use vnvme_blockdev::BlockDevice;
 pub use worker::group::{PollGroupError, PollGroups, MAX_POLL_GROUPS};

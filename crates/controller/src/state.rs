@@ -44,7 +44,7 @@ use crate::qos::Qos;
 use crate::queue::table::QueueTable;
 use crate::reporting::Reporting;
 use crate::stats::Stats;
-use crate::subsystem::Subsystem;
+use crate::subsystem::{Member, Subsystem};
 
 pub(crate) use crate::queue::table::ADMIN_WORKER;
 /// Abort Command Limit, 0's based: Aborts pending per submission queue.
@@ -97,6 +97,24 @@ impl std::fmt::Debug for Shared {
     }
 }
 
+impl Member for Shared {
+    fn namespace_changed(&self, nsid: u32) {
+        Shared::namespace_changed(self, nsid);
+    }
+
+    fn ana_changed(&self) {
+        self.async_event(
+            async_event::TYPE_NOTICE,
+            async_event::NOTICE_ANA_CHANGE,
+            vnvme_spec::log::LogPageId::ANA.0,
+        );
+    }
+
+    fn stats(&self) -> crate::stats::ControllerStats {
+        self.stats.snapshot()
+    }
+}
+
 impl Shared {
     /// Active (allocated and attached) namespace `nsid`, or Invalid
     /// Namespace or Format.
@@ -127,6 +145,7 @@ impl Shared {
             let enabled_by = match info {
                 async_event::NOTICE_FIRMWARE_ACTIVATION_STARTING => aec::FIRMWARE_ACTIVATION,
                 vnvme_spec::zns::NOTICE_ZONE_DESCRIPTOR_CHANGED => aec::ZONE_DESCRIPTOR_CHANGED,
+                async_event::NOTICE_ANA_CHANGE => aec::ANA_CHANGE,
                 _ => aec::NAMESPACE_ATTRIBUTE,
             };
             if self.features.admin.lock().async_event_config & enabled_by == 0 {
@@ -149,6 +168,21 @@ impl Shared {
             async_event::NOTICE_NS_ATTRIBUTE_CHANGED,
             0x04,
         );
+    }
+
+    /// Namespace `ns` changed (format, size, deletion): every controller
+    /// it is attached to hears of it, this one included.
+    pub fn shared_namespace_changed(&self, ns: &Namespace) {
+        self.subsystem
+            .namespaces
+            .notify_changed(ns.nsid, ns.attached.iter());
+    }
+
+    /// The subsystem offers Asymmetric Namespace Access reporting (CMIC
+    /// bit 3): when it has several controllers, so that a host can fail
+    /// over between them.
+    pub fn ana_reporting(&self) -> bool {
+        self.subsystem.namespaces.multi_controller()
     }
 
     /// Sets CSTS.CFS: the controller cannot reach its queues.

@@ -38,6 +38,11 @@ pub struct DeviceConfig {
     /// Serve the queues from these poll group threads, shared with other
     /// devices, instead of the controller's own (`None`, the default).
     pub poll_groups: Option<PollGroups>,
+    /// Be another controller of this controller's NVM subsystem (its
+    /// namespaces shared; `namespaces` is then ignored), with
+    /// `controller.cntlid` its own (`None`, the default: a subsystem of its
+    /// own).
+    pub subsystem_of: Option<std::sync::Arc<vnvme_controller::Controller>>,
 }
 
 impl DeviceConfig {
@@ -49,6 +54,7 @@ impl DeviceConfig {
             msix_vectors: None,
             interrupts: Interrupts::Msix,
             poll_groups: None,
+            subsystem_of: None,
         }
     }
 

@@ -98,9 +98,16 @@ impl NvmeDevice {
         let page = doorbell_region
             .as_ref()
             .map(|r| Arc::new(SharedDoorbells(r.clone())) as Arc<dyn DoorbellPage>);
-        let ctrl =
-            Controller::with_poll_groups(controller, config.namespaces, page, config.poll_groups)
-                .map_err(DeviceError::Controller)?;
+        let ctrl = match &config.subsystem_of {
+            Some(first) => Controller::joining(first, controller, page, config.poll_groups),
+            None => Controller::with_poll_groups(
+                controller,
+                config.namespaces,
+                page,
+                config.poll_groups,
+            ),
+        }
+        .map_err(DeviceError::Controller)?;
         Ok(Self {
             ctrl: Arc::new(ctrl),
             pci,

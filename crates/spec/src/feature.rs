@@ -293,6 +293,8 @@ pub mod aec {
     pub const FIRMWARE_ACTIVATION: u32 = AsyncEventConfig::new().with_fan(true).into_bits();
     /// Telemetry Log Notices.
     pub const TELEMETRY_LOG: u32 = AsyncEventConfig::new().with_tln(true).into_bits();
+    /// Asymmetric Namespace Access Change Notices.
+    pub const ANA_CHANGE: u32 = AsyncEventConfig::new().with_anacn(true).into_bits();
     /// Zone Descriptor Changed Notices.
     pub const ZONE_DESCRIPTOR_CHANGED: u32 = AsyncEventConfig::new().with_zdcn(true).into_bits();
 }
@@ -330,6 +332,7 @@ mod tests {
         assert_eq!(aec::NAMESPACE_ATTRIBUTE, 1 << 8);
         assert_eq!(aec::FIRMWARE_ACTIVATION, 1 << 9);
         assert_eq!(aec::TELEMETRY_LOG, 1 << 10);
+        assert_eq!(aec::ANA_CHANGE, 1 << 11);
         assert_eq!(aec::ZONE_DESCRIPTOR_CHANGED, 1 << 27);
         assert!(AsyncEventConfig::from(1 << 31).dlpcn());
         assert_eq!(IoCommandSetProfile::from(0xFFFF_FFFF).iocsci(), 0x1FF);

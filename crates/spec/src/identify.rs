@@ -134,6 +134,19 @@ pub mod oaes {
     pub const FIRMWARE_ACTIVATION: u32 = crate::feature::aec::FIRMWARE_ACTIVATION;
     /// Zone Descriptor Changed Notices (ZNS 1.1 §4.1.5).
     pub const ZONE_DESCRIPTOR_CHANGED: u32 = crate::feature::aec::ZONE_DESCRIPTOR_CHANGED;
+    /// Asymmetric Namespace Access Change Notices.
+    pub const ANA_CHANGE: u32 = crate::feature::aec::ANA_CHANGE;
+}
+
+/// CMIC — Controller Multi-Path I/O and Namespace Sharing Capabilities of
+/// Identify Controller (§5.17.2.1).
+pub mod cmic {
+    /// The NVM subsystem may have two or more ports.
+    pub const MULTI_PORT: u8 = 1 << 0;
+    /// The NVM subsystem may have two or more controllers.
+    pub const MULTI_CONTROLLER: u8 = 1 << 1;
+    /// The controller supports Asymmetric Namespace Access Reporting.
+    pub const ANA_REPORTING: u8 = 1 << 3;
 }
 
 /// FRMW — Firmware Updates bits of Identify Controller (§5.17.2.1).

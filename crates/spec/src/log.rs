@@ -213,6 +213,8 @@ pub mod async_event {
     pub const NOTICE_NS_ATTRIBUTE_CHANGED: u8 = 0x00;
     /// Notice information: Firmware Activation Starting (log page 03h).
     pub const NOTICE_FIRMWARE_ACTIVATION_STARTING: u8 = 0x01;
+    /// Notice information: Asymmetric Namespace Access Change (log page 0Ch).
+    pub const NOTICE_ANA_CHANGE: u8 = 0x03;
     /// NVM command set specific information: Sanitize Operation Completed
     /// (log page 81h).
     pub const IO_SANITIZE_COMPLETED: u8 = 0x01;

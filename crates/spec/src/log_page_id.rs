@@ -26,6 +26,8 @@ impl LogPageId {
     pub const TELEMETRY_HOST_INITIATED: Self = Self(0x07);
     pub const TELEMETRY_CONTROLLER_INITIATED: Self = Self(0x08);
     pub const ENDURANCE_GROUP_INFORMATION: Self = Self(0x09);
+    /// Asymmetric Namespace Access (§5.16.1.12).
+    pub const ANA: Self = Self(0x0C);
     pub const PERSISTENT_EVENT: Self = Self(0x0D);
     pub const DEVICE_SELF_TEST: Self = Self(0x06);
     pub const SANITIZE_STATUS: Self = Self(0x81);

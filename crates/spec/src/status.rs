@@ -176,6 +176,16 @@ impl Status {
     pub const REFERENCE_TAG_CHECK_ERROR: Self = Self::code(sct::MEDIA, 0x84);
     pub const COMPARE_FAILURE: Self = Self::code(sct::MEDIA, 0x85);
 
+    // Path Related Status (SCT 3, §4.6.1.2.4): the host may retry the
+    // command on another path (controller) to the namespace.
+    /// The namespace's ANA group is in the persistent loss state on this
+    /// controller.
+    pub const ASYMMETRIC_ACCESS_PERSISTENT_LOSS: Self = Self::code(sct::PATH, 0x01);
+    /// The namespace's ANA group is inaccessible through this controller.
+    pub const ASYMMETRIC_ACCESS_INACCESSIBLE: Self = Self::code(sct::PATH, 0x02);
+    /// The namespace's ANA group is changing state on this controller.
+    pub const ASYMMETRIC_ACCESS_TRANSITION: Self = Self::code(sct::PATH, 0x03);
+
     /// A short name for logs, counters and JSON ("invalid-field"), or the
     /// numeric form for codes this crate does not name.
     pub fn name(self) -> &'static str {
@@ -305,6 +315,18 @@ impl Status {
             (
                 Status::REFERENCE_TAG_CHECK_ERROR,
                 "reference-tag-check-error",
+            ),
+            (
+                Status::ASYMMETRIC_ACCESS_PERSISTENT_LOSS,
+                "asymmetric-access-persistent-loss",
+            ),
+            (
+                Status::ASYMMETRIC_ACCESS_INACCESSIBLE,
+                "asymmetric-access-inaccessible",
+            ),
+            (
+                Status::ASYMMETRIC_ACCESS_TRANSITION,
+                "asymmetric-access-transition",
             ),
         ];
         NAMES

@@ -23,6 +23,9 @@
 //! stop_timeout = "30s"        # then exit even if a worker is stuck
 //! socket_group = "kvm"        # the vfio-user socket's group (a name or number) ...
 //! socket_mode = "660"         # ... and mode, octal in a string (default 600; 660 with a group)
+//! sockets = ["/run/vnvme/a.sock", "/run/vnvme/b.sock"]  # one subsystem, a controller per
+//!                             # socket (CNTLID 1, 2, ...), namespaces shared; as --socket
+//!                             # given more than once, which wins over it
 //!
 //! [[namespaces]]              # NSID 1
 //! size = "1G"
@@ -123,7 +126,7 @@
 
 use std::collections::BTreeMap;
 use std::ops::Range;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -206,6 +209,8 @@ struct FileConfig {
     qos_groups: BTreeMap<String, QosTable>,
     /// `[[controllers]]` only: the vfio-user socket and control socket.
     socket: Option<Spanned<String>>,
+    /// One controller of the subsystem per socket (not in `[[controllers]]`).
+    sockets: Option<Spanned<Vec<String>>>,
     control: Option<Spanned<String>>,
     /// Several controllers in one process ([`controllers`]).
     #[serde(default)]
@@ -264,6 +269,9 @@ pub struct ServeConfig {
     pub handshake_timeout: Option<Duration>,
     pub message_timeout: Option<Duration>,
     pub stop_timeout: Option<Duration>,
+    /// `sockets`: a controller of the subsystem per socket (empty: the
+    /// command line's one socket).
+    pub sockets: Vec<PathBuf>,
     /// `--socket-mode` and `--socket-group` (a name or number, checked to exist).
     pub socket_mode: Option<u32>,
     pub socket_group: Option<String>,
@@ -491,6 +499,20 @@ impl ServeConfig {
                     "must be more than 0".into(),
                 ));
             }
+        }
+        if let Some(v) = &raw.sockets {
+            let list = v.get_ref();
+            let mut seen = std::collections::HashSet::new();
+            for path in list {
+                if path.is_empty() || !seen.insert(path) {
+                    return Err(at(
+                        Some(v.span()),
+                        "sockets".into(),
+                        format!("{path:?} is empty or named twice: each controller needs its own socket"),
+                    ));
+                }
+            }
+            cfg.sockets = list.iter().map(PathBuf::from).collect();
         }
         if let Some(v) = &raw.socket_mode {
             let mode = crate::socket::parse_mode(v.get_ref());

@@ -271,4 +271,28 @@ impl DeviceOptions {
         };
         Ok(NvmeDevice::new(config)?)
     }
+
+    /// Another controller, CNTLID `cntlid`, of `first`'s NVM subsystem
+    /// (the same serial and NQN, the namespaces shared), its queues served
+    /// by `groups`.
+    pub fn build_joining(
+        &self,
+        first: &NvmeDevice,
+        cntlid: u16,
+        origin: &Origin,
+        groups: Option<PollGroups>,
+    ) -> Result<NvmeDevice> {
+        let controller = ControllerConfig {
+            cntlid,
+            ..self.controller_config(origin)
+        };
+        let config = DeviceConfig {
+            msix_vectors: self.msix_vectors,
+            interrupts: self.interrupts,
+            poll_groups: groups,
+            subsystem_of: Some(std::sync::Arc::clone(first.controller())),
+            ..DeviceConfig::new(controller, Vec::new())
+        };
+        Ok(NvmeDevice::new(config)?)
+    }
 }

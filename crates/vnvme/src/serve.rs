@@ -21,6 +21,7 @@ use crate::ns_syntax;
 use crate::socket::{parse_mode, Plan, SocketFile};
 
 mod many;
+mod subsystem;
 
 /// Where `vnvme serve` listens and the tools connect by default.
 pub const DEFAULT_SOCKET: &str = "/run/vnvme.sock";
@@ -56,9 +57,12 @@ left in place at exit.";
 pub struct ServeOptions {
     /// The vfio-user socket to listen on (a stale socket file is replaced; a live one, or a file
     /// that is not a socket, is an error). Default /run/vnvme.sock. With socket activation, if
-    /// given, it must be the inherited socket's path.
+    /// given, it must be the inherited socket's path. Given more than once: one NVM subsystem (one
+    /// serial and NQN, derived from the first socket) with a controller per socket, CNTLID 1, 2,
+    /// ... in the order given, sharing the namespaces (multipath, shared disks; see
+    /// docs/subsystem.md).
     #[arg(long, short = 's', value_name = "PATH")]
-    pub socket: Option<PathBuf>,
+    pub socket: Vec<PathBuf>,
     /// The vfio-user socket's permissions, in octal (connecting needs write permission). Default
     /// 600 (the server's user only), or 660 with --socket-group.
     #[arg(long, value_name = "MODE", value_parser = parse_mode)]
@@ -178,17 +182,28 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
         opts.stop_timeout = opts.stop_timeout.or(file.stop_timeout);
         opts.socket_mode = opts.socket_mode.or(file.socket_mode);
         opts.socket_group = opts.socket_group.take().or(file.socket_group.clone());
+        if opts.socket.is_empty() {
+            opts.socket = file.sockets.clone();
+        }
         if opts.namespaces.is_empty() {
             opts.namespaces = file.namespaces;
         }
     } else if opts.namespaces.is_empty() {
         opts.namespaces = vec!["1G:ram".parse().map_err(anyhow::Error::msg)?];
     }
+    if opts.socket.len() > 1 {
+        let config = subsystem::FileParts {
+            faults,
+            qos,
+            qos_groups,
+        };
+        return subsystem::run(&opts, inherited, config);
+    }
     let server_options = opts.server_options()?;
     // Before the device: a group that does not exist fails the start at once.
     let plan = Plan::new(
         inherited,
-        opts.socket.as_deref(),
+        opts.socket.first().map(PathBuf::as_path),
         Path::new(DEFAULT_SOCKET),
         opts.socket_mode,
         opts.socket_group.as_deref(),

@@ -241,12 +241,14 @@ pub(super) fn set(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
         FeatureId::ASYNC_EVENT_CONFIG => {
             // The events this controller reports: SMART warnings, Namespace
             // Attribute, Firmware Activation and Zone Descriptor Changed
-            // Notices.
+            // Notices, and ANA Change Notices where ANA is reported.
             let aec = AsyncEventConfig::from(cmd.cdw11);
+            let anacn = aec.anacn() && shared.ana_reporting();
             shared.features.admin.lock().async_event_config = AsyncEventConfig::new()
                 .with_smart(aec.smart())
                 .with_nan(aec.nan())
                 .with_fan(aec.fan())
+                .with_anacn(anacn)
                 .with_zdcn(aec.zdcn())
                 .into();
         }

@@ -5,8 +5,8 @@ use vnvme_spec::cdw::{Cdw10Identify, Cdw11Identify};
 use vnvme_spec::identify::nvm::{IdentifyControllerNvm, IdentifyNamespaceNvm};
 use vnvme_spec::identify::virtualization::PrimaryControllerCaps;
 use vnvme_spec::identify::{
-    csi, ctratt, dsto, fill_ascii, frmw, lpa, ns_descriptor, oacs, oaes, ocfs, oncs, sgls, Cns,
-    IdentifyController, IdentifyNsIndependent, IDENTIFY_SIZE,
+    cmic, csi, ctratt, dsto, fill_ascii, frmw, lpa, ns_descriptor, oacs, oaes, ocfs, oncs, sgls,
+    Cns, IdentifyController, IdentifyNsIndependent, IDENTIFY_SIZE,
 };
 use vnvme_spec::regs::version;
 use vnvme_spec::{Command, Status};
@@ -21,6 +21,7 @@ use crate::namespace::{Namespace, ENDURANCE_GROUP_ID, NSID_ALL};
 use crate::reporting::persistent_event_log::PELS;
 use crate::reporting::{AERL, ELPE};
 use crate::state::{Shared, ACL};
+use crate::subsystem::ana::{ANACAP, ANATT};
 use crate::subsystem::firmware::{FWUG, SLOTS};
 
 /// The I/O Command Set Combinations of Identify CNS 1Ch, by index: one,
@@ -48,7 +49,7 @@ pub(super) fn identify(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> {
         Cns::ALLOCATED_NAMESPACES => namespace_list(shared, nsid, false)?,
         Cns::ALLOCATED_NAMESPACE => allocated_namespace(shared, nsid)?,
         Cns::NS_CONTROLLERS => namespace_controllers(shared, nsid, cmd)?,
-        Cns::CONTROLLERS => controller_list(shared, true, cmd),
+        Cns::CONTROLLERS => subsystem_controllers(shared, cmd),
         cns if uses_csi(cns) && csi == csi::ZNS => zoned(shared, cns, nsid)?,
         // The I/O command set specific structures exist for the NVM and
         // Zoned Namespace Command Sets; any other CSI is a set this
@@ -115,6 +116,9 @@ pub(crate) fn identify_controller(shared: &Shared) -> Box<IdentifyController> {
     id.oaes = U32::new(
         oaes::NAMESPACE_ATTRIBUTE | oaes::FIRMWARE_ACTIVATION | oaes::ZONE_DESCRIPTOR_CHANGED,
     );
+    if shared.subsystem.namespaces.multi_controller() {
+        subsystem_fields(shared, &mut id);
+    }
     id.ctratt =
         U32::new(ctratt::HOST_ID_128 | ctratt::EXTENDED_LBA_FORMATS | ctratt::ENDURANCE_GROUPS);
     // CNTRLTYPE 1: I/O controller.
@@ -196,13 +200,43 @@ pub(crate) fn identify_controller(shared: &Shared) -> Box<IdentifyController> {
     id
 }
 
+/// What a controller of a subsystem with several reports (§8.1, §8.3):
+/// CMIC, and ANA reporting with one ANA group per namespace (ANAGRPID =
+/// NSID, so NN groups at most; MNAN = NN bounds the NSIDs in the ANA log).
+fn subsystem_fields(shared: &Shared, id: &mut IdentifyController) {
+    id.cmic = cmic::MULTI_PORT | cmic::MULTI_CONTROLLER;
+    if shared.ana_reporting() {
+        id.cmic |= cmic::ANA_REPORTING;
+        id.oaes = U32::new(id.oaes.get() | oaes::ANA_CHANGE);
+        id.anatt = ANATT;
+        id.anacap = ANACAP;
+        id.anagrpmax = U32::new(shared.subsystem.nn);
+        id.nanagrpid = U32::new(shared.subsystem.nn);
+        id.mnan = U32::new(shared.subsystem.nn);
+    }
+}
+
+/// Identify Namespace data of `ns` as this controller reports it: shared
+/// (NMIC bit 0) and in its ANA group when the subsystem has several
+/// controllers.
+fn namespace_data(shared: &Shared, ns: &Namespace) -> Vec<u8> {
+    let mut id = ns.identify();
+    if shared.subsystem.namespaces.multi_controller() {
+        id.nmic = 1;
+        if shared.ana_reporting() {
+            id.anagrpid = U32::new(ns.nsid);
+        }
+    }
+    id.as_bytes().to_vec()
+}
+
 /// Identify Namespace (CNS 00h): active -> its data; inactive (detached
 /// or unallocated) but valid -> zeroes; NSID FFFFFFFFh -> common
 /// capabilities (zeroes here).
 fn identify_namespace(shared: &Shared, nsid: u32) -> Result<Vec<u8>, Status> {
     check_nsid(shared, nsid)?;
     Ok(match shared.subsystem.namespaces.active(nsid) {
-        Some(ns) => ns.identify().as_bytes().to_vec(),
+        Some(ns) => namespace_data(shared, &ns),
         None => vec![0; IDENTIFY_SIZE],
     })
 }
@@ -223,7 +257,7 @@ fn allocated_namespace(shared: &Shared, nsid: u32) -> Result<Vec<u8>, Status> {
     }
     check_nsid(shared, nsid)?;
     Ok(match shared.subsystem.namespaces.get(nsid) {
-        Some(ns) => ns.identify().as_bytes().to_vec(),
+        Some(ns) => namespace_data(shared, &ns),
         None => vec![0; IDENTIFY_SIZE],
     })
 }
@@ -245,18 +279,27 @@ fn namespace_list(shared: &Shared, nsid: u32, active_only: bool) -> Result<Vec<u
     Ok(page)
 }
 
-/// A Controller List (§4.6.1.x): number of identifiers, then the ids, each
-/// 16 bits. Ours holds this controller if `include` and its CNTLID is at
-/// least CDW10.CNTID (31:16).
-fn controller_list(shared: &Shared, include: bool, cmd: &Command) -> Vec<u8> {
+/// A Controller List (§4.7.2): number of identifiers, then the ids, each
+/// 16 bits, ascending: those of `cntlids` at least CDW10.CNTID (31:16),
+/// 2047 at most.
+fn controller_list(cntlids: impl IntoIterator<Item = u16>, cmd: &Command) -> Vec<u8> {
     let from = Cdw10Identify::from(cmd.cdw10).cntid();
-    let cntlid = shared.config.cntlid;
     let mut page = vec![0u8; IDENTIFY_SIZE];
-    if include && cntlid >= from {
-        page[..2].copy_from_slice(&1u16.to_le_bytes());
-        page[2..4].copy_from_slice(&cntlid.to_le_bytes());
+    let mut n = 0u16;
+    for (slot, id) in page[2..]
+        .chunks_exact_mut(2)
+        .zip(cntlids.into_iter().filter(|&c| c >= from))
+    {
+        slot.copy_from_slice(&id.to_le_bytes());
+        n += 1;
     }
+    page[..2].copy_from_slice(&n.to_le_bytes());
     page
+}
+
+/// The subsystem's controllers (CNS 13h).
+fn subsystem_controllers(shared: &Shared, cmd: &Command) -> Vec<u8> {
+    controller_list(shared.subsystem.namespaces.controllers(), cmd)
 }
 
 /// Controllers attached to an allocated namespace (CNS 12h).
@@ -265,8 +308,9 @@ fn namespace_controllers(shared: &Shared, nsid: u32, cmd: &Command) -> Result<Ve
         return Err(invalid_ns());
     }
     check_nsid(shared, nsid)?;
-    let attached = shared.subsystem.namespaces.active(nsid).is_some();
-    Ok(controller_list(shared, attached, cmd))
+    let attached = shared.subsystem.namespaces.get(nsid);
+    let ids: Vec<u16> = attached.map_or(Vec::new(), |ns| ns.attached.iter().collect());
+    Ok(controller_list(ids, cmd))
 }
 
 /// Namespace Identification Descriptor list (CNS 03h): EUI-64, NGUID,
@@ -302,7 +346,7 @@ fn ns_independent(shared: &Shared, nsid: u32) -> Result<Vec<u8>, Status> {
         } else {
             1 << 5
         };
-        id.nmic = 0;
+        id.nmic = u8::from(shared.subsystem.namespaces.multi_controller());
         id.endgid = U16::new(ENDURANCE_GROUP_ID);
     }
     Ok(id.as_bytes().to_vec())

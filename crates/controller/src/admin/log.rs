@@ -1,6 +1,6 @@
 //! Get Log Page (§5.16): the table of log pages this controller answers,
 //! and the small logs: supported log pages, error information, SMART /
-//! health, firmware slot, changed namespace list, commands supported and
+//! health, firmware slot, changed namespace list, ANA, commands supported and
 //! effects (including the registered vendor specific opcodes), device
 //! self-test, sanitize status. Telemetry,
 //! endurance group and persistent event logs have modules of their own.
@@ -116,6 +116,13 @@ const LOGS: &[LogPage] = &[
         event: None,
     },
     LogPage {
+        lid: LogPageId::ANA,
+        read: |r| Ok(ana_log(r)),
+        seen: None,
+        // ANA Change is a notice read through this log.
+        event: Some(async_event::TYPE_NOTICE),
+    },
+    LogPage {
         lid: LogPageId::PERSISTENT_EVENT,
         read: persistent_event::read,
         seen: None,
@@ -206,6 +213,20 @@ fn supported_log_pages() -> Vec<u8> {
         page[at..at + 4].copy_from_slice(&supported_log_pages::LSUPP.to_le_bytes());
     }
     page
+}
+
+/// Asymmetric Namespace Access log (0Ch): a group per namespace attached to
+/// this controller (ANAGRPID = NSID), its state on this controller; LSP
+/// bit 0 (RGO): the groups without their NSIDs.
+fn ana_log(r: &Request<'_>) -> Vec<u8> {
+    let namespaces = &r.shared.subsystem.namespaces;
+    let groups: Vec<(u32, Vec<u32>)> = namespaces
+        .ids_after(0, true, usize::MAX)
+        .into_iter()
+        .map(|nsid| (nsid, vec![nsid]))
+        .collect();
+    let ana = &namespaces.table().ana;
+    ana.log_page(namespaces.cntlid(), &groups, r.lsp & 1 != 0)
 }
 
 fn error_log(shared: &Shared) -> Vec<u8> {

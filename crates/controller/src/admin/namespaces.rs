@@ -53,8 +53,10 @@ impl Create {
         if usize::from(format_index) >= LBA_FORMATS.len() {
             return Err(invalid_format());
         }
-        // No end-to-end protection; private namespaces only (one controller).
-        if byte(29) & 0x7 != 0 || byte(30) & 0x1 != 0 {
+        // No end-to-end protection. NMIC (byte 30) bit 0 may ask for a
+        // shared namespace: every namespace here may be attached to
+        // several controllers.
+        if byte(29) & 0x7 != 0 {
             return Err(invalid_field());
         }
         // Thin provisioning is not supported: NCAP must equal NSZE.
@@ -112,7 +114,7 @@ fn create(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
             .filter(|_| map.len() < MAX_NAMESPACES as usize)
             .ok_or(Status::NAMESPACE_ID_UNAVAILABLE.with_dnr(true))?;
         let backend = Arc::new(vnvme_blockdev::RamDevice::new(bytes));
-        let mut ns = Namespace::with_format(
+        let ns = Namespace::with_format(
             nsid,
             NamespaceIds::fresh(&shared.config.serial, nsid),
             backend,
@@ -122,7 +124,6 @@ fn create(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
         )
         .ok_or(Status::NAMESPACE_INSUFFICIENT_CAPACITY.with_dnr(true))?;
         // Allocated, not attached (§8.3.2): the host attaches it next.
-        ns.attached = false;
         record_change(shared, cmd.cdw10.get(), &ns);
         map.insert(nsid, Arc::new(ns));
         tracing::debug!(nsid, bytes, "namespace created");
@@ -170,9 +171,7 @@ pub(crate) fn forget(shared: &Shared, removed: &[Arc<Namespace>], cdw10: u32) {
     }
     for ns in removed {
         record_change(shared, cdw10, ns);
-        if ns.attached {
-            shared.namespace_changed(ns.nsid);
-        }
+        shared.shared_namespace_changed(ns);
     }
     // A namespace created later under the same NSID starts from defaults.
     let mut admin = shared.features.admin.lock();
@@ -182,7 +181,7 @@ pub(crate) fn forget(shared: &Shared, removed: &[Arc<Namespace>], cdw10: u32) {
 }
 
 /// Namespace Attachment: SEL (CDW10 3:0) 0 attach, 1 detach; a Controller
-/// List in the data buffer that must name exactly this controller.
+/// List in the data buffer naming controllers of the subsystem (§5.23).
 pub(super) fn namespace_attachment(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
     let attach = match Cdw10NsAttachment::from(cmd.cdw10).sel() {
         0 => true,
@@ -196,39 +195,76 @@ pub(super) fn namespace_attachment(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u
     }
     let mut data = std::mem::take(&mut ctx.scratch.buf);
     let r = ctx.receive(cmd, 4096, &mut data);
-    let list_ok = r.map(|()| controller_list_is_ours(&data, shared.config.cntlid));
+    let list = r.map(|()| controller_list(&data, &shared.subsystem.namespaces.controllers()));
     ctx.scratch.buf = data;
-    if !list_ok? {
-        return Err(Status::CONTROLLER_LIST_INVALID.with_dnr(true));
-    }
-    set_attached(shared, nsid, attach).map(|()| 0)
+    let list = list?.ok_or(Status::CONTROLLER_LIST_INVALID.with_dnr(true))?;
+    set_attached_to(shared, nsid, attach, &list).map(|()| 0)
 }
 
-/// Attaches or detaches allocated namespace `nsid` (the host's Namespace
-/// Attachment, or the operator), and tells the host.
+/// Attaches or detaches allocated namespace `nsid` to or from this
+/// controller (the operator), and tells the host.
 pub(crate) fn set_attached(shared: &Shared, nsid: u32, attach: bool) -> Result<(), Status> {
+    let me = shared.subsystem.namespaces.cntlid();
+    set_attached_to(shared, nsid, attach, &[me])
+}
+
+/// Attaches or detaches allocated namespace `nsid` to or from controllers
+/// `cntlids`, all or none (§5.23: already attached to one of them, or not
+/// attached, fails the command), and tells each of them.
+fn set_attached_to(
+    shared: &Shared,
+    nsid: u32,
+    attach: bool,
+    cntlids: &[u16],
+) -> Result<(), Status> {
     shared.subsystem.namespaces.update(|map| {
         let ns = map.get_mut(&nsid).ok_or_else(invalid_ns)?;
-        match (attach, ns.attached) {
-            (true, true) => return Err(Status::NAMESPACE_ALREADY_ATTACHED.with_dnr(true)),
-            (false, false) => return Err(Status::NAMESPACE_NOT_ATTACHED.with_dnr(true)),
-            _ => {}
+        for &c in cntlids {
+            match (attach, ns.attached.contains(c)) {
+                (true, true) => return Err(Status::NAMESPACE_ALREADY_ATTACHED.with_dnr(true)),
+                (false, false) => return Err(Status::NAMESPACE_NOT_ATTACHED.with_dnr(true)),
+                _ => {}
+            }
         }
-        Arc::make_mut(ns).attached = attach;
+        let ns = Arc::make_mut(ns);
+        for &c in cntlids {
+            if attach {
+                ns.attached.insert(c);
+            } else {
+                ns.attached.remove(c);
+            }
+        }
         Ok(())
     })?;
-    shared.namespace_changed(nsid);
+    shared
+        .subsystem
+        .namespaces
+        .notify_changed(nsid, cntlids.iter().copied());
     Ok(())
 }
 
-/// A Controller List: count (16 bits) then that many CNTLIDs. Ours is valid
-/// when it names this controller once and nothing else.
-fn controller_list_is_ours(data: &[u8], cntlid: u16) -> bool {
+/// A Controller List (§4.7.2, Figure 136): count (16 bits) then that many
+/// CNTLIDs, ascending. Valid when it names at least one controller, each
+/// once and each one of the subsystem's (`controllers`).
+fn controller_list(data: &[u8], controllers: &[u16]) -> Option<Vec<u16>> {
     let id_at = |i: usize| {
         data.get(i * 2..i * 2 + 2)
             .map(|b| u16::from_le_bytes([b[0], b[1]]))
     };
-    id_at(0) == Some(1) && id_at(1) == Some(cntlid)
+    let count = usize::from(id_at(0)?);
+    if count == 0 {
+        return None;
+    }
+    let mut list = Vec::with_capacity(count);
+    for i in 1..=count {
+        let id = id_at(i)?;
+        // Ascending, hence no CNTLID twice.
+        if list.last().is_some_and(|&last| last >= id) || !controllers.contains(&id) {
+            return None;
+        }
+        list.push(id);
+    }
+    Some(list)
 }
 
 /// Format NVM: LBAF (CDW10 3:0, upper bits 13:12), MSET (bit 4: extended
@@ -328,16 +364,29 @@ fn format_namespaces(
             shared.stats.backend_error(op, id, &e)
         })?;
         ns.readiness = old.readiness;
-        ns.attached = old.attached;
+        ns.attached = old.attached.clone();
         ns.reservations = old.reservations.clone();
         ns.counters = old.counters.clone();
         ns.formatting_until = until;
-        shared.subsystem.namespaces.update(|map| {
+        let ns = Arc::new(ns);
+        let replaced = shared.subsystem.namespaces.update(|map| {
             // Deleted or detached meanwhile: leave it.
-            if let Some(slot) = map.get_mut(&id).filter(|s| Arc::ptr_eq(s, &old)) {
-                *slot = Arc::new(ns);
+            match map.get_mut(&id).filter(|s| Arc::ptr_eq(s, &old)) {
+                Some(slot) => {
+                    *slot = Arc::clone(&ns);
+                    true
+                }
+                None => false,
             }
         });
+        // A shared namespace's format is the subsystem's (§5.14): the other
+        // controllers it is attached to see its new format too, and hear
+        // of it; this one's host asked for it.
+        if replaced {
+            let me = shared.subsystem.namespaces.cntlid();
+            let others = ns.attached.iter().filter(|&c| c != me);
+            shared.subsystem.namespaces.notify_changed(id, others);
+        }
     }
     Ok(())
 }

@@ -110,13 +110,20 @@ impl Controller {
             {
                 return Err(NamespaceOpError::DuplicateId { other, what });
             }
-            ns.attached = attached;
+            // Attached to every controller of the subsystem: the operator's
+            // namespace is shared, as the configured ones are.
+            if attached {
+                for c in shared.subsystem.namespaces.controllers() {
+                    ns.attached.insert(c);
+                }
+            }
             admin::record_change(shared, SEL_CREATE, &ns);
             map.insert(id, Arc::new(ns));
             Ok(id)
         })?;
         if attached {
-            shared.namespace_changed(nsid);
+            let all = shared.subsystem.namespaces.controllers();
+            shared.subsystem.namespaces.notify_changed(nsid, all);
         }
         tracing::info!(nsid, bytes, attached, "namespace added by the operator");
         Ok(nsid)
@@ -200,16 +207,14 @@ impl Controller {
             return restore(NamespaceOpError::TooSmall { bytes, format });
         };
         ns.readiness = old.readiness;
-        ns.attached = old.attached;
+        ns.attached = old.attached.clone();
         ns.sanitize = old.sanitize;
         ns.uncorrectable = Arc::clone(&old.uncorrectable);
         let nsze = ns.nsze;
         if !replace(shared, nsid, &busy, Arc::new(ns)) {
             return Err(NamespaceOpError::NoSuchNamespace(nsid));
         }
-        if old.attached {
-            shared.namespace_changed(nsid);
-        }
+        shared.shared_namespace_changed(&old);
         tracing::info!(nsid, bytes, nsze, "namespace resized by the operator");
         Ok(nsze)
     }
@@ -236,7 +241,7 @@ impl Controller {
             .ok_or(ZoneOpError::NoSuchNamespace(nsid))?;
         let zones = ns.zones.as_ref().ok_or(ZoneOpError::NotZoned(nsid))?;
         let changed = zones.change(zslba, to)?;
-        if changed && ns.attached {
+        if changed && ns.attached.contains(shared.subsystem.namespaces.cntlid()) {
             shared.async_event(
                 async_event::TYPE_NOTICE,
                 vnvme_spec::zns::NOTICE_ZONE_DESCRIPTOR_CHANGED,

@@ -11,6 +11,7 @@
 //! layout). Extended-LBA transfers copy that layout as is; separate
 //! metadata (MPTR) is split from and merged into it.
 
+pub(crate) mod attached;
 pub(crate) mod reservation;
 mod saved;
 pub(crate) mod uncorrectable;
@@ -28,6 +29,7 @@ use zerocopy::little_endian::{U16, U32, U64};
 use crate::config::{
     ConfigError, LbaFormatSpec, NamespaceConfig, NamespaceIds, Readiness, LBA_FORMATS,
 };
+use crate::namespace::attached::Attached;
 use crate::namespace::reservation::Reservations;
 use crate::namespace::uncorrectable::Uncorrectable;
 use crate::protection::{Guard, PiFormat, Protection};
@@ -72,8 +74,8 @@ pub(crate) struct Namespace {
     pub nsze: u64,
     pub backend: Arc<dyn BlockDevice>,
     pub readiness: Readiness,
-    /// Attached to this (the only) controller: the namespace is active.
-    pub attached: bool,
+    /// The controllers it is attached to: for them it is active.
+    pub attached: Attached,
     /// A Format NVM is in progress until then: I/O gets Format In Progress.
     pub formatting_until: Option<Instant>,
     /// What I/O gets while the NVM subsystem is being sanitized (Sanitize
@@ -98,8 +100,9 @@ fn format(index: u8) -> Option<LbaFormatSpec> {
 }
 
 impl Namespace {
-    /// Namespace `c`, with `ids` unless `c` sets its own.
-    pub fn new(c: &NamespaceConfig, ids: NamespaceIds) -> Result<Self, ConfigError> {
+    /// Namespace `c`, with `ids` unless `c` sets its own, attached to
+    /// controller `cntlid` if `c` says so.
+    pub fn new(c: &NamespaceConfig, ids: NamespaceIds, cntlid: u16) -> Result<Self, ConfigError> {
         if c.nsid == 0 || c.nsid >= 0xFFFF_FFFE {
             return Err(ConfigError::Nsid(c.nsid));
         }
@@ -170,7 +173,7 @@ impl Namespace {
         })?;
         Ok(Self {
             readiness: c.readiness,
-            attached: c.attached,
+            attached: Attached::only_if(c.attached, cntlid),
             reservations: Arc::new(reservations),
             ..ns
         })
@@ -196,7 +199,7 @@ impl Namespace {
         }
     }
 
-    /// A ready, attached namespace over `backend` in format `index` with
+    /// A ready namespace, attached to no controller yet, over `backend` in format `index` with
     /// `protection`, or `None` if the index is unknown, the PI tuple does
     /// not fit its metadata or the backend holds no whole block.
     pub fn with_format(
@@ -226,7 +229,7 @@ impl Namespace {
             nsze,
             backend,
             readiness: Readiness::Immediate,
-            attached: true,
+            attached: Attached::default(),
             formatting_until: None,
             sanitize: None,
             uncorrectable: Arc::default(),

@@ -56,7 +56,8 @@ pub(crate) struct SavedNamespace {
 }
 
 impl Namespace {
-    pub fn save(&self, now: Instant) -> SavedNamespace {
+    /// As controller `cntlid` sees it (attached or not).
+    pub fn save(&self, now: Instant, cntlid: u16) -> SavedNamespace {
         SavedNamespace {
             nsid: self.nsid,
             nguid: self.ids.nguid.to_vec(),
@@ -69,7 +70,7 @@ impl Namespace {
             nsze: self.nsze,
             backend_size: self.backend.size(),
             backend_null: self.backend.moves_no_data(),
-            attached: self.attached,
+            attached: self.attached.contains(cntlid),
             formatting_ms: (self.formatting_until)
                 .and_then(|t| t.checked_duration_since(now))
                 .map(ms),
@@ -85,6 +86,7 @@ impl Namespace {
     /// configuration has it.
     pub fn restored(
         saved: &SavedNamespace,
+        cntlid: u16,
         backend: std::sync::Arc<dyn BlockDevice>,
         configured: Option<&Namespace>,
         now: Instant,
@@ -147,7 +149,7 @@ impl Namespace {
         }
         ns.reservations.restore(&saved.reservations)?;
         ns.uncorrectable.restore(&saved.uncorrectable, ns.nsze)?;
-        ns.attached = saved.attached;
+        ns.attached = super::attached::Attached::only_if(saved.attached, cntlid);
         ns.formatting_until = saved
             .formatting_ms
             .and_then(|ms| now.checked_add(Duration::from_millis(ms)));

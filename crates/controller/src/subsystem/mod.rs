@@ -4,11 +4,12 @@
 //! timer that makes slow namespaces ready, and the firmware slots (shared
 //! by the subsystem's controllers, §5.12).
 
+pub(crate) mod ana;
 pub(crate) mod firmware;
 mod saved;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -17,15 +18,19 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use crate::config::Readiness;
 use crate::namespace::Namespace;
 use crate::subsystem::firmware::Firmware;
+pub(crate) use ana::Ana;
 pub(crate) use saved::SavedSubsystem;
 
 /// Entries in the Changed Namespace List log page (4 KiB of NSIDs).
 pub(crate) const CHANGED_LIST_ENTRIES: usize = 1024;
 
-/// The NVM subsystem: its namespaces and what the host learns of them.
+/// The NVM subsystem as one controller sees it: the namespaces (shared
+/// with the subsystem's other controllers) and what this controller's
+/// host learns of them.
 #[derive(Debug)]
 pub(crate) struct Subsystem {
-    /// Allocated namespaces (attached or not).
+    /// Allocated namespaces (attached or not), shared by the subsystem's
+    /// controllers.
     pub namespaces: Namespaces,
     /// Identify Controller NN: the largest NSID the subsystem supports.
     pub nn: u32,
@@ -41,47 +46,171 @@ pub(crate) struct Subsystem {
     pub firmware: Mutex<Firmware>,
 }
 
-/// Allocated namespaces by NSID. Bounded: at most `max(NN, configured)`
-/// entries, so no guest can grow it without limit.
-#[derive(Debug, Default)]
-pub(crate) struct Namespaces {
+/// A controller of the subsystem, as the others reach it: to tell its
+/// host that a namespace or an ANA group changed.
+pub(crate) trait Member: Send + Sync {
+    /// Namespace `nsid`'s attributes or attachment changed for this
+    /// controller (Changed Namespace List, Namespace Attribute notice).
+    fn namespace_changed(&self, nsid: u32);
+    /// The ANA state of one of its groups changed (ANA Change notice).
+    fn ana_changed(&self);
+    /// Its counters (without the namespaces', which are the subsystem's).
+    fn stats(&self) -> crate::stats::ControllerStats;
+}
+
+/// What every controller of one NVM subsystem shares (NVMe Base 2.0
+/// §3.2.1, §8.3): the allocated namespaces (one object each, so their
+/// backend, format, reservations and zones are the same through every
+/// controller), the controllers themselves and the ANA states.
+#[derive(Default)]
+pub(crate) struct Table {
     map: RwLock<BTreeMap<u32, Arc<Namespace>>>,
+    /// By CNTLID: dropped controllers are skipped.
+    members: RwLock<BTreeMap<u16, Weak<dyn Member>>>,
+    pub ana: Ana,
+}
+
+impl std::fmt::Debug for Table {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Table")
+            .field("namespaces", &self.map.read().len())
+            .field("controllers", &self.members.read().len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Allocated namespaces by NSID, as controller `cntlid` sees them: a
+/// namespace is active for it while attached to it. Bounded: at most
+/// `max(NN, configured)` entries, so no guest can grow it without limit.
+#[derive(Debug)]
+pub(crate) struct Namespaces {
+    table: Arc<Table>,
+    cntlid: u16,
 }
 
 impl Namespaces {
-    pub fn new(map: BTreeMap<u32, Arc<Namespace>>) -> Self {
-        Self {
+    /// A new subsystem's table holding `map`, seen by `cntlid`.
+    pub fn new(map: BTreeMap<u32, Arc<Namespace>>, cntlid: u16) -> Self {
+        let table = Table {
             map: RwLock::new(map),
+            ..Table::default()
+        };
+        Self {
+            table: Arc::new(table),
+            cntlid,
         }
+    }
+
+    /// The same subsystem seen by another controller, `cntlid`, attached
+    /// to every namespace that `self`'s controller has attached (the
+    /// configured namespaces are shared by every controller). `None` if
+    /// the subsystem has a controller `cntlid` already.
+    pub fn join(&self, cntlid: u16) -> Option<Self> {
+        if self.table.members.read().contains_key(&cntlid) || cntlid == self.cntlid {
+            return None;
+        }
+        self.update(|map| {
+            for ns in map.values_mut() {
+                if ns.attached.contains(self.cntlid) {
+                    Arc::make_mut(ns).attached.insert(cntlid);
+                }
+            }
+        });
+        Some(Self {
+            table: Arc::clone(&self.table),
+            cntlid,
+        })
+    }
+
+    /// Registers this view's controller, which the others notify.
+    pub fn register(&self, member: Weak<dyn Member>) {
+        self.table.members.write().insert(self.cntlid, member);
+    }
+
+    /// This view's controller.
+    pub fn cntlid(&self) -> u16 {
+        self.cntlid
+    }
+
+    /// The subsystem's shared parts (ANA states).
+    pub fn table(&self) -> &Table {
+        &self.table
+    }
+
+    /// The subsystem has more than one controller (CMIC bit 1, NMIC bit 0).
+    pub fn multi_controller(&self) -> bool {
+        self.table.members.read().len() > 1
+    }
+
+    /// The CNTLIDs of the subsystem's controllers, ascending.
+    pub fn controllers(&self) -> Vec<u16> {
+        self.table.members.read().keys().copied().collect()
+    }
+
+    /// Tells controllers `cntlids` (this one included if listed) that
+    /// namespace `nsid` changed for them.
+    pub fn notify_changed(&self, nsid: u32, cntlids: impl IntoIterator<Item = u16>) {
+        for member in self.members(cntlids) {
+            member.namespace_changed(nsid);
+        }
+    }
+
+    /// Tells controllers `cntlids` that one of their ANA groups changed.
+    pub fn notify_ana(&self, cntlids: impl IntoIterator<Item = u16>) {
+        for member in self.members(cntlids) {
+            member.ana_changed();
+        }
+    }
+
+    /// Controller `cntlid` of the subsystem, if it is live.
+    pub fn member(&self, cntlid: u16) -> Option<Arc<dyn Member>> {
+        self.members([cntlid]).pop()
+    }
+
+    /// The live members among `cntlids`, taken out of the lock before
+    /// they are called (a member's notice takes its own locks).
+    fn members(&self, cntlids: impl IntoIterator<Item = u16>) -> Vec<Arc<dyn Member>> {
+        let members = self.table.members.read();
+        cntlids
+            .into_iter()
+            .filter_map(|c| members.get(&c)?.upgrade())
+            .collect()
     }
 
     /// Allocated namespace `nsid`, attached or not.
     pub fn get(&self, nsid: u32) -> Option<Arc<Namespace>> {
-        self.map.read().get(&nsid).cloned()
+        self.table.map.read().get(&nsid).cloned()
     }
 
-    /// Active (allocated and attached) namespace `nsid`.
+    /// Active (allocated and attached to this controller) namespace `nsid`.
     pub fn active(&self, nsid: u32) -> Option<Arc<Namespace>> {
-        self.get(nsid).filter(|ns| ns.attached)
+        self.get(nsid)
+            .filter(|ns| ns.attached.contains(self.cntlid))
     }
 
     /// Number of active namespaces.
     pub fn len(&self) -> usize {
-        self.map.read().values().filter(|ns| ns.attached).count()
+        let map = self.table.map.read();
+        map.values()
+            .filter(|ns| ns.attached.contains(self.cntlid))
+            .count()
     }
 
     /// The active namespaces, in NSID order (a snapshot).
     pub fn active_list(&self) -> Vec<Arc<Namespace>> {
-        let map = self.map.read();
-        map.values().filter(|ns| ns.attached).cloned().collect()
+        let map = self.table.map.read();
+        map.values()
+            .filter(|ns| ns.attached.contains(self.cntlid))
+            .cloned()
+            .collect()
     }
 
     /// Up to `limit` NSIDs greater than `after`, active only or every
     /// allocated one.
     pub fn ids_after(&self, after: u32, active_only: bool, limit: usize) -> Vec<u32> {
-        let map = self.map.read();
+        let map = self.table.map.read();
         map.range(after.saturating_add(1)..)
-            .filter(|(_, ns)| !active_only || ns.attached)
+            .filter(|(_, ns)| !active_only || ns.attached.contains(self.cntlid))
             .map(|(&id, _)| id)
             .take(limit)
             .collect()
@@ -89,18 +218,19 @@ impl Namespaces {
 
     /// Runs `f` on the table under its write lock (namespace management).
     pub fn update<R>(&self, f: impl FnOnce(&mut BTreeMap<u32, Arc<Namespace>>) -> R) -> R {
-        f(&mut self.map.write())
+        f(&mut self.table.map.write())
     }
 
     /// Bytes allocated to namespaces now.
     pub fn allocated(&self) -> u64 {
-        Self::allocated_bytes(&self.map.read())
+        Self::allocated_bytes(&self.table.map.read())
     }
 
     /// Bytes namespaces keep data in (a null namespace keeps none): what
     /// a sanitize goes over.
     pub fn media_bytes(&self) -> u64 {
-        self.map
+        self.table
+            .map
             .read()
             .values()
             .filter(|ns| !ns.backend.moves_no_data())

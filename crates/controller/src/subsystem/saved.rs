@@ -41,7 +41,7 @@ impl Subsystem {
     pub fn save(&self, now: Instant) -> SavedSubsystem {
         let namespaces = (self.namespaces.ids_after(0, false, usize::MAX).into_iter())
             .filter_map(|nsid| self.namespaces.get(nsid))
-            .map(|ns| ns.save(now))
+            .map(|ns| ns.save(now, self.namespaces.cntlid()))
             .collect();
         let changed = self.changed.lock();
         SavedSubsystem {
@@ -86,7 +86,8 @@ impl Subsystem {
                     Arc::new(RamDevice::new(s.backend_size))
                 }
             };
-            let ns = Namespace::restored(s, backend, old.map(|o| &**o), now)?;
+            let ns =
+                Namespace::restored(s, self.namespaces.cntlid(), backend, old.map(|o| &**o), now)?;
             if map.insert(s.nsid, Arc::new(ns)).is_some() {
                 return Err(inconsistent(format!("namespace {} is saved twice", s.nsid)));
             }

@@ -128,6 +128,15 @@ impl ServeFile {
                         .into(),
                 ));
             }
+            if let Some(v) = &t.sockets {
+                return Err(at_c(
+                    Some(v.span()),
+                    "sockets".into(),
+                    "sockets (one subsystem, a controller per socket) is a top-level key of a \
+                     one-subsystem file, not of [[controllers]] tables"
+                        .into(),
+                ));
+            }
             let Some(socket) = &t.socket else {
                 return Err(at_c(
                     Some(c.span()),

@@ -2,7 +2,7 @@
 //!
 //! | method | params | result |
 //! |---|---|---|
-//! | `stats` | | the counters (as `--stats` writes them) |
+//! | `stats` | `controller`? (a CNTLID of the subsystem; default the control socket's, 1) | the counters (as `--stats` writes them) |
 //! | `namespace_add` | `ns` (as `--ns`: `64M:ram,format=0`), `nsid`? | `{nsid}` |
 //! | `namespace_remove` | `nsid` | `{}` |
 //! | `namespace_attach` / `namespace_detach` | `nsid` | `{}` |
@@ -13,6 +13,8 @@
 //! | `fault_clear` | `id`? (none: every fault) | `{cleared}` |
 //! | `qos_set` | `nsid`? or `group`?, then limits (`crate::qos`: `iops`, `read_bps`, `write_iops_burst`...) | `{}`; replaces every limit of the target (none given: no limit) |
 //! | `qos_get` | | `{controller, namespaces, groups}` with limits and counters |
+//! | `ana_set` | `controller` (CNTLID: 1, 2, ... in `--socket` order), `group`? (ANA group = NSID; none: every group), `state` (`optimized`, `non-optimized`, `inaccessible`, `persistent-loss`, `change`) | `{changed}`; that controller's host gets an ANA Change notice |
+//! | `ana_get` | | `{states: [{controller, group, state}]}` (empty with one controller) |
 //! | `controller_fatal` | `reason`? | `{}` |
 //! | `shutdown` | | `{}`; the server stops as on SIGTERM |
 
@@ -21,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use vnvme_controller::{Controller, Fault, FaultKind, Latency, QosTarget, ZoneChange};
+use vnvme_controller::{AnaState, Controller, Fault, FaultKind, Latency, QosTarget, ZoneChange};
 
 use super::fault_params::FaultParams;
 use super::{code, RpcError};
@@ -43,6 +45,8 @@ pub const METHODS: &[&str] = &[
     "fault_clear",
     "qos_set",
     "qos_get",
+    "ana_set",
+    "ana_get",
     "controller_fatal",
     "shutdown",
 ];
@@ -106,6 +110,20 @@ struct Clear {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+struct StatsOf {
+    controller: Option<u16>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AnaSet {
+    controller: u16,
+    group: Option<u32>,
+    state: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct Fatal {
     reason: Option<String>,
 }
@@ -128,8 +146,16 @@ pub fn call(
 ) -> Result<Value, RpcError> {
     match method {
         "stats" => {
-            params::<NoParams>(method, p)?;
-            serde_json::to_value(ctrl.stats()).map_err(refused)
+            let c: StatsOf = params(method, p)?;
+            let stats = match c.controller {
+                None => ctrl.stats(),
+                Some(n) => ctrl.stats_of(n).ok_or_else(|| {
+                    refused(format!(
+                        "the subsystem has no controller {n} serving (CNTLID 1, 2, ... in --socket order)"
+                    ))
+                })?,
+            };
+            serde_json::to_value(stats).map_err(refused)
         }
         "namespace_add" => {
             let a: Add = params(method, p)?;
@@ -247,6 +273,26 @@ pub fn call(
             v["throttled_commands"] = json!(stats.qos_throttled_commands);
             v["throttled_ns"] = json!(stats.qos_throttled_ns);
             Ok(v)
+        }
+        "ana_set" => {
+            let a: AnaSet = params(method, p)?;
+            let state: AnaState = a
+                .state
+                .parse()
+                .map_err(|e| RpcError::new(code::INVALID_PARAMS, format!("{method}: {e}")))?;
+            let changed = ctrl
+                .ana_set(a.controller, a.group, state)
+                .map_err(refused)?;
+            Ok(json!({ "changed": changed }))
+        }
+        "ana_get" => {
+            params::<NoParams>(method, p)?;
+            let states: Vec<Value> = ctrl
+                .ana_states()
+                .into_iter()
+                .map(|(c, g, s)| json!({ "controller": c, "group": g, "state": s.to_string() }))
+                .collect();
+            Ok(json!({ "states": states }))
         }
         "controller_fatal" => {
             let f: Fatal = params(method, p)?;

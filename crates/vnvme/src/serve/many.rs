@@ -51,7 +51,7 @@ pub(super) fn run(
         );
     }
     for (given, flag) in [
-        (opts.socket.is_some(), "--socket"),
+        (!opts.socket.is_empty(), "--socket"),
         (opts.control.is_some(), "--control"),
         (!opts.namespaces.is_empty(), "--ns"),
         (opts.stats.is_some(), "--stats"),

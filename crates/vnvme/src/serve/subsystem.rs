@@ -1,0 +1,208 @@
+//! `vnvme serve --socket A --socket B ...` (or `sockets = [...]` in the
+//! configuration): one NVM subsystem with a controller per socket. The
+//! controllers have one serial number and subsystem NQN (derived from the
+//! first socket unless given), CNTLID 1, 2, ... in the order of the
+//! sockets, and share the namespaces: Linux joins them into one
+//! nvme-subsystem whose namespaces have a path per controller (native
+//! multipath), or VMs on different controllers share the disks.
+//!
+//! Each controller has its own thread for its client's messages, and its
+//! own queues, features, events and resets; their queues run on one set of
+//! poll-group threads (`--workers`), as `[[controllers]]` do (see
+//! `many.rs`). A controller's client resetting or dying touches only it.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use vnvme_controller::{FaultSpec, PollGroups};
+use vnvme_vfio_user::activation::Activated;
+
+use super::{stop_on_signals, watch_stop, ServeOptions, DEFAULT_SOCKET, STOP_TIMEOUT};
+use crate::control::ControlServer;
+use crate::identity::Origin;
+use crate::qos::QosSpec;
+use crate::socket::Plan;
+
+/// What the one-subsystem configuration file adds to the command line.
+pub(super) struct FileParts {
+    pub faults: Vec<FaultSpec>,
+    pub qos: QosSpec,
+    pub qos_groups: BTreeMap<String, vnvme_controller::QosLimits>,
+}
+
+/// Serves the subsystem until stopped.
+pub(super) fn run(
+    opts: &ServeOptions,
+    inherited: Option<Activated>,
+    file: FileParts,
+) -> Result<()> {
+    if inherited.is_some() {
+        bail!(
+            "a launcher passed one socket (LISTEN_FDS, socket activation), but several --socket \
+             name a controller each: serve the subsystem without socket activation"
+        );
+    }
+    for (given, flag) in [
+        (opts.stats.is_some(), "--stats"),
+        (opts.metrics.is_some(), "--metrics"),
+    ] {
+        if given {
+            bail!(
+                "{flag} reports one controller, and several --socket make a subsystem of several: \
+                 read each controller's counters with vnvme ctl --control PATH stats (the control \
+                 socket reaches controller 1)"
+            );
+        }
+    }
+    let count = u16::try_from(opts.socket.len())
+        .ok()
+        .filter(|&n| n < 0xFFF0)
+        .context("too many --socket: a subsystem has at most 65519 controllers (CNTLID)")?;
+    let stop_timeout = opts.stop_timeout.unwrap_or(STOP_TIMEOUT);
+    if stop_timeout.is_zero() {
+        bail!("--stop-timeout must be more than 0");
+    }
+    let server = opts.server_options()?;
+    // Every socket's plan first: a group that does not exist, or one path
+    // given twice, fails the start before any device exists.
+    let mut plans = Vec::new();
+    for (i, socket) in opts.socket.iter().enumerate() {
+        let absolute = std::path::absolute(socket).unwrap_or_else(|_| socket.clone());
+        if opts.socket[..i]
+            .iter()
+            .any(|s| std::path::absolute(s).unwrap_or_else(|_| s.clone()) == absolute)
+        {
+            bail!(
+                "--socket {} is given twice: each controller needs its own socket",
+                socket.display()
+            );
+        }
+        let plan = Plan::new(
+            None,
+            Some(socket),
+            Path::new(DEFAULT_SOCKET),
+            opts.socket_mode,
+            opts.socket_group.as_deref(),
+        )
+        .with_context(|| format!("--socket {}", socket.display()))?;
+        plans.push(plan);
+    }
+    let groups = PollGroups::new(usize::try_from(opts.device.workers).unwrap_or(usize::MAX))
+        .context("starting the poll-group threads (--workers)")?;
+    // The subsystem's identity is the first socket's: its serial and NQN.
+    let origin = Origin::socket(&opts.socket[0]);
+    let first = opts
+        .device
+        .build_from(
+            opts.device.namespace_configs(&opts.namespaces, &origin)?,
+            &origin,
+            Some(groups.clone()),
+        )
+        .context("controller 1")?;
+    for (i, spec) in file.faults.into_iter().enumerate() {
+        first
+            .controller()
+            .fault_add(spec)
+            .with_context(|| format!("[[fault]] number {} of the configuration", i + 1))?;
+    }
+    let qos_groups = crate::qos::groups(&file.qos_groups)?;
+    crate::qos::apply_all(
+        first.controller(),
+        &file.qos,
+        opts.namespaces.iter().map(|ns| &ns.qos),
+        &qos_groups,
+    )?;
+    let mut devices = vec![first];
+    for cntlid in 2..=count {
+        let device = opts
+            .device
+            .build_joining(&devices[0], cntlid, &origin, Some(groups.clone()))
+            .with_context(|| format!("controller {cntlid}"))?;
+        devices.push(device);
+    }
+    let identity = opts.device.controller_config(&origin);
+    let stop = Arc::new(AtomicBool::new(false));
+    stop_on_signals(&stop)?;
+    // Dropped (their files removed) on every return.
+    let mut listening = Vec::new();
+    for (plan, socket) in plans.into_iter().zip(&opts.socket) {
+        listening.push(
+            plan.listen()
+                .with_context(|| format!("--socket {}", socket.display()))?,
+        );
+    }
+    // One control socket: controller 1's, which reaches the subsystem's
+    // ANA states on every controller (ana_set controller=N).
+    let control = match &opts.control {
+        Some(path) => Some(ControlServer::start(
+            path,
+            opts.control_mode,
+            Arc::clone(devices[0].controller()),
+            Arc::clone(&stop),
+        )?),
+        None => None,
+    };
+    let own = listening.iter().filter_map(|l| l.own_file()).collect();
+    watch_stop(Arc::clone(&stop), stop_timeout, own)?;
+    for (i, socket) in opts.socket.iter().enumerate() {
+        tracing::info!(
+            cntlid = i + 1,
+            socket = %socket.display(),
+            "serving controller {} of the subsystem over vfio-user",
+            i + 1
+        );
+    }
+    tracing::info!(
+        controllers = devices.len(),
+        serial = %identity.serial,
+        nqn = %identity.nqn(),
+        namespaces = opts.namespaces.len(),
+        workers = groups.len(),
+        "serving one NVM subsystem; attach each socket with -device \
+         '{{\"driver\":\"vfio-user-pci\",\"socket\":{{\"path\":\"SOCKET\",\"type\":\"unix\"}}}}'"
+    );
+    let failed = std::thread::scope(|scope| {
+        let handles: Vec<_> = listening
+            .iter()
+            .zip(devices)
+            .enumerate()
+            .map(|(i, (l, device))| {
+                let stop = &*stop;
+                let listener = l.listener();
+                let server = server.clone();
+                std::thread::Builder::new()
+                    .name("vnvme-conn".into())
+                    .spawn_scoped(scope, move || {
+                        let mut s = vnvme_vfio_user::Server::with_options(device, server);
+                        let r = s.serve_listener(listener, stop);
+                        if let Err(e) = &r {
+                            tracing::error!("controller {}: serving vfio-user: {e}", i + 1);
+                        }
+                        r.is_err()
+                    })
+            })
+            .collect();
+        let mut failed = 0;
+        for h in handles {
+            match h {
+                Ok(h) => failed += usize::from(h.join().unwrap_or(true)),
+                Err(e) => {
+                    tracing::error!("starting a controller's connection thread: {e}");
+                    stop.store(true, Ordering::Release);
+                    failed += 1;
+                }
+            }
+        }
+        failed
+    });
+    drop(listening);
+    drop(control);
+    if failed > 0 {
+        bail!("{failed} controller(s) stopped serving with an error (logged above)");
+    }
+    tracing::info!("stopped");
+    Ok(())
+}

@@ -1,0 +1,406 @@
+//! One NVM subsystem, several controllers: `vnvme serve --socket A
+//! --socket B` serves a controller per socket (CNTLID 1, 2) with one serial
+//! and NQN, sharing the namespaces; ANA states per controller. Real
+//! vfio-user sockets, one real server process, the project's driver as
+//! each controller's client.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::pattern::pattern;
+use common::{temp_dir, Served, BIN};
+use vnvme_driver::{admin, Controller, DeviceAccess, Error, InitOptions, IoQueue, VfioUserAccess};
+use vnvme_spec::feature::{AsyncEventConfig, FeatureId};
+use vnvme_spec::identify::{Cns, IdentifyNamespace, IDENTIFY_SIZE};
+use vnvme_spec::log::{async_event, LogPageId};
+use vnvme_spec::{AdminOpcode, Command as Sqe, Status};
+use zerocopy::FromBytes;
+
+const NSID: u32 = 1;
+const BLOCK: usize = 4096;
+
+/// `vnvme serve --socket S1 --socket S2 ... --ns 64M:ram --control C`,
+/// once every socket is there.
+fn serve(dir: &Path, n: usize, extra: &[&str]) -> (Served, Vec<PathBuf>, PathBuf) {
+    let sockets: Vec<PathBuf> = (0..n).map(|i| dir.join(format!("c{i}.sock"))).collect();
+    let control = dir.join("ctl.sock");
+    let log = dir.join("serve.log");
+    let mut cmd = Command::new(BIN);
+    cmd.arg("serve");
+    for s in &sockets {
+        cmd.arg("--socket").arg(s);
+    }
+    cmd.args(["--ns", "64M:ram", "--control"]).arg(&control);
+    cmd.args(extra);
+    let child = cmd
+        .stderr(std::fs::File::create(&log).unwrap())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut served = Served::from_child(child);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !sockets.iter().all(|s| s.exists()) || !control.exists() {
+        assert!(
+            served.running(),
+            "serve exited: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        assert!(
+            Instant::now() < deadline,
+            "serve did not create its sockets"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (served, sockets, control)
+}
+
+/// A driver client of one controller, with its one I/O queue.
+struct Client {
+    mem: Arc<dyn DeviceAccess>,
+    ctrl: Controller,
+    q: IoQueue,
+}
+
+impl Client {
+    fn connect(socket: &Path) -> Self {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let access = loop {
+            match VfioUserAccess::connect(socket) {
+                Ok(a) => break a,
+                Err(e) if Instant::now() < deadline => {
+                    let _ = e;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(e) => panic!("connecting to {}: {e}", socket.display()),
+            }
+        };
+        let mem: Arc<dyn DeviceAccess> = Arc::new(access);
+        let opts = InitOptions {
+            io_queues: 1,
+            queue_depth: 32,
+            io_timeout: Duration::from_secs(20),
+            ..InitOptions::default()
+        };
+        let ctrl = Controller::init(Arc::clone(&mem), opts).unwrap();
+        let q = ctrl.take_io_queue(0).unwrap();
+        Self { mem, ctrl, q }
+    }
+
+    /// Controller reset; a fresh I/O queue.
+    fn reset(&mut self) {
+        self.ctrl.reset().unwrap();
+        self.q = self.ctrl.take_io_queue(0).unwrap();
+    }
+
+    /// The 4 KiB an Identify with `cns` for `nsid` returns.
+    fn identify(&self, cns: Cns, nsid: u32) -> Vec<u8> {
+        let mut buf = self.mem.dma_alloc(IDENTIFY_SIZE).unwrap();
+        self.ctrl
+            .admin(admin::identify(cns, nsid), Some(&mut buf))
+            .unwrap();
+        buf.to_vec()
+    }
+
+    /// Writes 8 blocks at `lba` with data of `seed`, then flushes.
+    fn write(&mut self, lba: u64, seed: u32) -> Result<(), Error> {
+        let data = pattern(BLOCK * 8, seed);
+        let buf = self.mem.dma_alloc(data.len()).unwrap();
+        buf.write_bytes(0, &data).unwrap();
+        self.q.write(NSID, lba, 8, &buf)?;
+        self.q.flush(NSID).map(|_| ())
+    }
+
+    /// Reads 8 blocks at `lba`.
+    fn read(&mut self, lba: u64) -> Result<Vec<u8>, Error> {
+        let mut buf = self.mem.dma_alloc(BLOCK * 8).unwrap();
+        self.q.read(NSID, lba, 8, &mut buf)?;
+        Ok(buf.to_vec())
+    }
+
+    /// The ANA log page (RAE set: the notice stays as it is).
+    fn ana_log(&self) -> Vec<u8> {
+        let mut buf = self.mem.dma_alloc(4096).unwrap();
+        self.ctrl
+            .admin(
+                admin::get_log_page(LogPageId::ANA, 0xFFFF_FFFF, 4096, true),
+                Some(&mut buf),
+            )
+            .unwrap();
+        buf.to_vec()
+    }
+}
+
+/// `vnvme ctl --control C --json ARGS...`, which must succeed.
+fn ctl(control: &Path, args: &[&str]) -> serde_json::Value {
+    let out: Output = Command::new(BIN)
+        .args(["ctl", "--control"])
+        .arg(control)
+        .arg("--json")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// A Controller List's CNTLIDs.
+fn controller_list(page: &[u8]) -> Vec<u16> {
+    let n = usize::from(u16::from_le_bytes([page[0], page[1]]));
+    (1..=n)
+        .map(|i| u16::from_le_bytes([page[i * 2], page[i * 2 + 1]]))
+        .collect()
+}
+
+fn io_status(e: &Error) -> Status {
+    match e {
+        Error::IoCommand { status, .. } => *status,
+        other => panic!("not an I/O status: {other}"),
+    }
+}
+
+#[test]
+fn two_sockets_serve_one_subsystem_whose_controllers_share_the_namespace() {
+    let dir = temp_dir("subsys-share");
+    let (server, sockets, _control) = serve(&dir, 2, &[]);
+    let mut a = Client::connect(&sockets[0]);
+    let mut b = Client::connect(&sockets[1]);
+
+    // One subsystem: same serial and NQN, CNTLID 1 and 2 in --socket order,
+    // CMIC multi-port, multi-controller and ANA reporting.
+    let (ia, ib) = (a.ctrl.identify(), b.ctrl.identify());
+    assert_eq!((ia.cntlid.get(), ib.cntlid.get()), (1, 2));
+    assert_eq!(ia.sn, ib.sn);
+    assert_eq!(ia.subnqn, ib.subnqn);
+    assert_eq!(ia.cmic, 0b1011);
+    assert_eq!(ib.cmic, 0b1011);
+    assert_eq!(ia.anagrpmax.get(), 1);
+    assert_eq!(ia.nanagrpid.get(), 1);
+    assert!(ia.anatt > 0);
+    assert_eq!(ia.anacap & 0x1F, 0x1F);
+
+    // The same namespace through both: identifiers, shared, its ANA group.
+    let na = IdentifyNamespace::read_from_bytes(&a.identify(Cns::NAMESPACE, NSID)).unwrap();
+    let nb = IdentifyNamespace::read_from_bytes(&b.identify(Cns::NAMESPACE, NSID)).unwrap();
+    assert_ne!(na.nguid, [0; 16]);
+    assert_eq!(na.nguid, nb.nguid);
+    assert_eq!(na.eui64, nb.eui64);
+    assert_eq!((na.nmic, nb.nmic), (1, 1));
+    assert_eq!((na.anagrpid.get(), nb.anagrpid.get()), (NSID, NSID));
+
+    // Controller lists: the subsystem's (13h) and the namespace's (12h).
+    assert_eq!(controller_list(&a.identify(Cns::CONTROLLERS, 0)), [1, 2]);
+    assert_eq!(
+        controller_list(&b.identify(Cns::NS_CONTROLLERS, NSID)),
+        [1, 2]
+    );
+
+    // Data written and flushed through one is read through the other.
+    a.write(16, 7).unwrap();
+    assert_eq!(b.read(16).unwrap(), pattern(BLOCK * 8, 7));
+    b.write(32, 9).unwrap();
+    assert_eq!(a.read(32).unwrap(), pattern(BLOCK * 8, 9));
+    drop((a, b));
+    assert!(server.terminate().success());
+}
+
+#[test]
+fn reset_and_death_of_one_controller_leave_the_other_serving() {
+    let dir = temp_dir("subsys-reset");
+    let (server, sockets, _control) = serve(&dir, 2, &[]);
+    let mut a = Client::connect(&sockets[0]);
+    let mut b = Client::connect(&sockets[1]);
+    a.write(0, 1).unwrap();
+    // B resets (CC.EN = 0, then enabled again): A's I/O goes on meanwhile.
+    b.reset();
+    a.write(8, 2).unwrap();
+    assert_eq!(b.read(8).unwrap(), pattern(BLOCK * 8, 2));
+    // B's client goes away without a shutdown: A is untouched.
+    drop(b);
+    for seed in 3..10 {
+        a.write(64, seed).unwrap();
+        assert_eq!(a.read(64).unwrap(), pattern(BLOCK * 8, seed));
+    }
+    // And B's controller takes a new client, which sees A's data.
+    let mut b = Client::connect(&sockets[1]);
+    assert_eq!(b.read(64).unwrap(), pattern(BLOCK * 8, 9));
+    drop((a, b));
+    assert!(server.terminate().success());
+}
+
+#[test]
+fn detaching_through_the_controller_list_touches_only_the_controller_named() {
+    let dir = temp_dir("subsys-attach");
+    let (server, sockets, _control) = serve(&dir, 2, &[]);
+    let mut a = Client::connect(&sockets[0]);
+    let b = Client::connect(&sockets[1]);
+    // Namespace Attachment (detach) from A naming only controller 2.
+    let mut list = a.mem.dma_alloc(4096).unwrap();
+    list.write_bytes(0, &[1, 0, 2, 0]).unwrap();
+    let mut cmd = Sqe::new(AdminOpcode::NAMESPACE_ATTACHMENT.0, 0);
+    cmd.nsid = NSID.into();
+    cmd.cdw10 = 1.into();
+    a.ctrl.admin(cmd, Some(&mut list)).unwrap();
+    // B hears of it (Namespace Attribute Changed) and no longer has it.
+    let events = b.ctrl.wait_events(Duration::from_secs(10)).unwrap();
+    assert!(
+        events.iter().any(|e| e.kind == async_event::TYPE_NOTICE
+            && e.info == async_event::NOTICE_NS_ATTRIBUTE_CHANGED),
+        "{events:?}"
+    );
+    assert!(controller_list(&b.identify(Cns::ACTIVE_NAMESPACES, 0)).is_empty());
+    assert!(b.ctrl.poll_events().unwrap().is_empty());
+    // A keeps it, and heard nothing.
+    assert!(a.ctrl.poll_events().unwrap().is_empty());
+    a.write(0, 3).unwrap();
+    assert_eq!(controller_list(&a.identify(Cns::NS_CONTROLLERS, NSID)), [1]);
+    // A list naming a controller the subsystem lacks is refused.
+    list.write_bytes(0, &[1, 0, 9, 0]).unwrap();
+    let mut cmd = Sqe::new(AdminOpcode::NAMESPACE_ATTACHMENT.0, 0);
+    cmd.nsid = NSID.into();
+    match a.ctrl.admin(cmd, Some(&mut list)) {
+        Err(Error::AdminCommand { status, .. }) => {
+            assert!(
+                status.same_code(Status::CONTROLLER_LIST_INVALID),
+                "{status}"
+            )
+        }
+        other => panic!("attach to controller 9: {other:?}"),
+    }
+    drop((a, b));
+    assert!(server.terminate().success());
+}
+
+#[test]
+fn an_inaccessible_path_answers_io_with_the_ana_status_and_its_host_hears_of_it() {
+    let dir = temp_dir("subsys-ana");
+    let (server, sockets, control) = serve(&dir, 2, &[]);
+    let mut a = Client::connect(&sockets[0]);
+    let mut b = Client::connect(&sockets[1]);
+    // The driver enables Namespace Attribute notices; add ANA Change.
+    let aec = AsyncEventConfig::new().with_nan(true).with_anacn(true);
+    b.ctrl
+        .admin(
+            admin::set_features(FeatureId::ASYNC_EVENT_CONFIG, aec.into()),
+            None,
+        )
+        .unwrap();
+
+    let set = ctl(&control, &["ana_set", "controller=2", "state=inaccessible"]);
+    assert_eq!(set["changed"], true);
+    let e = b.write(0, 1).unwrap_err();
+    let status = io_status(&e);
+    assert!(
+        status.same_code(Status::ASYMMETRIC_ACCESS_INACCESSIBLE),
+        "{status}"
+    );
+    assert_eq!(status.sct(), 3);
+    assert!(!status.dnr(), "the host may retry on another path");
+    // The other path serves.
+    a.write(0, 1).unwrap();
+    // B's host got an ANA Change notice, and its ANA log says inaccessible
+    // (state 03h) for group 1 holding NSID 1; A's says optimized.
+    let events = b.ctrl.wait_events(Duration::from_secs(10)).unwrap();
+    assert!(
+        events.iter().any(|e| e.kind == async_event::TYPE_NOTICE
+            && e.info == async_event::NOTICE_ANA_CHANGE
+            && e.lid == LogPageId::ANA.0),
+        "{events:?}"
+    );
+    let log = b.ana_log();
+    assert_eq!(u16::from_le_bytes([log[8], log[9]]), 1, "one group");
+    assert_eq!(&log[16..20], &1u32.to_le_bytes(), "ANAGRPID");
+    assert_eq!(&log[20..24], &1u32.to_le_bytes(), "NNSID");
+    assert_eq!(log[32] & 0xF, 0x03);
+    assert_eq!(&log[48..52], &NSID.to_le_bytes());
+    assert_eq!(a.ana_log()[32] & 0xF, 0x01);
+    // Persistent loss and change have their own statuses.
+    ctl(
+        &control,
+        &[
+            "ana_set",
+            "controller=2",
+            "group=1",
+            "state=persistent-loss",
+        ],
+    );
+    let status = io_status(&b.read(0).unwrap_err());
+    assert!(
+        status.same_code(Status::ASYMMETRIC_ACCESS_PERSISTENT_LOSS),
+        "{status}"
+    );
+    ctl(&control, &["ana_set", "controller=2", "state=change"]);
+    let status = io_status(&b.read(0).unwrap_err());
+    assert!(
+        status.same_code(Status::ASYMMETRIC_ACCESS_TRANSITION),
+        "{status}"
+    );
+    // Non-optimized still serves; optimized again serves.
+    ctl(
+        &control,
+        &["ana_set", "controller=2", "state=non-optimized"],
+    );
+    assert_eq!(b.read(0).unwrap(), pattern(BLOCK * 8, 1));
+    ctl(&control, &["ana_set", "controller=2", "state=optimized"]);
+    b.write(8, 2).unwrap();
+    let states = ctl(&control, &["ana_get"]);
+    assert_eq!(states["states"].as_array().unwrap().len(), 2, "{states}");
+    drop((a, b));
+    assert!(server.terminate().success());
+}
+
+#[test]
+fn ana_set_refuses_what_the_subsystem_lacks() {
+    let dir = temp_dir("subsys-ana-bad");
+    let (server, _sockets, control) = serve(&dir, 2, &[]);
+    for (args, expect) in [
+        (
+            &["ana_set", "controller=3", "state=inaccessible"][..],
+            "no controller 3",
+        ),
+        (
+            &["ana_set", "controller=1", "group=5", "state=inaccessible"][..],
+            "no ANA group 5",
+        ),
+        (
+            &["ana_set", "controller=1", "state=degraded"][..],
+            "unknown ANA state",
+        ),
+        (&["ana_set", "state=optimized"][..], "controller"),
+    ] {
+        let out = Command::new(BIN)
+            .args(["ctl", "--control"])
+            .arg(&control)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?} succeeded");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(expect), "{args:?}: {err}");
+    }
+    assert!(server.terminate().success());
+}
+
+#[test]
+fn a_socket_given_twice_is_refused() {
+    let dir = temp_dir("subsys-twice");
+    let s = dir.join("a.sock");
+    let out = Command::new(BIN)
+        .arg("serve")
+        .arg("--socket")
+        .arg(&s)
+        .arg("--socket")
+        .arg(&s)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("given twice"), "{err}");
+}
