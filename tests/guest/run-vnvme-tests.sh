@@ -62,6 +62,17 @@
 #              "duplicate IDs" in dmesg, distinct serials, NQNs, EUI-64s, NGUIDs, UUIDs and wwids, and a
 #              by-id name per disk (nvme-WWID, as udev makes) that writes that disk; then each server
 #              restarted on its socket reports the serial it had
+#   multipath  `vnvme serve --socket A --socket B --ns 256M:ram` (one subsystem, two controllers), one VM with
+#              both (tests/vnvme-multipath.sh): Linux's native multipath makes one nvme-subsystem, one
+#              /dev/nvme0n1 with two paths, both ANA optimized; fio randwrite 4k with crc32c verify for 30 s,
+#              round-robin I/O policy, while this script flips controller 2 between inaccessible and
+#              optimized every 3 s (vnvme ctl ana_set): 0 fio errors, the guest saw both states, and by each
+#              controller's counters (vnvme ctl stats controller=N) I/O succeeded on both controllers in every
+#              window where both were optimized and on controller 1 alone (at most 10 successes on 2: its
+#              admin commands) while 2 was inaccessible
+#   shared-disk  the same server, two VMs at once, each on its own controller (tests/vnvme-shared-disk.sh):
+#              both see the namespace with the same NGUID; each writes and flushes 1 MiB of its own and reads
+#              the other's (O_DIRECT) once it is there
 #   hugepage-ram  --ns 64M:ram, guest RAM in a file on hugetlbfs (2 MiB pages; the test mounts hugetlbfs in
 #              its temp folder and reserves the pages, then gives them back): a controller reset, then fio
 #              randrw 4k-128k with crc32c verify (tests/vnvme-hugepage-ram.sh). Then the same with one 1 GiB
@@ -153,7 +164,7 @@ set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 GT=$HERE/tests
-ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io sanitize file-backed-ram hugepage-ram viommu nvme-cli-admin logs firmware directives pi zns faults reservations nbd nbd-restart boot-uefi boot-bios unprivileged hotplug many-disks"
+ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io sanitize file-backed-ram hugepage-ram viommu nvme-cli-admin logs firmware directives pi zns faults reservations nbd nbd-restart boot-uefi boot-bios unprivileged hotplug many-disks multipath shared-disk"
 COMPARE=0 KEEP=0 ONLY=''
 while [ $# -gt 0 ]; do
   case $1 in
@@ -1059,6 +1070,103 @@ hotplug_ask() {
     sleep 0.2; waited=$((waited + 1))
   done
   return 0
+}
+
+# --- one subsystem, two controllers (serve --socket A --socket B): multipath and shared-disk ---
+subsys_start() {   # NAME: starts the subsystem server in $TMP/NAME/; sets SUB_DIR SUB_PID; 1 with SUB_WHY if not
+  SUB_DIR=$TMP/$1 SUB_WHY=''
+  mkdir -p "$SUB_DIR"
+  "$VNVME" serve --socket "$SUB_DIR/a.sock" --socket "$SUB_DIR/b.sock" --ns 256M:ram \
+    --control "$SUB_DIR/ctl.sock" > "$SUB_DIR/serve.log" 2>&1 &
+  SUB_PID=$!
+  for _ in $(seq 100); do
+    [ -S "$SUB_DIR/a.sock" ] && [ -S "$SUB_DIR/b.sock" ] && [ -S "$SUB_DIR/ctl.sock" ] && return 0
+    kill -0 "$SUB_PID" 2>/dev/null || break; sleep 0.1
+  done
+  SUB_WHY="server did not start: $(tail -3 "$SUB_DIR/serve.log" | tr '\n' ' ')"
+  return 1
+}
+subsys_stop() {   # appends to SUB_WHY what is wrong with the server (died, errors in its log)
+  kill -0 "$SUB_PID" 2>/dev/null || SUB_WHY="${SUB_WHY:+$SUB_WHY; }the server died (log $SUB_DIR/serve.log)"
+  kill -TERM "$SUB_PID" 2>/dev/null
+  wait "$SUB_PID" 2>/dev/null
+  grep -qiE 'panic|ERROR' "$SUB_DIR/serve.log" &&
+    SUB_WHY="${SUB_WHY:+$SUB_WHY; }server log has errors: $(grep -iE 'panic|ERROR' "$SUB_DIR/serve.log" | head -2 | tr '\n' ' ')"
+}
+sub_ctl() { "$VNVME" ctl --control "$SUB_DIR/ctl.sock" --json "$@"; }
+sub_successes() {   # CNTLID: successful completions of that controller so far
+  sub_ctl stats "controller=$1" | python3 -c 'import json,sys; print(json.load(sys.stdin)["completions"].get("success", 0))'
+}
+console_has() { [ -f "$1" ] && tr -d '\r' < "$1" | grep -aq "$2"; }
+
+t_multipath() {
+  local name=multipath t0 why='' rpid state=optimized n=0 a1 a2 b1 b2 d1 d2 windows='' bad=''; t0=$(now)
+  has_opt 'CNTLID' || { report SKIP $name 0 "server has no subsystem (several --socket)"; return; }
+  if ! subsys_start $name; then report FAIL $name "$(since "$t0")" "$SUB_WHY"; subsys_stop; return; fi
+  OUT=$TMP/$name.results LOG=$TMP/$name.console
+  "$HERE/run-test.sh" --vfio-user "$SUB_DIR/a.sock" --vfio-user "$SUB_DIR/b.sock" --log "$LOG" --results "$OUT" \
+    --timeout 400 --append "rig.runtime=30 rig.nvme_wait=0" "$GT/vnvme-multipath.sh" > /dev/null 2> "$TMP/$name.harness" &
+  rpid=$!
+  # Flip controller 2 every 3 s while the guest's fio runs; count each controller's successes per window
+  # (from 0.5 s after the change, so the host has read the ANA log).
+  while kill -0 $rpid 2>/dev/null && ! console_has "$LOG" 'TEST: fio starts'; do sleep 0.2; done
+  while kill -0 $rpid 2>/dev/null && ! console_has "$LOG" 'TEST: fio done'; do
+    if [ $state = optimized ]; then state=inaccessible; else state=optimized; fi
+    sub_ctl ana_set controller=2 state=$state > /dev/null || bad="${bad:+$bad; }ana_set $state failed"
+    sleep 0.5
+    a1=$(sub_successes 1); a2=$(sub_successes 2)
+    sleep 2.5
+    console_has "$LOG" 'TEST: fio done' && break
+    b1=$(sub_successes 1); b2=$(sub_successes 2)
+    d1=$((b1 - a1)) d2=$((b2 - a2)) n=$((n + 1))
+    windows="$windows $state:$d1/$d2"
+    case $state in
+      optimized) [ $d1 -gt 0 ] && [ $d2 -gt 10 ] || bad="${bad:+$bad; }window $n both optimized: $d1 on 1, $d2 on 2" ;;
+      inaccessible) [ $d1 -gt 0 ] && [ $d2 -le 10 ] || bad="${bad:+$bad; }window $n 2 inaccessible: $d1 on 1, $d2 on 2" ;;
+    esac
+  done
+  sub_ctl ana_set controller=2 state=optimized > /dev/null
+  wait $rpid; RC=$?
+  subsys_stop
+  [ $RC = 0 ] || why="$(fail_detail $name)"
+  case $windows in *optimized:*) ;; *) why="${why:+$why; }no window with both optimized measured" ;; esac
+  case $windows in *inaccessible:*) ;; *) why="${why:+$why; }no window with controller 2 inaccessible measured" ;; esac
+  why="${why:+$why; }$bad"; why=${why#; }
+  [ -z "$SUB_WHY" ] || why="${why:+$why; }$SUB_WHY"
+  if [ -z "$why" ]; then
+    report PASS $name "$(since "$t0")" "$(grep -ah '^TEST: ' "$LOG" | grep -v dmesg | sed 's/^TEST: //' | tail -1) successes 1/2 per window:$windows"
+  else
+    report FAIL $name "$(since "$t0")" "$why (windows:$windows)"
+  fi
+}
+
+t_shared-disk() {
+  local name=shared-disk t0 why='' pa pb rca rcb na nb; t0=$(now)
+  has_opt 'CNTLID' || { report SKIP $name 0 "server has no subsystem (several --socket)"; return; }
+  if ! subsys_start $name; then report FAIL $name "$(since "$t0")" "$SUB_WHY"; subsys_stop; return; fi
+  # Two small TCG VMs on a shared machine: 512 MiB each, a long timeout.
+  RIG_MEM=512M "$HERE/run-test.sh" --vfio-user "$SUB_DIR/a.sock" --log "$TMP/$name.a.console" --timeout 500 \
+    --append "rig.role=a" "$GT/vnvme-shared-disk.sh" > /dev/null 2> "$TMP/$name.a.harness" &
+  pa=$!
+  RIG_MEM=512M "$HERE/run-test.sh" --vfio-user "$SUB_DIR/b.sock" --log "$TMP/$name.b.console" --timeout 500 \
+    --append "rig.role=b" "$GT/vnvme-shared-disk.sh" > /dev/null 2> "$TMP/$name.b.harness" &
+  pb=$!
+  wait $pa; rca=$?
+  wait $pb; rcb=$?
+  subsys_stop
+  LOG=$TMP/$name.a.console RC=$rca
+  [ $rca = 0 ] || why="VM a: $(fail_detail $name.a)"
+  LOG=$TMP/$name.b.console RC=$rcb
+  [ $rcb = 0 ] || why="${why:+$why; }VM b: $(fail_detail $name.b)"
+  na=$(tr -d '\r' < "$TMP/$name.a.console" | sed -n 's/^TEST: NGUID=//p' | head -1)
+  nb=$(tr -d '\r' < "$TMP/$name.b.console" | sed -n 's/^TEST: NGUID=//p' | head -1)
+  [ -n "$na" ] && [ "$na" = "$nb" ] || why="${why:+$why; }NGUIDs differ: a '$na', b '$nb'"
+  [ -z "$SUB_WHY" ] || why="${why:+$why; }$SUB_WHY"
+  if [ -z "$why" ]; then
+    report PASS $name "$(since "$t0")" "NGUID $na in both; $(tr -d '\r' < "$TMP/$name.a.console" | grep -a '^TEST: read' | sed 's/^TEST: //'); $(tr -d '\r' < "$TMP/$name.b.console" | grep -a '^TEST: read' | sed 's/^TEST: //')"
+  else
+    report FAIL $name "$(since "$t0")" "$why"
+  fi
 }
 
 T0=$(now)
