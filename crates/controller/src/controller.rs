@@ -364,6 +364,12 @@ impl Controller {
         &self.shared.queues.mailboxes[index].steps
     }
 
+    /// Tests only: times any queue's slot in the queue table was locked.
+    #[cfg(test)]
+    pub(crate) fn queue_slot_locks(&self) -> u64 {
+        self.shared.queues.slot_locks()
+    }
+
     /// A snapshot of the counters.
     pub fn stats(&self) -> ControllerStats {
         let mut s = self.shared.stats.snapshot();
@@ -391,22 +397,25 @@ impl Controller {
             None => return false,
         };
         let shared = &*self.shared;
-        for slot in &shared.queues.cqs {
-            let mut guard = slot.lock();
-            let Some(cq) = guard.as_mut() else {
-                continue;
-            };
-            if !cq.ien || shared.interrupts.masked(cq.iv) {
+        // The rings are their workers': the directory has each CQ's head
+        // and tail as its worker last saw them, and the head is read
+        // afresh from its doorbell (a bad one is the worker's to report).
+        let dir = shared.queues.directory.lock();
+        for (qid, e) in dir.cqs.iter().enumerate() {
+            let Some(e) = e else { continue };
+            if !e.ien || shared.interrupts.masked(e.iv) {
                 continue;
             }
-            if cq.refresh_head(&shared.doorbells, &*mem).is_err() {
-                // As the worker does for a bad head: counted and reported once.
-                if let Some(q) = shared.stats.queue(cq.qid) {
-                    q.invalid_doorbell_writes.fetch_add(1, Ordering::Relaxed);
+            let qid = qid as u16;
+            let db = Doorbell::CqHead(qid);
+            let source = shared.doorbells.source_for(db);
+            let (mut head, tail) = e.view.get();
+            if let Some(v) = source.current(&shared.doorbells, db, qid, &*mem) {
+                if e.view.accepts(e.size, v) {
+                    head = v;
                 }
-                shared.async_event(async_event::TYPE_ERROR, 0x01, 0x01);
             }
-            if cq.head != cq.tail {
+            if head != tail {
                 return true;
             }
         }
@@ -635,7 +644,6 @@ impl Controller {
         let asqs = u32::from(ctl.regs.aqa.asqs_z()) + 1;
         let acqs = u32::from(ctl.regs.aqa.acqs_z()) + 1;
         let mut cq = Cq::new(0, GuestAddress(ctl.regs.acq), acqs, true, 0);
-        cq.sq_refs = 1;
         cq.set_source(shared.doorbells.source_for(Doorbell::CqHead(0)));
         let mut sq = Sq::new(0, GuestAddress(ctl.regs.asq), asqs, 0);
         sq.set_source(shared.doorbells.source_for(Doorbell::SqTail(0)));
@@ -645,6 +653,7 @@ impl Controller {
             *sq_slot.lock() = Some(sq);
             *cq_slot.lock() = Some(cq);
         }
+        shared.queues.list_resting();
         shared
             .doorbells
             .open(Doorbell::SqTail(0), asqs, ADMIN_WORKER);
@@ -826,13 +835,7 @@ impl Controller {
 
     fn clear_queues(&self) {
         let shared = &*self.shared;
-        for s in &shared.queues.sqs {
-            *s.lock() = None;
-        }
-        for c in &shared.queues.cqs {
-            *c.lock() = None;
-        }
-        shared.queues.deleting_sqs.store(0, Ordering::Release);
+        shared.queues.clear();
         shared.doorbells.close_all();
     }
 }

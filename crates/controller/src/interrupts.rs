@@ -22,7 +22,6 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
 use vnvme_spec::feature::InterruptCoalescing;
 
 use crate::config::ControllerConfig;
@@ -238,11 +237,4 @@ impl Interrupts {
             q.interrupts.fetch_add(1, Ordering::Relaxed);
         }
     }
-}
-
-/// The CQs a worker serves, as the deadline of [`Interrupts::next_deadline`]
-/// reads them.
-pub(crate) fn deadline_in(cqs: &[Mutex<Option<Cq>>], cqid: u16) -> Option<Instant> {
-    let g = cqs.get(usize::from(cqid))?.lock();
-    Interrupts::deadline(g.as_ref()?)
 }

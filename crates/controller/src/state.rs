@@ -13,14 +13,14 @@
 //! `stats`, `faults` and `me` are transient (counters,
 //! operator's faults and wake-ups a new process starts afresh).
 //!
-//! Lock order (never take an earlier lock while holding a later one):
-//! `sqs[0]` -> `cqs[0]` -> `sqs[n]` -> `cqs[n]`; `admin`, the reporting
-//! locks (`events`, `error_log`, `telemetry`, `persistent_events`),
-//! `streams`, the doorbells' shadow buffer lock and the sanitize and
-//! self-test states are leaves (nothing is locked while holding them).
-//! Only the admin queue's worker takes I/O queue locks while holding the
-//! admin ones, and admin commands reject queue id 0 before locking
-//! anything.
+//! Lock order (never take an earlier lock while holding a later one): the
+//! queue table's epoch -> its directory -> a queue's slot. A running worker
+//! owns the rings it serves and takes none of these per pass (the slots
+//! hold rings only while no worker runs them: `queue::rings`). `admin`,
+//! the reporting locks (`events`, `error_log`, `telemetry`,
+//! `persistent_events`), `streams`, the doorbells' shadow buffer lock and
+//! the sanitize and self-test states are leaves (nothing is locked while
+//! holding them).
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};

@@ -21,14 +21,15 @@ use vnvme_spec::Status;
 mod cq;
 pub(crate) mod group;
 mod held;
+mod ops;
 mod poll_window;
 mod priority;
 mod reap;
 mod wake;
 
 use cq::{
-    arm_cq, deliver_events, finish_deletions, fire_timers, post, publish_cq_behind,
-    refresh_cq_head, settle_interrupt,
+    arm_cq, deliver_events, fire_timers, post, post_answers, publish_cq_behind, refresh_cq_head,
+    settle_interrupt,
 };
 use priority::Priority;
 use reap::{complete_in_flight, waker};
@@ -45,6 +46,7 @@ use crate::faults::Held;
 use crate::inflight::{InFlight, Request};
 use crate::io;
 use crate::queue::mailbox::Wait;
+use crate::queue::rings::{RingOp, Rings};
 use crate::queue::{Cq, Sq};
 use crate::state::{Session, Shared, ADMIN_WORKER};
 use poll_window::PollWindow;
@@ -75,8 +77,12 @@ enum EventIdxPolicy {
 }
 
 struct Local {
+    /// The SQs and CQs this worker serves: its own, no lock per pass.
+    rings: Rings,
     sqs: Vec<u16>,
     cqs: Vec<u16>,
+    /// Ring operations taken from the mailbox ([`ops`]).
+    ops: Vec<RingOp>,
     /// (sqid, cqid) waiting for CQ space.
     stalled: Vec<(u16, u16)>,
     /// CQs holding a coalesced interrupt.
@@ -218,8 +224,10 @@ impl<W: Wake> Worker<W> {
     ) -> Option<Self> {
         shared.queues.mailboxes.get(index)?;
         let mut local = Local {
+            rings: Rings::take(&shared.queues, index),
             sqs: Vec::new(),
             cqs: Vec::new(),
+            ops: Vec::new(),
             stalled: Vec::new(),
             timers: Vec::new(),
             scratch: Scratch::default(),
@@ -288,15 +296,18 @@ impl<W: Wake + Send> Member for Worker<W> {
             return false;
         };
         let taken = match take {
-            Take::Block(wait) => me.take(wait, &mut local.sqs, &mut local.cqs),
+            Take::Block(wait) => me.take(wait, &mut local.sqs, &mut local.cqs, &mut local.ops),
             Take::Now { slept } => me
-                .take(Wait::No, &mut local.sqs, &mut local.cqs)
+                .take(Wait::No, &mut local.sqs, &mut local.cqs, &mut local.ops)
                 .map(|(_, kicked)| (slept, kicked)),
         };
         let Some((slept, kicked)) = taken else {
             // A pause stops the workers without a reset: the commands held
             // back (a fault's delay, a QoS limit) wait for the next ones.
             shared.faults.park(std::mem::take(&mut local.held));
+            // The rings go back to the table, for a save or the next
+            // workers (a reset clears them there).
+            local.rings.put_back(&shared.queues);
             // Stopped: let go of guest memory now. A thread of its own
             // lets go as it ends; a poll group's thread goes on and may
             // sleep, and the client's DMA_UNMAP must not wait for it.
@@ -305,6 +316,7 @@ impl<W: Wake + Send> Member for Worker<W> {
         };
         let mut work = std::mem::take(&mut self.reaped);
         local.inflight.set_waking(false);
+        ops::apply(shared, session, local);
         work += held::release(shared, session, local, policy);
         work += run_kicked(shared, session, local, policy);
         work += complete_in_flight(shared, session, local, policy);
@@ -319,7 +331,7 @@ impl<W: Wake + Send> Member for Worker<W> {
         if slept && (kicked || work > 0) {
             shared.stats.worker_wakeups.fetch_add(1, Ordering::Relaxed);
         }
-        fire_timers(shared, session, &mut local.timers);
+        fire_timers(shared, session, &mut local.rings, &mut local.timers);
         let round = Round {
             work,
             slept,
@@ -384,6 +396,7 @@ fn run_pass(
     };
     let (pass, done) = process_sq(
         &mut ctx,
+        &mut local.rings,
         qid,
         &mut local.timers,
         &mut local.held,
@@ -431,7 +444,7 @@ fn poll_owned(
 }
 
 /// The admin queue's sources follow Doorbell Buffer Config, which runs on
-/// this worker while it holds the admin queue's locks.
+/// this worker while it holds the admin queue's rings.
 fn refresh_admin_sources(shared: &Shared, sq: &mut Sq, cq: &mut Cq) {
     let s = shared.doorbells.source_for(Doorbell::SqTail(0));
     if s != sq.source {
@@ -447,6 +460,7 @@ fn refresh_admin_sources(shared: &Shared, sq: &mut Sq, cq: &mut Cq) {
 /// how the pass ended and the commands it ran.
 fn process_sq(
     ctx: &mut Ctx<'_>,
+    rings: &mut Rings,
     qid: u16,
     timers: &mut Vec<u16>,
     held: &mut Vec<Held>,
@@ -455,18 +469,7 @@ fn process_sq(
 ) -> (Pass, u32) {
     let shared = ctx.shared;
     let session = ctx.session;
-    let Some(sq_slot) = shared.queues.sqs.get(usize::from(qid)) else {
-        return (Pass::Idle, 0);
-    };
-    let mut sq_guard = sq_slot.lock();
-    let Some(sq) = sq_guard.as_mut().filter(|sq| sq.deleting.is_none()) else {
-        return (Pass::Idle, 0);
-    };
-    let Some(cq_slot) = shared.queues.cqs.get(usize::from(sq.cqid)) else {
-        return (Pass::Idle, 0);
-    };
-    let mut cq_guard = cq_slot.lock();
-    let Some(cq) = cq_guard.as_mut() else {
+    let Some((sq, cq)) = rings.pair(qid).filter(|(sq, _)| sq.deleting.is_none()) else {
         return (Pass::Idle, 0);
     };
     if shared.lifecycle.fatal() {
@@ -595,7 +598,7 @@ fn process_sq(
     if qid == 0 {
         refresh_admin_sources(shared, sq, cq);
         deliver_events(shared, session, cq, sq.head as u16);
-        finish_deletions(shared, session, cq, sq.head as u16);
+        post_answers(shared, session, cq, sq.head as u16);
     } else if done > 0 {
         shared.interrupts.fetched(cq, Instant::now());
     }

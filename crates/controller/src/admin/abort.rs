@@ -7,51 +7,79 @@
 use vnvme_spec::cdw::Cdw10Abort;
 use vnvme_spec::{Command, Status};
 
-use crate::command::Ctx;
-use crate::state::ACL;
+use crate::command::{Ctx, Outcome};
+use crate::queue::rings::RingOp;
+use crate::queue::Sq;
+use crate::state::{Session, Shared, ACL};
 
 /// Dword 0 bit 0: the command was not aborted.
-const NOT_ABORTED: u32 = 1;
+pub(crate) const NOT_ABORTED: u32 = 1;
 
 /// Entries read from the ring at a time while looking for the CID.
 const WINDOW: u32 = 64;
 
-pub(super) fn abort(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
+/// The SQ's ring belongs to its worker: the Abort goes there
+/// ([`abort_queued`]) and completes when it answers.
+pub(super) fn abort(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Outcome, Status> {
     let cdw10 = Cdw10Abort::from(cmd.cdw10.get());
     let shared = ctx.shared;
-    // The admin queue's own entries: this worker holds its lock, and the
+    let not_aborted = Outcome::Done {
+        dw0: NOT_ABORTED,
+        status: Status::SUCCESS,
+    };
+    // The admin queue's own entries: this worker is running them, and the
     // spec lets a controller decline any abort.
     if cdw10.sqid() == 0 {
-        return Ok(NOT_ABORTED);
+        return Ok(not_aborted);
     }
-    let Some(slot) = shared.queues.sqs.get(usize::from(cdw10.sqid())) else {
-        return Ok(NOT_ABORTED);
+    let table = &shared.queues;
+    let worker = {
+        let dir = table.directory.lock();
+        match dir.sq(cdw10.sqid()).filter(|e| !e.deleting) {
+            Some(e) => table.worker_for(e.cqid),
+            None => return Ok(not_aborted),
+        }
     };
-    let mut guard = slot.lock();
-    let Some(sq) = guard.as_mut().filter(|sq| sq.deleting.is_none()) else {
-        return Ok(NOT_ABORTED);
-    };
+    table.await_answer();
+    if let Some(m) = table.mailboxes.get(worker) {
+        m.send(RingOp::Abort {
+            sqid: cdw10.sqid(),
+            cid: cdw10.cid(),
+            admin_cid: cmd.cid(),
+        });
+    }
+    Ok(Outcome::Deferred)
+}
+
+/// On the SQ's worker: aborts `cid` if a fault holds it back (the worker
+/// completes it) or it still sits in `sq`. Returns Abort's dword 0.
+pub(crate) fn abort_queued(
+    shared: &Shared,
+    session: &Session,
+    sq: &mut Sq,
+    cid: u16,
+) -> Result<u32, Status> {
     // Fetched, but held back by a fault: its worker completes it.
-    if shared.faults.abort(cdw10.sqid(), cdw10.cid()) {
+    if shared.faults.abort(sq.qid, cid) {
         let worker = shared.queues.worker_for(sq.cqid);
         if let Some(w) = shared.queues.mailboxes.get(worker) {
             w.wake_for_completions();
         }
         return Ok(0);
     }
-    let mem = &*ctx.session.mem;
+    let mem = &*session.mem;
     sq.refresh_tail(&shared.doorbells, mem);
-    if !queued(sq, mem, cdw10.cid()) {
+    if !queued(sq, mem, cid) {
         return Ok(NOT_ABORTED);
     }
-    if !sq.request_abort(cdw10.cid(), usize::from(ACL) + 1) {
+    if !sq.request_abort(cid, usize::from(ACL) + 1) {
         return Err(Status::ABORT_LIMIT_EXCEEDED.with_dnr(true));
     }
     Ok(0)
 }
 
 /// Whether a command with `cid` sits in the ring between head and tail.
-fn queued(sq: &crate::queue::Sq, mem: &dyn crate::memory::GuestMemory, cid: u16) -> bool {
+fn queued(sq: &Sq, mem: &dyn crate::memory::GuestMemory, cid: u16) -> bool {
     let mut at = sq.head;
     let mut left = if sq.tail >= sq.head {
         sq.tail - sq.head

@@ -4,12 +4,12 @@
 
 use std::sync::atomic::Ordering;
 
-use vnvme_spec::regs::Doorbell;
 use vnvme_spec::{Command, Status};
 
 use super::invalid_field;
 use crate::command::Ctx;
 use crate::memory::GuestAddress;
+use crate::queue::rings::RingOp;
 
 /// The two buffers, checked.
 struct Buffers {
@@ -64,27 +64,17 @@ fn parse(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Buffers, Status> {
 /// doorbells seed each open doorbell's shadow slot and EventIdx with its
 /// current value (so the host's next move past it traps), then its queue
 /// switches to the shadow source. The admin queue's own source is switched
-/// by its worker after this command completes (it holds those locks).
+/// by its worker after this command completes (it owns those rings).
 pub(super) fn doorbell_buffer_config(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> {
     let b = parse(ctx, cmd)?;
     let shared = ctx.shared;
     let doorbells = &shared.doorbells;
     let seeded =
         doorbells.configure_dbbuf(b.shadow, b.event_idx, ctx.session.mem.clone(), b.queue_ids);
-    // Switch (or, on failure, revert) every I/O queue's source. Lock order:
-    // this worker holds sqs[0] and cqs[0]; take sqs[n], then cqs[n].
-    for qid in 1..doorbells.queue_ids() {
-        let qid = qid as u16;
-        if let Some(slot) = shared.queues.sqs.get(usize::from(qid)) {
-            if let Some(sq) = slot.lock().as_mut() {
-                sq.set_source(doorbells.source_for(Doorbell::SqTail(qid)));
-            }
-        }
-        if let Some(slot) = shared.queues.cqs.get(usize::from(qid)) {
-            if let Some(cq) = slot.lock().as_mut() {
-                cq.set_source(doorbells.source_for(Doorbell::CqHead(qid)));
-            }
-        }
+    // Switch (or, on failure, revert) every I/O queue's source: their
+    // workers own the rings, and take this before any kick that follows.
+    for m in shared.queues.mailboxes.iter().skip(1) {
+        m.send(RingOp::Sources);
     }
     if !seeded {
         return Err(invalid_field());

@@ -1,6 +1,6 @@
 //! Admin command set (NVMe Base 2.0 §5): dispatch, and the small commands.
 
-mod abort;
+pub(crate) mod abort;
 mod dbbuf;
 mod directives;
 mod feature_data;
@@ -76,7 +76,10 @@ pub(crate) fn execute(ctx: &mut Ctx<'_>, cmd: &Command) -> Outcome {
             AdminOpcode::IDENTIFY => identify::identify(ctx, cmd).map(|()| 0),
             AdminOpcode::CREATE_IO_CQ => queues::create_cq(ctx, cmd).map(|()| 0),
             AdminOpcode::CREATE_IO_SQ => queues::create_sq(ctx, cmd).map(|()| 0),
-            AdminOpcode::DELETE_IO_CQ => queues::delete_cq(ctx, cmd).map(|()| 0),
+            AdminOpcode::DELETE_IO_CQ => {
+                return queues::delete_cq(ctx, cmd)
+                    .unwrap_or_else(|status| Outcome::Done { dw0: 0, status })
+            }
             AdminOpcode::DELETE_IO_SQ => {
                 return queues::delete_sq(ctx, cmd)
                     .unwrap_or_else(|status| Outcome::Done { dw0: 0, status })
@@ -99,7 +102,10 @@ pub(crate) fn execute(ctx: &mut Ctx<'_>, cmd: &Command) -> Outcome {
                 ctx.shared.features.keep_alive.keep_alive();
                 Ok(0)
             }
-            AdminOpcode::ABORT => abort::abort(ctx, cmd),
+            AdminOpcode::ABORT => {
+                return abort::abort(ctx, cmd)
+                    .unwrap_or_else(|status| Outcome::Done { dw0: 0, status })
+            }
             AdminOpcode::DIRECTIVE_SEND => directives::send(ctx, cmd),
             AdminOpcode::DIRECTIVE_RECEIVE => directives::receive(ctx, cmd),
             _ => Err(Status::INVALID_OPCODE.with_dnr(true)),

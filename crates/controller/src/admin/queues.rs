@@ -1,7 +1,5 @@
 //! Create and Delete I/O Submission/Completion Queue (§5.4, §5.5, §5.6, §5.7).
 
-use std::sync::atomic::Ordering;
-
 use vnvme_spec::cdw::{Cdw10CreateIoQueue, Cdw10DeleteIoQueue, Cdw11CreateIoCq, Cdw11CreateIoSq};
 use vnvme_spec::regs::Doorbell;
 use vnvme_spec::{Command, Completion, Status};
@@ -9,8 +7,8 @@ use vnvme_spec::{Command, Completion, Status};
 use super::invalid_field;
 use crate::command::{Ctx, Outcome};
 use crate::memory::GuestAddress;
+use crate::queue::rings::RingOp;
 use crate::queue::{Cq, Sq};
-use crate::state::Shared;
 
 fn invalid_qid() -> Status {
     Status::INVALID_QID.with_dnr(true)
@@ -58,22 +56,20 @@ fn parse_create(
 }
 
 /// Create I/O Completion Queue (§5.4): IEN (CDW11 bit 1), IV (CDW11 31:16).
+/// The ring rests in its slot until its worker takes it (`AdoptCq`).
 pub(super) fn create_cq(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> {
     let shared = ctx.shared;
     let ncqa_z = shared.features.admin.lock().ncqa_z;
     let cc = shared.lifecycle.cc();
     let entry_ok = 1usize << cc.iocqes() == Completion::SIZE;
     let qid = Cdw10CreateIoQueue::from(cmd.cdw10).qid();
-    let slot = shared
-        .queues
-        .cqs
-        .get(usize::from(qid))
-        .ok_or_else(invalid_qid)?;
+    let table = &shared.queues;
+    let slot = table.cqs.get(usize::from(qid)).ok_or_else(invalid_qid)?;
     if qid == 0 {
         return Err(invalid_qid());
     }
-    let mut g = slot.lock();
-    if g.is_some() {
+    let mut dir = table.directory.lock();
+    if dir.cq(qid).is_some() {
         return Err(invalid_qid());
     }
     let q = parse_create(ctx, cmd, ncqa_z, entry_ok)?;
@@ -88,21 +84,26 @@ pub(super) fn create_cq(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> 
             .doorbells
             .fresh_source(Doorbell::CqHead(q.qid), &*ctx.session.mem),
     );
-    *g = Some(cq);
-    shared.doorbells.open(
-        Doorbell::CqHead(q.qid),
-        q.entries,
-        shared.queues.worker_for(q.qid),
-    );
+    dir.add_cq(&cq);
+    drop(dir);
+    *slot.lock() = Some(cq);
+    let worker = table.worker_for(q.qid);
+    shared
+        .doorbells
+        .open(Doorbell::CqHead(q.qid), q.entries, worker);
+    if let Some(m) = table.mailboxes.get(worker) {
+        m.send(RingOp::AdoptCq(q.qid));
+    }
     shared.features.admin.lock().io_queues_created = true;
     Ok(())
 }
 
-/// Create I/O Submission Queue (§5.5): CQID (CDW11 31:16).
+/// Create I/O Submission Queue (§5.5): CQID (CDW11 31:16). The ring rests
+/// in its slot until its CQ's worker takes it (`AdoptSq`).
 pub(super) fn create_sq(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> {
     let shared = ctx.shared;
     let cqid = Cdw11CreateIoSq::from(cmd.cdw11).cqid();
-    // CQ 0 is the admin CQ, never an I/O SQ's (and locked by this worker).
+    // CQ 0 is the admin CQ, never an I/O SQ's.
     if cqid == 0 {
         return Err(Status::INVALID_CQ.with_dnr(true));
     }
@@ -113,101 +114,101 @@ pub(super) fn create_sq(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> 
     if qid == 0 {
         return Err(invalid_qid());
     }
-    let slot = shared
-        .queues
-        .sqs
-        .get(usize::from(qid))
-        .ok_or_else(invalid_qid)?;
-    let mut g = slot.lock();
-    if g.is_some() {
+    let table = &shared.queues;
+    let slot = table.sqs.get(usize::from(qid)).ok_or_else(invalid_qid)?;
+    let mut dir = table.directory.lock();
+    if dir.sq(qid).is_some() {
         return Err(invalid_qid());
     }
-    let cq_slot = shared
-        .queues
-        .cqs
-        .get(usize::from(cqid))
-        .ok_or(Status::INVALID_CQ.with_dnr(true))?;
-    let mut cq_guard = cq_slot.lock();
-    let cq = cq_guard.as_mut().ok_or(Status::INVALID_CQ.with_dnr(true))?;
+    // A CQ being deleted takes no new SQ.
+    if !dir.cq(cqid).is_some_and(|cq| !cq.deleting) {
+        return Err(Status::INVALID_CQ.with_dnr(true));
+    }
     let q = parse_create(ctx, cmd, nsqa_z, entry_ok)?;
-    cq.sq_refs = cq.sq_refs.saturating_add(1);
     let mut sq = Sq::new(q.qid, q.base, q.entries, cqid);
     sq.set_source(
         ctx.shared
             .doorbells
             .fresh_source(Doorbell::SqTail(q.qid), &*ctx.session.mem),
     );
-    *g = Some(sq);
-    shared.doorbells.open(
-        Doorbell::SqTail(q.qid),
-        q.entries,
-        shared.queues.worker_for(cqid),
-    );
+    dir.add_sq(&sq);
+    drop(dir);
+    *slot.lock() = Some(sq);
+    let worker = table.worker_for(cqid);
+    shared
+        .doorbells
+        .open(Doorbell::SqTail(q.qid), q.entries, worker);
+    if let Some(m) = table.mailboxes.get(worker) {
+        m.send(RingOp::AdoptSq(q.qid));
+    }
     shared.features.admin.lock().io_queues_created = true;
     Ok(())
 }
 
-/// Delete I/O Submission Queue (§5.7). With commands in flight on an
-/// asynchronous backend it completes after them (Deferred): nothing more is
-/// fetched meanwhile.
+/// Delete I/O Submission Queue (§5.7). Its worker stops fetching from it
+/// and, once its commands in flight on an asynchronous backend are done,
+/// drops it; the admin worker then completes this command.
 pub(super) fn delete_sq(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Outcome, Status> {
     let shared = ctx.shared;
     let qid = Cdw10DeleteIoQueue::from(cmd.cdw10).qid();
     if qid == 0 {
         return Err(invalid_qid());
     }
-    let slot = shared
-        .queues
-        .sqs
-        .get(usize::from(qid))
+    let table = &shared.queues;
+    let mut dir = table.directory.lock();
+    let entry = dir
+        .sq_mut(qid)
+        .filter(|e| !e.deleting)
         .ok_or_else(invalid_qid)?;
-    let mut g = slot.lock();
-    let sq = g
-        .as_mut()
-        .filter(|sq| sq.deleting.is_none())
-        .ok_or_else(invalid_qid)?;
-    if sq.in_flight > 0 {
-        // Completed when the last of them is (`finish_deletions`).
-        sq.deleting = Some(cmd.cid());
-        shared.queues.deleting_sqs.fetch_add(1, Ordering::AcqRel);
-        return Ok(Outcome::Deferred);
-    }
-    remove_sq(shared, &mut g);
-    Ok(Outcome::ok(0))
+    entry.deleting = true;
+    let worker = table.worker_for(entry.cqid);
+    drop(dir);
+    send(
+        ctx,
+        worker,
+        RingOp::DeleteSq {
+            qid,
+            cid: cmd.cid(),
+        },
+    );
+    Ok(Outcome::Deferred)
 }
 
-/// Takes the SQ out of its slot: its doorbell closed, its CQ released.
-pub(crate) fn remove_sq(shared: &Shared, slot: &mut Option<Sq>) {
-    let Some(sq) = slot.take() else {
-        return;
-    };
-    shared.doorbells.close(Doorbell::SqTail(sq.qid));
-    if let Some(cq_slot) = shared.queues.cqs.get(usize::from(sq.cqid)) {
-        if let Some(cq) = cq_slot.lock().as_mut() {
-            cq.sq_refs = cq.sq_refs.saturating_sub(1);
-        }
+/// Sends `op` to `worker`; the admin worker posts its answer.
+fn send(ctx: &Ctx<'_>, worker: usize, op: RingOp) {
+    let table = &ctx.shared.queues;
+    table.await_answer();
+    if let Some(m) = table.mailboxes.get(worker) {
+        m.send(op);
     }
 }
 
 /// Delete I/O Completion Queue (§5.6): refused while an SQ still uses it.
-pub(super) fn delete_cq(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> {
+/// Its worker drops it; the admin worker then completes this command.
+pub(super) fn delete_cq(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Outcome, Status> {
     let shared = ctx.shared;
     let qid = Cdw10DeleteIoQueue::from(cmd.cdw10).qid();
     if qid == 0 {
         return Err(invalid_qid());
     }
-    let slot = shared
-        .queues
-        .cqs
-        .get(usize::from(qid))
+    let table = &shared.queues;
+    let mut dir = table.directory.lock();
+    let entry = dir
+        .cq_mut(qid)
+        .filter(|e| !e.deleting)
         .ok_or_else(invalid_qid)?;
-    let mut g = slot.lock();
-    match g.as_ref() {
-        None => return Err(invalid_qid()),
-        Some(cq) if cq.sq_refs > 0 => return Err(Status::INVALID_QUEUE_DELETION.with_dnr(true)),
-        Some(_) => {}
+    if entry.sq_refs > 0 {
+        return Err(Status::INVALID_QUEUE_DELETION.with_dnr(true));
     }
-    *g = None;
-    shared.doorbells.close(Doorbell::CqHead(qid));
-    Ok(())
+    entry.deleting = true;
+    drop(dir);
+    send(
+        ctx,
+        table.worker_for(qid),
+        RingOp::DeleteCq {
+            qid,
+            cid: cmd.cid(),
+        },
+    );
+    Ok(Outcome::Deferred)
 }

@@ -167,12 +167,20 @@ impl Controller {
     /// Starts the workers on `session` and the keep alive timer, then
     /// has every SQ looked at and every CQ holding entries signalled.
     fn run(&self, ctl: &mut Control, session: &Arc<Session>) -> Result<(), StateError> {
+        let shared = &self.shared;
+        // While the rings rest in the table, before their workers take
+        // them.
+        for slot in &shared.queues.cqs {
+            if let Some(cq) = slot.lock().as_mut().filter(|cq| cq.head != cq.tail) {
+                cq.irq_pending = cq.irq_pending.max(1);
+                shared.interrupts.raise(cq, &*session.irq, &shared.stats);
+            }
+        }
         if !self.spawn_workers(ctl, session) {
             return Err(StateError::Busy(
                 "no queue worker thread could start".into(),
             ));
         }
-        let shared = &self.shared;
         let sh = Arc::clone(shared);
         if let Some(t) =
             KeepAlive::start(&shared.features.keep_alive, move || sh.keep_alive_expired())
@@ -181,12 +189,6 @@ impl Controller {
         }
         for qid in 0..shared.doorbells.queue_ids() {
             let qid = qid as u16;
-            if let Some(slot) = shared.queues.cqs.get(usize::from(qid)) {
-                if let Some(cq) = slot.lock().as_mut().filter(|cq| cq.head != cq.tail) {
-                    cq.irq_pending = cq.irq_pending.max(1);
-                    shared.interrupts.raise(cq, &*session.irq, &shared.stats);
-                }
-            }
             if shared.doorbells.is_open(Doorbell::SqTail(qid)) {
                 // A trap while paused left the slot marked as queued, its
                 // kick gone with the stopped mailbox.

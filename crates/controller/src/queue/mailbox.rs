@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use vnvme_spec::regs::Doorbell;
 
+use super::rings::RingOp;
+
 /// How long [`Mailbox::take`] may block.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Wait {
@@ -30,6 +32,9 @@ pub(crate) enum Wait {
 struct Pending {
     sqs: Vec<u16>,
     cqs: Vec<u16>,
+    /// Work on the worker's rings, in the order sent; kept across a stop
+    /// (a pause), dropped when the queues are cleared.
+    ops: Vec<RingOp>,
     /// An asynchronous backend may have completions to reap.
     completions: bool,
     stop: bool,
@@ -37,7 +42,7 @@ struct Pending {
 
 impl Pending {
     fn any(&self) -> bool {
-        !self.sqs.is_empty() || !self.cqs.is_empty() || self.completions
+        !self.sqs.is_empty() || !self.cqs.is_empty() || !self.ops.is_empty() || self.completions
     }
 }
 
@@ -127,6 +132,20 @@ impl Mailbox {
         self.notify();
     }
 
+    /// Work on a ring this worker owns (from the admin worker).
+    pub fn send(&self, op: RingOp) {
+        let mut p = self.pending.lock();
+        p.ops.push(op);
+        self.kicked.store(true, Ordering::Release);
+        drop(p);
+        self.notify();
+    }
+
+    /// The queues were cleared: their operations go too.
+    pub fn drop_ops(&self) {
+        self.pending.lock().ops.clear();
+    }
+
     /// A backend's waker: commands in flight may have finished.
     pub fn wake_for_completions(&self) {
         let mut p = self.pending.lock();
@@ -145,18 +164,29 @@ impl Mailbox {
     }
 
     /// Clears the stop flag and any leftover kicks (before threads start).
+    /// Ring operations stay: a pause stopped the worker before it took
+    /// them.
     pub fn rearm(&self) {
         let mut p = self.pending.lock();
+        let ops = std::mem::take(&mut p.ops);
         *p = Pending::default();
-        self.kicked.store(false, Ordering::Release);
+        self.kicked.store(!ops.is_empty(), Ordering::Release);
+        p.ops = ops;
         #[cfg(test)]
         self.steps.rearm();
     }
 
-    /// Takes the pending kicks into `sqs` and `cqs` (which must be empty),
-    /// blocking as `wait` allows. Returns `None` when stopped, else whether
-    /// it blocked and whether there were kicks.
-    pub fn take(&self, wait: Wait, sqs: &mut Vec<u16>, cqs: &mut Vec<u16>) -> Option<(bool, bool)> {
+    /// Takes the pending kicks into `sqs` and `cqs` and the ring operations
+    /// into `ops` (all of which must be empty), blocking as `wait` allows.
+    /// Returns `None` when stopped, else whether it blocked and whether
+    /// there were kicks.
+    pub fn take(
+        &self,
+        wait: Wait,
+        sqs: &mut Vec<u16>,
+        cqs: &mut Vec<u16>,
+        ops: &mut Vec<RingOp>,
+    ) -> Option<(bool, bool)> {
         // The worker calls this once a round, first thing.
         #[cfg(test)]
         if !self.steps.gate() {
@@ -206,6 +236,7 @@ impl Mailbox {
         p.completions = false;
         std::mem::swap(&mut p.sqs, sqs);
         std::mem::swap(&mut p.cqs, cqs);
+        std::mem::swap(&mut p.ops, ops);
         self.kicked.store(false, Ordering::Release);
         Some((slept, kicked))
     }

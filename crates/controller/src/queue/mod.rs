@@ -2,10 +2,12 @@
 //! head/tail arithmetic, phase tag, validation of doorbell values.
 
 pub(crate) mod mailbox;
+pub(crate) mod rings;
 mod saved;
 pub(crate) mod table;
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use vnvme_spec::regs::Doorbell;
@@ -25,7 +27,8 @@ fn next_instance() -> u64 {
     INSTANCES.fetch_add(1, Ordering::Relaxed)
 }
 
-/// A submission queue. Owned by one worker; sits in `QueueTable::sqs[qid]`.
+/// A submission queue. Owned by the worker of its CQ ([`rings::Rings`]);
+/// rests in `QueueTable::sqs[qid]` while no worker runs.
 #[derive(Debug)]
 pub(crate) struct Sq {
     pub qid: u16,
@@ -160,7 +163,8 @@ impl Sq {
     }
 }
 
-/// A completion queue. Owned by the worker of its qid; sits in `QueueTable::cqs`.
+/// A completion queue. Owned by the worker of its qid ([`rings::Rings`]);
+/// rests in `QueueTable::cqs[qid]` while no worker runs.
 #[derive(Debug)]
 pub(crate) struct Cq {
     pub qid: u16,
@@ -177,8 +181,8 @@ pub(crate) struct Cq {
     pub source: DoorbellSource,
     /// Last CQ EventIdx written (shadow sources).
     pub event_idx: EventIdx,
-    /// SQs that post here (a CQ in use cannot be deleted).
-    pub sq_refs: u32,
+    /// Head and tail for other threads (the INTx level).
+    pub view: Arc<CqView>,
     /// Completions posted since the last interrupt, and when the first was.
     pub irq_pending: u32,
     pub irq_since: Option<Instant>,
@@ -205,7 +209,7 @@ impl Cq {
             iv,
             source: DoorbellSource::Register,
             event_idx: EventIdx::default(),
-            sq_refs: 0,
+            view: Arc::default(),
             irq_pending: 0,
             irq_since: None,
             bad_head: None,
@@ -240,6 +244,7 @@ impl Cq {
         }
         if v < self.size && self.distance(self.head, v) <= self.distance(self.head, self.tail) {
             self.head = v;
+            self.view.publish(self.head, self.tail);
             self.bad_head = None;
             return Ok(());
         }
@@ -287,10 +292,43 @@ impl Cq {
             self.tail = 0;
             self.phase = !self.phase;
         }
+        self.view.publish(self.head, self.tail);
         self.irq_pending = self.irq_pending.saturating_add(1);
         if self.irq_since.is_none() {
             self.irq_since = Some(Instant::now());
         }
         Ok(())
+    }
+}
+
+/// A CQ's head and tail as its worker last saw them, for threads that do
+/// not own the ring (the INTx level, asked on the control thread).
+#[derive(Debug, Default)]
+pub(crate) struct CqView(AtomicU64);
+
+impl CqView {
+    pub fn publish(&self, head: u32, tail: u32) {
+        self.0
+            .store(u64::from(head) << 32 | u64::from(tail), Ordering::Release);
+    }
+
+    /// (head, tail).
+    pub fn get(&self) -> (u32, u32) {
+        let v = self.0.load(Ordering::Acquire);
+        ((v >> 32) as u32, v as u32)
+    }
+
+    /// Whether `head`, a head the host wrote, is one the worker would take:
+    /// within the ring and not past the entries posted.
+    pub fn accepts(&self, size: u32, head: u32) -> bool {
+        let (h, t) = self.get();
+        let distance = |from: u32, to: u32| {
+            if to >= from {
+                to - from
+            } else {
+                size.wrapping_sub(from).wrapping_add(to)
+            }
+        };
+        head < size && distance(h, head) <= distance(h, t)
     }
 }

@@ -108,6 +108,12 @@ pub(crate) fn busy(sq: &Sq) -> Option<String> {
 impl QueueTable {
     /// The queues, or why they cannot be saved now (a command in flight).
     pub fn save(&self) -> Result<SavedQueues, String> {
+        if self.awaited() > 0 {
+            return Err(format!(
+                "{} admin commands wait for a queue's worker",
+                self.awaited()
+            ));
+        }
         let mut saved = SavedQueues {
             sqs: Vec::new(),
             cqs: Vec::new(),
@@ -185,6 +191,7 @@ impl QueueTable {
             cq.tail = c.tail;
             cq.phase = c.phase;
             cq.bad_head = c.bad_head;
+            cq.view.publish(cq.head, cq.tail);
             cq.set_source(c.source.into());
             let slot = cqs.get_mut(usize::from(c.qid));
             match slot {
@@ -208,14 +215,16 @@ impl QueueTable {
                     s.qid, s.cqid
                 )));
             }
-            let cq = cqs.get_mut(usize::from(s.cqid)).and_then(Option::as_mut);
-            let Some(cq) = cq else {
+            if cqs
+                .get(usize::from(s.cqid))
+                .and_then(Option::as_ref)
+                .is_none()
+            {
                 return Err(inconsistent(format!(
                     "SQ {} completes on CQ {}, which is not saved",
                     s.qid, s.cqid
                 )));
-            };
-            cq.sq_refs += 1;
+            }
             let mut sq = Sq::new(s.qid, GuestAddress(s.base), s.size, s.cqid);
             sq.head = s.head;
             sq.tail = s.tail;
@@ -249,6 +258,7 @@ impl QueueTable {
                 }
             }
         }
+        self.list_resting();
         Ok(())
     }
 }

@@ -238,6 +238,52 @@ fn counters_count_one_sq_trap_per_doorbell_write() {
     assert!(json.contains("\"sq_doorbell_traps\""));
 }
 
+/// Queue-table locks a QD 1 command costs a trap-mode worker: none, the
+/// worker owns the rings it serves (2 before, its SQ's and CQ's per pass).
+const SLOT_LOCKS_PER_IO: u64 = 0;
+
+#[test]
+fn a_command_costs_an_exact_count_of_queue_table_locks() {
+    let mut h = Host::with(
+        ControllerConfig {
+            batch_interrupts: false,
+            ..config()
+        },
+        512,
+    );
+    h.enable();
+    h.create_pair(1, 16);
+    // The first command also has the worker take the queue's rings from
+    // the table (a lock each): count from the second on.
+    h.push(1, rw(NvmOpcode::READ, 1, 0, 1, DATA, 0));
+    h.ring_sq(1);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while h.irq.count(1) < 1 {
+        assert!(Instant::now() < deadline, "the first interrupt never came");
+        std::thread::sleep(Duration::from_micros(50));
+    }
+    assert!(h.reap(1).status().is_success());
+    let before = h.ctrl.queue_slot_locks();
+    for i in 2..=65 {
+        h.push(1, rw(NvmOpcode::READ, 1, 0, 1, DATA, 0));
+        h.ring_sq(1);
+        // The interrupt comes last in the worker's round: once it is in,
+        // the round takes no more locks.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while h.irq.count(1) < i {
+            assert!(Instant::now() < deadline, "interrupt {i} never came");
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        assert!(h.reap(1).status().is_success());
+    }
+    let locks = h.ctrl.queue_slot_locks() - before;
+    assert_eq!(
+        locks,
+        64 * SLOT_LOCKS_PER_IO,
+        "{locks} locks for 64 commands"
+    );
+}
+
 #[test]
 fn cq_full_stalls_until_the_head_moves() {
     let mut h = Host::new();

@@ -10,29 +10,28 @@ use vnvme_spec::log::async_event;
 use vnvme_spec::{Command, Completion, Status};
 use zerocopy::little_endian::U32;
 
-use crate::admin;
 use crate::doorbell::{barrier, behind};
-use crate::interrupts::deadline_in;
+use crate::interrupts::Interrupts;
+use crate::queue::rings::Rings;
 use crate::queue::Cq;
 use crate::state::{Session, Shared};
 
 /// When the worker should look again at the CQs whose interrupts wait.
-pub(super) fn next_deadline(shared: &Shared, timers: &[u16]) -> Option<Instant> {
+pub(super) fn next_deadline(shared: &Shared, rings: &Rings, timers: &[u16]) -> Option<Instant> {
     shared
         .interrupts
-        .next_deadline(timers, |cqid| deadline_in(&shared.queues.cqs, cqid))
+        .next_deadline(timers, |cqid| rings.cq(cqid).and_then(Interrupts::deadline))
 }
 
-pub(super) fn fire_timers(shared: &Shared, session: &Session, timers: &mut Vec<u16>) {
-    timers.retain(|&cqid| {
-        let Some(slot) = shared.queues.cqs.get(usize::from(cqid)) else {
-            return false;
-        };
-        let mut g = slot.lock();
-        match g.as_mut() {
-            Some(cq) => !settle_interrupt(shared, session, cq),
-            None => false,
-        }
+pub(super) fn fire_timers(
+    shared: &Shared,
+    session: &Session,
+    rings: &mut Rings,
+    timers: &mut Vec<u16>,
+) {
+    timers.retain(|&cqid| match rings.cq_mut(cqid) {
+        Some(cq) => !settle_interrupt(shared, session, cq),
+        None => false,
     });
 }
 
@@ -128,31 +127,36 @@ pub(super) fn post(
     true
 }
 
-/// Completes the Delete I/O Submission Queue commands that waited for
-/// their SQ's commands in flight, now done. Runs on the admin queue's
-/// worker, which holds the admin queue's locks (then SQ locks: lock order).
-pub(super) fn finish_deletions(shared: &Shared, session: &Session, cq: &mut Cq, sq_head: u16) {
-    if shared.queues.deleting_sqs.load(Ordering::Acquire) == 0 {
+/// Posts the completions of admin commands whose ring part a worker did
+/// ([`crate::queue::rings::RingOp`]: Delete I/O Submission and Completion
+/// Queue, Abort). Runs on the admin queue's worker, as long as its CQ has
+/// room.
+pub(super) fn post_answers(shared: &Shared, session: &Session, cq: &mut Cq, sq_head: u16) {
+    let table = &shared.queues;
+    if table.awaited() == 0 {
         return;
     }
-    for slot in shared.queues.sqs.iter().skip(1) {
+    loop {
         refresh_cq_head(shared, session, cq);
         if cq.is_full() {
             return;
         }
-        let mut g = slot.lock();
-        let cid = match g.as_ref() {
-            Some(sq) if sq.in_flight == 0 => sq.deleting,
-            _ => None,
+        let Some(a) = table.next_answer() else {
+            return;
         };
-        let Some(cid) = cid else {
-            continue;
-        };
-        admin::queues::remove_sq(shared, &mut g);
-        shared.queues.deleting_sqs.fetch_sub(1, Ordering::AcqRel);
-        let mut delete = Command::default();
-        delete.set_cid(cid);
-        if !post(shared, session, sq_head, 0, cq, &delete, 0, Status::SUCCESS) {
+        table.answered();
+        let mut cmd = Command::default();
+        cmd.set_cid(a.cid);
+        if !post(
+            shared,
+            session,
+            sq_head,
+            0,
+            cq,
+            &cmd,
+            u64::from(a.dw0),
+            a.status,
+        ) {
             return;
         }
     }

@@ -187,6 +187,7 @@ pub(super) fn release(
                 local.touched.push(cqid);
             }
         }
+        super::ops::finish_delete(shared, &mut local.rings, h.sqid);
         false
     });
     local.held = held;
@@ -205,21 +206,15 @@ fn release_one(
     aborted: bool,
     policy: EventIdxPolicy,
 ) -> Option<u16> {
-    let mut sq_guard = shared.queues.sqs.get(usize::from(h.sqid))?.lock();
-    let mut cq_guard = shared.queues.cqs.get(usize::from(h.cqid))?.lock();
-    let cq = cq_guard
-        .as_mut()
-        .filter(|cq| cq.instance == h.cq_instance)?;
+    let (sq, cq) = local.rings.both(h.sqid, h.cqid);
+    let cq = cq.filter(|cq| cq.instance == h.cq_instance)?;
     let stalled = cq.is_full();
     cq.reserved = cq.reserved.saturating_sub(1);
-    let sq = sq_guard
-        .as_mut()
-        .filter(|sq| sq.instance == h.sq_instance)?;
+    let sq = sq.filter(|sq| sq.instance == h.sq_instance)?;
     if h.due.is_some() {
+        // A Delete waiting for it completes once none is left
+        // (`finish_delete`, after this).
         sq.in_flight = sq.in_flight.saturating_sub(1);
-        if sq.deleting.is_some() && sq.in_flight == 0 {
-            shared.kick_sq(0);
-        }
     }
     if shared.lifecycle.fatal() || sq.deleting.is_some() {
         return None;

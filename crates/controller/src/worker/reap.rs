@@ -10,6 +10,7 @@ use vnvme_blockdev::{BlockCompletion, Data, Waker};
 use vnvme_spec::{Command, Status};
 
 use super::cq::{arm_cq, post, publish_cq_behind, refresh_cq_head, settle_interrupt};
+use super::ops::finish_delete;
 use super::{EventIdxPolicy, Local};
 use crate::command::Ctx;
 use crate::inflight::Request;
@@ -47,6 +48,8 @@ pub(super) fn complete_in_flight(
                 local.touched.push(cqid);
             }
         }
+        // The last command of a SQ being deleted: the Delete completes.
+        finish_delete(shared, &mut local.rings, request.sqid);
         if let Some(Data::Buf(buf)) = completion.data {
             local.inflight.recycle(buf);
         }
@@ -60,10 +63,7 @@ pub(super) fn complete_in_flight(
 /// released completions) once, or leaves it to a coalescing timer.
 pub(super) fn settle_touched(shared: &Shared, session: &Session, local: &mut Local) {
     for cqid in local.touched.drain(..) {
-        let Some(slot) = shared.queues.cqs.get(usize::from(cqid)) else {
-            continue;
-        };
-        if let Some(cq) = slot.lock().as_mut() {
+        if let Some(cq) = local.rings.cq_mut(cqid) {
             if !settle_interrupt(shared, session, cq) && !local.timers.contains(&cqid) {
                 local.timers.push(cqid);
             }
@@ -83,23 +83,16 @@ fn complete_one(
     completion: &BlockCompletion,
     policy: EventIdxPolicy,
 ) -> Option<u16> {
-    let mut sq_guard = shared.queues.sqs.get(usize::from(request.sqid))?.lock();
-    let mut cq_guard = shared.queues.cqs.get(usize::from(request.cqid))?.lock();
-    let cq = cq_guard
-        .as_mut()
-        .filter(|cq| cq.instance == request.cq_instance)?;
+    let (sq, cq) = local.rings.both(request.sqid, request.cqid);
+    let cq = cq.filter(|cq| cq.instance == request.cq_instance)?;
     // Full (with this entry reserved): an SQ may be stalled on this CQ,
     // with CQ EventIdx armed for the head update that releases it.
     let stalled = cq.is_full();
     cq.reserved = cq.reserved.saturating_sub(1);
-    let sq = sq_guard
-        .as_mut()
-        .filter(|sq| sq.instance == request.sq_instance)?;
+    let sq = sq.filter(|sq| sq.instance == request.sq_instance)?;
+    // Once none is left, a Delete waiting for them completes
+    // (`finish_delete`, after this completion).
     sq.in_flight = sq.in_flight.saturating_sub(1);
-    if sq.deleting.is_some() && sq.in_flight == 0 {
-        // The admin queue's worker completes the Delete.
-        shared.kick_sq(0);
-    }
     if shared.lifecycle.fatal() {
         return None;
     }

@@ -24,7 +24,6 @@ use super::cq::next_deadline;
 use super::{EventIdxPolicy, Local};
 use crate::doorbell::barrier;
 use crate::queue::mailbox::Wait;
-use crate::queue::Sq;
 use crate::state::{Session, Shared};
 use crate::worker::poll_window::PollWindow;
 
@@ -92,7 +91,7 @@ pub(super) trait Wake {
     /// ones).
     fn polls(&self, shared: &Shared) -> bool;
     /// After a round: what comes next (may arm EventIdx before sleeping).
-    fn after(&mut self, round: Round, shared: &Shared, session: &Session, local: &Local);
+    fn after(&mut self, round: Round, shared: &Shared, session: &Session, local: &mut Local);
 }
 
 /// One idle poll's pause: a spin hint, and every few polls the core.
@@ -114,14 +113,14 @@ impl Wake for OnKick {
     const EVENT_IDX: EventIdxPolicy = EventIdxPolicy::Publish;
 
     fn wait(&self, shared: &Shared, local: &Local) -> Wait {
-        Wait::Until(next_deadline(shared, &local.timers))
+        Wait::Until(next_deadline(shared, &local.rings, &local.timers))
     }
 
     fn polls(&self, _: &Shared) -> bool {
         false
     }
 
-    fn after(&mut self, _: Round, _: &Shared, _: &Session, _: &Local) {}
+    fn after(&mut self, _: Round, _: &Shared, _: &Session, _: &mut Local) {}
 }
 
 /// `mmap-poll`: poll the shared doorbell page; when idle, spin for
@@ -162,7 +161,7 @@ impl Wake for MmapPoll {
         true
     }
 
-    fn after(&mut self, round: Round, _: &Shared, _: &Session, _: &Local) {
+    fn after(&mut self, round: Round, _: &Shared, _: &Session, _: &mut Local) {
         let now = Instant::now();
         self.spinning = match self.spinning {
             _ if round.work > 0 => {
@@ -268,7 +267,7 @@ impl Adaptive {
         &mut self,
         shared: &Shared,
         session: &Session,
-        local: &Local,
+        local: &mut Local,
         idle_since: Instant,
         now: Instant,
     ) -> Phase {
@@ -294,10 +293,10 @@ impl Wake for Adaptive {
             Phase::Dozing { .. } => Wait::For(DOZE_INTERVAL),
             Phase::Asleep if self.max_backoff.is_some() => {
                 let wake = Instant::now() + self.backoff;
-                let deadline = next_deadline(shared, &local.timers);
+                let deadline = next_deadline(shared, &local.rings, &local.timers);
                 Wait::Until(Some(deadline.map_or(wake, |d| d.min(wake))))
             }
-            Phase::Asleep => Wait::Until(next_deadline(shared, &local.timers)),
+            Phase::Asleep => Wait::Until(next_deadline(shared, &local.rings, &local.timers)),
         }
     }
 
@@ -305,7 +304,7 @@ impl Wake for Adaptive {
         self.max_backoff.is_some() || shared.doorbells.dbbuf_on()
     }
 
-    fn after(&mut self, round: Round, shared: &Shared, session: &Session, local: &Local) {
+    fn after(&mut self, round: Round, shared: &Shared, session: &Session, local: &mut Local) {
         if !round.polled {
             self.phase = Phase::Asleep;
             return;
@@ -402,32 +401,25 @@ fn waits_on_backend(idle_polls: u32, local: &Local) -> bool {
 /// a full fence, then re-read every shadow tail. Returns `true` if one moved
 /// (keep polling). Either that re-read sees a host's new tail, or the host's
 /// EventIdx read (after its own fence) sees ours and it traps.
-fn arm(shared: &Shared, session: &Session, local: &Local) -> bool {
+fn arm(shared: &Shared, session: &Session, local: &mut Local) -> bool {
     shared.stats.eventidx_arms.fetch_add(1, Ordering::Relaxed);
     let mem = &*session.mem;
-    let with_sq = |qid: u16, f: &mut dyn FnMut(&mut Sq)| {
-        if let Some(slot) = shared.queues.sqs.get(usize::from(qid)) {
-            if let Some(sq) = slot.lock().as_mut() {
-                f(sq);
-            }
-        }
-    };
     let mut seen = Vec::with_capacity(local.owned.len());
     for &qid in &local.owned {
-        with_sq(qid, &mut |sq| {
+        if let Some(sq) = local.rings.sq_mut(qid) {
             let tail = sq.tail;
             sq.event_idx
                 .publish(&shared.doorbells, qid, sq.source, tail as u16, true, mem);
             seen.push((qid, tail));
-        });
+        }
     }
     barrier();
     let mut moved = false;
     for &(qid, tail) in &seen {
-        with_sq(qid, &mut |sq| {
+        if let Some(sq) = local.rings.sq_mut(qid) {
             sq.refresh_tail(&shared.doorbells, mem);
             moved |= sq.tail != tail;
-        });
+        }
     }
     moved
 }
