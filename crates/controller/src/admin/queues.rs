@@ -121,7 +121,7 @@ pub(super) fn create_sq(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> 
         return Err(invalid_qid());
     }
     // A CQ being deleted takes no new SQ.
-    if !dir.cq(cqid).is_some_and(|cq| !cq.deleting) {
+    if dir.cq(cqid).is_none_or(|cq| cq.deleting) {
         return Err(Status::INVALID_CQ.with_dnr(true));
     }
     let q = parse_create(ctx, cmd, nsqa_z, entry_ok)?;

@@ -18,7 +18,32 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use vnvme_spec::regs::Doorbell;
 
-use super::rings::RingOp;
+/// Work on a ring that only its owner may do, sent by the admin worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RingOp {
+    /// Queue `qid` was created: take its ring from its slot.
+    AdoptSq(u16),
+    AdoptCq(u16),
+    /// Delete I/O Submission Queue `cid`: fetch no more; once its commands
+    /// in flight are done, drop it and answer.
+    DeleteSq {
+        qid: u16,
+        cid: u16,
+    },
+    /// Delete I/O Completion Queue `cid`: drop it and answer.
+    DeleteCq {
+        qid: u16,
+        cid: u16,
+    },
+    /// Abort `cid` of SQ `sqid` if still queued; answer Abort `admin_cid`.
+    Abort {
+        sqid: u16,
+        cid: u16,
+        admin_cid: u16,
+    },
+    /// Doorbell Buffer Config changed the doorbells' sources.
+    Sources,
+}
 
 /// How long [`Mailbox::take`] may block.
 #[derive(Debug, Clone, Copy)]

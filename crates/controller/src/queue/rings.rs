@@ -9,35 +9,9 @@
 
 use vnvme_spec::regs::Doorbell;
 
+pub(crate) use super::mailbox::RingOp;
 use super::table::QueueTable;
 use super::{Cq, Sq};
-
-/// Work on a ring that only its owner may do, sent by the admin worker.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum RingOp {
-    /// Queue `qid` was created: take its ring from its slot.
-    AdoptSq(u16),
-    AdoptCq(u16),
-    /// Delete I/O Submission Queue `cid`: fetch no more; once its commands
-    /// in flight are done, drop it and answer.
-    DeleteSq {
-        qid: u16,
-        cid: u16,
-    },
-    /// Delete I/O Completion Queue `cid`: drop it and answer.
-    DeleteCq {
-        qid: u16,
-        cid: u16,
-    },
-    /// Abort `cid` of SQ `sqid` if still queued; answer Abort `admin_cid`.
-    Abort {
-        sqid: u16,
-        cid: u16,
-        admin_cid: u16,
-    },
-    /// Doorbell Buffer Config changed the doorbells' sources.
-    Sources,
-}
 
 /// The SQs and CQs one worker serves, by queue id.
 #[derive(Debug, Default)]
