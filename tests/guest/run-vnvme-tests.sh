@@ -57,6 +57,12 @@
 #              memory-backend-file, share=on) instead of a memfd: the verify test on 64 MiB; fails if
 #              QEMU does not start (the server refused the memory), the server never mmapped that file
 #              (checked in /proc/PID/maps by device and inode), data is wrong, or the file is left behind
+#   upgrade    --ns 256M:file=F --control C: fio randrw 4k-128k with crc32c verify (verify_backlog) for 60 s
+#              (tests/vnvme-upgrade.sh) while the host upgrades the server 10 times (vnvme ctl upgrade, one
+#              every 5 s; each new process takes the client over from the last): 0 verify errors, no nvme
+#              timeout/abort/reset in dmesg, every upgrade reported with its phases (drain, save, pass,
+#              restore), the last process serving at the end. Prints the stall the guest saw (fio's largest
+#              completion latency, runs of 100 ms windows without a completion) and the phases per upgrade
 #   many-disks  eight `vnvme serve --ns 64M:ram` with default settings (no --serial), one VM with all eight
 #              (tests/vnvme-many-disks.sh): eight controllers and namespaces, no "Duplicate cntlid" or
 #              "duplicate IDs" in dmesg, distinct serials, NQNs, EUI-64s, NGUIDs, UUIDs and wwids, and a
@@ -164,7 +170,7 @@ set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 GT=$HERE/tests
-ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io sanitize file-backed-ram hugepage-ram viommu nvme-cli-admin logs firmware directives pi zns faults reservations nbd nbd-restart boot-uefi boot-bios unprivileged hotplug many-disks multipath shared-disk"
+ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io sanitize file-backed-ram hugepage-ram viommu nvme-cli-admin logs firmware directives pi zns faults reservations nbd nbd-restart boot-uefi boot-bios unprivileged hotplug many-disks multipath shared-disk upgrade"
 COMPARE=0 KEEP=0 ONLY=''
 while [ $# -gt 0 ]; do
   case $1 in
@@ -1061,6 +1067,48 @@ t_hotplug() {
   else
     report FAIL $name "$(since "$t0")" "$why"
   fi
+}
+t_upgrade() {
+  local name=upgrade img=$TMP/upgrade.img ctlsock=$TMP/upgrade.ctl reports=$TMP/upgrade.reports t0 why='' watcher
+  local first n pids; t0=$(now)
+  if ! has_opt --control; then report SKIP $name 0 "server has no '--control' option"; return; fi
+  if ! "$VNVME" ctl --help 2>&1 | grep -q upgrade; then report SKIP $name 0 "server has no upgrade method"; return; fi
+  : > "$reports"
+  if ! start_xserver $name --ns "256M:file=$img" --control "$ctlsock"; then
+    report FAIL $name "$(since "$t0")" "server did not start: $(tail -3 "$XLOG" | tr '\n' ' ')"; stop_xserver; return
+  fi
+  first=$XPID
+  # Once the guest's fio runs: an upgrade every 5 s, 10 in all, each report (JSON) or error on a line.
+  ( for _ in $(seq 600); do grep -q 'upgrade: I/O running' "$TMP/$name.console" 2>/dev/null && break; sleep 0.5; done
+    sleep 3
+    for i in $(seq 10); do
+      "$VNVME" ctl --control "$ctlsock" upgrade >> "$reports" 2>&1 || echo "upgrade $i failed" >> "$reports"
+      sleep 5
+    done ) &
+  watcher=$!
+  boot $name "$GT/vnvme-upgrade.sh" --timeout 400
+  [ $RC = 0 ] || why="$(fail_detail $name)"
+  for _ in $(seq 100); do kill -0 "$watcher" 2>/dev/null || break; sleep 0.5; done
+  kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null
+  wait "$first" 2>/dev/null   # the first server exits at its handover: reap it
+  n=$(grep -c '"phases_ms"' "$reports")
+  [ "$n" = 10 ] || why="${why:+$why; }$n of 10 upgrades done: $(grep -v phases_ms "$reports" | head -3 | tr '\n' ' ')"
+  pids=$(sed -n 's/.*"pid":\([0-9]*\).*/\1/p' "$reports" | tr '\n' ' ')
+  # The last new process serves now: stop_xserver stops it (and checks it is alive and the log clean).
+  XPID=$(echo "$pids" | awk '{print $NF}')
+  [ -n "$XPID" ] || XPID=$first
+  stop_xserver; [ -z "$XMSG" ] || why="${why:+$why; }$XMSG"
+  rm -f "$img"
+  # Phases per upgrade (ms), and what the guest saw.
+  echo "upgrade phases (ms: drain save pass restore total):" > "$TMP/$name.summary"
+  sed -n 's/.*"drain":\([0-9.]*\),"pass":\([0-9.]*\),"restore":\([0-9.]*\),"save":\([0-9.]*\)}.*"total_ms":\([0-9.]*\).*/  \1 \4 \2 \3 \5/p' "$reports" >> "$TMP/$name.summary"
+  grep -h '^RESULT' "$OUT" >> "$TMP/$name.summary" 2>/dev/null
+  if [ -z "$why" ]; then
+    report PASS $name "$(since "$t0")" "10 upgrades (pids $pids); $(grep -h 'clat_max' "$OUT" | sed 's/^RESULT //'); $(grep -h 'stalls_ms' "$OUT" | sed 's/^RESULT //'); phases in $TMP/$name.summary"
+  else
+    report FAIL $name "$(since "$t0")" "$why"
+  fi
+  cat "$TMP/$name.summary"
 }
 # hotplug_ask PID STEP: wait (up to 2 min) until the console $LOG shows "HOTPLUG-ASK STEP" while PID runs
 hotplug_ask() {

@@ -361,6 +361,18 @@ fn lock(file: &File, path: &Path) -> Result<(), FileError> {
 }
 
 impl BlockDevice for FileDevice {
+    /// The lock (see the module docs) is let go while the next process
+    /// opens the file, and taken back if it failed. A block device's
+    /// O_EXCL cannot be let go: the next process fails to open it.
+    fn hand_over_lock(&self, hold: bool) -> Result<(), BlockError> {
+        if hold {
+            return lock(&self.backing.file, &self.path)
+                .map_err(|e| BlockError::Io(io::Error::other(e)));
+        }
+        rustix::fs::flock(&self.backing.file, rustix::fs::FlockOperation::Unlock)
+            .map_err(|e| BlockError::Io(e.into()))
+    }
+
     fn size(&self) -> u64 {
         self.backing.size
     }

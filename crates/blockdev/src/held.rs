@@ -150,6 +150,10 @@ impl HeldRam {
 }
 
 impl BlockDevice for HeldRam {
+    fn outlives_process(&self) -> bool {
+        false
+    }
+
     fn size(&self) -> u64 {
         self.ram.size()
     }

@@ -192,6 +192,21 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
         let _ = size;
         None
     }
+
+    /// Whether its data outlives this process, so another process can
+    /// serve it next (a live upgrade): `ram` keeps it in this process's
+    /// memory and answers false.
+    fn outlives_process(&self) -> bool {
+        true
+    }
+
+    /// For a live upgrade: lets another process open this storage while
+    /// this one still has it open (`hold` false), or takes it back (true,
+    /// the upgrade failed). The `file` backend's lock; nothing for others.
+    fn hand_over_lock(&self, hold: bool) -> Result<(), BlockError> {
+        let _ = hold;
+        Ok(())
+    }
 }
 
 /// One operation for [`BlockQueue::submit`]. The data travels with the

@@ -137,6 +137,11 @@ impl RamDevice {
 }
 
 impl BlockDevice for RamDevice {
+    /// The data lives in this process only.
+    fn outlives_process(&self) -> bool {
+        false
+    }
+
     fn size(&self) -> u64 {
         self.size
     }

@@ -119,6 +119,24 @@ pub(crate) fn run(shared: Arc<Shared>, session: Arc<Session>, index: usize) {
     }
 }
 
+/// A pause for a save (a live upgrade) lets the commands in flight on a
+/// backend complete before the worker stops, within the pause's bound: a
+/// stopped worker's backend queues are dropped with it, and their
+/// commands would never complete. Nothing new is fetched meanwhile.
+fn drain_in_flight(shared: &Shared, session: &Session, local: &mut Local, policy: EventIdxPolicy) {
+    let Some(until) = *shared.queues.drain_until.lock() else {
+        return;
+    };
+    while !local.inflight.is_empty() && Instant::now() < until {
+        if complete_in_flight(shared, session, local, policy) == 0 {
+            std::thread::sleep(DRAIN_POLL);
+        }
+    }
+}
+
+/// How often a draining worker looks for its backends' completions.
+const DRAIN_POLL: Duration = Duration::from_micros(50);
+
 /// Polling modes sleep for tens of microseconds: the kernel's default
 /// slack would stretch them.
 fn set_timer_slack(shared: &Shared) {
@@ -302,6 +320,7 @@ impl<W: Wake + Send> Member for Worker<W> {
                 .map(|(_, kicked)| (slept, kicked)),
         };
         let Some((slept, kicked)) = taken else {
+            drain_in_flight(shared, session, local, policy);
             // A pause stops the workers without a reset: the commands held
             // back (a fault's delay, a QoS limit) wait for the next ones.
             shared.faults.park(std::mem::take(&mut local.held));

@@ -108,4 +108,8 @@ pub enum DeviceError {
     DoorbellPage(#[source] std::io::Error),
     #[error("configuring the NVMe controller")]
     Controller(#[source] ConfigError),
+    #[error("restoring the NVMe controller's saved state")]
+    Restore(#[source] vnvme_controller::StateError),
+    #[error("the function handed over does not fit: {0}")]
+    Handover(String),
 }

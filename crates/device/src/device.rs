@@ -21,6 +21,9 @@ use vnvme_vfio_user::{
 use crate::config::{DeviceConfig, DeviceError, CLASS_CODE_NVME, DEFAULT_DEVICE_ID};
 use crate::interrupts::EventfdInterrupts;
 
+mod handover;
+pub use handover::{FunctionState, IrqFds};
+
 /// BAR0 offsets the PCI layer owns.
 const MSIX_TABLE: u64 = Bar0Layout::MSIX_TABLE.start;
 const MSIX_PBA: u64 = Bar0Layout::MSIX_PBA.start;
@@ -37,8 +40,9 @@ pub struct NvmeDevice {
     doorbell_region: Option<Arc<SharedRegion>>,
 }
 
-/// The doorbell page inside BAR0's shared region.
-struct SharedDoorbells(Arc<SharedRegion>);
+/// The doorbell page inside BAR0's shared region; `kept`: a region a
+/// previous process handed over (see [`DoorbellPage::kept`]).
+struct SharedDoorbells(Arc<SharedRegion>, bool);
 
 impl DoorbellPage for SharedDoorbells {
     fn load(&self, index: u32) -> u32 {
@@ -50,6 +54,10 @@ impl DoorbellPage for SharedDoorbells {
         if u64::from(index) * 4 < page.end - page.start {
             self.0.store_u32(doorbell_at(index), value);
         }
+    }
+
+    fn kept(&self) -> bool {
+        self.1
     }
 }
 
@@ -63,6 +71,30 @@ impl NvmeDevice {
     /// The function `config` describes, its controller configured and
     /// disabled (CC.EN = 0) until a client enables it.
     pub fn new(config: DeviceConfig) -> Result<Self, DeviceError> {
+        let first = config.subsystem_of.clone();
+        Self::build(config, None, move |controller, namespaces, page, groups| {
+            match &first {
+                Some(first) => Controller::joining(first, controller, page, groups),
+                None => Controller::with_poll_groups(controller, namespaces, page, groups),
+            }
+            .map_err(DeviceError::Controller)
+        })
+    }
+
+    /// The function `config` describes, with BAR0's shared doorbell region
+    /// `doorbells` if given (a live upgrade's: the client has it mapped)
+    /// and its controller made by `make` from its configuration,
+    /// namespaces, doorbell page and poll groups.
+    pub(crate) fn build(
+        config: DeviceConfig,
+        doorbells: Option<Arc<SharedRegion>>,
+        make: impl FnOnce(
+            vnvme_controller::ControllerConfig,
+            Vec<vnvme_controller::NamespaceConfig>,
+            Option<Arc<dyn DoorbellPage>>,
+            Option<vnvme_controller::PollGroups>,
+        ) -> Result<Controller, DeviceError>,
+    ) -> Result<Self, DeviceError> {
         let vectors = config.vectors()?;
         config.check_namespaces()?;
         // BAR0 as Bar0Layout lays it out: registers and doorbells, then the
@@ -87,27 +119,19 @@ impl NvmeDevice {
             ssvid: pci_config.subsystem_vendor,
             ..config.controller
         };
-        let doorbell_region = if controller.doorbells.offers_page() {
-            Some(Arc::new(
+        let kept = doorbells.is_some();
+        let doorbell_region = match (controller.doorbells.offers_page(), doorbells) {
+            (false, _) => None,
+            (true, Some(region)) => Some(region),
+            (true, None) => Some(Arc::new(
                 SharedRegion::new("vnvme-bar0", Bar0Layout::DOORBELLS.end as usize)
                     .map_err(DeviceError::DoorbellPage)?,
-            ))
-        } else {
-            None
+            )),
         };
         let page = doorbell_region
             .as_ref()
-            .map(|r| Arc::new(SharedDoorbells(r.clone())) as Arc<dyn DoorbellPage>);
-        let ctrl = match &config.subsystem_of {
-            Some(first) => Controller::joining(first, controller, page, config.poll_groups),
-            None => Controller::with_poll_groups(
-                controller,
-                config.namespaces,
-                page,
-                config.poll_groups,
-            ),
-        }
-        .map_err(DeviceError::Controller)?;
+            .map(|r| Arc::new(SharedDoorbells(r.clone(), kept)) as Arc<dyn DoorbellPage>);
+        let ctrl = make(controller, config.namespaces, page, config.poll_groups)?;
         Ok(Self {
             ctrl: Arc::new(ctrl),
             pci,

@@ -133,6 +133,40 @@ impl EventfdInterrupts {
         self.kick(file)
     }
 
+    /// Copies of the eventfds, for a live upgrade's next process.
+    pub fn export(&self) -> std::io::Result<crate::IrqFds> {
+        let copy = |f: &Option<File>| -> std::io::Result<Option<OwnedFd>> {
+            f.as_ref()
+                .map(|f| f.try_clone().map(OwnedFd::from))
+                .transpose()
+        };
+        Ok(crate::IrqFds {
+            vectors: self
+                .msix
+                .read()
+                .iter()
+                .map(copy)
+                .collect::<std::io::Result<_>>()?,
+            intx: copy(&self.intx.read())?,
+        })
+    }
+
+    /// Takes the eventfds a previous process [`export`](Self::export)ed.
+    /// The INTx line starts unmasked: a level still high is signalled
+    /// again when the client unmasks, and a spurious edge is harmless.
+    pub fn import(&self, fds: crate::IrqFds, no_automask: bool) {
+        *self.msix.write() = fds.vectors.into_iter().map(|f| f.map(File::from)).collect();
+        *self.intx.write() = fds.intx.map(File::from);
+        self.intx_no_automask.store(no_automask, Ordering::SeqCst);
+        self.update_mode();
+    }
+
+    /// Whether INTx is signalled without automask (see
+    /// [`intx_without_automask`](Self::intx_without_automask)).
+    pub fn no_automask(&self) -> bool {
+        self.intx_no_automask.load(Ordering::SeqCst)
+    }
+
     /// Interrupts that had nowhere to go.
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)

@@ -74,6 +74,28 @@ impl ConfigSpace {
         }
     }
 
+    /// The whole space as it stands, for a live upgrade to hand to the
+    /// next process ([`load`](Self::load)).
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes[..]
+    }
+
+    /// Puts back what [`bytes`](Self::bytes) gave, as far as the guest
+    /// could have changed it: only guest-writable bits and W1C bits are
+    /// taken from `saved` (the IDs, capability list and other read-only
+    /// fields stay this function's own, whatever `saved` holds). False,
+    /// and nothing changed, if `saved` is not the space's size.
+    pub fn load(&mut self, saved: &[u8]) -> bool {
+        if saved.len() != CONFIG_SPACE_SIZE {
+            return false;
+        }
+        for (o, v) in saved.iter().enumerate() {
+            let keep = self.writable[o] | self.w1c[o];
+            self.bytes[o] = (self.bytes[o] & !keep) | (v & keep);
+        }
+        true
+    }
+
     // Device-side accessors (no masks). Offsets are constants of ours, so an
     // out-of-range one is a bug; they are still ignored rather than panicking.
 

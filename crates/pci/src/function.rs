@@ -247,6 +247,13 @@ impl PciFunction {
         self.config = self.initial.clone();
     }
 
+    /// Config space as a live upgrade left it ([`ConfigSpace::load`]:
+    /// only what the guest can change is taken). False if `saved` is not
+    /// a whole config space.
+    pub fn restore_config(&mut self, saved: &[u8]) -> bool {
+        self.config.load(saved)
+    }
+
     /// The raw storage, for device-side updates.
     pub fn config_space(&self) -> &ConfigSpace {
         &self.config

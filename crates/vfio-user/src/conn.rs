@@ -133,6 +133,11 @@ impl Conn {
         }
     }
 
+    /// The socket, for a handover to pass on (between two messages).
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(&self.stream)
+    }
+
     /// Marks the VERSION exchange done: from now on the peer is a client
     /// that keeps the device, not a connection that may be displaced.
     pub fn set_negotiated(&self) {

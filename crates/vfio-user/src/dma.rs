@@ -236,6 +236,11 @@ impl DmaSpace {
         self.inner.limits
     }
 
+    /// The largest DMA_READ/DMA_WRITE transfer the client takes.
+    pub fn max_xfer(&self) -> usize {
+        self.inner.max_xfer
+    }
+
     /// Number of maps.
     pub fn map_count(&self) -> usize {
         self.inner.maps.current().maps.len()

@@ -223,10 +223,12 @@ impl Door {
     }
 
     /// Waits for the next connection to serve; None once stopped.
-    pub(crate) fn next(&self, stop: &AtomicBool) -> Option<UnixStream> {
+    /// The next connection to serve; `None` on stop, or when `asked()`
+    /// (a handover while no client is connected).
+    pub(crate) fn next(&self, stop: &AtomicBool, asked: &dyn Fn() -> bool) -> Option<UnixStream> {
         let mut st = self.state.lock();
         loop {
-            if st.stopped || stop.load(Ordering::Relaxed) {
+            if st.stopped || stop.load(Ordering::Relaxed) || asked() {
                 return None;
             }
             if let Some(s) = st.pending.take() {

@@ -21,6 +21,7 @@ mod conn;
 mod dma;
 mod door;
 mod fault;
+pub mod handover;
 pub mod hugepages;
 mod msg_times;
 mod server;

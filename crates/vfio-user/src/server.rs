@@ -26,6 +26,7 @@ use crate::conn::{
 };
 use crate::dma::{DmaLimits, DmaSpace};
 use crate::door::{Door, RateLimit, STOP_POLL};
+use crate::handover::{Adopted, ClientParts, DmaLedger, HandedMap, Handover};
 use crate::msg_times::MessageTimes;
 use crate::version::parse_version_caps;
 use crate::wire::*;
@@ -75,6 +76,8 @@ struct ClientState {
     warnings: RateLimit,
     /// How long each kind of message took, logged when the client goes.
     times: MessageTimes,
+    /// The DMA maps with their files, for a handover.
+    ledger: DmaLedger,
 }
 
 /// Region indexes whose info is cached; others are looked up per access.
@@ -108,7 +111,7 @@ impl<D: Device> Server<D> {
     /// `attach` after VERSION and `detach` when the client goes. A clean
     /// disconnect is `Ok(())`.
     pub fn serve_stream(&mut self, stream: UnixStream) -> Result<(), Error> {
-        self.serve(stream, None, None)
+        self.serve(stream, None, None, None)
     }
 
     /// Serves clients on `listener`, one at a time, until `stop` is set
@@ -122,15 +125,51 @@ impl<D: Device> Server<D> {
         listener: &UnixListener,
         stop: &AtomicBool,
     ) -> Result<(), Error> {
+        self.serve_listener_with(listener, stop, None, None)
+    }
+
+    /// As [`serve_listener`](Self::serve_listener), serving `adopted` (a
+    /// client another process handed over) first, and handing the client
+    /// over when `handover` asks (see [`crate::handover`]).
+    pub fn serve_listener_with(
+        &mut self,
+        listener: &UnixListener,
+        stop: &AtomicBool,
+        handover: Option<&dyn Handover<D>>,
+        adopted: Option<Adopted>,
+    ) -> Result<(), Error> {
         listener.set_nonblocking(true)?;
         let door = Door::default();
+        let asked = || handover.is_some_and(|h| h.asked());
         std::thread::scope(|scope| {
             std::thread::Builder::new()
                 .name("vfio-user-door".into())
                 .spawn_scoped(scope, || door.run(listener, stop))?;
-            while let Some(stream) = door.next(stop) {
+            let mut client = adopted.map(|a| self.adopted_state(a));
+            loop {
+                if let Some(state) = client.take() {
+                    tracing::info!("vfio-user client handed over by the previous process");
+                    let result = self.serve_client(state, Some(stop), Some(&door), handover);
+                    door.set_owner(None);
+                    match result {
+                        Ok(()) => tracing::info!("vfio-user client disconnected"),
+                        Err(e) => tracing::warn!(error = %e, "vfio-user client dropped"),
+                    }
+                    continue;
+                }
+                let Some(stream) = door.next(stop, &asked) else {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    if let Some(h) = handover.filter(|h| h.asked()) {
+                        // No client: only the sockets go to the next process.
+                        let why = h.transfer(&mut self.device, None);
+                        h.refuse(why);
+                    }
+                    continue;
+                };
                 tracing::info!("vfio-user client connected");
-                let result = self.serve(stream, Some(stop), Some(&door));
+                let result = self.serve(stream, Some(stop), Some(&door), handover);
                 door.set_owner(None);
                 match result {
                     Ok(()) => tracing::info!("vfio-user client disconnected"),
@@ -141,24 +180,57 @@ impl<D: Device> Server<D> {
         })
     }
 
+    /// The state of a client another process served: negotiated, its maps
+    /// made ([`Adopted::new`]), the device restored onto them by the caller.
+    fn adopted_state(&mut self, a: Adopted) -> ClientState {
+        let regions = (0..CACHED_REGIONS)
+            .map(|i| {
+                self.device
+                    .region_info(i)
+                    .map(|(info, _)| (info.flags, info.size))
+            })
+            .collect();
+        ClientState {
+            conn: a.conn,
+            dma: Some(a.dma),
+            regions,
+            warnings: RateLimit::default(),
+            times: MessageTimes::default(),
+            ledger: a.ledger,
+        }
+    }
+
     fn serve(
         &mut self,
         stream: UnixStream,
         stop: Option<&AtomicBool>,
         door: Option<&Door>,
+        handover: Option<&dyn Handover<D>>,
     ) -> Result<(), Error> {
         let conn = Arc::new(Conn::new(stream, self.opts.message_timeout)?);
-        let mut client = ClientState {
-            conn: conn.clone(),
+        let client = ClientState {
+            conn,
             dma: None,
             regions: Vec::new(),
             warnings: RateLimit::default(),
             times: MessageTimes::default(),
+            ledger: DmaLedger::default(),
         };
+        self.serve_client(client, stop, door, handover)
+    }
+
+    fn serve_client(
+        &mut self,
+        mut client: ClientState,
+        stop: Option<&AtomicBool>,
+        door: Option<&Door>,
+        handover: Option<&dyn Handover<D>>,
+    ) -> Result<(), Error> {
+        let conn = client.conn.clone();
         if let Some(door) = door {
             door.set_owner(Some(conn.clone()));
         }
-        let result = self.run(&mut client, stop);
+        let result = self.run(&mut client, stop, handover);
         tracing::info!("vfio-user client's {}", client.times.summary());
         // Order matters: first fail any DMA_READ/WRITE a worker is waiting
         // for, then let the device stop its workers, then unmap.
@@ -167,17 +239,26 @@ impl<D: Device> Server<D> {
             self.device.detach();
             dma.unmap_all();
         }
+        client.ledger.clear();
         match result {
             Err(Error::Disconnected) => Ok(()),
             r => r,
         }
     }
 
-    fn run(&mut self, s: &mut ClientState, stop: Option<&AtomicBool>) -> Result<(), Error> {
+    fn run(
+        &mut self,
+        s: &mut ClientState,
+        stop: Option<&AtomicBool>,
+        handover: Option<&dyn Handover<D>>,
+    ) -> Result<(), Error> {
         let handshake_deadline = Instant::now() + self.opts.handshake_timeout;
         loop {
             if stop.is_some_and(|f| f.load(Ordering::Relaxed)) {
                 return Ok(());
+            }
+            if let Some(h) = handover.filter(|h| h.asked()) {
+                self.hand_over(s, h)?;
             }
             let now = Instant::now();
             let mut deadline = stop.map(|_| now + STOP_POLL);
@@ -220,6 +301,53 @@ impl<D: Device> Server<D> {
             self.handle(s, msg)?;
             s.times.add(command, started.elapsed());
         }
+    }
+
+    /// Hands the client over (see [`crate::handover`]), between two
+    /// messages; returns only if that failed (or was refused), with the
+    /// device running again. An error is the connection's, met while
+    /// answering the requests read before the handover.
+    fn hand_over(&mut self, s: &mut ClientState, h: &dyn Handover<D>) -> Result<(), Error> {
+        if s.dma.is_none() {
+            h.refuse("a client is connecting (it has not sent VERSION yet): try again".into());
+            return Ok(());
+        }
+        if let Err(why) = h.pause(&mut self.device) {
+            h.refuse(why);
+            return Ok(());
+        }
+        // Requests a worker read while it waited for a DMA reply: their
+        // replies are owed by this process. A deadline of now never starts
+        // reading a message, so none is left half read.
+        loop {
+            let next = s.conn.wait(&Wanted::Request, Some(Instant::now()));
+            let failed = match next {
+                Ok(Some(msg)) => self.handle(s, msg).err(),
+                Ok(None) => break,
+                Err(e) => Some(e),
+            };
+            if let Some(e) = failed {
+                h.resume(&mut self.device);
+                h.refuse(format!("the client's connection failed: {e}"));
+                return Err(e);
+            }
+        }
+        let why = match (&s.dma, s.ledger.parts()) {
+            (Some(dma), Ok((maps, files))) => {
+                let parts = ClientParts {
+                    conn: s.conn.fd(),
+                    max_xfer: dma.max_xfer(),
+                    maps,
+                    files,
+                };
+                h.transfer(&mut self.device, Some(parts))
+            }
+            (_, Err(why)) => format!("the client cannot be handed over: {why}"),
+            (None, _) => "the client went away".into(),
+        };
+        h.resume(&mut self.device);
+        h.refuse(why);
+        Ok(())
     }
 
     /// Handles one request and sends its reply (unless NO_REPLY).
@@ -375,10 +503,19 @@ impl<D: Device> Server<D> {
         let dma = s.dma.as_ref().ok_or(libc::EINVAL)?;
         let readable = m.flags & DMA_MAP_FLAG_READ != 0;
         let writable = m.flags & DMA_MAP_FLAG_WRITE != 0;
-        match fd {
+        match &fd {
             Some(fd) => dma.map_fd(m.address, m.size, fd.as_fd(), m.offset, readable, writable)?,
             None => dma.map_remote(m.address, m.size, readable, writable)?,
         }
+        let map = HandedMap {
+            iova: m.address,
+            size: m.size,
+            offset: m.offset,
+            readable,
+            writable,
+            file: None,
+        };
+        s.ledger.add(map, fd);
         Ok(Vec::new())
     }
 
@@ -399,9 +536,11 @@ impl<D: Device> Server<D> {
             }
             self.device.dma_unmapping(0, u64::MAX);
             dma.unmap_all();
+            s.ledger.clear();
         } else {
             self.device.dma_unmapping(u.address, u.size);
             dma.unmap(u.address, u.size)?;
+            s.ledger.remove(u.address, u.size);
         }
         let reply = DmaUnmap {
             argsz: size_of::<DmaUnmap>() as u32,

@@ -263,13 +263,25 @@ impl DeviceOptions {
         origin: &Origin,
         groups: Option<PollGroups>,
     ) -> Result<NvmeDevice> {
-        let config = DeviceConfig {
+        Ok(NvmeDevice::new(
+            self.device_config(namespaces, origin, groups),
+        )?)
+    }
+
+    /// What [`build_from`](Self::build_from) builds the device from (a
+    /// live upgrade's next process restores one from it).
+    pub fn device_config(
+        &self,
+        namespaces: Vec<NamespaceConfig>,
+        origin: &Origin,
+        groups: Option<PollGroups>,
+    ) -> DeviceConfig {
+        DeviceConfig {
             msix_vectors: self.msix_vectors,
             interrupts: self.interrupts,
             poll_groups: groups,
             ..DeviceConfig::new(self.controller_config(origin), namespaces)
-        };
-        Ok(NvmeDevice::new(config)?)
+        }
     }
 
     /// Another controller, CNTLID `cntlid`, of `first`'s NVM subsystem

@@ -19,4 +19,5 @@ pub mod serve;
 pub mod size;
 pub mod socket;
 pub mod tools;
+pub mod upgrade;
 pub mod zoned_options;

@@ -13,12 +13,15 @@ use vnvme_vfio_user::{
     DmaLimits, ServerOptions, HANDSHAKE_TIMEOUT, MAX_FD_DMA_MAPS, MESSAGE_TIMEOUT,
 };
 
-use crate::control::ControlServer;
+use crate::control::{ControlServer, Hooks};
 use crate::device::DeviceOptions;
 use crate::identity::Origin;
 use crate::namespace::NamespaceSpec;
 use crate::ns_syntax;
+use crate::socket::Listening;
 use crate::socket::{parse_mode, Plan, SocketFile};
+use crate::upgrade::{ControlHandoff, Reporter, Taken, Upgrader};
+use vnvme_vfio_user::handover::Adopted;
 
 mod many;
 mod subsystem;
@@ -127,6 +130,10 @@ pub struct ServeOptions {
     pub control_mode: u32,
     #[command(flatten)]
     pub device: DeviceOptions,
+    /// Internal: set by a running `vnvme serve` on the new process of a live upgrade (`vnvme ctl
+    /// upgrade`, SIGUSR2), which takes over the client from the handover in this fd.
+    #[arg(long, value_name = "FD", hide = true)]
+    pub handover_fd: Option<i32>,
 }
 
 impl ServeOptions {
@@ -155,7 +162,21 @@ impl ServeOptions {
     }
 }
 
-pub fn run(mut opts: ServeOptions) -> Result<()> {
+pub fn run(opts: ServeOptions) -> Result<()> {
+    // First of all, before this process opens anything: a live upgrade's
+    // new process claims the fds the old one left it.
+    let Some(fd) = opts.handover_fd else {
+        return serve(opts, None);
+    };
+    let (taken, mut reporter) = crate::upgrade::take(fd)?;
+    let result = serve(opts, Some((taken, &mut reporter)));
+    if let Err(e) = &result {
+        reporter.fail(e);
+    }
+    result
+}
+
+fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -> Result<()> {
     // First, while the process has one thread: taking the passed socket
     // removes LISTEN_* from the environment.
     let inherited = vnvme_vfio_user::activation::take_listener()
@@ -169,7 +190,12 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
             crate::config::ServeFile::Many {
                 workers,
                 controllers,
-            } => return many::run(&opts, inherited, workers, controllers),
+            } => {
+                if handover.is_some() {
+                    bail!("a [[controllers]] configuration cannot be upgraded (yet)");
+                }
+                return many::run(&opts, inherited, workers, controllers);
+            }
         };
         faults = file.faults.clone();
         qos = file.qos.clone();
@@ -222,7 +248,34 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
             Origin::embedded()
         }
     };
-    let device = opts.device.build(&opts.namespaces, &origin)?;
+    let namespaces = opts.device.namespace_configs(&opts.namespaces, &origin)?;
+    let backends: Vec<_> = namespaces.iter().map(|n| Arc::clone(&n.backend)).collect();
+    let config = opts.device.device_config(namespaces, &origin, None);
+    let client = handover.as_mut().and_then(|(t, _)| t.client.take());
+    let (device, adopted) = match client {
+        None => (vnvme_device::NvmeDevice::new(config)?, None),
+        Some(c) => {
+            let adopted = Adopted::new(
+                c.conn,
+                c.max_xfer,
+                server_options.message_timeout,
+                server_options.dma_limits,
+                &c.maps,
+                c.files,
+            )
+            .context("serving the handed-over client's guest memory")?;
+            let device = vnvme_device::NvmeDevice::restored(
+                config,
+                &c.function,
+                c.irqs,
+                c.doorbells,
+                &c.state,
+                adopted.dma(),
+            )
+            .context("restoring the handed-over controller")?;
+            (device, Some(adopted))
+        }
+    };
     let identity = opts.device.controller_config(&origin);
     for (i, spec) in faults.into_iter().enumerate() {
         device
@@ -253,19 +306,53 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     stop_on_signals(&stop)?;
     // Dropped (its file removed, if this process made it) on every return.
-    let listening = plan.listen()?;
+    let (listening, control_listener) = match handover.as_mut() {
+        None => (plan.listen()?, None),
+        Some((t, _)) => handed_sockets(t, plan.path(), opts.control.as_deref())?,
+    };
     let socket_shown = listening
         .path()
         .map_or("(unnamed)".into(), |p| p.display().to_string());
+    let requests = crate::upgrade::Requests::new()?;
+    let hooks = Hooks {
+        stop: Arc::clone(&stop),
+        upgrade: Some(Arc::clone(&requests)),
+    };
+    let mut control_copy = None;
     let control = match &opts.control {
-        Some(path) => Some(ControlServer::start(
-            path,
-            opts.control_mode,
-            Arc::clone(device.controller()),
-            Arc::clone(&stop),
-        )?),
+        Some(path) => {
+            let (listener, file) = match control_listener {
+                Some(l) => (
+                    l,
+                    SocketFile::existing(path).with_context(|| {
+                        format!("the handed-over control socket {}", path.display())
+                    })?,
+                ),
+                None => crate::control::bind(path, opts.control_mode)?,
+            };
+            control_copy = Some(ControlHandoff {
+                listener: listener.try_clone().context("copying the control socket")?,
+            });
+            Some(ControlServer::serve(
+                listener,
+                file,
+                Arc::clone(device.controller()),
+                hooks,
+            )?)
+        }
         None => None,
     };
+    let upgrader = Upgrader::new(
+        requests,
+        listening
+            .listener()
+            .try_clone()
+            .context("copying the listening socket")?,
+        listening.own_file().is_some(),
+        control_copy,
+        backends.clone(),
+        cannot_upgrade(&backends, opts.metrics.is_some()),
+    );
     let own = listening.own_file().into_iter().collect();
     watch_stop(Arc::clone(&stop), stop_timeout, own)?;
     tracing::info!(
@@ -286,7 +373,10 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
     });
     let ctrl = Arc::clone(device.controller());
     let mut server = vnvme_vfio_user::Server::with_options(device, server_options);
-    let result = server.serve_listener(listening.listener(), &stop);
+    if let Some((_, reporter)) = handover.as_mut() {
+        reporter.ready();
+    }
+    let result = server.serve_listener_with(listening.listener(), &stop, Some(&upgrader), adopted);
     drop(listening);
     drop(control);
     if let Some(m) = metrics {
@@ -313,6 +403,59 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
         }
         Err(e) => Err(e).context("serving vfio-user"),
     }
+}
+
+/// The listening socket and control socket a live upgrade's old process
+/// handed over, checked against this process's `socket` and `control`
+/// (the same arguments, so they agree unless the handover is not ours).
+fn handed_sockets(
+    t: &mut Taken,
+    socket: Option<&Path>,
+    control: Option<&Path>,
+) -> Result<(Listening, Option<std::os::unix::net::UnixListener>)> {
+    let listener = t
+        .listener
+        .take()
+        .context("the handover's listening socket was taken already")?;
+    let listening = match (t.socket_owned, socket) {
+        (true, Some(path)) => Listening::Bound {
+            listener,
+            file: SocketFile::existing(path)
+                .with_context(|| format!("the handed-over socket {}", path.display()))?,
+        },
+        (true, None) => bail!("the handover says the socket file is ours, and it has no path"),
+        (false, path) => Listening::Inherited {
+            listener,
+            path: path.map(Path::to_path_buf),
+        },
+    };
+    let control_listener = t.control.take();
+    if control_listener.is_some() != control.is_some() {
+        bail!("the handover's control socket does not match --control: not this server's handover");
+    }
+    Ok((listening, control_listener))
+}
+
+/// Why this server cannot be upgraded at all, if so.
+fn cannot_upgrade(
+    backends: &[Arc<dyn vnvme_blockdev::BlockDevice>],
+    metrics: bool,
+) -> Option<String> {
+    if let Some(i) = backends.iter().position(|b| !b.outlives_process()) {
+        return Some(format!(
+            "namespace {} keeps its data in this process's memory (ram): an upgrade would lose \
+             it; serve it from a file (PATH:file) to upgrade",
+            i + 1
+        ));
+    }
+    if metrics {
+        return Some(
+            "--metrics: its TCP socket cannot be handed to the new process yet; serve without \
+             --metrics to upgrade"
+                .into(),
+        );
+    }
+    None
 }
 
 /// Installs SIGINT and SIGTERM: the first asks for a clean stop (`stop`),

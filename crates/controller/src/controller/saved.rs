@@ -4,7 +4,7 @@
 //! configuration and puts each part back before any worker runs.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use vnvme_spec::regs::{shutdown, Doorbell};
 
@@ -46,6 +46,16 @@ impl Controller {
             return Ok(());
         };
         self.run(&mut ctl, &session)
+    }
+
+    /// As [`pause`](Self::pause), but each worker first lets the commands
+    /// it has in flight on a backend complete, for at most `bound` (a live
+    /// upgrade's bounded drain). A command still in flight after it makes
+    /// [`save_state`](Self::save_state) refuse.
+    pub fn pause_draining(&self, bound: Duration) {
+        *self.shared.queues.drain_until.lock() = Some(Instant::now() + bound);
+        self.pause();
+        *self.shared.queues.drain_until.lock() = None;
     }
 
     /// Whether [`pause`](Self::pause) holds the workers.

@@ -13,6 +13,14 @@ use std::sync::atomic::{AtomicU32, Ordering};
 pub trait DoorbellPage: Send + Sync {
     fn load(&self, index: u32) -> u32;
     fn store(&self, index: u32, value: u32);
+    /// The page is the very memory the host wrote its doorbells to before
+    /// a save (a live upgrade hands the mapped memfd on): it holds the
+    /// host's latest values, written after the save too, so a restore
+    /// leaves them and the workers read them. False: a fresh page, which a
+    /// restore fills with the saved values.
+    fn kept(&self) -> bool {
+        false
+    }
 }
 
 /// Dwords in the doorbell page.

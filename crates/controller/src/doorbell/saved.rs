@@ -116,7 +116,7 @@ impl Doorbells {
             slot.value.store(r.value, Ordering::Release);
             slot.shadow_dev.store(r.shadow_dev, Ordering::Relaxed);
             slot.shadow_host.store(r.shadow_host, Ordering::Relaxed);
-            if let Some(p) = &self.page {
+            if let Some(p) = self.page.as_ref().filter(|p| !p.kept()) {
                 p.store(r.index, r.value);
             }
         }

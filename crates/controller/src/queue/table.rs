@@ -25,6 +25,7 @@
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use parking_lot::{Mutex, MutexGuard};
 use vnvme_spec::Status;
@@ -193,6 +194,10 @@ pub(crate) struct QueueTable {
     /// queues were cleared (blocked in storage past the reset's wait) drops
     /// its rings instead of putting stale ones back.
     epoch: Mutex<u64>,
+    /// Set by [`Controller::pause_draining`](crate::Controller::pause_draining):
+    /// until then a stopping worker completes its commands in flight
+    /// before it stops (a reset's stop drops them instead).
+    pub drain_until: Mutex<Option<Instant>>,
 }
 
 impl QueueTable {
@@ -222,6 +227,7 @@ impl QueueTable {
             answers: Mutex::new(Vec::new()),
             awaited: AtomicU32::new(0),
             epoch: Mutex::new(0),
+            drain_until: Mutex::new(None),
         }
     }
 

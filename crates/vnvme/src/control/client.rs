@@ -32,7 +32,9 @@ KIND is latency, status, never-complete, media-error, not-ready, smart-warning o
 fault_list; fault_clear [id=N]; qos_set [nsid=N | group=NAME] [iops=N] [read_iops=N]
 [write_iops=N] [bps=SIZE] [read_bps=SIZE] [write_bps=SIZE] [KEY_burst=N] (replaces every limit of
 the controller, namespace or group; none given: unlimited); qos_get; controller_fatal
-[reason=TEXT]; shutdown.
+[reason=TEXT]; shutdown; upgrade [--exe PATH] (hands the client to a new process running PATH,
+default the server's own binary, with the same arguments; prints the handover's phases in ms, or
+why it was refused, the old server then serving on; see docs/deployment.md).
 
 Example: vnvme ctl fault_add kind=status nsid=1 opcodes=read status=unrecovered-read-error dnr=true count=1
 Example: vnvme ctl qos_set nsid=1 read_iops=5000 write_bps=50M";
@@ -51,6 +53,10 @@ pub struct CtlOptions {
     /// The method's parameters, KEY=VALUE.
     #[arg(value_name = "KEY=VALUE")]
     pub args: Vec<String>,
+    /// For `upgrade`: the binary the new process runs (default: the one the server was started
+    /// as, its argv[0]; a path the server can reach).
+    #[arg(long, value_name = "PATH")]
+    pub exe: Option<PathBuf>,
 }
 
 /// Sends one request and returns the server's result or error.
@@ -111,10 +117,26 @@ pub fn parse_args(args: &[String]) -> Result<Value> {
 }
 
 pub fn run(opts: &CtlOptions) -> Result<()> {
-    let params = parse_args(&opts.args)?;
+    let mut params = parse_args(&opts.args)?;
+    if let Some(exe) = &opts.exe {
+        if opts.method != "upgrade" {
+            bail!("--exe is for the upgrade method, not {}", opts.method);
+        }
+        let exe = std::path::absolute(exe).with_context(|| format!("--exe {}", exe.display()))?;
+        if let Value::Object(p) = &mut params {
+            if p.insert("exe".into(), json!(exe)).is_some() {
+                bail!("--exe and exe= both given: give one");
+            }
+        }
+    }
     match call(&opts.control, &opts.method, params)? {
         Ok(result) if opts.json => {
             println!("{}", serde_json::to_string_pretty(&result)?);
+            Ok(())
+        }
+        // The handover's report is nested: JSON reads best.
+        Ok(result) if opts.method == "upgrade" => {
+            println!("{result}");
             Ok(())
         }
         Ok(result) => {

@@ -49,6 +49,7 @@ pub const METHODS: &[&str] = &[
     "ana_get",
     "controller_fatal",
     "shutdown",
+    "upgrade",
 ];
 
 #[derive(Deserialize)]
@@ -138,6 +139,50 @@ fn refused(e: impl std::fmt::Display) -> RpcError {
 }
 
 /// Runs `method` with `p` on `ctrl`; `stop` is the server's stop flag.
+/// Parameters of `upgrade`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Upgrade {
+    /// The binary to start (default: the server's own argv[0]).
+    exe: Option<std::path::PathBuf>,
+}
+
+/// `upgrade [exe=PATH]`: hands the served client to a new process
+/// (`crate::upgrade`) and answers with its report, or why not; the
+/// [`Written`](crate::upgrade::Written) is told once the reply is out.
+pub fn upgrade(
+    hooks: &super::Hooks,
+    p: Value,
+) -> (Result<Value, RpcError>, Option<crate::upgrade::Written>) {
+    let u: Upgrade = match params("upgrade", p) {
+        Ok(u) => u,
+        Err(e) => return (Err(e), None),
+    };
+    let Some(requests) = &hooks.upgrade else {
+        return (
+            Err(RpcError::new(
+                code::REFUSED,
+                "this server cannot be upgraded: only a single-controller vnvme serve can (a \
+                 [[controllers]] configuration cannot yet)",
+            )),
+            None,
+        );
+    };
+    if let Some(exe) = &u.exe {
+        if exe.as_os_str().is_empty() {
+            return (
+                Err(RpcError::new(code::INVALID_PARAMS, "exe is empty")),
+                None,
+            );
+        }
+    }
+    let (outcome, written) = requests.ask(u.exe);
+    (
+        outcome.map_err(|why| RpcError::new(code::REFUSED, why)),
+        written,
+    )
+}
+
 pub fn call(
     ctrl: &Controller,
     stop: &AtomicBool,

@@ -23,6 +23,7 @@ use serde_json::{json, Value};
 use vnvme_controller::Controller;
 
 use crate::socket::{Access, SocketFile};
+use crate::upgrade::{Requests, Written};
 
 pub mod client;
 pub mod fault_params;
@@ -86,6 +87,25 @@ impl ControlServer {
         stop: Arc<AtomicBool>,
     ) -> Result<Self> {
         let (listener, file) = bind(path, mode)?;
+        Self::serve(
+            listener,
+            file,
+            ctrl,
+            Hooks {
+                stop,
+                upgrade: None,
+            },
+        )
+    }
+
+    /// Serves `ctrl` on `listener`, bound at `file` (made here or by the
+    /// process this one took over from), with `hooks`.
+    pub fn serve(
+        listener: UnixListener,
+        file: SocketFile,
+        ctrl: Arc<Controller>,
+        hooks: Hooks,
+    ) -> Result<Self> {
         listener
             .set_nonblocking(true)
             .context("making the control socket non-blocking")?;
@@ -93,7 +113,7 @@ impl ControlServer {
         let d = Arc::clone(&done);
         let thread = std::thread::Builder::new()
             .name("vnvme-control".into())
-            .spawn(move || accept_loop(&listener, &ctrl, &stop, &d))
+            .spawn(move || accept_loop(&listener, &ctrl, &hooks, &d))
             .context("starting the control socket's thread")?;
         Ok(Self {
             file,
@@ -113,9 +133,17 @@ impl Drop for ControlServer {
     }
 }
 
+/// What the methods reach besides the controller: the server's stop flag
+/// (`shutdown`) and its upgrade requests (`upgrade`; `None`: not offered).
+#[derive(Debug, Clone)]
+pub struct Hooks {
+    pub stop: Arc<AtomicBool>,
+    pub upgrade: Option<Arc<Requests>>,
+}
+
 /// Binds the socket with `mode` from its first moment (see
 /// `socket::bind`), replacing a stale file but not a live server's.
-fn bind(path: &Path, mode: u32) -> Result<(UnixListener, SocketFile)> {
+pub fn bind(path: &Path, mode: u32) -> Result<(UnixListener, SocketFile)> {
     let access = Access { mode, group: None };
     crate::socket::bind(path, &access, "--control", "control socket")
 }
@@ -123,7 +151,7 @@ fn bind(path: &Path, mode: u32) -> Result<(UnixListener, SocketFile)> {
 fn accept_loop(
     listener: &UnixListener,
     ctrl: &Arc<Controller>,
-    stop: &Arc<AtomicBool>,
+    hooks: &Hooks,
     done: &Arc<AtomicBool>,
 ) {
     let open = Arc::new(AtomicUsize::new(0));
@@ -142,16 +170,16 @@ fn accept_loop(
                     continue;
                 }
                 open.fetch_add(1, Ordering::AcqRel);
-                let (ctrl, stop, done, o) = (
+                let (ctrl, hooks, done, o) = (
                     Arc::clone(ctrl),
-                    Arc::clone(stop),
+                    hooks.clone(),
                     Arc::clone(done),
                     Arc::clone(&open),
                 );
                 let spawned = std::thread::Builder::new()
                     .name("vnvme-control-conn".into())
                     .spawn(move || {
-                        serve_connection(stream, &ctrl, &stop, &done);
+                        serve_connection(stream, &ctrl, &hooks, &done);
                         o.fetch_sub(1, Ordering::AcqRel);
                     });
                 match spawned {
@@ -177,12 +205,7 @@ fn accept_loop(
 /// Serves one connection: a request per line, a reply per request (none
 /// for a notification), until the client closes it, breaks a limit, or
 /// the server stops.
-fn serve_connection(
-    mut stream: UnixStream,
-    ctrl: &Controller,
-    stop: &AtomicBool,
-    done: &AtomicBool,
-) {
+fn serve_connection(mut stream: UnixStream, ctrl: &Controller, hooks: &Hooks, done: &AtomicBool) {
     if stream.set_read_timeout(Some(TICK)).is_err()
         || stream.set_write_timeout(Some(REQUEST_TIMEOUT)).is_err()
     {
@@ -197,8 +220,15 @@ fn serve_connection(
         while let Some(end) = buf.iter().position(|&b| b == b'\n') {
             let line: Vec<u8> = buf.drain(..=end).collect();
             started = (!buf.is_empty()).then(Instant::now);
-            if let Some(reply) = handle_line(line.get(..end).unwrap_or_default(), ctrl, stop) {
-                if stream.write_all(&reply).is_err() {
+            if let Some((reply, written)) =
+                handle_line(line.get(..end).unwrap_or_default(), ctrl, hooks)
+            {
+                let failed = stream.write_all(&reply).is_err();
+                // An upgrade's old process exits once its reply is out.
+                if let Some(w) = written {
+                    w.done();
+                }
+                if failed {
                     return;
                 }
             }
@@ -237,13 +267,17 @@ fn serve_connection(
     }
 }
 
+/// A reply line, and for a successful upgrade what to tell once it is
+/// written.
+type Reply = (Vec<u8>, Option<Written>);
+
 /// Answers one request line; `None` for a notification (no id).
-fn handle_line(line: &[u8], ctrl: &Controller, stop: &AtomicBool) -> Option<Vec<u8>> {
+fn handle_line(line: &[u8], ctrl: &Controller, hooks: &Hooks) -> Option<Reply> {
     let request: Value = match serde_json::from_slice(line) {
         Ok(v) => v,
         Err(e) => {
             let e = RpcError::new(code::PARSE_ERROR, format!("request is not JSON: {e}"));
-            return Some(reply_line(Value::Null, Err(e)));
+            return Some((reply_line(Value::Null, Err(e)), None));
         }
     };
     let Value::Object(obj) = request else {
@@ -252,9 +286,9 @@ fn handle_line(line: &[u8], ctrl: &Controller, stop: &AtomicBool) -> Option<Vec<
         } else {
             "a request is a JSON object with jsonrpc, method, params and id"
         };
-        return Some(reply_line(
-            Value::Null,
-            Err(RpcError::new(code::INVALID_REQUEST, what)),
+        return Some((
+            reply_line(Value::Null, Err(RpcError::new(code::INVALID_REQUEST, what))),
+            None,
         ));
     };
     let id = obj.get("id").cloned();
@@ -267,10 +301,18 @@ fn handle_line(line: &[u8], ctrl: &Controller, stop: &AtomicBool) -> Option<Vec<
     } else {
         Value::Null
     };
-    let result = check_request(&obj, valid_id)
-        .and_then(|(method, params)| methods::call(ctrl, stop, method, params));
+    let mut written = None;
+    let result = check_request(&obj, valid_id).and_then(|(method, params)| {
+        if method == "upgrade" {
+            let (result, w) = methods::upgrade(hooks, params);
+            written = w;
+            return result;
+        }
+        methods::call(ctrl, &hooks.stop, method, params)
+    });
     // A notification (no id) gets no reply, not even an error (§4.1).
-    id.is_some().then(|| reply_line(reply_id, result))
+    id.is_some()
+        .then(|| (reply_line(reply_id, result), written))
 }
 
 /// The method and params of a well-formed JSON-RPC 2.0 request.

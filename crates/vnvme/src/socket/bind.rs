@@ -45,6 +45,17 @@ impl SocketFile {
         &self.path
     }
 
+    /// The socket file a previous process made at `path` (a live
+    /// upgrade's: this process removes it at exit as that one would have).
+    pub fn existing(path: &Path) -> std::io::Result<Self> {
+        let m = std::fs::symlink_metadata(path)?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            dev: m.dev(),
+            ino: m.ino(),
+        })
+    }
+
     /// Removes the file if it is still the one this process made.
     pub fn remove(&self) {
         let ours = std::fs::symlink_metadata(&self.path)

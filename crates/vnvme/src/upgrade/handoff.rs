@@ -1,0 +1,406 @@
+//! The old process's side: pause, save, start the new binary with the fds,
+//! wait for it, then exit, or resume if it failed.
+
+use std::ffi::OsString;
+use std::io::Read;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixListener;
+use std::process::{Child, Command};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+use vnvme_blockdev::BlockDevice;
+use vnvme_device::NvmeDevice;
+use vnvme_vfio_user::handover::{ClientParts, Handover};
+
+use super::manifest::{self, ms, now_ns, HandedClient, HandedControl, Manifest};
+use super::{Requests, DRAIN_BOUND, HANDOVER_TIMEOUT};
+
+/// The control socket, to pass on.
+#[derive(Debug)]
+pub struct ControlHandoff {
+    pub listener: UnixListener,
+}
+
+/// What a pause saved, for the transfer that follows.
+#[derive(Debug)]
+struct Saved {
+    state: Vec<u8>,
+    asked_ns: u64,
+    drain_ms: f64,
+    save_started_ns: u64,
+    exe: Option<std::path::PathBuf>,
+}
+
+/// The old process's [`Handover`] for `vnvme serve` with one controller.
+#[derive(Debug)]
+pub struct Upgrader {
+    requests: Arc<Requests>,
+    listener: UnixListener,
+    socket_owned: bool,
+    control: Option<ControlHandoff>,
+    /// argv\[0\] and the arguments after it, without `--handover-fd`.
+    program: OsString,
+    args: Vec<OsString>,
+    /// The namespaces' storage, whose locks the new process needs.
+    backends: Vec<Arc<dyn BlockDevice>>,
+    /// Why this server cannot be upgraded at all, known at start.
+    unsupported: Option<String>,
+    saved: Mutex<Option<Saved>>,
+}
+
+impl Upgrader {
+    /// `listener` (a copy of the served socket; `socket_owned`: this process
+    /// made its file), `control`, the namespaces' `backends`, and
+    /// `unsupported`: why no upgrade can work here, if so.
+    pub fn new(
+        requests: Arc<Requests>,
+        listener: UnixListener,
+        socket_owned: bool,
+        control: Option<ControlHandoff>,
+        backends: Vec<Arc<dyn BlockDevice>>,
+        unsupported: Option<String>,
+    ) -> Self {
+        let mut argv = std::env::args_os();
+        let program = argv.next().unwrap_or_else(|| "vnvme".into());
+        let args = without_handover_fd(argv.collect());
+        Self {
+            requests,
+            listener,
+            socket_owned,
+            control,
+            program,
+            args,
+            backends,
+            unsupported,
+            saved: Mutex::new(None),
+        }
+    }
+
+    fn release_locks(&self) -> Result<(), String> {
+        for (i, b) in self.backends.iter().enumerate() {
+            b.hand_over_lock(false)
+                .map_err(|e| format!("letting go of namespace {}'s lock: {e}", i + 1))?;
+        }
+        Ok(())
+    }
+
+    fn retake_locks(&self) {
+        for (i, b) in self.backends.iter().enumerate() {
+            if let Err(e) = b.hand_over_lock(true) {
+                tracing::error!(
+                    "taking namespace {}'s lock back after a failed upgrade: {e} (another \
+                     process may now open its file)",
+                    i + 1
+                );
+            }
+        }
+    }
+
+    /// Starts the new process on `client` and waits for it; `Ok` with the
+    /// report once it is ready, `Err` with why not (it is gone then).
+    fn pass(&self, device: &NvmeDevice, client: Option<ClientParts<'_>>) -> Result<Value, String> {
+        if let Some(why) = &self.unsupported {
+            return Err(why.clone());
+        }
+        let saved = self.saved.lock().take();
+        let (state, asked_ns, drain_ms, save_started_ns, exe) = match saved {
+            Some(s) => (s.state, s.asked_ns, s.drain_ms, s.save_started_ns, s.exe),
+            None => {
+                let (exe, asked_ns) = self.requests.current().unwrap_or((None, now_ns()));
+                (Vec::new(), asked_ns, 0.0, now_ns(), exe)
+            }
+        };
+        // Copies without close-on-exec: the new process inherits them at
+        // the same numbers. Ours are closed once it has started.
+        let mut passed: Vec<OwnedFd> = Vec::new();
+        let mut pass = |fd: BorrowedFd<'_>| -> Result<i32, String> {
+            let copy = rustix::io::dup(fd).map_err(|e| format!("copying an fd to pass: {e}"))?;
+            let n = copy.as_raw_fd();
+            passed.push(copy);
+            Ok(n)
+        };
+        let (status_rx, status_tx) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+            .map_err(|e| format!("making the status pipe: {e}"))?;
+        let status_fd = pass(status_tx.as_fd())?;
+        drop(status_tx);
+        let listener_fd = pass(self.listener.as_fd())?;
+        let control = match &self.control {
+            Some(c) => Some(HandedControl {
+                fd: pass(c.listener.as_fd())?,
+            }),
+            None => None,
+        };
+        let client = match client {
+            None => None,
+            Some(c) => {
+                let irqs = device
+                    .irq_fds()
+                    .map_err(|e| format!("copying the interrupt eventfds: {e}"))?;
+                let mut vector_fds = Vec::new();
+                for v in &irqs.vectors {
+                    vector_fds.push(v.as_ref().map(|fd| pass(fd.as_fd())).transpose()?);
+                }
+                let intx_fd = irqs.intx.as_ref().map(|fd| pass(fd.as_fd())).transpose()?;
+                let doorbell_fd = device.doorbell_fd().map(&mut pass).transpose()?;
+                let file_fds = c
+                    .files
+                    .iter()
+                    .map(|fd| pass(*fd))
+                    .collect::<Result<Vec<_>, _>>()?;
+                Some(HandedClient {
+                    conn_fd: pass(c.conn)?,
+                    max_xfer: c.max_xfer,
+                    maps: c.maps,
+                    file_fds,
+                    vector_fds,
+                    intx_fd,
+                    doorbell_fd,
+                    function: device.function_state(),
+                    state_len: state.len() as u64,
+                })
+            }
+        };
+        let manifest = Manifest {
+            status_fd,
+            listener_fd,
+            socket_owned: self.socket_owned,
+            control,
+            client,
+            spawned_ns: now_ns(),
+        };
+        let handover = manifest::write(&manifest, &state)
+            .map_err(|e| format!("writing the handover memfd: {e}"))?;
+        let handover_fd = pass(handover.as_fd())?;
+        drop(handover);
+        let program = exe.map_or_else(|| self.program.clone(), OsString::from);
+        self.release_locks()?;
+        let spawned_ns = now_ns();
+        let child = Command::new(&program)
+            .args(&self.args)
+            .arg("--handover-fd")
+            .arg(handover_fd.to_string())
+            .spawn();
+        drop(passed);
+        let mut child = match child {
+            Ok(c) => c,
+            Err(e) => {
+                self.retake_locks();
+                return Err(format!(
+                    "starting {}: {e}",
+                    std::path::Path::new(&program).display()
+                ));
+            }
+        };
+        match wait_ready(&status_rx, &mut child) {
+            Ok(ready) => {
+                let started = ready
+                    .get("started_ns")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(spawned_ns);
+                let ready_ns = ready
+                    .get("ready_ns")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(started);
+                Ok(json!({
+                    "pid": child.id(),
+                    "exe": std::path::Path::new(&program).display().to_string(),
+                    "state_bytes": state.len(),
+                    "dma_maps": manifest.client.as_ref().map_or(0, |c| c.maps.len()),
+                    "client": manifest.client.is_some(),
+                    "phases_ms": {
+                        "drain": drain_ms,
+                        "save": ms(save_started_ns, spawned_ns),
+                        "pass": ms(spawned_ns, started),
+                        "restore": ms(started, ready_ns),
+                    },
+                    "total_ms": ms(asked_ns, ready_ns),
+                }))
+            }
+            Err(why) => {
+                let _ = child.kill();
+                let status = child.wait();
+                self.retake_locks();
+                let status = status.map_or_else(|e| format!("unknown ({e})"), |s| s.to_string());
+                Err(format!(
+                    "the new process ({}) {why}; it is gone ({status}), this one serves on",
+                    std::path::Path::new(&program).display()
+                ))
+            }
+        }
+    }
+}
+
+impl Handover<NvmeDevice> for Upgrader {
+    fn asked(&self) -> bool {
+        self.requests.asked()
+    }
+
+    fn refuse(&self, why: String) {
+        self.requests.answer(Err(why));
+    }
+
+    fn pause(&self, device: &mut NvmeDevice) -> Result<(), String> {
+        let Some((exe, asked_ns)) = self.requests.current() else {
+            return Err("no upgrade is asked for".into());
+        };
+        if let Some(why) = &self.unsupported {
+            return Err(why.clone());
+        }
+        let ctrl = device.controller();
+        let started = Instant::now();
+        ctrl.pause_draining(DRAIN_BOUND);
+        let drain_ms = started.elapsed().as_secs_f64() * 1e3;
+        let save_started_ns = now_ns();
+        match ctrl.save_state() {
+            Ok(state) => {
+                *self.saved.lock() = Some(Saved {
+                    state: state.encode(),
+                    asked_ns,
+                    drain_ms: (drain_ms * 1000.0).round() / 1000.0,
+                    save_started_ns,
+                    exe,
+                });
+                Ok(())
+            }
+            Err(e) => {
+                if let Err(e) = ctrl.resume() {
+                    tracing::error!("resuming after a refused upgrade: {e}");
+                }
+                Err(format!(
+                    "the controller cannot be saved now: {e} (after waiting up to \
+                     {DRAIN_BOUND:?} for commands in flight; handing them over is not supported \
+                     yet): try again"
+                ))
+            }
+        }
+    }
+
+    fn resume(&self, device: &mut NvmeDevice) {
+        self.saved.lock().take();
+        if let Err(e) = device.controller().resume() {
+            tracing::error!("resuming after a failed upgrade: {e}");
+        }
+    }
+
+    fn transfer(&self, device: &mut NvmeDevice, client: Option<ClientParts<'_>>) -> String {
+        match self.pass(device, client) {
+            Ok(report) => {
+                tracing::info!("the new process took over: {report}");
+                self.requests.answer(Ok(report));
+                // Nothing of ours may run now: no socket file removed, no
+                // connection shut down, no worker resumed. The new process
+                // serves them.
+                std::process::exit(0)
+            }
+            Err(why) => why,
+        }
+    }
+}
+
+/// Waits for the new process's status line: its `ready` object, or why
+/// not (it said so, it exited, or it said nothing in time).
+fn wait_ready(status: &OwnedFd, child: &mut Child) -> Result<Value, String> {
+    let deadline = Instant::now() + HANDOVER_TIMEOUT;
+    let mut buf = Vec::new();
+    let mut file = std::fs::File::from(
+        rustix::io::fcntl_dupfd_cloexec(status, 0).map_err(|e| format!("status pipe: {e}"))?,
+    );
+    loop {
+        if let Some(end) = buf.iter().position(|&b| b == b'\n') {
+            let line: Value = serde_json::from_slice(&buf[..end])
+                .map_err(|e| format!("sent a status that is not JSON ({e})"))?;
+            if line.get("ok").and_then(Value::as_bool) == Some(true) {
+                return Ok(line);
+            }
+            let why = line
+                .get("error")
+                .and_then(Value::as_str)
+                .unwrap_or("gave no reason");
+            return Err(format!("refused: {why}"));
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(format!("was not ready within {HANDOVER_TIMEOUT:?}"));
+        }
+        let mut pfd = [rustix::event::PollFd::new(
+            status,
+            rustix::event::PollFlags::IN,
+        )];
+        let wait = rustix::event::Timespec {
+            tv_sec: left.min(Duration::from_millis(100)).as_secs() as i64,
+            tv_nsec: i64::from(left.min(Duration::from_millis(100)).subsec_nanos()),
+        };
+        match rustix::event::poll(&mut pfd, Some(&wait)) {
+            Ok(0) | Err(rustix::io::Errno::INTR) => continue,
+            Ok(_) => {}
+            Err(e) => return Err(format!("status pipe: {e}")),
+        }
+        let mut chunk = [0u8; 4096];
+        match file.read(&mut chunk) {
+            Ok(0) => {
+                // It closed the pipe: most likely by exiting; give it a
+                // moment so the report can say how.
+                let mut status = None;
+                for _ in 0..50 {
+                    status = child.try_wait().ok().flatten();
+                    if status.is_some() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                return Err(match status {
+                    Some(s) => format!("exited ({s}) before it was ready"),
+                    None => "closed its status pipe before it was ready".into(),
+                });
+            }
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(format!("status pipe: {e}")),
+        }
+        if buf.len() > 64 * 1024 {
+            return Err("sent a status line longer than 64 KiB".into());
+        }
+    }
+}
+
+/// `args` without `--handover-fd N` (or `=N`): a successor's own, which its
+/// successor replaces.
+fn without_handover_fd(args: Vec<OsString>) -> Vec<OsString> {
+    let mut out = Vec::with_capacity(args.len());
+    let mut skip = false;
+    for a in args {
+        if skip {
+            skip = false;
+            continue;
+        }
+        if a == "--handover-fd" {
+            skip = true;
+            continue;
+        }
+        if a.to_str().is_some_and(|s| s.starts_with("--handover-fd=")) {
+            continue;
+        }
+        out.push(a);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_successors_handover_fd_is_not_passed_on() {
+        let args: Vec<OsString> = ["serve", "--handover-fd", "7", "-s", "x", "--handover-fd=9"]
+            .iter()
+            .map(OsString::from)
+            .collect();
+        assert_eq!(
+            without_handover_fd(args),
+            ["serve", "-s", "x"].map(OsString::from).to_vec()
+        );
+    }
+}

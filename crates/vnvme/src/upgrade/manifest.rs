@@ -1,0 +1,185 @@
+//! What the old process hands the new one, in a sealed memfd whose fd
+//! number the new one gets as `--handover-fd N`: the magic `VNVMEHO1`, the
+//! manifest's length (u32, little endian), the manifest (JSON: which
+//! inherited fd is what, the DMA maps, the PCI function, timings), then the
+//! controller's saved state (docs/state-format.md; its own header and
+//! checksum). The memfd is sealed against writes and resizing, so what the
+//! new process reads is what the old one wrote.
+
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::fd::{AsFd, OwnedFd};
+
+use serde::{Deserialize, Serialize};
+use vnvme_device::FunctionState;
+use vnvme_vfio_user::handover::HandedMap;
+
+/// The first bytes of a handover.
+pub const MAGIC: &[u8; 8] = b"VNVMEHO1";
+/// Largest manifest read (a client with the most maps fits well within).
+const MAX_MANIFEST: usize = 16 << 20;
+/// Largest saved state read.
+const MAX_STATE: u64 = 64 << 20;
+
+/// Which inherited fd is what, and the rest a new process needs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// The write end of the pipe the new process reports on.
+    pub status_fd: i32,
+    /// The listening vfio-user socket.
+    pub listener_fd: i32,
+    /// Whether the old process made the socket file (and so removes it at
+    /// exit): the new one then does.
+    pub socket_owned: bool,
+    pub control: Option<HandedControl>,
+    pub client: Option<HandedClient>,
+    /// When the old process started the new one (CLOCK_MONOTONIC, ns).
+    pub spawned_ns: u64,
+}
+
+/// The control socket.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HandedControl {
+    pub fd: i32,
+}
+
+/// The client being served.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HandedClient {
+    pub conn_fd: i32,
+    pub max_xfer: usize,
+    pub maps: Vec<HandedMap>,
+    /// The files the maps lie in ([`HandedMap::file`] indexes this).
+    pub file_fds: Vec<i32>,
+    /// Per MSI-X (or MSI) vector, its eventfd.
+    pub vector_fds: Vec<Option<i32>>,
+    pub intx_fd: Option<i32>,
+    /// BAR0's shared doorbell region (adaptive and mmap-poll).
+    pub doorbell_fd: Option<i32>,
+    pub function: FunctionState,
+    /// Bytes of saved state after the manifest.
+    pub state_len: u64,
+}
+
+impl Manifest {
+    /// Every fd number it names, each once if the manifest is sound.
+    pub fn fds(&self) -> Vec<i32> {
+        let mut v = vec![self.status_fd, self.listener_fd];
+        v.extend(self.control.as_ref().map(|c| c.fd));
+        if let Some(c) = &self.client {
+            v.push(c.conn_fd);
+            v.extend(&c.file_fds);
+            v.extend(c.vector_fds.iter().flatten());
+            v.extend(c.intx_fd);
+            v.extend(c.doorbell_fd);
+        }
+        v
+    }
+}
+
+/// A handover that cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("reading the handover")]
+    Io(#[source] std::io::Error),
+    #[error("the handover is not a sealed memfd (seals {0:?}): it could change under us")]
+    NotSealed(String),
+    #[error("the handover does not start with {MAGIC:?}: not a vnvme handover")]
+    Magic,
+    #[error("the handover's manifest is {0} bytes, more than {MAX_MANIFEST}")]
+    ManifestSize(u64),
+    #[error("the handover's manifest is not valid")]
+    Json(#[source] serde_json::Error),
+    #[error("the handover's state is {0} bytes, more than {MAX_STATE}")]
+    StateSize(u64),
+    #[error("the handover is {actual} bytes, its manifest says {declared}")]
+    Length { declared: u64, actual: u64 },
+}
+
+/// Writes `manifest` and `state` to a new memfd and seals it.
+pub fn write(manifest: &Manifest, state: &[u8]) -> std::io::Result<OwnedFd> {
+    use rustix::fs::{MemfdFlags, SealFlags};
+    let fd = rustix::fs::memfd_create(
+        "vnvme-handover",
+        MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+    )?;
+    let json = serde_json::to_vec(manifest).map_err(std::io::Error::other)?;
+    let len = u32::try_from(json.len()).map_err(std::io::Error::other)?;
+    let mut file = std::fs::File::from(fd);
+    file.write_all(MAGIC)?;
+    file.write_all(&len.to_le_bytes())?;
+    file.write_all(&json)?;
+    file.write_all(state)?;
+    rustix::fs::fcntl_add_seals(
+        &file,
+        SealFlags::WRITE | SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL,
+    )?;
+    Ok(OwnedFd::from(file))
+}
+
+/// Reads a handover: its manifest and the saved state bytes.
+pub fn read(fd: OwnedFd) -> Result<(Manifest, Vec<u8>), ManifestError> {
+    use rustix::fs::SealFlags;
+    let seals = rustix::fs::fcntl_get_seals(fd.as_fd())
+        .map_err(|e| ManifestError::NotSealed(format!("none: {e}")))?;
+    let needed = SealFlags::WRITE | SealFlags::SHRINK | SealFlags::GROW;
+    if !seals.contains(needed) {
+        return Err(ManifestError::NotSealed(format!("{seals:?}")));
+    }
+    let mut file = std::fs::File::from(fd);
+    let total = file.seek(SeekFrom::End(0)).map_err(ManifestError::Io)?;
+    file.seek(SeekFrom::Start(0)).map_err(ManifestError::Io)?;
+    let mut head = [0u8; 12];
+    file.read_exact(&mut head).map_err(|e| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => ManifestError::Magic,
+        _ => ManifestError::Io(e),
+    })?;
+    if &head[..8] != MAGIC {
+        return Err(ManifestError::Magic);
+    }
+    let json_len = u64::from(u32::from_le_bytes([head[8], head[9], head[10], head[11]]));
+    if json_len > MAX_MANIFEST as u64 {
+        return Err(ManifestError::ManifestSize(json_len));
+    }
+    let rest = total.saturating_sub(12);
+    if json_len > rest {
+        return Err(ManifestError::Length {
+            declared: 12 + json_len,
+            actual: total,
+        });
+    }
+    let mut json = vec![0u8; json_len as usize];
+    file.read_exact(&mut json).map_err(ManifestError::Io)?;
+    let manifest: Manifest = serde_json::from_slice(&json).map_err(ManifestError::Json)?;
+    let state_len = manifest.client.as_ref().map_or(0, |c| c.state_len);
+    if state_len > MAX_STATE {
+        return Err(ManifestError::StateSize(state_len));
+    }
+    let declared = 12 + json_len + state_len;
+    if declared != total {
+        return Err(ManifestError::Length {
+            declared,
+            actual: total,
+        });
+    }
+    let mut state = vec![0u8; state_len as usize];
+    file.read_exact(&mut state).map_err(ManifestError::Io)?;
+    Ok((manifest, state))
+}
+
+/// CLOCK_MONOTONIC in nanoseconds: the one clock both processes share,
+/// for the handover's phases.
+pub fn now_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    u64::try_from(t.tv_sec)
+        .unwrap_or(0)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(u64::try_from(t.tv_nsec).unwrap_or(0))
+}
+
+/// Milliseconds between two [`now_ns`] readings, for reports.
+pub fn ms(from: u64, to: u64) -> f64 {
+    (to.saturating_sub(from) as f64 / 1e6 * 1000.0).round() / 1000.0
+}

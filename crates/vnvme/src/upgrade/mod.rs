@@ -1,0 +1,189 @@
+//! Live upgrade of `vnvme serve` (issue 35 item 2; docs/deployment.md,
+//! "Upgrading a running server"): the running server hands its client to a
+//! new process running a new binary, and the guest sees a pause.
+//!
+//! Asked on the control socket (`vnvme ctl upgrade [--exe PATH]`) or with
+//! [`SIGNAL`]. Between two vfio-user messages the server:
+//!
+//! 1. *drain*: stops the queue workers, letting the commands in flight on
+//!    the backends complete, at most [`DRAIN_BOUND`]; a command that takes
+//!    longer makes the upgrade refuse, and the server goes on (handing
+//!    in-flight commands over is not done yet);
+//! 2. *save*: the controller's state (docs/state-format.md), the PCI
+//!    function's (config space, MSI-X table) and the list of fds, written
+//!    to a sealed memfd ([`manifest`]);
+//! 3. *pass*: starts the new binary with the same arguments plus
+//!    `--handover-fd N`, which inherits the fds: the client connection, the
+//!    listening socket, the control socket, the files behind the DMA maps,
+//!    the interrupt eventfds, BAR0's doorbell memfd; the `file` backends'
+//!    locks are let go for it to open them;
+//! 4. *restore*: the new process maps the guest memory again, restores the
+//!    controller onto it, says it is ready on a pipe, and serves the
+//!    connection from the next message on.
+//!
+//! The old process then exits without touching what the new one serves.
+//! If the new process fails to start, refuses the state or says nothing
+//! within [`HANDOVER_TIMEOUT`], the old one takes its locks back, resumes
+//! its workers and reports why. The client keeps its connection: no
+//! message is lost or left unanswered (the handover happens between
+//! messages, after the requests already read are answered), and no reset.
+//!
+//! Single-controller `vnvme serve` only; `[[controllers]]` refuses.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use parking_lot::Mutex;
+use serde_json::Value;
+
+mod handoff;
+pub mod manifest;
+mod successor;
+
+pub use handoff::{ControlHandoff, Upgrader};
+pub use successor::{take, Reporter, Taken, TakenClient};
+
+/// The signal that asks `vnvme serve` for an upgrade to the binary it was
+/// started as (its argv\[0\]): free in serve (SIGTERM and SIGINT stop it),
+/// and what an init system's reload can send (systemd:
+/// `ExecReload=kill -USR2 $MAINPID`).
+pub const SIGNAL: i32 = signal_hook::consts::SIGUSR2;
+
+/// Most time the queue workers get to complete the commands in flight.
+pub const DRAIN_BOUND: Duration = Duration::from_secs(1);
+
+/// Most time the new process gets to say it is ready.
+pub const HANDOVER_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// How long `ask` waits for the outcome: the handover's bound, plus the
+/// wait for the server to reach a point between two messages.
+const ASK_TIMEOUT: Duration = Duration::from_secs(25);
+
+/// What happened to a request, for its asker.
+pub type Outcome = Result<Value, String>;
+
+/// One upgrade request being served.
+#[derive(Debug)]
+struct Pending {
+    /// The binary to start; `None`: this process's argv\[0\].
+    exe: Option<PathBuf>,
+    /// When it was asked (CLOCK_MONOTONIC, ns), for the total time.
+    asked_ns: u64,
+    /// Where its outcome goes (`None`: asked by the signal: logged).
+    reply: Option<mpsc::SyncSender<Outcome>>,
+    /// Told once the reply is written out, so the old process exits only
+    /// then.
+    written: Option<mpsc::Receiver<()>>,
+}
+
+/// Upgrade requests, from the control socket and the signal to the
+/// thread serving the client. One at a time: another asked meanwhile is
+/// refused at once.
+#[derive(Debug)]
+pub struct Requests {
+    pending: Mutex<Option<Pending>>,
+    signal: Arc<AtomicBool>,
+}
+
+/// Sent by the control socket once the reply to an upgrade is written.
+#[derive(Debug)]
+pub struct Written(mpsc::SyncSender<()>);
+
+impl Written {
+    pub fn done(self) {
+        let _ = self.0.send(());
+    }
+}
+
+impl Requests {
+    /// Requests with [`SIGNAL`] installed.
+    pub fn new() -> Result<Arc<Self>> {
+        let signal = Arc::new(AtomicBool::new(false));
+        signal_hook::flag::register(SIGNAL, Arc::clone(&signal))
+            .context("installing the upgrade signal (SIGUSR2)")?;
+        Ok(Arc::new(Self {
+            pending: Mutex::new(None),
+            signal,
+        }))
+    }
+
+    /// Whether an upgrade is asked for (and not yet answered).
+    pub fn asked(&self) -> bool {
+        self.signal.load(Ordering::Acquire) || self.pending.lock().is_some()
+    }
+
+    /// Asks for an upgrade to `exe` and waits for the outcome; with it, what
+    /// to tell once the reply is written (on success the old process
+    /// waits for that, briefly, before it exits).
+    pub fn ask(&self, exe: Option<PathBuf>) -> (Outcome, Option<Written>) {
+        let (reply, outcome) = mpsc::sync_channel(1);
+        let (written_tx, written) = mpsc::sync_channel(1);
+        {
+            let mut pending = self.pending.lock();
+            if pending.is_some() || self.signal.load(Ordering::Acquire) {
+                return (
+                    Err(
+                        "an upgrade is already under way: wait for its outcome and ask again"
+                            .into(),
+                    ),
+                    None,
+                );
+            }
+            *pending = Some(Pending {
+                exe,
+                asked_ns: manifest::now_ns(),
+                reply: Some(reply),
+                written: Some(written),
+            });
+        }
+        match outcome.recv_timeout(ASK_TIMEOUT) {
+            Ok(o) => (o, Some(Written(written_tx))),
+            Err(_) => (
+                Err(format!(
+                    "no outcome within {ASK_TIMEOUT:?}: the server did not reach a point \
+                     between two messages (is its client thread stuck?)"
+                )),
+                None,
+            ),
+        }
+    }
+
+    /// The request to serve now (a signal becomes one without a reply).
+    fn current(&self) -> Option<(Option<PathBuf>, u64)> {
+        let mut pending = self.pending.lock();
+        if pending.is_none() && self.signal.swap(false, Ordering::AcqRel) {
+            tracing::info!("upgrade asked by signal (SIGUSR2)");
+            *pending = Some(Pending {
+                exe: None,
+                asked_ns: manifest::now_ns(),
+                reply: None,
+                written: None,
+            });
+        }
+        pending.as_ref().map(|p| (p.exe.clone(), p.asked_ns))
+    }
+
+    /// Answers the current request with `outcome`; on success waits (at
+    /// most a second) until the asker's reply is written out.
+    fn answer(&self, outcome: Outcome) {
+        self.signal.store(false, Ordering::Release);
+        let Some(p) = self.pending.lock().take() else {
+            return;
+        };
+        match (&outcome, p.reply) {
+            (_, Some(reply)) => {
+                let ok = outcome.is_ok();
+                if reply.send(outcome).is_ok() && ok {
+                    if let Some(w) = p.written {
+                        let _ = w.recv_timeout(Duration::from_secs(1));
+                    }
+                }
+            }
+            (Ok(report), None) => tracing::info!("upgraded: {report}"),
+            (Err(why), None) => tracing::warn!("upgrade refused: {why}"),
+        }
+    }
+}

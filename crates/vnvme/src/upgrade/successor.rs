@@ -1,0 +1,191 @@
+//! The new process's side: `vnvme serve ... --handover-fd N` takes what
+//! the old process handed over, and reports on its status pipe whether it
+//! is ready (or why not).
+
+use std::io::Write;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+
+use anyhow::{bail, Context, Result};
+use serde_json::json;
+use vnvme_controller::SavedState;
+use vnvme_device::{FunctionState, IrqFds};
+use vnvme_vfio_user::handover::{claim_inherited, HandedMap};
+
+use super::manifest::{self, now_ns, Manifest};
+
+/// What the old process handed over, owned.
+#[derive(Debug)]
+pub struct Taken {
+    pub listener: Option<UnixListener>,
+    pub socket_owned: bool,
+    pub control: Option<UnixListener>,
+    pub client: Option<TakenClient>,
+}
+
+/// The client, with everything needed to serve it again.
+#[derive(Debug)]
+pub struct TakenClient {
+    pub conn: UnixStream,
+    pub max_xfer: usize,
+    pub maps: Vec<HandedMap>,
+    pub files: Vec<OwnedFd>,
+    pub irqs: IrqFds,
+    pub doorbells: Option<OwnedFd>,
+    pub function: FunctionState,
+    pub state: SavedState,
+}
+
+/// The status pipe to the old process: one line, `ready` or why not. If
+/// dropped unsent (an error on the way), it says the start failed.
+#[derive(Debug)]
+pub struct Reporter {
+    pipe: Option<std::fs::File>,
+    started_ns: u64,
+}
+
+impl Reporter {
+    /// Tells the old process this one serves from now on.
+    pub fn ready(&mut self) {
+        let line = json!({"ok": true, "started_ns": self.started_ns, "ready_ns": now_ns()});
+        self.send(&line);
+    }
+
+    /// Tells the old process why this one cannot take over.
+    pub fn fail(&mut self, why: &anyhow::Error) {
+        self.send(&json!({"ok": false, "error": format!("{why:#}")}));
+    }
+
+    fn send(&mut self, line: &serde_json::Value) {
+        if let Some(mut pipe) = self.pipe.take() {
+            let mut bytes = line.to_string().into_bytes();
+            bytes.push(b'\n');
+            // The old process may be gone (it gave up waiting): nothing to
+            // tell then.
+            let _ = pipe.write_all(&bytes);
+        }
+    }
+}
+
+impl Drop for Reporter {
+    fn drop(&mut self) {
+        self.send(&json!({"ok": false, "error": "the new process stopped before it was ready"}));
+    }
+}
+
+/// Takes the handover in fd `handover_fd`: reads and checks the manifest,
+/// claims the fds it names (each must be open and of the kind it should
+/// be), decodes the saved state. First thing in the process, before it
+/// opens anything of its own.
+pub fn take(handover_fd: i32) -> Result<(Taken, Reporter)> {
+    let started_ns = now_ns();
+    let fd = claim_inherited(&[handover_fd])
+        .map_err(anyhow::Error::msg)
+        .context("--handover-fd (an internal flag: a running vnvme serve passes it to the new process of an upgrade)")?
+        .pop()
+        .context("--handover-fd: no fd claimed")?;
+    let (manifest, state) = manifest::read(fd).context("--handover-fd")?;
+    let fds = manifest.fds();
+    let mut owned = claim_inherited(&fds)
+        .map_err(anyhow::Error::msg)
+        .context("the fds the handover names")?
+        .into_iter();
+    let mut next = || {
+        owned
+            .next()
+            .context("the handover names fewer fds than it has")
+    };
+    let mut reporter = Reporter {
+        pipe: Some(std::fs::File::from(next()?)),
+        started_ns,
+    };
+    let taken = take_rest(manifest, &state, &mut next);
+    if let Err(e) = &taken {
+        reporter.fail(e);
+    }
+    Ok((taken?, reporter))
+}
+
+/// The rest of [`take`], after the status pipe: its errors go there too.
+fn take_rest(
+    manifest: Manifest,
+    state: &[u8],
+    next: &mut impl FnMut() -> Result<OwnedFd>,
+) -> Result<Taken> {
+    let listener = UnixListener::from(expect_socket(next()?, "listening socket")?);
+    let control = match manifest.control {
+        Some(_) => Some(UnixListener::from(expect_socket(
+            next()?,
+            "control socket",
+        )?)),
+        None => None,
+    };
+    let Manifest {
+        socket_owned,
+        client,
+        ..
+    } = manifest;
+    let client = match client {
+        None => None,
+        Some(c) => {
+            let conn = UnixStream::from(expect_socket(next()?, "client connection")?);
+            let mut files = Vec::new();
+            for _ in &c.file_fds {
+                files.push(next()?);
+            }
+            let mut vectors = Vec::new();
+            for v in &c.vector_fds {
+                vectors.push(match v {
+                    Some(_) => Some(expect_eventfd(next()?)?),
+                    None => None,
+                });
+            }
+            let intx = match c.intx_fd {
+                Some(_) => Some(expect_eventfd(next()?)?),
+                None => None,
+            };
+            let doorbells = match c.doorbell_fd {
+                Some(_) => Some(next()?),
+                None => None,
+            };
+            let state = SavedState::decode(state).context("the handover's saved state")?;
+            Some(TakenClient {
+                conn,
+                max_xfer: c.max_xfer,
+                maps: c.maps,
+                files,
+                irqs: IrqFds { vectors, intx },
+                doorbells,
+                function: c.function,
+                state,
+            })
+        }
+    };
+    Ok(Taken {
+        listener: Some(listener),
+        socket_owned,
+        control,
+        client,
+    })
+}
+
+fn expect_socket(fd: OwnedFd, what: &str) -> Result<OwnedFd> {
+    let st = rustix::fs::fstat(&fd).with_context(|| format!("the handed-over {what}"))?;
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::Socket {
+        bail!("the handed-over {what} is not a socket");
+    }
+    Ok(fd)
+}
+
+fn expect_eventfd(fd: OwnedFd) -> Result<OwnedFd> {
+    use std::os::fd::AsRawFd;
+    let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .context("inspecting a handed-over interrupt fd")?;
+    if link.as_os_str() != "anon_inode:[eventfd]" {
+        bail!(
+            "a handed-over interrupt fd is {}, not an eventfd",
+            link.display()
+        );
+    }
+    Ok(fd)
+}
