@@ -119,7 +119,12 @@ impl NvmeDevice {
             ssvid: pci_config.subsystem_vendor,
             ..config.controller
         };
-        let kept = doorbells.is_some();
+        // A handed-over page keeps the host's values only in mmap-poll,
+        // where it is the doorbells' one source. In adaptive mode it holds
+        // the last value the host wrote there, which the shadow buffer may
+        // have overtaken since: the restore puts the saved values back.
+        let kept = doorbells.is_some()
+            && controller.doorbells == vnvme_controller::DoorbellMode::MmapPoll;
         let doorbell_region = match (controller.doorbells.offers_page(), doorbells) {
             (false, _) => None,
             (true, Some(region)) => Some(region),
