@@ -123,8 +123,8 @@ impl NvmeDevice {
         // where it is the doorbells' one source. In adaptive mode it holds
         // the last value the host wrote there, which the shadow buffer may
         // have overtaken since: the restore puts the saved values back.
-        let kept = doorbells.is_some()
-            && controller.doorbells == vnvme_controller::DoorbellMode::MmapPoll;
+        let kept =
+            doorbells.is_some() && controller.doorbells == vnvme_controller::DoorbellMode::MmapPoll;
         let doorbell_region = match (controller.doorbells.offers_page(), doorbells) {
             (false, _) => None,
             (true, Some(region)) => Some(region),
