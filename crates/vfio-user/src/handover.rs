@@ -7,7 +7,7 @@
 //! successor needs for that:
 //!
 //! * the DMA maps and, for each file behind them, the fd the client gave
-//!   ([`DmaLedger`]; the mapping alone cannot be passed on);
+//!   (`DmaLedger`; the mapping alone cannot be passed on);
 //! * the connection, at a message boundary: the handover runs between two
 //!   requests, after the device's work stopped and the requests its
 //!   workers read while waiting for a reply are answered, so nothing is
