@@ -54,7 +54,7 @@ pub struct CtlOptions {
     #[arg(value_name = "KEY=VALUE")]
     pub args: Vec<String>,
     /// For `upgrade`: the binary the new process runs (default: the one the server was started
-    /// as, its argv[0]; a path the server can reach).
+    /// as; a path the server can reach).
     #[arg(long, value_name = "PATH")]
     pub exe: Option<PathBuf>,
 }
