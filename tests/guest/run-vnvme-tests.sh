@@ -57,7 +57,7 @@
 #              memory-backend-file, share=on) instead of a memfd: the verify test on 64 MiB; fails if
 #              QEMU does not start (the server refused the memory), the server never mmapped that file
 #              (checked in /proc/PID/maps by device and inode), data is wrong, or the file is left behind
-#   upgrade    --ns 256M:file=F --control C --doorbells shadow (adaptive and mmap-poll refuse upgrades yet): fio randrw 4k-128k with crc32c verify (verify_backlog) for 60 s
+#   upgrade    --ns 256M:file=F --control C (adaptive doorbells, the default; QEMU maps the doorbell page): fio randrw 4k-128k with crc32c verify (verify_backlog) for 60 s
 #              (tests/vnvme-upgrade.sh) while the host upgrades the server 10 times (vnvme ctl upgrade, one
 #              every 5 s; each new process takes the client over from the last): 0 verify errors, no nvme
 #              timeout/abort/reset in dmesg, every upgrade reported with its phases (drain, save, pass,
@@ -1074,7 +1074,7 @@ t_upgrade() {
   if ! has_opt --control; then report SKIP $name 0 "server has no '--control' option"; return; fi
   if ! "$VNVME" ctl --help 2>&1 | grep -q upgrade; then report SKIP $name 0 "server has no upgrade method"; return; fi
   : > "$reports"
-  if ! start_xserver $name --ns "256M:file=$img" --control "$ctlsock" --doorbells shadow; then
+  if ! start_xserver $name --ns "256M:file=$img" --control "$ctlsock"; then
     report FAIL $name "$(since "$t0")" "server did not start: $(tail -3 "$XLOG" | tr '\n' ' ')"; stop_xserver; return
   fi
   first=$XPID

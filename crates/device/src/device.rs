@@ -119,12 +119,11 @@ impl NvmeDevice {
             ssvid: pci_config.subsystem_vendor,
             ..config.controller
         };
-        // A handed-over page keeps the host's values only in mmap-poll,
-        // where it is the doorbells' one source. In adaptive mode it holds
-        // the last value the host wrote there, which the shadow buffer may
-        // have overtaken since: the restore puts the saved values back.
-        let kept =
-            doorbells.is_some() && controller.doorbells == vnvme_controller::DoorbellMode::MmapPoll;
+        // A handed-over page holds the host's latest register values,
+        // written during the handover too: the restore leaves them. (A
+        // queue whose doorbell is shadowed reads the shadow buffer, not the
+        // page.)
+        let kept = doorbells.is_some();
         let doorbell_region = match (controller.doorbells.offers_page(), doorbells) {
             (false, _) => None,
             (true, Some(region)) => Some(region),

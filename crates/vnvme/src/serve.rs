@@ -351,11 +351,7 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
         listening.own_file().is_some(),
         control_copy,
         backends.clone(),
-        cannot_upgrade(
-            &backends,
-            opts.metrics.is_some(),
-            opts.device.doorbells.offers_page(),
-        ),
+        cannot_upgrade(&backends, opts.metrics.is_some()),
     );
     let own = listening.own_file().into_iter().collect();
     watch_stop(Arc::clone(&stop), stop_timeout, own)?;
@@ -444,19 +440,7 @@ fn handed_sockets(
 fn cannot_upgrade(
     backends: &[Arc<dyn vnvme_blockdev::BlockDevice>],
     metrics: bool,
-    doorbell_page: bool,
 ) -> Option<String> {
-    if doorbell_page {
-        // With the doorbell page mapped by the client, the cargo test lost
-        // a doorbell write across a handover in about 1 run of 3 (the I/O
-        // then hangs): refused until that is understood and fixed.
-        return Some(
-            "--doorbells adaptive and mmap-poll cannot be upgraded yet (a doorbell written to the \
-             mapped page during the handover can be lost); serve with --doorbells shadow or trap \
-             to upgrade"
-                .into(),
-        );
-    }
     if let Some(i) = backends.iter().position(|b| !b.outlives_process()) {
         return Some(format!(
             "namespace {} keeps its data in this process's memory (ram): an upgrade would lose \

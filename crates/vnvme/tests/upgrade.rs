@@ -1,7 +1,6 @@
 //! Live upgrade (issue 35 item 2) of a real `vnvme serve`, driven by our
 //! driver over its vfio-user socket: verified I/O keeps running across
-//! upgrades in the trap and shadow doorbell modes (adaptive and mmap-poll
-//! are refused for now) (no error, no lost or repeated command,
+//! upgrades in every doorbell mode (no error, no lost or repeated command,
 //! no reset: the driver's queues simply go on), and the cases where an
 //! upgrade must be refused with the old server serving on: a new binary
 //! that exits, two upgrades asked at once, a command that does not
@@ -247,7 +246,7 @@ fn file_ns(dir: &Path) -> String {
 
 #[test]
 fn verified_io_runs_across_upgrades_in_every_doorbell_mode() {
-    for mode in ["trap", "shadow"] {
+    for mode in ["trap", "shadow", "adaptive", "mmap-poll"] {
         let dir = temp_dir(&format!("upgrade-io-{mode}-ns"));
         let ns = file_ns(&dir);
         let mut r = rig(
@@ -430,22 +429,6 @@ fn a_command_that_does_not_drain_refuses_the_upgrade() {
     assert!(r.alive());
     drop(q);
     assert!(ctl(&r.control, &["shutdown"]).status.success());
-}
-
-#[test]
-fn the_doorbell_page_modes_refuse_the_upgrade() {
-    for mode in ["adaptive", "mmap-poll"] {
-        let dir = temp_dir(&format!("upgrade-page-{mode}-ns"));
-        let ns = file_ns(&dir);
-        let r = rig(
-            &format!("upgrade-page-{mode}"),
-            &["--ns", &ns, "--doorbells", mode],
-        );
-        let why = r.refused(&[]);
-        assert!(why.contains("cannot be upgraded yet"), "{mode}: {why}");
-        assert!(r.alive());
-        assert!(ctl(&r.control, &["shutdown"]).status.success());
-    }
 }
 
 #[test]

@@ -144,10 +144,21 @@ impl Doorbells {
         self.slots.get(db.index() as usize)
     }
 
-    /// Makes a queue's doorbell live: value 0, `entries` entries, owned by
-    /// `worker`. Called with the queue's lock held, before the queue is
-    /// visible to the worker.
+    /// Makes a queue's doorbell live: value 0 (the doorbell page's dword
+    /// too), `entries` entries, owned by `worker`. Called with the queue's
+    /// lock held, before the queue is visible to the worker.
     pub fn open(&self, db: Doorbell, entries: u32, worker: usize) {
+        if let Some(p) = &self.page {
+            p.store(db.index(), 0);
+        }
+        self.reopen(db, entries, worker);
+    }
+
+    /// [`open`](Self::open) for a restored queue: the doorbell page's
+    /// dword is left alone, since a page handed over from the previous
+    /// process ([`DoorbellPage::kept`]) holds what the host wrote, during
+    /// the handover too; [`restore`](Self::restore) fills a fresh page.
+    pub fn reopen(&self, db: Doorbell, entries: u32, worker: usize) {
         if let Some(s) = self.slot(db) {
             s.value.store(0, Ordering::Relaxed);
             s.queued.store(false, Ordering::Relaxed);
@@ -155,9 +166,6 @@ impl Doorbells {
             s.shadow_dev.store(0, Ordering::Relaxed);
             s.shadow_host.store(false, Ordering::Relaxed);
             s.worker.store(worker, Ordering::Relaxed);
-            if let Some(p) = &self.page {
-                p.store(db.index(), 0);
-            }
             s.limit.store(entries, Ordering::Release);
         }
         self.generation.fetch_add(1, Ordering::AcqRel);

@@ -3,10 +3,10 @@
 //! and each open doorbell's register value with what the device knows of
 //! its shadow slot. The buffers' contents are guest memory: not saved.
 //!
-//! Restored after the queues opened their doorbells (which zeroes them):
-//! each value goes back to its slot, and to the doorbell page where the
-//! mode offers one (a client that mapped the page finds there what it
-//! wrote; a heap page gets it back).
+//! Restored after the queues reopened their doorbells (slots zeroed, the
+//! doorbell page untouched): each value goes back to its slot, and to a
+//! fresh doorbell page; a page handed over by a live upgrade keeps what
+//! the host wrote there, which may be newer than the save.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

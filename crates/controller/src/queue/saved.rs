@@ -245,14 +245,14 @@ impl QueueTable {
             let qid = qid as u16;
             if let Some(cq) = cq {
                 let worker = self.worker_for(qid);
-                doorbells.open(Doorbell::CqHead(qid), cq.size, worker);
+                doorbells.reopen(Doorbell::CqHead(qid), cq.size, worker);
                 if let Some(slot) = self.cqs.get(usize::from(qid)) {
                     *slot.lock() = Some(cq);
                 }
             }
             if let Some(sq) = sq {
                 let worker = self.worker_for(sq.cqid);
-                doorbells.open(Doorbell::SqTail(qid), sq.size, worker);
+                doorbells.reopen(Doorbell::SqTail(qid), sq.size, worker);
                 if let Some(slot) = self.sqs.get(usize::from(qid)) {
                     *slot.lock() = Some(sq);
                 }
