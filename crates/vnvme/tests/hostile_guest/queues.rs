@@ -43,10 +43,17 @@ fn sq_on_a_cq_being_deleted_is_refused_in_both_orders() {
     let c = g.admin(create_cq(2, 16, IOCQ + 0x4000, 2));
     assert_eq!(c.status(), Status::SUCCESS);
     // Delete CQ 2 and create an SQ on it, back to back in one doorbell.
+    // The delete completes when the CQ's worker has let it go, which may
+    // be after the create (commands may complete in any order):
+    // each completion is found by its CID.
     let d = g.push(0, delete(AdminOpcode::DELETE_IO_CQ, 2));
     let s = g.push(0, create_sq(2, 16, IOSQ + 0x4000, 2));
-    let c1 = g.reap_within(0, TIMEOUT).unwrap();
-    let c2 = g.reap_within(0, TIMEOUT).unwrap();
+    let mut both = [
+        g.reap_within(0, TIMEOUT).unwrap(),
+        g.reap_within(0, TIMEOUT).unwrap(),
+    ];
+    both.sort_by_key(|c| c.cid() != d);
+    let [c1, c2] = both;
     assert_eq!((c1.cid(), c2.cid()), (d, s));
     assert_eq!(c1.status(), Status::SUCCESS, "delete CQ 2");
     assert_eq!(
