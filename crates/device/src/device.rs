@@ -22,7 +22,7 @@ use crate::config::{DeviceConfig, DeviceError, CLASS_CODE_NVME, DEFAULT_DEVICE_I
 use crate::interrupts::EventfdInterrupts;
 
 mod handover;
-pub use handover::{FunctionState, IrqFds};
+pub use handover::FunctionState;
 
 /// BAR0 offsets the PCI layer owns.
 const MSIX_TABLE: u64 = Bar0Layout::MSIX_TABLE.start;

@@ -9,6 +9,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use parking_lot::RwLock;
 use vnvme_controller::InterruptSink;
 
+/// The interrupt eventfds the client gave: per MSI-X (or MSI) vector, and
+/// INTx; what a live upgrade passes on ([`EventfdInterrupts::export`]).
+#[derive(Debug, Default)]
+pub struct IrqFds {
+    pub vectors: Vec<Option<OwnedFd>>,
+    pub intx: Option<OwnedFd>,
+}
+
 /// The eventfds a client gave for each vector. A vector with an MSI-X
 /// eventfd (or an MSI one: a function offers one kind, and both fill the
 /// same table) is signalled there; otherwise INTx is used if the client gave
@@ -134,13 +142,13 @@ impl EventfdInterrupts {
     }
 
     /// Copies of the eventfds, for a live upgrade's next process.
-    pub fn export(&self) -> std::io::Result<crate::IrqFds> {
+    pub fn export(&self) -> std::io::Result<IrqFds> {
         let copy = |f: &Option<File>| -> std::io::Result<Option<OwnedFd>> {
             f.as_ref()
                 .map(|f| f.try_clone().map(OwnedFd::from))
                 .transpose()
         };
-        Ok(crate::IrqFds {
+        Ok(IrqFds {
             vectors: self
                 .msix
                 .read()
@@ -154,7 +162,7 @@ impl EventfdInterrupts {
     /// Takes the eventfds a previous process [`export`](Self::export)ed.
     /// The INTx line starts unmasked: a level still high is signalled
     /// again when the client unmasks, and a spurious edge is harmless.
-    pub fn import(&self, fds: crate::IrqFds, no_automask: bool) {
+    pub fn import(&self, fds: IrqFds, no_automask: bool) {
         *self.msix.write() = fds.vectors.into_iter().map(|f| f.map(File::from)).collect();
         *self.intx.write() = fds.intx.map(File::from);
         self.intx_no_automask.store(no_automask, Ordering::SeqCst);

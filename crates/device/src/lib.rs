@@ -16,7 +16,7 @@ mod inproc;
 mod interrupts;
 
 pub use config::{DeviceConfig, DeviceError, CLASS_CODE_NVME, DEFAULT_DEVICE_ID, MAX_MSIX_VECTORS};
-pub use device::{FunctionState, IrqFds, NvmeDevice};
+pub use device::{FunctionState, NvmeDevice};
 pub use inproc::{InProcessServer, ServeError};
-pub use interrupts::EventfdInterrupts;
+pub use interrupts::{EventfdInterrupts, IrqFds};
 pub use vnvme_pci::{Interrupts, UnknownInterrupts};

@@ -19,6 +19,7 @@ use vnvme_vfio_user::{DmaSpace, SharedRegion};
 
 use super::NvmeDevice;
 use crate::config::{DeviceConfig, DeviceError};
+use crate::interrupts::IrqFds;
 
 /// The function's own values a live upgrade carries (no fds).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -30,14 +31,6 @@ pub struct FunctionState {
     pub msix_table: Vec<u32>,
     /// The INTx unmask came with a resample eventfd (no automask).
     pub intx_no_automask: bool,
-}
-
-/// The interrupt eventfds the client gave: per MSI-X (or MSI) vector, and
-/// INTx.
-#[derive(Debug, Default)]
-pub struct IrqFds {
-    pub vectors: Vec<Option<OwnedFd>>,
-    pub intx: Option<OwnedFd>,
 }
 
 impl NvmeDevice {
