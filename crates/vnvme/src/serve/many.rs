@@ -7,6 +7,7 @@
 //! controller: its connection thread is its own, and a reset stops only
 //! its workers (see `vnvme_controller::PollGroups`).
 
+use std::os::unix::net::UnixListener;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -14,6 +15,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use vnvme_controller::{NamespaceConfig, NamespaceIds, PollGroups};
 use vnvme_vfio_user::activation::Activated;
+use vnvme_vfio_user::ServerOptions;
 
 use super::{stop_on_signals, watch_stop, ServeOptions, DEFAULT_SOCKET, STOP_TIMEOUT};
 use crate::config::ControllerEntry;
@@ -175,42 +177,15 @@ pub(super) fn run(
         workers = groups.len(),
         "serving every controller; the poll-group threads are vnvme-pg0.."
     );
-    // A thread per controller for its client's messages: one client's
-    // connection, reset or end never waits for another's.
-    let failed = std::thread::scope(|scope| {
-        let handles: Vec<_> = serving
+    let failed = serve_each(
+        serving
             .iter()
             .zip(devices)
             .map(|((name, server, listening, _), device)| {
-                let stop = &*stop;
-                let listener = listening.listener();
-                let name = name.clone();
-                let server = server.clone();
-                std::thread::Builder::new()
-                    .name("vnvme-conn".into())
-                    .spawn_scoped(scope, move || {
-                        let mut s = vnvme_vfio_user::Server::with_options(device, server);
-                        let r = s.serve_listener(listener, stop);
-                        if let Err(e) = &r {
-                            tracing::error!("{name}: serving vfio-user: {e}");
-                        }
-                        r.is_err()
-                    })
-            })
-            .collect();
-        let mut failed = 0;
-        for h in handles {
-            match h {
-                Ok(h) => failed += usize::from(h.join().unwrap_or(true)),
-                Err(e) => {
-                    tracing::error!("starting a controller's connection thread: {e}");
-                    stop.store(true, Ordering::Release);
-                    failed += 1;
-                }
-            }
-        }
-        failed
-    });
+                (name.clone(), listening.listener(), server.clone(), device)
+            }),
+        &stop,
+    );
     drop(serving);
     if failed > 0 {
         bail!("{failed} controller(s) stopped serving with an error (logged above)");
@@ -288,4 +263,43 @@ fn check_unique(all: &[Identity]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Serves each controller's client on a thread of its own until `stop`
+/// (one client's connection, reset or end never waits for another's):
+/// `(name for the log, listener, options, device)` per controller.
+/// Returns how many stopped with an error (logged); a thread that cannot
+/// start sets `stop` and counts as one.
+pub(super) fn serve_each<'a>(
+    controllers: impl Iterator<Item = (String, &'a UnixListener, ServerOptions, NvmeDevice)>,
+    stop: &AtomicBool,
+) -> usize {
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = controllers
+            .map(|(name, listener, server, device)| {
+                std::thread::Builder::new()
+                    .name("vnvme-conn".into())
+                    .spawn_scoped(scope, move || {
+                        let mut s = vnvme_vfio_user::Server::with_options(device, server);
+                        let r = s.serve_listener(listener, stop);
+                        if let Err(e) = &r {
+                            tracing::error!("{name}: serving vfio-user: {e}");
+                        }
+                        r.is_err()
+                    })
+            })
+            .collect();
+        let mut failed = 0;
+        for h in handles {
+            match h {
+                Ok(h) => failed += usize::from(h.join().unwrap_or(true)),
+                Err(e) => {
+                    tracing::error!("starting a controller's connection thread: {e}");
+                    stop.store(true, Ordering::Release);
+                    failed += 1;
+                }
+            }
+        }
+        failed
+    })
 }

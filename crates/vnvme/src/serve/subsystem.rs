@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
@@ -164,40 +164,21 @@ pub(super) fn run(
         "serving one NVM subsystem; attach each socket with -device \
          '{{\"driver\":\"vfio-user-pci\",\"socket\":{{\"path\":\"SOCKET\",\"type\":\"unix\"}}}}'"
     );
-    let failed = std::thread::scope(|scope| {
-        let handles: Vec<_> = listening
+    let failed = super::many::serve_each(
+        listening
             .iter()
             .zip(devices)
             .enumerate()
             .map(|(i, (l, device))| {
-                let stop = &*stop;
-                let listener = l.listener();
-                let server = server.clone();
-                std::thread::Builder::new()
-                    .name("vnvme-conn".into())
-                    .spawn_scoped(scope, move || {
-                        let mut s = vnvme_vfio_user::Server::with_options(device, server);
-                        let r = s.serve_listener(listener, stop);
-                        if let Err(e) = &r {
-                            tracing::error!("controller {}: serving vfio-user: {e}", i + 1);
-                        }
-                        r.is_err()
-                    })
-            })
-            .collect();
-        let mut failed = 0;
-        for h in handles {
-            match h {
-                Ok(h) => failed += usize::from(h.join().unwrap_or(true)),
-                Err(e) => {
-                    tracing::error!("starting a controller's connection thread: {e}");
-                    stop.store(true, Ordering::Release);
-                    failed += 1;
-                }
-            }
-        }
-        failed
-    });
+                (
+                    format!("controller {}", i + 1),
+                    l.listener(),
+                    server.clone(),
+                    device,
+                )
+            }),
+        &stop,
+    );
     drop(listening);
     drop(control);
     if failed > 0 {
