@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use common::{json, serve, vnvme, Served, BIN};
+use common::{ctl, ctl_err, ctl_ok, json, serve, vnvme, Served, BIN};
 
 struct Rig {
     _dir: common::TempDir,
@@ -39,34 +39,6 @@ fn rig(name: &str, extra: &[&str]) -> Rig {
         control,
         server,
     }
-}
-
-/// `vnvme ctl --control CONTROL ARGS...`
-fn ctl(control: &Path, args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(["ctl", "--control"])
-        .arg(control)
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn ctl_ok(control: &Path, args: &[&str]) -> serde_json::Value {
-    let mut a = vec!["--json"];
-    a.extend_from_slice(args);
-    let out = ctl(control, &a);
-    assert!(
-        out.status.success(),
-        "ctl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    json(&out)
-}
-
-fn ctl_err(control: &Path, args: &[&str]) -> String {
-    let out = ctl(control, args);
-    assert!(!out.status.success(), "ctl {args:?} succeeded");
-    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 /// (NSID, size in bytes) of each namespace the driver sees.

@@ -7,15 +7,16 @@
 
 mod common;
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::pattern::pattern;
 use common::{temp_dir, Served, BIN};
-use vnvme_driver::{Controller, DeviceAccess, InitOptions, IoQueue, VfioUserAccess};
+use vnvme_driver::{Controller, DeviceAccess, InitOptions, IoQueue};
 
 const NSID: u32 = 1;
 const BLOCK: usize = 4096;
@@ -42,44 +43,14 @@ fn config(dir: &Path, n: usize, workers: usize) -> (PathBuf, Vec<PathBuf>) {
 
 /// `vnvme serve --config FILE`, once every socket is there.
 fn serve(config: &Path, sockets: &[PathBuf], log: &Path) -> Served {
-    let child = Command::new(BIN)
-        .args(["serve", "--config"])
-        .arg(config)
-        .stderr(std::fs::File::create(log).unwrap())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut served = Served::from_child(child);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !sockets.iter().all(|s| s.exists()) {
-        assert!(
-            served.running(),
-            "serve exited: {}",
-            std::fs::read_to_string(log).unwrap_or_default()
-        );
-        assert!(
-            Instant::now() < deadline,
-            "serve did not create its sockets"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    served
+    let ready: Vec<&Path> = sockets.iter().map(PathBuf::as_path).collect();
+    common::serve_logged(&[OsStr::new("--config"), config.as_os_str()], log, &ready)
 }
 
 /// A driver client of the controller at `socket`, with one I/O queue.
 fn connect(socket: &Path) -> (Arc<dyn DeviceAccess>, Controller) {
-    // The socket file appears at bind(), a moment before listen().
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let access = loop {
-        match VfioUserAccess::connect(socket) {
-            Ok(a) => break a,
-            Err(e) if Instant::now() < deadline => {
-                let _ = e;
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            Err(e) => panic!("connecting to {}: {e}", socket.display()),
-        }
-    };
+    let access = common::connect(socket)
+        .unwrap_or_else(|e| panic!("connecting to {}: {e}", socket.display()));
     let access: Arc<dyn DeviceAccess> = Arc::new(access);
     let ctrl = Controller::init(Arc::clone(&access), init_options()).unwrap();
     (access, ctrl)

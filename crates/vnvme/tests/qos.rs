@@ -7,13 +7,13 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::PathBuf;
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::pattern::pattern;
-use common::{serve, temp_dir, Served, TempDir, BIN};
+use common::{ctl_err, ctl_ok, serve, temp_dir, Served, TempDir, BIN};
 use serde_json::Value;
 use vnvme_driver::{Controller, DeviceAccess, DmaBuffer, InitOptions, IoQueue, VfioUserAccess};
 use vnvme_spec::NvmOpcode;
@@ -58,31 +58,6 @@ fn rig(name: &str, args: &[&str], config: Option<&str>) -> Rig {
         access,
         ctrl,
     }
-}
-
-fn ctl(control: &Path, args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(["ctl", "--json", "--control"])
-        .arg(control)
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn ctl_ok(control: &Path, args: &[&str]) -> Value {
-    let out = ctl(control, args);
-    assert!(
-        out.status.success(),
-        "ctl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    common::json(&out)
-}
-
-fn ctl_err(control: &Path, args: &[&str]) -> String {
-    let out = ctl(control, args);
-    assert!(!out.status.success(), "ctl {args:?} succeeded");
-    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 fn block(nsid: u32, lba: u64, seed: u32) -> Vec<u8> {

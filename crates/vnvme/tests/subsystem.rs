@@ -6,14 +6,15 @@
 
 mod common;
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Command;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::pattern::pattern;
-use common::{temp_dir, Served, BIN};
-use vnvme_driver::{admin, Controller, DeviceAccess, Error, InitOptions, IoQueue, VfioUserAccess};
+use common::{connect, ctl_err, ctl_ok, serve_logged, temp_dir, Served, BIN};
+use vnvme_driver::{admin, Controller, DeviceAccess, Error, InitOptions, IoQueue};
 use vnvme_spec::feature::{AsyncEventConfig, FeatureId};
 use vnvme_spec::identify::{Cns, IdentifyNamespace, IDENTIFY_SIZE};
 use vnvme_spec::log::{async_event, LogPageId};
@@ -28,33 +29,16 @@ const BLOCK: usize = 4096;
 fn serve(dir: &Path, n: usize, extra: &[&str]) -> (Served, Vec<PathBuf>, PathBuf) {
     let sockets: Vec<PathBuf> = (0..n).map(|i| dir.join(format!("c{i}.sock"))).collect();
     let control = dir.join("ctl.sock");
-    let log = dir.join("serve.log");
-    let mut cmd = Command::new(BIN);
-    cmd.arg("serve");
+    let mut args: Vec<&OsStr> = Vec::new();
     for s in &sockets {
-        cmd.arg("--socket").arg(s);
+        args.extend([OsStr::new("--socket"), s.as_os_str()]);
     }
-    cmd.args(["--ns", "64M:ram", "--control"]).arg(&control);
-    cmd.args(extra);
-    let child = cmd
-        .stderr(std::fs::File::create(&log).unwrap())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut served = Served::from_child(child);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !sockets.iter().all(|s| s.exists()) || !control.exists() {
-        assert!(
-            served.running(),
-            "serve exited: {}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
-        assert!(
-            Instant::now() < deadline,
-            "serve did not create its sockets"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    args.extend([OsStr::new("--ns"), OsStr::new("64M:ram")]);
+    args.extend([OsStr::new("--control"), control.as_os_str()]);
+    args.extend(extra.iter().map(OsStr::new));
+    let mut ready: Vec<&Path> = sockets.iter().map(PathBuf::as_path).collect();
+    ready.push(&control);
+    let served = serve_logged(&args, &dir.join("serve.log"), &ready);
     (served, sockets, control)
 }
 
@@ -67,17 +51,8 @@ struct Client {
 
 impl Client {
     fn connect(socket: &Path) -> Self {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let access = loop {
-            match VfioUserAccess::connect(socket) {
-                Ok(a) => break a,
-                Err(e) if Instant::now() < deadline => {
-                    let _ = e;
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-                Err(e) => panic!("connecting to {}: {e}", socket.display()),
-            }
-        };
+        let access =
+            connect(socket).unwrap_or_else(|e| panic!("connecting to {}: {e}", socket.display()));
         let mem: Arc<dyn DeviceAccess> = Arc::new(access);
         let opts = InitOptions {
             io_queues: 1,
@@ -132,23 +107,6 @@ impl Client {
             .unwrap();
         buf.to_vec()
     }
-}
-
-/// `vnvme ctl --control C --json ARGS...`, which must succeed.
-fn ctl(control: &Path, args: &[&str]) -> serde_json::Value {
-    let out: Output = Command::new(BIN)
-        .args(["ctl", "--control"])
-        .arg(control)
-        .arg("--json")
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "ctl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 /// A Controller List's CNTLIDs.
@@ -293,7 +251,7 @@ fn an_inaccessible_path_answers_io_with_the_ana_status_and_its_host_hears_of_it(
         )
         .unwrap();
 
-    let set = ctl(&control, &["ana_set", "controller=2", "state=inaccessible"]);
+    let set = ctl_ok(&control, &["ana_set", "controller=2", "state=inaccessible"]);
     assert_eq!(set["changed"], true);
     let e = b.write(0, 1).unwrap_err();
     let status = io_status(&e);
@@ -322,7 +280,7 @@ fn an_inaccessible_path_answers_io_with_the_ana_status_and_its_host_hears_of_it(
     assert_eq!(&log[48..52], &NSID.to_le_bytes());
     assert_eq!(a.ana_log()[32] & 0xF, 0x01);
     // Persistent loss and change have their own statuses.
-    ctl(
+    ctl_ok(
         &control,
         &[
             "ana_set",
@@ -336,21 +294,21 @@ fn an_inaccessible_path_answers_io_with_the_ana_status_and_its_host_hears_of_it(
         status.same_code(Status::ASYMMETRIC_ACCESS_PERSISTENT_LOSS),
         "{status}"
     );
-    ctl(&control, &["ana_set", "controller=2", "state=change"]);
+    ctl_ok(&control, &["ana_set", "controller=2", "state=change"]);
     let status = io_status(&b.read(0).unwrap_err());
     assert!(
         status.same_code(Status::ASYMMETRIC_ACCESS_TRANSITION),
         "{status}"
     );
     // Non-optimized still serves; optimized again serves.
-    ctl(
+    ctl_ok(
         &control,
         &["ana_set", "controller=2", "state=non-optimized"],
     );
     assert_eq!(b.read(0).unwrap(), pattern(BLOCK * 8, 1));
-    ctl(&control, &["ana_set", "controller=2", "state=optimized"]);
+    ctl_ok(&control, &["ana_set", "controller=2", "state=optimized"]);
     b.write(8, 2).unwrap();
-    let states = ctl(&control, &["ana_get"]);
+    let states = ctl_ok(&control, &["ana_get"]);
     assert_eq!(states["states"].as_array().unwrap().len(), 2, "{states}");
     drop((a, b));
     assert!(server.terminate().success());
@@ -375,14 +333,7 @@ fn ana_set_refuses_what_the_subsystem_lacks() {
         ),
         (&["ana_set", "state=optimized"][..], "controller"),
     ] {
-        let out = Command::new(BIN)
-            .args(["ctl", "--control"])
-            .arg(&control)
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(!out.status.success(), "{args:?} succeeded");
-        let err = String::from_utf8_lossy(&out.stderr);
+        let err = ctl_err(&control, args);
         assert!(err.contains(expect), "{args:?}: {err}");
     }
     assert!(server.terminate().success());

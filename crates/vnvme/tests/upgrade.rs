@@ -12,13 +12,13 @@ mod common;
 use std::io::Read;
 use std::os::fd::{AsFd, AsRawFd};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::pattern::pattern;
-use common::{temp_dir, TempDir, BIN};
+use common::{ctl, temp_dir, TempDir, BIN};
 use serde_json::Value;
 use vnvme_driver::{Controller, DeviceAccess, InitOptions, IoQueue, VfioUserAccess};
 use vnvme_spec::NvmOpcode;
@@ -80,15 +80,6 @@ fn rig(name: &str, args: &[&str]) -> Rig {
     }
 }
 
-fn ctl(control: &Path, args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(["ctl", "--json", "--control"])
-        .arg(control)
-        .args(args)
-        .output()
-        .unwrap()
-}
-
 impl Rig {
     fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("serve.log")).unwrap_or_default()
@@ -96,7 +87,7 @@ impl Rig {
 
     /// Upgrades; returns the report (the new pid is served from then on).
     fn upgrade(&mut self, extra: &[&str]) -> Value {
-        let mut args = vec!["upgrade"];
+        let mut args = vec!["--json", "upgrade"];
         args.extend_from_slice(extra);
         let out = ctl(&self.control, &args);
         assert!(
@@ -119,6 +110,19 @@ impl Rig {
         let out = ctl(&self.control, &args);
         assert!(!out.status.success(), "upgrade {extra:?} succeeded");
         String::from_utf8_lossy(&out.stderr).into_owned()
+    }
+
+    /// Our driver as the client: its memory, the controller and its
+    /// first I/O queue.
+    fn client(&self) -> (Arc<VfioUserAccess>, Controller, IoQueue) {
+        let access = Arc::new(VfioUserAccess::connect(&self.socket).unwrap());
+        let ctrl = Controller::init(
+            access.clone() as Arc<dyn DeviceAccess>,
+            InitOptions::default(),
+        )
+        .unwrap();
+        let q = ctrl.take_io_queue(0).unwrap();
+        (access, ctrl, q)
     }
 
     fn alive(&self) -> bool {
@@ -180,13 +184,7 @@ fn reap(q: &mut IoQueue, n: usize) {
 /// Verified I/O on a thread while the main thread upgrades `upgrades`
 /// times; returns the reports and the rounds done.
 fn io_across_upgrades(r: &mut Rig, upgrades: usize) -> (Vec<Value>, u64) {
-    let access = Arc::new(VfioUserAccess::connect(&r.socket).unwrap());
-    let ctrl = Controller::init(
-        access.clone() as Arc<dyn DeviceAccess>,
-        InitOptions::default(),
-    )
-    .unwrap();
-    let mut q = ctrl.take_io_queue(0).unwrap();
+    let (access, ctrl, mut q) = r.client();
     let stop = Arc::new(AtomicBool::new(false));
     let rounds = Arc::new(AtomicU64::new(0));
     let io = {
@@ -240,19 +238,18 @@ fn io_across_upgrades(r: &mut Rig, upgrades: usize) -> (Vec<Value>, u64) {
     (reports, rounds.load(Ordering::Acquire))
 }
 
-fn file_ns(dir: &Path) -> String {
-    format!("16M:file={}", dir.join("ns1.img").display())
+/// A server of a 16 MiB `file` namespace (in the folder returned, kept
+/// apart from the rig's) in doorbell mode `mode`.
+fn file_rig(name: &str, mode: &str) -> (TempDir, Rig) {
+    let dir = temp_dir(&format!("{name}-ns"));
+    let ns = format!("16M:file={}", dir.join("ns1.img").display());
+    (dir, rig(name, &["--ns", &ns, "--doorbells", mode]))
 }
 
 #[test]
 fn verified_io_runs_across_upgrades_in_every_doorbell_mode() {
     for mode in ["trap", "shadow", "adaptive", "mmap-poll"] {
-        let dir = temp_dir(&format!("upgrade-io-{mode}-ns"));
-        let ns = file_ns(&dir);
-        let mut r = rig(
-            &format!("upgrade-io-{mode}"),
-            &["--ns", &ns, "--doorbells", mode],
-        );
+        let (_ns, mut r) = file_rig(&format!("upgrade-io-{mode}"), mode);
         let first = r.first.id();
         let (reports, rounds) = io_across_upgrades(&mut r, 3);
         assert!(rounds >= 8, "{mode}: {rounds} rounds");
@@ -273,16 +270,8 @@ fn verified_io_runs_across_upgrades_in_every_doorbell_mode() {
 
 #[test]
 fn the_upgrade_signal_hands_over_too() {
-    let dir = temp_dir("upgrade-signal-ns");
-    let ns = file_ns(&dir);
-    let mut r = rig("upgrade-signal", &["--ns", &ns, "--doorbells", "shadow"]);
-    let access = Arc::new(VfioUserAccess::connect(&r.socket).unwrap());
-    let ctrl = Controller::init(
-        access.clone() as Arc<dyn DeviceAccess>,
-        InitOptions::default(),
-    )
-    .unwrap();
-    let mut q = ctrl.take_io_queue(0).unwrap();
+    let (_ns, mut r) = file_rig("upgrade-signal", "shadow");
+    let (access, _ctrl, mut q) = r.client();
     round(&access, &mut q, 0);
     let first = rustix::process::Pid::from_child(&r.first);
     rustix::process::kill_process(first, rustix::process::Signal::USR2).unwrap();
@@ -318,16 +307,8 @@ fn pid_from_log(log: &str) -> u32 {
 
 #[test]
 fn a_new_binary_that_exits_is_reported_and_the_old_server_serves_on() {
-    let dir = temp_dir("upgrade-false-ns");
-    let ns = file_ns(&dir);
-    let r = rig("upgrade-false", &["--ns", &ns, "--doorbells", "shadow"]);
-    let access = Arc::new(VfioUserAccess::connect(&r.socket).unwrap());
-    let ctrl = Controller::init(
-        access.clone() as Arc<dyn DeviceAccess>,
-        InitOptions::default(),
-    )
-    .unwrap();
-    let mut q = ctrl.take_io_queue(0).unwrap();
+    let (_ns, r) = file_rig("upgrade-false", "shadow");
+    let (access, _ctrl, mut q) = r.client();
     round(&access, &mut q, 0);
     let why = r.refused(&["--exe", "/bin/false"]);
     assert!(why.contains("exited") && why.contains("serves on"), "{why}");
@@ -365,16 +346,14 @@ fn set_executable(path: &Path) {
 
 #[test]
 fn two_upgrades_at_once_one_is_refused() {
-    let dir = temp_dir("upgrade-twice-ns");
-    let ns = file_ns(&dir);
-    let mut r = rig("upgrade-twice", &["--ns", &ns, "--doorbells", "shadow"]);
+    let (_ns, mut r) = file_rig("upgrade-twice", "shadow");
     // A new binary slow to start keeps the first upgrade under way.
     let slow = r.dir.join("slow.sh");
     std::fs::write(&slow, format!("#!/bin/sh\nsleep 2\nexec {BIN} \"$@\"\n")).unwrap();
     set_executable(&slow);
     let control = r.control.clone();
     let slow_s = slow.to_str().unwrap().to_string();
-    let first = std::thread::spawn(move || ctl(&control, &["upgrade", "--exe", &slow_s]));
+    let first = std::thread::spawn(move || ctl(&control, &["--json", "upgrade", "--exe", &slow_s]));
     std::thread::sleep(Duration::from_millis(700));
     let why = r.refused(&[]);
     assert!(why.contains("already under way"), "{why}");
@@ -396,16 +375,8 @@ fn two_upgrades_at_once_one_is_refused() {
 
 #[test]
 fn a_command_that_does_not_drain_refuses_the_upgrade() {
-    let dir = temp_dir("upgrade-drain-ns");
-    let ns = file_ns(&dir);
-    let r = rig("upgrade-drain", &["--ns", &ns, "--doorbells", "shadow"]);
-    let access = Arc::new(VfioUserAccess::connect(&r.socket).unwrap());
-    let ctrl = Controller::init(
-        access.clone() as Arc<dyn DeviceAccess>,
-        InitOptions::default(),
-    )
-    .unwrap();
-    let mut q = ctrl.take_io_queue(0).unwrap();
+    let (_ns, r) = file_rig("upgrade-drain", "shadow");
+    let (access, _ctrl, mut q) = r.client();
     let out = ctl(
         &r.control,
         &[

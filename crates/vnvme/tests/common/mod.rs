@@ -2,9 +2,12 @@
 //! cannot outlive its test, and running the tools against it.
 #![allow(dead_code)]
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
+
+use vnvme_driver::VfioUserAccess;
 
 pub mod crc32c;
 pub mod pattern;
@@ -66,16 +69,7 @@ impl Served {
 
     /// Stops the server as a user would (SIGTERM) and returns how it exited.
     pub fn terminate(mut self) -> ExitStatus {
-        let pid = rustix::process::Pid::from_child(&self.0);
-        rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(status) = self.0.try_wait().unwrap() {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "serve did not stop on SIGTERM");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.terminate_ref()
     }
 }
 
@@ -135,6 +129,77 @@ pub fn serve(socket: &Path, args: &[&str]) -> Served {
         std::thread::sleep(Duration::from_millis(20));
     }
     Served(child)
+}
+
+/// Starts `vnvme serve ARGS...` with its stderr in `log`, and waits until
+/// every path of `ready` (its sockets) exists; fails with the log if the
+/// server exits first.
+pub fn serve_logged<A: AsRef<OsStr>>(args: &[A], log: &Path, ready: &[&Path]) -> Served {
+    let child = Command::new(BIN)
+        .arg("serve")
+        .args(args)
+        .stderr(std::fs::File::create(log).unwrap())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut served = Served(child);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !ready.iter().all(|p| p.exists()) {
+        assert!(
+            served.running(),
+            "serve exited: {}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        assert!(
+            Instant::now() < deadline,
+            "serve did not create its sockets"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    served
+}
+
+/// Connects to a server's socket, retrying for 10 s: the socket file
+/// appears at bind(), a moment before listen(). The last error after that.
+pub fn connect(socket: &Path) -> Result<VfioUserAccess, vnvme_vfio_user::Error> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match VfioUserAccess::connect(socket) {
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+            r => return r,
+        }
+    }
+}
+
+/// `vnvme ctl --control CONTROL ARGS...`
+pub fn ctl(control: &Path, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(["ctl", "--control"])
+        .arg(control)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// `vnvme ctl --control CONTROL --json ARGS...`, which must succeed: its
+/// result.
+pub fn ctl_ok(control: &Path, args: &[&str]) -> serde_json::Value {
+    let mut a = vec!["--json"];
+    a.extend_from_slice(args);
+    let out = ctl(control, &a);
+    assert!(
+        out.status.success(),
+        "ctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    json(&out)
+}
+
+/// `vnvme ctl --control CONTROL ARGS...`, which must fail: what it said.
+pub fn ctl_err(control: &Path, args: &[&str]) -> String {
+    let out = ctl(control, args);
+    assert!(!out.status.success(), "ctl {args:?} succeeded");
+    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 /// Runs `vnvme ARGS... --socket SOCKET`.
