@@ -20,8 +20,13 @@ fn every_controller_of_every_point_completes_io_in_one_process() {
     every_controller_completes_io("one-process");
 }
 
-/// A sweep of 1 and 3 controllers served as `server` ("processes" or
-/// "one-process"): every client of every point completed I/O, none failed.
+#[test]
+fn every_controller_of_every_point_completes_io_in_one_subsystem() {
+    every_controller_completes_io("subsystem");
+}
+
+/// A sweep of 1 and 3 controllers served as `server` ("processes",
+/// "one-process" or "subsystem"): every client of every point completed I/O, none failed.
 fn every_controller_completes_io(server: &str) {
     let dir = std::env::temp_dir().join(format!(
         "vnvme-bench-scale-test-{}-{server}",
@@ -47,8 +52,10 @@ fn every_controller_completes_io(server: &str) {
         "--json",
         json_arg,
     ];
-    if server == "processes" {
-        args.push("--processes");
+    match server {
+        "processes" => args.push("--processes"),
+        "subsystem" => args.push("--subsystem"),
+        _ => {}
     }
     let out = vnvme(&args);
     let stderr = String::from_utf8_lossy(&out.stderr);

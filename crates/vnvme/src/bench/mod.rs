@@ -230,6 +230,12 @@ pub struct BenchOptions {
     /// With --controllers: one `vnvme serve` process per controller instead of one for all.
     #[arg(long, requires = "controllers")]
     pub processes: bool,
+    /// With --controllers: one `vnvme serve` process serving one NVM subsystem, a controller per
+    /// socket (`--socket` N times), every controller sharing the one namespace; e.g.
+    /// `--controllers 1,2 --subsystem --qd 32,64 --rw randwrite` compares two controllers writing one
+    /// namespace at QD 32 each with one controller at QD 64.
+    #[arg(long, requires = "controllers", conflicts_with = "processes")]
+    pub subsystem: bool,
     /// With --controllers: attach to these vfio-user sockets (comma separated) instead of starting
     /// servers, the first N for each N; e.g. SPDK's nvmf_tgt (bench/peers/spdk.sh --controllers).
     #[arg(long, value_name = "SOCKET,...", requires = "controllers")]

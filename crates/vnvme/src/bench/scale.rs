@@ -1,8 +1,10 @@
 //! `vnvme bench --controllers 1,4,16,64`: many controllers at once, each
 //! with its own driver client, served by one `vnvme serve` process (a
 //! configuration with one `[[controllers]]` table each), by one process per
-//! controller (`--processes`), or by a server someone else started
-//! (`--attach`, e.g. SPDK's `nvmf_tgt`, with `--server-pid` for its CPU).
+//! controller (`--processes`), by one process serving one NVM subsystem
+//! whose controllers share a namespace (`--subsystem`), or by a server
+//! someone else started (`--attach`, e.g. SPDK's `nvmf_tgt`, with
+//! `--server-pid` for its CPU).
 //!
 //! Each point reports the aggregate IOPS, the slowest and the fastest
 //! controller (fairness), and the server's CPU (from `/proc/PID/stat`, all
@@ -27,7 +29,7 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// One measured point. The field names are read by other tools: keep them.
 #[derive(Debug, Clone, Serialize)]
 pub struct ScaleRun {
-    /// "one-process", "processes" or "attached".
+    /// "one-process", "processes", "subsystem" or "attached".
     pub server: String,
     pub mode: String,
     pub controllers: usize,
@@ -49,6 +51,7 @@ pub struct ScaleRun {
 enum Serving {
     OneProcess,
     Processes,
+    Subsystem,
     Attached,
 }
 
@@ -57,6 +60,7 @@ impl Serving {
         match self {
             Serving::OneProcess => "one-process",
             Serving::Processes => "processes",
+            Serving::Subsystem => "subsystem",
             Serving::Attached => "attached",
         }
     }
@@ -66,11 +70,14 @@ impl Serving {
 pub fn run(opts: &BenchOptions, counts: &[usize]) -> Result<Vec<ScaleRun>> {
     let runtime = super::check_runtime(opts.runtime)?;
     super::check_qd(&opts.qd.0)?;
-    let serving = match (&opts.attach, opts.processes) {
-        (Some(_), true) => bail!("--attach uses servers already running: leave out --processes"),
-        (Some(_), false) => Serving::Attached,
-        (None, true) => Serving::Processes,
-        (None, false) => Serving::OneProcess,
+    let serving = match (&opts.attach, opts.processes, opts.subsystem) {
+        (Some(_), true, _) | (Some(_), _, true) => {
+            bail!("--attach uses servers already running: leave out --processes and --subsystem")
+        }
+        (Some(_), false, false) => Serving::Attached,
+        (None, true, _) => Serving::Processes,
+        (None, false, true) => Serving::Subsystem,
+        (None, false, false) => Serving::OneProcess,
     };
     if opts.backend != super::BackendArg::Null || opts.nbd.is_some() || opts.verify {
         bail!("--controllers measures null namespaces: leave out --backend, --nbd and --verify");
@@ -111,6 +118,7 @@ pub fn run(opts: &BenchOptions, counts: &[usize]) -> Result<Vec<ScaleRun>> {
                 Serving::Attached => Servers::attached(&attach[..n], opts.server_pid)?,
                 Serving::OneProcess => Servers::one_process(&dir.0, n, mode, opts)?,
                 Serving::Processes => Servers::processes(&dir.0, n, mode, opts)?,
+                Serving::Subsystem => Servers::subsystem(&dir.0, n, mode, opts)?,
             };
             let mut clients = servers
                 .sockets
@@ -278,6 +286,26 @@ impl Servers {
         Ok(servers)
     }
 
+    /// One `vnvme serve --socket ... --socket ...`: one NVM subsystem, a
+    /// controller per socket, one shared namespace.
+    fn subsystem(dir: &Path, n: usize, mode: DoorbellMode, opts: &BenchOptions) -> Result<Self> {
+        let sockets: Vec<PathBuf> = (0..n).map(|i| dir.join(format!("c{i}.sock"))).collect();
+        let mut args = Vec::new();
+        for socket in &sockets {
+            args.extend(["--socket".to_string(), socket.display().to_string()]);
+        }
+        args.extend(one_controller_args(mode, opts));
+        args.extend(opts.polling.serve_args());
+        let child = start(&args, &dir.join("serve.log"))?;
+        let mut servers = Self {
+            pids: vec![child.id()],
+            children: vec![child],
+            sockets,
+        };
+        servers.wait_for_sockets()?;
+        Ok(servers)
+    }
+
     /// `n` `vnvme serve` processes.
     fn processes(dir: &Path, n: usize, mode: DoorbellMode, opts: &BenchOptions) -> Result<Self> {
         let mut servers = Self {
@@ -287,16 +315,8 @@ impl Servers {
         };
         for i in 0..n {
             let socket = dir.join(format!("c{i}.sock"));
-            let mut args = vec![
-                "--socket".to_string(),
-                socket.display().to_string(),
-                "--ns".to_string(),
-                format!("{}:null", opts.size),
-                "--doorbells".to_string(),
-                mode.to_string(),
-                "--max-io-queues".to_string(),
-                "1".to_string(),
-            ];
+            let mut args = vec!["--socket".to_string(), socket.display().to_string()];
+            args.extend(one_controller_args(mode, opts));
             args.extend(opts.polling.serve_args());
             let child = start(&args, &dir.join(format!("serve-{i}.log")))?;
             servers.pids.push(child.id());
@@ -375,6 +395,19 @@ fn terminate(pid: u32) {
         // Gone already is fine: the wait that follows says how it ended.
         let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
     }
+}
+
+/// A served controller's namespace and settings on the command line: a
+/// `null` namespace of `--size`, the doorbell mode, one I/O queue.
+fn one_controller_args(mode: DoorbellMode, opts: &BenchOptions) -> [String; 6] {
+    [
+        "--ns".to_string(),
+        format!("{}:null", opts.size),
+        "--doorbells".to_string(),
+        mode.to_string(),
+        "--max-io-queues".to_string(),
+        "1".to_string(),
+    ]
 }
 
 /// Starts `vnvme serve ARGS`, its output in `log`.
