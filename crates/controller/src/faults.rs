@@ -26,6 +26,8 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use vnvme_spec::{Command, NvmOpcode, Status};
 
+use crate::subsystem::ana::AnaState;
+
 /// Command fault rules kept at most (a control client cannot grow the
 /// table without bound).
 pub const MAX_FAULTS: usize = 256;
@@ -97,6 +99,22 @@ pub enum FaultKind {
     /// last Flush) is dropped, then the controller goes through a reset as
     /// after power returns (CSTS.CFS until the host resets it).
     PowerLoss,
+    /// A path fails: ANA groups of one controller of the subsystem go to a
+    /// state (an ANA Change notice to its host), and back to what they were
+    /// after the duration, if given and nobody changed them meanwhile.
+    Ana(AnaFault),
+}
+
+/// The path an [`FaultKind::Ana`] fault fails, and for how long.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AnaFault {
+    /// CNTLID: 1, 2, ... in the order of the server's `--socket`.
+    pub controller: u16,
+    /// ANA group (= NSID); `None`: every group.
+    pub group: Option<u32>,
+    pub state: AnaState,
+    /// `None`: the state stays until set again.
+    pub duration: Option<Duration>,
 }
 
 impl FaultKind {
@@ -110,6 +128,7 @@ impl FaultKind {
             FaultKind::NotReady(_) => "not-ready",
             FaultKind::SmartWarning(_) => "smart-warning",
             FaultKind::PowerLoss => "power-loss",
+            FaultKind::Ana(_) => "ana",
         }
     }
 
@@ -179,6 +198,9 @@ impl FaultSpec {
                 Err(FaultError::NotReady)
             }
             FaultKind::SmartWarning(0) => Err(FaultError::NoWarning),
+            FaultKind::Ana(a) if a.duration.is_some_and(|d| d > MAX_LATENCY) => {
+                Err(FaultError::AnaDuration)
+            }
             _ => Ok(()),
         }
     }
@@ -203,6 +225,11 @@ pub enum FaultError {
     NotReady,
     #[error("a SMART warning needs at least one critical warning bit")]
     NoWarning,
+    #[error("an ana fault lasts at most 3600 s (leave duration out for a state that stays)")]
+    AnaDuration,
+    /// The ANA state could not be set (the reason, from `ana_set`).
+    #[error("{0}")]
+    Ana(String),
     #[error("at most {MAX_FAULTS} command faults at once: clear some first")]
     TooMany,
     #[error("namespace {0} does not exist")]

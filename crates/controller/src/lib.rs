@@ -67,7 +67,7 @@ pub use config::{
 };
 pub use controller::{AnaError, Controller, NamespaceOpError};
 pub use doorbell::{DoorbellPage, HeapDoorbellPage, DOORBELL_PAGE_DWORDS};
-pub use faults::{Fault, FaultError, FaultKind, FaultSpec, Latency};
+pub use faults::{AnaFault, Fault, FaultError, FaultKind, FaultSpec, Latency};
 pub use memory::{DmaError, GuestAddress, GuestMemory, InterruptSink, Segment};
 pub use protection::{Guard, PiType, Protection};
 pub use qos::{

@@ -314,6 +314,102 @@ fn an_inaccessible_path_answers_io_with_the_ana_status_and_its_host_hears_of_it(
     assert!(server.terminate().success());
 }
 
+/// The path's ANA state on controller `cntlid` for group 1, from ana_get.
+fn ana_state(control: &Path, cntlid: u16) -> String {
+    let states = ctl_ok(control, &["ana_get"]);
+    states["states"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["controller"] == cntlid && s["group"] == 1)
+        .map(|s| s["state"].as_str().unwrap().to_string())
+        .unwrap_or_else(|| panic!("no state of controller {cntlid}: {states}"))
+}
+
+#[test]
+fn an_ana_fault_fails_a_path_and_with_a_duration_gives_it_back() {
+    let dir = temp_dir("subsys-ana-fault");
+    // One from the configuration, armed at start: path 2 non-optimized.
+    let cfg = dir.join("faults.toml");
+    std::fs::write(
+        &cfg,
+        "[[fault]]\nkind = \"ana\"\ncontroller = 2\nstate = \"non-optimized\"\n",
+    )
+    .unwrap();
+    let (server, sockets, control) = serve(&dir, 2, &["--config", cfg.to_str().unwrap()]);
+    let mut a = Client::connect(&sockets[0]);
+    let mut b = Client::connect(&sockets[1]);
+    assert_eq!(ana_state(&control, 2), "non-optimized");
+    b.write(0, 1).unwrap();
+    // At run time, with no duration: the path stays inaccessible.
+    let added = ctl_ok(&control, &["fault_add", "kind=ana", "controller=2"]);
+    assert!(
+        added["id"].is_null(),
+        "a state fault has no rule id: {added}"
+    );
+    let status = io_status(&b.read(0).unwrap_err());
+    assert!(
+        status.same_code(Status::ASYMMETRIC_ACCESS_INACCESSIBLE),
+        "{status}"
+    );
+    a.write(8, 2).unwrap();
+    // With a duration: persistent loss, then back to what the path was
+    // (inaccessible, the state before this fault), announced each time.
+    ctl_ok(
+        &control,
+        &[
+            "fault_add",
+            "kind=ana",
+            "controller=2",
+            "group=1",
+            "state=persistent-loss",
+            "duration=300ms",
+        ],
+    );
+    let status = io_status(&b.read(0).unwrap_err());
+    assert!(
+        status.same_code(Status::ASYMMETRIC_ACCESS_PERSISTENT_LOSS),
+        "{status}"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while ana_state(&control, 2) == "persistent-loss" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the fault never ended"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(ana_state(&control, 2), "inaccessible");
+    assert_eq!(ana_state(&control, 1), "optimized");
+    ctl_ok(&control, &["ana_set", "controller=2", "state=optimized"]);
+    assert_eq!(b.read(8).unwrap(), pattern(BLOCK * 8, 2));
+    // Wrong ones are refused with the reason.
+    for (args, expect) in [
+        (&["fault_add", "kind=ana"][..], "needs controller"),
+        (
+            &["fault_add", "kind=ana", "controller=9"][..],
+            "no controller 9",
+        ),
+        (
+            &["fault_add", "kind=ana", "controller=2", "state=broken"][..],
+            "unknown ANA state",
+        ),
+        (
+            &["fault_add", "kind=ana", "controller=2", "group=7"][..],
+            "no ANA group 7",
+        ),
+        (
+            &["fault_add", "kind=ana", "controller=2", "duration=2h"][..],
+            "at most 3600 s",
+        ),
+    ] {
+        let err = ctl_err(&control, args);
+        assert!(err.contains(expect), "{args:?}: {err}");
+    }
+    drop((a, b));
+    assert!(server.terminate().success());
+}
+
 #[test]
 fn ana_set_refuses_what_the_subsystem_lacks() {
     let dir = temp_dir("subsys-ana-bad");

@@ -3,7 +3,10 @@
 //! subsystem, set from any of its controllers (the control socket's
 //! `ana_set`).
 
+use std::sync::Arc;
+
 use super::Controller;
+use crate::faults::AnaFault;
 use crate::subsystem::ana::AnaState;
 
 /// Why an ANA state could not be set.
@@ -54,6 +57,47 @@ impl Controller {
         }
         tracing::info!(cntlid, ?group, %state, changed, "ANA state set by the operator");
         Ok(changed)
+    }
+
+    /// An `ana` fault: the path's groups go to the fault's state now and,
+    /// after its duration, back to the state each had, unless someone set
+    /// it again meanwhile (the later setting wins).
+    pub(super) fn ana_fault(&self, fault: AnaFault) -> Result<(), AnaError> {
+        let before: Vec<(u32, AnaState)> = self
+            .ana_states()
+            .into_iter()
+            .filter(|&(c, g, _)| c == fault.controller && fault.group.is_none_or(|f| f == g))
+            .map(|(_, g, s)| (g, s))
+            .collect();
+        self.ana_set(fault.controller, fault.group, fault.state)?;
+        let Some(d) = fault.duration else {
+            return Ok(());
+        };
+        let weak = Arc::downgrade(&self.shared);
+        let spawned = std::thread::Builder::new()
+            .name("vnvme-ana-fault".into())
+            .spawn(move || {
+                std::thread::sleep(d);
+                let Some(shared) = weak.upgrade() else {
+                    return;
+                };
+                let namespaces = &shared.subsystem.namespaces;
+                let ana = &namespaces.table().ana;
+                let mut changed = false;
+                for (g, was) in before {
+                    if ana.state(fault.controller, g) == fault.state {
+                        changed |= ana.set(fault.controller, &[g], was);
+                    }
+                }
+                if changed {
+                    namespaces.notify_ana([fault.controller]);
+                }
+                tracing::info!(cntlid = fault.controller, changed, "ana fault over");
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("no timer for the end of an ana fault ({e}): the state stays");
+        }
+        Ok(())
     }
 
     /// Every ANA group's state on every controller of the subsystem:

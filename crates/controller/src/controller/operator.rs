@@ -291,6 +291,9 @@ impl Controller {
             }
             FaultKind::SmartWarning(bits) => raise_smart_warning(shared, bits),
             FaultKind::PowerLoss => self.power_loss()?,
+            FaultKind::Ana(a) => self
+                .ana_fault(a)
+                .map_err(|e| FaultError::Ana(e.to_string()))?,
         }
         tracing::info!(fault = spec.kind.name(), nsid, "fault injected");
         Ok(None)

@@ -27,8 +27,9 @@ Methods: stats; namespace_add ns=SPEC [nsid=N] (SPEC as --ns: 64M:ram,format=0);
 nsid=N; namespace_attach nsid=N; namespace_detach nsid=N; namespace_resize nsid=N size=SIZE;
 fault_add kind=KIND [nsid=N] [opcodes=read,write] [lba=N blocks=N] [probability=P] [count=N] and
 the kind's own (latency=5ms | distribution=uniform min= max= | distribution=exponential mean=;
-status=NAME|0xSCTSC dnr=true|false; duration=5s; warning=temperature|spare|reliability|read-only|backup);
-KIND is latency, status, never-complete, media-error, not-ready, smart-warning or power-loss;
+status=NAME|0xSCTSC dnr=true|false; duration=5s; warning=temperature|spare|reliability|read-only|backup;
+ana: controller=CNTLID [group=G] [state=inaccessible|...] [duration=3s]);
+KIND is latency, status, never-complete, media-error, not-ready, smart-warning, power-loss or ana;
 fault_list; fault_clear [id=N]; qos_set [nsid=N | group=NAME] [iops=N] [read_iops=N]
 [write_iops=N] [bps=SIZE] [read_bps=SIZE] [write_bps=SIZE] [KEY_burst=N] (replaces every limit of
 the controller, namespace or group; none given: unlimited); qos_get; controller_fatal

@@ -5,7 +5,7 @@
 //! ```toml
 //! [[fault]]
 //! kind = "status"              # latency, status, never-complete, media-error,
-//!                              # not-ready, smart-warning, power-loss
+//!                              # not-ready, smart-warning, power-loss, ana
 //! nsid = 1                     # default: every namespace
 //! opcodes = ["read"]           # names or numbers; default: every I/O opcode
 //! lba = 0                      # first block and blocks (default: anywhere)
@@ -19,7 +19,7 @@
 use std::time::Duration;
 
 use serde::Deserialize;
-use vnvme_controller::{FaultKind, FaultSpec, Latency};
+use vnvme_controller::{AnaFault, AnaState, FaultKind, FaultSpec, Latency};
 use vnvme_spec::{NvmOpcode, Status};
 
 use crate::namespace::parse_duration;
@@ -53,8 +53,13 @@ pub struct FaultParams {
     /// status.
     pub status: Option<NumberOrName>,
     pub dnr: Option<bool>,
-    /// not-ready: how long.
+    /// not-ready: how long; ana: how long (default: the state stays).
     pub duration: Option<String>,
+    /// ana: the path (CNTLID), the group (default every one) and the
+    /// state it goes to (default inaccessible).
+    pub controller: Option<u16>,
+    pub group: Option<u32>,
+    pub state: Option<String>,
     /// smart-warning: spare, temperature, reliability, read-only,
     /// backup, or the critical warning bits.
     pub warning: Option<NumberOrName>,
@@ -140,10 +145,24 @@ impl FaultParams {
                 self.warning.as_ref().ok_or_else(|| needs("warning"))?,
             )?),
             "power-loss" => FaultKind::PowerLoss,
+            "ana" => FaultKind::Ana(AnaFault {
+                controller: self
+                    .controller
+                    .ok_or_else(|| needs("controller (its CNTLID: 1, 2, ... in --socket order)"))?,
+                group: self.group,
+                state: match &self.state {
+                    Some(s) => s.parse::<AnaState>()?,
+                    None => AnaState::Inaccessible,
+                },
+                duration: match &self.duration {
+                    Some(_) => Some(duration("duration", &self.duration)?),
+                    None => None,
+                },
+            }),
             other => {
                 return Err(format!(
                     "unknown fault kind '{other}': use latency, status, never-complete, \
-                     media-error, not-ready, smart-warning or power-loss"
+                     media-error, not-ready, smart-warning, power-loss or ana"
                 ))
             }
         })

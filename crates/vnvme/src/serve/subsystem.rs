@@ -102,12 +102,6 @@ pub(super) fn run(
             Some(groups.clone()),
         )
         .context("controller 1")?;
-    for (i, spec) in file.faults.into_iter().enumerate() {
-        first
-            .controller()
-            .fault_add(spec)
-            .with_context(|| format!("[[fault]] number {} of the configuration", i + 1))?;
-    }
     let qos_groups = crate::qos::groups(&file.qos_groups)?;
     crate::qos::apply_all(
         first.controller(),
@@ -122,6 +116,13 @@ pub(super) fn run(
             .build_joining(&devices[0], cntlid, &origin, Some(groups.clone()))
             .with_context(|| format!("controller {cntlid}"))?;
         devices.push(device);
+    }
+    // Armed once every controller has joined: an `ana` fault names one.
+    for (i, spec) in file.faults.into_iter().enumerate() {
+        devices[0]
+            .controller()
+            .fault_add(spec)
+            .with_context(|| format!("[[fault]] number {} of the configuration", i + 1))?;
     }
     let identity = opts.device.controller_config(&origin);
     let stop = Arc::new(AtomicBool::new(false));
