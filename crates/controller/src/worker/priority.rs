@@ -492,6 +492,31 @@ mod tests {
         .unwrap();
     }
 
+    /// The watchdog's rule, end to end with real threads and classes: a
+    /// worker in the idle class that stays runnable without finishing a
+    /// round is starving, and the watchdog moves it to the usual class
+    /// (whatever the host's load: no timing is asserted, only that it
+    /// happens).
+    #[test]
+    fn a_runnable_idle_class_worker_without_rounds_is_moved_back_by_the_watchdog() {
+        std::thread::spawn(|| {
+            let p = Priority::new(Instant::now()).expect("root can leave SCHED_IDLE");
+            set_class(true).unwrap();
+            p.flags.idle.store(true, Ordering::Release);
+            watchdog::wake();
+            // Runnable, and no round: spin until the watchdog moves us.
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while !p.flags.starved.load(Ordering::Acquire) {
+                assert!(Instant::now() < deadline, "the watchdog never came");
+                std::hint::spin_loop();
+            }
+            assert!(!p.flags.idle.load(Ordering::Acquire));
+            assert!(matches!(scheduler::get_self_policy(), Ok(Policy::Other)));
+        })
+        .join()
+        .unwrap();
+    }
+
     const fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
     }
