@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use vnvme_spec::{Command, NvmOpcode, Status};
 
-use crate::subsystem::ana::AnaState;
+use vnvme_spec::ana::AnaState;
 
 /// Command fault rules kept at most (a control client cannot grow the
 /// table without bound).

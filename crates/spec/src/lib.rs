@@ -32,6 +32,7 @@ macro_rules! dword {
     )*};
 }
 
+pub mod ana;
 pub mod cdw;
 pub mod command;
 pub mod directive;
