@@ -252,6 +252,19 @@ impl Conn {
         wanted: &Wanted,
         deadline: Option<Instant>,
     ) -> Result<Option<Message>, Error> {
+        self.wait_or_wake(wanted, deadline, None)
+    }
+
+    /// As [`wait`](Self::wait), also returning `Ok(None)` as soon as `wake`
+    /// is readable, if this thread is the one reading the socket (another
+    /// reader, a worker waiting for a DMA reply, ends the wait only at the
+    /// deadline or with a message).
+    pub fn wait_or_wake(
+        &self,
+        wanted: &Wanted,
+        deadline: Option<Instant>,
+        wake: Option<BorrowedFd<'_>>,
+    ) -> Result<Option<Message>, Error> {
         let mut st = self.state.lock();
         loop {
             let taken = match *wanted {
@@ -285,11 +298,17 @@ impl Conn {
                     &self.stream,
                     deadline.map(|d| d.saturating_duration_since(now)),
                     self.message_timeout,
+                    wake,
                 );
                 st = self.state.lock();
                 st.reader_busy = false;
                 match res {
                     Ok(Some(msg)) => file_message(&mut st, msg),
+                    Ok(None) if wake.is_some() => {
+                        // Timed out or woken: either way the caller looks.
+                        self.cv.notify_all();
+                        return Ok(None);
+                    }
                     Ok(None) => {}
                     Err(e) => {
                         // The owner shuts the socket down (the server may
@@ -335,8 +354,20 @@ fn read_message(
     stream: &UnixStream,
     timeout: Option<Duration>,
     message_timeout: Duration,
+    wake: Option<BorrowedFd<'_>>,
 ) -> Result<Option<Message>, Error> {
-    if !wait_readable(stream, timeout)? {
+    let readable = match wake {
+        None => wait_readable(stream, timeout)?,
+        Some(wake) => {
+            let mut pfd = [
+                PollFd::new(stream, PollFlags::IN),
+                PollFd::new(&wake, PollFlags::IN),
+            ];
+            poll(&mut pfd, timeout).map_err(|e| Error::Io(e.into()))?;
+            !pfd[0].revents().is_empty()
+        }
+    };
+    if !readable {
         return Ok(None);
     }
     let mut rx = Receiver {

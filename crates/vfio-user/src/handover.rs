@@ -67,6 +67,14 @@ pub struct ClientParts<'a> {
 pub trait Handover<D>: Sync {
     /// Whether a handover is asked for.
     fn asked(&self) -> bool;
+    /// A non-blocking fd (socket, pipe or eventfd) that becomes readable
+    /// when a handover is asked, so the server loop, waiting for the
+    /// client's next message, sees the request at once; the server empties
+    /// it before each look at [`asked`](Self::asked). `None`: the request
+    /// is seen at the loop's next stop poll (up to 100 ms later).
+    fn wake_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
     /// Takes the request back, refused for `why`; serving goes on.
     fn refuse(&self, why: String);
     /// Stops the device's work for a save (bounded); `Err`: why not, and

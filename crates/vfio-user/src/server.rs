@@ -12,9 +12,9 @@
 //! must arrive whole within [`ServerOptions::message_timeout`]; a negotiated
 //! client that merely stays idle is never dropped.
 
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,11 +26,14 @@ use crate::conn::{
 };
 use crate::dma::{DmaLimits, DmaSpace};
 use crate::door::{Door, RateLimit, STOP_POLL};
-use crate::handover::{Adopted, ClientParts, DmaLedger, HandedMap, Handover};
+use crate::handover::{Adopted, DmaLedger, HandedMap, Handover};
 use crate::msg_times::MessageTimes;
 use crate::version::parse_version_caps;
 use crate::wire::*;
 use crate::{Device, Errno, Error};
+
+mod handing;
+mod irqs;
 
 /// How long a new connection has to send a valid VERSION (the default of
 /// [`ServerOptions::handshake_timeout`]).
@@ -63,6 +66,10 @@ impl Default for ServerOptions {
 pub struct Server<D: Device> {
     device: D,
     opts: ServerOptions,
+    /// Stop-poll periods that ran out while a handover was asked: each is
+    /// up to [`STOP_POLL`] the request waited to be seen. A [`Handover`]
+    /// with a wake fd keeps it at 0 (see [`Server::late_handover_polls`]).
+    late_handover_polls: Arc<AtomicU64>,
 }
 
 /// State of one client connection.
@@ -92,7 +99,18 @@ impl<D: Device> Server<D> {
     }
 
     pub fn with_options(device: D, opts: ServerOptions) -> Self {
-        Self { device, opts }
+        Self {
+            device,
+            opts,
+            late_handover_polls: Arc::default(),
+        }
+    }
+
+    /// How many times the client loop's stop poll ran out while a handover
+    /// was asked and not yet seen (its [`Handover::wake_fd`] did not wake
+    /// the loop, or it has none): a count a test can check is 0.
+    pub fn late_handover_polls(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.late_handover_polls)
     }
 
     pub fn device(&self) -> &D {
@@ -257,6 +275,10 @@ impl<D: Device> Server<D> {
             if stop.is_some_and(|f| f.load(Ordering::Relaxed)) {
                 return Ok(());
             }
+            let wake = handover.and_then(|h| h.wake_fd());
+            if let Some(fd) = wake {
+                handing::drain_wake(fd);
+            }
             if let Some(h) = handover.filter(|h| h.asked()) {
                 self.hand_over(s, h)?;
             }
@@ -271,9 +293,15 @@ impl<D: Device> Server<D> {
                 }
                 deadline = Some(deadline.map_or(handshake_deadline, |d| d.min(handshake_deadline)));
             }
-            let msg = match s.conn.wait(&Wanted::Request, deadline) {
+            let msg = match s.conn.wait_or_wake(&Wanted::Request, deadline, wake) {
                 Ok(Some(m)) => m,
-                Ok(None) => continue,
+                Ok(None) => {
+                    let timed_out = deadline.is_some_and(|d| Instant::now() >= d);
+                    if timed_out && handover.is_some_and(|h| h.asked()) {
+                        self.late_handover_polls.fetch_add(1, Ordering::Relaxed);
+                    }
+                    continue;
+                }
                 Err(Error::Refused {
                     msg_id,
                     command,
@@ -301,53 +329,6 @@ impl<D: Device> Server<D> {
             self.handle(s, msg)?;
             s.times.add(command, started.elapsed());
         }
-    }
-
-    /// Hands the client over (see [`crate::handover`]), between two
-    /// messages; returns only if that failed (or was refused), with the
-    /// device running again. An error is the connection's, met while
-    /// answering the requests read before the handover.
-    fn hand_over(&mut self, s: &mut ClientState, h: &dyn Handover<D>) -> Result<(), Error> {
-        if s.dma.is_none() {
-            h.refuse("a client is connecting (it has not sent VERSION yet): try again".into());
-            return Ok(());
-        }
-        if let Err(why) = h.pause(&mut self.device) {
-            h.refuse(why);
-            return Ok(());
-        }
-        // Requests a worker read while it waited for a DMA reply: their
-        // replies are owed by this process. A deadline of now never starts
-        // reading a message, so none is left half read.
-        loop {
-            let next = s.conn.wait(&Wanted::Request, Some(Instant::now()));
-            let failed = match next {
-                Ok(Some(msg)) => self.handle(s, msg).err(),
-                Ok(None) => break,
-                Err(e) => Some(e),
-            };
-            if let Some(e) = failed {
-                h.resume(&mut self.device);
-                h.refuse(format!("the client's connection failed: {e}"));
-                return Err(e);
-            }
-        }
-        let why = match (&s.dma, s.ledger.parts()) {
-            (Some(dma), Ok((maps, files))) => {
-                let parts = ClientParts {
-                    conn: s.conn.fd(),
-                    max_xfer: dma.max_xfer(),
-                    maps,
-                    files,
-                };
-                h.transfer(&mut self.device, Some(parts))
-            }
-            (_, Err(why)) => format!("the client cannot be handed over: {why}"),
-            (None, _) => "the client went away".into(),
-        };
-        h.resume(&mut self.device);
-        h.refuse(why);
-        Ok(())
     }
 
     /// Handles one request and sends its reply (unless NO_REPLY).
@@ -665,81 +646,6 @@ impl<D: Device> Server<D> {
         Ok(w.as_bytes().to_vec())
     }
 
-    fn set_irqs(&mut self, s: &mut ClientState, payload: &[u8], fds: Vec<OwnedFd>) -> Handled {
-        let set = read_prefix::<IrqSet>(payload).ok_or(libc::EINVAL)?;
-        if (set.argsz as usize) < size_of::<IrqSet>() {
-            return Err(libc::EINVAL);
-        }
-        let data_flags = set.flags & VFIO_IRQ_SET_DATA_MASK;
-        let action = set.flags & VFIO_IRQ_SET_ACTION_MASK_ALL;
-        if set.flags & !(VFIO_IRQ_SET_DATA_MASK | VFIO_IRQ_SET_ACTION_MASK_ALL) != 0
-            || data_flags.count_ones() != 1
-            || action.count_ones() != 1
-        {
-            return Err(libc::EINVAL);
-        }
-        let info = self.device.irq_info(set.index).ok_or(libc::EINVAL)?;
-        let end = set.start.checked_add(set.count).ok_or(libc::EINVAL)?;
-        let disable_all = data_flags == VFIO_IRQ_SET_DATA_NONE && set.count == 0;
-        if disable_all {
-            if set.start != 0 {
-                return Err(libc::EINVAL);
-            }
-        } else if set.count == 0 || end > info.count {
-            return Err(libc::EINVAL);
-        }
-        match data_flags {
-            VFIO_IRQ_SET_DATA_EVENTFD => {
-                if !fds.is_empty() && fds.len() != set.count as usize {
-                    return Err(libc::EINVAL);
-                }
-                for fd in &fds {
-                    if let Err(what) = prepare_eventfd(fd) {
-                        if let Some(suppressed) = s.warnings.allow() {
-                            tracing::warn!(
-                                index = set.index,
-                                suppressed,
-                                "SET_IRQS: {what}: refused (EINVAL); interrupts need eventfds"
-                            );
-                        }
-                        return Err(libc::EINVAL);
-                    }
-                }
-                self.device
-                    .set_irqs(set.index, set.flags, set.start, set.count, fds)?;
-            }
-            VFIO_IRQ_SET_DATA_NONE => {
-                if !fds.is_empty() {
-                    return Err(libc::EINVAL);
-                }
-                self.device
-                    .set_irqs(set.index, set.flags, set.start, set.count, Vec::new())?;
-            }
-            _ => {
-                // DATA_BOOL: one byte per vector follows the structure.
-                if !fds.is_empty() {
-                    return Err(libc::EINVAL);
-                }
-                let data = payload
-                    .get(size_of::<IrqSet>()..size_of::<IrqSet>() + set.count as usize)
-                    .ok_or(libc::EINVAL)?;
-                let flags = (set.flags & !VFIO_IRQ_SET_DATA_BOOL) | VFIO_IRQ_SET_DATA_NONE;
-                for (i, b) in data.iter().enumerate() {
-                    if *b != 0 {
-                        self.device.set_irqs(
-                            set.index,
-                            flags,
-                            set.start + i as u32,
-                            1,
-                            Vec::new(),
-                        )?;
-                    }
-                }
-            }
-        }
-        Ok(Vec::new())
-    }
-
     /// Checks an access against the region's size and permission.
     fn check_region(
         &self,
@@ -791,23 +697,6 @@ impl<D: Device> Server<D> {
         self.device.region_write(a.region, a.offset, data)?;
         Ok(a.as_bytes().to_vec())
     }
-}
-
-/// Makes an interrupt fd safe to signal from any thread: it must be an
-/// eventfd (a pipe or socket whose buffer fills would block the writer), and
-/// it is made non-blocking, so an eventfd at its maximum count answers
-/// EAGAIN (it is signalled already) instead of blocking. O_NONBLOCK is a
-/// property of the open file, so the client's copy gets it too; eventfd
-/// readers (QEMU's event notifiers) poll before they read.
-fn prepare_eventfd(fd: &OwnedFd) -> Result<(), String> {
-    let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
-        .map_err(|e| format!("cannot tell what fd {} is ({e})", fd.as_raw_fd()))?;
-    if link.as_os_str() != "anon_inode:[eventfd]" {
-        return Err(format!("fd is {}, not an eventfd", link.display()));
-    }
-    let flags = rustix::fs::fcntl_getfl(fd).map_err(|e| format!("F_GETFL: {e}"))?;
-    rustix::fs::fcntl_setfl(fd, flags | rustix::fs::OFlags::NONBLOCK)
-        .map_err(|e| format!("F_SETFL: {e}"))
 }
 
 fn send_result(

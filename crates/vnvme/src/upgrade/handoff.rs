@@ -238,6 +238,10 @@ impl Handover<NvmeDevice> for Upgrader {
         self.requests.asked()
     }
 
+    fn wake_fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.requests.wake_fd())
+    }
+
     fn refuse(&self, why: String) {
         self.requests.answer(Err(why));
     }

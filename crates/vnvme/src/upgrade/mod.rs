@@ -30,6 +30,9 @@
 //!
 //! Single-controller `vnvme serve` only; `[[controllers]]` refuses.
 
+use std::io::Write;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
@@ -86,6 +89,14 @@ struct Pending {
 pub struct Requests {
     pending: Mutex<Option<Pending>>,
     signal: Arc<AtomicBool>,
+    /// Readable once a request is made (a byte from [`SIGNAL`]'s handler
+    /// or from [`ask`](Self::ask)): the server loop polls it with the
+    /// client's socket, so it sees the request at once and not at its
+    /// next stop poll (up to 100 ms later; most of the stall an upgrade
+    /// caused in the guest when the client traps nothing).
+    wake: UnixStream,
+    /// The other end, which `ask` writes to.
+    waker: UnixStream,
 }
 
 /// Sent by the control socket once the reply to an upgrade is written.
@@ -102,11 +113,25 @@ impl Requests {
     /// Requests with [`SIGNAL`] installed.
     pub fn new() -> Result<Arc<Self>> {
         let signal = Arc::new(AtomicBool::new(false));
+        let (wake, waker) = UnixStream::pair().context("creating the upgrade wake socket")?;
+        wake.set_nonblocking(true)
+            .context("creating the upgrade wake socket")?;
+        waker
+            .set_nonblocking(true)
+            .context("creating the upgrade wake socket")?;
+        // The flag first: the byte the pipe handler writes must find it set.
         signal_hook::flag::register(SIGNAL, Arc::clone(&signal))
+            .context("installing the upgrade signal (SIGUSR2)")?;
+        let signal_waker = waker
+            .try_clone()
+            .context("creating the upgrade wake socket")?;
+        signal_hook::low_level::pipe::register(SIGNAL, signal_waker)
             .context("installing the upgrade signal (SIGUSR2)")?;
         Ok(Arc::new(Self {
             pending: Mutex::new(None),
             signal,
+            wake,
+            waker,
         }))
     }
 
@@ -139,6 +164,8 @@ impl Requests {
                 written: Some(written),
             });
         }
+        // A full socket (WouldBlock) already wakes the loop.
+        let _ = (&self.waker).write(&[1]);
         match outcome.recv_timeout(ASK_TIMEOUT) {
             Ok(o) => (o, Some(Written(written_tx))),
             Err(_) => (
@@ -149,6 +176,11 @@ impl Requests {
                 None,
             ),
         }
+    }
+
+    /// The fd that is readable once a request is made (see the field).
+    pub fn wake_fd(&self) -> BorrowedFd<'_> {
+        self.wake.as_fd()
     }
 
     /// The request to serve now (a signal becomes one without a reply).

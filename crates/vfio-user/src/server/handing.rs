@@ -1,0 +1,84 @@
+//! Handing the served client over (a live upgrade, see [`crate::handover`]):
+//! the part of the server loop that runs between two messages once a
+//! [`Handover`] asks, and the wake that makes the loop see the request at
+//! once instead of at its next stop poll.
+
+use std::io::ErrorKind;
+use std::os::fd::BorrowedFd;
+use std::time::Instant;
+
+use super::{ClientState, Server};
+use crate::conn::Wanted;
+use crate::handover::{ClientParts, Handover};
+use crate::{Device, Error};
+
+impl<D: Device> Server<D> {
+    /// Hands the client over (see [`crate::handover`]), between two
+    /// messages; returns only if that failed (or was refused), with the
+    /// device running again. An error is the connection's, met while
+    /// answering the requests read before the handover.
+    pub(super) fn hand_over(
+        &mut self,
+        s: &mut ClientState,
+        h: &dyn Handover<D>,
+    ) -> Result<(), Error> {
+        if s.dma.is_none() {
+            h.refuse("a client is connecting (it has not sent VERSION yet): try again".into());
+            return Ok(());
+        }
+        if let Err(why) = h.pause(&mut self.device) {
+            h.refuse(why);
+            return Ok(());
+        }
+        // Requests a worker read while it waited for a DMA reply: their
+        // replies are owed by this process. A deadline of now never starts
+        // reading a message, so none is left half read.
+        loop {
+            let next = s.conn.wait(&Wanted::Request, Some(Instant::now()));
+            let failed = match next {
+                Ok(Some(msg)) => self.handle(s, msg).err(),
+                Ok(None) => break,
+                Err(e) => Some(e),
+            };
+            if let Some(e) = failed {
+                h.resume(&mut self.device);
+                h.refuse(format!("the client's connection failed: {e}"));
+                return Err(e);
+            }
+        }
+        let why = match (&s.dma, s.ledger.parts()) {
+            (Some(dma), Ok((maps, files))) => {
+                let parts = ClientParts {
+                    conn: s.conn.fd(),
+                    max_xfer: dma.max_xfer(),
+                    maps,
+                    files,
+                };
+                h.transfer(&mut self.device, Some(parts))
+            }
+            (_, Err(why)) => format!("the client cannot be handed over: {why}"),
+            (None, _) => "the client went away".into(),
+        };
+        h.resume(&mut self.device);
+        h.refuse(why);
+        Ok(())
+    }
+}
+
+/// Empties a [`Handover::wake_fd`] before the loop looks at
+/// [`Handover::asked`], so a request made after that look leaves it
+/// readable and ends the next wait at once. A read error other than
+/// "nothing left" leaves the fd readable too: the loop then merely turns
+/// once more, and the request flag, not the fd, says what to do.
+pub(super) fn drain_wake(fd: BorrowedFd<'_>) {
+    let mut buf = [0u8; 64];
+    // Bounded: a peer writing without end cannot keep the loop here.
+    for _ in 0..16 {
+        match rustix::io::read(fd, &mut buf) {
+            Ok(0) => return,
+            Ok(_) => {}
+            Err(e) if std::io::Error::from(e).kind() == ErrorKind::Interrupted => {}
+            Err(_) => return,
+        }
+    }
+}
