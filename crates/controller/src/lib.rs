@@ -81,5 +81,5 @@ pub use stats::{ControllerStats, QueueStats};
 pub use subsystem::ana::AnaState;
 pub use vendor::{VendorCommand, VendorCommands};
 pub use vnvme_blockdev::BlockDevice;
-pub use worker::group::{PollGroupError, PollGroups, MAX_POLL_GROUPS};
+pub use worker::group::{GroupCounts, PollGroupError, PollGroups, MAX_POLL_GROUPS};
 pub use zoned::{ZoneChange, ZoneOpError, ZonedConfig, ZonedError, MAX_ZONES};

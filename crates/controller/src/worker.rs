@@ -175,6 +175,10 @@ pub(crate) trait Member: Send {
     /// Whether kicks wait in the mailbox (a group looks before waking a
     /// member early).
     fn kicked(&self) -> bool;
+    /// Whether, after its last round, the member is idle and waits only to
+    /// look at a mapped doorbell page again (its back-off): a round any
+    /// earlier serves it as well.
+    fn looks(&self) -> bool;
 }
 
 /// Worker `index` of `shared` with its wake policy, as a [`Member`]; `None`
@@ -367,6 +371,10 @@ impl<W: Wake + Send> Member for Worker<W> {
             .mailboxes
             .get(self.index)
             .is_some_and(|m| m.kicked())
+    }
+
+    fn looks(&self) -> bool {
+        self.wake.looks()
     }
 }
 

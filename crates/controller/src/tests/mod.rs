@@ -455,6 +455,7 @@ mod features;
 mod firmware;
 mod identify;
 mod identities;
+mod idle_groups;
 mod inflight;
 mod io;
 mod keep_alive;

@@ -18,6 +18,17 @@
 //! has work the thread sleeps on the group's [`Bell`] until the earliest
 //! member's deadline; any member's mailbox rings it.
 //!
+//! Idle, one look for all: a member whose client maps the doorbell page
+//! (QEMU maps it into its guest) can learn of new work only by looking at
+//! the page, so idle it still wakes after a back-off (up to 5 ms, see
+//! `wake::Adaptive`). Each member on its own clock would wake the thread
+//! once per member per back-off. Instead, when one member's look falls
+//! due, every member that waits only for such a look gets its round in
+//! the same pass: from then on their looks fall due together, and an idle
+//! group wakes once per back-off whatever its number of members. A look
+//! only comes earlier than the member asked, never later, so the first
+//! command after a long idle still waits at most one back-off.
+//!
 //! A controller's client connecting, resetting or dying touches only that
 //! controller's members: the reset stops them (their mailboxes' stop flag),
 //! the group drops them at their next round, and the reset waits for that
@@ -77,6 +88,21 @@ struct Group {
     stop: AtomicBool,
     /// Members now served.
     members: AtomicUsize,
+    counts: Mutex<GroupCounts>,
+}
+
+/// A poll group thread's wake-ups ([`PollGroups::counts`]): what an idle
+/// group costs is mostly these.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct GroupCounts {
+    /// Times the thread slept and woke (deadline or bell).
+    pub wakeups: u64,
+    /// Of those, the wake-ups that found every member idle, waiting only
+    /// to look at its doorbell page again.
+    pub idle_wakeups: u64,
+    /// Member rounds run on those wake-ups: with one look for all, the
+    /// members times `idle_wakeups`.
+    pub idle_rounds: u64,
 }
 
 struct Joining {
@@ -136,6 +162,7 @@ impl PollGroups {
                     joining: Mutex::new(Vec::new()),
                     stop: AtomicBool::new(false),
                     members: AtomicUsize::new(0),
+                    counts: Mutex::default(),
                 })
             })
             .collect();
@@ -172,6 +199,11 @@ impl PollGroups {
             .iter()
             .map(|g| g.members.load(Ordering::Relaxed))
             .collect()
+    }
+
+    /// Each group thread's wake-ups so far.
+    pub fn counts(&self) -> Vec<GroupCounts> {
+        self.0.groups.iter().map(|g| *g.counts.lock()).collect()
     }
 
     /// The groups and bells of a new controller's workers: the admin
@@ -223,6 +255,8 @@ struct Served {
     /// What it asked for before its next round, and until when.
     wait: Wait,
     due: Option<Instant>,
+    /// Idle: `due` is only its next look at its doorbell page.
+    looks: bool,
 }
 
 impl Served {
@@ -233,6 +267,12 @@ impl Served {
             Wait::For(d) => Some(Instant::now() + d),
             Wait::Until(at) => at,
         };
+        self.looks = !matches!(self.wait, Wait::No) && self.member.looks();
+    }
+
+    /// Whether its look at its doorbell page is due.
+    fn look_due(&self, now: Instant) -> bool {
+        self.looks && self.due.is_some_and(|d| now >= d)
     }
 
     /// Whether it gets a round in this pass.
@@ -248,6 +288,9 @@ fn serve(group: &Group) {
         tracing::debug!("setting the poll group's timer slack: {e}");
     }
     let mut members: Vec<Served> = Vec::new();
+    // The thread slept before this pass, and every member was idle then.
+    let mut slept = false;
+    let mut all_idle = false;
     loop {
         if group.stop.load(Ordering::Acquire) {
             break;
@@ -259,14 +302,19 @@ fn serve(group: &Group) {
                 left: j.left,
                 wait: Wait::No,
                 due: None,
+                looks: false,
             };
             s.prepare();
             members.push(s);
         }
         let now = Instant::now();
+        // One look for all (see the module's comment).
+        let look = members.iter().any(|s| s.look_due(now));
+        let mut rounds = 0;
         let mut i = 0;
         while let Some(s) = members.get_mut(i) {
-            if s.ready(now) {
+            if s.ready(now) || (look && s.looks) {
+                rounds += 1;
                 let slept = !matches!(s.wait, Wait::No);
                 if !s.member.round(Take::Now { slept }) {
                     // Dropped (its session, its commands' state) before
@@ -281,14 +329,25 @@ fn serve(group: &Group) {
             }
             i += 1;
         }
+        if slept {
+            let mut c = group.counts.lock();
+            c.wakeups += 1;
+            if all_idle {
+                c.idle_wakeups += 1;
+                c.idle_rounds += rounds;
+            }
+        }
         group.members.store(members.len(), Ordering::Relaxed);
         if members.iter().any(|s| matches!(s.wait, Wait::No)) {
+            slept = false;
             continue;
         }
+        all_idle = !members.is_empty() && members.iter().all(|s| s.looks);
         let deadline = members.iter().filter_map(|s| s.due).min();
         // A kick after a member's prepare rang the bell: the wait returns
         // at once for it.
         group.bell.wait(deadline);
+        slept = true;
     }
     // Stopped with members left (the process is ending): let their
     // controllers' resets go on.

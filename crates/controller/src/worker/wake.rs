@@ -92,6 +92,13 @@ pub(super) trait Wake {
     fn polls(&self, shared: &Shared) -> bool;
     /// After a round: what comes next (may arm EventIdx before sleeping).
     fn after(&mut self, round: Round, shared: &Shared, session: &Session, local: &mut Local);
+    /// Whether the worker is idle and its wait is only a back-off before
+    /// it looks at the doorbell page again: a look any earlier serves it as
+    /// well (a poll group gives all such members their looks on one
+    /// wake-up).
+    fn looks(&self) -> bool {
+        false
+    }
 }
 
 /// One idle poll's pause: a spin hint, and every few polls the core.
@@ -185,6 +192,10 @@ impl Wake for MmapPoll {
                 None
             }
         };
+    }
+
+    fn looks(&self) -> bool {
+        self.spinning.is_none()
     }
 }
 
@@ -385,6 +396,10 @@ impl Wake for Adaptive {
                 self.arm_or_sleep(shared, session, local, idle_since, now)
             }
         };
+    }
+
+    fn looks(&self) -> bool {
+        matches!(self.phase, Phase::Asleep) && self.max_backoff.is_some()
     }
 }
 

@@ -1,0 +1,80 @@
+//! Idle controllers in one poll group: their clients map the doorbell page,
+//! so idle workers still look at it after a back-off, and the group gives
+//! all of them their looks on one wake-up of its thread, not one each.
+
+use super::*;
+use crate::{DoorbellPage, GroupCounts, HeapDoorbellPage, PollGroups};
+
+const CONTROLLERS: usize = 8;
+/// Every controller's admin worker and its one I/O worker (one group).
+const MEMBERS: u64 = 2 * CONTROLLERS as u64;
+
+/// The group's counts once `ready` holds; gives up (fails) after 30 s, a
+/// bound on a hang only.
+fn counts_when(groups: &PollGroups, ready: impl Fn(&GroupCounts) -> bool) -> GroupCounts {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let c = groups.counts()[0];
+        if ready(&c) {
+            return c;
+        }
+        assert!(Instant::now() < deadline, "the group's counts stayed {c:?}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn an_idle_poll_group_wakes_once_to_look_at_every_members_doorbell_page() {
+    let groups = PollGroups::new(1).unwrap();
+    let mut hosts = Vec::new();
+    let mut pages = Vec::new();
+    for _ in 0..CONTROLLERS {
+        let page = Arc::new(HeapDoorbellPage::default());
+        let backend = Arc::new(RamDevice::new(NS_BLOCKS * 512));
+        let mut h = Host::new();
+        h.ctrl = Controller::with_poll_groups(
+            mode_config(DoorbellMode::Adaptive),
+            vec![NamespaceConfig::new(1, 512, backend)],
+            Some(page.clone()),
+            Some(groups.clone()),
+        )
+        .unwrap();
+        h.ctrl.attach(h.mem.clone(), h.irq.clone());
+        h.enable();
+        h.create_pair(1, 16);
+        hosts.push(h);
+        pages.push(page);
+    }
+    assert_eq!(groups.members(), vec![MEMBERS as usize]);
+    // Nothing rings now. The last Create I/O SQ may still be on its way to
+    // its worker (a kick, then a poll window): settled once ten wake-ups in
+    // a row found every member idle, and from then on nothing wakes a
+    // member but its look.
+    let mut before = counts_when(&groups, |c| c.idle_wakeups > 0);
+    loop {
+        let next = counts_when(&groups, |c| c.wakeups >= before.wakeups + 10);
+        let settled = next.wakeups - before.wakeups == next.idle_wakeups - before.idle_wakeups;
+        before = next;
+        if settled {
+            break;
+        }
+    }
+    let after = counts_when(&groups, |c| c.idle_wakeups >= before.idle_wakeups + 50);
+    let wakeups = after.wakeups - before.wakeups;
+    let idle = after.idle_wakeups - before.idle_wakeups;
+    assert_eq!(wakeups, idle, "every wake-up found every member idle");
+    assert_eq!(
+        after.idle_rounds - before.idle_rounds,
+        MEMBERS * idle,
+        "each wake-up looked at all {MEMBERS} members: one wake-up for all, not one each"
+    );
+    // The looks serve a client that rings through the page: a read on each
+    // controller, its tail stored to the page only (no trap).
+    for (h, page) in hosts.iter_mut().zip(&pages) {
+        h.push(1, rw(NvmOpcode::READ, 1, 0, 1, DATA, 0));
+        page.store(2, u32::from(h.rings[1].unwrap().tail));
+        assert!(h.wait_cqe(1).is_some_and(|c| c.status().is_success()));
+        assert_eq!(h.ctrl.stats().queue(1).sq_doorbell_traps, 0);
+        assert_eq!(h.ctrl.stats().queue(1).commands, 1);
+    }
+}
