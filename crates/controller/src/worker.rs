@@ -21,6 +21,7 @@ use vnvme_spec::Status;
 mod cq;
 pub(crate) mod group;
 mod held;
+mod look;
 mod ops;
 mod poll_window;
 mod priority;
@@ -31,6 +32,7 @@ use cq::{
     arm_cq, deliver_events, fire_timers, post, post_answers, publish_cq_behind, refresh_cq_head,
     settle_interrupt,
 };
+use look::PageLook;
 use priority::Priority;
 use reap::{complete_in_flight, waker};
 use wake::{
@@ -179,6 +181,11 @@ pub(crate) trait Member: Send {
     /// look at a mapped doorbell page again (its back-off): a round any
     /// earlier serves it as well.
     fn looks(&self) -> bool;
+    /// For a member that [`looks`](Self::looks): looks at its doorbell
+    /// page without a round ([`look`]). `true`: nothing came, and this
+    /// counted as an idle round (its back-off grows); `false`: it needs a
+    /// round.
+    fn look(&mut self) -> bool;
 }
 
 /// Worker `index` of `shared` with its wake policy, as a [`Member`]; `None`
@@ -234,6 +241,7 @@ struct Worker<W> {
     local: Local,
     /// Work done by `prepare` (completions reaped before waiting).
     reaped: u32,
+    look: PageLook,
 }
 
 impl<W: Wake> Worker<W> {
@@ -278,6 +286,7 @@ impl<W: Wake> Worker<W> {
             wake,
             local,
             reaped: 0,
+            look: PageLook::default(),
         })
     }
 }
@@ -337,6 +346,12 @@ impl<W: Wake + Send> Member for Worker<W> {
             session.mem.quiesce();
             return false;
         };
+        // An idle worker's round: what the page says before it polls, for
+        // the looks that may follow (poll groups only).
+        let idle = matches!(take, Take::Now { .. }) && self.wake.looks();
+        if idle {
+            self.look.record(&shared.doorbells, local);
+        }
         let mut work = std::mem::take(&mut self.reaped);
         local.inflight.set_waking(false);
         ops::apply(shared, session, local);
@@ -362,6 +377,11 @@ impl<W: Wake + Send> Member for Worker<W> {
             polled,
         };
         self.wake.after(round, shared, session, local);
+        if idle {
+            let idle = work == 0 && !kicked && self.wake.looks();
+            self.look
+                .settle(idle, self.wake.armed(), &shared.doorbells, local);
+        }
         true
     }
 
@@ -375,6 +395,29 @@ impl<W: Wake + Send> Member for Worker<W> {
 
     fn looks(&self) -> bool {
         self.wake.looks()
+    }
+
+    fn look(&mut self) -> bool {
+        let (shared, session) = (&*self.shared, &*self.session);
+        let local = &self.local;
+        // Anything but a host's doorbell write also needs a round.
+        let busy = self.reaped > 0
+            || self.kicked()
+            || !local.timers.is_empty()
+            || !local.stalled.is_empty()
+            || !local.held.is_empty()
+            || !local.inflight.is_empty();
+        if busy || !self.wake.looks() || !self.look.quiet(&shared.doorbells, local) {
+            return false;
+        }
+        let round = Round {
+            work: 0,
+            slept: true,
+            kicked: false,
+            polled: self.wake.polls(shared),
+        };
+        self.wake.after(round, shared, session, &mut self.local);
+        true
     }
 }
 

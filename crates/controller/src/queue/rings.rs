@@ -94,6 +94,10 @@ impl Rings {
         table.put_back_rings(self.epoch, sqs, cqs);
     }
 
+    pub fn sq(&self, qid: u16) -> Option<&Sq> {
+        self.sqs.get(usize::from(qid))?.as_ref()
+    }
+
     pub fn sq_mut(&mut self, qid: u16) -> Option<&mut Sq> {
         self.sqs.get_mut(usize::from(qid))?.as_mut()
     }

@@ -1,6 +1,9 @@
 //! Idle controllers in one poll group: their clients map the doorbell page,
 //! so idle workers still look at it after a back-off, and the group gives
-//! all of them their looks on one wake-up of its thread, not one each.
+//! all of them their looks on one wake-up of its thread, not one each; a
+//! look reads the page, and only a doorbell written there brings a round.
+
+use std::sync::atomic::{fence, Ordering};
 
 use super::*;
 use crate::{DoorbellPage, GroupCounts, HeapDoorbellPage, PollGroups};
@@ -23,6 +26,40 @@ fn counts_when(groups: &PollGroups, ready: impl Fn(&GroupCounts) -> bool) -> Gro
     }
 }
 
+/// The group's counts once ten wake-ups in a row found every member idle:
+/// from then on nothing wakes a member but its look.
+fn settled(groups: &PollGroups) -> GroupCounts {
+    let mut before = counts_when(groups, |c| c.idle_wakeups > 0);
+    loop {
+        let next = counts_when(groups, |c| c.wakeups >= before.wakeups + 10);
+        let settled = next.wakeups - before.wakeups == next.idle_wakeups - before.idle_wakeups;
+        before = next;
+        if settled {
+            return before;
+        }
+    }
+}
+
+/// A controller in `groups` with `page` offered, enabled, with SQ/CQ 1.
+fn host_in(groups: &PollGroups, page: &Arc<HeapDoorbellPage>, dbbuf: bool) -> Host {
+    let backend = Arc::new(RamDevice::new(NS_BLOCKS * 512));
+    let mut h = Host::new();
+    h.ctrl = Controller::with_poll_groups(
+        mode_config(DoorbellMode::Adaptive),
+        vec![NamespaceConfig::new(1, 512, backend)],
+        Some(page.clone()),
+        Some(groups.clone()),
+    )
+    .unwrap();
+    h.ctrl.attach(h.mem.clone(), h.irq.clone());
+    h.enable();
+    if dbbuf {
+        h.enable_dbbuf();
+    }
+    h.create_pair(1, 16);
+    h
+}
+
 #[test]
 fn an_idle_poll_group_wakes_once_to_look_at_every_members_doorbell_page() {
     let groups = PollGroups::new(1).unwrap();
@@ -30,35 +67,13 @@ fn an_idle_poll_group_wakes_once_to_look_at_every_members_doorbell_page() {
     let mut pages = Vec::new();
     for _ in 0..CONTROLLERS {
         let page = Arc::new(HeapDoorbellPage::default());
-        let backend = Arc::new(RamDevice::new(NS_BLOCKS * 512));
-        let mut h = Host::new();
-        h.ctrl = Controller::with_poll_groups(
-            mode_config(DoorbellMode::Adaptive),
-            vec![NamespaceConfig::new(1, 512, backend)],
-            Some(page.clone()),
-            Some(groups.clone()),
-        )
-        .unwrap();
-        h.ctrl.attach(h.mem.clone(), h.irq.clone());
-        h.enable();
-        h.create_pair(1, 16);
-        hosts.push(h);
+        hosts.push(host_in(&groups, &page, false));
         pages.push(page);
     }
     assert_eq!(groups.members(), vec![MEMBERS as usize]);
     // Nothing rings now. The last Create I/O SQ may still be on its way to
-    // its worker (a kick, then a poll window): settled once ten wake-ups in
-    // a row found every member idle, and from then on nothing wakes a
-    // member but its look.
-    let mut before = counts_when(&groups, |c| c.idle_wakeups > 0);
-    loop {
-        let next = counts_when(&groups, |c| c.wakeups >= before.wakeups + 10);
-        let settled = next.wakeups - before.wakeups == next.idle_wakeups - before.idle_wakeups;
-        before = next;
-        if settled {
-            break;
-        }
-    }
+    // its worker (a kick, then a poll window).
+    let before = settled(&groups);
     let after = counts_when(&groups, |c| c.idle_wakeups >= before.idle_wakeups + 50);
     let wakeups = after.wakeups - before.wakeups;
     let idle = after.idle_wakeups - before.idle_wakeups;
@@ -68,6 +83,11 @@ fn an_idle_poll_group_wakes_once_to_look_at_every_members_doorbell_page() {
         MEMBERS * idle,
         "each wake-up looked at all {MEMBERS} members: one wake-up for all, not one each"
     );
+    assert_eq!(
+        after.idle_looks - before.idle_looks,
+        MEMBERS * idle,
+        "every look read the page only: nothing had come, no round"
+    );
     // The looks serve a client that rings through the page: a read on each
     // controller, its tail stored to the page only (no trap).
     for (h, page) in hosts.iter_mut().zip(&pages) {
@@ -76,5 +96,63 @@ fn an_idle_poll_group_wakes_once_to_look_at_every_members_doorbell_page() {
         assert!(h.wait_cqe(1).is_some_and(|c| c.status().is_success()));
         assert_eq!(h.ctrl.stats().queue(1).sq_doorbell_traps, 0);
         assert_eq!(h.ctrl.stats().queue(1).commands, 1);
+    }
+}
+
+/// Linux's doorbell update with shadow doorbells, its register write
+/// landing in the mapped page (no trap): store the shadow tail, full
+/// fence, read EventIdx, write the register if the need-event test says
+/// so. Returns whether it wrote the page.
+fn ring_through_page(h: &mut Host, page: &HeapDoorbellPage, qid: u16) -> bool {
+    let (shadow, event_idx) = h.dbbuf.unwrap();
+    let r = h.rings[usize::from(qid)].unwrap();
+    let index = 2 * u32::from(qid);
+    let off = u64::from(index) * 4;
+    h.mem
+        .store_u32(GuestAddress(shadow + off), u32::from(r.tail))
+        .unwrap();
+    fence(Ordering::SeqCst);
+    let ei = h.mem.load_u32(GuestAddress(event_idx + off)).unwrap() as u16;
+    let need = need_event_linux(ei, r.tail, r.sq_db);
+    if need {
+        page.store(index, u32::from(r.tail));
+    }
+    if let Some(r) = h.rings[usize::from(qid)].as_mut() {
+        r.sq_db = r.tail;
+    }
+    need
+}
+
+#[test]
+fn a_look_at_the_page_serves_shadow_doorbells_once_eventidx_is_armed() {
+    let groups = PollGroups::new(1).unwrap();
+    let pages: Vec<_> = (0..2)
+        .map(|_| Arc::new(HeapDoorbellPage::default()))
+        .collect();
+    let mut hosts: Vec<Host> = pages.iter().map(|p| host_in(&groups, p, true)).collect();
+    for round in 0..3 {
+        // Idle until every wake-up is looks only: each worker armed
+        // EventIdx before it slept, or it would need rounds.
+        let before = settled(&groups);
+        let after = counts_when(&groups, |c| c.idle_wakeups >= before.idle_wakeups + 20);
+        assert_eq!(
+            after.idle_looks - before.idle_looks,
+            4 * (after.idle_wakeups - before.idle_wakeups),
+            "round {round}: every idle member served by a look"
+        );
+        for (h, page) in hosts.iter_mut().zip(&pages) {
+            h.push(1, rw(NvmOpcode::READ, 1, 0, 1, DATA, 0));
+            assert!(
+                ring_through_page(h, page, 1),
+                "round {round}: armed EventIdx asks for the register write"
+            );
+            assert!(h.wait_cqe(1).is_some_and(|c| c.status().is_success()));
+            h.advance_head(1);
+        }
+    }
+    for h in &hosts {
+        let s = h.ctrl.stats();
+        assert_eq!(s.queue(1).sq_doorbell_traps, 0);
+        assert_eq!(s.queue(1).commands, 3);
     }
 }

@@ -27,7 +27,11 @@
 //! the same pass: from then on their looks fall due together, and an idle
 //! group wakes once per back-off whatever its number of members. A look
 //! only comes earlier than the member asked, never later, so the first
-//! command after a long idle still waits at most one back-off.
+//! command after a long idle still waits at most one back-off. And a look
+//! is no round where it need not be: the member compares its SQs' tail
+//! doorbells in the page with what they were before its last round
+//! (`worker::look`), and runs a round only if one moved or something else
+//! waits (a kick, a timer, commands in flight).
 //!
 //! A controller's client connecting, resetting or dying touches only that
 //! controller's members: the reset stops them (their mailboxes' stop flag),
@@ -100,9 +104,12 @@ pub struct GroupCounts {
     /// Of those, the wake-ups that found every member idle, waiting only
     /// to look at its doorbell page again.
     pub idle_wakeups: u64,
-    /// Member rounds run on those wake-ups: with one look for all, the
+    /// Members served on those wake-ups: with one look for all, the
     /// members times `idle_wakeups`.
     pub idle_rounds: u64,
+    /// Of those, the ones a look at the doorbell page served without a
+    /// round (nothing had come).
+    pub idle_looks: u64,
 }
 
 struct Joining {
@@ -311,10 +318,18 @@ fn serve(group: &Group) {
         // One look for all (see the module's comment).
         let look = members.iter().any(|s| s.look_due(now));
         let mut rounds = 0;
+        let mut looked = 0;
         let mut i = 0;
         while let Some(s) = members.get_mut(i) {
             if s.ready(now) || (look && s.looks) {
                 rounds += 1;
+                if s.looks && s.member.look() {
+                    // Nothing came: no round.
+                    looked += 1;
+                    s.prepare();
+                    i += 1;
+                    continue;
+                }
                 let slept = !matches!(s.wait, Wait::No);
                 if !s.member.round(Take::Now { slept }) {
                     // Dropped (its session, its commands' state) before
@@ -335,6 +350,7 @@ fn serve(group: &Group) {
             if all_idle {
                 c.idle_wakeups += 1;
                 c.idle_rounds += rounds;
+                c.idle_looks += looked;
             }
         }
         group.members.store(members.len(), Ordering::Relaxed);

@@ -99,6 +99,11 @@ pub(super) trait Wake {
     fn looks(&self) -> bool {
         false
     }
+    /// Whether the worker armed SQ EventIdx before it slept (shadow
+    /// doorbells then ring the register too).
+    fn armed(&self) -> bool {
+        false
+    }
 }
 
 /// One idle poll's pause: a spin hint, and every few polls the core.
@@ -258,6 +263,8 @@ pub(super) struct Adaptive {
     /// which grows up to this.
     max_backoff: Option<Duration>,
     backoff: Duration,
+    /// Asleep after arming EventIdx ([`Adaptive::arm_or_sleep`]).
+    armed: bool,
 }
 
 impl Adaptive {
@@ -269,6 +276,7 @@ impl Adaptive {
             slept_after: None,
             max_backoff,
             backoff: DOZE_INTERVAL,
+            armed: false,
         }
     }
 
@@ -287,6 +295,7 @@ impl Adaptive {
         } else {
             self.slept_after = Some(idle_since);
             self.backoff = DOZE_INTERVAL;
+            self.armed = true;
             Phase::Asleep
         }
     }
@@ -318,6 +327,7 @@ impl Wake for Adaptive {
     fn after(&mut self, round: Round, shared: &Shared, session: &Session, local: &mut Local) {
         if !round.polled {
             self.phase = Phase::Asleep;
+            self.armed = false;
             return;
         }
         let now = Instant::now();
@@ -396,10 +406,17 @@ impl Wake for Adaptive {
                 self.arm_or_sleep(shared, session, local, idle_since, now)
             }
         };
+        if !matches!(self.phase, Phase::Asleep) {
+            self.armed = false;
+        }
     }
 
     fn looks(&self) -> bool {
         matches!(self.phase, Phase::Asleep) && self.max_backoff.is_some()
+    }
+
+    fn armed(&self) -> bool {
+        self.armed
     }
 }
 
