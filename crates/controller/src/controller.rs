@@ -781,8 +781,9 @@ impl Controller {
         shared.interrupts.reset();
         shared.features.wce.store(true, Ordering::Relaxed);
         shared.lifecycle.clear_fatal();
-        // A sanitize goes on across the reset; so does an extended
-        // self-test.
+        // A sanitize goes on across the reset (one a pause stopped goes on
+        // now: the reset ends the pause); so does an extended self-test.
+        crate::admin::resume_sanitize(shared);
         shared
             .self_test
             .controller_reset(shared.lifecycle.power_on_hours());

@@ -541,3 +541,79 @@ fn a_corrupt_saved_state_is_reported_on_the_status_pipe() {
         "{line}"
     );
 }
+
+/// Background work under way when an upgrade comes goes on in the new
+/// process: a firmware image downloaded half before and half after is
+/// committed and runs; a sanitize carries its position over and completes
+/// there (the Sanitize Status log says in progress, then completed; the
+/// data is gone).
+#[test]
+fn a_firmware_download_and_a_sanitize_under_way_finish_in_the_new_process() {
+    use vnvme_driver::admin;
+    use vnvme_spec::log::LogPageId;
+    use vnvme_spec::{AdminOpcode, Command as Sqe};
+    let dir = temp_dir("upgrade-background-ns");
+    let ns = format!("16M:file={}", dir.join("ns1.img").display());
+    // 16 MiB at 4 MiB a second: about 4 s, under way across the upgrade.
+    let args = [
+        "--ns",
+        &ns,
+        "--doorbells",
+        "shadow",
+        "--sanitize-rate",
+        "4M",
+    ];
+    let mut r = rig("upgrade-background", &args);
+    let (access, ctrl, mut q) = r.client();
+    round(&access, &mut q, 0);
+    // Firmware Image Download, 4 KiB at `offset`.
+    let image: Vec<u8> = (0..8192u32).map(|i| (i * 7 + 3) as u8).collect();
+    let image = [b"UPGRADED".as_slice(), &image[8..]].concat();
+    let download = |offset: usize| {
+        let mut buf = access.dma_alloc(4096).unwrap();
+        buf.write_bytes(0, &image[offset..offset + 4096]).unwrap();
+        let mut c = Sqe::new(AdminOpcode::FIRMWARE_IMAGE_DOWNLOAD.0, 0);
+        c.cdw10 = (4096 / 4 - 1).into();
+        c.cdw11 = (offset as u32 / 4).into();
+        ctrl.admin(c, Some(&mut buf)).unwrap();
+    };
+    // SSTAT bits 2:0 of the Sanitize Status log.
+    let sstat = || {
+        let mut buf = access.dma_alloc(4096).unwrap();
+        let c = admin::get_log_page(LogPageId::SANITIZE_STATUS, 0, 512, false);
+        ctrl.admin(c, Some(&mut buf)).unwrap();
+        u16::from_le_bytes(buf.to_vec()[2..4].try_into().unwrap()) & 0x7
+    };
+    download(0);
+    r.upgrade(&[]);
+    download(4096);
+    let mut commit = Sqe::new(AdminOpcode::FIRMWARE_COMMIT.0, 0);
+    commit.cdw10 = (2 | 3 << 3).into(); // slot 2, activate at once
+    ctrl.admin(commit, None).unwrap();
+    let mut id = access.dma_alloc(4096).unwrap();
+    ctrl.admin(
+        admin::identify(vnvme_spec::identify::Cns::CONTROLLER, 0),
+        Some(&mut id),
+    )
+    .unwrap();
+    assert_eq!(&id.to_vec()[64..72], b"UPGRADED", "FR after the commit");
+    // A sanitize refuses firmware commands: it comes after.
+    let mut sanitize = Sqe::new(AdminOpcode::SANITIZE.0, 0);
+    sanitize.cdw10 = 2.into(); // SANACT: Block Erase
+    ctrl.admin(sanitize, None).unwrap();
+    r.upgrade(&[]);
+    assert_eq!(sstat(), 2, "in progress in the new process\n{}", r.log());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while sstat() == 2 {
+        assert!(Instant::now() < deadline, "the sanitize never ended");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(sstat(), 1, "completed\n{}", r.log());
+    let buf = access.dma_alloc(BLOCK).unwrap();
+    q.enqueue_rw(NvmOpcode::READ, 1, 0, 1, &buf).unwrap();
+    q.ring().unwrap();
+    reap(&mut q, 1);
+    assert!(buf.to_vec().iter().all(|&b| b == 0), "erased");
+    drop(q);
+    assert!(ctl(&r.control, &["shutdown"]).status.success());
+}

@@ -15,6 +15,9 @@ mod sanitize;
 mod self_test;
 mod zns;
 
+/// Goes on with a sanitize a pause stopped (or a restored state holds).
+pub(crate) use sanitize::resume as resume_sanitize;
+
 use vnvme_spec::{AdminOpcode, Command, Status};
 
 use crate::command::{Ctx, Outcome};

@@ -24,7 +24,7 @@ use vnvme_spec::{AdminOpcode, Command, Status};
 
 use super::invalid_field;
 use crate::backend_error::BackendOp;
-use crate::background::sanitize::{new_key, Method, Operation};
+use crate::background::sanitize::{Method, Operation, Position};
 use crate::background::Pace;
 use crate::command::Ctx;
 use crate::namespace::Namespace;
@@ -128,7 +128,7 @@ fn start(shared: &Shared, op: Operation, cdw11: u32) -> Result<u32, Status> {
     let spawned = shared
         .sanitize
         .task
-        .start("vnvme-sanitize", move || run(&me, &op, namespaces));
+        .start("vnvme-sanitize", move || run(&me, &op, namespaces, true));
     spawned.map(|()| 0).map_err(|e| {
         tracing::error!("no thread for the sanitize operation: {e}");
         fail(shared, &op);
@@ -162,20 +162,51 @@ fn clear_completion_event(shared: &Shared) {
     e.masked &= !(1 << kind);
 }
 
+/// Goes on with a sanitize in progress whose thread a pause stopped (or
+/// that a restored state holds): from where it was, with its media key.
+/// Nothing if none is in progress or its thread runs.
+pub(crate) fn resume(shared: &Shared) {
+    let Some(pos) = shared.sanitize.position() else {
+        return;
+    };
+    if shared.sanitize.task.running() {
+        return;
+    }
+    let Some(me) = shared.me.upgrade() else {
+        return;
+    };
+    let namespaces: Vec<Arc<Namespace>> = shared
+        .subsystem
+        .namespaces
+        .update(|map| map.values().cloned().collect());
+    tracing::debug!(done = pos.done, "sanitize resumed");
+    let spawned = shared.sanitize.task.start("vnvme-sanitize", move || {
+        run(&me, &pos.op, namespaces, false)
+    });
+    if let Err(e) = spawned {
+        tracing::error!("no thread to resume the sanitize operation: {e}");
+        fail(shared, &pos.op);
+    }
+}
+
 /// The operation's thread: `namespaces` as they were before I/O was
-/// refused.
-fn run(shared: &Shared, op: &Operation, namespaces: Vec<Arc<Namespace>>) {
+/// refused; `drain`: wait for commands that found them before (not when
+/// resuming: the pause that stopped the run drained them).
+fn run(shared: &Shared, op: &Operation, namespaces: Vec<Arc<Namespace>>, drain: bool) {
     let task = &shared.sanitize.task;
     // Commands that found their namespace before it was blocked may still
     // write to it (an I/O in flight on the file backend): erase after them.
-    for ns in &namespaces {
+    for ns in namespaces.iter().filter(|_| drain) {
         while Arc::strong_count(ns) > 1 {
             if !task.pace(Instant::now() + DRAIN_POLL) {
                 return;
             }
         }
     }
-    match erase(shared, op, &namespaces) {
+    let Some(from) = shared.sanitize.position() else {
+        return;
+    };
+    match erase(shared, &from, &namespaces) {
         Ended::Completed => {
             // Erased blocks are not uncorrectable any more.
             for ns in &namespaces {
@@ -206,8 +237,9 @@ enum Ended {
     Stopped,
 }
 
-/// Runs every pass over every namespace.
-fn erase(shared: &Shared, op: &Operation, namespaces: &[Arc<Namespace>]) -> Ended {
+/// Runs every pass over every namespace, from `from.done` bytes in.
+fn erase(shared: &Shared, from: &Position, namespaces: &[Arc<Namespace>]) -> Ended {
+    let op = &from.op;
     let media: Vec<&Arc<Namespace>> = namespaces
         .iter()
         .filter(|ns| !ns.backend.moves_no_data())
@@ -219,9 +251,16 @@ fn erase(shared: &Shared, op: &Operation, namespaces: &[Arc<Namespace>]) -> Ende
         .sum::<u64>()
         .saturating_mul(u64::from(passes));
     let pace = Pace::new(shared.config.sanitize_rate.saturating_mul(op.speedup()));
-    let (key, step) = (new_key(), pace.step());
+    let (key, step) = (from.key, pace.step());
     let mut buf = Vec::new();
     let mut done = 0u64;
+    let per_pass = total / u64::from(passes.max(1));
+    if matches!(op.method, Method::Overwrite { .. }) {
+        let passes_done = from.done.checked_div(per_pass).unwrap_or(0);
+        shared
+            .sanitize
+            .set_passes(u8::try_from(passes_done).unwrap_or(u8::MAX));
+    }
     let failed = |nsid, e| {
         shared.stats.backend_error(BackendOp::Sanitize, nsid, &e);
         Ended::Failed
@@ -229,7 +268,11 @@ fn erase(shared: &Shared, op: &Operation, namespaces: &[Arc<Namespace>]) -> Ende
     for pass in 0..passes {
         for ns in &media {
             let size = ns.backend.size();
-            let mut offset = 0;
+            // Resumed: what was done before is skipped (a pause stops the
+            // thread between two steps, so `from.done` ends a step).
+            let skip = (from.done - done.min(from.done)).min(size);
+            let mut offset = skip;
+            done += skip;
             while offset < size {
                 let len = step.min(size - offset);
                 if let Err(e) = op.erase(&*ns.backend, key, pass, offset, len, &mut buf) {
@@ -238,7 +281,7 @@ fn erase(shared: &Shared, op: &Operation, namespaces: &[Arc<Namespace>]) -> Ende
                 offset += len;
                 done += len;
                 shared.sanitize.progress(done, total);
-                if !pace.wait(&shared.sanitize.task, done) {
+                if !pace.wait(&shared.sanitize.task, done - from.done) {
                     return Ended::Stopped;
                 }
             }

@@ -33,6 +33,15 @@ impl Task {
         Ok(())
     }
 
+    /// Whether a thread was started and not stopped (it may have ended by
+    /// itself).
+    pub fn running(&self) -> bool {
+        self.thread
+            .lock()
+            .as_ref()
+            .is_some_and(|t| !t.is_finished())
+    }
+
     /// Tells the thread to stop at its next step, without waiting for it
     /// (callers may hold locks the thread takes).
     pub fn signal_stop(&self) {

@@ -35,7 +35,8 @@ const ETO_PASSES: u64 = 16;
 /// How much faster than a block erase a crypto erase goes.
 const CRYPTO_SPEEDUP: u64 = 16;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub(crate) enum Method {
     BlockErase,
     CryptoErase,
@@ -49,7 +50,7 @@ pub(crate) enum Method {
 }
 
 /// A sanitize operation, as its command asked for it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Operation {
     pub method: Method,
     /// No-Deallocate After Sanitize.
@@ -167,6 +168,19 @@ struct State {
     /// completed: while the count stays, no user data has been written
     /// since (SSTAT Global Data Erased).
     erased_at: Option<u64>,
+    /// The operation in progress and how far it is: a run stopped by a
+    /// pause goes on from there (in this process or, saved, in the next).
+    run: Option<Position>,
+}
+
+/// Where a sanitize in progress is: its operation, its media key (a crypto
+/// erase with NDAS writes a keystream of it) and the bytes done over every
+/// pass and namespace, in the order the thread goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Position {
+    pub op: Operation,
+    pub key: u64,
+    pub done: u64,
 }
 
 impl Sanitize {
@@ -191,9 +205,20 @@ impl Sanitize {
         *s = State {
             status: sstat::IN_PROGRESS,
             scdw10: op.cdw10,
+            run: Some(Position {
+                op: *op,
+                key: new_key(),
+                done: 0,
+            }),
             ..State::default()
         };
         Ok(())
+    }
+
+    /// The operation in progress and where it is, if one is.
+    pub fn position(&self) -> Option<Position> {
+        let s = self.state.lock();
+        s.run.filter(|_| s.status == sstat::IN_PROGRESS)
     }
 
     /// Exit Failure Mode: true if it left failure mode. A restricted
@@ -219,7 +244,17 @@ impl Sanitize {
         let sprog = (u128::from(done) << 16)
             .checked_div(u128::from(total))
             .unwrap_or(0);
-        self.state.lock().sprog = u16::try_from(sprog).unwrap_or(u16::MAX);
+        let mut s = self.state.lock();
+        s.sprog = u16::try_from(sprog).unwrap_or(u16::MAX);
+        if let Some(run) = &mut s.run {
+            run.done = done;
+        }
+    }
+
+    /// Overwrite passes completed, as a run resumed from a position
+    /// counts them.
+    pub fn set_passes(&self, passes: u8) {
+        self.state.lock().passes = passes;
     }
 
     /// An Overwrite pass completed.
@@ -235,6 +270,7 @@ impl Sanitize {
         s.status = if ok { sstat::COMPLETED } else { sstat::FAILED };
         s.failure = (!ok).then_some(ause);
         s.erased_at = ok.then_some(writes);
+        s.run = None;
     }
 
     /// The Sanitize Status log: `writes` user data writing commands so

@@ -25,9 +25,14 @@ impl Controller {
     /// worker runs, every command fetched has completed or waits on an
     /// asynchronous backend (then [`save_state`](Self::save_state) says
     /// so), and doorbell writes are kept for [`resume`](Self::resume).
-    /// The keep alive timer stops with them. Register accesses still work;
-    /// a reset or an enable meanwhile ends the pause.
+    /// The keep alive timer stops with them, and so does a sanitize's
+    /// thread, between two steps (it goes on from there when the pause
+    /// ends, or in the controller a saved state restores). Register
+    /// accesses still work; a reset or an enable meanwhile ends the pause.
     pub fn pause(&self) {
+        // Before the control lock: the thread's end reports may take locks
+        // a holder of it takes too.
+        self.shared.sanitize.task.stop();
         let mut ctl = self.control.lock();
         if ctl.threads.is_empty() {
             return;
@@ -41,6 +46,7 @@ impl Controller {
     /// the interrupt of every CQ holding entries (a coalescing timer
     /// pending at the pause is gone). Nothing if not paused.
     pub fn resume(&self) -> Result<(), StateError> {
+        crate::admin::resume_sanitize(&self.shared);
         let mut ctl = self.control.lock();
         let Some(session) = ctl.session.clone().filter(|_| ctl.paused) else {
             return Ok(());
@@ -171,6 +177,7 @@ impl Controller {
         let active = cc.en() && csts.rdy() && cc.shn() == 0 && csts.shst() == 0;
         shared.features.keep_alive.set_active(active);
         drop(ctl);
+        crate::admin::resume_sanitize(shared);
         Ok(ctrl)
     }
 

@@ -10,6 +10,7 @@ use vnvme_spec::log::SanitizeStatusLog;
 use super::*;
 use crate::memory::GuestAddress;
 use crate::vendor::CHECKSUM_LBA_RANGE;
+use crate::SavedState;
 
 const LOG: u64 = DATA + 0x40000;
 const BUF: u64 = DATA + 0x50000;
@@ -456,4 +457,92 @@ fn a_write_in_flight_when_the_sanitize_starts_lands_before_the_erase() {
     assert_eq!((done.cid(), done.status()), (write, Status::SUCCESS));
     assert_eq!(h.sanitized().sstat.get() & 0x7, sstat::COMPLETED);
     assert_eq!(h.read8(1, 0), (Status::SUCCESS, vec![0; 4096]));
+}
+
+/// A copy of `dev`'s data on a new device.
+fn copy_of(dev: &RamDevice) -> Arc<RamDevice> {
+    let copy = Arc::new(RamDevice::new(dev.size()));
+    copy.write(0, &whole(dev)).unwrap();
+    copy
+}
+
+/// A sanitize paused in the middle is saved with its operation, media key
+/// and position; restored into a new controller (a live upgrade's next
+/// process) on a copy of the medium, it goes on from there and leaves
+/// exactly the medium, log and pass count the paused one leaves once it
+/// resumes.
+#[test]
+fn a_paused_sanitize_is_saved_and_finishes_in_the_restored_controller_as_in_the_saved_one() {
+    for (sanact, bits, pattern) in [
+        (action::BLOCK_ERASE, NDAS, 0),
+        (action::OVERWRITE, owpass(3) | OIPBP | NDAS, 0xA5A5_5A5A),
+        (action::CRYPTO_ERASE, NDAS, 0),
+    ] {
+        let mut a = Host::with(slow(), 512);
+        a.enable();
+        a.create_pair(1, 16);
+        assert_eq!(a.write8(1, 0, &data(1)), Status::SUCCESS);
+        let c = a.admin(sanitize(sanact, bits, pattern));
+        assert_eq!(c.status(), Status::SUCCESS);
+        // Under way, not done.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while a.sanitize_status().sprog.get() == 0 {
+            assert!(Instant::now() < deadline, "the sanitize never moved");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        a.ctrl.pause();
+        let saved = a.ctrl.save_state().expect("saved with the sanitize paused");
+        let background = |s: &SavedState| {
+            let json: serde_json::Value = serde_json::from_str(&s.to_json_pretty()).unwrap();
+            json["background"]["sanitize"].clone()
+        };
+        let at = background(&saved);
+        assert_eq!(
+            at["status"],
+            u64::from(sstat::IN_PROGRESS),
+            "{sanact}: {at}"
+        );
+        assert!(at["run"]["done"].as_u64().unwrap() > 0, "{sanact}: {at}");
+        // Stopped: the position stays while paused.
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(background(&a.ctrl.save_state().unwrap()), at);
+        let decoded = SavedState::decode(&saved.encode()).expect("decodes");
+        assert_eq!(decoded, saved);
+        let mem = Arc::new(VecMemory::new(MEM_SIZE));
+        mem.write(GuestAddress(0), &a.read_mem(0, MEM_SIZE))
+            .unwrap();
+        let backend = copy_of(&a.backend);
+        let irq = Arc::new(CountingIrq::default());
+        let ctrl = Controller::restore(
+            slow(),
+            vec![NamespaceConfig::new(1, 512, backend.clone())],
+            &decoded,
+            mem.clone(),
+            irq.clone(),
+        )
+        .expect("a state with a sanitize in progress restores");
+        a.ctrl.resume().unwrap();
+        let mut b = Host {
+            ctrl,
+            mem,
+            irq,
+            backend,
+            rings: a.rings.clone(),
+            cid: a.cid,
+            dbbuf: a.dbbuf,
+            spdk: a.spdk,
+        };
+        assert_eq!(b.read8(1, 0).0, in_progress(), "{sanact}");
+        let (done_a, done_b) = (a.sanitized(), b.sanitized());
+        assert_eq!(done_b.sstat.get() & 0x7, sstat::COMPLETED, "{sanact}");
+        assert_eq!(
+            done_a.sstat, done_b.sstat,
+            "{sanact}: SSTAT, passes included"
+        );
+        assert!(
+            whole(&*a.backend) == whole(&*b.backend),
+            "{sanact}: the same medium"
+        );
+        assert_ne!(b.read8(1, 0).1, data(1), "{sanact}: erased");
+    }
 }

@@ -236,6 +236,30 @@ fn hostile_values_with_a_valid_checksum_are_refused_at_restore() {
             "firmware slot",
             Box::new(|j| j["subsystem"]["firmware"]["active"] = 3.into()),
         ),
+        (
+            "sanitize position without one in progress",
+            Box::new(|j| {
+                j["background"]["sanitize"]["run"] = serde_json::json!({
+                    "op": {"method": "block-erase", "ndas": false, "ause": false, "cdw10": 2},
+                    "key": 1, "done": 0
+                })
+            }),
+        ),
+        (
+            "sanitize in progress without its position",
+            Box::new(|j| j["background"]["sanitize"]["status"] = 2.into()),
+        ),
+        (
+            "sanitize overwriting in 0 passes",
+            Box::new(|j| {
+                j["background"]["sanitize"]["status"] = 2.into();
+                j["background"]["sanitize"]["run"] = serde_json::json!({
+                    "op": {"method": {"overwrite": {"pattern": 0, "passes": 0, "invert": false}},
+                           "ndas": false, "ause": false, "cdw10": 3},
+                    "key": 1, "done": 0
+                })
+            }),
+        ),
         ("CAP", Box::new(|j| j["regs"]["cap"] = 0.into())),
         (
             "granted queues",
