@@ -70,7 +70,8 @@ pub trait Handover<D>: Sync {
     /// A non-blocking fd (socket, pipe or eventfd) that becomes readable
     /// when a handover is asked, so the server loop, waiting for the
     /// client's next message, sees the request at once; the server empties
-    /// it before each look at [`asked`](Self::asked). `None`: the request
+    /// it when a wait ends without a message, before it looks at
+    /// [`asked`](Self::asked) again. `None`: the request
     /// is seen at the loop's next stop poll (up to 100 ms later).
     fn wake_fd(&self) -> Option<BorrowedFd<'_>> {
         None

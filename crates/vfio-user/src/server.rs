@@ -276,9 +276,6 @@ impl<D: Device> Server<D> {
                 return Ok(());
             }
             let wake = handover.and_then(|h| h.wake_fd());
-            if let Some(fd) = wake {
-                handing::drain_wake(fd);
-            }
             if let Some(h) = handover.filter(|h| h.asked()) {
                 self.hand_over(s, h)?;
             }
@@ -296,6 +293,14 @@ impl<D: Device> Server<D> {
             let msg = match s.conn.wait_or_wake(&Wanted::Request, deadline, wake) {
                 Ok(Some(m)) => m,
                 Ok(None) => {
+                    // Emptied only when the wait ended without a message, so
+                    // a trapped doorbell pays no read for it: a request is
+                    // flagged before its byte is written, so a byte left
+                    // here costs one more turn, and one written after this
+                    // read wakes the next wait.
+                    if let Some(fd) = wake {
+                        handing::drain_wake(fd);
+                    }
                     let timed_out = deadline.is_some_and(|d| Instant::now() >= d);
                     if timed_out && handover.is_some_and(|h| h.asked()) {
                         self.late_handover_polls.fetch_add(1, Ordering::Relaxed);

@@ -65,9 +65,9 @@ impl<D: Device> Server<D> {
     }
 }
 
-/// Empties a [`Handover::wake_fd`] before the loop looks at
-/// [`Handover::asked`], so a request made after that look leaves it
-/// readable and ends the next wait at once. A read error other than
+/// Empties a [`Handover::wake_fd`] once a wait ended without a message,
+/// before the loop looks at [`Handover::asked`] again, so a request made
+/// after that look leaves it readable and ends the next wait at once. A read error other than
 /// "nothing left" leaves the fd readable too: the loop then merely turns
 /// once more, and the request flag, not the fd, says what to do.
 pub(super) fn drain_wake(fd: BorrowedFd<'_>) {
