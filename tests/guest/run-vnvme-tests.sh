@@ -63,6 +63,10 @@
 #              timeout/abort/reset in dmesg, every upgrade reported with its phases (drain, save, pass,
 #              restore), the last process serving at the end. Prints the stall the guest saw (fio's largest
 #              completion latency, runs of 100 ms windows without a completion) and the phases per upgrade
+#   upgrade-background  --ns 64M:file=F --sanitize-rate 4M --control C: background work across live
+#              upgrades (tests/vnvme-upgrade-background.sh): a firmware image downloaded half before an upgrade
+#              and half after is committed and runs (FR); a block erase under way at an upgrade is still in
+#              progress in the new process, then completes (SSTAT 0x101) and the namespace reads zeroes
 #   many-disks  eight `vnvme serve --ns 64M:ram` with default settings (no --serial), one VM with all eight
 #              (tests/vnvme-many-disks.sh): eight controllers and namespaces, no "Duplicate cntlid" or
 #              "duplicate IDs" in dmesg, distinct serials, NQNs, EUI-64s, NGUIDs, UUIDs and wwids, and a
@@ -170,7 +174,7 @@ set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 GT=$HERE/tests
-ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io sanitize file-backed-ram hugepage-ram viommu nvme-cli-admin logs firmware directives pi zns faults reservations nbd nbd-restart boot-uefi boot-bios unprivileged hotplug many-disks multipath shared-disk upgrade"
+ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io sanitize file-backed-ram hugepage-ram viommu nvme-cli-admin logs firmware directives pi zns faults reservations nbd nbd-restart boot-uefi boot-bios unprivileged hotplug many-disks multipath shared-disk upgrade upgrade-background"
 COMPARE=0 KEEP=0 ONLY=''
 while [ $# -gt 0 ]; do
   case $1 in
@@ -1109,6 +1113,40 @@ t_upgrade() {
     report FAIL $name "$(since "$t0")" "$why"
   fi
   cat "$TMP/$name.summary"
+}
+t_upgrade-background() {
+  local name=upgrade-background img=$TMP/upgrade-background.img ctlsock=$TMP/upgrade-background.ctl
+  local reports=$TMP/upgrade-background.reports t0 why='' watcher first pids; t0=$(now)
+  if ! has_opt --control || ! has_opt --sanitize-rate; then report SKIP $name 0 "server has no '--control' or '--sanitize-rate' option"; return; fi
+  : > "$reports"
+  if ! start_xserver $name --ns "64M:file=$img" --sanitize-rate 4M --control "$ctlsock"; then
+    report FAIL $name "$(since "$t0")" "server did not start: $(tail -3 "$XLOG" | tr '\n' ' ')"; stop_xserver; return
+  fi
+  first=$XPID
+  # At each "UPGRADE-ASK n" of the guest: an upgrade, done before the guest's "UPGRADE-RESUME n".
+  ( for n in 1 2; do
+      for _ in $(seq 1200); do grep -q "UPGRADE-ASK $n" "$TMP/$name.console" 2>/dev/null && break; sleep 0.2; done
+      grep -q "UPGRADE-ASK $n" "$TMP/$name.console" 2>/dev/null || { echo "the guest never asked for upgrade $n" >> "$reports"; exit; }
+      "$VNVME" ctl --control "$ctlsock" upgrade >> "$reports" 2>&1 || echo "upgrade $n failed" >> "$reports"
+      grep -q "UPGRADE-RESUME $n" "$TMP/$name.console" && echo "the guest went on before upgrade $n was done" >> "$reports"
+    done ) &
+  watcher=$!
+  boot $name "$GT/vnvme-upgrade-background.sh" --timeout 300
+  [ $RC = 0 ] || why="$(fail_detail $name)"
+  for _ in $(seq 100); do kill -0 "$watcher" 2>/dev/null || break; sleep 0.5; done
+  kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null
+  wait "$first" 2>/dev/null   # the first server exits at its handover: reap it
+  [ "$(grep -c '"phases_ms"' "$reports")" = 2 ] || why="${why:+$why; }$(grep -v phases_ms "$reports" | head -3 | tr '\n' ' ')"
+  pids=$(sed -n 's/.*"pid":\([0-9]*\).*/\1/p' "$reports" | tr '\n' ' ')
+  XPID=$(echo "$pids" | awk '{print $NF}')
+  [ -n "$XPID" ] || XPID=$first
+  stop_xserver; [ -z "$XMSG" ] || why="${why:+$why; }$XMSG"
+  rm -f "$img"
+  if [ -z "$why" ]; then
+    report PASS $name "$(since "$t0")" "2 upgrades (pids $pids); $(grep -h '^TEST: \(firmware\|sanitize\):' "$LOG" | sed 's/^TEST: //' | tr '\n' ';')"
+  else
+    report FAIL $name "$(since "$t0")" "$why"
+  fi
 }
 # hotplug_ask PID STEP: wait (up to 2 min) until the console $LOG shows "HOTPLUG-ASK STEP" while PID runs
 hotplug_ask() {
