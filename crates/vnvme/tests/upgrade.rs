@@ -617,3 +617,47 @@ fn a_firmware_download_and_a_sanitize_under_way_finish_in_the_new_process() {
     drop(q);
     assert!(ctl(&r.control, &["shutdown"]).status.success());
 }
+
+/// A Format NVM whose namespace is still busy at an upgrade (its
+/// `--format-duration`) stays busy in the new process until it was due:
+/// I/O gets Format In Progress, then runs on the formatted namespace.
+#[test]
+fn a_format_under_way_finishes_in_the_new_process() {
+    use vnvme_spec::{AdminOpcode, Command as Sqe, Status};
+    let dir = temp_dir("upgrade-format-ns");
+    let ns = format!("16M:file={}", dir.join("ns1.img").display());
+    let args = [
+        "--ns",
+        &ns,
+        "--doorbells",
+        "shadow",
+        "--format-duration",
+        "3s",
+    ];
+    let mut r = rig("upgrade-format", &args);
+    let (access, ctrl, mut q) = r.client();
+    round(&access, &mut q, 0);
+    let mut format = Sqe::new(AdminOpcode::FORMAT_NVM.0, 0);
+    format.nsid = 1.into(); // LBA format 0, no secure erase
+    ctrl.admin(format, None).unwrap();
+    r.upgrade(&[]);
+    let mut buf = access.dma_alloc(BLOCK).unwrap();
+    let status = q.read(1, 0, 1, &mut buf).unwrap_err().status();
+    assert_eq!(
+        status.map(|s| s.same_code(Status::FORMAT_IN_PROGRESS)),
+        Some(true),
+        "{status:?}\n{}",
+        r.log()
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while let Err(e) = q.read(1, 0, 1, &mut buf) {
+        let busy = e
+            .status()
+            .is_some_and(|s| s.same_code(Status::FORMAT_IN_PROGRESS));
+        assert!(busy && Instant::now() < deadline, "{e}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(buf.to_vec().iter().all(|&b| b == 0), "formatted: zeroes");
+    drop(q);
+    assert!(ctl(&r.control, &["shutdown"]).status.success());
+}
