@@ -119,10 +119,7 @@ impl Shared {
     /// Active (allocated and attached) namespace `nsid`, or Invalid
     /// Namespace or Format.
     pub fn namespace(&self, nsid: u32) -> Result<Arc<Namespace>, Status> {
-        self.subsystem
-            .namespaces
-            .active(nsid)
-            .ok_or(Status::INVALID_NAMESPACE_OR_FORMAT.with_dnr(true))
+        self.subsystem.namespace(nsid)
     }
 
     /// Queues SQ `qid` for a pass by its worker (outside a doorbell trap).
@@ -182,7 +179,7 @@ impl Shared {
     /// bit 3): when it has several controllers, so that a host can fail
     /// over between them.
     pub fn ana_reporting(&self) -> bool {
-        self.subsystem.namespaces.multi_controller()
+        self.subsystem.ana_reporting()
     }
 
     /// Sets CSTS.CFS: the controller cannot reach its queues.

@@ -16,6 +16,7 @@ use zerocopy::IntoBytes;
 use super::invalid_field;
 use crate::background;
 use crate::command::Ctx;
+use crate::config::ControllerConfig;
 use crate::keep_alive::KAS;
 use crate::namespace::{Namespace, ENDURANCE_GROUP_ID, NSID_ALL};
 use crate::reporting::persistent_event_log::PELS;
@@ -23,6 +24,7 @@ use crate::reporting::{AERL, ELPE};
 use crate::state::{Shared, ACL};
 use crate::subsystem::ana::{ANACAP, ANATT};
 use crate::subsystem::firmware::{FWUG, SLOTS};
+use crate::subsystem::Subsystem;
 
 /// The I/O Command Set Combinations of Identify CNS 1Ch, by index: one,
 /// the NVM and Zoned Namespace Command Sets together. Index 0 is what a
@@ -41,37 +43,41 @@ pub(super) fn identify(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> {
     let nsid = cmd.nsid.get();
     let shared = ctx.shared;
     let page: Vec<u8> = match cdw10.cns() {
-        Cns::NAMESPACE => identify_namespace(shared, nsid)?,
-        Cns::CONTROLLER => identify_controller(shared).as_bytes().to_vec(),
-        Cns::ACTIVE_NAMESPACES => namespace_list(shared, nsid, true)?,
-        Cns::NS_DESCRIPTORS => descriptors(shared, nsid)?,
+        Cns::NAMESPACE => identify_namespace(&shared.subsystem, nsid)?,
+        Cns::CONTROLLER => identify_controller(&shared.config, &shared.subsystem)
+            .as_bytes()
+            .to_vec(),
+        Cns::ACTIVE_NAMESPACES => namespace_list(&shared.subsystem, nsid, true)?,
+        Cns::NS_DESCRIPTORS => descriptors(&shared.subsystem, nsid)?,
         Cns::NS_INDEPENDENT => ns_independent(shared, nsid)?,
-        Cns::ALLOCATED_NAMESPACES => namespace_list(shared, nsid, false)?,
-        Cns::ALLOCATED_NAMESPACE => allocated_namespace(shared, nsid)?,
-        Cns::NS_CONTROLLERS => namespace_controllers(shared, nsid, cmd)?,
-        Cns::CONTROLLERS => subsystem_controllers(shared, cmd),
-        cns if uses_csi(cns) && csi == csi::ZNS => zoned(shared, cns, nsid)?,
+        Cns::ALLOCATED_NAMESPACES => namespace_list(&shared.subsystem, nsid, false)?,
+        Cns::ALLOCATED_NAMESPACE => allocated_namespace(&shared.subsystem, nsid)?,
+        Cns::NS_CONTROLLERS => namespace_controllers(&shared.subsystem, nsid, cmd)?,
+        Cns::CONTROLLERS => subsystem_controllers(&shared.subsystem, cmd),
+        cns if uses_csi(cns) && csi == csi::ZNS => {
+            zoned(&shared.config, &shared.subsystem, cns, nsid)?
+        }
         // The I/O command set specific structures exist for the NVM and
         // Zoned Namespace Command Sets; any other CSI is a set this
         // controller lacks.
         cns if uses_csi(cns) && csi != csi::NVM => return Err(invalid_field()),
         Cns::NAMESPACE_IOCS => {
-            check_nsid(shared, nsid)?;
+            check_nsid(&shared.subsystem, nsid)?;
             identify_namespace_nvm().as_bytes().to_vec()
         }
         Cns::CONTROLLER_IOCS => identify_controller_nvm().as_bytes().to_vec(),
         // Every namespace is an NVM Command Set namespace.
-        Cns::ACTIVE_NAMESPACES_IOCS => namespace_list(shared, nsid, true)?,
-        Cns::ALLOCATED_NAMESPACES_IOCS => namespace_list(shared, nsid, false)?,
+        Cns::ACTIVE_NAMESPACES_IOCS => namespace_list(&shared.subsystem, nsid, true)?,
+        Cns::ALLOCATED_NAMESPACES_IOCS => namespace_list(&shared.subsystem, nsid, false)?,
         Cns::ALLOCATED_NAMESPACE_IOCS => {
             if nsid == NSID_ALL {
                 return Err(invalid_ns());
             }
-            check_nsid(shared, nsid)?;
+            check_nsid(&shared.subsystem, nsid)?;
             identify_namespace_nvm().as_bytes().to_vec()
         }
-        Cns::IO_COMMAND_SETS => io_command_sets(shared, cdw10.cntid())?,
-        Cns::PRIMARY_CONTROLLER_CAPS => primary_controller_caps(shared, cdw10.cntid())?,
+        Cns::IO_COMMAND_SETS => io_command_sets(&shared.config, cdw10.cntid())?,
+        Cns::PRIMARY_CONTROLLER_CAPS => primary_controller_caps(&shared.config, cdw10.cntid())?,
         // No secondary controllers: a list of none, whatever CNTID it
         // starts from.
         Cns::SECONDARY_CONTROLLERS => vec![0; IDENTIFY_SIZE],
@@ -101,14 +107,17 @@ fn uses_csi(cns: Cns) -> bool {
 }
 
 /// Identify Controller (CNS 01h, §5.17.2.1).
-pub(crate) fn identify_controller(shared: &Shared) -> Box<IdentifyController> {
-    let c = &shared.config;
+/// Reads the configuration and the subsystem (namespaces, firmware).
+pub(crate) fn identify_controller(
+    c: &ControllerConfig,
+    subsystem: &Subsystem,
+) -> Box<IdentifyController> {
     let mut id = IdentifyController::new_boxed();
     id.vid = U16::new(c.vid);
     id.ssvid = U16::new(c.ssvid);
     fill_ascii(&mut id.sn, &c.serial);
     fill_ascii(&mut id.mn, &c.model);
-    id.fr = shared.subsystem.firmware.lock().running();
+    id.fr = subsystem.firmware.lock().running();
     id.rab = 6;
     id.mdts = c.mdts;
     id.cntlid = U16::new(c.cntlid);
@@ -116,8 +125,8 @@ pub(crate) fn identify_controller(shared: &Shared) -> Box<IdentifyController> {
     id.oaes = U32::new(
         oaes::NAMESPACE_ATTRIBUTE | oaes::FIRMWARE_ACTIVATION | oaes::ZONE_DESCRIPTOR_CHANGED,
     );
-    if shared.subsystem.namespaces.multi_controller() {
-        subsystem_fields(shared, &mut id);
+    if subsystem.namespaces.multi_controller() {
+        subsystem_fields(subsystem, &mut id);
     }
     id.ctratt =
         U32::new(ctratt::HOST_ID_128 | ctratt::EXTENDED_LBA_FORMATS | ctratt::ENDURANCE_GROUPS);
@@ -150,7 +159,7 @@ pub(crate) fn identify_controller(shared: &Shared) -> Box<IdentifyController> {
         | lpa::PERSISTENT_EVENT;
     id.elpe = ELPE;
     // An extended self-test reads every namespace at the self-test rate.
-    let edstt = background::seconds(shared.subsystem.namespaces.media_bytes(), c.self_test_rate)
+    let edstt = background::seconds(subsystem.namespaces.media_bytes(), c.self_test_rate)
         .map_or(1, |s| s.div_ceil(60).max(1));
     id.edstt = U16::new(u16::try_from(edstt).unwrap_or(u16::MAX));
     id.dsto = dsto::SDSO;
@@ -159,13 +168,13 @@ pub(crate) fn identify_controller(shared: &Shared) -> Box<IdentifyController> {
     id.kas = U16::new(KAS);
     id.sqes = 0x66;
     id.cqes = 0x44;
-    id.nn = U32::new(shared.subsystem.nn);
+    id.nn = U32::new(subsystem.nn);
     id.endgidmax = U16::new(ENDURANCE_GROUP_ID);
     id.pels = U32::new(PELS);
     id.sanicap = U32::new(super::sanitize::SANICAP);
-    let allocated = shared.subsystem.namespaces.allocated();
-    id.tnvmcap = u128::from(shared.subsystem.tnvmcap).to_le_bytes();
-    id.unvmcap = u128::from(shared.subsystem.tnvmcap.saturating_sub(allocated)).to_le_bytes();
+    let allocated = subsystem.namespaces.allocated();
+    id.tnvmcap = u128::from(subsystem.tnvmcap).to_le_bytes();
+    id.unvmcap = u128::from(subsystem.tnvmcap.saturating_sub(allocated)).to_le_bytes();
     // FNA = 0: Format NVM and its erase apply to one namespace at a time.
     id.fna = 0;
     id.oncs = U16::new(
@@ -184,7 +193,7 @@ pub(crate) fn identify_controller(shared: &Shared) -> Box<IdentifyController> {
     // Get Features' Select field, and the Timestamp feature.
     id.oncs = U16::new(id.oncs.get() | oncs::SAVE_SELECT | oncs::TIMESTAMP);
     // VWC bit 0: present; bits 2:1 = 11b: Flush with NSID FFFFFFFFh supported.
-    id.vwc = u8::from(shared.subsystem.vwc) | 0x06;
+    id.vwc = u8::from(subsystem.vwc) | 0x06;
     fill_ascii(&mut id.subnqn, &c.nqn());
     for b in id.subnqn.iter_mut().rev() {
         // SUBNQN is null terminated, not space padded.
@@ -203,27 +212,27 @@ pub(crate) fn identify_controller(shared: &Shared) -> Box<IdentifyController> {
 /// What a controller of a subsystem with several reports (§8.1, §8.3):
 /// CMIC, and ANA reporting with one ANA group per namespace (ANAGRPID =
 /// NSID, so NN groups at most; MNAN = NN bounds the NSIDs in the ANA log).
-fn subsystem_fields(shared: &Shared, id: &mut IdentifyController) {
+fn subsystem_fields(subsystem: &Subsystem, id: &mut IdentifyController) {
     id.cmic = cmic::MULTI_PORT | cmic::MULTI_CONTROLLER;
-    if shared.ana_reporting() {
+    if subsystem.ana_reporting() {
         id.cmic |= cmic::ANA_REPORTING;
         id.oaes = U32::new(id.oaes.get() | oaes::ANA_CHANGE);
         id.anatt = ANATT;
         id.anacap = ANACAP;
-        id.anagrpmax = U32::new(shared.subsystem.nn);
-        id.nanagrpid = U32::new(shared.subsystem.nn);
-        id.mnan = U32::new(shared.subsystem.nn);
+        id.anagrpmax = U32::new(subsystem.nn);
+        id.nanagrpid = U32::new(subsystem.nn);
+        id.mnan = U32::new(subsystem.nn);
     }
 }
 
 /// Identify Namespace data of `ns` as this controller reports it: shared
 /// (NMIC bit 0) and in its ANA group when the subsystem has several
 /// controllers.
-fn namespace_data(shared: &Shared, ns: &Namespace) -> Vec<u8> {
+fn namespace_data(subsystem: &Subsystem, ns: &Namespace) -> Vec<u8> {
     let mut id = ns.identify();
-    if shared.subsystem.namespaces.multi_controller() {
+    if subsystem.namespaces.multi_controller() {
         id.nmic = 1;
-        if shared.ana_reporting() {
+        if subsystem.ana_reporting() {
             id.anagrpid = U32::new(ns.nsid);
         }
     }
@@ -233,17 +242,17 @@ fn namespace_data(shared: &Shared, ns: &Namespace) -> Vec<u8> {
 /// Identify Namespace (CNS 00h): active -> its data; inactive (detached
 /// or unallocated) but valid -> zeroes; NSID FFFFFFFFh -> common
 /// capabilities (zeroes here).
-fn identify_namespace(shared: &Shared, nsid: u32) -> Result<Vec<u8>, Status> {
-    check_nsid(shared, nsid)?;
-    Ok(match shared.subsystem.namespaces.active(nsid) {
-        Some(ns) => namespace_data(shared, &ns),
+fn identify_namespace(subsystem: &Subsystem, nsid: u32) -> Result<Vec<u8>, Status> {
+    check_nsid(subsystem, nsid)?;
+    Ok(match subsystem.namespaces.active(nsid) {
+        Some(ns) => namespace_data(subsystem, &ns),
         None => vec![0; IDENTIFY_SIZE],
     })
 }
 
 /// NSID 0 and NSIDs above NN (other than FFFFFFFFh) are invalid.
-fn check_nsid(shared: &Shared, nsid: u32) -> Result<(), Status> {
-    if nsid == 0 || (nsid > shared.subsystem.nn && nsid != NSID_ALL) {
+fn check_nsid(subsystem: &Subsystem, nsid: u32) -> Result<(), Status> {
+    if nsid == 0 || (nsid > subsystem.nn && nsid != NSID_ALL) {
         return Err(invalid_ns());
     }
     Ok(())
@@ -251,28 +260,25 @@ fn check_nsid(shared: &Shared, nsid: u32) -> Result<(), Status> {
 
 /// Identify Namespace for an allocated NSID (CNS 11h): as CNS 00h, whether
 /// attached or not; unallocated -> zeroes.
-fn allocated_namespace(shared: &Shared, nsid: u32) -> Result<Vec<u8>, Status> {
+fn allocated_namespace(subsystem: &Subsystem, nsid: u32) -> Result<Vec<u8>, Status> {
     if nsid == NSID_ALL {
         return Err(invalid_ns());
     }
-    check_nsid(shared, nsid)?;
-    Ok(match shared.subsystem.namespaces.get(nsid) {
-        Some(ns) => namespace_data(shared, &ns),
+    check_nsid(subsystem, nsid)?;
+    Ok(match subsystem.namespaces.get(nsid) {
+        Some(ns) => namespace_data(subsystem, &ns),
         None => vec![0; IDENTIFY_SIZE],
     })
 }
 
 /// Active (CNS 02h) or Allocated (CNS 10h) Namespace ID list: NSIDs greater
 /// than `nsid`, at most 1024.
-fn namespace_list(shared: &Shared, nsid: u32, active_only: bool) -> Result<Vec<u8>, Status> {
+fn namespace_list(subsystem: &Subsystem, nsid: u32, active_only: bool) -> Result<Vec<u8>, Status> {
     if nsid >= 0xFFFF_FFFE {
         return Err(invalid_ns());
     }
     let mut page = vec![0u8; IDENTIFY_SIZE];
-    let ids = shared
-        .subsystem
-        .namespaces
-        .ids_after(nsid, active_only, 1024);
+    let ids = subsystem.namespaces.ids_after(nsid, active_only, 1024);
     for (slot, id) in page.chunks_exact_mut(4).zip(ids) {
         slot.copy_from_slice(&id.to_le_bytes());
     }
@@ -298,17 +304,21 @@ fn controller_list(cntlids: impl IntoIterator<Item = u16>, cmd: &Command) -> Vec
 }
 
 /// The subsystem's controllers (CNS 13h).
-fn subsystem_controllers(shared: &Shared, cmd: &Command) -> Vec<u8> {
-    controller_list(shared.subsystem.namespaces.controllers(), cmd)
+fn subsystem_controllers(subsystem: &Subsystem, cmd: &Command) -> Vec<u8> {
+    controller_list(subsystem.namespaces.controllers(), cmd)
 }
 
 /// Controllers attached to an allocated namespace (CNS 12h).
-fn namespace_controllers(shared: &Shared, nsid: u32, cmd: &Command) -> Result<Vec<u8>, Status> {
+fn namespace_controllers(
+    subsystem: &Subsystem,
+    nsid: u32,
+    cmd: &Command,
+) -> Result<Vec<u8>, Status> {
     if nsid == NSID_ALL {
         return Err(invalid_ns());
     }
-    check_nsid(shared, nsid)?;
-    let attached = shared.subsystem.namespaces.get(nsid);
+    check_nsid(subsystem, nsid)?;
+    let attached = subsystem.namespaces.get(nsid);
     let ids: Vec<u16> = attached.map_or(Vec::new(), |ns| ns.attached.iter().collect());
     Ok(controller_list(ids, cmd))
 }
@@ -316,8 +326,8 @@ fn namespace_controllers(shared: &Shared, nsid: u32, cmd: &Command) -> Result<Ve
 /// Namespace Identification Descriptor list (CNS 03h): EUI-64, NGUID,
 /// UUID (the same as Identify Namespace reports, and the UUID only here)
 /// and CSI.
-fn descriptors(shared: &Shared, nsid: u32) -> Result<Vec<u8>, Status> {
-    let ns = shared.namespace(nsid)?;
+fn descriptors(subsystem: &Subsystem, nsid: u32) -> Result<Vec<u8>, Status> {
+    let ns = subsystem.namespace(nsid)?;
     let mut page = Vec::with_capacity(IDENTIFY_SIZE);
     page.extend_from_slice(&[ns_descriptor::EUI64, 8, 0, 0]);
     page.extend_from_slice(&ns.ids.eui64);
@@ -334,8 +344,10 @@ fn descriptors(shared: &Shared, nsid: u32) -> Result<Vec<u8>, Status> {
 /// inactive NSID; for an active one NSTAT bit 0 (NRDY) says whether it is
 /// ready for I/O, and NSFEAT bit 5 (VWCPN) that its backend has no
 /// volatile write cache, whatever Identify Controller VWC says for others.
+/// Takes `Shared`: NSTAT reads the subsystem, the operator's faults and
+/// the lifecycle (time since enable).
 fn ns_independent(shared: &Shared, nsid: u32) -> Result<Vec<u8>, Status> {
-    check_nsid(shared, nsid)?;
+    check_nsid(&shared.subsystem, nsid)?;
     let mut id = IdentifyNsIndependent::new_boxed();
     if let Some(ns) = shared.subsystem.namespaces.active(nsid) {
         let now = std::time::Instant::now();
@@ -355,24 +367,29 @@ fn ns_independent(shared: &Shared, nsid: u32) -> Result<Vec<u8>, Status> {
 /// The I/O Command Set specific structures with CSI 02h (Zoned Namespace
 /// Command Set): its Identify Namespace and Controller, and its
 /// namespaces' lists (the zoned ones).
-fn zoned(shared: &Shared, cns: Cns, nsid: u32) -> Result<Vec<u8>, Status> {
-    let namespaces = &shared.subsystem.namespaces;
+fn zoned(
+    config: &ControllerConfig,
+    subsystem: &Subsystem,
+    cns: Cns,
+    nsid: u32,
+) -> Result<Vec<u8>, Status> {
+    let namespaces = &subsystem.namespaces;
     match cns {
         Cns::NAMESPACE_IOCS => {
-            check_nsid(shared, nsid)?;
+            check_nsid(subsystem, nsid)?;
             super::zns::identify_namespace_of(namespaces.active(nsid).as_deref())
         }
         Cns::ALLOCATED_NAMESPACE_IOCS => {
             if nsid == NSID_ALL {
                 return Err(invalid_ns());
             }
-            check_nsid(shared, nsid)?;
+            check_nsid(subsystem, nsid)?;
             super::zns::identify_namespace_of(namespaces.get(nsid).as_deref())
         }
-        Cns::CONTROLLER_IOCS => Ok(super::zns::identify_controller(shared).as_bytes().to_vec()),
+        Cns::CONTROLLER_IOCS => Ok(super::zns::identify_controller(config).as_bytes().to_vec()),
         _ => {
             let active = cns == Cns::ACTIVE_NAMESPACES_IOCS;
-            let mut page = namespace_list(shared, nsid, active)?;
+            let mut page = namespace_list(subsystem, nsid, active)?;
             let zoned = |id: u32| namespaces.get(id).is_some_and(|ns| ns.zones.is_some());
             let ids: Vec<u32> = page
                 .chunks_exact(4)
@@ -407,8 +424,8 @@ fn identify_controller_nvm() -> Box<IdentifyControllerNvm> {
 /// Identify I/O Command Set data structure (CNS 1Ch): the combinations,
 /// 8 bytes each, for CNTID FFFFh (the controller processing the command)
 /// or our own CNTLID; there is no other controller.
-fn io_command_sets(shared: &Shared, cntid: u16) -> Result<Vec<u8>, Status> {
-    if cntid != 0xFFFF && cntid != shared.config.cntlid {
+fn io_command_sets(config: &ControllerConfig, cntid: u16) -> Result<Vec<u8>, Status> {
+    if cntid != 0xFFFF && cntid != config.cntlid {
         return Err(invalid_field());
     }
     let mut page = vec![0u8; IDENTIFY_SIZE];
@@ -428,8 +445,8 @@ fn io_command_sets(shared: &Shared, cntid: u16) -> Result<Vec<u8>, Status> {
 /// Without Virtualization Management (OACS bit 7) no resource is flexible
 /// (CRT 0): every queue, admin included, and every interrupt vector is the
 /// controller's own.
-fn primary_controller_caps(shared: &Shared, cntid: u16) -> Result<Vec<u8>, Status> {
-    let c = &shared.config;
+fn primary_controller_caps(config: &ControllerConfig, cntid: u16) -> Result<Vec<u8>, Status> {
+    let c = config;
     if cntid != c.cntlid && cntid != 0 {
         return Err(invalid_field());
     }

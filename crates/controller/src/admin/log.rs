@@ -136,10 +136,10 @@ const LOGS: &[LogPage] = &[
     },
     LogPage {
         lid: LogPageId(vnvme_spec::zns::CHANGED_ZONE_LIST_LID),
-        read: |r| Ok(super::zns::changed_zone_list(r.shared, r.nsid)),
+        read: |r| Ok(super::zns::changed_zone_list(&r.shared.subsystem, r.nsid)),
         seen: Some(|r, page| {
             if !r.rae {
-                super::zns::changed_zone_list_seen(r.shared, r.nsid, page);
+                super::zns::changed_zone_list_seen(&r.shared.subsystem, r.nsid, page);
             }
         }),
         // Zone Descriptor Changed is a notice read through this log.

@@ -8,9 +8,9 @@ use vnvme_spec::Status;
 use zerocopy::little_endian::{U16, U32, U64};
 use zerocopy::IntoBytes;
 
-use crate::config::LBA_FORMATS;
+use crate::config::{ControllerConfig, LBA_FORMATS};
 use crate::namespace::Namespace;
-use crate::state::Shared;
+use crate::subsystem::Subsystem;
 use crate::zoned::Zones;
 
 /// Identify Namespace for the Zoned Namespace Command Set (CNS 05h and
@@ -39,9 +39,9 @@ pub(super) fn identify_namespace(zones: &Zones) -> Box<IdentifyNamespaceZns> {
 /// Identify Controller for the Zoned Namespace Command Set (CNS 06h, CSI
 /// 02h; §4.1.5.2): a Zone Append may be as large as any write (ZASL =
 /// MDTS, both powers of two of CAP.MPSMIN pages).
-pub(super) fn identify_controller(shared: &Shared) -> Box<IdentifyControllerZns> {
+pub(super) fn identify_controller(config: &ControllerConfig) -> Box<IdentifyControllerZns> {
     let mut id = IdentifyControllerZns::new_boxed();
-    id.zasl = shared.config.mdts;
+    id.zasl = config.mdts;
     id
 }
 
@@ -60,8 +60,8 @@ pub(super) fn identify_namespace_of(ns: Option<&Namespace>) -> Result<Vec<u8>, S
 /// so, [`crate::Controller::zone_set_state`]). A namespace with
 /// no zones (conventional, none at that NSID, or the broadcast NSID) has
 /// none that changed: an empty list.
-pub(super) fn changed_zone_list(shared: &Shared, nsid: u32) -> Vec<u8> {
-    match zones_of(shared, nsid) {
+pub(super) fn changed_zone_list(subsystem: &Subsystem, nsid: u32) -> Vec<u8> {
+    match zones_of(subsystem, nsid) {
         Some(zones) => zones.changed_zone_list(),
         // Number of Zone Identifiers (bytes 1:0) 0, then 511 empty entries.
         None => vec![0; 4096],
@@ -70,12 +70,12 @@ pub(super) fn changed_zone_list(shared: &Shared, nsid: u32) -> Vec<u8> {
 
 /// The host read `page` of namespace `nsid`'s Changed Zone List without
 /// RAE: the zones it lists are forgotten.
-pub(super) fn changed_zone_list_seen(shared: &Shared, nsid: u32, page: &[u8]) {
-    if let Some(zones) = zones_of(shared, nsid) {
+pub(super) fn changed_zone_list_seen(subsystem: &Subsystem, nsid: u32, page: &[u8]) {
+    if let Some(zones) = zones_of(subsystem, nsid) {
         zones.changed_zone_list_seen(page);
     }
 }
 
-fn zones_of(shared: &Shared, nsid: u32) -> Option<std::sync::Arc<Zones>> {
-    shared.subsystem.namespaces.active(nsid)?.zones.clone()
+fn zones_of(subsystem: &Subsystem, nsid: u32) -> Option<std::sync::Arc<Zones>> {
+    subsystem.namespaces.active(nsid)?.zones.clone()
 }

@@ -14,6 +14,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex, RwLock};
+use vnvme_spec::Status;
 
 use crate::config::Readiness;
 use crate::namespace::Namespace;
@@ -44,6 +45,23 @@ pub(crate) struct Subsystem {
     pub vwc: bool,
     /// Firmware slots and the image being downloaded (a leaf lock).
     pub firmware: Mutex<Firmware>,
+}
+
+impl Subsystem {
+    /// Active (allocated and attached) namespace `nsid`, or Invalid
+    /// Namespace or Format.
+    pub fn namespace(&self, nsid: u32) -> Result<Arc<Namespace>, Status> {
+        self.namespaces
+            .active(nsid)
+            .ok_or(Status::INVALID_NAMESPACE_OR_FORMAT.with_dnr(true))
+    }
+
+    /// The subsystem offers Asymmetric Namespace Access reporting (CMIC
+    /// bit 3): when it has several controllers, so that a host can fail
+    /// over between them.
+    pub fn ana_reporting(&self) -> bool {
+        self.namespaces.multi_controller()
+    }
 }
 
 /// A controller of the subsystem, as the others reach it: to tell its
