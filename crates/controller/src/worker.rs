@@ -42,8 +42,8 @@ use wake::{
 
 use crate::admin;
 use crate::command::{Ctx, Outcome, Scratch};
-use crate::config::DoorbellMode;
-use crate::doorbell::{barrier, behind};
+use crate::config::{ControllerConfig, DoorbellMode};
+use crate::doorbell::{barrier, behind, Doorbells};
 use crate::faults::Held;
 use crate::inflight::{InFlight, Request};
 use crate::io;
@@ -109,7 +109,7 @@ struct Local {
 
 /// The worker thread's body. Returns when stopped.
 pub(crate) fn run(shared: Arc<Shared>, session: Arc<Session>, index: usize) {
-    set_timer_slack(&shared);
+    set_timer_slack(&shared.config);
     let Some(mut worker) = member(shared, session, index, false) else {
         return;
     };
@@ -141,9 +141,9 @@ const DRAIN_POLL: Duration = Duration::from_micros(50);
 
 /// Polling modes sleep for tens of microseconds: the kernel's default
 /// slack would stretch them.
-fn set_timer_slack(shared: &Shared) {
+fn set_timer_slack(config: &ControllerConfig) {
     if matches!(
-        shared.config.doorbells,
+        config.doorbells,
         DoorbellMode::Adaptive | DoorbellMode::MmapPoll
     ) {
         let slack = std::num::NonZeroU64::new(TIMER_SLACK_NS);
@@ -300,7 +300,7 @@ impl<W: Wake + Send> Member for Worker<W> {
         let (shared, session) = (&*self.shared, &*self.session);
         let local = &mut self.local;
         let policy = W::EVENT_IDX;
-        let mut wait = held::clamp(self.wake.wait(shared, local), &local.held);
+        let mut wait = held::clamp(self.wake.wait(&shared.interrupts, local), &local.held);
         // Backend completions wake the worker only while it sleeps: turn
         // their wakers on, then reap what came before.
         let mut work = 0;
@@ -358,7 +358,7 @@ impl<W: Wake + Send> Member for Worker<W> {
         work += held::release(shared, session, local, policy);
         work += run_kicked(shared, session, local, policy);
         work += complete_in_flight(shared, session, local, policy);
-        let polled = self.wake.polls(shared);
+        let polled = self.wake.polls(&shared.doorbells);
         if polled {
             work += poll_owned(shared, session, local, self.index, policy);
             work += complete_in_flight(shared, session, local, policy);
@@ -376,7 +376,8 @@ impl<W: Wake + Send> Member for Worker<W> {
             kicked,
             polled,
         };
-        self.wake.after(round, shared, session, local);
+        self.wake
+            .after(round, &shared.doorbells, &shared.stats, session, local);
         if idle {
             let idle = work == 0 && !kicked && self.wake.looks();
             self.look
@@ -414,9 +415,15 @@ impl<W: Wake + Send> Member for Worker<W> {
             work: 0,
             slept: true,
             kicked: false,
-            polled: self.wake.polls(shared),
+            polled: self.wake.polls(&shared.doorbells),
         };
-        self.wake.after(round, shared, session, &mut self.local);
+        self.wake.after(
+            round,
+            &shared.doorbells,
+            &shared.stats,
+            session,
+            &mut self.local,
+        );
         true
     }
 }
@@ -515,12 +522,12 @@ fn poll_owned(
 
 /// The admin queue's sources follow Doorbell Buffer Config, which runs on
 /// this worker while it holds the admin queue's rings.
-fn refresh_admin_sources(shared: &Shared, sq: &mut Sq, cq: &mut Cq) {
-    let s = shared.doorbells.source_for(Doorbell::SqTail(0));
+fn refresh_admin_sources(doorbells: &Doorbells, sq: &mut Sq, cq: &mut Cq) {
+    let s = doorbells.source_for(Doorbell::SqTail(0));
     if s != sq.source {
         sq.set_source(s);
     }
-    let c = shared.doorbells.source_for(Doorbell::CqHead(0));
+    let c = doorbells.source_for(Doorbell::CqHead(0));
     if c != cq.source {
         cq.set_source(c);
     }
@@ -615,7 +622,7 @@ fn process_sq(
                 shared
                     .faults
                     .on_command(&cmd)
-                    .and_then(|hit| held::hold(shared, held, sq, cq, &cmd, hit))
+                    .and_then(|hit| held::hold(&shared.faults, held, sq, cq, &cmd, hit))
                     .or_else(|| held::throttle(shared, held, sq, cq, &cmd))
                     .unwrap_or_else(|| io::execute(ctx, &cmd))
             };
@@ -666,7 +673,7 @@ fn process_sq(
         break Pass::Idle;
     };
     if qid == 0 {
-        refresh_admin_sources(shared, sq, cq);
+        refresh_admin_sources(&shared.doorbells, sq, cq);
         deliver_events(shared, session, cq, sq.head as u16);
         post_answers(shared, session, cq, sq.head as u16);
     } else if done > 0 {

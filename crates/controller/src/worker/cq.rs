@@ -17,10 +17,12 @@ use crate::queue::Cq;
 use crate::state::{Session, Shared};
 
 /// When the worker should look again at the CQs whose interrupts wait.
-pub(super) fn next_deadline(shared: &Shared, rings: &Rings, timers: &[u16]) -> Option<Instant> {
-    shared
-        .interrupts
-        .next_deadline(timers, |cqid| rings.cq(cqid).and_then(Interrupts::deadline))
+pub(super) fn next_deadline(
+    interrupts: &Interrupts,
+    rings: &Rings,
+    timers: &[u16],
+) -> Option<Instant> {
+    interrupts.next_deadline(timers, |cqid| rings.cq(cqid).and_then(Interrupts::deadline))
 }
 
 pub(super) fn fire_timers(

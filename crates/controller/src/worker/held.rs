@@ -20,18 +20,19 @@ use vnvme_spec::{Command, Status};
 use super::reap::{post_reserved, settle_touched, Reserved};
 use super::{EventIdxPolicy, Local};
 use crate::command::{Ctx, Outcome};
-use crate::faults::{Held, Hit};
+use crate::faults::{Faults, Held, Hit};
 use crate::io;
-use crate::qos::{self, Throttled};
+use crate::qos::{self, Qos, Throttled};
 use crate::queue::mailbox::Wait;
 use crate::queue::{Cq, Sq};
 use crate::state::{Session, Shared};
+use crate::subsystem::Subsystem;
 
 /// What a fault's `hit` makes of `cmd`: completed at once with a failed
 /// status, or held back (a delay or never: [`Outcome::Deferred`], its
 /// completion reserved); `None` to run it as usual (too many are held).
 pub(super) fn hold(
-    shared: &Shared,
+    faults: &Faults,
     held: &mut Vec<Held>,
     sq: &mut Sq,
     cq: &mut Cq,
@@ -43,7 +44,7 @@ pub(super) fn hold(
         Hit::Delay(d) => Some(Instant::now() + d),
         Hit::Hang => None,
     };
-    if !shared.faults.hold(sq.qid, cmd.cid()) {
+    if !faults.hold(sq.qid, cmd.cid()) {
         return None;
     }
     cq.reserved = cq.reserved.saturating_add(1);
@@ -90,7 +91,7 @@ fn throttle_limited(
     let now = Instant::now();
     let due = shared
         .qos
-        .admit(cmd, |nsid| block_bytes(shared, nsid), now)?;
+        .admit(cmd, |nsid| block_bytes(&shared.subsystem, nsid), now)?;
     shared.stats.qos_throttled.fetch_add(1, Relaxed);
     // Known to Abort while there is room in the table; held either way
     // (at most the SQ's entries are: the host waits for their completions).
@@ -113,8 +114,8 @@ fn throttle_limited(
 }
 
 /// Bytes per logical block of namespace `nsid` through the data pointer.
-fn block_bytes(shared: &Shared, nsid: u32) -> Option<u64> {
-    shared
+fn block_bytes(subsystem: &Subsystem, nsid: u32) -> Option<u64> {
+    subsystem
         .namespace(nsid)
         .ok()
         .map(|ns| ns.data_bytes_per_block())
@@ -122,7 +123,7 @@ fn block_bytes(shared: &Shared, nsid: u32) -> Option<u64> {
 
 /// A throttled command charged under limits changed since: charged again
 /// under the new ones (it may start at once).
-fn recharge(shared: &Shared, h: &mut Held, now: Instant) {
+fn recharge(qos: &Qos, subsystem: &Subsystem, h: &mut Held, now: Instant) {
     let Some(t) = h.throttled.as_mut() else {
         return;
     };
@@ -132,9 +133,7 @@ fn recharge(shared: &Shared, h: &mut Held, now: Instant) {
     }
     t.generation = generation;
     h.due = Some(
-        shared
-            .qos
-            .admit(&h.cmd, |nsid| block_bytes(shared, nsid), now)
+        qos.admit(&h.cmd, |nsid| block_bytes(subsystem, nsid), now)
             .unwrap_or(now),
     );
 }
@@ -170,7 +169,7 @@ pub(super) fn release(
     held.retain_mut(|h| {
         let aborted = shared.faults.abort_requested(h.sqid, h.cmd.cid());
         if !aborted {
-            recharge(shared, h, now);
+            recharge(&shared.qos, &shared.subsystem, h, now);
         }
         if !aborted && h.due.is_none_or(|due| due > now) {
             return true;

@@ -9,6 +9,7 @@ use vnvme_spec::Status;
 
 use super::Local;
 use crate::admin::abort::{abort_queued, NOT_ABORTED};
+use crate::doorbell::Doorbells;
 use crate::queue::rings::{RingOp, Rings};
 use crate::queue::table::Answer;
 use crate::state::{Session, Shared};
@@ -40,7 +41,7 @@ pub(super) fn apply(shared: &Shared, session: &Session, local: &mut Local) {
                     Err(status) => answer(shared, admin_cid, 0, status),
                 }
             }
-            RingOp::Sources => sources(shared, rings),
+            RingOp::Sources => sources(&shared.doorbells, rings),
         }
     }
     local.ops = ops;
@@ -95,8 +96,7 @@ fn delete_cq(shared: &Shared, rings: &mut Rings, qid: u16, cid: u16) {
 }
 
 /// Doorbell Buffer Config switched (or reverted) the doorbells' sources.
-fn sources(shared: &Shared, rings: &mut Rings) {
-    let doorbells = &shared.doorbells;
+fn sources(doorbells: &Doorbells, rings: &mut Rings) {
     for sq in rings.sqs_mut() {
         sq.set_source(doorbells.source_for(Doorbell::SqTail(sq.qid)));
     }

@@ -23,8 +23,11 @@ use std::time::{Duration, Instant};
 use super::cq::next_deadline;
 use super::{EventIdxPolicy, Local};
 use crate::doorbell::barrier;
+use crate::doorbell::Doorbells;
+use crate::interrupts::Interrupts;
 use crate::queue::mailbox::Wait;
-use crate::state::{Session, Shared};
+use crate::state::Session;
+use crate::stats::Stats;
 use crate::worker::poll_window::PollWindow;
 
 /// Longest mmap-poll back-off sleep of an I/O worker.
@@ -86,12 +89,19 @@ pub(super) trait Wake {
     /// What a pass over an SQ does with EventIdx.
     const EVENT_IDX: EventIdxPolicy;
     /// How long the worker may block in its mailbox before the next round.
-    fn wait(&self, shared: &Shared, local: &Local) -> Wait;
+    fn wait(&self, interrupts: &Interrupts, local: &Local) -> Wait;
     /// Whether this round polls every SQ the worker owns (after the kicked
     /// ones).
-    fn polls(&self, shared: &Shared) -> bool;
+    fn polls(&self, doorbells: &Doorbells) -> bool;
     /// After a round: what comes next (may arm EventIdx before sleeping).
-    fn after(&mut self, round: Round, shared: &Shared, session: &Session, local: &mut Local);
+    fn after(
+        &mut self,
+        round: Round,
+        doorbells: &Doorbells,
+        stats: &Stats,
+        session: &Session,
+        local: &mut Local,
+    );
     /// Whether the worker is idle and its wait is only a back-off before
     /// it looks at the doorbell page again: a look any earlier serves it as
     /// well (a poll group gives all such members their looks on one
@@ -124,15 +134,15 @@ pub(super) struct OnKick;
 impl Wake for OnKick {
     const EVENT_IDX: EventIdxPolicy = EventIdxPolicy::Publish;
 
-    fn wait(&self, shared: &Shared, local: &Local) -> Wait {
-        Wait::Until(next_deadline(shared, &local.rings, &local.timers))
+    fn wait(&self, interrupts: &Interrupts, local: &Local) -> Wait {
+        Wait::Until(next_deadline(interrupts, &local.rings, &local.timers))
     }
 
-    fn polls(&self, _: &Shared) -> bool {
+    fn polls(&self, _: &Doorbells) -> bool {
         false
     }
 
-    fn after(&mut self, _: Round, _: &Shared, _: &Session, _: &mut Local) {}
+    fn after(&mut self, _: Round, _: &Doorbells, _: &Stats, _: &Session, _: &mut Local) {}
 }
 
 /// `mmap-poll`: poll the shared doorbell page; when idle, spin for
@@ -162,18 +172,18 @@ impl MmapPoll {
 impl Wake for MmapPoll {
     const EVENT_IDX: EventIdxPolicy = EventIdxPolicy::Publish;
 
-    fn wait(&self, _: &Shared, _: &Local) -> Wait {
+    fn wait(&self, _: &Interrupts, _: &Local) -> Wait {
         match self.spinning {
             Some(_) => Wait::No,
             None => Wait::For(self.backoff),
         }
     }
 
-    fn polls(&self, _: &Shared) -> bool {
+    fn polls(&self, _: &Doorbells) -> bool {
         true
     }
 
-    fn after(&mut self, round: Round, _: &Shared, _: &Session, _: &mut Local) {
+    fn after(&mut self, round: Round, _: &Doorbells, _: &Stats, _: &Session, _: &mut Local) {
         let now = Instant::now();
         self.spinning = match self.spinning {
             _ if round.work > 0 => {
@@ -284,13 +294,14 @@ impl Adaptive {
     /// moved meanwhile.
     fn arm_or_sleep(
         &mut self,
-        shared: &Shared,
+        doorbells: &Doorbells,
+        stats: &Stats,
         session: &Session,
         local: &mut Local,
         idle_since: Instant,
         now: Instant,
     ) -> Phase {
-        if arm(shared, session, local) {
+        if arm(doorbells, stats, session, local) {
             Phase::polling(now)
         } else {
             self.slept_after = Some(idle_since);
@@ -304,7 +315,7 @@ impl Adaptive {
 impl Wake for Adaptive {
     const EVENT_IDX: EventIdxPolicy = EventIdxPolicy::Behind;
 
-    fn wait(&self, shared: &Shared, local: &Local) -> Wait {
+    fn wait(&self, interrupts: &Interrupts, local: &Local) -> Wait {
         match self.phase {
             Phase::Polling { idle_polls, .. } if waits_on_backend(idle_polls, local) => {
                 Wait::For(BACKEND_WAIT)
@@ -313,18 +324,25 @@ impl Wake for Adaptive {
             Phase::Dozing { .. } => Wait::For(DOZE_INTERVAL),
             Phase::Asleep if self.max_backoff.is_some() => {
                 let wake = Instant::now() + self.backoff;
-                let deadline = next_deadline(shared, &local.rings, &local.timers);
+                let deadline = next_deadline(interrupts, &local.rings, &local.timers);
                 Wait::Until(Some(deadline.map_or(wake, |d| d.min(wake))))
             }
-            Phase::Asleep => Wait::Until(next_deadline(shared, &local.rings, &local.timers)),
+            Phase::Asleep => Wait::Until(next_deadline(interrupts, &local.rings, &local.timers)),
         }
     }
 
-    fn polls(&self, shared: &Shared) -> bool {
-        self.max_backoff.is_some() || shared.doorbells.dbbuf_on()
+    fn polls(&self, doorbells: &Doorbells) -> bool {
+        self.max_backoff.is_some() || doorbells.dbbuf_on()
     }
 
-    fn after(&mut self, round: Round, shared: &Shared, session: &Session, local: &mut Local) {
+    fn after(
+        &mut self,
+        round: Round,
+        doorbells: &Doorbells,
+        stats: &Stats,
+        session: &Session,
+        local: &mut Local,
+    ) {
         if !round.polled {
             self.phase = Phase::Asleep;
             self.armed = false;
@@ -390,7 +408,7 @@ impl Wake for Adaptive {
                 } else {
                     self.window.expired();
                     if self.doze.is_zero() {
-                        self.arm_or_sleep(shared, session, local, idle_since, now)
+                        self.arm_or_sleep(doorbells, stats, session, local, idle_since, now)
                     } else {
                         Phase::Dozing {
                             idle_since,
@@ -403,7 +421,7 @@ impl Wake for Adaptive {
                 Phase::Dozing { idle_since, until }
             }
             Phase::Dozing { idle_since, .. } => {
-                self.arm_or_sleep(shared, session, local, idle_since, now)
+                self.arm_or_sleep(doorbells, stats, session, local, idle_since, now)
             }
         };
         if !matches!(self.phase, Phase::Asleep) {
@@ -433,15 +451,15 @@ fn waits_on_backend(idle_polls: u32, local: &Local) -> bool {
 /// a full fence, then re-read every shadow tail. Returns `true` if one moved
 /// (keep polling). Either that re-read sees a host's new tail, or the host's
 /// EventIdx read (after its own fence) sees ours and it traps.
-fn arm(shared: &Shared, session: &Session, local: &mut Local) -> bool {
-    shared.stats.eventidx_arms.fetch_add(1, Ordering::Relaxed);
+fn arm(doorbells: &Doorbells, stats: &Stats, session: &Session, local: &mut Local) -> bool {
+    stats.eventidx_arms.fetch_add(1, Ordering::Relaxed);
     let mem = &*session.mem;
     let mut seen = Vec::with_capacity(local.owned.len());
     for &qid in &local.owned {
         if let Some(sq) = local.rings.sq_mut(qid) {
             let tail = sq.tail;
             sq.event_idx
-                .publish(&shared.doorbells, qid, sq.source, tail as u16, true, mem);
+                .publish(doorbells, qid, sq.source, tail as u16, true, mem);
             seen.push((qid, tail));
         }
     }
@@ -449,7 +467,7 @@ fn arm(shared: &Shared, session: &Session, local: &mut Local) -> bool {
     let mut moved = false;
     for &(qid, tail) in &seen {
         if let Some(sq) = local.rings.sq_mut(qid) {
-            sq.refresh_tail(&shared.doorbells, mem);
+            sq.refresh_tail(doorbells, mem);
             moved |= sq.tail != tail;
         }
     }
