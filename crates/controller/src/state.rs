@@ -113,6 +113,10 @@ impl Member for Shared {
     fn stats(&self) -> crate::stats::ControllerStats {
         self.stats.snapshot()
     }
+
+    fn host_id(&self) -> [u8; 16] {
+        self.features.admin.lock().host_id
+    }
 }
 
 impl Shared {

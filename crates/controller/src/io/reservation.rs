@@ -133,27 +133,41 @@ fn report(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace) -> Result<(), Status
     if !eds && state.registrants.iter().any(|r| r.host.extended) {
         return Err(Status::HOST_ID_INCONSISTENT_FORMAT.with_dnr(true));
     }
-    let mut page = report_page(&state, eds, host(ctx).id, ctx.shared.config.cntlid);
+    let controllers = ctx.shared.subsystem.namespaces.host_ids();
+    let mut page = report_page(&state, eds, &controllers);
     // At most MDTS: fits.
     page.resize(len as usize, 0);
     ctx.send(cmd, &page)
 }
 
-/// The whole Reservation Status data structure of `state`, as `current`
-/// (the host of controller `cntlid`) sees it.
-fn report_page(state: &State, eds: bool, current: [u8; 16], cntlid: u16) -> Vec<u8> {
+/// The whole Reservation Status data structure of `state`: a Registered
+/// Controller entry for each live controller (`controllers`, CNTLID and
+/// Host Identifier) of each registered host, or one with CNTLID FFFFh for
+/// a registered host that has no controller now (§7.4, Figure 408).
+fn report_page(state: &State, eds: bool, controllers: &[(u16, [u8; 16])]) -> Vec<u8> {
+    let mut entries = Vec::new();
+    for r in &state.registrants {
+        let before = entries.len();
+        for (cntlid, _) in controllers.iter().filter(|(_, id)| *id == r.host.id) {
+            entries.push((*cntlid, r));
+        }
+        if entries.len() == before {
+            entries.push((0xFFFF, r));
+        }
+    }
     let mut header = ReservationStatus::new_zeroed();
     header.gen = U32::new(state.generation);
     header.rtype = state.held.map_or(0, |h| h.rtype.0);
-    // At most MAX_REGISTRANTS: fits.
-    header.regctl = U16::new(state.registrants.len() as u16);
+    // At most MAX_REGISTRANTS times the subsystem's controllers, which
+    // the command line bounds far below 65535.
+    header.regctl = U16::new(u16::try_from(entries.len()).unwrap_or(u16::MAX));
     header.ptpls = u8::from(state.ptpl);
     let mut page = header.as_bytes().to_vec();
     if eds {
         page.resize(EXTENDED_HEADER_SIZE, 0);
     }
-    for r in &state.registrants {
-        let cntlid = U16::new(if r.host.id == current { cntlid } else { 0xFFFF });
+    for (cntlid, r) in entries {
+        let cntlid = U16::new(cntlid);
         let rcsts = u8::from(state.holds(&r.host.id));
         let rkey = U64::new(r.key);
         if eds {

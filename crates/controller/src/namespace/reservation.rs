@@ -5,10 +5,11 @@
 //! [`State`]; the commands that parse and answer them are in
 //! `io/reservation.rs`.
 //!
-//! A host is its Host Identifier (feature 81h): one controller here, so a
-//! second host is this controller after a reset and another identifier.
-//! The registrants of other hosts stay, with CNTLID FFFFh in Reservation
-//! Report (not associated with a controller).
+//! A host is its Host Identifier (feature 81h): the subsystem's
+//! controllers with the same identifier are one host, and the state is one
+//! per namespace, shared by every controller. Reservation Report lists a
+//! registered host once per live controller with its identifier, or once
+//! with CNTLID FFFFh (not associated with a controller) if it has none.
 //!
 //! The I/O path looks at one flag first: while no reservation is held,
 //! which is almost always, a command pays a plain load and no lock.

@@ -74,6 +74,9 @@ pub(crate) trait Member: Send + Sync {
     fn ana_changed(&self);
     /// Its counters (without the namespaces', which are the subsystem's).
     fn stats(&self) -> crate::stats::ControllerStats;
+    /// Its Host Identifier now (feature 81h): controllers with the same
+    /// one are one host to reservations.
+    fn host_id(&self) -> [u8; 16];
 }
 
 /// What every controller of one NVM subsystem shares (NVMe Base 2.0
@@ -183,6 +186,20 @@ impl Namespaces {
     /// Controller `cntlid` of the subsystem, if it is live.
     pub fn member(&self, cntlid: u16) -> Option<Arc<dyn Member>> {
         self.members([cntlid]).pop()
+    }
+
+    /// Each live controller's CNTLID and Host Identifier, ascending by
+    /// CNTLID: whom Reservation Report lists for a registered host.
+    pub fn host_ids(&self) -> Vec<(u16, [u8; 16])> {
+        // Out of the lock before asking: each answer takes its own lock.
+        let live: Vec<(u16, Arc<dyn Member>)> = self
+            .table
+            .members
+            .read()
+            .iter()
+            .filter_map(|(c, m)| Some((*c, m.upgrade()?)))
+            .collect();
+        live.into_iter().map(|(c, m)| (c, m.host_id())).collect()
     }
 
     /// The live members among `cntlids`, taken out of the lock before

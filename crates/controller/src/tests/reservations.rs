@@ -3,6 +3,8 @@
 //! for reads and writes, a second host (another Host Identifier after a
 //! reset), and keys persisted through a restart with PTPL.
 
+mod hosts;
+
 use std::path::PathBuf;
 
 use vnvme_spec::reservation::{RegisteredController, RegisteredControllerExt, ReservationStatus};
