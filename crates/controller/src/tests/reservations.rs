@@ -234,21 +234,25 @@ fn acquire_statuses_and_types() {
     assert_eq!(head.gen.get(), 1, "acquire does not count");
 }
 
+/// What each reservation type lets a host that does not hold it do
+/// (Base 2.0 §8.19.1, Table 'Command Behavior in the Presence of a
+/// Reservation'): (type, registrant read, registrant write, other read,
+/// other write).
+const TYPE_TABLE: [(u8, bool, bool, bool, bool); 6] = [
+    (1, true, false, true, false),
+    (2, false, false, false, false),
+    (3, true, true, true, false),
+    (4, true, true, false, false),
+    (5, true, true, true, false),
+    (6, true, true, false, false),
+];
+
 /// For each type: a registrant and a non-registrant that do not hold it,
 /// reading and writing; the holder always may.
 #[test]
 fn each_reservation_type_answers_reads_and_writes_as_the_spec_table() {
-    // (type, registrant read, registrant write, other read, other write)
-    let table = [
-        (1, true, false, true, false),
-        (2, false, false, false, false),
-        (3, true, true, true, false),
-        (4, true, true, false, false),
-        (5, true, true, true, false),
-        (6, true, true, false, false),
-    ];
     let ok = |allowed: bool| if allowed { Status::SUCCESS } else { CONFLICT };
-    for (rtype, reg_read, reg_write, read, write) in table {
+    for (rtype, reg_read, reg_write, read, write) in TYPE_TABLE {
         let mut h = host(1);
         h.register(0, false, 0, 0, KEY_A);
         assert_eq!(h.acquire(0, rtype, KEY_A, 0), Status::SUCCESS);

@@ -64,17 +64,8 @@ fn write_exclusive_held_by_one_controller_conflicts_on_the_other() {
 
 #[test]
 fn each_type_held_on_one_controller_answers_the_other_as_the_spec_table() {
-    // (type, registrant read, registrant write, other read, other write)
-    let table = [
-        (1, true, false, true, false),
-        (2, false, false, false, false),
-        (3, true, true, true, false),
-        (4, true, true, false, false),
-        (5, true, true, true, false),
-        (6, true, true, false, false),
-    ];
     let ok = |allowed: bool| if allowed { Status::SUCCESS } else { CONFLICT };
-    for (rtype, reg_read, reg_write, read, write) in table {
+    for (rtype, reg_read, reg_write, read, write) in super::TYPE_TABLE {
         let (mut a, mut b) = pair();
         a.register(0, false, 0, 0, KEY_A);
         assert_eq!(a.acquire(0, rtype, KEY_A, 0), Status::SUCCESS);
