@@ -239,17 +239,19 @@ fn io_across_upgrades(r: &mut Rig, upgrades: usize) -> (Vec<Value>, u64) {
 }
 
 /// A server of a 16 MiB `file` namespace (in the folder returned, kept
-/// apart from the rig's) in doorbell mode `mode`.
-fn file_rig(name: &str, mode: &str) -> (TempDir, Rig) {
+/// apart from the rig's) in doorbell mode `mode`, with `extra` arguments.
+fn file_rig(name: &str, mode: &str, extra: &[&str]) -> (TempDir, Rig) {
     let dir = temp_dir(&format!("{name}-ns"));
     let ns = format!("16M:file={}", dir.join("ns1.img").display());
-    (dir, rig(name, &["--ns", &ns, "--doorbells", mode]))
+    let mut args = vec!["--ns", &ns, "--doorbells", mode];
+    args.extend_from_slice(extra);
+    (dir, rig(name, &args))
 }
 
 #[test]
 fn verified_io_runs_across_upgrades_in_every_doorbell_mode() {
     for mode in ["trap", "shadow", "adaptive", "mmap-poll"] {
-        let (_ns, mut r) = file_rig(&format!("upgrade-io-{mode}"), mode);
+        let (_ns, mut r) = file_rig(&format!("upgrade-io-{mode}"), mode, &[]);
         let first = r.first.id();
         let (reports, rounds) = io_across_upgrades(&mut r, 3);
         assert!(rounds >= 8, "{mode}: {rounds} rounds");
@@ -270,7 +272,7 @@ fn verified_io_runs_across_upgrades_in_every_doorbell_mode() {
 
 #[test]
 fn the_upgrade_signal_hands_over_too() {
-    let (_ns, mut r) = file_rig("upgrade-signal", "shadow");
+    let (_ns, mut r) = file_rig("upgrade-signal", "shadow", &[]);
     let (access, _ctrl, mut q) = r.client();
     round(&access, &mut q, 0);
     let first = rustix::process::Pid::from_child(&r.first);
@@ -307,7 +309,7 @@ fn pid_from_log(log: &str) -> u32 {
 
 #[test]
 fn a_new_binary_that_exits_is_reported_and_the_old_server_serves_on() {
-    let (_ns, r) = file_rig("upgrade-false", "shadow");
+    let (_ns, r) = file_rig("upgrade-false", "shadow", &[]);
     let (access, _ctrl, mut q) = r.client();
     round(&access, &mut q, 0);
     let why = r.refused(&["--exe", "/bin/false"]);
@@ -346,7 +348,7 @@ fn set_executable(path: &Path) {
 
 #[test]
 fn two_upgrades_at_once_one_is_refused() {
-    let (_ns, mut r) = file_rig("upgrade-twice", "shadow");
+    let (_ns, mut r) = file_rig("upgrade-twice", "shadow", &[]);
     // A new binary slow to start keeps the first upgrade under way.
     let slow = r.dir.join("slow.sh");
     std::fs::write(&slow, format!("#!/bin/sh\nsleep 2\nexec {BIN} \"$@\"\n")).unwrap();
@@ -375,7 +377,7 @@ fn two_upgrades_at_once_one_is_refused() {
 
 #[test]
 fn a_command_that_does_not_drain_refuses_the_upgrade() {
-    let (_ns, r) = file_rig("upgrade-drain", "shadow");
+    let (_ns, r) = file_rig("upgrade-drain", "shadow", &[]);
     let (access, _ctrl, mut q) = r.client();
     let out = ctl(
         &r.control,
@@ -552,18 +554,8 @@ fn a_firmware_download_and_a_sanitize_under_way_finish_in_the_new_process() {
     use vnvme_driver::admin;
     use vnvme_spec::log::LogPageId;
     use vnvme_spec::{AdminOpcode, Command as Sqe};
-    let dir = temp_dir("upgrade-background-ns");
-    let ns = format!("16M:file={}", dir.join("ns1.img").display());
     // 16 MiB at 4 MiB a second: about 4 s, under way across the upgrade.
-    let args = [
-        "--ns",
-        &ns,
-        "--doorbells",
-        "shadow",
-        "--sanitize-rate",
-        "4M",
-    ];
-    let mut r = rig("upgrade-background", &args);
+    let (_ns, mut r) = file_rig("upgrade-background", "shadow", &["--sanitize-rate", "4M"]);
     let (access, ctrl, mut q) = r.client();
     round(&access, &mut q, 0);
     // Firmware Image Download, 4 KiB at `offset`.
@@ -624,17 +616,7 @@ fn a_firmware_download_and_a_sanitize_under_way_finish_in_the_new_process() {
 #[test]
 fn a_format_under_way_finishes_in_the_new_process() {
     use vnvme_spec::{AdminOpcode, Command as Sqe, Status};
-    let dir = temp_dir("upgrade-format-ns");
-    let ns = format!("16M:file={}", dir.join("ns1.img").display());
-    let args = [
-        "--ns",
-        &ns,
-        "--doorbells",
-        "shadow",
-        "--format-duration",
-        "3s",
-    ];
-    let mut r = rig("upgrade-format", &args);
+    let (_ns, mut r) = file_rig("upgrade-format", "shadow", &["--format-duration", "3s"]);
     let (access, ctrl, mut q) = r.client();
     round(&access, &mut q, 0);
     let mut format = Sqe::new(AdminOpcode::FORMAT_NVM.0, 0);
