@@ -275,15 +275,7 @@ impl Servers {
         if let Some(w) = opts.server_workers {
             args.extend(["--workers".to_string(), w.to_string()]);
         }
-        args.extend(opts.polling.serve_args());
-        let child = start(&args, &dir.join("serve.log"))?;
-        let mut servers = Self {
-            pids: vec![child.id()],
-            children: vec![child],
-            sockets,
-        };
-        servers.wait_for_sockets()?;
-        Ok(servers)
+        Self::one(dir, args, opts, sockets)
     }
 
     /// One `vnvme serve --socket ... --socket ...`: one NVM subsystem, a
@@ -295,6 +287,16 @@ impl Servers {
             args.extend(["--socket".to_string(), socket.display().to_string()]);
         }
         args.extend(one_controller_args(mode, opts));
+        Self::one(dir, args, opts, sockets)
+    }
+
+    /// One `vnvme serve ARGS` (with the polling options) serving `sockets`.
+    fn one(
+        dir: &Path,
+        mut args: Vec<String>,
+        opts: &BenchOptions,
+        sockets: Vec<PathBuf>,
+    ) -> Result<Self> {
         args.extend(opts.polling.serve_args());
         let child = start(&args, &dir.join("serve.log"))?;
         let mut servers = Self {
