@@ -3,8 +3,6 @@
 //! subsystem, set from any of its controllers (the control socket's
 //! `ana_set`).
 
-use std::sync::Arc;
-
 use super::Controller;
 use crate::faults::AnaFault;
 use crate::subsystem::ana::AnaState;
@@ -73,30 +71,20 @@ impl Controller {
         let Some(d) = fault.duration else {
             return Ok(());
         };
-        let weak = Arc::downgrade(&self.shared);
-        let spawned = std::thread::Builder::new()
-            .name("vnvme-ana-fault".into())
-            .spawn(move || {
-                std::thread::sleep(d);
-                let Some(shared) = weak.upgrade() else {
-                    return;
-                };
-                let namespaces = &shared.subsystem.namespaces;
-                let ana = &namespaces.table().ana;
-                let mut changed = false;
-                for (g, was) in before {
-                    if ana.state(fault.controller, g) == fault.state {
-                        changed |= ana.set(fault.controller, &[g], was);
-                    }
+        self.fault_end("vnvme-ana-fault", d, move |shared| {
+            let namespaces = &shared.subsystem.namespaces;
+            let ana = &namespaces.table().ana;
+            let mut changed = false;
+            for (g, was) in before {
+                if ana.state(fault.controller, g) == fault.state {
+                    changed |= ana.set(fault.controller, &[g], was);
                 }
-                if changed {
-                    namespaces.notify_ana([fault.controller]);
-                }
-                tracing::info!(cntlid = fault.controller, changed, "ana fault over");
-            });
-        if let Err(e) = spawned {
-            tracing::warn!("no timer for the end of an ana fault ({e}): the state stays");
-        }
+            }
+            if changed {
+                namespaces.notify_ana([fault.controller]);
+            }
+            tracing::info!(cntlid = fault.controller, changed, "ana fault over");
+        });
         Ok(())
     }
 

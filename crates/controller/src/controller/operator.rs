@@ -328,22 +328,35 @@ impl Controller {
         let until = Instant::now() + d;
         shared.faults.set_not_ready(nsid, until);
         shared.namespace_changed(nsid);
-        let weak = Arc::downgrade(shared);
+        self.fault_end("vnvme-not-ready", d, move |shared| {
+            if !shared.faults.not_ready(nsid, Instant::now)
+                && shared.subsystem.namespaces.active(nsid).is_some()
+            {
+                shared.namespace_changed(nsid);
+            }
+        });
+    }
+
+    /// Runs `end` on a thread named `name` after `d`, if the controller is
+    /// still there: the end of a fault that lasts (no thread: said, and
+    /// the fault's state stays).
+    pub(super) fn fault_end(
+        &self,
+        name: &str,
+        d: Duration,
+        end: impl FnOnce(&Shared) + Send + 'static,
+    ) {
+        let weak = Arc::downgrade(&self.shared);
         let spawned = std::thread::Builder::new()
-            .name("vnvme-not-ready".into())
+            .name(name.into())
             .spawn(move || {
                 std::thread::sleep(d);
-                let Some(shared) = weak.upgrade() else {
-                    return;
-                };
-                if !shared.faults.not_ready(nsid, Instant::now)
-                    && shared.subsystem.namespaces.active(nsid).is_some()
-                {
-                    shared.namespace_changed(nsid);
+                if let Some(shared) = weak.upgrade() {
+                    end(&shared);
                 }
             });
         if let Err(e) = spawned {
-            tracing::warn!("no timer for the end of a not-ready fault ({e}): no event at its end");
+            tracing::warn!("no timer for the end of a fault ({name}: {e}): its state stays");
         }
     }
 }
