@@ -64,6 +64,9 @@ enum BenchWhich {
     /// Sequential 4 KiB writes on a zoned namespace against the same on a conventional one, per queue
     /// depth (the cost of the zone bookkeeping).
     Zns(bench::zns::ZnsBenchOptions),
+    /// How long a busy client's I/O stalls while `vnvme serve` is upgraded (`vnvme ctl upgrade`),
+    /// and the handover's time by phase, per doorbell mode.
+    Upgrade(bench::upgrade::UpgradeBenchOptions),
 }
 
 #[derive(Args, Debug)]
@@ -112,6 +115,10 @@ fn main() -> ExitCode {
             which: Some(BenchWhich::Zns(opts)),
             ..
         }) => bench::zns::main(&opts),
+        Command::Bench(BenchCommand {
+            which: Some(BenchWhich::Upgrade(opts)),
+            ..
+        }) => bench::upgrade::main(&opts),
         Command::Serve(opts) => serve::run(opts),
         Command::IdCtrl(d) => tools::id_ctrl(&d.socket, d.json),
         Command::List(d) => tools::list(&d.socket, d.json),

@@ -209,14 +209,27 @@ fn run_all(clients: &mut [Client], pattern: &Pattern) -> Result<Vec<Summary>> {
 
 /// One driver attached to one controller, with its I/O queue. Fields drop
 /// in order: the queue and the driver before the connection.
-struct Client {
-    queue: IoQueue,
+pub(super) struct Client {
+    pub(super) queue: IoQueue,
     _driver: Controller,
-    access: Arc<dyn DeviceAccess>,
+    pub(super) access: Arc<dyn DeviceAccess>,
 }
 
 impl Client {
     fn attach(socket: &Path, mode: DoorbellMode, max_qd: u16, poll: bool) -> Result<Self> {
+        // As the single-controller bench: only mmap-poll's figures are
+        // those of a client that maps the doorbell page.
+        Self::connect(socket, max_qd, poll, mode == DoorbellMode::MmapPoll)
+    }
+
+    /// Our driver on `socket` with one I/O queue for `max_qd` commands,
+    /// reaping by polling or interrupts, mapping BAR0's doorbell page or not.
+    pub(super) fn connect(
+        socket: &Path,
+        max_qd: u16,
+        poll: bool,
+        map_doorbells: bool,
+    ) -> Result<Self> {
         let access: Arc<dyn DeviceAccess> = Arc::new(
             VfioUserAccess::connect(socket)
                 .with_context(|| format!("connecting to {}", socket.display()))?,
@@ -225,9 +238,7 @@ impl Client {
             io_queues: 1,
             queue_depth: max_qd.saturating_add(1).max(2),
             interrupts: !poll,
-            // As the single-controller bench: only mmap-poll's figures are
-            // those of a client that maps the doorbell page.
-            map_doorbells: mode == DoorbellMode::MmapPoll,
+            map_doorbells,
             ..InitOptions::default()
         };
         let driver = Controller::init(Arc::clone(&access), init)
@@ -330,24 +341,7 @@ impl Servers {
     }
 
     fn wait_for_sockets(&mut self) -> Result<()> {
-        let deadline = Instant::now() + START_TIMEOUT;
-        for socket in &self.sockets {
-            while !socket.exists() {
-                for child in &mut self.children {
-                    if let Some(status) = child.try_wait()? {
-                        bail!("a vnvme serve the bench started exited ({status}) before creating its socket: see its log beside {}", socket.display());
-                    }
-                }
-                if Instant::now() > deadline {
-                    bail!(
-                        "{} did not appear within {START_TIMEOUT:?}",
-                        socket.display()
-                    );
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-        Ok(())
+        wait_for_sockets(&self.sockets, &mut self.children)
     }
 
     /// The servers' CPU in cores while `work` runs (about `expected` long).
@@ -389,7 +383,29 @@ impl Drop for Servers {
     }
 }
 
-fn terminate(pid: u32) {
+/// Waits until every one of `sockets` exists, or one of `children` exited.
+pub(super) fn wait_for_sockets(sockets: &[PathBuf], children: &mut [Child]) -> Result<()> {
+    let deadline = Instant::now() + START_TIMEOUT;
+    for socket in sockets {
+        while !socket.exists() {
+            for child in &mut *children {
+                if let Some(status) = child.try_wait()? {
+                    bail!("a vnvme serve the bench started exited ({status}) before creating its socket: see its log beside {}", socket.display());
+                }
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "{} did not appear within {START_TIMEOUT:?}",
+                    socket.display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn terminate(pid: u32) {
     let pid = i32::try_from(pid)
         .ok()
         .and_then(rustix::process::Pid::from_raw);
@@ -413,7 +429,7 @@ fn one_controller_args(mode: DoorbellMode, opts: &BenchOptions) -> [String; 6] {
 }
 
 /// Starts `vnvme serve ARGS`, its output in `log`.
-fn start(args: &[String], log: &Path) -> Result<Child> {
+pub(super) fn start(args: &[String], log: &Path) -> Result<Child> {
     let exe = std::env::current_exe().context("finding the vnvme executable")?;
     let out = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
     Command::new(exe)
@@ -454,10 +470,10 @@ fn cpu_seconds(pid: u32) -> Option<f64> {
 }
 
 /// A folder for one point's sockets, configuration and logs, removed after.
-struct ScratchDir(PathBuf);
+pub(super) struct ScratchDir(pub(super) PathBuf);
 
 impl ScratchDir {
-    fn new() -> Result<Self> {
+    pub(super) fn new() -> Result<Self> {
         use std::sync::atomic::{AtomicU32, Ordering};
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let dir = std::env::temp_dir().join(format!(
