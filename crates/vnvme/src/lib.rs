@@ -12,6 +12,7 @@ pub mod image_format;
 pub mod inproc;
 pub mod metrics;
 pub mod namespace;
+pub mod notify;
 pub mod ns_syntax;
 pub mod passthru;
 pub mod qos;

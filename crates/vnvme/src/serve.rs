@@ -373,8 +373,11 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
     });
     let ctrl = Arc::clone(device.controller());
     let mut server = vnvme_vfio_user::Server::with_options(device, server_options);
-    if let Some((_, reporter)) = handover.as_mut() {
-        reporter.ready();
+    match handover.as_mut() {
+        Some((_, reporter)) => reporter.ready(),
+        // A successor is not the main process yet: its old one says so
+        // (`MAINPID=`), and the service was ready long before.
+        None => crate::notify::ready(),
     }
     let result = server.serve_listener_with(listening.listener(), &stop, Some(&upgrader), adopted);
     drop(listening);

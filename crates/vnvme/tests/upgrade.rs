@@ -49,6 +49,11 @@ impl Drop for Rig {
 }
 
 fn rig(name: &str, args: &[&str]) -> Rig {
+    rig_env(name, args, &[])
+}
+
+/// [`rig`] with these environment variables set for the server.
+fn rig_env(name: &str, args: &[&str], env: &[(&str, &Path)]) -> Rig {
     let dir = temp_dir(name);
     let socket = dir.join("vnvme.sock");
     let control = dir.join("control.sock");
@@ -59,6 +64,7 @@ fn rig(name: &str, args: &[&str]) -> Rig {
         .arg("--control")
         .arg(&control)
         .args(args)
+        .envs(env.iter().copied())
         .stderr(Stdio::from(log))
         .spawn()
         .unwrap();
@@ -246,6 +252,41 @@ fn file_rig(name: &str, mode: &str, extra: &[&str]) -> (TempDir, Rig) {
     let mut args = vec!["--ns", &ns, "--doorbells", mode];
     args.extend_from_slice(extra);
     (dir, rig(name, &args))
+}
+
+#[test]
+fn the_service_manager_hears_ready_then_each_new_main_pid() {
+    // A systemd of our own: the datagram socket NOTIFY_SOCKET names.
+    let manager_dir = temp_dir("upgrade-notify-manager");
+    let path = manager_dir.join("notify");
+    let manager = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+    manager
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let heard = || {
+        let mut buf = [0u8; 512];
+        let n = manager.recv(&mut buf).expect("a notification within 30 s");
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+    let mut r = rig_env(
+        "upgrade-notify",
+        &["--ns", "16M:null", "--doorbells", "shadow"],
+        &[("NOTIFY_SOCKET", &path)],
+    );
+    assert_eq!(heard(), "READY=1");
+    let (_access, _ctrl, _q) = r.client();
+    for _ in 0..2 {
+        let report = r.upgrade(&[]);
+        assert_eq!(heard(), format!("MAINPID={}", report["pid"]), "{report}");
+    }
+    // The successors said nothing themselves: not the main process when
+    // they started, they would have been refused by the manager.
+    manager.set_nonblocking(true).unwrap();
+    let mut buf = [0u8; 512];
+    let more = manager
+        .recv(&mut buf)
+        .map(|n| String::from_utf8_lossy(&buf[..n]).into_owned());
+    assert!(more.is_err(), "{more:?}");
 }
 
 #[test]

@@ -289,6 +289,8 @@ pub(super) fn serve_each<'a>(
                     })
             })
             .collect();
+        // Every listener listens already: the clients may come.
+        crate::notify::ready();
         let mut failed = 0;
         for h in handles {
             match h {

@@ -204,6 +204,9 @@ impl Upgrader {
                     .get("ready_ns")
                     .and_then(Value::as_u64)
                     .unwrap_or(started);
+                // Before this process exits: a manager that saw its main
+                // process end would stop the service, the new one with it.
+                crate::notify::main_pid(child.id());
                 Ok(json!({
                     "pid": child.id(),
                     "exe": std::path::Path::new(&program).display().to_string(),
