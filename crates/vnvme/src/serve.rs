@@ -20,7 +20,7 @@ use crate::namespace::NamespaceSpec;
 use crate::ns_syntax;
 use crate::socket::Listening;
 use crate::socket::{parse_mode, Plan, SocketFile};
-use crate::upgrade::{ControlHandoff, Reporter, Taken, Upgrader};
+use crate::upgrade::{OtherSockets, Reporter, Taken, Upgrader};
 use vnvme_vfio_user::handover::Adopted;
 
 mod many;
@@ -292,14 +292,24 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
     )?;
     // Before the socket: a --metrics address in use fails the start
     // without leaving a socket file behind.
-    let metrics = match opts.metrics {
-        Some(addr) => {
+    let mut handed_on = OtherSockets::default();
+    let handed_metrics = handover.as_mut().and_then(|(t, _)| t.metrics.take());
+    let metrics = match (opts.metrics, handed_metrics) {
+        (None, None) => None,
+        (Some(addr), handed) => {
+            let listener = match handed {
+                Some(l) => l,
+                None => crate::metrics::http::MetricsServer::bind(addr)?,
+            };
+            handed_on.metrics = Some(listener.try_clone().context("copying the metrics socket")?);
             let ctrl = Arc::clone(device.controller());
-            let m = crate::metrics::http::MetricsServer::start(addr, ctrl)?;
+            let m = crate::metrics::http::MetricsServer::serve(listener, ctrl)?;
             tracing::info!("metrics on http://{}/metrics", m.addr());
             Some(m)
         }
-        None => None,
+        (None, Some(_)) => bail!(
+            "the handover has a metrics socket and this process no --metrics: not this server's handover"
+        ),
     };
     // Before the socket: a stop asked for as soon as the socket appears is
     // a clean one, which removes it.
@@ -318,7 +328,6 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
         stop: Arc::clone(&stop),
         upgrade: Some(Arc::clone(&requests)),
     };
-    let mut control_copy = None;
     let control = match &opts.control {
         Some(path) => {
             let (listener, file) = match control_listener {
@@ -330,9 +339,7 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
                 ),
                 None => crate::control::bind(path, opts.control_mode)?,
             };
-            control_copy = Some(ControlHandoff {
-                listener: listener.try_clone().context("copying the control socket")?,
-            });
+            handed_on.control = Some(listener.try_clone().context("copying the control socket")?);
             Some(ControlServer::serve(
                 listener,
                 file,
@@ -349,9 +356,9 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
             .try_clone()
             .context("copying the listening socket")?,
         listening.own_file().is_some(),
-        control_copy,
+        handed_on,
         backends.clone(),
-        cannot_upgrade(&backends, opts.metrics.is_some()),
+        cannot_upgrade(&backends),
     );
     let own = listening.own_file().into_iter().collect();
     watch_stop(Arc::clone(&stop), stop_timeout, own)?;
@@ -440,23 +447,13 @@ fn handed_sockets(
 }
 
 /// Why this server cannot be upgraded at all, if so.
-fn cannot_upgrade(
-    backends: &[Arc<dyn vnvme_blockdev::BlockDevice>],
-    metrics: bool,
-) -> Option<String> {
+fn cannot_upgrade(backends: &[Arc<dyn vnvme_blockdev::BlockDevice>]) -> Option<String> {
     if let Some(i) = backends.iter().position(|b| !b.outlives_process()) {
         return Some(format!(
             "namespace {} keeps its data in this process's memory (ram): an upgrade would lose \
              it; serve it from a file (PATH:file) to upgrade",
             i + 1
         ));
-    }
-    if metrics {
-        return Some(
-            "--metrics: its TCP socket cannot be handed to the new process yet; serve without \
-             --metrics to upgrade"
-                .into(),
-        );
     }
     None
 }

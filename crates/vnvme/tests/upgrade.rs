@@ -290,6 +290,63 @@ fn the_service_manager_hears_ready_then_each_new_main_pid() {
 }
 
 #[test]
+fn the_metrics_endpoint_answers_across_upgrades() {
+    use std::io::Write;
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let scrape = || {
+        let mut s = std::net::TcpStream::connect(addr).expect("the metrics port answers");
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: test\r\n\r\n")
+            .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    };
+    let addr_arg = addr.to_string();
+    let mut r = rig(
+        "upgrade-metrics",
+        &[
+            "--ns",
+            "16M:null",
+            "--doorbells",
+            "shadow",
+            "--metrics",
+            &addr_arg,
+        ],
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(addr).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "metrics never listened: {}",
+            r.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(scrape().starts_with("HTTP/1.1 200 OK"));
+    for round in 0..2 {
+        let old = r.pid;
+        r.upgrade(&[]);
+        // Only the new process holds the socket once the old one is gone.
+        if round == 0 {
+            assert!(r.first.wait().unwrap().success());
+        }
+        let gone = Instant::now() + Duration::from_secs(20);
+        while std::path::Path::new(&format!("/proc/{old}")).exists() {
+            assert!(Instant::now() < gone, "the old server {old} did not exit");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let answer = scrape();
+        assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
+        assert!(answer.contains("vnvme_enables_total"), "{answer}");
+    }
+    assert!(ctl(&r.control, &["shutdown"]).status.success());
+}
+
+#[test]
 fn verified_io_runs_across_upgrades_in_every_doorbell_mode() {
     for mode in ["trap", "shadow", "adaptive", "mmap-poll"] {
         let (_ns, mut r) = file_rig(&format!("upgrade-io-{mode}"), mode, &[]);

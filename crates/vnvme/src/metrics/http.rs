@@ -37,11 +37,14 @@ pub struct MetricsServer {
 }
 
 impl MetricsServer {
-    /// Listens on `addr` (port 0: any free port) and serves `ctrl`'s
-    /// metrics until stopped.
-    pub fn start(addr: SocketAddr, ctrl: Arc<Controller>) -> Result<Self> {
-        let listener =
-            TcpListener::bind(addr).with_context(|| format!("binding --metrics address {addr}"))?;
+    /// The listening socket for `addr` (port 0: any free port).
+    pub fn bind(addr: SocketAddr) -> Result<TcpListener> {
+        TcpListener::bind(addr).with_context(|| format!("binding --metrics address {addr}"))
+    }
+
+    /// Serves `ctrl`'s metrics on `listener` (bound here, or handed over by
+    /// a live upgrade's old process) until stopped.
+    pub fn serve(listener: TcpListener, ctrl: Arc<Controller>) -> Result<Self> {
         let addr = listener
             .local_addr()
             .context("reading the metrics address")?;

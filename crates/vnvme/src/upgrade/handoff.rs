@@ -15,13 +15,14 @@ use vnvme_blockdev::BlockDevice;
 use vnvme_device::NvmeDevice;
 use vnvme_vfio_user::handover::{ClientParts, Handover};
 
-use super::manifest::{self, ms, now_ns, HandedClient, HandedControl, Manifest};
+use super::manifest::{self, ms, now_ns, HandedClient, HandedSocket, Manifest};
 use super::{Requests, DRAIN_BOUND, HANDOVER_TIMEOUT};
 
-/// The control socket, to pass on.
-#[derive(Debug)]
-pub struct ControlHandoff {
-    pub listener: UnixListener,
+/// The control socket and the metrics socket, to pass on.
+#[derive(Debug, Default)]
+pub struct OtherSockets {
+    pub control: Option<UnixListener>,
+    pub metrics: Option<std::net::TcpListener>,
 }
 
 /// What a pause saved, for the transfer that follows.
@@ -40,7 +41,8 @@ pub struct Upgrader {
     requests: Arc<Requests>,
     listener: UnixListener,
     socket_owned: bool,
-    control: Option<ControlHandoff>,
+    /// The control and metrics sockets.
+    control: OtherSockets,
     /// argv\[0\] and the arguments after it, without `--handover-fd`.
     program: OsString,
     args: Vec<OsString>,
@@ -59,7 +61,7 @@ impl Upgrader {
         requests: Arc<Requests>,
         listener: UnixListener,
         socket_owned: bool,
-        control: Option<ControlHandoff>,
+        control: OtherSockets,
         backends: Vec<Arc<dyn BlockDevice>>,
         unsupported: Option<String>,
     ) -> Self {
@@ -127,9 +129,15 @@ impl Upgrader {
         let status_fd = pass(status_tx.as_fd())?;
         drop(status_tx);
         let listener_fd = pass(self.listener.as_fd())?;
-        let control = match &self.control {
-            Some(c) => Some(HandedControl {
-                fd: pass(c.listener.as_fd())?,
+        let control = match &self.control.control {
+            Some(l) => Some(HandedSocket {
+                fd: pass(l.as_fd())?,
+            }),
+            None => None,
+        };
+        let metrics = match &self.control.metrics {
+            Some(l) => Some(HandedSocket {
+                fd: pass(l.as_fd())?,
             }),
             None => None,
         };
@@ -168,6 +176,7 @@ impl Upgrader {
             listener_fd,
             socket_owned: self.socket_owned,
             control,
+            metrics,
             client,
             spawned_ns: now_ns(),
         };

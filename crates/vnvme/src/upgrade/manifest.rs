@@ -31,16 +31,21 @@ pub struct Manifest {
     /// Whether the old process made the socket file (and so removes it at
     /// exit): the new one then does.
     pub socket_owned: bool,
-    pub control: Option<HandedControl>,
+    pub control: Option<HandedSocket>,
+    /// The `--metrics` TCP socket (absent from handovers made before it
+    /// was passed).
+    #[serde(default)]
+    pub metrics: Option<HandedSocket>,
     pub client: Option<HandedClient>,
     /// When the old process started the new one (CLOCK_MONOTONIC, ns).
     pub spawned_ns: u64,
 }
 
-/// The control socket.
+/// A listening socket besides the vfio-user one: the control socket, the
+/// metrics socket.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct HandedControl {
+pub struct HandedSocket {
     pub fd: i32,
 }
 
@@ -68,6 +73,7 @@ impl Manifest {
     pub fn fds(&self) -> Vec<i32> {
         let mut v = vec![self.status_fd, self.listener_fd];
         v.extend(self.control.as_ref().map(|c| c.fd));
+        v.extend(self.metrics.as_ref().map(|c| c.fd));
         if let Some(c) = &self.client {
             v.push(c.conn_fd);
             v.extend(&c.file_fds);

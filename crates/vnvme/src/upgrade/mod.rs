@@ -14,7 +14,7 @@
 //!    to a sealed memfd ([`manifest`]);
 //! 3. *pass*: starts the new binary with the same arguments plus
 //!    `--handover-fd N`, which inherits the fds: the client connection, the
-//!    listening socket, the control socket, the files behind the DMA maps,
+//!    listening socket, the control and metrics sockets, the files behind the DMA maps,
 //!    the interrupt eventfds, BAR0's doorbell memfd; the `file` backends'
 //!    locks are let go for it to open them;
 //! 4. *restore*: the new process maps the guest memory again, restores the
@@ -46,7 +46,7 @@ mod handoff;
 pub mod manifest;
 mod successor;
 
-pub use handoff::{ControlHandoff, Upgrader};
+pub use handoff::{OtherSockets, Upgrader};
 pub use successor::{take, Reporter, Taken, TakenClient};
 
 /// The signal that asks `vnvme serve` for an upgrade to the binary it was

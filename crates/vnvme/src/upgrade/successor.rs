@@ -20,6 +20,7 @@ pub struct Taken {
     pub listener: Option<UnixListener>,
     pub socket_owned: bool,
     pub control: Option<UnixListener>,
+    pub metrics: Option<std::net::TcpListener>,
     pub client: Option<TakenClient>,
 }
 
@@ -120,6 +121,13 @@ fn take_rest(
         )?)),
         None => None,
     };
+    let metrics = match manifest.metrics {
+        Some(_) => Some(std::net::TcpListener::from(expect_socket(
+            next()?,
+            "metrics socket",
+        )?)),
+        None => None,
+    };
     let Manifest {
         socket_owned,
         client,
@@ -165,6 +173,7 @@ fn take_rest(
         listener: Some(listener),
         socket_owned,
         control,
+        metrics,
         client,
     })
 }
