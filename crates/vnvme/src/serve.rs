@@ -358,6 +358,7 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
         listening.own_file().is_some(),
         handed_on,
         backends.clone(),
+        device.controller().namespace_backends(),
         cannot_upgrade(&backends),
     );
     let own = listening.own_file().into_iter().collect();

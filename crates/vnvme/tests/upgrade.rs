@@ -503,6 +503,35 @@ fn a_command_that_does_not_drain_refuses_the_upgrade() {
 }
 
 #[test]
+fn a_namespace_added_at_run_time_refuses_the_upgrade_until_removed() {
+    let (dir, mut r) = file_rig("upgrade-ns-added", "shadow", &["--max-namespaces", "4"]);
+    let added = format!("ns=16M:file={}", dir.join("added.img").display());
+    let ok = |args: &[&str]| {
+        let out = ctl(&r.control, args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    ok(&["namespace_add", &added]);
+    let why = r.refused(&[]);
+    assert!(why.contains("namespace 2 was added at run time"), "{why}");
+    assert!(r.alive());
+    // Another backend under a configured NSID is refused the same way.
+    ok(&["namespace_remove", "nsid=1"]);
+    let other = format!("ns=16M:file={}", dir.join("other.img").display());
+    ok(&["namespace_add", &other, "nsid=1"]);
+    let why = r.refused(&[]);
+    assert!(why.contains("namespace 1 was added at run time"), "{why}");
+    // Removing what was added lets it go on: the state says what was removed.
+    ok(&["namespace_remove", "nsid=1"]);
+    ok(&["namespace_remove", "nsid=2"]);
+    r.upgrade(&[]);
+    assert!(ctl(&r.control, &["shutdown"]).status.success());
+}
+
+#[test]
 fn a_ram_namespace_refuses_the_upgrade() {
     let r = rig("upgrade-ram", &["--ns", "16M:ram", "--doorbells", "shadow"]);
     let why = r.refused(&[]);

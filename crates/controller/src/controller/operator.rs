@@ -129,6 +129,13 @@ impl Controller {
         Ok(nsid)
     }
 
+    /// Every allocated namespace (attached or not) with its backend, by
+    /// NSID: what a live upgrade compares with the namespaces the new
+    /// process configures.
+    pub fn namespace_backends(&self) -> Vec<(u32, Arc<dyn BlockDevice>)> {
+        self.shared.subsystem.namespaces.backends()
+    }
+
     /// Removes namespace `nsid`; an attached one is detached first, which
     /// the host hears about. Commands already holding it finish on it.
     pub fn namespace_remove(&self, nsid: u32) -> Result<(), NamespaceOpError> {

@@ -14,6 +14,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex, RwLock};
+use vnvme_blockdev::BlockDevice;
 use vnvme_spec::Status;
 
 use crate::config::Readiness;
@@ -248,6 +249,14 @@ impl Namespaces {
             .filter(|(_, ns)| !active_only || ns.attached.contains(self.cntlid))
             .map(|(&id, _)| id)
             .take(limit)
+            .collect()
+    }
+
+    /// Every allocated namespace's backend, by NSID (a snapshot).
+    pub fn backends(&self) -> Vec<(u32, Arc<dyn BlockDevice>)> {
+        let map = self.table.map.read();
+        map.iter()
+            .map(|(&id, ns)| (id, Arc::clone(&ns.backend)))
             .collect()
     }
 

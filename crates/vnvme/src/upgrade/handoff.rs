@@ -48,6 +48,9 @@ pub struct Upgrader {
     args: Vec<OsString>,
     /// The namespaces' storage, whose locks the new process needs.
     backends: Vec<Arc<dyn BlockDevice>>,
+    /// The namespaces as this process configured them from its arguments
+    /// (or restored them), by NSID: what a new process will configure.
+    configured: Vec<(u32, Arc<dyn BlockDevice>)>,
     /// Why this server cannot be upgraded at all, known at start.
     unsupported: Option<String>,
     saved: Mutex<Option<Saved>>,
@@ -55,14 +58,16 @@ pub struct Upgrader {
 
 impl Upgrader {
     /// `listener` (a copy of the served socket; `socket_owned`: this process
-    /// made its file), `control`, the namespaces' `backends`, and
-    /// `unsupported`: why no upgrade can work here, if so.
+    /// made its file), `control`, the namespaces' `backends`, the
+    /// namespaces `configured` by NSID, and `unsupported`: why no upgrade
+    /// can work here, if so.
     pub fn new(
         requests: Arc<Requests>,
         listener: UnixListener,
         socket_owned: bool,
         control: OtherSockets,
         backends: Vec<Arc<dyn BlockDevice>>,
+        configured: Vec<(u32, Arc<dyn BlockDevice>)>,
         unsupported: Option<String>,
     ) -> Self {
         let mut argv = std::env::args_os();
@@ -76,6 +81,7 @@ impl Upgrader {
             program,
             args,
             backends,
+            configured,
             unsupported,
             saved: Mutex::new(None),
         }
@@ -101,11 +107,18 @@ impl Upgrader {
         }
     }
 
+    /// Why this server cannot be upgraded now, if so.
+    fn refusal(&self, device: &NvmeDevice) -> Option<String> {
+        self.unsupported.clone().or_else(|| {
+            added_at_run_time(&self.configured, &device.controller().namespace_backends())
+        })
+    }
+
     /// Starts the new process on `client` and waits for it; `Ok` with the
     /// report once it is ready, `Err` with why not (it is gone then).
     fn pass(&self, device: &NvmeDevice, client: Option<ClientParts<'_>>) -> Result<Value, String> {
-        if let Some(why) = &self.unsupported {
-            return Err(why.clone());
+        if let Some(why) = self.refusal(device) {
+            return Err(why);
         }
         let saved = self.saved.lock().take();
         let (state, asked_ns, drain_ms, save_started_ns, exe) = match saved {
@@ -262,8 +275,8 @@ impl Handover<NvmeDevice> for Upgrader {
         let Some((exe, asked_ns)) = self.requests.current() else {
             return Err("no upgrade is asked for".into());
         };
-        if let Some(why) = &self.unsupported {
-            return Err(why.clone());
+        if let Some(why) = self.refusal(device) {
+            return Err(why);
         }
         let ctrl = device.controller();
         let started = Instant::now();
@@ -402,6 +415,27 @@ fn without_handover_fd(args: Vec<OsString>) -> Vec<OsString> {
         out.push(a);
     }
     out
+}
+
+/// Why the namespaces `now` differ from those `configured`, if they do:
+/// the operator added one (`namespace_add`), perhaps under a configured
+/// NSID it removed first. A new process started with the same arguments
+/// would not serve it, and a saved namespace it does not configure would
+/// come back empty; removed and detached namespaces are in the state.
+fn added_at_run_time(
+    configured: &[(u32, Arc<dyn BlockDevice>)],
+    now: &[(u32, Arc<dyn BlockDevice>)],
+) -> Option<String> {
+    let (nsid, _) = now.iter().find(|(nsid, backend)| {
+        !configured
+            .iter()
+            .any(|(n, b)| n == nsid && Arc::ptr_eq(b, backend))
+    })?;
+    Some(format!(
+        "namespace {nsid} was added at run time (namespace_add): a new process started with this \
+         server's arguments would not serve it; remove it (namespace_remove), or restart the \
+         server with it in its arguments, to upgrade"
+    ))
 }
 
 #[cfg(test)]
