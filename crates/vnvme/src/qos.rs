@@ -204,6 +204,59 @@ pub fn apply_all<'a>(
     Ok(())
 }
 
+/// The limits a live upgrade hands to the new process (crate::upgrade):
+/// every target's own limits and every group's, as `qos_get` reports them,
+/// so that limits changed at run time (`qos_set`) outlive the upgrade. A
+/// target whose limits were never set keeps its configuration's.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HandedQos {
+    pub controller: Option<BTreeMap<String, u64>>,
+    pub namespaces: BTreeMap<u32, BTreeMap<String, u64>>,
+    pub groups: BTreeMap<String, BTreeMap<String, u64>>,
+}
+
+impl HandedQos {
+    /// `ctrl`'s limits now.
+    pub fn of(ctrl: &Controller) -> Self {
+        let now = ctrl.qos_get();
+        Self {
+            controller: now.controller.own.map(|t| t.limits),
+            namespaces: now
+                .namespaces
+                .into_iter()
+                .filter_map(|(nsid, t)| Some((nsid, t.own?.limits)))
+                .collect(),
+            groups: now.groups.into_iter().map(|(g, t)| (g, t.limits)).collect(),
+        }
+    }
+
+    /// Gives `ctrl` (configured already) these limits.
+    pub fn apply(&self, ctrl: &Controller) -> Result<()> {
+        let limits = |keys: &BTreeMap<String, u64>| -> Result<QosLimits> {
+            let mut l = QosLimits::default();
+            for (key, &value) in keys {
+                l.set(key, value)?;
+            }
+            l.validate()?;
+            Ok(l)
+        };
+        if let Some(keys) = &self.controller {
+            ctrl.qos_set(QosTarget::Controller, limits(keys)?)
+                .context("the controller's handed-over QoS")?;
+        }
+        for (&nsid, keys) in &self.namespaces {
+            ctrl.qos_set(QosTarget::Namespace(nsid), limits(keys)?)
+                .with_context(|| format!("namespace {nsid}'s handed-over QoS"))?;
+        }
+        for (name, keys) in &self.groups {
+            ctrl.qos_set_group(name, limits(keys)?)
+                .with_context(|| format!("QoS group {name}'s handed-over limits"))?;
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

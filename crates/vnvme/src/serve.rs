@@ -290,6 +290,10 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
         opts.namespaces.iter().map(|ns| &ns.qos),
         &groups,
     )?;
+    // Limits changed at run time in the process this one took over from.
+    if let Some(qos) = handover.as_mut().and_then(|(t, _)| t.qos.take()) {
+        qos.apply(device.controller())?;
+    }
     // Before the socket: a --metrics address in use fails the start
     // without leaving a socket file behind.
     let mut handed_on = OtherSockets::default();

@@ -532,6 +532,45 @@ fn a_namespace_added_at_run_time_refuses_the_upgrade_until_removed() {
 }
 
 #[test]
+fn limits_set_at_run_time_outlive_the_upgrade() {
+    let (_dir, mut r) = file_rig("upgrade-qos", "shadow", &[]);
+    let limits = |r: &Rig| common::ctl_ok(&r.control, &["qos_get"]);
+    for args in [
+        &["qos_set", "nsid=1", "iops=1000"][..],
+        &["qos_set", "bps=64M"],
+    ] {
+        assert!(ctl(&r.control, args).status.success(), "{args:?}");
+    }
+    let before = limits(&r);
+    assert_eq!(
+        before["namespaces"]["1"]["own"]["limits"]["iops"], 1000,
+        "{before}"
+    );
+    assert_eq!(
+        before["controller"]["own"]["limits"]["bps"],
+        64 << 20,
+        "{before}"
+    );
+    r.upgrade(&[]);
+    let after = limits(&r);
+    for target in [
+        &after["namespaces"]["1"]["own"],
+        &after["controller"]["own"],
+    ] {
+        assert!(target["limits"].is_object(), "{after}");
+    }
+    assert_eq!(
+        after["namespaces"]["1"]["own"]["limits"],
+        before["namespaces"]["1"]["own"]["limits"]
+    );
+    assert_eq!(
+        after["controller"]["own"]["limits"],
+        before["controller"]["own"]["limits"]
+    );
+    assert!(ctl(&r.control, &["shutdown"]).status.success());
+}
+
+#[test]
 fn a_ram_namespace_refuses_the_upgrade() {
     let r = rig("upgrade-ram", &["--ns", "16M:ram", "--doorbells", "shadow"]);
     let why = r.refused(&[]);

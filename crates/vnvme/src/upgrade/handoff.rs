@@ -190,6 +190,7 @@ impl Upgrader {
             socket_owned: self.socket_owned,
             control,
             metrics,
+            qos: Some(crate::qos::HandedQos::of(device.controller())),
             client,
             spawned_ns: now_ns(),
         };

@@ -36,6 +36,9 @@ pub struct Manifest {
     /// was passed).
     #[serde(default)]
     pub metrics: Option<HandedSocket>,
+    /// The limits now (absent from handovers made before they were passed).
+    #[serde(default)]
+    pub qos: Option<crate::qos::HandedQos>,
     pub client: Option<HandedClient>,
     /// When the old process started the new one (CLOCK_MONOTONIC, ns).
     pub spawned_ns: u64,

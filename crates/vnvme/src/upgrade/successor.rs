@@ -21,6 +21,7 @@ pub struct Taken {
     pub socket_owned: bool,
     pub control: Option<UnixListener>,
     pub metrics: Option<std::net::TcpListener>,
+    pub qos: Option<crate::qos::HandedQos>,
     pub client: Option<TakenClient>,
 }
 
@@ -130,6 +131,7 @@ fn take_rest(
     };
     let Manifest {
         socket_owned,
+        qos,
         client,
         ..
     } = manifest;
@@ -174,6 +176,7 @@ fn take_rest(
         socket_owned,
         control,
         metrics,
+        qos,
         client,
     })
 }
