@@ -14,7 +14,7 @@
 use std::collections::VecDeque;
 use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,6 +22,7 @@ use parking_lot::{Condvar, Mutex};
 use zerocopy::IntoBytes;
 
 use crate::conn::{error_header, Conn};
+use crate::stop::StopWake;
 use crate::wire::{cmd, Header, HEADER_SIZE};
 
 /// How often a blocked server looks at its `stop` flag.
@@ -77,9 +78,16 @@ struct DoorState {
 }
 
 impl Door {
-    /// The door thread: accepts until `stop`, then shuts the served
-    /// connection down.
-    pub(crate) fn run(&self, listener: &UnixListener, stop: &AtomicBool) {
+    /// The door thread: accepts until `stop` (looked at every
+    /// [`STOP_POLL`], or when `wake` wakes), then shuts the served
+    /// connection down. Waits that end with nothing to do count in `idle`.
+    pub(crate) fn run(
+        &self,
+        listener: &UnixListener,
+        stop: &AtomicBool,
+        wake: Option<&StopWake>,
+        idle: &AtomicU64,
+    ) {
         let mut errors = RateLimit::default();
         let mut lingering = Lingering::default();
         let mut challengers: VecDeque<UnixStream> = VecDeque::new();
@@ -87,7 +95,13 @@ impl Door {
             lingering.expire();
             // A wait may have ended: the owner spoke, or left.
             self.settle(&mut challengers, &mut lingering);
-            let spoke = match wait_any(listener, &challengers, STOP_POLL) {
+            // Without a wake, the flag is looked at every stop poll; either
+            // way the first lingering connection is closed when due.
+            let timeout = match (wake, lingering.next_due()) {
+                (None, due) => Some(due.map_or(STOP_POLL, |d| d.min(STOP_POLL))),
+                (Some(_), due) => due,
+            };
+            let spoke = match wait_any(listener, &challengers, wake, timeout) {
                 Ok(ready) => ready,
                 Err(e) => {
                     tracing::error!(error = %e, "polling the vfio-user socket");
@@ -95,6 +109,9 @@ impl Door {
                     continue;
                 }
             };
+            if !spoke.listener && !spoke.woken && spoke.challengers.is_empty() {
+                idle.fetch_add(1, Ordering::Relaxed);
+            }
             // Taken out newest first (the indexes stay valid), then offered
             // oldest first: the first to speak takes a silent owner's place.
             let mut spoken: Vec<_> = spoke
@@ -222,10 +239,16 @@ impl Door {
         stream
     }
 
-    /// Waits for the next connection to serve; None once stopped.
     /// The next connection to serve; `None` on stop, or when `asked()`
-    /// (a handover while no client is connected).
-    pub(crate) fn next(&self, stop: &AtomicBool, asked: &dyn Fn() -> bool) -> Option<UnixStream> {
+    /// (a handover while no client is connected), both looked at every
+    /// `poll` (`None`: only when the door thread notifies, as it does on
+    /// stop).
+    pub(crate) fn next(
+        &self,
+        stop: &AtomicBool,
+        asked: &dyn Fn() -> bool,
+        poll: Option<Duration>,
+    ) -> Option<UnixStream> {
         let mut st = self.state.lock();
         loop {
             if st.stopped || stop.load(Ordering::Relaxed) || asked() {
@@ -235,7 +258,12 @@ impl Door {
                 st.serving = true;
                 return Some(s);
             }
-            self.cv.wait_for(&mut st, STOP_POLL);
+            match poll {
+                Some(t) => {
+                    self.cv.wait_for(&mut st, t);
+                }
+                None => self.cv.wait(&mut st),
+            }
         }
     }
 
@@ -266,6 +294,13 @@ impl Lingering {
             self.0.pop_front();
         }
         self.0.push_back((refused, Instant::now()));
+    }
+
+    /// How long until the oldest is closed.
+    fn next_due(&self) -> Option<Duration> {
+        self.0
+            .front()
+            .map(|(_, t)| REFUSED_LINGER.saturating_sub(t.elapsed()))
     }
 
     fn expire(&mut self) {
@@ -307,17 +342,20 @@ impl DoorState {
 /// What [`wait_any`] found readable.
 struct Ready {
     listener: bool,
+    /// The stop wake.
+    woken: bool,
     /// Indexes of waiting connections that sent something, each with
     /// whether it hung up instead.
     challengers: Vec<(usize, bool)>,
 }
 
-/// Waits up to `timeout` for a connection on `listener` or bytes (or a
-/// hang-up) on one of `challengers`.
+/// Waits up to `timeout` (`None`: without end) for a connection on
+/// `listener`, bytes (or a hang-up) on one of `challengers`, or `wake`.
 fn wait_any(
     listener: &UnixListener,
     challengers: &VecDeque<UnixStream>,
-    timeout: Duration,
+    wake: Option<&StopWake>,
+    timeout: Option<Duration>,
 ) -> std::io::Result<Ready> {
     use rustix::event::{PollFd, PollFlags};
     let mut fds = vec![PollFd::new(listener, PollFlags::IN)];
@@ -326,11 +364,17 @@ fn wait_any(
             .iter()
             .map(|c| PollFd::new(c, PollFlags::IN | PollFlags::RDHUP)),
     );
-    crate::conn::poll(&mut fds, Some(timeout))?;
+    // Last, so the challengers' indexes stay theirs.
+    if let Some(w) = wake {
+        fds.push(PollFd::from_borrowed_fd(w.fd(), PollFlags::IN));
+    }
+    crate::conn::poll(&mut fds, timeout)?;
     let gone = PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR;
+    let woken = wake.is_some() && fds.last().is_some_and(|f| !f.revents().is_empty());
     Ok(Ready {
         listener: fds[0].revents().contains(PollFlags::IN),
-        challengers: fds[1..]
+        woken,
+        challengers: fds[1..1 + challengers.len()]
             .iter()
             .enumerate()
             .filter(|(_, f)| !f.revents().is_empty())

@@ -26,6 +26,7 @@ pub mod hugepages;
 mod msg_times;
 mod server;
 mod shared;
+mod stop;
 mod version;
 pub mod wire;
 
@@ -42,6 +43,7 @@ pub use dma::{
 pub use fault::CAPACITY as MAX_FD_DMA_MAPS;
 pub use server::{Server, ServerOptions, HANDSHAKE_TIMEOUT};
 pub use shared::SharedRegion;
+pub use stop::StopWake;
 /// [`DmaSpace`] is guest memory in `vnvme-memory`'s words: its accesses are
 /// the [`GuestMemory`] trait's, and fail with its [`DmaError`].
 pub use vnvme_memory::{DmaError, GuestAddress, GuestMemory};

@@ -28,6 +28,7 @@ use crate::dma::{DmaLimits, DmaSpace};
 use crate::door::{Door, RateLimit, STOP_POLL};
 use crate::handover::{Adopted, DmaLedger, HandedMap, Handover};
 use crate::msg_times::MessageTimes;
+use crate::stop::StopWake;
 use crate::version::parse_version_caps;
 use crate::wire::*;
 use crate::{Device, Errno, Error};
@@ -49,6 +50,9 @@ pub struct ServerOptions {
     pub message_timeout: Duration,
     /// DMA maps and bytes a client may map (advertised as `max_dma_maps`).
     pub dma_limits: DmaLimits,
+    /// Woken with the stop flag (see [`StopWake`]): the server's threads
+    /// then wait without a timeout. `None`: they poll the flag every 100 ms.
+    pub stop_wake: Option<StopWake>,
 }
 
 impl Default for ServerOptions {
@@ -57,6 +61,7 @@ impl Default for ServerOptions {
             handshake_timeout: HANDSHAKE_TIMEOUT,
             message_timeout: MESSAGE_TIMEOUT,
             dma_limits: DmaLimits::default(),
+            stop_wake: None,
         }
     }
 }
@@ -70,6 +75,9 @@ pub struct Server<D: Device> {
     /// up to [`STOP_POLL`] the request waited to be seen. A [`Handover`]
     /// with a wake fd keeps it at 0 (see [`Server::late_handover_polls`]).
     late_handover_polls: Arc<AtomicU64>,
+    /// Waits of the door and the client loop that ended with nothing to
+    /// do: the stop polls an idle server pays for (0 with a [`StopWake`]).
+    idle_wakeups: Arc<AtomicU64>,
 }
 
 /// State of one client connection.
@@ -103,6 +111,7 @@ impl<D: Device> Server<D> {
             device,
             opts,
             late_handover_polls: Arc::default(),
+            idle_wakeups: Arc::default(),
         }
     }
 
@@ -111,6 +120,13 @@ impl<D: Device> Server<D> {
     /// the loop, or it has none): a count a test can check is 0.
     pub fn late_handover_polls(&self) -> Arc<AtomicU64> {
         Arc::clone(&self.late_handover_polls)
+    }
+
+    /// How many waits of the door and the client loop ended with nothing
+    /// to do (their stop polls): a count a test can check is 0 for an idle
+    /// server with a [`StopWake`].
+    pub fn idle_wakeups(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.idle_wakeups)
     }
 
     pub fn device(&self) -> &D {
@@ -159,10 +175,11 @@ impl<D: Device> Server<D> {
         listener.set_nonblocking(true)?;
         let door = Door::default();
         let asked = || handover.is_some_and(|h| h.asked());
+        let (wake, idle) = (self.opts.stop_wake.clone(), Arc::clone(&self.idle_wakeups));
         std::thread::scope(|scope| {
             std::thread::Builder::new()
                 .name("vfio-user-door".into())
-                .spawn_scoped(scope, || door.run(listener, stop))?;
+                .spawn_scoped(scope, || door.run(listener, stop, wake.as_ref(), &idle))?;
             let mut client = adopted.map(|a| self.adopted_state(a));
             loop {
                 if let Some(state) = client.take() {
@@ -175,7 +192,11 @@ impl<D: Device> Server<D> {
                     }
                     continue;
                 }
-                let Some(stream) = door.next(stop, &asked) else {
+                // Woken on stop by the door; a handover request with no
+                // client is still looked for every stop poll.
+                let poll =
+                    (self.opts.stop_wake.is_none() || handover.is_some()).then_some(STOP_POLL);
+                let Some(stream) = door.next(stop, &asked, poll) else {
                     if stop.load(Ordering::Relaxed) {
                         break;
                     }
@@ -280,7 +301,11 @@ impl<D: Device> Server<D> {
                 self.hand_over(s, h)?;
             }
             let now = Instant::now();
-            let mut deadline = stop.map(|_| now + STOP_POLL);
+            // With a stop wake the door shuts the connection down on stop,
+            // which ends this wait: no stop poll.
+            let mut deadline = stop
+                .filter(|_| self.opts.stop_wake.is_none())
+                .map(|_| now + STOP_POLL);
             if s.dma.is_none() {
                 if now >= handshake_deadline {
                     return Err(Error::Protocol(format!(
@@ -304,6 +329,9 @@ impl<D: Device> Server<D> {
                     let timed_out = deadline.is_some_and(|d| Instant::now() >= d);
                     if timed_out && handover.is_some_and(|h| h.asked()) {
                         self.late_handover_polls.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if timed_out {
+                        self.idle_wakeups.fetch_add(1, Ordering::Relaxed);
                     }
                     continue;
                 }

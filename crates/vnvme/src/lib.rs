@@ -19,6 +19,7 @@ pub mod qos;
 pub mod serve;
 pub mod size;
 pub mod socket;
+pub mod stopping;
 pub mod tools;
 pub mod upgrade;
 pub mod zoned_options;

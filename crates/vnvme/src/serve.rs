@@ -20,6 +20,7 @@ use crate::namespace::NamespaceSpec;
 use crate::ns_syntax;
 use crate::socket::Listening;
 use crate::socket::{parse_mode, Plan, SocketFile};
+use crate::stopping::Stop;
 use crate::upgrade::{OtherSockets, Reporter, Taken, Upgrader};
 use vnvme_vfio_user::handover::Adopted;
 
@@ -158,6 +159,8 @@ impl ServeOptions {
             handshake_timeout,
             message_timeout,
             dma_limits,
+            // Set where the server's stop is made.
+            stop_wake: None,
         })
     }
 }
@@ -317,8 +320,8 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
     };
     // Before the socket: a stop asked for as soon as the socket appears is
     // a clean one, which removes it.
-    let stop = Arc::new(AtomicBool::new(false));
-    stop_on_signals(&stop)?;
+    let stop = Stop::new()?;
+    stop.on_signals()?;
     // Dropped (its file removed, if this process made it) on every return.
     let (listening, control_listener) = match handover.as_mut() {
         None => (plan.listen()?, None),
@@ -329,7 +332,7 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
         .map_or("(unnamed)".into(), |p| p.display().to_string());
     let requests = crate::upgrade::Requests::new()?;
     let hooks = Hooks {
-        stop: Arc::clone(&stop),
+        stop: stop.clone(),
         upgrade: Some(Arc::clone(&requests)),
     };
     let control = match &opts.control {
@@ -366,7 +369,7 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
         cannot_upgrade(&backends),
     );
     let own = listening.own_file().into_iter().collect();
-    watch_stop(Arc::clone(&stop), stop_timeout, own)?;
+    watch_stop(stop.clone(), stop_timeout, own)?;
     tracing::info!(
         socket = %socket_shown,
         serial = %identity.serial,
@@ -384,6 +387,10 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
         (done, thread)
     });
     let ctrl = Arc::clone(device.controller());
+    let server_options = ServerOptions {
+        stop_wake: Some(stop.wake().clone()),
+        ..server_options
+    };
     let mut server = vnvme_vfio_user::Server::with_options(device, server_options);
     match handover.as_mut() {
         Some((_, reporter)) => reporter.ready(),
@@ -391,7 +398,8 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
         // (`MAINPID=`), and the service was ready long before.
         None => crate::notify::ready(),
     }
-    let result = server.serve_listener_with(listening.listener(), &stop, Some(&upgrader), adopted);
+    let result =
+        server.serve_listener_with(listening.listener(), stop.flag(), Some(&upgrader), adopted);
     drop(listening);
     drop(control);
     if let Some(m) = metrics {
@@ -463,36 +471,20 @@ fn cannot_upgrade(backends: &[Arc<dyn vnvme_blockdev::BlockDevice>]) -> Option<S
     None
 }
 
-/// Installs SIGINT and SIGTERM: the first asks for a clean stop (`stop`),
-/// a second exits at once.
-fn stop_on_signals(stop: &Arc<AtomicBool>) -> Result<()> {
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register_conditional_shutdown(sig, 1, Arc::clone(stop))
-            .context("installing signal handlers")?;
-        signal_hook::flag::register(sig, Arc::clone(stop)).context("installing signal handlers")?;
-    }
-    Ok(())
-}
-
 /// How long a stop may take before the server exits anyway: longer than any
 /// wait that ends on its own (an NBD request's, 2 × its 10 s I/O timeout).
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// How often the stop watch looks whether a stop was asked.
-const STOP_CHECK: Duration = Duration::from_millis(250);
 
 /// Exits the process (status 1, the socket file removed if it made it) if
 /// it still runs `timeout` after `stop` was set. A clean stop joins every queue worker,
 /// and one blocked in a read of storage that never answers (a FUSE or NFS
 /// mount whose server hangs: the kernel waits without end) would hold it
 /// forever.
-fn watch_stop(stop: Arc<AtomicBool>, timeout: Duration, sockets: Vec<SocketFile>) -> Result<()> {
+fn watch_stop(stop: Stop, timeout: Duration, sockets: Vec<SocketFile>) -> Result<()> {
     std::thread::Builder::new()
         .name("vnvme-stop-watch".into())
         .spawn(move || {
-            while !stop.load(Ordering::Acquire) {
-                std::thread::sleep(STOP_CHECK);
-            }
+            stop.wait();
             std::thread::sleep(timeout);
             tracing::error!(
                 "the server did not stop within {timeout:?} (--stop-timeout): a queue worker is \

@@ -18,8 +18,6 @@
 //! | `controller_fatal` | `reason`? | `{}` |
 //! | `shutdown` | | `{}`; the server stops as on SIGTERM |
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -185,7 +183,7 @@ pub fn upgrade(
 
 pub fn call(
     ctrl: &Controller,
-    stop: &AtomicBool,
+    stop: &crate::stopping::Stop,
     method: &str,
     p: Value,
 ) -> Result<Value, RpcError> {
@@ -350,7 +348,7 @@ pub fn call(
         "shutdown" => {
             params::<NoParams>(method, p)?;
             tracing::info!("shutdown requested on the control socket");
-            stop.store(true, Ordering::Release);
+            stop.ask();
             Ok(json!({}))
         }
         other => Err(RpcError::new(

@@ -23,6 +23,7 @@ use serde_json::{json, Value};
 use vnvme_controller::Controller;
 
 use crate::socket::{Access, SocketFile};
+use crate::stopping::Stop;
 use crate::upgrade::{Requests, Written};
 
 pub mod client;
@@ -80,12 +81,7 @@ impl ControlServer {
     /// Binds `path` (mode `mode`, 0600 by default) and serves `ctrl` on
     /// it; `stop` is what the `shutdown` method sets (the server's own
     /// stop flag).
-    pub fn start(
-        path: &Path,
-        mode: u32,
-        ctrl: Arc<Controller>,
-        stop: Arc<AtomicBool>,
-    ) -> Result<Self> {
+    pub fn start(path: &Path, mode: u32, ctrl: Arc<Controller>, stop: Stop) -> Result<Self> {
         let (listener, file) = bind(path, mode)?;
         Self::serve(
             listener,
@@ -137,7 +133,7 @@ impl Drop for ControlServer {
 /// (`shutdown`) and its upgrade requests (`upgrade`; `None`: not offered).
 #[derive(Debug, Clone)]
 pub struct Hooks {
-    pub stop: Arc<AtomicBool>,
+    pub stop: Stop,
     pub upgrade: Option<Arc<Requests>>,
 }
 

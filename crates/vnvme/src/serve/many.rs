@@ -9,7 +9,6 @@
 
 use std::os::unix::net::UnixListener;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
@@ -17,12 +16,13 @@ use vnvme_controller::{NamespaceConfig, NamespaceIds, PollGroups};
 use vnvme_vfio_user::activation::Activated;
 use vnvme_vfio_user::ServerOptions;
 
-use super::{stop_on_signals, watch_stop, ServeOptions, DEFAULT_SOCKET, STOP_TIMEOUT};
+use super::{watch_stop, ServeOptions, DEFAULT_SOCKET, STOP_TIMEOUT};
 use crate::config::ControllerEntry;
 use crate::control::ControlServer;
 use crate::device::NvmeDevice;
 use crate::identity::Origin;
 use crate::socket::Plan;
+use crate::stopping::Stop;
 
 /// Poll-group threads when neither `--workers` nor the file says: what one
 /// controller has for its I/O queues today (`--workers`' default).
@@ -147,8 +147,8 @@ pub(super) fn run(
             control: entry.control,
         });
     }
-    let stop = Arc::new(AtomicBool::new(false));
-    stop_on_signals(&stop)?;
+    let stop = Stop::new()?;
+    stop.on_signals()?;
     // Dropped (their files removed) on every return.
     let mut serving = Vec::new();
     let mut devices = Vec::new();
@@ -159,7 +159,7 @@ pub(super) fn run(
                 path,
                 opts.control_mode,
                 Arc::clone(r.device.controller()),
-                Arc::clone(&stop),
+                stop.clone(),
             )?),
             None => None,
         };
@@ -171,7 +171,7 @@ pub(super) fn run(
         .iter()
         .filter_map(|(_, _, l, _)| l.own_file())
         .collect();
-    watch_stop(Arc::clone(&stop), stop_timeout, own)?;
+    watch_stop(stop.clone(), stop_timeout, own)?;
     tracing::info!(
         controllers = serving.len(),
         workers = groups.len(),
@@ -272,7 +272,7 @@ fn check_unique(all: &[Identity]) -> Result<()> {
 /// start sets `stop` and counts as one.
 pub(super) fn serve_each<'a>(
     controllers: impl Iterator<Item = (String, &'a UnixListener, ServerOptions, NvmeDevice)>,
-    stop: &AtomicBool,
+    stop: &Stop,
 ) -> usize {
     std::thread::scope(|scope| {
         let handles: Vec<_> = controllers
@@ -280,8 +280,12 @@ pub(super) fn serve_each<'a>(
                 std::thread::Builder::new()
                     .name("vnvme-conn".into())
                     .spawn_scoped(scope, move || {
+                        let server = ServerOptions {
+                            stop_wake: Some(stop.wake().clone()),
+                            ..server
+                        };
                         let mut s = vnvme_vfio_user::Server::with_options(device, server);
-                        let r = s.serve_listener(listener, stop);
+                        let r = s.serve_listener(listener, stop.flag());
                         if let Err(e) = &r {
                             tracing::error!("{name}: serving vfio-user: {e}");
                         }
@@ -297,7 +301,7 @@ pub(super) fn serve_each<'a>(
                 Ok(h) => failed += usize::from(h.join().unwrap_or(true)),
                 Err(e) => {
                     tracing::error!("starting a controller's connection thread: {e}");
-                    stop.store(true, Ordering::Release);
+                    stop.ask();
                     failed += 1;
                 }
             }

@@ -13,18 +13,18 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use vnvme_controller::{FaultSpec, PollGroups};
 use vnvme_vfio_user::activation::Activated;
 
-use super::{stop_on_signals, watch_stop, ServeOptions, DEFAULT_SOCKET, STOP_TIMEOUT};
+use super::{watch_stop, ServeOptions, DEFAULT_SOCKET, STOP_TIMEOUT};
 use crate::control::ControlServer;
 use crate::identity::Origin;
 use crate::qos::QosSpec;
 use crate::socket::Plan;
+use crate::stopping::Stop;
 
 /// What the one-subsystem configuration file adds to the command line.
 pub(super) struct FileParts {
@@ -125,8 +125,8 @@ pub(super) fn run(
             .with_context(|| format!("[[fault]] number {} of the configuration", i + 1))?;
     }
     let identity = opts.device.controller_config(&origin);
-    let stop = Arc::new(AtomicBool::new(false));
-    stop_on_signals(&stop)?;
+    let stop = Stop::new()?;
+    stop.on_signals()?;
     // Dropped (their files removed) on every return.
     let mut listening = Vec::new();
     for (plan, socket) in plans.into_iter().zip(&opts.socket) {
@@ -142,12 +142,12 @@ pub(super) fn run(
             path,
             opts.control_mode,
             Arc::clone(devices[0].controller()),
-            Arc::clone(&stop),
+            stop.clone(),
         )?),
         None => None,
     };
     let own = listening.iter().filter_map(|l| l.own_file()).collect();
-    watch_stop(Arc::clone(&stop), stop_timeout, own)?;
+    watch_stop(stop.clone(), stop_timeout, own)?;
     for (i, socket) in opts.socket.iter().enumerate() {
         tracing::info!(
             cntlid = i + 1,
