@@ -38,33 +38,10 @@ for v in N ROUNDS SECS QD; do
   case ${!v} in ''|*[!0-9]*|0) echo "busy-disks: --$(echo "$v" | tr 'A-Z' 'a-z') takes a positive whole number" >&2; exit 2 ;; esac
 done
 [ -x "$VNVME" ] || { echo "busy-disks: no server binary $VNVME (cargo build --release -p vnvme)" >&2; exit 2; }
-TMP=$(mktemp -d /tmp/vnvme-busy.XXXXXX)
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
-  wait 2>/dev/null
-  rm -rf "$TMP"
-}
-trap cleanup EXIT
-if [ $PROCS = 1 ]; then
-  for i in $(seq "$N"); do
-    "$VNVME" serve --socket "$TMP/d$i.sock" --ns 1G:null "${EXTRA[@]}" > "$TMP/d$i.log" 2>&1 &
-    PIDS+=($!)
-  done
-  WHAT="$N processes"
-else
-  for i in $(seq "$N"); do
-    printf '[[controllers]]\nsocket = "%s"\n[[controllers.namespaces]]\nsize = "1G"\nbackend = "null"\n\n' "$TMP/d$i.sock"
-  done > "$TMP/serve.toml"
-  "$VNVME" serve --config "$TMP/serve.toml" "${EXTRA[@]}" > "$TMP/serve.log" 2>&1 &
-  PIDS+=($!)
-  WHAT="one process"
-fi
-ARGS=()
+. "$ROOT/bench/disks-lib.sh"
+start_disks busy-disks "$PROCS" "$N" 1G null "${EXTRA[@]}"
+ARGS=("${DISK_ARGS[@]}")
 for i in $(seq "$N"); do
-  for _ in $(seq 100); do [ -S "$TMP/d$i.sock" ] && break; sleep 0.1; done
-  [ -S "$TMP/d$i.sock" ] || { echo "busy-disks: server of disk $i did not start: $(tail -2 "$TMP"/*.log)" >&2; exit 1; }
-  ARGS+=(--vfio-user "$TMP/d$i.sock")
   ARGS+=(--qemu-arg -drive --qemu-arg "id=q$i,if=none,file=null-co://,file.read-zeroes=off,format=raw")
   ARGS+=(--qemu-arg -device --qemu-arg "nvme,serial=qemu$i,drive=q$i")
 done

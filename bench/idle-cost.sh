@@ -27,35 +27,9 @@ while [ $# -gt 0 ]; do
   shift
 done
 [ -x "$VNVME" ] || { echo "idle-cost: no server binary $VNVME (cargo build --release -p vnvme)" >&2; exit 2; }
-TMP=$(mktemp -d /tmp/vnvme-idle.XXXXXX)
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
-  wait 2>/dev/null
-  rm -rf "$TMP"
-}
-trap cleanup EXIT
-ARGS=()
-if [ $PROCS = 1 ]; then
-  for i in $(seq "$N"); do
-    "$VNVME" serve --socket "$TMP/d$i.sock" --ns 64M:ram "${EXTRA[@]}" > "$TMP/d$i.log" 2>&1 &
-    PIDS+=($!)
-  done
-  WHAT="$N processes"
-else
-  { echo "workers = 1"
-    for i in $(seq "$N"); do
-      printf '\n[[controllers]]\nsocket = "%s"\n[[controllers.namespaces]]\nsize = "64M"\n' "$TMP/d$i.sock"
-    done; } > "$TMP/serve.toml"
-  "$VNVME" serve --config "$TMP/serve.toml" "${EXTRA[@]}" > "$TMP/serve.log" 2>&1 &
-  PIDS+=($!)
-  WHAT="one process"
-fi
-for i in $(seq "$N"); do
-  for _ in $(seq 100); do [ -S "$TMP/d$i.sock" ] && break; sleep 0.1; done
-  [ -S "$TMP/d$i.sock" ] || { echo "idle-cost: server of disk $i did not start: $(tail -2 "$TMP"/*.log)" >&2; exit 1; }
-  ARGS+=(--vfio-user "$TMP/d$i.sock")
-done
+. "$ROOT/bench/disks-lib.sh"
+start_disks idle-cost "$PROCS" "$N" 64M ram "${EXTRA[@]}"
+ARGS=("${DISK_ARGS[@]}")
 LOG=$TMP/console
 "$ROOT/tests/guest/run-test.sh" "${ARGS[@]}" --log "$LOG" --timeout $((SECS + 400)) \
   --append "rig.disks=$N rig.idle=$((SECS + 10))" "$ROOT/tests/guest/tests/vnvme-idle.sh" \
