@@ -17,10 +17,11 @@ use vnvme_spec::{Command, Status};
 use super::identify::IO_COMMAND_SET_COMBINATIONS;
 use super::{feature_data, invalid_field};
 use crate::command::Ctx;
-use crate::features::AdminState;
+use crate::features::{AdminState, Features};
 use crate::keep_alive::round_kato;
+use crate::lifecycle::Lifecycle;
 use crate::namespace::NSID_ALL;
-use crate::state::Shared;
+use crate::subsystem::Subsystem;
 
 /// Features this controller implements.
 fn supported(ctx: &Ctx<'_>, fid: FeatureId) -> bool {
@@ -73,8 +74,8 @@ enum Target {
 /// Controller scope: NSID 0h or FFFFFFFFh; a valid NSID reads the
 /// controller's value but cannot set it (Feature Not Namespace Specific).
 /// Namespace scope: an active NSID, or FFFFFFFFh for Set Features.
-fn target(shared: &Shared, fid: FeatureId, nsid: u32, set: bool) -> Result<Target, Status> {
-    let valid = nsid != 0 && nsid <= shared.subsystem.nn;
+fn target(subsystem: &Subsystem, fid: FeatureId, nsid: u32, set: bool) -> Result<Target, Status> {
+    let valid = nsid != 0 && nsid <= subsystem.nn;
     let invalid_ns = || Status::INVALID_NAMESPACE_OR_FORMAT.with_dnr(true);
     if !namespace_scope(fid) {
         return match nsid {
@@ -87,7 +88,7 @@ fn target(shared: &Shared, fid: FeatureId, nsid: u32, set: bool) -> Result<Targe
     match nsid {
         NSID_ALL if set => Ok(Target::AllNamespaces),
         _ if !valid => Err(invalid_ns()),
-        _ if shared.subsystem.namespaces.active(nsid).is_none() => Err(invalid_field()),
+        _ if subsystem.namespaces.active(nsid).is_none() => Err(invalid_field()),
         _ => Ok(Target::Namespace(nsid)),
     }
 }
@@ -100,7 +101,7 @@ pub(super) fn get(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
         return Err(invalid_field());
     }
     let shared = ctx.shared;
-    let target = target(shared, fid, cmd.nsid.get(), false)?;
+    let target = target(&shared.subsystem, fid, cmd.nsid.get(), false)?;
     let current = match sel {
         select::CURRENT => true,
         // Nothing is saveable: a saved value reads as the default (§5.15).
@@ -175,7 +176,7 @@ pub(super) fn set(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
         return Err(Status::FEATURE_NOT_SAVEABLE.with_dnr(true));
     }
     let shared = ctx.shared;
-    let target = target(shared, fid, cmd.nsid.get(), true)?;
+    let target = target(&shared.subsystem, fid, cmd.nsid.get(), true)?;
     match fid {
         FeatureId::TIMESTAMP | FeatureId::HOST_BEHAVIOR_SUPPORT | FeatureId::HOST_IDENTIFIER => {
             feature_data::set(ctx, cmd, fid)?;
@@ -232,8 +233,12 @@ pub(super) fn set(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
         FeatureId::TEMPERATURE_THRESHOLD => {
             shared.features.admin.lock().temperature_threshold = value
         }
-        FeatureId::ERROR_RECOVERY => error_recovery(shared, target, cmd)?,
-        FeatureId::RESERVATION_PERSISTENCE => reservation_persistence(shared, target, cmd)?,
+        FeatureId::ERROR_RECOVERY => {
+            error_recovery(&shared.subsystem, &shared.features, target, cmd)?
+        }
+        FeatureId::RESERVATION_PERSISTENCE => {
+            reservation_persistence(&shared.subsystem, target, cmd)?
+        }
         FeatureId::WRITE_ATOMICITY => {
             let dn = WriteAtomicity::from(cmd.cdw11).dn();
             shared.features.admin.lock().write_atomicity = WriteAtomicity::new().with_dn(dn).into();
@@ -259,7 +264,7 @@ pub(super) fn set(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
                 round_kato(value).ok_or(Status::KEEP_ALIVE_TIMEOUT_INVALID.with_dnr(true))?;
             shared.features.keep_alive.set_kato(kato);
         }
-        FeatureId::IO_COMMAND_SET_PROFILE => io_command_set_profile(shared, cmd)?,
+        FeatureId::IO_COMMAND_SET_PROFILE => io_command_set_profile(&shared.lifecycle, cmd)?,
         FeatureId::SOFTWARE_PROGRESS_MARKER => {
             let pbslc = SoftwareProgressMarker::from(cmd.cdw11).pbslc();
             shared
@@ -274,7 +279,12 @@ pub(super) fn set(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
 
 /// Error Recovery: TLER is kept per namespace. DULBE needs the namespace
 /// to report deallocated blocks as errors (NSFEAT.DAE), which ours do not.
-fn error_recovery(shared: &Shared, target: Target, cmd: &Command) -> Result<(), Status> {
+fn error_recovery(
+    subsystem: &Subsystem,
+    features: &Features,
+    target: Target,
+    cmd: &Command,
+) -> Result<(), Status> {
     let er = ErrorRecovery::from(cmd.cdw11);
     if er.dulbe() {
         return Err(invalid_field());
@@ -282,8 +292,7 @@ fn error_recovery(shared: &Shared, target: Target, cmd: &Command) -> Result<(), 
     let kept: u32 = ErrorRecovery::new().with_tler(er.tler()).into();
     let nsids = match target {
         Target::Namespace(nsid) => vec![nsid],
-        Target::AllNamespaces => shared
-            .subsystem
+        Target::AllNamespaces => subsystem
             .namespaces
             .active_list()
             .iter()
@@ -291,7 +300,7 @@ fn error_recovery(shared: &Shared, target: Target, cmd: &Command) -> Result<(), 
             .collect(),
         Target::Controller => return Err(invalid_field()),
     };
-    let mut admin = shared.features.admin.lock();
+    let mut admin = features.admin.lock();
     for nsid in nsids {
         admin.error_recovery.insert(nsid, kept);
     }
@@ -301,11 +310,15 @@ fn error_recovery(shared: &Shared, target: Target, cmd: &Command) -> Result<(), 
 /// Reservation Persistence (§5.27.1.27): CDW11 bit 0, PTPL, for one
 /// namespace or every attached one; Invalid Field for a namespace whose
 /// keys cannot persist (RESCAP.PTPLS clear).
-fn reservation_persistence(shared: &Shared, target: Target, cmd: &Command) -> Result<(), Status> {
+fn reservation_persistence(
+    subsystem: &Subsystem,
+    target: Target,
+    cmd: &Command,
+) -> Result<(), Status> {
     let ptpl = cmd.cdw11.get() & 1 != 0;
     let namespaces = match target {
-        Target::Namespace(nsid) => vec![shared.namespace(nsid)?],
-        Target::AllNamespaces => shared.subsystem.namespaces.active_list(),
+        Target::Namespace(nsid) => vec![subsystem.namespace(nsid)?],
+        Target::AllNamespaces => subsystem.namespaces.active_list(),
         Target::Controller => return Err(invalid_field()),
     };
     for ns in namespaces {
@@ -321,8 +334,8 @@ fn reservation_persistence(shared: &Shared, target: Target, cmd: &Command) -> Re
 /// command has no effect and completes successfully. Otherwise the index
 /// must name a combination of Identify CNS 1Ch; the only one is index 0
 /// (the NVM Command Set), so the value never changes from 0.
-fn io_command_set_profile(shared: &Shared, cmd: &Command) -> Result<(), Status> {
-    let cc = shared.lifecycle.cc();
+fn io_command_set_profile(lifecycle: &Lifecycle, cmd: &Command) -> Result<(), Status> {
+    let cc = lifecycle.cc();
     let index = usize::from(IoCommandSetProfile::from(cmd.cdw11).iocsci());
     let exists = IO_COMMAND_SET_COMBINATIONS
         .get(index)

@@ -21,8 +21,10 @@ use zerocopy::IntoBytes;
 
 use super::invalid_field;
 use crate::command::Ctx;
-use crate::reporting::ELPE;
+use crate::reporting::{Reporting, ELPE};
 use crate::state::Shared;
+use crate::stats::Stats;
+use crate::subsystem::Subsystem;
 use crate::vendor::CommandSet;
 
 /// A Get Log Page command's fields, for a log's reader.
@@ -62,7 +64,7 @@ const LOGS: &[LogPage] = &[
     },
     LogPage {
         lid: LogPageId::ERROR_INFORMATION,
-        read: |r| Ok(error_log(r.shared)),
+        read: |r| Ok(error_log(&r.shared.reporting)),
         seen: None,
         event: Some(async_event::TYPE_ERROR),
     },
@@ -74,7 +76,7 @@ const LOGS: &[LogPage] = &[
     },
     LogPage {
         lid: LogPageId::FIRMWARE_SLOT,
-        read: |r| Ok(firmware_slot_log(r.shared)),
+        read: |r| Ok(firmware_slot_log(&r.shared.subsystem)),
         seen: None,
         // Firmware Activation Starting is a notice read through this log.
         event: Some(async_event::TYPE_NOTICE),
@@ -229,8 +231,8 @@ fn ana_log(r: &Request<'_>) -> Vec<u8> {
     ana.log_page(namespaces.cntlid(), &groups, r.lsp & 1 != 0)
 }
 
-fn error_log(shared: &Shared) -> Vec<u8> {
-    let log = shared.reporting.error_log.lock();
+fn error_log(reporting: &Reporting) -> Vec<u8> {
+    let log = reporting.error_log.lock();
     let mut page = Vec::with_capacity((usize::from(ELPE) + 1) * 64);
     for e in &log.entries {
         page.extend_from_slice(e.as_bytes());
@@ -252,8 +254,7 @@ struct Health {
 }
 
 impl Health {
-    fn of(shared: &Shared) -> Self {
-        let s = &shared.stats;
+    fn of(s: &Stats, reporting: &Reporting) -> Self {
         let count = |c: &std::sync::atomic::AtomicU64| u128::from(c.load(Relaxed));
         let data_units = |units_512: u64| u128::from(units_512.div_ceil(1000));
         Self {
@@ -262,7 +263,7 @@ impl Health {
             host_read_commands: count(&s.host_read_commands),
             host_write_commands: count(&s.host_write_commands),
             media_errors: count(&s.media_errors),
-            error_log_entries: u128::from(shared.reporting.error_log.lock().count),
+            error_log_entries: u128::from(reporting.error_log.lock().count),
         }
     }
 }
@@ -281,7 +282,7 @@ fn smart_log(req: &Request<'_>) -> Result<Vec<u8>, Status> {
     log.composite_temperature = if warning & 0x2 != 0 { 358 } else { 313u16 }.into();
     log.available_spare = if warning & 0x1 != 0 { 5 } else { 100 };
     log.available_spare_threshold = 10;
-    let h = Health::of(shared);
+    let h = Health::of(&shared.stats, &shared.reporting);
     set_u128(&mut log.data_units_read, h.data_units_read);
     set_u128(&mut log.data_units_written, h.data_units_written);
     set_u128(&mut log.host_read_commands, h.host_read_commands);
@@ -303,14 +304,8 @@ fn smart_log(req: &Request<'_>) -> Result<Vec<u8>, Status> {
     Ok(log.as_bytes().to_vec())
 }
 
-fn firmware_slot_log(shared: &Shared) -> Vec<u8> {
-    shared
-        .subsystem
-        .firmware
-        .lock()
-        .slot_log()
-        .as_bytes()
-        .to_vec()
+fn firmware_slot_log(subsystem: &Subsystem) -> Vec<u8> {
+    subsystem.firmware.lock().slot_log().as_bytes().to_vec()
 }
 
 /// Commands Supported and Effects (05h) of command set `csi`: the I/O

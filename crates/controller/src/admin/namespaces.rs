@@ -17,8 +17,9 @@ use crate::config::{LbaFormatSpec, NamespaceIds, LBA_FORMATS, MAX_NAMESPACES};
 use crate::namespace::{Namespace, NSID_ALL};
 use crate::protection::{PiType, Protection};
 use crate::reporting::persistent_event_log::{change_namespace, format_completion, format_start};
+use crate::reporting::Reporting;
 use crate::state::Shared;
-use crate::subsystem::Namespaces;
+use crate::subsystem::{Namespaces, Subsystem};
 
 fn invalid_ns() -> Status {
     Status::INVALID_NAMESPACE_OR_FORMAT.with_dnr(true)
@@ -124,7 +125,7 @@ fn create(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
         )
         .ok_or(Status::NAMESPACE_INSUFFICIENT_CAPACITY.with_dnr(true))?;
         // Allocated, not attached (§8.3.2): the host attaches it next.
-        record_change(shared, cmd.cdw10.get(), &ns);
+        record_change(&shared.reporting, cmd.cdw10.get(), &ns);
         map.insert(nsid, Arc::new(ns));
         tracing::debug!(nsid, bytes, "namespace created");
         Ok(nsid)
@@ -132,16 +133,16 @@ fn create(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
 }
 
 /// A Change Namespace event for a Namespace Management with `cdw10` on `ns`.
-pub(crate) fn record_change(shared: &Shared, cdw10: u32, ns: &Namespace) {
+pub(crate) fn record_change(reporting: &Reporting, cdw10: u32, ns: &Namespace) {
     let data = change_namespace(cdw10, ns.nsid, ns.nsze, ns.identify().flbas);
-    shared
-        .reporting
+    reporting
         .persistent_events
         .record(EventType::CHANGE_NAMESPACE, Instant::now(), data);
 }
 
 /// Deletes `nsid` (FFFFFFFFh: every namespace). Deleting an attached
-/// namespace detaches it first, which the host hears about.
+/// namespace detaches it first, which the host hears about. The whole
+/// [`Shared`]: [`forget`] reaches several owners.
 fn delete(shared: &Shared, cmd: &Command) -> Result<(), Status> {
     let nsid = cmd.nsid.get();
     if nsid == 0 || (nsid > shared.subsystem.nn && nsid != NSID_ALL) {
@@ -163,14 +164,16 @@ fn delete(shared: &Shared, cmd: &Command) -> Result<(), Status> {
 
 /// What goes with deleted namespaces `removed` (Namespace Management
 /// with `cdw10`, or the operator): self-tests on them, their settings, and
-/// the host hears of those that were attached.
+/// the host hears of those that were attached. The whole [`Shared`]:
+/// self-tests, the event log, features and the host's notice are each
+/// another owner's.
 pub(crate) fn forget(shared: &Shared, removed: &[Arc<Namespace>], cdw10: u32) {
     let poh = shared.lifecycle.power_on_hours();
     for ns in removed {
         shared.self_test.abort_for(ns.nsid, ABORTED_NS_REMOVED, poh);
     }
     for ns in removed {
-        record_change(shared, cdw10, ns);
+        record_change(&shared.reporting, cdw10, ns);
         shared.shared_namespace_changed(ns);
     }
     // A namespace created later under the same NSID starts from defaults.
@@ -198,26 +201,26 @@ pub(super) fn namespace_attachment(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u
     let list = r.map(|()| controller_list(&data, &shared.subsystem.namespaces.controllers()));
     ctx.scratch.buf = data;
     let list = list?.ok_or(Status::CONTROLLER_LIST_INVALID.with_dnr(true))?;
-    set_attached_to(shared, nsid, attach, &list).map(|()| 0)
+    set_attached_to(&shared.subsystem, nsid, attach, &list).map(|()| 0)
 }
 
 /// Attaches or detaches allocated namespace `nsid` to or from this
 /// controller (the operator), and tells the host.
-pub(crate) fn set_attached(shared: &Shared, nsid: u32, attach: bool) -> Result<(), Status> {
-    let me = shared.subsystem.namespaces.cntlid();
-    set_attached_to(shared, nsid, attach, &[me])
+pub(crate) fn set_attached(subsystem: &Subsystem, nsid: u32, attach: bool) -> Result<(), Status> {
+    let me = subsystem.namespaces.cntlid();
+    set_attached_to(subsystem, nsid, attach, &[me])
 }
 
 /// Attaches or detaches allocated namespace `nsid` to or from controllers
 /// `cntlids`, all or none (§5.23: already attached to one of them, or not
 /// attached, fails the command), and tells each of them.
 fn set_attached_to(
-    shared: &Shared,
+    subsystem: &Subsystem,
     nsid: u32,
     attach: bool,
     cntlids: &[u16],
 ) -> Result<(), Status> {
-    shared.subsystem.namespaces.update(|map| {
+    subsystem.namespaces.update(|map| {
         let ns = map.get_mut(&nsid).ok_or_else(invalid_ns)?;
         for &c in cntlids {
             match (attach, ns.attached.contains(c)) {
@@ -236,8 +239,7 @@ fn set_attached_to(
         }
         Ok(())
     })?;
-    shared
-        .subsystem
+    subsystem
         .namespaces
         .notify_changed(nsid, cntlids.iter().copied());
     Ok(())

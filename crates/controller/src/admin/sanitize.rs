@@ -24,12 +24,15 @@ use vnvme_spec::{AdminOpcode, Command, Status};
 
 use super::invalid_field;
 use crate::backend_error::BackendOp;
-use crate::background::sanitize::{Method, Operation, Position};
+use crate::background::sanitize::{Method, Operation, Position, Sanitize};
 use crate::background::Pace;
 use crate::command::Ctx;
 use crate::namespace::Namespace;
 use crate::reporting::persistent_event_log::{sanitize_completion, sanitize_start};
+use crate::reporting::Reporting;
 use crate::state::Shared;
+use crate::stats::Stats;
+use crate::subsystem::Subsystem;
 
 /// Admin commands a sanitize in progress or failed permits (§8.21): none
 /// touches user data. Sanitize itself is here to recover from a failure.
@@ -60,11 +63,11 @@ pub(super) const SANICAP: u32 =
 const DRAIN_POLL: Duration = Duration::from_millis(1);
 
 /// The status `op` gets now, if a sanitize refuses it.
-pub(super) fn refusal(shared: &Shared, op: AdminOpcode) -> Option<Status> {
+pub(super) fn refusal(sanitize: &Sanitize, op: AdminOpcode) -> Option<Status> {
     if PERMITTED.contains(&op) {
         return None;
     }
-    shared.sanitize.refusal()
+    sanitize.refusal()
 }
 
 /// Sanitize: CDW10 SANACT (2:0), AUSE (3), OWPASS (7:4), OIPBP (8), NDAS
@@ -75,7 +78,7 @@ pub(super) fn sanitize(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> 
     let method = match cdw10.sanact() {
         action::EXIT_FAILURE_MODE => {
             if shared.sanitize.exit_failure_mode()? {
-                block_io(shared, None);
+                block_io(&shared.subsystem, None);
             }
             return Ok(0);
         }
@@ -105,6 +108,8 @@ pub(super) fn sanitize(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> 
     start(shared, op, cmd.cdw11.get())
 }
 
+/// The whole [`Shared`]: the operation's thread holds it, and starting
+/// touches the sanitize state, the namespaces and the event logs.
 fn start(shared: &Shared, op: Operation, cdw11: u32) -> Result<u32, Status> {
     let me = shared
         .me
@@ -122,8 +127,11 @@ fn start(shared: &Shared, op: Operation, cdw11: u32) -> Result<u32, Status> {
     shared
         .self_test
         .abort(ABORTED_SANITIZE, shared.lifecycle.power_on_hours());
-    clear_completion_event(shared);
-    let namespaces = block_io(shared, Some(Status::SANITIZE_IN_PROGRESS.with_dnr(false)));
+    clear_completion_event(&shared.reporting);
+    let namespaces = block_io(
+        &shared.subsystem,
+        Some(Status::SANITIZE_IN_PROGRESS.with_dnr(false)),
+    );
     tracing::debug!(?op, "sanitize started");
     let spawned = shared
         .sanitize
@@ -138,8 +146,8 @@ fn start(shared: &Shared, op: Operation, cdw11: u32) -> Result<u32, Status> {
 
 /// Gives every namespace's I/O `status` (None: lets it through again);
 /// returns the namespaces as they were.
-fn block_io(shared: &Shared, status: Option<Status>) -> Vec<Arc<Namespace>> {
-    shared.subsystem.namespaces.update(|map| {
+fn block_io(subsystem: &Subsystem, status: Option<Status>) -> Vec<Arc<Namespace>> {
+    subsystem.namespaces.update(|map| {
         let before: Vec<Arc<Namespace>> = map.values().cloned().collect();
         for ns in map.values_mut() {
             Arc::make_mut(ns).sanitize = status;
@@ -150,21 +158,22 @@ fn block_io(shared: &Shared, status: Option<Status>) -> Vec<Arc<Namespace>> {
 
 /// §5.24: starting a sanitize clears a Sanitize Operation Completed event
 /// the host has not had or not acknowledged.
-fn clear_completion_event(shared: &Shared) {
+fn clear_completion_event(reporting: &Reporting) {
     let kind = async_event::TYPE_IO_COMMAND_SET;
     let completed = async_event::dword0(
         kind,
         async_event::IO_SANITIZE_COMPLETED,
         LogPageId::SANITIZE_STATUS.0,
     );
-    let mut e = shared.reporting.events.lock();
+    let mut e = reporting.events.lock();
     e.queue.retain(|&dw| dw != completed);
     e.masked &= !(1 << kind);
 }
 
 /// Goes on with a sanitize in progress whose thread a pause stopped (or
 /// that a restored state holds): from where it was, with its media key.
-/// Nothing if none is in progress or its thread runs.
+/// Nothing if none is in progress or its thread runs. The whole
+/// [`Shared`]: it starts the operation's thread, which holds it.
 pub(crate) fn resume(shared: &Shared) {
     let Some(pos) = shared.sanitize.position() else {
         return;
@@ -191,7 +200,8 @@ pub(crate) fn resume(shared: &Shared) {
 
 /// The operation's thread: `namespaces` as they were before I/O was
 /// refused; `drain`: wait for commands that found them before (not when
-/// resuming: the pause that stopped the run drained them).
+/// resuming: the pause that stopped the run drained them). The whole
+/// [`Shared`]: it ends by reporting to the host (see [`report`]).
 fn run(shared: &Shared, op: &Operation, namespaces: Vec<Arc<Namespace>>, drain: bool) {
     let task = &shared.sanitize.task;
     // Commands that found their namespace before it was blocked may still
@@ -218,10 +228,10 @@ fn run(shared: &Shared, op: &Operation, namespaces: Vec<Arc<Namespace>>, drain: 
                 }
             }
             drop(namespaces);
-            block_io(shared, None);
+            block_io(&shared.subsystem, None);
             shared
                 .sanitize
-                .complete(true, op.ause, user_data_writes(shared));
+                .complete(true, op.ause, user_data_writes(&shared.stats));
             tracing::debug!("sanitize completed");
             report(shared);
         }
@@ -237,7 +247,9 @@ enum Ended {
     Stopped,
 }
 
-/// Runs every pass over every namespace, from `from.done` bytes in.
+/// Runs every pass over every namespace, from `from.done` bytes in. The
+/// whole [`Shared`]: the pace is configuration, the progress the
+/// sanitize state's, a media error the statistics'.
 fn erase(shared: &Shared, from: &Position, namespaces: &[Arc<Namespace>]) -> Ended {
     let op = &from.op;
     let media: Vec<&Arc<Namespace>> = namespaces
@@ -298,20 +310,25 @@ fn erase(shared: &Shared, from: &Position, namespaces: &[Arc<Namespace>]) -> End
     Ended::Completed
 }
 
-/// The operation failed: failure mode, I/O gets Sanitize Failed.
+/// The operation failed: failure mode, I/O gets Sanitize Failed. The
+/// whole [`Shared`]: namespaces, sanitize state and [`report`].
 fn fail(shared: &Shared, op: &Operation) {
-    block_io(shared, Some(Status::SANITIZE_FAILED.with_dnr(true)));
+    block_io(
+        &shared.subsystem,
+        Some(Status::SANITIZE_FAILED.with_dnr(true)),
+    );
     shared
         .sanitize
-        .complete(false, op.ause, user_data_writes(shared));
+        .complete(false, op.ause, user_data_writes(&shared.stats));
     tracing::debug!("sanitize failed");
     report(shared);
 }
 
 /// Sanitize Operation Completed: the log tells how it ended, and so does
-/// the Persistent Event Log.
+/// the Persistent Event Log. The whole [`Shared`]: it may raise an
+/// asynchronous event.
 fn report(shared: &Shared) {
-    let log = shared.sanitize.log(user_data_writes(shared), 0, 0);
+    let log = shared.sanitize.log(user_data_writes(&shared.stats), 0, 0);
     shared.reporting.persistent_events.record(
         EventType::SANITIZE_COMPLETION,
         Instant::now(),
@@ -326,17 +343,18 @@ fn report(shared: &Shared) {
 
 /// Commands that wrote user data so far (Global Data Erased while it
 /// stays where a completed sanitize left it).
-fn user_data_writes(shared: &Shared) -> u64 {
+fn user_data_writes(stats: &Stats) -> u64 {
     crate::io::WRITES_USER_DATA
         .iter()
-        .map(|&op| shared.stats.io_commands(op))
+        .map(|&op| stats.io_commands(op))
         .sum()
 }
 
-/// The Sanitize Status log page.
+/// The Sanitize Status log page. The whole [`Shared`]: it reads the
+/// sanitize state, statistics, namespaces and configuration.
 pub(super) fn log(shared: &Shared) -> Vec<u8> {
     let log = shared.sanitize.log(
-        user_data_writes(shared),
+        user_data_writes(&shared.stats),
         shared.subsystem.namespaces.media_bytes(),
         shared.config.sanitize_rate,
     );

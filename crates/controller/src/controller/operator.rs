@@ -117,7 +117,7 @@ impl Controller {
                     ns.attached.insert(c);
                 }
             }
-            admin::record_change(shared, SEL_CREATE, &ns);
+            admin::record_change(&shared.reporting, SEL_CREATE, &ns);
             map.insert(id, Arc::new(ns));
             Ok(id)
         })?;
@@ -149,7 +149,7 @@ impl Controller {
 
     /// Attaches (`true`) or detaches allocated namespace `nsid`.
     pub fn namespace_attach(&self, nsid: u32, attach: bool) -> Result<(), NamespaceOpError> {
-        admin::set_attached(&self.shared, nsid, attach).map_err(|status| {
+        admin::set_attached(&self.shared.subsystem, nsid, attach).map_err(|status| {
             if status.same_code(Status::NAMESPACE_ALREADY_ATTACHED) {
                 NamespaceOpError::AlreadyAttached(nsid)
             } else if status.same_code(Status::NAMESPACE_NOT_ATTACHED) {

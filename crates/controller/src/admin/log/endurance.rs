@@ -17,7 +17,7 @@ pub(super) fn information(req: &Request<'_>) -> Result<Vec<u8>, Status> {
         return Err(invalid_field());
     }
     let shared = req.shared;
-    let h = Health::of(shared);
+    let h = Health::of(&shared.stats, &shared.reporting);
     let mut log = EnduranceGroupLog::new_boxed();
     log.available_spare = 100;
     log.available_spare_threshold = 10;
