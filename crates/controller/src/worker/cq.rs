@@ -25,6 +25,8 @@ pub(super) fn next_deadline(
     interrupts.next_deadline(timers, |cqid| rings.cq(cqid).and_then(Interrupts::deadline))
 }
 
+/// Settles the CQs whose coalescing timer is due. The whole [`Shared`]:
+/// as [`settle_interrupt`].
 pub(super) fn fire_timers(
     shared: &Shared,
     session: &Session,
@@ -39,7 +41,8 @@ pub(super) fn fire_timers(
 
 /// Raises the CQ's interrupt now or leaves it for later
 /// ([`Interrupts::settle`](crate::interrupts::Interrupts::settle)).
-/// Returns `true` when nothing is left pending.
+/// Returns `true` when nothing is left pending. The whole [`Shared`]: it
+/// may re-read the CQ head ([`refresh_cq_head`]).
 pub(super) fn settle_interrupt(shared: &Shared, session: &Session, cq: &mut Cq) -> bool {
     shared
         .interrupts
@@ -48,7 +51,8 @@ pub(super) fn settle_interrupt(shared: &Shared, session: &Session, cq: &mut Cq) 
         })
 }
 
-/// Reads the CQ head; a bad value is ignored, counted and reported.
+/// Reads the CQ head; a bad value is ignored, counted and reported. The
+/// whole [`Shared`]: the report is an asynchronous event.
 pub(super) fn refresh_cq_head(shared: &Shared, session: &Session, cq: &mut Cq) {
     if cq.refresh_head(&shared.doorbells, &*session.mem).is_err() {
         if let Some(q) = shared.stats.queue(cq.qid) {
@@ -62,7 +66,8 @@ pub(super) fn refresh_cq_head(shared: &Shared, session: &Session, cq: &mut Cq) {
 /// traps (QEMU after posting; every mode when the CQ is full and we need the
 /// head to move).
 /// Unless `force`, an EventIdx already equal to the head is not rewritten
-/// (a stalled queue polled again).
+/// (a stalled queue polled again). The whole [`Shared`]: it re-reads the
+/// head ([`refresh_cq_head`]).
 pub(super) fn arm_cq(shared: &Shared, session: &Session, cq: &mut Cq, force: bool) {
     let head = cq.head as u16;
     if cq.event_idx.publish(
@@ -85,6 +90,7 @@ pub(super) fn arm_cq(shared: &Shared, session: &Session, cq: &mut Cq, force: boo
 /// host's next head update traps. QEMU deasserts the line only at a BAR
 /// access; without one after the host reaped, the line would stay asserted
 /// and the guest's interrupt controller would redeliver it endlessly.
+/// The whole [`Shared`]: INTx arms the CQ ([`arm_cq`]).
 pub(super) fn publish_cq_behind(shared: &Shared, session: &Session, cq: &mut Cq) {
     if cq.ien && !session.irq.msix_enabled() {
         arm_cq(shared, session, cq, false);
@@ -104,7 +110,8 @@ pub(super) fn publish_cq_behind(shared: &Shared, session: &Session, cq: &mut Cq)
 /// Posts the completion of `cmd`, fetched from SQ `sqid`, to `cq`, with
 /// `dw` as its command specific DW0 (bits 31:0) and DW1 (bits 63:32);
 /// counts it and logs a failure. Returns `false` (and sets CSTS.CFS) if
-/// the CQ is unwritable.
+/// the CQ is unwritable. The whole [`Shared`]: statistics, the error log
+/// and CSTS.CFS are three owners.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn post(
     shared: &Shared,

@@ -30,6 +30,7 @@ pub(super) fn waker(shared: &Arc<Shared>, index: usize) -> Waker {
 
 /// Posts the completions of commands that finished on asynchronous
 /// backends, then settles each CQ's interrupt once. Returns how many.
+/// The whole [`Shared`]: posting ([`super::cq::post`]) needs it.
 pub(super) fn complete_in_flight(
     shared: &Shared,
     session: &Session,
@@ -60,7 +61,8 @@ pub(super) fn complete_in_flight(
 }
 
 /// Settles the interrupt of each CQ posted to out of order (reaped or
-/// released completions) once, or leaves it to a coalescing timer.
+/// released completions) once, or leaves it to a coalescing timer. The
+/// whole [`Shared`]: as [`super::cq::settle_interrupt`].
 pub(super) fn settle_touched(shared: &Shared, session: &Session, local: &mut Local) {
     for cqid in local.touched.drain(..) {
         if let Some(cq) = local.rings.cq_mut(cqid) {
@@ -74,7 +76,8 @@ pub(super) fn settle_touched(shared: &Shared, session: &Session, local: &mut Loc
 /// Finishes one command that was in flight and posts its completion into
 /// the entry reserved for it. A completion whose SQ or CQ is gone (deleted,
 /// or the controller reset) is dropped: the command was aborted. Returns
-/// the CQ posted to.
+/// the CQ posted to. The whole [`Shared`]: posting ([`super::cq::post`])
+/// needs it.
 fn complete_one(
     shared: &Shared,
     session: &Session,
@@ -133,7 +136,8 @@ pub(super) struct Reserved<'a> {
 }
 
 /// Posts `done` with the EventIdx care of a pass; the CQ posted to, or
-/// `None` if its memory is unwritable.
+/// `None` if its memory is unwritable. The whole [`Shared`]: posting
+/// ([`super::cq::post`]) needs it.
 pub(super) fn post_reserved(
     shared: &Shared,
     session: &Session,
