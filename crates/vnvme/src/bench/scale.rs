@@ -218,8 +218,7 @@ pub(super) struct Client {
 impl Client {
     fn attach(socket: &Path, mode: DoorbellMode, max_qd: u16, poll: bool) -> Result<Self> {
         // As QEMU: the doorbell page mapped wherever the mode offers it, so
-        // the idle column is what an idle guest costs (an adaptive server
-        // then looks at the page, which a trapping client never makes it do).
+        // both columns are those of the client a guest has.
         Self::connect(socket, max_qd, poll, mode.offers_page())
     }
 
