@@ -3,12 +3,14 @@
 //! [`Lifecycle`] (CC, RDY, CFS, timestamps), [`Interrupts`] (whether a CQE
 //! gets an interrupt), [`Reporting`] (asynchronous events, error log,
 //! telemetry, Persistent Event Log), [`QueueTable`] (the queues, who works
-//! which, the workers' mailboxes), the doorbells, the subsystem (namespaces, firmware), the
-//! background operations, features, faults and counters.
+//! which, the workers' mailboxes), the doorbells, the subsystem
+//! (namespaces, firmware), the background operations, features, QoS
+//! limits, faults and counters.
 //!
 //! What is what, for a save and restore of the controller (each part's
 //! module says it of its own fields): `config` is configuration (fixed at
-//! start); the queues, doorbells, features ([`Features`]), the subsystem, the
+//! start), and so is `qos` (the operator's limits, which the guest does not
+//! see; an upgrade hands them over apart from the state); the queues, doorbells, features ([`Features`]), the subsystem, the
 //! background operations and the parts above are guest-visible state;
 //! `stats`, `faults` and `me` are transient (counters,
 //! operator's faults and wake-ups a new process starts afresh).
