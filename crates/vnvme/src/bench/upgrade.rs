@@ -163,7 +163,7 @@ fn one_mode(
         .map_or(&mut [][..], std::slice::from_mut);
     scale::wait_for_sockets(&[socket.clone(), control.clone()], first)?;
     // As QEMU: the doorbell page mapped wherever the mode offers it.
-    let map_page = matches!(mode, DoorbellMode::Adaptive | DoorbellMode::MmapPoll);
+    let map_page = mode.offers_page();
     let mut client = Client::connect(&socket, opts.qd, false, map_page)?;
     let mut stripes = if opts.verify {
         Some(super::ModeBench::stripes(
