@@ -61,9 +61,21 @@ impl PageLook {
                 .owned
                 .iter()
                 .all(|&q| local.rings.sq(q).is_none_or(|sq| !sq.source.is_shadow()));
+        // A host's register write stores its new tail, never the tail the
+        // worker is at. So the page must hold that tail: where it still
+        // holds an older one (the host moved on through the shadow doorbell
+        // meanwhile), its next write may store that very value again (the
+        // tail wrapped round to it), which a look cannot tell from no write,
+        // and a command would wait for the next round that never comes.
+        let page_at_tail = local
+            .owned
+            .iter()
+            .zip(&self.seen)
+            .all(|(&q, &v)| local.rings.sq(q).is_none_or(|sq| sq.tail == v));
         self.valid = self.valid
             && idle
             && page_rings
+            && page_at_tail
             && local.generation == Some(self.generation)
             && doorbells.generation() == self.generation;
     }
