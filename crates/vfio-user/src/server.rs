@@ -149,7 +149,8 @@ impl<D: Device> Server<D> {
     }
 
     /// Serves clients on `listener`, one at a time, until `stop` is set
-    /// (checked every 100 ms, so a signal handler may set it): while one
+    /// (checked every 100 ms, so a signal handler may set it, or at once
+    /// when [`ServerOptions::stop_wake`] is woken): while one
     /// owns the device, other connections are refused at once; when it
     /// goes (or misbehaves) the device is detached and the next connection
     /// is served. Stopping shuts the served connection down, so it never

@@ -233,14 +233,7 @@ impl HandedQos {
 
     /// Gives `ctrl` (configured already) these limits.
     pub fn apply(&self, ctrl: &Controller) -> Result<()> {
-        let limits = |keys: &BTreeMap<String, u64>| -> Result<QosLimits> {
-            let mut l = QosLimits::default();
-            for (key, &value) in keys {
-                l.set(key, value)?;
-            }
-            l.validate()?;
-            Ok(l)
-        };
+        let limits = QosLimits::from_map;
         if let Some(keys) = &self.controller {
             ctrl.qos_set(QosTarget::Controller, limits(keys)?)
                 .context("the controller's handed-over QoS")?;

@@ -242,6 +242,17 @@ impl QosLimits {
         }
         m
     }
+
+    /// The limits [`to_map`](Self::to_map) wrote, checked as `set` and
+    /// `validate` check them.
+    pub fn from_map(keys: &BTreeMap<String, u64>) -> Result<Self, QosError> {
+        let mut limits = Self::default();
+        for (key, &value) in keys {
+            limits.set(key, value)?;
+        }
+        limits.validate()?;
+        Ok(limits)
+    }
 }
 
 /// Reads or writes, as limits tell them apart.

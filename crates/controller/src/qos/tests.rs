@@ -252,3 +252,22 @@ fn a_reset_forgives_the_controllers_debt() {
     q.reset();
     assert_eq!(q.admit(&write, |_| None, Instant::now()), None);
 }
+
+#[test]
+fn limits_read_back_from_their_map_are_the_same_and_a_bad_map_is_refused() {
+    let l = limits(&[
+        ("iops", 1000),
+        ("read_bps", 50 << 20),
+        ("read_bps_burst", 1 << 20),
+    ]);
+    // A burst left to its default comes back set to that default: the
+    // same limits in effect, so the same map.
+    let back = QosLimits::from_map(&l.to_map()).unwrap();
+    assert_eq!(back.to_map(), l.to_map());
+    assert_eq!(back.get(LimitKind::ReadBps), l.get(LimitKind::ReadBps));
+    let mut bad = l.to_map();
+    bad.insert("no_such_key".into(), 1);
+    assert!(QosLimits::from_map(&bad).is_err());
+    let burst_alone = BTreeMap::from([("write_iops_burst".to_string(), 4)]);
+    assert!(QosLimits::from_map(&burst_alone).is_err());
+}
