@@ -8,9 +8,12 @@ use vnvme_spec::cdw::Cdw10Abort;
 use vnvme_spec::{Command, Status};
 
 use crate::command::{Ctx, Outcome};
+use crate::doorbell::Doorbells;
+use crate::faults::Faults;
 use crate::queue::rings::RingOp;
+use crate::queue::table::QueueTable;
 use crate::queue::Sq;
-use crate::state::{Session, Shared, ACL};
+use crate::state::{Session, ACL};
 
 /// Dword 0 bit 0: the command was not aborted.
 pub(crate) const NOT_ABORTED: u32 = 1;
@@ -54,21 +57,23 @@ pub(super) fn abort(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Outcome, Status>
 /// On the SQ's worker: aborts `cid` if a fault holds it back (the worker
 /// completes it) or it still sits in `sq`. Returns Abort's dword 0.
 pub(crate) fn abort_queued(
-    shared: &Shared,
+    faults: &Faults,
+    queues: &QueueTable,
+    doorbells: &Doorbells,
     session: &Session,
     sq: &mut Sq,
     cid: u16,
 ) -> Result<u32, Status> {
     // Fetched, but held back by a fault: its worker completes it.
-    if shared.faults.abort(sq.qid, cid) {
-        let worker = shared.queues.worker_for(sq.cqid);
-        if let Some(w) = shared.queues.mailboxes.get(worker) {
+    if faults.abort(sq.qid, cid) {
+        let worker = queues.worker_for(sq.cqid);
+        if let Some(w) = queues.mailboxes.get(worker) {
             w.wake_for_completions();
         }
         return Ok(0);
     }
     let mem = &*session.mem;
-    sq.refresh_tail(&shared.doorbells, mem);
+    sq.refresh_tail(doorbells, mem);
     if !queued(sq, mem, cid) {
         return Ok(NOT_ABORTED);
     }

@@ -19,6 +19,7 @@ use crate::protection::{PiType, Protection};
 use crate::reporting::persistent_event_log::{change_namespace, format_completion, format_start};
 use crate::reporting::Reporting;
 use crate::state::Shared;
+use crate::stats::Stats;
 use crate::subsystem::{Namespaces, Subsystem};
 
 fn invalid_ns() -> Status {
@@ -317,7 +318,7 @@ pub(super) fn format_nvm(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status
     let until = start
         .checked_add(shared.config.format_duration)
         .filter(|_| !shared.config.format_duration.is_zero());
-    let result = format_namespaces(shared, &targets, format, until);
+    let result = format_namespaces(&shared.subsystem, &shared.stats, &targets, format, until);
     let done = match (&result, until) {
         (Ok(()), Some(until)) => until,
         _ => Instant::now(),
@@ -333,13 +334,14 @@ pub(super) fn format_nvm(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status
 /// Erases `targets` and gives them `format` (index, extended LBAs,
 /// protection), busy `until` then.
 fn format_namespaces(
-    shared: &Shared,
+    subsystem: &Subsystem,
+    stats: &Stats,
     targets: &[u32],
     (index, extended, protection): (u8, bool, Option<Protection>),
     until: Option<Instant>,
 ) -> Result<(), Status> {
     for &id in targets {
-        let Some(old) = shared.subsystem.namespaces.active(id) else {
+        let Some(old) = subsystem.namespaces.active(id) else {
             continue;
         };
         let mut ns = Namespace::with_format(
@@ -363,7 +365,7 @@ fn format_namespaces(
         // under it.
         ns.backend.write_zeroes(0, ns.backend.size()).map_err(|e| {
             let op = crate::backend_error::BackendOp::Format;
-            shared.stats.backend_error(op, id, &e)
+            stats.backend_error(op, id, &e)
         })?;
         ns.readiness = old.readiness;
         ns.attached = old.attached.clone();
@@ -371,7 +373,7 @@ fn format_namespaces(
         ns.counters = old.counters.clone();
         ns.formatting_until = until;
         let ns = Arc::new(ns);
-        let replaced = shared.subsystem.namespaces.update(|map| {
+        let replaced = subsystem.namespaces.update(|map| {
             // Deleted or detached meanwhile: leave it.
             match map.get_mut(&id).filter(|s| Arc::ptr_eq(s, &old)) {
                 Some(slot) => {
@@ -385,9 +387,9 @@ fn format_namespaces(
         // controllers it is attached to see its new format too, and hear
         // of it; this one's host asked for it.
         if replaced {
-            let me = shared.subsystem.namespaces.cntlid();
+            let me = subsystem.namespaces.cntlid();
             let others = ns.attached.iter().filter(|&c| c != me);
-            shared.subsystem.namespaces.notify_changed(id, others);
+            subsystem.namespaces.notify_changed(id, others);
         }
     }
     Ok(())

@@ -24,11 +24,11 @@ use vnvme_spec::{Command, Status};
 
 use super::invalid_field;
 use crate::backend_error::BackendOp;
-use crate::background::self_test::Failure;
+use crate::background::self_test::{Failure, SelfTest};
 use crate::background::Pace;
 use crate::command::Ctx;
 use crate::namespace::{Namespace, NSID_ALL};
-use crate::state::Shared;
+use crate::stats::Stats;
 
 /// A short test reads one step of the medium in this many.
 const SHORT_SAMPLE: u64 = 16;
@@ -59,7 +59,8 @@ pub(super) fn device_self_test(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, 
         .ok_or(Status::INTERNAL_ERROR.with_dnr(true))?;
     let generation = shared.self_test.start(stc, nsid)?;
     let spawned = shared.self_test.task.start("vnvme-self-test", move || {
-        if let Some(outcome) = test(&me, stc, generation, &namespaces) {
+        let rate = me.config.self_test_rate;
+        if let Some(outcome) = test(&me.self_test, &me.stats, rate, stc, generation, &namespaces) {
             me.self_test
                 .finish(generation, outcome, me.lifecycle.power_on_hours());
         }
@@ -72,9 +73,12 @@ pub(super) fn device_self_test(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, 
     })
 }
 
-/// Runs test `generation`: its outcome, or None once it was aborted.
+/// Runs test `generation` at `rate` bytes a second: its outcome, or None
+/// once it was aborted.
 fn test(
-    shared: &Shared,
+    self_test: &SelfTest,
+    stats: &Stats,
+    rate: u64,
     stc: u8,
     generation: u64,
     namespaces: &[Arc<Namespace>],
@@ -89,7 +93,7 @@ fn test(
     };
     for ns in namespaces {
         if let Err(e) = ns.backend.flush() {
-            let status = shared.stats.backend_error(BackendOp::Flush, ns.nsid, &e);
+            let status = stats.backend_error(BackendOp::Flush, ns.nsid, &e);
             return failure(1, ns.nsid, None, status);
         }
     }
@@ -102,7 +106,7 @@ fn test(
         .iter()
         .filter(|ns| !ns.backend.moves_no_data())
         .collect();
-    let pace = Pace::new(shared.config.self_test_rate);
+    let pace = Pace::new(rate);
     let step = pace.step();
     let every = if stc == code::SHORT { SHORT_SAMPLE } else { 1 };
     let steps = |ns: &Namespace| (ns.nsze * ns.stride()).div_ceil(step * every);
@@ -115,14 +119,14 @@ fn test(
             let len = step.min(size - offset);
             buf.resize(len as usize, 0);
             if ns.backend.read(offset, &mut buf).is_err() {
-                let lba = first_bad_block(shared, ns, offset, len);
+                let lba = first_bad_block(stats, ns, offset, len);
                 return failure(3, ns.nsid, Some(lba), unrecovered());
             }
             steps_done += 1;
             bytes_done += len;
             let percent = steps_done * 100 / total.max(1);
-            if !shared.self_test.progress(generation, percent as u8)
-                || !pace.wait(&shared.self_test.task, bytes_done)
+            if !self_test.progress(generation, percent as u8)
+                || !pace.wait(&self_test.task, bytes_done)
             {
                 return None;
             }
@@ -137,13 +141,13 @@ fn unrecovered() -> Status {
 
 /// The first block of `len` bytes at `offset` that fails to read alone
 /// (counted as a media error); the first block if none does now.
-fn first_bad_block(shared: &Shared, ns: &Namespace, offset: u64, len: u64) -> u64 {
+fn first_bad_block(stats: &Stats, ns: &Namespace, offset: u64, len: u64) -> u64 {
     let stride = ns.stride();
     let mut block = vec![0u8; stride as usize];
     let first = offset / stride;
     let bad = (first..(offset + len).div_ceil(stride)).find_map(|lba| {
         let e = ns.backend.read(lba * stride, &mut block).err()?;
-        shared.stats.backend_error(BackendOp::Read, ns.nsid, &e);
+        stats.backend_error(BackendOp::Read, ns.nsid, &e);
         Some(lba)
     });
     bad.unwrap_or(first)

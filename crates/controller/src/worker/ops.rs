@@ -33,7 +33,14 @@ pub(super) fn apply(shared: &Shared, session: &Session, local: &mut Local) {
                 admin_cid,
             } => {
                 let result = match rings.sq_mut(sqid).filter(|sq| sq.deleting.is_none()) {
-                    Some(sq) => abort_queued(shared, session, sq, cid),
+                    Some(sq) => abort_queued(
+                        &shared.faults,
+                        &shared.queues,
+                        &shared.doorbells,
+                        session,
+                        sq,
+                        cid,
+                    ),
                     None => Ok(NOT_ABORTED),
                 };
                 match result {
