@@ -29,7 +29,6 @@ use std::sync::{Arc, Weak};
 
 use vnvme_spec::feature::aec;
 use vnvme_spec::log::async_event;
-use vnvme_spec::regs::Doorbell;
 use vnvme_spec::{Command, Status};
 
 use crate::background::sanitize::Sanitize;
@@ -128,13 +127,11 @@ impl Shared {
         self.subsystem.namespace(nsid)
     }
 
-    /// Queues SQ `qid` for a pass by its worker (outside a doorbell trap).
+    /// Queues SQ `qid` for a pass by its worker (outside a doorbell trap):
+    /// [`QueueTable::kick_sq`].
+    #[inline]
     pub fn kick_sq(&self, qid: u16) {
-        if let Some(w) = self.doorbells.request(Doorbell::SqTail(qid)) {
-            if let Some(worker) = self.queues.mailboxes.get(w) {
-                worker.push(Doorbell::SqTail(qid));
-            }
-        }
+        self.queues.kick_sq(&self.doorbells, qid);
     }
 
     /// Records an asynchronous event (§5.2) and wakes the admin queue to

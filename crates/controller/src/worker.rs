@@ -124,7 +124,9 @@ pub(crate) fn run(shared: Arc<Shared>, session: Arc<Session>, index: usize) {
 /// A pause for a save (a live upgrade) lets the commands in flight on a
 /// backend complete before the worker stops, within the pause's bound: a
 /// stopped worker's backend queues are dropped with it, and their
-/// commands would never complete. Nothing new is fetched meanwhile.
+/// commands would never complete. Nothing new is fetched meanwhile. The
+/// whole [`Shared`]: the bound is the queue table's, and completing needs
+/// it ([`complete_in_flight`]).
 fn drain_in_flight(shared: &Shared, session: &Session, local: &mut Local, policy: EventIdxPolicy) {
     let Some(until) = *shared.queues.drain_until.lock() else {
         return;
@@ -429,7 +431,8 @@ impl<W: Wake + Send> Member for Worker<W> {
 }
 
 /// Runs the kicked queues: CQ kicks release the SQs stalled on them; each
-/// kicked SQ gets one pass. Returns the commands run.
+/// kicked SQ gets one pass. Returns the commands run. The whole
+/// [`Shared`]: as [`run_pass`].
 fn run_kicked(
     shared: &Shared,
     session: &Session,
@@ -457,7 +460,8 @@ fn run_kicked(
     work
 }
 
-/// One pass over SQ `qid`, with its outcome recorded.
+/// One pass over SQ `qid`, with its outcome recorded. The whole
+/// [`Shared`]: the pass's commands run with it ([`Ctx`]).
 fn run_pass(
     shared: &Shared,
     session: &Session,
@@ -492,7 +496,8 @@ fn run_pass(
     done
 }
 
-/// Polling modes: one pass over every SQ this worker owns.
+/// Polling modes: one pass over every SQ this worker owns. The whole
+/// [`Shared`]: as [`run_pass`].
 fn poll_owned(
     shared: &Shared,
     session: &Session,

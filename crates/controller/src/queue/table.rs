@@ -28,10 +28,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use parking_lot::{Mutex, MutexGuard};
+use vnvme_spec::regs::Doorbell;
 use vnvme_spec::Status;
 
 use super::mailbox::{Bell, Mailbox};
 use super::{Cq, CqView, Sq};
+use crate::doorbell::Doorbells;
 
 /// The worker of the admin queue: admin commands never run inside an I/O
 /// worker's loop.
@@ -240,6 +242,17 @@ impl QueueTable {
             ADMIN_WORKER
         } else {
             1 + usize::from(cqid - 1) % io_workers
+        }
+    }
+
+    /// Queues SQ `qid` for a pass by its worker (outside a doorbell trap):
+    /// `doorbells` names the worker, unless a kick is already pending or
+    /// the queue does not exist.
+    pub fn kick_sq(&self, doorbells: &Doorbells, qid: u16) {
+        if let Some(w) = doorbells.request(Doorbell::SqTail(qid)) {
+            if let Some(worker) = self.mailboxes.get(w) {
+                worker.push(Doorbell::SqTail(qid));
+            }
         }
     }
 

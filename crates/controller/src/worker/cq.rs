@@ -139,7 +139,8 @@ pub(super) fn post(
 /// Posts the completions of admin commands whose ring part a worker did
 /// ([`crate::queue::rings::RingOp`]: Delete I/O Submission and Completion
 /// Queue, Abort). Runs on the admin queue's worker, as long as its CQ has
-/// room.
+/// room. The whole [`Shared`]: the answers are the queue table's, and
+/// posting needs it ([`post`], [`refresh_cq_head`]).
 pub(super) fn post_answers(shared: &Shared, session: &Session, cq: &mut Cq, sq_head: u16) {
     let table = &shared.queues;
     if table.awaited() == 0 {
@@ -172,6 +173,9 @@ pub(super) fn post_answers(shared: &Shared, session: &Session, cq: &mut Cq, sq_h
 }
 
 /// Completes outstanding Asynchronous Event Requests with queued events.
+/// The whole [`Shared`]: the events are the reporting's, the counters
+/// the statistics', an unwritable CQ sets CSTS.CFS, and the head is
+/// re-read ([`refresh_cq_head`]).
 pub(super) fn deliver_events(shared: &Shared, session: &Session, cq: &mut Cq, sq_head: u16) {
     loop {
         refresh_cq_head(shared, session, cq);

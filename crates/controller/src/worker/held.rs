@@ -64,7 +64,8 @@ pub(super) fn hold(
 }
 
 /// Holds I/O command `cmd` until its limits let it start ([`crate::qos`]);
-/// `None`: it starts now. Without limits, one relaxed load.
+/// `None`: it starts now. Without limits, one relaxed load. The whole
+/// [`Shared`]: as [`throttle_limited`], reached only with limits set.
 #[inline]
 pub(super) fn throttle(
     shared: &Shared,
@@ -79,6 +80,10 @@ pub(super) fn throttle(
     throttle_limited(shared, held, sq, cq, cmd)
 }
 
+/// Charges `cmd` to the limits and holds it until it may start. The
+/// whole [`Shared`]: the QoS limits, the namespaces' block sizes, the
+/// statistics and the faults' table (where Abort finds it) are four
+/// owners.
 fn throttle_limited(
     shared: &Shared,
     held: &mut Vec<Held>,
@@ -153,7 +158,9 @@ pub(super) fn clamp(wait: Wait, held: &[Held]) -> Wait {
 }
 
 /// Runs the held commands whose time has come and completes those Abort
-/// asked for (Command Abort Requested). Returns how many it let go.
+/// asked for (Command Abort Requested). Returns how many it let go. The
+/// whole [`Shared`]: the faults, the QoS limits and the statistics are
+/// three owners, and each command runs with it ([`release_one`]).
 pub(super) fn release(
     shared: &Shared,
     session: &Session,
@@ -186,7 +193,8 @@ pub(super) fn release(
                 local.touched.push(cqid);
             }
         }
-        super::ops::finish_delete(shared, &mut local.rings, h.sqid);
+        let (queues, doorbells) = (&shared.queues, &shared.doorbells);
+        super::ops::finish_delete(queues, doorbells, &mut local.rings, h.sqid);
         false
     });
     local.held = held;
@@ -196,7 +204,9 @@ pub(super) fn release(
 
 /// Lets held command `h` go: its reservation returned, then run (its
 /// delay is over) or completed as aborted. A command whose SQ or CQ is
-/// gone is dropped. Returns the CQ posted to.
+/// gone is dropped. Returns the CQ posted to. The whole [`Shared`]: the
+/// command runs with it ([`Ctx`]) and posting needs it
+/// ([`super::cq::post`]).
 fn release_one(
     shared: &Shared,
     session: &Session,

@@ -50,7 +50,12 @@ pub(super) fn complete_in_flight(
             }
         }
         // The last command of a SQ being deleted: the Delete completes.
-        finish_delete(shared, &mut local.rings, request.sqid);
+        finish_delete(
+            &shared.queues,
+            &shared.doorbells,
+            &mut local.rings,
+            request.sqid,
+        );
         if let Some(Data::Buf(buf)) = completion.data {
             local.inflight.recycle(buf);
         }
