@@ -8,12 +8,20 @@
 //! limits, faults and counters.
 //!
 //! What is what, for a save and restore of the controller (each part's
-//! module says it of its own fields): `config` is configuration (fixed at
-//! start), and so is `qos` (the operator's limits, which the guest does not
-//! see; an upgrade hands them over apart from the state); the queues, doorbells, features ([`Features`]), the subsystem, the
-//! background operations and the parts above are guest-visible state;
-//! `stats`, `faults` and `me` are transient (counters,
-//! operator's faults and wake-ups a new process starts afresh).
+//! module says it of its own fields):
+//! * configuration, fixed at start: `config`, and `qos` (the operator's
+//!   limits, which the guest does not see: an upgrade hands them over in
+//!   its manifest, apart from the saved state);
+//! * guest-visible state, saved and restored: `lifecycle`, `interrupts`,
+//!   `reporting`, `queues`, `doorbells`, `features` ([`Features`]),
+//!   `subsystem`, and the background operations `sanitize` and
+//!   `self_test`;
+//! * transient, which a new process starts afresh: `stats` (counters),
+//!   `faults` (the operator's injected faults) and `me` (a handle to this
+//!   value, not state).
+//!
+//! Functions take the part they use; those that orchestrate several
+//! owners take the whole `Shared` and say why in their doc comment.
 //!
 //! Lock order (never take an earlier lock while holding a later one): the
 //! queue table's epoch -> its directory -> a queue's slot. A running worker

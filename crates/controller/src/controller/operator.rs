@@ -19,6 +19,7 @@ use crate::faults::{Fault, FaultError, FaultKind, FaultSpec};
 use crate::namespace::Namespace;
 use crate::protection::Protection;
 use crate::state::Shared;
+use crate::subsystem::Namespaces;
 use crate::zoned::{ZoneChange, ZoneOpError};
 
 /// How long a resize waits for the commands that hold the namespace.
@@ -179,11 +180,11 @@ impl Controller {
         let mut busy = (*old).clone();
         busy.sanitize = Some(Status::NAMESPACE_NOT_READY.with_dnr(false));
         let busy = Arc::new(busy);
-        if !replace(shared, nsid, &old, Arc::clone(&busy)) {
+        if !replace(&shared.subsystem.namespaces, nsid, &old, Arc::clone(&busy)) {
             return Err(NamespaceOpError::NoSuchNamespace(nsid));
         }
         let restore = |e| {
-            replace(shared, nsid, &busy, Arc::clone(&old));
+            replace(&shared.subsystem.namespaces, nsid, &busy, Arc::clone(&old));
             Err(e)
         };
         // Only this function holds `old` once the commands that took it
@@ -218,7 +219,7 @@ impl Controller {
         ns.sanitize = old.sanitize;
         ns.uncorrectable = Arc::clone(&old.uncorrectable);
         let nsze = ns.nsze;
-        if !replace(shared, nsid, &busy, Arc::new(ns)) {
+        if !replace(&shared.subsystem.namespaces, nsid, &busy, Arc::new(ns)) {
             return Err(NamespaceOpError::NoSuchNamespace(nsid));
         }
         shared.shared_namespace_changed(&old);
@@ -346,7 +347,9 @@ impl Controller {
 
     /// Runs `end` on a thread named `name` after `d`, if the controller is
     /// still there: the end of a fault that lasts (no thread: said, and
-    /// the fault's state stays).
+    /// the fault's state stays). `end` gets the whole [`Shared`], as the
+    /// fault's start had the controller: an end restores the faults' or
+    /// the namespaces' state and tells the host.
     pub(super) fn fault_end(
         &self,
         name: &str,
@@ -369,24 +372,24 @@ impl Controller {
 }
 
 /// Replaces namespace `nsid` with `new` if it is still `old`.
-fn replace(shared: &Shared, nsid: u32, old: &Arc<Namespace>, new: Arc<Namespace>) -> bool {
-    shared
-        .subsystem
-        .namespaces
-        .update(|map| match map.get_mut(&nsid) {
-            Some(slot) if Arc::ptr_eq(slot, old) => {
-                *slot = new;
-                true
-            }
-            _ => false,
-        })
+fn replace(namespaces: &Namespaces, nsid: u32, old: &Arc<Namespace>, new: Arc<Namespace>) -> bool {
+    namespaces.update(|map| match map.get_mut(&nsid) {
+        Some(slot) if Arc::ptr_eq(slot, old) => {
+            *slot = new;
+            true
+        }
+        _ => false,
+    })
 }
 
 /// Raises SMART critical warning `bits` (§5.16.1.3 byte 0: bit 0 spare
 /// below threshold, bit 1 temperature, bit 2 reliability degraded, bit 3
 /// read only, bit 4 volatile memory backup failed) and reports it as a
 /// SMART / Health event (§5.2, Figure 146) if the host enabled the
-/// warning in Asynchronous Event Configuration bits 7:0.
+/// warning in Asynchronous Event Configuration bits 7:0. The whole
+/// [`Shared`]: the faults hold the bits, the features the host's
+/// configuration, and the event is raised through it
+/// ([`Shared::async_event`]).
 fn raise_smart_warning(shared: &Shared, bits: u8) {
     shared
         .faults
