@@ -17,11 +17,13 @@ use super::invalid_field;
 use crate::background;
 use crate::command::Ctx;
 use crate::config::ControllerConfig;
+use crate::faults::Faults;
 use crate::keep_alive::KAS;
+use crate::lifecycle::Lifecycle;
 use crate::namespace::{Namespace, ENDURANCE_GROUP_ID, NSID_ALL};
 use crate::reporting::persistent_event_log::PELS;
 use crate::reporting::{AERL, ELPE};
-use crate::state::{Shared, ACL};
+use crate::state::ACL;
 use crate::subsystem::ana::{ANACAP, ANATT};
 use crate::subsystem::firmware::{FWUG, SLOTS};
 use crate::subsystem::Subsystem;
@@ -49,7 +51,9 @@ pub(super) fn identify(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<(), Status> {
             .to_vec(),
         Cns::ACTIVE_NAMESPACES => namespace_list(&shared.subsystem, nsid, true)?,
         Cns::NS_DESCRIPTORS => descriptors(&shared.subsystem, nsid)?,
-        Cns::NS_INDEPENDENT => ns_independent(shared, nsid)?,
+        Cns::NS_INDEPENDENT => {
+            ns_independent(&shared.subsystem, &shared.faults, &shared.lifecycle, nsid)?
+        }
         Cns::ALLOCATED_NAMESPACES => namespace_list(&shared.subsystem, nsid, false)?,
         Cns::ALLOCATED_NAMESPACE => allocated_namespace(&shared.subsystem, nsid)?,
         Cns::NS_CONTROLLERS => namespace_controllers(&shared.subsystem, nsid, cmd)?,
@@ -344,21 +348,26 @@ fn descriptors(subsystem: &Subsystem, nsid: u32) -> Result<Vec<u8>, Status> {
 /// inactive NSID; for an active one NSTAT bit 0 (NRDY) says whether it is
 /// ready for I/O, and NSFEAT bit 5 (VWCPN) that its backend has no
 /// volatile write cache, whatever Identify Controller VWC says for others.
-/// Takes `Shared`: NSTAT reads the subsystem, the operator's faults and
-/// the lifecycle (time since enable).
-fn ns_independent(shared: &Shared, nsid: u32) -> Result<Vec<u8>, Status> {
-    check_nsid(&shared.subsystem, nsid)?;
+/// NSTAT reads the operator's faults and the lifecycle (time since
+/// enable).
+fn ns_independent(
+    subsystem: &Subsystem,
+    faults: &Faults,
+    lifecycle: &Lifecycle,
+    nsid: u32,
+) -> Result<Vec<u8>, Status> {
+    check_nsid(subsystem, nsid)?;
     let mut id = IdentifyNsIndependent::new_boxed();
-    if let Some(ns) = shared.subsystem.namespaces.active(nsid) {
+    if let Some(ns) = subsystem.namespaces.active(nsid) {
         let now = std::time::Instant::now();
-        let faulted = shared.faults.not_ready(ns.nsid, || now);
-        id.nstat = u8::from(ns.is_ready(shared.lifecycle.since_enable(now)) && !faulted);
+        let faulted = faults.not_ready(ns.nsid, || now);
+        id.nstat = u8::from(ns.is_ready(lifecycle.since_enable(now)) && !faulted);
         id.nsfeat = if ns.backend.volatile_cache() {
             0
         } else {
             1 << 5
         };
-        id.nmic = u8::from(shared.subsystem.namespaces.multi_controller());
+        id.nmic = u8::from(subsystem.namespaces.multi_controller());
         id.endgid = U16::new(ENDURANCE_GROUP_ID);
     }
     Ok(id.as_bytes().to_vec())

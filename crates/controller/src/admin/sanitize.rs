@@ -216,7 +216,8 @@ fn run(shared: &Shared, op: &Operation, namespaces: Vec<Arc<Namespace>>, drain: 
     let Some(from) = shared.sanitize.position() else {
         return;
     };
-    match erase(shared, &from, &namespaces) {
+    let rate = shared.config.sanitize_rate;
+    match erase(&shared.sanitize, &shared.stats, rate, &from, &namespaces) {
         Ended::Completed => {
             // Erased blocks are not uncorrectable any more.
             for ns in &namespaces {
@@ -247,10 +248,16 @@ enum Ended {
     Stopped,
 }
 
-/// Runs every pass over every namespace, from `from.done` bytes in. The
-/// whole [`Shared`]: the pace is configuration, the progress the
-/// sanitize state's, a media error the statistics'.
-fn erase(shared: &Shared, from: &Position, namespaces: &[Arc<Namespace>]) -> Ended {
+/// Runs every pass over every namespace, from `from.done` bytes in, at
+/// `rate` bytes a second (the operation's speed-up aside); the progress is
+/// the sanitize state's, a media error the statistics'.
+fn erase(
+    sanitize: &Sanitize,
+    stats: &Stats,
+    rate: u64,
+    from: &Position,
+    namespaces: &[Arc<Namespace>],
+) -> Ended {
     let op = &from.op;
     let media: Vec<&Arc<Namespace>> = namespaces
         .iter()
@@ -262,19 +269,17 @@ fn erase(shared: &Shared, from: &Position, namespaces: &[Arc<Namespace>]) -> End
         .map(|ns| ns.backend.size())
         .sum::<u64>()
         .saturating_mul(u64::from(passes));
-    let pace = Pace::new(shared.config.sanitize_rate.saturating_mul(op.speedup()));
+    let pace = Pace::new(rate.saturating_mul(op.speedup()));
     let (key, step) = (from.key, pace.step());
     let mut buf = Vec::new();
     let mut done = 0u64;
     let per_pass = total / u64::from(passes.max(1));
     if matches!(op.method, Method::Overwrite { .. }) {
         let passes_done = from.done.checked_div(per_pass).unwrap_or(0);
-        shared
-            .sanitize
-            .set_passes(u8::try_from(passes_done).unwrap_or(u8::MAX));
+        sanitize.set_passes(u8::try_from(passes_done).unwrap_or(u8::MAX));
     }
     let failed = |nsid, e| {
-        shared.stats.backend_error(BackendOp::Sanitize, nsid, &e);
+        stats.backend_error(BackendOp::Sanitize, nsid, &e);
         Ended::Failed
     };
     for pass in 0..passes {
@@ -292,14 +297,14 @@ fn erase(shared: &Shared, from: &Position, namespaces: &[Arc<Namespace>]) -> End
                 }
                 offset += len;
                 done += len;
-                shared.sanitize.progress(done, total);
-                if !pace.wait(&shared.sanitize.task, done - from.done) {
+                sanitize.progress(done, total);
+                if !pace.wait(&sanitize.task, done - from.done) {
                     return Ended::Stopped;
                 }
             }
         }
         if matches!(op.method, Method::Overwrite { .. }) {
-            shared.sanitize.pass_done();
+            sanitize.pass_done();
         }
     }
     for ns in &media {
