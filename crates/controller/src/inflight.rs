@@ -43,6 +43,7 @@ use vnvme_spec::Command;
 
 use crate::backend_error::Chain;
 use crate::io_request::ReadWrite;
+use crate::namespace::reservation::Admitted;
 use crate::namespace::Namespace;
 use crate::queue::{Cq, Sq};
 
@@ -78,6 +79,8 @@ pub(crate) struct Request {
     pub cmd: Command,
     pub ns: Arc<Namespace>,
     pub kind: Kind,
+    /// The namespace's reservation word when the command was admitted.
+    pub admitted: Admitted,
     /// Where it came from and where its completion goes (set by
     /// [`InFlight::bind`]).
     pub sqid: u16,
@@ -171,14 +174,15 @@ impl InFlight {
         ns.backend.as_async().is_some()
     }
 
-    /// Starts `request` for `ns`'s command `cmd`: submitted to the
-    /// backend's queue, or, on a synchronous backend or a queue with no
-    /// room for it, run at once, a read's bytes passing through `fill`.
+    /// Starts `request` for `ns`'s command `cmd` (`kind`, and as it was
+    /// admitted): submitted to the backend's queue, or, on a synchronous
+    /// backend or a queue with no room for it, run at once, a read's bytes
+    /// passing through `fill`.
     pub fn start(
         &mut self,
         ns: &Arc<Namespace>,
         cmd: &Command,
-        kind: Kind,
+        kind: (Kind, Admitted),
         request: BlockRequest,
         fill: Option<&mut dyn ReadFill>,
     ) -> Started {
@@ -198,7 +202,7 @@ impl InFlight {
         &mut self,
         ns: &Arc<Namespace>,
         cmd: &Command,
-        kind: Kind,
+        (kind, admitted): (Kind, Admitted),
         request: BlockRequest,
     ) -> Result<u64, BlockRequest> {
         let token = match self.free.last() {
@@ -217,6 +221,7 @@ impl InFlight {
                 cmd: *cmd,
                 ns: ns.clone(),
                 kind,
+                admitted,
                 sqid: 0,
                 sq_instance: 0,
                 cqid: 0,

@@ -33,6 +33,7 @@ use crate::command::{Ctx, Outcome};
 use crate::config::Readiness;
 use crate::inflight::{InFlight, Kind, Started};
 use crate::io_request::{Extent, ReadWrite, WriteZeroes};
+use crate::namespace::reservation::Admitted;
 use crate::namespace::Namespace;
 use crate::protection::GuardFill;
 use crate::prp;
@@ -128,13 +129,12 @@ fn run(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Option<u64>, Status> {
         return r.map(|()| None);
     }
     let writes = !READ_GROUP.contains(&op);
-    ns.reservations
-        .check(|| ctx.shared.features.admin.lock().host_id, writes)?;
+    let admitted = ns.reservations.check(|| host_id(ctx), writes)?;
     match op {
-        NvmOpcode::READ => read(ctx, cmd, &ns),
-        NvmOpcode::WRITE => write(ctx, cmd, &ns),
+        NvmOpcode::READ => read(ctx, cmd, &ns, admitted),
+        NvmOpcode::WRITE => write(ctx, cmd, &ns, admitted),
         NvmOpcode::COMPARE => compare(ctx, cmd, &ns).map(|()| None),
-        NvmOpcode::FLUSH => flush(ctx, cmd, &ns),
+        NvmOpcode::FLUSH => flush(ctx, cmd, &ns, admitted),
         NvmOpcode::WRITE_ZEROES => write_zeroes(ctx, cmd, &ns).map(|()| None),
         NvmOpcode::DATASET_MANAGEMENT => dataset_management(ctx, cmd, &ns).map(|()| None),
         NvmOpcode::VERIFY => verify(ctx, cmd, &ns).map(|()| None),
@@ -145,6 +145,11 @@ fn run(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Option<u64>, Status> {
         NvmOpcode::COPY => copy::copy(ctx, cmd, &ns).map(|()| None),
         _ => Err(Status::INVALID_OPCODE.with_dnr(true)),
     }
+}
+
+/// This controller's Host Identifier: the host its commands come from.
+fn host_id(ctx: &Ctx<'_>) -> [u8; 16] {
+    ctx.shared.features.admin.lock().host_id
 }
 
 /// The namespace `cmd` names, if command `op` may run on it now.
@@ -173,6 +178,9 @@ fn usable_namespace(ctx: &Ctx<'_>, cmd: &Command, op: NvmOpcode) -> Result<Arc<N
 /// once or reaped from an asynchronous backend: copies what was read to
 /// the host (unless it went there in place), counts, and gives the status.
 /// `guards`: a read's guards, if computed as the backend read it.
+/// A command whose host a Preempt and Abort removed since `admitted` is
+/// aborted; a write's data may be on the medium all the same (the backend
+/// had it), as with any write aborted in flight.
 pub(crate) fn finish(
     ctx: &mut Ctx<'_>,
     cmd: &Command,
@@ -180,7 +188,16 @@ pub(crate) fn finish(
     kind: &Kind,
     done: &BlockCompletion,
     guards: &[u64],
+    admitted: Admitted,
 ) -> Status {
+    if ns.reservations.aborted(admitted, || host_id(ctx)) {
+        if let (Kind::Write(rw), Ok(())) = (kind, &done.result) {
+            // Its blocks were written: counted, no longer uncorrectable.
+            write_done(ctx, ns, rw);
+        }
+        // Retrying cannot help: the host is no registrant now.
+        return Status::ABORTED_PREEMPT_AND_ABORT.with_dnr(true);
+    }
     let r = match (kind, &done.result, &done.data) {
         (_, result, Some(Data::Mapped(mem))) if lost(mem, result) => Err(host_memory_lost()),
         (Kind::Read(rw), Ok(()), Some(Data::Buf(buf))) => read_done(ctx, cmd, ns, rw, buf, guards),
@@ -321,7 +338,12 @@ fn check_marks(ctx: &Ctx<'_>, ns: &Namespace, slba: u64, nlb: u64) -> Result<(),
         .map_err(|_| read_error(ctx))
 }
 
-fn read(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Arc<Namespace>) -> Result<Option<u64>, Status> {
+fn read(
+    ctx: &mut Ctx<'_>,
+    cmd: &Command,
+    ns: &Arc<Namespace>,
+    admitted: Admitted,
+) -> Result<Option<u64>, Status> {
     let rw = ReadWrite::parse(cmd, ns, ctx.shared.config.max_transfer())?;
     check_marks(ctx, ns, rw.slba, rw.nlb)?;
     metadata::check_read(ctx, cmd, rw.meta_len)?;
@@ -342,7 +364,7 @@ fn read(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Arc<Namespace>) -> Result<Option<
                 offset: rw.offset,
                 data: Data::Mapped(mem),
             };
-            return start(ctx, cmd, ns, Kind::Read(rw), request, None);
+            return start(ctx, cmd, ns, Kind::Read(rw), request, None, admitted);
         }
     }
     let request = BlockRequest::Read {
@@ -350,7 +372,7 @@ fn read(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Arc<Namespace>) -> Result<Option<
         data: Data::Buf(ctx.inflight.buffer(rw.len as usize)),
     };
     let fill = guard_fill(ctx, ns, &rw);
-    start(ctx, cmd, ns, Kind::Read(rw), request, fill)
+    start(ctx, cmd, ns, Kind::Read(rw), request, fill, admitted)
 }
 
 /// For a read whose guards are checked: the fill that computes them as a
@@ -391,11 +413,12 @@ fn start(
     kind: Kind,
     request: BlockRequest,
     mut fill: Option<GuardFill>,
+    admitted: Admitted,
 ) -> Result<Option<u64>, Status> {
     let started = ctx.inflight.start(
         ns,
         cmd,
-        kind,
+        (kind, admitted),
         request,
         fill.as_mut().map(|f| f as &mut dyn ReadFill),
     );
@@ -414,6 +437,7 @@ fn start(
                 &kind,
                 &done,
                 guards.as_deref().unwrap_or_default(),
+                admitted,
             );
             if let Some(Data::Buf(buf)) = done.data {
                 ctx.inflight.recycle(buf);
@@ -480,7 +504,12 @@ fn read_counted(ctx: &Ctx<'_>, ns: &Namespace, rw: &ReadWrite) {
         .fetch_add(rw.block_bytes >> 9, Ordering::Relaxed);
 }
 
-fn write(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Arc<Namespace>) -> Result<Option<u64>, Status> {
+fn write(
+    ctx: &mut Ctx<'_>,
+    cmd: &Command,
+    ns: &Arc<Namespace>,
+    admitted: Admitted,
+) -> Result<Option<u64>, Status> {
     let rw = ReadWrite::parse(cmd, ns, ctx.shared.config.max_transfer())?;
     // Only a write naming a directive takes the streams lock.
     if rw.dtype != 0 {
@@ -503,7 +532,7 @@ fn write(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Arc<Namespace>) -> Result<Option
                 data: Data::Mapped(mem),
                 fua,
             };
-            return start(ctx, cmd, ns, Kind::Write(rw), request, None);
+            return start(ctx, cmd, ns, Kind::Write(rw), request, None, admitted);
         }
     }
     let mut buf = ctx.inflight.buffer(rw.len as usize);
@@ -521,7 +550,7 @@ fn write(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Arc<Namespace>) -> Result<Option
         data: Data::Buf(buf),
         fua,
     };
-    start(ctx, cmd, ns, Kind::Write(rw), request, None)
+    start(ctx, cmd, ns, Kind::Write(rw), request, None, admitted)
 }
 
 /// A write is done: its blocks are no longer uncorrectable, and counted.
@@ -538,8 +567,14 @@ fn write_done(ctx: &Ctx<'_>, ns: &Namespace, rw: &ReadWrite) {
     }
 }
 
-fn flush(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Arc<Namespace>) -> Result<Option<u64>, Status> {
-    start(ctx, cmd, ns, Kind::Flush, BlockRequest::Flush, None)
+fn flush(
+    ctx: &mut Ctx<'_>,
+    cmd: &Command,
+    ns: &Arc<Namespace>,
+    admitted: Admitted,
+) -> Result<Option<u64>, Status> {
+    let request = BlockRequest::Flush;
+    start(ctx, cmd, ns, Kind::Flush, request, None, admitted)
 }
 
 /// Compare: data and metadata, extended or separate.

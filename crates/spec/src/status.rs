@@ -101,6 +101,9 @@ impl Status {
     /// expires (§3.9).
     pub const KEEP_ALIVE_TIMEOUT_EXPIRED: Self = Self::code(sct::GENERIC, 0x19);
     pub const KEEP_ALIVE_TIMEOUT_INVALID: Self = Self::code(sct::GENERIC, 0x1A);
+    /// A command of a host whose registration a Reservation Acquire
+    /// Preempt and Abort removed, aborted (§8.19.7).
+    pub const ABORTED_PREEMPT_AND_ABORT: Self = Self::code(sct::GENERIC, 0x1B);
     /// The most recent sanitize operation failed and no recovery action
     /// has completed (§8.21).
     pub const SANITIZE_FAILED: Self = Self::code(sct::GENERIC, 0x1C);
@@ -235,6 +238,10 @@ impl Status {
             (
                 Status::KEEP_ALIVE_TIMEOUT_INVALID,
                 "keep-alive-timeout-invalid",
+            ),
+            (
+                Status::ABORTED_PREEMPT_AND_ABORT,
+                "aborted-preempt-and-abort",
             ),
             (
                 Status::ADMIN_COMMAND_MEDIA_NOT_READY,

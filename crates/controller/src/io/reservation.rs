@@ -83,8 +83,11 @@ fn register(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace) -> Result<(), Stat
 }
 
 /// Reservation Acquire: RACQA, IEKEY, RTYPE; CRKEY and PRKEY in the data.
-/// Preempt and Abort preempts as Preempt does: the preempted hosts have
-/// no commands here to abort (one controller, now another host's).
+/// Preempt and Abort preempts as Preempt does, and the preempted hosts'
+/// commands in flight on the namespace, through any controller, complete
+/// as aborted ([`Reservations::aborted`]).
+///
+/// [`Reservations::aborted`]: crate::namespace::reservation::Reservations::aborted
 fn acquire(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace) -> Result<(), Status> {
     let cdw10 = Cdw10ResvAcquire::from(cmd.cdw10);
     let rtype = ReservationType(cdw10.rtype());
@@ -95,9 +98,12 @@ fn acquire(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace) -> Result<(), Statu
     let (crkey, prkey) = (d.crkey.get(), d.prkey.get());
     let host = host(ctx).id;
     let iekey = cdw10.iekey();
+    let abort = cdw10.racqa() == racqa::PREEMPT_AND_ABORT;
     ns.reservations.update(|s| match cdw10.racqa() {
         racqa::ACQUIRE => s.acquire(&host, crkey, iekey, rtype),
-        _ => s.preempt(&host, crkey, prkey, iekey, rtype),
+        _ => s
+            .preempt(&host, crkey, prkey, iekey, rtype, abort)
+            .map(|_| ()),
     })
 }
 

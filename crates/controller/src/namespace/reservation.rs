@@ -11,8 +11,14 @@
 //! registered host once per live controller with its identifier, or once
 //! with CNTLID FFFFh (not associated with a controller) if it has none.
 //!
-//! The I/O path looks at one flag first: while no reservation is held,
-//! which is almost always, a command pays a plain load and no lock.
+//! The I/O path looks at one word first ([`Reservations::check`]): while
+//! no reservation is held, which is almost always, a command pays a plain
+//! load and no lock. The same word counts Preempt and Abort actions: a
+//! command keeps the value it was admitted with ([`Admitted`]) and, when
+//! it completes, is aborted if a Preempt and Abort has since removed its
+//! host's registration ([`Reservations::aborted`]). A command admitted
+//! while the namespace had no registrant is never aborted so, and pays no
+//! second load: its host was no registrant then.
 //!
 //! **Persistence (PTPL).** With PTPL set, the state is kept in a sidecar
 //! file next to the namespace's image (`IMAGE.reservations`), rewritten
@@ -23,7 +29,7 @@
 //! be read or removed by hand.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use vnvme_spec::reservation::ReservationType;
@@ -35,6 +41,12 @@ pub(crate) mod saved;
 /// Registrants kept at most: a host can present any number of
 /// identifiers (one per controller reset), each registering.
 pub(crate) const MAX_REGISTRANTS: usize = 64;
+
+/// The reservation word's bits: a reservation is held; the namespace has
+/// registrants; above them, the Preempt and Abort actions so far.
+const HELD: u64 = 1;
+const REGISTERED: u64 = 2;
+const ABORTS_SHIFT: u32 = 2;
 
 /// The first line of a sidecar file.
 const MAGIC: &str = "vnvme-reservations 1";
@@ -74,6 +86,12 @@ pub(crate) struct State {
     /// In registration order (Reservation Report lists them so).
     pub registrants: Vec<Registrant>,
     pub held: Option<Held>,
+    /// Preempt and Abort actions that removed a registration. Not
+    /// persisted: no command outlives the process.
+    pub aborts: u64,
+    /// Hosts a Preempt and Abort removed, each with the value of `aborts`
+    /// it was removed at (its latest); at most [`MAX_REGISTRANTS`].
+    pub aborted: Vec<(HostId, u64)>,
 }
 
 fn conflict() -> Status {
@@ -203,7 +221,9 @@ impl State {
     /// remove (never the issuer): the holder's key (or 0h under an All
     /// Registrants reservation) also moves the reservation to the issuer
     /// as `rtype`; any other key only unregisters, and a key no other
-    /// registrant has is a Reservation Conflict.
+    /// registrant has is a Reservation Conflict. With `abort` (Preempt and
+    /// Abort, 010b) the removed hosts' commands in flight are aborted
+    /// (see [`Reservations::aborted`]). Returns the hosts removed.
     pub fn preempt(
         &mut self,
         host: &HostId,
@@ -211,7 +231,8 @@ impl State {
         prkey: u64,
         iekey: bool,
         rtype: ReservationType,
-    ) -> Result<(), Status> {
+        abort: bool,
+    ) -> Result<Vec<HostId>, Status> {
         self.checked(host, crkey, iekey)?;
         let holder_key = match self.held {
             Some(Held {
@@ -228,18 +249,44 @@ impl State {
         if !takes && prkey == 0 {
             return Err(invalid_field());
         }
-        let before = self.registrants.len();
-        self.registrants
-            .retain(|r| &r.host.id == host || !(takes && all_registrants || r.key == prkey));
-        let removed = before - self.registrants.len();
+        let mut removed = Vec::new();
+        self.registrants.retain(|r| {
+            let keep = &r.host.id == host || !(takes && all_registrants || r.key == prkey);
+            if !keep {
+                removed.push(r.host.id);
+            }
+            keep
+        });
         if takes {
             let holder = (!rtype.all_registrants()).then_some(*host);
             self.held = Some(Held { rtype, holder });
-        } else if removed == 0 {
+        } else if removed.is_empty() {
             return Err(conflict());
         }
+        if abort && !removed.is_empty() {
+            self.aborts += 1;
+            for id in &removed {
+                self.aborted.retain(|(h, _)| h != id);
+                if self.aborted.len() >= MAX_REGISTRANTS {
+                    // The oldest goes: its commands are long done.
+                    self.aborted.remove(0);
+                }
+                self.aborted.push((*id, self.aborts));
+            }
+        }
         self.generation = self.generation.wrapping_add(1);
-        Ok(())
+        Ok(removed)
+    }
+
+    /// The reservation word of this state (see [`Reservations::check`]).
+    fn word(&self) -> u64 {
+        let held = if self.held.is_some() { HELD } else { 0 };
+        let registered = if self.registrants.is_empty() {
+            0
+        } else {
+            REGISTERED
+        };
+        held | registered | self.aborts << ABORTS_SHIFT
     }
 
     /// Release action 000b (§8.19.6): the holder gives the reservation up,
@@ -364,10 +411,11 @@ fn unhex(s: &str) -> Option<HostId> {
 /// detach and Format NVM (which leave reservations as they are).
 #[derive(Debug, Default)]
 pub(crate) struct Reservations {
-    /// A reservation is held. Changed only under the lock; read without
-    /// it by the I/O path (a host orders its I/O after an Acquire only by
-    /// waiting for its completion, posted after the lock was released).
-    held: AtomicBool,
+    /// [`State::word`]: held, registered, Preempt and Abort count. Changed
+    /// only under the lock; read without it by the I/O path (a host orders
+    /// its I/O after an Acquire only by waiting for its completion, posted
+    /// after the lock was released).
+    word: AtomicU64,
     state: Mutex<State>,
     /// The sidecar file, for a namespace whose keys can persist (PTPLS).
     file: Option<PathBuf>,
@@ -385,7 +433,7 @@ impl Reservations {
             _ => State::default(),
         };
         Ok(Self {
-            held: AtomicBool::new(state.held.is_some()),
+            word: AtomicU64::new(state.word()),
             state: Mutex::new(state),
             file,
         })
@@ -397,18 +445,41 @@ impl Reservations {
     }
 
     /// Whether a read (`write` false) or write command from `host` may
-    /// run; Reservation Conflict if not.
+    /// run; Reservation Conflict if not. What it saw goes with the command
+    /// to its completion ([`Reservations::aborted`]).
     #[inline]
-    pub fn check(&self, host: impl FnOnce() -> HostId, write: bool) -> Result<(), Status> {
-        if !self.held.load(Ordering::Acquire) {
-            return Ok(());
+    pub fn check(&self, host: impl FnOnce() -> HostId, write: bool) -> Result<Admitted, Status> {
+        let word = self.word.load(Ordering::Acquire);
+        if word & HELD == 0 {
+            return Ok(Admitted(word));
         }
         let host = host();
         if self.state.lock().allows(&host, write) {
-            Ok(())
+            Ok(Admitted(word))
         } else {
             Err(conflict())
         }
+    }
+
+    /// Whether a command of `host` admitted as `admitted` is to complete
+    /// with Command Aborted due to Preempt and Abort: a Preempt and Abort
+    /// removed `host`'s registration since. A command admitted with no
+    /// registrant on the namespace costs no load.
+    #[inline]
+    pub fn aborted(&self, admitted: Admitted, host: impl FnOnce() -> HostId) -> bool {
+        if admitted.0 & REGISTERED == 0 {
+            return false;
+        }
+        let since = admitted.0 >> ABORTS_SHIFT;
+        if self.word.load(Ordering::Acquire) >> ABORTS_SHIFT == since {
+            return false;
+        }
+        let host = host();
+        let state = self.state.lock();
+        state
+            .aborted
+            .iter()
+            .any(|(h, at)| *h == host && *at > since)
     }
 
     /// A copy of the state (Reservation Report, Get Features 83h).
@@ -420,18 +491,18 @@ impl Reservations {
     /// (or was) set, the sidecar file is rewritten (or removed) before the
     /// copy becomes the state. A file that cannot be written fails the
     /// command with Internal Error and changes nothing.
-    pub fn update(
+    pub fn update<T>(
         &self,
-        change: impl FnOnce(&mut State) -> Result<(), Status>,
-    ) -> Result<(), Status> {
+        change: impl FnOnce(&mut State) -> Result<T, Status>,
+    ) -> Result<T, Status> {
         let mut state = self.state.lock();
         let mut next = state.clone();
-        change(&mut next)?;
+        let out = change(&mut next)?;
         if next.ptpl && !self.can_persist() {
             return Err(invalid_field());
         }
         if next == *state {
-            return Ok(());
+            return Ok(out);
         }
         if let Some(path) = self.file.as_deref().filter(|_| state.ptpl || next.ptpl) {
             persist(path, &next).map_err(|e| {
@@ -439,11 +510,16 @@ impl Reservations {
                 Status::INTERNAL_ERROR.with_dnr(true)
             })?;
         }
-        self.held.store(next.held.is_some(), Ordering::Release);
+        self.word.store(next.word(), Ordering::Release);
         *state = next;
-        Ok(())
+        Ok(out)
     }
 }
+
+/// The reservation word a command was admitted with
+/// ([`Reservations::check`]), kept until it completes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Admitted(u64);
 
 /// Writes `state` to `path` durably (or removes the file without PTPL).
 fn persist(path: &Path, state: &State) -> std::io::Result<()> {

@@ -3,6 +3,7 @@
 //! for reads and writes, a second host (another Host Identifier after a
 //! reset), and keys persisted through a restart with PTPL.
 
+mod abort;
 mod hosts;
 
 use std::path::PathBuf;

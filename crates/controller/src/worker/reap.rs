@@ -117,6 +117,7 @@ fn complete_one(
         &request.kind,
         completion,
         &[],
+        request.admitted,
     );
     let done = Reserved {
         cmd: &request.cmd,

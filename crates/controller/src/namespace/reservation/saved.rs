@@ -33,9 +33,9 @@ impl Reservations {
         let mut state = State::decode(&saved.text)
             .map_err(|e| inconsistent(format!("the reservations: {e}")))?;
         state.ptpl = saved.ptpl;
-        let held = state.held.is_some();
+        let word = state.word();
         *self.state.lock() = state;
-        self.held.store(held, Ordering::Release);
+        self.word.store(word, Ordering::Release);
         Ok(())
     }
 }
