@@ -61,6 +61,20 @@ pub struct ClientParts<'a> {
     pub files: Vec<BorrowedFd<'a>>,
 }
 
+/// What changed in the client's fds, for a supervisor (see
+/// [`Handover::client_changed`]).
+#[derive(Debug)]
+pub enum ClientChange<'a> {
+    /// The client negotiated (VERSION): its connection is served.
+    Negotiated(ClientParts<'a>),
+    /// A DMA_MAP or DMA_UNMAP: the maps and their files now.
+    Maps(ClientParts<'a>),
+    /// A SET_IRQS: the device's interrupt eventfds now.
+    Irqs,
+    /// The client went (or can no longer be handed over).
+    Gone,
+}
+
 /// What the binary does for a live upgrade; the server calls it between
 /// two messages (or while no client is connected) once [`asked`](Self::asked)
 /// says so.
@@ -83,6 +97,16 @@ pub trait Handover<D>: Sync {
     fn pause(&self, device: &mut D) -> Result<(), String>;
     /// Starts the device's work again after a handover that failed.
     fn resume(&self, device: &mut D);
+    /// Whether the server's fds are forwarded to a supervisor as they
+    /// change (`vnvme serve --supervise`); only then does the server call
+    /// [`client_changed`](Self::client_changed), so an unsupervised one
+    /// pays nothing for it.
+    fn supervised(&self) -> bool {
+        false
+    }
+    /// The client's fds changed (called between two messages, or once it
+    /// went): a supervised server forwards what changed.
+    fn client_changed(&self, _device: &D, _change: ClientChange<'_>) {}
     /// Gives the client (`None`: no client is connected) to the next
     /// process. On success it ends this process without touching anything
     /// the next one now serves (no shutdown of the connection, no socket

@@ -26,7 +26,7 @@ use crate::conn::{
 };
 use crate::dma::{DmaLimits, DmaSpace};
 use crate::door::{Door, RateLimit, STOP_POLL};
-use crate::handover::{Adopted, DmaLedger, HandedMap, Handover};
+use crate::handover::{Adopted, ClientChange, DmaLedger, HandedMap, Handover};
 use crate::msg_times::MessageTimes;
 use crate::stop::StopWake;
 use crate::version::parse_version_caps;
@@ -271,6 +271,9 @@ impl<D: Device> Server<D> {
             door.set_owner(Some(conn.clone()));
         }
         let result = self.run(&mut client, stop, handover);
+        if let Some(h) = handover.filter(|h| h.supervised()) {
+            h.client_changed(&self.device, ClientChange::Gone);
+        }
         tracing::info!("vfio-user client's {}", client.times.summary());
         // Order matters: first fail any DMA_READ/WRITE a worker is waiting
         // for, then let the device stop its workers, then unmap.
@@ -362,6 +365,9 @@ impl<D: Device> Server<D> {
             let (command, started) = (msg.header.command, Instant::now());
             self.handle(s, msg)?;
             s.times.add(command, started.elapsed());
+            if let Some(h) = handover.filter(|h| h.supervised()) {
+                handing::tell_supervisor(s, command, &self.device, h);
+            }
         }
     }
 

@@ -129,6 +129,15 @@ pub struct ServeOptions {
     /// connect can break the device and stop the server).
     #[arg(long, value_name = "MODE", default_value = "600", value_parser = parse_mode)]
     pub control_mode: u32,
+    /// Run the server as the child of a small supervisor that keeps the sockets and the client's
+    /// fds (forwarded as the client sends them) and starts a new server when it dies (SIGKILL, a
+    /// panic, an abort). Stage 1: the new server serves the next connection; the client that was
+    /// connected at the crash sees its connection closed, as without it. Costs a process, an fd per
+    /// file the client shares and a note to the supervisor per DMA_MAP, DMA_UNMAP and SET_IRQS;
+    /// nothing per command. Live upgrade is refused under it. See docs/deployment.md, "Crash
+    /// recovery".
+    #[arg(long)]
+    pub supervise: bool,
     #[command(flatten)]
     pub device: DeviceOptions,
     /// Internal: set by a running `vnvme serve` on the new process of a live upgrade (`vnvme ctl
@@ -169,6 +178,9 @@ pub fn run(opts: ServeOptions) -> Result<()> {
     // First of all, before this process opens anything: a live upgrade's
     // new process claims the fds the old one left it.
     let Some(fd) = opts.handover_fd else {
+        if opts.supervise {
+            return crate::supervise::run(opts);
+        }
         return serve(opts, None);
     };
     let (taken, mut reporter) = crate::upgrade::take(fd)?;
@@ -356,6 +368,22 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
         }
         None => None,
     };
+    let forwarder = handover
+        .as_mut()
+        .and_then(|(t, _)| t.supervisor.take())
+        .map(crate::supervise::Forwarder::new);
+    if forwarder.is_some() {
+        // A supervisor killed outright cannot pass its stop on: stop then.
+        rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))
+            .context("asking for a signal at the supervisor's death")?;
+    }
+    let unsupported = match &forwarder {
+        Some(_) => Some(
+            "the server runs under --supervise, whose supervisor would not know the new process:              restart it instead"
+                .to_string(),
+        ),
+        None => cannot_upgrade(&backends),
+    };
     let upgrader = Upgrader::new(
         requests,
         listening
@@ -366,8 +394,9 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
         handed_on,
         backends.clone(),
         device.controller().namespace_backends(),
-        cannot_upgrade(&backends),
-    );
+        unsupported,
+    )
+    .supervised_by(forwarder);
     let own = listening.own_file().into_iter().collect();
     watch_stop(stop.clone(), stop_timeout, own)?;
     tracing::info!(
@@ -473,7 +502,7 @@ fn cannot_upgrade(backends: &[Arc<dyn vnvme_blockdev::BlockDevice>]) -> Option<S
 
 /// How long a stop may take before the server exits anyway: longer than any
 /// wait that ends on its own (an NBD request's, 2 × its 10 s I/O timeout).
-const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Exits the process (status 1, the socket file removed if it made it) if
 /// it still runs `timeout` after `stop` was set. A clean stop joins every queue worker,

@@ -9,7 +9,8 @@ use std::time::Instant;
 
 use super::{ClientState, Server};
 use crate::conn::Wanted;
-use crate::handover::{ClientParts, Handover};
+use crate::handover::{ClientChange, ClientParts, Handover};
+use crate::wire::cmd;
 use crate::{Device, Error};
 
 impl<D: Device> Server<D> {
@@ -62,6 +63,52 @@ impl<D: Device> Server<D> {
         h.resume(&mut self.device);
         h.refuse(why);
         Ok(())
+    }
+}
+
+/// Tells a supervising [`Handover`] what the message `command` just
+/// handled changed in the client's fds (see [`Handover::client_changed`]);
+/// a client whose maps cannot be handed over is told as gone, since no
+/// successor could serve it.
+pub(super) fn tell_supervisor<D: Device>(
+    s: &ClientState,
+    command: u16,
+    device: &D,
+    h: &dyn Handover<D>,
+) {
+    let negotiated = match command {
+        cmd::VERSION => true,
+        cmd::DMA_MAP | cmd::DMA_UNMAP => false,
+        cmd::DEVICE_SET_IRQS => {
+            h.client_changed(device, ClientChange::Irqs);
+            return;
+        }
+        _ => return,
+    };
+    let Some(dma) = &s.dma else {
+        return;
+    };
+    match s.ledger.parts() {
+        Ok((maps, files)) => {
+            let parts = ClientParts {
+                conn: s.conn.fd(),
+                max_xfer: dma.max_xfer(),
+                maps,
+                files,
+            };
+            h.client_changed(
+                device,
+                if negotiated {
+                    ClientChange::Negotiated(parts)
+                } else {
+                    ClientChange::Maps(parts)
+                },
+            );
+        }
+        Err(why) => {
+            tracing::warn!("the client can no longer be recovered after a crash: {why}");
+            h.client_changed(device, ClientChange::Gone);
+        }
     }
 }
 

@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 use serde_json::{json, Value};
 use vnvme_blockdev::BlockDevice;
 use vnvme_device::NvmeDevice;
-use vnvme_vfio_user::handover::{ClientParts, Handover};
+use vnvme_vfio_user::handover::{ClientChange, ClientParts, Handover};
 
 use super::manifest::{self, ms, now_ns, HandedClient, HandedSocket, Manifest};
 use super::{Requests, DRAIN_BOUND, HANDOVER_TIMEOUT};
@@ -54,6 +54,9 @@ pub struct Upgrader {
     /// Why this server cannot be upgraded at all, known at start.
     unsupported: Option<String>,
     saved: Mutex<Option<Saved>>,
+    /// The supervisor's socketpair (`--supervise`), where the client's
+    /// fds are forwarded as they change.
+    forward: Option<crate::supervise::Forwarder>,
 }
 
 impl Upgrader {
@@ -84,7 +87,14 @@ impl Upgrader {
             configured,
             unsupported,
             saved: Mutex::new(None),
+            forward: None,
         }
+    }
+
+    /// With the client's fds forwarded to a supervisor, if `forward`.
+    pub fn supervised_by(mut self, forward: Option<crate::supervise::Forwarder>) -> Self {
+        self.forward = forward;
+        self
     }
 
     fn release_locks(&self) -> Result<(), String> {
@@ -191,6 +201,7 @@ impl Upgrader {
             control,
             metrics,
             qos: Some(crate::qos::HandedQos::of(device.controller())),
+            supervisor: None,
             client,
             spawned_ns: now_ns(),
         };
@@ -272,6 +283,16 @@ impl Handover<NvmeDevice> for Upgrader {
         self.requests.answer(Err(why));
     }
 
+    fn supervised(&self) -> bool {
+        self.forward.is_some()
+    }
+
+    fn client_changed(&self, device: &NvmeDevice, change: ClientChange<'_>) {
+        if let Some(f) = &self.forward {
+            f.changed(device, change);
+        }
+    }
+
     fn pause(&self, device: &mut NvmeDevice) -> Result<(), String> {
         let Some((exe, asked_ns)) = self.requests.current() else {
             return Err("no upgrade is asked for".into());
@@ -332,7 +353,7 @@ impl Handover<NvmeDevice> for Upgrader {
 
 /// Waits for the new process's status line: its `ready` object, or why
 /// not (it said so, it exited, or it said nothing in time).
-fn wait_ready(status: &OwnedFd, child: &mut Child) -> Result<Value, String> {
+pub(crate) fn wait_ready(status: &OwnedFd, child: &mut Child) -> Result<Value, String> {
     let deadline = Instant::now() + HANDOVER_TIMEOUT;
     let mut buf = Vec::new();
     let mut file = std::fs::File::from(

@@ -39,6 +39,10 @@ pub struct Manifest {
     /// The limits now (absent from handovers made before they were passed).
     #[serde(default)]
     pub qos: Option<crate::qos::HandedQos>,
+    /// A supervisor's end of the socketpair the new process forwards its
+    /// fds on (`vnvme serve --supervise`; absent otherwise).
+    #[serde(default)]
+    pub supervisor: Option<HandedSocket>,
     pub client: Option<HandedClient>,
     /// When the old process started the new one (CLOCK_MONOTONIC, ns).
     pub spawned_ns: u64,
@@ -77,6 +81,7 @@ impl Manifest {
         let mut v = vec![self.status_fd, self.listener_fd];
         v.extend(self.control.as_ref().map(|c| c.fd));
         v.extend(self.metrics.as_ref().map(|c| c.fd));
+        v.extend(self.supervisor.as_ref().map(|c| c.fd));
         if let Some(c) = &self.client {
             v.push(c.conn_fd);
             v.extend(&c.file_fds);

@@ -46,6 +46,7 @@ mod handoff;
 pub mod manifest;
 mod successor;
 
+pub(crate) use handoff::wait_ready;
 pub use handoff::{OtherSockets, Upgrader};
 pub use successor::{take, Reporter, Taken, TakenClient};
 

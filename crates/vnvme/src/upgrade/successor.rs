@@ -22,6 +22,8 @@ pub struct Taken {
     pub control: Option<UnixListener>,
     pub metrics: Option<std::net::TcpListener>,
     pub qos: Option<crate::qos::HandedQos>,
+    /// The socketpair to the supervisor (`--supervise`).
+    pub supervisor: Option<OwnedFd>,
     pub client: Option<TakenClient>,
 }
 
@@ -129,6 +131,10 @@ fn take_rest(
         )?)),
         None => None,
     };
+    let supervisor = match manifest.supervisor {
+        Some(_) => Some(expect_socket(next()?, "supervisor socket")?),
+        None => None,
+    };
     let Manifest {
         socket_owned,
         qos,
@@ -177,6 +183,7 @@ fn take_rest(
         control,
         metrics,
         qos,
+        supervisor,
         client,
     })
 }

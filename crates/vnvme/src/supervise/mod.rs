@@ -1,0 +1,324 @@
+//! `vnvme serve --supervise` (issue 35 item 3, crash recovery; stage 1):
+//! a small supervisor that never touches a guest command keeps what a
+//! crashed server's successor would need, and starts a new server when the
+//! one serving dies.
+//!
+//! The supervisor binds the sockets (the vfio-user socket, `--control`,
+//! `--metrics`) and starts the server as its child the way a live upgrade
+//! starts a new process (`--handover-fd`, [`crate::upgrade`]), with one end
+//! of a `SOCK_SEQPACKET` socketpair. The child forwards on it, with
+//! SCM_RIGHTS, every fd a successor needs as it gets it ([`Forwarder`],
+//! `notes`): the client's connection once it negotiated, BAR0's doorbell
+//! memfd, one fd per file behind the DMA maps (dropped when the last map in
+//! it goes), the interrupt eventfds at each SET_IRQS; and says when the
+//! client went. The supervisor keeps them in a `table`.
+//!
+//! When the child dies (SIGKILL, a panic, an abort: any exit but a clean
+//! one), the supervisor logs it with what it held, closes the client's
+//! connection (restoring a client after a crash is not done yet: the
+//! client sees its connection end, as without supervision) and starts a
+//! new child, which serves the next connection. A child that fails before
+//! it is ready [`MAX_FAILED_STARTS`] times in a row ends the supervisor
+//! with the last reason. SIGTERM or SIGINT to the supervisor is passed to
+//! the child, and both stop; a child that stops cleanly by itself (the
+//! control socket's `shutdown`) ends the supervisor too.
+
+use std::ffi::OsString;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+use crate::serve::{ServeOptions, DEFAULT_SOCKET};
+use crate::socket::Plan;
+use crate::stopping::Stop;
+use crate::upgrade::manifest::{self, now_ns, HandedSocket, Manifest};
+
+mod forward;
+mod notes;
+mod table;
+
+pub use forward::Forwarder;
+use notes::Received;
+use table::Table;
+
+/// Starts in a row that may fail (the child exits or refuses before it is
+/// ready) before the supervisor gives up.
+pub const MAX_FAILED_STARTS: u32 = 3;
+
+/// How often the supervisor looks at its stop flag while it waits.
+const POLL: Duration = Duration::from_millis(100);
+
+/// How the watch of one child ended.
+enum Ended {
+    /// Asked to stop (signal), and the child is gone with this status.
+    Stopped(ExitStatus),
+    /// The child exited by itself with this status.
+    Exited(ExitStatus),
+}
+
+/// Runs `vnvme serve --supervise`.
+pub fn run(mut opts: ServeOptions) -> Result<()> {
+    // First, while the process has one thread: taking the passed socket
+    // removes LISTEN_* from the environment.
+    let inherited = vnvme_vfio_user::activation::take_listener()
+        .context("taking the socket passed by the launcher (socket activation)")?;
+    if let Some(path) = &opts.config {
+        match crate::config::ServeFile::load(path)? {
+            crate::config::ServeFile::One(file) => {
+                opts.socket_mode = opts.socket_mode.or(file.socket_mode);
+                opts.socket_group = opts.socket_group.take().or(file.socket_group.clone());
+                opts.stop_timeout = opts.stop_timeout.or(file.stop_timeout);
+                if opts.socket.is_empty() {
+                    opts.socket = file.sockets.clone();
+                }
+            }
+            crate::config::ServeFile::Many { .. } => {
+                bail!("--supervise serves one controller: a [[controllers]] configuration is not supported")
+            }
+        }
+    }
+    if opts.socket.len() > 1 {
+        bail!("--supervise serves one controller: give --socket once");
+    }
+    let stop_timeout = opts.stop_timeout.unwrap_or(crate::serve::STOP_TIMEOUT);
+    let plan = Plan::new(
+        inherited,
+        opts.socket.first().map(PathBuf::as_path),
+        Path::new(DEFAULT_SOCKET),
+        opts.socket_mode,
+        opts.socket_group.as_deref(),
+    )?;
+    let metrics = opts
+        .metrics
+        .map(crate::metrics::http::MetricsServer::bind)
+        .transpose()?;
+    let stop = Stop::new()?;
+    stop.on_signals()?;
+    // Dropped (their files removed) when the supervisor returns.
+    let listening = plan.listen()?;
+    let control = match &opts.control {
+        Some(path) => Some(crate::control::bind(path, opts.control_mode)?),
+        None => None,
+    };
+    let sockets = Sockets {
+        listener: listening.listener().as_fd(),
+        control: control.as_ref().map(|(l, _)| l.as_fd()),
+        metrics: metrics.as_ref().map(|l| l.as_fd()),
+    };
+    let mut argv = std::env::args_os();
+    let program = argv.next().unwrap_or_else(|| "vnvme".into());
+    let args: Vec<OsString> = argv.collect();
+    let mut table = Table::default();
+    let mut failed = 0;
+    let mut told_ready = false;
+    loop {
+        if stop.asked() {
+            return Ok(());
+        }
+        let (mut child, ours) = match start(&program, &args, &sockets) {
+            Ok(c) => c,
+            Err(why) => {
+                failed += 1;
+                if failed >= MAX_FAILED_STARTS {
+                    bail!("the server failed to start {failed} times in a row; the last: {why}");
+                }
+                tracing::error!("the server failed to start ({why}); starting it again");
+                std::thread::sleep(POLL);
+                continue;
+            }
+        };
+        failed = 0;
+        let pid = child.id();
+        tracing::info!("supervising the server, pid {pid}");
+        if !told_ready {
+            crate::notify::ready();
+            told_ready = true;
+        }
+        match watch(&mut child, &ours, &mut table, &stop, stop_timeout)? {
+            Ended::Stopped(status) | Ended::Exited(status) if status.success() => {
+                tracing::info!("the server (pid {pid}) stopped; the supervisor stops");
+                return Ok(());
+            }
+            Ended::Stopped(status) => bail!("the server (pid {pid}) stopped with {status}"),
+            Ended::Exited(status) => {
+                tracing::error!(
+                    "the server (pid {pid}) died ({status}) holding {}: the client's connection \
+                     is closed (restoring a client after a crash is not done yet); starting a \
+                     new server",
+                    table.summary()
+                );
+                table.clear();
+            }
+        }
+    }
+}
+
+/// What every child is handed.
+struct Sockets<'a> {
+    listener: BorrowedFd<'a>,
+    control: Option<BorrowedFd<'a>>,
+    metrics: Option<BorrowedFd<'a>>,
+}
+
+/// Starts a child and waits until it is ready: the child and the
+/// supervisor's end of its socketpair, or why not (the child is gone then).
+fn start(
+    program: &OsString,
+    args: &[OsString],
+    s: &Sockets<'_>,
+) -> Result<(Child, OwnedFd), String> {
+    use rustix::net::{AddressFamily, SocketFlags, SocketType};
+    let (ours, theirs) = rustix::net::socketpair(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .map_err(|e| format!("making the supervisor's socketpair: {e}"))?;
+    // Copies without close-on-exec: the child inherits them at the same
+    // numbers. Ours are closed once it has started.
+    let mut passed: Vec<OwnedFd> = Vec::new();
+    let mut pass = |fd: BorrowedFd<'_>| -> Result<i32, String> {
+        let copy = rustix::io::dup(fd).map_err(|e| format!("copying an fd to pass: {e}"))?;
+        let n = copy.as_raw_fd();
+        passed.push(copy);
+        Ok(n)
+    };
+    let (status_rx, status_tx) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .map_err(|e| format!("making the status pipe: {e}"))?;
+    let status_fd = pass(status_tx.as_fd())?;
+    drop(status_tx);
+    let manifest = Manifest {
+        status_fd,
+        listener_fd: pass(s.listener)?,
+        // The supervisor's: it removes the file when it stops.
+        socket_owned: false,
+        control: s
+            .control
+            .map(&mut pass)
+            .transpose()?
+            .map(|fd| HandedSocket { fd }),
+        metrics: s
+            .metrics
+            .map(&mut pass)
+            .transpose()?
+            .map(|fd| HandedSocket { fd }),
+        qos: None,
+        supervisor: Some(HandedSocket {
+            fd: pass(theirs.as_fd())?,
+        }),
+        client: None,
+        spawned_ns: now_ns(),
+    };
+    drop(theirs);
+    let handover =
+        manifest::write(&manifest, &[]).map_err(|e| format!("writing the handover memfd: {e}"))?;
+    let handover_fd = pass(handover.as_fd())?;
+    drop(handover);
+    let child = Command::new(program)
+        .args(args)
+        .arg("--handover-fd")
+        .arg(handover_fd.to_string())
+        .spawn();
+    drop(passed);
+    let mut child = child.map_err(|e| format!("starting {}: {e}", Path::new(program).display()))?;
+    match crate::upgrade::wait_ready(&status_rx, &mut child) {
+        Ok(_) => Ok((child, ours)),
+        Err(why) => {
+            let _ = child.kill();
+            let status = child.wait();
+            let status = status.map_or_else(|e| format!("unknown ({e})"), |s| s.to_string());
+            Err(format!("it {why}; it is gone ({status})"))
+        }
+    }
+}
+
+/// Keeps `table` as the child's notes say until the child exits or a stop
+/// is asked (then passed on to the child, which gets `stop_timeout` and
+/// two seconds more before it is killed).
+fn watch(
+    child: &mut Child,
+    ours: &OwnedFd,
+    table: &mut Table,
+    stop: &Stop,
+    stop_timeout: Duration,
+) -> Result<Ended> {
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).context("the child's pid")?;
+    let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
+        .context("watching the server (pidfd_open)")?;
+    let mut stopping: Option<Instant> = None;
+    let mut reading = true;
+    loop {
+        if let Some(status) = child.try_wait().context("waiting for the server")? {
+            // Notes sent just before the end still count.
+            while reading && read_notes(ours, table) {}
+            return Ok(match stopping {
+                Some(_) => Ended::Stopped(status),
+                None => Ended::Exited(status),
+            });
+        }
+        if stop.asked() {
+            match stopping {
+                None => {
+                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+                    stopping = Some(Instant::now());
+                }
+                Some(at) if at.elapsed() > stop_timeout + Duration::from_secs(2) => {
+                    tracing::error!(
+                        "the server (pid {pid:?}) did not stop within {stop_timeout:?}: killing it"
+                    );
+                    let _ = child.kill();
+                }
+                Some(_) => {}
+            }
+        }
+        let mut fds = vec![rustix::event::PollFd::new(
+            &pidfd,
+            rustix::event::PollFlags::IN,
+        )];
+        if reading {
+            fds.push(rustix::event::PollFd::new(
+                ours,
+                rustix::event::PollFlags::IN,
+            ));
+        }
+        let wait = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: i64::from(POLL.subsec_nanos()),
+        };
+        match rustix::event::poll(&mut fds, Some(&wait)) {
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e).context("waiting for the server"),
+        }
+        let readable = fds.get(1).is_some_and(|f| !f.revents().is_empty());
+        if readable {
+            reading = read_notes(ours, table);
+        }
+    }
+}
+
+/// Reads the notes waiting; `false` once the child's end is closed.
+fn read_notes(ours: &OwnedFd, table: &mut Table) -> bool {
+    // Bounded, so a child sending without end cannot keep the supervisor
+    // from looking at its stop flag.
+    for _ in 0..1024 {
+        match notes::recv(ours) {
+            Ok(Received::Note(note, fd)) => {
+                if let Err(why) = table.apply(note, fd) {
+                    tracing::warn!("the server sent a note that does not fit: {why}");
+                }
+            }
+            Ok(Received::Bad(why)) => tracing::warn!("the server sent {why}"),
+            Ok(Received::Empty) => return true,
+            Ok(Received::Closed) => return false,
+            Err(e) => {
+                tracing::warn!("reading the server's notes: {e}");
+                return false;
+            }
+        }
+    }
+    true
+}

@@ -1,0 +1,122 @@
+//! The supervisor's table of the client's fds, as the child forwarded them
+//! ([`Note`]s): what a successor would be handed after a crash.
+
+use std::collections::BTreeMap;
+use std::os::fd::OwnedFd;
+
+use super::notes::Note;
+
+/// The client's fds the supervisor holds.
+#[derive(Debug, Default)]
+pub struct Table {
+    /// The connection and its `max_data_xfer_size`.
+    pub conn: Option<(OwnedFd, usize)>,
+    pub doorbells: Option<OwnedFd>,
+    /// The files behind the DMA maps, by the child's id.
+    pub files: BTreeMap<u64, OwnedFd>,
+    /// Per MSI-X (or MSI) vector index, its eventfd.
+    pub vectors: BTreeMap<usize, OwnedFd>,
+    pub intx: Option<OwnedFd>,
+}
+
+impl Table {
+    /// Applies one note; `Err`: why it does not fit (nothing changed then).
+    pub fn apply(&mut self, note: Note, fd: Option<OwnedFd>) -> Result<(), String> {
+        let no_fd = || format!("{note:?} came without its fd");
+        match note {
+            Note::Client { max_xfer } => {
+                let fd = fd.ok_or_else(no_fd)?;
+                self.clear();
+                self.conn = Some((fd, max_xfer));
+            }
+            Note::Doorbells => self.doorbells = Some(fd.ok_or_else(no_fd)?),
+            Note::File { id } => {
+                let fd = fd.ok_or_else(no_fd)?;
+                if self.files.insert(id, fd).is_some() {
+                    return Err(format!("file {id} was sent twice"));
+                }
+            }
+            Note::DropFile { id } => {
+                if self.files.remove(&id).is_none() {
+                    return Err(format!("file {id} is dropped and was never sent"));
+                }
+            }
+            Note::IrqsCleared => {
+                self.vectors.clear();
+                self.intx = None;
+            }
+            Note::Vector { index } => {
+                self.vectors.insert(index, fd.ok_or_else(no_fd)?);
+            }
+            Note::Intx => self.intx = Some(fd.ok_or_else(no_fd)?),
+            Note::Gone => self.clear(),
+        }
+        Ok(())
+    }
+
+    /// Forgets the client (closing its fds: the supervisor's copy of the
+    /// connection is then no longer what keeps it open).
+    pub fn clear(&mut self) {
+        *self = Self::default();
+    }
+
+    /// What it holds, for the log.
+    pub fn summary(&self) -> String {
+        if self.conn.is_none() {
+            return "no client".into();
+        }
+        format!(
+            "a client: its connection, {} DMA files, {} interrupt eventfds{}{}",
+            self.files.len(),
+            self.vectors.len(),
+            if self.intx.is_some() {
+                " and INTx's"
+            } else {
+                ""
+            },
+            if self.doorbells.is_some() {
+                ", the doorbell memfd"
+            } else {
+                ""
+            }
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fd() -> Option<OwnedFd> {
+        Some(std::fs::File::open("/dev/null").unwrap().into())
+    }
+
+    #[test]
+    fn notes_build_the_table_and_a_new_client_or_irqs_replace_the_old() {
+        let mut t = Table::default();
+        assert_eq!(t.summary(), "no client");
+        t.apply(Note::Client { max_xfer: 4096 }, fd()).unwrap();
+        t.apply(Note::File { id: 0 }, fd()).unwrap();
+        t.apply(Note::File { id: 1 }, fd()).unwrap();
+        t.apply(Note::Vector { index: 0 }, fd()).unwrap();
+        t.apply(Note::IrqsCleared, None).unwrap();
+        t.apply(Note::Vector { index: 0 }, fd()).unwrap();
+        t.apply(Note::Vector { index: 1 }, fd()).unwrap();
+        t.apply(Note::Doorbells, fd()).unwrap();
+        t.apply(Note::DropFile { id: 0 }, None).unwrap();
+        assert_eq!(
+            t.summary(),
+            "a client: its connection, 1 DMA files, 2 interrupt eventfds, the doorbell memfd"
+        );
+        assert!(t.apply(Note::File { id: 1 }, fd()).is_err());
+        assert!(t.apply(Note::DropFile { id: 9 }, None).is_err());
+        assert!(t.apply(Note::Intx, None).is_err());
+        t.apply(Note::Client { max_xfer: 4096 }, fd()).unwrap();
+        assert_eq!(
+            t.summary(),
+            "a client: its connection, 0 DMA files, 0 interrupt eventfds"
+        );
+        t.apply(Note::Gone, None).unwrap();
+        assert_eq!(t.summary(), "no client");
+    }
+}

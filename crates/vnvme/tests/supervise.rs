@@ -1,0 +1,270 @@
+//! `vnvme serve --supervise` (issue 35 item 3, crash recovery, stage 1) as
+//! real processes, driven by our driver: the supervisor holds the client's
+//! fds as the server forwards them, sees the server's death (SIGKILL) and
+//! logs it with what it held, and starts a new server that serves the next
+//! connection on the same socket, with the data written before the kill;
+//! in every doorbell mode. SIGTERM stops both; a server that cannot start
+//! ends the supervisor after a bounded number of tries.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::pattern::pattern;
+use common::{temp_dir, TempDir, BIN};
+use vnvme_driver::{Controller, DeviceAccess, InitOptions, IoQueue, VfioUserAccess};
+use vnvme_spec::NvmOpcode;
+
+const BLOCK: usize = 4096;
+const BLOCKS: u64 = 16;
+
+/// A supervised server of a 16 MiB `file` namespace.
+struct Rig {
+    dir: TempDir,
+    socket: PathBuf,
+    supervisor: Child,
+    /// The namespace's folder, apart from the log's.
+    ns_dir: Option<TempDir>,
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        // The server gets SIGTERM when its supervisor dies.
+        let _ = self.supervisor.kill();
+        let _ = self.supervisor.wait();
+    }
+}
+
+fn rig(name: &str, args: &[&str]) -> Rig {
+    let dir = temp_dir(name);
+    let socket = dir.join("vnvme.sock");
+    let log = std::fs::File::create(dir.join("serve.log")).unwrap();
+    let supervisor = Command::new(BIN)
+        .args(["serve", "--supervise", "--socket"])
+        .arg(&socket)
+        .args(args)
+        .stderr(Stdio::from(log))
+        .spawn()
+        .unwrap();
+    let r = Rig {
+        dir,
+        socket,
+        supervisor,
+        ns_dir: None,
+    };
+    r.wait_log("supervising the server, pid", 1);
+    r
+}
+
+fn file_rig(name: &str, mode: &str) -> Rig {
+    let dir = temp_dir(&format!("{name}-ns"));
+    let ns = format!("16M:file={}", dir.join("ns1.img").display());
+    let mut r = rig(name, &["--ns", &ns, "--doorbells", mode]);
+    r.ns_dir = Some(dir);
+    r
+}
+
+impl Rig {
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("serve.log")).unwrap_or_default()
+    }
+
+    /// Waits until `what` is in the log `n` times.
+    fn wait_log(&self, what: &str, n: usize) -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let log = self.log();
+            if log.matches(what).count() >= n {
+                return log;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what:?} not {n} times in the log:\n{log}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The pid of the server the supervisor started last.
+    fn server_pid(&self) -> i32 {
+        let log = self.log();
+        let at = log.rfind("supervising the server, pid ").unwrap();
+        let rest = &log[at + "supervising the server, pid ".len()..];
+        let end = rest.find(|c: char| !c.is_ascii_digit()).unwrap();
+        rest[..end].parse().unwrap()
+    }
+
+    fn client(&self) -> (Arc<VfioUserAccess>, Controller, IoQueue) {
+        let access = Arc::new(VfioUserAccess::connect(&self.socket).unwrap());
+        let ctrl = Controller::init(
+            access.clone() as Arc<dyn DeviceAccess>,
+            InitOptions::default(),
+        )
+        .unwrap();
+        let q = ctrl.take_io_queue(0).unwrap();
+        (access, ctrl, q)
+    }
+}
+
+fn kill(pid: i32, sig: rustix::process::Signal) {
+    rustix::process::kill_process(rustix::process::Pid::from_raw(pid).unwrap(), sig).unwrap();
+}
+
+fn alive(pid: i32) -> bool {
+    rustix::process::test_kill_process(rustix::process::Pid::from_raw(pid).unwrap()).is_ok()
+}
+
+fn block(lba: u64, round: u64) -> Vec<u8> {
+    pattern(BLOCK, (lba as u32) ^ ((round as u32) << 12))
+}
+
+/// Writes every block with `round`'s pattern (or, `write` false, only
+/// reads), reads each back and compares.
+fn round(access: &VfioUserAccess, q: &mut IoQueue, r: u64, write: bool) {
+    if write {
+        let bufs: Vec<_> = (0..BLOCKS)
+            .map(|lba| {
+                let b = access.dma_alloc(BLOCK).unwrap();
+                b.write_bytes(0, &block(lba, r)).unwrap();
+                b
+            })
+            .collect();
+        for (lba, b) in bufs.iter().enumerate() {
+            q.enqueue_rw(NvmOpcode::WRITE, 1, lba as u64, 1, b).unwrap();
+        }
+        q.ring().unwrap();
+        reap(q, BLOCKS as usize);
+    }
+    let reads: Vec<_> = (0..BLOCKS)
+        .map(|_| access.dma_alloc(BLOCK).unwrap())
+        .collect();
+    for (lba, b) in reads.iter().enumerate() {
+        q.enqueue_rw(NvmOpcode::READ, 1, lba as u64, 1, b).unwrap();
+    }
+    q.ring().unwrap();
+    reap(q, BLOCKS as usize);
+    for (lba, b) in reads.iter().enumerate() {
+        assert!(b.to_vec() == block(lba as u64, r), "LBA {lba}, round {r}");
+    }
+}
+
+fn reap(q: &mut IoQueue, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut done = Vec::new();
+    while done.len() < n {
+        assert!(Instant::now() < deadline, "{} of {n} completed", done.len());
+        let want = n - done.len();
+        let _ = q.wait(&mut done, want, Duration::from_secs(1));
+    }
+    assert!(done.iter().all(|c| c.status().is_success()), "{done:?}");
+}
+
+/// What the supervisor must say it held for our driver's client in
+/// `mode`: its connection, the one memfd the driver maps all its memory
+/// from, an eventfd per vector it set (admin + one I/O queue), and the
+/// doorbell memfd where the mode offers the page.
+fn held(mode: &str) -> String {
+    let page = matches!(mode, "adaptive" | "mmap-poll");
+    format!(
+        "holding a client: its connection, 1 DMA files, 2 interrupt eventfds{}",
+        if page { ", the doorbell memfd" } else { "" }
+    )
+}
+
+fn killed_servers_are_replaced(mode: &str) {
+    let r = file_rig(&format!("kill-{mode}"), mode);
+    for kill_n in 1..=3u64 {
+        let (access, ctrl, mut q) = r.client();
+        round(&access, &mut q, kill_n, true);
+        let pid = r.server_pid();
+        kill(pid, rustix::process::Signal::KILL);
+        let log = r.wait_log("died (signal: 9 (SIGKILL))", kill_n as usize);
+        let line = log
+            .lines()
+            .rfind(|l| l.contains(&format!("the server (pid {pid}) died")))
+            .unwrap_or_else(|| panic!("no death line for {pid}:\n{log}"));
+        assert!(line.contains(&held(mode)), "{line}");
+        r.wait_log("supervising the server, pid", kill_n as usize + 1);
+        // Reaped by the supervisor before it logged the death.
+        assert!(!alive(pid), "server {pid} still runs");
+        // Stage 1: the client at the kill lost its connection.
+        assert!(
+            access.read32(0x1c).is_err(),
+            "the old connection still answers"
+        );
+        drop((q, ctrl, access));
+        // The next client reads what was written before the kill.
+        let (access, _ctrl, mut q) = r.client();
+        round(&access, &mut q, kill_n, false);
+    }
+}
+
+#[test]
+fn a_killed_server_is_logged_and_replaced_trap() {
+    killed_servers_are_replaced("trap");
+}
+
+#[test]
+fn a_killed_server_is_logged_and_replaced_shadow() {
+    killed_servers_are_replaced("shadow");
+}
+
+#[test]
+fn a_killed_server_is_logged_and_replaced_adaptive() {
+    killed_servers_are_replaced("adaptive");
+}
+
+#[test]
+fn a_killed_server_is_logged_and_replaced_mmap_poll() {
+    killed_servers_are_replaced("mmap-poll");
+}
+
+#[test]
+fn sigterm_stops_the_supervisor_and_its_server_within_2_s() {
+    let mut r = file_rig("sigterm", "adaptive");
+    let (_access, _ctrl, _q) = r.client();
+    let server = r.server_pid();
+    let started = Instant::now();
+    kill(r.supervisor.id() as i32, rustix::process::Signal::TERM);
+    let status = loop {
+        if let Some(s) = r.supervisor.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "the supervisor still runs 2 s after SIGTERM:\n{}",
+            r.log()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(status.success(), "{status}\n{}", r.log());
+    assert!(!alive(server), "the server outlived its supervisor");
+    assert!(!r.socket.exists(), "the socket file was left behind");
+}
+
+#[test]
+fn a_server_that_cannot_start_ends_the_supervisor_after_3_tries() {
+    let dir = temp_dir("cannot-start");
+    let socket = dir.join("vnvme.sock");
+    let out = Command::new(BIN)
+        .args(["serve", "--supervise", "--socket"])
+        .arg(&socket)
+        .args(["--ns", "16M:file=/nonexistent/folder/ns.img"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(
+        err.matches("the server failed to start (").count(),
+        2,
+        "{err}"
+    );
+    assert!(
+        err.contains("the server failed to start 3 times in a row; the last: it refused:"),
+        "{err}"
+    );
+    assert!(!socket.exists());
+}
