@@ -3,8 +3,10 @@
 //! fds as the server forwards them, sees the server's death (SIGKILL) and
 //! logs it with what it held, and starts a new server that serves the next
 //! connection on the same socket, with the data written before the kill;
-//! in every doorbell mode. SIGTERM stops both; a server that cannot start
-//! ends the supervisor after a bounded number of tries.
+//! in every doorbell mode; an abort is a death too; a command in flight at
+//! the kill is lost with the connection, not half done. SIGTERM stops
+//! both; a server that cannot start ends the supervisor after a bounded
+//! number of tries.
 
 mod common;
 
@@ -14,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::pattern::pattern;
-use common::{temp_dir, TempDir, BIN};
+use common::{ctl_ok, temp_dir, TempDir, BIN};
 use vnvme_driver::{Controller, DeviceAccess, InitOptions, IoQueue, VfioUserAccess};
 use vnvme_spec::NvmOpcode;
 
@@ -60,9 +62,15 @@ fn rig(name: &str, args: &[&str]) -> Rig {
 }
 
 fn file_rig(name: &str, mode: &str) -> Rig {
+    file_rig_with(name, mode, &[])
+}
+
+fn file_rig_with(name: &str, mode: &str, extra: &[&str]) -> Rig {
     let dir = temp_dir(&format!("{name}-ns"));
     let ns = format!("16M:file={}", dir.join("ns1.img").display());
-    let mut r = rig(name, &["--ns", &ns, "--doorbells", mode]);
+    let mut args = vec!["--ns", &ns, "--doorbells", mode];
+    args.extend_from_slice(extra);
+    let mut r = rig(name, &args);
     r.ns_dir = Some(dir);
     r
 }
@@ -81,7 +89,7 @@ impl Rig {
                 return log;
             }
             assert!(
-                Instant::now() < deadline,
+                Instant::now() < deadline && alive(self.supervisor.id() as i32),
                 "{what:?} not {n} times in the log:\n{log}"
             );
             std::thread::sleep(Duration::from_millis(20));
@@ -113,8 +121,12 @@ fn kill(pid: i32, sig: rustix::process::Signal) {
     rustix::process::kill_process(rustix::process::Pid::from_raw(pid).unwrap(), sig).unwrap();
 }
 
+/// Whether `pid` runs (a zombie, exited and not yet reaped, does not).
 fn alive(pid: i32) -> bool {
-    rustix::process::test_kill_process(rustix::process::Pid::from_raw(pid).unwrap()).is_ok()
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.starts_with(" Z"))
+    })
 }
 
 fn block(lba: u64, round: u64) -> Vec<u8> {
@@ -267,4 +279,78 @@ fn a_server_that_cannot_start_ends_the_supervisor_after_3_tries() {
         "{err}"
     );
     assert!(!socket.exists());
+}
+
+#[test]
+fn an_abort_is_a_death_too() {
+    let r = file_rig("abort", "shadow");
+    let (access, _ctrl, mut q) = r.client();
+    round(&access, &mut q, 1, true);
+    let pid = r.server_pid();
+    kill(pid, rustix::process::Signal::ABORT);
+    let log = r.wait_log("died (signal: 6 (SIGABRT)", 1);
+    assert!(log.contains(&held("shadow")), "{log}");
+    r.wait_log("supervising the server, pid", 2);
+    let (access, _ctrl, mut q) = r.client();
+    round(&access, &mut q, 1, false);
+}
+
+/// Stage 1 with a command in flight at the kill: the command never
+/// completes and the client's connection is closed (as without
+/// supervision); what was written before is intact, the held write never
+/// reached the file, and the control socket (bound by the supervisor)
+/// serves the new server.
+#[test]
+fn a_command_in_flight_at_the_kill_is_lost_with_the_connection_not_half_done() {
+    let control_dir = temp_dir("inflight-control");
+    let control = control_dir.join("control.sock");
+    let control_arg = control.display().to_string();
+    let r = file_rig_with("inflight", "adaptive", &["--control", &control_arg]);
+    let (access, _ctrl, mut q) = r.client();
+    round(&access, &mut q, 1, true);
+    ctl_ok(
+        &control,
+        &[
+            "fault_add",
+            "kind=never-complete",
+            "opcodes=write",
+            "count=1",
+        ],
+    );
+    let buf = access.dma_alloc(BLOCK).unwrap();
+    buf.write_bytes(0, &block(5, 2)).unwrap();
+    q.enqueue_rw(NvmOpcode::WRITE, 1, 5, 1, &buf).unwrap();
+    q.ring().unwrap();
+    // The write is held: the server says so in its counters.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let stats = ctl_ok(&control, &["stats"]);
+        // The round's 16 writes and 16 reads, then the held write.
+        let fetched: u64 = stats["io_commands"]
+            .as_object()
+            .map_or(0, |m| m.values().filter_map(|v| v.as_u64()).sum());
+        if fetched == 33 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the write was not fetched: {stats}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    kill(r.server_pid(), rustix::process::Signal::KILL);
+    r.wait_log("died (signal: 9 (SIGKILL))", 1);
+    r.wait_log("supervising the server, pid", 2);
+    assert!(
+        access.read32(0x1c).is_err(),
+        "the old connection still answers"
+    );
+    let mut done = Vec::new();
+    let _ = q.wait(&mut done, 1, Duration::from_millis(100));
+    assert!(done.is_empty(), "the held write completed: {done:?}");
+    drop((q, access));
+    let (access, _ctrl, mut q) = r.client();
+    round(&access, &mut q, 1, false);
+    // The new server's control socket is the same path.
+    ctl_ok(&control, &["stats"]);
 }
