@@ -126,6 +126,16 @@ impl Member for Shared {
     fn host_id(&self) -> [u8; 16] {
         self.features.admin.lock().host_id
     }
+
+    fn reservation_notice(&self, nsid: u32, kind: u8) {
+        if self.reporting.reservation_notices.lock().add(nsid, kind) {
+            self.async_event(
+                async_event::TYPE_IO_COMMAND_SET,
+                async_event::IO_RESERVATION_LOG_AVAILABLE,
+                vnvme_spec::log::LogPageId::RESERVATION_NOTIFICATION.0,
+            );
+        }
+    }
 }
 
 impl Shared {

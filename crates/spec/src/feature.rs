@@ -40,6 +40,9 @@ impl FeatureId {
     pub const HOST_IDENTIFIER: Self = Self(0x81);
     /// Reservation Persistence (§5.27.1.27): CDW11 bit 0, PTPL.
     pub const RESERVATION_PERSISTENCE: Self = Self(0x83);
+    /// Reservation Notification Mask (§5.27.1.26): CDW11 bits 1-3 mask
+    /// the notification types of one namespace.
+    pub const RESERVATION_NOTIFICATION_MASK: Self = Self(0x82);
 }
 
 /// Get/Set Features CDW10 SEL field (Get Features, §5.15): current, default,

@@ -215,6 +215,9 @@ pub mod async_event {
     pub const NOTICE_FIRMWARE_ACTIVATION_STARTING: u8 = 0x01;
     /// Notice information: Asymmetric Namespace Access Change (log page 0Ch).
     pub const NOTICE_ANA_CHANGE: u8 = 0x03;
+    /// I/O command specific information: Reservation Log Page Available
+    /// (log page 80h).
+    pub const IO_RESERVATION_LOG_AVAILABLE: u8 = 0x00;
     /// NVM command set specific information: Sanitize Operation Completed
     /// (log page 81h).
     pub const IO_SANITIZE_COMPLETED: u8 = 0x01;

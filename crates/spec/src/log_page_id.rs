@@ -31,4 +31,6 @@ impl LogPageId {
     pub const PERSISTENT_EVENT: Self = Self(0x0D);
     pub const DEVICE_SELF_TEST: Self = Self(0x06);
     pub const SANITIZE_STATUS: Self = Self(0x81);
+    /// Reservation Notification (§5.16.1.24).
+    pub const RESERVATION_NOTIFICATION: Self = Self(0x80);
 }

@@ -1,7 +1,8 @@
 //! Reservations (NVMe Base 2.0 §8.19; NVM Command Set 1.0 §3.2.4–§3.2.7
 //! does not repeat them): the command dwords and data structures of
 //! Reservation Register (0Dh), Report (0Eh), Acquire (11h) and Release
-//! (15h), the reservation types and the namespace's RESCAP bits.
+//! (15h), the reservation types and the namespace's RESCAP bits; the
+//! Reservation Notification log page (80h) and its mask (feature 82h).
 
 use bitfield_struct::bitfield;
 use zerocopy::little_endian::{U16, U32, U64};
@@ -38,6 +39,11 @@ impl ReservationType {
     pub fn all_registrants(self) -> bool {
         self == Self::WRITE_EXCLUSIVE_ALL_REGISTRANTS
             || self == Self::EXCLUSIVE_ACCESS_ALL_REGISTRANTS
+    }
+
+    /// Registrants Only types: one holder, registrants have access.
+    pub fn registrants_only(self) -> bool {
+        matches!(self.0, 3 | 4)
     }
 
     /// Write Exclusive types: reads are allowed to every host.
@@ -207,6 +213,38 @@ pub struct RegisteredControllerExt {
 /// Bytes of the Reservation Status header with EDS = 1.
 pub const EXTENDED_HEADER_SIZE: usize = 64;
 
+/// Reservation Notification log page (80h, Base 2.0 §5.16.1.24): one
+/// notification, the oldest the controller holds for the host.
+#[derive(Debug, Clone, Copy, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct ReservationNotificationLog {
+    /// Log Page Count: the notification's number since the last
+    /// Controller Level Reset; 0h: an empty page. A notification lost for
+    /// want of room still takes a number (the host sees the gap).
+    pub count: U64,
+    /// Reservation Notification Log Page Type ([`notification`]).
+    pub kind: u8,
+    /// Number of Available Log Pages after this one (255 at most).
+    pub available: u8,
+    pub rsvd10: [u8; 2],
+    pub nsid: U32,
+    pub rsvd16: [u8; 48],
+}
+
+/// Reservation Notification Log Page Types; Reservation Notification
+/// Mask (82h) CDW11 masks type `t` with bit `t` (REGPRE, RESREL, RESPRE).
+pub mod notification {
+    pub const EMPTY: u8 = 0;
+    /// The host's registration was removed by another host's Preempt.
+    pub const REGISTRATION_PREEMPTED: u8 = 1;
+    /// A Registrants Only or All Registrants reservation was released.
+    pub const RESERVATION_RELEASED: u8 = 2;
+    /// The reservation was cleared (Clear) by another host.
+    pub const RESERVATION_PREEMPTED: u8 = 3;
+    /// The mask bits feature 82h keeps (bits 1 to 3).
+    pub const MASK_BITS: u32 = 0b1110;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -221,6 +259,8 @@ mod tests {
         assert_eq!(offset_of!(RegisteredController, hostid), 8);
         assert_eq!(size_of::<RegisteredControllerExt>(), 64);
         assert_eq!(offset_of!(RegisteredControllerExt, hostid), 16);
+        assert_eq!(size_of::<ReservationNotificationLog>(), 64);
+        assert_eq!(offset_of!(ReservationNotificationLog, nsid), 12);
     }
 
     #[test]

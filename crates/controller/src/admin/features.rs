@@ -42,16 +42,19 @@ fn supported(ctx: &Ctx<'_>, fid: FeatureId) -> bool {
         | FeatureId::IO_COMMAND_SET_PROFILE
         | FeatureId::SOFTWARE_PROGRESS_MARKER
         | FeatureId::HOST_IDENTIFIER
+        | FeatureId::RESERVATION_NOTIFICATION_MASK
         | FeatureId::RESERVATION_PERSISTENCE => true,
         _ => false,
     }
 }
 
-/// Error Recovery (NVM Command Set Spec 1.0, its features) and
-/// Reservation Persistence have namespace scope; the others controller
-/// scope (§5.27.1 Figure 317).
+/// Error Recovery (NVM Command Set Spec 1.0, its features), Reservation
+/// Notification Mask and Reservation Persistence have namespace scope; the
+/// others controller scope (§5.27.1 Figure 317).
 fn namespace_scope(fid: FeatureId) -> bool {
-    fid == FeatureId::ERROR_RECOVERY || fid == FeatureId::RESERVATION_PERSISTENCE
+    fid == FeatureId::ERROR_RECOVERY
+        || fid == FeatureId::RESERVATION_NOTIFICATION_MASK
+        || fid == FeatureId::RESERVATION_PERSISTENCE
 }
 
 /// Supported capabilities (Get Features SEL 011b): every feature here can
@@ -130,6 +133,10 @@ pub(super) fn get(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
             Target::Namespace(nsid) => shared
                 .namespace(nsid)
                 .map(|ns| u32::from(ns.reservations.snapshot().ptpl))?,
+            _ => return Err(invalid_field()),
+        },
+        FeatureId::RESERVATION_NOTIFICATION_MASK if current => match target {
+            Target::Namespace(nsid) => shared.reporting.reservation_notices.lock().mask(nsid),
             _ => return Err(invalid_field()),
         },
         FeatureId::WRITE_ATOMICITY => admin.write_atomicity,
@@ -238,6 +245,18 @@ pub(super) fn set(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
         }
         FeatureId::RESERVATION_PERSISTENCE => {
             reservation_persistence(&shared.subsystem, target, cmd)?
+        }
+        FeatureId::RESERVATION_NOTIFICATION_MASK => {
+            // Bits 1-3 (REGPRE, RESREL, RESPRE) are kept; the rest is
+            // reserved. FFFFFFFFh: every attached namespace.
+            let nsids = match target {
+                Target::Namespace(nsid) => vec![nsid],
+                _ => shared.subsystem.namespaces.ids_after(0, true, usize::MAX),
+            };
+            let mut notices = shared.reporting.reservation_notices.lock();
+            for nsid in nsids {
+                notices.set_mask(nsid, value);
+            }
         }
         FeatureId::WRITE_ATOMICITY => {
             let dn = WriteAtomicity::from(cmd.cdw11).dn();

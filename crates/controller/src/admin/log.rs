@@ -2,7 +2,7 @@
 //! and the small logs: supported log pages, error information, SMART /
 //! health, firmware slot, changed namespace list, ANA, commands supported and
 //! effects (including the registered vendor specific opcodes), device
-//! self-test, sanitize status. Telemetry,
+//! self-test, sanitize status, reservation notification. Telemetry,
 //! endurance group and persistent event logs have modules of their own.
 
 mod endurance;
@@ -152,6 +152,17 @@ const LOGS: &[LogPage] = &[
         read: |r| Ok(super::sanitize::log(r.shared)),
         seen: None,
         // Sanitize Operation Completed is an I/O command set specific event.
+        event: Some(async_event::TYPE_IO_COMMAND_SET),
+    },
+    LogPage {
+        lid: LogPageId::RESERVATION_NOTIFICATION,
+        read: |r| Ok(r.shared.reporting.reservation_notices.lock().page()),
+        // Read is gone (RAE keeps the event masked, not the page): the
+        // host learns of the rest from Number of Available Log Pages.
+        seen: Some(|r, page| {
+            r.shared.reporting.reservation_notices.lock().seen(page);
+        }),
+        // Reservation Log Page Available is an I/O command specific event.
         event: Some(async_event::TYPE_IO_COMMAND_SET),
     },
 ];

@@ -185,6 +185,7 @@ impl Controller {
         shared.features.keep_alive.reset();
         *shared.features.admin.lock() = AdminState::new(&shared.config);
         *shared.reporting.events.lock() = Events::default();
+        *shared.reporting.reservation_notices.lock() = Default::default();
         shared.features.streams.lock().reset();
         shared.interrupts.reset();
         shared.features.wce.store(true, Ordering::Relaxed);

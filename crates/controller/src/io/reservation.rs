@@ -4,9 +4,10 @@
 //! [`State`](crate::namespace::reservation::State) for the host that sent it.
 
 use vnvme_spec::reservation::{
-    cptpl, racqa, rrega, rrela, Cdw10ResvAcquire, Cdw10ResvRegister, Cdw10ResvRelease,
-    Cdw11ResvReport, RegisteredController, RegisteredControllerExt, ReservationStatus,
-    ReservationType, ResvAcquireData, ResvRegisterData, ResvReleaseData, EXTENDED_HEADER_SIZE,
+    cptpl, notification, racqa, rrega, rrela, Cdw10ResvAcquire, Cdw10ResvRegister,
+    Cdw10ResvRelease, Cdw11ResvReport, RegisteredController, RegisteredControllerExt,
+    ReservationStatus, ReservationType, ResvAcquireData, ResvRegisterData, ResvReleaseData,
+    EXTENDED_HEADER_SIZE,
 };
 use vnvme_spec::{Command, NvmOpcode, Status};
 use zerocopy::little_endian::{U16, U32, U64};
@@ -14,7 +15,7 @@ use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
 use super::invalid_field;
 use crate::command::Ctx;
-use crate::namespace::reservation::{Host, State};
+use crate::namespace::reservation::{Host, Notice, State};
 use crate::namespace::Namespace;
 
 /// Runs `cmd` if `op` is a reservation command; `None` otherwise.
@@ -69,17 +70,28 @@ fn register(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace) -> Result<(), Stat
     let (crkey, nrkey) = (d.crkey.get(), d.nrkey.get());
     let host = host(ctx);
     let iekey = cdw10.iekey();
-    ns.reservations.update(|s| {
-        match cdw10.rrega() {
-            rrega::REGISTER => s.register(host, nrkey)?,
+    let notices = ns.reservations.update(|s| {
+        let notices = match cdw10.rrega() {
+            rrega::REGISTER => s.register(host, nrkey).map(|()| Vec::new())?,
             rrega::UNREGISTER => s.unregister(&host.id, crkey, iekey)?,
-            _ => s.replace(&host.id, crkey, nrkey, iekey)?,
-        }
+            _ => s
+                .replace(&host.id, crkey, nrkey, iekey)
+                .map(|()| Vec::new())?,
+        };
         if let Some(ptpl) = ptpl {
             s.ptpl = ptpl;
         }
-        Ok(())
-    })
+        Ok(notices)
+    })?;
+    notify(ctx, ns, &notices);
+    Ok(())
+}
+
+/// Tells the hosts concerned what a reservation command did to them
+/// (Reservation Notification log page), once the change is made.
+fn notify(ctx: &Ctx<'_>, ns: &Namespace, notices: &[Notice]) {
+    let namespaces = &ctx.shared.subsystem.namespaces;
+    namespaces.notify_reservation(ns.nsid, notices);
 }
 
 /// Reservation Acquire: RACQA, IEKEY, RTYPE; CRKEY and PRKEY in the data.
@@ -99,12 +111,15 @@ fn acquire(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace) -> Result<(), Statu
     let host = host(ctx).id;
     let iekey = cdw10.iekey();
     let abort = cdw10.racqa() == racqa::PREEMPT_AND_ABORT;
-    ns.reservations.update(|s| match cdw10.racqa() {
-        racqa::ACQUIRE => s.acquire(&host, crkey, iekey, rtype),
-        _ => s
-            .preempt(&host, crkey, prkey, iekey, rtype, abort)
-            .map(|_| ()),
-    })
+    let preempted = ns.reservations.update(|s| match cdw10.racqa() {
+        racqa::ACQUIRE => s.acquire(&host, crkey, iekey, rtype).map(|()| Vec::new()),
+        _ => s.preempt(&host, crkey, prkey, iekey, rtype, abort),
+    })?;
+    let notices: Vec<Notice> = (preempted.into_iter())
+        .map(|h| (h, notification::REGISTRATION_PREEMPTED))
+        .collect();
+    notify(ctx, ns, &notices);
+    Ok(())
 }
 
 /// Reservation Release: RRELA, IEKEY, RTYPE; CRKEY in the data.
@@ -118,10 +133,12 @@ fn release(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace) -> Result<(), Statu
     let host = host(ctx).id;
     let iekey = cdw10.iekey();
     let rtype = ReservationType(cdw10.rtype());
-    ns.reservations.update(|s| match cdw10.rrela() {
+    let notices = ns.reservations.update(|s| match cdw10.rrela() {
         rrela::RELEASE => s.release(&host, crkey, iekey, rtype),
         _ => s.clear(&host, crkey, iekey),
-    })
+    })?;
+    notify(ctx, ns, &notices);
+    Ok(())
 }
 
 /// Reservation Report: NUMD (CDW10, 0's based dwords), EDS (CDW11 bit 0).

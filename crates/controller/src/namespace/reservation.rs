@@ -32,7 +32,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
-use vnvme_spec::reservation::ReservationType;
+use vnvme_spec::reservation::{notification, ReservationType};
 use vnvme_spec::status::invalid_field;
 use vnvme_spec::Status;
 
@@ -76,6 +76,12 @@ pub(crate) struct Held {
     /// registrant holds.
     pub holder: Option<HostId>,
 }
+
+/// A Reservation Notification (log page 80h) owed to a host: its
+/// type ([`notification`]).
+///
+/// [`notification`]: vnvme_spec::reservation::notification
+pub(crate) type Notice = (HostId, u8);
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct State {
@@ -168,15 +174,34 @@ impl State {
 
     /// Unregister action 001b (§8.19.4): a holder that leaves releases the
     /// reservation; an All Registrants one goes with the last registrant.
-    pub fn unregister(&mut self, host: &HostId, crkey: u64, iekey: bool) -> Result<(), Status> {
+    /// A Registrants Only reservation released so is a Reservation
+    /// Released notice to the other registrants.
+    pub fn unregister(
+        &mut self,
+        host: &HostId,
+        crkey: u64,
+        iekey: bool,
+    ) -> Result<Vec<Notice>, Status> {
         let i = self.checked(host, crkey, iekey)?;
         let held_by_it = matches!(self.held, Some(Held { holder: Some(h), .. }) if &h == host);
+        let rtype = self.held.map(|h| h.rtype);
         self.registrants.remove(i);
         if held_by_it || self.registrants.is_empty() {
             self.held = None;
         }
         self.generation = self.generation.wrapping_add(1);
-        Ok(())
+        let released = held_by_it && rtype.is_some_and(ReservationType::registrants_only);
+        Ok(if released {
+            self.others(host, notification::RESERVATION_RELEASED)
+        } else {
+            Vec::new()
+        })
+    }
+
+    /// A notice of `kind` to every registrant but `host`.
+    fn others(&self, host: &HostId, kind: u8) -> Vec<Notice> {
+        let others = self.registrants.iter().filter(|r| &r.host.id != host);
+        others.map(|r| (r.host.id, kind)).collect()
     }
 
     /// Replace action 010b: a registrant's new key.
@@ -290,14 +315,16 @@ impl State {
     }
 
     /// Release action 000b (§8.19.6): the holder gives the reservation up,
-    /// naming its type; anyone else's release does nothing.
+    /// naming its type; anyone else's release does nothing. Releasing a
+    /// type other than Write Exclusive and Exclusive Access is a
+    /// Reservation Released notice to the other registrants.
     pub fn release(
         &mut self,
         host: &HostId,
         crkey: u64,
         iekey: bool,
         rtype: ReservationType,
-    ) -> Result<(), Status> {
+    ) -> Result<Vec<Notice>, Status> {
         self.checked(host, crkey, iekey)?;
         match self.held {
             Some(held) if self.holds(host) => {
@@ -305,19 +332,26 @@ impl State {
                     return Err(invalid_field());
                 }
                 self.held = None;
-                Ok(())
+                let told = held.rtype.registrants_only() || held.rtype.all_registrants();
+                Ok(if told {
+                    self.others(host, notification::RESERVATION_RELEASED)
+                } else {
+                    Vec::new()
+                })
             }
-            _ => Ok(()),
+            _ => Ok(Vec::new()),
         }
     }
 
-    /// Clear action 001b (§8.19.8): no reservation and no registrants.
-    pub fn clear(&mut self, host: &HostId, crkey: u64, iekey: bool) -> Result<(), Status> {
+    /// Clear action 001b (§8.19.8): no reservation and no registrants; a
+    /// Reservation Preempted notice to every other registrant.
+    pub fn clear(&mut self, host: &HostId, crkey: u64, iekey: bool) -> Result<Vec<Notice>, Status> {
         self.checked(host, crkey, iekey)?;
+        let notices = self.others(host, notification::RESERVATION_PREEMPTED);
         self.held = None;
         self.registrants.clear();
         self.generation = self.generation.wrapping_add(1);
-        Ok(())
+        Ok(notices)
     }
 
     /// The sidecar file's text (see [`State::decode`]).

@@ -1,7 +1,7 @@
 //! What the controller reports to the host beyond completions:
 //! Asynchronous Events (§5.2) waiting for an Asynchronous Event Request,
-//! the Error Information log (01h), the telemetry captures (07h, 08h) and
-//! the Persistent Event Log (0Dh).
+//! the Error Information log (01h), the telemetry captures (07h, 08h), the
+//! Persistent Event Log (0Dh) and the Reservation Notifications (80h).
 //!
 //! What is what, for a save and restore of the controller:
 //! * configuration: the Persistent Event Log's size (from the controller's
@@ -9,9 +9,12 @@
 //! * guest-visible state: the events queued and masked, the outstanding
 //!   AER command ids, the error log and its count, the telemetry captures
 //!   and the Persistent Event Log with its reporting context;
-//! * transient: nothing (every value here is something a host can read).
+//! * transient: nothing (every value here is something a host can read);
+//!   but the Reservation Notifications are not saved (a restored
+//!   controller has none unread, and no masks).
 
 pub(crate) mod persistent_event_log;
+pub(crate) mod reservation_notices;
 mod saved;
 pub(crate) mod telemetry;
 
@@ -25,6 +28,7 @@ use zerocopy::little_endian::{U16, U32, U64};
 
 use crate::stats::Stats;
 use persistent_event_log::PersistentEventLog;
+use reservation_notices::ReservationNotices;
 pub(crate) use saved::SavedReporting;
 use telemetry::{Capture, Telemetry};
 
@@ -61,6 +65,8 @@ pub(crate) struct Reporting {
     pub telemetry: Telemetry,
     /// Persistent Event Log (0Dh).
     pub persistent_events: PersistentEventLog,
+    /// Reservation Notification log (80h) and masks (82h).
+    pub reservation_notices: Mutex<ReservationNotices>,
 }
 
 impl Reporting {
@@ -70,6 +76,7 @@ impl Reporting {
             error_log: Mutex::new(ErrorLog::default()),
             telemetry: Telemetry::default(),
             persistent_events,
+            reservation_notices: Mutex::default(),
         }
     }
 

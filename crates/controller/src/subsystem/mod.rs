@@ -78,6 +78,9 @@ pub(crate) trait Member: Send + Sync {
     /// Its Host Identifier now (feature 81h): controllers with the same
     /// one are one host to reservations.
     fn host_id(&self) -> [u8; 16];
+    /// A Reservation Notification of `kind` for namespace `nsid` (log
+    /// page 80h, and its event unless masked).
+    fn reservation_notice(&self, nsid: u32, kind: u8);
 }
 
 /// What every controller of one NVM subsystem shares (NVMe Base 2.0
@@ -192,15 +195,36 @@ impl Namespaces {
     /// Each live controller's CNTLID and Host Identifier, ascending by
     /// CNTLID: whom Reservation Report lists for a registered host.
     pub fn host_ids(&self) -> Vec<(u16, [u8; 16])> {
-        // Out of the lock before asking: each answer takes its own lock.
-        let live: Vec<(u16, Arc<dyn Member>)> = self
-            .table
-            .members
-            .read()
-            .iter()
-            .filter_map(|(c, m)| Some((*c, m.upgrade()?)))
-            .collect();
-        live.into_iter().map(|(c, m)| (c, m.host_id())).collect()
+        let live = self.live().into_iter();
+        live.map(|(c, m)| (c, m.host_id())).collect()
+    }
+
+    /// Every live controller by CNTLID, ascending, out of the lock (what
+    /// is then asked of each takes its own locks).
+    fn live(&self) -> Vec<(u16, Arc<dyn Member>)> {
+        let members = self.table.members.read();
+        let live = members.iter().filter_map(|(c, m)| Some((*c, m.upgrade()?)));
+        live.collect()
+    }
+
+    /// Gives each notice (host, type) about namespace `nsid` to every live
+    /// controller of that host the namespace is attached to.
+    pub fn notify_reservation(&self, nsid: u32, notices: &[([u8; 16], u8)]) {
+        if notices.is_empty() {
+            return;
+        }
+        let Some(ns) = self.get(nsid) else {
+            return;
+        };
+        for (cntlid, member) in self.live() {
+            if !ns.attached.contains(cntlid) {
+                continue;
+            }
+            let host = member.host_id();
+            for (_, kind) in notices.iter().filter(|(h, _)| *h == host) {
+                member.reservation_notice(nsid, *kind);
+            }
+        }
     }
 
     /// The live members among `cntlids`, taken out of the lock before

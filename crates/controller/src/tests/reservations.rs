@@ -5,6 +5,7 @@
 
 mod abort;
 mod hosts;
+mod notices;
 
 use std::path::PathBuf;
 

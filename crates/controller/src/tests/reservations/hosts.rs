@@ -35,7 +35,7 @@ impl Host {
 }
 
 /// Host 1 on CNTLID 1 and host 2 on CNTLID 2.
-fn pair() -> (Host, Host) {
+pub(super) fn pair() -> (Host, Host) {
     let a = host(1);
     let b = Host::joining(&a, 2, 2);
     (a, b)
