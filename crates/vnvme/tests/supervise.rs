@@ -354,3 +354,45 @@ fn a_command_in_flight_at_the_kill_is_lost_with_the_connection_not_half_done() {
     // The new server's control socket is the same path.
     ctl_ok(&control, &["stats"]);
 }
+
+/// SIGTERM as soon as the socket appears: the server is starting, or just
+/// started (a race: either way one SIGTERM reaches it, not two, which
+/// would make it exit at once with status 1).
+#[test]
+fn sigterm_right_after_start_stops_both_cleanly() {
+    let dir = temp_dir("sigterm-start");
+    let socket = dir.join("vnvme.sock");
+    let sup = Command::new(BIN)
+        .args(["serve", "--supervise", "--socket"])
+        .arg(&socket)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The supervisor binds the socket before it starts the server.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !socket.exists() {
+        assert!(Instant::now() < deadline, "no socket");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    kill(sup.id() as i32, rustix::process::Signal::TERM);
+    let out = sup.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}\n{err}", out.status);
+    assert!(!err.contains("failed to start"), "{err}");
+    assert!(!socket.exists(), "the socket file was left behind");
+}
+
+#[test]
+fn an_upgrade_is_refused_under_supervise() {
+    let control_dir = temp_dir("upgrade-refused-control");
+    let control = control_dir.join("control.sock");
+    let control_arg = control.display().to_string();
+    let r = file_rig_with("upgrade-refused", "shadow", &["--control", &control_arg]);
+    let out = common::ctl(&control, &["upgrade"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("runs under --supervise"), "{err}");
+    // The server serves on.
+    let (access, _ctrl, mut q) = r.client();
+    round(&access, &mut q, 1, true);
+}

@@ -27,6 +27,8 @@ use std::ffi::OsString;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
+use std::sync::atomic::{AtomicI32, Ordering::SeqCst};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -111,6 +113,21 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
     let mut argv = std::env::args_os();
     let program = argv.next().unwrap_or_else(|| "vnvme".into());
     let args: Vec<OsString> = argv.collect();
+    // A stop asked while a child starts (up to the upgrade's 20 s) is
+    // passed to it at once: the watch below passes it on only later.
+    let starting = Arc::new(AtomicI32::new(0));
+    {
+        let (stop, starting) = (stop.clone(), Arc::clone(&starting));
+        std::thread::Builder::new()
+            .name("vnvme-supervise-stop".into())
+            .spawn(move || {
+                stop.wait();
+                if let Some(pid) = rustix::process::Pid::from_raw(starting.swap(0, SeqCst)) {
+                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+                }
+            })
+            .context("starting the supervisor's stop thread")?;
+    }
     let mut table = Table::default();
     let mut failed = 0;
     let mut told_ready = false;
@@ -118,7 +135,11 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
         if stop.asked() {
             return Ok(());
         }
-        let (mut child, ours) = match start(&program, &args, &sockets) {
+        let started = start(&program, &args, &sockets, &starting);
+        if stop.asked() && started.is_err() {
+            return Ok(());
+        }
+        let (mut child, ours, term_sent) = match started {
             Ok(c) => c,
             Err(why) => {
                 failed += 1;
@@ -137,7 +158,14 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
             crate::notify::ready();
             told_ready = true;
         }
-        match watch(&mut child, &ours, &mut table, &stop, stop_timeout)? {
+        match watch(
+            &mut child,
+            &ours,
+            &mut table,
+            &stop,
+            stop_timeout,
+            term_sent,
+        )? {
             Ended::Stopped(status) | Ended::Exited(status) if status.success() => {
                 tracing::info!("the server (pid {pid}) stopped; the supervisor stops");
                 return Ok(());
@@ -163,13 +191,16 @@ struct Sockets<'a> {
     metrics: Option<BorrowedFd<'a>>,
 }
 
-/// Starts a child and waits until it is ready: the child and the
-/// supervisor's end of its socketpair, or why not (the child is gone then).
+/// Starts a child and waits until it is ready: the child, the
+/// supervisor's end of its socketpair and whether the stop thread already
+/// sent it SIGTERM; or why not (the child is gone then). `starting` holds
+/// its pid meanwhile.
 fn start(
     program: &OsString,
     args: &[OsString],
     s: &Sockets<'_>,
-) -> Result<(Child, OwnedFd), String> {
+    starting: &AtomicI32,
+) -> Result<(Child, OwnedFd, bool), String> {
     use rustix::net::{AddressFamily, SocketFlags, SocketType};
     let (ours, theirs) = rustix::net::socketpair(
         AddressFamily::UNIX,
@@ -225,8 +256,12 @@ fn start(
         .spawn();
     drop(passed);
     let mut child = child.map_err(|e| format!("starting {}: {e}", Path::new(program).display()))?;
-    match crate::upgrade::wait_ready(&status_rx, &mut child) {
-        Ok(_) => Ok((child, ours)),
+    starting.store(child.id() as i32, SeqCst);
+    let ready = crate::upgrade::wait_ready(&status_rx, &mut child);
+    // Taken back: 0 means the stop thread took it and signalled the child.
+    let term_sent = starting.swap(0, SeqCst) == 0;
+    match ready {
+        Ok(_) => Ok((child, ours, term_sent)),
         Err(why) => {
             let _ = child.kill();
             let status = child.wait();
@@ -237,19 +272,23 @@ fn start(
 }
 
 /// Keeps `table` as the child's notes say until the child exits or a stop
-/// is asked (then passed on to the child, which gets `stop_timeout` and
-/// two seconds more before it is killed).
+/// is asked (then passed on to the child, unless `term_sent` says it was
+/// already; it gets `stop_timeout` and two seconds more before it is
+/// killed).
 fn watch(
     child: &mut Child,
     ours: &OwnedFd,
     table: &mut Table,
     stop: &Stop,
     stop_timeout: Duration,
+    term_sent: bool,
 ) -> Result<Ended> {
     let pid = rustix::process::Pid::from_raw(child.id() as i32).context("the child's pid")?;
     let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
         .context("watching the server (pidfd_open)")?;
-    let mut stopping: Option<Instant> = None;
+    // A second SIGTERM would make the child exit at once, without its
+    // clean stop: one only.
+    let mut stopping: Option<Instant> = term_sent.then(Instant::now);
     let mut reading = true;
     loop {
         if let Some(status) = child.try_wait().context("waiting for the server")? {
