@@ -20,7 +20,6 @@ pub mod serve;
 pub mod size;
 pub mod socket;
 pub mod stopping;
-pub mod supervise;
 pub mod tools;
 pub mod upgrade;
 pub mod zoned_options;

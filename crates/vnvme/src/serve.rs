@@ -26,6 +26,7 @@ use vnvme_vfio_user::handover::Adopted;
 
 mod many;
 mod subsystem;
+pub mod supervise;
 
 /// Where `vnvme serve` listens and the tools connect by default.
 pub const DEFAULT_SOCKET: &str = "/run/vnvme.sock";
@@ -179,7 +180,7 @@ pub fn run(opts: ServeOptions) -> Result<()> {
     // new process claims the fds the old one left it.
     let Some(fd) = opts.handover_fd else {
         if opts.supervise {
-            return crate::supervise::run(opts);
+            return supervise::run(opts);
         }
         return serve(opts, None);
     };
@@ -371,7 +372,7 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
     let forwarder = handover
         .as_mut()
         .and_then(|(t, _)| t.supervisor.take())
-        .map(crate::supervise::Forwarder::new);
+        .map(|fd| Box::new(supervise::Forwarder::new(fd)) as Box<dyn crate::upgrade::ClientWatch>);
     if forwarder.is_some() {
         // A supervisor killed outright cannot pass its stop on: stop then.
         rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))

@@ -56,7 +56,7 @@ pub struct Upgrader {
     saved: Mutex<Option<Saved>>,
     /// The supervisor's socketpair (`--supervise`), where the client's
     /// fds are forwarded as they change.
-    forward: Option<crate::supervise::Forwarder>,
+    forward: Option<Box<dyn super::ClientWatch>>,
 }
 
 impl Upgrader {
@@ -92,7 +92,7 @@ impl Upgrader {
     }
 
     /// With the client's fds forwarded to a supervisor, if `forward`.
-    pub fn supervised_by(mut self, forward: Option<crate::supervise::Forwarder>) -> Self {
+    pub fn supervised_by(mut self, forward: Option<Box<dyn super::ClientWatch>>) -> Self {
         self.forward = forward;
         self
     }

@@ -50,6 +50,17 @@ pub(crate) use handoff::wait_ready;
 pub use handoff::{OtherSockets, Upgrader};
 pub use successor::{take, Reporter, Taken, TakenClient};
 
+/// Told of every change in the client's fds, between two messages: the
+/// forwarder of a supervised server (`vnvme serve --supervise`), which
+/// the [`Upgrader`] serving it calls.
+pub trait ClientWatch: Send + Sync + std::fmt::Debug {
+    fn changed(
+        &self,
+        device: &vnvme_device::NvmeDevice,
+        change: vnvme_vfio_user::handover::ClientChange<'_>,
+    );
+}
+
 /// The signal that asks `vnvme serve` for an upgrade to the binary it was
 /// started as (its argv\[0\]): free in serve (SIGTERM and SIGINT stop it),
 /// and what an init system's reload can send (systemd:

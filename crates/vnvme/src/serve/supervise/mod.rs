@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use crate::serve::{ServeOptions, DEFAULT_SOCKET};
+use super::{ServeOptions, DEFAULT_SOCKET};
 use crate::socket::Plan;
 use crate::stopping::Stop;
 use crate::upgrade::manifest::{self, now_ns, HandedSocket, Manifest};
@@ -85,7 +85,7 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
     if opts.socket.len() > 1 {
         bail!("--supervise serves one controller: give --socket once");
     }
-    let stop_timeout = opts.stop_timeout.unwrap_or(crate::serve::STOP_TIMEOUT);
+    let stop_timeout = opts.stop_timeout.unwrap_or(super::STOP_TIMEOUT);
     let plan = Plan::new(
         inherited,
         opts.socket.first().map(PathBuf::as_path),

@@ -43,9 +43,11 @@ impl Forwarder {
             sent: Mutex::new(Sent::default()),
         }
     }
+}
 
+impl crate::upgrade::ClientWatch for Forwarder {
     /// Forwards what `change` changed.
-    pub fn changed(&self, device: &NvmeDevice, change: ClientChange<'_>) {
+    fn changed(&self, device: &NvmeDevice, change: ClientChange<'_>) {
         let mut sent = self.sent.lock();
         if sent.broken {
             return;
@@ -67,7 +69,9 @@ impl Forwarder {
             );
         }
     }
+}
 
+impl Forwarder {
     fn send(&self, note: &Note, fd: Option<BorrowedFd<'_>>) -> std::io::Result<()> {
         notes::send(self.sock.as_fd(), note, fd)
     }
