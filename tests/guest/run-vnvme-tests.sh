@@ -83,6 +83,13 @@
 #   shared-disk  the same server, two VMs at once, each on its own controller (tests/vnvme-shared-disk.sh):
 #              both see the namespace with the same NGUID; each writes and flushes 1 MiB of its own and reads
 #              the other's (O_DIRECT) once it is there
+#   shared-reservations  the same, --ns 256M:file=F, two VMs as two hosts (Host Identifiers AAAAAAAA and
+#              BBBBBBBB; tests/vnvme-shared-reservations.sh), with nvme-cli: A registers and takes Write
+#              Exclusive, B's write gets Reservation Conflict and its read succeeds, A releases, B writes;
+#              A takes it again and runs fio randwrite 256k QD 32, B preempts and aborts A meanwhile: A's
+#              fio ends in error, A's write conflicts, B holds it; on the host, controller 1 completed
+#              some commands with Command Aborted due to Preempt and Abort (its stats) and each
+#              controller answered at least one Reservation Conflict
 #   hugepage-ram  --ns 64M:ram, guest RAM in a file on hugetlbfs (2 MiB pages; the test mounts hugetlbfs in
 #              its temp folder and reserves the pages, then gives them back): a controller reset, then fio
 #              randrw 4k-128k with crc32c verify (tests/vnvme-hugepage-ram.sh). Then the same with one 1 GiB
@@ -174,7 +181,7 @@ set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 GT=$HERE/tests
-ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io sanitize file-backed-ram hugepage-ram viommu nvme-cli-admin logs firmware directives pi zns faults reservations nbd nbd-restart boot-uefi boot-bios unprivileged hotplug many-disks multipath shared-disk upgrade upgrade-background"
+ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io sanitize file-backed-ram hugepage-ram viommu nvme-cli-admin logs firmware directives pi zns faults reservations nbd nbd-restart boot-uefi boot-bios unprivileged hotplug many-disks multipath shared-disk shared-reservations upgrade upgrade-background"
 COMPARE=0 KEEP=0 ONLY=''
 while [ $# -gt 0 ]; do
   case $1 in
@@ -1159,10 +1166,11 @@ hotplug_ask() {
 }
 
 # --- one subsystem, two controllers (serve --socket A --socket B): multipath and shared-disk ---
-subsys_start() {   # NAME: starts the subsystem server in $TMP/NAME/; sets SUB_DIR SUB_PID; 1 with SUB_WHY if not
+subsys_start() {   # NAME [NS]: starts the subsystem server (its namespace NS, 256M:ram by default) in
+  # $TMP/NAME/; sets SUB_DIR SUB_PID; 1 with SUB_WHY if not
   SUB_DIR=$TMP/$1 SUB_WHY=''
   mkdir -p "$SUB_DIR"
-  "$VNVME" serve --socket "$SUB_DIR/a.sock" --socket "$SUB_DIR/b.sock" --ns 256M:ram \
+  "$VNVME" serve --socket "$SUB_DIR/a.sock" --socket "$SUB_DIR/b.sock" --ns "${2:-256M:ram}" \
     --control "$SUB_DIR/ctl.sock" > "$SUB_DIR/serve.log" 2>&1 &
   SUB_PID=$!
   for _ in $(seq 100); do
@@ -1250,6 +1258,42 @@ t_shared-disk() {
   [ -z "$SUB_WHY" ] || why="${why:+$why; }$SUB_WHY"
   if [ -z "$why" ]; then
     report PASS $name "$(since "$t0")" "NGUID $na in both; $(tr -d '\r' < "$TMP/$name.a.console" | grep -a '^TEST: read' | sed 's/^TEST: //'); $(tr -d '\r' < "$TMP/$name.b.console" | grep -a '^TEST: read' | sed 's/^TEST: //')"
+  else
+    report FAIL $name "$(since "$t0")" "$why"
+  fi
+}
+
+sub_completions() {   # CNTLID STATUS: that controller's completions with STATUS (its stats name) so far
+  sub_ctl stats "controller=$1" | python3 -c 'import json,sys; print(json.load(sys.stdin)["completions"].get(sys.argv[1], 0))' "$2"
+}
+
+t_shared-reservations() {
+  local name=shared-reservations t0 why='' pa pb rca rcb aborted c1 c2; t0=$(now)
+  has_opt 'CNTLID' || { report SKIP $name 0 "server has no subsystem (several --socket)"; return; }
+  # A file namespace: its writes are in flight in io_uring, where a preempt and abort can meet them.
+  if ! subsys_start $name "256M:file=$TMP/$name/disk.img"; then
+    report FAIL $name "$(since "$t0")" "$SUB_WHY"; subsys_stop; return
+  fi
+  RIG_MEM=512M "$HERE/run-test.sh" --vfio-user "$SUB_DIR/a.sock" --log "$TMP/$name.a.console" --timeout 600 \
+    --append "rig.role=a" "$GT/vnvme-shared-reservations.sh" > /dev/null 2> "$TMP/$name.a.harness" &
+  pa=$!
+  RIG_MEM=512M "$HERE/run-test.sh" --vfio-user "$SUB_DIR/b.sock" --log "$TMP/$name.b.console" --timeout 600 \
+    --append "rig.role=b" "$GT/vnvme-shared-reservations.sh" > /dev/null 2> "$TMP/$name.b.harness" &
+  pb=$!
+  wait $pa; rca=$?
+  wait $pb; rcb=$?
+  aborted=$(sub_completions 1 aborted-preempt-and-abort)
+  c1=$(sub_completions 1 reservation-conflict) c2=$(sub_completions 2 reservation-conflict)
+  subsys_stop
+  LOG=$TMP/$name.a.console RC=$rca
+  [ $rca = 0 ] || why="VM a: $(fail_detail $name.a)"
+  LOG=$TMP/$name.b.console RC=$rcb
+  [ $rcb = 0 ] || why="${why:+$why; }VM b: $(fail_detail $name.b)"
+  [ "${aborted:-0}" -gt 0 ] || why="${why:+$why; }no command of A completed as aborted by the preempt"
+  [ "${c1:-0}" -gt 0 ] && [ "${c2:-0}" -gt 0 ] || why="${why:+$why; }Reservation Conflicts: $c1 on 1, $c2 on 2"
+  [ -z "$SUB_WHY" ] || why="${why:+$why; }$SUB_WHY"
+  if [ -z "$why" ]; then
+    report PASS $name "$(since "$t0")" "$aborted of A's commands aborted by B's preempt and abort; Reservation Conflicts $c1 on A, $c2 on B; $(tr -d '\r' < "$TMP/$name.a.console" | grep -a '^TEST: fio exit' | sed 's/^TEST: //' | cut -c1-120)"
   else
     report FAIL $name "$(since "$t0")" "$why"
   fi
