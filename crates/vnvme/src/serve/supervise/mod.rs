@@ -50,6 +50,10 @@ use table::Table;
 /// ready) before the supervisor gives up.
 pub const MAX_FAILED_STARTS: u32 = 3;
 
+/// A server that dies sooner than this after its start is started again
+/// only after this long.
+const CRASH_LOOP: Duration = Duration::from_secs(1);
+
 /// How often the supervisor looks at its stop flag while it waits.
 const POLL: Duration = Duration::from_millis(100);
 
@@ -152,6 +156,7 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
             }
         };
         failed = 0;
+        let ready_at = Instant::now();
         let pid = child.id();
         tracing::info!("supervising the server, pid {pid}");
         if !told_ready {
@@ -172,13 +177,25 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
             }
             Ended::Stopped(status) => bail!("the server (pid {pid}) stopped with {status}"),
             Ended::Exited(status) => {
+                // A server that dies as soon as it serves (on every
+                // client, say) is not started again in a tight loop.
+                let pause = (ready_at.elapsed() < CRASH_LOOP).then_some(CRASH_LOOP);
                 tracing::error!(
                     "the server (pid {pid}) died ({status}) holding {}: the client's connection \
                      is closed (restoring a client after a crash is not done yet); starting a \
-                     new server",
-                    table.summary()
+                     new server{}",
+                    table.summary(),
+                    pause.map_or(String::new(), |p| format!(
+                        " in {p:?} (it died within {p:?} of its start)"
+                    ))
                 );
                 table.clear();
+                if let Some(p) = pause {
+                    let until = Instant::now() + p;
+                    while !stop.asked() && Instant::now() < until {
+                        std::thread::sleep(POLL);
+                    }
+                }
             }
         }
     }
