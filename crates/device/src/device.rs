@@ -56,6 +56,14 @@ impl DoorbellPage for SharedDoorbells {
         }
     }
 
+    fn replace(&self, index: u32, current: u32, new: u32) -> bool {
+        let page = Bar0Layout::DOORBELLS;
+        u64::from(index) * 4 < page.end - page.start
+            && self
+                .0
+                .compare_exchange_u32(doorbell_at(index), current, new)
+    }
+
     fn kept(&self) -> bool {
         self.1
     }

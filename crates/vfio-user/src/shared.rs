@@ -174,6 +174,21 @@ impl SharedRegion {
         }
     }
 
+    /// Stores `new` in the little-endian dword at `offset` if it holds
+    /// `current` (acquire-release); false if it held something else, or if
+    /// `offset` is out of range or unaligned.
+    pub fn compare_exchange_u32(&self, offset: usize, current: u32, new: u32) -> bool {
+        self.atomic_u32(offset).is_some_and(|d| {
+            d.compare_exchange(
+                current.to_le(),
+                new.to_le(),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
+        })
+    }
+
     /// Copies `out.len()` bytes from `offset` into `out`; false, copying
     /// nothing, if they are not all inside the mapping.
     pub fn read(&self, offset: usize, out: &mut [u8]) -> bool {

@@ -280,6 +280,15 @@ impl Doorbells {
         }
     }
 
+    /// Where the page is offered: stores `new` as doorbell `db`'s page
+    /// dword if it still holds `current`. False if it held something else
+    /// (the host wrote meanwhile) or there is no page.
+    pub fn replace_register(&self, db: Doorbell, current: u32, new: u32) -> bool {
+        self.page
+            .as_ref()
+            .is_some_and(|p| p.replace(db.index(), current, new))
+    }
+
     /// The doorbell register's value: the page's dword where the page is
     /// offered (a client that mapped it writes there, and traps store there
     /// too), else the value last stored by a trap.

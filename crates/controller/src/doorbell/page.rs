@@ -9,10 +9,14 @@ use std::sync::atomic::{AtomicU32, Ordering};
 /// the dword at byte `index * 4` of the page.
 ///
 /// Implementations are atomic: `load` with acquire, `store` with release
-/// ordering; an index beyond the page loads 0 and stores nothing.
+/// ordering, `replace` a compare-and-swap; an index beyond the page loads
+/// 0, stores nothing and replaces nothing.
 pub trait DoorbellPage: Send + Sync {
     fn load(&self, index: u32) -> u32;
     fn store(&self, index: u32, value: u32);
+    /// Stores `new` if the dword holds `current`; false if it held
+    /// something else (the host wrote meanwhile).
+    fn replace(&self, index: u32, current: u32, new: u32) -> bool;
     /// The page is the very memory the host wrote its doorbells to before
     /// a save (a live upgrade hands the mapped memfd on): it holds the
     /// host's latest values, written after the save too, so a restore
@@ -55,6 +59,13 @@ impl DoorbellPage for HeapDoorbellPage {
         if let Some(d) = self.dwords.get(index as usize) {
             d.store(value, Ordering::Release);
         }
+    }
+
+    fn replace(&self, index: u32, current: u32, new: u32) -> bool {
+        self.dwords.get(index as usize).is_some_and(|d| {
+            d.compare_exchange(current, new, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        })
     }
 }
 

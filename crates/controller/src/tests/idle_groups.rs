@@ -156,3 +156,66 @@ fn a_look_at_the_page_serves_shadow_doorbells_once_eventidx_is_armed() {
         assert_eq!(s.queue(1).commands, 3);
     }
 }
+
+/// A host that moves on through the shadow doorbell alone (the worker had
+/// not armed EventIdx again yet, so the need-event test asks for no
+/// register write) leaves the page's dword behind the worker's tail. The
+/// worker's next idle round swaps its tail in, so the looks after it are
+/// trusted again; and the host's next register write, which stores that
+/// old value once its tail wraps round to it, is still seen.
+#[test]
+fn a_page_left_behind_by_the_shadow_doorbell_is_brought_to_the_tail() {
+    let groups = PollGroups::new(1).unwrap();
+    let page = Arc::new(HeapDoorbellPage::default());
+    let mut h = host_in(&groups, &page, true);
+    let read = || rw(NvmOpcode::READ, 1, 0, 1, DATA, 0);
+    // Two reads rung back to back: the first through the page (the idle
+    // worker armed EventIdx), the second in the shadow only (the worker has
+    // not run since). Again if the worker came in between.
+    let behind = loop {
+        settled(&groups);
+        h.push(1, read());
+        assert!(ring_through_page(&mut h, &page, 1), "armed EventIdx");
+        let first = h.rings[1].unwrap().tail;
+        h.push(1, read());
+        let rang = ring_through_page(&mut h, &page, 1);
+        h.reap_batch(1, 2);
+        if !rang {
+            break first;
+        }
+    };
+    let before = settled(&groups);
+    let tail = h.rings[1].unwrap().tail;
+    assert_eq!(
+        page.load(2),
+        u32::from(tail),
+        "an idle round swapped the worker's tail in"
+    );
+    let after = counts_when(&groups, |c| c.idle_wakeups >= before.idle_wakeups + 20);
+    assert_eq!(
+        after.idle_looks - before.idle_looks,
+        2 * (after.idle_wakeups - before.idle_wakeups),
+        "every idle member served by a look"
+    );
+    // The host's tail goes round to the value the page held: one register
+    // write of that value, which must bring a round.
+    let n = (behind + 16 - tail) % 16;
+    assert_eq!(n, 15);
+    for _ in 0..n {
+        h.push(1, read());
+    }
+    assert!(ring_through_page(&mut h, &page, 1), "armed EventIdx");
+    assert_eq!(page.load(2), u32::from(behind));
+    let cqes = h.reap_batch(1, usize::from(n));
+    assert!(cqes.iter().all(|c| c.status().is_success()));
+    assert_eq!(h.ctrl.stats().queue(1).sq_doorbell_traps, 0);
+    // An admin command rung through the page only, as QEMU's guest does
+    // (Linux rings the admin SQ's register, never its shadow): the page is
+    // its tail, which no swap may take back.
+    settled(&groups);
+    let traps = h.ctrl.stats().queue(0).sq_doorbell_traps;
+    h.push(0, get_features(0x07, 0, 0));
+    page.store(0, u32::from(h.rings[0].unwrap().tail));
+    assert!(h.wait_cqe(0).is_some_and(|c| c.status().is_success()));
+    assert_eq!(h.ctrl.stats().queue(0).sq_doorbell_traps, traps);
+}

@@ -34,6 +34,18 @@ pub(super) struct PageLook {
 impl PageLook {
     /// Before the round of an idle worker (it slept, waiting for a look):
     /// reads the page's tail doorbells of its owned SQs.
+    ///
+    /// Where an I/O SQ's shadow dword holds a tail other than the worker's
+    /// (the host moved on through the shadow doorbell since it last wrote
+    /// the register), the worker's tail is swapped in, so that the looks
+    /// after this round may trust the page ([`settle`](Self::settle) says
+    /// why they need it). Nothing reads such an SQ's register as its tail,
+    /// and the host never reads a doorbell. A host write that the swap
+    /// overwrites came after the host stored its shadow tail, which this
+    /// round reads after the swap; a write after the swap changes the
+    /// dword, which is what a look sees. Not the admin SQ: Linux rings its
+    /// register only, which the admin worker takes from the page as a trap
+    /// (`sync_admin_page`), so there the page is the tail.
     pub fn record(&mut self, doorbells: &Doorbells, local: &Local) {
         self.valid = false;
         self.seen.clear();
@@ -42,12 +54,21 @@ impl PageLook {
             return;
         }
         self.generation = generation;
-        self.seen.extend(
-            local
-                .owned
-                .iter()
-                .map(|&q| doorbells.register_value(Doorbell::SqTail(q))),
-        );
+        self.seen.extend(local.owned.iter().map(|&q| {
+            let db = Doorbell::SqTail(q);
+            let value = doorbells.register_value(db);
+            match local.rings.sq(q) {
+                Some(sq)
+                    if q != 0
+                        && sq.source.is_shadow()
+                        && value != sq.tail
+                        && doorbells.replace_register(db, value, sq.tail) =>
+                {
+                    sq.tail
+                }
+                _ => value,
+            }
+        }));
         self.valid = true;
     }
 
@@ -67,6 +88,7 @@ impl PageLook {
         // meanwhile), its next write may store that very value again (the
         // tail wrapped round to it), which a look cannot tell from no write,
         // and a command would wait for the next round that never comes.
+        // (The next idle round's record swaps the worker's tail in.)
         let page_at_tail = local
             .owned
             .iter()
