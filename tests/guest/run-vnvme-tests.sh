@@ -1204,6 +1204,11 @@ t_multipath() {
   # Flip controller 2 every 3 s while the guest's fio runs; count each controller's successes per window
   # (from 0.5 s after the change, so the host has read the ANA log).
   while kill -0 $rpid 2>/dev/null && ! console_has "$LOG" 'TEST: fio starts'; do sleep 0.2; done
+  # The first flip waits for fio's I/O on both paths: a TCG guest on a loaded host can take seconds to
+  # start fio, and a window before its first I/O would count nothing on either controller.
+  a1=$(sub_successes 1); a2=$(sub_successes 2)
+  while kill -0 $rpid 2>/dev/null && ! console_has "$LOG" 'TEST: fio done' &&
+    { [ "$(sub_successes 1)" -le "$a1" ] || [ "$(sub_successes 2)" -le "$a2" ]; }; do sleep 0.2; done
   while kill -0 $rpid 2>/dev/null && ! console_has "$LOG" 'TEST: fio done'; do
     if [ $state = optimized ]; then state=inaccessible; else state=optimized; fi
     sub_ctl ana_set controller=2 state=$state > /dev/null || bad="${bad:+$bad; }ana_set $state failed"
