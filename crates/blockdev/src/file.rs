@@ -107,6 +107,13 @@ pub struct FileCounters {
     pub holes_punched: u64,
     /// Ranges zeroed by writing zeroes (fallocate unsupported).
     pub zeroes_written: u64,
+    /// `io_uring_enter` calls by which the queues hand the kernel their
+    /// requests: one per commit (a worker's pass) however many requests
+    /// it queued, plus one for each partial submit.
+    pub submit_calls: u64,
+    /// Commits that failed, completing the requests the kernel did not
+    /// take with the error.
+    pub submit_failures: u64,
 }
 
 /// A namespace stored in a regular file or a block device.
@@ -204,6 +211,8 @@ impl FileDevice {
                 dio,
                 size,
                 counters: Counters::default(),
+                #[cfg(any(test, feature = "testing"))]
+                submit_fault: parking_lot::Mutex::new(None),
             }),
             block_device,
             lanes: Mutex::new(vec![lane]),
@@ -235,7 +244,16 @@ impl FileDevice {
             flushes: get(&c.flushes),
             holes_punched: get(&c.holes_punched),
             zeroes_written: get(&c.zeroes_written),
+            submit_calls: get(&c.submit_calls),
+            submit_failures: get(&c.submit_failures),
         }
+    }
+
+    /// Has the next commit of any of this device's queues meet `fault`
+    /// (tests: a partial or failed submit).
+    #[cfg(any(test, feature = "testing"))]
+    pub fn inject_submit_fault(&self, fault: crate::SubmitFault) {
+        *self.backing.submit_fault.lock() = Some(fault);
     }
 
     /// Runs `f` on a lane of its own. A poisoned lane is dropped, not

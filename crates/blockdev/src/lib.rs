@@ -24,6 +24,8 @@
 //! * [`BlockQueue::submit`] queues a read, write or flush with a token and
 //!   returns at once, or gives the request back when the queue is at its
 //!   limit (the caller then runs it synchronously);
+//!   [`BlockQueue::commit`] starts what was queued (one system call for
+//!   a worker's whole pass);
 //! * [`BlockQueue::poll`] reaps finished `(token, result)` pairs without
 //!   blocking; the queue's [`Waker`] is called, from another thread, when
 //!   there may be some to reap, so a worker can sleep meanwhile.
@@ -64,6 +66,8 @@ pub use nbd::{
 };
 pub use null::NullDevice;
 pub use ram::RamDevice;
+#[cfg(any(test, feature = "testing"))]
+pub use uring::SubmitFault;
 pub use vnvme_memory::{MappedMemory, Region};
 
 /// A backend failure. Guest-visible as an NVMe media or internal error.
@@ -308,15 +312,23 @@ pub trait AsyncBlockDevice: Send + Sync {
 /// Dropping the queue waits for the requests still in flight (the kernel
 /// owns their buffers until then) and discards their results.
 pub trait BlockQueue: Send {
-    /// Queues `request`; its completion will carry `token`. Gives the
+    /// Queues `request`; its completion will carry `token`. The backend may
+    /// hold it until [`commit`](Self::commit) (or the next
+    /// [`poll`](Self::poll)), to start what a caller queued in one go with
+    /// one system call. Gives the
     /// request back, unstarted, when the queue has no room for it (too many
     /// requests or bytes in flight, a request too large to send in one
     /// operation, a failed ring): the caller runs it synchronously instead.
     #[allow(clippy::result_large_err)]
     fn submit(&mut self, request: BlockRequest, token: u64) -> Result<(), BlockRequest>;
 
-    /// Appends at most `max` finished requests to `out` without blocking;
-    /// returns how many.
+    /// Starts every request queued since the last commit (the `file`
+    /// backend: one `io_uring_enter` for them all). A request that then
+    /// fails to start completes with the error, through `poll`.
+    fn commit(&mut self) {}
+
+    /// Commits, then appends at most `max` finished requests to `out`
+    /// without blocking; returns how many.
     fn poll(&mut self, out: &mut Vec<BlockCompletion>, max: usize) -> usize;
 
     /// Requests submitted and not yet returned by `poll`.

@@ -17,12 +17,17 @@
 //! * A [`Lane`] is a one-slot ring and a bounce buffer, for the synchronous
 //!   path: each operation is submitted and waited for.
 //!
-//! A submit that fails leaves its entry in the submission queue, where the
-//! next `io_uring_enter` would start it. The ring then marks itself broken
-//! and never submits again (waiting submits nothing), so that entry never
-//! runs and its buffer can be handed back unused.
+//! Operations are queued, then handed to the kernel together with one
+//! `io_uring_enter` ([`Ring::commit`]); one the kernel did not take when
+//! it took others (a partial submit) is given again. A submit that fails
+//! leaves its entries in the submission queue, where the next
+//! `io_uring_enter` would start them. The ring then marks itself broken
+//! and never submits again (waiting submits nothing), so those entries
+//! never run: their buffers can be handed back unused, and their
+//! operations complete with the error, as any other completion.
 #![allow(unsafe_code)]
 
+use std::collections::VecDeque;
 use std::io;
 use std::mem::ManuallyDrop;
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
@@ -189,17 +194,47 @@ unsafe impl Send for Iovecs {}
 #[derive(Debug)]
 enum Slot {
     Free,
+    /// Its entry is in the submission queue: the kernel may take it at the
+    /// next `io_uring_enter` that submits, so the data is treated as the
+    /// kernel's already.
+    Queued(Data),
     /// Submitted, completion not reaped: the kernel may read or write the
     /// data, which must not move, change size, be freed or (mapped
     /// memory) be let go of.
     InKernel(Data),
-    /// Completion reaped: the data is ours until the slot is restarted
-    /// or finished.
+    /// Completion reaped (or its entry failed to be submitted, and never
+    /// will be): the data is ours until the slot is restarted or finished.
     Reaped(Data),
+}
+
+/// A fault a test injects into the next [`Ring::commit`]: the kernel is
+/// asked to take only `take` of the queued entries (a partial submit),
+/// and then, if `errno` is set, the call fails with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SubmitFault {
+    pub take: usize,
+    pub errno: Option<i32>,
+}
+
+/// What one [`Ring::commit`] did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Committed {
+    /// `io_uring_enter` calls that submitted (one, unless the kernel took
+    /// fewer entries than given).
+    pub enters: u64,
+    /// Entries that failed to be submitted: their slots complete with
+    /// the error (see [`Ring::reap`]).
+    pub failed: usize,
 }
 
 /// An io_uring with at most `depth` operations in flight, one per slot; an
 /// operation's `user_data` is its slot index.
+///
+/// Operations are queued ([`queue`](Self::queue)) and handed to the kernel
+/// together by [`commit`](Self::commit), one `io_uring_enter` for all. An
+/// entry the kernel did not take (the call failed) completes with the
+/// error through [`reap`](Self::reap), like any other, and the ring is
+/// then broken (see the module doc).
 pub(crate) struct Ring {
     /// Dropped by hand, after every operation has completed, or leaked.
     ring: ManuallyDrop<IoUring>,
@@ -207,8 +242,14 @@ pub(crate) struct Ring {
     /// Indexed by slot.
     iovecs: Box<[Iovecs]>,
     in_kernel: usize,
-    /// A failed submit left an entry in the submission queue: never enter
-    /// the kernel with submissions again, so that it never runs.
+    /// Slots whose entries are in the submission queue, in queue order
+    /// (the kernel takes entries in that order).
+    queued: VecDeque<usize>,
+    /// Slots whose entries failed to be submitted, with the negated errno,
+    /// reaped before the kernel's completions.
+    failed: VecDeque<(usize, i32)>,
+    /// A failed submit left entries in the submission queue: never enter
+    /// the kernel with submissions again, so that they never run.
     broken: bool,
 }
 
@@ -217,6 +258,7 @@ impl std::fmt::Debug for Ring {
         f.debug_struct("Ring")
             .field("depth", &self.slots.len())
             .field("in_kernel", &self.in_kernel)
+            .field("queued", &self.queued.len())
             .field("broken", &self.broken)
             .finish_non_exhaustive()
     }
@@ -234,6 +276,8 @@ impl Ring {
             slots: (0..depth.max(1)).map(|_| Slot::Free).collect(),
             iovecs: (0..depth.max(1)).map(|_| Iovecs::default()).collect(),
             in_kernel: 0,
+            queued: VecDeque::with_capacity(depth.max(1)),
+            failed: VecDeque::new(),
             broken: false,
         })
     }
@@ -255,21 +299,50 @@ impl Ring {
         }
     }
 
+    /// Whether a failed submit broke the ring: it takes nothing more.
+    pub(crate) fn is_broken(&self) -> bool {
+        self.broken
+    }
+
+    /// Whether no slot holds data (nothing queued, in the kernel or
+    /// waiting to be finished).
+    pub(crate) fn is_idle(&self) -> bool {
+        self.slots.iter().all(|s| matches!(s, Slot::Free))
+    }
+
     /// Starts `op` on `data` in a free slot and returns the slot; `wait`
     /// also waits for a completion (any slot's) in the same system call.
     /// Gives `data` back when no slot is free, the operation does not fit
-    /// the data or the kernel did not take it.
+    /// the data or the kernel did not take it. Commits whatever else was
+    /// queued too.
     pub(crate) fn start(
         &mut self,
         op: Op,
         data: Data,
         wait: bool,
     ) -> Result<usize, (Data, io::Error)> {
+        let slot = self.queue(op, data)?;
+        self.enter_queued(wait, None);
+        let Some(at) = self.failed.iter().position(|&(s, _)| s == slot) else {
+            return Ok(slot);
+        };
+        let res = self.failed.remove(at).map_or(-libc::EIO, |(_, res)| res);
+        Err((
+            self.finish(slot).unwrap_or_else(|| Data::Buf(IoBuf::new())),
+            io::Error::from_raw_os_error(res.saturating_neg()),
+        ))
+    }
+
+    /// Queues `op` on `data` in a free slot and returns the slot; the
+    /// kernel gets it at the next [`commit`](Self::commit). Gives `data`
+    /// back when no slot is free, the operation does not fit the data or
+    /// the ring is broken.
+    pub(crate) fn queue(&mut self, op: Op, data: Data) -> Result<usize, (Data, io::Error)> {
         let Some(slot) = self.slots.iter().position(|s| matches!(s, Slot::Free)) else {
             return Err((data, io::Error::other("every io_uring slot is in use")));
         };
         self.slots[slot] = Slot::Reaped(data);
-        match self.submit(slot, op, wait) {
+        match self.push(slot, op) {
             Ok(()) => Ok(slot),
             Err(e) => Err((
                 self.finish(slot).unwrap_or_else(|| Data::Buf(IoBuf::new())),
@@ -278,13 +351,15 @@ impl Ring {
         }
     }
 
-    /// Starts `op` on the buffer of `slot`, whose completion was reaped
+    /// Queues `op` on the buffer of `slot`, whose completion was reaped
     /// (the rest of a short transfer). On failure the slot stays reaped.
-    pub(crate) fn restart(&mut self, slot: usize, op: Op) -> io::Result<()> {
-        self.submit(slot, op, false)
+    pub(crate) fn requeue(&mut self, slot: usize, op: Op) -> io::Result<()> {
+        self.push(slot, op)
     }
 
-    fn submit(&mut self, slot: usize, op: Op, wait: bool) -> io::Result<()> {
+    /// Pushes the entry for `op` on the reaped `slot` into the submission
+    /// queue; the slot is then queued.
+    fn push(&mut self, slot: usize, op: Op) -> io::Result<()> {
         if self.broken {
             return Err(io::Error::other("io_uring failed earlier"));
         }
@@ -298,40 +373,125 @@ impl Ring {
         // `IoBuf` in `self.slots[slot]` (`target` checked the range), or
         // into the memory its `MappedBuf` holds mapped (checked the same
         // way, and writable for a read), possibly through the slot's
-        // iovec array. Once the kernel has taken the entry the slot is
-        // `InKernel`, and data leaves an `InKernel` slot only through
-        // `reap` (its completion has been posted) or by being leaked in
-        // `drop`; nothing resizes it meanwhile, moving the `IoBuf` value
-        // does not move its storage, the `MappedBuf` keeps its memory
-        // mapped while it lives, and the iovec array is only rewritten by
-        // the slot's next submission. An entry the kernel did not take stays
-        // in the queue, but then `broken` is set and the ring never submits
-        // again.
-        let pushed = unsafe { self.ring.submission().push(&entry) };
+        // iovec array. From here the slot is `Queued`, then `InKernel`
+        // once the kernel takes the entry, and data leaves those only
+        // through `reap` (its completion has been posted), through
+        // `enter_queued` failing it (the kernel did not take the entry,
+        // and `broken` is set so the ring never submits again), or by
+        // being leaked in `drop`; nothing resizes it meanwhile, moving the
+        // `IoBuf` value does not move its storage, the `MappedBuf` keeps
+        // its memory mapped while it lives, and the iovec array is only
+        // rewritten by the slot's next push.
+        let mut pushed = unsafe { self.ring.submission().push(&entry) };
         if pushed.is_err() {
-            // Not written: the queue is empty between calls unless broken.
-            return Err(io::Error::other("io_uring submission queue full"));
+            // Full (cannot happen: it holds an entry per slot): hand the
+            // kernel what is there, then try once more.
+            self.enter_queued(false, None);
+            if self.broken {
+                return Err(io::Error::other("io_uring failed earlier"));
+            }
+            // SAFETY: as above.
+            pushed = unsafe { self.ring.submission().push(&entry) };
         }
-        let submitted = self.ring.submitter().submit_and_wait(usize::from(wait));
-        // Whatever the result, the kernel has the entry iff it consumed it.
-        if !self.ring.submission().is_empty() {
-            self.broken = true;
-            return Err(submitted
-                .err()
-                .unwrap_or_else(|| io::Error::other("io_uring did not take the entry")));
+        if pushed.is_err() {
+            return Err(io::Error::other("io_uring submission queue full"));
         }
         if let Some(s) = self.slots.get_mut(slot) {
             if let Slot::Reaped(data) = std::mem::replace(s, Slot::Free) {
-                *s = Slot::InKernel(data);
-                self.in_kernel += 1;
+                *s = Slot::Queued(data);
+                self.queued.push_back(slot);
             }
         }
         Ok(())
     }
 
+    /// Hands the kernel every queued entry with one `io_uring_enter` (more
+    /// only if it takes fewer than given, a partial submit: the rest are
+    /// given again). If a call fails, the entries not taken complete with
+    /// its error and the ring is broken. `fault`: see [`SubmitFault`].
+    pub(crate) fn commit(&mut self, fault: Option<SubmitFault>) -> Committed {
+        self.enter_queued(false, fault)
+    }
+
+    fn enter_queued(&mut self, wait: bool, mut fault: Option<SubmitFault>) -> Committed {
+        let mut done = Committed::default();
+        while !self.queued.is_empty() && !self.broken {
+            let before = self.ring.submission().len();
+            let (give, injected) = match fault.take() {
+                Some(f) => (f.take.min(before), f.errno),
+                None => (before, None),
+            };
+            let (min_complete, flags) = if wait {
+                (1, EnterFlags::GETEVENTS.bits())
+            } else {
+                (0, 0)
+            };
+            // SAFETY: the entries given are those pushed by `push`, whose
+            // buffers stay put (see there); no argument is passed.
+            let entered = unsafe {
+                self.ring.submitter().enter::<libc::sigset_t>(
+                    u32::try_from(give).unwrap_or(u32::MAX),
+                    min_complete,
+                    flags,
+                    None,
+                )
+            };
+            done.enters += 1;
+            // Whatever the result, the kernel has an entry iff it consumed
+            // it, in queue order.
+            let taken = before.saturating_sub(self.ring.submission().len());
+            for slot in self.queued.drain(..taken.min(self.queued.len())) {
+                if let Some(s) = self.slots.get_mut(slot) {
+                    if let Slot::Queued(data) = std::mem::replace(s, Slot::Free) {
+                        *s = Slot::InKernel(data);
+                        self.in_kernel += 1;
+                    }
+                }
+            }
+            let error = match (entered, injected) {
+                (_, Some(errno)) => io::Error::from_raw_os_error(errno),
+                // Interrupted before taking anything: nothing lost, again.
+                (Err(e), None) if e.raw_os_error() == Some(libc::EINTR) && taken == 0 => continue,
+                (Err(e), None) => e,
+                (Ok(_), None) if taken == 0 && give > 0 => {
+                    io::Error::other("io_uring took none of the entries")
+                }
+                // All taken, or a partial submit: give the rest again.
+                (Ok(_), None) => continue,
+            };
+            done.failed += self.fail_queued(&error);
+        }
+        done
+    }
+
+    /// The entries still queued failed to be submitted with `error`: they
+    /// stay in the submission queue, so the ring breaks and never submits
+    /// again (they never run), and their slots complete with the error.
+    fn fail_queued(&mut self, error: &io::Error) -> usize {
+        if self.queued.is_empty() {
+            return 0;
+        }
+        self.broken = true;
+        let res = error.raw_os_error().unwrap_or(libc::EIO).saturating_neg();
+        let mut failed = 0;
+        for slot in std::mem::take(&mut self.queued) {
+            if let Some(s) = self.slots.get_mut(slot) {
+                if let Slot::Queued(data) = std::mem::replace(s, Slot::Free) {
+                    *s = Slot::Reaped(data);
+                    self.failed.push_back((slot, res));
+                    failed += 1;
+                }
+            }
+        }
+        failed
+    }
+
     /// The next completion, as `(slot, result)`, without blocking. The
     /// slot's data stays in the ring until [`finish`](Self::finish).
     pub(crate) fn reap(&mut self) -> Option<(usize, i32)> {
+        if let Some(failed) = self.failed.pop_front() {
+            return Some(failed);
+        }
         loop {
             let cqe = self.ring.completion().next()?;
             let slot = usize::try_from(cqe.user_data()).unwrap_or(usize::MAX);
@@ -348,7 +508,7 @@ impl Ring {
 
     /// Whether completions are waiting to be reaped.
     pub(crate) fn has_completions(&mut self) -> bool {
-        !self.ring.completion().is_empty()
+        !self.failed.is_empty() || !self.ring.completion().is_empty()
     }
 
     /// Frees a reaped slot and hands its data back; `None` if the slot

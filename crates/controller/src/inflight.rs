@@ -27,6 +27,12 @@
 //!   already, as a device's DMA would be). Whatever a request's data is,
 //!   the request owns it, so nothing the guest does can pull memory from
 //!   under the kernel.
+//! * Requests are queued on their backend queue as the worker starts them
+//!   and started together when it reaps ([`InFlight::reap`] polls, which
+//!   commits first; [`InFlight::commit`] after completions that started
+//!   more): the `file` backend makes one `io_uring_enter` per pass, not one
+//!   per request. A request that then fails to start completes with the
+//!   error, as any other, so a command is never lost.
 //! * When the worker stops (controller reset, detach), the queues are
 //!   dropped, which waits for the kernel to finish with their data.
 //!
@@ -249,7 +255,18 @@ impl InFlight {
         }
     }
 
-    /// Reaps finished commands into `out` without blocking: at most
+    /// Starts the requests queued on the backends since the last commit or
+    /// reap (see the module doc).
+    pub fn commit(&mut self) {
+        for q in &mut self.queues {
+            if let Some(queue) = q.queue.as_mut() {
+                queue.commit();
+            }
+        }
+    }
+
+    /// Starts what was queued (each queue's poll commits first), then
+    /// reaps finished commands into `out` without blocking: at most
     /// [`REAP_BATCH`] per backend queue.
     pub fn reap(&mut self, out: &mut Vec<(Request, BlockCompletion)>) {
         if self.is_empty() {

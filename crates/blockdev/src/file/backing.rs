@@ -16,6 +16,7 @@ use std::fs::File;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::uring::SubmitFault;
 use crate::{Data, ALIGN};
 
 #[derive(Debug, Default)]
@@ -27,6 +28,8 @@ pub(super) struct Counters {
     pub(super) flushes: AtomicU64,
     pub(super) holes_punched: AtomicU64,
     pub(super) zeroes_written: AtomicU64,
+    pub(super) submit_calls: AtomicU64,
+    pub(super) submit_failures: AtomicU64,
 }
 
 pub(super) fn bump(counter: &AtomicU64) {
@@ -45,6 +48,9 @@ pub(super) struct Backing {
     pub(super) dio: DioAlign,
     pub(super) size: u64,
     pub(super) counters: Counters,
+    /// A fault for the next commit of any queue (tests).
+    #[cfg(any(test, feature = "testing"))]
+    pub(super) submit_fault: parking_lot::Mutex<Option<SubmitFault>>,
 }
 
 /// What O_DIRECT needs (see the module doc).
@@ -143,6 +149,14 @@ impl Backing {
         let route = self.route(offset, len);
         self.count(route);
         route.fd()
+    }
+
+    /// The fault a test asked the next commit to meet, taken.
+    pub(super) fn take_submit_fault(&self) -> Option<SubmitFault> {
+        #[cfg(any(test, feature = "testing"))]
+        return self.submit_fault.lock().take();
+        #[cfg(not(any(test, feature = "testing")))]
+        None
     }
 
     /// The page-cache descriptor, also used for flush and fallocate.

@@ -1,8 +1,13 @@
 //! [`FileQueue`]: the `file` backend's [`BlockQueue`], one io_uring per
 //! controller queue worker with several requests in flight.
 //!
-//! * `submit` pushes one operation and submits it without waiting. The
-//!   request's [`Data`] (its own buffer, or guest memory held mapped) moves
+//! * `submit` queues one operation; `commit` hands the kernel every
+//!   operation queued since the last with one `io_uring_enter` (a worker's
+//!   pass submits its requests with one system call), and `poll` commits
+//!   first. A commit that fails completes the requests the kernel did not
+//!   take with its error (the ring is then broken, and replaced once
+//!   nothing of it is left in flight; meanwhile requests run
+//!   synchronously). The request's [`Data`] (its own buffer, or guest memory held mapped) moves
 //!   into the ring's slot (`uring::Ring`), which gives it back only once
 //!   the kernel is done with it; the queue keeps what it needs to finish
 //!   the request (token, range, bytes done) in a table indexed by the same
@@ -19,8 +24,8 @@
 //!   which blocks on an eventfd the kernel signals for every completion it
 //!   posts: a completion posted while the consumer sleeps always calls the
 //!   waker, after it is visible to `poll`.
-//! * Dropping the queue waits for the requests in flight (the ring does),
-//!   then stops the thread.
+//! * Dropping the queue commits what is queued and waits for the requests
+//!   in flight (the ring does), then stops the thread.
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd, RawFd};
@@ -110,6 +115,8 @@ pub(super) struct FileQueue {
     bytes_in_flight: usize,
     backing: Arc<Backing>,
     wake: WakeThread,
+    /// As last set by `set_waking`, for a renewed ring.
+    waking: bool,
 }
 
 impl FileQueue {
@@ -125,6 +132,7 @@ impl FileQueue {
             bytes_in_flight: 0,
             backing,
             wake,
+            waking: true,
         })
     }
 
@@ -147,7 +155,9 @@ impl FileQueue {
         let route = self.backing.route_data(offset, &data);
         let mapped = matches!(data, Data::Mapped(_));
         let op = transfer.op(route.fd(), offset, 0, len);
-        let slot = self.ring.start(op, data, false).map_err(|(data, _)| data)?;
+        // The ring's reason is not needed: a request it refuses runs
+        // synchronously, where any error is reported.
+        let slot = self.ring.queue(op, data).map_err(|(data, _)| data)?;
         self.backing.count(route);
         if mapped {
             bump(&self.backing.counters.mapped_ops);
@@ -163,10 +173,7 @@ impl FileQueue {
         let op = Op::Datasync {
             fd: self.backing.buffered_fd(),
         };
-        let slot = self
-            .ring
-            .start(op, Data::Buf(IoBuf::new()), false)
-            .map_err(drop)?;
+        let slot = self.ring.queue(op, Data::Buf(IoBuf::new())).map_err(drop)?;
         bump(&self.backing.counters.flushes);
         self.track(slot, token, Kind::Flush, 0, 0);
         Ok(())
@@ -183,6 +190,43 @@ impl FileQueue {
             });
             self.in_flight += 1;
             self.bytes_in_flight += len;
+        }
+    }
+
+    /// Hands the kernel what was queued, counting the calls; wakes the
+    /// consumer if some requests failed to be submitted (their failures
+    /// wait in the ring, and no completion will signal them).
+    fn commit_queued(&mut self) {
+        let fault = self.backing.take_submit_fault();
+        let done = self.ring.commit(fault);
+        self.backing
+            .counters
+            .submit_calls
+            .fetch_add(done.enters, std::sync::atomic::Ordering::Relaxed);
+        if done.failed > 0 {
+            bump(&self.backing.counters.submit_failures);
+            self.wake.signal();
+        }
+    }
+
+    /// A broken ring with nothing left in it is replaced by a new one, so a
+    /// failed submit does not send every later request the slow way. If
+    /// that fails, the queue goes on with the broken ring (requests run
+    /// synchronously).
+    fn renew_ring(&mut self) {
+        if !self.ring.is_broken() || !self.ring.is_idle() {
+            return;
+        }
+        let renewed = Ring::new(MAX_IN_FLIGHT).and_then(|ring| {
+            ring.register_eventfd(self.wake.eventfd.as_fd())?;
+            Ok(ring)
+        });
+        match renewed {
+            Ok(mut ring) => {
+                ring.set_eventfd_enabled(self.waking);
+                self.ring = ring;
+            }
+            Err(e) => tracing::debug!("renewing the queue's io_uring: {e}"),
         }
     }
 
@@ -208,7 +252,7 @@ impl FileQueue {
                     // The rest is unaligned: through the page cache.
                     let fd = self.backing.buffered_fd();
                     let op = transfer.op(fd, p.offset + p.done as u64, p.done, p.len - p.done);
-                    match self.ring.restart(slot, op) {
+                    match self.ring.requeue(slot, op) {
                         Ok(()) => return None,
                         Err(e) => Err(e),
                     }
@@ -243,7 +287,12 @@ impl BlockQueue for FileQueue {
         }
     }
 
+    fn commit(&mut self) {
+        self.commit_queued();
+    }
+
     fn poll(&mut self, out: &mut Vec<BlockCompletion>, max: usize) -> usize {
+        self.commit_queued();
         let mut returned = 0;
         let mut reaped = 0;
         while returned < max && reaped < REAP_BUDGET {
@@ -256,6 +305,9 @@ impl BlockQueue for FileQueue {
                 returned += 1;
             }
         }
+        // The rests of short transfers, requeued above.
+        self.commit_queued();
+        self.renew_ring();
         // The waker already ran for what is left behind: have it run again
         // so a consumer that sleeps now is not stranded.
         if self.ring.has_completions() {
@@ -271,7 +323,16 @@ impl BlockQueue for FileQueue {
     /// Off: the kernel stops signalling the eventfd, so the wake thread
     /// sleeps while the consumer polls anyway.
     fn set_waking(&mut self, on: bool) {
+        self.waking = on;
         self.ring.set_eventfd_enabled(on);
+    }
+}
+
+impl Drop for FileQueue {
+    /// Requests queued are in flight to the caller: start them, then the
+    /// ring (dropped next) waits for them all.
+    fn drop(&mut self) {
+        self.commit_queued();
     }
 }
 

@@ -6,7 +6,7 @@
 //! so the tests decide what is in flight and in which order it finishes.
 
 use vnvme_blockdev::held::{HeldRam, Release};
-use vnvme_blockdev::BlockRequest;
+use vnvme_blockdev::{BlockDevice, BlockRequest, FileDevice};
 
 use super::*;
 use crate::memory::GuestAddress;
@@ -278,4 +278,82 @@ fn adaptive_polling_worker_sleeps_while_its_backend_works() {
     assert_eq!(s.queue(1).sq_doorbell_traps, 1);
     assert_eq!(s.queue(1).commands, 2);
     assert_eq!(s.eventidx_arms, 0);
+}
+
+/// A controller on a fresh file of the namespace's size, one I/O pair.
+fn host_on_file(name: &str) -> (Host, Arc<FileDevice>, std::path::PathBuf) {
+    let path =
+        std::env::temp_dir().join(format!("vnvme-inflight-{name}-{}.img", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let file = Arc::new(FileDevice::open(&path, Some(NS_BLOCKS * 512)).unwrap());
+    let mut h = Host::enabled_on(config(), file.clone());
+    h.create_pair(1, 16);
+    (h, file, path)
+}
+
+/// Pushes reads of 4 KiB number `0..n` (LBAs `i * 8`), rung with one
+/// doorbell write: one pass runs them all. Their completions, by CID order.
+fn read_in_one_pass(h: &mut Host, n: u64) -> Vec<(u16, Status)> {
+    let cids: Vec<u16> = (0..n)
+        .map(|i| h.push(1, rw(NvmOpcode::READ, 1, i * 8, 8, buf(i), 0)))
+        .collect();
+    h.ring_sq(1);
+    let done = h.reap_batch(1, n as usize);
+    cids.iter()
+        .map(|&cid| {
+            let c = done.iter().find(|c| c.cid() == cid).expect("completed");
+            (cid, c.status())
+        })
+        .collect()
+}
+
+#[test]
+fn a_pass_of_reads_on_the_file_backend_is_one_io_uring_submit() {
+    let (mut h, file, path) = host_on_file("one-submit");
+    file.write(0, &pattern(3)).unwrap();
+    let before = file.counters().submit_calls;
+    let done = read_in_one_pass(&mut h, 8);
+    assert!(done.iter().all(|&(_, s)| s == Status::SUCCESS), "{done:?}");
+    assert_eq!(
+        file.counters().submit_calls,
+        before + 1,
+        "8 reads, 1 submit"
+    );
+    let mut back = vec![0u8; 4096];
+    h.mem.read(GuestAddress(buf(0)), &mut back).unwrap();
+    assert_eq!(back, pattern(3));
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn a_failed_submit_fails_the_reads_it_did_not_take_and_the_others_complete() {
+    let (mut h, file, path) = host_on_file("failed-submit");
+    let before = file.counters();
+    file.inject_submit_fault(vnvme_blockdev::SubmitFault {
+        take: 3,
+        errno: Some(libc_eagain()),
+    });
+    let done = read_in_one_pass(&mut h, 8);
+    let failed = Status::UNRECOVERED_READ_ERROR.with_dnr(true);
+    let expect: Vec<Status> = (0..8)
+        .map(|i| if i < 3 { Status::SUCCESS } else { failed })
+        .collect();
+    let got: Vec<Status> = done.iter().map(|&(_, s)| s).collect();
+    assert_eq!(got, expect, "the first 3 were taken");
+    let c = file.counters();
+    assert_eq!(c.submit_calls, before.submit_calls + 1);
+    assert_eq!(c.submit_failures, before.submit_failures + 1);
+    // Nothing was lost or left behind: the queue goes on, on a new ring.
+    let again = read_in_one_pass(&mut h, 4);
+    assert!(
+        again.iter().all(|&(_, s)| s == Status::SUCCESS),
+        "{again:?}"
+    );
+    assert_eq!(file.counters().submit_calls, before.submit_calls + 2);
+    let _ = std::fs::remove_file(&path);
+}
+
+/// EAGAIN: what io_uring_enter answers when it cannot allocate requests.
+fn libc_eagain() -> i32 {
+    rustix::io::Errno::AGAIN.raw_os_error()
 }

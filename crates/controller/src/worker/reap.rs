@@ -61,6 +61,9 @@ pub(super) fn complete_in_flight(
         }
     }
     local.reaped = reaped;
+    // Finishing a command may have started another (the rest of a
+    // fused or split one): to the kernel before the worker may sleep.
+    local.inflight.commit();
     settle_touched(shared, session, local);
     done
 }

@@ -92,6 +92,7 @@ fn thirty_two_reads_are_in_flight_at_once_until_polled() {
     for i in 0..32u64 {
         queue.submit(read(i * 4096, 4096), i).unwrap();
     }
+    queue.commit();
     assert_eq!(queue.in_flight(), 32);
     woken.recv_timeout(WAKE_TIMEOUT).unwrap();
     assert_eq!(queue.in_flight(), 32, "finished but not yet polled");
@@ -186,6 +187,7 @@ fn the_waker_is_called_when_a_completion_arrives_and_released_on_drop() {
     let (mut queue, woken, waker) = open_queue(&dev);
     assert_eq!(Arc::strong_count(&waker), 2, "held by the wake thread");
     queue.submit(read(0, 1 << 20), 7).unwrap();
+    queue.commit();
     woken
         .recv_timeout(WAKE_TIMEOUT)
         .expect("the waker is called");
@@ -224,6 +226,7 @@ fn with_waking_off_completions_wait_silently_for_poll() {
     );
     queue.set_waking(true);
     queue.submit(read(0, 4096), 4).unwrap();
+    queue.commit();
     woken
         .recv_timeout(WAKE_TIMEOUT)
         .expect("the waker is called again once waking is on");
@@ -277,6 +280,7 @@ fn requests_past_the_limits_are_given_back_unstarted() {
 
 #[test]
 fn dropping_a_queue_with_writes_in_flight_waits_for_them() {
+    // Queued and not yet committed, too: dropping the queue starts them.
     let (dev, dir) = device("drop", 8 << 20);
     let (mut queue, _woken, _waker) = open_queue(&dev);
     for i in 0..MAX_IN_FLIGHT as u64 {
@@ -496,5 +500,117 @@ fn mapped_requests_run_synchronously_copy_through_a_buffer() {
     let done = read.run_on(&dev, 2);
     assert!(done.result.is_ok(), "{:?}", done.result);
     assert_eq!(mapped_contents(&done), data);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `n` reads of 4 KiB from the start of the file, tokens `0..n`.
+fn queue_reads(queue: &mut dyn BlockQueue, n: u64) {
+    for i in 0..n {
+        queue.submit(read(i * 4096, 4096), i).unwrap();
+    }
+}
+
+#[test]
+fn a_pass_of_requests_is_submitted_with_one_call() {
+    let (dev, dir) = device("one-submit", 1 << 20);
+    dev.write(0, &pattern(5, 16 * 4096)).unwrap();
+    let (mut queue, woken, _waker) = open_queue(&dev);
+    let before = dev.counters().submit_calls;
+    queue_reads(&mut *queue, 16);
+    assert_eq!(dev.counters().submit_calls, before, "queued, not submitted");
+    assert_eq!(queue.in_flight(), 16);
+    queue.commit();
+    assert_eq!(
+        dev.counters().submit_calls,
+        before + 1,
+        "one io_uring_enter"
+    );
+    queue.commit();
+    assert_eq!(
+        dev.counters().submit_calls,
+        before + 1,
+        "nothing more to submit"
+    );
+    let done = succeeded(collect(&mut *queue, &woken, 16));
+    let all = pattern(5, 16 * 4096);
+    for (token, buf) in done {
+        let at = token as usize * 4096;
+        assert_eq!(buf.as_deref(), Some(&all[at..at + 4096]), "token {token}");
+    }
+    assert_eq!(
+        dev.counters().submit_calls,
+        before + 1,
+        "polls submit nothing"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_partial_submit_gives_the_rest_again() {
+    let (dev, dir) = device("partial-submit", 1 << 20);
+    dev.write(0, &pattern(6, 8 * 4096)).unwrap();
+    let (mut queue, woken, _waker) = open_queue(&dev);
+    let before = dev.counters();
+    dev.inject_submit_fault(crate::SubmitFault {
+        take: 3,
+        errno: None,
+    });
+    queue_reads(&mut *queue, 8);
+    queue.commit();
+    let c = dev.counters();
+    assert_eq!(
+        c.submit_calls,
+        before.submit_calls + 2,
+        "3, then the other 5"
+    );
+    assert_eq!(c.submit_failures, before.submit_failures);
+    assert_eq!(succeeded(collect(&mut *queue, &woken, 8)).len(), 8);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_failed_submit_fails_the_requests_not_taken_and_the_others_complete() {
+    let (dev, dir) = device("failed-submit", 1 << 20);
+    dev.write(0, &pattern(7, 8 * 4096)).unwrap();
+    let (mut queue, woken, _waker) = open_queue(&dev);
+    let before = dev.counters();
+    dev.inject_submit_fault(crate::SubmitFault {
+        take: 3,
+        errno: Some(libc::EAGAIN),
+    });
+    queue_reads(&mut *queue, 8);
+    queue.commit();
+    let c = dev.counters();
+    assert_eq!(c.submit_calls, before.submit_calls + 1);
+    assert_eq!(c.submit_failures, before.submit_failures + 1);
+    assert_eq!(queue.in_flight(), 8, "the failures wait for poll too");
+    let mut done = collect(&mut *queue, &woken, 8);
+    done.sort_by_key(|c| c.token);
+    let all = pattern(7, 8 * 4096);
+    assert_eq!(done.len(), 8);
+    for c in done {
+        let i = c.token as usize;
+        if i < 3 {
+            assert!(c.result.is_ok(), "token {i} was taken: {:?}", c.result);
+            let buf = c.data.and_then(Data::into_buf);
+            assert_eq!(buf.as_deref(), Some(&all[i * 4096..(i + 1) * 4096]));
+        } else {
+            let Err(BlockError::Io(e)) = &c.result else {
+                panic!("token {i} was not taken: {:?}", c.result);
+            };
+            assert_eq!(e.raw_os_error(), Some(libc::EAGAIN), "token {i}");
+            assert_eq!(
+                c.data.as_ref().map(Data::len),
+                Some(4096),
+                "its buffer back"
+            );
+        }
+    }
+    assert_eq!(queue.in_flight(), 0, "nothing left in flight");
+    // The broken ring was replaced: requests go to the kernel again.
+    queue.submit(read(0, 4096), 9).unwrap();
+    let again = succeeded(collect(&mut *queue, &woken, 1));
+    assert_eq!(again[&9].as_deref(), Some(&all[..4096]));
+    assert_eq!(dev.counters().submit_calls, before.submit_calls + 2);
     let _ = std::fs::remove_dir_all(&dir);
 }
