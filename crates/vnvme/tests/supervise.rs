@@ -396,3 +396,22 @@ fn an_upgrade_is_refused_under_supervise() {
     let (access, _ctrl, mut q) = r.client();
     round(&access, &mut q, 1, true);
 }
+
+#[test]
+fn several_sockets_are_refused_under_supervise() {
+    let dir = temp_dir("two-sockets");
+    let out = Command::new(BIN)
+        .args(["serve", "--supervise", "--socket"])
+        .arg(dir.join("a.sock"))
+        .arg("--socket")
+        .arg(dir.join("b.sock"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("--supervise serves one controller: give --socket once"),
+        "{err}"
+    );
+    assert!(!dir.join("a.sock").exists() && !dir.join("b.sock").exists());
+}
