@@ -7,11 +7,10 @@
 //! * configuration: the Persistent Event Log's size (from the controller's
 //!   configuration);
 //! * guest-visible state: the events queued and masked, the outstanding
-//!   AER command ids, the error log and its count, the telemetry captures
-//!   and the Persistent Event Log with its reporting context;
-//! * transient: nothing (every value here is something a host can read);
-//!   but the Reservation Notifications are not saved (a restored
-//!   controller has none unread, and no masks).
+//!   AER command ids, the error log and its count, the telemetry captures,
+//!   the Persistent Event Log with its reporting context, and the
+//!   Reservation Notifications with their masks;
+//! * transient: nothing (every value here is something a host can read).
 
 pub(crate) mod persistent_event_log;
 pub(crate) mod reservation_notices;

@@ -12,14 +12,18 @@
 //! * Reading the log returns the oldest page and removes it (its Number
 //!   of Available Log Pages says how many are left); with none, the empty
 //!   page (all zeroes).
-//! * Everything here returns to its default at a Controller Level Reset;
-//!   it is not in a saved controller state.
+//! * Everything here returns to its default at a Controller Level Reset,
+//!   and is in a saved controller state (docs/state-format.md,
+//!   `reporting.reservation_notices`).
 
 use std::collections::{BTreeMap, VecDeque};
 
+use serde::{Deserialize, Serialize};
 use vnvme_spec::reservation::{notification, ReservationNotificationLog};
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
+
+use crate::saved_check::{at_most, inconsistent, InvalidState};
 
 /// Unread pages kept: as many as a host has registrations worth telling
 /// of without reading, bounded so no host can grow it.
@@ -101,6 +105,71 @@ impl ReservationNotices {
     }
 }
 
+/// The saved form: absent from states saved before it existed (none
+/// unread, no masks).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct SavedReservationNotices {
+    /// The newest Log Page Count, kept or lost.
+    pub count: u64,
+    /// Unread pages, oldest first: (Log Page Count, type, NSID).
+    pub pages: Vec<(u64, u8, u32)>,
+    /// Reservation Notification Mask by NSID.
+    pub masks: BTreeMap<u32, u32>,
+}
+
+impl ReservationNotices {
+    pub fn save(&self) -> SavedReservationNotices {
+        SavedReservationNotices {
+            count: self.count,
+            pages: (self.pages.iter())
+                .map(|p| (p.count, p.kind, p.nsid))
+                .collect(),
+            masks: self.masks.clone(),
+        }
+    }
+
+    /// The notices of `saved`, checked: at most [`MAX_PAGES`] pages of the
+    /// three types, numbered upwards to `count` at most, masks of the
+    /// mask bits for NSIDs a host can name.
+    pub fn restore(saved: &SavedReservationNotices) -> Result<Self, InvalidState> {
+        at_most(
+            "the unread reservation notifications",
+            saved.pages.len() as u64,
+            MAX_PAGES as u64,
+        )?;
+        let mut last = 0;
+        let mut pages = VecDeque::new();
+        for &(count, kind, nsid) in &saved.pages {
+            let fits = count > last
+                && count <= saved.count
+                && (notification::REGISTRATION_PREEMPTED..=notification::RESERVATION_PREEMPTED)
+                    .contains(&kind)
+                && nsid != 0
+                && nsid != u32::MAX;
+            if !fits {
+                return Err(inconsistent(format!(
+                    "a reservation notification (count {count}, type {kind}, NSID {nsid}) after count {last} of {}",
+                    saved.count
+                )));
+            }
+            last = count;
+            pages.push_back(Page { count, kind, nsid });
+        }
+        for (&nsid, &mask) in &saved.masks {
+            if nsid == 0 || nsid == u32::MAX || mask == 0 || mask & !notification::MASK_BITS != 0 {
+                return Err(inconsistent(format!(
+                    "reservation notification mask {mask:#x} of NSID {nsid}"
+                )));
+            }
+        }
+        Ok(Self {
+            count: saved.count,
+            pages,
+            masks: saved.masks.clone(),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,5 +213,48 @@ mod tests {
         );
         n.set_mask(2, 0xFFFF_FFFF);
         assert_eq!(n.mask(2), notification::MASK_BITS);
+    }
+
+    #[test]
+    fn the_saved_form_round_trips_and_bad_ones_are_refused() {
+        let mut n = ReservationNotices::default();
+        n.set_mask(3, 1 << notification::RESERVATION_PREEMPTED);
+        n.add(1, notification::REGISTRATION_PREEMPTED);
+        n.add(2, notification::RESERVATION_RELEASED);
+        read(&mut n);
+        let saved = n.save();
+        assert_eq!(saved.pages, [(2, 2, 2)]);
+        let mut back = ReservationNotices::restore(&saved).unwrap();
+        assert_eq!(back.page(), n.page());
+        assert_eq!(back.mask(3), 1 << notification::RESERVATION_PREEMPTED);
+        assert!(back.add(1, notification::RESERVATION_PREEMPTED));
+        assert_eq!(back.pages.back().unwrap().count, 3, "numbering goes on");
+        let bad = [
+            SavedReservationNotices {
+                count: 1,
+                pages: vec![(2, 1, 1)],
+                ..saved.clone()
+            },
+            SavedReservationNotices {
+                pages: vec![(2, 4, 1)],
+                ..saved.clone()
+            },
+            SavedReservationNotices {
+                pages: vec![(2, 1, 1), (2, 1, 1)],
+                ..saved.clone()
+            },
+            SavedReservationNotices {
+                masks: BTreeMap::from([(1, 1)]),
+                ..saved.clone()
+            },
+            SavedReservationNotices {
+                count: u64::MAX,
+                pages: (1..=MAX_PAGES as u64 + 1).map(|c| (c, 1, 1)).collect(),
+                ..saved.clone()
+            },
+        ];
+        for b in &bad {
+            assert!(ReservationNotices::restore(b).is_err(), "{b:?}");
+        }
     }
 }

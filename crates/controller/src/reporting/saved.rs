@@ -2,7 +2,8 @@
 //! asynchronous events queued and masked, the outstanding Asynchronous
 //! Event Requests (their CIDs: a restored controller completes them when
 //! an event comes, as the saved one would have), the Error Information
-//! log, the telemetry captures and the Persistent Event Log.
+//! log, the telemetry captures, the Persistent Event Log and the
+//! Reservation Notifications.
 
 use std::time::Instant;
 
@@ -11,6 +12,7 @@ use vnvme_spec::log::ErrorLogEntry;
 use zerocopy::IntoBytes;
 
 use super::persistent_event_log::SavedPersistentEventLog;
+use super::reservation_notices::{ReservationNotices, SavedReservationNotices};
 use super::telemetry::SavedTelemetry;
 use super::{ErrorLog, Events, Reporting, AERL, ELPE, MAX_QUEUED_EVENTS};
 use crate::saved_check::{at_most, hex, record, InvalidState};
@@ -29,6 +31,10 @@ pub(crate) struct SavedReporting {
     pub error_log: Vec<SavedErrorEntry>,
     pub telemetry: SavedTelemetry,
     pub persistent_events: SavedPersistentEventLog,
+    /// Reservation Notification log (80h) and masks (82h); absent in
+    /// states saved before they were.
+    #[serde(default)]
+    pub reservation_notices: SavedReservationNotices,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -58,6 +64,7 @@ impl Reporting {
             error_log,
             telemetry: self.telemetry.save(),
             persistent_events: self.persistent_events.save(now),
+            reservation_notices: self.reservation_notices.lock().save(),
         }
     }
 
@@ -80,6 +87,7 @@ impl Reporting {
         let entries = (saved.error_log.iter())
             .map(|e| record::<ErrorLogEntry>("an error log entry", &e.0))
             .collect::<Result<_, _>>()?;
+        let notices = ReservationNotices::restore(&saved.reservation_notices)?;
         self.telemetry.restore(&saved.telemetry)?;
         self.persistent_events
             .restore(&saved.persistent_events, now)?;
@@ -92,6 +100,7 @@ impl Reporting {
             count: saved.error_count,
             entries,
         };
+        *self.reservation_notices.lock() = notices;
         Ok(())
     }
 }
