@@ -73,6 +73,19 @@ impl StopWake {
         let _ = crate::conn::poll(&mut fds, None);
     }
 
+    /// Blocks until `fd` is readable (or hung up) or this is woken;
+    /// returns whether it was woken. An error of poll's own (not EINTR,
+    /// which it retries) returns at once as "readable", so the caller's
+    /// next call says what is wrong.
+    pub fn wait_for(&self, fd: BorrowedFd<'_>) -> bool {
+        use rustix::event::{PollFd, PollFlags};
+        let mut fds = [
+            PollFd::from_borrowed_fd(fd, PollFlags::IN),
+            PollFd::new(&self.0.read, PollFlags::IN),
+        ];
+        crate::conn::poll(&mut fds, None).is_ok() && !fds[1].revents().is_empty()
+    }
+
     /// The fd to poll for readability.
     pub(crate) fn fd(&self) -> BorrowedFd<'_> {
         self.0.read.as_fd()

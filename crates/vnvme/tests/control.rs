@@ -461,3 +461,39 @@ fn hostile_control_clients_neither_crash_nor_wedge_the_server() {
     drop(deaf);
     assert!(r.server.terminate().success(), "SIGTERM still stops it");
 }
+
+/// A thread of process `pid` named `name`: its voluntary context switches
+/// (each a wake-up after it slept).
+fn thread_wakeups(pid: u32, name: &str) -> u64 {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
+    let task = tasks
+        .map(|t| t.unwrap().path())
+        .find(|t| std::fs::read_to_string(t.join("comm")).is_ok_and(|c| c.trim() == name))
+        .unwrap_or_else(|| panic!("no thread {name} in process {pid}"));
+    let status = std::fs::read_to_string(task.join("status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// The accepting thread sleeps until a connection comes (it used to look
+/// at its stop flag every 100 ms): no wake-up over a second of an idle
+/// control socket, one per connection, and the server still stops.
+#[test]
+fn an_idle_control_socket_never_wakes_its_thread() {
+    let r = rig("control-idle", &[]);
+    let pid = r.server.pid();
+    let before = thread_wakeups(pid, "vnvme-control");
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(thread_wakeups(pid, "vnvme-control"), before, "idle for 1 s");
+    ctl_ok(&r.control, &["stats"]);
+    let after = thread_wakeups(pid, "vnvme-control");
+    assert!(after > before, "a connection wakes it");
+    ctl_ok(&r.control, &["shutdown"]);
+    let (status, _) = r.server.exit_with_stderr(Duration::from_secs(5));
+    assert!(status.success(), "{status}");
+}

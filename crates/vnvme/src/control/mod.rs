@@ -11,6 +11,7 @@
 //! closed). Nothing a client sends reaches the controller unchecked.
 
 use std::io::{ErrorKind, Read, Write};
+use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -21,6 +22,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
 use vnvme_controller::Controller;
+use vnvme_vfio_user::StopWake;
 
 use crate::socket::{Access, SocketFile};
 use crate::stopping::Stop;
@@ -39,7 +41,8 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Connections served at once.
 pub const MAX_CONNECTIONS: usize = 16;
-/// How often the accepting and reading threads look at the stop flag.
+/// How often a connection's thread looks at the stop flag, and how long
+/// the accepting thread waits after an error (EMFILE) before it retries.
 const TICK: Duration = Duration::from_millis(100);
 
 /// JSON-RPC 2.0 error codes (§5.1).
@@ -74,6 +77,9 @@ impl RpcError {
 pub struct ControlServer {
     file: SocketFile,
     done: Arc<AtomicBool>,
+    /// Wakes the accepting thread, which sleeps until a connection or
+    /// this (an idle control socket costs no wake-ups).
+    wake: StopWake,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -106,14 +112,16 @@ impl ControlServer {
             .set_nonblocking(true)
             .context("making the control socket non-blocking")?;
         let done = Arc::new(AtomicBool::new(false));
-        let d = Arc::clone(&done);
+        let wake = StopWake::new().context("making the control socket's wake-up socket pair")?;
+        let (d, w) = (Arc::clone(&done), wake.clone());
         let thread = std::thread::Builder::new()
             .name("vnvme-control".into())
-            .spawn(move || accept_loop(&listener, &ctrl, &hooks, &d))
+            .spawn(move || accept_loop(&listener, &ctrl, &hooks, &d, &w))
             .context("starting the control socket's thread")?;
         Ok(Self {
             file,
             done,
+            wake,
             thread: Some(thread),
         })
     }
@@ -122,6 +130,7 @@ impl ControlServer {
 impl Drop for ControlServer {
     fn drop(&mut self) {
         self.done.store(true, Ordering::Release);
+        self.wake.wake();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -149,6 +158,7 @@ fn accept_loop(
     ctrl: &Arc<Controller>,
     hooks: &Hooks,
     done: &Arc<AtomicBool>,
+    wake: &StopWake,
 ) {
     let open = Arc::new(AtomicUsize::new(0));
     let mut threads: Vec<JoinHandle<()>> = Vec::new();
@@ -186,7 +196,11 @@ fn accept_loop(
                     }
                 }
             }
-            Err(e) if e.kind() == ErrorKind::WouldBlock => std::thread::sleep(TICK),
+            // The connection threads that ended meanwhile are joined at
+            // the next connection or at the end.
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                wake.wait_for(listener.as_fd());
+            }
             Err(e) => {
                 tracing::warn!("control socket accept: {e}");
                 std::thread::sleep(TICK);
