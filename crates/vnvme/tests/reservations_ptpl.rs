@@ -11,12 +11,10 @@ mod common;
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::Duration;
 
-use common::{connect, serve_logged, temp_dir, Served};
+use common::client::Client;
+use common::{serve_logged, temp_dir, Served};
 use vnvme_driver::passthru::PassthruData;
-use vnvme_driver::{Controller, DeviceAccess, InitOptions, IoQueue};
 use vnvme_spec::reservation::{RegisteredController, ReservationStatus};
 use vnvme_spec::{AdminOpcode, Command as Sqe, NvmOpcode, Status};
 use zerocopy::FromBytes;
@@ -47,29 +45,7 @@ fn serve(dir: &Path, image: &Path, log: &str) -> (Served, [PathBuf; 2]) {
     let ready = [sockets[0].as_path(), sockets[1].as_path()];
     (serve_logged(&args, &dir.join(log), &ready), sockets)
 }
-
-/// One controller's driver client, with its I/O queue.
-struct Client {
-    mem: Arc<dyn DeviceAccess>,
-    ctrl: Controller,
-    q: IoQueue,
-}
-
 impl Client {
-    fn connect(socket: &Path) -> Self {
-        let access =
-            connect(socket).unwrap_or_else(|e| panic!("connecting to {}: {e}", socket.display()));
-        let mem: Arc<dyn DeviceAccess> = Arc::new(access);
-        let opts = InitOptions {
-            io_queues: 1,
-            io_timeout: Duration::from_secs(20),
-            ..InitOptions::default()
-        };
-        let ctrl = Controller::init(Arc::clone(&mem), opts).unwrap();
-        let q = ctrl.take_io_queue(0).unwrap();
-        Self { mem, ctrl, q }
-    }
-
     /// Set Features 81h: an 8-byte Host Identifier of `n`s.
     fn become_host(&self, n: u8) {
         let buf = self.mem.dma_alloc(4096).unwrap();

@@ -9,12 +9,12 @@ mod common;
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Arc;
 use std::time::Duration;
 
+use common::client::Client;
 use common::pattern::pattern;
-use common::{connect, ctl_err, ctl_ok, serve_logged, temp_dir, Served, BIN};
-use vnvme_driver::{admin, Controller, DeviceAccess, Error, InitOptions, IoQueue};
+use common::{ctl_err, ctl_ok, serve_logged, temp_dir, Served, BIN};
+use vnvme_driver::{admin, Error};
 use vnvme_spec::feature::{AsyncEventConfig, FeatureId};
 use vnvme_spec::identify::{Cns, IdentifyNamespace, IDENTIFY_SIZE};
 use vnvme_spec::log::{async_event, LogPageId};
@@ -41,30 +41,7 @@ fn serve(dir: &Path, n: usize, extra: &[&str]) -> (Served, Vec<PathBuf>, PathBuf
     let served = serve_logged(&args, &dir.join("serve.log"), &ready);
     (served, sockets, control)
 }
-
-/// A driver client of one controller, with its one I/O queue.
-struct Client {
-    mem: Arc<dyn DeviceAccess>,
-    ctrl: Controller,
-    q: IoQueue,
-}
-
 impl Client {
-    fn connect(socket: &Path) -> Self {
-        let access =
-            connect(socket).unwrap_or_else(|e| panic!("connecting to {}: {e}", socket.display()));
-        let mem: Arc<dyn DeviceAccess> = Arc::new(access);
-        let opts = InitOptions {
-            io_queues: 1,
-            queue_depth: 32,
-            io_timeout: Duration::from_secs(20),
-            ..InitOptions::default()
-        };
-        let ctrl = Controller::init(Arc::clone(&mem), opts).unwrap();
-        let q = ctrl.take_io_queue(0).unwrap();
-        Self { mem, ctrl, q }
-    }
-
     /// Controller reset; a fresh I/O queue.
     fn reset(&mut self) {
         self.ctrl.reset().unwrap();

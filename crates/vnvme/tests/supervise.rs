@@ -15,12 +15,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::pattern::pattern;
+use common::rounds::{self, block, BLOCK};
 use common::{ctl_ok, temp_dir, TempDir, BIN};
 use vnvme_driver::{Controller, DeviceAccess, InitOptions, IoQueue, VfioUserAccess};
 use vnvme_spec::NvmOpcode;
 
-const BLOCK: usize = 4096;
 const BLOCKS: u64 = 16;
 
 /// A supervised server of a 16 MiB `file` namespace.
@@ -129,51 +128,6 @@ fn alive(pid: i32) -> bool {
     })
 }
 
-fn block(lba: u64, round: u64) -> Vec<u8> {
-    pattern(BLOCK, (lba as u32) ^ ((round as u32) << 12))
-}
-
-/// Writes every block with `round`'s pattern (or, `write` false, only
-/// reads), reads each back and compares.
-fn round(access: &VfioUserAccess, q: &mut IoQueue, r: u64, write: bool) {
-    if write {
-        let bufs: Vec<_> = (0..BLOCKS)
-            .map(|lba| {
-                let b = access.dma_alloc(BLOCK).unwrap();
-                b.write_bytes(0, &block(lba, r)).unwrap();
-                b
-            })
-            .collect();
-        for (lba, b) in bufs.iter().enumerate() {
-            q.enqueue_rw(NvmOpcode::WRITE, 1, lba as u64, 1, b).unwrap();
-        }
-        q.ring().unwrap();
-        reap(q, BLOCKS as usize);
-    }
-    let reads: Vec<_> = (0..BLOCKS)
-        .map(|_| access.dma_alloc(BLOCK).unwrap())
-        .collect();
-    for (lba, b) in reads.iter().enumerate() {
-        q.enqueue_rw(NvmOpcode::READ, 1, lba as u64, 1, b).unwrap();
-    }
-    q.ring().unwrap();
-    reap(q, BLOCKS as usize);
-    for (lba, b) in reads.iter().enumerate() {
-        assert!(b.to_vec() == block(lba as u64, r), "LBA {lba}, round {r}");
-    }
-}
-
-fn reap(q: &mut IoQueue, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut done = Vec::new();
-    while done.len() < n {
-        assert!(Instant::now() < deadline, "{} of {n} completed", done.len());
-        let want = n - done.len();
-        let _ = q.wait(&mut done, want, Duration::from_secs(1));
-    }
-    assert!(done.iter().all(|c| c.status().is_success()), "{done:?}");
-}
-
 /// What the supervisor must say it held for our driver's client in
 /// `mode`: its connection, the one memfd the driver maps all its memory
 /// from, an eventfd per vector it set (admin + one I/O queue), and the
@@ -212,6 +166,11 @@ fn killed_servers_are_replaced(mode: &str) {
         let (access, _ctrl, mut q) = r.client();
         round(&access, &mut q, kill_n, false);
     }
+}
+
+/// One round over every block (`write` false: a check only).
+fn round(access: &VfioUserAccess, q: &mut IoQueue, r: u64, write: bool) {
+    rounds::round(access, q, BLOCKS, r, write);
 }
 
 #[test]

@@ -18,13 +18,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::pattern::pattern;
+use common::rounds::{self, reap, BLOCK};
 use common::{ctl, temp_dir, TempDir, BIN};
 use serde_json::Value;
 use vnvme_driver::{Controller, DeviceAccess, InitOptions, IoQueue, VfioUserAccess};
 use vnvme_spec::NvmOpcode;
 
-const BLOCK: usize = 4096;
 /// Blocks the I/O thread writes and reads back, round after round.
 const BLOCKS: u64 = 64;
 
@@ -140,54 +139,6 @@ impl Rig {
     }
 }
 
-fn block(lba: u64, round: u64) -> Vec<u8> {
-    pattern(BLOCK, (lba as u32) ^ ((round as u32) << 12))
-}
-
-/// One round: write every block with this round's pattern, read each back
-/// and compare. Panics on any error.
-fn round(access: &VfioUserAccess, q: &mut IoQueue, r: u64) {
-    let bufs: Vec<_> = (0..BLOCKS)
-        .map(|lba| {
-            let b = access.dma_alloc(BLOCK).unwrap();
-            b.write_bytes(0, &block(lba, r)).unwrap();
-            b
-        })
-        .collect();
-    for (lba, b) in bufs.iter().enumerate() {
-        q.enqueue_rw(NvmOpcode::WRITE, 1, lba as u64, 1, b).unwrap();
-    }
-    q.ring().unwrap();
-    reap(q, BLOCKS as usize);
-    let reads: Vec<_> = (0..BLOCKS)
-        .map(|_| access.dma_alloc(BLOCK).unwrap())
-        .collect();
-    for (lba, b) in reads.iter().enumerate() {
-        q.enqueue_rw(NvmOpcode::READ, 1, lba as u64, 1, b).unwrap();
-    }
-    q.ring().unwrap();
-    reap(q, BLOCKS as usize);
-    for (lba, b) in reads.iter().enumerate() {
-        assert!(b.to_vec() == block(lba as u64, r), "LBA {lba}, round {r}");
-    }
-}
-
-/// Reaps `n` completions: all successful, each command once.
-fn reap(q: &mut IoQueue, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut done = Vec::new();
-    while done.len() < n {
-        assert!(Instant::now() < deadline, "{} of {n} completed", done.len());
-        let want = n - done.len();
-        let _ = q.wait(&mut done, want, Duration::from_secs(1));
-    }
-    assert!(done.iter().all(|c| c.status().is_success()), "{done:?}");
-    let mut cids: Vec<u16> = done.iter().map(|c| c.cid()).collect();
-    cids.sort_unstable();
-    cids.dedup();
-    assert_eq!(cids.len(), n, "each command completed once");
-}
-
 /// Verified I/O on a thread while the main thread upgrades `upgrades`
 /// times; returns the reports and the rounds done.
 fn io_across_upgrades(r: &mut Rig, upgrades: usize) -> (Vec<Value>, u64) {
@@ -253,6 +204,11 @@ fn file_rig(name: &str, mode: &str, extra: &[&str]) -> (TempDir, Rig) {
     let mut args = vec!["--ns", &ns, "--doorbells", mode];
     args.extend_from_slice(extra);
     (dir, rig(name, &args))
+}
+
+/// One round over every block: write, read back, compare.
+fn round(access: &VfioUserAccess, q: &mut IoQueue, r: u64) {
+    rounds::round(access, q, BLOCKS, r, true);
 }
 
 #[test]

@@ -9,8 +9,10 @@ use std::time::{Duration, Instant};
 
 use vnvme_driver::VfioUserAccess;
 
+pub mod client;
 pub mod crc32c;
 pub mod pattern;
+pub mod rounds;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_vnvme");
 
