@@ -56,7 +56,7 @@ run nvme supported-log-pages /dev/nvme0 || fail "supported-log-pages"
 log_raw /tmp/slp.bin 0 1024 || fail "get-log 00h: $(cat /tmp/log_raw.err)"
 lids=$(od -A n -t u4 -v /tmp/slp.bin | awk '{ for (i = 1; i <= NF; i++) { if ($i % 2) printf (n ? "%#x " : "0 "), n; n++ } }')
 log "supported-log-pages: $lids"
-[ "$lids" = "0 0x1 0x2 0x3 0x4 0x5 0x6 0x7 0x8 0x9 0xc 0xd 0x81 0xbf " ] || fail "supported log pages: '$lids'"
+[ "$lids" = "0 0x1 0x2 0x3 0x4 0x5 0x6 0x7 0x8 0x9 0xc 0xd 0x80 0x81 0xbf " ] || fail "supported log pages: '$lids'"
 
 # --- Endurance Group Information ---
 endurance_writes() {   # host_write_cmds of group 1 (empty if the log could not be read)
