@@ -35,9 +35,10 @@ impl PageLook {
     /// Before the round of an idle worker (it slept, waiting for a look):
     /// reads the page's tail doorbells of its owned SQs.
     ///
-    /// Where an I/O SQ's shadow dword holds a tail other than the worker's
-    /// (the host moved on through the shadow doorbell since it last wrote
-    /// the register), the worker's tail is swapped in, so that the looks
+    /// Where the page dword of an I/O SQ with a shadow doorbell holds a
+    /// tail other than the worker's (the host moved on through the shadow
+    /// doorbell since it last wrote the register), the worker's tail is
+    /// compare-and-swapped in, so that the looks
     /// after this round may trust the page ([`settle`](Self::settle) says
     /// why they need it). Nothing reads such an SQ's register as its tail,
     /// and the host never reads a doorbell. A host write that the swap
