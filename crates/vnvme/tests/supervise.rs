@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use common::rounds::{self, block, BLOCK};
 use common::{ctl_ok, temp_dir, TempDir, BIN};
-use vnvme_driver::{Controller, DeviceAccess, InitOptions, IoQueue, VfioUserAccess};
+use vnvme_driver::{Controller, DeviceAccess, IoQueue, VfioUserAccess};
 use vnvme_spec::NvmOpcode;
 
 const BLOCKS: u64 = 16;
@@ -105,14 +105,7 @@ impl Rig {
     }
 
     fn client(&self) -> (Arc<VfioUserAccess>, Controller, IoQueue) {
-        let access = Arc::new(VfioUserAccess::connect(&self.socket).unwrap());
-        let ctrl = Controller::init(
-            access.clone() as Arc<dyn DeviceAccess>,
-            InitOptions::default(),
-        )
-        .unwrap();
-        let q = ctrl.take_io_queue(0).unwrap();
-        (access, ctrl, q)
+        common::client::default_client(&self.socket)
     }
 }
 

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use common::rounds::{self, reap, BLOCK};
 use common::{ctl, temp_dir, TempDir, BIN};
 use serde_json::Value;
-use vnvme_driver::{Controller, DeviceAccess, InitOptions, IoQueue, VfioUserAccess};
+use vnvme_driver::{Controller, DeviceAccess, IoQueue, VfioUserAccess};
 use vnvme_spec::NvmOpcode;
 
 /// Blocks the I/O thread writes and reads back, round after round.
@@ -121,14 +121,7 @@ impl Rig {
     /// Our driver as the client: its memory, the controller and its
     /// first I/O queue.
     fn client(&self) -> (Arc<VfioUserAccess>, Controller, IoQueue) {
-        let access = Arc::new(VfioUserAccess::connect(&self.socket).unwrap());
-        let ctrl = Controller::init(
-            access.clone() as Arc<dyn DeviceAccess>,
-            InitOptions::default(),
-        )
-        .unwrap();
-        let q = ctrl.take_io_queue(0).unwrap();
-        (access, ctrl, q)
+        common::client::default_client(&self.socket)
     }
 
     fn alive(&self) -> bool {

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use vnvme_driver::{Controller, DeviceAccess, InitOptions, IoQueue};
+use vnvme_driver::{Controller, DeviceAccess, InitOptions, IoQueue, VfioUserAccess};
 
 pub struct Client {
     pub mem: Arc<dyn DeviceAccess>,
@@ -31,4 +31,17 @@ impl Client {
         let q = ctrl.take_io_queue(0).unwrap();
         Self { mem, ctrl, q }
     }
+}
+
+/// Our driver on `socket` with its default options (one connection
+/// attempt): its memory, the controller and its first I/O queue.
+pub fn default_client(socket: &Path) -> (Arc<VfioUserAccess>, Controller, IoQueue) {
+    let access = Arc::new(VfioUserAccess::connect(socket).unwrap());
+    let ctrl = Controller::init(
+        access.clone() as Arc<dyn DeviceAccess>,
+        InitOptions::default(),
+    )
+    .unwrap();
+    let q = ctrl.take_io_queue(0).unwrap();
+    (access, ctrl, q)
 }
