@@ -18,6 +18,7 @@ use vnvme_blockdev::BlockCompletion;
 use vnvme_spec::regs::Doorbell;
 use vnvme_spec::Status;
 
+mod clock;
 mod cq;
 pub(crate) mod group;
 mod held;
@@ -28,6 +29,7 @@ mod priority;
 mod reap;
 mod wake;
 
+use clock::Clock;
 use cq::{
     arm_cq, deliver_events, fire_timers, post, post_answers, publish_cq_behind, refresh_cq_head,
     settle_interrupt,
@@ -114,7 +116,7 @@ pub(crate) fn run(shared: Arc<Shared>, session: Arc<Session>, index: usize) {
         return;
     };
     loop {
-        let wait = worker.prepare();
+        let wait = worker.prepare(&mut Clock::default());
         if !worker.round(Take::Block(wait)) {
             return;
         }
@@ -171,8 +173,8 @@ pub(crate) enum Take {
 pub(crate) trait Member: Send {
     /// Before a round: how long the worker may wait for kicks (reaping
     /// what its backends finished meanwhile, and letting go of guest
-    /// memory if it may wait).
-    fn prepare(&mut self) -> Wait;
+    /// memory if it may wait); `clock` is now, read if needed.
+    fn prepare(&mut self, clock: &mut Clock) -> Wait;
     /// One round. Returns `false` once stopped (the controller's reset or
     /// end): the member is done.
     fn round(&mut self, take: Take) -> bool;
@@ -183,11 +185,15 @@ pub(crate) trait Member: Send {
     /// look at a mapped doorbell page again (its back-off): a round any
     /// earlier serves it as well.
     fn looks(&self) -> bool;
-    /// For a member that [`looks`](Self::looks): looks at its doorbell
-    /// page without a round ([`look`]). `true`: nothing came, and this
-    /// counted as an idle round (its back-off grows); `false`: it needs a
-    /// round.
-    fn look(&mut self) -> bool;
+    /// For a member that [`looks`](Self::looks) and has no kicks waiting
+    /// (its group knows: no mailbox of the group rang, or it read this
+    /// one's): looks at its doorbell page without a round ([`look`]).
+    /// `Some(wait)`: nothing came, this counted as an idle round (its
+    /// back-off grew), it still only looks, and `wait` is what
+    /// [`prepare`](Self::prepare) would now say (nothing to reap, no guest
+    /// memory touched to let go of); `None`: it needs a round. `clock` is
+    /// the group's reading of this wake-up.
+    fn look(&mut self, clock: &mut Clock) -> Option<Wait>;
 }
 
 /// Worker `index` of `shared` with its wake policy, as a [`Member`]; `None`
@@ -298,11 +304,12 @@ impl<W: Wake> Worker<W> {
 /// kicked SQs, poll the owned ones if the policy polls, reap asynchronous
 /// completions, then let the policy choose what comes next.
 impl<W: Wake + Send> Member for Worker<W> {
-    fn prepare(&mut self) -> Wait {
+    fn prepare(&mut self, clock: &mut Clock) -> Wait {
         let (shared, session) = (&*self.shared, &*self.session);
         let local = &mut self.local;
         let policy = W::EVENT_IDX;
-        let mut wait = held::clamp(self.wake.wait(&shared.interrupts, local), &local.held);
+        let wait = self.wake.wait(&shared.interrupts, local, clock);
+        let mut wait = held::clamp(wait, &local.held);
         // Backend completions wake the worker only while it sleeps: turn
         // their wakers on, then reap what came before.
         let mut work = 0;
@@ -378,10 +385,26 @@ impl<W: Wake + Send> Member for Worker<W> {
             kicked,
             polled,
         };
-        self.wake
-            .after(round, &shared.doorbells, &shared.stats, session, local);
+        let mut clock = Clock::default();
+        self.wake.after(
+            round,
+            &mut clock,
+            &shared.doorbells,
+            &shared.stats,
+            session,
+            local,
+        );
         if idle {
-            let idle = work == 0 && !kicked && self.wake.looks();
+            // Anything but a host's doorbell write also needs a round: a
+            // look trusts the page only while nothing else waits (what
+            // comes later, a kick or a completion, rings the mailbox).
+            let idle = work == 0
+                && !kicked
+                && self.wake.looks()
+                && local.timers.is_empty()
+                && local.stalled.is_empty()
+                && local.held.is_empty()
+                && local.inflight.is_empty();
             self.look
                 .settle(idle, self.wake.armed(), &shared.doorbells, local);
         }
@@ -400,18 +423,12 @@ impl<W: Wake + Send> Member for Worker<W> {
         self.wake.looks()
     }
 
-    fn look(&mut self) -> bool {
+    fn look(&mut self, clock: &mut Clock) -> Option<Wait> {
         let (shared, session) = (&*self.shared, &*self.session);
-        let local = &self.local;
-        // Anything but a host's doorbell write also needs a round.
-        let busy = self.reaped > 0
-            || self.kicked()
-            || !local.timers.is_empty()
-            || !local.stalled.is_empty()
-            || !local.held.is_empty()
-            || !local.inflight.is_empty();
-        if busy || !self.wake.looks() || !self.look.quiet(&shared.doorbells, local) {
-            return false;
+        // What else may need a round was settled after the last one
+        // (`PageLook::settle`); kicks are the group's to check.
+        if self.reaped > 0 || !self.wake.looks() || !self.look.quiet(&shared.doorbells) {
+            return None;
         }
         let round = Round {
             work: 0,
@@ -421,12 +438,15 @@ impl<W: Wake + Send> Member for Worker<W> {
         };
         self.wake.after(
             round,
+            clock,
             &shared.doorbells,
             &shared.stats,
             session,
             &mut self.local,
         );
-        true
+        let local = &self.local;
+        let wait = self.wake.wait(&shared.interrupts, local, clock);
+        Some(held::clamp(wait, &local.held))
     }
 }
 

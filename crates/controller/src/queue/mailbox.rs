@@ -86,8 +86,11 @@ impl Bell {
     }
 
     /// Sleeps until rung or `deadline` (`None`: until rung); a ring since
-    /// the last wait returns at once.
-    pub fn wait(&self, deadline: Option<Instant>) {
+    /// the last wait returns at once. Returns whether it was rung since the
+    /// last wait: if not, no mailbox of the group was kicked meanwhile (a
+    /// kick marks its mailbox before it rings), and the group need not read
+    /// them.
+    pub fn wait(&self, deadline: Option<Instant>) -> bool {
         let mut rung = self.rung.lock();
         while !*rung {
             match deadline {
@@ -99,7 +102,7 @@ impl Bell {
                 None => self.cv.wait(&mut rung),
             }
         }
-        *rung = false;
+        std::mem::replace(&mut *rung, false)
     }
 }
 

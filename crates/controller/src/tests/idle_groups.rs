@@ -88,6 +88,16 @@ fn an_idle_poll_group_wakes_once_to_look_at_every_members_doorbell_page() {
         MEMBERS * idle,
         "every look read the page only: nothing had come, no round"
     );
+    assert_eq!(
+        after.idle_clock_reads - before.idle_clock_reads,
+        idle,
+        "one clock reading per wake-up, shared by the {MEMBERS} looks"
+    );
+    assert_eq!(
+        after.idle_kick_checks - before.idle_kick_checks,
+        0,
+        "no mailbox read: nothing rang the group's bell"
+    );
     // The looks serve a client that rings through the page: a read on each
     // controller, its tail stored to the page only (no trap).
     for (h, page) in hosts.iter_mut().zip(&pages) {
@@ -97,6 +107,31 @@ fn an_idle_poll_group_wakes_once_to_look_at_every_members_doorbell_page() {
         assert_eq!(h.ctrl.stats().queue(1).sq_doorbell_traps, 0);
         assert_eq!(h.ctrl.stats().queue(1).commands, 1);
     }
+}
+
+/// A kick to an idle group (a doorbell register write that traps, as
+/// from a client that does not map the page) rings its bell: the wake-up
+/// it brings reads every member's mailbox, once, and serves the command;
+/// the timed wake-ups before and after it read none.
+#[test]
+fn a_kick_rings_an_idle_group_awake_to_read_its_members_mailboxes_once() {
+    let groups = PollGroups::new(1).unwrap();
+    let mut hosts: Vec<Host> = (0..CONTROLLERS)
+        .map(|_| host_in(&groups, &Arc::new(HeapDoorbellPage::default()), false))
+        .collect();
+    let before = settled(&groups);
+    let h = &mut hosts[3];
+    h.push(1, rw(NvmOpcode::READ, 1, 0, 1, DATA, 0));
+    assert!(h.ring_sq(1), "a register write traps");
+    assert!(h.wait_cqe(1).is_some_and(|c| c.status().is_success()));
+    let after = settled(&groups);
+    assert_eq!(
+        after.idle_kick_checks - before.idle_kick_checks,
+        MEMBERS,
+        "the kick's wake-up read each of the {MEMBERS} mailboxes once, the others none"
+    );
+    assert_eq!(h.ctrl.stats().queue(1).sq_doorbell_traps, 1);
+    assert_eq!(h.ctrl.stats().queue(1).commands, 1);
 }
 
 /// Linux's doorbell update with shadow doorbells, its register write

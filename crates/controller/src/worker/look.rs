@@ -21,9 +21,10 @@ use crate::doorbell::Doorbells;
 /// What a look compares against.
 #[derive(Debug, Default)]
 pub(super) struct PageLook {
-    /// The page's tail doorbells of the owned SQs, read before the last
-    /// round polled them: a host's write after that read is a change.
-    seen: Vec<u32>,
+    /// The owned SQs and their tail doorbells in the page, read before the
+    /// last round polled them: a host's write after that read is a change.
+    /// Side by side, so a look touches one small allocation.
+    seen: Vec<(u16, u32)>,
     /// The doorbell generation `seen` is of (the owned SQs then).
     generation: u64,
     /// A look may compare against `seen`: the last round started and ended
@@ -58,7 +59,7 @@ impl PageLook {
         self.seen.extend(local.owned.iter().map(|&q| {
             let db = Doorbell::SqTail(q);
             let value = doorbells.register_value(db);
-            match local.rings.sq(q) {
+            let value = match local.rings.sq(q) {
                 Some(sq)
                     if q != 0
                         && sq.source.is_shadow()
@@ -68,13 +69,15 @@ impl PageLook {
                     sq.tail
                 }
                 _ => value,
-            }
+            };
+            (q, value)
         }));
         self.valid = true;
     }
 
     /// After the round: looks may use what [`record`](Self::record) read
-    /// if the worker is idle again (`idle`), its SQs are the same, and a
+    /// if the worker is idle again (`idle`: no work, no kick, and nothing
+    /// but a doorbell write may need a round), its SQs are the same, and a
     /// shadow doorbell's host also writes the page (`armed`: the worker
     /// armed EventIdx before it slept).
     pub fn settle(&mut self, idle: bool, armed: bool, doorbells: &Doorbells, local: &Local) {
@@ -90,11 +93,10 @@ impl PageLook {
         // tail wrapped round to it), which a look cannot tell from no write,
         // and a command would wait for the next round that never comes.
         // (The next idle round's record swaps the worker's tail in.)
-        let page_at_tail = local
-            .owned
+        let page_at_tail = self
+            .seen
             .iter()
-            .zip(&self.seen)
-            .all(|(&q, &v)| local.rings.sq(q).is_none_or(|sq| sq.tail == v));
+            .all(|&(q, v)| local.rings.sq(q).is_none_or(|sq| sq.tail == v));
         self.valid = self.valid
             && idle
             && page_rings
@@ -106,13 +108,12 @@ impl PageLook {
     /// Whether a round now would find nothing new for a worker with nothing
     /// else to do: no owned SQ's doorbell changed in the page since the
     /// last round read it.
-    pub fn quiet(&self, doorbells: &Doorbells, local: &Local) -> bool {
+    pub fn quiet(&self, doorbells: &Doorbells) -> bool {
         self.valid
             && doorbells.generation() == self.generation
-            && local
-                .owned
+            && self
+                .seen
                 .iter()
-                .zip(&self.seen)
-                .all(|(&q, &v)| doorbells.register_value(Doorbell::SqTail(q)) == v)
+                .all(|&(q, v)| doorbells.register_value(Doorbell::SqTail(q)) == v)
     }
 }

@@ -20,6 +20,7 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use super::clock::Clock;
 use super::cq::next_deadline;
 use super::{EventIdxPolicy, Local};
 use crate::doorbell::barrier;
@@ -88,8 +89,9 @@ pub(super) struct Round {
 pub(super) trait Wake {
     /// What a pass over an SQ does with EventIdx.
     const EVENT_IDX: EventIdxPolicy;
-    /// How long the worker may block in its mailbox before the next round.
-    fn wait(&self, interrupts: &Interrupts, local: &Local) -> Wait;
+    /// How long the worker may block in its mailbox before the next round
+    /// (`clock`: now, read only if needed).
+    fn wait(&self, interrupts: &Interrupts, local: &Local, clock: &mut Clock) -> Wait;
     /// Whether this round polls every SQ the worker owns (after the kicked
     /// ones).
     fn polls(&self, doorbells: &Doorbells) -> bool;
@@ -97,6 +99,7 @@ pub(super) trait Wake {
     fn after(
         &mut self,
         round: Round,
+        clock: &mut Clock,
         doorbells: &Doorbells,
         stats: &Stats,
         session: &Session,
@@ -134,7 +137,7 @@ pub(super) struct OnKick;
 impl Wake for OnKick {
     const EVENT_IDX: EventIdxPolicy = EventIdxPolicy::Publish;
 
-    fn wait(&self, interrupts: &Interrupts, local: &Local) -> Wait {
+    fn wait(&self, interrupts: &Interrupts, local: &Local, _: &mut Clock) -> Wait {
         Wait::Until(next_deadline(interrupts, &local.rings, &local.timers))
     }
 
@@ -142,7 +145,16 @@ impl Wake for OnKick {
         false
     }
 
-    fn after(&mut self, _: Round, _: &Doorbells, _: &Stats, _: &Session, _: &mut Local) {}
+    fn after(
+        &mut self,
+        _: Round,
+        _: &mut Clock,
+        _: &Doorbells,
+        _: &Stats,
+        _: &Session,
+        _: &mut Local,
+    ) {
+    }
 }
 
 /// `mmap-poll`: poll the shared doorbell page; when idle, spin for
@@ -172,7 +184,7 @@ impl MmapPoll {
 impl Wake for MmapPoll {
     const EVENT_IDX: EventIdxPolicy = EventIdxPolicy::Publish;
 
-    fn wait(&self, _: &Interrupts, _: &Local) -> Wait {
+    fn wait(&self, _: &Interrupts, _: &Local, _: &mut Clock) -> Wait {
         match self.spinning {
             Some(_) => Wait::No,
             None => Wait::For(self.backoff),
@@ -183,8 +195,16 @@ impl Wake for MmapPoll {
         true
     }
 
-    fn after(&mut self, round: Round, _: &Doorbells, _: &Stats, _: &Session, _: &mut Local) {
-        let now = Instant::now();
+    fn after(
+        &mut self,
+        round: Round,
+        clock: &mut Clock,
+        _: &Doorbells,
+        _: &Stats,
+        _: &Session,
+        _: &mut Local,
+    ) {
+        let now = clock.now();
         self.spinning = match self.spinning {
             _ if round.work > 0 => {
                 self.backoff = MIN_BACKOFF;
@@ -315,7 +335,7 @@ impl Adaptive {
 impl Wake for Adaptive {
     const EVENT_IDX: EventIdxPolicy = EventIdxPolicy::Behind;
 
-    fn wait(&self, interrupts: &Interrupts, local: &Local) -> Wait {
+    fn wait(&self, interrupts: &Interrupts, local: &Local, clock: &mut Clock) -> Wait {
         match self.phase {
             Phase::Polling { idle_polls, .. } if waits_on_backend(idle_polls, local) => {
                 Wait::For(BACKEND_WAIT)
@@ -323,7 +343,7 @@ impl Wake for Adaptive {
             Phase::Polling { .. } => Wait::No,
             Phase::Dozing { .. } => Wait::For(DOZE_INTERVAL),
             Phase::Asleep if self.max_backoff.is_some() => {
-                let wake = Instant::now() + self.backoff;
+                let wake = clock.now() + self.backoff;
                 let deadline = next_deadline(interrupts, &local.rings, &local.timers);
                 Wait::Until(Some(deadline.map_or(wake, |d| d.min(wake))))
             }
@@ -338,6 +358,7 @@ impl Wake for Adaptive {
     fn after(
         &mut self,
         round: Round,
+        clock: &mut Clock,
         doorbells: &Doorbells,
         stats: &Stats,
         session: &Session,
@@ -348,7 +369,7 @@ impl Wake for Adaptive {
             self.armed = false;
             return;
         }
-        let now = Instant::now();
+        let now = clock.now();
         if round.work > 0 {
             match self.phase {
                 Phase::Polling { idle_since, .. } | Phase::Dozing { idle_since, .. } => {
