@@ -15,11 +15,14 @@ use crate::inflight::InFlight;
 use crate::memory::GuestAddress;
 use crate::prp::Segment;
 use crate::state::{Session, Shared};
+use crate::subsystem::cache::NamespaceCache;
 use crate::vendor::{CommandSet, NamespaceGeometry, VendorContext, VendorHost, VendorInfo};
 
-/// Per-worker scratch buffers, reused across commands.
+/// Per-worker scratch buffers, reused across commands, and where the
+/// worker last found its namespaces.
 #[derive(Debug, Default)]
 pub(crate) struct Scratch {
+    pub namespaces: NamespaceCache,
     pub segs: Vec<Segment>,
     pub buf: Vec<u8>,
     pub buf2: Vec<u8>,

@@ -153,12 +153,18 @@ fn host_id(ctx: &Ctx<'_>) -> [u8; 16] {
 }
 
 /// The namespace `cmd` names, if command `op` may run on it now.
-fn usable_namespace(ctx: &Ctx<'_>, cmd: &Command, op: NvmOpcode) -> Result<Arc<Namespace>, Status> {
+fn usable_namespace(
+    ctx: &mut Ctx<'_>,
+    cmd: &Command,
+    op: NvmOpcode,
+) -> Result<Arc<Namespace>, Status> {
     let nsid = cmd.nsid.get();
-    let ns = ctx.shared.namespace(nsid)?;
+    let namespaces = &ctx.shared.subsystem.namespaces;
+    let ns = namespaces
+        .active_cached(&mut ctx.scratch.namespaces, nsid)
+        .ok_or(Status::INVALID_NAMESPACE_OR_FORMAT.with_dnr(true))?;
     // Its ANA group (= NSID) through this controller: a relaxed load while
     // every path is usable.
-    let namespaces = &ctx.shared.subsystem.namespaces;
     namespaces.table().ana.check_io(namespaces.cntlid(), nsid)?;
     if ctx.shared.faults.not_ready(nsid, Instant::now) {
         return Err(Status::NAMESPACE_NOT_READY.with_dnr(false));

@@ -5,6 +5,7 @@
 //! by the subsystem's controllers, §5.12).
 
 pub(crate) mod ana;
+pub(crate) mod cache;
 pub(crate) mod firmware;
 mod saved;
 
@@ -19,6 +20,7 @@ use vnvme_spec::Status;
 
 use crate::config::Readiness;
 use crate::namespace::Namespace;
+use crate::subsystem::cache::{Generation, NamespaceCache};
 use crate::subsystem::firmware::Firmware;
 pub(crate) use ana::Ana;
 pub(crate) use saved::SavedSubsystem;
@@ -90,6 +92,8 @@ pub(crate) trait Member: Send + Sync {
 #[derive(Default)]
 pub(crate) struct Table {
     map: RwLock<BTreeMap<u32, Arc<Namespace>>>,
+    /// Of `map`: the workers' [`NamespaceCache`]s are valid while it holds.
+    generation: Generation,
     /// By CNTLID: dropped controllers are skipped.
     members: RwLock<BTreeMap<u16, Weak<dyn Member>>>,
     pub ana: Ana,
@@ -248,6 +252,18 @@ impl Namespaces {
             .filter(|ns| ns.attached.contains(self.cntlid))
     }
 
+    /// [`Self::active`] through a worker's `cache`: no lock while the
+    /// table has not changed since `nsid` was last looked up.
+    pub fn active_cached(&self, cache: &mut NamespaceCache, nsid: u32) -> Option<Arc<Namespace>> {
+        let generation = self.table.generation.now();
+        if let Some(ns) = cache.get(&self.table, self.cntlid, generation, nsid) {
+            return Some(ns);
+        }
+        let ns = self.active(nsid)?;
+        cache.insert(nsid, &ns);
+        Some(ns)
+    }
+
     /// Number of active namespaces.
     pub fn len(&self) -> usize {
         let map = self.table.map.read();
@@ -286,7 +302,10 @@ impl Namespaces {
 
     /// Runs `f` on the table under its write lock (namespace management).
     pub fn update<R>(&self, f: impl FnOnce(&mut BTreeMap<u32, Arc<Namespace>>) -> R) -> R {
-        f(&mut self.table.map.write())
+        let mut map = self.table.map.write();
+        let r = f(&mut map);
+        self.table.generation.bump();
+        r
     }
 
     /// Bytes allocated to namespaces now.
