@@ -13,6 +13,7 @@ use zerocopy::little_endian::{U16, U32, U64};
 
 use crate::inflight::InFlight;
 use crate::memory::GuestAddress;
+use crate::namespace::reservation::Fence;
 use crate::prp::Segment;
 use crate::state::{Session, Shared};
 use crate::subsystem::cache::NamespaceCache;
@@ -35,6 +36,9 @@ pub(crate) struct Scratch {
     /// A read's guards as the backend's copy computed them
     /// ([`crate::protection::GuardFill`]).
     pub guards: Vec<u64>,
+    /// What the completion of a Preempt and Abort just run waits for
+    /// ([`Outcome::Fenced`]).
+    pub fence: Option<Fence>,
 }
 
 /// What a command handler has at hand.
@@ -59,6 +63,10 @@ pub(crate) enum Outcome {
     /// completion is posted when the backend finishes (see
     /// [`crate::inflight`]).
     Submitted(u64),
+    /// A Reservation Acquire (Preempt and Abort) succeeded, and completes
+    /// once the commands admitted before it are done: the fence is in
+    /// [`Scratch::fence`], and the worker holds the command meanwhile.
+    Fenced,
     /// A Zone Append succeeded, at this LBA: completion DW0 (bits 31:0)
     /// and DW1 (bits 63:32), ZNS 1.1 §3.4.1.
     Appended(u64),

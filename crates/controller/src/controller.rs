@@ -367,6 +367,14 @@ impl Controller {
         self.shared.queues.slot_locks()
     }
 
+    /// Commands counted running on namespace `nsid` for the Preempt and
+    /// Abort fence.
+    #[cfg(test)]
+    pub(crate) fn fence_pending(&self, nsid: u32) -> u64 {
+        let ns = self.shared.subsystem.namespace(nsid).expect("namespace");
+        ns.reservations.pending_total()
+    }
+
     /// A snapshot of the counters.
     pub fn stats(&self) -> ControllerStats {
         let mut s = self.shared.stats.snapshot();

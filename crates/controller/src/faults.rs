@@ -21,6 +21,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -265,7 +266,7 @@ pub(crate) enum Hit {
 }
 
 /// A command a rule holds back, as its worker keeps it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Held {
     pub cmd: Command,
     pub sqid: u16,
@@ -276,6 +277,18 @@ pub(crate) struct Held {
     pub due: Option<Instant>,
     /// Held by a limit ([`crate::qos`]), not a fault.
     pub throttled: Option<crate::qos::Throttled>,
+    /// A Preempt and Abort that ran, its completion waiting for this
+    /// fence, not a fault.
+    pub fence: Option<Arc<dyn Gate>>,
+}
+
+/// What a held command waits for besides its time: the fence of a
+/// Preempt and Abort, which completes once the commands admitted on its
+/// namespace before it are done (the namespace's reservations keep it;
+/// this module sits below them).
+pub(crate) trait Gate: std::fmt::Debug + Send + Sync {
+    /// Whether the command may complete now.
+    fn open(&self) -> bool;
 }
 
 /// The controller's faults.

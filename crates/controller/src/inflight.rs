@@ -85,7 +85,8 @@ pub(crate) struct Request {
     pub cmd: Command,
     pub ns: Arc<Namespace>,
     pub kind: Kind,
-    /// The namespace's reservation word when the command was admitted.
+    /// How the command was admitted (the namespace's reservation word,
+    /// its count while it runs): dropped with the request.
     pub admitted: Admitted,
     /// Where it came from and where its completion goes (set by
     /// [`InFlight::bind`]).
@@ -181,14 +182,14 @@ impl InFlight {
     }
 
     /// Starts `request` for `ns`'s command `cmd` (`kind`, and as it was
-    /// admitted): submitted to the backend's queue, or, on a synchronous
+    /// admitted, taken if it goes in flight): submitted to the backend's queue, or, on a synchronous
     /// backend or a queue with no room for it, run at once, a read's bytes
     /// passing through `fill`.
     pub fn start(
         &mut self,
         ns: &Arc<Namespace>,
         cmd: &Command,
-        kind: (Kind, Admitted),
+        kind: (Kind, &mut Admitted),
         request: BlockRequest,
         fill: Option<&mut dyn ReadFill>,
     ) -> Started {
@@ -208,7 +209,7 @@ impl InFlight {
         &mut self,
         ns: &Arc<Namespace>,
         cmd: &Command,
-        (kind, admitted): (Kind, Admitted),
+        (kind, admitted): (Kind, &mut Admitted),
         request: BlockRequest,
     ) -> Result<u64, BlockRequest> {
         let token = match self.free.last() {
@@ -227,7 +228,7 @@ impl InFlight {
                 cmd: *cmd,
                 ns: ns.clone(),
                 kind,
-                admitted,
+                admitted: std::mem::take(admitted),
                 sqid: 0,
                 sq_instance: 0,
                 cqid: 0,

@@ -92,6 +92,8 @@ pub(crate) fn execute(ctx: &mut Ctx<'_>, cmd: &Command) -> Outcome {
     }
     match run(ctx, cmd) {
         Ok(Some(token)) => Outcome::Submitted(token),
+        // A Preempt and Abort waiting for the commands before it.
+        Ok(None) if ctx.scratch.fence.is_some() => Outcome::Fenced,
         Ok(None) => Outcome::ok(0),
         Err(status) => Outcome::Done { dw0: 0, status },
     }
@@ -126,15 +128,18 @@ fn run(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Option<u64>, Status> {
         }
     }
     if let Some(r) = reservation::command(ctx, cmd, &ns, op) {
-        return r.map(|()| None);
+        ctx.scratch.fence = r?;
+        return Ok(None);
     }
     let writes = !READ_GROUP.contains(&op);
     let admitted = ns.reservations.check(|| host_id(ctx), writes)?;
     match op {
         NvmOpcode::READ => read(ctx, cmd, &ns, admitted),
         NvmOpcode::WRITE => write(ctx, cmd, &ns, admitted),
-        NvmOpcode::COMPARE => compare(ctx, cmd, &ns).map(|()| None),
         NvmOpcode::FLUSH => flush(ctx, cmd, &ns, admitted),
+        // The others run here: `admitted` drops (the command is done) as
+        // they return.
+        NvmOpcode::COMPARE => compare(ctx, cmd, &ns).map(|()| None),
         NvmOpcode::WRITE_ZEROES => write_zeroes(ctx, cmd, &ns).map(|()| None),
         NvmOpcode::DATASET_MANAGEMENT => dataset_management(ctx, cmd, &ns).map(|()| None),
         NvmOpcode::VERIFY => verify(ctx, cmd, &ns).map(|()| None),
@@ -186,7 +191,9 @@ fn usable_namespace(
 /// `guards`: a read's guards, if computed as the backend read it.
 /// A command whose host a Preempt and Abort removed since `admitted` is
 /// aborted; a write's data may be on the medium all the same (the backend
-/// had it), as with any write aborted in flight.
+/// had it), as with any write aborted in flight, but before the Preempt
+/// and Abort completes, which waits for it (see
+/// [`crate::namespace::reservation::fence`]).
 pub(crate) fn finish(
     ctx: &mut Ctx<'_>,
     cmd: &Command,
@@ -194,7 +201,7 @@ pub(crate) fn finish(
     kind: &Kind,
     done: &BlockCompletion,
     guards: &[u64],
-    admitted: Admitted,
+    admitted: &Admitted,
 ) -> Status {
     if ns.reservations.aborted(admitted, || host_id(ctx)) {
         if let (Kind::Write(rw), Ok(())) = (kind, &done.result) {
@@ -419,12 +426,14 @@ fn start(
     kind: Kind,
     request: BlockRequest,
     mut fill: Option<GuardFill>,
-    admitted: Admitted,
+    mut admitted: Admitted,
 ) -> Result<Option<u64>, Status> {
+    // Taken by the request if it goes in flight; else it drops here, once
+    // the command is done.
     let started = ctx.inflight.start(
         ns,
         cmd,
-        (kind, admitted),
+        (kind, &mut admitted),
         request,
         fill.as_mut().map(|f| f as &mut dyn ReadFill),
     );
@@ -443,7 +452,7 @@ fn start(
                 &kind,
                 &done,
                 guards.as_deref().unwrap_or_default(),
-                admitted,
+                &admitted,
             );
             if let Some(Data::Buf(buf)) = done.data {
                 ctx.inflight.recycle(buf);

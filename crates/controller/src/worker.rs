@@ -656,6 +656,16 @@ fn process_sq(
                 sq.event_idx
                     .publish(&shared.doorbells, qid, sq.source, ei, false, mem);
             }
+            let outcome = match outcome {
+                Outcome::Fenced => match ctx.scratch.fence.take() {
+                    Some(fence) => {
+                        held::fence(held, sq, cq, &cmd, fence);
+                        Outcome::Deferred
+                    }
+                    None => Outcome::ok(0),
+                },
+                outcome => outcome,
+            };
             match outcome {
                 Outcome::Done { dw0, status } => {
                     let dw = u64::from(dw0);
@@ -672,7 +682,7 @@ fn process_sq(
                     shared.stats.latency(qid, started);
                 }
                 Outcome::Submitted(token) => ctx.inflight.bind(token, sq, cq, started),
-                Outcome::Deferred => {}
+                Outcome::Deferred | Outcome::Fenced => {}
             }
         }
         let tail = sq.tail as u16;

@@ -15,21 +15,22 @@ use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
 use super::invalid_field;
 use crate::command::Ctx;
-use crate::namespace::reservation::{Host, Notice, State};
+use crate::namespace::reservation::{Fence, Host, Notice, State};
 use crate::namespace::Namespace;
 
-/// Runs `cmd` if `op` is a reservation command; `None` otherwise.
+/// Runs `cmd` if `op` is a reservation command; `None` otherwise. A
+/// Preempt and Abort gives the fence its completion waits for, if any.
 pub(super) fn command(
     ctx: &mut Ctx<'_>,
     cmd: &Command,
     ns: &Namespace,
     op: NvmOpcode,
-) -> Option<Result<(), Status>> {
+) -> Option<Result<Option<Fence>, Status>> {
     Some(match op {
-        NvmOpcode::RESERVATION_REGISTER => register(ctx, cmd, ns),
-        NvmOpcode::RESERVATION_REPORT => report(ctx, cmd, ns),
+        NvmOpcode::RESERVATION_REGISTER => register(ctx, cmd, ns).map(|()| None),
+        NvmOpcode::RESERVATION_REPORT => report(ctx, cmd, ns).map(|()| None),
         NvmOpcode::RESERVATION_ACQUIRE => acquire(ctx, cmd, ns),
-        NvmOpcode::RESERVATION_RELEASE => release(ctx, cmd, ns),
+        NvmOpcode::RESERVATION_RELEASE => release(ctx, cmd, ns).map(|()| None),
         _ => return None,
     })
 }
@@ -97,10 +98,12 @@ fn notify(ctx: &Ctx<'_>, ns: &Namespace, notices: &[Notice]) {
 /// Reservation Acquire: RACQA, IEKEY, RTYPE; CRKEY and PRKEY in the data.
 /// Preempt and Abort preempts as Preempt does, and the preempted hosts'
 /// commands in flight on the namespace, through any controller, complete
-/// as aborted ([`Reservations::aborted`]).
+/// as aborted ([`Reservations::aborted`]). Its own completion waits for
+/// every command admitted on the namespace before it ([`Fence`]): once it
+/// completes, no write of a preempted host can still reach the medium.
 ///
 /// [`Reservations::aborted`]: crate::namespace::reservation::Reservations::aborted
-fn acquire(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace) -> Result<(), Status> {
+fn acquire(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace) -> Result<Option<Fence>, Status> {
     let cdw10 = Cdw10ResvAcquire::from(cmd.cdw10);
     let rtype = ReservationType(cdw10.rtype());
     if !rtype.is_valid() || cdw10.racqa() > racqa::PREEMPT_AND_ABORT {
@@ -115,11 +118,16 @@ fn acquire(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace) -> Result<(), Statu
         racqa::ACQUIRE => s.acquire(&host, crkey, iekey, rtype).map(|()| Vec::new()),
         _ => s.preempt(&host, crkey, prkey, iekey, rtype, abort),
     })?;
+    let fence = if abort && !preempted.is_empty() {
+        ns.reservations.fence()
+    } else {
+        None
+    };
     let notices: Vec<Notice> = (preempted.into_iter())
         .map(|h| (h, notification::REGISTRATION_PREEMPTED))
         .collect();
     notify(ctx, ns, &notices);
-    Ok(())
+    Ok(fence)
 }
 
 /// Reservation Release: RRELA, IEKEY, RTYPE; CRKEY in the data.

@@ -12,13 +12,17 @@
 //! with CNTLID FFFFh (not associated with a controller) if it has none.
 //!
 //! The I/O path looks at one word first ([`Reservations::check`]): while
-//! no reservation is held, which is almost always, a command pays a plain
-//! load and no lock. The same word counts Preempt and Abort actions: a
+//! the namespace has no registrant, a command pays a plain load and no
+//! lock. The same word counts Preempt and Abort actions (the epoch): a
 //! command keeps the value it was admitted with ([`Admitted`]) and, when
 //! it completes, is aborted if a Preempt and Abort has since removed its
-//! host's registration ([`Reservations::aborted`]). A command admitted
-//! while the namespace had no registrant is never aborted so, and pays no
-//! second load: its host was no registrant then.
+//! host's registration ([`Reservations::aborted`]). While the namespace
+//! has registrants, a command is also counted in its epoch until it is
+//! done, and a Preempt and Abort completes only once the commands of the
+//! epochs before it are ([`fence`]); a lock is taken only while a
+//! reservation is held. A command admitted while the namespace had no
+//! registrant is neither aborted nor waited for, and pays no second load:
+//! its host was no registrant then.
 //!
 //! **Persistence (PTPL).** With PTPL set, the state is kept in a sidecar
 //! file next to the namespace's image (`IMAGE.reservations`), rewritten
@@ -30,13 +34,18 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 use vnvme_spec::reservation::{notification, ReservationType};
 use vnvme_spec::status::invalid_field;
 use vnvme_spec::Status;
 
+pub(crate) mod fence;
 pub(crate) mod saved;
+
+use fence::Pending;
+pub(crate) use fence::{Admitted, Fence};
 
 /// Registrants kept at most: a host can present any number of
 /// identifiers (one per controller reset), each registering.
@@ -47,6 +56,11 @@ pub(crate) const MAX_REGISTRANTS: usize = 64;
 const HELD: u64 = 1;
 const REGISTERED: u64 = 2;
 const ABORTS_SHIFT: u32 = 2;
+
+/// The Preempt and Abort epoch of a reservation word.
+fn epoch(word: u64) -> u64 {
+    word >> ABORTS_SHIFT
+}
 
 /// The first line of a sidecar file.
 const MAGIC: &str = "vnvme-reservations 1";
@@ -450,6 +464,8 @@ pub(crate) struct Reservations {
     /// its I/O after an Acquire only by waiting for its completion, posted
     /// after the lock was released).
     word: AtomicU64,
+    /// Commands running, by epoch ([`fence`]).
+    pending: Pending,
     state: Mutex<State>,
     /// The sidecar file, for a namespace whose keys can persist (PTPLS).
     file: Option<PathBuf>,
@@ -468,6 +484,7 @@ impl Reservations {
         };
         Ok(Self {
             word: AtomicU64::new(state.word()),
+            pending: Pending::default(),
             state: Mutex::new(state),
             file,
         })
@@ -480,16 +497,48 @@ impl Reservations {
 
     /// Whether a read (`write` false) or write command from `host` may
     /// run; Reservation Conflict if not. What it saw goes with the command
-    /// to its completion ([`Reservations::aborted`]).
+    /// to its completion ([`Reservations::aborted`]), counted while it
+    /// runs if the namespace has registrants (see [`fence`]).
     #[inline]
-    pub fn check(&self, host: impl FnOnce() -> HostId, write: bool) -> Result<Admitted, Status> {
+    pub fn check(
+        self: &Arc<Self>,
+        host: impl FnOnce() -> HostId,
+        write: bool,
+    ) -> Result<Admitted, Status> {
         let word = self.word.load(Ordering::Acquire);
-        if word & HELD == 0 {
-            return Ok(Admitted(word));
+        if word & (HELD | REGISTERED) == 0 {
+            return Ok(Admitted::free(word));
+        }
+        self.check_registered(word, host, write)
+    }
+
+    /// [`Reservations::check`] with registrants: counted in its epoch,
+    /// then judged under the lock if a reservation is held.
+    fn check_registered(
+        self: &Arc<Self>,
+        mut word: u64,
+        host: impl FnOnce() -> HostId,
+        write: bool,
+    ) -> Result<Admitted, Status> {
+        let admitted = loop {
+            self.pending.enter(epoch(word));
+            let now = self.word.load(Ordering::SeqCst);
+            if epoch(now) == epoch(word) {
+                break Admitted::counted(now, self);
+            }
+            // A Preempt and Abort came between: count it in the new epoch.
+            self.pending.leave(epoch(word));
+            word = now;
+            if word & (HELD | REGISTERED) == 0 {
+                return Ok(Admitted::free(word));
+            }
+        };
+        if admitted.word & HELD == 0 {
+            return Ok(admitted);
         }
         let host = host();
         if self.state.lock().allows(&host, write) {
-            Ok(Admitted(word))
+            Ok(admitted)
         } else {
             Err(conflict())
         }
@@ -500,12 +549,12 @@ impl Reservations {
     /// removed `host`'s registration since. A command admitted with no
     /// registrant on the namespace costs no load.
     #[inline]
-    pub fn aborted(&self, admitted: Admitted, host: impl FnOnce() -> HostId) -> bool {
-        if admitted.0 & REGISTERED == 0 {
+    pub fn aborted(&self, admitted: &Admitted, host: impl FnOnce() -> HostId) -> bool {
+        if admitted.word & REGISTERED == 0 {
             return false;
         }
-        let since = admitted.0 >> ABORTS_SHIFT;
-        if self.word.load(Ordering::Acquire) >> ABORTS_SHIFT == since {
+        let since = epoch(admitted.word);
+        if epoch(self.word.load(Ordering::Acquire)) == since {
             return false;
         }
         let host = host();
@@ -514,6 +563,21 @@ impl Reservations {
             .aborted
             .iter()
             .any(|(h, at)| *h == host && *at > since)
+    }
+
+    /// After a Preempt and Abort that removed registrations: the fence its
+    /// completion waits for, or `None` if no command admitted before it
+    /// is left.
+    pub fn fence(self: &Arc<Self>) -> Option<Fence> {
+        let now = epoch(self.word.load(Ordering::SeqCst));
+        let fence = Fence::new(self.clone(), now);
+        (!fence.ready()).then_some(fence)
+    }
+
+    /// Commands counted running, all epochs (tests).
+    #[cfg(test)]
+    pub fn pending_total(&self) -> u64 {
+        self.pending.total()
     }
 
     /// A copy of the state (Reservation Report, Get Features 83h).
@@ -544,16 +608,13 @@ impl Reservations {
                 Status::INTERNAL_ERROR.with_dnr(true)
             })?;
         }
-        self.word.store(next.word(), Ordering::Release);
+        // Sequentially consistent: a command counting itself meanwhile
+        // sees the new epoch, or the fence sees its count (see [`fence`]).
+        self.word.store(next.word(), Ordering::SeqCst);
         *state = next;
         Ok(out)
     }
 }
-
-/// The reservation word a command was admitted with
-/// ([`Reservations::check`]), kept until it completes.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Admitted(u64);
 
 /// Writes `state` to `path` durably (or removes the file without PTPL).
 fn persist(path: &Path, state: &State) -> std::io::Result<()> {

@@ -13,7 +13,8 @@
 //! again if the limits change meanwhile.
 
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use vnvme_spec::{Command, Status};
 
@@ -22,6 +23,7 @@ use super::{EventIdxPolicy, Local};
 use crate::command::{Ctx, Outcome};
 use crate::faults::{Faults, Held, Hit};
 use crate::io;
+use crate::namespace::reservation::Fence;
 use crate::qos::{self, Qos, Throttled};
 use crate::queue::mailbox::Wait;
 use crate::queue::{Cq, Sq};
@@ -59,8 +61,34 @@ pub(super) fn hold(
         cq_instance: cq.instance,
         due,
         throttled: None,
+        fence: None,
     });
     Some(Outcome::Deferred)
+}
+
+/// How often a worker looks again at a held Preempt and Abort's fence:
+/// the commands it waits for may complete on another worker, which does
+/// not wake this one.
+const FENCE_POLL: Duration = Duration::from_millis(1);
+
+/// Holds Reservation Acquire `cmd` (a Preempt and Abort that ran) until
+/// `fence` is ready, then completes it with success ([`release`]). Not in
+/// the faults' table: Abort does not find it (its change is made), and it
+/// counts in flight on its SQ, as a Delete I/O Submission Queue waits for
+/// it.
+pub(super) fn fence(held: &mut Vec<Held>, sq: &mut Sq, cq: &mut Cq, cmd: &Command, fence: Fence) {
+    cq.reserved = cq.reserved.saturating_add(1);
+    sq.in_flight = sq.in_flight.saturating_add(1);
+    held.push(Held {
+        cmd: *cmd,
+        sqid: sq.qid,
+        sq_instance: sq.instance,
+        cqid: cq.qid,
+        cq_instance: cq.instance,
+        due: Some(Instant::now() + FENCE_POLL),
+        throttled: None,
+        fence: Some(Arc::new(fence)),
+    });
 }
 
 /// Holds I/O command `cmd` until its limits let it start ([`crate::qos`]);
@@ -114,6 +142,7 @@ fn throttle_limited(
             generation,
             since: now,
         }),
+        fence: None,
     });
     Some(Outcome::Deferred)
 }
@@ -174,19 +203,26 @@ pub(super) fn release(
     let mut held = std::mem::take(&mut local.held);
     let mut done = 0;
     held.retain_mut(|h| {
-        let aborted = shared.faults.abort_requested(h.sqid, h.cmd.cid());
+        let fenced = h.fence.as_ref().map(|f| f.open());
+        let aborted = fenced.is_none() && shared.faults.abort_requested(h.sqid, h.cmd.cid());
         if !aborted {
             recharge(&shared.qos, &shared.subsystem, h, now);
         }
-        if !aborted && h.due.is_none_or(|due| due > now) {
-            return true;
+        match fenced {
+            Some(false) => {
+                h.due = Some(now + FENCE_POLL);
+                return true;
+            }
+            Some(true) => {}
+            None if !aborted && h.due.is_none_or(|due| due > now) => return true,
+            None => {}
         }
         if let Some(t) = h.throttled {
             let waited = now.saturating_duration_since(t.since).as_nanos();
             let waited = u64::try_from(waited).unwrap_or(u64::MAX);
             shared.stats.qos_throttled_ns.fetch_add(waited, Relaxed);
         }
-        let aborted = shared.faults.release(h.sqid, h.cmd.cid()) || aborted;
+        let aborted = fenced.is_none() && shared.faults.release(h.sqid, h.cmd.cid()) || aborted;
         done += 1;
         if let Some(cqid) = release_one(shared, session, local, h, aborted, policy) {
             if !local.touched.contains(&cqid) {
@@ -197,7 +233,10 @@ pub(super) fn release(
         super::ops::finish_delete(queues, doorbells, &mut local.rings, h.sqid);
         false
     });
-    local.held = held;
+    // Before those held again meanwhile (a delayed Preempt and Abort that
+    // ran and waits for its fence).
+    let again = std::mem::replace(&mut local.held, held);
+    local.held.extend(again);
     settle_touched(shared, session, local);
     done
 }
@@ -233,6 +272,9 @@ fn release_one(
             dw0: 0,
             status: Status::ABORTED_BY_REQUEST,
         }
+    } else if h.fence.is_some() {
+        // A Preempt and Abort whose fence is ready: its change was made.
+        Outcome::ok(0)
     } else {
         let mut ctx = Ctx {
             shared,
@@ -250,6 +292,13 @@ fn release_one(
             return None;
         }
         Outcome::Deferred => return None,
+        Outcome::Fenced => match local.scratch.fence.take() {
+            Some(f) => {
+                fence(&mut local.held, sq, cq, &h.cmd, f);
+                return None;
+            }
+            None => (0, Status::SUCCESS),
+        },
     };
     let done = Reserved {
         cmd: &h.cmd,

@@ -120,7 +120,7 @@ fn complete_one(
         &request.kind,
         completion,
         &[],
-        request.admitted,
+        &request.admitted,
     );
     let done = Reserved {
         cmd: &request.cmd,
