@@ -154,16 +154,8 @@ impl Summary {
     }
 }
 
-/// Runs `pattern` on every queue at once, one thread each.
-pub fn run_threads(
-    queues: &mut [IoQueue],
-    access: &Arc<dyn DeviceAccess>,
-    pattern: &Pattern,
-) -> Result<Vec<Summary>> {
-    run_threads_with(queues, None, access, pattern, Duration::MAX, &mut || {})
-}
-
-/// [`run_threads`], verifying with `stripes` (one per queue) if given, and
+/// Runs `pattern` on every queue at once, one thread each, verifying with
+/// `stripes` (one per queue) if given, and
 /// calling `tick` about every `tick_every` while the threads run.
 pub fn run_threads_with(
     queues: &mut [IoQueue],

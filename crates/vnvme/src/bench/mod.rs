@@ -11,6 +11,7 @@ mod plot;
 mod report;
 pub mod rng;
 pub mod scale;
+mod thread_use;
 pub mod upgrade;
 mod verify;
 pub mod zns;

@@ -35,6 +35,8 @@ use crate::inproc::InProcess;
 use crate::namespace::NamespaceSpec;
 use crate::size::parse_size;
 
+use super::thread_use::ThreadUse;
+
 const NSID: u32 = 1;
 const BLOCK: usize = 4096;
 pub(super) const SYNC_NOTE: &str =
@@ -110,6 +112,33 @@ pub struct PassthruRun {
     pub lat_p99_us: f64,
     pub ios: u64,
     pub errors: u64,
+    /// What the server's counters say, per I/O (in process only).
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub server: Option<ServerCounts>,
+    /// What the thread that drove the API used, per I/O (in process only).
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub driver: Option<DriverThread>,
+}
+
+/// The submitting thread's use per I/O: its CPU time, and how often it
+/// slept for a completion (1 at QD 1 means every command's completion woke
+/// it: an interrupt's eventfd, not a reap in passing).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct DriverThread {
+    pub cpu_us_per_io: f64,
+    pub sleeps_per_io: f64,
+}
+
+/// The controller's counters over one point, per I/O: what a QD 1 command
+/// costs besides the driver's own work.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct ServerCounts {
+    /// SQ and CQ doorbell writes that trapped to the server.
+    pub traps_per_io: f64,
+    /// MSI-X interrupts the controller sent.
+    pub interrupts_per_io: f64,
+    /// Times the server's queue worker woke from sleep.
+    pub wakeups_per_io: f64,
 }
 
 /// Runs the benchmark, prints the table, writes the JSON if asked.
@@ -146,8 +175,8 @@ pub fn run(opts: &PassthruOptions) -> Result<Vec<PassthruRun>> {
         interrupts: !opts.poll,
         ..InitOptions::default()
     };
-    // The server lives as long as `_inproc`: the driver talks to it below.
-    let (_inproc, access, driver) = InProcess::start_driver(device, init)?;
+    // The server lives as long as `inproc`: the driver talks to it below.
+    let (inproc, access, driver) = InProcess::start_driver(device, init)?;
     let blocks = driver
         .namespaces()
         .iter()
@@ -169,16 +198,36 @@ pub fn run(opts: &PassthruOptions) -> Result<Vec<PassthruRun>> {
     for &qd in &opts.qd.0 {
         for &api in &opts.apis.0 {
             let queue = q.take().context("the I/O queue was lost")?;
-            let (queue, run) = measure(api, qd, queue, &access, blocks, runtime, opts.submit)?;
+            let before = inproc.controller().stats();
+            let (queue, mut run) = measure(api, qd, queue, &access, blocks, runtime, opts.submit)?;
+            let after = inproc.controller().stats();
+            let per_io = |a: u64, b: u64| a.saturating_sub(b) as f64 / run.ios.max(1) as f64;
+            let server = ServerCounts {
+                traps_per_io: per_io(
+                    after.sq_doorbell_traps + after.cq_doorbell_traps,
+                    before.sq_doorbell_traps + before.cq_doorbell_traps,
+                ),
+                interrupts_per_io: per_io(after.interrupts, before.interrupts),
+                wakeups_per_io: per_io(after.worker_wakeups, before.worker_wakeups),
+            };
+            run.server = Some(server);
             q = Some(queue);
             eprintln!(
-                "bench passthru: [{:>2}/{total}] {:<5} qd {:>3}: {:>9.0} IOPS, p50 {:.1} us, p99 {:.1} us",
+                "bench passthru: [{:>2}/{total}] {:<5} qd {:>3}: {:>9.0} IOPS, p50 {:.1} us, p99 {:.1} us; \
+                 per I/O: {:.2} traps, {:.2} interrupts, {:.2} worker wake-ups, driver {} us CPU, {} sleeps",
                 runs.len() + 1,
                 format!("{api:?}").to_lowercase(),
                 qd,
                 run.iops,
                 run.lat_p50_us,
-                run.lat_p99_us
+                run.lat_p99_us,
+                server.traps_per_io,
+                server.interrupts_per_io,
+                server.wakeups_per_io,
+                run.driver
+                    .map_or("-".to_string(), |d| format!("{:.2}", d.cpu_us_per_io)),
+                run.driver
+                    .map_or("-".to_string(), |d| format!("{:.2}", d.sleeps_per_io)),
             );
             runs.push(run);
         }
@@ -207,20 +256,29 @@ fn point(api: Api, qd: u16, summary: &block::Summary) -> PassthruRun {
         lat_p99_us: summary.percentile_us(99.0),
         ios: summary.ios,
         errors: summary.errors,
+        // Filled in by the caller, which sees the controller's counters.
+        server: None,
+        driver: None,
     }
 }
 
-/// Runs `f` on a thread of its own, as [`block::run_threads`] runs the
-/// block API: every API is measured from the same kind of thread, counted
+/// Runs `f` on a thread of its own, as [`block::run_threads_with`] runs
+/// `vnvme bench`'s queues: every API is measured from the same kind of thread, counted
 /// the same way (one latency histogram), so the table compares the APIs and
 /// not the harness (the caller's main thread, a per-I/O latency vector).
+/// Also returns what the thread used meanwhile (CPU time, sleeps).
 fn on_own_thread(
     f: impl FnOnce() -> Result<(IoQueue, block::Summary)> + Send,
-) -> Result<(IoQueue, block::Summary)> {
+) -> Result<(IoQueue, block::Summary, Option<ThreadUse>)> {
     std::thread::scope(|s| {
-        s.spawn(f)
-            .join()
-            .unwrap_or_else(|_| bail!("a benchmark thread panicked"))
+        s.spawn(|| {
+            let before = ThreadUse::now();
+            let (q, summary) = f()?;
+            let used = ThreadUse::now().zip(before).map(|(a, b)| a.since(b));
+            Ok((q, summary, used))
+        })
+        .join()
+        .unwrap_or_else(|_| bail!("a benchmark thread panicked"))
     })
 }
 
@@ -234,18 +292,10 @@ fn measure(
     submit: Submit,
 ) -> Result<(IoQueue, PassthruRun)> {
     let seed = 0x9E37_79B9_7F4A_7C15 ^ u64::from(qd);
-    match api {
-        Api::Sync => {
-            let (q, summary) = on_own_thread(|| sync(q, access, blocks, runtime, seed))?;
-            Ok((q, point(api, qd, &summary)))
-        }
-        Api::Async => {
-            let (q, summary) =
-                on_own_thread(|| asynchronous(q, qd, access, blocks, runtime, seed, submit))?;
-            Ok((q, point(api, qd, &summary)))
-        }
+    let (q, summary, used) = match api {
+        Api::Sync => on_own_thread(|| sync(q, access, blocks, runtime, seed))?,
+        Api::Async => on_own_thread(|| asynchronous(q, qd, access, blocks, runtime, seed, submit))?,
         Api::Block => {
-            let mut queues = [q];
             let pattern = Pattern {
                 rw: Rw::Randread,
                 qd,
@@ -253,11 +303,24 @@ fn measure(
                 block_size: BLOCK as u32,
                 submit,
             };
-            let summary = block::Summary::merge(block::run_threads(&mut queues, access, &pattern)?);
-            let [q] = queues;
-            Ok((q, point(api, qd, &summary)))
+            // `vnvme bench`'s own loop, as its threads run it.
+            on_own_thread(|| {
+                let mut q = q;
+                let summary =
+                    block::run_one(&mut q, None, access, &pattern, block::thread_seed(0))?;
+                Ok((q, summary))
+            })?
         }
+    };
+    let mut run = point(api, qd, &summary);
+    if let Some(used) = used {
+        let ios = summary.ios.max(1) as f64;
+        run.driver = Some(DriverThread {
+            cpu_us_per_io: used.cpu_ns as f64 / 1e3 / ios,
+            sleeps_per_io: used.sleeps as f64 / ios,
+        });
     }
+    Ok((q, run))
 }
 
 /// One caller, one command at a time, whatever `qd` says.
@@ -527,6 +590,8 @@ mod tests {
             lat_p99_us: 0.0,
             ios: 0,
             errors: 0,
+            server: None,
+            driver: None,
         }
     }
 

@@ -235,6 +235,8 @@ fn parse_results(text: &str) -> Vec<PassthruRun> {
             lat_p99_us: f("clat_p99_us"),
             ios: (f("io_kib") / 4.0) as u64,
             errors: 0,
+            server: None,
+            driver: None,
         });
     }
     runs
@@ -312,6 +314,8 @@ mod tests {
             lat_p99_us: 0.0,
             ios: 0,
             errors: 0,
+            server: None,
+            driver: None,
         };
         let m = medians(&[
             s(Api::Sync, 1, 300.0),
