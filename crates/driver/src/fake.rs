@@ -291,3 +291,6 @@ impl DeviceAccess for FakeDevice {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod waits;

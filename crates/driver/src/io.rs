@@ -3,7 +3,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use vnvme_spec::cdw::Cdw12ReadWrite;
 use vnvme_spec::command::Command;
@@ -13,7 +13,7 @@ use crate::access::{DeviceAccess, DmaBuffer};
 use crate::error::Error;
 use crate::irq::QueueIrq;
 use crate::namespace::{Namespace, NamespaceSet};
-use crate::queue::{Backoff, QueueCounters, QueuePair, REAP_CAP};
+use crate::queue::{Backoff, Deadline, QueueCounters, QueuePair, REAP_CAP};
 
 mod protected;
 
@@ -379,11 +379,22 @@ impl IoQueue {
     /// Moves up to `max` completions into `out` without waiting; writes the
     /// CQ head doorbell once if any were reaped from the ring.
     pub fn poll(&mut self, out: &mut Vec<Completion>, max: usize) -> Result<usize, Error> {
+        self.poll_into(out, max)
+    }
+
+    /// [`poll`](Self::poll) into any sink: the asynchronous passthrough tags
+    /// each completion with its token as it comes off the ring, with no
+    /// copy in between.
+    pub(crate) fn poll_into(
+        &mut self,
+        out: &mut impl Extend<Completion>,
+        max: usize,
+    ) -> Result<usize, Error> {
         let max = max.min(REAP_CAP);
         let mut n = 0;
         while n < max {
             match self.pending.pop_front() {
-                Some(c) => out.push(c),
+                Some(c) => out.extend(Some(c)),
                 None => break,
             }
             n += 1;
@@ -402,27 +413,34 @@ impl IoQueue {
         max: usize,
         timeout: Duration,
     ) -> Result<usize, Error> {
-        let deadline = Instant::now() + timeout;
+        self.wait_until(out, max, &mut Deadline::new(timeout))
+    }
+
+    /// [`wait`](Self::wait) until `deadline`. The block and the
+    /// asynchronous passthrough waits share this loop (and [`Deadline`]'s
+    /// clock reads): a QD 1 command costs both the same.
+    pub(crate) fn wait_until(
+        &mut self,
+        out: &mut impl Extend<Completion>,
+        max: usize,
+        deadline: &mut Deadline,
+    ) -> Result<usize, Error> {
         let mut backoff = Backoff::default();
         loop {
             let ticket = self.interrupt.as_ref().map_or(0, QueueIrq::ticket);
-            let n = self.poll(out, max)?;
+            let n = self.poll_into(out, max)?;
             if n > 0 {
                 return Ok(n);
             }
-            let now = Instant::now();
-            if now >= deadline {
+            let left = deadline.left();
+            if left.is_zero() {
                 return Err(Error::WaitTimeout {
                     qid: self.qid(),
-                    timeout,
+                    timeout: deadline.timeout(),
                 });
             }
-            self.qp.idle(
-                self.interrupt.as_ref(),
-                ticket,
-                deadline - now,
-                &mut backoff,
-            )?;
+            self.qp
+                .idle(self.interrupt.as_ref(), ticket, left, &mut backoff)?;
         }
     }
 }

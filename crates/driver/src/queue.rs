@@ -343,7 +343,7 @@ impl QueuePair {
         stash: &mut VecDeque<Completion>,
         timeout: Duration,
     ) -> Result<Option<Completion>, Error> {
-        let deadline = Instant::now() + timeout;
+        let mut deadline = Deadline::new(timeout);
         let mut backoff = Backoff::default();
         loop {
             if let Some(pos) = stash.iter().position(|c| c.cid() == cid) {
@@ -353,11 +353,11 @@ impl QueuePair {
             if self.reap(stash, REAP_CAP)? > 0 {
                 continue;
             }
-            let now = Instant::now();
-            if now >= deadline {
+            let left = deadline.left();
+            if left.is_zero() {
                 return Ok(None);
             }
-            self.idle(interrupt, ticket, deadline - now, &mut backoff)?;
+            self.idle(interrupt, ticket, left, &mut backoff)?;
         }
     }
 
@@ -388,6 +388,64 @@ impl QueuePair {
     #[cfg(test)]
     pub fn cq(&self) -> &DmaBuffer {
         &self.cq
+    }
+}
+
+/// When a wait gives up: `timeout` after the queue was first found with
+/// nothing to reap. The clock is read only then and once per sleep after,
+/// never for a completion already posted: at queue depth 1 that is every
+/// other clock read of a command, and the synchronous, block and
+/// asynchronous passthrough waits all count time this one way, so none
+/// pays more for it than another.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Deadline {
+    timeout: Duration,
+    /// Set at the first [`left`](Self::left); `Some(None)` when `timeout`
+    /// reaches past what `Instant` can hold (no deadline).
+    at: Option<Option<Instant>>,
+}
+
+impl Deadline {
+    pub fn new(timeout: Duration) -> Self {
+        Self { timeout, at: None }
+    }
+
+    /// The timeout the caller gave.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Time left before the deadline (zero once it has passed); starts the
+    /// clock on the first call.
+    pub fn left(&mut self) -> Duration {
+        let now = clock::now();
+        match *self.at.get_or_insert_with(|| now.checked_add(self.timeout)) {
+            Some(at) => at.saturating_duration_since(now),
+            None => Duration::MAX,
+        }
+    }
+}
+
+/// The driver's clock reads, counted in tests: a QD 1 command's cost
+/// includes them, and what a wait reads is asserted exactly.
+pub(crate) mod clock {
+    use std::time::Instant;
+
+    #[cfg(test)]
+    thread_local! {
+        static READS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    }
+
+    pub fn now() -> Instant {
+        #[cfg(test)]
+        READS.with(|r| r.set(r.get() + 1));
+        Instant::now()
+    }
+
+    /// Clock reads by this thread so far.
+    #[cfg(test)]
+    pub fn reads() -> u64 {
+        READS.with(std::cell::Cell::get)
     }
 }
 
