@@ -194,6 +194,10 @@ pub(crate) trait Member: Send {
     /// memory touched to let go of); `None`: it needs a round. `clock` is
     /// the group's reading of this wake-up.
     fn look(&mut self, clock: &mut Clock) -> Option<Wait>;
+    /// For a member that looks and whose looks would change nothing but
+    /// its next deadline: what its group needs to look for it without
+    /// touching it ([`look::Card`]).
+    fn card(&self) -> Option<look::Card>;
 }
 
 /// Worker `index` of `shared` with its wake policy, as a [`Member`]; `None`
@@ -447,6 +451,14 @@ impl<W: Wake + Send> Member for Worker<W> {
         let local = &self.local;
         let wait = self.wake.wait(&shared.interrupts, local, clock);
         Some(held::clamp(wait, &local.held))
+    }
+
+    fn card(&self) -> Option<look::Card> {
+        if self.reaped > 0 || !self.wake.looks() || !self.local.held.is_empty() {
+            return None;
+        }
+        let backoff = self.wake.steady()?;
+        self.look.card(&self.shared, backoff)
     }
 }
 

@@ -109,6 +109,48 @@ fn an_idle_poll_group_wakes_once_to_look_at_every_members_doorbell_page() {
     }
 }
 
+/// After a second of silence every member's back-off reaches its ceiling
+/// (5 ms, 25 ms for an admin worker), and a look then changes nothing in it
+/// but its next deadline: the group looks at the page from its own copy
+/// (`look::Card`) and touches no member; a moved page still brings a round.
+#[test]
+fn a_deep_idle_group_looks_at_the_pages_without_touching_its_members() {
+    let groups = PollGroups::new(1).unwrap();
+    let pages: Vec<_> = (0..CONTROLLERS)
+        .map(|_| Arc::new(HeapDoorbellPage::default()))
+        .collect();
+    let mut hosts: Vec<Host> = pages.iter().map(|p| host_in(&groups, p, false)).collect();
+    // Until five idle wake-ups in a row asked no member (a bound on a hang
+    // only).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let before = loop {
+        assert!(Instant::now() < deadline, "the group kept asking its members");
+        let b = settled(&groups);
+        let n = counts_when(&groups, |c| c.wakeups >= b.wakeups + 5);
+        if n.idle_wakeups - b.idle_wakeups == 5 && n.idle_member_looks == b.idle_member_looks {
+            break n;
+        }
+    };
+    let after = counts_when(&groups, |c| c.idle_wakeups >= before.idle_wakeups + 20);
+    let idle = after.idle_wakeups - before.idle_wakeups;
+    assert_eq!(after.wakeups - before.wakeups, idle);
+    assert_eq!(after.idle_looks - before.idle_looks, MEMBERS * idle);
+    assert_eq!(
+        after.idle_member_looks - before.idle_member_looks,
+        0,
+        "every look taken from the group's card, no member touched"
+    );
+    assert_eq!(after.idle_clock_reads - before.idle_clock_reads, idle);
+    assert_eq!(after.idle_kick_checks - before.idle_kick_checks, 0);
+    for (h, page) in hosts.iter_mut().zip(&pages) {
+        h.push(1, rw(NvmOpcode::READ, 1, 0, 1, DATA, 0));
+        page.store(2, u32::from(h.rings[1].unwrap().tail));
+        assert!(h.wait_cqe(1).is_some_and(|c| c.status().is_success()));
+        assert_eq!(h.ctrl.stats().queue(1).sq_doorbell_traps, 0);
+        assert_eq!(h.ctrl.stats().queue(1).commands, 1);
+    }
+}
+
 /// A kick to an idle group (a doorbell register write that traps, as
 /// from a client that does not map the page) rings its bell: the wake-up
 /// it brings reads every member's mailbox, once, and serves the command;

@@ -56,6 +56,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use super::clock::Clock;
+use super::look::Card;
 use super::{Member, Take, TIMER_SLACK_NS};
 use crate::queue::mailbox::{Bell, Wait};
 
@@ -125,6 +126,9 @@ pub struct GroupCounts {
     /// Members' mailboxes those wake-ups read for kicks (none unless one
     /// rang the group's bell).
     pub idle_kick_checks: u64,
+    /// Looks that asked the member (its back-off still growing, or the
+    /// page moved); the others the group took from the member's card.
+    pub idle_member_looks: u64,
 }
 
 struct Joining {
@@ -279,6 +283,8 @@ struct Served {
     due: Option<Instant>,
     /// Idle: `due` is only its next look at its doorbell page.
     looks: bool,
+    /// Its looks change nothing in it but `due`: the group looks for it.
+    card: Option<Card>,
 }
 
 impl Served {
@@ -287,6 +293,7 @@ impl Served {
         let wait = self.member.prepare(clock);
         self.set_wait(wait, clock);
         self.looks = !matches!(self.wait, Wait::No) && self.member.looks();
+        self.card = if self.looks { self.member.card() } else { None };
     }
 
     fn set_wait(&mut self, wait: Wait, clock: &mut Clock) {
@@ -316,6 +323,7 @@ struct Pass {
     looked: u64,
     clock_reads: u64,
     kick_checks: u64,
+    member_looks: u64,
 }
 
 /// A group's thread: passes over its members until the groups stop.
@@ -345,6 +353,7 @@ fn serve(group: &Group) {
                 wait: Wait::No,
                 due: None,
                 looks: false,
+                card: None,
             };
             let mut clock = Clock::default();
             s.prepare(&mut clock);
@@ -368,10 +377,22 @@ fn serve(group: &Group) {
             if kicked || s.due(now) || (look && s.looks) {
                 pass.rounds += 1;
                 if s.looks && !kicked {
+                    if let Some(backoff) = s.card.as_ref().filter(|c| c.quiet()).map(|c| c.backoff)
+                    {
+                        // Nothing came, and the member's look would
+                        // change nothing but this.
+                        pass.looked += 1;
+                        s.wait = Wait::Until(Some(now + backoff));
+                        s.due = Some(now + backoff);
+                        i += 1;
+                        continue;
+                    }
+                    pass.member_looks += 1;
                     if let Some(wait) = s.member.look(&mut clock) {
                         // Nothing came: no round.
                         pass.looked += 1;
                         s.set_wait(wait, &mut clock);
+                        s.card = s.member.card();
                         i += 1;
                         continue;
                     }
@@ -401,6 +422,7 @@ fn serve(group: &Group) {
                 c.idle_looks += pass.looked;
                 c.idle_clock_reads += pass.clock_reads;
                 c.idle_kick_checks += pass.kick_checks;
+                c.idle_member_looks += pass.member_looks;
             }
         }
         group.members.store(members.len(), Ordering::Relaxed);

@@ -13,10 +13,18 @@
 //! too, as the need-event test tells it, and through the mapped page that
 //! write is a store to the page).
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use vnvme_spec::regs::Doorbell;
 
 use super::Local;
 use crate::doorbell::Doorbells;
+use crate::state::Shared;
+
+/// Most owned SQs a [`Card`] holds (a worker with more is looked at
+/// through the worker).
+const CARD_SQS: usize = 4;
 
 /// What a look compares against.
 #[derive(Debug, Default)]
@@ -113,6 +121,54 @@ impl PageLook {
             && doorbells.generation() == self.generation
             && self
                 .seen
+                .iter()
+                .all(|&(q, v)| doorbells.register_value(Doorbell::SqTail(q)) == v)
+    }
+}
+
+impl PageLook {
+    /// What a poll group needs to look for an idle worker whose looks
+    /// change nothing but its next deadline (`backoff`: the policy is at
+    /// its ceiling); `None` where the page may not be trusted or the worker
+    /// owns more SQs than a card holds.
+    pub fn card(&self, shared: &Arc<Shared>, backoff: Duration) -> Option<Card> {
+        if !self.valid || self.seen.len() > CARD_SQS {
+            return None;
+        }
+        let mut seen = [(0, 0); CARD_SQS];
+        seen[..self.seen.len()].copy_from_slice(&self.seen);
+        Some(Card {
+            shared: Arc::clone(shared),
+            generation: self.generation,
+            seen,
+            len: self.seen.len(),
+            backoff,
+        })
+    }
+}
+
+/// A steady idle member's look, kept in its poll group's own list: after
+/// 5 ms asleep the worker's state is cold in the caches (its policy, its
+/// look, its queues: several misses per member, on every one of 200
+/// wake-ups a second), so the group compares the page with this copy and
+/// touches the worker only when the page moved. While the card is held the
+/// worker has no round and nothing of it changes; any round or look
+/// through the worker makes a new card or none.
+pub(crate) struct Card {
+    shared: Arc<Shared>,
+    generation: u64,
+    seen: [(u16, u32); CARD_SQS],
+    len: usize,
+    /// The next look comes this long after this one.
+    pub backoff: Duration,
+}
+
+impl Card {
+    /// As [`PageLook::quiet`]: no owned SQ's doorbell changed in the page.
+    pub fn quiet(&self) -> bool {
+        let doorbells = &self.shared.doorbells;
+        doorbells.generation() == self.generation
+            && self.seen[..self.len]
                 .iter()
                 .all(|&(q, v)| doorbells.register_value(Doorbell::SqTail(q)) == v)
     }

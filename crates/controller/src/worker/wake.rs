@@ -117,6 +117,13 @@ pub(super) trait Wake {
     fn armed(&self) -> bool {
         false
     }
+    /// For a worker that [`looks`](Self::looks): its back-off, if it is
+    /// at its ceiling, so that an idle look changes nothing in the policy
+    /// and the next wait is this long after it (a poll group then looks
+    /// for the worker without touching it, see `look::Card`).
+    fn steady(&self) -> Option<Duration> {
+        None
+    }
 }
 
 /// One idle poll's pause: a spin hint, and every few polls the core.
@@ -231,6 +238,10 @@ impl Wake for MmapPoll {
 
     fn looks(&self) -> bool {
         self.spinning.is_none()
+    }
+
+    fn steady(&self) -> Option<Duration> {
+        (self.spinning.is_none() && self.backoff == self.max_backoff).then_some(self.backoff)
     }
 }
 
@@ -456,6 +467,14 @@ impl Wake for Adaptive {
 
     fn armed(&self) -> bool {
         self.armed
+    }
+
+    /// At the deep-idle ceiling, which only a second of silence reaches
+    /// (so `slept_after` is that old, and stays until work comes).
+    fn steady(&self) -> Option<Duration> {
+        let ceiling = self.max_backoff? * DEEP_IDLE_FACTOR;
+        let deep = matches!(self.phase, Phase::Asleep) && self.slept_after.is_some();
+        (deep && self.backoff == ceiling).then_some(ceiling)
     }
 }
 
