@@ -44,6 +44,9 @@ pub(crate) struct Scratch {
 /// What a command handler has at hand.
 pub(crate) struct Ctx<'a> {
     pub shared: &'a Shared,
+    /// The SQ the command came from: its worker is the one running it,
+    /// and the only one adding to its counters ([`crate::stats::Owned`]).
+    pub qid: u16,
     pub session: &'a Session,
     pub scratch: &'a mut Scratch,
     /// The worker's commands in flight on asynchronous backends.
@@ -216,8 +219,8 @@ impl VendorHost for Ctx<'_> {
             max_io_queues: U16::new(config.max_io_queues),
             mdts: config.mdts,
             vendor_commands: u8::try_from(config.vendor.len()).unwrap_or(u8::MAX),
-            host_read_commands: U64::new(shared.stats.host_read_commands.load(Relaxed)),
-            host_write_commands: U64::new(shared.stats.host_write_commands.load(Relaxed)),
+            host_read_commands: U64::new(shared.stats.host_read_commands()),
+            host_write_commands: U64::new(shared.stats.host_write_commands()),
             firmware: shared.subsystem.firmware.lock().running(),
             serial: [b' '; 20],
         };

@@ -512,11 +512,7 @@ fn bounced(ctx: &Ctx<'_>, rw: &ReadWrite) {
 
 fn read_counted(ctx: &Ctx<'_>, ns: &Namespace, rw: &ReadWrite) {
     ns.counters.read(rw.len);
-    let stats = &ctx.shared.stats;
-    stats.host_read_commands.fetch_add(1, Ordering::Relaxed);
-    stats
-        .data_units_read_512
-        .fetch_add(rw.block_bytes >> 9, Ordering::Relaxed);
+    ctx.shared.stats.read(ctx.qid, rw.block_bytes >> 9);
 }
 
 fn write(
@@ -573,10 +569,7 @@ fn write_done(ctx: &Ctx<'_>, ns: &Namespace, rw: &ReadWrite) {
     ns.uncorrectable.clear(rw.slba, rw.nlb);
     ns.counters.written(rw.len);
     let stats = &ctx.shared.stats;
-    stats.host_write_commands.fetch_add(1, Ordering::Relaxed);
-    stats
-        .data_units_written_512
-        .fetch_add(rw.block_bytes >> 9, Ordering::Relaxed);
+    stats.written(ctx.qid, rw.block_bytes >> 9);
     if rw.dtype != 0 {
         stats.stream_write(rw.dspec);
     }

@@ -503,6 +503,7 @@ fn run_pass(
 ) -> u32 {
     let mut ctx = Ctx {
         shared,
+        qid,
         session,
         scratch: &mut local.scratch,
         inflight: &mut local.inflight,

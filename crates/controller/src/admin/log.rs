@@ -269,10 +269,10 @@ impl Health {
         let count = |c: &std::sync::atomic::AtomicU64| u128::from(c.load(Relaxed));
         let data_units = |units_512: u64| u128::from(units_512.div_ceil(1000));
         Self {
-            data_units_read: data_units(s.data_units_read_512.load(Relaxed)),
-            data_units_written: data_units(s.data_units_written_512.load(Relaxed)),
-            host_read_commands: count(&s.host_read_commands),
-            host_write_commands: count(&s.host_write_commands),
+            data_units_read: data_units(s.data_units_read_512()),
+            data_units_written: data_units(s.data_units_written_512()),
+            host_read_commands: u128::from(s.host_read_commands()),
+            host_write_commands: u128::from(s.host_write_commands()),
             media_errors: count(&s.media_errors),
             error_log_entries: u128::from(reporting.error_log.lock().count),
         }

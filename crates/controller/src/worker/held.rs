@@ -278,6 +278,7 @@ fn release_one(
     } else {
         let mut ctx = Ctx {
             shared,
+            qid: h.sqid,
             session,
             scratch: &mut local.scratch,
             inflight: &mut local.inflight,

@@ -109,6 +109,7 @@ fn complete_one(
     }
     let mut ctx = Ctx {
         shared,
+        qid: request.sqid,
         session,
         scratch: &mut local.scratch,
         inflight: &mut local.inflight,
