@@ -286,6 +286,7 @@ impl Controller {
             self_test: SelfTest::default(),
             faults: Faults::default(),
             qos: Default::default(),
+            crash: Default::default(),
             lifecycle,
             config,
         });

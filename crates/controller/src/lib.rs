@@ -25,6 +25,7 @@ mod background;
 mod command;
 mod config;
 mod controller;
+pub mod crash_record;
 mod doorbell;
 pub mod faults;
 mod features;
@@ -75,7 +76,7 @@ pub use qos::{
 };
 pub use saved_check::InvalidState;
 pub use saved_state::{
-    SavedState, StateError, FORMAT_VERSION, HEADER_LEN, MAGIC, OLDEST_READABLE_VERSION,
+    Positions, SavedState, StateError, FORMAT_VERSION, HEADER_LEN, MAGIC, OLDEST_READABLE_VERSION,
 };
 pub use stats::{ControllerStats, QueueStats};
 pub use subsystem::ana::AnaState;

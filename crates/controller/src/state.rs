@@ -95,6 +95,9 @@ pub(crate) struct Shared {
     /// IOPS and bandwidth limits ([`crate::qos`]): configuration, not
     /// guest-visible.
     pub qos: Qos,
+    /// Where queue positions go for a crash's successor (`--supervise`
+    /// only; [`crate::crash_record`]).
+    pub crash: std::sync::OnceLock<std::sync::Arc<dyn crate::crash_record::CrashRecord>>,
 }
 
 impl std::fmt::Debug for Shared {

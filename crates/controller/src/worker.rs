@@ -383,6 +383,7 @@ impl<W: Wake + Send> Member for Worker<W> {
             shared.stats.worker_wakeups.fetch_add(1, Ordering::Relaxed);
         }
         fire_timers(shared, session, &mut local.rings, &mut local.timers);
+        crate::crash_record::after_round(shared.crash.get(), &mut local.rings);
         let round = Round {
             work,
             slept,
@@ -655,7 +656,9 @@ fn process_sq(
                     status: Status::ABORTED_BY_REQUEST,
                 }
             } else if qid == 0 {
-                admin::execute(ctx, &cmd)
+                let outcome = admin::execute(ctx, &cmd);
+                crate::crash_record::admin_done(shared.crash.get());
+                outcome
             } else {
                 shared
                     .faults

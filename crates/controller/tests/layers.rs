@@ -21,7 +21,7 @@ const LAYERS: &[&[&str]] = &[
     &["inflight"],
     &["io_request"],
     &["state"],
-    &["interrupts"],
+    &["interrupts", "crash_record"],
     &["queue"],
     &["doorbell"],
     &["subsystem", "background"],

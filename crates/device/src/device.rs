@@ -38,6 +38,11 @@ pub struct NvmeDevice {
     /// Mmap-poll: BAR0 as a memfd (offset in the fd == offset in BAR0), of
     /// which only the doorbell page is offered for mmap.
     doorbell_region: Option<Arc<SharedRegion>>,
+    /// Writes that may change what a successor restores besides the
+    /// admin commands: config space, the MSI-X table, BAR0's registers
+    /// (not its doorbells), resets. A supervised server compares it
+    /// between two messages ([`state_writes`](Self::state_writes)).
+    state_writes: u64,
 }
 
 /// The doorbell page inside BAR0's shared region; `kept`: a region a
@@ -150,7 +155,15 @@ impl NvmeDevice {
             msix: MsixTable::new(vectors),
             irqs: Arc::default(),
             doorbell_region,
+            state_writes: 0,
         })
+    }
+
+    /// How many writes so far may have changed the function's or the
+    /// registers' state (see the field): a crash record keeps the state
+    /// again when it moved.
+    pub fn state_writes(&self) -> u64 {
+        self.state_writes
     }
 
     /// The controller, for counters.
@@ -311,6 +324,9 @@ impl vnvme_vfio_user::Device for NvmeDevice {
     }
 
     fn region_write(&mut self, index: u32, offset: u64, data: &[u8]) -> Result<(), Errno> {
+        if index != region::BAR0 || !Bar0Layout::DOORBELLS.contains(&offset) {
+            self.state_writes += 1;
+        }
         match index {
             // The PBA is read-only; without MSI-X the part is reserved.
             region::BAR0 if offset >= MSIX_TABLE && !self.offers_msix() => {}
@@ -386,6 +402,7 @@ impl vnvme_vfio_user::Device for NvmeDevice {
     }
 
     fn reset(&mut self) {
+        self.state_writes += 1;
         self.ctrl.reset();
         self.pci.reset();
         self.msix.reset();

@@ -107,6 +107,16 @@ pub trait Handover<D>: Sync {
     /// The client's fds changed (called between two messages, or once it
     /// went): a supervised server forwards what changed.
     fn client_changed(&self, _device: &D, _change: ClientChange<'_>) {}
+    /// A supervised server between two messages (after one was handled,
+    /// or a wait ended without one): keeps what a crash would lose up to
+    /// date (the binary's crash area). Called only when
+    /// [`supervised`](Self::supervised).
+    fn checkpoint(&self, _device: &D) {}
+    /// A supervised server starts handling the message `(msg_id, command)`
+    /// (`Some`), or has answered it (`None`): a crash in between leaves a
+    /// message unanswered, which a successor must know. Called only when
+    /// [`supervised`](Self::supervised).
+    fn handling(&self, _msg: Option<(u16, u16)>) {}
     /// Gives the client (`None`: no client is connected) to the next
     /// process. On success it ends this process without touching anything
     /// the next one now serves (no shutdown of the connection, no socket

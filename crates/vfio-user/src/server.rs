@@ -299,6 +299,12 @@ impl<D: Device> Server<D> {
         // Asked once per client, so a message (a trapped doorbell) pays a
         // test of this flag, not a call.
         let supervisor = handover.filter(|h| h.supervised());
+        if let Some(h) = supervisor.filter(|_| s.dma.is_some()) {
+            // A client adopted from a dead or upgraded process: the
+            // supervisor learns it as a new one, with its fds.
+            handing::tell_supervisor(s, cmd::VERSION, &self.device, h);
+            h.checkpoint(&self.device);
+        }
         loop {
             if stop.is_some_and(|f| f.load(Ordering::Relaxed)) {
                 return Ok(());
@@ -333,6 +339,11 @@ impl<D: Device> Server<D> {
                     if let Some(fd) = wake {
                         handing::drain_wake(fd);
                     }
+                    // An admin command run by a worker wakes the loop (the
+                    // binary's crash record pokes the wake fd) to keep it.
+                    if let Some(h) = supervisor {
+                        h.checkpoint(&self.device);
+                    }
                     let timed_out = deadline.is_some_and(|d| Instant::now() >= d);
                     if timed_out && handover.is_some_and(|h| h.asked()) {
                         self.late_handover_polls.fetch_add(1, Ordering::Relaxed);
@@ -366,10 +377,15 @@ impl<D: Device> Server<D> {
                 Err(e) => return Err(e),
             };
             let (command, started) = (msg.header.command, Instant::now());
+            if let Some(h) = supervisor {
+                h.handling(Some((msg.header.msg_id, command)));
+            }
             self.handle(s, msg)?;
             s.times.add(command, started.elapsed());
             if let Some(h) = supervisor {
+                h.handling(None);
                 handing::tell_supervisor(s, command, &self.device, h);
+                h.checkpoint(&self.device);
             }
         }
     }

@@ -1,5 +1,6 @@
 //! `vnvme serve`: the controller on a vfio-user socket, one client at a time.
 
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -132,11 +133,13 @@ pub struct ServeOptions {
     pub control_mode: u32,
     /// Run the server as the child of a small supervisor that keeps the sockets and the client's
     /// fds (forwarded as the client sends them) and starts a new server when it dies (SIGKILL, a
-    /// panic, an abort). Stage 1: the new server serves the next connection; the client that was
-    /// connected at the crash sees its connection closed, as without it. Costs a process, an fd per
-    /// file the client shares and a note to the supervisor per DMA_MAP, DMA_UNMAP and SET_IRQS;
-    /// nothing per command. Live upgrade is refused under it. See docs/deployment.md, "Crash
-    /// recovery".
+    /// panic, an abort). The new server restores the client connected at the crash from a shared
+    /// crash area and serves it on the same connection, unless commands were in flight then (its
+    /// connection is then closed, with the reason logged, and the next client is served). Costs a
+    /// process, an fd per file the client shares, a pause of the workers and a state write per
+    /// state change (admin command, register write, DMA map), two stores per queue per worker
+    /// round; nothing per command. Live upgrade is refused under it. See docs/deployment.md,
+    /// "Crash recovery".
     #[arg(long)]
     pub supervise: bool,
     #[command(flatten)]
@@ -267,10 +270,26 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
     let namespaces = opts.device.namespace_configs(&opts.namespaces, &origin)?;
     let backends: Vec<_> = namespaces.iter().map(|n| Arc::clone(&n.backend)).collect();
     let config = opts.device.device_config(namespaces, &origin, None);
-    let client = handover.as_mut().and_then(|(t, _)| t.client.take());
+    // A supervisor's crash area, and the client of a dead child to serve
+    // again from it.
+    let crash = handover.as_mut().and_then(|(t, _)| t.crash.take());
+    let (crash_area, crashed) = match crash {
+        Some(c) => (Some(c.area), c.client),
+        None => (None, None),
+    };
+    let mut client = handover.as_mut().and_then(|(t, _)| t.client.take());
+    let mut recorded = None;
+    if let (Some(fds), Some(area)) = (crashed, &crash_area) {
+        let area = supervise::crash_area::CrashArea::open(area.as_fd())
+            .context("the supervisor's crash area")?;
+        let (c, words) = supervise::restore::client(&area, fds)
+            .context("restoring the client of the server that died")?;
+        client = Some(c);
+        recorded = Some(words);
+    }
     let (device, adopted) = match client {
         None => (vnvme_device::NvmeDevice::new(config)?, None),
-        Some(c) => {
+        Some(mut c) => {
             let adopted = Adopted::new(
                 c.conn,
                 c.max_xfer,
@@ -280,6 +299,11 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
                 c.files,
             )
             .context("serving the handed-over client's guest memory")?;
+            if let Some(words) = &recorded {
+                words
+                    .apply(&mut c.state, &adopted.dma())
+                    .context("restoring the client of the server that died")?;
+            }
             let device = vnvme_device::NvmeDevice::restored(
                 config,
                 &c.function,
@@ -369,10 +393,25 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
         }
         None => None,
     };
+    let keeper = match &crash_area {
+        Some(fd) => {
+            let k = Arc::new(
+                supervise::Keeper::new(fd.as_fd(), requests.waker()?)
+                    .context("the supervisor's crash area")?,
+            );
+            device.controller().record_crash_state(
+                Arc::clone(&k) as Arc<dyn vnvme_controller::crash_record::CrashRecord>
+            );
+            Some(k)
+        }
+        None => None,
+    };
     let forwarder = handover
         .as_mut()
         .and_then(|(t, _)| t.supervisor.take())
-        .map(|fd| Box::new(supervise::Forwarder::new(fd)) as Box<dyn crate::upgrade::ClientWatch>);
+        .map(|fd| {
+            Box::new(supervise::Forwarder::new(fd, keeper)) as Box<dyn crate::upgrade::ClientWatch>
+        });
     if forwarder.is_some() {
         // A supervisor killed outright cannot pass its stop on: stop then.
         rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))

@@ -21,6 +21,13 @@ use crate::saved_state::{SavedState, StateBody, StateError};
 use crate::state::{Session, ACL};
 
 impl Controller {
+    /// Reports queue positions and admin commands to `record` from now on
+    /// (`vnvme serve --supervise`); a controller without one pays nothing.
+    /// Set once: a second call is ignored (and says so).
+    pub fn record_crash_state(&self, record: Arc<dyn crate::crash_record::CrashRecord>) -> bool {
+        self.shared.crash.set(record).is_ok()
+    }
+
     /// Stops the queue workers between two commands: when it returns, no
     /// worker runs, every command fetched has completed or waits on an
     /// asynchronous backend (then [`save_state`](Self::save_state) says

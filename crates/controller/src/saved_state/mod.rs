@@ -11,6 +11,7 @@
 
 mod envelope;
 mod error;
+mod positions;
 
 use serde::{Deserialize, Serialize};
 
@@ -26,6 +27,7 @@ use crate::subsystem::SavedSubsystem;
 
 pub use envelope::{FORMAT_VERSION, HEADER_LEN, MAGIC, OLDEST_READABLE_VERSION};
 pub use error::StateError;
+pub use positions::Positions;
 
 /// A saved controller: encode it to bytes with [`encode`](Self::encode),
 /// read it back with [`decode`](Self::decode), bring it up with

@@ -203,6 +203,7 @@ impl Upgrader {
             qos: Some(crate::qos::HandedQos::of(device.controller())),
             supervisor: None,
             client,
+            crash: None,
             spawned_ns: now_ns(),
         };
         let handover = manifest::write(&manifest, &state)
@@ -290,6 +291,18 @@ impl Handover<NvmeDevice> for Upgrader {
     fn client_changed(&self, device: &NvmeDevice, change: ClientChange<'_>) {
         if let Some(f) = &self.forward {
             f.changed(device, change);
+        }
+    }
+
+    fn checkpoint(&self, device: &NvmeDevice) {
+        if let Some(f) = &self.forward {
+            f.checkpoint(device);
+        }
+    }
+
+    fn handling(&self, msg: Option<(u16, u16)>) {
+        if let Some(f) = &self.forward {
+            f.handling(msg);
         }
     }
 

@@ -44,8 +44,38 @@ pub struct Manifest {
     #[serde(default)]
     pub supervisor: Option<HandedSocket>,
     pub client: Option<HandedClient>,
+    /// The supervisor's crash area, and the client to restore from it
+    /// after a crash (`--supervise`; absent otherwise).
+    #[serde(default)]
+    pub crash: Option<HandedCrash>,
     /// When the old process started the new one (CLOCK_MONOTONIC, ns).
     pub spawned_ns: u64,
+}
+
+/// The crash area a supervisor shares with its child.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HandedCrash {
+    pub fd: i32,
+    /// The client a dead child served, to serve again from the area.
+    pub client: Option<CrashedClient>,
+}
+
+/// The client of a dead child, as the supervisor's table holds it: its
+/// fds; the rest is in the crash area's newest slot.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CrashedClient {
+    pub conn_fd: i32,
+    pub max_xfer: usize,
+    /// The serial the slot must carry.
+    pub serial: u64,
+    /// The supervisor's ids of the files behind the maps, and their fds.
+    pub file_ids: Vec<u64>,
+    pub file_fds: Vec<i32>,
+    pub vector_fds: Vec<Option<i32>>,
+    pub intx_fd: Option<i32>,
+    pub doorbell_fd: Option<i32>,
 }
 
 /// A listening socket besides the vfio-user one: the control socket, the
@@ -88,6 +118,16 @@ impl Manifest {
             v.extend(c.vector_fds.iter().flatten());
             v.extend(c.intx_fd);
             v.extend(c.doorbell_fd);
+        }
+        if let Some(crash) = &self.crash {
+            v.push(crash.fd);
+            if let Some(c) = &crash.client {
+                v.push(c.conn_fd);
+                v.extend(&c.file_fds);
+                v.extend(c.vector_fds.iter().flatten());
+                v.extend(c.intx_fd);
+                v.extend(c.doorbell_fd);
+            }
         }
         v
     }

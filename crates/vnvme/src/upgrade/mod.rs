@@ -48,7 +48,7 @@ mod successor;
 
 pub(crate) use handoff::wait_ready;
 pub use handoff::{OtherSockets, Upgrader};
-pub use successor::{take, Reporter, Taken, TakenClient};
+pub use successor::{take, CrashedFds, Reporter, Taken, TakenClient, TakenCrash};
 
 /// Told of every change in the client's fds, between two messages: the
 /// forwarder of a supervised server (`vnvme serve --supervise`), which
@@ -59,6 +59,12 @@ pub trait ClientWatch: Send + Sync + std::fmt::Debug {
         device: &vnvme_device::NvmeDevice,
         change: vnvme_vfio_user::handover::ClientChange<'_>,
     );
+    /// Between two messages: keeps the crash state (see
+    /// [`Handover::checkpoint`](vnvme_vfio_user::handover::Handover::checkpoint)).
+    fn checkpoint(&self, device: &vnvme_device::NvmeDevice);
+    /// The message being handled (see
+    /// [`Handover::handling`](vnvme_vfio_user::handover::Handover::handling)).
+    fn handling(&self, msg: Option<(u16, u16)>);
 }
 
 /// The signal that asks `vnvme serve` for an upgrade to the binary it was
@@ -188,6 +194,12 @@ impl Requests {
                 None,
             ),
         }
+    }
+
+    /// A copy of the socket that wakes the client's thread: a crash
+    /// record pokes it after an admin command, for a checkpoint.
+    pub fn waker(&self) -> std::io::Result<UnixStream> {
+        self.waker.try_clone()
     }
 
     /// The fd that is readable once a request is made (see the field).

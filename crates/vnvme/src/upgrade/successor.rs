@@ -25,6 +25,27 @@ pub struct Taken {
     /// The socketpair to the supervisor (`--supervise`).
     pub supervisor: Option<OwnedFd>,
     pub client: Option<TakenClient>,
+    /// The supervisor's crash area (`--supervise`).
+    pub crash: Option<TakenCrash>,
+}
+
+/// The crash area, and a dead child's client to restore from it.
+#[derive(Debug)]
+pub struct TakenCrash {
+    pub area: OwnedFd,
+    pub client: Option<CrashedFds>,
+}
+
+/// A dead child's client as the supervisor handed it: its fds.
+#[derive(Debug)]
+pub struct CrashedFds {
+    pub conn: UnixStream,
+    pub max_xfer: usize,
+    pub serial: u64,
+    /// The files behind the maps, by the supervisor's id.
+    pub files: Vec<(u64, OwnedFd)>,
+    pub irqs: IrqFds,
+    pub doorbells: Option<OwnedFd>,
 }
 
 /// The client, with everything needed to serve it again.
@@ -139,6 +160,7 @@ fn take_rest(
         socket_owned,
         qos,
         client,
+        crash,
         ..
     } = manifest;
     let client = match client {
@@ -149,17 +171,7 @@ fn take_rest(
             for _ in &c.file_fds {
                 files.push(next()?);
             }
-            let mut vectors = Vec::new();
-            for v in &c.vector_fds {
-                vectors.push(match v {
-                    Some(_) => Some(expect_eventfd(next()?)?),
-                    None => None,
-                });
-            }
-            let intx = match c.intx_fd {
-                Some(_) => Some(expect_eventfd(next()?)?),
-                None => None,
-            };
+            let (vectors, intx) = take_irqs(&c.vector_fds, c.intx_fd, next)?;
             let doorbells = match c.doorbell_fd {
                 Some(_) => Some(next()?),
                 None => None,
@@ -177,6 +189,43 @@ fn take_rest(
             })
         }
     };
+    let crash = match crash {
+        None => None,
+        Some(c) => {
+            let area = next()?;
+            let client = match c.client {
+                None => None,
+                Some(c) => {
+                    let conn = UnixStream::from(expect_socket(next()?, "client connection")?);
+                    if c.file_ids.len() != c.file_fds.len() {
+                        bail!(
+                            "the handover names {} file ids for {} files",
+                            c.file_ids.len(),
+                            c.file_fds.len()
+                        );
+                    }
+                    let mut files = Vec::new();
+                    for id in &c.file_ids {
+                        files.push((*id, next()?));
+                    }
+                    let (vectors, intx) = take_irqs(&c.vector_fds, c.intx_fd, next)?;
+                    let doorbells = match c.doorbell_fd {
+                        Some(_) => Some(next()?),
+                        None => None,
+                    };
+                    Some(CrashedFds {
+                        conn,
+                        max_xfer: c.max_xfer,
+                        serial: c.serial,
+                        files,
+                        irqs: IrqFds { vectors, intx },
+                        doorbells,
+                    })
+                }
+            };
+            Some(TakenCrash { area, client })
+        }
+    };
     Ok(Taken {
         listener: Some(listener),
         socket_owned,
@@ -185,7 +234,30 @@ fn take_rest(
         qos,
         supervisor,
         client,
+        crash,
     })
+}
+
+/// The interrupt eventfds a manifest names: per vector, then INTx's.
+type Irqs = (Vec<Option<OwnedFd>>, Option<OwnedFd>);
+
+fn take_irqs(
+    vector_fds: &[Option<i32>],
+    intx_fd: Option<i32>,
+    next: &mut impl FnMut() -> Result<OwnedFd>,
+) -> Result<Irqs> {
+    let mut vectors = Vec::new();
+    for v in vector_fds {
+        vectors.push(match v {
+            Some(_) => Some(expect_eventfd(next()?)?),
+            None => None,
+        });
+    }
+    let intx = match intx_fd {
+        Some(_) => Some(expect_eventfd(next()?)?),
+        None => None,
+    };
+    Ok((vectors, intx))
 }
 
 fn expect_socket(fd: OwnedFd, what: &str) -> Result<OwnedFd> {

@@ -4,11 +4,14 @@
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 use vnvme_device::NvmeDevice;
 use vnvme_vfio_user::handover::{ClientChange, ClientParts};
 
+use super::keeper::{Keeper, SlotClient};
 use super::notes::{self, Note};
 
 /// Which file a DMA fd is, as the vfio-user `DmaLedger` tells them apart
@@ -29,20 +32,32 @@ struct Sent {
     broken: bool,
 }
 
-/// The supervisor's socketpair and what was sent on it.
+/// The supervisor's socketpair and what was sent on it, and the crash
+/// area's keeper.
 #[derive(Debug)]
 pub struct Forwarder {
     sock: OwnedFd,
     sent: Mutex<Sent>,
+    keeper: Option<Arc<Keeper>>,
 }
 
 impl Forwarder {
-    pub fn new(sock: OwnedFd) -> Self {
+    /// Forwards on `sock`; keeps the crash state with `keeper` (absent: a
+    /// supervisor that made no crash area).
+    pub fn new(sock: OwnedFd, keeper: Option<Arc<Keeper>>) -> Self {
         Self {
             sock,
             sent: Mutex::new(Sent::default()),
+            keeper,
         }
     }
+}
+
+/// A serial for a new client: unique among the clients of one supervisor
+/// (this process's id and a count), so a crash area slot names its client.
+fn new_serial() -> u64 {
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    (u64::from(std::process::id()) << 32) | (COUNT.fetch_add(1, Ordering::Relaxed) + 1)
 }
 
 impl crate::upgrade::ClientWatch for Forwarder {
@@ -55,9 +70,17 @@ impl crate::upgrade::ClientWatch for Forwarder {
         let result = match change {
             ClientChange::Negotiated(parts) => self.client(&mut sent, device, &parts),
             ClientChange::Maps(parts) => self.files(&mut sent, &parts),
-            ClientChange::Irqs => self.irqs(device),
+            ClientChange::Irqs => {
+                if let Some(k) = &self.keeper {
+                    k.touch();
+                }
+                self.irqs(device)
+            }
             ClientChange::Gone => {
                 sent.files.clear();
+                if let Some(k) = &self.keeper {
+                    k.clear_client();
+                }
                 self.send(&Note::Gone, None)
             }
         };
@@ -67,6 +90,18 @@ impl crate::upgrade::ClientWatch for Forwarder {
                 "forwarding fds to the supervisor failed: {e}; a crash of this process from \
                  now on loses the client"
             );
+        }
+    }
+
+    fn checkpoint(&self, device: &NvmeDevice) {
+        if let Some(k) = &self.keeper {
+            k.checkpoint(device);
+        }
+    }
+
+    fn handling(&self, msg: Option<(u16, u16)>) {
+        if let Some(k) = &self.keeper {
+            k.handling(msg);
         }
     }
 }
@@ -83,9 +118,19 @@ impl Forwarder {
         parts: &ClientParts<'_>,
     ) -> std::io::Result<()> {
         sent.files.clear();
+        let serial = new_serial();
+        if let Some(k) = &self.keeper {
+            k.set_client(SlotClient {
+                serial,
+                max_xfer: parts.max_xfer,
+                maps: Vec::new(),
+                function: device.function_state(),
+            });
+        }
         self.send(
             &Note::Client {
                 max_xfer: parts.max_xfer,
+                serial,
             },
             Some(parts.conn),
         )?;
@@ -99,6 +144,7 @@ impl Forwarder {
     /// Sends the files new since the last call, and drops the ones gone.
     fn files(&self, sent: &mut Sent, parts: &ClientParts<'_>) -> std::io::Result<()> {
         let mut now = HashMap::new();
+        let mut keys = Vec::with_capacity(parts.files.len());
         for fd in &parts.files {
             let st = rustix::fs::fstat(fd)?;
             let writable = rustix::fs::fcntl_getfl(fd)
@@ -109,6 +155,7 @@ impl Forwarder {
                 writable,
             };
             now.insert(key, *fd);
+            keys.push(key);
         }
         let gone: Vec<FileKey> = sent
             .files
@@ -129,6 +176,23 @@ impl Forwarder {
             sent.next_id += 1;
             self.send(&Note::File { id }, Some(fd))?;
             sent.files.insert(key, id);
+        }
+        if let Some(k) = &self.keeper {
+            // The maps name their files by the supervisor's ids.
+            let maps = parts
+                .maps
+                .iter()
+                .map(|m| {
+                    let mut m = m.clone();
+                    m.file = m
+                        .file
+                        .and_then(|i| keys.get(i))
+                        .and_then(|key| sent.files.get(key))
+                        .map(|&id| id as usize);
+                    m
+                })
+                .collect();
+            k.set_maps(maps);
         }
         Ok(())
     }

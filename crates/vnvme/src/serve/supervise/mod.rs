@@ -13,11 +13,15 @@
 //! it goes), the interrupt eventfds at each SET_IRQS; and says when the
 //! client went. The supervisor keeps them in a `table`.
 //!
-//! When the child dies (SIGKILL, a panic, an abort: any exit but a clean
-//! one), the supervisor logs it with what it held, closes the client's
-//! connection (restoring a client after a crash is not done yet: the
-//! client sees its connection end, as without supervision) and starts a
-//! new child, which serves the next connection. A child that fails before
+//! The supervisor also makes the crash area ([`crash_area`]) every child
+//! shares, where the child keeps the client's state as it changes
+//! ([`keeper`]). When the child dies (SIGKILL, a panic, an abort: any exit
+//! but a clean one), the supervisor logs it with what it held and starts a
+//! new child with the client's fds, which restores the client from the
+//! area ([`restore`]) and serves it on the same connection; if it cannot
+//! (commands in flight, no whole slot, the child died handling a message),
+//! the supervisor closes the client's connection, saying why, and the new
+//! child serves the next connection. A child that fails before
 //! it is ready [`MAX_FAILED_STARTS`] times in a row ends the supervisor
 //! with the last reason. SIGTERM or SIGINT to the supervisor is passed to
 //! the child, and both stop; a child that stops cleanly by itself (the
@@ -36,13 +40,18 @@ use anyhow::{bail, Context, Result};
 use super::{ServeOptions, DEFAULT_SOCKET};
 use crate::socket::Plan;
 use crate::stopping::Stop;
-use crate::upgrade::manifest::{self, now_ns, HandedSocket, Manifest};
+use crate::upgrade::manifest::{self, now_ns, CrashedClient, HandedCrash, HandedSocket, Manifest};
 
+pub mod crash_area;
 mod forward;
+pub mod keeper;
 mod notes;
+pub mod restore;
 mod table;
 
+use crash_area::CrashArea;
 pub use forward::Forwarder;
+pub use keeper::Keeper;
 use notes::Received;
 use table::Table;
 
@@ -132,19 +141,39 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
             })
             .context("starting the supervisor's stop thread")?;
     }
+    let area_fd = crash_area::create().context("making the crash area (memfd)")?;
+    let area = CrashArea::open(area_fd.as_fd()).context("the crash area")?;
     let mut table = Table::default();
     let mut failed = 0;
     let mut told_ready = false;
+    // The next child restores the client in `table`.
+    let mut restore = false;
+    // Restored children in a row that died within CRASH_LOOP.
+    let mut quick_restores = 0;
     loop {
         if stop.asked() {
             return Ok(());
         }
-        let started = start(&program, &args, &sockets, &starting);
+        let handed = Handed {
+            sockets: &sockets,
+            area: area_fd.as_fd(),
+            client: restore.then_some(&table),
+        };
+        let started = start(&program, &args, &handed, &starting);
         if stop.asked() && started.is_err() {
             return Ok(());
         }
         let (mut child, ours, term_sent) = match started {
             Ok(c) => c,
+            Err(why) if restore => {
+                tracing::error!(
+                    "the server restoring the client failed ({why}): the client's connection \
+                     is closed; starting a new server for the next client"
+                );
+                restore = false;
+                table.clear();
+                continue;
+            }
             Err(why) => {
                 failed += 1;
                 if failed >= MAX_FAILED_STARTS {
@@ -179,17 +208,43 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
             Ended::Exited(status) => {
                 // A server that dies as soon as it serves (on every
                 // client, say) is not started again in a tight loop.
-                let pause = (ready_at.elapsed() < CRASH_LOOP).then_some(CRASH_LOOP);
+                let quick = ready_at.elapsed() < CRASH_LOOP;
+                let pause = quick.then_some(CRASH_LOOP);
+                quick_restores = if restore && quick {
+                    quick_restores + 1
+                } else {
+                    0
+                };
+                let verdict = match restorable(&area, &table) {
+                    Err(why) => Err(why),
+                    Ok(_) if quick_restores >= MAX_FAILED_STARTS => Err(format!(
+                        "{quick_restores} servers restoring it in a row died within \
+                         {CRASH_LOOP:?}"
+                    )),
+                    Ok(seq) => Ok(seq),
+                };
+                restore = verdict.is_ok();
+                let next = match &verdict {
+                    Ok(seq) => format!(
+                        "starting a new server that serves the client on its connection (the \
+                         crash area's slot {seq})"
+                    ),
+                    Err(why) => format!(
+                        "the client cannot be restored ({why}): its connection is closed; \
+                         starting a new server for the next client"
+                    ),
+                };
                 tracing::error!(
-                    "the server (pid {pid}) died ({status}) holding {}: the client's connection \
-                     is closed (restoring a client after a crash is not done yet); starting a \
-                     new server{}",
+                    "the server (pid {pid}) died ({status}) holding {}: {next}{}",
                     table.summary(),
                     pause.map_or(String::new(), |p| format!(
                         " in {p:?} (it died within {p:?} of its start)"
                     ))
                 );
-                table.clear();
+                if !restore {
+                    table.clear();
+                    quick_restores = 0;
+                }
                 if let Some(p) = pause {
                     let until = Instant::now() + p;
                     while !stop.asked() && Instant::now() < until {
@@ -208,6 +263,34 @@ struct Sockets<'a> {
     metrics: Option<BorrowedFd<'a>>,
 }
 
+/// What one child is handed: the sockets, the crash area, and the client
+/// a dead child served, to restore.
+struct Handed<'a> {
+    sockets: &'a Sockets<'a>,
+    area: BorrowedFd<'a>,
+    client: Option<&'a Table>,
+}
+
+/// Whether the client in `table` can be restored from `area`: the slot
+/// the next child will read, or why not. The child checks the rest (the
+/// slot is this client's, its state decodes and fits).
+fn restorable(area: &CrashArea, table: &Table) -> Result<u64, String> {
+    if table.conn.is_none() {
+        return Err("no client was connected".into());
+    }
+    if let Some((msg_id, command)) = area.handling() {
+        return Err(format!(
+            "the server died handling vfio-user message {msg_id} (command {command}), whose \
+             reply the client waits for"
+        ));
+    }
+    let seq = area
+        .newest()
+        .map(|(seq, _)| seq)
+        .map_err(|e| format!("the crash state is refused: {e}"))?;
+    Ok(seq)
+}
+
 /// Starts a child and waits until it is ready: the child, the
 /// supervisor's end of its socketpair and whether the stop thread already
 /// sent it SIGTERM; or why not (the child is gone then). `starting` holds
@@ -215,9 +298,10 @@ struct Sockets<'a> {
 fn start(
     program: &OsString,
     args: &[OsString],
-    s: &Sockets<'_>,
+    handed: &Handed<'_>,
     starting: &AtomicI32,
 ) -> Result<(Child, OwnedFd, bool), String> {
+    let s = handed.sockets;
     use rustix::net::{AddressFamily, SocketFlags, SocketType};
     let (ours, theirs) = rustix::net::socketpair(
         AddressFamily::UNIX,
@@ -259,6 +343,10 @@ fn start(
             fd: pass(theirs.as_fd())?,
         }),
         client: None,
+        crash: Some(HandedCrash {
+            fd: pass(handed.area)?,
+            client: handed.client.map(|t| crashed(t, &mut pass)).transpose()?,
+        }),
         spawned_ns: now_ns(),
     };
     drop(theirs);
@@ -286,6 +374,41 @@ fn start(
             Err(format!("it {why}; it is gone ({status})"))
         }
     }
+}
+
+/// The client in `t` for a manifest, its fds passed with `pass`.
+fn crashed(
+    t: &Table,
+    pass: &mut impl FnMut(BorrowedFd<'_>) -> Result<i32, String>,
+) -> Result<CrashedClient, String> {
+    let (conn, max_xfer) = t.conn.as_ref().ok_or("no client was connected")?;
+    let mut file_ids = Vec::new();
+    let mut file_fds = Vec::new();
+    for (id, fd) in &t.files {
+        file_ids.push(*id);
+        file_fds.push(pass(fd.as_fd())?);
+    }
+    let count = t.vectors.keys().next_back().map_or(0, |&i| i + 1);
+    let mut vector_fds = vec![None; count];
+    for (i, fd) in &t.vectors {
+        if let Some(slot) = vector_fds.get_mut(*i) {
+            *slot = Some(pass(fd.as_fd())?);
+        }
+    }
+    Ok(CrashedClient {
+        conn_fd: pass(conn.as_fd())?,
+        max_xfer: *max_xfer,
+        serial: t.serial,
+        file_ids,
+        file_fds,
+        vector_fds,
+        intx_fd: t.intx.as_ref().map(|fd| pass(fd.as_fd())).transpose()?,
+        doorbell_fd: t
+            .doorbells
+            .as_ref()
+            .map(|fd| pass(fd.as_fd()))
+            .transpose()?,
+    })
 }
 
 /// Keeps `table` as the child's notes say until the child exits or a stop

@@ -22,7 +22,13 @@ const MAX_NOTE: usize = 4096;
 pub enum Note {
     /// A client negotiated; the fd is its connection. What the previous
     /// client left is forgotten.
-    Client { max_xfer: usize },
+    Client {
+        max_xfer: usize,
+        /// Names the client in the crash area's slots, so a slot of a
+        /// client gone before is never restored onto this one.
+        #[serde(default)]
+        serial: u64,
+    },
     /// BAR0's doorbell memfd (adaptive and mmap-poll), with the fd.
     Doorbells,
     /// A file behind the client's DMA maps, kept under `id`, with the fd.

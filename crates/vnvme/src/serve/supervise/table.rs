@@ -11,6 +11,8 @@ use super::notes::Note;
 pub struct Table {
     /// The connection and its `max_data_xfer_size`.
     pub conn: Option<(OwnedFd, usize)>,
+    /// The client's serial (its slots in the crash area carry it).
+    pub serial: u64,
     pub doorbells: Option<OwnedFd>,
     /// The files behind the DMA maps, by the child's id.
     pub files: BTreeMap<u64, OwnedFd>,
@@ -24,10 +26,11 @@ impl Table {
     pub fn apply(&mut self, note: Note, fd: Option<OwnedFd>) -> Result<(), String> {
         let no_fd = || format!("{note:?} came without its fd");
         match note {
-            Note::Client { max_xfer } => {
+            Note::Client { max_xfer, serial } => {
                 let fd = fd.ok_or_else(no_fd)?;
                 self.clear();
                 self.conn = Some((fd, max_xfer));
+                self.serial = serial;
             }
             Note::Doorbells => self.doorbells = Some(fd.ok_or_else(no_fd)?),
             Note::File { id } => {
@@ -95,7 +98,14 @@ mod tests {
     fn notes_build_the_table_and_a_new_client_or_irqs_replace_the_old() {
         let mut t = Table::default();
         assert_eq!(t.summary(), "no client");
-        t.apply(Note::Client { max_xfer: 4096 }, fd()).unwrap();
+        t.apply(
+            Note::Client {
+                max_xfer: 4096,
+                serial: 1,
+            },
+            fd(),
+        )
+        .unwrap();
         t.apply(Note::File { id: 0 }, fd()).unwrap();
         t.apply(Note::File { id: 1 }, fd()).unwrap();
         t.apply(Note::Vector { index: 0 }, fd()).unwrap();
@@ -111,7 +121,14 @@ mod tests {
         assert!(t.apply(Note::File { id: 1 }, fd()).is_err());
         assert!(t.apply(Note::DropFile { id: 9 }, None).is_err());
         assert!(t.apply(Note::Intx, None).is_err());
-        t.apply(Note::Client { max_xfer: 4096 }, fd()).unwrap();
+        t.apply(
+            Note::Client {
+                max_xfer: 4096,
+                serial: 1,
+            },
+            fd(),
+        )
+        .unwrap();
         assert_eq!(
             t.summary(),
             "a client: its connection, 0 DMA files, 0 interrupt eventfds"

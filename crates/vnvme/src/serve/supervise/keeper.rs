@@ -1,0 +1,234 @@
+//! The supervised child's side of the crash area ([`crash_area`](super::crash_area)): keeps
+//! in it, as they change, what the next child needs to serve the same
+//! client after a crash.
+//!
+//! * The saved client (DMA maps, PCI function, the controller's saved
+//!   state) is written again into the other slot at a *checkpoint*, on the
+//!   thread serving the client, between two messages, whenever something
+//!   other than a queue position may have changed: the client's maps or
+//!   interrupts, a write to config space, the MSI-X table or BAR0's
+//!   registers, a reset ([`NvmeDevice::state_writes`]), or an admin command
+//!   (the admin worker counts them and wakes the thread). A checkpoint
+//!   pauses the workers for the save (bounded by [`CHECKPOINT_DRAIN`];
+//!   with a command still in flight it is tried again at the next one).
+//! * The queue positions are stored by the workers after each round
+//!   ([`CrashRecord`]), as single words.
+//! * The message being handled is a word, set before and cleared after.
+
+use std::io::Write;
+use std::os::fd::BorrowedFd;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use vnvme_controller::crash_record::{CqPosition, CrashRecord, SqPosition};
+use vnvme_controller::SavedState;
+use vnvme_device::{FunctionState, NvmeDevice};
+use vnvme_vfio_user::handover::HandedMap;
+
+use super::crash_area::{CrashArea, CrashAreaError};
+
+/// Most time a checkpoint lets the commands in flight complete before it
+/// gives up (and tries again at the next one).
+pub const CHECKPOINT_DRAIN: Duration = Duration::from_millis(100);
+
+/// The client part of a slot (JSON): which client, its negotiated
+/// transfer size, its maps (each [`HandedMap::file`] the id the supervisor
+/// holds the file under) and the PCI function.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlotClient {
+    /// The client's serial, as its `client` note to the supervisor said.
+    pub serial: u64,
+    pub max_xfer: usize,
+    pub maps: Vec<HandedMap>,
+    pub function: FunctionState,
+}
+
+/// A slot's payload: the JSON's length (u32, little endian), the JSON,
+/// then the controller's saved state (docs/state-format.md).
+pub fn encode(client: &SlotClient, state: &[u8]) -> Vec<u8> {
+    let json = serde_json::to_vec(client).unwrap_or_default();
+    let mut out = Vec::with_capacity(4 + json.len() + state.len());
+    out.extend_from_slice(&(json.len() as u32).to_le_bytes());
+    out.extend_from_slice(&json);
+    out.extend_from_slice(state);
+    out
+}
+
+/// A slot's payload read back, or why it does not parse.
+pub fn decode(payload: &[u8]) -> Result<(SlotClient, SavedState), String> {
+    let len = payload
+        .get(..4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+        .ok_or("a slot shorter than its length word")?;
+    let json = payload
+        .get(4..4 + len)
+        .ok_or("a slot shorter than its client part")?;
+    let client: SlotClient =
+        serde_json::from_slice(json).map_err(|e| format!("the slot's client part: {e}"))?;
+    let state = SavedState::decode(&payload[4 + len..])
+        .map_err(|e| format!("the slot's saved state: {e}"))?;
+    Ok((client, state))
+}
+
+/// The child's keeper of the crash area.
+#[derive(Debug)]
+pub struct Keeper {
+    area: CrashArea,
+    client: Mutex<Option<SlotClient>>,
+    /// The client part changed since the last slot.
+    dirty: AtomicBool,
+    /// Admin commands run, and how many the last slot saw.
+    admin: AtomicU64,
+    kept_admin: AtomicU64,
+    /// [`NvmeDevice::state_writes`] at the last slot.
+    kept_writes: AtomicU64,
+    /// The next slot's sequence number.
+    seq: AtomicU64,
+    /// Wakes the thread serving the client (the upgrade requests' wake
+    /// socket) after an admin command, for its checkpoint.
+    waker: UnixStream,
+    /// Why the last checkpoint failed, logged once per reason.
+    failed: Mutex<Option<String>>,
+}
+
+impl Keeper {
+    /// The keeper of the area in `fd`, waking the client's thread with
+    /// `waker`.
+    pub fn new(fd: BorrowedFd<'_>, waker: UnixStream) -> Result<Self, CrashAreaError> {
+        let area = CrashArea::open(fd)?;
+        let seq = area.next_seq();
+        Ok(Self {
+            area,
+            client: Mutex::new(None),
+            dirty: AtomicBool::new(false),
+            admin: AtomicU64::new(0),
+            kept_admin: AtomicU64::new(0),
+            kept_writes: AtomicU64::new(0),
+            seq: AtomicU64::new(seq),
+            waker,
+            failed: Mutex::new(None),
+        })
+    }
+
+    /// A client negotiated (or was adopted): `client` is kept from the next
+    /// checkpoint on.
+    pub fn set_client(&self, client: SlotClient) {
+        *self.client.lock() = Some(client);
+        self.dirty.store(true, Ordering::Release);
+    }
+
+    /// The client's maps changed.
+    pub fn set_maps(&self, maps: Vec<HandedMap>) {
+        if let Some(c) = self.client.lock().as_mut() {
+            c.maps = maps;
+        }
+        self.dirty.store(true, Ordering::Release);
+    }
+
+    /// The interrupts changed (their eventfds are the supervisor's table;
+    /// the function state may have changed with them).
+    pub fn touch(&self) {
+        self.dirty.store(true, Ordering::Release);
+    }
+
+    /// The client went: nothing is kept for it any more.
+    pub fn clear_client(&self) {
+        *self.client.lock() = None;
+    }
+
+    /// The message being handled (see [`CrashArea::set_handling`]).
+    pub fn handling(&self, msg: Option<(u16, u16)>) {
+        self.area.set_handling(msg);
+    }
+
+    /// Writes a slot if something other than a queue position may have
+    /// changed since the last (see the module docs); between two messages.
+    pub fn checkpoint(&self, device: &NvmeDevice) {
+        let writes = device.state_writes();
+        let admin = self.admin.load(Ordering::Acquire);
+        if !self.dirty.load(Ordering::Acquire)
+            && writes == self.kept_writes.load(Ordering::Relaxed)
+            && admin == self.kept_admin.load(Ordering::Relaxed)
+        {
+            return;
+        }
+        let client = self.client.lock();
+        let Some(c) = client.as_ref() else {
+            return;
+        };
+        // Before the save: a change during it is kept by the next one.
+        self.dirty.store(false, Ordering::Release);
+        let ctrl = device.controller();
+        ctrl.pause_draining(CHECKPOINT_DRAIN);
+        let result = ctrl
+            .save_state()
+            .map_err(|e| format!("the controller cannot be saved now: {e}"))
+            .and_then(|state| {
+                let mut c = c.clone();
+                c.function = device.function_state();
+                // The words first: a crash before the slot is whole pairs
+                // the previous slot with the positions of now.
+                let (sqs, cqs) = state.positions();
+                self.area.clear_words();
+                for (qid, p) in sqs {
+                    self.area.store_sq(qid, p);
+                }
+                for (qid, p) in cqs {
+                    self.area.store_cq(qid, p);
+                }
+                let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+                self.area
+                    .write_slot(seq, &encode(&c, &state.encode()))
+                    .map_err(|e| e.to_string())
+            });
+        if let Err(e) = ctrl.resume() {
+            tracing::error!("resuming the workers after a crash-state checkpoint: {e}");
+        }
+        match result {
+            Ok(()) => {
+                self.kept_writes.store(writes, Ordering::Relaxed);
+                self.kept_admin.store(admin, Ordering::Relaxed);
+                if self.failed.lock().take().is_some() {
+                    tracing::info!("the crash state is kept again");
+                }
+            }
+            Err(why) => {
+                self.dirty.store(true, Ordering::Release);
+                let mut failed = self.failed.lock();
+                if failed.as_deref() != Some(why.as_str()) {
+                    tracing::warn!(
+                        "keeping the crash state: {why}; tried again at the next message (a \
+                         crash meanwhile restores the state kept before)"
+                    );
+                    *failed = Some(why);
+                }
+            }
+        }
+    }
+
+    /// The area, for tests of what was kept.
+    #[cfg(test)]
+    pub fn area(&self) -> &CrashArea {
+        &self.area
+    }
+}
+
+impl CrashRecord for Keeper {
+    fn sq(&self, qid: u16, pos: SqPosition) {
+        self.area.store_sq(qid, pos);
+    }
+
+    fn cq(&self, qid: u16, pos: CqPosition) {
+        self.area.store_cq(qid, pos);
+    }
+
+    fn admin_done(&self) {
+        self.admin.fetch_add(1, Ordering::AcqRel);
+        // A full socket already wakes the thread.
+        let _ = (&self.waker).write(&[1]);
+    }
+}

@@ -1,0 +1,125 @@
+//! A new child's restore of the client a dead one served: the newest
+//! whole slot of the crash area ([`crash_area`](super::crash_area)) with
+//! the queue positions stored since put over it, and the fds the
+//! supervisor kept, become the client a live upgrade would have handed
+//! over ([`TakenClient`]), which the child then serves on the same
+//! connection.
+
+use std::os::fd::OwnedFd;
+
+use anyhow::{bail, Context, Result};
+
+use vnvme_controller::{GuestMemory, SavedState};
+
+use super::crash_area::{CrashArea, QueueWords};
+use super::keeper;
+use crate::upgrade::{CrashedFds, TakenClient};
+
+/// The client `fds` names, restored from `area`; `Err` says why it cannot
+/// be (the supervisor then closes its connection).
+pub fn client(area: &CrashArea, fds: CrashedFds) -> Result<(TakenClient, Recorded)> {
+    if let Some((msg_id, command)) = area.handling() {
+        bail!(
+            "the dead server was handling vfio-user message {msg_id} (command {command}): its \
+             reply is owed, and whether it took effect is not known, so the connection cannot \
+             be resumed"
+        );
+    }
+    let (seq, payload) = area.newest().context("the crash area")?;
+
+    let (slot, state) = keeper::decode(&payload)
+        .map_err(anyhow::Error::msg)
+        .with_context(|| format!("the crash area's slot {seq}"))?;
+    if slot.serial != fds.serial {
+        bail!(
+            "the crash area's newest slot ({seq}) is of client {:#x}, the connection is client \
+             {:#x}'s (the server died before it kept the new client)",
+            slot.serial,
+            fds.serial
+        );
+    }
+    if slot.max_xfer != fds.max_xfer {
+        bail!(
+            "the crash area's slot says the client negotiated {} bytes per transfer, the \
+             supervisor {}",
+            slot.max_xfer,
+            fds.max_xfer
+        );
+    }
+    let words = Recorded(
+        (0..=u16::MAX)
+            .map(|qid| (qid, area.load(qid)))
+            .filter(|(_, w)| w.sq.is_some() || w.cq.is_some())
+            .collect(),
+    );
+    // The slot's maps name files by the supervisor's ids; the handover
+    // indexes the files it passes.
+    let ids: Vec<u64> = fds.files.iter().map(|(id, _)| *id).collect();
+    let mut maps = slot.maps;
+    for m in &mut maps {
+        if let Some(id) = m.file {
+            let Some(i) = ids.iter().position(|&x| x as usize == id) else {
+                bail!(
+                    "the map at IOVA {:#x} lies in file {id}, which the supervisor does not hold",
+                    m.iova
+                );
+            };
+            m.file = Some(i);
+        }
+    }
+    let files: Vec<OwnedFd> = fds.files.into_iter().map(|(_, fd)| fd).collect();
+    tracing::info!(
+        "restoring the client from the crash area's slot {seq}: {} DMA maps, {} files",
+        maps.len(),
+        files.len()
+    );
+    let client = TakenClient {
+        conn: fds.conn,
+        max_xfer: fds.max_xfer,
+        maps,
+        files,
+        irqs: fds.irqs,
+        doorbells: fds.doorbells,
+        function: slot.function,
+        state,
+    };
+    Ok((client, words))
+}
+
+/// The queue words of the crash area, as the dead child left them.
+#[derive(Debug)]
+pub struct Recorded(Vec<(u16, QueueWords)>);
+
+impl Recorded {
+    /// Puts them over `state`, read against the guest's memory `mem`
+    /// ([`SavedState::put_positions`]).
+    pub fn apply(&self, state: &mut SavedState, mem: &dyn GuestMemory) -> Result<()> {
+        let get = |qid: u16| self.0.iter().find(|(q, _)| *q == qid).map(|(_, w)| *w);
+        state
+            .put_positions(
+                |qid| get(qid).and_then(|w| w.sq),
+                |qid| get(qid).and_then(|w| w.cq),
+                mem,
+            )
+            .map_err(anyhow::Error::msg)
+            .context("the queue positions at the crash")?;
+        let (sqs, cqs) = state.positions();
+        tracing::info!(
+            "queue positions at the crash: {}; {}",
+            sqs.iter()
+                .map(|(q, p)| format!("SQ {q} head {} tail {}", p.head, p.tail))
+                .collect::<Vec<_>>()
+                .join(", "),
+            cqs.iter()
+                .map(|(q, p)| format!(
+                    "CQ {q} head {} tail {} phase {}",
+                    p.head,
+                    p.tail,
+                    u8::from(p.phase)
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        Ok(())
+    }
+}
