@@ -93,9 +93,10 @@ pub struct PassthruOptions {
     /// /dev/ng0n1, async = fio io_uring_cmd on /dev/ng0n1, block = fio io_uring on /dev/nvme0n1.
     #[arg(long)]
     pub guest: bool,
-    /// With --guest: measure every point this many times, all depths and APIs in turn each time,
-    /// and report the median (TCG figures swing with the host's load; interleaving spreads it).
-    #[arg(long, default_value_t = 1, requires = "guest", value_parser = clap::value_parser!(u16).range(1..=100))]
+    /// Measure every point this many times, all depths and APIs in turn each time, and report
+    /// each point's median, and async/block compared within each pass (figures swing with the
+    /// host's load; interleaving spreads it over the APIs alike).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=100))]
     pub reps: u16,
     /// Write the results as JSON to this file.
     #[arg(long)]
@@ -143,12 +144,19 @@ pub struct ServerCounts {
 
 /// Runs the benchmark, prints the table, writes the JSON if asked.
 pub fn main(opts: &PassthruOptions) -> Result<()> {
-    let runs = run(opts)?;
+    let samples = run(opts)?;
+    let runs = medians(&samples);
+    if opts.reps > 1 {
+        println!("(each figure the median of its {} passes)", opts.reps);
+    }
     print!("{}", table(&runs));
+    print!("{}", paired(&samples, opts.apis.0.len() * opts.qd.0.len()));
     print!("{}", shape(&runs));
     if let Some(path) = &opts.json {
         let doc = serde_json::json!({
             "runs": runs,
+            "samples": samples,
+            "reps": opts.reps,
             "note": SYNC_NOTE,
             "machine": super::report::machine(),
         });
@@ -157,6 +165,7 @@ pub fn main(opts: &PassthruOptions) -> Result<()> {
     Ok(())
 }
 
+/// Every point's sample of every pass, in the order measured.
 pub fn run(opts: &PassthruOptions) -> Result<Vec<PassthruRun>> {
     let runtime = super::check_runtime(opts.runtime.unwrap_or(1.0))?;
     super::check_qd(&opts.qd.0)?;
@@ -185,9 +194,10 @@ pub fn run(opts: &PassthruOptions) -> Result<Vec<PassthruRun>> {
         .map(|n| n.blocks)
         .context("namespace 1 with 4096-byte blocks")?;
     let mut q = Some(driver.take_io_queue(0)?);
-    let total = opts.apis.0.len() * opts.qd.0.len();
+    let total = opts.apis.0.len() * opts.qd.0.len() * usize::from(opts.reps);
     eprintln!(
-        "bench passthru: {total} points of {:.1} s, 4 KiB random reads, {} doorbells, {:?} submission, {}",
+        "bench passthru: {total} points ({} passes) of {:.1} s, 4 KiB random reads, {} doorbells, {:?} submission, {}",
+        opts.reps,
         runtime.as_secs_f64(),
         device_opts.doorbells,
         opts.submit,
@@ -195,7 +205,8 @@ pub fn run(opts: &PassthruOptions) -> Result<Vec<PassthruRun>> {
     );
     eprintln!("bench passthru: {SYNC_NOTE}");
     let mut runs = Vec::new();
-    for &qd in &opts.qd.0 {
+    let passes = (0..opts.reps).flat_map(|_| &opts.qd.0);
+    for &qd in passes {
         for &api in &opts.apis.0 {
             let queue = q.take().context("the I/O queue was lost")?;
             let before = inproc.controller().stats();
@@ -233,6 +244,69 @@ pub fn run(opts: &PassthruOptions) -> Result<Vec<PassthruRun>> {
         }
     }
     Ok(runs)
+}
+
+/// Per (API, QD), in order of first appearance, the sample of median IOPS
+/// (the upper middle one for an even count).
+pub(crate) fn medians(samples: &[PassthruRun]) -> Vec<PassthruRun> {
+    let mut keys: Vec<(Api, u16)> = Vec::new();
+    for s in samples {
+        if !keys.contains(&(s.api, s.qd)) {
+            keys.push((s.api, s.qd));
+        }
+    }
+    keys.into_iter()
+        .filter_map(|(api, qd)| {
+            let mut of: Vec<&PassthruRun> = samples
+                .iter()
+                .filter(|s| (s.api, s.qd) == (api, qd))
+                .collect();
+            of.sort_by(|a, b| a.iops.total_cmp(&b.iops));
+            of.get(of.len() / 2).map(|&s| s.clone())
+        })
+        .collect()
+}
+
+/// Async over block within each pass, per queue depth: the median and
+/// the range, with `per_pass` samples in each pass (empty for one pass).
+/// Both APIs of a pass ran seconds apart, so the host's load moves them
+/// together far more than it moves two medians taken minutes apart.
+fn paired(samples: &[PassthruRun], per_pass: usize) -> String {
+    use std::fmt::Write as _;
+    let passes: Vec<&[PassthruRun]> = samples.chunks(per_pass.max(1)).collect();
+    if passes.len() < 2 {
+        return String::new();
+    }
+    let mut qds: Vec<u16> = passes[0].iter().map(|r| r.qd).collect();
+    qds.dedup();
+    let mut out = String::new();
+    for qd in qds {
+        let mut ratios: Vec<f64> = passes
+            .iter()
+            .filter_map(|pass| {
+                let iops = |api| {
+                    pass.iter()
+                        .find(|r| r.api == api && r.qd == qd)
+                        .map(|r| r.iops)
+                };
+                match (iops(Api::Async), iops(Api::Block)) {
+                    (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+                    _ => None,
+                }
+            })
+            .collect();
+        ratios.sort_by(f64::total_cmp);
+        let (Some(lo), Some(hi)) = (ratios.first(), ratios.last()) else {
+            continue;
+        };
+        let _ = writeln!(
+            out,
+            "QD {qd}: async/block within a pass, median {:.2}x, {lo:.2}-{hi:.2}x over {} passes",
+            ratios[ratios.len() / 2],
+            ratios.len()
+        );
+    }
+    out
 }
 
 /// A 4 KiB Read (one 4096-byte block) of a random LBA.
@@ -628,6 +702,31 @@ mod tests {
             "shape: async/block 1.00-1.20x (seed 0.99-1.00x); sync highest/lowest 1.10x \
              (seed 1.01x); async QD 8/QD 1 3.0x (seed 8.4x)\n"
         );
+    }
+
+    #[test]
+    fn paired_ratios_are_taken_within_each_pass() {
+        let pass = |a1: f64, b1: f64, a8: f64, b8: f64| {
+            vec![
+                run(Api::Async, 1, a1),
+                run(Api::Block, 1, b1),
+                run(Api::Async, 8, a8),
+                run(Api::Block, 8, b8),
+            ]
+        };
+        // The host halves everything in the second pass: the ratios hold.
+        let samples = [
+            pass(100.0, 100.0, 800.0, 1000.0),
+            pass(50.0, 40.0, 400.0, 500.0),
+            pass(90.0, 100.0, 900.0, 1000.0),
+        ]
+        .concat();
+        assert_eq!(
+            paired(&samples, 4),
+            "QD 1: async/block within a pass, median 1.00x, 0.90-1.25x over 3 passes\n\
+             QD 8: async/block within a pass, median 0.80x, 0.80-0.90x over 3 passes\n"
+        );
+        assert_eq!(paired(&samples[..4], 4), "", "one pass");
     }
 
     #[test]

@@ -21,7 +21,7 @@ use serde_json::Value;
 
 use super::host::{run_test_failure, Server, Tail, TempDir};
 use super::{ensure_rig, serve_args_from_env, GuestBenchOptions, END};
-use crate::bench::passthru::{self, Api, PassthruOptions, PassthruRun, SYNC_NOTE};
+use crate::bench::passthru::{self, medians, Api, PassthruOptions, PassthruRun, SYNC_NOTE};
 use crate::bench::{report, BackendArg};
 
 /// Seconds per point when `--runtime` is not given.
@@ -240,27 +240,6 @@ fn parse_results(text: &str) -> Vec<PassthruRun> {
         });
     }
     runs
-}
-
-/// Per (API, QD), in order of first appearance, the sample of median IOPS
-/// (the upper middle one for an even count).
-fn medians(samples: &[PassthruRun]) -> Vec<PassthruRun> {
-    let mut keys: Vec<(Api, u16)> = Vec::new();
-    for s in samples {
-        if !keys.contains(&(s.api, s.qd)) {
-            keys.push((s.api, s.qd));
-        }
-    }
-    keys.into_iter()
-        .filter_map(|(api, qd)| {
-            let mut of: Vec<&PassthruRun> = samples
-                .iter()
-                .filter(|s| (s.api, s.qd) == (api, qd))
-                .collect();
-            of.sort_by(|a, b| a.iops.total_cmp(&b.iops));
-            of.get(of.len() / 2).map(|&s| s.clone())
-        })
-        .collect()
 }
 
 /// The guest's kernel release and fio version, from its `guest` RESULT line.
