@@ -112,14 +112,7 @@ fn run(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Option<u64>, Status> {
     }
     let nsid = cmd.nsid.get();
     if op == NvmOpcode::FLUSH && nsid == NSID_ALL {
-        for ns in ctx.shared.subsystem.namespaces.active_list() {
-            ns.backend.flush().map_err(|e| {
-                ctx.shared
-                    .stats
-                    .backend_error(BackendOp::Flush, ns.nsid, &e)
-            })?;
-        }
-        return Ok(None);
+        return flush_all(ctx).map(|()| None);
     }
     let ns = usable_namespace(ctx, cmd, op)?;
     if let Some(zones) = &ns.zones {
@@ -150,6 +143,29 @@ fn run(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Option<u64>, Status> {
         NvmOpcode::COPY => copy::copy(ctx, cmd, &ns).map(|()| None),
         _ => Err(Status::INVALID_OPCODE.with_dnr(true)),
     }
+}
+
+/// Flush with NSID FFFFFFFFh: every attached namespace, each as a Flush
+/// to it. Flush is in the write command group of Command Behavior in the
+/// Presence of a Reservation (Base 2.1 §8.1.24.1), so if the host may not
+/// write one of them the command is a Reservation Conflict, before any is
+/// flushed (a success would say that namespace was flushed for it). Each
+/// counts as running on its namespace meanwhile (a Preempt and Abort's
+/// fence).
+fn flush_all(ctx: &mut Ctx<'_>) -> Result<(), Status> {
+    let namespaces = ctx.shared.subsystem.namespaces.active_list();
+    let admitted = (namespaces.iter())
+        .map(|ns| ns.reservations.check(|| host_id(ctx), true))
+        .collect::<Result<Vec<Admitted>, Status>>()?;
+    for ns in &namespaces {
+        ns.backend.flush().map_err(|e| {
+            ctx.shared
+                .stats
+                .backend_error(BackendOp::Flush, ns.nsid, &e)
+        })?;
+    }
+    drop(admitted);
+    Ok(())
 }
 
 /// This controller's Host Identifier: the host its commands come from.

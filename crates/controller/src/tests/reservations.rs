@@ -127,6 +127,13 @@ impl Host {
     fn io(&mut self, op: NvmOpcode) -> Status {
         self.submit(1, rw(op, 1, 0, 1, IO, 0)).status()
     }
+
+    /// Flush with NSID FFFFFFFFh (every attached namespace).
+    fn flush_all(&mut self) -> Status {
+        let mut c = cmd(NvmOpcode::FLUSH.0);
+        c.nsid = U32::new(u32::MAX);
+        self.submit(1, c).status()
+    }
 }
 
 fn host(n: u8) -> Host {

@@ -81,6 +81,7 @@ fn each_type_held_on_one_controller_answers_the_other_as_the_spec_table() {
             NvmOpcode::WRITE_ZEROES,
             NvmOpcode::FLUSH,
             NvmOpcode::WRITE_UNCORRECTABLE,
+            NvmOpcode::DATASET_MANAGEMENT,
         ] {
             assert_eq!(
                 b.io(op).same_code(CONFLICT),
@@ -88,6 +89,12 @@ fn each_type_held_on_one_controller_answers_the_other_as_the_spec_table() {
                 "other's {op:?}, type {rtype}"
             );
         }
+        assert_eq!(
+            b.flush_all(),
+            ok(write),
+            "other's Flush to every namespace, type {rtype}"
+        );
+        assert_eq!(a.flush_all(), Status::SUCCESS, "holder's, type {rtype}");
         assert_eq!(b.register(0, false, 0, 0, KEY_B), Status::SUCCESS);
         assert_eq!(
             b.io(NvmOpcode::READ),
@@ -98,6 +105,11 @@ fn each_type_held_on_one_controller_answers_the_other_as_the_spec_table() {
             b.io(NvmOpcode::WRITE),
             ok(reg_write),
             "registrant writes, {rtype}"
+        );
+        assert_eq!(
+            b.flush_all(),
+            ok(reg_write),
+            "registrant's Flush to every namespace, {rtype}"
         );
         assert_eq!(
             a.io(NvmOpcode::WRITE),
