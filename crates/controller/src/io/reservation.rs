@@ -114,9 +114,23 @@ fn acquire(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace) -> Result<Option<Fe
     let host = host(ctx).id;
     let iekey = cdw10.iekey();
     let abort = cdw10.racqa() == racqa::PREEMPT_AND_ABORT;
-    let preempted = ns.reservations.update(|s| match cdw10.racqa() {
-        racqa::ACQUIRE => s.acquire(&host, crkey, iekey, rtype).map(|()| Vec::new()),
-        _ => s.preempt(&host, crkey, prkey, iekey, rtype, abort),
+    // A preempt that changes the type held tells the registrants left but
+    // the issuer: Reservation Released (Base 2.1 §8.1.24.7).
+    let (preempted, released) = ns.reservations.update(|s| match cdw10.racqa() {
+        racqa::ACQUIRE => s
+            .acquire(&host, crkey, iekey, rtype)
+            .map(|()| (Vec::new(), Vec::new())),
+        _ => {
+            let before = s.held.map(|h| h.rtype);
+            let removed = s.preempt(&host, crkey, prkey, iekey, rtype, abort)?;
+            let changed = before.is_some_and(|t| t != rtype);
+            let released = if changed {
+                s.others(&host, notification::RESERVATION_RELEASED)
+            } else {
+                Vec::new()
+            };
+            Ok((removed, released))
+        }
     })?;
     let fence = if abort && !preempted.is_empty() {
         ns.reservations.fence()
@@ -125,6 +139,7 @@ fn acquire(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace) -> Result<Option<Fe
     };
     let notices: Vec<Notice> = (preempted.into_iter())
         .map(|h| (h, notification::REGISTRATION_PREEMPTED))
+        .chain(released)
         .collect();
     notify(ctx, ns, &notices);
     Ok(fence)

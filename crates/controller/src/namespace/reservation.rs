@@ -213,7 +213,7 @@ impl State {
     }
 
     /// A notice of `kind` to every registrant but `host`.
-    fn others(&self, host: &HostId, kind: u8) -> Vec<Notice> {
+    pub fn others(&self, host: &HostId, kind: u8) -> Vec<Notice> {
         let others = self.registrants.iter().filter(|r| &r.host.id != host);
         others.map(|r| (r.host.id, kind)).collect()
     }

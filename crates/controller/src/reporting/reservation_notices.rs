@@ -7,8 +7,8 @@
 //!   page and no event.
 //! * Each page has a Log Page Count, counted from 1 after a Controller
 //!   Level Reset (0h is the empty page). At most [`MAX_PAGES`] are kept
-//!   unread; a notification beyond them is lost but takes its count, so
-//!   the host sees the gap.
+//!   unread; a notification beyond them is lost, and the newest kept page
+//!   takes its count, so the host sees the gap.
 //! * Reading the log returns the oldest page and removes it (its Number
 //!   of Available Log Pages says how many are left); with none, the empty
 //!   page (all zeroes).
@@ -57,6 +57,11 @@ impl ReservationNotices {
         // Wraps past 0h, which is the empty page's.
         self.count = self.count.wrapping_add(1).max(1);
         if self.pages.len() >= MAX_PAGES {
+            // Lost: the newest kept page takes its count (Base 2.1
+            // §5.2.12.1.35), so the host sees the gap.
+            if let Some(last) = self.pages.back_mut() {
+                last.count = self.count;
+            }
             return false;
         }
         let count = self.count;
@@ -200,6 +205,11 @@ mod tests {
         for _ in 0..MAX_PAGES + 3 {
             n.add(1, notification::RESERVATION_PREEMPTED);
         }
+        assert_eq!(
+            n.pages.back().unwrap().count,
+            3 + MAX_PAGES as u64 + 2,
+            "the newest kept page has the last lost one's count"
+        );
         let oldest = read(&mut n);
         assert_eq!(
             (oldest.count.get(), oldest.available),

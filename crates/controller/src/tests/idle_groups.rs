@@ -124,7 +124,10 @@ fn a_deep_idle_group_looks_at_the_pages_without_touching_its_members() {
     // only).
     let deadline = Instant::now() + Duration::from_secs(30);
     let before = loop {
-        assert!(Instant::now() < deadline, "the group kept asking its members");
+        assert!(
+            Instant::now() < deadline,
+            "the group kept asking its members"
+        );
         let b = settled(&groups);
         let n = counts_when(&groups, |c| c.wakeups >= b.wakeups + 5);
         if n.idle_wakeups - b.idle_wakeups == 5 && n.idle_member_looks == b.idle_member_looks {

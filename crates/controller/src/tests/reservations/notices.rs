@@ -121,3 +121,17 @@ fn masks_are_per_controller_and_namespace_and_lost_pages_are_counted() {
     a.release(0, false, 3, KEY_A);
     assert_eq!(b.notice().0, n + 1, "2 lost, counted");
 }
+
+#[test]
+fn a_preempt_that_changes_the_type_tells_the_registrants_left_reservation_released() {
+    let (mut a, mut b) = pair();
+    a.register(0, false, 0, 0, KEY_A);
+    b.register(0, false, 0, 0, KEY_B);
+    assert_eq!(a.acquire(0, 1, KEY_A, 0), Status::SUCCESS);
+    assert_eq!(a.acquire(1, 1, KEY_A, KEY_A), Status::SUCCESS, "same type");
+    assert_eq!(b.notice(), EMPTY, "the type did not change");
+    assert_eq!(a.acquire(1, 3, KEY_A, KEY_A), Status::SUCCESS, "to type 3");
+    assert_eq!(b.notice(), (1, 2, 0, 1), "Reservation Released");
+    assert_eq!(a.notice(), EMPTY, "not the issuer");
+    assert_eq!(b.status_of().0.rtype, 3);
+}
