@@ -21,7 +21,7 @@ use vnvme_spec::{Command, Status};
 use super::reap::{post_reserved, settle_touched, Reserved};
 use super::{EventIdxPolicy, Local};
 use crate::command::{Ctx, Outcome};
-use crate::faults::{Faults, Held, Hit};
+use crate::faults::{Faults, Gate, Held, Hit};
 use crate::io;
 use crate::namespace::reservation::Fence;
 use crate::qos::{self, Qos, Throttled};
@@ -49,6 +49,22 @@ pub(super) fn hold(
     if !faults.hold(sq.qid, cmd.cid()) {
         return None;
     }
+    push(held, sq, cq, cmd, due, None, None);
+    Some(Outcome::Deferred)
+}
+
+/// Holds `cmd` in `held`, its completion reserved on `cq`; one that is
+/// due some time also counts in flight on `sq` (a Delete I/O Submission
+/// Queue waits for it; one that hangs is aborted).
+fn push(
+    held: &mut Vec<Held>,
+    sq: &mut Sq,
+    cq: &mut Cq,
+    cmd: &Command,
+    due: Option<Instant>,
+    throttled: Option<Throttled>,
+    fence: Option<Arc<dyn Gate>>,
+) {
     cq.reserved = cq.reserved.saturating_add(1);
     if due.is_some() {
         sq.in_flight = sq.in_flight.saturating_add(1);
@@ -60,10 +76,9 @@ pub(super) fn hold(
         cqid: cq.qid,
         cq_instance: cq.instance,
         due,
-        throttled: None,
-        fence: None,
+        throttled,
+        fence,
     });
-    Some(Outcome::Deferred)
 }
 
 /// How often a worker looks again at a held Preempt and Abort's fence:
@@ -77,18 +92,8 @@ const FENCE_POLL: Duration = Duration::from_millis(1);
 /// counts in flight on its SQ, as a Delete I/O Submission Queue waits for
 /// it.
 pub(super) fn fence(held: &mut Vec<Held>, sq: &mut Sq, cq: &mut Cq, cmd: &Command, fence: Fence) {
-    cq.reserved = cq.reserved.saturating_add(1);
-    sq.in_flight = sq.in_flight.saturating_add(1);
-    held.push(Held {
-        cmd: *cmd,
-        sqid: sq.qid,
-        sq_instance: sq.instance,
-        cqid: cq.qid,
-        cq_instance: cq.instance,
-        due: Some(Instant::now() + FENCE_POLL),
-        throttled: None,
-        fence: Some(Arc::new(fence)),
-    });
+    let due = Some(Instant::now() + FENCE_POLL);
+    push(held, sq, cq, cmd, due, None, Some(Arc::new(fence)));
 }
 
 /// Holds I/O command `cmd` until its limits let it start ([`crate::qos`]);
@@ -129,21 +134,11 @@ fn throttle_limited(
     // Known to Abort while there is room in the table; held either way
     // (at most the SQ's entries are: the host waits for their completions).
     shared.faults.hold(sq.qid, cmd.cid());
-    cq.reserved = cq.reserved.saturating_add(1);
-    sq.in_flight = sq.in_flight.saturating_add(1);
-    held.push(Held {
-        cmd: *cmd,
-        sqid: sq.qid,
-        sq_instance: sq.instance,
-        cqid: cq.qid,
-        cq_instance: cq.instance,
-        due: Some(due),
-        throttled: Some(Throttled {
-            generation,
-            since: now,
-        }),
-        fence: None,
-    });
+    let throttled = Throttled {
+        generation,
+        since: now,
+    };
+    push(held, sq, cq, cmd, Some(due), Some(throttled), None);
     Some(Outcome::Deferred)
 }
 
