@@ -11,6 +11,7 @@ mod log;
 mod namespaces;
 pub(crate) use namespaces::{forget, record_change, set_attached};
 pub(crate) mod queues;
+mod reserved;
 mod sanitize;
 mod self_test;
 mod zns;
@@ -71,6 +72,9 @@ pub(crate) fn execute(ctx: &mut Ctx<'_>, cmd: &Command) -> Outcome {
         return Outcome::from_result(Err(invalid_field()));
     }
     if let Some(status) = sanitize::refusal(&ctx.shared.sanitize, op) {
+        return Outcome::from_result(Err(status));
+    }
+    if let Err(status) = reserved::check(ctx, op, cmd) {
         return Outcome::from_result(Err(status));
     }
     match op {

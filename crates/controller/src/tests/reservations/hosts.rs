@@ -201,3 +201,42 @@ fn preempt_from_the_other_controller_takes_the_reservation() {
     assert_eq!((regs[0].cntlid.get(), regs[0].rcsts), (2, 1));
     assert_eq!(b.io(NvmOpcode::WRITE), Status::SUCCESS);
 }
+
+#[test]
+fn admin_commands_of_the_write_group_are_refused_to_a_host_that_may_not_write() {
+    let (mut a, mut b) = pair();
+    assert_eq!(a.register(0, false, 0, 0, KEY_A), Status::SUCCESS);
+    assert_eq!(a.acquire(0, 1, KEY_A, 0), Status::SUCCESS);
+    let admin = |op: AdminOpcode, nsid: u32, cdw10: u32| {
+        let mut c = cmd(op.0);
+        c.nsid = U32::new(nsid);
+        c.cdw10 = U32::new(cdw10);
+        c
+    };
+    let format = admin(AdminOpcode::FORMAT_NVM, 1, 0);
+    for c in [
+        format,
+        admin(AdminOpcode::FORMAT_NVM, 0xFFFF_FFFF, 0),
+        admin(AdminOpcode::NAMESPACE_ATTACHMENT, 1, 1),
+        admin(AdminOpcode::NAMESPACE_MANAGEMENT, 1, 1),
+        admin(AdminOpcode::NAMESPACE_MANAGEMENT, 0xFFFF_FFFF, 1),
+        admin(AdminOpcode::SANITIZE, 0, 2),
+    ] {
+        let op = AdminOpcode(c.opcode());
+        assert_eq!(
+            b.admin(c).status(),
+            CONFLICT,
+            "{op:?} nsid {}",
+            c.nsid.get()
+        );
+    }
+    assert_eq!(
+        b.io(NvmOpcode::READ),
+        Status::SUCCESS,
+        "nothing was changed"
+    );
+    // The holder may format; the other host may once it is released.
+    assert_eq!(a.admin(format).status(), Status::SUCCESS);
+    assert_eq!(a.release(0, false, 1, KEY_A), Status::SUCCESS);
+    assert_eq!(b.admin(format).status(), Status::SUCCESS);
+}
