@@ -1,7 +1,11 @@
 //! A guest behind a vIOMMU sends a DMA_MAP and a DMA_UNMAP per I/O buffer:
 //! once the first few have filled the server's pools, a map and an unmap of
 //! memory already mapped allocate nothing (counted by this binary's
-//! allocator; one test in the file, so no other thread allocates).
+//! allocator, on the test's own thread only: the test harness's thread may
+//! allocate meanwhile, e.g. when it first waits for the test, which on a
+//! loaded machine can fall inside the counted loop).
+
+use std::cell::Cell;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::os::fd::AsFd;
@@ -15,10 +19,21 @@ struct Counting;
 
 static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
 
+thread_local! {
+    /// Set on the test's thread: only its allocations are counted.
+    static COUNTED: Cell<bool> = const { Cell::new(false) };
+}
+
+fn count() {
+    if COUNTED.try_with(Cell::get).unwrap_or(false) {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 // SAFETY: forwards every call to the system allocator unchanged.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        count();
         // SAFETY: the caller's contract is the system allocator's.
         unsafe { System.alloc(layout) }
     }
@@ -29,7 +44,7 @@ unsafe impl GlobalAlloc for Counting {
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        count();
         // SAFETY: as above.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -41,6 +56,7 @@ static GLOBAL: Counting = Counting;
 #[test]
 fn map_and_unmap_of_mapped_memory_allocate_nothing_once_warm() {
     const RAM: u64 = 16 << 20;
+    COUNTED.set(true);
     let fd = memfd_create("vnvme-allocs", MemfdFlags::CLOEXEC).unwrap();
     ftruncate(&fd, RAM).unwrap();
     let dma = DmaSpace::new_local();
