@@ -794,6 +794,15 @@ hugepage_boot() {   # NAME KIB RIG_MEM_MIB
   echo $((before + want)) > "$pool/nr_hugepages" 2>/dev/null
   got=$(( $(cat "$pool/free_hugepages") ))
   if [ "$got" -lt "$want" ]; then
+    # A host up for hours has its free memory in small pieces: free the page cache and compact
+    # it, as an operator would before reserving huge pages, then ask once more.
+    sync
+    echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true
+    echo 1 > /proc/sys/vm/compact_memory 2>/dev/null || true
+    echo $((before + want)) > "$pool/nr_hugepages" 2>/dev/null
+    got=$(( $(cat "$pool/free_hugepages") ))
+  fi
+  if [ "$got" -lt "$want" ]; then
     echo "$before" > "$pool/nr_hugepages"
     HP_SKIP="the kernel found memory for $got of $want ${kib} KiB huge pages now"; return
   fi
