@@ -5,15 +5,12 @@
 //! namespace such a command affects gets Reservation Conflict, as its
 //! Write would.
 
-use std::sync::Arc;
-
 use vnvme_spec::cdw::{Cdw10NsManagement, Cdw10Sanitize};
 use vnvme_spec::log::sanitize::action;
 use vnvme_spec::{AdminOpcode, Command, Status};
 
 use crate::command::Ctx;
-use crate::namespace::{Namespace, NSID_ALL};
-use crate::subsystem::Namespaces;
+use crate::namespace::NSID_ALL;
 
 /// Reservation Conflict unless this controller's host may write every
 /// namespace `op` would change; commands outside the group pass.
@@ -27,7 +24,7 @@ pub(super) fn check(ctx: &Ctx<'_>, op: AdminOpcode, cmd: &Command) -> Result<(),
         }
         AdminOpcode::NAMESPACE_MANAGEMENT if Cdw10NsManagement::from(cmd.cdw10).sel() == 1 => {
             if nsid == NSID_ALL {
-                allocated(namespaces)
+                namespaces.allocated_list()
             } else {
                 namespaces.get(nsid).into_iter().collect()
             }
@@ -37,7 +34,7 @@ pub(super) fn check(ctx: &Ctx<'_>, op: AdminOpcode, cmd: &Command) -> Result<(),
         AdminOpcode::SANITIZE
             if Cdw10Sanitize::from(cmd.cdw10).sanact() != action::EXIT_FAILURE_MODE =>
         {
-            allocated(namespaces)
+            namespaces.allocated_list()
         }
         _ => return Ok(()),
     };
@@ -48,13 +45,4 @@ pub(super) fn check(ctx: &Ctx<'_>, op: AdminOpcode, cmd: &Command) -> Result<(),
         ns.reservations.check(|| host, true)?;
     }
     Ok(())
-}
-
-/// Every allocated namespace, attached or not.
-fn allocated(namespaces: &Namespaces) -> Vec<Arc<Namespace>> {
-    namespaces
-        .ids_after(0, false, usize::MAX)
-        .into_iter()
-        .filter_map(|id| namespaces.get(id))
-        .collect()
 }

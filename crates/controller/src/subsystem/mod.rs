@@ -281,6 +281,12 @@ impl Namespaces {
             .collect()
     }
 
+    /// Every allocated namespace, attached or not, in NSID order (a
+    /// snapshot).
+    pub fn allocated_list(&self) -> Vec<Arc<Namespace>> {
+        self.table.map.read().values().cloned().collect()
+    }
+
     /// Up to `limit` NSIDs greater than `after`, active only or every
     /// allocated one.
     pub fn ids_after(&self, after: u32, active_only: bool, limit: usize) -> Vec<u32> {
