@@ -3,14 +3,16 @@
 //! restarts with Keep Alive commands. Command based only (CTRATT.TBKAS is
 //! clear): other commands do not restart it.
 //!
-//! One thread per enable waits for the deadline; what expiry does (§3.9.5
-//! of 2.1: error log entry, stop processing, CSTS.CFS) is the caller's.
+//! One thread serves every controller's timer in the process ([`Timers`]):
+//! a server with 64 controllers has one keep alive thread, not 64. What
+//! expiry does (§3.9.5 of 2.1: error log entry, stop processing, CSTS.CFS)
+//! is the caller's, run on that thread; it must not block (it only records
+//! and sets flags), or it would delay the other controllers' expiries.
 
-use std::sync::Arc;
-use std::thread::JoinHandle;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 
 /// Identify Controller KAS: the granularity of KATO, in 100 ms units.
 pub(crate) const KAS: u16 = 1;
@@ -19,6 +21,7 @@ const GRANULARITY_MS: u32 = 100 * KAS as u32;
 #[derive(Debug, Default)]
 pub(crate) struct KeepAlive {
     state: Mutex<State>,
+    /// Signalled when an expiry callback has returned (see `stop`).
     cv: Condvar,
 }
 
@@ -31,14 +34,24 @@ struct State {
     active: bool,
     /// When the timer expires; `None` while disabled or inactive.
     deadline: Option<Instant>,
-    stop: bool,
+    /// The timers' thread is running this timer's expiry callback.
+    firing: bool,
 }
 
 impl State {
-    /// Starts (or restarts) the timer if it is enabled and active.
-    fn restart(&mut self, now: Instant) {
+    /// Starts (or restarts) the timer if it is enabled and active; whether
+    /// the new deadline comes before the one the timers' thread may be
+    /// sleeping towards (it must then be woken; a later one it finds when
+    /// it wakes for the old).
+    fn restart(&mut self, now: Instant) -> bool {
+        let old = self.deadline;
         self.deadline = (self.active && self.kato_ms != 0)
             .then(|| now + Duration::from_millis(u64::from(self.kato_ms)));
+        match (old, self.deadline) {
+            (_, None) => false,
+            (None, Some(_)) => true,
+            (Some(o), Some(n)) => n < o,
+        }
     }
 }
 
@@ -59,16 +72,17 @@ impl KeepAlive {
     pub fn set_kato(&self, kato_ms: u32) {
         let mut s = self.state.lock();
         s.kato_ms = kato_ms;
-        s.restart(Instant::now());
-        self.cv.notify_all();
+        let sooner = s.restart(Instant::now());
+        drop(s);
+        Timers::wake_if(sooner);
     }
 
-    /// A Keep Alive command completed: restart the timer if it runs.
+    /// A Keep Alive command completed: restart the timer if it runs. The
+    /// deadline only moves later, so the timers' thread is not woken.
     pub fn keep_alive(&self) {
         let mut s = self.state.lock();
         if s.deadline.is_some() {
             s.restart(Instant::now());
-            self.cv.notify_all();
         }
     }
 
@@ -78,8 +92,9 @@ impl KeepAlive {
         let mut s = self.state.lock();
         if s.active != active {
             s.active = active;
-            s.restart(Instant::now());
-            self.cv.notify_all();
+            let sooner = s.restart(Instant::now());
+            drop(s);
+            Timers::wake_if(sooner);
         }
     }
 
@@ -90,59 +105,177 @@ impl KeepAlive {
         s.kato_ms = 0;
         s.active = false;
         s.deadline = None;
-        self.cv.notify_all();
     }
 
-    /// Starts the timer thread for one enable: it calls `expired` once, at
-    /// the first deadline that passes, unless stopped first.
-    pub fn start(
-        timer: &Arc<KeepAlive>,
-        expired: impl FnOnce() + Send + 'static,
-    ) -> Option<JoinHandle<()>> {
-        timer.state.lock().stop = false;
-        let t = Arc::clone(timer);
-        let spawned = std::thread::Builder::new()
-            .name("vnvme-keepalive".into())
-            .spawn(move || {
-                if t.wait_expiry() {
-                    expired();
-                }
-            });
-        match spawned {
-            Ok(t) => Some(t),
-            Err(e) => {
-                tracing::warn!(
-                    "no keep alive timer thread ({e}): a keep alive timeout cannot fire"
-                );
-                None
-            }
+    /// Arms the timer for one enable: `expired` is called once, on the
+    /// timers' thread, at the first deadline that passes, unless
+    /// [`stop`](Self::stop) comes first. Without the timers' thread (it
+    /// could not start: logged once) no keep alive timeout fires.
+    pub fn start(timer: &Arc<KeepAlive>, expired: impl FnOnce() + Send + 'static) {
+        if let Some(t) = Timers::get() {
+            t.arm(Arc::clone(timer), Box::new(expired));
         }
     }
 
-    /// Waits until the deadline passes (true) or the thread is stopped.
-    fn wait_expiry(&self) -> bool {
-        let mut s = self.state.lock();
-        loop {
-            if s.stop {
-                return false;
-            }
-            match s.deadline {
-                None => self.cv.wait(&mut s),
-                Some(deadline) if Instant::now() < deadline => {
-                    self.cv.wait_until(&mut s, deadline);
-                }
-                Some(_) => {
-                    s.deadline = None;
-                    return true;
-                }
-            }
-        }
-    }
-
+    /// Disarms the timer: once this returns, its expiry callback is not
+    /// running and will not run (as joining its own thread did).
     pub fn stop(&self) {
-        self.state.lock().stop = true;
-        self.cv.notify_all();
+        if let Some(t) = TIMERS.get().and_then(|t| t.as_ref()) {
+            t.disarm(self);
+        }
+        let mut s = self.state.lock();
+        while s.firing {
+            self.cv.wait(&mut s);
+        }
     }
+}
+
+/// A timer's expiry callback.
+type Expired = Box<dyn FnOnce() + Send>;
+
+/// The process's one keep alive thread and the timers it watches.
+struct Timers {
+    armed: Mutex<Vec<(Arc<KeepAlive>, Expired)>>,
+    /// Wakes the thread: a timer armed, or a deadline moved sooner.
+    cv: Condvar,
+}
+
+/// Started on the first arm; `None` if the thread could not start.
+static TIMERS: OnceLock<Option<Timers>> = OnceLock::new();
+
+impl Timers {
+    fn get() -> Option<&'static Timers> {
+        TIMERS
+            .get_or_init(|| {
+                let spawned = std::thread::Builder::new()
+                    .name("vnvme-keepalive".into())
+                    .spawn(|| {
+                        // The static is set before any arm reaches it;
+                        // this thread waits for it like every caller.
+                        if let Some(t) = Timers::get() {
+                            t.run();
+                        }
+                    });
+                match spawned {
+                    Ok(_) => Some(Timers {
+                        armed: Mutex::new(Vec::new()),
+                        cv: Condvar::new(),
+                    }),
+                    Err(e) => {
+                        tracing::warn!(
+                            "no keep alive timer thread ({e}): a keep alive timeout cannot fire"
+                        );
+                        None
+                    }
+                }
+            })
+            .as_ref()
+    }
+
+    /// Wakes the thread when a deadline came sooner. Taking its lock first
+    /// means the thread is either before its look at the deadlines (and
+    /// will see the new one) or asleep (and is woken): no lost wake-up.
+    fn wake_if(sooner: bool) {
+        if let (true, Some(Some(t))) = (sooner, TIMERS.get()) {
+            let _guard = t.armed.lock();
+            t.cv.notify_one();
+        }
+    }
+
+    fn arm(&self, timer: Arc<KeepAlive>, expired: Expired) {
+        let mut armed = self.armed.lock();
+        // One callback per timer: a second start replaces the first.
+        let old = take_timer(&mut armed, &timer);
+        armed.push((timer, expired));
+        self.cv.notify_one();
+        drop(armed);
+        // Dropped outside the lock: a callback holds a controller's state.
+        drop(old);
+    }
+
+    fn disarm(&self, timer: &KeepAlive) {
+        let old = take_timer(&mut self.armed.lock(), timer);
+        drop(old);
+    }
+
+    /// Fires each timer whose deadline has passed, and sleeps until the
+    /// soonest of the others (without end when none runs).
+    fn run(&self) {
+        let mut armed = self.armed.lock();
+        loop {
+            let now = Instant::now();
+            let mut soonest: Option<Instant> = None;
+            let mut due = None;
+            for (i, (timer, _)) in armed.iter().enumerate() {
+                let mut s = timer.state.lock();
+                match s.deadline {
+                    Some(d) if d <= now => {
+                        s.deadline = None;
+                        // Set under the armed list's lock, which `stop`
+                        // takes first: it then waits for the callback.
+                        s.firing = true;
+                        due = Some(i);
+                        break;
+                    }
+                    Some(d) => soonest = Some(soonest.map_or(d, |t| t.min(d))),
+                    None => {}
+                }
+            }
+            if let Some(i) = due {
+                let (timer, expired) = armed.swap_remove(i);
+                MutexGuard::unlocked(&mut armed, || {
+                    expired();
+                    timer.state.lock().firing = false;
+                    timer.cv.notify_all();
+                });
+                continue;
+            }
+            match soonest {
+                Some(d) => {
+                    self.cv.wait_until(&mut armed, d);
+                }
+                None => self.cv.wait(&mut armed),
+            }
+        }
+    }
+}
+
+/// Takes `timer`'s entry out of `armed`, if it has one.
+fn take_timer(armed: &mut Vec<(Arc<KeepAlive>, Expired)>, timer: &KeepAlive) -> Option<Expired> {
+    let i = armed
+        .iter()
+        .position(|(t, _)| std::ptr::eq(Arc::as_ptr(t), timer))?;
+    Some(armed.swap_remove(i).1)
+}
+
+/// Threads named as the keep alive thread is, in this process (for the
+/// tests that check there is one whatever the number of controllers), once
+/// there is one: a new thread names itself after its spawn returned. Gives
+/// up (0) after 30 s, a bound on a hang only.
+#[cfg(test)]
+pub(crate) fn threads_named_keepalive() -> usize {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let n = count_keepalive_threads();
+        if n > 0 || Instant::now() >= deadline {
+            return n;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[cfg(test)]
+fn count_keepalive_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|t| {
+                    std::fs::read_to_string(t.path().join("comm"))
+                        .is_ok_and(|c| c.trim_end() == "vnvme-keepalive")
+                })
+                .count()
+        })
+        .unwrap_or(0)
 }
 
 #[cfg(test)]

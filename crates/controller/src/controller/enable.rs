@@ -94,11 +94,7 @@ impl Controller {
             }
         }
         let sh = Arc::clone(&self.shared);
-        if let Some(t) =
-            KeepAlive::start(&shared.features.keep_alive, move || sh.keep_alive_expired())
-        {
-            ctl.threads.push(t);
-        }
+        KeepAlive::start(&shared.features.keep_alive, move || sh.keep_alive_expired());
         ctl.clean_shutdown = false;
         shared.lifecycle.set_ready();
         shared.stats.enables.fetch_add(1, Ordering::Relaxed);

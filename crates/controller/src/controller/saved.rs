@@ -206,11 +206,7 @@ impl Controller {
             ));
         }
         let sh = Arc::clone(shared);
-        if let Some(t) =
-            KeepAlive::start(&shared.features.keep_alive, move || sh.keep_alive_expired())
-        {
-            ctl.threads.push(t);
-        }
+        KeepAlive::start(&shared.features.keep_alive, move || sh.keep_alive_expired());
         for qid in 0..shared.doorbells.queue_ids() {
             let qid = qid as u16;
             if shared.doorbells.is_open(Doorbell::SqTail(qid)) {

@@ -127,3 +127,35 @@ fn disabling_or_shutting_down_stops_the_timer() {
     h.reenable();
     assert!(!h.wait_fatal(Duration::from_millis(500)), "reset");
 }
+
+#[test]
+fn one_thread_keeps_every_controllers_timer_and_one_expiry_touches_no_other() {
+    const CONTROLLERS: usize = 8;
+    let mut hosts: Vec<Host> = (0..CONTROLLERS).map(|_| Host::new()).collect();
+    for h in &mut hosts {
+        h.enable();
+        assert_eq!(
+            h.admin(set_features(0x0F, 60_000)).status(),
+            Status::SUCCESS
+        );
+    }
+    // Every enable armed a timer; one thread serves them all (it was a
+    // thread per enable: eight here, more with the other tests').
+    assert_eq!(crate::keep_alive::threads_named_keepalive(), 1);
+    // The first host goes silent with a short KATO: it alone expires.
+    assert_eq!(
+        hosts[0].admin(set_features(0x0F, 100)).status(),
+        Status::SUCCESS
+    );
+    assert!(hosts[0].wait_fatal(Duration::from_secs(10)));
+    for (i, h) in hosts.iter_mut().enumerate().skip(1) {
+        assert!(!h.csts().cfs(), "host {i}");
+        assert_eq!(h.ctrl.stats().fatal_errors, 0, "host {i}");
+        assert_eq!(h.admin(cmd(KEEP_ALIVE)).status(), Status::SUCCESS);
+    }
+    // Its reset disarms it and leaves the others armed.
+    hosts[0].reenable();
+    assert!(!hosts[0].csts().cfs());
+    assert_eq!(hosts[0].ctrl.stats().fatal_errors, 1);
+    assert_eq!(crate::keep_alive::threads_named_keepalive(), 1);
+}
