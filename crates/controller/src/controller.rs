@@ -11,7 +11,6 @@ use parking_lot::Mutex;
 use vnvme_spec::log::async_event;
 use vnvme_spec::regs::{offset, shutdown, Bar0Layout, Doorbell};
 
-use crate::background::sanitize::Sanitize;
 use crate::background::self_test::SelfTest;
 use crate::config::{
     ConfigError, ControllerConfig, NamespaceConfig, NamespaceIds, Readiness, MAX_NAMESPACES,
@@ -282,7 +281,6 @@ impl Controller {
             reporting: Reporting::new(PersistentEventLog::new(&config, created, lifecycle.clock())),
             stats,
             interrupts: Interrupts::new(&config),
-            sanitize: Sanitize::default(),
             self_test: SelfTest::default(),
             faults: Faults::default(),
             qos: Default::default(),
@@ -631,7 +629,11 @@ impl Drop for Controller {
     fn drop(&mut self) {
         let ctl = self.control.get_mut();
         // Their threads hold the shared state: stopped here, not with it.
-        self.shared.sanitize.task.stop();
+        // A sanitize is the subsystem's and holds the subsystem: it goes on
+        // while another controller of it is left.
+        if self.shared.subsystem.namespaces.leave() {
+            self.shared.sanitize().task.stop();
+        }
         self.shared.self_test.task.stop();
         self.shared.subsystem.ready_timer.stop();
         self.shared.features.keep_alive.stop();

@@ -14,8 +14,8 @@
 //!   its manifest, apart from the saved state);
 //! * guest-visible state, saved and restored: `lifecycle`, `interrupts`,
 //!   `reporting`, `queues`, `doorbells`, `features` ([`Features`]),
-//!   `subsystem`, and the background operations `sanitize` and
-//!   `self_test`;
+//!   `subsystem` (with the subsystem's sanitize state), and the
+//!   background operation `self_test`;
 //! * transient, which a new process starts afresh: `stats` (counters),
 //!   `faults` (the operator's injected faults) and `me` (a handle to this
 //!   value, not state).
@@ -36,7 +36,9 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
 use vnvme_spec::feature::aec;
-use vnvme_spec::log::async_event;
+use vnvme_spec::log::persistent_event::EventType;
+use vnvme_spec::log::self_test::result::ABORTED_SANITIZE;
+use vnvme_spec::log::{async_event, LogPageId};
 use vnvme_spec::{Command, Status};
 
 use crate::background::sanitize::Sanitize;
@@ -87,8 +89,6 @@ pub(crate) struct Shared {
     /// Interrupt mask, coalescing and batching: whether a CQE gets an
     /// interrupt.
     pub interrupts: Interrupts,
-    /// The NVM subsystem's sanitize state; it outlives controller resets.
-    pub sanitize: Sanitize,
     pub self_test: SelfTest,
     /// Faults injected on purpose (control socket, configuration).
     pub faults: Faults,
@@ -112,6 +112,41 @@ impl std::fmt::Debug for Shared {
 impl Member for Shared {
     fn namespace_changed(&self, nsid: u32) {
         Shared::namespace_changed(self, nsid);
+    }
+
+    fn sanitize_started(&self, event: &[u8]) {
+        let now = std::time::Instant::now();
+        let events = &self.reporting.persistent_events;
+        events.record(EventType::SANITIZE_START, now, event.to_vec());
+        self.self_test
+            .abort(ABORTED_SANITIZE, self.lifecycle.power_on_hours());
+        // §5.24: a start clears a Sanitize Operation Completed event the
+        // host has not had or not acknowledged.
+        let kind = async_event::TYPE_IO_COMMAND_SET;
+        let completed = async_event::dword0(
+            kind,
+            async_event::IO_SANITIZE_COMPLETED,
+            LogPageId::SANITIZE_STATUS.0,
+        );
+        let mut e = self.reporting.events.lock();
+        e.queue.retain(|&dw| dw != completed);
+        e.masked &= !(1 << kind);
+    }
+
+    fn sanitize_ended(&self, event: &[u8]) {
+        let now = std::time::Instant::now();
+        let events = &self.reporting.persistent_events;
+        events.record(EventType::SANITIZE_COMPLETION, now, event.to_vec());
+        self.async_event(
+            async_event::TYPE_IO_COMMAND_SET,
+            async_event::IO_SANITIZE_COMPLETED,
+            LogPageId::SANITIZE_STATUS.0,
+        );
+    }
+
+    fn io_commands(&self, ops: &[vnvme_spec::NvmOpcode]) -> u64 {
+        let each = ops.iter().map(|&op| self.stats.io_commands(op));
+        each.fold(0, u64::wrapping_add)
     }
 
     fn ana_changed(&self) {
@@ -142,6 +177,12 @@ impl Member for Shared {
 }
 
 impl Shared {
+    /// The NVM subsystem's sanitize state, shared by its controllers; it
+    /// outlives controller resets.
+    pub fn sanitize(&self) -> &Sanitize {
+        &self.subsystem.namespaces.table().sanitize
+    }
+
     /// Active (allocated and attached) namespace `nsid`, or Invalid
     /// Namespace or Format.
     pub fn namespace(&self, nsid: u32) -> Result<Arc<Namespace>, Status> {

@@ -71,7 +71,7 @@ pub(crate) fn execute(ctx: &mut Ctx<'_>, cmd: &Command) -> Outcome {
     if cmd.fuse() != 0 || cmd.psdt() != 0 {
         return Outcome::from_result(Err(invalid_field()));
     }
-    if let Some(status) = sanitize::refusal(&ctx.shared.sanitize, op) {
+    if let Some(status) = sanitize::refusal(ctx.shared.sanitize(), op) {
         return Outcome::from_result(Err(status));
     }
     if let Err(status) = reserved::check(ctx, op, cmd) {

@@ -16,10 +16,7 @@ use std::time::{Duration, Instant};
 
 use vnvme_spec::cdw::Cdw10Sanitize;
 use vnvme_spec::identify::sanicap;
-use vnvme_spec::log::persistent_event::EventType;
 use vnvme_spec::log::sanitize::action;
-use vnvme_spec::log::self_test::result::ABORTED_SANITIZE;
-use vnvme_spec::log::{async_event, LogPageId};
 use vnvme_spec::{AdminOpcode, Command, Status};
 
 use super::invalid_field;
@@ -29,10 +26,9 @@ use crate::background::Pace;
 use crate::command::Ctx;
 use crate::namespace::Namespace;
 use crate::reporting::persistent_event_log::{sanitize_completion, sanitize_start};
-use crate::reporting::Reporting;
 use crate::state::Shared;
 use crate::stats::Stats;
-use crate::subsystem::Subsystem;
+use crate::subsystem::Namespaces;
 
 /// Admin commands a sanitize in progress or failed permits (§8.21): none
 /// touches user data. Sanitize itself is here to recover from a failure.
@@ -77,8 +73,8 @@ pub(super) fn sanitize(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> 
     let shared = ctx.shared;
     let method = match cdw10.sanact() {
         action::EXIT_FAILURE_MODE => {
-            if shared.sanitize.exit_failure_mode()? {
-                block_io(&shared.subsystem, None);
+            if shared.sanitize().exit_failure_mode()? {
+                block_io(&shared.subsystem.namespaces, None);
             }
             return Ok(0);
         }
@@ -105,49 +101,83 @@ pub(super) fn sanitize(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> 
         ause: cdw10.ause(),
         cdw10: cmd.cdw10.get(),
     };
-    start(shared, op, cmd.cdw11.get())
+    start(&Runner::of(shared), op, cmd.cdw11.get())
 }
 
-/// The whole [`Shared`]: the operation's thread holds it, and starting
-/// touches the sanitize state, the namespaces and the event logs.
-fn start(shared: &Shared, op: Operation, cdw11: u32) -> Result<u32, Status> {
-    let me = shared
-        .me
-        .upgrade()
-        .ok_or(Status::INTERNAL_ERROR.with_dnr(true))?;
-    shared.sanitize.begin(&op)?;
-    shared.reporting.persistent_events.record(
-        EventType::SANITIZE_START,
-        Instant::now(),
-        sanitize_start(SANICAP, op.cdw10, cdw11),
-    );
+/// What a sanitize's thread holds: the NVM subsystem, not a controller
+/// (the operation is the subsystem's, §8.21: it goes on when the
+/// controller that started it goes away, and every controller reports
+/// its end), the starting controller's counters (a media error is
+/// counted there) and the pace.
+struct Runner {
+    subsystem: Namespaces,
+    stats: Arc<Stats>,
+    rate: u64,
+}
+
+impl Runner {
+    fn of(shared: &Shared) -> Self {
+        Self {
+            subsystem: shared.subsystem.namespaces.clone(),
+            stats: Arc::clone(&shared.stats),
+            rate: shared.config.sanitize_rate,
+        }
+    }
+
+    fn sanitize(&self) -> &Sanitize {
+        &self.subsystem.table().sanitize
+    }
+}
+
+/// Starts `op` for the whole subsystem: a second one, from any of its
+/// controllers, gets Sanitize In Progress until it ends.
+fn start(runner: &Runner, op: Operation, cdw11: u32) -> Result<u32, Status> {
+    let sanitize = runner.sanitize();
+    sanitize.begin(&op)?;
     // The last operation's thread may still be reporting its end: done
     // with that before its event is cleared.
-    shared.sanitize.task.stop();
-    shared
-        .self_test
-        .abort(ABORTED_SANITIZE, shared.lifecycle.power_on_hours());
-    clear_completion_event(&shared.reporting);
+    sanitize.task.stop();
+    // §8.21: on every controller of the subsystem, a start clears the
+    // completion event and aborts the device self-test.
+    let event = sanitize_start(SANICAP, op.cdw10, cdw11);
+    for (_, member) in runner.subsystem.live() {
+        member.sanitize_started(&event);
+    }
     let namespaces = block_io(
-        &shared.subsystem,
+        &runner.subsystem,
         Some(Status::SANITIZE_IN_PROGRESS.with_dnr(false)),
     );
     tracing::debug!(?op, "sanitize started");
-    let spawned = shared
-        .sanitize
+    spawn(runner, op, namespaces, true)
+}
+
+/// Starts the operation's thread; if there is none, the operation fails.
+fn spawn(
+    runner: &Runner,
+    op: Operation,
+    namespaces: Vec<Arc<Namespace>>,
+    drain: bool,
+) -> Result<u32, Status> {
+    let mine = Runner {
+        subsystem: runner.subsystem.clone(),
+        stats: Arc::clone(&runner.stats),
+        rate: runner.rate,
+    };
+    let spawned = runner
+        .sanitize()
         .task
-        .start("vnvme-sanitize", move || run(&me, &op, namespaces, true));
+        .start("vnvme-sanitize", move || mine.run(&op, namespaces, drain));
     spawned.map(|()| 0).map_err(|e| {
         tracing::error!("no thread for the sanitize operation: {e}");
-        fail(shared, &op);
+        runner.fail(&op);
         Status::INTERNAL_ERROR.with_dnr(true)
     })
 }
 
 /// Gives every namespace's I/O `status` (None: lets it through again);
 /// returns the namespaces as they were.
-fn block_io(subsystem: &Subsystem, status: Option<Status>) -> Vec<Arc<Namespace>> {
-    subsystem.namespaces.update(|map| {
+fn block_io(namespaces: &Namespaces, status: Option<Status>) -> Vec<Arc<Namespace>> {
+    namespaces.update(|map| {
         let before: Vec<Arc<Namespace>> = map.values().cloned().collect();
         for ns in map.values_mut() {
             Arc::make_mut(ns).sanitize = status;
@@ -156,89 +186,89 @@ fn block_io(subsystem: &Subsystem, status: Option<Status>) -> Vec<Arc<Namespace>
     })
 }
 
-/// §5.24: starting a sanitize clears a Sanitize Operation Completed event
-/// the host has not had or not acknowledged.
-fn clear_completion_event(reporting: &Reporting) {
-    let kind = async_event::TYPE_IO_COMMAND_SET;
-    let completed = async_event::dword0(
-        kind,
-        async_event::IO_SANITIZE_COMPLETED,
-        LogPageId::SANITIZE_STATUS.0,
-    );
-    let mut e = reporting.events.lock();
-    e.queue.retain(|&dw| dw != completed);
-    e.masked &= !(1 << kind);
-}
-
 /// Goes on with a sanitize in progress whose thread a pause stopped (or
 /// that a restored state holds): from where it was, with its media key.
-/// Nothing if none is in progress or its thread runs. The whole
-/// [`Shared`]: it starts the operation's thread, which holds it.
+/// Nothing if none is in progress or its thread runs. Any controller of
+/// the subsystem may resume it (its enable, reset or resume).
 pub(crate) fn resume(shared: &Shared) {
-    let Some(pos) = shared.sanitize.position() else {
+    let sanitize = shared.sanitize();
+    let Some(pos) = sanitize.position() else {
         return;
     };
-    if shared.sanitize.task.running() {
+    if sanitize.task.running() {
         return;
     }
-    let Some(me) = shared.me.upgrade() else {
-        return;
-    };
-    let namespaces: Vec<Arc<Namespace>> = shared
-        .subsystem
-        .namespaces
-        .update(|map| map.values().cloned().collect());
+    let runner = Runner::of(shared);
+    let namespaces = runner.subsystem.allocated_list();
     tracing::debug!(done = pos.done, "sanitize resumed");
-    let spawned = shared.sanitize.task.start("vnvme-sanitize", move || {
-        run(&me, &pos.op, namespaces, false)
-    });
-    if let Err(e) = spawned {
-        tracing::error!("no thread to resume the sanitize operation: {e}");
-        fail(shared, &pos.op);
-    }
+    // A failure to spawn is logged and fails the operation.
+    let _ = spawn(&runner, pos.op, namespaces, false);
 }
 
-/// The operation's thread: `namespaces` as they were before I/O was
-/// refused; `drain`: wait for commands that found them before (not when
-/// resuming: the pause that stopped the run drained them). The whole
-/// [`Shared`]: it ends by reporting to the host (see [`report`]).
-fn run(shared: &Shared, op: &Operation, namespaces: Vec<Arc<Namespace>>, drain: bool) {
-    let task = &shared.sanitize.task;
-    // Commands that found their namespace before it was blocked may still
-    // write to it (an I/O in flight on the file backend): erase after them.
-    for ns in namespaces.iter().filter(|_| drain) {
-        while Arc::strong_count(ns) > 1 {
-            if !task.pace(Instant::now() + DRAIN_POLL) {
-                return;
-            }
-        }
-    }
-    let Some(from) = shared.sanitize.position() else {
-        return;
-    };
-    let rate = shared.config.sanitize_rate;
-    match erase(&shared.sanitize, &shared.stats, rate, &from, &namespaces) {
-        Ended::Completed => {
-            // Erased blocks are not uncorrectable any more.
-            for ns in &namespaces {
-                ns.uncorrectable.clear(0, ns.nsze);
-                // ZNS 1.1 §5.3: every zone of a sanitized namespace is empty
-                // (erased already: nothing more to erase).
-                if let Some(zones) = &ns.zones {
-                    zones.empty_all();
+impl Runner {
+    /// The operation's thread: `namespaces` as they were before I/O was
+    /// refused; `drain`: wait for commands that found them before (not
+    /// when resuming: the pause that stopped the run drained them).
+    fn run(&self, op: &Operation, namespaces: Vec<Arc<Namespace>>, drain: bool) {
+        let sanitize = self.sanitize();
+        let task = &sanitize.task;
+        // Commands that found their namespace before it was blocked may
+        // still write to it (an I/O in flight on the file backend): erase
+        // after them.
+        for ns in namespaces.iter().filter(|_| drain) {
+            while Arc::strong_count(ns) > 1 {
+                if !task.pace(Instant::now() + DRAIN_POLL) {
+                    return;
                 }
             }
-            drop(namespaces);
-            block_io(&shared.subsystem, None);
-            shared
-                .sanitize
-                .complete(true, op.ause, user_data_writes(&shared.stats));
-            tracing::debug!("sanitize completed");
-            report(shared);
         }
-        Ended::Failed => fail(shared, op),
-        // The controller is going away.
-        Ended::Stopped => {}
+        let Some(from) = sanitize.position() else {
+            return;
+        };
+        match erase(sanitize, &self.stats, self.rate, &from, &namespaces) {
+            Ended::Completed => {
+                // Erased blocks are not uncorrectable any more.
+                for ns in &namespaces {
+                    ns.uncorrectable.clear(0, ns.nsze);
+                    // ZNS 1.1 §5.3: every zone of a sanitized namespace is
+                    // empty (erased already: nothing more to erase).
+                    if let Some(zones) = &ns.zones {
+                        zones.empty_all();
+                    }
+                }
+                drop(namespaces);
+                block_io(&self.subsystem, None);
+                sanitize.complete(true, op.ause, user_data_writes(&self.subsystem));
+                tracing::debug!("sanitize completed");
+                self.report();
+            }
+            Ended::Failed => self.fail(op),
+            // The subsystem's last controller is going away.
+            Ended::Stopped => {}
+        }
+    }
+
+    /// The operation failed: failure mode, I/O gets Sanitize Failed.
+    fn fail(&self, op: &Operation) {
+        block_io(
+            &self.subsystem,
+            Some(Status::SANITIZE_FAILED.with_dnr(true)),
+        );
+        self.sanitize()
+            .complete(false, op.ause, user_data_writes(&self.subsystem));
+        tracing::debug!("sanitize failed");
+        self.report();
+    }
+
+    /// Sanitize Operation Completed, to every live controller of the
+    /// subsystem: the log (the same for all) tells how it ended, and so
+    /// does each one's Persistent Event Log.
+    fn report(&self) {
+        let log = self.sanitize().log(user_data_writes(&self.subsystem), 0, 0);
+        let event = sanitize_completion(log.sprog.get(), log.sstat.get());
+        for (_, member) in self.subsystem.live() {
+            member.sanitize_ended(&event);
+        }
     }
 }
 
@@ -315,52 +345,23 @@ fn erase(
     Ended::Completed
 }
 
-/// The operation failed: failure mode, I/O gets Sanitize Failed. The
-/// whole [`Shared`]: namespaces, sanitize state and [`report`].
-fn fail(shared: &Shared, op: &Operation) {
-    block_io(
-        &shared.subsystem,
-        Some(Status::SANITIZE_FAILED.with_dnr(true)),
-    );
-    shared
-        .sanitize
-        .complete(false, op.ause, user_data_writes(&shared.stats));
-    tracing::debug!("sanitize failed");
-    report(shared);
+/// Commands that wrote user data so far, through every live controller
+/// of the subsystem (Global Data Erased while it stays where a completed
+/// sanitize left it).
+fn user_data_writes(subsystem: &Namespaces) -> u64 {
+    let each = subsystem.live().into_iter();
+    each.map(|(_, m)| m.io_commands(crate::io::WRITES_USER_DATA))
+        .fold(0, u64::wrapping_add)
 }
 
-/// Sanitize Operation Completed: the log tells how it ended, and so does
-/// the Persistent Event Log. The whole [`Shared`]: it may raise an
-/// asynchronous event.
-fn report(shared: &Shared) {
-    let log = shared.sanitize.log(user_data_writes(&shared.stats), 0, 0);
-    shared.reporting.persistent_events.record(
-        EventType::SANITIZE_COMPLETION,
-        Instant::now(),
-        sanitize_completion(log.sprog.get(), log.sstat.get()),
-    );
-    shared.async_event(
-        async_event::TYPE_IO_COMMAND_SET,
-        async_event::IO_SANITIZE_COMPLETED,
-        LogPageId::SANITIZE_STATUS.0,
-    );
-}
-
-/// Commands that wrote user data so far (Global Data Erased while it
-/// stays where a completed sanitize left it).
-fn user_data_writes(stats: &Stats) -> u64 {
-    crate::io::WRITES_USER_DATA
-        .iter()
-        .map(|&op| stats.io_commands(op))
-        .sum()
-}
-
-/// The Sanitize Status log page. The whole [`Shared`]: it reads the
-/// sanitize state, statistics, namespaces and configuration.
+/// The Sanitize Status log page (the subsystem's, the same through
+/// every controller). The whole [`Shared`]: it reads the sanitize
+/// state, the subsystem and the configuration.
 pub(super) fn log(shared: &Shared) -> Vec<u8> {
-    let log = shared.sanitize.log(
-        user_data_writes(&shared.stats),
-        shared.subsystem.namespaces.media_bytes(),
+    let namespaces = &shared.subsystem.namespaces;
+    let log = shared.sanitize().log(
+        user_data_writes(namespaces),
+        namespaces.media_bytes(),
         shared.config.sanitize_rate,
     );
     zerocopy::IntoBytes::as_bytes(&*log).to_vec()

@@ -39,7 +39,7 @@ impl Controller {
     pub fn pause(&self) {
         // Before the control lock: the thread's end reports may take locks
         // a holder of it takes too.
-        self.shared.sanitize.task.stop();
+        self.shared.sanitize().task.stop();
         let mut ctl = self.control.lock();
         if ctl.threads.is_empty() {
             return;
@@ -87,7 +87,7 @@ impl Controller {
         let shared = &*self.shared;
         let now = Instant::now();
         let queues = shared.queues.save().map_err(StateError::Busy)?;
-        let background = SavedBackground::save(&shared.sanitize, &shared.self_test)
+        let background = SavedBackground::save(shared.sanitize(), &shared.self_test)
             .map_err(StateError::BackgroundBusy)?;
         let body = StateBody {
             regs: ctl.regs.save(now),
@@ -148,7 +148,7 @@ impl Controller {
         shared.reporting.restore(&body.reporting, now)?;
         shared.subsystem.restore(&body.subsystem, now)?;
         body.background
-            .restore(&shared.sanitize, &shared.self_test)?;
+            .restore(shared.sanitize(), &shared.self_test)?;
         let limits = Limits {
             max_size: u32::from(shared.config.mqes_z) + 1,
             vectors: shared.config.msix_vectors,

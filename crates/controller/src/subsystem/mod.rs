@@ -10,6 +10,7 @@ pub(crate) mod firmware;
 mod saved;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -18,6 +19,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use vnvme_blockdev::BlockDevice;
 use vnvme_spec::Status;
 
+use crate::background::sanitize::Sanitize;
 use crate::config::Readiness;
 use crate::namespace::Namespace;
 use crate::subsystem::cache::{Generation, NamespaceCache};
@@ -73,6 +75,18 @@ pub(crate) trait Member: Send + Sync {
     /// Namespace `nsid`'s attributes or attachment changed for this
     /// controller (Changed Namespace List, Namespace Attribute notice).
     fn namespace_changed(&self, nsid: u32);
+    /// A sanitize started on some controller of the subsystem (Base 2.0
+    /// §8.21: each controller clears its Sanitize Operation Completed
+    /// event and aborts its device self-test); `event`: the Persistent
+    /// Event Log's Sanitize Start data.
+    fn sanitize_started(&self, event: &[u8]);
+    /// The subsystem's sanitize ended (completed or failed): each
+    /// controller reports it (Sanitize Operation Completed event, and
+    /// `event` in its Persistent Event Log).
+    fn sanitize_ended(&self, event: &[u8]);
+    /// Commands of opcodes `ops` it completed so far (the subsystem's
+    /// user data writes are the sum over its controllers).
+    fn io_commands(&self, ops: &[vnvme_spec::NvmOpcode]) -> u64;
     /// The ANA state of one of its groups changed (ANA Change notice).
     fn ana_changed(&self);
     /// Its counters (without the namespaces', which are the subsystem's).
@@ -96,7 +110,13 @@ pub(crate) struct Table {
     generation: Generation,
     /// By CNTLID: dropped controllers are skipped.
     members: RwLock<BTreeMap<u16, Weak<dyn Member>>>,
+    /// Controllers made and not yet dropped: the last one to go stops the
+    /// sanitize's thread (which holds the table, not a controller).
+    controllers: AtomicUsize,
     pub ana: Ana,
+    /// The NVM subsystem's sanitize state (Base 2.0 §8.21: a sanitize is
+    /// the subsystem's, whichever controller started it).
+    pub sanitize: Sanitize,
 }
 
 impl std::fmt::Debug for Table {
@@ -111,7 +131,8 @@ impl std::fmt::Debug for Table {
 /// Allocated namespaces by NSID, as controller `cntlid` sees them: a
 /// namespace is active for it while attached to it. Bounded: at most
 /// `max(NN, configured)` entries, so no guest can grow it without limit.
-#[derive(Debug)]
+/// A clone is the same view (a background thread's handle on the table).
+#[derive(Debug, Clone)]
 pub(crate) struct Namespaces {
     table: Arc<Table>,
     cntlid: u16,
@@ -154,6 +175,14 @@ impl Namespaces {
     /// Registers this view's controller, which the others notify.
     pub fn register(&self, member: Weak<dyn Member>) {
         self.table.members.write().insert(self.cntlid, member);
+        self.table.controllers.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// This view's controller is being dropped: true if it was the
+    /// subsystem's last one (then nothing is left to serve or report a
+    /// sanitize, and its thread is stopped).
+    pub fn leave(&self) -> bool {
+        self.table.controllers.fetch_sub(1, Ordering::AcqRel) == 1
     }
 
     /// This view's controller.
@@ -205,7 +234,7 @@ impl Namespaces {
 
     /// Every live controller by CNTLID, ascending, out of the lock (what
     /// is then asked of each takes its own locks).
-    fn live(&self) -> Vec<(u16, Arc<dyn Member>)> {
+    pub fn live(&self) -> Vec<(u16, Arc<dyn Member>)> {
         let members = self.table.members.read();
         let live = members.iter().filter_map(|(c, m)| Some((*c, m.upgrade()?)));
         live.collect()

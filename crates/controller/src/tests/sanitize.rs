@@ -546,3 +546,5 @@ fn a_paused_sanitize_is_saved_and_finishes_in_the_restored_controller_as_in_the_
         assert_ne!(b.read8(1, 0).1, data(1), "{sanact}: erased");
     }
 }
+
+mod shared;

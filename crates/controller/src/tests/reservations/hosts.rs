@@ -12,7 +12,7 @@ const KEY_C: u64 = 0xCCCC;
 impl Host {
     /// Controller `cntlid` of `first`'s subsystem, enabled, as host `n`
     /// (8-byte identifier), with I/O queue pair 1.
-    pub(super) fn joining(first: &Host, cntlid: u16, n: u8) -> Host {
+    pub(in crate::tests) fn joining(first: &Host, cntlid: u16, n: u8) -> Host {
         let cfg = ControllerConfig { cntlid, ..config() };
         let ctrl = Controller::joining(&first.ctrl, cfg, None, None).unwrap();
         let mem = Arc::new(VecMemory::new(MEM_SIZE));
