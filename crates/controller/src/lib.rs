@@ -53,6 +53,7 @@ mod streams;
 mod subsystem;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+mod thread_slot;
 pub mod vendor;
 mod worker;
 mod zoned;

@@ -43,6 +43,7 @@ const LAYERS: &[&[&str]] = &[
         "faults",
         "qos",
         "saved_check",
+        "thread_slot",
     ],
 ];
 
