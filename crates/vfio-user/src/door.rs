@@ -1,8 +1,11 @@
-//! The door: the thread that owns a server's listening socket. It hands a
+//! The door: what keeps a server's listening socket. It hands a
 //! connection to the control thread when the device is free (or its owner
 //! has hung up and is being torn down), refuses every other one at once
 //! with an EBUSY reply to its VERSION, and on stop shuts the served
-//! connection down, so no blocked send or wait outlives the stop.
+//! connection down, so no blocked send or wait outlives the stop. One
+//! thread keeps the doors of every server in a process that has many
+//! ([`Door::watch_all`]): doors never wait on a client, so they need no
+//! thread each.
 //!
 //! A served connection that has not sent VERSION yet does not hold the
 //! device against a client that does: connections that arrive meanwhile
@@ -57,9 +60,12 @@ impl RateLimit {
     }
 }
 
-/// The listening socket's keeper (see the module docs).
+/// The listening socket's keeper (see the module docs). Its thread is
+/// [`Door::watch_all`], which may keep the doors of many servers in one
+/// process; each server's control thread takes its connections with
+/// [`Server::serve_door`](crate::Server::serve_door).
 #[derive(Debug, Default)]
-pub(crate) struct Door {
+pub struct Door {
     state: Mutex<DoorState>,
     cv: Condvar,
 }
@@ -77,86 +83,96 @@ struct DoorState {
     stopped: bool,
 }
 
+/// What the watching thread keeps for one door between its waits.
+struct Watch<'a> {
+    door: &'a Door,
+    listener: &'a UnixListener,
+    lingering: Lingering,
+    challengers: VecDeque<UnixStream>,
+    errors: RateLimit,
+    /// After an accept error (e.g. EMFILE) the listener is left out of the
+    /// wait until then, instead of the thread sleeping: the other doors it
+    /// keeps are not held up, and a listener that stays readable does not
+    /// spin.
+    paused_until: Option<Instant>,
+}
+
 impl Door {
-    /// The door thread: accepts until `stop` (looked at every
-    /// [`STOP_POLL`], or when `wake` wakes), then shuts the served
-    /// connection down. Waits that end with nothing to do count in `idle`.
-    pub(crate) fn run(
-        &self,
-        listener: &UnixListener,
+    /// The thread that keeps `doors` (each with its listening socket, set
+    /// non-blocking here): accepts until `stop` (looked at every
+    /// 100 ms, or when `wake` wakes), then shuts each served
+    /// connection down. One poll covers every listener and every waiting
+    /// connection, and no door's work waits on a client (accepts and
+    /// refusals never block), so one slow or hostile client holds up no
+    /// other door. Waits that end with nothing to do count in `idle`.
+    pub fn watch_all(
+        doors: &[(&Door, &UnixListener)],
         stop: &AtomicBool,
         wake: Option<&StopWake>,
         idle: &AtomicU64,
     ) {
-        let mut errors = RateLimit::default();
-        let mut lingering = Lingering::default();
-        let mut challengers: VecDeque<UnixStream> = VecDeque::new();
+        let mut watches: Vec<Watch<'_>> = doors
+            .iter()
+            .map(|&(door, listener)| {
+                if let Err(e) = listener.set_nonblocking(true) {
+                    // Then an accept may block this thread; every other
+                    // call on it has already succeeded on our own socket.
+                    tracing::error!(error = %e, "making a vfio-user listener non-blocking");
+                }
+                Watch {
+                    door,
+                    listener,
+                    lingering: Lingering::default(),
+                    challengers: VecDeque::new(),
+                    errors: RateLimit::default(),
+                    paused_until: None,
+                }
+            })
+            .collect();
         while !stop.load(Ordering::Relaxed) {
-            lingering.expire();
-            // A wait may have ended: the owner spoke, or left.
-            self.settle(&mut challengers, &mut lingering);
+            let now = Instant::now();
             // Without a wake, the flag is looked at every stop poll; either
             // way the first lingering connection is closed when due.
-            let timeout = match (wake, lingering.next_due()) {
-                (None, due) => Some(due.map_or(STOP_POLL, |d| d.min(STOP_POLL))),
-                (Some(_), due) => due,
-            };
-            let spoke = match wait_any(listener, &challengers, wake, timeout) {
+            let mut timeout = wake.is_none().then_some(STOP_POLL);
+            for w in &mut watches {
+                w.lingering.expire();
+                // A wait may have ended: the owner spoke, or left.
+                w.door.settle(&mut w.challengers, &mut w.lingering);
+                if w.paused_until.is_some_and(|t| t <= now) {
+                    w.paused_until = None;
+                }
+                let due = [
+                    w.lingering.next_due(),
+                    w.paused_until.map(|t| t.saturating_duration_since(now)),
+                ];
+                for d in due.into_iter().flatten() {
+                    timeout = Some(timeout.map_or(d, |t| t.min(d)));
+                }
+            }
+            let spoke = match wait_any(&watches, wake, timeout) {
                 Ok(ready) => ready,
                 Err(e) => {
-                    tracing::error!(error = %e, "polling the vfio-user socket");
+                    tracing::error!(error = %e, "polling the vfio-user sockets");
                     std::thread::sleep(STOP_POLL);
                     continue;
                 }
             };
-            if !spoke.listener && !spoke.woken && spoke.challengers.is_empty() {
+            let busy = spoke.woken || spoke.doors.iter().any(|(l, c)| *l || !c.is_empty());
+            if !busy {
                 idle.fetch_add(1, Ordering::Relaxed);
             }
-            // Taken out newest first (the indexes stay valid), then offered
-            // oldest first: the first to speak takes a silent owner's place.
-            let mut spoken: Vec<_> = spoke
-                .challengers
-                .into_iter()
-                .rev()
-                .filter_map(|(i, hung_up)| Some((challengers.remove(i)?, hung_up)))
-                .collect();
-            spoken.reverse();
-            for (stream, hung_up) in spoken {
-                if hung_up {
-                    continue;
-                }
-                if let Some(refused) = self.displace(stream) {
-                    lingering.add(refused);
-                }
-            }
-            if !spoke.listener {
-                continue;
-            }
-            match listener.accept() {
-                Ok((stream, _)) => match self.offer(stream) {
-                    Offer::Taken => {}
-                    Offer::Refused(stream) => lingering.add(stream),
-                    Offer::Wait(stream) => {
-                        if challengers.len() >= MAX_CHALLENGERS {
-                            challengers.pop_front();
-                        }
-                        challengers.push_back(stream);
-                    }
-                },
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::Interrupted | std::io::ErrorKind::WouldBlock
-                    ) => {}
-                Err(e) => {
-                    // E.g. EMFILE: keep serving the client we have; retry later.
-                    if let Some(suppressed) = errors.allow() {
-                        tracing::warn!(error = %e, suppressed, "accepting a vfio-user connection");
-                    }
-                    std::thread::sleep(STOP_POLL);
-                }
+            for (w, (listener, challengers)) in watches.iter_mut().zip(spoke.doors) {
+                w.handle(listener, challengers);
             }
         }
+        for w in &watches {
+            w.door.close();
+        }
+    }
+
+    /// Stopped: no connection is handed over any more, and the served one
+    /// is shut down (which ends its control thread's wait).
+    fn close(&self) {
         let mut st = self.state.lock();
         st.stopped = true;
         st.pending = None;
@@ -282,6 +298,57 @@ impl Door {
     }
 }
 
+impl Watch<'_> {
+    /// What one wait found for this door: a connection on its listener,
+    /// and `spoke`, waiting connections that sent something (index, and
+    /// whether it hung up instead).
+    fn handle(&mut self, listener: bool, spoke: Vec<(usize, bool)>) {
+        // Taken out newest first (the indexes stay valid), then offered
+        // oldest first: the first to speak takes a silent owner's place.
+        let mut spoken: Vec<_> = spoke
+            .into_iter()
+            .rev()
+            .filter_map(|(i, hung_up)| Some((self.challengers.remove(i)?, hung_up)))
+            .collect();
+        spoken.reverse();
+        for (stream, hung_up) in spoken {
+            if hung_up {
+                continue;
+            }
+            if let Some(refused) = self.door.displace(stream) {
+                self.lingering.add(refused);
+            }
+        }
+        if !listener {
+            return;
+        }
+        match self.listener.accept() {
+            Ok((stream, _)) => match self.door.offer(stream) {
+                Offer::Taken => {}
+                Offer::Refused(stream) => self.lingering.add(stream),
+                Offer::Wait(stream) => {
+                    if self.challengers.len() >= MAX_CHALLENGERS {
+                        self.challengers.pop_front();
+                    }
+                    self.challengers.push_back(stream);
+                }
+            },
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::Interrupted | std::io::ErrorKind::WouldBlock
+                ) => {}
+            Err(e) => {
+                // E.g. EMFILE: keep serving the client we have; retry later.
+                if let Some(suppressed) = self.errors.allow() {
+                    tracing::warn!(error = %e, suppressed, "accepting a vfio-user connection");
+                }
+                self.paused_until = Some(Instant::now() + STOP_POLL);
+            }
+        }
+    }
+}
+
 /// Refused connections, kept open a moment so their VERSION is sent and
 /// our EBUSY reply read rather than their send failing with EPIPE; at most
 /// a few, so refused clients cannot pile up fds.
@@ -341,46 +408,58 @@ impl DoorState {
 
 /// What [`wait_any`] found readable.
 struct Ready {
-    listener: bool,
     /// The stop wake.
     woken: bool,
-    /// Indexes of waiting connections that sent something, each with
-    /// whether it hung up instead.
-    challengers: Vec<(usize, bool)>,
+    /// Per door: whether its listener has a connection, and the indexes
+    /// of its waiting connections that sent something, each with whether
+    /// it hung up instead.
+    doors: Vec<(bool, Vec<(usize, bool)>)>,
 }
 
-/// Waits up to `timeout` (`None`: without end) for a connection on
-/// `listener`, bytes (or a hang-up) on one of `challengers`, or `wake`.
+/// Waits up to `timeout` (`None`: without end) for a connection on a
+/// listener (but those paused), bytes (or a hang-up) on a waiting
+/// connection, or `wake`.
 fn wait_any(
-    listener: &UnixListener,
-    challengers: &VecDeque<UnixStream>,
+    watches: &[Watch<'_>],
     wake: Option<&StopWake>,
     timeout: Option<Duration>,
 ) -> std::io::Result<Ready> {
     use rustix::event::{PollFd, PollFlags};
-    let mut fds = vec![PollFd::new(listener, PollFlags::IN)];
-    fds.extend(
-        challengers
-            .iter()
-            .map(|c| PollFd::new(c, PollFlags::IN | PollFlags::RDHUP)),
-    );
-    // Last, so the challengers' indexes stay theirs.
+    let mut fds = Vec::new();
+    for w in watches {
+        // A paused listener is polled for nothing: it keeps its place.
+        let flags = match w.paused_until {
+            Some(_) => PollFlags::empty(),
+            None => PollFlags::IN,
+        };
+        fds.push(PollFd::new(w.listener, flags));
+        fds.extend(
+            w.challengers
+                .iter()
+                .map(|c| PollFd::new(c, PollFlags::IN | PollFlags::RDHUP)),
+        );
+    }
     if let Some(w) = wake {
         fds.push(PollFd::from_borrowed_fd(w.fd(), PollFlags::IN));
     }
     crate::conn::poll(&mut fds, timeout)?;
     let gone = PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR;
-    let woken = wake.is_some() && fds.last().is_some_and(|f| !f.revents().is_empty());
-    Ok(Ready {
-        listener: fds[0].revents().contains(PollFlags::IN),
-        woken,
-        challengers: fds[1..1 + challengers.len()]
+    let mut doors = Vec::with_capacity(watches.len());
+    let mut at = 0;
+    for w in watches {
+        let listener = fds[at].revents().contains(PollFlags::IN);
+        let first = at + 1;
+        at = first + w.challengers.len();
+        let spoke = fds[first..at]
             .iter()
             .enumerate()
             .filter(|(_, f)| !f.revents().is_empty())
             .map(|(i, f)| (i, f.revents().intersects(gone)))
-            .collect(),
-    })
+            .collect();
+        doors.push((listener, spoke));
+    }
+    let woken = wake.is_some() && fds.get(at).is_some_and(|f| !f.revents().is_empty());
+    Ok(Ready { woken, doors })
 }
 
 /// Answers a connection we will not serve: an EBUSY reply to the VERSION it

@@ -38,6 +38,7 @@ pub use conn::{MAX_DATA_XFER_SIZE, MAX_MSG_FDS, MAX_MSG_SIZE, MESSAGE_TIMEOUT};
 pub use dma::{
     DmaLimits, DmaPin, DmaSpace, DEFAULT_MAX_DMA_BYTES, DEFAULT_MAX_DMA_MAPS, REMOTE_DMA_TIMEOUT,
 };
+pub use door::Door;
 /// Most fd-backed DMA maps the whole process can hold (the SIGBUS guard's
 /// registry): the highest `max_dma_maps` worth configuring.
 pub use fault::CAPACITY as MAX_FD_DMA_MAPS;

@@ -175,49 +175,70 @@ impl<D: Device> Server<D> {
     ) -> Result<(), Error> {
         listener.set_nonblocking(true)?;
         let door = Door::default();
-        let asked = || handover.is_some_and(|h| h.asked());
         let (wake, idle) = (self.opts.stop_wake.clone(), Arc::clone(&self.idle_wakeups));
         std::thread::scope(|scope| {
             std::thread::Builder::new()
                 .name("vfio-user-door".into())
-                .spawn_scoped(scope, || door.run(listener, stop, wake.as_ref(), &idle))?;
-            let mut client = adopted.map(|a| self.adopted_state(a));
-            loop {
-                if let Some(state) = client.take() {
-                    tracing::info!("vfio-user client handed over by the previous process");
-                    let result = self.serve_client(state, Some(stop), Some(&door), handover);
-                    door.set_owner(None);
-                    match result {
-                        Ok(()) => tracing::info!("vfio-user client disconnected"),
-                        Err(e) => tracing::warn!(error = %e, "vfio-user client dropped"),
-                    }
-                    continue;
-                }
-                // Woken on stop by the door; a handover request with no
-                // client is still looked for every stop poll.
-                let poll =
-                    (self.opts.stop_wake.is_none() || handover.is_some()).then_some(STOP_POLL);
-                let Some(stream) = door.next(stop, &asked, poll) else {
-                    if stop.load(Ordering::Relaxed) {
-                        break;
-                    }
-                    if let Some(h) = handover.filter(|h| h.asked()) {
-                        // No client: only the sockets go to the next process.
-                        let why = h.transfer(&mut self.device, None);
-                        h.refuse(why);
-                    }
-                    continue;
-                };
-                tracing::info!("vfio-user client connected");
-                let result = self.serve(stream, Some(stop), Some(&door), handover);
+                .spawn_scoped(scope, || {
+                    Door::watch_all(&[(&door, listener)], stop, wake.as_ref(), &idle)
+                })?;
+            self.serve_door_with(&door, stop, handover, adopted)
+        })
+    }
+
+    /// Serves the clients `door` hands over, one at a time, until `stop`,
+    /// as [`serve_listener`](Self::serve_listener) does, but without a
+    /// thread for the door: the caller runs [`Door::watch_all`] on its
+    /// listener, one thread for the doors of every server in the process.
+    /// With a [`ServerOptions::stop_wake`] the stop is seen when that
+    /// thread closes the door; without, every 100 ms as well.
+    pub fn serve_door(&mut self, door: &Door, stop: &AtomicBool) -> Result<(), Error> {
+        self.serve_door_with(door, stop, None, None)
+    }
+
+    fn serve_door_with(
+        &mut self,
+        door: &Door,
+        stop: &AtomicBool,
+        handover: Option<&dyn Handover<D>>,
+        adopted: Option<Adopted>,
+    ) -> Result<(), Error> {
+        let asked = || handover.is_some_and(|h| h.asked());
+        let mut client = adopted.map(|a| self.adopted_state(a));
+        loop {
+            if let Some(state) = client.take() {
+                tracing::info!("vfio-user client handed over by the previous process");
+                let result = self.serve_client(state, Some(stop), Some(door), handover);
                 door.set_owner(None);
                 match result {
                     Ok(()) => tracing::info!("vfio-user client disconnected"),
                     Err(e) => tracing::warn!(error = %e, "vfio-user client dropped"),
                 }
+                continue;
             }
-            Ok(())
-        })
+            // Woken on stop by the door; a handover request with no
+            // client is still looked for every stop poll.
+            let poll = (self.opts.stop_wake.is_none() || handover.is_some()).then_some(STOP_POLL);
+            let Some(stream) = door.next(stop, &asked, poll) else {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                if let Some(h) = handover.filter(|h| h.asked()) {
+                    // No client: only the sockets go to the next process.
+                    let why = h.transfer(&mut self.device, None);
+                    h.refuse(why);
+                }
+                continue;
+            };
+            tracing::info!("vfio-user client connected");
+            let result = self.serve(stream, Some(stop), Some(door), handover);
+            door.set_owner(None);
+            match result {
+                Ok(()) => tracing::info!("vfio-user client disconnected"),
+                Err(e) => tracing::warn!(error = %e, "vfio-user client dropped"),
+            }
+        }
+        Ok(())
     }
 
     /// The state of a client another process served: negotiated, its maps

@@ -380,3 +380,90 @@ fn the_same_identifier_in_two_controllers_is_refused() {
     );
     assert!(!dir.join("a.sock").exists() && !dir.join("b.sock").exists());
 }
+
+/// A config file with `n` controllers (1 MiB ram namespace each, no
+/// control socket: a control socket has a thread) on sockets `c0.sock`...
+/// in `dir`, one poll group.
+fn small_config(dir: &Path, n: usize) -> (PathBuf, Vec<PathBuf>) {
+    let mut text = String::from("workers = 1\n");
+    let mut sockets = Vec::new();
+    for i in 0..n {
+        let socket = dir.join(format!("c{i}.sock"));
+        text.push_str(&format!(
+            "\n[[controllers]]\nsocket = \"{}\"\n[[controllers.namespaces]]\nsize = \"1M\"\n",
+            socket.display(),
+        ));
+        sockets.push(socket);
+    }
+    let path = dir.join("serve.toml");
+    std::fs::write(&path, text).unwrap();
+    (path, sockets)
+}
+
+#[test]
+fn the_server_has_a_connection_thread_per_controller_and_a_fixed_set_besides() {
+    for n in [8, 64] {
+        let dir = temp_dir(&format!("many-threads-{n}"));
+        let (cfg, sockets) = small_config(&dir, n);
+        let log = dir.join("serve.log");
+        let mut server = serve(&cfg, &sockets, &log);
+        // Four clients enable their controllers: each arms its keep alive
+        // timer (it had a thread per enable).
+        let clients: Vec<_> = sockets[..4].iter().map(|s| connect(s)).collect();
+        let names = thread_names(server_pid(&mut server, &log));
+        let count = |name: &str| names.iter().filter(|n| *n == name).count();
+        // Before: a door thread and a keep alive thread per controller too.
+        assert_eq!(count("vnvme-conn"), n, "{names:?}");
+        assert_eq!(count("vfio-user-doors"), 1, "{names:?}");
+        assert_eq!(count("vfio-user-door"), 0, "{names:?}");
+        assert_eq!(count("vnvme-keepalive"), 1, "{names:?}");
+        assert_eq!(count("vnvme-pg0"), 1, "{names:?}");
+        // And the main thread and the stop watch: n + 5 in all.
+        assert_eq!(names.len(), n + 5, "{names:?}");
+        for (_, ctrl) in clients {
+            ctrl.shutdown().unwrap();
+        }
+        assert!(server.terminate().success());
+    }
+}
+
+#[test]
+fn hostile_connections_at_one_controller_hold_up_no_other() {
+    use std::io::Write;
+    use std::os::unix::net::UnixStream;
+    let dir = temp_dir("many-hostile");
+    let (cfg, sockets) = small_config(&dir, 3);
+    let log = dir.join("serve.log");
+    let mut server = serve(&cfg, &sockets, &log);
+    // Controller 0: a client that sends half a VERSION header and stops,
+    // and a crowd behind it that says nothing (they wait at its door, or
+    // are refused); controller 1: a connection that never speaks.
+    let mut half = UnixStream::connect(&sockets[0]).unwrap();
+    half.write_all(&[0u8; 8]).unwrap();
+    let crowd: Vec<UnixStream> = (0..24)
+        .map(|_| UnixStream::connect(&sockets[0]).unwrap())
+        .collect();
+    let silent = UnixStream::connect(&sockets[1]).unwrap();
+    // Controllers 1 and 2 serve clients meanwhile, whole: controller 1's
+    // takes the silent connection's place, controller 2 is untouched.
+    for socket in &sockets[1..] {
+        let (access, ctrl) = connect(socket);
+        let mut q = ctrl.take_io_queue(0).unwrap();
+        assert_eq!(verified_round(&mut q, &access, 0, 8, 7), 2);
+        drop(q);
+        ctrl.shutdown().unwrap();
+    }
+    drop((half, crowd, silent));
+    // And controller 0 serves a client once its hostile ones are gone.
+    let (access, ctrl) = connect(&sockets[0]);
+    let mut q = ctrl.take_io_queue(0).unwrap();
+    assert_eq!(verified_round(&mut q, &access, 0, 8, 8), 2);
+    drop(q);
+    ctrl.shutdown().unwrap();
+    assert!(
+        server.running(),
+        "{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    assert!(server.terminate().success());
+}

@@ -1,7 +1,7 @@
 //! `vnvme serve --config FILE` with `[[controllers]]`: several controllers
 //! in one process, each on its own vfio-user socket (and its own thread
-//! for its client's messages), their queues served by one set of poll
-//! group threads (`workers`).
+//! for its client's messages), their listening sockets kept by one thread,
+//! their queues served by one set of poll group threads (`workers`).
 //!
 //! A controller's client connecting, resetting or dying touches only that
 //! controller: its connection thread is its own, and a reset stops only
@@ -9,12 +9,13 @@
 
 use std::os::unix::net::UnixListener;
 use std::path::Path;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use vnvme_controller::{NamespaceConfig, NamespaceIds, PollGroups};
 use vnvme_vfio_user::activation::Activated;
-use vnvme_vfio_user::ServerOptions;
+use vnvme_vfio_user::{Door, ServerOptions};
 
 use super::{watch_stop, ServeOptions, DEFAULT_SOCKET, STOP_TIMEOUT};
 use crate::config::ControllerEntry;
@@ -266,7 +267,9 @@ fn check_unique(all: &[Identity]) -> Result<()> {
 }
 
 /// Serves each controller's client on a thread of its own until `stop`
-/// (one client's connection, reset or end never waits for another's):
+/// (one client's connection, reset or end never waits for another's), and
+/// keeps every controller's listening socket on one thread (the doors:
+/// accepting and refusing never wait on a client):
 /// `(name for the log, listener, options, device)` per controller.
 /// Returns how many stopped with an error (logged); a thread that cannot
 /// start sets `stop` and counts as one.
@@ -274,9 +277,30 @@ pub(super) fn serve_each<'a>(
     controllers: impl Iterator<Item = (String, &'a UnixListener, ServerOptions, NvmeDevice)>,
     stop: &Stop,
 ) -> usize {
+    let controllers: Vec<_> = controllers.collect();
+    let doors: Vec<Door> = controllers.iter().map(|_| Door::default()).collect();
+    let watched: Vec<(&Door, &UnixListener)> = doors
+        .iter()
+        .zip(&controllers)
+        .map(|(door, (_, listener, _, _))| (door, *listener))
+        .collect();
+    // The doors' waits that found nothing (none: they wait on the stop).
+    let idle = AtomicU64::new(0);
     std::thread::scope(|scope| {
+        let keeper = std::thread::Builder::new()
+            .name("vfio-user-doors".into())
+            .spawn_scoped(scope, || {
+                Door::watch_all(&watched, stop.flag(), Some(stop.wake()), &idle)
+            });
+        if let Err(e) = keeper {
+            tracing::error!("starting the thread of the controllers' sockets: {e}");
+            stop.ask();
+            return controllers.len();
+        }
         let handles: Vec<_> = controllers
-            .map(|(name, listener, server, device)| {
+            .into_iter()
+            .zip(&doors)
+            .map(|((name, _, server, device), door)| {
                 std::thread::Builder::new()
                     .name("vnvme-conn".into())
                     .spawn_scoped(scope, move || {
@@ -285,7 +309,7 @@ pub(super) fn serve_each<'a>(
                             ..server
                         };
                         let mut s = vnvme_vfio_user::Server::with_options(device, server);
-                        let r = s.serve_listener(listener, stop.flag());
+                        let r = s.serve_door(door, stop.flag());
                         if let Err(e) = &r {
                             tracing::error!("{name}: serving vfio-user: {e}");
                         }
