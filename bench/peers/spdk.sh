@@ -15,7 +15,7 @@
 #       [--workloads randread,randwrite] [--modes adaptive,mmap-poll,trap,shadow]
 #       [--rounds N] [--no-spdk] [--json FILE]
 #   SPDK_DIR=/path/to/spdk bench/peers/spdk.sh --controllers 1,4,16,64 [--qd 32]
-#       [--runtime S] [--modes adaptive] [--rounds N] [--no-spdk] [--json FILE]
+#       [--runtime S] [--modes adaptive] [--rounds N] [--no-spdk] [--poll] [--json FILE]
 #
 # With --controllers, the scale sweep: each target serves the largest N
 # controllers from one process on core 0 (nvmf_tgt: N subsystems, each with
@@ -27,11 +27,15 @@
 # drives both targets. Against SPDK the client maps the doorbell page, as
 # SPDK's own host does (its target polls that page; a doorbell written
 # through the socket costs it milliseconds); against vnvme it takes each
-# of --modes as the single-controller bench does.
+# of --modes as the single-controller bench does. The client waits for
+# each completion interrupt, as a guest's kernel does; --poll has it poll
+# its completion queues instead, as spdk_nvme_perf does (one spinning
+# thread per controller on core 1: for N = 1, where it shows what the
+# interrupts cost each target).
 #
 # The machine's speed drifts by minutes: --rounds N (default 3) runs every
-# target N times in turn, and the table gives each cell's median (the JSON
-# keeps every run). Prints one row per (workload, QD) and writes JSON (default
+# target N times in turn, and the table gives each cell's median (the
+# sweep: and its range; the JSON keeps every run). Prints one row per (workload, QD) and writes JSON (default
 # target/bench/spdk-peer.json). Needs root (hugepages, taskset) and 2 cores;
 # it reserves 1024 2 MiB hugepages and mounts hugetlbfs on /dev/hugepages if
 # it is not mounted. `trap` and `shadow` do not offer the doorbell page,
@@ -45,6 +49,7 @@ modes=adaptive,mmap-poll,trap,shadow
 with_spdk=1
 rounds=3
 controllers=
+poll=
 json_given=0
 root=$(cd "$(dirname "$0")/../.." && pwd)
 json=$root/target/bench/spdk-peer.json
@@ -59,6 +64,7 @@ while [ $# -gt 0 ]; do
     --rounds) rounds=$2; shift 2 ;;
     --no-spdk) with_spdk=0; shift ;;
     --controllers) controllers=$2; shift 2 ;;
+    --poll) poll=--poll; shift ;;
     --json) json=$2; json_given=1; shift 2 ;;
     -h | --help) usage; exit 0 ;;
     *) echo "spdk.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
@@ -157,15 +163,24 @@ start_spdk_many() {
     target_pid=$!
     wait_for "$work/spdk.sock" || die "nvmf_tgt did not start (see $work/spdk-target.log)"
     sleep 0.5
-    rpc -s "$work/spdk.sock" nvmf_create_transport -t VFIOUSER
+    # One rpc.py for every call (it reads them from stdin): 4 N separate
+    # rpc.py runs, a Python start each, took minutes at N = 64.
+    {
+        echo "nvmf_create_transport -t VFIOUSER"
+        for i in $(seq 0 $((n - 1))); do
+            d=$work/spdk-many/$i
+            mkdir -p "$d"
+            echo "bdev_null_create Null$i 1024 4096"
+            echo "nvmf_create_subsystem nqn.2019-07.io.spdk:cnode$i -a -s SPDK$i"
+            echo "nvmf_subsystem_add_ns nqn.2019-07.io.spdk:cnode$i Null$i"
+            echo "nvmf_subsystem_add_listener nqn.2019-07.io.spdk:cnode$i -t VFIOUSER -a $d -s 0"
+        done
+    } >"$work/spdk-many.rpc"
+    "$SPDK_DIR/scripts/rpc.py" -s "$work/spdk.sock" <"$work/spdk-many.rpc" >"$work/spdk-many-rpc.log" 2>&1 ||
+        die "setting up $n subsystems in nvmf_tgt failed: $(tail -3 "$work/spdk-many-rpc.log") (target log: $work/spdk-target.log)"
     sockets=
     for i in $(seq 0 $((n - 1))); do
         d=$work/spdk-many/$i
-        mkdir -p "$d"
-        rpc -s "$work/spdk.sock" bdev_null_create "Null$i" 1024 4096
-        rpc -s "$work/spdk.sock" nvmf_create_subsystem "nqn.2019-07.io.spdk:cnode$i" -a -s "SPDK$i"
-        rpc -s "$work/spdk.sock" nvmf_subsystem_add_ns "nqn.2019-07.io.spdk:cnode$i" "Null$i"
-        rpc -s "$work/spdk.sock" nvmf_subsystem_add_listener "nqn.2019-07.io.spdk:cnode$i" -t VFIOUSER -a "$d" -s 0
         wait_for "$d/cntrl" || die "SPDK's listener socket $d/cntrl did not appear"
         sockets=${sockets:+$sockets,}$d/cntrl
     done
@@ -205,7 +220,7 @@ if [ -n "$controllers" ]; then
             esac
             echo "round $round $t: $most controllers, driving $controllers of them" >&2
             taskset -c 1 "$VNVME" bench --controllers "$controllers" --attach "$sockets" \
-                --server-pid "$target_pid" --modes "$mode" --qd "$qds" --runtime "$runtime" \
+                --server-pid "$target_pid" --modes "$mode" --qd "$qds" --runtime "$runtime" $poll \
                 --json "$work/scale-$round-${t/:/-}.json" >&2 ||
                 echo "spdk.sh: the sweep against $t failed (see above)" >&2
             stop_target
@@ -226,14 +241,19 @@ json.dump({"pinning": "target core 0, vnvme bench (client) core 1", "runs": rows
 cells = {}
 for r in rows:
     cells.setdefault((r["target"], r["qd"], r["controllers"]), []).append(r)
-print("| target | QD | controllers | IOPS (median) | min/max per controller | target CPU (cores) |")
+def span(values, fmt):
+    lo, hi = min(values), max(values)
+    return fmt(lo) if fmt(lo) == fmt(hi) else f"{fmt(lo)}–{fmt(hi)}"
+print("| target | QD | controllers | IOPS: median (range) | min/max per controller | target CPU (cores) |")
 print("|---|---|---|---|---|---|")
-for (t, qd, n), rs in sorted(cells.items()):
-    med = statistics.median(x["iops"] for x in rs)
-    fair = statistics.median(x["min_controller_iops"] / max(x["max_controller_iops"], 1e-9) for x in rs)
-    cpu = statistics.median(x["server_cpu_cores"] for x in rs)
-    print(f"| {t} | {qd} | {n} | {med/1e6:.2f}M | {fair:.2f} | {cpu:.2f} |")
-print(f"\nmedian of {max(len(v) for v in cells.values()) if cells else 0} run(s) per cell; JSON: {out_path}")
+for (t, qd, n), rs in sorted(cells.items(), key=lambda c: (c[0][0], c[0][1], c[0][2])):
+    iops = [x["iops"] for x in rs]
+    mega = lambda v: f"{v/1e6:.2f}M"
+    fair = [x["min_controller_iops"] / max(x["max_controller_iops"], 1e-9) for x in rs]
+    cpu = [x["server_cpu_cores"] for x in rs]
+    print(f"| {t} | {qd} | {n} | {mega(statistics.median(iops))} ({span(iops, mega)}) "
+          f"| {span(fair, lambda v: f'{v:.2f}')} | {span(cpu, lambda v: f'{v:.2f}')} |")
+print(f"\nmedian and range of {max(len(v) for v in cells.values()) if cells else 0} run(s) per cell; JSON: {out_path}")
 EOF
     exit 0
 fi
