@@ -104,6 +104,13 @@ impl Bell {
         }
         std::mem::replace(&mut *rung, false)
     }
+
+    /// Whether it was rung since the last wait or take, without sleeping
+    /// (a pass that follows a pass: as [`wait`](Self::wait), false means
+    /// no mailbox of the group was kicked meanwhile).
+    pub fn take(&self) -> bool {
+        std::mem::replace(&mut *self.rung.lock(), false)
+    }
 }
 
 /// The kick side of a worker, shared with the trap path. Lives as long as the
