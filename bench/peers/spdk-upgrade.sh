@@ -41,24 +41,10 @@ while [ $# -gt 0 ]; do
 done
 
 die() { echo "spdk-upgrade.sh: $*" >&2; exit 1; }
-[ -n "${SPDK_DIR:-}" ] || die "set SPDK_DIR to an SPDK tree built with --with-vfio-user (see --help)"
-[ -x "$SPDK_DIR/build/bin/spdk_nvme_perf" ] ||
-    die "$SPDK_DIR/build/bin/spdk_nvme_perf is missing: SPDK_DIR must be an SPDK tree built with vfio-user support"
-[ "$(id -u)" = 0 ] || die "run as root: SPDK needs hugepages"
-[ "$(nproc)" -ge 2 ] || die "needs 2 cores (server on core 0, host on core 1)"
-
-if [ -z "${VNVME:-}" ]; then
-    echo "building vnvme (release)..." >&2
-    (cd "$root" && cargo build --release -q -p vnvme)
-    VNVME=$root/target/release/vnvme
-fi
-[ -x "$VNVME" ] || die "VNVME=$VNVME is not an executable"
-
-if [ "$(cat /proc/sys/vm/nr_hugepages)" -lt 1024 ]; then
-    echo 1024 >/proc/sys/vm/nr_hugepages
-fi
-mkdir -p /dev/hugepages
-mountpoint -q /dev/hugepages || mount -t hugetlbfs nodev /dev/hugepages
+. "$root/bench/peers/lib.sh"
+need_spdk build/bin/spdk_nvme_perf
+vnvme_binary
+hugepages
 
 work=$(mktemp -d /tmp/vnvme-spdk-upgrade.XXXXXX)
 server_pid=

@@ -72,29 +72,15 @@ while [ $# -gt 0 ]; do
 done
 
 die() { echo "spdk.sh: $*" >&2; exit 1; }
-[ -n "${SPDK_DIR:-}" ] || die "set SPDK_DIR to an SPDK tree built with --with-vfio-user (see --help)"
-for b in build/bin/nvmf_tgt build/bin/spdk_nvme_perf build/bin/spdk_nvme_identify scripts/rpc.py; do
-    [ -x "$SPDK_DIR/$b" ] || die "$SPDK_DIR/$b is missing: SPDK_DIR must be an SPDK tree built with vfio-user support"
-done
-[ "$(id -u)" = 0 ] || die "run as root: SPDK needs hugepages"
-[ "$(nproc)" -ge 2 ] || die "needs 2 cores (target on core 0, host on core 1)"
-
-if [ -z "${VNVME:-}" ]; then
-    echo "building vnvme (release)..." >&2
-    (cd "$root" && cargo build --release -q -p vnvme)
-    VNVME=$root/target/release/vnvme
-fi
-[ -x "$VNVME" ] || die "VNVME=$VNVME is not an executable"
+. "$root/bench/peers/lib.sh"
+need_spdk build/bin/nvmf_tgt build/bin/spdk_nvme_perf build/bin/spdk_nvme_identify scripts/rpc.py
+vnvme_binary
 
 # SPDK's scripts want Debian's python3 (pyenv's may lack its modules).
 export PATH=/usr/bin:$PATH
 rpc() { "$SPDK_DIR/scripts/rpc.py" "$@" >/dev/null; }
 
-if [ "$(cat /proc/sys/vm/nr_hugepages)" -lt 1024 ]; then
-    echo 1024 >/proc/sys/vm/nr_hugepages
-fi
-mkdir -p /dev/hugepages
-mountpoint -q /dev/hugepages || mount -t hugetlbfs nodev /dev/hugepages
+hugepages
 
 work=$(mktemp -d /tmp/vnvme-spdk-peer.XXXXXX)
 target_pid=
