@@ -378,6 +378,7 @@ impl Controller {
     pub fn stats(&self) -> ControllerStats {
         let mut s = self.shared.stats.snapshot();
         let namespaces = &self.shared.subsystem.namespaces;
+        s.cntlid = namespaces.cntlid();
         s.namespaces = (namespaces.ids_after(0, false, usize::MAX).into_iter())
             .filter_map(|nsid| namespaces.get(nsid))
             .map(|ns| ns.counters.snapshot(ns.nsid))

@@ -158,7 +158,9 @@ impl Member for Shared {
     }
 
     fn stats(&self) -> crate::stats::ControllerStats {
-        self.stats.snapshot()
+        let mut s = self.stats.snapshot();
+        s.cntlid = self.subsystem.namespaces.cntlid();
+        s
     }
 
     fn host_id(&self) -> [u8; 16] {

@@ -566,6 +566,9 @@ pub struct NamespaceStats {
 /// A snapshot of the controller's counters, cumulative since construction.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ControllerStats {
+    /// The controller's CNTLID (1, 2, ... in a subsystem's `--socket`
+    /// order): which controller these counters are.
+    pub cntlid: u16,
     pub sq_doorbell_traps: u64,
     pub cq_doorbell_traps: u64,
     pub shadow_reads: u64,

@@ -18,6 +18,10 @@
 //!   histogram `command_latency_seconds` of one command in 64 (fetch to
 //!   completion posted);
 //! * per namespace (`nsid`): reads, writes, bytes read and written.
+//!
+//! A subsystem of several controllers (`--socket A --socket B`) labels
+//! every sample of a controller's own families `cntlid="N"`; the
+//! namespace families, the subsystem's, appear once without it.
 
 pub mod http;
 
@@ -309,13 +313,69 @@ fn latency(queues: &[QueueStats]) -> Family {
     f
 }
 
+/// The metric families of a subsystem's controllers `all`: one
+/// controller's as [`families`] has them; several's with a `cntlid`
+/// label on each sample of a controller's own counters, and the
+/// namespaces' once (they are the subsystem's, the same in every
+/// controller's snapshot), unlabelled.
+pub fn subsystem_families(all: &[ControllerStats]) -> Vec<MetricFamily> {
+    if let [one] = all {
+        return families(one);
+    }
+    let mut out: Vec<MetricFamily> = Vec::new();
+    for (i, s) in all.iter().enumerate() {
+        for mut f in families(s) {
+            let shared = f.name().starts_with(NAMESPACE_PREFIX);
+            if shared && i > 0 {
+                continue;
+            }
+            if !shared {
+                for m in f.mut_metric().iter_mut() {
+                    let mut labels = m.take_label();
+                    labels.extend(pairs(&[("cntlid", s.cntlid.to_string())]));
+                    m.set_label(labels);
+                }
+            }
+            match out.iter_mut().find(|o| o.name() == f.name()) {
+                Some(o) => o.mut_metric().extend(f.take_metric()),
+                None => out.push(f),
+            }
+        }
+    }
+    out
+}
+
+/// Families of the namespaces' counters (the subsystem's).
+const NAMESPACE_PREFIX: &str = "vnvme_namespace_";
+
 /// The text of `s`'s metrics.
 pub fn encode(s: &ControllerStats) -> String {
+    encode_families(&families(s))
+}
+
+/// The text of the metrics of a subsystem's controllers `all`
+/// ([`subsystem_families`]).
+pub fn encode_subsystem(all: &[ControllerStats]) -> String {
+    encode_families(&subsystem_families(all))
+}
+
+/// The counters of `ctrl`'s subsystem as JSON (what `--stats` writes and
+/// the control socket's `stats` answers): one controller's object when it
+/// has one, else `{"controllers": [...]}`, an object per live controller
+/// by CNTLID (each says its `cntlid`).
+pub fn stats_json(ctrl: &vnvme_controller::Controller) -> serde_json::Result<serde_json::Value> {
+    match ctrl.subsystem_stats().as_slice() {
+        [one] => serde_json::to_value(one),
+        all => Ok(serde_json::json!({ "controllers": serde_json::to_value(all)? })),
+    }
+}
+
+fn encode_families(families: &[MetricFamily]) -> String {
     let mut buf = Vec::new();
     // The families are well formed (named, typed, none empty): the
     // encoder's only errors are for malformed ones and write errors,
     // which a Vec has not.
-    if let Err(e) = TextEncoder::new().encode(&families(s), &mut buf) {
+    if let Err(e) = TextEncoder::new().encode(families, &mut buf) {
         tracing::warn!("encoding metrics: {e}");
     }
     String::from_utf8_lossy(&buf).into_owned()

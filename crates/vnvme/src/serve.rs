@@ -95,11 +95,13 @@ pub struct ServeOptions {
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Write the controller's counters as JSON to FILE every second and at
-    /// exit (replaced atomically: write a temporary file, then rename).
+    /// exit (replaced atomically: write a temporary file, then rename). With several --socket:
+    /// {"controllers": [...]}, each controller's counters with its cntlid.
     #[arg(long, value_name = "FILE")]
     pub stats: Option<PathBuf>,
     /// Serve the counters as Prometheus metrics (text format 0.0.4) on
-    /// http://ADDR:PORT/metrics, e.g. 127.0.0.1:9375 (port 0: any free port, logged).
+    /// http://ADDR:PORT/metrics, e.g. 127.0.0.1:9375 (port 0: any free port, logged). With
+    /// several --socket each controller's samples carry cntlid="N".
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics: Option<std::net::SocketAddr>,
     /// DMA maps a client may have at once (advertised in VERSION as max_dma_maps). Default: 4096,
@@ -446,15 +448,7 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
         namespaces = opts.namespaces.len(),
         "serving NVMe controller over vfio-user; attach with -device '{{\"driver\":\"vfio-user-pci\",\"socket\":{{\"path\":\"{socket_shown}\",\"type\":\"unix\"}}}}'",
     );
-    let stats = opts.stats.clone().map(|path| {
-        let ctrl = Arc::clone(device.controller());
-        let done = Arc::new(AtomicBool::new(false));
-        let d = Arc::clone(&done);
-        let thread = std::thread::Builder::new()
-            .name("vnvme-stats".into())
-            .spawn(move || stats_loop(&ctrl, &path, &d));
-        (done, thread)
-    });
+    let stats = (opts.stats.clone()).map(|path| StatsWriter::start(device.controller(), path));
     let ctrl = Arc::clone(device.controller());
     let server_options = ServerOptions {
         stop_wake: Some(stop.wake().clone()),
@@ -474,19 +468,8 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
     if let Some(m) = metrics {
         m.stop();
     }
-    if let Some((done, thread)) = stats {
-        done.store(true, Ordering::Release);
-        match thread {
-            Ok(t) => {
-                let _ = t.join();
-            }
-            Err(e) => tracing::warn!("stats thread did not start: {e}"),
-        }
-    }
-    if let Some(path) = &opts.stats {
-        if let Err(e) = write_stats(&ctrl, path) {
-            tracing::warn!("writing stats to {}: {e:#}", path.display());
-        }
+    if let Some(stats) = stats {
+        stats.finish(&ctrl);
     }
     match result {
         Ok(()) => {
@@ -569,6 +552,40 @@ fn watch_stop(stop: Stop, timeout: Duration, sockets: Vec<SocketFile>) -> Result
     Ok(())
 }
 
+/// `--stats FILE`: the thread that rewrites it every second.
+struct StatsWriter {
+    path: PathBuf,
+    done: Arc<AtomicBool>,
+    thread: std::io::Result<std::thread::JoinHandle<()>>,
+}
+
+impl StatsWriter {
+    /// Writes the counters of `ctrl`'s subsystem to `path` every second.
+    fn start(ctrl: &Arc<Controller>, path: PathBuf) -> Self {
+        let ctrl = Arc::clone(ctrl);
+        let done = Arc::new(AtomicBool::new(false));
+        let (d, p) = (Arc::clone(&done), path.clone());
+        let thread = std::thread::Builder::new()
+            .name("vnvme-stats".into())
+            .spawn(move || stats_loop(&ctrl, &p, &d));
+        Self { path, done, thread }
+    }
+
+    /// Stops the thread and writes the file a last time, from `ctrl`.
+    fn finish(self, ctrl: &Controller) {
+        self.done.store(true, Ordering::Release);
+        match self.thread {
+            Ok(t) => {
+                let _ = t.join();
+            }
+            Err(e) => tracing::warn!("stats thread did not start: {e}"),
+        }
+        if let Err(e) = write_stats(ctrl, &self.path) {
+            tracing::warn!("writing stats to {}: {e:#}", self.path.display());
+        }
+    }
+}
+
 /// Rewrites the stats file every second until `done`.
 fn stats_loop(ctrl: &Controller, path: &Path, done: &AtomicBool) {
     let mut last_error: Option<String> = None;
@@ -595,7 +612,8 @@ fn stats_loop(ctrl: &Controller, path: &Path, done: &AtomicBool) {
 /// Writes the counters as JSON to a temporary file next to `path`, then
 /// renames it over `path`, so a reader never sees half a file.
 pub fn write_stats(ctrl: &Controller, path: &Path) -> Result<()> {
-    let json = serde_json::to_vec_pretty(&ctrl.stats()).context("serialising counters")?;
+    let value = crate::metrics::stats_json(ctrl).context("serialising counters")?;
+    let json = serde_json::to_vec_pretty(&value).context("serialising counters")?;
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);

@@ -428,3 +428,86 @@ fn a_socket_given_twice_is_refused() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("given twice"), "{err}");
 }
+
+/// The body of `GET /metrics` on `addr` (the server answers and closes).
+fn scrape(addr: std::net::SocketAddr) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: test\r\n\r\n")
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
+    body.to_string()
+}
+
+#[test]
+fn stats_and_metrics_report_every_controller_by_cntlid() {
+    let dir = temp_dir("subsys-stats");
+    let stats = dir.join("stats.json");
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let (server, sockets, control) = serve(
+        &dir,
+        2,
+        &[
+            "--stats",
+            stats.to_str().unwrap(),
+            "--metrics",
+            &addr.to_string(),
+        ],
+    );
+    let mut a = Client::connect(&sockets[0]);
+    let mut b = Client::connect(&sockets[1]);
+    // A: one write and one flush; B: two reads.
+    a.write(16, 7).unwrap();
+    b.read(16).unwrap();
+    b.read(24).unwrap();
+    let check = |all: &serde_json::Value| {
+        let c = all["controllers"]
+            .as_array()
+            .expect("a list of controllers");
+        assert_eq!(c.len(), 2, "{all}");
+        assert_eq!(
+            (c[0]["cntlid"].as_u64(), c[1]["cntlid"].as_u64()),
+            (Some(1), Some(2))
+        );
+        let io = |i: usize, op: &str| c[i]["io_commands"][op].as_u64().unwrap_or(0);
+        assert_eq!((io(0, "write"), io(0, "flush"), io(0, "read")), (1, 1, 0));
+        assert_eq!((io(1, "write"), io(1, "flush"), io(1, "read")), (0, 0, 2));
+        // The namespace's counters are the subsystem's: the same in both.
+        assert_eq!(c[0]["namespaces"], c[1]["namespaces"]);
+        assert_eq!(c[0]["namespaces"][0]["read_commands"], 2);
+        assert_eq!(c[0]["namespaces"][0]["write_commands"], 1);
+    };
+    // The control socket: every controller by default, or the one named.
+    check(&ctl_ok(&control, &["stats"]));
+    let two = ctl_ok(&control, &["stats", "controller=2"]);
+    assert_eq!(two["cntlid"], 2);
+    assert_eq!(two["io_commands"]["read"], 2);
+    // Metrics: a controller's own counters labelled by cntlid, the
+    // namespace's once.
+    let text = scrape(addr);
+    for line in [
+        "vnvme_commands_total{queue_type=\"io\",opcode=\"write\",cntlid=\"1\"} 1",
+        "vnvme_commands_total{queue_type=\"io\",opcode=\"read\",cntlid=\"2\"} 2",
+        "vnvme_enables_total{cntlid=\"1\"} 1",
+        "vnvme_enables_total{cntlid=\"2\"} 1",
+        "vnvme_namespace_read_commands_total{nsid=\"1\"} 2",
+        "vnvme_namespace_write_commands_total{nsid=\"1\"} 1",
+    ] {
+        assert!(text.lines().any(|l| l == line), "no {line} in\n{text}");
+    }
+    let families = text
+        .lines()
+        .filter(|l| l.starts_with("# TYPE vnvme_commands_total "));
+    assert_eq!(families.count(), 1, "one family, both controllers in it");
+    drop((a, b));
+    assert!(server.terminate().success());
+    // The file as written at exit.
+    check(&serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap());
+}

@@ -117,6 +117,15 @@ impl Controller {
         Some(s)
     }
 
+    /// The counters of every live controller of this controller's
+    /// subsystem, ascending by CNTLID (this one alone when it is the
+    /// only one), each with the namespaces' (the subsystem's).
+    pub fn subsystem_stats(&self) -> Vec<crate::ControllerStats> {
+        let cntlids = self.shared.subsystem.namespaces.controllers();
+        let each = cntlids.into_iter().filter_map(|c| self.stats_of(c));
+        each.collect()
+    }
+
     /// This controller's CNTLID.
     pub fn cntlid(&self) -> u16 {
         self.shared.subsystem.namespaces.cntlid()

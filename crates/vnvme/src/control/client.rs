@@ -23,8 +23,8 @@ const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
 const MAX_REPLY: u64 = 16 << 20;
 
 const CTL_HELP: &str = "\
-Methods: stats; namespace_add ns=SPEC [nsid=N] (SPEC as --ns: 64M:ram,format=0); namespace_remove
-nsid=N; namespace_attach nsid=N; namespace_detach nsid=N; namespace_resize nsid=N size=SIZE;
+Methods: stats [controller=N] (default every controller of the subsystem);
+namespace_add ns=SPEC [nsid=N] (SPEC as --ns: 64M:ram,format=0); namespace_remove nsid=N; namespace_attach nsid=N; namespace_detach nsid=N; namespace_resize nsid=N size=SIZE;
 fault_add kind=KIND [nsid=N] [opcodes=read,write] [lba=N blocks=N] [probability=P] [count=N] and
 the kind's own (latency=5ms | distribution=uniform min= max= | distribution=exponential mean=;
 status=NAME|0xSCTSC dnr=true|false; duration=5s; warning=temperature|spare|reliability|read-only|backup;

@@ -2,7 +2,7 @@
 //!
 //! | method | params | result |
 //! |---|---|---|
-//! | `stats` | `controller`? (a CNTLID of the subsystem; default the control socket's, 1) | the counters (as `--stats` writes them) |
+//! | `stats` | `controller`? (a CNTLID of the subsystem; default every controller) | the counters (as `--stats` writes them: one controller's object, or `{controllers: [...]}` with several), each with its `cntlid` |
 //! | `namespace_add` | `ns` (as `--ns`: `64M:ram,format=0`), `nsid`? | `{nsid}` |
 //! | `namespace_remove` | `nsid` | `{}` |
 //! | `namespace_attach` / `namespace_detach` | `nsid` | `{}` |
@@ -190,15 +190,17 @@ pub fn call(
     match method {
         "stats" => {
             let c: StatsOf = params(method, p)?;
-            let stats = match c.controller {
-                None => ctrl.stats(),
-                Some(n) => ctrl.stats_of(n).ok_or_else(|| {
-                    refused(format!(
-                        "the subsystem has no controller {n} serving (CNTLID 1, 2, ... in --socket order)"
-                    ))
-                })?,
-            };
-            serde_json::to_value(stats).map_err(refused)
+            match c.controller {
+                None => crate::metrics::stats_json(ctrl).map_err(refused),
+                Some(n) => {
+                    let stats = ctrl.stats_of(n).ok_or_else(|| {
+                        refused(format!(
+                            "the subsystem has no controller {n} serving (CNTLID 1, 2, ... in --socket order)"
+                        ))
+                    })?;
+                    serde_json::to_value(stats).map_err(refused)
+                }
+            }
         }
         "namespace_add" => {
             let a: Add = params(method, p)?;

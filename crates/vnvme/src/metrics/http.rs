@@ -205,7 +205,11 @@ fn serve_connection(mut stream: TcpStream, ctrl: &Controller) -> io::Result<()> 
             "text/plain",
             String::new(),
         ),
-        Request::Metrics => ("200 OK", super::CONTENT_TYPE, super::encode(&ctrl.stats())),
+        Request::Metrics => (
+            "200 OK",
+            super::CONTENT_TYPE,
+            super::encode_subsystem(&ctrl.subsystem_stats()),
+        ),
         Request::NotFound => (
             "404 Not Found",
             "text/plain",

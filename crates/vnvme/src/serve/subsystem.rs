@@ -19,7 +19,7 @@ use anyhow::{bail, Context, Result};
 use vnvme_controller::{FaultSpec, PollGroups};
 use vnvme_vfio_user::activation::Activated;
 
-use super::{watch_stop, ServeOptions, DEFAULT_SOCKET, STOP_TIMEOUT};
+use super::{watch_stop, ServeOptions, StatsWriter, DEFAULT_SOCKET, STOP_TIMEOUT};
 use crate::control::ControlServer;
 use crate::identity::Origin;
 use crate::qos::QosSpec;
@@ -44,18 +44,6 @@ pub(super) fn run(
             "a launcher passed one socket (LISTEN_FDS, socket activation), but several --socket \
              name a controller each: serve the subsystem without socket activation"
         );
-    }
-    for (given, flag) in [
-        (opts.stats.is_some(), "--stats"),
-        (opts.metrics.is_some(), "--metrics"),
-    ] {
-        if given {
-            bail!(
-                "{flag} reports one controller, and several --socket make a subsystem of several: \
-                 read each controller's counters with vnvme ctl --control PATH stats (the control \
-                 socket reaches controller 1)"
-            );
-        }
     }
     let count = u16::try_from(opts.socket.len())
         .ok()
@@ -125,6 +113,22 @@ pub(super) fn run(
             .with_context(|| format!("[[fault]] number {} of the configuration", i + 1))?;
     }
     let identity = opts.device.controller_config(&origin);
+    // Every controller's counters, through controller 1 (which reaches
+    // the subsystem's): held here, so the last --stats write at exit still
+    // has every controller.
+    let controllers: Vec<_> = devices.iter().map(|d| Arc::clone(d.controller())).collect();
+    // Before the sockets: a --metrics address in use fails the start
+    // without leaving socket files behind.
+    let metrics = match opts.metrics {
+        Some(addr) => {
+            let listener = crate::metrics::http::MetricsServer::bind(addr)?;
+            let m =
+                crate::metrics::http::MetricsServer::serve(listener, Arc::clone(&controllers[0]))?;
+            tracing::info!("metrics on http://{}/metrics", m.addr());
+            Some(m)
+        }
+        None => None,
+    };
     let stop = Stop::new()?;
     stop.on_signals()?;
     // Dropped (their files removed) on every return.
@@ -165,6 +169,7 @@ pub(super) fn run(
         "serving one NVM subsystem; attach each socket with -device \
          '{{\"driver\":\"vfio-user-pci\",\"socket\":{{\"path\":\"SOCKET\",\"type\":\"unix\"}}}}'"
     );
+    let stats = (opts.stats.clone()).map(|path| StatsWriter::start(&controllers[0], path));
     let failed = super::many::serve_each(
         listening
             .iter()
@@ -182,6 +187,13 @@ pub(super) fn run(
     );
     drop(listening);
     drop(control);
+    if let Some(m) = metrics {
+        m.stop();
+    }
+    if let Some(stats) = stats {
+        stats.finish(&controllers[0]);
+    }
+    drop(controllers);
     if failed > 0 {
         bail!("{failed} controller(s) stopped serving with an error (logged above)");
     }
