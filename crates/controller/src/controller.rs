@@ -545,6 +545,11 @@ impl Controller {
         let outcome = shared.doorbells.trap(db, value);
         if !matches!(outcome, TrapOutcome::Ignored(_)) {
             shared.doorbells.shadow_trap(db, value);
+            // Before the reply: a crash before a worker takes the value
+            // must not lose the host's write.
+            if let Some(rec) = shared.crash.get() {
+                rec.doorbell(db, value);
+            }
         }
         match outcome {
             TrapOutcome::Kick { worker, doorbell } => {

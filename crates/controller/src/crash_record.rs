@@ -4,14 +4,25 @@
 //! round, and that an admin command ran (the saved state may have
 //! changed). The record (the binary's: a memfd shared with the supervisor)
 //! is an `Option` the worker looks at once per round, so a server that is
-//! not supervised pays one test per round and nothing per command.
+//! not supervised pays one test per round, and one per command that goes
+//! in flight (an asynchronous backend's, or one a fault or QoS holds: the
+//! commands that complete in their pass pay nothing).
+//!
+//! The record is also told, as they happen, which commands go in flight
+//! and when each is done (`fetched`, `completed`: its CQ entry posted, or
+//! dropped with its queue), and every doorbell value a trap stored (in
+//! `trap` mode no memory holds it until a worker takes it).
 //!
 //! A restore takes the newest whole saved state and puts the positions
-//! recorded since over its queues (`SavedState::put_positions`).
+//! recorded since over its queues, completing the commands still in
+//! flight with Command Interrupted (`SavedState::put_positions`).
 
 use std::sync::Arc;
 
+use vnvme_spec::regs::Doorbell;
+
 use crate::queue::rings::Rings;
+use crate::queue::Sq;
 
 /// Where a SQ stands: the head past the commands fetched, and the last
 /// valid tail seen (in `trap` mode no memory holds it but this).
@@ -43,6 +54,39 @@ pub trait CrashRecord: Send + Sync + std::fmt::Debug {
     /// changed (called by the admin queue's worker, before the round that
     /// ran it ends).
     fn admin_done(&self);
+    /// Command `cid` of SQ `qid` went in flight, fetched when the SQ
+    /// stood at `pos` (its head past the command).
+    fn fetched(&self, qid: u16, cid: u16, pos: SqPosition);
+    /// Command `cid` of SQ `qid` is done: its CQ entry is in guest memory
+    /// (or it was dropped with its queue).
+    fn completed(&self, qid: u16, cid: u16);
+    /// A trap stored `value` in doorbell `db` (before its reply is sent).
+    fn doorbell(&self, db: Doorbell, value: u32);
+}
+
+/// What the crash area kept, read back after a crash: the positions and
+/// the commands in flight ([`crate::SavedState::put_positions`]).
+pub trait CrashRecorded {
+    /// SQ `qid`'s position at the last round or fetch, if recorded.
+    fn sq(&self, qid: u16) -> Option<SqPosition>;
+    /// CQ `qid`'s position at the last round, if recorded.
+    fn cq(&self, qid: u16) -> Option<CqPosition>;
+    /// The commands of SQ `qid` recorded in flight.
+    fn open(&self, qid: u16) -> Vec<Open>;
+    /// The value a trap last stored in doorbell `db`, if any since the
+    /// saved state.
+    fn doorbell(&self, db: Doorbell) -> Option<u32>;
+}
+
+/// A command recorded in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Open {
+    pub cid: u16,
+    /// The SQ's head right after the command was fetched.
+    pub head: u32,
+    /// Recorded after the SQ's last position (the crash fell between the
+    /// two stores): its head is newer than the SQ word's.
+    pub late: bool,
 }
 
 /// After a worker's round: its rings' positions to the record, if any.
@@ -69,6 +113,24 @@ pub(crate) fn after_round(record: Option<&Arc<dyn CrashRecord>>, rings: &mut Rin
                 reserved: cq.reserved,
             },
         );
+    }
+}
+
+/// A command of `sq` goes in flight (on a backend, or held).
+pub(crate) fn fetched(record: Option<&Arc<dyn CrashRecord>>, sq: &Sq, cid: u16) {
+    if let Some(rec) = record {
+        let pos = SqPosition {
+            head: sq.head,
+            tail: sq.tail,
+        };
+        rec.fetched(sq.qid, cid, pos);
+    }
+}
+
+/// A command that was in flight is done (posted or dropped).
+pub(crate) fn completed(record: Option<&Arc<dyn CrashRecord>>, qid: u16, cid: u16) {
+    if let Some(rec) = record {
+        rec.completed(qid, cid);
     }
 }
 

@@ -697,7 +697,16 @@ fn process_sq(
                     }
                     shared.stats.latency(qid, started);
                 }
-                Outcome::Submitted(token) => ctx.inflight.bind(token, sq, cq, started),
+                Outcome::Submitted(token) => {
+                    ctx.inflight.bind(token, sq, cq, started);
+                    crate::crash_record::fetched(shared.crash.get(), sq, cmd.cid());
+                }
+                // On an I/O queue only a hold defers (a fault, a QoS
+                // limit, a fence); the admin queue's deferred commands
+                // (AERs, queue deletions) are in its saved state.
+                Outcome::Deferred | Outcome::Fenced if qid != 0 => {
+                    crate::crash_record::fetched(shared.crash.get(), sq, cmd.cid());
+                }
                 Outcome::Deferred | Outcome::Fenced => {}
             }
         }

@@ -108,6 +108,10 @@ impl Status {
     /// has completed (§8.21).
     pub const SANITIZE_FAILED: Self = Self::code(sct::GENERIC, 0x1C);
     pub const SANITIZE_IN_PROGRESS: Self = Self::code(sct::GENERIC, 0x1D);
+    /// The controller stopped the command before it finished (NVMe 1.4);
+    /// with DNR clear the host retries it (a supervised server's commands
+    /// in flight at a crash, `vnvme serve --supervise`).
+    pub const COMMAND_INTERRUPTED: Self = Self::code(sct::GENERIC, 0x21);
     pub const ADMIN_COMMAND_MEDIA_NOT_READY: Self = Self::code(sct::GENERIC, 0x24);
     pub const LBA_OUT_OF_RANGE: Self = Self::code(sct::GENERIC, 0x80);
     pub const CAPACITY_EXCEEDED: Self = Self::code(sct::GENERIC, 0x81);

@@ -1,14 +1,90 @@
-//! Queue positions of a saved state, and the positions a crash record
-//! kept since put over them (`vnvme serve --supervise`,
-//! [`crate::crash_record`]).
+//! Queue positions of a saved state, and what a crash record kept since
+//! put over them (`vnvme serve --supervise`, [`crate::crash_record`]):
+//! the positions, the CQ entries posted after them, and the commands in
+//! flight, completed here with Command Interrupted.
 
-use crate::crash_record::{CqPosition, SqPosition};
+use vnvme_spec::regs::Doorbell;
+use vnvme_spec::{Completion, Status};
+use zerocopy::IntoBytes;
+
+use crate::crash_record::{CqPosition, CrashRecorded, Open, SqPosition};
 use crate::memory::{GuestAddress, GuestMemory};
+use crate::queue::{SavedCq, SavedSource};
 
 use super::SavedState;
 
 /// Queue positions by queue id: the SQs', the CQs'.
 pub type Positions = (Vec<(u16, SqPosition)>, Vec<(u16, CqPosition)>);
+
+/// A CQ entry found in guest memory past a recorded tail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Posted {
+    pub sqid: u16,
+    pub cid: u16,
+    /// The SQ head it reports.
+    pub sqhd: u32,
+}
+
+/// Entries from `from` to `to` on a ring of `size`.
+fn ring(from: u32, to: u32, size: u32) -> u32 {
+    (to + size - from % size) % size
+}
+
+/// Reads CQ `c` in `mem` from its tail while the entries carry the lap's
+/// phase (posted after its recorded tail: fewer than a lap, since a CQ
+/// holds fewer than its size), moving the tail (and the phase, at the
+/// end of the ring) past them. The entries, in the order posted.
+pub(crate) fn read_posted(c: &mut SavedCq, mem: &dyn GuestMemory) -> Result<Vec<Posted>, String> {
+    let mut found = Vec::new();
+    if c.size < 2 || c.tail >= c.size {
+        return Ok(found);
+    }
+    for _ in 0..c.size - 1 {
+        let at = c.base.wrapping_add(u64::from(c.tail) * 16);
+        let mut cqe = [0u8; 16];
+        mem.read(GuestAddress(at), &mut cqe)
+            .map_err(|e| format!("reading CQ {}'s entry {}: {e}", c.qid, c.tail))?;
+        let dw2 = u32::from_le_bytes([cqe[8], cqe[9], cqe[10], cqe[11]]);
+        let dw3 = u32::from_le_bytes([cqe[12], cqe[13], cqe[14], cqe[15]]);
+        if (dw3 >> 16) & 1 != u32::from(c.phase) {
+            break;
+        }
+        found.push(Posted {
+            sqid: (dw2 >> 16) as u16,
+            cid: dw3 as u16,
+            sqhd: dw2 & 0xffff,
+        });
+        c.tail += 1;
+        if c.tail == c.size {
+            c.tail = 0;
+            c.phase = !c.phase;
+        }
+    }
+    Ok(found)
+}
+
+/// The host's CQ head as it stands now: the value a trap stored (`trap`
+/// mode) or the shadow doorbell (Doorbell Buffer Config), else the last
+/// one the worker read. Only a valid one.
+fn host_cq_head(c: &SavedCq, rec: &dyn CrashRecorded, mem: &dyn GuestMemory) -> u32 {
+    let now = match c.source {
+        SavedSource::Shadow { shadow, .. } => mem.load_u32(GuestAddress(shadow)).ok(),
+        SavedSource::Register => rec.doorbell(Doorbell::CqHead(c.qid)),
+    };
+    now.filter(|&h| h < c.size).unwrap_or(c.head)
+}
+
+/// Which of SQ heads `a` and `b` (both passed since the SQ last stood
+/// still, neither past the tail `tail`) is the later, on a ring of `size`.
+fn later(a: u32, b: u32, tail: u32, size: u32) -> u32 {
+    if ring(a, b, size) <= ring(a, tail, size) {
+        b
+    } else if ring(b, a, size) < ring(a, b, size) {
+        a
+    } else {
+        b
+    }
+}
 
 impl SavedState {
     /// The queues' positions in this state, by queue id.
@@ -46,131 +122,132 @@ impl SavedState {
         (sqs, cqs)
     }
 
-    /// Puts the positions recorded since this state was saved (`sq` and
-    /// `cq`, by queue id; `None`: none recorded) over its queues, and
-    /// brings them up to what the guest saw at the crash: the words are
-    /// stored after each worker round, so a crash inside a round leaves
-    /// them one round old. Each CQ is read in guest memory `mem` from its
-    /// recorded tail while the entries carry the phase of the lap (entries
-    /// posted after the words: fewer than a lap, since a CQ holds fewer
-    /// than its size), and the tail moved past them; each SQ's head moves
-    /// to the furthest head those entries report. `Err` says why the state
-    /// cannot go on: commands fetched and not completed (completing them
-    /// as interrupted is not done yet), or positions that contradict each
-    /// other. Not checked here: the restore checks every position against
-    /// its queue.
+    /// Puts what `rec` kept since this state was saved over its queues,
+    /// and brings them up to what the guest saw at the crash. The
+    /// positions are stored after each worker round (and a SQ's at each
+    /// command that goes in flight), so a crash inside a round leaves them
+    /// behind: each CQ is read in guest memory `mem` from its recorded
+    /// tail ([`read_posted`]), and each SQ's head moves to the latest head
+    /// those entries report. Then each command recorded in flight and not
+    /// among those entries is completed with Command Interrupted (DNR
+    /// clear: the host retries it), in the order fetched, with the SQ's
+    /// head and the CQ's phase; `run` raises the CQs' interrupts. The
+    /// doorbell registers take the host's last trapped values. Returns the
+    /// commands completed so, `(sqid, cid)`; `Err` says why the state
+    /// cannot go on (a CQ without room for them, an unwritable CQ,
+    /// positions that contradict each other). Not checked here: the
+    /// restore checks every position against its queue.
     pub fn put_positions(
         &mut self,
-        sq: impl Fn(u16) -> Option<SqPosition>,
-        cq: impl Fn(u16) -> Option<CqPosition>,
+        rec: &dyn CrashRecorded,
         mem: &dyn GuestMemory,
-    ) -> Result<(), String> {
+    ) -> Result<Vec<(u16, u16)>, String> {
         let q = &mut self.body.queues;
-        // Per SQ: entries found past the recorded CQ tails, and the head
-        // the last of them reports.
-        let mut found: Vec<(u16, u32, u32)> = Vec::new();
+        let mut posted: Vec<Posted> = Vec::new();
         for c in &mut q.cqs {
-            if let Some(p) = cq(c.qid) {
+            if let Some(p) = rec.cq(c.qid) {
                 c.head = p.head;
                 c.tail = p.tail;
                 c.phase = p.phase;
             }
-            if c.size < 2 || c.tail >= c.size {
+            posted.extend(read_posted(c, mem)?);
+        }
+        let mut interrupted = Vec::new();
+        for s in &mut q.sqs {
+            let r = rec.sq(s.qid).unwrap_or(SqPosition {
+                head: s.head,
+                tail: s.tail,
+            });
+            (s.head, s.tail) = (r.head, r.tail);
+            if s.size == 0 {
                 continue;
             }
-            for _ in 0..c.size - 1 {
+            let trapped = rec
+                .doorbell(Doorbell::SqTail(s.qid))
+                .filter(|&t| t < s.size && matches!(s.source, SavedSource::Register));
+            let tail = trapped.unwrap_or(s.tail);
+            let mut open: Vec<Open> = rec.open(s.qid);
+            open.retain(|o| o.head < s.size);
+            for p in posted.iter().filter(|p| p.sqid == s.qid) {
+                if p.sqhd >= s.size {
+                    return Err(format!(
+                        "CQ entries report SQ {}'s head at {}, beyond its {} entries",
+                        s.qid, p.sqhd, s.size
+                    ));
+                }
+                s.head = later(s.head, p.sqhd, tail, s.size);
+                // The entry completes the command of its CID fetched before
+                // it was posted (a CID the host used again after seeing the
+                // entry is a new command, fetched at or after that head).
+                if let Some(i) = open
+                    .iter()
+                    .position(|o| o.cid == p.cid && ring(o.head, p.sqhd, s.size) < s.size / 2)
+                {
+                    open.remove(i);
+                }
+            }
+            for o in open.iter().filter(|o| o.late) {
+                s.head = later(s.head, o.head, tail, s.size);
+            }
+            if ring(r.head, s.head, s.size) > ring(r.head, s.tail, s.size) {
+                // The head passed the last tail the words hold: the worker
+                // read a newer one since.
+                s.tail = s.head;
+            }
+            open.sort_by_key(|o| ring(s.head, o.head, s.size));
+            let Some(c) = q.cqs.iter_mut().find(|c| c.qid == s.cqid) else {
+                if open.is_empty() {
+                    continue;
+                }
+                return Err(format!(
+                    "SQ {}'s CQ {} is not in the saved state",
+                    s.qid, s.cqid
+                ));
+            };
+            let head = host_cq_head(c, rec, mem);
+            for o in open {
+                if (c.tail + 1) % c.size == head {
+                    return Err(format!(
+                        "CQ {} has no room to complete command {} of SQ {} as interrupted",
+                        c.qid, o.cid, s.qid
+                    ));
+                }
+                let cqe = Completion::new(
+                    0,
+                    s.head as u16,
+                    s.qid,
+                    o.cid,
+                    c.phase,
+                    Status::COMMAND_INTERRUPTED,
+                );
                 let at = c.base.wrapping_add(u64::from(c.tail) * 16);
-                let mut cqe = [0u8; 16];
-                mem.read(GuestAddress(at), &mut cqe)
-                    .map_err(|e| format!("reading CQ {}'s entry {}: {e}", c.qid, c.tail))?;
-                let dw2 = u32::from_le_bytes([cqe[8], cqe[9], cqe[10], cqe[11]]);
-                let dw3 = u32::from_le_bytes([cqe[12], cqe[13], cqe[14], cqe[15]]);
-                if (dw3 >> 16) & 1 != u32::from(c.phase) {
-                    break;
-                }
-                let (sqid, sqhd) = ((dw2 >> 16) as u16, dw2 & 0xffff);
-                match found.iter_mut().find(|(id, _, _)| *id == sqid) {
-                    Some(f) => {
-                        f.1 += 1;
-                        f.2 = sqhd;
-                    }
-                    None => found.push((sqid, 1, sqhd)),
-                }
+                mem.write(GuestAddress(at), cqe.as_bytes())
+                    .map_err(|e| format!("writing CQ {}'s entry {}: {e}", c.qid, c.tail))?;
                 c.tail += 1;
                 if c.tail == c.size {
                     c.tail = 0;
                     c.phase = !c.phase;
                 }
-            }
-        }
-        // Per CQ: commands fetched since the words, less the entries
-        // posted since.
-        let mut pending: Vec<(u16, i64)> = Vec::new();
-        for s in &mut q.sqs {
-            let rec = sq(s.qid).unwrap_or(SqPosition {
-                head: s.head,
-                tail: s.tail,
-            });
-            let (mut head, mut tail) = (rec.head, rec.tail);
-            if let Some(&(_, n, sqhd)) = found.iter().find(|(id, _, _)| *id == s.qid) {
-                if s.size == 0 || sqhd >= s.size {
-                    return Err(format!(
-                        "CQ entries report SQ {}'s head at {sqhd}, beyond its {} entries",
-                        s.qid, s.size
-                    ));
-                }
-                let ring = |from: u32, to: u32| (to + s.size - from) % s.size;
-                let more = i64::from(ring(head, sqhd)) - i64::from(n);
-                match pending.iter_mut().find(|(c, _)| *c == s.cqid) {
-                    Some(p) => p.1 += more,
-                    None => pending.push((s.cqid, more)),
-                }
-                if ring(head, tail) < ring(head, sqhd) {
-                    tail = sqhd;
-                }
-                head = sqhd;
-            }
-            s.head = head;
-            s.tail = tail;
-        }
-        for c in &q.cqs {
-            let more = pending
-                .iter()
-                .find(|(id, _)| *id == c.qid)
-                .map_or(0, |p| p.1);
-            let open = i64::from(cq(c.qid).map_or(0, |p| p.reserved)) + more;
-            if open > 0 {
-                return Err(format!(
-                    "{open} commands completing on CQ {} had not completed at the crash \
-                     (completing them as interrupted is not done yet)",
-                    c.qid
-                ));
-            }
-            if open < 0 {
-                return Err(format!(
-                    "CQ {}'s recorded positions contradict its entries ({} more completions \
-                     than commands fetched)",
-                    c.qid, -open
-                ));
+                interrupted.push((s.qid, o.cid));
             }
         }
         // The doorbell registers the saved state holds are as old as it
         // is: a worker would take an old SQ tail for a new one. They
-        // become the positions the words give (a doorbell page handed
-        // over keeps the host's newer values).
+        // become the host's last trapped values, else the positions (a
+        // doorbell page handed over keeps the host's newer values).
         let sqs: Vec<(u16, u32)> = q.sqs.iter().map(|s| (s.qid, s.tail)).collect();
         let cqs: Vec<(u16, u32)> = q.cqs.iter().map(|c| (c.qid, c.head)).collect();
         for r in &mut self.body.doorbells.registers {
             let qid = (r.index / 2) as u16;
-            let now = if r.index % 2 == 0 {
-                sqs.iter().find(|(q, _)| *q == qid)
+            let (db, now) = if r.index % 2 == 0 {
+                (Doorbell::SqTail(qid), sqs.iter().find(|(q, _)| *q == qid))
             } else {
-                cqs.iter().find(|(q, _)| *q == qid)
+                (Doorbell::CqHead(qid), cqs.iter().find(|(q, _)| *q == qid))
             };
             if let Some((_, v)) = now {
-                r.value = *v;
+                r.value = rec.doorbell(db).unwrap_or(*v);
             }
         }
-        Ok(())
+        Ok(interrupted)
     }
 }

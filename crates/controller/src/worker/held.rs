@@ -249,17 +249,26 @@ fn release_one(
     aborted: bool,
     policy: EventIdxPolicy,
 ) -> Option<u16> {
+    // Done unless it goes in flight again below: posted or dropped.
+    let done = || crate::crash_record::completed(shared.crash.get(), h.sqid, h.cmd.cid());
     let (sq, cq) = local.rings.both(h.sqid, h.cqid);
-    let cq = cq.filter(|cq| cq.instance == h.cq_instance)?;
+    let Some(cq) = cq.filter(|cq| cq.instance == h.cq_instance) else {
+        done();
+        return None;
+    };
     let stalled = cq.is_full();
     cq.reserved = cq.reserved.saturating_sub(1);
-    let sq = sq.filter(|sq| sq.instance == h.sq_instance)?;
+    let Some(sq) = sq.filter(|sq| sq.instance == h.sq_instance) else {
+        done();
+        return None;
+    };
     if h.due.is_some() {
         // A Delete waiting for it completes once none is left
         // (`finish_delete`, after this).
         sq.in_flight = sq.in_flight.saturating_sub(1);
     }
     if shared.lifecycle.fatal() || sq.deleting.is_some() {
+        done();
         return None;
     }
     let outcome = if aborted {
@@ -296,7 +305,7 @@ fn release_one(
             None => (0, Status::SUCCESS),
         },
     };
-    let done = Reserved {
+    let reserved = Reserved {
         cmd: &h.cmd,
         dw0,
         status,
@@ -304,5 +313,7 @@ fn release_one(
         // Held back by a fault: not a latency sample.
         started: None,
     };
-    post_reserved(shared, session, sq, cq, done, policy)
+    let posted = post_reserved(shared, session, sq, cq, reserved, policy);
+    done();
+    posted
 }

@@ -49,6 +49,9 @@ pub(super) fn complete_in_flight(
                 local.touched.push(cqid);
             }
         }
+        // After its CQ entry (a crash before leaves it in flight, and the
+        // restore finds the entry by its phase).
+        crate::crash_record::completed(shared.crash.get(), request.sqid, request.cmd.cid());
         // The last command of a SQ being deleted: the Delete completes.
         finish_delete(
             &shared.queues,

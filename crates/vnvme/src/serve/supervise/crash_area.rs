@@ -6,7 +6,14 @@
 //!   vfio-user message the child is handling (a word; 0 between messages);
 //! * per queue id, two words the queue workers store after each round:
 //!   the SQ's head and tail, the CQ's head, tail and phase
-//!   ([`QueueWords`]), each with a bit saying it is set;
+//!   ([`QueueWords`]), each with a bit saying it is set (the SQ's also
+//!   when a command goes in flight); and the two doorbell values a trap
+//!   last stored (in `trap` mode nothing else holds them until a worker
+//!   takes them);
+//! * per SQ, a table of the commands in flight by CID, each entry the
+//!   area's generation (a checkpoint, which saves with none in flight,
+//!   starts a new one, and so does each child) and the SQ head after its
+//!   fetch;
 //! * two slots, written alternately, each holding a whole saved client
 //!   (its DMA maps, PCI function and the controller's saved state) behind
 //!   a header with a sequence number, a length and a checksum: a child
@@ -17,7 +24,10 @@
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
-use vnvme_controller::crash_record::{CqPosition, SqPosition};
+use std::sync::atomic::Ordering;
+
+use vnvme_controller::crash_record::{CqPosition, Open, SqPosition};
+use vnvme_spec::regs::Doorbell;
 use vnvme_vfio_user::SharedRegion;
 
 /// The header page's first bytes.
@@ -25,20 +35,29 @@ pub const MAGIC: &[u8; 8] = b"VNVMECA1";
 /// A slot's first bytes.
 pub const SLOT_MAGIC: &[u8; 8] = b"VNVMECS1";
 /// The layout and slot format this binary writes and reads.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 
 /// Where the message-being-handled word is in the header page.
 const HANDLING: usize = 16;
-/// Queue words: from here, 16 bytes per queue id (SQ word, CQ word).
+/// Where the generation word is in the header page.
+const GENERATION: usize = 24;
+/// Queue words: from here, 32 bytes per queue id (SQ word, CQ word, SQ
+/// tail doorbell word, CQ head doorbell word).
 const WORDS: usize = 4096;
+const WORDS_PER_QID: usize = 32;
 /// Queue ids with words: every id a controller can have (16 bits).
 pub const QUEUE_IDS: usize = 1 << 16;
-const SLOTS: usize = WORDS + QUEUE_IDS * 16;
+const SLOTS: usize = WORDS + QUEUE_IDS * WORDS_PER_QID;
 /// Bytes per slot, its header included.
 pub const SLOT_LEN: usize = 16 << 20;
 const SLOT_HEADER: usize = 64;
+/// The tables of commands in flight: one per SQ id below [`TABLE_QIDS`]
+/// (BAR0's doorbell page holds 512 queue pairs), 8 bytes per CID.
+const TABLES: usize = SLOTS + 2 * SLOT_LEN;
+pub const TABLE_QIDS: usize = 512;
+const TABLE_LEN: usize = (1 << 16) * 8;
 /// The area's size.
-pub const AREA_LEN: usize = SLOTS + 2 * SLOT_LEN;
+pub const AREA_LEN: usize = TABLES + TABLE_QIDS * TABLE_LEN;
 
 /// A word's "set" bit.
 const SET: u64 = 1 << 63;
@@ -46,6 +65,10 @@ const SET: u64 = 1 << 63;
 const PHASE: u64 = 1 << 62;
 /// A message word's "handling" bit.
 const BUSY: u64 = 1 << 63;
+/// A SQ word's serial: counts the commands gone in flight, so an entry
+/// stored just before the word (a crash between the two) is told apart.
+const SERIAL_SHIFT: u32 = 48;
+const SERIAL_MASK: u64 = 0x7fff;
 
 /// Why an area or its slots cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -98,6 +121,11 @@ fn checksum(seq: u64, payload: &[u8]) -> u64 {
     h
 }
 
+/// A SQ word without its serial.
+fn sq_word(p: SqPosition) -> u64 {
+    SET | (u64::from(p.head & 0xffff) << 32) | u64::from(p.tail & 0xffff)
+}
+
 /// A queue's two words as stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QueueWords {
@@ -130,7 +158,7 @@ impl CrashArea {
         }
         let at = SLOTS + (seq % 2) as usize * SLOT_LEN;
         self.region.fill(at, 8, 0);
-        std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
+        std::sync::atomic::fence(Ordering::Release);
         self.region.write(at + SLOT_HEADER, payload);
         let mut head = [0u8; SLOT_HEADER];
         head[8..12].copy_from_slice(&VERSION.to_le_bytes());
@@ -138,7 +166,7 @@ impl CrashArea {
         head[24..32].copy_from_slice(&(payload.len() as u64).to_le_bytes());
         head[32..40].copy_from_slice(&checksum(seq, payload).to_le_bytes());
         self.region.write(at + 8, &head[8..]);
-        std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
+        std::sync::atomic::fence(Ordering::Release);
         self.region.write(at, SLOT_MAGIC);
         Ok(())
     }
@@ -193,16 +221,21 @@ impl CrashArea {
     }
 
     fn word(&self, qid: u16, cq: bool) -> Option<&std::sync::atomic::AtomicU64> {
+        self.word_at(qid, if cq { 8 } else { 0 })
+    }
+
+    fn word_at(&self, qid: u16, at: usize) -> Option<&std::sync::atomic::AtomicU64> {
         self.region
-            .atomic_u64(WORDS + usize::from(qid) * 16 + if cq { 8 } else { 0 })
+            .atomic_u64(WORDS + usize::from(qid) * WORDS_PER_QID + at)
     }
 
     /// Stores SQ `qid`'s position (release: a reader that sees it sees the
-    /// CQ entries and guest memory written before).
+    /// CQ entries and guest memory written before), keeping its serial.
+    /// Only the SQ's worker stores it.
     pub fn store_sq(&self, qid: u16, p: SqPosition) {
         if let Some(w) = self.word(qid, false) {
-            let v = SET | (u64::from(p.head & 0xffff) << 32) | u64::from(p.tail & 0xffff);
-            w.store(v, std::sync::atomic::Ordering::Release);
+            let serial = w.load(Ordering::Relaxed) & (SERIAL_MASK << SERIAL_SHIFT);
+            w.store(sq_word(p) | serial, Ordering::Release);
         }
     }
 
@@ -214,16 +247,108 @@ impl CrashArea {
                 | (u64::from(p.head & 0xffff) << 32)
                 | (u64::from(p.reserved.min(0xffff)) << 16)
                 | u64::from(p.tail & 0xffff);
-            w.store(v, std::sync::atomic::Ordering::Release);
+            w.store(v, Ordering::Release);
         }
+    }
+
+    /// The area's generation: table entries of another are not in flight.
+    pub fn generation(&self) -> u32 {
+        self.region
+            .atomic_u64(GENERATION)
+            .map_or(0, |w| w.load(Ordering::Acquire) as u32)
+    }
+
+    /// Starts a new generation (a checkpoint with none in flight, a new
+    /// child): every table entry stored before is void.
+    pub fn next_generation(&self) {
+        if let Some(w) = self.region.atomic_u64(GENERATION) {
+            // Never 0: an entry of generation 0 is an empty one.
+            let next = (w.load(Ordering::Acquire) as u32).wrapping_add(1).max(1);
+            w.store(u64::from(next), Ordering::Release);
+        }
+    }
+
+    fn entry(&self, qid: u16, cid: u16) -> Option<&std::sync::atomic::AtomicU64> {
+        if usize::from(qid) >= TABLE_QIDS {
+            return None;
+        }
+        self.region
+            .atomic_u64(TABLES + usize::from(qid) * TABLE_LEN + usize::from(cid) * 8)
+    }
+
+    /// Command `cid` of SQ `qid` went in flight at `p`: its entry, then
+    /// the SQ word with the serial both carry.
+    pub fn store_fetched(&self, qid: u16, cid: u16, p: SqPosition) {
+        let (Some(w), Some(e)) = (self.word(qid, false), self.entry(qid, cid)) else {
+            return;
+        };
+        let serial = ((w.load(Ordering::Relaxed) >> SERIAL_SHIFT) + 1) & SERIAL_MASK;
+        let gen = u64::from(self.generation());
+        e.store(
+            (gen << 32) | (serial << 16) | u64::from(p.head & 0xffff),
+            Ordering::Release,
+        );
+        w.store(sq_word(p) | (serial << SERIAL_SHIFT), Ordering::Release);
+    }
+
+    /// Command `cid` of SQ `qid` is done.
+    pub fn store_completed(&self, qid: u16, cid: u16) {
+        if let Some(e) = self.entry(qid, cid) {
+            e.store(0, Ordering::Release);
+        }
+    }
+
+    /// The commands of SQ `qid` in flight in this generation.
+    pub fn in_flight(&self, qid: u16) -> Vec<Open> {
+        let gen = u64::from(self.generation());
+        let serial = self.word(qid, false).map_or(0, |w| {
+            (w.load(Ordering::Acquire) >> SERIAL_SHIFT) & SERIAL_MASK
+        });
+        let mut open = Vec::new();
+        if gen == 0 {
+            return open;
+        }
+        for cid in 0..=u16::MAX {
+            let Some(e) = self.entry(qid, cid) else {
+                break;
+            };
+            let v = e.load(Ordering::Acquire);
+            if v >> 32 == gen {
+                open.push(Open {
+                    cid,
+                    head: (v & 0xffff) as u32,
+                    late: (v >> 16) & SERIAL_MASK == (serial + 1) & SERIAL_MASK,
+                });
+            }
+        }
+        open
+    }
+
+    /// A trap stored `value` in doorbell `db`.
+    pub fn store_doorbell(&self, db: Doorbell, value: u32) {
+        let (qid, at) = match db {
+            Doorbell::SqTail(q) => (q, 16),
+            Doorbell::CqHead(q) => (q, 24),
+        };
+        if let Some(w) = self.word_at(qid, at) {
+            w.store(SET | u64::from(value), Ordering::Release);
+        }
+    }
+
+    /// The value a trap last stored in doorbell `db` since the words were
+    /// cleared.
+    pub fn doorbell(&self, db: Doorbell) -> Option<u32> {
+        let (qid, at) = match db {
+            Doorbell::SqTail(q) => (q, 16),
+            Doorbell::CqHead(q) => (q, 24),
+        };
+        let v = self.word_at(qid, at)?.load(Ordering::Acquire);
+        (v & SET != 0).then_some(v as u32)
     }
 
     /// Queue `qid`'s words.
     pub fn load(&self, qid: u16) -> QueueWords {
-        let get = |cq| {
-            self.word(qid, cq)
-                .map_or(0, |w| w.load(std::sync::atomic::Ordering::Acquire))
-        };
+        let get = |cq| self.word(qid, cq).map_or(0, |w| w.load(Ordering::Acquire));
         let (s, c) = (get(false), get(true));
         QueueWords {
             sq: (s & SET != 0).then_some(SqPosition {
@@ -241,7 +366,7 @@ impl CrashArea {
 
     /// Unsets every queue's words (a new saved state sets its own).
     pub fn clear_words(&self) {
-        self.region.fill(WORDS, QUEUE_IDS * 16, 0);
+        self.region.fill(WORDS, QUEUE_IDS * WORDS_PER_QID, 0);
     }
 
     /// Says the message `(msg_id, command)` is being handled (`Some`), or
@@ -251,7 +376,7 @@ impl CrashArea {
             let v = msg.map_or(0, |(id, command)| {
                 BUSY | (u64::from(id) << 16) | u64::from(command)
             });
-            w.store(v, std::sync::atomic::Ordering::Release);
+            w.store(v, Ordering::Release);
         }
     }
 
@@ -260,7 +385,7 @@ impl CrashArea {
         let v = self
             .region
             .atomic_u64(HANDLING)
-            .map_or(0, |w| w.load(std::sync::atomic::Ordering::Acquire));
+            .map_or(0, |w| w.load(Ordering::Acquire));
         (v & BUSY != 0).then_some((((v >> 16) & 0xffff) as u16, (v & 0xffff) as u16))
     }
 }
@@ -307,12 +432,12 @@ mod tests {
         assert_eq!(
             a.newest().unwrap_err().to_string(),
             "no whole saved state in the crash area: slot 0: version 7, this binary reads \
-             version 1; slot 1: never written"
+             version 2; slot 1: never written"
         );
-        a.region.write(8, &2u32.to_le_bytes());
+        a.region.write(8, &1u32.to_le_bytes());
         assert_eq!(
             CrashArea::open(fd.as_fd()).unwrap_err().to_string(),
-            "the crash area is version 2; this binary reads version 1"
+            "the crash area is version 1; this binary reads version 2"
         );
         a.region.write(0, b"NOTVNVME");
         assert!(matches!(
@@ -385,5 +510,101 @@ mod tests {
         assert_eq!(a.handling(), Some((9, 2)));
         a.set_handling(None);
         assert_eq!(a.handling(), None);
+    }
+
+    #[test]
+    fn the_commands_in_flight_are_those_of_this_generation_and_a_late_one_is_told_apart() {
+        let (_fd, a) = area();
+        let at = |head, tail| SqPosition { head, tail };
+        // Generation 0: nothing is kept in flight.
+        a.store_fetched(1, 7, at(3, 9));
+        assert_eq!(a.in_flight(1), vec![]);
+        a.next_generation();
+        a.store_fetched(1, 7, at(3, 9));
+        a.store_fetched(1, 65535, at(4, 9));
+        a.store_fetched(511, 2, at(1, 1));
+        // Beyond the tables: not kept (and no panic).
+        a.store_fetched(512, 2, at(1, 1));
+        let open = |head, late| Open { cid: 0, head, late };
+        assert_eq!(
+            a.in_flight(1),
+            vec![
+                Open {
+                    cid: 7,
+                    ..open(3, false)
+                },
+                Open {
+                    cid: 65535,
+                    ..open(4, false)
+                }
+            ]
+        );
+        // The SQ word moved with them, its tail too.
+        assert_eq!(a.load(1).sq, Some(at(4, 9)));
+        a.store_completed(1, 7);
+        assert_eq!(
+            a.in_flight(1),
+            vec![Open {
+                cid: 65535,
+                ..open(4, false)
+            }]
+        );
+        assert_eq!(
+            a.in_flight(511),
+            vec![Open {
+                cid: 2,
+                ..open(1, false)
+            }]
+        );
+        assert_eq!(a.in_flight(512), vec![]);
+        // A round's store keeps the serial: nothing turns late.
+        a.store_sq(1, at(5, 9));
+        assert_eq!(
+            a.in_flight(1),
+            vec![Open {
+                cid: 65535,
+                ..open(4, false)
+            }]
+        );
+        // An entry stored and the word not (a crash between the two).
+        let word = a.word(1, false).unwrap();
+        let before = word.load(Ordering::Relaxed);
+        a.store_fetched(1, 9, at(6, 9));
+        word.store(before, Ordering::Relaxed);
+        assert_eq!(
+            a.in_flight(1),
+            vec![
+                Open {
+                    cid: 9,
+                    ..open(6, true)
+                },
+                Open {
+                    cid: 65535,
+                    ..open(4, false)
+                }
+            ]
+        );
+        // A new generation voids them all.
+        a.next_generation();
+        assert_eq!(a.in_flight(1), vec![]);
+        assert_eq!(a.in_flight(511), vec![]);
+    }
+
+    #[test]
+    fn trapped_doorbells_read_back_until_the_words_are_cleared() {
+        let (_fd, a) = area();
+        assert_eq!(a.doorbell(Doorbell::SqTail(3)), None);
+        a.store_doorbell(Doorbell::SqTail(3), 0);
+        a.store_doorbell(Doorbell::CqHead(3), 65535);
+        a.store_doorbell(Doorbell::SqTail(65535), 17);
+        assert_eq!(a.doorbell(Doorbell::SqTail(3)), Some(0));
+        assert_eq!(a.doorbell(Doorbell::CqHead(3)), Some(65535));
+        assert_eq!(a.doorbell(Doorbell::SqTail(65535)), Some(17));
+        assert_eq!(a.doorbell(Doorbell::CqHead(65535)), None);
+        // The queue words beside them are untouched.
+        assert_eq!(a.load(3), QueueWords { sq: None, cq: None });
+        a.clear_words();
+        assert_eq!(a.doorbell(Doorbell::SqTail(3)), None);
+        assert_eq!(a.doorbell(Doorbell::SqTail(65535)), None);
     }
 }

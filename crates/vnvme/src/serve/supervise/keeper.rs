@@ -12,7 +12,8 @@
 //!   pauses the workers for the save (bounded by [`CHECKPOINT_DRAIN`];
 //!   with a command still in flight it is tried again at the next one).
 //! * The queue positions are stored by the workers after each round
-//!   ([`CrashRecord`]), as single words.
+//!   ([`CrashRecord`]), as single words; the commands that go in flight
+//!   and come back, and the doorbell values traps store, as they happen.
 //! * The message being handled is a word, set before and cleared after.
 
 use std::io::Write;
@@ -26,6 +27,7 @@ use serde::{Deserialize, Serialize};
 use vnvme_controller::crash_record::{CqPosition, CrashRecord, SqPosition};
 use vnvme_controller::SavedState;
 use vnvme_device::{FunctionState, NvmeDevice};
+use vnvme_spec::regs::Doorbell;
 use vnvme_vfio_user::handover::HandedMap;
 
 use super::crash_area::{CrashArea, CrashAreaError};
@@ -101,6 +103,9 @@ impl Keeper {
     pub fn new(fd: BorrowedFd<'_>, waker: UnixStream) -> Result<Self, CrashAreaError> {
         let area = CrashArea::open(fd)?;
         let seq = area.next_seq();
+        // The tables' entries are the dead child's (read by the restore
+        // before this): void from here on.
+        area.next_generation();
         Ok(Self {
             area,
             client: Mutex::new(None),
@@ -173,7 +178,9 @@ impl Keeper {
                 // The words first: a crash before the slot is whole pairs
                 // the previous slot with the positions of now.
                 let (sqs, cqs) = state.positions();
+                // Saved with none in flight: the tables' entries are void.
                 self.area.clear_words();
+                self.area.next_generation();
                 for (qid, p) in sqs {
                     self.area.store_sq(qid, p);
                 }
@@ -224,6 +231,18 @@ impl CrashRecord for Keeper {
 
     fn cq(&self, qid: u16, pos: CqPosition) {
         self.area.store_cq(qid, pos);
+    }
+
+    fn fetched(&self, qid: u16, cid: u16, pos: SqPosition) {
+        self.area.store_fetched(qid, cid, pos);
+    }
+
+    fn completed(&self, qid: u16, cid: u16) {
+        self.area.store_completed(qid, cid);
+    }
+
+    fn doorbell(&self, db: Doorbell, value: u32) {
+        self.area.store_doorbell(db, value);
     }
 
     fn admin_done(&self) {

@@ -9,7 +9,9 @@ use std::os::fd::OwnedFd;
 
 use anyhow::{bail, Context, Result};
 
+use vnvme_controller::crash_record::{CqPosition, CrashRecorded, Open, SqPosition};
 use vnvme_controller::{GuestMemory, SavedState};
+use vnvme_spec::regs::Doorbell;
 
 use super::crash_area::{CrashArea, QueueWords};
 use super::keeper;
@@ -46,12 +48,23 @@ pub fn client(area: &CrashArea, fds: CrashedFds) -> Result<(TakenClient, Recorde
             fds.max_xfer
         );
     }
-    let words = Recorded(
-        (0..=u16::MAX)
+    let words = Recorded {
+        words: (0..=u16::MAX)
             .map(|qid| (qid, area.load(qid)))
             .filter(|(_, w)| w.sq.is_some() || w.cq.is_some())
             .collect(),
-    );
+        doorbells: (0..=u16::MAX)
+            .flat_map(|qid| [Doorbell::SqTail(qid), Doorbell::CqHead(qid)])
+            .filter_map(|db| area.doorbell(db).map(|v| (db, v)))
+            .collect(),
+        open: state
+            .positions()
+            .0
+            .iter()
+            .map(|(qid, _)| (*qid, area.in_flight(*qid)))
+            .filter(|(_, o)| !o.is_empty())
+            .collect(),
+    };
     // The slot's maps name files by the supervisor's ids; the handover
     // indexes the files it passes.
     let ids: Vec<u64> = fds.files.iter().map(|(id, _)| *id).collect();
@@ -86,21 +99,47 @@ pub fn client(area: &CrashArea, fds: CrashedFds) -> Result<(TakenClient, Recorde
     Ok((client, words))
 }
 
-/// The queue words of the crash area, as the dead child left them.
+/// What the crash area kept, as the dead child left it: the queue words,
+/// the doorbell values traps stored, the commands in flight by SQ.
 #[derive(Debug)]
-pub struct Recorded(Vec<(u16, QueueWords)>);
+pub struct Recorded {
+    words: Vec<(u16, QueueWords)>,
+    doorbells: Vec<(Doorbell, u32)>,
+    open: Vec<(u16, Vec<Open>)>,
+}
+
+impl CrashRecorded for Recorded {
+    fn sq(&self, qid: u16) -> Option<SqPosition> {
+        self.words.iter().find(|(q, _)| *q == qid)?.1.sq
+    }
+
+    fn cq(&self, qid: u16) -> Option<CqPosition> {
+        self.words.iter().find(|(q, _)| *q == qid)?.1.cq
+    }
+
+    fn open(&self, qid: u16) -> Vec<Open> {
+        self.open
+            .iter()
+            .find(|(q, _)| *q == qid)
+            .map(|(_, o)| o.clone())
+            .unwrap_or_default()
+    }
+
+    fn doorbell(&self, db: Doorbell) -> Option<u32> {
+        self.doorbells
+            .iter()
+            .find(|(d, _)| *d == db)
+            .map(|(_, v)| *v)
+    }
+}
 
 impl Recorded {
     /// Puts them over `state`, read against the guest's memory `mem`
-    /// ([`SavedState::put_positions`]).
+    /// ([`SavedState::put_positions`]): the commands in flight at the
+    /// crash are completed with Command Interrupted.
     pub fn apply(&self, state: &mut SavedState, mem: &dyn GuestMemory) -> Result<()> {
-        let get = |qid: u16| self.0.iter().find(|(q, _)| *q == qid).map(|(_, w)| *w);
-        state
-            .put_positions(
-                |qid| get(qid).and_then(|w| w.sq),
-                |qid| get(qid).and_then(|w| w.cq),
-                mem,
-            )
+        let interrupted = state
+            .put_positions(self, mem)
             .map_err(anyhow::Error::msg)
             .context("the queue positions at the crash")?;
         let (sqs, cqs) = state.positions();
@@ -120,6 +159,18 @@ impl Recorded {
                 .collect::<Vec<_>>()
                 .join(", ")
         );
+        if !interrupted.is_empty() {
+            tracing::info!(
+                "{} commands in flight at the crash completed with Command Interrupted (the \
+                 host retries them): {}",
+                interrupted.len(),
+                interrupted
+                    .iter()
+                    .map(|(sq, cid)| format!("SQ {sq} CID {cid}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
         Ok(())
     }
 }
