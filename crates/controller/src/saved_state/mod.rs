@@ -11,7 +11,7 @@
 
 mod envelope;
 mod error;
-mod positions;
+pub(crate) mod positions;
 
 use serde::{Deserialize, Serialize};
 

@@ -447,6 +447,7 @@ mod abort;
 mod admin;
 mod backend_errors;
 mod copy;
+mod crash_restore;
 mod dbbuf;
 mod directives;
 mod durability;

@@ -1,0 +1,394 @@
+//! A supervised server's restore after a crash, in process: a recorder
+//! kept as the crash area would be ([`CrashRecord`]), a "crash" (the
+//! recorder stops taking anything, guest memory is copied as it stands),
+//! then the saved state with the recorded positions put over it
+//! ([`SavedState::put_positions`]) restored into a new controller that
+//! the same host goes on with. Plus the CQ reading by itself.
+
+use std::sync::Mutex;
+
+use vnvme_spec::regs::Doorbell;
+
+use super::*;
+use crate::crash_record::{CqPosition, CrashRecord, CrashRecorded, Open, SqPosition};
+use crate::faults::{FaultKind, FaultSpec};
+use crate::queue::{SavedCq, SavedSource};
+use crate::saved_state::positions::{read_posted, Posted};
+use crate::SavedState;
+
+/// What the crash area would hold.
+#[derive(Debug, Default, Clone)]
+struct Kept {
+    sqs: Vec<(u16, SqPosition)>,
+    cqs: Vec<(u16, CqPosition)>,
+    open: Vec<(u16, Open)>,
+    doorbells: Vec<(Doorbell, u32)>,
+    /// Rounds' positions are no longer stored (a crash inside a long
+    /// round): commands going in flight are stored late.
+    words_frozen: bool,
+    /// The process is dead: nothing is stored.
+    dead: bool,
+}
+
+fn set<K: PartialEq, V>(v: &mut Vec<(K, V)>, k: K, val: V) {
+    v.retain(|(x, _)| *x != k);
+    v.push((k, val));
+}
+
+#[derive(Debug, Default)]
+struct Recorder(Mutex<Kept>);
+
+impl Recorder {
+    fn with<R>(&self, f: impl FnOnce(&mut Kept) -> R) -> R {
+        f(&mut self.0.lock().unwrap())
+    }
+
+    /// The words of a saved state, as a checkpoint stores them.
+    fn checkpoint(&self, state: &SavedState) {
+        let (sqs, cqs) = state.positions();
+        self.with(|k| {
+            (k.sqs, k.cqs) = (sqs, cqs);
+            k.doorbells.clear();
+            k.open.clear();
+        });
+    }
+}
+
+impl CrashRecord for Recorder {
+    fn sq(&self, qid: u16, pos: SqPosition) {
+        self.with(|k| {
+            if !k.dead && !k.words_frozen {
+                set(&mut k.sqs, qid, pos);
+            }
+        });
+    }
+
+    fn cq(&self, qid: u16, pos: CqPosition) {
+        self.with(|k| {
+            if !k.dead && !k.words_frozen {
+                set(&mut k.cqs, qid, pos);
+            }
+        });
+    }
+
+    fn admin_done(&self) {}
+
+    fn fetched(&self, qid: u16, cid: u16, pos: SqPosition) {
+        self.with(|k| {
+            if k.dead {
+                return;
+            }
+            let late = k.words_frozen;
+            if !late {
+                set(&mut k.sqs, qid, pos);
+            }
+            k.open.retain(|(q, o)| !(*q == qid && o.cid == cid));
+            k.open.push((
+                qid,
+                Open {
+                    cid,
+                    head: pos.head,
+                    late,
+                },
+            ));
+        });
+    }
+
+    fn completed(&self, qid: u16, cid: u16) {
+        self.with(|k| {
+            if !k.dead {
+                k.open.retain(|(q, o)| !(*q == qid && o.cid == cid));
+            }
+        });
+    }
+
+    fn doorbell(&self, db: Doorbell, value: u32) {
+        self.with(|k| {
+            if !k.dead {
+                set(&mut k.doorbells, db, value);
+            }
+        });
+    }
+}
+
+impl CrashRecorded for Kept {
+    fn sq(&self, qid: u16) -> Option<SqPosition> {
+        self.sqs.iter().find(|(q, _)| *q == qid).map(|(_, p)| *p)
+    }
+
+    fn cq(&self, qid: u16) -> Option<CqPosition> {
+        self.cqs.iter().find(|(q, _)| *q == qid).map(|(_, p)| *p)
+    }
+
+    fn open(&self, qid: u16) -> Vec<Open> {
+        let open = self.open.iter().filter(|(q, _)| *q == qid);
+        open.map(|(_, o)| *o).collect()
+    }
+
+    fn doorbell(&self, db: Doorbell) -> Option<u32> {
+        self.doorbells
+            .iter()
+            .find(|(d, _)| *d == db)
+            .map(|(_, v)| *v)
+    }
+}
+
+/// Enabled with `config`, recording into a [`Recorder`].
+fn recorded_host(config: ControllerConfig) -> (Host, Arc<Recorder>) {
+    let mut h = Host::with(config, 512);
+    h.enable();
+    let rec = Arc::new(Recorder::default());
+    assert!(h.ctrl.record_crash_state(rec.clone()));
+    (h, rec)
+}
+
+/// Saved now (paused, then resumed), the recorder's words set from it.
+fn checkpoint(h: &Host, rec: &Recorder) -> SavedState {
+    h.ctrl.pause();
+    let saved = h.ctrl.save_state().expect("quiescent");
+    rec.checkpoint(&saved);
+    h.ctrl.resume().unwrap();
+    saved
+}
+
+/// The crash: nothing more is recorded; the new controller gets `saved`
+/// with what was recorded put over it, on a copy of guest memory and of
+/// the namespace; the same host goes on with it. The commands completed
+/// as interrupted.
+fn crash_and_restore(
+    h: &mut Host,
+    config: ControllerConfig,
+    rec: &Recorder,
+    saved: &SavedState,
+) -> Vec<(u16, u16)> {
+    let kept = rec.with(|k| {
+        k.dead = true;
+        k.clone()
+    });
+    let mem = Arc::new(VecMemory::new(MEM_SIZE));
+    mem.write(GuestAddress(0), &h.read_mem(0, MEM_SIZE))
+        .unwrap();
+    let mut state = saved.clone();
+    let interrupted = state
+        .put_positions(&kept, &*mem)
+        .expect("the positions go on");
+    let backend = Arc::new(RamDevice::new(h.backend.size()));
+    let mut data = vec![0; h.backend.size() as usize];
+    h.backend.read(0, &mut data).unwrap();
+    backend.write(0, &data).unwrap();
+    let irq = Arc::new(CountingIrq::default());
+    let ctrl = Controller::restore(
+        config,
+        vec![NamespaceConfig::new(1, 512, backend.clone())],
+        &state,
+        mem.clone(),
+        irq.clone(),
+    )
+    .expect("the state restores");
+    h.ctrl = ctrl;
+    (h.mem, h.irq, h.backend) = (mem, irq, backend);
+    interrupted
+}
+
+fn read(slba: u64) -> Command {
+    rw(NvmOpcode::READ, 1, slba, 1, DATA, 0)
+}
+
+fn write(slba: u64) -> Command {
+    rw(NvmOpcode::WRITE, 1, slba, 1, DATA, 0)
+}
+
+/// Waits until the recorder holds `n` commands in flight.
+fn await_open(rec: &Recorder, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while rec.with(|k| k.open.len()) != n {
+        assert!(Instant::now() < deadline, "{:?}", rec.with(|k| k.clone()));
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// CQ entry `i` of CQ 1 once it carries `phase`.
+fn await_entry(h: &Host, i: u64, phase: bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let b = h.read_mem(cq_base(1) + i * 16, 16);
+        if (b[14] & 1 == 1) == phase {
+            return;
+        }
+        assert!(Instant::now() < deadline, "CQ entry {i} not posted");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Two SQs on one CQ of 8 entries; after the words stop (a crash inside a
+/// long round), reads complete on both (the CQ wraps, its phase turns),
+/// a write is held on each, one reusing the CID of a read completed
+/// before it. The restore finds the three entries posted, completes the
+/// two writes with Command Interrupted (DNR clear) after them with each
+/// SQ's head, and the host goes on: the next command on each SQ is its
+/// own, not a held write fetched again.
+#[test]
+fn commands_in_flight_complete_as_interrupted_after_the_entries_posted() {
+    let (mut h, rec) = recorded_host(config());
+    h.create_pair(1, 8);
+    let c = h.admin(create_sq(2, 8, 1, sq_base(2)));
+    assert_eq!(c.status(), Status::SUCCESS);
+    h.rings[2] = Some(Ring::new(sq_base(2), cq_base(1), 8));
+    let saved = checkpoint(&h, &rec);
+    for lba in 0..6 {
+        assert_eq!(h.submit(1, read(lba)).status(), Status::SUCCESS);
+    }
+    rec.with(|k| k.words_frozen = true);
+    // CQ 1's entries 6 and 7 (phase 1), on SQ 1 and SQ 2.
+    let a = h.push(1, read(6));
+    h.ring_sq(1);
+    await_entry(&h, 6, true);
+    let b = h.push(2, read(7));
+    h.ring_sq(2);
+    await_entry(&h, 7, true);
+    let spec = FaultSpec {
+        nsid: Some(1),
+        opcodes: vec![NvmOpcode::WRITE.0],
+        count: Some(2),
+        ..FaultSpec::new(FaultKind::NeverComplete)
+    };
+    h.ctrl.fault_add(spec).unwrap();
+    // The host saw A's entry: it may use A's CID again.
+    h.cid = a - 1;
+    let c = h.push(1, write(8));
+    assert_eq!(c, a);
+    h.ring_sq(1);
+    h.cid = b + 10;
+    let d = h.push(2, write(9));
+    h.ring_sq(2);
+    await_open(&rec, 2);
+    // CQ 1's entry 0 of the next lap (phase 0).
+    let e = h.push(1, read(10));
+    h.ring_sq(1);
+    await_entry(&h, 0, false);
+    let interrupted = crash_and_restore(&mut h, config(), &rec, &saved);
+    assert_eq!(interrupted, vec![(1, c), (2, d)]);
+    let got: Vec<(u16, u16, u16, Status)> = h
+        .reap_batch(1, 5)
+        .iter()
+        .map(|x| (x.sqid(), x.cid(), x.sq_head(), x.status()))
+        .collect();
+    // SQ 1: A, C, E fetched (head 9 % 8 = 1); SQ 2: B, D (head 2).
+    assert_eq!(
+        got,
+        vec![
+            (1, a, 7, Status::SUCCESS),
+            (2, b, 1, Status::SUCCESS),
+            (1, e, 1, Status::SUCCESS),
+            (1, c, 1, Status::COMMAND_INTERRUPTED),
+            (2, d, 2, Status::COMMAND_INTERRUPTED),
+        ]
+    );
+    assert!(!Status::COMMAND_INTERRUPTED.dnr());
+    // The CQ's interrupt was raised for them.
+    assert!(h.irq.count(1) >= 1);
+    // Retried, each completes; nothing else was fetched before them.
+    let next = h.push(2, write(9));
+    h.ring_sq(2);
+    let x = h.reap(1);
+    assert_eq!((x.sqid(), x.cid(), x.status()), (2, next, Status::SUCCESS));
+    let next = h.push(1, write(8));
+    h.ring_sq(1);
+    let x = h.reap(1);
+    assert_eq!((x.sqid(), x.cid(), x.status()), (1, next, Status::SUCCESS));
+}
+
+/// `trap` mode: a SQ tail doorbell write answered while the workers do
+/// not run (the worker had not taken it at the crash) is not lost: the
+/// restored controller fetches the command it rang.
+#[test]
+fn a_trapped_doorbell_no_worker_took_is_fetched_after_the_restore() {
+    let trap = mode_config(DoorbellMode::Trap);
+    let (mut h, rec) = recorded_host(trap.clone());
+    h.create_pair(1, 8);
+    let saved = checkpoint(&h, &rec);
+    for lba in 0..2 {
+        assert_eq!(h.submit(1, read(lba)).status(), Status::SUCCESS);
+    }
+    h.ctrl.pause();
+    let r = h.push(1, read(2));
+    h.ring_sq(1);
+    assert_eq!(
+        rec.with(|k| k.doorbell(Doorbell::SqTail(1))),
+        Some(3),
+        "the trap was recorded"
+    );
+    let interrupted = crash_and_restore(&mut h, trap, &rec, &saved);
+    assert_eq!(interrupted, vec![]);
+    let x = h.reap(1);
+    assert_eq!((x.cid(), x.sq_head(), x.status()), (r, 3, Status::SUCCESS));
+}
+
+/// A CQ in guest memory, for [`read_posted`].
+fn cq(size: u32, tail: u32, phase: bool) -> SavedCq {
+    SavedCq {
+        qid: 1,
+        base: cq_base(1),
+        size,
+        head: tail,
+        tail,
+        phase,
+        ien: true,
+        iv: 1,
+        source: SavedSource::Register,
+        bad_head: None,
+    }
+}
+
+fn put_entry(mem: &VecMemory, i: u32, sqid: u16, cid: u16, sqhd: u16, phase: bool) {
+    let cqe = Completion::new(0, sqhd, sqid, cid, phase, Status::SUCCESS);
+    mem.write(GuestAddress(cq_base(1) + u64::from(i) * 16), cqe.as_bytes())
+        .unwrap();
+}
+
+/// The CQ reading by itself: entries past the tail while they carry the
+/// lap's phase, across the end of the ring (the phase turns), from
+/// several SQs, in the order posted; never more than a full CQ holds.
+#[test]
+fn the_cq_is_read_past_its_tail_by_phase() {
+    let mem = VecMemory::new(MEM_SIZE);
+    // The recorded tail is 2 in a phase 1 lap: 0 and 1 were posted in it
+    // (phase 1), 2 and 3 in the lap before (phase 0). Then 2 (phase 1)
+    // at 2 and 3, and 1 of the next lap (phase 0) at 0.
+    for i in 0..4 {
+        put_entry(&mem, i, 9, 99, 0, i < 2);
+    }
+    put_entry(&mem, 2, 1, 10, 5, true);
+    put_entry(&mem, 3, 2, 11, 6, true);
+    put_entry(&mem, 0, 1, 12, 7, false);
+    let mut c = cq(4, 2, true);
+    let found = read_posted(&mut c, &mem).unwrap();
+    let p = |sqid, cid, sqhd| Posted { sqid, cid, sqhd };
+    assert_eq!(found, vec![p(1, 10, 5), p(2, 11, 6), p(1, 12, 7)]);
+    assert_eq!((c.tail, c.phase), (1, false));
+    // Nothing new: nothing read, nothing moved.
+    let found = read_posted(&mut c, &mem).unwrap();
+    assert_eq!((found.len(), c.tail, c.phase), (0, 1, false));
+    // A full CQ: every entry carries the phase; size - 1 at most are new
+    // (a CQ holds no more), so the reading stops there.
+    for i in 0..4 {
+        put_entry(&mem, i, 1, i as u16, 0, true);
+    }
+    let mut c = cq(4, 1, true);
+    let found = read_posted(&mut c, &mem).unwrap();
+    assert_eq!(
+        found.iter().map(|f| f.cid).collect::<Vec<_>>(),
+        vec![1, 2, 3]
+    );
+    assert_eq!((c.tail, c.phase), (0, false));
+    // Positions out of range read nothing.
+    let mut c = cq(4, 4, true);
+    assert_eq!(read_posted(&mut c, &mem).unwrap(), vec![]);
+    // Unreadable memory is an error that names the entry.
+    let mut c = SavedCq {
+        base: MEM_SIZE as u64,
+        ..cq(4, 0, true)
+    };
+    let err = read_posted(&mut c, &mem).unwrap_err();
+    assert!(err.starts_with("reading CQ 1's entry 0: "), "{err}");
+}
