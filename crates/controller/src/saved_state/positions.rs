@@ -127,7 +127,7 @@ impl SavedState {
     /// positions are stored after each worker round (and a SQ's at each
     /// command that goes in flight), so a crash inside a round leaves them
     /// behind: each CQ is read in guest memory `mem` from its recorded
-    /// tail ([`read_posted`]), and each SQ's head moves to the latest head
+    /// tail (by phase), and each SQ's head moves to the latest head
     /// those entries report. Then each command recorded in flight and not
     /// among those entries is completed with Command Interrupted (DNR
     /// clear: the host retries it), in the order fetched, with the SQ's
