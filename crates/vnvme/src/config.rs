@@ -80,6 +80,7 @@
 //! opcodes = ["read"]
 //! status = "unrecovered-read-error"
 //! probability = 0.001
+//! controller = 2              # only controller 2 of several --socket (default: every one)
 //! ```
 //!
 //! Errors name the file, line and field:
@@ -247,6 +248,32 @@ struct FileNamespace {
 }
 
 /// What a configuration file sets; `None` leaves the command line's value.
+/// A `[[fault]]` table: the fault, and the controller it is armed on
+/// (`controller = N`, a CNTLID; none: every controller of the
+/// subsystem). An `ana` fault's `controller` is the path it fails, and
+/// it is armed once: `controller` here is then none.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfiguredFault {
+    pub controller: Option<u16>,
+    pub spec: FaultSpec,
+}
+
+/// A fault's `controller` in a server of one controller, `ctrl`: its
+/// CNTLID or none; another is an error that says which there is.
+pub fn only_controller(
+    f: &ConfiguredFault,
+    ctrl: &vnvme_controller::Controller,
+) -> anyhow::Result<()> {
+    match f.controller {
+        Some(n) if n != ctrl.cntlid() => anyhow::bail!(
+            "controller = {n}: this server has one controller, {} (several --socket make a \
+             subsystem of several)",
+            ctrl.cntlid()
+        ),
+        _ => Ok(()),
+    }
+}
+
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ServeConfig {
     pub serial: Option<String>,
@@ -278,7 +305,7 @@ pub struct ServeConfig {
     /// NSIDs from 1 in order; empty if the file has none.
     pub namespaces: Vec<NamespaceSpec>,
     /// `[[fault]]` tables, armed when the controller starts.
-    pub faults: Vec<FaultSpec>,
+    pub faults: Vec<ConfiguredFault>,
     /// `[qos]`: the controller's limits and group.
     pub qos: QosSpec,
     /// `[qos_groups.NAME]` tables.
@@ -688,7 +715,8 @@ impl ServeConfig {
                 .get_ref()
                 .to_spec()
                 .map_err(|m| at(Some(f.span()), format!("fault[{i}]"), m))?;
-            cfg.faults.push(spec);
+            let controller = f.get_ref().target();
+            cfg.faults.push(ConfiguredFault { controller, spec });
         }
         cfg.qos_groups = qos_groups;
         Ok(cfg)

@@ -51,6 +51,11 @@ pub const NS_QOS_OPTIONS: &[&str] = &[
 pub struct QosSpec {
     pub limits: QosLimits,
     pub group: Option<String>,
+    /// In a configuration file, `controller = N`: only controller N (a
+    /// CNTLID of a `--socket A --socket B` subsystem) has these limits;
+    /// none: every controller, each its own budget (a group's budget is
+    /// one, whoever joins it).
+    pub controller: Option<u16>,
 }
 
 /// A value as a file or a JSON request writes it.
@@ -73,6 +78,18 @@ impl QosSpec {
     /// Sets `key` (`iops`, `read_bps_burst`..., or `group` if `groups` is
     /// true) from `value`.
     pub fn set(&mut self, key: &str, value: &QosValue, groups: bool) -> Result<(), String> {
+        if key == "controller" && groups {
+            return match value {
+                QosValue::Int(n) => match u16::try_from(*n).ok().filter(|&n| n > 0) {
+                    Some(n) => {
+                        self.controller = Some(n);
+                        Ok(())
+                    }
+                    None => Err(format!("controller: {n} is not a CNTLID (1, 2, ...)")),
+                },
+                _ => Err("controller: a CNTLID (1, 2, ... in --socket order)".into()),
+            };
+        }
         if key == "group" && groups {
             return match value {
                 QosValue::Text(name) if !name.is_empty() => {
@@ -84,7 +101,7 @@ impl QosSpec {
         }
         let Some(bytes) = QosLimits::key_counts_bytes(key) else {
             let keys = QosLimits::keys().join(", ");
-            let group = if groups { ", group" } else { "" };
+            let group = if groups { ", group, controller" } else { "" };
             return Err(format!("unknown QoS key '{key}': use one of {keys}{group}"));
         };
         let unit = if bytes {
@@ -195,11 +212,38 @@ pub fn apply_all<'a>(
     namespaces: impl IntoIterator<Item = &'a QosSpec>,
     groups: &BTreeMap<String, Arc<QosGroup>>,
 ) -> Result<()> {
-    apply(ctrl, QosTarget::Controller, controller, groups).context("the controller's QoS")?;
+    let mine = |spec: &QosSpec| spec.controller.is_none_or(|c| c == ctrl.cntlid());
+    if mine(controller) {
+        apply(ctrl, QosTarget::Controller, controller, groups).context("the controller's QoS")?;
+    }
     for (i, ns) in namespaces.into_iter().enumerate() {
         let nsid = u32::try_from(i + 1).unwrap_or(u32::MAX);
-        apply(ctrl, QosTarget::Namespace(nsid), ns, groups)
-            .with_context(|| format!("namespace {nsid}'s QoS"))?;
+        if mine(ns) {
+            apply(ctrl, QosTarget::Namespace(nsid), ns, groups)
+                .with_context(|| format!("namespace {nsid}'s QoS"))?;
+        }
+    }
+    Ok(())
+}
+
+/// Checks that every `controller = N` of the `controller` and
+/// `namespaces` limits names one of `cntlids` (the server's).
+pub fn check_controllers<'a>(
+    controller: &QosSpec,
+    namespaces: impl IntoIterator<Item = &'a QosSpec>,
+    cntlids: std::ops::RangeInclusive<u16>,
+) -> Result<()> {
+    let named = std::iter::once(("qos", controller))
+        .chain(namespaces.into_iter().map(|ns| ("a namespace's qos", ns)));
+    for (what, spec) in named {
+        if let Some(n) = spec.controller.filter(|n| !cntlids.contains(n)) {
+            bail!(
+                "{what}: controller = {n}: this server has controllers {} to {} (CNTLID, in \
+                 --socket order)",
+                cntlids.start(),
+                cntlids.end()
+            );
+        }
     }
     Ok(())
 }

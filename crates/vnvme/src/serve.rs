@@ -319,13 +319,14 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
         }
     };
     let identity = opts.device.controller_config(&origin);
-    for (i, spec) in faults.into_iter().enumerate() {
-        device
-            .controller()
-            .fault_add(spec)
-            .with_context(|| format!("[[fault]] number {} of the configuration", i + 1))?;
+    for (i, f) in faults.into_iter().enumerate() {
+        let what = || format!("[[fault]] number {} of the configuration", i + 1);
+        crate::config::only_controller(&f, device.controller()).with_context(what)?;
+        device.controller().fault_add(f.spec).with_context(what)?;
     }
     let groups = crate::qos::groups(&qos_groups)?;
+    let one = device.controller().cntlid();
+    crate::qos::check_controllers(&qos, opts.namespaces.iter().map(|ns| &ns.qos), one..=one)?;
     crate::qos::apply_all(
         device.controller(),
         &qos,

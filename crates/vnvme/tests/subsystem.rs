@@ -511,3 +511,107 @@ fn stats_and_metrics_report_every_controller_by_cntlid() {
     // The file as written at exit.
     check(&serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap());
 }
+
+/// `[[fault]]` tables reading `unrecovered-read-error` (DNR) on 8 blocks
+/// at `lba`, each with `controller = N` when given.
+fn read_faults(dir: &Path, faults: &[(u64, Option<u16>)]) -> PathBuf {
+    let mut text = String::new();
+    for (lba, controller) in faults {
+        text += &format!(
+            "[[fault]]\nkind = \"status\"\nnsid = 1\nopcodes = [\"read\"]\nlba = {lba}\n\
+             blocks = 8\nstatus = \"unrecovered-read-error\"\ndnr = true\n"
+        );
+        if let Some(n) = controller {
+            text += &format!("controller = {n}\n");
+        }
+    }
+    let path = dir.join("faults.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn a_configured_fault_hits_the_controller_it_names_or_every_one() {
+    let dir = temp_dir("subsys-faults");
+    let config = read_faults(&dir, &[(0, Some(2)), (64, None)]);
+    let (server, sockets, _control) = serve(&dir, 2, &["--config", config.to_str().unwrap()]);
+    let mut a = Client::connect(&sockets[0]);
+    let mut b = Client::connect(&sockets[1]);
+    let failed = Status::UNRECOVERED_READ_ERROR.with_dnr(true);
+    // controller = 2: B's reads only.
+    assert!(a.read(0).is_ok());
+    assert_eq!(io_status(&b.read(0).unwrap_err()), failed);
+    // No controller: every controller's.
+    assert_eq!(io_status(&a.read(64).unwrap_err()), failed);
+    assert_eq!(io_status(&b.read(64).unwrap_err()), failed);
+    assert!(a.read(128).is_ok() && b.read(128).is_ok());
+    drop((a, b));
+    assert!(server.terminate().success());
+}
+
+#[test]
+fn a_configured_fault_on_a_controller_the_subsystem_lacks_is_refused() {
+    let dir = temp_dir("subsys-fault-3");
+    let config = read_faults(&dir, &[(0, Some(3))]);
+    let out = Command::new(BIN)
+        .arg("serve")
+        .args(["--socket", dir.join("a.sock").to_str().unwrap()])
+        .args(["--socket", dir.join("b.sock").to_str().unwrap()])
+        .args(["--ns", "1M:ram", "--config", config.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("controller = 3: the subsystem has controllers 1 to 2"),
+        "{err}"
+    );
+    assert!(!dir.join("a.sock").exists(), "no socket left behind");
+    // One socket: only controller 1 exists.
+    let out = Command::new(BIN)
+        .arg("serve")
+        .args(["--socket", dir.join("a.sock").to_str().unwrap()])
+        .args(["--ns", "1M:ram", "--config", config.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("this server has one controller, 1"), "{err}");
+}
+
+#[test]
+fn configured_qos_limits_the_controller_it_names() {
+    let dir = temp_dir("subsys-qos");
+    let config = dir.join("qos.toml");
+    std::fs::write(&config, "[qos]\niops = 2\niops_burst = 1\ncontroller = 2\n").unwrap();
+    let (server, sockets, control) = serve(&dir, 2, &["--config", config.to_str().unwrap()]);
+    let mut a = Client::connect(&sockets[0]);
+    let mut b = Client::connect(&sockets[1]);
+    for lba in [0, 8, 16, 24] {
+        a.read(lba).unwrap();
+        b.read(lba).unwrap();
+    }
+    let throttled = |n: &str| {
+        let s = ctl_ok(&control, &["stats", &format!("controller={n}")]);
+        s["qos_throttled_commands"].as_u64().unwrap()
+    };
+    // B: one command from its burst of 1, three waited; A: no limit.
+    assert_eq!((throttled("1"), throttled("2")), (0, 3));
+    drop((a, b));
+    assert!(server.terminate().success());
+    // A controller the subsystem lacks is refused.
+    std::fs::write(&config, "[qos]\niops = 2\ncontroller = 3\n").unwrap();
+    let out = Command::new(BIN)
+        .arg("serve")
+        .args(["--socket", dir.join("a.sock").to_str().unwrap()])
+        .args(["--socket", dir.join("b.sock").to_str().unwrap()])
+        .args(["--ns", "1M:ram", "--config", config.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("qos: controller = 3: this server has controllers 1 to 2"),
+        "{err}"
+    );
+}

@@ -88,6 +88,12 @@ const WARNINGS: &[(&str, u8)] = &[
 ];
 
 impl FaultParams {
+    /// The controller whose commands the fault hits (`controller`), for
+    /// every kind but `ana`, whose `controller` is the path it fails.
+    pub fn target(&self) -> Option<u16> {
+        self.controller.filter(|_| self.kind != "ana")
+    }
+
     /// The controller's fault, or what is wrong with these params.
     pub fn to_spec(&self) -> Result<FaultSpec, String> {
         let kind = self.kind()?;

@@ -125,14 +125,20 @@ pub(super) fn run(
         let nvme = device
             .build_from(configs, &origin, Some(groups.clone()))
             .with_context(|| name.clone())?;
-        for (k, spec) in file.faults.iter().enumerate() {
+        for (k, f) in file.faults.iter().enumerate() {
+            let what = || format!("{name}: [[controllers.fault]] number {}", k + 1);
+            crate::config::only_controller(f, nvme.controller()).with_context(what)?;
             nvme.controller()
-                .fault_add(spec.clone())
-                .with_context(|| format!("{name}: [[controllers.fault]] number {}", k + 1))?;
+                .fault_add(f.spec.clone())
+                .with_context(what)?;
         }
         // A controller's QoS groups are its own: one budget for some of its
         // namespaces (and itself).
         let qos_groups = crate::qos::groups(&file.qos_groups).with_context(|| name.clone())?;
+        let one = nvme.controller().cntlid();
+        let ns_qos = namespaces.iter().map(|ns| &ns.qos);
+        crate::qos::check_controllers(&file.qos, ns_qos, one..=one)
+            .with_context(|| name.clone())?;
         crate::qos::apply_all(
             nvme.controller(),
             &file.qos,

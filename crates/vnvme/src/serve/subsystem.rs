@@ -16,10 +16,11 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use vnvme_controller::{FaultSpec, PollGroups};
+use vnvme_controller::{FaultKind, PollGroups};
 use vnvme_vfio_user::activation::Activated;
 
 use super::{watch_stop, ServeOptions, StatsWriter, DEFAULT_SOCKET, STOP_TIMEOUT};
+use crate::config::ConfiguredFault;
 use crate::control::ControlServer;
 use crate::identity::Origin;
 use crate::qos::QosSpec;
@@ -28,7 +29,7 @@ use crate::stopping::Stop;
 
 /// What the one-subsystem configuration file adds to the command line.
 pub(super) struct FileParts {
-    pub faults: Vec<FaultSpec>,
+    pub faults: Vec<ConfiguredFault>,
     pub qos: QosSpec,
     pub qos_groups: BTreeMap<String, vnvme_controller::QosLimits>,
 }
@@ -91,12 +92,8 @@ pub(super) fn run(
         )
         .context("controller 1")?;
     let qos_groups = crate::qos::groups(&file.qos_groups)?;
-    crate::qos::apply_all(
-        first.controller(),
-        &file.qos,
-        opts.namespaces.iter().map(|ns| &ns.qos),
-        &qos_groups,
-    )?;
+    let ns_qos = || opts.namespaces.iter().map(|ns| &ns.qos);
+    crate::qos::check_controllers(&file.qos, ns_qos(), 1..=count)?;
     let mut devices = vec![first];
     for cntlid in 2..=count {
         let device = opts
@@ -105,12 +102,36 @@ pub(super) fn run(
             .with_context(|| format!("controller {cntlid}"))?;
         devices.push(device);
     }
-    // Armed once every controller has joined: an `ana` fault names one.
-    for (i, spec) in file.faults.into_iter().enumerate() {
-        devices[0]
-            .controller()
-            .fault_add(spec)
-            .with_context(|| format!("[[fault]] number {} of the configuration", i + 1))?;
+    // Every controller its limits (those without `controller = N`), each
+    // its own budget; a group is one budget for all who join it.
+    for (i, device) in devices.iter().enumerate() {
+        crate::qos::apply_all(device.controller(), &file.qos, ns_qos(), &qos_groups)
+            .with_context(|| format!("controller {}", i + 1))?;
+    }
+    // Armed once every controller has joined: an `ana` fault names one
+    // (and is armed once, through controller 1, which reaches every
+    // path); another kind is armed on the controller it names, or on
+    // every one (each its own copy: a count is per controller).
+    for (i, f) in file.faults.into_iter().enumerate() {
+        let what = || format!("[[fault]] number {} of the configuration", i + 1);
+        let on: Vec<_> = match f.controller {
+            _ if matches!(f.spec.kind, FaultKind::Ana(_)) => vec![&devices[0]],
+            None => devices.iter().collect(),
+            Some(n) => match devices.get(usize::from(n).wrapping_sub(1)) {
+                Some(d) => vec![d],
+                None => bail!(
+                    "{}: controller = {n}: the subsystem has controllers 1 to {count} (CNTLID, \
+                     in --socket order)",
+                    what()
+                ),
+            },
+        };
+        for device in on {
+            device
+                .controller()
+                .fault_add(f.spec.clone())
+                .with_context(what)?;
+        }
     }
     let identity = opts.device.controller_config(&origin);
     // Every controller's counters, through controller 1 (which reaches
