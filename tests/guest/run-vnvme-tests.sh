@@ -67,6 +67,13 @@
 #              upgrades (tests/vnvme-upgrade-background.sh): a firmware image downloaded half before an upgrade
 #              and half after is committed and runs (FR); a block erase under way at an upgrade is still in
 #              progress in the new process, then completes (SSTAT 0x101) and the namespace reads zeroes
+#   crash      --supervise --ns 256M:file=F: fio randwrite 4k-64k with crc32c verify (verify_backlog) for 40 s
+#              (tests/vnvme-crash.sh) while the host SIGKILLs the supervised server 5 times (one every 5 s;
+#              each new server restores the client on its connection, the commands in flight completed
+#              with Command Interrupted): 0 verify errors, no nvme timeout/abort/reset in dmesg (its nvme
+#              lines printed), every kill followed by a restore, no other error in the server's log. Prints
+#              the stall the guest saw (fio's largest completion latency, runs of 100 ms windows without a
+#              completion) and the commands completed as interrupted per kill
 #   many-disks  eight `vnvme serve --ns 64M:ram` with default settings (no --serial), one VM with all eight
 #              (tests/vnvme-many-disks.sh): eight controllers and namespaces, no "Duplicate cntlid" or
 #              "duplicate IDs" in dmesg, distinct serials, NQNs, EUI-64s, NGUIDs, UUIDs and wwids, and a
@@ -182,7 +189,7 @@ set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 GT=$HERE/tests
-ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io sanitize file-backed-ram hugepage-ram viommu nvme-cli-admin logs firmware directives pi zns faults reservations nbd nbd-restart boot-uefi boot-bios unprivileged hotplug many-disks multipath shared-disk shared-reservations upgrade upgrade-background"
+ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io sanitize file-backed-ram hugepage-ram viommu nvme-cli-admin logs firmware directives pi zns faults reservations nbd nbd-restart boot-uefi boot-bios unprivileged hotplug many-disks multipath shared-disk shared-reservations upgrade upgrade-background crash"
 COMPARE=0 KEEP=0 ONLY=''
 while [ $# -gt 0 ]; do
   case $1 in
@@ -1126,6 +1133,56 @@ t_upgrade() {
   grep -h '^RESULT' "$OUT" >> "$TMP/$name.summary" 2>/dev/null
   if [ -z "$why" ]; then
     report PASS $name "$(since "$t0")" "10 upgrades (pids $pids); $(grep -h 'clat_max' "$OUT" | sed 's/^RESULT //'); $(grep -h 'stalls_ms' "$OUT" | sed 's/^RESULT //'); phases in $TMP/$name.summary"
+  else
+    report FAIL $name "$(since "$t0")" "$why"
+  fi
+  cat "$TMP/$name.summary"
+}
+t_crash() {
+  local name=crash img=$TMP/crash.img kills=$TMP/crash.kills t0 why='' watcher n pid
+  t0=$(now)
+  if ! has_opt --supervise; then report SKIP $name 0 "server has no '--supervise' option"; return; fi
+  : > "$kills"
+  if ! start_xserver $name --supervise --ns "256M:file=$img"; then
+    report FAIL $name "$(since "$t0")" "server did not start: $(tail -3 "$XLOG" | tr '\n' ' ')"; stop_xserver; return
+  fi
+  # Once the guest's fio runs: a SIGKILL of the supervised server every 5 s, 5 in all, each once the
+  # server before it is serving (the supervisor's "supervising the server, pid N" line).
+  ( for _ in $(seq 600); do grep -q 'crash: I/O running' "$TMP/$name.console" 2>/dev/null && break; sleep 0.5; done
+    sleep 4
+    for i in $(seq 5); do
+      n=$(grep -c 'supervising the server, pid' "$XLOG")
+      pid=$(sed -n 's/.*supervising the server, pid \([0-9]*\).*/\1/p' "$XLOG" | tail -1)
+      if [ -z "$pid" ] || ! kill -KILL "$pid" 2>/dev/null; then echo "kill $i: no server to kill" >> "$kills"; continue; fi
+      for _ in $(seq 100); do [ "$(grep -c 'supervising the server, pid' "$XLOG")" -gt "$n" ] && break; sleep 0.1; done
+      echo "kill $i: pid $pid" >> "$kills"
+      sleep 5
+    done ) &
+  watcher=$!
+  boot $name "$GT/vnvme-crash.sh" --timeout 240
+  [ $RC = 0 ] || why="$(fail_detail $name)"
+  for _ in $(seq 100); do kill -0 "$watcher" 2>/dev/null || break; sleep 0.5; done
+  kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null
+  n=$(grep -c 'died (signal: 9 (SIGKILL)) holding a client' "$XLOG")
+  [ "$n" = 5 ] || why="${why:+$why; }$n of 5 kills seen by the supervisor: $(head -5 "$kills" | tr '\n' ' ')"
+  n=$(grep -c 'starting a new server that serves the client on its connection' "$XLOG")
+  [ "$n" = 5 ] || why="${why:+$why; }$n of 5 restores: $(grep -o 'the client cannot be restored.*' "$XLOG" | head -2 | tr '\n' ' ')"
+  # The deaths are errors in the log by design; anything else is not.
+  local other; other=$(grep -iE 'panic|ERROR' "$XLOG" | grep -v 'died (signal: 9 (SIGKILL)) holding a client' | head -2 | tr '\n' ' ')
+  kill -0 "$XPID" 2>/dev/null || why="${why:+$why; }the supervisor died (log $XLOG)"
+  stop_xserver
+  [ -z "$other" ] || why="${why:+$why; }errors in the server's log: $other"
+  rm -f "$img"
+  {
+    echo "crash: per kill, the supervisor's log (the death, the new server, its restore):"
+    grep -E 'died \(signal|supervising the server, pid|restoring the client from|commands in flight at the crash' "$XLOG" \
+      | sed -E -e 's/^([^ ]*) .* ([0-9]+ commands in flight at the crash completed with Command Interrupted).*/  \1 \2/;t' \
+        -e 's/^([^ ]*) .*(died|supervising the server, pid [0-9]*|restoring the client from the crash area.s slot [0-9]*|[0-9]* commands in flight at the crash completed with Command Interrupted).*/  \1 \2/'
+    grep -h '^RESULT' "$OUT" 2>/dev/null
+    grep -h 'TEST: dmesg' "$LOG" 2>/dev/null | head -20
+  } > "$TMP/$name.summary"
+  if [ -z "$why" ]; then
+    report PASS $name "$(since "$t0")" "5 kills, 5 restores on the same connection; $(grep -h '"name":"crash"' "$OUT" | sed 's/^RESULT //'); $(grep -h 'stalls_ms' "$OUT" | sed 's/^RESULT //'); details in $TMP/$name.summary"
   else
     report FAIL $name "$(since "$t0")" "$why"
   fi

@@ -136,12 +136,15 @@ pub struct ServeOptions {
     /// Run the server as the child of a small supervisor that keeps the sockets and the client's
     /// fds (forwarded as the client sends them) and starts a new server when it dies (SIGKILL, a
     /// panic, an abort). The new server restores the client connected at the crash from a shared
-    /// crash area and serves it on the same connection, unless commands were in flight then (its
-    /// connection is then closed, with the reason logged, and the next client is served). Costs a
-    /// process, an fd per file the client shares, a pause of the workers and a state write per
-    /// state change (admin command, register write, DMA map), two stores per queue per worker
-    /// round; nothing per command. Live upgrade is refused under it. See docs/deployment.md,
-    /// "Crash recovery".
+    /// crash area and serves it on the same connection; the commands in flight at the crash
+    /// complete with Command Interrupted, which the host retries (a crash while a vfio-user message
+    /// was being handled closes the connection instead, with the reason logged, and the next
+    /// client is served). Costs a process, an fd per file the client shares, a pause of the workers
+    /// and a state write per state change (admin command, register write, DMA map), two stores per
+    /// queue per worker round, two per command that goes in flight (on the `file` backend, or held)
+    /// and one per doorbell trap. Live upgrade is refused under it; on a zoned namespace a Zone
+    /// Append interrupted by a crash and retried may append twice. See docs/deployment.md, "Crash
+    /// recovery".
     #[arg(long)]
     pub supervise: bool,
     #[command(flatten)]
