@@ -204,6 +204,10 @@ impl SavedState {
                     s.qid, s.cqid
                 ));
             };
+            if c.size < 2 && !open.is_empty() {
+                // Never saved so (a CQ has 2 entries at least); not divided by.
+                return Err(format!("CQ {} has {} entries", c.qid, c.size));
+            }
             let head = host_cq_head(c, rec, mem);
             for o in open {
                 if (c.tail + 1) % c.size == head {
