@@ -549,33 +549,34 @@ fn a_configured_fault_hits_the_controller_it_names_or_every_one() {
     assert!(server.terminate().success());
 }
 
-#[test]
-fn a_configured_fault_on_a_controller_the_subsystem_lacks_is_refused() {
-    let dir = temp_dir("subsys-fault-3");
-    let config = read_faults(&dir, &[(0, Some(3))]);
-    let out = Command::new(BIN)
-        .arg("serve")
-        .args(["--socket", dir.join("a.sock").to_str().unwrap()])
-        .args(["--socket", dir.join("b.sock").to_str().unwrap()])
+/// Starts `vnvme serve` with `sockets` sockets in `dir` and a 1 MiB `ram`
+/// namespace; it must refuse to start: its stderr.
+fn refused_start(dir: &Path, sockets: usize, config: &Path) -> String {
+    let mut serve = Command::new(BIN);
+    serve.arg("serve");
+    for name in ["a.sock", "b.sock"].iter().take(sockets) {
+        serve.args(["--socket", dir.join(name).to_str().unwrap()]);
+    }
+    let out = serve
         .args(["--ns", "1M:ram", "--config", config.to_str().unwrap()])
         .output()
         .unwrap();
     assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn a_configured_fault_on_a_controller_the_subsystem_lacks_is_refused() {
+    let dir = temp_dir("subsys-fault-3");
+    let config = read_faults(&dir, &[(0, Some(3))]);
+    let err = refused_start(&dir, 2, &config);
     assert!(
         err.contains("controller = 3: the subsystem has controllers 1 to 2"),
         "{err}"
     );
     assert!(!dir.join("a.sock").exists(), "no socket left behind");
     // One socket: only controller 1 exists.
-    let out = Command::new(BIN)
-        .arg("serve")
-        .args(["--socket", dir.join("a.sock").to_str().unwrap()])
-        .args(["--ns", "1M:ram", "--config", config.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused_start(&dir, 1, &config);
     assert!(err.contains("this server has one controller, 1"), "{err}");
 }
 
@@ -601,15 +602,7 @@ fn configured_qos_limits_the_controller_it_names() {
     assert!(server.terminate().success());
     // A controller the subsystem lacks is refused.
     std::fs::write(&config, "[qos]\niops = 2\ncontroller = 3\n").unwrap();
-    let out = Command::new(BIN)
-        .arg("serve")
-        .args(["--socket", dir.join("a.sock").to_str().unwrap()])
-        .args(["--socket", dir.join("b.sock").to_str().unwrap()])
-        .args(["--ns", "1M:ram", "--config", config.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused_start(&dir, 2, &config);
     assert!(
         err.contains("qos: controller = 3: this server has controllers 1 to 2"),
         "{err}"
