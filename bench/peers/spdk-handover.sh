@@ -45,7 +45,12 @@ while [ $# -gt 0 ]; do
     esac
 done
 
-die() { echo "spdk-handover.sh: $*" >&2; exit 1; }
+# A failure keeps the work folder: its messages name the logs there.
+die() {
+    echo "spdk-handover.sh: $*" >&2
+    keep_work=1
+    exit 1
+}
 . "$root/bench/peers/lib.sh"
 need_spdk build/bin/spdk_nvme_perf
 vnvme_binary
@@ -64,7 +69,7 @@ stop_server() {
     fi
 }
 host_pid=
-trap '[ -z "$host_pid" ] || kill "$host_pid" 2>/dev/null || true; stop_server; rm -rf "$work"' EXIT
+trap '[ -z "$host_pid" ] || kill "$host_pid" 2>/dev/null || true; stop_server; [ -n "${keep_work:-}" ] || rm -rf "$work"' EXIT
 
 NQN=nqn.2019-07.io.spdk:cnode0
 runtime=$(((times + 1) * every + 2))

@@ -71,7 +71,12 @@ while [ $# -gt 0 ]; do
     esac
 done
 
-die() { echo "spdk.sh: $*" >&2; exit 1; }
+# A failure keeps the work folder: its messages name the logs there.
+die() {
+    echo "spdk.sh: $*" >&2
+    keep_work=1
+    exit 1
+}
 . "$root/bench/peers/lib.sh"
 need_spdk build/bin/nvmf_tgt build/bin/spdk_nvme_perf build/bin/spdk_nvme_identify scripts/rpc.py
 vnvme_binary
@@ -92,7 +97,7 @@ stop_target() {
     fi
     rm -f /dev/hugepages/spdk_pid* 2>/dev/null || true
 }
-trap 'stop_target; rm -rf "$work"' EXIT
+trap 'stop_target; [ -n "${keep_work:-}" ] || rm -rf "$work"' EXIT
 
 NQN=nqn.2019-07.io.spdk:cnode0
 # waits for a socket to appear
