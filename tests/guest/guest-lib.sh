@@ -157,3 +157,36 @@ kernel_before() {
   [ $(($2 * 1000 + $3)) -lt $((${1%%.*} * 1000 + ${1#*.})) ]
 }
 skip_check() { echo "TEST: SKIP-CHECK: $*"; }
+# fio_verify_trace NAME RW BSRANGE SECS: fio RW (4 KiB-aligned BSRANGE blocks, QD 16) with crc32c verify on
+# $D for SECS s (verify_backlog: written blocks are read back and checked as it goes, and all at the end),
+# while the host does something to the server. Prints RESULT NAME (errors, IOPS, fio's largest completion
+# latencies) and the pause the guest saw as a per-100 ms IOPS trace (fio --write_iops_log,
+# log_avg_msec=100): RESULT NAME-trace {"stalls_ms":[..]} (each run of 100 ms windows with no completion)
+# and TEST: iops100ms N N N ... Sets fio_rc (fio's status) and fio_err (its error count); /tmp/NAME.out
+# holds its output.
+fio_verify_trace() {
+  _name=$1
+  (cd /tmp && fio --name="$_name" --filename=$D --rw="$2" --bsrange="$3" --size=128M --ioengine=io_uring \
+    --direct=1 --iodepth=16 --time_based --runtime="$4" --verify=crc32c --verify_fatal=1 --verify_backlog=64 \
+    --write_iops_log="$_name" --log_avg_msec=100 --group_reporting \
+    --output-format=terse --terse-version=3 >"/tmp/$_name.out" 2>&1)
+  fio_rc=$?
+  _line=$(grep '^3;' "/tmp/$_name.out" | tail -1)
+  [ -n "$_line" ] || { tail -10 "/tmp/$_name.out"; die "fio produced no result (status $fio_rc)"; }
+  fio_err=$(echo "$_line" | cut -d';' -f5)
+  # terse v3: read clat max (us) field 15, write clat max field 56; read/write iops 8 and 49
+  echo "$_line" | awk -F';' -v n="$_name" '{ printf "RESULT {\"name\":\"%s\",\"err\":%d,\"read_iops\":%d,\"write_iops\":%d,\"read_clat_max_us\":%d,\"write_clat_max_us\":%d,\"io_kib\":%d}\n", n, $5, $8, $49, $15, $56, $6 + $47 }'
+  # the IOPS logs (one per direction, or one file with both): "msec, iops, ddir, bs, offset" per 100 ms
+  cat "/tmp/$_name"_iops*.log 2>/dev/null | awk -F', *' -v n="$_name" '
+    { w = int(($1 + 50) / 100); sum[w] += $2; if (w > last) last = w }
+    END {
+      run = 0; stalls = ""; trace = ""
+      for (i = 1; i <= last; i++) {
+        trace = trace " " int(sum[i] + 0.5)
+        if (sum[i] + 0 == 0) { run++ } else { if (run > 0) stalls = stalls (stalls == "" ? "" : ",") run * 100; run = 0 }
+      }
+      if (run > 0) stalls = stalls (stalls == "" ? "" : ",") run * 100
+      printf "RESULT {\"name\":\"%s-trace\",\"windows\":%d,\"stalls_ms\":[%s]}\n", n, last, stalls
+      print "TEST: iops100ms" trace
+    }'
+}
