@@ -13,7 +13,8 @@ use std::path::{Path, PathBuf};
 use toml::Spanned;
 use vnvme_controller::MAX_POLL_GROUPS;
 
-use super::{field_at, line_of, At, ConfigFileError, FileConfig, ServeConfig};
+use super::position::{field_at, line_of};
+use super::{At, ConfigFileError, FileConfig, ServeConfig};
 
 /// What a `--config` file describes.
 #[derive(Debug, Clone, PartialEq)]
