@@ -274,6 +274,19 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
     };
     let namespaces = opts.device.namespace_configs(&opts.namespaces, &origin)?;
     let backends: Vec<_> = namespaces.iter().map(|n| Arc::clone(&n.backend)).collect();
+    let supervised = handover.as_ref().is_some_and(|(t, _)| t.crash.is_some());
+    if let Some(i) = backends.iter().position(|b| !b.outlives_process()) {
+        if supervised {
+            // A new server after a crash would start this namespace empty:
+            // every completed write lost, silently.
+            bail!(
+                "namespace {} keeps its data in this process's memory (ram), which a crash \
+                 would lose: --supervise serves `file` namespaces (PATH:file) until `ram` \
+                 data lives in shared memory (issue 35)",
+                i + 1
+            );
+        }
+    }
     let config = opts.device.device_config(namespaces, &origin, None);
     // A supervisor's crash area, and the client of a dead child to serve
     // again from it.

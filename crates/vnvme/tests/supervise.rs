@@ -140,7 +140,11 @@ fn held(mode: &str) -> String {
 /// writes the next round, with no reset and no reconnection; a client
 /// connecting after it left reads the last round back.
 fn the_client_keeps_its_disk(mode: &str) {
-    let r = file_rig(&format!("kill-{mode}"), mode);
+    the_client_keeps_its_disk_on(file_rig(&format!("kill-{mode}"), mode), mode);
+}
+
+/// [`the_client_keeps_its_disk`] on the server `r` runs in `mode`.
+fn the_client_keeps_its_disk_on(r: Rig, mode: &str) {
     let (access, ctrl, mut q) = r.client();
     round(&access, &mut q, 1, true);
     for kill_n in 1..=3u64 {
@@ -199,6 +203,27 @@ fn the_client_keeps_its_disk_across_kills_adaptive() {
 #[test]
 fn the_client_keeps_its_disk_across_kills_mmap_poll() {
     the_client_keeps_its_disk("mmap-poll");
+}
+
+/// A `ram` namespace would start empty in the server after a crash (every
+/// completed write lost): refused at start, saying why.
+#[test]
+fn a_ram_namespace_is_refused_under_supervise() {
+    let dir = temp_dir("supervise-ram");
+    let out = Command::new(BIN)
+        .args(["serve", "--supervise", "--socket"])
+        .arg(dir.join("vnvme.sock"))
+        .args(["--ns", "16M:ram"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("the server failed to start 3 times in a row")
+            && err.contains("namespace 1 keeps its data in this process's memory (ram)")
+            && err.contains("--supervise serves `file` namespaces"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -445,6 +470,7 @@ fn sigterm_right_after_start_stops_both_cleanly() {
     let sup = Command::new(BIN)
         .args(["serve", "--supervise", "--socket"])
         .arg(&socket)
+        .args(["--ns", "16M:null"])
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
