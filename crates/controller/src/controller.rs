@@ -189,15 +189,38 @@ impl Controller {
     /// its namespace settings (NN, TNVMCAP) are `first`'s.
     pub fn joining(
         first: &Controller,
+        config: ControllerConfig,
+        page: Option<Arc<dyn DoorbellPage>>,
+        groups: Option<PollGroups>,
+    ) -> Result<Self, ConfigError> {
+        Self::joining_as(first, config, page, groups, true)
+    }
+
+    /// As [`joining`](Self::joining), but attached to the namespaces the
+    /// subsystem's table says (none copied from `first`): a controller of
+    /// a subsystem restored from a saved state (docs/state-format.md),
+    /// whose attachment to every controller the state carried.
+    pub fn joining_as_saved(
+        first: &Controller,
+        config: ControllerConfig,
+        page: Option<Arc<dyn DoorbellPage>>,
+        groups: Option<PollGroups>,
+    ) -> Result<Self, ConfigError> {
+        Self::joining_as(first, config, page, groups, false)
+    }
+
+    fn joining_as(
+        first: &Controller,
         mut config: ControllerConfig,
         page: Option<Arc<dyn DoorbellPage>>,
         groups: Option<PollGroups>,
+        copy_attachment: bool,
     ) -> Result<Self, ConfigError> {
         Self::check(&mut config, &groups)?;
         let theirs = &first.shared.subsystem;
         let namespaces = theirs
             .namespaces
-            .join(config.cntlid)
+            .join_as(config.cntlid, copy_attachment)
             .ok_or(ConfigError::DuplicateCntlid(config.cntlid))?;
         // The namespaces' readiness is the subsystem's: the same CRWMT.
         config.ready_timeout = config.ready_timeout.max(first.shared.config.ready_timeout);

@@ -19,6 +19,7 @@ use crate::regs::Regs;
 use crate::saved_check::{inconsistent, same};
 use crate::saved_state::{SavedState, StateBody, StateError};
 use crate::state::{Session, ACL};
+use crate::PollGroups;
 
 impl Controller {
     /// Reports queue positions and admin commands to `record` from now on
@@ -124,8 +125,23 @@ impl Controller {
     /// [`with_doorbell_page`](Self::with_doorbell_page).
     pub fn restore_with_doorbell_page(
         config: ControllerConfig,
+        namespaces: Vec<NamespaceConfig>,
+        page: Option<Arc<dyn DoorbellPage>>,
+        state: &SavedState,
+        mem: Arc<dyn GuestMemory>,
+        irq: Arc<dyn InterruptSink>,
+    ) -> Result<Self, StateError> {
+        Self::restore_with_poll_groups(config, namespaces, page, None, state, mem, irq)
+    }
+
+    /// As [`restore_with_doorbell_page`](Self::restore_with_doorbell_page),
+    /// its workers members of `groups` (see
+    /// [`with_poll_groups`](Self::with_poll_groups)).
+    pub fn restore_with_poll_groups(
+        config: ControllerConfig,
         mut namespaces: Vec<NamespaceConfig>,
         page: Option<Arc<dyn DoorbellPage>>,
+        groups: Option<PollGroups>,
         state: &SavedState,
         mem: Arc<dyn GuestMemory>,
         irq: Arc<dyn InterruptSink>,
@@ -135,7 +151,60 @@ impl Controller {
         for ns in &mut namespaces {
             ns.zoned = None;
         }
-        let ctrl = Self::with_doorbell_page(config, namespaces, page)?;
+        let ctrl = Self::with_poll_groups(config, namespaces, page, groups)?;
+        ctrl.restore_onto(state, mem, irq, true)
+    }
+
+    /// Another controller of `first`'s subsystem, restored from `state`:
+    /// `first` was restored (or given the subsystem's shared parts with
+    /// [`restore_subsystem`](Self::restore_subsystem)) from a state saved
+    /// at the same pause, so the namespaces, their attachment to every
+    /// controller, the reservations and ANA states are there already;
+    /// this controller takes its own parts from `state`, which must agree
+    /// with them.
+    #[allow(clippy::too_many_arguments)]
+    pub fn restore_joining(
+        first: &Controller,
+        config: ControllerConfig,
+        page: Option<Arc<dyn DoorbellPage>>,
+        groups: Option<PollGroups>,
+        state: &SavedState,
+        mem: Arc<dyn GuestMemory>,
+        irq: Arc<dyn InterruptSink>,
+    ) -> Result<Self, StateError> {
+        let ctrl = Self::joining_as_saved(first, config, page, groups)?;
+        ctrl.restore_onto(state, mem, irq, false)
+    }
+
+    /// The subsystem's shared parts of `state` (the namespaces with their
+    /// formats, attachment to every controller and reservations; the ANA
+    /// states; this controller's Changed Namespace List and firmware) on
+    /// this new controller, which serves no client: a live upgrade's
+    /// first controller when its client had not connected. Only before
+    /// the controller is enabled, and before others join it.
+    pub fn restore_subsystem(&self, state: &SavedState) -> Result<(), StateError> {
+        let ctl = self.control.lock();
+        if !ctl.threads.is_empty() {
+            return Err(StateError::NotPaused);
+        }
+        self.shared
+            .subsystem
+            .restore(&state.body.subsystem, Instant::now())?;
+        Ok(())
+    }
+
+    /// Puts `state` back on this new controller, attached to `mem` and
+    /// `irq`: every part, the subsystem's shared ones too if `whole`
+    /// (else only this controller's, see
+    /// [`restore_joining`](Self::restore_joining)).
+    fn restore_onto(
+        self,
+        state: &SavedState,
+        mem: Arc<dyn GuestMemory>,
+        irq: Arc<dyn InterruptSink>,
+        whole: bool,
+    ) -> Result<Self, StateError> {
+        let ctrl = self;
         ctrl.attach(Arc::clone(&mem), irq);
         let body = &state.body;
         let now = Instant::now();
@@ -146,7 +215,11 @@ impl Controller {
         shared.interrupts.restore(&body.interrupts, regs.intm)?;
         shared.features.restore(&shared.config, &body.features)?;
         shared.reporting.restore(&body.reporting, now)?;
-        shared.subsystem.restore(&body.subsystem, now)?;
+        if whole {
+            shared.subsystem.restore(&body.subsystem, now)?;
+        } else {
+            shared.subsystem.restore_joined(&body.subsystem)?;
+        }
         body.background
             .restore(shared.sanitize(), &shared.self_test)?;
         let limits = Limits {

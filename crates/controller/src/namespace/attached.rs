@@ -24,6 +24,11 @@ impl Attached {
         }
     }
 
+    /// Attached to the controllers `cntlids`.
+    pub fn of(cntlids: &[u16]) -> Self {
+        Self(cntlids.iter().copied().collect())
+    }
+
     pub fn contains(&self, cntlid: u16) -> bool {
         self.0.contains(&cntlid)
     }

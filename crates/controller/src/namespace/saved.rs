@@ -44,6 +44,11 @@ pub(crate) struct SavedNamespace {
     pub backend_null: bool,
     /// Attached to this controller (active).
     pub attached: bool,
+    /// Every controller of the subsystem it is attached to, by CNTLID
+    /// (format 2; absent in format 1: this controller only, if
+    /// `attached`).
+    #[serde(default)]
+    pub attached_to: Option<Vec<u16>>,
     /// A Format NVM completes this many milliseconds after the save.
     pub formatting_ms: Option<u64>,
     /// The status I/O gets while the subsystem is sanitized.
@@ -71,6 +76,7 @@ impl Namespace {
             backend_size: self.backend.size(),
             backend_null: self.backend.moves_no_data(),
             attached: self.attached.contains(cntlid),
+            attached_to: Some(self.attached.iter().collect()),
             formatting_ms: (self.formatting_until)
                 .and_then(|t| t.checked_duration_since(now))
                 .map(ms),
@@ -149,7 +155,23 @@ impl Namespace {
         }
         ns.reservations.restore(&saved.reservations)?;
         ns.uncorrectable.restore(&saved.uncorrectable, ns.nsze)?;
-        ns.attached = super::attached::Attached::only_if(saved.attached, cntlid);
+        ns.attached = match &saved.attached_to {
+            None => super::attached::Attached::only_if(saved.attached, cntlid),
+            Some(all) => {
+                let attached = super::attached::Attached::of(all);
+                same(
+                    format!("namespace {nsid}'s attachment to the saved controller {cntlid}"),
+                    saved.attached,
+                    attached.contains(cntlid),
+                )?;
+                if let Some(bad) = all.iter().find(|&&c| c == 0 || c >= 0xFFF0) {
+                    return Err(inconsistent(format!(
+                        "namespace {nsid} is attached to controller {bad}, not a CNTLID"
+                    )));
+                }
+                attached
+            }
+        };
         ns.formatting_until = saved
             .formatting_ms
             .and_then(|ms| now.checked_add(Duration::from_millis(ms)));

@@ -14,8 +14,11 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::RwLock;
+use serde::{Deserialize, Serialize};
 pub use vnvme_spec::ana::AnaState;
 use vnvme_spec::Status;
+
+use crate::saved_check::{inconsistent, InvalidState};
 
 /// ANATT: seconds a controller stays in the change state at most (Linux
 /// resets the controller after twice this without a new state).
@@ -124,6 +127,67 @@ impl Ana {
             }
         }
         page
+    }
+}
+
+/// The ANA states in a saved state (docs/state-format.md,
+/// `subsystem.ana`): the subsystem's, saved once for all its controllers.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SavedAna {
+    /// The log's Change Count.
+    pub change_count: u64,
+    /// Each state other than optimized: `[cntlid, grpid, state, change
+    /// count when set]`, the state by its `ana_set` name.
+    pub states: Vec<(u16, u32, String, u64)>,
+}
+
+impl Ana {
+    pub fn save(&self) -> SavedAna {
+        let inner = self.inner.read();
+        SavedAna {
+            change_count: inner.change_count,
+            states: (inner.states.iter())
+                .map(|(&(c, g), &(s, n))| (c, g, s.to_string(), n))
+                .collect(),
+        }
+    }
+
+    /// Takes the saved states, each checked first (a state name this
+    /// build does not know, a group twice, a count past the log's).
+    pub fn restore(&self, saved: &SavedAna) -> Result<(), InvalidState> {
+        let mut states = BTreeMap::new();
+        for (cntlid, grpid, name, count) in &saved.states {
+            let state: AnaState = name.parse().map_err(|_| {
+                inconsistent(format!(
+                    "ANA group {grpid} on controller {cntlid}: {name:?} is not an ANA state"
+                ))
+            })?;
+            if state == AnaState::Optimized {
+                return Err(inconsistent(format!(
+                    "ANA group {grpid} on controller {cntlid}: optimized is never listed"
+                )));
+            }
+            if *count > saved.change_count {
+                return Err(inconsistent(format!(
+                    "ANA group {grpid} on controller {cntlid}: set at change {count}, after the \
+                     log's {}",
+                    saved.change_count
+                )));
+            }
+            if states.insert((*cntlid, *grpid), (state, *count)).is_some() {
+                return Err(inconsistent(format!(
+                    "ANA group {grpid} on controller {cntlid} is saved twice"
+                )));
+            }
+        }
+        let restricted = states.values().any(|(s, _)| s.io_status().is_some());
+        *self.inner.write() = Inner {
+            change_count: saved.change_count,
+            states,
+        };
+        self.restricted.store(restricted, Ordering::Relaxed);
+        Ok(())
     }
 }
 

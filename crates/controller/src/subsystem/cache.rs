@@ -128,7 +128,7 @@ mod tests {
     #[test]
     fn another_controller_does_not_use_this_ones_entries() {
         let namespaces = table();
-        let other = namespaces.join(2).expect("CNTLID 2 is free");
+        let other = namespaces.join_as(2, true).expect("CNTLID 2 is free");
         let mut cache = NamespaceCache::default();
         let in_flight = namespaces.active_cached(&mut cache, 1);
         namespaces.update(|map| {

@@ -152,20 +152,25 @@ impl Namespaces {
     }
 
     /// The same subsystem seen by another controller, `cntlid`, attached
-    /// to every namespace that `self`'s controller has attached (the
-    /// configured namespaces are shared by every controller). `None` if
-    /// the subsystem has a controller `cntlid` already.
-    pub fn join(&self, cntlid: u16) -> Option<Self> {
+    /// (with `copy_attachment`) to every namespace that `self`'s
+    /// controller has attached (the configured namespaces are shared by
+    /// every controller). `None` if the subsystem has a controller
+    /// `cntlid` already. Without `copy_attachment` the namespaces stay
+    /// attached as they are (a restored subsystem's table holds every controller's
+    /// attachment already).
+    pub fn join_as(&self, cntlid: u16, copy_attachment: bool) -> Option<Self> {
         if self.table.members.read().contains_key(&cntlid) || cntlid == self.cntlid {
             return None;
         }
-        self.update(|map| {
-            for ns in map.values_mut() {
-                if ns.attached.contains(self.cntlid) {
-                    Arc::make_mut(ns).attached.insert(cntlid);
+        if copy_attachment {
+            self.update(|map| {
+                for ns in map.values_mut() {
+                    if ns.attached.contains(self.cntlid) {
+                        Arc::make_mut(ns).attached.insert(cntlid);
+                    }
                 }
-            }
-        });
+            });
+        }
         Some(Self {
             table: Arc::clone(&self.table),
             cntlid,

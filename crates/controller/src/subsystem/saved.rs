@@ -17,6 +17,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use vnvme_blockdev::{BlockDevice, NullDevice, RamDevice};
 
+use super::ana::SavedAna;
 use super::firmware::SavedFirmware;
 use super::{ChangedNamespaces, Subsystem, CHANGED_LIST_ENTRIES};
 use crate::config::MAX_NAMESPACES;
@@ -35,6 +36,10 @@ pub(crate) struct SavedSubsystem {
     pub changed: BTreeSet<u32>,
     pub changed_overflow: bool,
     pub firmware: SavedFirmware,
+    /// The ANA states of every controller of the subsystem (format 2;
+    /// absent in format 1: every group optimized).
+    #[serde(default)]
+    pub ana: Option<SavedAna>,
 }
 
 impl Subsystem {
@@ -51,7 +56,47 @@ impl Subsystem {
             changed: changed.ids.clone(),
             changed_overflow: changed.overflow,
             firmware: self.firmware.lock().save(),
+            ana: Some(self.namespaces.table().ana.save()),
         }
+    }
+
+    /// The parts of `saved` that are this controller's own (the Changed
+    /// Namespace List, the firmware slots) for a controller that joined a
+    /// subsystem whose shared parts (namespaces, their attachment to every
+    /// controller, reservations, ANA states) were restored already, from
+    /// another controller's state saved at the same pause: `saved` must
+    /// agree with them.
+    pub fn restore_joined(&self, saved: &SavedSubsystem) -> Result<(), InvalidState> {
+        same("NN (the largest namespace id)", saved.nn, self.nn)?;
+        same("TNVMCAP", saved.tnvmcap, self.tnvmcap)?;
+        at_most(
+            "the Changed Namespace List's entries",
+            saved.changed.len() as u64,
+            CHANGED_LIST_ENTRIES as u64,
+        )?;
+        let cntlid = self.namespaces.cntlid();
+        let table = self.namespaces.update(|map| map.clone());
+        same(
+            "the subsystem's namespaces",
+            saved.namespaces.iter().map(|s| s.nsid).collect::<Vec<_>>(),
+            table.keys().copied().collect::<Vec<_>>(),
+        )?;
+        for s in &saved.namespaces {
+            let now_attached = table
+                .get(&s.nsid)
+                .is_some_and(|ns| ns.attached.contains(cntlid));
+            same(
+                format!("namespace {}'s attachment to controller {cntlid}", s.nsid),
+                s.attached,
+                now_attached,
+            )?;
+        }
+        self.firmware.lock().restore(&saved.firmware)?;
+        *self.changed.lock() = ChangedNamespaces {
+            ids: saved.changed.clone(),
+            overflow: saved.changed_overflow,
+        };
+        Ok(())
     }
 
     /// Replaces the configured namespaces with the saved ones (reattached
@@ -94,6 +139,9 @@ impl Subsystem {
         }
         // Checks every value before it changes one.
         self.firmware.lock().restore(&saved.firmware)?;
+        if let Some(ana) = &saved.ana {
+            self.namespaces.table().ana.restore(ana)?;
+        }
         self.namespaces.update(|m| *m = map);
         *self.changed.lock() = ChangedNamespaces {
             ids: saved.changed.clone(),

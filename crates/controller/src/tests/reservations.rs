@@ -6,6 +6,7 @@
 mod abort;
 mod hosts;
 mod notices;
+mod saved;
 
 use std::path::PathBuf;
 

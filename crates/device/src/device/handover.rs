@@ -62,13 +62,31 @@ impl NvmeDevice {
         self.doorbell_region.as_ref().map(|r| r.fd())
     }
 
+    /// A new function for another controller of `config.subsystem_of`'s
+    /// subsystem, attached to the namespaces the subsystem's table says
+    /// (none copied from the first controller): a live upgrade's
+    /// controller whose client had not connected, in a subsystem
+    /// restored from a state that carried every controller's attachment.
+    pub fn joining_as_saved(config: DeviceConfig) -> Result<Self, DeviceError> {
+        let Some(first) = config.subsystem_of.clone() else {
+            return Err(DeviceError::Handover(
+                "a controller joining a restored subsystem needs its first controller".into(),
+            ));
+        };
+        Self::build(config, None, move |c, _ns, page, groups| {
+            Controller::joining_as_saved(&first, c, page, groups).map_err(DeviceError::Controller)
+        })
+    }
+
     /// The function `config` describes, serving the client a previous
     /// process served: its config space and MSI-X table from `function`,
     /// its interrupt eventfds, the shared doorbell region it mapped (an fd
     /// of the previous process's [`doorbell_fd`](Self::doorbell_fd), needed
     /// exactly when the doorbell mode offers the page), its guest memory
     /// `dma`, and the controller restored from `state` (running again if it
-    /// ran). A state that does not fit `config` is refused with why.
+    /// ran; with `config.subsystem_of`, joining that controller's
+    /// subsystem, see `Controller::restore_joining`). A state that does
+    /// not fit `config` is refused with why.
     pub fn restored(
         config: DeviceConfig,
         function: &FunctionState,
@@ -108,9 +126,15 @@ impl NvmeDevice {
         sink.import(irqs, function.intx_no_automask);
         let mem = Arc::new(dma);
         let irq = Arc::clone(&sink);
-        let mut dev = Self::build(config, region, move |c, ns, page, _groups| {
-            Controller::restore_with_doorbell_page(c, ns, page, state, mem, irq)
-                .map_err(DeviceError::Restore)
+        // Another controller of a subsystem joins the first, restored
+        // already with the subsystem's shared parts.
+        let first = config.subsystem_of.clone();
+        let mut dev = Self::build(config, region, move |c, ns, page, groups| {
+            match &first {
+                Some(first) => Controller::restore_joining(first, c, page, groups, state, mem, irq),
+                None => Controller::restore_with_poll_groups(c, ns, page, groups, state, mem, irq),
+            }
+            .map_err(DeviceError::Restore)
         })?;
         let table_dwords = dev.msix.table_size() / 4;
         if function.msix_table.len() as u64 != table_dwords {

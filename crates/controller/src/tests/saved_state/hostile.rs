@@ -119,7 +119,7 @@ fn another_format_version_is_refused_by_name() {
         );
         let text = err.to_string();
         assert!(
-            text.contains(&version.to_string()) && text.contains("1 to 1"),
+            text.contains(&version.to_string()) && text.contains("1 to 2"),
             "{text}"
         );
     }
@@ -260,6 +260,28 @@ fn hostile_values_with_a_valid_checksum_are_refused_at_restore() {
                 })
             }),
         ),
+        (
+            "attached to CNTLID 0",
+            Box::new(|j| j["subsystem"]["namespaces"][0]["attached_to"] = vec![0, 1].into()),
+        ),
+        (
+            "attachment disagreeing with attached",
+            Box::new(|j| j["subsystem"]["namespaces"][0]["attached_to"] = vec![2].into()),
+        ),
+        (
+            "ANA state unknown",
+            Box::new(|j| {
+                j["subsystem"]["ana"] =
+                    serde_json::json!({"change_count": 1, "states": [[1, 1, "degraded", 1]]})
+            }),
+        ),
+        (
+            "ANA change counted after the log's",
+            Box::new(|j| {
+                j["subsystem"]["ana"] =
+                    serde_json::json!({"change_count": 1, "states": [[1, 1, "inaccessible", 2]]})
+            }),
+        ),
         ("CAP", Box::new(|j| j["regs"]["cap"] = 0.into())),
         (
             "granted queues",
@@ -284,7 +306,16 @@ fn hostile_values_with_a_valid_checksum_are_refused_at_restore() {
     }
     // Malformed bodies are refused at decode.
     let err = tampered(&saved, |j| j["queues"] = "nothing".into()).unwrap_err();
-    assert!(matches!(err, StateError::Body { version: 1, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            StateError::Body {
+                version: crate::FORMAT_VERSION,
+                ..
+            }
+        ),
+        "{err}"
+    );
     let err = tampered(&saved, |j| j["surprise"] = 1.into()).unwrap_err();
     assert!(matches!(err, StateError::Body { .. }), "{err}");
 }
