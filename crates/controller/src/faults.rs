@@ -243,6 +243,8 @@ pub enum FaultError {
     Media(String),
     #[error("no attached namespace has a volatile write cache that can lose writes: give a ram namespace the vwc option")]
     NoVolatileCache,
+    #[error("a {0} fault is a change of state, not a rule with an id: add it on each controller")]
+    NotCommand(&'static str),
 }
 
 /// A command fault in the table: its id and what is left of it.
@@ -313,21 +315,19 @@ pub(crate) struct Faults {
 
 #[derive(Debug, Default)]
 struct Rules {
-    next_id: u64,
     list: Vec<Fault>,
     rng: Rng,
 }
 
 impl Faults {
-    /// Adds a command fault; its id.
-    pub fn add(&self, spec: FaultSpec) -> Result<u64, FaultError> {
+    /// Adds a command fault with `id`, which the subsystem gives out (one
+    /// fault armed on several of its controllers has one id).
+    pub fn add(&self, spec: FaultSpec, id: u64) -> Result<u64, FaultError> {
         spec.validate()?;
         let mut rules = self.rules.lock();
         if rules.list.len() >= MAX_FAULTS {
             return Err(FaultError::TooMany);
         }
-        rules.next_id += 1;
-        let id = rules.next_id;
         rules.list.push(Fault { id, spec, hits: 0 });
         self.armed.store(true, Ordering::Relaxed);
         Ok(id)
@@ -570,7 +570,7 @@ mod tests {
         spec.nsid = Some(1);
         spec.opcodes = vec![NvmOpcode::READ.0];
         spec.lba = Some((100, 10));
-        f.add(spec).unwrap();
+        f.add(spec, 1).unwrap();
         assert_eq!(f.on_command(&read(1, 90, 10)), None, "ends at 99");
         assert_eq!(f.on_command(&read(2, 100, 1)), None, "other namespace");
         let mut write = read(1, 100, 1);
@@ -592,7 +592,7 @@ mod tests {
         let f = Faults::default();
         let mut spec = FaultSpec::new(FaultKind::NeverComplete);
         spec.count = Some(2);
-        f.add(spec).unwrap();
+        f.add(spec, 1).unwrap();
         assert_eq!(f.on_command(&read(1, 0, 1)), Some(Hit::Hang));
         assert_eq!(f.on_command(&read(1, 0, 1)), Some(Hit::Hang));
         assert_eq!(f.on_command(&read(1, 0, 1)), None);
@@ -604,11 +604,11 @@ mod tests {
         let f = Faults::default();
         let mut spec = FaultSpec::new(FaultKind::Status(Status::INTERNAL_ERROR));
         spec.probability = 0.0;
-        let id = f.add(spec.clone()).unwrap();
+        let id = f.add(spec.clone(), 1).unwrap();
         assert!((0..1000).all(|_| f.on_command(&read(1, 0, 1)).is_none()));
         f.clear(Some(id));
         spec.probability = 0.5;
-        f.add(spec).unwrap();
+        f.add(spec, 2).unwrap();
         let hits = (0..10_000)
             .filter(|_| f.on_command(&read(1, 0, 1)).is_some())
             .count();
@@ -652,11 +652,11 @@ mod tests {
     #[test]
     fn table_is_bounded() {
         let f = Faults::default();
-        for _ in 0..MAX_FAULTS {
-            f.add(FaultSpec::new(FaultKind::NeverComplete)).unwrap();
+        for id in 0..MAX_FAULTS as u64 {
+            f.add(FaultSpec::new(FaultKind::NeverComplete), id).unwrap();
         }
         assert_eq!(
-            f.add(FaultSpec::new(FaultKind::NeverComplete)),
+            f.add(FaultSpec::new(FaultKind::NeverComplete), 0),
             Err(FaultError::TooMany)
         );
         assert_eq!(f.clear(None), MAX_FAULTS);

@@ -390,6 +390,7 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
     let hooks = Hooks {
         stop: stop.clone(),
         upgrade: Some(Arc::clone(&requests)),
+        peers: Vec::new(),
     };
     let control = match &opts.control {
         Some(path) => {

@@ -608,3 +608,86 @@ fn configured_qos_limits_the_controller_it_names() {
         "{err}"
     );
 }
+
+/// `fault_add` of a read fault on 8 blocks at `lba`, with `more` params.
+fn add_read_fault(control: &Path, lba: u64, more: &[&str]) -> serde_json::Value {
+    let lba = format!("lba={lba}");
+    let mut args = vec![
+        "fault_add",
+        "kind=status",
+        "nsid=1",
+        "opcodes=read",
+        &lba,
+        "blocks=8",
+        "status=unrecovered-read-error",
+        "dnr=true",
+    ];
+    args.extend_from_slice(more);
+    ctl_ok(control, &args)
+}
+
+/// The ids of controller `cntlid`'s command faults in a `fault_list`.
+fn fault_ids(list: &serde_json::Value, cntlid: u16) -> Vec<u64> {
+    let each = list["controllers"].as_array().unwrap();
+    let c = each.iter().find(|c| c["cntlid"] == cntlid).unwrap();
+    let faults = c["faults"].as_array().unwrap();
+    faults.iter().map(|f| f["id"].as_u64().unwrap()).collect()
+}
+
+#[test]
+fn a_control_socket_fault_hits_the_controller_it_names_or_every_one_with_one_id() {
+    let dir = temp_dir("subsys-ctl-faults");
+    let (server, sockets, control) = serve(&dir, 2, &[]);
+    let mut a = Client::connect(&sockets[0]);
+    let mut b = Client::connect(&sockets[1]);
+    let failed = Status::UNRECOVERED_READ_ERROR.with_dnr(true);
+
+    // controller=2: B's reads only.
+    let only_b = add_read_fault(&control, 0, &["controller=2"]);
+    assert_eq!(only_b["controllers"], serde_json::json!([2]));
+    let only_b = only_b["id"].as_u64().unwrap();
+    assert!(a.read(0).is_ok());
+    assert_eq!(io_status(&b.read(0).unwrap_err()), failed);
+
+    // No controller: every controller's, with one id.
+    let both = add_read_fault(&control, 64, &[]);
+    assert_eq!(both["controllers"], serde_json::json!([1, 2]));
+    let both = both["id"].as_u64().unwrap();
+    assert_ne!(both, only_b);
+    assert_eq!(io_status(&a.read(64).unwrap_err()), failed);
+    assert_eq!(io_status(&b.read(64).unwrap_err()), failed);
+
+    let list = ctl_ok(&control, &["fault_list"]);
+    assert_eq!(fault_ids(&list, 1), [both]);
+    assert_eq!(fault_ids(&list, 2), [only_b, both]);
+    let of_b = ctl_ok(&control, &["fault_list", "controller=2"]);
+    assert_eq!(
+        (of_b["cntlid"].as_u64(), of_b["faults"][1]["hits"].as_u64()),
+        (Some(2), Some(1))
+    );
+
+    // One id clears every copy; the other controller's stays.
+    let clear = format!("id={both}");
+    assert_eq!(ctl_ok(&control, &["fault_clear", &clear])["cleared"], 2);
+    assert!(a.read(64).is_ok() && b.read(64).is_ok());
+    assert_eq!(io_status(&b.read(0).unwrap_err()), failed);
+    let clear = format!("id={only_b}");
+    let e = ctl_err(&control, &["fault_clear", &clear, "controller=1"]);
+    assert!(e.contains(&format!("no fault with id {only_b}")), "{e}");
+    assert_eq!(
+        ctl_ok(&control, &["fault_clear", "controller=2"])["cleared"],
+        1
+    );
+    assert!(b.read(0).is_ok());
+
+    // A controller the subsystem lacks: refused, nothing armed.
+    let e = ctl_err(
+        &control,
+        &["fault_add", "kind=never-complete", "controller=3"],
+    );
+    assert!(e.contains("no controller 3"), "{e}");
+    let list = ctl_ok(&control, &["fault_list"]);
+    assert!(fault_ids(&list, 1).is_empty() && fault_ids(&list, 2).is_empty());
+    drop((a, b));
+    assert!(server.terminate().success());
+}

@@ -274,7 +274,8 @@ impl Controller {
         let nsid = spec.nsid.unwrap_or(0);
         match spec.kind {
             FaultKind::Latency(_) | FaultKind::Status(_) | FaultKind::NeverComplete => {
-                return shared.faults.add(spec).map(Some);
+                let id = shared.subsystem.namespaces.table().next_fault_id();
+                return shared.faults.add(spec, id).map(Some);
             }
             FaultKind::MediaError => {
                 let ns = shared
@@ -305,6 +306,18 @@ impl Controller {
         }
         tracing::info!(fault = spec.kind.name(), nsid, "fault injected");
         Ok(None)
+    }
+
+    /// Arms command fault `spec` here with `id`, the id [`fault_add`]
+    /// gave the same fault on another controller of this subsystem: one
+    /// fault on several paths, one id for all of them.
+    ///
+    /// [`fault_add`]: Self::fault_add
+    pub fn fault_arm(&self, spec: FaultSpec, id: u64) -> Result<(), FaultError> {
+        if !spec.kind.is_command_fault() {
+            return Err(FaultError::NotCommand(spec.kind.name()));
+        }
+        self.shared.faults.add(spec, id).map(drop)
     }
 
     /// The command faults armed now.

@@ -10,7 +10,7 @@ pub(crate) mod firmware;
 mod saved;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -117,6 +117,17 @@ pub(crate) struct Table {
     /// The NVM subsystem's sanitize state (Base 2.0 §8.21: a sanitize is
     /// the subsystem's, whichever controller started it).
     pub sanitize: Sanitize,
+    /// The last command fault id given out: ids are the subsystem's, so a
+    /// fault armed on several controllers has one (`fault_clear` takes it
+    /// from each).
+    fault_ids: AtomicU64,
+}
+
+impl Table {
+    /// A command fault id not given out before in this subsystem.
+    pub fn next_fault_id(&self) -> u64 {
+        self.fault_ids.fetch_add(1, Ordering::Relaxed) + 1
+    }
 }
 
 impl std::fmt::Debug for Table {

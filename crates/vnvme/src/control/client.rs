@@ -30,7 +30,8 @@ the kind's own (latency=5ms | distribution=uniform min= max= | distribution=expo
 status=NAME|0xSCTSC dnr=true|false; duration=5s; warning=temperature|spare|reliability|read-only|backup;
 ana: controller=CNTLID [group=G] [state=inaccessible|...] [duration=3s]);
 KIND is latency, status, never-complete, media-error, not-ready, smart-warning, power-loss or ana;
-fault_list; fault_clear [id=N]; qos_set [nsid=N | group=NAME] [iops=N] [read_iops=N]
+with several --socket, [controller=N] (not ana) arms it on controller N only, default every one
+(a command fault has one id on all); fault_list [controller=N]; fault_clear [id=N] [controller=N]; qos_set [nsid=N | group=NAME] [iops=N] [read_iops=N]
 [write_iops=N] [bps=SIZE] [read_bps=SIZE] [write_bps=SIZE] [KEY_burst=N] (replaces every limit of
 the controller, namespace or group; none given: unlimited); qos_get; controller_fatal
 [reason=TEXT]; shutdown; upgrade [--exe PATH] (hands the client to a new process running PATH,
@@ -148,25 +149,40 @@ pub fn run(opts: &CtlOptions) -> Result<()> {
     }
 }
 
+/// One controller's `fault_list`, as lines of text.
+fn faults_text(result: &Value) -> String {
+    let mut out = String::new();
+    let faults = result.get("faults").and_then(Value::as_array);
+    for f in faults.into_iter().flatten() {
+        let Some(obj) = f.as_object() else { continue };
+        let fields: Vec<String> = obj
+            .iter()
+            .filter(|(k, v)| *k != "id" && !v.is_null())
+            .map(|(k, v)| format!("{k}={}", scalar(v)))
+            .collect();
+        out += &format!("fault {}: {}\n", scalar(&f["id"]), fields.join(" "));
+    }
+    if faults.is_none_or(|f| f.is_empty()) {
+        out += "no command faults\n";
+    }
+    out += &format!("smart_warning: {}\n", scalar(&result["smart_warning"]));
+    out += &format!("not_ready: {}\n", scalar(&result["not_ready"]));
+    out
+}
+
 /// The result as lines of text.
 fn readable(method: &str, result: &Value) -> String {
     let mut out = String::new();
     if method == "fault_list" {
-        let faults = result.get("faults").and_then(Value::as_array);
-        for f in faults.into_iter().flatten() {
-            let Some(obj) = f.as_object() else { continue };
-            let fields: Vec<String> = obj
-                .iter()
-                .filter(|(k, v)| *k != "id" && !v.is_null())
-                .map(|(k, v)| format!("{k}={}", scalar(v)))
-                .collect();
-            out += &format!("fault {}: {}\n", scalar(&f["id"]), fields.join(" "));
+        match result.get("controllers").and_then(Value::as_array) {
+            Some(each) => {
+                for c in each {
+                    out += &format!("controller {}:\n", scalar(&c["cntlid"]));
+                    out += &faults_text(c);
+                }
+            }
+            None => out += &faults_text(result),
         }
-        if faults.is_none_or(|f| f.is_empty()) {
-            out += "no command faults\n";
-        }
-        out += &format!("smart_warning: {}\n", scalar(&result["smart_warning"]));
-        out += &format!("not_ready: {}\n", scalar(&result["not_ready"]));
         return out;
     }
     match result.as_object() {

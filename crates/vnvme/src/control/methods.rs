@@ -8,9 +8,9 @@
 //! | `namespace_attach` / `namespace_detach` | `nsid` | `{}` |
 //! | `namespace_resize` | `nsid`, `size` | `{nsze}` (blocks) |
 //! | `zone_set_state` | `nsid`, `zslba`, `state` (`read-only`, `offline`, `full`, `finish-recommended`, `reset-recommended`) | `{changed}` |
-//! | `fault_add` | a fault (`fault_params`) | `{id}` (command faults) or `{applied}` |
-//! | `fault_list` | | `{faults, smart_warning, not_ready}` |
-//! | `fault_clear` | `id`? (none: every fault) | `{cleared}` |
+//! | `fault_add` | a fault (`fault_params`), `controller`? (default every controller; see `faults`) | `{id}` (command faults) or `{applied}`, and `{controllers}` |
+//! | `fault_list` | `controller`? | `{cntlid, faults, smart_warning, not_ready}`, or `{controllers: [...]}` with several |
+//! | `fault_clear` | `id`? (none: every fault), `controller`? | `{cleared}` |
 //! | `qos_set` | `nsid`? or `group`?, then limits (`crate::qos`: `iops`, `read_bps`, `write_iops_burst`...) | `{}`; replaces every limit of the target (none given: no limit) |
 //! | `qos_get` | | `{controller, namespaces, groups}` with limits and counters |
 //! | `ana_set` | `controller` (CNTLID: 1, 2, ... in `--socket` order), `group`? (ANA group = NSID; none: every group), `state` (`optimized`, `non-optimized`, `inaccessible`, `persistent-loss`, `change`) | `{changed}`; that controller's host gets an ANA Change notice |
@@ -21,9 +21,10 @@
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use vnvme_controller::{AnaState, Controller, Fault, FaultKind, Latency, QosTarget, ZoneChange};
+use std::sync::Arc;
 
-use super::fault_params::FaultParams;
+use vnvme_controller::{AnaState, Controller, QosTarget, ZoneChange};
+
 use super::{code, RpcError};
 use crate::namespace::NamespaceSpec;
 use crate::qos::{QosSpec, QosValue};
@@ -103,12 +104,6 @@ struct ZoneSetState {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Clear {
-    id: Option<u64>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct StatsOf {
     controller: Option<u16>,
 }
@@ -127,12 +122,12 @@ struct Fatal {
     reason: Option<String>,
 }
 
-fn params<T: DeserializeOwned>(method: &str, v: Value) -> Result<T, RpcError> {
+pub(super) fn params<T: DeserializeOwned>(method: &str, v: Value) -> Result<T, RpcError> {
     serde_json::from_value(v)
         .map_err(|e| RpcError::new(code::INVALID_PARAMS, format!("{method}: {e}")))
 }
 
-fn refused(e: impl std::fmt::Display) -> RpcError {
+pub(super) fn refused(e: impl std::fmt::Display) -> RpcError {
     RpcError::new(code::REFUSED, e.to_string())
 }
 
@@ -182,11 +177,15 @@ pub fn upgrade(
 }
 
 pub fn call(
-    ctrl: &Controller,
-    stop: &crate::stopping::Stop,
+    ctrl: &Arc<Controller>,
+    hooks: &super::Hooks,
     method: &str,
     p: Value,
 ) -> Result<Value, RpcError> {
+    let targets = super::faults::Targets {
+        first: ctrl,
+        peers: &hooks.peers,
+    };
     match method {
         "stats" => {
             let c: StatsOf = params(method, p)?;
@@ -283,33 +282,9 @@ pub fn call(
             let changed = ctrl.zone_set_state(z.nsid, z.zslba, to).map_err(refused)?;
             Ok(json!({ "changed": changed }))
         }
-        "fault_add" => {
-            let f: FaultParams = params(method, p)?;
-            let spec = f
-                .to_spec()
-                .map_err(|e| RpcError::new(code::INVALID_PARAMS, e))?;
-            match ctrl.fault_add(spec).map_err(refused)? {
-                Some(id) => Ok(json!({ "id": id })),
-                None => Ok(json!({ "applied": f.kind })),
-            }
-        }
-        "fault_list" => {
-            params::<NoParams>(method, p)?;
-            let faults: Vec<Value> = ctrl.fault_list().iter().map(fault_json).collect();
-            Ok(json!({
-                "faults": faults,
-                "smart_warning": ctrl.smart_warning(),
-                "not_ready": ctrl.not_ready_namespaces(),
-            }))
-        }
-        "fault_clear" => {
-            let c: Clear = params(method, p)?;
-            let cleared = ctrl.fault_clear(c.id);
-            if let (Some(id), 0) = (c.id, cleared) {
-                return Err(refused(format!("no fault with id {id}: see fault_list")));
-            }
-            Ok(json!({ "cleared": cleared }))
-        }
+        "fault_add" => super::faults::add(&targets, p),
+        "fault_list" => super::faults::list(&targets, p),
+        "fault_clear" => super::faults::clear(&targets, p),
         "qos_set" => qos_set(ctrl, p),
         "qos_get" => {
             params::<NoParams>(method, p)?;
@@ -350,7 +325,7 @@ pub fn call(
         "shutdown" => {
             params::<NoParams>(method, p)?;
             tracing::info!("shutdown requested on the control socket");
-            stop.ask();
+            hooks.stop.ask();
             Ok(json!({}))
         }
         other => Err(RpcError::new(
@@ -403,37 +378,4 @@ fn qos_set(ctrl: &Controller, p: Value) -> Result<Value, RpcError> {
         None => ctrl.qos_set(target, spec.limits).map_err(refused),
     }?;
     Ok(json!({}))
-}
-
-/// A command fault as `fault_list` shows it.
-fn fault_json(f: &Fault) -> Value {
-    let s = &f.spec;
-    let mut v = json!({
-        "id": f.id,
-        "kind": s.kind.name(),
-        "nsid": s.nsid,
-        "opcodes": s.opcodes,
-        "probability": s.probability,
-        "count": s.count,
-        "hits": f.hits,
-    });
-    if let Some((lba, blocks)) = s.lba {
-        v["lba"] = json!(lba);
-        v["blocks"] = json!(blocks);
-    }
-    match &s.kind {
-        FaultKind::Latency(Latency::Fixed(d)) => v["latency"] = json!(format!("{d:?}")),
-        FaultKind::Latency(Latency::Uniform(lo, hi)) => {
-            v["latency"] = json!(format!("uniform {lo:?} to {hi:?}"))
-        }
-        FaultKind::Latency(Latency::Exponential(m)) => {
-            v["latency"] = json!(format!("exponential, mean {m:?}"))
-        }
-        FaultKind::Status(st) => {
-            v["status"] = json!(st.name());
-            v["dnr"] = json!(st.dnr());
-        }
-        _ => {}
-    }
-    v
 }

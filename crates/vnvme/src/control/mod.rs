@@ -30,6 +30,7 @@ use crate::upgrade::{Requests, Written};
 
 pub mod client;
 pub mod fault_params;
+pub(crate) mod faults;
 mod methods;
 
 /// Longest request line, in bytes.
@@ -84,20 +85,23 @@ pub struct ControlServer {
 }
 
 impl ControlServer {
-    /// Binds `path` (mode `mode`, 0600 by default) and serves `ctrl` on
-    /// it; `stop` is what the `shutdown` method sets (the server's own
-    /// stop flag).
-    pub fn start(path: &Path, mode: u32, ctrl: Arc<Controller>, stop: Stop) -> Result<Self> {
+    /// Binds `path` (mode `mode`, 0600 by default) and serves `ctrl` and
+    /// its subsystem's `peers` on it; `stop` is what the `shutdown` method
+    /// sets (the server's own stop flag).
+    pub fn start(
+        path: &Path,
+        mode: u32,
+        ctrl: Arc<Controller>,
+        peers: Vec<Arc<Controller>>,
+        stop: Stop,
+    ) -> Result<Self> {
         let (listener, file) = bind(path, mode)?;
-        Self::serve(
-            listener,
-            file,
-            ctrl,
-            Hooks {
-                stop,
-                upgrade: None,
-            },
-        )
+        let hooks = Hooks {
+            stop,
+            upgrade: None,
+            peers,
+        };
+        Self::serve(listener, file, ctrl, hooks)
     }
 
     /// Serves `ctrl` on `listener`, bound at `file` (made here or by the
@@ -139,11 +143,14 @@ impl Drop for ControlServer {
 }
 
 /// What the methods reach besides the controller: the server's stop flag
-/// (`shutdown`) and its upgrade requests (`upgrade`; `None`: not offered).
+/// (`shutdown`), its upgrade requests (`upgrade`; `None`: not offered) and
+/// the subsystem's other controllers (the faults' `controller`).
 #[derive(Debug, Clone)]
 pub struct Hooks {
     pub stop: Stop,
     pub upgrade: Option<Arc<Requests>>,
+    /// CNTLID 2, 3, ...: empty for a one-controller subsystem.
+    pub peers: Vec<Arc<Controller>>,
 }
 
 /// Binds the socket with `mode` from its first moment (see
@@ -215,7 +222,12 @@ fn accept_loop(
 /// Serves one connection: a request per line, a reply per request (none
 /// for a notification), until the client closes it, breaks a limit, or
 /// the server stops.
-fn serve_connection(mut stream: UnixStream, ctrl: &Controller, hooks: &Hooks, done: &AtomicBool) {
+fn serve_connection(
+    mut stream: UnixStream,
+    ctrl: &Arc<Controller>,
+    hooks: &Hooks,
+    done: &AtomicBool,
+) {
     if stream.set_read_timeout(Some(TICK)).is_err()
         || stream.set_write_timeout(Some(REQUEST_TIMEOUT)).is_err()
     {
@@ -282,7 +294,7 @@ fn serve_connection(mut stream: UnixStream, ctrl: &Controller, hooks: &Hooks, do
 type Reply = (Vec<u8>, Option<Written>);
 
 /// Answers one request line; `None` for a notification (no id).
-fn handle_line(line: &[u8], ctrl: &Controller, hooks: &Hooks) -> Option<Reply> {
+fn handle_line(line: &[u8], ctrl: &Arc<Controller>, hooks: &Hooks) -> Option<Reply> {
     let request: Value = match serde_json::from_slice(line) {
         Ok(v) => v,
         Err(e) => {
@@ -318,7 +330,7 @@ fn handle_line(line: &[u8], ctrl: &Controller, hooks: &Hooks) -> Option<Reply> {
             written = w;
             return result;
         }
-        methods::call(ctrl, &hooks.stop, method, params)
+        methods::call(ctrl, hooks, method, params)
     });
     // A notification (no id) gets no reply, not even an error (§4.1).
     id.is_some()

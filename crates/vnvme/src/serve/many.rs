@@ -166,6 +166,7 @@ pub(super) fn run(
                 path,
                 opts.control_mode,
                 Arc::clone(r.device.controller()),
+                Vec::new(),
                 stop.clone(),
             )?),
             None => None,

@@ -111,7 +111,7 @@ pub(super) fn run(
     // Armed once every controller has joined: an `ana` fault names one
     // (and is armed once, through controller 1, which reaches every
     // path); another kind is armed on the controller it names, or on
-    // every one (each its own copy: a count is per controller).
+    // every one (each its own copy with one id: a count is per controller).
     for (i, f) in file.faults.into_iter().enumerate() {
         let what = || format!("[[fault]] number {} of the configuration", i + 1);
         let on: Vec<_> = match f.controller {
@@ -126,12 +126,8 @@ pub(super) fn run(
                 ),
             },
         };
-        for device in on {
-            device
-                .controller()
-                .fault_add(f.spec.clone())
-                .with_context(what)?;
-        }
+        let on: Vec<_> = on.into_iter().map(|d| d.controller()).collect();
+        crate::control::faults::arm(&on, f.spec).with_context(what)?;
     }
     let identity = opts.device.controller_config(&origin);
     // Every controller's counters, through controller 1 (which reaches
@@ -161,12 +157,14 @@ pub(super) fn run(
         );
     }
     // One control socket: controller 1's, which reaches the subsystem's
-    // ANA states on every controller (ana_set controller=N).
+    // ANA states on every controller (ana_set controller=N) and, through
+    // the others, their faults (fault_add controller=N).
     let control = match &opts.control {
         Some(path) => Some(ControlServer::start(
             path,
             opts.control_mode,
-            Arc::clone(devices[0].controller()),
+            Arc::clone(&controllers[0]),
+            controllers[1..].to_vec(),
             stop.clone(),
         )?),
         None => None,
