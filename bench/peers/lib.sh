@@ -23,10 +23,20 @@ vnvme_binary() {
     [ -x "$VNVME" ] || die "VNVME=$VNVME is not an executable"
 }
 
-# hugepages: at least 1024 2 MiB pages, hugetlbfs on /dev/hugepages.
+# hugepages: at least 1024 2 MiB pages, hugetlbfs on /dev/hugepages. The
+# kernel gives fewer than asked when memory is fragmented (SPDK's host then
+# fails later, e.g. bdevperf's "Unable to allocate requested large iobuf
+# pool size"): compact once and ask again, then say so.
 hugepages() {
+    local have
     if [ "$(cat /proc/sys/vm/nr_hugepages)" -lt 1024 ]; then
         echo 1024 >/proc/sys/vm/nr_hugepages
+        if [ "$(cat /proc/sys/vm/nr_hugepages)" -lt 1024 ]; then
+            echo 1 >/proc/sys/vm/compact_memory
+            echo 1024 >/proc/sys/vm/nr_hugepages
+        fi
+        have=$(cat /proc/sys/vm/nr_hugepages)
+        [ "$have" -ge 1024 ] || die "only $have of 1024 2 MiB hugepages could be reserved (memory too fragmented or too little free): free memory (drop caches: echo 3 >/proc/sys/vm/drop_caches) and retry"
     fi
     mkdir -p /dev/hugepages
     mountpoint -q /dev/hugepages || mount -t hugetlbfs nodev /dev/hugepages
