@@ -13,23 +13,30 @@
 //! handling a command without deadlocking.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::io::{self, IoSlice, IoSliceMut};
+use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 use rustix::event::{PollFd, PollFlags, Timespec};
-use rustix::net::{
-    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer,
-    SendAncillaryMessage, SendFlags,
-};
+use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
 use zerocopy::IntoBytes;
 
 use crate::wire::{flags, Header, HEADER_SIZE};
 use crate::Error;
+
+mod pump;
+
+pub(crate) use pump::Bell;
+use pump::{Outbox, Partial, Step};
+
+/// Most messages one [`Conn::pump`] takes in before it lets the thread
+/// turn to other connections.
+const PUMP_BATCH: usize = 64;
 
 /// Maximum number of fds accepted in one message; more are closed and the
 /// message is answered with EINVAL.
@@ -76,12 +83,26 @@ pub struct Conn {
     stream: UnixStream,
     /// See [`MESSAGE_TIMEOUT`].
     message_timeout: Duration,
-    send_lock: Mutex<()>,
+    /// Held for a whole send, so concurrent senders never interleave; with
+    /// [`Conn::pumped`], what the socket had no room for yet.
+    send_lock: Mutex<Outbox>,
+    /// Set for a connection read without blocking (see [`Conn::pumped`]).
+    pumped: Option<Pumped>,
     state: Mutex<RecvState>,
     cv: Condvar,
     next_id: AtomicU16,
     /// The peer completed the VERSION exchange (server side).
     negotiated: AtomicBool,
+}
+
+/// What a connection served among many keeps (see `conn/pump.rs`).
+#[derive(Debug)]
+struct Pumped {
+    /// The message under way; used by whoever holds the reader role.
+    partial: Mutex<Partial>,
+    /// Rung when a thread other than the serving one has read (it may have
+    /// filed requests, or left bytes the serving thread's event missed).
+    bell: Arc<Bell>,
 }
 
 /// What a waiting thread takes out of the receive state.
@@ -105,12 +126,109 @@ impl Conn {
         Ok(Self {
             stream,
             message_timeout,
-            send_lock: Mutex::new(()),
+            send_lock: Mutex::default(),
+            pumped: None,
             state: Mutex::new(RecvState::default()),
             cv: Condvar::new(),
             next_id: AtomicU16::new(0),
             negotiated: AtomicBool::new(false),
         })
+    }
+
+    /// Frames `stream` for a thread that serves many connections
+    /// (`server/hub.rs`): the socket is non-blocking, that thread reads it
+    /// with [`Conn::pump`] when epoll says so and sends what waits with
+    /// [`Conn::flush`]; a send the socket has no room for is queued (at
+    /// most `pump::MAX_QUEUED_SENDS`, else the connection is closed). A
+    /// thread waiting for a reply reads the socket itself while that
+    /// thread does not, and rings `bell` when it has.
+    pub(crate) fn pumped(
+        stream: UnixStream,
+        message_timeout: Duration,
+        bell: Arc<Bell>,
+    ) -> io::Result<Self> {
+        stream.set_nonblocking(true)?;
+        Ok(Self {
+            stream,
+            message_timeout,
+            send_lock: Mutex::default(),
+            pumped: Some(Pumped {
+                partial: Mutex::default(),
+                bell,
+            }),
+            state: Mutex::new(RecvState::default()),
+            cv: Condvar::new(),
+            next_id: AtomicU16::new(0),
+            negotiated: AtomicBool::new(false),
+        })
+    }
+
+    /// Reads what has arrived (a [`Conn::pumped`] connection, without
+    /// waiting), filing whole messages as [`Conn::wait`] does. `Ok(true)`:
+    /// it stopped after a batch and more may wait (edge-triggered epoll
+    /// will not say so again). Another thread reading it meanwhile rings
+    /// the bell when done, so nothing is missed.
+    pub(crate) fn pump(&self) -> Result<bool, Error> {
+        let Some(p) = &self.pumped else {
+            return Ok(false);
+        };
+        {
+            let mut st = self.state.lock();
+            if st.closed {
+                return Err(st.fatal.take().unwrap_or(Error::Disconnected));
+            }
+            if st.reader_busy {
+                return Ok(false);
+            }
+            st.reader_busy = true;
+        }
+        let mut partial = p.partial.lock();
+        let mut got = Vec::new();
+        let res = loop {
+            if got.len() == PUMP_BATCH {
+                break Ok(true);
+            }
+            match partial.step(&self.stream) {
+                Ok(Step::Message(m)) => got.push(m),
+                Ok(Step::Drained) => break Ok(false),
+                Err(e) => break Err(e),
+            }
+        };
+        drop(partial);
+        let mut st = self.state.lock();
+        st.reader_busy = false;
+        for m in got {
+            file_message(&mut st, m);
+        }
+        if res.is_err() {
+            st.closed = true;
+        }
+        self.cv.notify_all();
+        res
+    }
+
+    /// The next request filed, if any.
+    pub(crate) fn take_request(&self) -> Option<Message> {
+        self.state.lock().requests.pop_front()
+    }
+
+    /// When the message under way must be whole (a [`Conn::pumped`]
+    /// connection), if one is under way.
+    pub(crate) fn message_deadline(&self) -> Option<Instant> {
+        let p = self.pumped.as_ref()?;
+        // The reader role's holder has it: its own wait is bounded.
+        let partial = p.partial.try_lock()?;
+        partial.deadline(self.message_timeout)
+    }
+
+    /// Sends what waits for room in the socket (a [`Conn::pumped`]
+    /// connection); an error shuts the connection down.
+    pub(crate) fn flush(&self) -> Result<(), Error> {
+        let res = self.send_lock.lock().flush(&self.stream);
+        if res.is_err() {
+            self.shutdown();
+        }
+        res
     }
 
     /// The peer has closed or shut down its end (or we shut ours down):
@@ -190,7 +308,32 @@ impl Conn {
             joined = parts.concat();
             slices[1] = &joined;
         }
-        let guard = self.send_lock.lock();
+        let mut guard = self.send_lock.lock();
+        if self.pumped.is_some() {
+            let res = guard.send(&self.stream, &slices, total, fds);
+            drop(guard);
+            return match res {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(over)) => {
+                    tracing::warn!(
+                        messages = over.messages,
+                        bytes = over.bytes,
+                        "closing a vfio-user connection that does not read its replies: \
+                         too many wait for room in its socket"
+                    );
+                    self.shutdown();
+                    Err(Error::Protocol(format!(
+                        "peer does not read: {} messages ({} bytes) waiting to be sent",
+                        over.messages, over.bytes
+                    )))
+                }
+                Err(e) => {
+                    // A partial message would desynchronise the stream for good.
+                    self.shutdown();
+                    Err(e)
+                }
+            };
+        }
         let mut sent = 0usize;
         while sent < total {
             let mut skip = sent;
@@ -294,12 +437,29 @@ impl Conn {
             if !st.reader_busy && may_read {
                 st.reader_busy = true;
                 drop(st);
-                let res = read_message(
-                    &self.stream,
-                    deadline.map(|d| d.saturating_duration_since(now)),
-                    self.message_timeout,
-                    wake,
-                );
+                let timeout = deadline.map(|d| d.saturating_duration_since(now));
+                if let Some(p) = &self.pumped {
+                    let res = self.read_pumped(p, timeout, wake);
+                    st = self.state.lock();
+                    st.reader_busy = false;
+                    let woken = matches!(res, Ok(ref got) if got.is_empty());
+                    match res {
+                        Ok(got) => got.into_iter().for_each(|m| file_message(&mut st, m)),
+                        Err(e) => {
+                            st.closed = true;
+                            st.fatal = Some(e);
+                        }
+                    }
+                    // The serving thread looks at what was filed, and reads
+                    // what came after our last read.
+                    p.bell.ring();
+                    self.cv.notify_all();
+                    if woken && wake.is_some() {
+                        return Ok(None);
+                    }
+                    continue;
+                }
+                let res = read_message(&self.stream, timeout, self.message_timeout, wake);
                 st = self.state.lock();
                 st.reader_busy = false;
                 match res {
@@ -327,6 +487,34 @@ impl Conn {
                 }
             }
         }
+    }
+}
+
+impl Conn {
+    /// A waiting thread's read of a [`Conn::pumped`] connection: waits up
+    /// to `timeout` for bytes (or `wake`), then takes what has arrived.
+    /// A message under way stays in the buffer for the next reader; the
+    /// serving thread holds it to its deadline.
+    fn read_pumped(
+        &self,
+        p: &Pumped,
+        timeout: Option<Duration>,
+        wake: Option<BorrowedFd<'_>>,
+    ) -> Result<Vec<Message>, Error> {
+        let mut pfd = vec![PollFd::new(&self.stream, PollFlags::IN)];
+        if let Some(w) = &wake {
+            pfd.push(PollFd::from_borrowed_fd(*w, PollFlags::IN));
+        }
+        poll(&mut pfd, timeout).map_err(|e| Error::Io(e.into()))?;
+        let mut got = Vec::new();
+        let mut partial = p.partial.lock();
+        while got.len() < PUMP_BATCH {
+            match partial.step(&self.stream)? {
+                Step::Message(m) => got.push(m),
+                Step::Drained => break,
+            }
+        }
+        Ok(got)
     }
 }
 
@@ -462,50 +650,28 @@ impl Receiver<'_> {
     fn fill(&mut self, buf: &mut [u8], at_start: bool) -> Result<usize, Error> {
         let mut got = 0;
         while got < buf.len() {
-            let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_MSG_FDS))];
-            let mut control = RecvAncillaryBuffer::new(&mut space);
-            let mut iov = [IoSliceMut::new(&mut buf[got..])];
-            let res = rustix::net::recvmsg(
-                self.stream.as_fd(),
-                &mut iov,
-                &mut control,
-                RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT,
-            );
-            let msg = match res {
-                Ok(m) => m,
-                Err(rustix::io::Errno::INTR) => continue,
-                Err(rustix::io::Errno::AGAIN) => {
-                    let left = self.deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() || !wait_readable(self.stream, Some(left))? {
-                        return Err(Error::Protocol(
-                            "peer stalled in the middle of a message".into(),
-                        ));
-                    }
-                    continue;
+            let n = pump::recv_some(
+                self.stream,
+                &mut buf[got..],
+                &mut self.fds,
+                &mut self.fds_truncated,
+            )?;
+            let Some(n) = n else {
+                let left = self.deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() || !wait_readable(self.stream, Some(left))? {
+                    return Err(Error::Protocol(
+                        "peer stalled in the middle of a message".into(),
+                    ));
                 }
-                Err(e) => return Err(Error::Io(e.into())),
+                continue;
             };
-            if msg.flags.contains(ReturnFlags::CTRUNC) {
-                self.fds_truncated = true;
-            }
-            for cmsg in control.drain() {
-                if let RecvAncillaryMessage::ScmRights(rights) = cmsg {
-                    for fd in rights {
-                        if self.fds.len() < MAX_MSG_FDS {
-                            self.fds.push(fd);
-                        } else {
-                            self.fds_truncated = true;
-                        }
-                    }
-                }
-            }
-            if msg.bytes == 0 {
+            if n == 0 {
                 if at_start && got == 0 {
                     return Ok(0);
                 }
                 return Ok(got);
             }
-            got += msg.bytes;
+            got += n;
         }
         Ok(got)
     }

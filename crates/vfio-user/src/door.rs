@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use zerocopy::IntoBytes;
 
-use crate::conn::{error_header, Conn};
+use crate::conn::{error_header, Bell, Conn};
 use crate::stop::StopWake;
 use crate::wire::{cmd, Header, HEADER_SIZE};
 
@@ -81,6 +81,9 @@ struct DoorState {
     pending: Option<UnixStream>,
     refusals: RateLimit,
     stopped: bool,
+    /// Rung with every notify: the thread that serves many doors' clients
+    /// waits in epoll, not on the condition variable.
+    bell: Option<Arc<Bell>>,
 }
 
 /// What the watching thread keeps for one door between its waits.
@@ -179,7 +182,7 @@ impl Door {
         if let Some(owner) = &st.owner {
             owner.shutdown();
         }
-        self.cv.notify_all();
+        self.notify(&st);
     }
 
     /// A new connection: the next to be served if the device is free (or
@@ -189,7 +192,7 @@ impl Door {
         let mut st = self.state.lock();
         if st.is_free() {
             st.pending = Some(stream);
-            self.cv.notify_all();
+            self.notify(&st);
             return Offer::Taken;
         }
         if st.pending.is_none() && !st.owner_negotiated() {
@@ -208,7 +211,7 @@ impl Door {
         let mut st = self.state.lock();
         if st.is_free() {
             st.pending = challengers.pop_front();
-            self.cv.notify_all();
+            self.notify(&st);
         } else if st.pending.is_some() || st.owner_negotiated() {
             drop(st);
             for c in challengers.drain(..) {
@@ -233,7 +236,7 @@ impl Door {
                 }
             }
             st.pending = Some(stream);
-            self.cv.notify_all();
+            self.notify(&st);
             return None;
         }
         drop(st);
@@ -281,6 +284,33 @@ impl Door {
                 None => self.cv.wait(&mut st),
             }
         }
+    }
+
+    fn notify(&self, st: &DoorState) {
+        self.cv.notify_all();
+        if let Some(bell) = &st.bell {
+            bell.ring();
+        }
+    }
+
+    /// Rings `bell` whenever a connection is ready to be taken with
+    /// [`Door::try_next`], and on stop.
+    pub(crate) fn set_bell(&self, bell: Arc<Bell>) {
+        self.state.lock().bell = Some(bell);
+    }
+
+    /// The next connection to serve if one is ready, without waiting;
+    /// `Err(())` once the door is closed (stopped).
+    pub(crate) fn try_next(&self) -> Result<Option<UnixStream>, ()> {
+        let mut st = self.state.lock();
+        if st.stopped {
+            return Err(());
+        }
+        let next = st.pending.take();
+        if next.is_some() {
+            st.serving = true;
+        }
+        Ok(next)
     }
 
     /// The served connection, once it exists; None when it is done with.

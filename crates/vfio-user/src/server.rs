@@ -34,8 +34,11 @@ use crate::wire::*;
 use crate::{Device, Errno, Error};
 
 mod handing;
+mod hub;
 mod irqs;
 mod regions;
+
+pub use hub::serve_many;
 
 /// How long a new connection has to send a valid VERSION (the default of
 /// [`ServerOptions::handshake_timeout`]).
@@ -94,6 +97,20 @@ struct ClientState {
     times: MessageTimes,
     /// The DMA maps with their files, for a handover.
     ledger: DmaLedger,
+}
+
+impl ClientState {
+    /// A connection that has not sent VERSION yet.
+    fn new(conn: Arc<Conn>) -> Self {
+        Self {
+            conn,
+            dma: None,
+            regions: Vec::new(),
+            warnings: RateLimit::default(),
+            times: MessageTimes::default(),
+            ledger: DmaLedger::default(),
+        }
+    }
 }
 
 /// Region indexes whose info is cached; others are looked up per access.
@@ -270,15 +287,7 @@ impl<D: Device> Server<D> {
         handover: Option<&dyn Handover<D>>,
     ) -> Result<(), Error> {
         let conn = Arc::new(Conn::new(stream, self.opts.message_timeout)?);
-        let client = ClientState {
-            conn,
-            dma: None,
-            regions: Vec::new(),
-            warnings: RateLimit::default(),
-            times: MessageTimes::default(),
-            ledger: DmaLedger::default(),
-        };
-        self.serve_client(client, stop, door, handover)
+        self.serve_client(ClientState::new(conn), stop, door, handover)
     }
 
     fn serve_client(
@@ -288,27 +297,32 @@ impl<D: Device> Server<D> {
         door: Option<&Door>,
         handover: Option<&dyn Handover<D>>,
     ) -> Result<(), Error> {
-        let conn = client.conn.clone();
         if let Some(door) = door {
-            door.set_owner(Some(conn.clone()));
+            door.set_owner(Some(client.conn.clone()));
         }
         let result = self.run(&mut client, stop, handover);
         if let Some(h) = handover.filter(|h| h.supervised()) {
             h.client_changed(&self.device, ClientChange::Gone);
         }
+        self.end_client(&mut client);
+        match result {
+            Err(Error::Disconnected) => Ok(()),
+            r => r,
+        }
+    }
+
+    /// A client is gone (or dropped): its times logged, its connection
+    /// shut down, the device detached from its maps.
+    fn end_client(&mut self, client: &mut ClientState) {
         tracing::info!("vfio-user client's {}", client.times.summary());
         // Order matters: first fail any DMA_READ/WRITE a worker is waiting
         // for, then let the device stop its workers, then unmap.
-        conn.shutdown();
+        client.conn.shutdown();
         if let Some(dma) = client.dma.take() {
             self.device.detach();
             dma.unmap_all();
         }
         client.ledger.clear();
-        match result {
-            Err(Error::Disconnected) => Ok(()),
-            r => r,
-        }
     }
 
     fn run(

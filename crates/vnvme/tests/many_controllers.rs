@@ -401,25 +401,27 @@ fn small_config(dir: &Path, n: usize) -> (PathBuf, Vec<PathBuf>) {
 }
 
 #[test]
-fn the_server_has_a_connection_thread_per_controller_and_a_fixed_set_besides() {
+fn the_server_has_a_fixed_set_of_threads_whatever_the_number_of_controllers() {
     for n in [8, 64] {
         let dir = temp_dir(&format!("many-threads-{n}"));
         let (cfg, sockets) = small_config(&dir, n);
         let log = dir.join("serve.log");
         let mut server = serve(&cfg, &sockets, &log);
         // Four clients enable their controllers: each arms its keep alive
-        // timer (it had a thread per enable).
+        // timer (it had a thread per enable), and each is a connection
+        // (it had a thread per controller).
         let clients: Vec<_> = sockets[..4].iter().map(|s| connect(s)).collect();
         let names = thread_names(server_pid(&mut server, &log));
         let count = |name: &str| names.iter().filter(|n| *n == name).count();
-        // Before: a door thread and a keep alive thread per controller too.
-        assert_eq!(count("vnvme-conn"), n, "{names:?}");
+        // Before: a connection thread per controller ("vnvme-conn").
+        assert_eq!(count("vnvme-conns"), 1, "{names:?}");
+        assert_eq!(count("vnvme-conn"), 0, "{names:?}");
         assert_eq!(count("vfio-user-doors"), 1, "{names:?}");
         assert_eq!(count("vfio-user-door"), 0, "{names:?}");
         assert_eq!(count("vnvme-keepalive"), 1, "{names:?}");
         assert_eq!(count("vnvme-pg0"), 1, "{names:?}");
-        // And the main thread and the stop watch: n + 5 in all.
-        assert_eq!(names.len(), n + 5, "{names:?}");
+        // And the main thread and the stop watch: 6 in all, for 8 or 64.
+        assert_eq!(names.len(), 6, "{names:?}");
         for (_, ctrl) in clients {
             ctrl.shutdown().unwrap();
         }
@@ -427,12 +429,40 @@ fn the_server_has_a_connection_thread_per_controller_and_a_fixed_set_besides() {
     }
 }
 
+/// A VERSION request's bytes (header and payload) as a client sends it.
+fn version_request(msg_id: u16) -> Vec<u8> {
+    let payload = b"\x00\x00\x00\x00{}\x00";
+    let size = (16 + payload.len()) as u32;
+    let mut m = Vec::new();
+    m.extend_from_slice(&msg_id.to_ne_bytes());
+    m.extend_from_slice(&1u16.to_ne_bytes()); // VERSION
+    m.extend_from_slice(&size.to_ne_bytes());
+    m.extend_from_slice(&0u32.to_ne_bytes()); // a command
+    m.extend_from_slice(&0u32.to_ne_bytes());
+    m.extend_from_slice(payload);
+    m
+}
+
+/// A REGION_READ of the 4 bytes of PCI config space at 0 (its IDs).
+fn config_read(msg_id: u16) -> Vec<u8> {
+    let mut m = Vec::new();
+    m.extend_from_slice(&msg_id.to_ne_bytes());
+    m.extend_from_slice(&9u16.to_ne_bytes()); // REGION_READ
+    m.extend_from_slice(&32u32.to_ne_bytes());
+    m.extend_from_slice(&0u32.to_ne_bytes());
+    m.extend_from_slice(&0u32.to_ne_bytes());
+    m.extend_from_slice(&0u64.to_ne_bytes()); // offset
+    m.extend_from_slice(&7u32.to_ne_bytes()); // the config region
+    m.extend_from_slice(&4u32.to_ne_bytes()); // count
+    m
+}
+
 #[test]
 fn hostile_connections_at_one_controller_hold_up_no_other() {
     use std::io::Write;
     use std::os::unix::net::UnixStream;
     let dir = temp_dir("many-hostile");
-    let (cfg, sockets) = small_config(&dir, 3);
+    let (cfg, sockets) = small_config(&dir, 5);
     let log = dir.join("serve.log");
     let mut server = serve(&cfg, &sockets, &log);
     // Controller 0: a client that sends half a VERSION header and stops,
@@ -444,16 +474,48 @@ fn hostile_connections_at_one_controller_hold_up_no_other() {
         .map(|_| UnixStream::connect(&sockets[0]).unwrap())
         .collect();
     let silent = UnixStream::connect(&sockets[1]).unwrap();
+    // Controller 3: a client that negotiates, then sends a request's
+    // header and half its payload, and stops.
+    let mut half_payload = UnixStream::connect(&sockets[3]).unwrap();
+    half_payload.write_all(&version_request(0)).unwrap();
+    half_payload.write_all(&config_read(1)[..24]).unwrap();
+    // Controller 4: a client that negotiates, then asks and asks and never
+    // reads a reply: its socket's buffer fills, its replies queue, and
+    // past the bound it is closed (a write of ours then fails).
+    let flood = UnixStream::connect(&sockets[4]).unwrap();
+    let flooding = std::thread::spawn(move || {
+        let mut flood = flood;
+        flood.write_all(&version_request(0)).unwrap();
+        let mut sent = 0u32;
+        for id in 1..20_000u16 {
+            if flood.write_all(&config_read(id)).is_err() {
+                return (sent, flood);
+            }
+            sent += 1;
+        }
+        (sent, flood)
+    });
     // Controllers 1 and 2 serve clients meanwhile, whole: controller 1's
     // takes the silent connection's place, controller 2 is untouched.
-    for socket in &sockets[1..] {
+    for socket in &sockets[1..3] {
         let (access, ctrl) = connect(socket);
         let mut q = ctrl.take_io_queue(0).unwrap();
         assert_eq!(verified_round(&mut q, &access, 0, 8, 7), 2);
         drop(q);
         ctrl.shutdown().unwrap();
     }
-    drop((half, crowd, silent));
+    // The flooding client was closed, not served forever, and not by a
+    // blocked send: the server said why.
+    let (sent, flood) = flooding.join().unwrap();
+    assert!(sent < 19_999, "all {sent} requests were taken");
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(
+        said.matches("closing a vfio-user connection that does not read its replies")
+            .count(),
+        1,
+        "{said}"
+    );
+    drop((half, crowd, silent, half_payload, flood));
     // And controller 0 serves a client once its hostile ones are gone.
     let (access, ctrl) = connect(&sockets[0]);
     let mut q = ctrl.take_io_queue(0).unwrap();

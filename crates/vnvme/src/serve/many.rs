@@ -1,10 +1,12 @@
 //! `vnvme serve --config FILE` with `[[controllers]]`: several controllers
-//! in one process, each on its own vfio-user socket (and its own thread
-//! for its client's messages), their listening sockets kept by one thread,
-//! their queues served by one set of poll group threads (`workers`).
+//! in one process, each on its own vfio-user socket, their listening
+//! sockets kept by one thread, their clients' messages by another (one
+//! epoll for every connection), their queues served by one set of poll
+//! group threads (`workers`).
 //!
 //! A controller's client connecting, resetting or dying touches only that
-//! controller: its connection thread is its own, and a reset stops only
+//! controller: its messages are read piece by piece and its replies
+//! queued, so it never holds the connection thread, and a reset stops only
 //! its workers (see `vnvme_controller::PollGroups`).
 
 use std::os::unix::net::UnixListener;
@@ -273,10 +275,12 @@ fn check_unique(all: &[Identity]) -> Result<()> {
     Ok(())
 }
 
-/// Serves each controller's client on a thread of its own until `stop`
-/// (one client's connection, reset or end never waits for another's), and
-/// keeps every controller's listening socket on one thread (the doors:
-/// accepting and refusing never wait on a client):
+/// Serves every controller's client on one thread until `stop` (the
+/// clients' connections: one epoll for all, each message read piece by
+/// piece, so one client's connection, reset, stall or end holds up no
+/// other's; see `vnvme_vfio_user::serve_many`), and keeps every
+/// controller's listening socket on another (the doors: accepting and
+/// refusing never wait on a client):
 /// `(name for the log, listener, options, device)` per controller.
 /// Returns how many stopped with an error (logged); a thread that cannot
 /// start sets `stop` and counts as one.
@@ -285,13 +289,31 @@ pub(super) fn serve_each<'a>(
     stop: &Stop,
 ) -> usize {
     let controllers: Vec<_> = controllers.collect();
+    let count = controllers.len();
     let doors: Vec<Door> = controllers.iter().map(|_| Door::default()).collect();
     let watched: Vec<(&Door, &UnixListener)> = doors
         .iter()
         .zip(&controllers)
         .map(|(door, (_, listener, _, _))| (door, *listener))
         .collect();
-    // The doors' waits that found nothing (none: they wait on the stop).
+    let servers: Vec<_> = controllers
+        .into_iter()
+        .zip(&doors)
+        .map(|((name, _, server, device), door)| {
+            let server = ServerOptions {
+                stop_wake: Some(stop.wake().clone()),
+                ..server
+            };
+            (
+                name,
+                vnvme_vfio_user::Server::with_options(device, server),
+                door,
+            )
+        })
+        .collect();
+    // The doors' and the connections' waits that found nothing (none:
+    // they wait on the stop, and on a client's deadline only while one
+    // has one).
     let idle = AtomicU64::new(0);
     std::thread::scope(|scope| {
         let keeper = std::thread::Builder::new()
@@ -302,41 +324,28 @@ pub(super) fn serve_each<'a>(
         if let Err(e) = keeper {
             tracing::error!("starting the thread of the controllers' sockets: {e}");
             stop.ask();
-            return controllers.len();
+            return count;
         }
-        let handles: Vec<_> = controllers
-            .into_iter()
-            .zip(&doors)
-            .map(|((name, _, server, device), door)| {
-                std::thread::Builder::new()
-                    .name("vnvme-conn".into())
-                    .spawn_scoped(scope, move || {
-                        let server = ServerOptions {
-                            stop_wake: Some(stop.wake().clone()),
-                            ..server
-                        };
-                        let mut s = vnvme_vfio_user::Server::with_options(device, server);
-                        let r = s.serve_door(door, stop.flag());
-                        if let Err(e) = &r {
-                            tracing::error!("{name}: serving vfio-user: {e}");
-                        }
-                        r.is_err()
-                    })
-            })
-            .collect();
+        let conns = std::thread::Builder::new()
+            .name("vnvme-conns".into())
+            .spawn_scoped(scope, || {
+                let r = vnvme_vfio_user::serve_many(servers, stop.flag(), stop.wake(), &idle);
+                if let Err(e) = &r {
+                    tracing::error!("serving the controllers' vfio-user clients: {e}");
+                    // The doors' thread ends too.
+                    stop.ask();
+                }
+                r.is_err()
+            });
         // Every listener listens already: the clients may come.
         crate::notify::ready();
-        let mut failed = 0;
-        for h in handles {
-            match h {
-                Ok(h) => failed += usize::from(h.join().unwrap_or(true)),
-                Err(e) => {
-                    tracing::error!("starting a controller's connection thread: {e}");
-                    stop.ask();
-                    failed += 1;
-                }
+        match conns {
+            Ok(h) => usize::from(h.join().unwrap_or(true)) * count,
+            Err(e) => {
+                tracing::error!("starting the controllers' connection thread: {e}");
+                stop.ask();
+                count
             }
         }
-        failed
     })
 }
