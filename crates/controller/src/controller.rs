@@ -34,6 +34,7 @@ use crate::worker::group::{Detached, PollGroups};
 
 mod ana_ops;
 mod enable;
+mod handed;
 mod operator;
 mod qos_ops;
 mod saved;

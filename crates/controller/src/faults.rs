@@ -472,6 +472,11 @@ impl Faults {
         }
     }
 
+    /// The parked commands, as they are (an upgrade lists them).
+    pub fn parked(&self) -> Vec<Held> {
+        self.parked.lock().clone()
+    }
+
     /// A starting worker takes the parked commands `mine` picks.
     pub fn adopt(&self, mine: impl Fn(&Held) -> bool) -> Vec<Held> {
         let mut parked = self.parked.lock();

@@ -77,7 +77,8 @@ pub use qos::{
 };
 pub use saved_check::InvalidState;
 pub use saved_state::{
-    Positions, SavedState, StateError, FORMAT_VERSION, HEADER_LEN, MAGIC, OLDEST_READABLE_VERSION,
+    HandedCommand, Hold, Positions, SavedState, StateError, FORMAT_VERSION, HEADER_LEN, MAGIC,
+    OLDEST_READABLE_VERSION,
 };
 pub use stats::{ControllerStats, QueueStats};
 pub use subsystem::ana::AnaState;

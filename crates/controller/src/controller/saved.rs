@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use vnvme_spec::regs::{shutdown, Doorbell};
 
-use super::{Control, Controller};
+use super::{handed, Control, Controller};
 use crate::background::SavedBackground;
 use crate::config::{ControllerConfig, NamespaceConfig};
 use crate::doorbell::DoorbellPage;
@@ -81,13 +81,32 @@ impl Controller {
     /// point: paused (or with no worker running: disabled or shut down),
     /// no command in flight on a backend, no sanitize or self-test running.
     pub fn save_state(&self) -> Result<SavedState, StateError> {
+        self.save_with(false)
+    }
+
+    /// As [`save_state`](Self::save_state) for a live upgrade: the
+    /// commands held back (a QoS limit, a fault's delay or
+    /// never-complete, a Preempt and Abort's fence: fetched, and not
+    /// given to a backend) do not keep it from saving; they are in
+    /// [`SavedState::handed`], for the new process
+    /// ([`restore`](Self::restore) holds them again). Commands on a
+    /// backend still refuse it.
+    pub fn save_state_handing(&self) -> Result<SavedState, StateError> {
+        self.save_with(true)
+    }
+
+    fn save_with(&self, handing: bool) -> Result<SavedState, StateError> {
         let ctl = self.control.lock();
         if !ctl.paused && !ctl.threads.is_empty() {
             return Err(StateError::NotPaused);
         }
         let shared = &*self.shared;
         let now = Instant::now();
-        let queues = shared.queues.save().map_err(StateError::Busy)?;
+        let (held, handed) = match handing {
+            true => handed::list(&shared.faults, &shared.queues, now)?,
+            false => (Vec::new(), Vec::new()),
+        };
+        let queues = shared.queues.save(&held).map_err(StateError::Busy)?;
         let background = SavedBackground::save(shared.sanitize(), &shared.self_test)
             .map_err(StateError::BackgroundBusy)?;
         let body = StateBody {
@@ -102,7 +121,7 @@ impl Controller {
             subsystem: shared.subsystem.save(now),
             background,
         };
-        Ok(SavedState { body })
+        Ok(SavedState { body, handed })
     }
 
     /// A controller of `config` and `namespaces` (their backends: the
@@ -236,6 +255,8 @@ impl Controller {
         ctl.clean_shutdown = body.clean_shutdown;
         let (cc, csts) = (ctl.regs.cc, ctl.regs.csts);
         let running = cc.en() && !csts.cfs() && csts.shst() == shutdown::NONE;
+        // Parked before the workers start: they take them as their own.
+        handed::hold_again(&shared.faults, &shared.queues, &state.handed, running, now)?;
         if running {
             let page_size = ctl
                 .regs

@@ -15,6 +15,7 @@ use vnvme_spec::regs::Doorbell;
 use super::table::QueueTable;
 use super::{Cq, Sq};
 use crate::doorbell::{DoorbellSource, Doorbells};
+use crate::faults::Held;
 use crate::memory::GuestAddress;
 use crate::saved_check::{at_most, inconsistent, same, InvalidState};
 
@@ -93,21 +94,24 @@ impl From<SavedSource> for DoorbellSource {
     }
 }
 
-/// What keeps the queues from being saved now.
-pub(crate) fn busy(sq: &Sq) -> Option<String> {
-    if sq.in_flight > 0 {
-        return Some(format!(
-            "SQ {} has {} commands in flight",
-            sq.qid, sq.in_flight
-        ));
+/// What keeps the queues from being saved now, `handed` of `sq`'s
+/// commands in flight aside.
+fn busy(sq: &Sq, handed: usize) -> Option<String> {
+    let left = (sq.in_flight as usize).saturating_sub(handed);
+    if left > 0 {
+        return Some(format!("SQ {} has {left} commands in flight", sq.qid));
     }
     sq.deleting
         .map(|_| format!("SQ {} is being deleted", sq.qid))
 }
 
 impl QueueTable {
-    /// The queues, or why they cannot be saved now (a command in flight).
-    pub fn save(&self) -> Result<SavedQueues, String> {
+    /// The queues, or why they cannot be saved now (a command in flight),
+    /// the commands `handed` aside (held back, parked by a pause, which an
+    /// upgrade hands to the new process): what they count in flight on
+    /// their SQ and reserve on their CQ. The saved queues then hold none
+    /// (the new process counts them again).
+    pub fn save(&self, handed: &[Held]) -> Result<SavedQueues, String> {
         if self.awaited() > 0 {
             return Err(format!(
                 "{} admin commands wait for a queue's worker",
@@ -121,7 +125,11 @@ impl QueueTable {
         for slot in &self.sqs {
             let g = slot.lock();
             let Some(sq) = g.as_ref() else { continue };
-            if let Some(why) = busy(sq) {
+            let mine = handed
+                .iter()
+                .filter(|h| h.sqid == sq.qid && h.sq_instance == sq.instance && h.due.is_some())
+                .count();
+            if let Some(why) = busy(sq, mine) {
                 return Err(why);
             }
             saved.sqs.push(SavedSq {
@@ -138,10 +146,15 @@ impl QueueTable {
         for slot in &self.cqs {
             let g = slot.lock();
             let Some(cq) = g.as_ref() else { continue };
-            if cq.reserved > 0 {
+            let mine = handed
+                .iter()
+                .filter(|h| h.cqid == cq.qid && h.cq_instance == cq.instance)
+                .count();
+            let left = (cq.reserved as usize).saturating_sub(mine);
+            if left > 0 {
                 return Err(format!(
-                    "CQ {} has {} entries promised to commands in flight",
-                    cq.qid, cq.reserved
+                    "CQ {} has {left} entries promised to commands in flight",
+                    cq.qid
                 ));
             }
             saved.cqs.push(SavedCq {
@@ -158,6 +171,45 @@ impl QueueTable {
             });
         }
         Ok(saved)
+    }
+
+    /// The instance of the SQ resting in slot `qid`, if any.
+    pub fn sq_instance(&self, qid: u16) -> Option<u64> {
+        let slot = self.sqs.get(usize::from(qid))?;
+        let g = slot.lock();
+        g.as_ref().map(|sq| sq.instance)
+    }
+
+    /// The instance of the CQ resting in slot `qid`, if any.
+    pub fn cq_instance(&self, qid: u16) -> Option<u64> {
+        let slot = self.cqs.get(usize::from(qid))?;
+        let g = slot.lock();
+        g.as_ref().map(|cq| cq.instance)
+    }
+
+    /// Reserves an entry on CQ `cqid` for a command of SQ `sqid` held
+    /// back (an upgrade handed it over), counted in flight on the SQ if
+    /// `counted` (one that is due some time); the two queues' instances.
+    /// `Err` says why not: a queue missing, the SQ posting elsewhere, no
+    /// room left on the CQ.
+    pub fn reserve_for(&self, sqid: u16, cqid: u16, counted: bool) -> Result<(u64, u64), String> {
+        let sq_slot = self.sqs.get(usize::from(sqid)).ok_or("no such SQ")?;
+        let cq_slot = self.cqs.get(usize::from(cqid)).ok_or("no such CQ")?;
+        let mut sq_g = sq_slot.lock();
+        let sq = sq_g.as_mut().ok_or("its SQ is not in the saved state")?;
+        if sq.cqid != cqid {
+            return Err(format!("SQ {sqid} posts to CQ {}, not {cqid}", sq.cqid));
+        }
+        let mut cq_g = cq_slot.lock();
+        let cq = cq_g.as_mut().ok_or("its CQ is not in the saved state")?;
+        if cq.is_full() {
+            return Err(format!("CQ {cqid} has no room left for its completion"));
+        }
+        cq.reserved += 1;
+        if counted {
+            sq.in_flight = sq.in_flight.saturating_add(1);
+        }
+        Ok((sq.instance, cq.instance))
     }
 
     /// Puts the saved queues in this (empty) table and opens their

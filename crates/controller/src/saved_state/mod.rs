@@ -11,6 +11,7 @@
 
 mod envelope;
 mod error;
+mod handed;
 pub(crate) mod positions;
 
 use serde::{Deserialize, Serialize};
@@ -27,6 +28,7 @@ use crate::subsystem::SavedSubsystem;
 
 pub use envelope::{FORMAT_VERSION, HEADER_LEN, MAGIC, OLDEST_READABLE_VERSION};
 pub use error::StateError;
+pub use handed::{HandedCommand, Hold};
 pub use positions::Positions;
 
 /// A saved controller: encode it to bytes with [`encode`](Self::encode),
@@ -35,6 +37,9 @@ pub use positions::Positions;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SavedState {
     pub(crate) body: StateBody,
+    /// Commands held back at the save, for the new process of an upgrade
+    /// ([`handed`]); not encoded: the upgrade's manifest carries them.
+    pub(crate) handed: Vec<HandedCommand>,
 }
 
 /// The body: one field per part, in the order a restore applies them.
@@ -69,7 +74,22 @@ impl SavedState {
     pub fn decode(bytes: &[u8]) -> Result<Self, StateError> {
         Ok(Self {
             body: envelope::decode(bytes)?,
+            handed: Vec::new(),
         })
+    }
+
+    /// The commands held back at the save
+    /// ([`Controller::save_state_handing`](crate::Controller::save_state_handing)),
+    /// which [`encode`](Self::encode) leaves out.
+    pub fn handed(&self) -> &[HandedCommand] {
+        &self.handed
+    }
+
+    /// This state with `handed` to hold again at the restore (an
+    /// upgrade's manifest carried them).
+    pub fn with_handed(mut self, handed: Vec<HandedCommand>) -> Self {
+        self.handed = handed;
+        self
     }
 
     /// The body as indented JSON, for a reader (the encoded body is the

@@ -454,6 +454,7 @@ mod durability;
 mod faults;
 mod features;
 mod firmware;
+mod handed;
 mod identify;
 mod identities;
 mod idle_groups;

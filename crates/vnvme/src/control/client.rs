@@ -35,8 +35,10 @@ with several --socket, [controller=N] (not ana) arms it on controller N only, de
 [write_iops=N] [bps=SIZE] [read_bps=SIZE] [write_bps=SIZE] [KEY_burst=N] (replaces every limit of
 the controller, namespace or group; none given: unlimited); qos_get; controller_fatal
 [reason=TEXT]; shutdown; upgrade [--exe PATH] (hands the client to a new process running PATH,
-default the server's own binary, with the same arguments; prints the handover's phases in ms, or
-why it was refused, the old server then serving on; see docs/deployment.md).
+default the server's own binary, with the same arguments; commands held back by a QoS limit, a
+fault or a Preempt and Abort are handed over, and a command on the storage that does not complete
+within 5 s refuses it; prints the handover's phases in ms, or why it was refused, the old server then
+serving on; see docs/deployment.md).
 
 Example: vnvme ctl fault_add kind=status nsid=1 opcodes=read status=unrecovered-read-error dnr=true count=1
 Example: vnvme ctl qos_set nsid=1 read_iops=5000 write_bps=50M";

@@ -29,6 +29,8 @@ pub struct OtherSockets {
 #[derive(Debug)]
 struct Saved {
     state: Vec<u8>,
+    /// The commands held back, handed over beside the state.
+    handed: Vec<vnvme_controller::HandedCommand>,
     asked_ns: u64,
     drain_ms: f64,
     save_started_ns: u64,
@@ -131,13 +133,21 @@ impl Upgrader {
             return Err(why);
         }
         let saved = self.saved.lock().take();
-        let (state, asked_ns, drain_ms, save_started_ns, exe) = match saved {
-            Some(s) => (s.state, s.asked_ns, s.drain_ms, s.save_started_ns, s.exe),
+        let (state, handed, asked_ns, drain_ms, save_started_ns, exe) = match saved {
+            Some(s) => (
+                s.state,
+                s.handed,
+                s.asked_ns,
+                s.drain_ms,
+                s.save_started_ns,
+                s.exe,
+            ),
             None => {
                 let (exe, asked_ns) = self.requests.current().unwrap_or((None, now_ns()));
-                (Vec::new(), asked_ns, 0.0, now_ns(), exe)
+                (Vec::new(), Vec::new(), asked_ns, 0.0, now_ns(), exe)
             }
         };
+        let handed_count = handed.len();
         // Copies without close-on-exec: the new process inherits them at
         // the same numbers. Ours are closed once it has started.
         let mut passed: Vec<OwnedFd> = Vec::new();
@@ -191,6 +201,7 @@ impl Upgrader {
                     doorbell_fd,
                     function: device.function_state(),
                     state_len: state.len() as u64,
+                    commands: handed,
                 })
             }
         };
@@ -248,6 +259,7 @@ impl Upgrader {
                     "state_bytes": state.len(),
                     "dma_maps": manifest.client.as_ref().map_or(0, |c| c.maps.len()),
                     "client": manifest.client.is_some(),
+                    "handed_commands": handed_count,
                     "phases_ms": {
                         "drain": drain_ms,
                         "save": ms(save_started_ns, spawned_ns),
@@ -318,10 +330,11 @@ impl Handover<NvmeDevice> for Upgrader {
         ctrl.pause_draining(DRAIN_BOUND);
         let drain_ms = started.elapsed().as_secs_f64() * 1e3;
         let save_started_ns = now_ns();
-        match ctrl.save_state() {
+        match ctrl.save_state_handing() {
             Ok(state) => {
                 *self.saved.lock() = Some(Saved {
                     state: state.encode(),
+                    handed: state.handed().to_vec(),
                     asked_ns,
                     drain_ms: (drain_ms * 1000.0).round() / 1000.0,
                     save_started_ns,
@@ -335,8 +348,9 @@ impl Handover<NvmeDevice> for Upgrader {
                 }
                 Err(format!(
                     "the controller cannot be saved now: {e} (after waiting up to \
-                     {DRAIN_BOUND:?} for commands in flight; handing them over is not supported \
-                     yet): try again"
+                     {DRAIN_BOUND:?} for the commands on its storage: a command a backend has \
+                     is never handed over, since running it again could overwrite newer \
+                     data): try again"
                 ))
             }
         }

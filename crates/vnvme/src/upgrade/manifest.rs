@@ -103,6 +103,11 @@ pub struct HandedClient {
     pub function: FunctionState,
     /// Bytes of saved state after the manifest.
     pub state_len: u64,
+    /// The commands held back at the save (a QoS limit, a fault, a
+    /// Preempt and Abort's fence), which the new process holds again
+    /// (absent from handovers made before they were handed).
+    #[serde(default)]
+    pub commands: Vec<vnvme_controller::HandedCommand>,
 }
 
 impl Manifest {

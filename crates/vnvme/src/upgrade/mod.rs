@@ -7,8 +7,12 @@
 //!
 //! 1. *drain*: stops the queue workers, letting the commands in flight on
 //!    the backends complete, at most [`DRAIN_BOUND`]; a command that takes
-//!    longer makes the upgrade refuse, and the server goes on (handing
-//!    in-flight commands over is not done yet);
+//!    longer makes the upgrade refuse, and the server goes on (never
+//!    handed over: run again while its first copy may still land, a write
+//!    could overwrite data the guest wrote after seeing the second
+//!    complete). Commands held back and not yet given to a backend (a QoS
+//!    limit, a fault, a Preempt and Abort's fence) are handed to the new
+//!    process, which holds them again;
 //! 2. *save*: the controller's state (docs/state-format.md), the PCI
 //!    function's (config space, MSI-X table) and the list of fds, written
 //!    to a sealed memfd ([`manifest`]);
@@ -73,15 +77,17 @@ pub trait ClientWatch: Send + Sync + std::fmt::Debug {
 /// `ExecReload=kill -USR2 $MAINPID`).
 pub const SIGNAL: i32 = signal_hook::consts::SIGUSR2;
 
-/// Most time the queue workers get to complete the commands in flight.
-pub const DRAIN_BOUND: Duration = Duration::from_secs(1);
+/// Most time the queue workers get to complete the commands in flight on
+/// a backend: well under a host's I/O timeout (Linux: 30 s), and long
+/// enough for storage that is slow for a moment (it was 1 s).
+pub const DRAIN_BOUND: Duration = Duration::from_secs(5);
 
 /// Most time the new process gets to say it is ready.
 pub const HANDOVER_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// How long `ask` waits for the outcome: the handover's bound, plus the
 /// wait for the server to reach a point between two messages.
-const ASK_TIMEOUT: Duration = Duration::from_secs(25);
+const ASK_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What happened to a request, for its asker.
 pub type Outcome = Result<Value, String>;

@@ -176,7 +176,9 @@ fn take_rest(
                 Some(_) => Some(next()?),
                 None => None,
             };
-            let state = SavedState::decode(state).context("the handover's saved state")?;
+            let state = SavedState::decode(state)
+                .context("the handover's saved state")?
+                .with_handed(c.commands);
             Some(TakenClient {
                 conn,
                 max_xfer: c.max_xfer,
