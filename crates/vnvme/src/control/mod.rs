@@ -192,8 +192,11 @@ fn accept_loop(
                 let spawned = std::thread::Builder::new()
                     .name("vnvme-control-conn".into())
                     .spawn(move || {
-                        serve_connection(stream, &ctrl, &hooks, &done);
+                        serve_connection(&mut stream, &ctrl, &hooks, &done);
+                        // Its slot is free before the client sees the
+                        // close: one that reconnects then is not refused.
                         o.fetch_sub(1, Ordering::AcqRel);
+                        drop(stream);
                     });
                 match spawned {
                     Ok(t) => threads.push(t),
@@ -223,7 +226,7 @@ fn accept_loop(
 /// for a notification), until the client closes it, breaks a limit, or
 /// the server stops.
 fn serve_connection(
-    mut stream: UnixStream,
+    stream: &mut UnixStream,
     ctrl: &Arc<Controller>,
     hooks: &Hooks,
     done: &AtomicBool,
