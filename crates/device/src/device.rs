@@ -407,6 +407,14 @@ impl vnvme_vfio_user::Device for NvmeDevice {
         self.pci.reset();
         self.msix.reset();
     }
+
+    /// CC (enable, disable, shutdown) and NSSR (subsystem reset) may wait
+    /// for the controller's in-flight commands, which may wait on the
+    /// client's DMA replies; an 8-byte write at 0x10 covers CC too.
+    fn write_may_wait(&self, index: u32, offset: u64) -> bool {
+        use vnvme_spec::regs::offset::{CC, NSSR};
+        index == region::BAR0 && [CC - 4, CC, NSSR].contains(&offset)
+    }
 }
 
 fn libc_einval() -> Errno {

@@ -156,6 +156,15 @@ pub trait Device: Send {
     /// Called before a DMA_UNMAP takes effect, so the device can quiesce users
     /// of that range if it wants. `size == u64::MAX` for "unmap all".
     fn dma_unmapping(&mut self, _iova: u64, _size: u64) {}
+    /// Whether a REGION_WRITE at `offset` of region `index` may wait (for
+    /// the device's workers, which may wait on the client's DMA replies;
+    /// or for the client itself): a server that serves many devices' clients
+    /// on one thread ([`serve_many`]) hands such a message to a helper
+    /// thread, so the others' messages do not wait with it. DEVICE_RESET
+    /// and DMA_UNMAP are always handed so.
+    fn write_may_wait(&self, _index: u32, _offset: u64) -> bool {
+        false
+    }
 }
 
 /// Errors of the server loop and the client.

@@ -10,32 +10,54 @@
 //! from this thread, or reads the socket itself while this thread is busy
 //! with another message (and rings the bell so this thread looks at what
 //! it read): a handler that waits for such a worker does not deadlock.
+//!
+//! A message whose handling may wait (DEVICE_RESET, DMA_UNMAP, a register
+//! write the device says may wait, [`Device::write_may_wait`], such as an
+//! NVMe controller's disable waiting for its commands, which may wait for
+//! the client's DMA replies) is handed to a helper thread of its own, the
+//! `vnvme-helper`, which takes that server and client until it is done:
+//! their later requests wait in the connection's queue (in order), their
+//! replies and DMA replies are still read here, and every other client is
+//! served meanwhile. The helper rings the bell when done.
 
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use rustix::event::epoll::{self, EventData, EventFlags};
 use rustix::event::Timespec;
 
 use super::{ClientState, Server};
+use crate::conn::Message;
 use crate::conn::{error_header, Bell, Conn};
 use crate::door::Door;
 use crate::stop::StopWake;
-use crate::wire::Header;
+use crate::wire::{cmd, read_prefix, Header, RegionAccess};
 use crate::{Device, Error};
 
 /// Epoll tokens besides the connections' (their slot's index).
 const WAKE: u64 = u64::MAX;
 const BELL: u64 = u64::MAX - 1;
 
-/// One server among many: its door and its client, if it has one.
+/// One server among many: its door, and its server and client.
 struct Slot<'a, D: Device> {
     name: String,
-    server: Server<D>,
     door: &'a Door,
+    /// This thread's, or a helper's while `away`.
+    parts: Arc<Mutex<Parts<D>>>,
+    /// A helper has `parts` (set here, cleared by the helper when done).
+    away: Arc<AtomicBool>,
+    /// The client's connection, read here also while `away`.
+    conn: Option<Arc<Conn>>,
+}
+
+struct Parts<D: Device> {
+    server: Server<D>,
     client: Option<Served>,
+    /// How a helper's message ended the client: it is dropped when back.
+    failed: Option<Error>,
 }
 
 struct Served {
@@ -50,10 +72,11 @@ struct Served {
 /// Serves the clients of every `(name for the log, server, door)` on the
 /// calling thread until `stop` (set before `wake` is woken): each door's
 /// connections one at a time, as [`Server::serve_door`] does, with no
-/// thread per server. The caller runs [`Door::watch_all`] on their
-/// listeners. Waits that end with nothing to do count in `idle` (none
-/// while no client has a deadline: the wait has no timeout then).
-pub fn serve_many<D: Device>(
+/// thread per server (a helper thread only while a message that may wait
+/// is handled, see the module docs). The caller runs [`Door::watch_all`]
+/// on their listeners. Waits that end with nothing to do count in `idle`
+/// (none while no client has a deadline: the wait has no timeout then).
+pub fn serve_many<D: Device + 'static>(
     servers: Vec<(String, Server<D>, &Door)>,
     stop: &AtomicBool,
     wake: &StopWake,
@@ -69,16 +92,21 @@ pub fn serve_many<D: Device>(
             door.set_bell(Arc::clone(&bell));
             Slot {
                 name,
-                server,
                 door,
-                client: None,
+                parts: Arc::new(Mutex::new(Parts {
+                    server,
+                    client: None,
+                    failed: None,
+                })),
+                away: Arc::default(),
+                conn: None,
             }
         })
         .collect();
     let hub = Hub { ep, bell };
     let mut events = Vec::with_capacity(64);
     // Every slot is looked at: at start, and when the bell rang (a door
-    // has a connection, or a waiting worker read a socket).
+    // has a connection, a waiting worker read a socket, a helper is done).
     let mut all = true;
     while !stop.load(Ordering::Relaxed) {
         if all {
@@ -123,20 +151,15 @@ pub fn serve_many<D: Device>(
         }
         let now = Instant::now();
         for slot in &mut slots {
-            if slot.client.as_ref().is_some_and(|c| c.more) {
-                hub.service(slot);
-            }
-            if let Some(why) = slot
-                .client
-                .as_ref()
-                .and_then(|c| c.overdue(&slot.server, now))
-            {
-                hub.finish(slot, Err(Error::Protocol(why)));
-            }
+            hub.look_at_deadlines(slot, now);
         }
     }
     for slot in &mut slots {
-        hub.finish(slot, Ok(()));
+        // A helper's waits end with the connection.
+        if let Some(c) = &slot.conn {
+            c.shutdown();
+        }
+        hub.finish(slot, &mut slot.parts.clone().lock(), Ok(()));
     }
     Ok(())
 }
@@ -150,12 +173,17 @@ fn next_deadline<D: Device>(slots: &[Slot<'_, D>]) -> Option<Instant> {
     slots
         .iter()
         .filter_map(|s| {
-            let c = s.client.as_ref()?;
+            let conn = s.conn.as_ref()?;
+            let message = conn.message_deadline();
+            if s.away.load(Ordering::Acquire) {
+                return message;
+            }
+            let parts = s.parts.lock();
+            let c = parts.client.as_ref()?;
             if c.more {
                 return Some(Instant::now());
             }
             let handshake = c.state.dma.is_none().then_some(c.handshake);
-            let message = c.state.conn.message_deadline();
             [handshake, message].into_iter().flatten().min()
         })
         .min()
@@ -172,10 +200,24 @@ impl Served {
                 server.opts.handshake_timeout
             ));
         }
-        if self.state.conn.message_deadline().is_some_and(|d| now >= d) {
+        if stalled(&self.state.conn, now) {
             return Some("peer stalled in the middle of a message".into());
         }
         None
+    }
+}
+
+fn stalled(conn: &Conn, now: Instant) -> bool {
+    conn.message_deadline().is_some_and(|d| now >= d)
+}
+
+/// Whether handling `msg` may wait (see the module docs).
+fn may_wait<D: Device>(device: &D, msg: &Message) -> bool {
+    match msg.header.command {
+        cmd::DEVICE_RESET | cmd::DMA_UNMAP => true,
+        cmd::REGION_WRITE => read_prefix::<RegionAccess>(&msg.payload)
+            .is_some_and(|a| device.write_may_wait(a.region, a.offset)),
+        _ => false,
     }
 }
 
@@ -188,14 +230,15 @@ struct Hub {
 impl Hub {
     /// Takes the connection `slot`'s door has ready, if it has no client.
     fn admit<D: Device>(&self, slot: &mut Slot<'_, D>, index: usize) {
-        if slot.client.is_some() {
+        if slot.conn.is_some() {
             return;
         }
         let Ok(Some(stream)) = slot.door.try_next() else {
             return;
         };
         let _span = tracing::info_span!("controller", name = %slot.name).entered();
-        let opts = &slot.server.opts;
+        let mut parts = slot.parts.lock();
+        let opts = &parts.server.opts;
         let conn = match Conn::pumped(stream, opts.message_timeout, Arc::clone(&self.bell)) {
             Ok(c) => Arc::new(c),
             Err(e) => {
@@ -214,36 +257,67 @@ impl Hub {
             return;
         }
         tracing::info!("vfio-user client connected");
-        slot.client = Some(Served {
-            handshake: Instant::now() + opts.handshake_timeout,
-            state: ClientState::new(conn),
+        let handshake = Instant::now() + opts.handshake_timeout;
+        parts.client = Some(Served {
+            handshake,
+            state: ClientState::new(Arc::clone(&conn)),
             more: false,
         });
+        slot.conn = Some(conn);
     }
 
     /// Sends what waits, reads what came and handles each whole request
-    /// of `slot`'s client; drops the client on an error.
-    fn service<D: Device>(&self, slot: &mut Slot<'_, D>) {
-        let Some(c) = &mut slot.client else {
+    /// of `slot`'s client (or hands it to a helper); drops the client on
+    /// an error.
+    fn service<D: Device + 'static>(&self, slot: &mut Slot<'_, D>) {
+        let Some(conn) = slot.conn.clone() else {
             return;
         };
         let _span = tracing::info_span!("controller", name = %slot.name).entered();
-        let conn = Arc::clone(&c.state.conn);
-        if let Err(e) = conn.flush() {
-            return self.finish(slot, Err(e));
+        let away = slot.away.load(Ordering::Acquire);
+        let parts_arc = Arc::clone(&slot.parts);
+        if !away {
+            let mut parts = parts_arc.lock();
+            if let Some(e) = parts.failed.take() {
+                return self.finish(slot, &mut parts, Err(e));
+            }
         }
+        if let Err(e) = conn.flush() {
+            if !away {
+                self.finish(slot, &mut parts_arc.lock(), Err(e));
+            }
+            return;
+        }
+        let pumped = conn.pump();
+        if away {
+            // The helper's client: its requests wait; an error shows in
+            // the helper's wait, and here when it is back.
+            return;
+        }
+        let mut guard = parts_arc.lock();
+        let parts = &mut *guard;
         // Requests read before an error (a VERSION, then a hang-up) are
         // handled first.
-        let pumped = conn.pump();
         while let Some(msg) = conn.take_request() {
+            let Some(c) = parts.client.as_mut() else {
+                return;
+            };
+            if may_wait(parts.server.device(), &msg) {
+                drop(guard);
+                return self.hand_to_helper(slot, msg);
+            }
             let (command, started) = (msg.header.command, Instant::now());
-            if let Err(e) = slot.server.handle(&mut c.state, msg) {
-                return self.finish(slot, Err(e));
+            if let Err(e) = parts.server.handle(&mut c.state, msg) {
+                return self.finish(slot, parts, Err(e));
             }
             c.state.times.add(command, started.elapsed());
         }
         match pumped {
-            Ok(more) => c.more = more,
+            Ok(more) => {
+                if let Some(c) = parts.client.as_mut() {
+                    c.more = more;
+                }
+            }
             Err(Error::Refused {
                 msg_id,
                 command,
@@ -265,15 +339,82 @@ impl Hub {
                     size,
                     errno,
                 };
-                self.finish(slot, Err(e));
+                self.finish(slot, parts, Err(e));
             }
-            Err(e) => self.finish(slot, Err(e)),
+            Err(e) => self.finish(slot, parts, Err(e)),
+        }
+    }
+
+    /// Hands `msg` (one that may wait) and `slot`'s server and client to
+    /// a thread of its own, which rings the bell when done. If no thread
+    /// can start, it is handled here.
+    fn hand_to_helper<D: Device + 'static>(&self, slot: &mut Slot<'_, D>, msg: Message) {
+        let parts = Arc::clone(&slot.parts);
+        let away = Arc::clone(&slot.away);
+        let bell = Arc::clone(&self.bell);
+        let name = slot.name.clone();
+        away.store(true, Ordering::Release);
+        // Given back by the thread, or here if it never starts.
+        let msg = Arc::new(Mutex::new(Some(msg)));
+        let given = Arc::clone(&msg);
+        let started = std::thread::Builder::new()
+            .name("vnvme-helper".into())
+            .spawn(move || {
+                let _span = tracing::info_span!("controller", name = %name).entered();
+                if let Some(msg) = given.lock().take() {
+                    handle_one(&mut parts.lock(), msg);
+                }
+                away.store(false, Ordering::Release);
+                bell.ring();
+            });
+        if let Err(e) = started {
+            tracing::warn!(error = %e, "starting a helper thread: the message is handled here");
+            slot.away.store(false, Ordering::Release);
+            if let Some(msg) = msg.lock().take() {
+                handle_one(&mut slot.parts.lock(), msg);
+            }
+            self.bell.ring();
+        }
+    }
+
+    /// Drops clients whose time is up: here, or for a helper's client,
+    /// its connection is shut down (which ends the helper's waits) and it
+    /// is dropped when the helper is done.
+    fn look_at_deadlines<D: Device + 'static>(&self, slot: &mut Slot<'_, D>, now: Instant) {
+        let Some(conn) = slot.conn.clone() else {
+            return;
+        };
+        if slot.away.load(Ordering::Acquire) {
+            if stalled(&conn, now) {
+                conn.shutdown();
+            }
+            return;
+        }
+        let parts_arc = Arc::clone(&slot.parts);
+        let mut parts = parts_arc.lock();
+        if parts.client.as_ref().is_some_and(|c| c.more) {
+            drop(parts);
+            self.service(slot);
+            parts = parts_arc.lock();
+        }
+        let why = parts
+            .client
+            .as_ref()
+            .and_then(|c| c.overdue(&parts.server, now));
+        if let Some(why) = why {
+            self.finish(slot, &mut parts, Err(Error::Protocol(why)));
         }
     }
 
     /// Ends `slot`'s client, if it has one, as [`Server::serve_door`] does.
-    fn finish<D: Device>(&self, slot: &mut Slot<'_, D>, result: Result<(), Error>) {
-        let Some(mut c) = slot.client.take() else {
+    fn finish<D: Device>(
+        &self,
+        slot: &mut Slot<'_, D>,
+        parts: &mut Parts<D>,
+        result: Result<(), Error>,
+    ) {
+        slot.conn = None;
+        let Some(mut c) = parts.client.take() else {
             return;
         };
         let _span = tracing::info_span!("controller", name = %slot.name).entered();
@@ -281,11 +422,24 @@ impl Hub {
         if let Err(e) = epoll::delete(&self.ep, c.state.conn.fd().as_fd()) {
             tracing::debug!(error = %e, "removing a vfio-user connection from epoll");
         }
-        slot.server.end_client(&mut c.state);
+        parts.server.end_client(&mut c.state);
         slot.door.set_owner(None);
         match result {
             Ok(()) | Err(Error::Disconnected) => tracing::info!("vfio-user client disconnected"),
             Err(e) => tracing::warn!(error = %e, "vfio-user client dropped"),
         }
+    }
+}
+
+/// Handles one request of `parts`' client (on a helper thread); an error
+/// is kept for the serving thread, which drops the client.
+fn handle_one<D: Device>(parts: &mut Parts<D>, msg: Message) {
+    let Some(c) = parts.client.as_mut() else {
+        return;
+    };
+    let (command, started) = (msg.header.command, Instant::now());
+    match parts.server.handle(&mut c.state, msg) {
+        Ok(()) => c.state.times.add(command, started.elapsed()),
+        Err(e) => parts.failed = Some(e),
     }
 }

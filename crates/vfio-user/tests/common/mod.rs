@@ -27,6 +27,8 @@ pub struct Shared {
     pub attaches: AtomicUsize,
     pub detaches: AtomicUsize,
     pub unmapping: Mutex<Vec<(u64, u64)>>,
+    /// Config writes at `CONFIG_DMA_TRIGGER` that began their DMA.
+    pub dma_started: AtomicUsize,
 }
 
 #[derive(Debug)]
@@ -122,6 +124,7 @@ impl Device for RamDevice {
         if index == region::CONFIG && offset == CONFIG_DMA_TRIGGER {
             // DMA from the control thread, while the client waits for this reply.
             let dma = self.shared.dma.lock().clone().ok_or(libc::EIO)?;
+            self.shared.dma_started.fetch_add(1, Ordering::SeqCst);
             // The tests check the client sees the failure, as EIO.
             return dma
                 .write(GuestAddress(CONFIG_DMA_TARGET), data)
@@ -185,6 +188,11 @@ impl Device for RamDevice {
 
     fn dma_unmapping(&mut self, iova: u64, size: u64) {
         self.shared.unmapping.lock().push((iova, size));
+    }
+
+    /// The DMA trigger waits for the client's DMA reply.
+    fn write_may_wait(&self, index: u32, offset: u64) -> bool {
+        index == region::CONFIG && offset == CONFIG_DMA_TRIGGER
     }
 }
 
