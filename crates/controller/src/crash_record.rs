@@ -50,9 +50,9 @@ pub trait CrashRecord: Send + Sync + std::fmt::Debug {
     fn sq(&self, qid: u16, pos: SqPosition);
     /// CQ `qid` stands at `pos` (a worker, after a round).
     fn cq(&self, qid: u16, pos: CqPosition);
-    /// An admin command ran: the state other than positions may have
-    /// changed (called by the admin queue's worker, before the round that
-    /// ran it ends).
+    /// An admin command ran, or an I/O command that changes saved state
+    /// (a reservation command): the state other than positions may have
+    /// changed (called by the worker that ran it, before its round ends).
     fn admin_done(&self);
     /// Command `cid` of SQ `qid` went in flight, fetched when the SQ
     /// stood at `pos` (its head past the command).
@@ -134,7 +134,7 @@ pub(crate) fn completed(record: Option<&Arc<dyn CrashRecord>>, qid: u16, cid: u1
     }
 }
 
-/// After an admin command ran.
+/// After an admin command ran (or a reservation command changed one).
 pub(crate) fn admin_done(record: Option<&Arc<dyn CrashRecord>>) {
     if let Some(rec) = record {
         rec.admin_done();

@@ -122,6 +122,12 @@ fn run(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Option<u64>, Status> {
     }
     if let Some(r) = reservation::command(ctx, cmd, &ns, op) {
         ctx.scratch.fence = r?;
+        if op != NvmOpcode::RESERVATION_REPORT {
+            // A registrant or a reservation changed: saved state, which a
+            // supervised server keeps at its next checkpoint as after an
+            // admin command (a crash would otherwise forget it).
+            crate::crash_record::admin_done(ctx.shared.crash.get());
+        }
         return Ok(None);
     }
     let writes = !READ_GROUP.contains(&op);

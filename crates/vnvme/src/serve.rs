@@ -142,9 +142,9 @@ pub struct ServeOptions {
     /// client is served). Costs a process, an fd per file the client shares, a pause of the workers
     /// and a state write per state change (admin command, register write, DMA map), two stores per
     /// queue per worker round, two per command that goes in flight (on the `file` backend, or held)
-    /// and one per doorbell trap. Live upgrade is refused under it; on a zoned namespace a Zone
-    /// Append interrupted by a crash and retried may append twice. See docs/deployment.md, "Crash
-    /// recovery".
+    /// and one per doorbell trap. Live upgrade is refused under it, and so are `ram` and zoned
+    /// namespaces (their data, or their write pointers, would not survive a crash). See
+    /// docs/deployment.md, "Crash recovery".
     #[arg(long)]
     pub supervise: bool,
     #[command(flatten)]
@@ -283,6 +283,20 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
                 "namespace {} keeps its data in this process's memory (ram), which a crash \
                  would lose: --supervise serves `file` namespaces (PATH:file) until `ram` \
                  data lives in shared memory (issue 35)",
+                i + 1
+            );
+        }
+    }
+    if let Some(i) = namespaces.iter().position(|n| n.zoned.is_some()) {
+        if supervised {
+            // Writes, appends and zone actions move write pointers and
+            // zone states, I/O commands the crash area does not keep: a
+            // new server after a crash would restore older ones, and the
+            // host's next write at its write pointer would fail.
+            bail!(
+                "namespace {} is zoned: --supervise does not keep its write pointers and zone \
+                 states as they change, so a new server after a crash would restore older \
+                 ones (issue 35); serve it without --supervise (live upgrade keeps them)",
                 i + 1
             );
         }
