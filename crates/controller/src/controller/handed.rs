@@ -101,6 +101,11 @@ pub(super) fn hold_again(
     for c in handed {
         let what = || format!("handed command {} of SQ {}", c.cid, c.sqid);
         let cmd = c.command();
+        if c.sqid == 0 {
+            // Only I/O commands are held back (faults and limits match
+            // I/O commands): one on the admin queue would run as I/O.
+            return Err(inconsistent(format!("{}: the admin queue's", what())).into());
+        }
         if cmd.cid() != c.cid {
             return Err(inconsistent(format!("{}: its SQE has CID {}", what(), cmd.cid())).into());
         }

@@ -114,6 +114,9 @@ fn handed_commands_that_do_not_fit_are_refused_by_name() {
     let mut no_sq = one.clone();
     no_sq.sqid = 5;
     assert!(refused(vec![no_sq]).contains("SQ is not in the saved state"));
+    let mut admin = one.clone();
+    (admin.sqid, admin.cqid) = (0, 0);
+    assert!(refused(vec![admin]).contains("the admin queue's"));
     let mut wrong_cq = one.clone();
     wrong_cq.cqid = 0;
     assert!(refused(vec![wrong_cq]).contains("SQ 1 posts to CQ 1, not 0"));
