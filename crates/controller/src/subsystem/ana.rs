@@ -158,6 +158,7 @@ impl Ana {
     pub fn restore(&self, saved: &SavedAna) -> Result<(), InvalidState> {
         let mut states = BTreeMap::new();
         for (cntlid, grpid, name, count) in &saved.states {
+            // The parse error only repeats the name, which the message gives.
             let state: AnaState = name.parse().map_err(|_| {
                 inconsistent(format!(
                     "ANA group {grpid} on controller {cntlid}: {name:?} is not an ANA state"
