@@ -71,6 +71,13 @@ struct Control {
     paused: bool,
 }
 
+impl Control {
+    /// Workers run: threads of its own, or members of poll groups.
+    fn has_workers(&self) -> bool {
+        !self.threads.is_empty() || self.members.is_some()
+    }
+}
+
 /// An NVMe controller. `Send + Sync`; every method takes `&self`.
 ///
 /// Threading: [`mmio_read`](Self::mmio_read) and

@@ -214,7 +214,11 @@ impl<D: Device> Server<D> {
         self.serve_door_with(door, stop, None, None)
     }
 
-    fn serve_door_with(
+    /// As [`serve_door`](Self::serve_door), serving `adopted` (a client
+    /// another process handed over) first, and handing the client over
+    /// when `handover` asks (see [`crate::handover`]): one controller of a
+    /// process serving several, each on its thread.
+    pub fn serve_door_with(
         &mut self,
         door: &Door,
         stop: &AtomicBool,

@@ -294,17 +294,30 @@ impl DeviceOptions {
         origin: &Origin,
         groups: Option<PollGroups>,
     ) -> Result<NvmeDevice> {
+        Ok(NvmeDevice::new(
+            self.joining_config(first, cntlid, origin, groups),
+        )?)
+    }
+
+    /// What [`build_joining`](Self::build_joining) builds the device from
+    /// (a live upgrade's next process restores one from it).
+    pub fn joining_config(
+        &self,
+        first: &NvmeDevice,
+        cntlid: u16,
+        origin: &Origin,
+        groups: Option<PollGroups>,
+    ) -> DeviceConfig {
         let controller = ControllerConfig {
             cntlid,
             ..self.controller_config(origin)
         };
-        let config = DeviceConfig {
+        DeviceConfig {
             msix_vectors: self.msix_vectors,
             interrupts: self.interrupts,
             poll_groups: groups,
             subsystem_of: Some(std::sync::Arc::clone(first.controller())),
             ..DeviceConfig::new(controller, Vec::new())
-        };
-        Ok(NvmeDevice::new(config)?)
+        }
     }
 }

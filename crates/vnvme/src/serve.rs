@@ -66,7 +66,7 @@ pub struct ServeOptions {
     /// given, it must be the inherited socket's path. Given more than once: one NVM subsystem (one
     /// serial and NQN, derived from the first socket) with a controller per socket, CNTLID 1, 2,
     /// ... in the order given, sharing the namespaces (multipath, shared disks; see
-    /// docs/subsystem.md).
+    /// docs/subsystem.md); `vnvme ctl upgrade` hands every controller over at once.
     #[arg(long, short = 's', value_name = "PATH")]
     pub socket: Vec<PathBuf>,
     /// The vfio-user socket's permissions, in octal (connecting needs write permission). Default
@@ -247,7 +247,7 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
             qos,
             qos_groups,
         };
-        return subsystem::run(&opts, inherited, config);
+        return subsystem::run(&opts, inherited, config, handover);
     }
     let server_options = opts.server_options()?;
     // Before the device: a group that does not exist fails the start at once.
@@ -544,7 +544,7 @@ fn handed_sockets(
 }
 
 /// Why this server cannot be upgraded at all, if so.
-fn cannot_upgrade(backends: &[Arc<dyn vnvme_blockdev::BlockDevice>]) -> Option<String> {
+pub(crate) fn cannot_upgrade(backends: &[Arc<dyn vnvme_blockdev::BlockDevice>]) -> Option<String> {
     if let Some(i) = backends.iter().position(|b| !b.outlives_process()) {
         return Some(format!(
             "namespace {} keeps its data in this process's memory (ram): an upgrade would lose \

@@ -132,6 +132,10 @@ impl Controller {
                 }
             }
             ctl.members = Some(members);
+            // As for threads of its own: a pause stops them and a resume
+            // joins them again on this session.
+            ctl.session = Some(Arc::clone(session));
+            ctl.paused = false;
             return true;
         }
         for (i, w) in self.shared.queues.mailboxes.iter().enumerate() {

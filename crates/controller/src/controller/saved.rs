@@ -42,7 +42,7 @@ impl Controller {
         // a holder of it takes too.
         self.shared.sanitize().task.stop();
         let mut ctl = self.control.lock();
-        if ctl.threads.is_empty() {
+        if !ctl.has_workers() {
             return;
         }
         self.stop_workers(&mut ctl);
@@ -97,7 +97,7 @@ impl Controller {
 
     fn save_with(&self, handing: bool) -> Result<SavedState, StateError> {
         let ctl = self.control.lock();
-        if !ctl.paused && !ctl.threads.is_empty() {
+        if !ctl.paused && ctl.has_workers() {
             return Err(StateError::NotPaused);
         }
         let shared = &*self.shared;
@@ -203,7 +203,7 @@ impl Controller {
     /// the controller is enabled, and before others join it.
     pub fn restore_subsystem(&self, state: &SavedState) -> Result<(), StateError> {
         let ctl = self.control.lock();
-        if !ctl.threads.is_empty() {
+        if ctl.has_workers() {
             return Err(StateError::NotPaused);
         }
         self.shared

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use vnvme_controller::{NamespaceConfig, NamespaceIds, PollGroups};
 use vnvme_vfio_user::activation::Activated;
+use vnvme_vfio_user::handover::{Adopted, Handover};
 use vnvme_vfio_user::{Door, ServerOptions};
 
 use super::{watch_stop, ServeOptions, DEFAULT_SOCKET, STOP_TIMEOUT};
@@ -347,5 +348,85 @@ pub(super) fn serve_each<'a>(
                 count
             }
         }
+    })
+}
+
+/// One controller for [`serve_each_handing`].
+pub(super) struct Serving<'a> {
+    /// For the log.
+    pub name: String,
+    pub listener: &'a UnixListener,
+    pub server: ServerOptions,
+    pub device: NvmeDevice,
+    /// Its part in a live upgrade of every controller.
+    pub handover: Option<&'a dyn Handover<NvmeDevice>>,
+    /// Its client, handed over by the previous process.
+    pub adopted: Option<Adopted>,
+}
+
+/// As [`serve_each`], but each controller's client on a thread of its
+/// own, which hands it over when `handover` asks (a subsystem's live
+/// upgrade: each thread waits between two of its client's messages for
+/// the others, which one shared thread could not); `ready` once every
+/// thread runs.
+pub(super) fn serve_each_handing<'a>(
+    controllers: impl Iterator<Item = Serving<'a>>,
+    stop: &Stop,
+    ready: impl FnOnce(),
+) -> usize {
+    let controllers: Vec<_> = controllers.collect();
+    let doors: Vec<Door> = controllers.iter().map(|_| Door::default()).collect();
+    let watched: Vec<(&Door, &UnixListener)> = doors
+        .iter()
+        .zip(&controllers)
+        .map(|(door, c)| (door, c.listener))
+        .collect();
+    // The doors' waits that found nothing (none: they wait on the stop).
+    let idle = AtomicU64::new(0);
+    std::thread::scope(|scope| {
+        let keeper = std::thread::Builder::new()
+            .name("vfio-user-doors".into())
+            .spawn_scoped(scope, || {
+                Door::watch_all(&watched, stop.flag(), Some(stop.wake()), &idle)
+            });
+        if let Err(e) = keeper {
+            tracing::error!("starting the thread of the controllers' sockets: {e}");
+            stop.ask();
+            return controllers.len();
+        }
+        let handles: Vec<_> = controllers
+            .into_iter()
+            .zip(&doors)
+            .map(|(c, door)| {
+                std::thread::Builder::new()
+                    .name("vnvme-conn".into())
+                    .spawn_scoped(scope, move || {
+                        let server = ServerOptions {
+                            stop_wake: Some(stop.wake().clone()),
+                            ..c.server
+                        };
+                        let mut s = vnvme_vfio_user::Server::with_options(c.device, server);
+                        let r = s.serve_door_with(door, stop.flag(), c.handover, c.adopted);
+                        if let Err(e) = &r {
+                            tracing::error!("{}: serving vfio-user: {e}", c.name);
+                        }
+                        r.is_err()
+                    })
+            })
+            .collect();
+        // Every listener listens already: the clients may come.
+        ready();
+        let mut failed = 0;
+        for h in handles {
+            match h {
+                Ok(h) => failed += usize::from(h.join().unwrap_or(true)),
+                Err(e) => {
+                    tracing::error!("starting a controller's connection thread: {e}");
+                    stop.ask();
+                    failed += 1;
+                }
+            }
+        }
+        failed
     })
 }

@@ -75,9 +75,7 @@ impl Upgrader {
         configured: Vec<(u32, Arc<dyn BlockDevice>)>,
         unsupported: Option<String>,
     ) -> Self {
-        let mut argv = std::env::args_os();
-        let program = argv.next().unwrap_or_else(|| "vnvme".into());
-        let args = without_handover_fd(argv.collect());
+        let (program, args) = own_command();
         Self {
             requests,
             listener,
@@ -97,26 +95,6 @@ impl Upgrader {
     pub fn supervised_by(mut self, forward: Option<Box<dyn super::ClientWatch>>) -> Self {
         self.forward = forward;
         self
-    }
-
-    fn release_locks(&self) -> Result<(), String> {
-        for (i, b) in self.backends.iter().enumerate() {
-            b.hand_over_lock(false)
-                .map_err(|e| format!("letting go of namespace {}'s lock: {e}", i + 1))?;
-        }
-        Ok(())
-    }
-
-    fn retake_locks(&self) {
-        for (i, b) in self.backends.iter().enumerate() {
-            if let Err(e) = b.hand_over_lock(true) {
-                tracing::error!(
-                    "taking namespace {}'s lock back after a failed upgrade: {e} (another \
-                     process may now open its file)",
-                    i + 1
-                );
-            }
-        }
     }
 
     /// Why this server cannot be upgraded now, if so.
@@ -216,13 +194,14 @@ impl Upgrader {
             client,
             crash: None,
             spawned_ns: now_ns(),
+            controllers: Vec::new(),
         };
         let handover = manifest::write(&manifest, &state)
             .map_err(|e| format!("writing the handover memfd: {e}"))?;
         let handover_fd = pass(handover.as_fd())?;
         drop(handover);
         let program = exe.map_or_else(|| self.program.clone(), OsString::from);
-        self.release_locks()?;
+        release_locks(&self.backends)?;
         let spawned_ns = now_ns();
         let child = Command::new(&program)
             .args(&self.args)
@@ -233,7 +212,7 @@ impl Upgrader {
         let mut child = match child {
             Ok(c) => c,
             Err(e) => {
-                self.retake_locks();
+                retake_locks(&self.backends);
                 return Err(format!(
                     "starting {}: {e}",
                     std::path::Path::new(&program).display()
@@ -272,7 +251,7 @@ impl Upgrader {
             Err(why) => {
                 let _ = child.kill();
                 let status = child.wait();
-                self.retake_locks();
+                retake_locks(&self.backends);
                 let status = status.map_or_else(|e| format!("unknown ({e})"), |s| s.to_string());
                 Err(format!(
                     "the new process ({}) {why}; it is gone ({status}), this one serves on",
@@ -378,6 +357,36 @@ impl Handover<NvmeDevice> for Upgrader {
     }
 }
 
+/// This process's argv\[0\] and the arguments after it, without
+/// `--handover-fd`: what a new process is started with.
+pub(super) fn own_command() -> (OsString, Vec<OsString>) {
+    let mut argv = std::env::args_os();
+    let program = argv.next().unwrap_or_else(|| "vnvme".into());
+    (program, without_handover_fd(argv.collect()))
+}
+
+/// Lets go of the namespaces' locks, for the new process to take them.
+pub(super) fn release_locks(backends: &[Arc<dyn BlockDevice>]) -> Result<(), String> {
+    for (i, b) in backends.iter().enumerate() {
+        b.hand_over_lock(false)
+            .map_err(|e| format!("letting go of namespace {}'s lock: {e}", i + 1))?;
+    }
+    Ok(())
+}
+
+/// Takes the namespaces' locks back after a failed upgrade.
+pub(super) fn retake_locks(backends: &[Arc<dyn BlockDevice>]) {
+    for (i, b) in backends.iter().enumerate() {
+        if let Err(e) = b.hand_over_lock(true) {
+            tracing::error!(
+                "taking namespace {}'s lock back after a failed upgrade: {e} (another \
+                 process may now open its file)",
+                i + 1
+            );
+        }
+    }
+}
+
 /// Waits for the new process's status line: its `ready` object, or why
 /// not (it said so, it exited, or it said nothing in time).
 pub(crate) fn wait_ready(status: &OwnedFd, child: &mut Child) -> Result<Value, String> {
@@ -471,7 +480,7 @@ fn without_handover_fd(args: Vec<OsString>) -> Vec<OsString> {
 /// NSID it removed first. A new process started with the same arguments
 /// would not serve it, and a saved namespace it does not configure would
 /// come back empty; removed and detached namespaces are in the state.
-fn added_at_run_time(
+pub(super) fn added_at_run_time(
     configured: &[(u32, Arc<dyn BlockDevice>)],
     now: &[(u32, Arc<dyn BlockDevice>)],
 ) -> Option<String> {

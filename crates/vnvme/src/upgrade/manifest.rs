@@ -50,6 +50,27 @@ pub struct Manifest {
     pub crash: Option<HandedCrash>,
     /// When the old process started the new one (CLOCK_MONOTONIC, ns).
     pub spawned_ns: u64,
+    /// A server of several controllers (`--socket` given more than once):
+    /// each one's listening socket, client and saved state, in CNTLID
+    /// order (`client` is then absent, and `listener_fd` a second copy of
+    /// the first's socket). Empty for one controller.
+    #[serde(default)]
+    pub controllers: Vec<HandedController>,
+}
+
+/// One controller of a server with several.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HandedController {
+    pub listener_fd: i32,
+    pub socket_owned: bool,
+    /// Its client, if one was served (its `state_len` is 0: the state is
+    /// the controller's, below).
+    pub client: Option<HandedClient>,
+    /// Bytes of its saved state, after the previous controller's (every
+    /// controller has one, client or not: the first's carries the
+    /// subsystem's shared parts).
+    pub state_len: u64,
 }
 
 /// The crash area a supervisor shares with its child.
@@ -134,7 +155,24 @@ impl Manifest {
                 v.extend(c.doorbell_fd);
             }
         }
+        for c in &self.controllers {
+            v.push(c.listener_fd);
+            if let Some(c) = &c.client {
+                v.push(c.conn_fd);
+                v.extend(&c.file_fds);
+                v.extend(c.vector_fds.iter().flatten());
+                v.extend(c.intx_fd);
+                v.extend(c.doorbell_fd);
+            }
+        }
         v
+    }
+
+    /// Bytes of saved state after the manifest: the client's, then each
+    /// controller's.
+    pub fn state_len(&self) -> u64 {
+        let one = self.client.as_ref().map_or(0, |c| c.state_len);
+        (self.controllers.iter()).fold(one, |n, c| n.saturating_add(c.state_len))
     }
 }
 
@@ -212,7 +250,7 @@ pub fn read(fd: OwnedFd) -> Result<(Manifest, Vec<u8>), ManifestError> {
     let mut json = vec![0u8; json_len as usize];
     file.read_exact(&mut json).map_err(ManifestError::Io)?;
     let manifest: Manifest = serde_json::from_slice(&json).map_err(ManifestError::Json)?;
-    let state_len = manifest.client.as_ref().map_or(0, |c| c.state_len);
+    let state_len = manifest.state_len();
     if state_len > MAX_STATE {
         return Err(ManifestError::StateSize(state_len));
     }

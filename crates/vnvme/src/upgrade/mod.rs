@@ -32,7 +32,9 @@
 //! message is lost or left unanswered (the handover happens between
 //! messages, after the requests already read are answered), and no reset.
 //!
-//! Single-controller `vnvme serve` only; `[[controllers]]` refuses.
+//! A server with several controllers (`--socket A --socket B`, one
+//! subsystem) hands them all over at once ([`Several`]); `[[controllers]]`
+//! refuses.
 
 use std::io::Write;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -48,11 +50,13 @@ use serde_json::Value;
 
 mod handoff;
 pub mod manifest;
+mod several;
 mod successor;
 
 pub(crate) use handoff::wait_ready;
 pub use handoff::{OtherSockets, Upgrader};
-pub use successor::{take, CrashedFds, Reporter, Taken, TakenClient, TakenCrash};
+pub use several::{Door, Several};
+pub use successor::{take, CrashedFds, Reporter, Taken, TakenClient, TakenController, TakenCrash};
 
 /// Told of every change in the client's fds, between two messages: the
 /// forwarder of a supervised server (`vnvme serve --supervise`), which
@@ -121,6 +125,8 @@ pub struct Requests {
     wake: UnixStream,
     /// The other end, which `ask` writes to.
     waker: UnixStream,
+    /// More wakes' other ends ([`another_wake`](Self::another_wake)).
+    more: Mutex<Vec<UnixStream>>,
 }
 
 /// Sent by the control socket once the reply to an upgrade is written.
@@ -156,6 +162,7 @@ impl Requests {
             signal,
             wake,
             waker,
+            more: Mutex::new(Vec::new()),
         }))
     }
 
@@ -190,6 +197,9 @@ impl Requests {
         }
         // A full socket (WouldBlock) already wakes the loop.
         let _ = (&self.waker).write(&[1]);
+        for w in self.more.lock().iter() {
+            let _ = (&*w).write(&[1]);
+        }
         match outcome.recv_timeout(ASK_TIMEOUT) {
             Ok(o) => (o, Some(Written(written_tx))),
             Err(_) => (
@@ -200,6 +210,25 @@ impl Requests {
                 None,
             ),
         }
+    }
+
+    /// Another fd readable once a request is made, for one more thread
+    /// serving a client (each controller of a server with several): the
+    /// signal and [`ask`](Self::ask) write to it too.
+    pub fn another_wake(&self) -> Result<UnixStream> {
+        let (wake, waker) = UnixStream::pair().context("creating an upgrade wake socket")?;
+        wake.set_nonblocking(true)
+            .context("creating an upgrade wake socket")?;
+        waker
+            .set_nonblocking(true)
+            .context("creating an upgrade wake socket")?;
+        let signal_waker = waker
+            .try_clone()
+            .context("creating an upgrade wake socket")?;
+        signal_hook::low_level::pipe::register(SIGNAL, signal_waker)
+            .context("installing the upgrade signal (SIGUSR2)")?;
+        self.more.lock().push(waker);
+        Ok(wake)
     }
 
     /// A copy of the socket that wakes the client's thread: a crash
@@ -214,7 +243,7 @@ impl Requests {
     }
 
     /// The request to serve now (a signal becomes one without a reply).
-    fn current(&self) -> Option<(Option<PathBuf>, u64)> {
+    pub(crate) fn current(&self) -> Option<(Option<PathBuf>, u64)> {
         let mut pending = self.pending.lock();
         if pending.is_none() && self.signal.swap(false, Ordering::AcqRel) {
             tracing::info!("upgrade asked by signal (SIGUSR2)");
@@ -230,7 +259,7 @@ impl Requests {
 
     /// Answers the current request with `outcome`; on success waits (at
     /// most a second) until the asker's reply is written out.
-    fn answer(&self, outcome: Outcome) {
+    pub(crate) fn answer(&self, outcome: Outcome) {
         self.signal.store(false, Ordering::Release);
         let Some(p) = self.pending.lock().take() else {
             return;

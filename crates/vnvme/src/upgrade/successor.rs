@@ -27,6 +27,19 @@ pub struct Taken {
     pub client: Option<TakenClient>,
     /// The supervisor's crash area (`--supervise`).
     pub crash: Option<TakenCrash>,
+    /// A server of several controllers: each one's (see
+    /// [`Manifest::controllers`]).
+    pub controllers: Vec<TakenController>,
+}
+
+/// One controller of a server with several.
+#[derive(Debug)]
+pub struct TakenController {
+    pub listener: UnixListener,
+    pub socket_owned: bool,
+    /// Its client (whose `state` is the controller's, as below).
+    pub client: Option<TakenClient>,
+    pub state: SavedState,
 }
 
 /// The crash area, and a dead child's client to restore from it.
@@ -161,34 +174,24 @@ fn take_rest(
         qos,
         client,
         crash,
+        controllers: handed_controllers,
         ..
     } = manifest;
+    let mut rest = state;
+    let mut state_of = |len: u64| -> Result<SavedState> {
+        let len = usize::try_from(len).context("the handover's state length")?;
+        if len > rest.len() {
+            bail!("the handover's states are longer than its bytes");
+        }
+        let (one, after) = rest.split_at(len);
+        rest = after;
+        SavedState::decode(one).context("the handover's saved state")
+    };
     let client = match client {
         None => None,
         Some(c) => {
-            let conn = UnixStream::from(expect_socket(next()?, "client connection")?);
-            let mut files = Vec::new();
-            for _ in &c.file_fds {
-                files.push(next()?);
-            }
-            let (vectors, intx) = take_irqs(&c.vector_fds, c.intx_fd, next)?;
-            let doorbells = match c.doorbell_fd {
-                Some(_) => Some(next()?),
-                None => None,
-            };
-            let state = SavedState::decode(state)
-                .context("the handover's saved state")?
-                .with_handed(c.commands);
-            Some(TakenClient {
-                conn,
-                max_xfer: c.max_xfer,
-                maps: c.maps,
-                files,
-                irqs: IrqFds { vectors, intx },
-                doorbells,
-                function: c.function,
-                state,
-            })
+            let state = state_of(c.state_len)?;
+            Some(take_client(c, state, next)?)
         }
     };
     let crash = match crash {
@@ -228,7 +231,23 @@ fn take_rest(
             Some(TakenCrash { area, client })
         }
     };
+    let mut controllers = Vec::new();
+    for c in handed_controllers {
+        let listener = UnixListener::from(expect_socket(next()?, "listening socket")?);
+        let state = state_of(c.state_len)?;
+        let client = match c.client {
+            None => None,
+            Some(client) => Some(take_client(client, state.clone(), next)?),
+        };
+        controllers.push(TakenController {
+            listener,
+            socket_owned: c.socket_owned,
+            client,
+            state,
+        });
+    }
     Ok(Taken {
+        controllers,
         listener: Some(listener),
         socket_owned,
         control,
@@ -237,6 +256,35 @@ fn take_rest(
         supervisor,
         client,
         crash,
+    })
+}
+
+/// A client's fds, in the order [`Manifest::fds`] names them, with its
+/// controller's `state`.
+fn take_client(
+    c: super::manifest::HandedClient,
+    state: SavedState,
+    next: &mut impl FnMut() -> Result<OwnedFd>,
+) -> Result<TakenClient> {
+    let conn = UnixStream::from(expect_socket(next()?, "client connection")?);
+    let mut files = Vec::new();
+    for _ in &c.file_fds {
+        files.push(next()?);
+    }
+    let (vectors, intx) = take_irqs(&c.vector_fds, c.intx_fd, next)?;
+    let doorbells = match c.doorbell_fd {
+        Some(_) => Some(next()?),
+        None => None,
+    };
+    Ok(TakenClient {
+        conn,
+        max_xfer: c.max_xfer,
+        maps: c.maps,
+        files,
+        irqs: IrqFds { vectors, intx },
+        doorbells,
+        function: c.function,
+        state: state.with_handed(c.commands),
     })
 }
 

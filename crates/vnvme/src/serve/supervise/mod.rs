@@ -348,6 +348,7 @@ fn start(
             client: handed.client.map(|t| crashed(t, &mut pass)).transpose()?,
         }),
         spawned_ns: now_ns(),
+        controllers: Vec::new(),
     };
     drop(theirs);
     let handover =
