@@ -141,6 +141,7 @@ fn qos_limited_io_is_handed_over_at_each_upgrade() {
         // Into the round: its commands wait for the limit.
         std::thread::sleep(Duration::from_millis(100));
         let report = s.upgrade();
+        eprintln!("upgrade {}: {report}", i + 1);
         handed.push(report["handed_commands"].as_u64().unwrap());
     }
     // Each upgrade handed over the commands the limit held.
