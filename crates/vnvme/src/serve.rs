@@ -309,6 +309,16 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
         Some(c) => (Some(c.area), c.client),
         None => (None, None),
     };
+    if let Some((t, _)) = &handover {
+        if !t.controllers.is_empty() {
+            // Its clients would be dropped unserved.
+            bail!(
+                "the handover has {} controllers and this server one --socket: not this \
+                 server's handover",
+                t.controllers.len()
+            );
+        }
+    }
     let mut client = handover.as_mut().and_then(|(t, _)| t.client.take());
     let mut recorded = None;
     if let (Some(fds), Some(area)) = (crashed, &crash_area) {

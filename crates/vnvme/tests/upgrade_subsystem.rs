@@ -283,6 +283,8 @@ fn two_controllers_upgrade_twice_with_io_reservation_ana_and_attachment() {
     for _ in 0..2 {
         more_rounds(&r, &done);
         let report = r.upgrade();
+        // The handover's phases, for `cargo test -- --nocapture`.
+        eprintln!("upgrade: {report}");
         assert_eq!(report["controllers"], 2, "{report}");
         assert_eq!(report["clients"], 2, "{report}");
         more_rounds(&r, &done);
@@ -337,6 +339,39 @@ fn a_half_sent_message_delays_or_refuses_the_upgrade_and_never_hangs_it() {
     let _ = half.read_to_end(&mut rest);
     let report = r.upgrade();
     assert_eq!(report["clients"], 1, "{report}");
+    a.round(0, 2).unwrap();
+    assert!(ctl(&r.control, &["shutdown"]).status.success());
+}
+
+#[test]
+fn a_successor_with_one_socket_refuses_a_subsystems_handover() {
+    let mut r = rig("upgrade-subsys-one", &[]);
+    let mut a = Client::connect(&r.sockets[0]);
+    a.round(0, 0).unwrap();
+    // The new binary started with the second --socket left out.
+    let exe = r.dir.join("one-socket.sh");
+    std::fs::write(
+        &exe,
+        format!(
+            "#!/bin/sh\nn=0\nfor a in \"$@\"; do\n  shift\n  n=$((n + 1))\n  \
+             if [ \"$a\" = --socket ] && [ $n -gt 2 ]; then skip=1; continue; fi\n  \
+             if [ -n \"$skip\" ]; then skip=; continue; fi\n  set -- \"$@\" \"$a\"\ndone\n\
+             exec {BIN} \"$@\"\n"
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&exe, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let out = ctl(&r.control, &["upgrade", "--exe", exe.to_str().unwrap()]);
+    let why = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{why}");
+    assert!(
+        why.contains("the handover has 2 controllers and this server one --socket"),
+        "{why}\n{}",
+        r.log()
+    );
+    // The old process serves on.
+    a.round(0, 1).unwrap();
+    assert!(r.upgrade()["pid"].as_u64().is_some());
     a.round(0, 2).unwrap();
     assert!(ctl(&r.control, &["shutdown"]).status.success());
 }
