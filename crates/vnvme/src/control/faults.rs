@@ -20,8 +20,7 @@ use serde_json::{json, Value};
 use vnvme_controller::{Controller, Fault, FaultError, FaultKind, FaultSpec, Latency};
 
 use super::fault_params::FaultParams;
-use super::methods::{params, refused};
-use super::{code, RpcError};
+use super::{code, params, refused, RpcError};
 
 /// The controllers a request reaches: `first` (the control socket's,
 /// CNTLID 1) and the rest of its subsystem.

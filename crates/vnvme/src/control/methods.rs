@@ -18,14 +18,13 @@
 //! | `controller_fatal` | `reason`? | `{}` |
 //! | `shutdown` | | `{}`; the server stops as on SIGTERM |
 
-use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
 
 use vnvme_controller::{AnaState, Controller, QosTarget, ZoneChange};
 
-use super::{code, RpcError};
+use super::{code, params, refused, RpcError};
 use crate::namespace::NamespaceSpec;
 use crate::qos::{QosSpec, QosValue};
 use vnvme_controller::NamespaceIds;
@@ -120,15 +119,6 @@ struct AnaSet {
 #[serde(deny_unknown_fields)]
 struct Fatal {
     reason: Option<String>,
-}
-
-pub(super) fn params<T: DeserializeOwned>(method: &str, v: Value) -> Result<T, RpcError> {
-    serde_json::from_value(v)
-        .map_err(|e| RpcError::new(code::INVALID_PARAMS, format!("{method}: {e}")))
-}
-
-pub(super) fn refused(e: impl std::fmt::Display) -> RpcError {
-    RpcError::new(code::REFUSED, e.to_string())
 }
 
 /// Runs `method` with `p` on `ctrl`; `stop` is the server's stop flag.

@@ -72,6 +72,17 @@ impl RpcError {
     }
 }
 
+/// A method's named params `v` as `T`, or what is wrong with them.
+fn params<T: serde::de::DeserializeOwned>(method: &str, v: Value) -> Result<T, RpcError> {
+    serde_json::from_value(v)
+        .map_err(|e| RpcError::new(code::INVALID_PARAMS, format!("{method}: {e}")))
+}
+
+/// A request the server understood and will not do, with why.
+fn refused(e: impl std::fmt::Display) -> RpcError {
+    RpcError::new(code::REFUSED, e.to_string())
+}
+
 /// The serving control socket; dropping it stops its threads and removes
 /// the socket.
 #[derive(Debug)]
