@@ -53,6 +53,7 @@ mod mapped;
 mod nbd;
 mod null;
 mod ram;
+mod shared_memory;
 mod uring;
 
 pub use buf::{IoBuf, ALIGN};
@@ -66,6 +67,7 @@ pub use nbd::{
 };
 pub use null::NullDevice;
 pub use ram::RamDevice;
+pub use shared_memory::SharedMemoryError;
 #[cfg(any(test, feature = "testing"))]
 pub use uring::SubmitFault;
 pub use vnvme_memory::{MappedMemory, Region};
@@ -198,10 +200,17 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     }
 
     /// Whether its data outlives this process, so another process can
-    /// serve it next (a live upgrade): `ram` keeps it in this process's
-    /// memory and answers false.
+    /// serve it next (a live upgrade). `ram`'s does if its memfd
+    /// ([`BlockDevice::memory_fd`]) is passed on.
     fn outlives_process(&self) -> bool {
         true
+    }
+
+    /// The memfd its data lives in (`ram`), which a process that serves it
+    /// next must be given ([`RamDevice::adopt`]); `None` for backends whose
+    /// data is elsewhere.
+    fn memory_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
     }
 
     /// For a live upgrade: lets another process open this storage while

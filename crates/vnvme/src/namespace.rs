@@ -192,9 +192,12 @@ impl NamespaceSpec {
     pub fn open(&self) -> anyhow::Result<Arc<dyn BlockDevice>> {
         Ok(match &self.backend {
             Backend::Null => Arc::new(vnvme_blockdev::NullDevice::new(self.size)),
-            Backend::Ram => Arc::new(
-                vnvme_blockdev::RamDevice::new(self.size).with_volatile_cache(self.volatile_cache),
-            ),
+            Backend::Ram => {
+                use anyhow::Context as _;
+                let dev = vnvme_blockdev::RamDevice::create(self.size)
+                    .context("a ram namespace's memory")?;
+                Arc::new(dev.with_volatile_cache(self.volatile_cache))
+            }
             Backend::File(path) => {
                 let size = (self.size != 0).then_some(self.size);
                 Arc::new(vnvme_blockdev::FileDevice::open(path, size)?)

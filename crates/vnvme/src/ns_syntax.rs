@@ -40,8 +40,10 @@ pub const NS_OPTIONS: &[&str] = &[
 /// as written there (the tests check it).
 pub const NS_HELP: &str = "\
 A namespace; repeat for more (NSIDs are given in order from 1). Storage, before the first comma:
-  SIZE[:null|ram]  ram (the default) keeps the data in memory for the life of the server; null
-                   reads zeroes and drops writes. SIZE: bytes, or with K, M, G, T (1G)
+  SIZE[:null|ram]  ram (the default) keeps the data in memory (a memfd, which a live upgrade
+                   and --supervise after a crash pass on) for the life of the server; null reads
+                   zeroes and drops writes.
+                   SIZE: bytes, or with K, M, G, T (1G)
   PATH:file        a file or block device, of its own size (io_uring, locked while served)
   SIZE:file=PATH   a file, created or extended to SIZE
   nbd=URI          an NBD export, of its own size: nbd://HOST[:PORT]/EXPORT or

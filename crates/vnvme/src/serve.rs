@@ -139,7 +139,8 @@ pub struct ServeOptions {
     /// crash area and serves it on the same connection; the commands in flight at the crash
     /// complete with Command Interrupted, which the host retries (a crash while a vfio-user message
     /// was being handled closes the connection instead, with the reason logged, and the next
-    /// client is served). Costs a process, an fd per file the client shares, a pause of the workers
+    /// client is served). A `ram` namespace's data is kept (the supervisor holds its memfd and
+    /// the new server maps it). Costs a process, an fd per file the client shares, a pause of the workers
     /// and a state write per state change (admin command, register write, DMA map), two stores per
     /// queue per worker round, two per command that goes in flight (on the `file` backend, or held)
     /// and one per doorbell trap. Live upgrade is refused under it, and so are `ram` and zoned
@@ -272,21 +273,13 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
             Origin::embedded()
         }
     };
-    let namespaces = opts.device.namespace_configs(&opts.namespaces, &origin)?;
+    let mut namespaces = opts.device.namespace_configs(&opts.namespaces, &origin)?;
+    // The ram namespaces' data, as the process before this one left it.
+    if let Some((t, _)) = handover.as_mut() {
+        crate::upgrade::ram::adopt(&mut namespaces, std::mem::take(&mut t.ram))?;
+    }
     let backends: Vec<_> = namespaces.iter().map(|n| Arc::clone(&n.backend)).collect();
     let supervised = handover.as_ref().is_some_and(|(t, _)| t.crash.is_some());
-    if let Some(i) = backends.iter().position(|b| !b.outlives_process()) {
-        if supervised {
-            // A new server after a crash would start this namespace empty:
-            // every completed write lost, silently.
-            bail!(
-                "namespace {} keeps its data in this process's memory (ram), which a crash \
-                 would lose: --supervise serves `file` namespaces (PATH:file) until `ram` \
-                 data lives in shared memory (issue 35)",
-                i + 1
-            );
-        }
-    }
     if let Some(i) = namespaces.iter().position(|n| n.zoned.is_some()) {
         if supervised {
             // Writes, appends and zone actions move write pointers and
@@ -453,10 +446,12 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
     let forwarder = handover
         .as_mut()
         .and_then(|(t, _)| t.supervisor.take())
-        .map(|fd| {
-            Box::new(supervise::Forwarder::new(fd, keeper)) as Box<dyn crate::upgrade::ClientWatch>
-        });
-    if forwarder.is_some() {
+        .map(|fd| supervise::Forwarder::new(fd, keeper));
+    if let Some(f) = &forwarder {
+        // Before this server is ready, so before any write: the next one
+        // after a crash serves the same data.
+        f.memories(&device.controller().namespace_backends())
+            .context("passing the ram namespaces' memory to the supervisor")?;
         // A supervisor killed outright cannot pass its stop on: stop then.
         rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))
             .context("asking for a signal at the supervisor's death")?;
@@ -480,7 +475,7 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
         device.controller().namespace_backends(),
         unsupported,
     )
-    .supervised_by(forwarder);
+    .supervised_by(forwarder.map(|f| Box::new(f) as Box<dyn crate::upgrade::ClientWatch>));
     let own = listening.own_file().into_iter().collect();
     watch_stop(stop.clone(), stop_timeout, own)?;
     tracing::info!(

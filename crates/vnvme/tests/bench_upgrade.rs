@@ -64,16 +64,38 @@ fn every_upgrade_round_reports_its_handover_and_loses_nothing() {
     assert!(stdout.contains("shadow: stall"), "{stdout}");
 }
 
+/// A `ram` namespace is handed over too (its memfd): every read across 2
+/// upgrades matches the last write of its block, written before or after.
 #[test]
-fn a_namespace_that_cannot_be_handed_over_is_refused_before_starting() {
+fn a_ram_namespace_is_upgraded_under_verified_io() {
+    let dir = std::env::temp_dir().join(format!("vnvme-bench-upgrade-ram-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("upgrade.json");
     let out = Command::new(env!("CARGO_BIN_EXE_vnvme"))
-        .args(["bench", "upgrade", "--backend", "ram"])
+        .args(["bench", "upgrade", "--modes", "shadow", "--upgrades", "2"])
+        .args([
+            "--interval",
+            "0.4",
+            "--qd",
+            "8",
+            "--backend",
+            "ram",
+            "--verify",
+        ])
+        .args(["--size", "16M", "--json", json.to_str().unwrap()])
         .output()
         .expect("running vnvme");
+    let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(
-        stderr.contains("--backend ram cannot be handed over"),
-        "{stderr}"
-    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let rounds = doc["rounds"].as_array().unwrap();
+    assert_eq!(rounds.len(), 3, "{stdout}");
+    for r in rounds {
+        assert!(r["ios"].as_u64().unwrap() > 0, "{r}");
+        assert_eq!(r["errors"], 0, "{r}");
+        assert_eq!(r["verify_errors"], 0, "{r}");
+    }
 }

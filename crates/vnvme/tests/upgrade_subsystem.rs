@@ -375,3 +375,22 @@ fn a_successor_with_one_socket_refuses_a_subsystems_handover() {
     a.round(0, 2).unwrap();
     assert!(ctl(&r.control, &["shutdown"]).status.success());
 }
+
+/// A `ram` namespace of a subsystem keeps its data across an upgrade (its
+/// memfd is in the handover).
+#[test]
+fn a_ram_namespace_of_a_subsystem_keeps_its_data_across_an_upgrade() {
+    let mut r = rig("upgrade-subsys-ram", &["--ns", "16M:ram"]);
+    let mut a = Client::connect(&r.sockets[0]);
+    let data = pattern(BLOCK, 77);
+    let buf = a.mem.dma_alloc(BLOCK).unwrap();
+    buf.write_bytes(0, &data).unwrap();
+    a.q.write(4, 5, 1, &buf).unwrap();
+    r.upgrade();
+    let mut back = a.mem.dma_alloc(BLOCK).unwrap();
+    a.q.read(4, 5, 1, &mut back).unwrap();
+    assert!(
+        back.to_vec() == data,
+        "LBA 5 of namespace 4 after the upgrade"
+    );
+}

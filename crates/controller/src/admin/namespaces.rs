@@ -115,7 +115,13 @@ fn create(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status> {
             .find(|id| !map.contains_key(id))
             .filter(|_| map.len() < MAX_NAMESPACES as usize)
             .ok_or(Status::NAMESPACE_ID_UNAVAILABLE.with_dnr(true))?;
-        let backend = Arc::new(vnvme_blockdev::RamDevice::new(bytes));
+        let backend = match vnvme_blockdev::RamDevice::create(bytes) {
+            Ok(dev) => Arc::new(dev),
+            Err(e) => {
+                tracing::error!(nsid, bytes, "creating a namespace: {e}");
+                return Err(Status::NAMESPACE_INSUFFICIENT_CAPACITY.with_dnr(true));
+            }
+        };
         let ns = Namespace::with_format(
             nsid,
             NamespaceIds::fresh(&shared.config.serial, nsid),

@@ -119,18 +119,21 @@ impl Subsystem {
         for s in &saved.namespaces {
             at_most("a namespace id", u64::from(s.nsid), u64::from(self.nn))?;
             let old = configured.get(&s.nsid);
-            let backend: Arc<dyn BlockDevice> = match old {
-                Some(ns) => Arc::clone(&ns.backend),
-                None if s.backend_null => Arc::new(NullDevice::new(s.backend_size)),
-                None => {
-                    at_most(
-                        format!("namespace {}'s size", s.nsid),
-                        s.backend_size,
-                        self.tnvmcap,
-                    )?;
-                    Arc::new(RamDevice::new(s.backend_size))
-                }
-            };
+            let backend: Arc<dyn BlockDevice> =
+                match old {
+                    Some(ns) => Arc::clone(&ns.backend),
+                    None if s.backend_null => Arc::new(NullDevice::new(s.backend_size)),
+                    None => {
+                        at_most(
+                            format!("namespace {}'s size", s.nsid),
+                            s.backend_size,
+                            self.tnvmcap,
+                        )?;
+                        Arc::new(RamDevice::create(s.backend_size).map_err(|e| {
+                            inconsistent(format!("namespace {}'s memory: {e}", s.nsid))
+                        })?)
+                    }
+                };
             let ns =
                 Namespace::restored(s, self.namespaces.cntlid(), backend, old.map(|o| &**o), now)?;
             if map.insert(s.nsid, Arc::new(ns)).is_some() {

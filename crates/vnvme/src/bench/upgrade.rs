@@ -46,14 +46,15 @@ pub struct UpgradeBenchOptions {
     /// Access pattern (4 KiB blocks).
     #[arg(long, value_enum, default_value = "randrw")]
     pub rw: Rw,
-    /// Namespace backend: null, or file (a temporary file, removed after). A ram namespace
-    /// cannot be handed over.
+    /// Namespace backend: null, ram (its memfd handed over), or file (a temporary file,
+    /// removed after).
     #[arg(long, value_enum, default_value = "null")]
     pub backend: BackendArg,
     /// Namespace size.
     #[arg(long, default_value = "256M", value_parser = parse_size)]
     pub size: u64,
-    /// Check every read against the last completed write of its block (needs --backend file).
+    /// Check every read against the last completed write of its block (needs --backend file or
+    /// ram).
     #[arg(long)]
     pub verify: bool,
     /// Write the rounds as JSON to this file.
@@ -100,14 +101,10 @@ pub fn main(opts: &UpgradeBenchOptions) -> Result<()> {
 pub fn run(opts: &UpgradeBenchOptions) -> Result<Vec<Round>> {
     let interval = super::check_runtime(opts.interval)?;
     super::check_qd(&[opts.qd])?;
-    match (opts.backend, opts.verify) {
-        (BackendArg::Ram, _) => bail!(
-            "--backend ram cannot be handed over to a new process (its data lives in the server): use null or file"
-        ),
-        (BackendArg::Null, true) => bail!(
-            "--verify needs --backend file: a null namespace drops writes and reads zeroes"
-        ),
-        _ => {}
+    if matches!(opts.backend, BackendArg::Null) && opts.verify {
+        bail!(
+            "--verify needs --backend file or ram: a null namespace drops writes and reads zeroes"
+        );
     }
     eprintln!(
         "bench upgrade: {} modes x ({} upgrades + 1 baseline) rounds of {:.1} s, QD {}, {:?} on a {} namespace{} (about {:.0} s)",
@@ -138,7 +135,8 @@ fn one_mode(
     let control = dir.0.join("control.sock");
     let backend = match opts.backend {
         BackendArg::File => format!("file={}", dir.0.join("ns.img").display()),
-        _ => "null".to_string(),
+        BackendArg::Ram => "ram".to_string(),
+        BackendArg::Null => "null".to_string(),
     };
     let args = [
         "--socket".to_string(),

@@ -98,7 +98,11 @@ pub(super) fn run(
         .context("starting the poll-group threads (--workers)")?;
     // The subsystem's identity is the first socket's: its serial and NQN.
     let origin = Origin::socket(&opts.socket[0]);
-    let namespaces = opts.device.namespace_configs(&opts.namespaces, &origin)?;
+    let mut namespaces = opts.device.namespace_configs(&opts.namespaces, &origin)?;
+    // The ram namespaces' data, as the process before this one left it.
+    if let Some((t, _)) = handover.as_mut() {
+        crate::upgrade::ram::adopt(&mut namespaces, std::mem::take(&mut t.ram))?;
+    }
     let backends: Vec<_> = namespaces.iter().map(|n| Arc::clone(&n.backend)).collect();
     let (devices, mut adopted, listeners) = match handed {
         None => {

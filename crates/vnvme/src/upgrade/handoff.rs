@@ -15,7 +15,7 @@ use vnvme_blockdev::BlockDevice;
 use vnvme_device::NvmeDevice;
 use vnvme_vfio_user::handover::{ClientChange, ClientParts, Handover};
 
-use super::manifest::{self, ms, now_ns, HandedClient, HandedSocket, Manifest};
+use super::manifest::{self, ms, now_ns, HandedClient, HandedRam, HandedSocket, Manifest};
 use super::{Requests, DRAIN_BOUND, HANDOVER_TIMEOUT};
 
 /// The control socket and the metrics socket, to pass on.
@@ -183,7 +183,15 @@ impl Upgrader {
                 })
             }
         };
+        let mut ram = Vec::new();
+        for (nsid, fd) in super::ram::memfds(&device.controller().namespace_backends()) {
+            ram.push(HandedRam {
+                nsid,
+                fd: pass(fd)?,
+            });
+        }
         let manifest = Manifest {
+            ram,
             status_fd,
             listener_fd,
             socket_owned: self.socket_owned,

@@ -56,6 +56,10 @@ pub struct Manifest {
     /// the first's socket). Empty for one controller.
     #[serde(default)]
     pub controllers: Vec<HandedController>,
+    /// The memfds the `ram` namespaces keep their data in (absent from
+    /// handovers made before they were passed).
+    #[serde(default)]
+    pub ram: Vec<HandedRam>,
 }
 
 /// One controller of a server with several.
@@ -71,6 +75,14 @@ pub struct HandedController {
     /// controller has one, client or not: the first's carries the
     /// subsystem's shared parts).
     pub state_len: u64,
+}
+
+/// A `ram` namespace's memfd ([`super::ram`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HandedRam {
+    pub nsid: u32,
+    pub fd: i32,
 }
 
 /// The crash area a supervisor shares with its child.
@@ -165,6 +177,7 @@ impl Manifest {
                 v.extend(c.doorbell_fd);
             }
         }
+        v.extend(self.ram.iter().map(|r| r.fd));
         v
     }
 

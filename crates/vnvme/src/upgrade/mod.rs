@@ -19,7 +19,8 @@
 //! 3. *pass*: starts the new binary with the same arguments plus
 //!    `--handover-fd N`, which inherits the fds: the client connection, the
 //!    listening socket, the control and metrics sockets, the files behind the DMA maps,
-//!    the interrupt eventfds, BAR0's doorbell memfd; the `file` backends'
+//!    the interrupt eventfds, BAR0's doorbell memfd, the `ram` namespaces'
+//!    memfds ([`ram`]); the `file` backends'
 //!    locks are let go for it to open them;
 //! 4. *restore*: the new process maps the guest memory again, restores the
 //!    controller onto it, says it is ready on a pipe, and serves the
@@ -50,6 +51,7 @@ use serde_json::Value;
 
 mod handoff;
 pub mod manifest;
+pub mod ram;
 mod several;
 mod successor;
 

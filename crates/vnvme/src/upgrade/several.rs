@@ -31,7 +31,9 @@ use vnvme_device::{FunctionState, IrqFds, NvmeDevice};
 use vnvme_vfio_user::handover::{ClientChange, ClientParts, HandedMap, Handover};
 
 use super::handoff::{added_at_run_time, release_locks, retake_locks, wait_ready};
-use super::manifest::{self, ms, now_ns, HandedClient, HandedController, HandedSocket, Manifest};
+use super::manifest::{
+    self, ms, now_ns, HandedClient, HandedController, HandedRam, HandedSocket, Manifest,
+};
 use super::{OtherSockets, Requests, DRAIN_BOUND};
 
 /// One controller's listening socket, to pass on.
@@ -345,7 +347,15 @@ impl Several {
         // The first's listening socket once more where a one-controller
         // handover has it (the new process closes this copy).
         let first = self.doors.first().ok_or("no controller to hand over")?;
+        let mut ram = Vec::new();
+        for (nsid, fd) in super::ram::memfds(&self.configured) {
+            ram.push(HandedRam {
+                nsid,
+                fd: pass(fd)?,
+            });
+        }
         let manifest = Manifest {
+            ram,
             status_fd,
             listener_fd: pass(first.listener.as_fd())?,
             socket_owned: first.owned,

@@ -30,6 +30,8 @@ pub struct Taken {
     /// A server of several controllers: each one's (see
     /// [`Manifest::controllers`]).
     pub controllers: Vec<TakenController>,
+    /// The `ram` namespaces' memfds, by NSID ([`super::ram::adopt`]).
+    pub ram: Vec<(u32, OwnedFd)>,
 }
 
 /// One controller of a server with several.
@@ -175,6 +177,7 @@ fn take_rest(
         client,
         crash,
         controllers: handed_controllers,
+        ram,
         ..
     } = manifest;
     let mut rest = state;
@@ -246,6 +249,11 @@ fn take_rest(
             state,
         });
     }
+    // Checked when they are mapped (super::ram::adopt).
+    let ram = ram
+        .iter()
+        .map(|r| Ok((r.nsid, next()?)))
+        .collect::<Result<Vec<_>>>()?;
     Ok(Taken {
         controllers,
         listener: Some(listener),
@@ -256,6 +264,7 @@ fn take_rest(
         supervisor,
         client,
         crash,
+        ram,
     })
 }
 

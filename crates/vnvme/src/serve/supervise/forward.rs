@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
+use vnvme_blockdev::BlockDevice;
 use vnvme_device::NvmeDevice;
 use vnvme_vfio_user::handover::{ClientChange, ClientParts};
 
@@ -50,6 +51,18 @@ impl Forwarder {
             sent: Mutex::new(Sent::default()),
             keeper,
         }
+    }
+}
+
+impl Forwarder {
+    /// Sends the memfds of the `ram` namespaces among `backends` (by
+    /// NSID), before the server is ready: the supervisor hands them to the
+    /// server it starts after a crash, which maps them.
+    pub fn memories(&self, backends: &[(u32, Arc<dyn BlockDevice>)]) -> std::io::Result<()> {
+        for (nsid, fd) in crate::upgrade::ram::memfds(backends) {
+            self.send(&Note::Ram { nsid }, Some(fd))?;
+        }
+        Ok(())
     }
 }
 

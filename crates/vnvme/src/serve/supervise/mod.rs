@@ -40,7 +40,9 @@ use anyhow::{bail, Context, Result};
 use super::{ServeOptions, DEFAULT_SOCKET};
 use crate::socket::Plan;
 use crate::stopping::Stop;
-use crate::upgrade::manifest::{self, now_ns, CrashedClient, HandedCrash, HandedSocket, Manifest};
+use crate::upgrade::manifest::{
+    self, now_ns, CrashedClient, HandedCrash, HandedRam, HandedSocket, Manifest,
+};
 
 pub mod crash_area;
 mod forward;
@@ -157,6 +159,7 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
         let handed = Handed {
             sockets: &sockets,
             area: area_fd.as_fd(),
+            memories: &table,
             client: restore.then_some(&table),
         };
         let started = start(&program, &args, &handed, &starting);
@@ -263,11 +266,13 @@ struct Sockets<'a> {
     metrics: Option<BorrowedFd<'a>>,
 }
 
-/// What one child is handed: the sockets, the crash area, and the client
-/// a dead child served, to restore.
+/// What one child is handed: the sockets, the crash area, the `ram`
+/// namespaces' memfds (in `memories`, the table), and the client a dead
+/// child served, to restore.
 struct Handed<'a> {
     sockets: &'a Sockets<'a>,
     area: BorrowedFd<'a>,
+    memories: &'a Table,
     client: Option<&'a Table>,
 }
 
@@ -323,7 +328,15 @@ fn start(
         .map_err(|e| format!("making the status pipe: {e}"))?;
     let status_fd = pass(status_tx.as_fd())?;
     drop(status_tx);
+    let mut ram = Vec::new();
+    for (nsid, fd) in &handed.memories.ram {
+        ram.push(HandedRam {
+            nsid: *nsid,
+            fd: pass(fd.as_fd())?,
+        });
+    }
     let manifest = Manifest {
+        ram,
         status_fd,
         listener_fd: pass(s.listener)?,
         // The supervisor's: it removes the file when it stops.

@@ -44,6 +44,10 @@ pub enum Note {
     Intx,
     /// The client went: everything of it is forgotten.
     Gone,
+    /// The memfd `ram` namespace `nsid` keeps its data in, with the fd:
+    /// the server's, not the client's, so kept across clients and
+    /// children (it replaces the one sent before for `nsid`).
+    Ram { nsid: u32 },
 }
 
 impl Note {
@@ -56,6 +60,7 @@ impl Note {
                 | Note::File { .. }
                 | Note::Vector { .. }
                 | Note::Intx
+                | Note::Ram { .. }
         )
     }
 }

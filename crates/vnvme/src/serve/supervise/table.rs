@@ -19,6 +19,9 @@ pub struct Table {
     /// Per MSI-X (or MSI) vector index, its eventfd.
     pub vectors: BTreeMap<usize, OwnedFd>,
     pub intx: Option<OwnedFd>,
+    /// The `ram` namespaces' memfds, by NSID: the server's data, which
+    /// every next child is handed, client or not (kept by [`Table::clear`]).
+    pub ram: BTreeMap<u32, OwnedFd>,
 }
 
 impl Table {
@@ -53,6 +56,9 @@ impl Table {
             }
             Note::Intx => self.intx = Some(fd.ok_or_else(no_fd)?),
             Note::Gone => self.clear(),
+            Note::Ram { nsid } => {
+                self.ram.insert(nsid, fd.ok_or_else(no_fd)?);
+            }
         }
         Ok(())
     }
@@ -60,7 +66,11 @@ impl Table {
     /// Forgets the client (closing its fds: the supervisor's copy of the
     /// connection is then no longer what keeps it open).
     pub fn clear(&mut self) {
-        *self = Self::default();
+        let ram = std::mem::take(&mut self.ram);
+        *self = Self {
+            ram,
+            ..Self::default()
+        };
     }
 
     /// What it holds, for the log.
@@ -92,6 +102,28 @@ mod tests {
 
     fn fd() -> Option<OwnedFd> {
         Some(std::fs::File::open("/dev/null").unwrap().into())
+    }
+
+    #[test]
+    fn the_ram_memfds_outlive_the_client_and_a_new_one_replaces_the_old() {
+        let mut t = Table::default();
+        t.apply(Note::Ram { nsid: 2 }, fd()).unwrap();
+        t.apply(
+            Note::Client {
+                max_xfer: 4096,
+                serial: 1,
+            },
+            fd(),
+        )
+        .unwrap();
+        t.apply(Note::Gone, None).unwrap();
+        t.clear();
+        assert_eq!(t.ram.keys().copied().collect::<Vec<_>>(), [2]);
+        t.apply(Note::Ram { nsid: 2 }, fd()).unwrap();
+        t.apply(Note::Ram { nsid: 1 }, fd()).unwrap();
+        assert_eq!(t.ram.keys().copied().collect::<Vec<_>>(), [1, 2]);
+        assert!(t.apply(Note::Ram { nsid: 3 }, None).is_err());
+        assert_eq!(t.ram.len(), 2);
     }
 
     #[test]
