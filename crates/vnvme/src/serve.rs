@@ -143,9 +143,10 @@ pub struct ServeOptions {
     /// the new server maps it). Costs a process, an fd per file the client shares, a pause of the workers
     /// and a state write per state change (admin command, register write, DMA map), two stores per
     /// queue per worker round, two per command that goes in flight (on the `file` backend, or held)
-    /// and one per doorbell trap. Live upgrade is refused under it, and so are `ram` and zoned
-    /// namespaces (their data, or their write pointers, would not survive a crash). See
-    /// docs/deployment.md, "Crash recovery".
+    /// and one per doorbell trap. Refused under it, as a crash would not keep them: live upgrade,
+    /// zoned namespaces (their write pointers), room for Namespace Management (`--nvm-capacity`)
+    /// and the control socket's `namespace_add` and `namespace_resize`. See docs/deployment.md,
+    /// "Crash recovery".
     #[arg(long)]
     pub supervise: bool,
     #[command(flatten)]
@@ -294,6 +295,15 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
             );
         }
     }
+    let configured: u64 = namespaces.iter().map(|n| n.backend.size()).sum();
+    if supervised && opts.device.nvm_capacity.is_some_and(|c| c > configured) {
+        // Namespace Management would create ram namespaces whose memory is
+        // not passed to the supervisor: a new server after a crash would
+        // bring them back empty, every completed write lost.
+        bail!(
+            "--nvm-capacity leaves room for Namespace Management to create namespaces, which              --supervise does not keep across a crash yet (a new server would bring them back              empty; issue 35): leave --nvm-capacity out, or serve without --supervise"
+        );
+    }
     let config = opts.device.device_config(namespaces, &origin, None);
     // A supervisor's crash area, and the client of a dead child to serve
     // again from it.
@@ -408,6 +418,7 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
         stop: stop.clone(),
         upgrade: Some(Arc::clone(&requests)),
         peers: Vec::new(),
+        supervised,
     };
     let control = match &opts.control {
         Some(path) => {

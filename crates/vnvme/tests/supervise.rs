@@ -528,3 +528,59 @@ fn several_sockets_are_refused_under_supervise() {
     );
     assert!(!dir.join("a.sock").exists() && !dir.join("b.sock").exists());
 }
+
+#[test]
+fn room_for_created_namespaces_is_refused_under_supervise() {
+    let dir = temp_dir("nvm-capacity");
+    let out = Command::new(BIN)
+        .args(["serve", "--supervise", "--socket"])
+        .arg(dir.join("vnvme.sock"))
+        .args([
+            "--ns",
+            "16M:ram",
+            "--nvm-capacity",
+            "64M",
+            "--max-namespaces",
+            "4",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("--nvm-capacity leaves room for Namespace Management"),
+        "{err}"
+    );
+}
+
+#[test]
+fn namespaces_added_or_resized_at_run_time_are_refused_under_supervise() {
+    let control_dir = temp_dir("ns-change-refused-control");
+    let control = control_dir.join("control.sock");
+    let control_arg = control.display().to_string();
+    let r = rig(
+        "ns-change-refused",
+        &[
+            "--ns",
+            "16M:ram",
+            "--max-namespaces",
+            "4",
+            "--control",
+            &control_arg,
+        ],
+    );
+    for args in [
+        &["namespace_add", "ns=16M:ram"][..],
+        &["namespace_resize", "nsid=1", "size=32M"][..],
+    ] {
+        let err = common::ctl_err(&control, args);
+        assert!(
+            err.contains("is refused under --supervise"),
+            "{args:?}: {err}"
+        );
+    }
+    // Nothing changed: the server serves namespace 1 as it was.
+    let (access, _ctrl, mut q) = r.client();
+    round(&access, &mut q, 1, true);
+    round(&access, &mut q, 1, false);
+}

@@ -176,6 +176,14 @@ pub fn call(
         first: ctrl,
         peers: &hooks.peers,
     };
+    if hooks.supervised && matches!(method, "namespace_add" | "namespace_resize") {
+        // The server a supervisor starts after a crash serves the
+        // namespaces of its arguments, as they were: an added one would
+        // come back empty, a resized ram one without what was written since.
+        return Err(refused(format!(
+            "{method} is refused under --supervise: a new server after a crash would not keep              the change (issue 35); restart the server with the namespace in its arguments"
+        )));
+    }
     match method {
         "stats" => {
             let c: StatsOf = params(method, p)?;

@@ -111,6 +111,7 @@ impl ControlServer {
             stop,
             upgrade: None,
             peers,
+            supervised: false,
         };
         Self::serve(listener, file, ctrl, hooks)
     }
@@ -162,6 +163,9 @@ pub struct Hooks {
     pub upgrade: Option<Arc<Requests>>,
     /// CNTLID 2, 3, ...: empty for a one-controller subsystem.
     pub peers: Vec<Arc<Controller>>,
+    /// Under `vnvme serve --supervise`, whose next server after a crash
+    /// serves the namespaces of its arguments only.
+    pub supervised: bool,
 }
 
 /// Binds the socket with `mode` from its first moment (see

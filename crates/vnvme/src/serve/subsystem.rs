@@ -222,6 +222,8 @@ pub(super) fn run(
                 stop: stop.clone(),
                 upgrade: Some(Arc::clone(&requests)),
                 peers: controllers[1..].to_vec(),
+                // Several controllers are refused under --supervise.
+                supervised: false,
             };
             Some(ControlServer::serve(
                 listener,
