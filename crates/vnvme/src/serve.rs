@@ -413,7 +413,7 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
     let socket_shown = listening
         .path()
         .map_or("(unnamed)".into(), |p| p.display().to_string());
-    let requests = crate::upgrade::Requests::new()?;
+    let requests = crate::upgrade::Requests::new(server_options.message_timeout)?;
     let hooks = Hooks {
         stop: stop.clone(),
         upgrade: Some(Arc::clone(&requests)),

@@ -19,6 +19,10 @@ pub const DEFAULT_CONTROL: &str = "/run/vnvme-control.sock";
 /// How long the client waits for a reply (a resize waits up to 10 s for
 /// the namespace's commands).
 const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest wait for an upgrade's outcome: the server answers within its
+/// own bound (its message timeout plus the handover's, 37 s by default),
+/// which `ctl` cannot know, so it waits well past it.
+const UPGRADE_REPLY_TIMEOUT: Duration = Duration::from_secs(600);
 /// Longest reply taken.
 const MAX_REPLY: u64 = 16 << 20;
 
@@ -66,7 +70,12 @@ pub struct CtlOptions {
 /// Sends one request and returns the server's result or error.
 pub fn call(path: &Path, method: &str, params: Value) -> Result<Result<Value, RpcError>> {
     let mut stream = crate::socket::connect(path, crate::socket::connect::CONTROL)?;
-    stream.set_read_timeout(Some(REPLY_TIMEOUT))?;
+    let wait = if method == "upgrade" {
+        UPGRADE_REPLY_TIMEOUT
+    } else {
+        REPLY_TIMEOUT
+    };
+    stream.set_read_timeout(Some(wait))?;
     stream.set_write_timeout(Some(REPLY_TIMEOUT))?;
     let mut line = json!({"jsonrpc": "2.0", "method": method, "params": params, "id": 1})
         .to_string()

@@ -198,7 +198,7 @@ pub(super) fn run(
             listening
         }
     };
-    let requests = crate::upgrade::Requests::new()?;
+    let requests = crate::upgrade::Requests::new(server.message_timeout)?;
     // One control socket: controller 1's, which reaches the subsystem's
     // ANA states on every controller (ana_set controller=N) and, through
     // the others, their faults (fault_add controller=N).

@@ -91,9 +91,18 @@ pub const DRAIN_BOUND: Duration = Duration::from_secs(5);
 /// Most time the new process gets to say it is ready.
 pub const HANDOVER_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// How long `ask` waits for the outcome: the handover's bound, plus the
-/// wait for the server to reach a point between two messages.
-const ASK_TIMEOUT: Duration = Duration::from_secs(30);
+/// Added to a gather's bound (several controllers meeting between their
+/// clients' messages, `several.rs`) for the threads to wake and meet.
+pub const GATHER_SLACK: Duration = Duration::from_secs(2);
+
+/// How long `ask` waits for the outcome, for a server whose clients'
+/// messages must be whole within `message_timeout`: the longest its
+/// threads take to reach a point between two messages and meet, the drain,
+/// the new process's start, and slack. Shorter, and the asker could hear
+/// "no outcome" from an upgrade that then succeeds.
+fn ask_timeout(message_timeout: Duration) -> Duration {
+    message_timeout + GATHER_SLACK + DRAIN_BOUND + HANDOVER_TIMEOUT + Duration::from_secs(5)
+}
 
 /// What happened to a request, for its asker.
 pub type Outcome = Result<Value, String>;
@@ -129,6 +138,8 @@ pub struct Requests {
     waker: UnixStream,
     /// More wakes' other ends ([`another_wake`](Self::another_wake)).
     more: Mutex<Vec<UnixStream>>,
+    /// How long [`ask`](Self::ask) waits for the outcome.
+    ask_timeout: Duration,
 }
 
 /// Sent by the control socket once the reply to an upgrade is written.
@@ -142,8 +153,9 @@ impl Written {
 }
 
 impl Requests {
-    /// Requests with [`SIGNAL`] installed.
-    pub fn new() -> Result<Arc<Self>> {
+    /// Requests with [`SIGNAL`] installed, for a server whose clients'
+    /// messages must be whole within `message_timeout`.
+    pub fn new(message_timeout: Duration) -> Result<Arc<Self>> {
         let signal = Arc::new(AtomicBool::new(false));
         let (wake, waker) = UnixStream::pair().context("creating the upgrade wake socket")?;
         wake.set_nonblocking(true)
@@ -165,6 +177,7 @@ impl Requests {
             wake,
             waker,
             more: Mutex::new(Vec::new()),
+            ask_timeout: ask_timeout(message_timeout),
         }))
     }
 
@@ -202,12 +215,13 @@ impl Requests {
         for w in self.more.lock().iter() {
             let _ = (&*w).write(&[1]);
         }
-        match outcome.recv_timeout(ASK_TIMEOUT) {
+        match outcome.recv_timeout(self.ask_timeout) {
             Ok(o) => (o, Some(Written(written_tx))),
             Err(_) => (
                 Err(format!(
-                    "no outcome within {ASK_TIMEOUT:?}: the server did not reach a point \
-                     between two messages (is its client thread stuck?)"
+                    "no outcome within {:?}: the server did not reach a point between two \
+                     messages (is its client thread stuck?)",
+                    self.ask_timeout
                 )),
                 None,
             ),
@@ -277,6 +291,22 @@ impl Requests {
             }
             (Ok(report), None) => tracing::info!("upgraded: {report}"),
             (Err(why), None) => tracing::warn!("upgrade refused: {why}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_asker_waits_longer_than_the_slowest_upgrade_that_succeeds() {
+        for secs in [1, 5, 60] {
+            let message_timeout = Duration::from_secs(secs);
+            // Several controllers: the gather's bound (several.rs), then
+            // the new process's start.
+            let slowest = message_timeout + DRAIN_BOUND + GATHER_SLACK + HANDOVER_TIMEOUT;
+            assert!(ask_timeout(message_timeout) > slowest, "{secs} s");
         }
     }
 }

@@ -128,7 +128,7 @@ impl Several {
             backends,
             configured,
             unsupported,
-            bound: message_timeout + DRAIN_BOUND + Duration::from_secs(2),
+            bound: message_timeout + DRAIN_BOUND + super::GATHER_SLACK,
             round: Mutex::new(None),
             met: Condvar::new(),
             drains: Mutex::new(vec![0.0; wakes.len()]),
