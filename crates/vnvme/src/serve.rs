@@ -301,7 +301,9 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
         // not passed to the supervisor: a new server after a crash would
         // bring them back empty, every completed write lost.
         bail!(
-            "--nvm-capacity leaves room for Namespace Management to create namespaces, which              --supervise does not keep across a crash yet (a new server would bring them back              empty; issue 35): leave --nvm-capacity out, or serve without --supervise"
+            "--nvm-capacity leaves room for Namespace Management to create namespaces, which \
+             --supervise does not keep across a crash yet (a new server would bring them back \
+             empty; issue 35): leave --nvm-capacity out, or serve without --supervise"
         );
     }
     let config = opts.device.device_config(namespaces, &origin, None);
@@ -469,7 +471,8 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
     }
     let unsupported = match &forwarder {
         Some(_) => Some(
-            "the server runs under --supervise, whose supervisor would not know the new process:              restart it instead"
+            "the server runs under --supervise, whose supervisor would not know the new process: \
+             restart it instead"
                 .to_string(),
         ),
         None => cannot_upgrade(&backends),

@@ -181,7 +181,8 @@ pub fn call(
         // namespaces of its arguments, as they were: an added one would
         // come back empty, a resized ram one without what was written since.
         return Err(refused(format!(
-            "{method} is refused under --supervise: a new server after a crash would not keep              the change (issue 35); restart the server with the namespace in its arguments"
+            "{method} is refused under --supervise: a new server after a crash would not keep \
+             the change (issue 35); restart the server with the namespace in its arguments"
         )));
     }
     match method {
