@@ -139,10 +139,10 @@ use vnvme_device::{Interrupts, MAX_MSIX_VECTORS};
 
 use crate::control::fault_params::FaultParams;
 use crate::device::{DeviceOptions, MAX_IO_QUEUES, MAX_WORKERS};
+use crate::duration::parse_duration;
 use crate::identity::{parse_nqn, parse_serial};
 use crate::namespace::{
-    check_format_index, check_pi_fits, parse_duration, parse_pi_type, parse_pil, Backend,
-    NamespaceSpec,
+    check_format_index, check_pi_fits, parse_pi_type, parse_pil, Backend, NamespaceSpec,
 };
 use crate::qos::{QosSpec, QosValue};
 use crate::size::parse_size;

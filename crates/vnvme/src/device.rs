@@ -72,7 +72,7 @@ pub struct DeviceOptions {
     /// How long hosts should wait for namespaces to become ready (CRTO,
     /// CAP.TO; raised to cover the slowest `ready=`), and after which a
     /// never-ready namespace answers with DNR set. Default 5s.
-    #[arg(long, value_name = "DURATION", value_parser = crate::namespace::parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse_duration)]
     pub ready_timeout: Option<std::time::Duration>,
     /// Namespaces the subsystem supports (Identify Controller NN, at most
     /// 1024; default: as many as configured): Namespace Management creates
@@ -86,7 +86,7 @@ pub struct DeviceOptions {
     pub nvm_capacity: Option<u64>,
     /// How long Format NVM keeps a namespace busy (I/O gets Format In
     /// Progress meanwhile). Default 0.
-    #[arg(long, value_name = "DURATION", value_parser = crate::namespace::parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse_duration)]
     pub format_duration: Option<std::time::Duration>,
     /// How much medium a sanitize goes over per second (e.g. 64M; an
     /// Overwrite takes this per pass, a Crypto Erase goes 16 times

@@ -7,6 +7,7 @@ pub mod bench;
 pub mod config;
 pub mod control;
 pub mod device;
+pub mod duration;
 pub mod identity;
 pub mod image_format;
 pub mod inproc;

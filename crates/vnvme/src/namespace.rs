@@ -11,7 +11,6 @@
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use vnvme_blockdev::BlockDevice;
 use vnvme_controller::{
@@ -19,6 +18,7 @@ use vnvme_controller::{
     DEFAULT_FORMAT_INDEX, LBA_FORMATS,
 };
 
+use crate::duration::parse_duration;
 use crate::identity::{absolute, host_ids, parse_id};
 use crate::ns_syntax::{is_option, unknown_option, unknown_storage};
 use crate::qos::QosSpec;
@@ -342,35 +342,6 @@ pub fn check_format_index(index: u8) -> Result<(), String> {
     ))
 }
 
-/// Parses a duration: a number with a unit of `ns`, `us`, `ms`, `s`, `m` or
-/// `h` (`250ms`, `5s`, `1.5s`); a bare `0` is zero.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let t = text.trim();
-    let bad =
-        || format!("invalid duration '{text}': use a number with a unit, e.g. 250ms, 5s or 1m");
-    if t == "0" {
-        return Ok(Duration::ZERO);
-    }
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .ok_or_else(bad)?;
-    let (number, unit) = t.split_at(split);
-    // `bad` names the input and the expected form; "invalid float
-    // literal" would add nothing.
-    let n: f64 = number.parse().map_err(|_| bad())?;
-    let seconds_per_unit = match unit.trim() {
-        "ns" => 1e-9,
-        "us" | "µs" => 1e-6,
-        "ms" => 1e-3,
-        "s" => 1.0,
-        "m" | "min" => 60.0,
-        "h" => 3600.0,
-        _ => return Err(bad()),
-    };
-    Duration::try_from_secs_f64(n * seconds_per_unit)
-        .map_err(|e| format!("invalid duration '{text}': {e}"))
-}
-
 impl FromStr for NamespaceSpec {
     type Err = String;
 
@@ -457,6 +428,8 @@ impl FromStr for NamespaceSpec {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]
@@ -710,23 +683,6 @@ mod tests {
         let err = format!("{:#}", spec.config(1, "S").unwrap_err());
         assert!(err.contains("is 100 bytes"), "{err}");
         let _ = std::fs::remove_dir_all(short.parent().unwrap());
-    }
-
-    #[test]
-    fn durations_parse_with_units() {
-        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
-        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
-        for bad in ["soon", "5", "ms", "5 parsecs", "-1s", "1e400s"] {
-            assert!(
-                parse_duration(bad)
-                    .unwrap_err()
-                    .contains("invalid duration"),
-                "{bad}"
-            );
-        }
     }
 
     #[test]

@@ -112,17 +112,17 @@ pub struct ServeOptions {
     #[arg(long, value_name = "SIZE", value_parser = crate::size::parse_size)]
     pub max_dma_size: Option<u64>,
     /// How long a new connection has to send VERSION before it is dropped. Default 5s.
-    #[arg(long, value_name = "DURATION", value_parser = crate::namespace::parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse_duration)]
     pub handshake_timeout: Option<Duration>,
     /// How long one message may take to arrive whole once it has started (and a client that does
     /// not read its socket may block a reply). Default 5s.
-    #[arg(long, value_name = "DURATION", value_parser = crate::namespace::parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse_duration)]
     pub message_timeout: Option<Duration>,
     /// How long the server has to stop once asked (SIGTERM, SIGINT, the control socket's
     /// `shutdown`) before it exits anyway, with status 1: a worker stuck in storage that does not
     /// answer (a hung filesystem) would otherwise keep it running. A second signal exits at once.
     /// Default 30s.
-    #[arg(long, value_name = "DURATION", value_parser = crate::namespace::parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse_duration)]
     pub stop_timeout: Option<Duration>,
     /// Serve JSON-RPC 2.0 on this UNIX socket, one request per line, to change and break the
     /// device while it serves (`vnvme ctl --control PATH METHOD`: namespaces, faults, stats,

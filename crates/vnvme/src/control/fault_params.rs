@@ -22,7 +22,7 @@ use serde::Deserialize;
 use vnvme_controller::{AnaFault, AnaState, FaultKind, FaultSpec, Latency};
 use vnvme_spec::{NvmOpcode, Status};
 
-use crate::namespace::parse_duration;
+use crate::duration::parse_duration;
 
 /// A number or a name (`opcodes`, `status`, `warning`).
 #[derive(Debug, Clone, Deserialize, PartialEq)]
