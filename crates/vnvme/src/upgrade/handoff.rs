@@ -204,68 +204,111 @@ impl Upgrader {
             spawned_ns: now_ns(),
             controllers: Vec::new(),
         };
-        let handover = manifest::write(&manifest, &state)
-            .map_err(|e| format!("writing the handover memfd: {e}"))?;
-        let handover_fd = pass(handover.as_fd())?;
-        drop(handover);
-        let program = exe.map_or_else(|| self.program.clone(), OsString::from);
-        release_locks(&self.backends)?;
-        let spawned_ns = now_ns();
-        let child = Command::new(&program)
-            .args(&self.args)
-            .arg("--handover-fd")
-            .arg(handover_fd.to_string())
-            .spawn();
-        drop(passed);
-        let mut child = match child {
-            Ok(c) => c,
-            Err(e) => {
-                retake_locks(&self.backends);
-                return Err(format!(
-                    "starting {}: {e}",
-                    std::path::Path::new(&program).display()
-                ));
-            }
-        };
-        match wait_ready(&status_rx, &mut child) {
-            Ok(ready) => {
-                let started = ready
-                    .get("started_ns")
-                    .and_then(Value::as_u64)
-                    .unwrap_or(spawned_ns);
-                let ready_ns = ready
-                    .get("ready_ns")
-                    .and_then(Value::as_u64)
-                    .unwrap_or(started);
-                // Before this process exits: a manager that saw its main
-                // process end would stop the service, the new one with it.
-                crate::notify::main_pid(child.id());
-                Ok(json!({
-                    "pid": child.id(),
-                    "exe": std::path::Path::new(&program).display().to_string(),
-                    "state_bytes": state.len(),
-                    "dma_maps": manifest.client.as_ref().map_or(0, |c| c.maps.len()),
-                    "client": manifest.client.is_some(),
-                    "handed_commands": handed_count,
-                    "phases_ms": {
-                        "drain": drain_ms,
-                        "save": ms(save_started_ns, spawned_ns),
-                        "pass": ms(spawned_ns, started),
-                        "restore": ms(started, ready_ns),
-                    },
-                    "total_ms": ms(asked_ns, ready_ns),
-                }))
-            }
-            Err(why) => {
-                let _ = child.kill();
-                let status = child.wait();
-                retake_locks(&self.backends);
-                let status = status.map_or_else(|e| format!("unknown ({e})"), |s| s.to_string());
-                Err(format!(
-                    "the new process ({}) {why}; it is gone ({status}), this one serves on",
-                    std::path::Path::new(&program).display()
-                ))
-            }
+        let successor = start_successor(
+            &exe.map_or_else(|| self.program.clone(), OsString::from),
+            &self.args,
+            (&manifest, &state),
+            passed,
+            &status_rx,
+            &self.backends,
+        )?;
+        Ok(json!({
+            "pid": successor.pid,
+            "exe": successor.exe,
+            "state_bytes": state.len(),
+            "dma_maps": manifest.client.as_ref().map_or(0, |c| c.maps.len()),
+            "client": manifest.client.is_some(),
+            "handed_commands": handed_count,
+            "phases_ms": successor.phases(drain_ms, save_started_ns),
+            "total_ms": ms(asked_ns, successor.ready_ns),
+        }))
+    }
+}
+
+/// A new process that said it is ready: its pid, the binary it runs, and
+/// when (CLOCK_MONOTONIC, ns) it was started, began its restore and was
+/// ready.
+pub(super) struct Successor {
+    pub pid: u32,
+    pub exe: String,
+    spawned_ns: u64,
+    started_ns: u64,
+    pub ready_ns: u64,
+}
+
+impl Successor {
+    /// The handover's phases in ms: the drain (`drain_ms`), the save (from
+    /// `save_started_ns`), the pass and the restore.
+    pub fn phases(&self, drain_ms: f64, save_started_ns: u64) -> Value {
+        json!({
+            "drain": drain_ms,
+            "save": ms(save_started_ns, self.spawned_ns),
+            "pass": ms(self.spawned_ns, self.started_ns),
+            "restore": ms(self.started_ns, self.ready_ns),
+        })
+    }
+}
+
+/// Writes the handover (`manifest` and the states after it) to a sealed
+/// memfd, lets the `backends`' locks go, starts `program` with `args` and
+/// `--handover-fd`, which inherits `passed` (closed here once it started),
+/// and waits for it to say it is ready on `status`. On any failure the
+/// locks are taken back and the new process is gone: this one serves on.
+pub(super) fn start_successor(
+    program: &OsString,
+    args: &[OsString],
+    (manifest, state): (&Manifest, &[u8]),
+    mut passed: Vec<OwnedFd>,
+    status: &OwnedFd,
+    backends: &[Arc<dyn BlockDevice>],
+) -> Result<Successor, String> {
+    let handover =
+        manifest::write(manifest, state).map_err(|e| format!("writing the handover memfd: {e}"))?;
+    let handover_copy =
+        rustix::io::dup(&handover).map_err(|e| format!("copying an fd to pass: {e}"))?;
+    let handover_fd = handover_copy.as_raw_fd();
+    passed.push(handover_copy);
+    drop(handover);
+    release_locks(backends)?;
+    let spawned_ns = now_ns();
+    let child = Command::new(program)
+        .args(args)
+        .arg("--handover-fd")
+        .arg(handover_fd.to_string())
+        .spawn();
+    drop(passed);
+    let exe = std::path::Path::new(program).display().to_string();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            retake_locks(backends);
+            return Err(format!("starting {exe}: {e}"));
+        }
+    };
+    match wait_ready(status, &mut child) {
+        Ok(ready) => {
+            let started_ns =
+                (ready.get("started_ns").and_then(Value::as_u64)).unwrap_or(spawned_ns);
+            let ready_ns = (ready.get("ready_ns").and_then(Value::as_u64)).unwrap_or(started_ns);
+            // Before this process exits: a manager that saw its main
+            // process end would stop the service, the new one with it.
+            crate::notify::main_pid(child.id());
+            Ok(Successor {
+                pid: child.id(),
+                exe,
+                spawned_ns,
+                started_ns,
+                ready_ns,
+            })
+        }
+        Err(why) => {
+            let _ = child.kill();
+            let status = child.wait();
+            retake_locks(backends);
+            let status = status.map_or_else(|e| format!("unknown ({e})"), |s| s.to_string());
+            Err(format!(
+                "the new process ({exe}) {why}; it is gone ({status}), this one serves on"
+            ))
         }
     }
 }

@@ -19,7 +19,6 @@
 use std::ffi::OsString;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -30,9 +29,9 @@ use vnvme_controller::Controller;
 use vnvme_device::{FunctionState, IrqFds, NvmeDevice};
 use vnvme_vfio_user::handover::{ClientChange, ClientParts, HandedMap, Handover};
 
-use super::handoff::{added_at_run_time, release_locks, retake_locks, wait_ready};
+use super::handoff::{added_at_run_time, start_successor};
 use super::manifest::{
-    self, ms, now_ns, HandedClient, HandedController, HandedRam, HandedSocket, Manifest,
+    ms, now_ns, HandedClient, HandedController, HandedRam, HandedSocket, Manifest,
 };
 use super::{OtherSockets, Requests, DRAIN_BOUND};
 
@@ -368,61 +367,26 @@ impl Several {
             spawned_ns: now_ns(),
             controllers: entries,
         };
-        let handover = manifest::write(&manifest, &bytes)
-            .map_err(|e| format!("writing the handover memfd: {e}"))?;
-        let handover_fd = pass(handover.as_fd())?;
-        drop(handover);
-        let program = exe.map_or_else(|| self.program.clone(), OsString::from);
-        release_locks(&self.backends)?;
-        let spawned_ns = now_ns();
-        let child = Command::new(&program)
-            .args(&self.args)
-            .arg("--handover-fd")
-            .arg(handover_fd.to_string())
-            .spawn();
-        drop(passed);
-        let shown = std::path::Path::new(&program).display().to_string();
-        let mut child = match child {
-            Ok(c) => c,
-            Err(e) => {
-                retake_locks(&self.backends);
-                return Err(format!("starting {shown}: {e}"));
-            }
-        };
-        match wait_ready(&status_rx, &mut child) {
-            Ok(ready) => {
-                let started =
-                    (ready.get("started_ns").and_then(Value::as_u64)).unwrap_or(spawned_ns);
-                let ready_ns = (ready.get("ready_ns").and_then(Value::as_u64)).unwrap_or(started);
-                crate::notify::main_pid(child.id());
-                Ok(json!({
-                    "pid": child.id(),
-                    "exe": shown,
-                    "controllers": self.controllers.len(),
-                    "clients": clients,
-                    "state_bytes": bytes.len(),
-                    "dma_maps": maps,
-                    "handed_commands": handed_commands,
-                    "client": clients > 0,
-                    "phases_ms": {
-                        "drain": drain_ms,
-                        "save": ms(save_started_ns, spawned_ns),
-                        "pass": ms(spawned_ns, started),
-                        "restore": ms(started, ready_ns),
-                    },
-                    "total_ms": ms(asked_ns, ready_ns),
-                }))
-            }
-            Err(why) => {
-                let _ = child.kill();
-                let status = child.wait();
-                retake_locks(&self.backends);
-                let status = status.map_or_else(|e| format!("unknown ({e})"), |s| s.to_string());
-                Err(format!(
-                    "the new process ({shown}) {why}; it is gone ({status}), this one serves on"
-                ))
-            }
-        }
+        let successor = start_successor(
+            &exe.map_or_else(|| self.program.clone(), OsString::from),
+            &self.args,
+            (&manifest, &bytes),
+            passed,
+            &status_rx,
+            &self.backends,
+        )?;
+        Ok(json!({
+            "pid": successor.pid,
+            "exe": successor.exe,
+            "controllers": self.controllers.len(),
+            "clients": clients,
+            "state_bytes": bytes.len(),
+            "dma_maps": maps,
+            "handed_commands": handed_commands,
+            "client": clients > 0,
+            "phases_ms": successor.phases(drain_ms, save_started_ns),
+            "total_ms": ms(asked_ns, successor.ready_ns),
+        }))
     }
 }
 
