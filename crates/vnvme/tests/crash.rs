@@ -20,7 +20,10 @@
 //! The same runs on a namespace with protection information (4096+8, Type
 //! 1, kept in the file after each block's data): writes ask the controller
 //! to generate the PI (PRACT), reads to check it, so a block whose data
-//! and PI do not belong together fails its read.
+//! and PI do not belong together fails its read. A write the kill stopped
+//! between two pages of a block leaves it torn (docs/data-protection.md,
+//! "Crashes"): such a block is rewritten with what it held before, its
+//! acknowledged write (not its durable one, which may be older).
 //!
 //! The seed is printed; `VNVME_CRASH_SEED=N` replays a run.
 
@@ -110,6 +113,15 @@ impl BlockState {
         if generation > self.durable {
             self.durable = generation;
             self.candidates.retain(|&g| g > generation);
+        }
+    }
+
+    /// A write of `generation` completed (with FUA: durable too).
+    fn acknowledge(&mut self, generation: u32, fua: bool) {
+        self.current = generation;
+        self.acknowledged = generation;
+        if fua {
+            self.make_durable(generation);
         }
     }
 }
@@ -254,7 +266,7 @@ fn verify(
                      {state:?}"
                 );
                 tally.torn += 1;
-                rewrite_durable(q, &buf, lba, state);
+                rewrite_torn(q, &buf, lba, state);
             }
             q.read(NSID, first, PER_READ, &mut buf).unwrap();
         }
@@ -306,24 +318,30 @@ fn verify(
     }
 }
 
-/// Writes `lba` again (a torn block) with its durable generation, FUA; a
-/// block never durably written is zeroed (Write Zeroes leaves no PI, as
-/// the block had none).
-fn rewrite_durable(q: &mut IoQueue, buf: &DmaBuffer, lba: u64, state: &mut BlockState) {
-    let cmd = if state.durable == 0 {
+/// Writes a torn `lba` again, FUA, with what it held before the kill tore
+/// it: `current`, its last completed write or what the last restart read
+/// back, never older than the acknowledged or the durable generation. Not
+/// the durable one: an acknowledged write newer than that (no Flush since)
+/// is what the block held, a process crash keeps it, and the check that
+/// follows (nothing older than acknowledged) would fail on the test's own
+/// rewrite (seed 1795964813185436665 did, once). A block never written is
+/// zeroed (Write Zeroes leaves no PI, as the block had none).
+fn rewrite_torn(q: &mut IoQueue, buf: &DmaBuffer, lba: u64, state: &mut BlockState) {
+    let cmd = if state.current == 0 {
         let mut cmd = NvmeCommand::new(NvmOpcode::WRITE_ZEROES.0, 0);
         cmd.nsid = NSID.into();
         cmd.set_slba(lba);
         cmd.cdw12 = (1u32 << 30).into();
         cmd
     } else {
-        buf.write_bytes(0, &block(lba, state.durable)).unwrap();
+        buf.write_bytes(0, &block(lba, state.current)).unwrap();
         write_command(lba, buf, true)
     };
     let cqe = q.execute(cmd).unwrap();
     assert!(cqe.status().is_success(), "rewrite of LBA {lba}: {cqe:?}");
+    // FUA: what it wrote is durable, and the torn write is gone.
+    state.make_durable(state.current);
     state.candidates.clear();
-    state.current = state.durable;
 }
 
 /// The PI tuples of `n` blocks at `first` (8 bytes each), read into
@@ -429,14 +447,9 @@ fn write_until_killed(
                     .remove(&cqe.cid())
                     .unwrap_or_else(|| panic!("unexpected completion {cqe:?}"));
                 assert!(cqe.status().is_success(), "write LBA {lba}: {cqe:?}");
-                let state = &mut model[lba as usize];
-                state.current = generation;
-                state.acknowledged = generation;
+                model[lba as usize].acknowledge(generation, fua);
                 tally.acknowledged_writes += 1;
-                if fua {
-                    tally.fua_writes += 1;
-                    state.make_durable(generation);
-                }
+                tally.fua_writes += u64::from(fua);
             }
         }
     }
@@ -465,6 +478,79 @@ fn acknowledged_durable_writes_survive_sigkill() {
 #[test]
 fn acknowledged_durable_writes_and_their_pi_survive_sigkill() {
     crash_rounds(true);
+}
+
+/// A PI block torn by the kill, made on purpose (the random rounds meet one
+/// rarely): LBA 5 is written with FUA (generation 1, durable), then without
+/// (2, acknowledged only); a third write is in flight when the server is
+/// killed, and the kernel stopped it at the page boundary inside the block
+/// (4104-byte stride), leaving generation 3's head over generation 2's tail
+/// and PI. The restart's read fails the guard check; the block is rewritten
+/// with generation 2, which reads back, and survives the next kill.
+#[test]
+fn a_pi_block_torn_by_the_kill_is_rewritten_with_its_acknowledged_write() {
+    const LBA: u64 = 5;
+    let stride = BLOCK as u64 + 8;
+    let dir = std::env::temp_dir().join(format!("vnvme-crash-{}-torn", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let image = dir.join("ns.img");
+    let mut model = vec![BlockState::default(); BLOCKS as usize];
+    let mut tally = Tally::default();
+
+    let server = Server::start(&dir, &image, true);
+    let (access, ctrl) = server.connect();
+    let mut q = ctrl.take_io_queue(0).unwrap();
+    verify(&mut q, &access, &mut model, &mut tally, (0, true));
+    let buf = access.dma_alloc(BLOCK).unwrap();
+    buf.write_bytes(0, &block(LBA, 1)).unwrap();
+    let cqe = q.execute(write_command(LBA, &buf, true)).unwrap();
+    assert!(cqe.status().is_success(), "FUA write: {cqe:?}");
+    model[LBA as usize].candidates.push(1);
+    model[LBA as usize].acknowledge(1, true);
+    buf.write_bytes(0, &block(LBA, 2)).unwrap();
+    q.write(NSID, LBA, 1, &buf).unwrap();
+    model[LBA as usize].candidates.push(2);
+    model[LBA as usize].acknowledge(2, false);
+    model[LBA as usize].candidates.push(3);
+    server.kill();
+
+    // What the kernel leaves of generation 3's write when the fatal signal
+    // stops it between pages: the bytes before the boundary.
+    let start = LBA * stride;
+    let boundary = (start / 4096 + 1) * 4096;
+    assert!(
+        boundary < start + BLOCK as u64,
+        "LBA {LBA} must straddle a page"
+    );
+    let head = &block(LBA, 3)[..(boundary - start) as usize];
+    std::os::unix::fs::FileExt::write_all_at(
+        &std::fs::OpenOptions::new()
+            .write(true)
+            .open(&image)
+            .unwrap(),
+        head,
+        start,
+    )
+    .unwrap();
+
+    for round in 1..=2 {
+        let server = Server::start(&dir, &image, true);
+        let (access, ctrl) = server.connect();
+        let mut q = ctrl.take_io_queue(0).unwrap();
+        verify(&mut q, &access, &mut model, &mut tally, (round, true));
+        let state = &model[LBA as usize];
+        assert_eq!(
+            (state.current, state.durable, state.acknowledged),
+            (2, 2, 2),
+            "round {round}: {state:?}"
+        );
+        assert!(state.candidates.is_empty(), "round {round}: {state:?}");
+        server.kill();
+    }
+    assert_eq!(tally.torn, 1, "only round 1 finds the block torn");
+    assert_eq!(tally.blocks_checked, 3 * BLOCKS);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 fn crash_rounds(pi: bool) {
