@@ -18,7 +18,7 @@ use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
@@ -30,9 +30,11 @@ use crate::wire::{flags, Header, HEADER_SIZE};
 use crate::Error;
 
 mod pump;
+mod staged;
 
 pub(crate) use pump::Bell;
 use pump::{Outbox, Partial, Step};
+pub use staged::ReplyPipe;
 
 /// Most messages one [`Conn::pump`] takes in before it lets the thread
 /// turn to other connections.
@@ -93,6 +95,9 @@ pub struct Conn {
     next_id: AtomicU16,
     /// The peer completed the VERSION exchange (server side).
     negotiated: AtomicBool,
+    /// Where replies wait until [`Conn::send_staged`] (a supervised
+    /// server, see `conn/staged.rs`).
+    staging: OnceLock<Arc<ReplyPipe>>,
 }
 
 /// What a connection served among many keeps (see `conn/pump.rs`).
@@ -132,6 +137,7 @@ impl Conn {
             cv: Condvar::new(),
             next_id: AtomicU16::new(0),
             negotiated: AtomicBool::new(false),
+            staging: OnceLock::new(),
         })
     }
 
@@ -160,6 +166,7 @@ impl Conn {
             cv: Condvar::new(),
             next_id: AtomicU16::new(0),
             negotiated: AtomicBool::new(false),
+            staging: OnceLock::new(),
         })
     }
 
@@ -281,8 +288,31 @@ impl Conn {
         self.cv.notify_all();
     }
 
+    /// From now on replies without fds wait in `pipe` until
+    /// [`Conn::send_staged`] (see `conn/staged.rs`).
+    pub fn stage_replies(&self, pipe: Arc<ReplyPipe>) {
+        // Set once per connection: a second call keeps the first pipe.
+        let _ = self.staging.set(pipe);
+    }
+
+    /// Sends the staged replies, what a dead server left included.
+    pub fn send_staged(&self) -> Result<(), Error> {
+        let Some(pipe) = self.staging.get().filter(|p| p.holds()) else {
+            return Ok(());
+        };
+        let guard = self.send_lock.lock();
+        let sent = pipe.send(self.fd());
+        drop(guard);
+        sent.map_err(|e| {
+            // A partial message would desynchronise the stream for good.
+            self.shutdown();
+            Error::Io(e)
+        })
+    }
+
     /// Sends one message whole (header, payload parts, fds) under the send
-    /// lock, so concurrent senders never interleave.
+    /// lock, so concurrent senders never interleave; a reply is staged
+    /// instead where [`Conn::stage_replies`] asked and it can be.
     pub fn send(
         &self,
         header: &Header,
@@ -307,6 +337,14 @@ impl Conn {
         } else {
             joined = parts.concat();
             slices[1] = &joined;
+        }
+        if header.flags & flags::TYPE_MASK == flags::TYPE_REPLY && fds.is_empty() {
+            if let Some(pipe) = self.staging.get().filter(|p| p.fits(total)) {
+                return pipe.stage(&slices).map_err(|e| {
+                    self.shutdown();
+                    Error::Io(e)
+                });
+            }
         }
         let mut guard = self.send_lock.lock();
         if self.pumped.is_some() {

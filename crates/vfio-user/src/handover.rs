@@ -113,10 +113,17 @@ pub trait Handover<D>: Sync {
     /// [`supervised`](Self::supervised).
     fn checkpoint(&self, _device: &D) {}
     /// A supervised server starts handling the message `(msg_id, command)`
-    /// (`Some`), or has answered it (`None`): a crash in between leaves a
-    /// message unanswered, which a successor must know. Called only when
-    /// [`supervised`](Self::supervised).
+    /// (`Some`), or has handled it and kept its effect (`None`, after
+    /// [`checkpoint`](Self::checkpoint)): a crash in between leaves a
+    /// message whose effect is not known, which a successor must know.
+    /// Called only when [`supervised`](Self::supervised).
     fn handling(&self, _msg: Option<(u16, u16)>) {}
+    /// Where a supervised server stages its replies until the message is
+    /// no longer marked as handled (see `conn/staged.rs`); `None`: they
+    /// are sent at once. Asked once per client.
+    fn reply_pipe(&self) -> Option<std::sync::Arc<crate::ReplyPipe>> {
+        None
+    }
     /// Gives the client (`None`: no client is connected) to the next
     /// process. On success it ends this process without touching anything
     /// the next one now serves (no shutdown of the connection, no socket

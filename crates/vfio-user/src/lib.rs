@@ -34,7 +34,7 @@ use std::io;
 use std::os::fd::{BorrowedFd, OwnedFd};
 
 pub use client::Client;
-pub use conn::{MAX_DATA_XFER_SIZE, MAX_MSG_FDS, MAX_MSG_SIZE, MESSAGE_TIMEOUT};
+pub use conn::{ReplyPipe, MAX_DATA_XFER_SIZE, MAX_MSG_FDS, MAX_MSG_SIZE, MESSAGE_TIMEOUT};
 pub use dma::{
     DmaLimits, DmaPin, DmaSpace, DEFAULT_MAX_DMA_BYTES, DEFAULT_MAX_DMA_MAPS, REMOTE_DMA_TIMEOUT,
 };

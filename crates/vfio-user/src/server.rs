@@ -339,11 +339,18 @@ impl<D: Device> Server<D> {
         // Asked once per client, so a message (a trapped doorbell) pays a
         // test of this flag, not a call.
         let supervisor = handover.filter(|h| h.supervised());
+        if let Some(pipe) = supervisor.and_then(|h| h.reply_pipe()) {
+            if s.dma.is_some() || handing::discard_staged(&pipe) {
+                s.conn.stage_replies(pipe);
+            }
+        }
         if let Some(h) = supervisor.filter(|_| s.dma.is_some()) {
             // A client adopted from a dead or upgraded process: the
-            // supervisor learns it as a new one, with its fds.
+            // supervisor learns it as a new one, with its fds, and the
+            // reply a dead one owed it goes first.
             handing::tell_supervisor(s, cmd::VERSION, &self.device, h);
             h.checkpoint(&self.device);
+            s.conn.send_staged()?;
         }
         loop {
             if stop.is_some_and(|f| f.load(Ordering::Relaxed)) {
@@ -423,9 +430,13 @@ impl<D: Device> Server<D> {
             self.handle(s, msg)?;
             s.times.add(command, started.elapsed());
             if let Some(h) = supervisor {
-                h.handling(None);
+                // The effect kept, then the mark cleared, then the staged
+                // reply sent: a crash anywhere leaves either a message not
+                // done or a reply owed whole (conn/staged.rs).
                 handing::tell_supervisor(s, command, &self.device, h);
                 h.checkpoint(&self.device);
+                h.handling(None);
+                s.conn.send_staged()?;
             }
         }
     }

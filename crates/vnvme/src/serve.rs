@@ -310,9 +310,9 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
     // A supervisor's crash area, and the client of a dead child to serve
     // again from it.
     let crash = handover.as_mut().and_then(|(t, _)| t.crash.take());
-    let (crash_area, crashed) = match crash {
-        Some(c) => (Some(c.area), c.client),
-        None => (None, None),
+    let (crash_area, crashed, replies) = match crash {
+        Some(c) => (Some(c.area), c.client, c.replies),
+        None => (None, None, None),
     };
     if let Some((t, _)) = &handover {
         if !t.controllers.is_empty() {
@@ -446,7 +446,7 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
     let keeper = match &crash_area {
         Some(fd) => {
             let k = Arc::new(
-                supervise::Keeper::new(fd.as_fd(), requests.waker()?)
+                supervise::Keeper::new(fd.as_fd(), requests.waker()?, replies)
                     .context("the supervisor's crash area")?,
             );
             device.controller().record_crash_state(

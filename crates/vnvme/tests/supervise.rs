@@ -584,3 +584,98 @@ fn namespaces_added_or_resized_at_run_time_are_refused_under_supervise() {
     round(&access, &mut q, 1, true);
     round(&access, &mut q, 1, false);
 }
+
+/// Replies the client has not read at the kill reach it whole after the
+/// restore, each once and in order: the server waits for room in the
+/// socket to send one (the client reads none of its 256 config-space
+/// reads), is killed there, and the next server sends the rest of that
+/// reply from the reply pipe before it serves the requests the dead one
+/// never read (conn/staged.rs). The reply used to be sent straight while
+/// its message was still marked as handled, so the supervisor closed the
+/// connection.
+#[test]
+fn replies_owed_at_the_kill_reach_the_client_once_and_whole() {
+    use std::io::{Read, Write};
+    use vnvme_vfio_user::wire::{cmd, flags, Header, RegionAccess, HEADER_SIZE};
+    use zerocopy::{FromBytes, IntoBytes};
+
+    const READS: u16 = 256;
+    const FIRST_ID: u16 = 0x8000;
+    let r = file_rig("kill-owed", "trap");
+    let stream = std::os::unix::net::UnixStream::connect(&r.socket).unwrap();
+    let mut raw = stream.try_clone().unwrap();
+    let client = vnvme_vfio_user::Client::from_stream(stream).unwrap();
+    let mut config = vec![0u8; 4096];
+    client
+        .region_read(vnvme_vfio_user::region::CONFIG, 0, &mut config)
+        .unwrap();
+    let access = RegionAccess {
+        offset: 0,
+        region: vnvme_vfio_user::region::CONFIG,
+        count: 4096,
+    };
+    let mut requests = Vec::new();
+    for i in 0..READS {
+        let header = Header {
+            msg_id: FIRST_ID + i,
+            command: cmd::REGION_READ,
+            msg_size: (HEADER_SIZE + access.as_bytes().len()) as u32,
+            flags: flags::TYPE_COMMAND,
+            error: 0,
+        };
+        requests.extend_from_slice(header.as_bytes());
+        requests.extend_from_slice(access.as_bytes());
+    }
+    raw.write_all(&requests).unwrap();
+    // The server blocks moving a staged reply to the full socket.
+    let pid = r.server_pid();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !in_splice(pid) {
+        assert!(
+            Instant::now() < deadline,
+            "no thread of server {pid} waits in splice(2) with 1 MiB of replies unread:\n{}",
+            r.log()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    kill(pid, rustix::process::Signal::KILL);
+    let log = r.wait_log("died (signal: 9 (SIGKILL))", 1);
+    assert!(
+        log.contains("starting a new server that serves the client on its connection"),
+        "{log}"
+    );
+    raw.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let reply_len = HEADER_SIZE + access.as_bytes().len() + 4096;
+    let mut reply = vec![0u8; reply_len];
+    for i in 0..READS {
+        raw.read_exact(&mut reply)
+            .unwrap_or_else(|e| panic!("reply {i} of {READS}: {e}\n{}", r.log()));
+        let header = Header::read_from_prefix(&reply).unwrap().0;
+        assert_eq!(header.msg_id, FIRST_ID + i, "reply {i}");
+        assert_eq!(header.flags, flags::TYPE_REPLY, "reply {i}");
+        assert_eq!(header.msg_size as usize, reply_len, "reply {i}");
+        assert!(
+            reply[reply_len - 4096..] == config[..],
+            "reply {i}: not the config space"
+        );
+    }
+    // Nothing more came, and the connection serves on.
+    assert_eq!(rustix::io::ioctl_fionread(&raw).unwrap(), 0);
+    let mut again = vec![0u8; 4096];
+    client
+        .region_read(vnvme_vfio_user::region::CONFIG, 0, &mut again)
+        .unwrap();
+    assert_eq!(again, config);
+}
+
+/// Whether a thread of `pid` waits in splice(2) (the first field of
+/// /proc/PID/task/TID/syscall is the number of the call it is blocked in).
+fn in_splice(pid: i32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().any(|t| {
+        std::fs::read_to_string(t.path().join("syscall"))
+            .is_ok_and(|s| s.split_whitespace().next() == Some(&libc::SYS_splice.to_string()))
+    })
+}

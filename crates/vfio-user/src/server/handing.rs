@@ -129,3 +129,23 @@ pub(super) fn drain_wake(fd: BorrowedFd<'_>) {
         }
     }
 }
+
+/// Drops what a dead server staged for a client that was not resumed, so
+/// a new client's first reply is its own; `false` if the pipe could not
+/// be emptied (its replies are then sent straight).
+pub(super) fn discard_staged(pipe: &crate::ReplyPipe) -> bool {
+    match pipe.discard() {
+        Ok(0) => true,
+        Ok(n) => {
+            tracing::info!(
+                "dropped {n} bytes of replies a dead server staged for a client that was not \
+                 resumed"
+            );
+            true
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "emptying the reply pipe: replies are sent straight");
+            false
+        }
+    }
+}

@@ -348,6 +348,10 @@ impl Handover<NvmeDevice> for Upgrader {
         }
     }
 
+    fn reply_pipe(&self) -> Option<std::sync::Arc<vnvme_vfio_user::ReplyPipe>> {
+        self.forward.as_ref()?.reply_pipe()
+    }
+
     fn pause(&self, device: &mut NvmeDevice) -> Result<(), String> {
         let Some((exe, asked_ns)) = self.requests.current() else {
             return Err("no upgrade is asked for".into());

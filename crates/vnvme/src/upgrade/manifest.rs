@@ -92,6 +92,10 @@ pub struct HandedCrash {
     pub fd: i32,
     /// The client a dead child served, to serve again from the area.
     pub client: Option<CrashedClient>,
+    /// The pipe replies wait in (read end, write end): what a dead child
+    /// left in it is owed to its client (`vnvme_vfio_user::ReplyPipe`).
+    #[serde(default)]
+    pub replies: Option<[i32; 2]>,
 }
 
 /// The client of a dead child, as the supervisor's table holds it: its
@@ -166,6 +170,7 @@ impl Manifest {
                 v.extend(c.intx_fd);
                 v.extend(c.doorbell_fd);
             }
+            v.extend(crash.replies.iter().flatten());
         }
         for c in &self.controllers {
             v.push(c.listener_fd);

@@ -75,6 +75,9 @@ pub trait ClientWatch: Send + Sync + std::fmt::Debug {
     /// The message being handled (see
     /// [`Handover::handling`](vnvme_vfio_user::handover::Handover::handling)).
     fn handling(&self, msg: Option<(u16, u16)>);
+    /// Where replies wait (see
+    /// [`Handover::reply_pipe`](vnvme_vfio_user::handover::Handover::reply_pipe)).
+    fn reply_pipe(&self) -> Option<std::sync::Arc<vnvme_vfio_user::ReplyPipe>>;
 }
 
 /// The signal that asks `vnvme serve` for an upgrade to the binary it was

@@ -49,6 +49,8 @@ pub struct TakenController {
 pub struct TakenCrash {
     pub area: OwnedFd,
     pub client: Option<CrashedFds>,
+    /// The reply pipe's ends (read, write).
+    pub replies: Option<(OwnedFd, OwnedFd)>,
 }
 
 /// A dead child's client as the supervisor handed it: its fds.
@@ -231,7 +233,15 @@ fn take_rest(
                     })
                 }
             };
-            Some(TakenCrash { area, client })
+            let replies = match c.replies {
+                Some(_) => Some((next()?, next()?)),
+                None => None,
+            };
+            Some(TakenCrash {
+                area,
+                client,
+                replies,
+            })
         }
     };
     let mut controllers = Vec::new();

@@ -3,7 +3,9 @@
 //! next child needs to serve the same client after a crash.
 //!
 //! * a header page: the magic `VNVMECA1`, the area's version, and the
-//!   vfio-user message the child is handling (a word; 0 between messages);
+//!   vfio-user message the child is handling (a word; 0 once its effect
+//!   is kept, before its reply, staged in the supervisor's reply pipe, is
+//!   sent: see `vnvme_vfio_user::ReplyPipe`);
 //! * per queue id, two words the queue workers store after each round:
 //!   the SQ's head and tail, the CQ's head, tail and phase
 //!   ([`QueueWords`]), each with a bit saying it is set (the SQ's also
@@ -75,6 +77,8 @@ const SERIAL_MASK: u64 = 0x7fff;
 pub enum CrashAreaError {
     #[error("mapping the crash area")]
     Map(#[source] std::io::Error),
+    #[error("the supervisor's reply pipe")]
+    Replies(#[source] std::io::Error),
     #[error("the crash area does not start with {MAGIC:?}: not a vnvme crash area")]
     Magic,
     #[error("the crash area is version {found}; this binary reads version {VERSION}")]

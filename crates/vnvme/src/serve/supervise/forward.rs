@@ -117,6 +117,10 @@ impl crate::upgrade::ClientWatch for Forwarder {
             k.handling(msg);
         }
     }
+
+    fn reply_pipe(&self) -> Option<Arc<vnvme_vfio_user::ReplyPipe>> {
+        self.keeper.as_ref()?.replies()
+    }
 }
 
 impl Forwarder {

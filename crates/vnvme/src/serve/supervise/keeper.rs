@@ -17,9 +17,10 @@
 //! * The message being handled is a word, set before and cleared after.
 
 use std::io::Write;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -29,6 +30,7 @@ use vnvme_controller::SavedState;
 use vnvme_device::{FunctionState, NvmeDevice};
 use vnvme_spec::regs::Doorbell;
 use vnvme_vfio_user::handover::HandedMap;
+use vnvme_vfio_user::ReplyPipe;
 
 use super::crash_area::{CrashArea, CrashAreaError};
 
@@ -80,6 +82,8 @@ pub fn decode(payload: &[u8]) -> Result<(SlotClient, SavedState), String> {
 #[derive(Debug)]
 pub struct Keeper {
     area: CrashArea,
+    /// Where replies wait until the message's mark is cleared.
+    replies: Option<Arc<ReplyPipe>>,
     client: Mutex<Option<SlotClient>>,
     /// The client part changed since the last slot.
     dirty: AtomicBool,
@@ -99,15 +103,25 @@ pub struct Keeper {
 
 impl Keeper {
     /// The keeper of the area in `fd`, waking the client's thread with
-    /// `waker`.
-    pub fn new(fd: BorrowedFd<'_>, waker: UnixStream) -> Result<Self, CrashAreaError> {
+    /// `waker`, its replies staged in the pipe `replies` (read and write
+    /// ends) if the supervisor made one.
+    pub fn new(
+        fd: BorrowedFd<'_>,
+        waker: UnixStream,
+        replies: Option<(OwnedFd, OwnedFd)>,
+    ) -> Result<Self, CrashAreaError> {
         let area = CrashArea::open(fd)?;
+        let replies = replies
+            .map(|(rx, tx)| ReplyPipe::new(rx, tx).map(Arc::new))
+            .transpose()
+            .map_err(CrashAreaError::Replies)?;
         let seq = area.next_seq();
         // The tables' entries are the dead child's (read by the restore
         // before this): void from here on.
         area.next_generation();
         Ok(Self {
             area,
+            replies,
             client: Mutex::new(None),
             dirty: AtomicBool::new(false),
             admin: AtomicU64::new(0),
@@ -148,6 +162,11 @@ impl Keeper {
     /// The message being handled (see [`CrashArea::set_handling`]).
     pub fn handling(&self, msg: Option<(u16, u16)>) {
         self.area.set_handling(msg);
+    }
+
+    /// The pipe replies wait in (`vnvme_vfio_user::ReplyPipe`).
+    pub fn replies(&self) -> Option<Arc<ReplyPipe>> {
+        self.replies.clone()
     }
 
     /// Writes a slot if something other than a queue position may have

@@ -15,7 +15,9 @@
 //!
 //! The supervisor also makes the crash area ([`crash_area`]) every child
 //! shares, where the child keeps the client's state as it changes
-//! ([`keeper`]). When the child dies (SIGKILL, a panic, an abort: any exit
+//! ([`keeper`]), and the pipe its replies wait in until the message they
+//! answer is kept (`vnvme_vfio_user::ReplyPipe`), so a reply is never both
+//! sent and owed. When the child dies (SIGKILL, a panic, an abort: any exit
 //! but a clean one), the supervisor logs it with what it held and starts a
 //! new child with the client's fds, which restores the client from the
 //! area ([`restore`]) and serves it on the same connection; if it cannot
@@ -145,6 +147,7 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
     }
     let area_fd = crash_area::create().context("making the crash area (memfd)")?;
     let area = CrashArea::open(area_fd.as_fd()).context("the crash area")?;
+    let replies = vnvme_vfio_user::ReplyPipe::create().context("making the reply pipe")?;
     let mut table = Table::default();
     let mut failed = 0;
     let mut told_ready = false;
@@ -159,6 +162,7 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
         let handed = Handed {
             sockets: &sockets,
             area: area_fd.as_fd(),
+            replies: (replies.0.as_fd(), replies.1.as_fd()),
             memories: &table,
             client: restore.then_some(&table),
         };
@@ -266,12 +270,14 @@ struct Sockets<'a> {
     metrics: Option<BorrowedFd<'a>>,
 }
 
-/// What one child is handed: the sockets, the crash area, the `ram`
-/// namespaces' memfds (in `memories`, the table), and the client a dead
-/// child served, to restore.
+/// What one child is handed: the sockets, the crash area and the reply
+/// pipe, the `ram` namespaces' memfds (in `memories`, the table), and the
+/// client a dead child served, to restore.
 struct Handed<'a> {
     sockets: &'a Sockets<'a>,
     area: BorrowedFd<'a>,
+    /// Its read and write ends.
+    replies: (BorrowedFd<'a>, BorrowedFd<'a>),
     memories: &'a Table,
     client: Option<&'a Table>,
 }
@@ -359,6 +365,7 @@ fn start(
         crash: Some(HandedCrash {
             fd: pass(handed.area)?,
             client: handed.client.map(|t| crashed(t, &mut pass)).transpose()?,
+            replies: Some([pass(handed.replies.0)?, pass(handed.replies.1)?]),
         }),
         spawned_ns: now_ns(),
         controllers: Vec::new(),
