@@ -61,6 +61,26 @@ pub struct ClientParts<'a> {
     pub files: Vec<BorrowedFd<'a>>,
 }
 
+/// Most bytes of a message (header included) a supervised server keeps
+/// to handle it again after a crash ([`Marked::redo`]): a region access
+/// of up to 64 bytes of data.
+pub const MAX_REDO_BYTES: usize = crate::wire::HEADER_SIZE + 16 + 64;
+
+/// The message a supervised server starts handling (see
+/// [`Handover::handling`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Marked<'a> {
+    pub msg_id: u16,
+    pub command: u16,
+    /// The whole message (header, payload), when handling it a second
+    /// time after a crash ends as handling it once: a region read or write
+    /// without fds, of at most [`MAX_REDO_BYTES`] (NVMe's registers,
+    /// doorbells, the MSI-X table and config space take the same write
+    /// twice to the same end, and a read changes nothing). `None`: a
+    /// crash while it is marked ends the connection.
+    pub redo: Option<[&'a [u8]; 2]>,
+}
+
 /// What changed in the client's fds, for a supervisor (see
 /// [`Handover::client_changed`]).
 #[derive(Debug)]
@@ -112,12 +132,13 @@ pub trait Handover<D>: Sync {
     /// date (the binary's crash area). Called only when
     /// [`supervised`](Self::supervised).
     fn checkpoint(&self, _device: &D) {}
-    /// A supervised server starts handling the message `(msg_id, command)`
-    /// (`Some`), or has handled it and kept its effect (`None`, after
+    /// A supervised server starts handling a message (`Some`), or has
+    /// handled it and kept its effect (`None`, after
     /// [`checkpoint`](Self::checkpoint)): a crash in between leaves a
-    /// message whose effect is not known, which a successor must know.
-    /// Called only when [`supervised`](Self::supervised).
-    fn handling(&self, _msg: Option<(u16, u16)>) {}
+    /// message whose effect is not known, which a successor must know
+    /// (and may handle again: [`Marked::redo`]). Called only when
+    /// [`supervised`](Self::supervised).
+    fn handling(&self, _msg: Option<Marked<'_>>) {}
     /// Where a supervised server stages its replies until the message is
     /// no longer marked as handled (see `conn/staged.rs`); `None`: they
     /// are sent at once. Asked once per client.
@@ -274,6 +295,8 @@ pub enum AdoptError {
     },
     #[error("the handed-over max_data_xfer_size {0} is not 4..=1 MiB")]
     MaxXfer(usize),
+    #[error("the message to handle again is refused: {0}")]
+    Redo(String),
 }
 
 /// A client another process served, ready to be served here: its
@@ -283,6 +306,8 @@ pub struct Adopted {
     pub(crate) conn: Arc<Conn>,
     pub(crate) dma: DmaSpace,
     pub(crate) ledger: DmaLedger,
+    /// A message the dead server was handling, to handle first.
+    pub(crate) redo: Option<crate::conn::Message>,
 }
 
 impl Adopted {
@@ -342,7 +367,42 @@ impl Adopted {
             };
             ledger.add(m.clone(), kept);
         }
-        Ok(Self { conn, dma, ledger })
+        Ok(Self {
+            conn,
+            dma,
+            ledger,
+            redo: None,
+        })
+    }
+
+    /// Handles the message `bytes` (a [`Marked::redo`] a crashed server
+    /// left) before any the client sends, its reply the client's next;
+    /// `Err` if `bytes` is not one such message.
+    pub fn redo(&mut self, bytes: &[u8]) -> Result<(), AdoptError> {
+        use zerocopy::FromBytes;
+        let bad = |why: &str| AdoptError::Redo(why.to_string());
+        if bytes.len() > MAX_REDO_BYTES {
+            return Err(bad("longer than a kept message can be"));
+        }
+        // A size error is the only one: the bytes are fewer than a header.
+        let (header, payload) = crate::wire::Header::read_from_prefix(bytes)
+            .map_err(|_| bad("shorter than a header"))?;
+        if header.msg_size as usize != bytes.len() {
+            return Err(bad("its header's size is not its length"));
+        }
+        if !matches!(
+            header.command,
+            crate::wire::cmd::REGION_READ | crate::wire::cmd::REGION_WRITE
+        ) {
+            return Err(bad("not a region read or write"));
+        }
+        self.redo = Some(crate::conn::Message {
+            header,
+            payload: payload.to_vec(),
+            fds: Vec::new(),
+            fds_truncated: false,
+        });
+        Ok(())
     }
 
     /// The client's guest memory, for the device restored onto it.

@@ -97,6 +97,8 @@ struct ClientState {
     times: MessageTimes,
     /// The DMA maps with their files, for a handover.
     ledger: DmaLedger,
+    /// A message a crashed server was handling, handled first.
+    redo: Option<Message>,
 }
 
 impl ClientState {
@@ -109,6 +111,7 @@ impl ClientState {
             warnings: RateLimit::default(),
             times: MessageTimes::default(),
             ledger: DmaLedger::default(),
+            redo: None,
         }
     }
 }
@@ -280,6 +283,7 @@ impl<D: Device> Server<D> {
             warnings: RateLimit::default(),
             times: MessageTimes::default(),
             ledger: a.ledger,
+            redo: a.redo,
         }
     }
 
@@ -339,18 +343,30 @@ impl<D: Device> Server<D> {
         // Asked once per client, so a message (a trapped doorbell) pays a
         // test of this flag, not a call.
         let supervisor = handover.filter(|h| h.supervised());
+        let (adopted, redo) = (s.dma.is_some(), s.redo.take());
         if let Some(pipe) = supervisor.and_then(|h| h.reply_pipe()) {
-            if s.dma.is_some() || handing::discard_staged(&pipe) {
+            // What a dead server staged is owed to the client it served,
+            // unless the message it answers is handled again; a new
+            // client's first reply is its own.
+            if (adopted && redo.is_none()) || handing::discard_staged(&pipe) {
                 s.conn.stage_replies(pipe);
             }
         }
-        if let Some(h) = supervisor.filter(|_| s.dma.is_some()) {
+        if let Some(h) = supervisor.filter(|_| adopted) {
             // A client adopted from a dead or upgraded process: the
             // supervisor learns it as a new one, with its fds, and the
             // reply a dead one owed it goes first.
             handing::tell_supervisor(s, cmd::VERSION, &self.device, h);
             h.checkpoint(&self.device);
             s.conn.send_staged()?;
+        }
+        if let Some(msg) = redo {
+            tracing::info!(
+                msg_id = msg.header.msg_id,
+                command = msg.header.command,
+                "handling again the vfio-user message the dead server was handling"
+            );
+            self.take(s, msg, supervisor)?;
         }
         loop {
             if stop.is_some_and(|f| f.load(Ordering::Relaxed)) {
@@ -423,22 +439,35 @@ impl<D: Device> Server<D> {
                 }
                 Err(e) => return Err(e),
             };
-            let (command, started) = (msg.header.command, Instant::now());
-            if let Some(h) = supervisor {
-                h.handling(Some((msg.header.msg_id, command)));
-            }
-            self.handle(s, msg)?;
-            s.times.add(command, started.elapsed());
-            if let Some(h) = supervisor {
-                // The effect kept, then the mark cleared, then the staged
-                // reply sent: a crash anywhere leaves either a message not
-                // done or a reply owed whole (conn/staged.rs).
-                handing::tell_supervisor(s, command, &self.device, h);
-                h.checkpoint(&self.device);
-                h.handling(None);
-                s.conn.send_staged()?;
-            }
+            self.take(s, msg, supervisor)?;
         }
+    }
+
+    /// Handles one message and sends its reply; supervised, marked in
+    /// the crash area until its effect is kept.
+    fn take(
+        &mut self,
+        s: &mut ClientState,
+        msg: Message,
+        supervisor: Option<&dyn Handover<D>>,
+    ) -> Result<(), Error> {
+        let (command, started) = (msg.header.command, Instant::now());
+        if let Some(h) = supervisor {
+            h.handling(Some(handing::marked(&msg)));
+        }
+        self.handle(s, msg)?;
+        s.times.add(command, started.elapsed());
+        if let Some(h) = supervisor {
+            // The effect kept, then the mark cleared, then the staged
+            // reply sent: a crash anywhere leaves either a message not
+            // done (handled again or the connection closed) or a reply
+            // owed whole (conn/staged.rs).
+            handing::tell_supervisor(s, command, &self.device, h);
+            h.checkpoint(&self.device);
+            h.handling(None);
+            s.conn.send_staged()?;
+        }
+        Ok(())
     }
 
     /// Handles one request and sends its reply (unless NO_REPLY).

@@ -337,7 +337,7 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
     let (device, adopted) = match client {
         None => (vnvme_device::NvmeDevice::new(config)?, None),
         Some(mut c) => {
-            let adopted = Adopted::new(
+            let mut adopted = Adopted::new(
                 c.conn,
                 c.max_xfer,
                 server_options.message_timeout,
@@ -350,6 +350,11 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
                 words
                     .apply(&mut c.state, &adopted.dma())
                     .context("restoring the client of the server that died")?;
+                if let Some(bytes) = words.redo() {
+                    adopted
+                        .redo(bytes)
+                        .context("restoring the client of the server that died")?;
+                }
             }
             let device = vnvme_device::NvmeDevice::restored(
                 config,

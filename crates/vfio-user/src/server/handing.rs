@@ -7,10 +7,12 @@ use std::io::ErrorKind;
 use std::os::fd::BorrowedFd;
 use std::time::Instant;
 
+use zerocopy::IntoBytes;
+
 use super::{ClientState, Server};
-use crate::conn::Wanted;
-use crate::handover::{ClientChange, ClientParts, Handover};
-use crate::wire::cmd;
+use crate::conn::{Message, Wanted};
+use crate::handover::{ClientChange, ClientParts, Handover, Marked, MAX_REDO_BYTES};
+use crate::wire::{cmd, HEADER_SIZE};
 use crate::{Device, Error};
 
 impl<D: Device> Server<D> {
@@ -147,5 +149,18 @@ pub(super) fn discard_staged(pipe: &crate::ReplyPipe) -> bool {
             tracing::warn!(error = %e, "emptying the reply pipe: replies are sent straight");
             false
         }
+    }
+}
+
+/// `msg` as a supervised server marks it (see [`Marked::redo`]).
+pub(super) fn marked(msg: &Message) -> Marked<'_> {
+    let redo = matches!(msg.header.command, cmd::REGION_READ | cmd::REGION_WRITE)
+        && msg.fds.is_empty()
+        && !msg.fds_truncated
+        && HEADER_SIZE + msg.payload.len() <= MAX_REDO_BYTES;
+    Marked {
+        msg_id: msg.header.msg_id,
+        command: msg.header.command,
+        redo: redo.then(|| [msg.header.as_bytes(), &msg.payload[..]]),
     }
 }

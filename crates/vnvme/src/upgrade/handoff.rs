@@ -342,7 +342,7 @@ impl Handover<NvmeDevice> for Upgrader {
         }
     }
 
-    fn handling(&self, msg: Option<(u16, u16)>) {
+    fn handling(&self, msg: Option<vnvme_vfio_user::handover::Marked<'_>>) {
         if let Some(f) = &self.forward {
             f.handling(msg);
         }

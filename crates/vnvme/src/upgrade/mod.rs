@@ -74,7 +74,7 @@ pub trait ClientWatch: Send + Sync + std::fmt::Debug {
     fn checkpoint(&self, device: &vnvme_device::NvmeDevice);
     /// The message being handled (see
     /// [`Handover::handling`](vnvme_vfio_user::handover::Handover::handling)).
-    fn handling(&self, msg: Option<(u16, u16)>);
+    fn handling(&self, msg: Option<vnvme_vfio_user::handover::Marked<'_>>);
     /// Where replies wait (see
     /// [`Handover::reply_pipe`](vnvme_vfio_user::handover::Handover::reply_pipe)).
     fn reply_pipe(&self) -> Option<std::sync::Arc<vnvme_vfio_user::ReplyPipe>>;

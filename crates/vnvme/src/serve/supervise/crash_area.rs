@@ -30,6 +30,7 @@ use std::sync::atomic::Ordering;
 
 use vnvme_controller::crash_record::{CqPosition, Open, SqPosition};
 use vnvme_spec::regs::Doorbell;
+use vnvme_vfio_user::handover::{Marked, MAX_REDO_BYTES};
 use vnvme_vfio_user::SharedRegion;
 
 /// The header page's first bytes.
@@ -41,6 +42,10 @@ pub const VERSION: u32 = 2;
 
 /// Where the message-being-handled word is in the header page.
 const HANDLING: usize = 16;
+/// Where the length of the message kept to handle again is (a u64; 0:
+/// none), and its bytes.
+const REDO_LEN: usize = 32;
+const REDO: usize = 64;
 /// Where the generation word is in the header page.
 const GENERATION: usize = 24;
 /// Queue words: from here, 32 bytes per queue id (SQ word, CQ word, SQ
@@ -373,15 +378,53 @@ impl CrashArea {
         self.region.fill(WORDS, QUEUE_IDS * WORDS_PER_QID, 0);
     }
 
-    /// Says the message `(msg_id, command)` is being handled (`Some`), or
-    /// none is (`None`).
-    pub fn set_handling(&self, msg: Option<(u16, u16)>) {
+    /// Says the message `msg` is being handled (`Some`), with its bytes
+    /// if it may be handled again ([`Marked::redo`]), or none is
+    /// (`None`). The bytes go first, the word last, so a word names the
+    /// bytes beside it.
+    pub fn set_handling(&self, msg: Option<Marked<'_>>) {
+        let mut len = 0;
+        if let Some([header, payload]) = msg.and_then(|m| m.redo) {
+            len = header.len() + payload.len();
+            if len > MAX_REDO_BYTES
+                || !self.region.write(REDO, header)
+                || !self.region.write(REDO + header.len(), payload)
+            {
+                len = 0;
+            }
+        }
+        if msg.is_some() {
+            if let Some(w) = self.region.atomic_u64(REDO_LEN) {
+                w.store(len as u64, Ordering::Relaxed);
+            }
+        }
         if let Some(w) = self.region.atomic_u64(HANDLING) {
-            let v = msg.map_or(0, |(id, command)| {
-                BUSY | (u64::from(id) << 16) | u64::from(command)
+            let v = msg.map_or(0, |m| {
+                BUSY | (u64::from(m.msg_id) << 16) | u64::from(m.command)
             });
             w.store(v, Ordering::Release);
         }
+    }
+
+    /// The bytes of the message the child was handling, if it may be
+    /// handled again (see [`set_handling`](Self::set_handling)) and they
+    /// are the message the word names.
+    pub fn redo(&self) -> Option<Vec<u8>> {
+        let (msg_id, command) = self.handling()?;
+        let len = self
+            .region
+            .atomic_u64(REDO_LEN)
+            .map_or(0, |w| w.load(Ordering::Relaxed)) as usize;
+        if len == 0 || len > MAX_REDO_BYTES {
+            return None;
+        }
+        let mut bytes = vec![0u8; len];
+        let named = |b: &[u8]| {
+            b.len() >= 4
+                && u16::from_le_bytes([b[0], b[1]]) == msg_id
+                && u16::from_le_bytes([b[2], b[3]]) == command
+        };
+        (self.region.read(REDO, &mut bytes) && named(&bytes)).then_some(bytes)
     }
 
     /// The message the child was handling, if any: `(msg_id, command)`.
@@ -510,10 +553,33 @@ mod tests {
         a.clear_words();
         assert_eq!(a.load(3), QueueWords { sq: None, cq: None });
         assert_eq!(a.handling(), None);
-        a.set_handling(Some((9, 2)));
+        a.set_handling(Some(Marked {
+            msg_id: 9,
+            command: 2,
+            redo: None,
+        }));
         assert_eq!(a.handling(), Some((9, 2)));
+        assert_eq!(a.redo(), None);
         a.set_handling(None);
         assert_eq!(a.handling(), None);
+        // A region write kept whole reads back while it is marked, and
+        // only then; one marked without bytes hides an older one's.
+        let header = [10u8, 0, 10, 0, 36, 0, 0, 0];
+        let payload = [1u8; 28];
+        a.set_handling(Some(Marked {
+            msg_id: 10,
+            command: 10,
+            redo: Some([&header, &payload]),
+        }));
+        assert_eq!(a.redo(), Some([&header[..], &payload[..]].concat()));
+        a.set_handling(None);
+        assert_eq!(a.redo(), None);
+        a.set_handling(Some(Marked {
+            msg_id: 10,
+            command: 10,
+            redo: None,
+        }));
+        assert_eq!(a.redo(), None);
     }
 
     #[test]

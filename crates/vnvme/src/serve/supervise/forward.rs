@@ -112,7 +112,7 @@ impl crate::upgrade::ClientWatch for Forwarder {
         }
     }
 
-    fn handling(&self, msg: Option<(u16, u16)>) {
+    fn handling(&self, msg: Option<vnvme_vfio_user::handover::Marked<'_>>) {
         if let Some(k) = &self.keeper {
             k.handling(msg);
         }

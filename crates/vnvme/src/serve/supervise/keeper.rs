@@ -29,7 +29,7 @@ use vnvme_controller::crash_record::{CqPosition, CrashRecord, SqPosition};
 use vnvme_controller::SavedState;
 use vnvme_device::{FunctionState, NvmeDevice};
 use vnvme_spec::regs::Doorbell;
-use vnvme_vfio_user::handover::HandedMap;
+use vnvme_vfio_user::handover::{HandedMap, Marked};
 use vnvme_vfio_user::ReplyPipe;
 
 use super::crash_area::{CrashArea, CrashAreaError};
@@ -160,7 +160,7 @@ impl Keeper {
     }
 
     /// The message being handled (see [`CrashArea::set_handling`]).
-    pub fn handling(&self, msg: Option<(u16, u16)>) {
+    pub fn handling(&self, msg: Option<Marked<'_>>) {
         self.area.set_handling(msg);
     }
 

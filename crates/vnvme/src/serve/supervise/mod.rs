@@ -289,10 +289,10 @@ fn restorable(area: &CrashArea, table: &Table) -> Result<u64, String> {
     if table.conn.is_none() {
         return Err("no client was connected".into());
     }
-    if let Some((msg_id, command)) = area.handling() {
+    if let (Some((msg_id, command)), None) = (area.handling(), area.redo()) {
         return Err(format!(
-            "the server died handling vfio-user message {msg_id} (command {command}), whose \
-             reply the client waits for"
+            "the server died handling vfio-user message {msg_id} (command {command}), which \
+             cannot be handled again"
         ));
     }
     let seq = area

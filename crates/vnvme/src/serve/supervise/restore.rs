@@ -20,7 +20,8 @@ use crate::upgrade::{CrashedFds, TakenClient};
 /// The client `fds` names, restored from `area`; `Err` says why it cannot
 /// be (the supervisor then closes its connection).
 pub fn client(area: &CrashArea, fds: CrashedFds) -> Result<(TakenClient, Recorded)> {
-    if let Some((msg_id, command)) = area.handling() {
+    let redo = area.redo();
+    if let (Some((msg_id, command)), None) = (area.handling(), &redo) {
         bail!(
             "the dead server was handling vfio-user message {msg_id} (command {command}): its \
              reply is owed, and whether it took effect is not known, so the connection cannot \
@@ -64,6 +65,7 @@ pub fn client(area: &CrashArea, fds: CrashedFds) -> Result<(TakenClient, Recorde
             .map(|(qid, _)| (*qid, area.in_flight(*qid)))
             .filter(|(_, o)| !o.is_empty())
             .collect(),
+        redo,
     };
     // The slot's maps name files by the supervisor's ids; the handover
     // indexes the files it passes.
@@ -100,12 +102,14 @@ pub fn client(area: &CrashArea, fds: CrashedFds) -> Result<(TakenClient, Recorde
 }
 
 /// What the crash area kept, as the dead child left it: the queue words,
-/// the doorbell values traps stored, the commands in flight by SQ.
+/// the doorbell values traps stored, the commands in flight by SQ, the
+/// message it was handling if it may be handled again.
 #[derive(Debug)]
 pub struct Recorded {
     words: Vec<(u16, QueueWords)>,
     doorbells: Vec<(Doorbell, u32)>,
     open: Vec<(u16, Vec<Open>)>,
+    redo: Option<Vec<u8>>,
 }
 
 impl CrashRecorded for Recorded {
@@ -134,6 +138,12 @@ impl CrashRecorded for Recorded {
 }
 
 impl Recorded {
+    /// The message the dead child was handling, to handle again first
+    /// (`vnvme_vfio_user::handover::Marked::redo`).
+    pub fn redo(&self) -> Option<&[u8]> {
+        self.redo.as_deref()
+    }
+
     /// Puts them over `state`, read against the guest's memory `mem`
     /// ([`SavedState::put_positions`]): the commands in flight at the
     /// crash are completed with Command Interrupted.
