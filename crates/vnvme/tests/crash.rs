@@ -262,7 +262,7 @@ fn verify(
                 .any(|(lba, bytes)| decode(lba, bytes).is_err())
         };
         if pi && (read.is_err() || garbage()) {
-            repair_torn(q, &mut buf, (first, PER_READ), model, tally, round);
+            repair_torn(q, (&mut buf, &meta), (first, PER_READ), model, tally, round);
             q.read(NSID, first, PER_READ, &mut buf).unwrap();
         }
         let data = buf.to_vec();
@@ -324,7 +324,7 @@ fn verify(
 /// the caller to report.
 fn repair_torn(
     q: &mut IoQueue,
-    buf: &mut DmaBuffer,
+    (buf, meta): (&mut DmaBuffer, &DmaBuffer),
     (first, n): (u64, u32),
     model: &mut [BlockState],
     tally: &mut Tally,
@@ -338,9 +338,12 @@ fn repair_torn(
                 continue;
             }
         } else {
+            read_unchecked(q, lba, buf, meta);
+            let data = buf.to_vec();
             assert!(
-                state.candidates.iter().any(|&g| g > state.acknowledged),
-                "round {round}: LBA {lba} fails its PI check with no write in flight: {state:?}"
+                torn_in_flight(lba, &data[..BLOCK], state),
+                "round {round}: LBA {lba} fails its PI check and is not a write in flight \
+                 torn at the page boundary: {state:?}"
             );
         }
         tally.torn += 1;
@@ -350,13 +353,13 @@ fn repair_torn(
 
 /// Whether `data` is the head of a write in flight (newer than the
 /// acknowledged one) up to the page boundary inside `lba`, over the tail
-/// of what the block held before (`current`).
+/// of what the block held before (`current`). LBA 0's boundary is between
+/// its data and its PI: its data is the new write's whole.
 fn torn_in_flight(lba: u64, data: &[u8], state: &BlockState) -> bool {
     const PAGE: u64 = 4096;
     let start = lba * (BLOCK as u64 + 8);
-    let head = ((start / PAGE + 1) * PAGE - start) as usize;
-    head < BLOCK
-        && data[head..] == block(lba, state.current)[head..]
+    let head = (((start / PAGE + 1) * PAGE - start) as usize).min(BLOCK);
+    data[head..] == block(lba, state.current)[head..]
         && state
             .candidates
             .iter()
@@ -387,6 +390,21 @@ fn rewrite_torn(q: &mut IoQueue, buf: &DmaBuffer, lba: u64, state: &mut BlockSta
     // FUA: what it wrote is durable, and the torn write is gone.
     state.make_durable(state.current);
     state.candidates.clear();
+}
+
+/// Reads `lba` into `buf` (its PI into `meta`) with no PI check (PRINFO
+/// 0): what the file holds, however torn.
+fn read_unchecked(q: &mut IoQueue, lba: u64, buf: &DmaBuffer, meta: &DmaBuffer) {
+    let mut cmd = NvmeCommand::new(NvmOpcode::READ.0, 0);
+    cmd.nsid = NSID.into();
+    cmd.set_slba(lba);
+    cmd.prp1 = buf.iova().into();
+    cmd.mptr = meta.iova().into();
+    let cqe = q.execute(cmd).unwrap();
+    assert!(
+        cqe.status().is_success(),
+        "unchecked read of LBA {lba}: {cqe:?}"
+    );
 }
 
 /// The PI tuples of `n` blocks at `first` (8 bytes each), read into
