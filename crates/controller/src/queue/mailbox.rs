@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use vnvme_spec::regs::Doorbell;
 
+use super::bell::Bell;
+
 /// Work on a ring that only its owner may do, sent by the admin worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RingOp {
@@ -68,48 +70,6 @@ struct Pending {
 impl Pending {
     fn any(&self) -> bool {
         !self.sqs.is_empty() || !self.cqs.is_empty() || !self.ops.is_empty() || self.completions
-    }
-}
-
-/// Where a poll group's thread sleeps: rung by every mailbox of the group
-/// (and by the group itself when a member joins or it stops).
-#[derive(Debug, Default)]
-pub(crate) struct Bell {
-    rung: Mutex<bool>,
-    cv: Condvar,
-}
-
-impl Bell {
-    pub fn ring(&self) {
-        *self.rung.lock() = true;
-        self.cv.notify_one();
-    }
-
-    /// Sleeps until rung or `deadline` (`None`: until rung); a ring since
-    /// the last wait returns at once. Returns whether it was rung since the
-    /// last wait: if not, no mailbox of the group was kicked meanwhile (a
-    /// kick marks its mailbox before it rings), and the group need not read
-    /// them.
-    pub fn wait(&self, deadline: Option<Instant>) -> bool {
-        let mut rung = self.rung.lock();
-        while !*rung {
-            match deadline {
-                Some(at) => {
-                    if self.cv.wait_until(&mut rung, at).timed_out() {
-                        break;
-                    }
-                }
-                None => self.cv.wait(&mut rung),
-            }
-        }
-        std::mem::replace(&mut *rung, false)
-    }
-
-    /// Whether it was rung since the last wait or take, without sleeping
-    /// (a pass that follows a pass: as [`wait`](Self::wait), false means
-    /// no mailbox of the group was kicked meanwhile).
-    pub fn take(&self) -> bool {
-        std::mem::replace(&mut *self.rung.lock(), false)
     }
 }
 

@@ -1,6 +1,7 @@
 //! Submission and completion queue rings in guest memory (§3.3.1, §4.1):
 //! head/tail arithmetic, phase tag, validation of doorbell values.
 
+pub(crate) mod bell;
 pub(crate) mod mailbox;
 pub(crate) mod rings;
 mod saved;

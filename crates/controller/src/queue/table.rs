@@ -31,7 +31,8 @@ use parking_lot::{Mutex, MutexGuard};
 use vnvme_spec::regs::Doorbell;
 use vnvme_spec::Status;
 
-use super::mailbox::{Bell, Mailbox};
+use super::bell::Bell;
+use super::mailbox::Mailbox;
 use super::{Cq, CqView, Sq};
 use crate::doorbell::Doorbells;
 

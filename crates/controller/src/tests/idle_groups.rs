@@ -98,6 +98,16 @@ fn an_idle_poll_group_wakes_once_to_look_at_every_members_doorbell_page() {
         0,
         "no mailbox read: nothing rang the group's bell"
     );
+    assert_eq!(
+        after.idle_sleep_calls - before.idle_sleep_calls,
+        idle,
+        "one system call per sleep: the futex wait"
+    );
+    assert_eq!(
+        after.idle_join_checks - before.idle_join_checks,
+        0,
+        "no look at the joining list: nothing rang the group's bell"
+    );
     // The looks serve a client that rings through the page: a read on each
     // controller, its tail stored to the page only (no trap).
     reads_rung_through_the_pages_are_served(&mut hosts, &pages);
@@ -139,6 +149,8 @@ fn a_deep_idle_group_looks_at_the_pages_without_touching_its_members() {
     );
     assert_eq!(after.idle_clock_reads - before.idle_clock_reads, idle);
     assert_eq!(after.idle_kick_checks - before.idle_kick_checks, 0);
+    assert_eq!(after.idle_sleep_calls - before.idle_sleep_calls, idle);
+    assert_eq!(after.idle_join_checks - before.idle_join_checks, 0);
     reads_rung_through_the_pages_are_served(&mut hosts, &pages);
 }
 

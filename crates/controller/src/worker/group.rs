@@ -39,7 +39,9 @@
 //! slept (every kick rings the bell after it marks the mailbox, so a quiet
 //! bell means no kicks the last pass did not see). On a virtual machine
 //! each of those, after 5 ms asleep, is a cache miss or a clock read per
-//! member. A busy pass (one that follows a pass without sleeping) reads
+//! member. It sleeps in one system call (`queue::bell`: a futex wait
+//! whose timeout is the deadline itself) and takes the lock of the members
+//! waiting to join only when the bell rang (a join rings it). A busy pass (one that follows a pass without sleeping) reads
 //! the mailboxes of its sleeping members only if the bell rang since the
 //! pass before, by the same rule: with 64 controllers, one busy and 63
 //! idle, a pass no longer reads 64 mailboxes to find no kick.
@@ -61,7 +63,8 @@ use parking_lot::{Condvar, Mutex};
 use super::clock::Clock;
 use super::look::Card;
 use super::{Member, Take, TIMER_SLACK_NS};
-use crate::queue::mailbox::{Bell, Wait};
+use crate::queue::bell::Bell;
+use crate::queue::mailbox::Wait;
 
 /// Most poll groups a process may have.
 pub const MAX_POLL_GROUPS: usize = 64;
@@ -129,6 +132,12 @@ pub struct GroupCounts {
     /// Members' mailboxes those wake-ups read for kicks (none unless one
     /// rang the group's bell).
     pub idle_kick_checks: u64,
+    /// System calls the sleeps before those wake-ups made (one each: the
+    /// futex wait, see `queue::bell`).
+    pub idle_sleep_calls: u64,
+    /// Times those wake-ups took the lock of the members waiting to join
+    /// (none unless the bell rang: a join rings it).
+    pub idle_join_checks: u64,
     /// Looks that asked the member (its back-off still growing, or the
     /// page moved); the others the group took from the member's card.
     pub idle_member_looks: u64,
@@ -332,6 +341,7 @@ struct Pass {
     clock_reads: u64,
     kick_checks: u64,
     member_looks: u64,
+    join_checks: u64,
 }
 
 /// Busy passes counted on the thread before they go into the group's
@@ -365,12 +375,21 @@ fn serve(group: &Group) {
     let mut rung = true;
     // Busy passes and their mailbox reads not yet in the group's counts.
     let mut busy = (0u64, 0u64);
+    // System calls of the last sleep.
+    let mut sleep_calls = 0u32;
     loop {
         if group.stop.load(Ordering::Acquire) {
             break;
         }
         let mut pass = Pass::default();
-        let joined = std::mem::take(&mut *group.joining.lock());
+        // A join rings the bell after it queues the member: a quiet bell
+        // means none waits, and the lock need not be touched.
+        let joined = if rung {
+            pass.join_checks += 1;
+            std::mem::take(&mut *group.joining.lock())
+        } else {
+            Vec::new()
+        };
         for j in joined {
             let mut s = Served {
                 member: j.member,
@@ -451,6 +470,8 @@ fn serve(group: &Group) {
                 c.idle_clock_reads += pass.clock_reads;
                 c.idle_kick_checks += pass.kick_checks;
                 c.idle_member_looks += pass.member_looks;
+                c.idle_sleep_calls += u64::from(sleep_calls);
+                c.idle_join_checks += pass.join_checks;
             }
         }
         group.members.store(members.len(), Ordering::Relaxed);
@@ -475,7 +496,9 @@ fn serve(group: &Group) {
         busy = flush_busy(group, busy);
         // A kick after a member's prepare rang the bell: the wait returns
         // at once for it.
-        rung = group.bell.wait(deadline);
+        let woke = group.bell.wait(deadline);
+        rung = woke.rung;
+        sleep_calls = woke.calls;
         slept = true;
     }
     // Stopped with members left (the process is ending): let their
