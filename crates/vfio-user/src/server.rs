@@ -366,7 +366,7 @@ impl<D: Device> Server<D> {
                 command = msg.header.command,
                 "handling again the vfio-user message the dead server was handling"
             );
-            self.take(s, msg, supervisor)?;
+            self.serve_message(s, msg, supervisor)?;
         }
         loop {
             if stop.is_some_and(|f| f.load(Ordering::Relaxed)) {
@@ -439,13 +439,13 @@ impl<D: Device> Server<D> {
                 }
                 Err(e) => return Err(e),
             };
-            self.take(s, msg, supervisor)?;
+            self.serve_message(s, msg, supervisor)?;
         }
     }
 
     /// Handles one message and sends its reply; supervised, marked in
     /// the crash area until its effect is kept.
-    fn take(
+    fn serve_message(
         &mut self,
         s: &mut ClientState,
         msg: Message,
