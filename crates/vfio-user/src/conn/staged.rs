@@ -18,9 +18,10 @@
 //! reply is either still in the pipe or already the client's:
 //!
 //! * marked, pipe empty: the reply was not made; the message's effect is
-//!   not known, and the connection cannot be resumed (as before);
+//!   not known: the next server handles it again where that is safe
+//!   (`handover::Marked::redo`), else the connection is closed;
 //! * marked, bytes in the pipe: the same (the state the reply speaks of
-//!   may not be kept); the supervisor discards them;
+//!   may not be kept); the next server drops them;
 //! * not marked, bytes in the pipe: the reply is owed and whole in the
 //!   pipe, the part already sent excepted; the next server sends the rest
 //!   before anything else;
