@@ -114,26 +114,25 @@ impl ReplyPipe {
         self.pending.load(Ordering::Relaxed) > 0
     }
 
-    /// Writes the reply `parts` (it [`fits`](Self::fits), so the write
+    /// Writes the reply `parts` (header and up to three more, as
+    /// `Conn::send` joins them; it [`fits`](Self::fits), so the write
     /// never waits and is whole).
-    pub(super) fn stage(&self, parts: &[&[u8]]) -> io::Result<()> {
+    pub(super) fn stage(&self, parts: &[&[u8]; 4]) -> io::Result<()> {
         let total: usize = parts.iter().map(|p| p.len()).sum();
         let mut done = 0;
         while done < total {
-            let mut skip = done;
-            let iov: Vec<IoSlice<'_>> = parts
-                .iter()
-                .filter_map(|p| {
-                    if skip >= p.len() {
-                        skip -= p.len();
-                        return None;
-                    }
-                    let s = IoSlice::new(&p[skip..]);
-                    skip = 0;
-                    Some(s)
-                })
-                .collect();
-            match rustix::io::writev(&self.tx, &iov) {
+            let (mut skip, mut n) = (done, 0);
+            let mut iov = [IoSlice::new(&[]); 4];
+            for p in parts {
+                if skip >= p.len() {
+                    skip -= p.len();
+                    continue;
+                }
+                iov[n] = IoSlice::new(&p[skip..]);
+                n += 1;
+                skip = 0;
+            }
+            match rustix::io::writev(&self.tx, &iov[..n]) {
                 Ok(n) => done += n,
                 Err(rustix::io::Errno::INTR) => continue,
                 Err(e) => return Err(e.into()),
@@ -182,7 +181,7 @@ mod tests {
         let first =
             ReplyPipe::new(rustix::io::dup(&rx).unwrap(), rustix::io::dup(&tx).unwrap()).unwrap();
         assert!(first.fits(super::super::MAX_DATA_XFER_SIZE / 2));
-        first.stage(&[b"head", b"-body-", b"tail"]).unwrap();
+        first.stage(&[b"head", b"-body-", b"tail", b""]).unwrap();
         assert!(first.holds());
         // Nothing reaches the client before the send.
         client.set_nonblocking(true).unwrap();
@@ -217,7 +216,7 @@ mod tests {
         let (rx, tx) = ReplyPipe::create().unwrap();
         let pipe = ReplyPipe::new(rx, tx).unwrap();
         let big = vec![7u8; 10_000];
-        pipe.stage(&[&big]).unwrap();
+        pipe.stage(&[&big, &[], &[], &[]]).unwrap();
         assert_eq!(pipe.unsent().unwrap(), 10_000);
         assert_eq!(pipe.discard().unwrap(), 10_000);
         assert!(!pipe.holds());
