@@ -316,6 +316,7 @@ impl Controller {
             faults: Faults::default(),
             qos: Default::default(),
             crash: Default::default(),
+            inflight_parked: Default::default(),
             lifecycle,
             config,
         });
@@ -625,6 +626,7 @@ impl Controller {
                 self.stop_workers(ctl);
                 (ctl.session, ctl.paused) = (None, false);
                 self.shared.faults.reset();
+                self.shared.drop_parked_inflight();
                 for ns in self.shared.subsystem.namespaces.active_list() {
                     if let Err(e) = ns.backend.flush() {
                         tracing::warn!(nsid = ns.nsid, "flush at shutdown failed: {e}");

@@ -35,6 +35,13 @@
 //!   error, as any other, so a command is never lost.
 //! * When the worker stops (controller reset, detach), the queues are
 //!   dropped, which waits for the kernel to finish with their data.
+//! * When a pause stops it (a save: a supervised server's checkpoint, an
+//!   upgrade) with commands still in flight after its drain, it leaves
+//!   them, with their queues, in
+//!   [`Shared::inflight_parked`](crate::state::Shared::inflight_parked)
+//!   for the next worker of its index, which reaps them: dropped, their
+//!   completions would never be posted, and the host would wait for them
+//!   for ever. A reset drops them there.
 //!
 //! Bounded: each backend queue limits requests and bytes in flight, and
 //! gives back what it cannot take, which then runs at once.

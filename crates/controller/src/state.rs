@@ -98,6 +98,21 @@ pub(crate) struct Shared {
     /// Where queue positions go for a crash's successor (`--supervise`
     /// only; [`crate::crash_record`]).
     pub crash: std::sync::OnceLock<std::sync::Arc<dyn crate::crash_record::CrashRecord>>,
+    /// The commands in flight on a backend that workers a pause stopped
+    /// left for the next ones, by worker index (see [`crate::inflight`]).
+    /// Each an `InFlight`, erased: that type is a row above this module.
+    pub inflight_parked: parking_lot::Mutex<Vec<(usize, Box<dyn std::any::Any + Send>)>>,
+}
+
+impl Shared {
+    /// A reset (or a shutdown) drops the commands paused workers left, as
+    /// it drops a running worker's: each backend queue waits for the
+    /// kernel to finish with its requests' data, and nothing is posted.
+    pub fn drop_parked_inflight(&self) {
+        let parked = std::mem::take(&mut *self.inflight_parked.lock());
+        // Outside the lock: the drops wait for the kernel.
+        drop(parked);
+    }
 }
 
 impl std::fmt::Debug for Shared {

@@ -123,12 +123,13 @@ pub(crate) fn run(shared: Arc<Shared>, session: Arc<Session>, index: usize) {
     }
 }
 
-/// A pause for a save (a live upgrade) lets the commands in flight on a
-/// backend complete before the worker stops, within the pause's bound: a
-/// stopped worker's backend queues are dropped with it, and their
-/// commands would never complete. Nothing new is fetched meanwhile. The
-/// whole [`Shared`]: the bound is the queue table's, and completing needs
-/// it ([`complete_in_flight`]).
+/// A pause for a save (a live upgrade, a supervised server's checkpoint)
+/// lets the commands in flight on a backend complete before the worker
+/// stops, within the pause's bound: a save refuses while one is there.
+/// Those left when the bound runs out wait, on their backend queues, for
+/// the next worker ([`reap::park`]). Nothing new is fetched
+/// meanwhile. The whole [`Shared`]: the bound is the queue table's, and
+/// completing needs it ([`complete_in_flight`]).
 fn drain_in_flight(shared: &Shared, session: &Session, local: &mut Local, policy: EventIdxPolicy) {
     let Some(until) = *shared.queues.drain_until.lock() else {
         return;
@@ -275,7 +276,9 @@ impl<W: Wake> Worker<W> {
             scratch: Scratch::default(),
             owned: Vec::new(),
             generation: None,
-            inflight: InFlight::new(waker(&shared, index)),
+            // What the worker a pause stopped had still in flight.
+            inflight: reap::adopt(&shared, index)
+                .unwrap_or_else(|| InFlight::new(waker(&shared, index))),
             reaped: Vec::new(),
             touched: Vec::new(),
             held: Vec::new(),
@@ -348,8 +351,15 @@ impl<W: Wake + Send> Member for Worker<W> {
         let Some((slept, kicked)) = taken else {
             drain_in_flight(shared, session, local, policy);
             // A pause stops the workers without a reset: the commands held
-            // back (a fault's delay, a QoS limit) wait for the next ones.
+            // back (a fault's delay, a QoS limit), and those still on a
+            // backend after the drain, wait for the next ones (a reset
+            // drops them).
             shared.faults.park(std::mem::take(&mut local.held));
+            let inflight = std::mem::replace(
+                &mut local.inflight,
+                InFlight::new(waker(&self.shared, self.index)),
+            );
+            reap::park(shared, self.index, inflight);
             // The rings go back to the table, for a save or the next
             // workers (a reset clears them there).
             local.rings.put_back(&shared.queues);

@@ -245,6 +245,8 @@ impl Controller {
 
     pub(super) fn clear_queues(&self) {
         let shared = &*self.shared;
+        // The commands a pause kept go with their queues.
+        shared.drop_parked_inflight();
         shared.queues.clear();
         shared.doorbells.close_all();
     }

@@ -178,6 +178,71 @@ fn controller_reset_closes_backend_queues_and_posts_nothing() {
     );
 }
 
+/// A pause whose drain bound runs out with commands still on the backend
+/// (a supervised server's checkpoint under load: 100 ms) keeps them: the
+/// save refuses, and after the resume they complete, each once. Before,
+/// the stopped worker dropped its backend queue with them, and the host
+/// waited for their completions for ever.
+fn commands_in_flight_at_a_pause_complete_after_the_resume(mode: DoorbellMode) {
+    let (mut h, gate) = host_with_gate(mode, 16);
+    let mut cids = Vec::new();
+    for i in 0..4 {
+        h.mem.write(GuestAddress(buf(i)), &pattern(i)).unwrap();
+        cids.push(h.push(1, rw(NvmOpcode::WRITE, 1, i * 8, 8, buf(i), 0)));
+    }
+    h.ring_sq(1);
+    wait_held(&gate, 4);
+    h.ctrl.pause_draining(Duration::ZERO);
+    let refused = h.ctrl.save_state().err().map(|e| e.to_string());
+    assert_eq!(
+        refused.as_deref(),
+        Some(
+            "the controller is not quiescent (SQ 1 has 4 commands in flight): let its commands \
+             complete before saving"
+        ),
+    );
+    assert_eq!(gate.queues_open(), 1, "the paused worker's queue is kept");
+    h.ctrl.resume().unwrap();
+    gate.release_newest_first();
+    let mut posted: Vec<u16> = h.reap_batch(1, 4).iter().map(|c| c.cid()).collect();
+    posted.sort_unstable();
+    assert_eq!(posted, cids);
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(h.peek_cqe(1).is_none(), "each completed once");
+    h.ctrl.pause();
+    h.ctrl.save_state().expect("nothing in flight any more");
+    h.ctrl.resume().unwrap();
+}
+
+#[test]
+fn commands_in_flight_at_a_pause_complete_after_the_resume_trap() {
+    commands_in_flight_at_a_pause_complete_after_the_resume(DoorbellMode::Trap);
+}
+
+#[test]
+fn commands_in_flight_at_a_pause_complete_after_the_resume_adaptive() {
+    commands_in_flight_at_a_pause_complete_after_the_resume(DoorbellMode::Adaptive);
+}
+
+/// A reset while paused drops the commands the paused workers kept, as it
+/// drops those of running ones: their backend queue closes, nothing posts.
+#[test]
+fn a_reset_during_a_pause_drops_the_commands_it_kept() {
+    let (mut h, gate) = host_with_gate(DoorbellMode::Trap, 4);
+    h.mem.write(GuestAddress(buf(0)), &[0xAA; 4096]).unwrap();
+    h.push(1, rw(NvmOpcode::READ, 1, 0, 8, buf(0), 0));
+    h.ring_sq(1);
+    wait_held(&gate, 1);
+    h.ctrl.pause_draining(Duration::ZERO);
+    assert_eq!(gate.queues_open(), 1);
+    h.write32(offset::CC, 0);
+    assert_eq!(gate.queues_open(), 0, "the reset dropped the kept queue");
+    gate.release_newest_first();
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(h.peek_cqe(1).is_none());
+    assert_eq!(h.read_mem(buf(0), 4096), vec![0xAA; 4096]);
+}
+
 #[test]
 fn fua_write_and_flush_go_down_as_asynchronous_requests() {
     let (mut h, gate) = host_with_gate(DoorbellMode::Trap, 8);

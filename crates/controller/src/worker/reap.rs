@@ -13,19 +13,44 @@ use super::cq::{arm_cq, post, publish_cq_behind, refresh_cq_head, settle_interru
 use super::ops::finish_delete;
 use super::{EventIdxPolicy, Local};
 use crate::command::Ctx;
-use crate::inflight::Request;
+use crate::inflight::{InFlight, Request};
 use crate::io;
 use crate::queue::{Cq, Sq};
 use crate::state::{Session, Shared};
 
-/// The waker a worker gives its asynchronous backends.
+/// The waker a worker gives its asynchronous backends. Weak: the
+/// commands a paused worker leaves in [`Shared::inflight_parked`] hold it,
+/// and a strong one would keep their controller for ever.
 pub(super) fn waker(shared: &Arc<Shared>, index: usize) -> Waker {
-    let shared = Arc::clone(shared);
+    let shared = Arc::downgrade(shared);
     Arc::new(move || {
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
         if let Some(w) = shared.queues.mailboxes.get(index) {
             w.wake_for_completions();
         }
     })
+}
+
+/// A paused worker `index` stops with `inflight`: kept for the next
+/// worker of its index unless empty (see [`crate::inflight`]).
+pub(super) fn park(shared: &Shared, index: usize, inflight: InFlight) {
+    if !inflight.is_empty() {
+        shared
+            .inflight_parked
+            .lock()
+            .push((index, Box::new(inflight)));
+    }
+}
+
+/// What the worker `index` a pause stopped left, for its successor.
+pub(super) fn adopt(shared: &Shared, index: usize) -> Option<InFlight> {
+    let mut parked = shared.inflight_parked.lock();
+    let at = parked.iter().position(|(i, _)| *i == index)?;
+    let (_, inflight) = parked.swap_remove(at);
+    // Only `park` puts anything there, always an `InFlight`.
+    inflight.downcast::<InFlight>().ok().map(|b| *b)
 }
 
 /// Posts the completions of commands that finished on asynchronous
