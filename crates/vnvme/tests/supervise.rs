@@ -146,7 +146,7 @@ fn the_client_keeps_its_disk(mode: &str) {
 /// [`the_client_keeps_its_disk`] on the server `r` runs in `mode`.
 fn the_client_keeps_its_disk_on(r: Rig, mode: &str) {
     let (access, ctrl, mut q) = r.client();
-    round(&access, &mut q, 1, true);
+    round(&r, &access, &mut q, 1, true);
     for kill_n in 1..=3u64 {
         let pid = r.server_pid();
         kill(pid, rustix::process::Signal::KILL);
@@ -165,8 +165,8 @@ fn the_client_keeps_its_disk_on(r: Rig, mode: &str) {
         assert!(!alive(pid), "server {pid} still runs");
         // The controller is still enabled and ready (CSTS.RDY): no reset.
         assert_eq!(access.read32(0x1c).unwrap() & 1, 1);
-        round(&access, &mut q, kill_n, false);
-        round(&access, &mut q, kill_n + 1, true);
+        round(&r, &access, &mut q, kill_n, false);
+        round(&r, &access, &mut q, kill_n + 1, true);
     }
     let log = r.log();
     assert_eq!(
@@ -177,12 +177,13 @@ fn the_client_keeps_its_disk_on(r: Rig, mode: &str) {
     );
     drop((q, ctrl, access));
     let (access, _ctrl, mut q) = r.client();
-    round(&access, &mut q, 4, false);
+    round(&r, &access, &mut q, 4, false);
 }
 
-/// One round over every block (`write` false: a check only).
-fn round(access: &VfioUserAccess, q: &mut IoQueue, r: u64, write: bool) {
-    rounds::round(access, q, BLOCKS, r, write);
+/// One round over every block (`write` false: a check only); a timeout
+/// prints the server's log.
+fn round(rig: &Rig, access: &VfioUserAccess, q: &mut IoQueue, r: u64, write: bool) {
+    rounds::round_or(access, q, BLOCKS, r, write, &|| rig.log());
 }
 
 #[test]
@@ -224,13 +225,13 @@ fn a_ram_namespace_keeps_its_data_when_the_client_cannot_be_restored() {
     );
     {
         let (access, _ctrl, mut q) = r.client();
-        round(&access, &mut q, 7, true);
+        round(&r, &access, &mut q, 7, true);
     }
     r.wait_log("vfio-user client disconnected", 1);
     kill(r.server_pid(), rustix::process::Signal::KILL);
     r.wait_log("supervising the server, pid", 2);
     let (access, _ctrl, mut q) = r.client();
-    round(&access, &mut q, 7, false);
+    round(&r, &access, &mut q, 7, false);
 }
 
 #[test]
@@ -284,13 +285,13 @@ fn a_server_that_cannot_start_ends_the_supervisor_after_3_tries() {
 fn an_abort_is_a_death_too() {
     let r = file_rig("abort", "shadow");
     let (access, _ctrl, mut q) = r.client();
-    round(&access, &mut q, 1, true);
+    round(&r, &access, &mut q, 1, true);
     let pid = r.server_pid();
     kill(pid, rustix::process::Signal::ABORT);
     let log = r.wait_log("died (signal: 6 (SIGABRT)", 1);
     assert!(log.contains(&held("shadow")), "{log}");
     r.wait_log("supervising the server, pid", 2);
-    round(&access, &mut q, 1, false);
+    round(&r, &access, &mut q, 1, false);
 }
 
 /// The crash area's offsets (docs/state-format.md, "Crash area").
@@ -320,7 +321,7 @@ fn a_corrupt_crash_area_is_refused_and_the_next_client_is_served() {
     use std::os::unix::fs::FileExt;
     let r = file_rig("corrupt-area", "shadow");
     let (access, _ctrl, mut q) = r.client();
-    round(&access, &mut q, 1, true);
+    round(&r, &access, &mut q, 1, true);
     let area = crash_area(r.supervisor.id());
     // One payload byte of each slot (the client is idle: no checkpoint
     // rewrites them meanwhile).
@@ -346,7 +347,7 @@ fn a_corrupt_crash_area_is_refused_and_the_next_client_is_served() {
     );
     drop((q, access));
     let (access, _ctrl, mut q) = r.client();
-    round(&access, &mut q, 1, false);
+    round(&r, &access, &mut q, 1, false);
 }
 
 /// Commands in flight at the kill (stage 3): three writes a fault holds
@@ -364,7 +365,7 @@ fn commands_in_flight_complete_as_interrupted(mode: &str) {
         &["--control", &control_arg],
     );
     let (access, _ctrl, mut q) = r.client();
-    round(&access, &mut q, 1, true);
+    round(&r, &access, &mut q, 1, true);
     assert!(q.flush(1).unwrap().status().is_success());
     let fetched = || -> u64 {
         let stats = ctl_ok(&control, &["stats"]);
@@ -406,7 +407,13 @@ fn commands_in_flight_complete_as_interrupted(mode: &str) {
     let mut done = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(30);
     while done.len() < 3 {
-        assert!(Instant::now() < deadline, "{} of 3 completed", done.len());
+        if Instant::now() >= deadline {
+            panic!(
+                "{} of 3 completed; the server said:\n{}",
+                done.len(),
+                r.log()
+            );
+        }
         let want = 3 - done.len();
         let _ = q.wait(&mut done, want, Duration::from_secs(1));
     }
@@ -433,7 +440,7 @@ fn commands_in_flight_complete_as_interrupted(mode: &str) {
         q.enqueue_rw(NvmOpcode::WRITE, 1, lba, 1, b).unwrap();
     }
     q.ring().unwrap();
-    rounds::reap(&mut q, 3);
+    rounds::reap_or(&mut q, 3, &|| r.log());
     let reads: Vec<_> = (0..BLOCKS)
         .map(|_| access.dma_alloc(BLOCK).unwrap())
         .collect();
@@ -441,7 +448,7 @@ fn commands_in_flight_complete_as_interrupted(mode: &str) {
         q.enqueue_rw(NvmOpcode::READ, 1, lba as u64, 1, b).unwrap();
     }
     q.ring().unwrap();
-    rounds::reap(&mut q, BLOCKS as usize);
+    rounds::reap_or(&mut q, BLOCKS as usize, &|| r.log());
     let want = |lba: u64| block(lba, if (5..8).contains(&lba) { 2 } else { 1 });
     for (lba, b) in reads.iter().enumerate() {
         assert!(b.to_vec() == want(lba as u64), "LBA {lba}");
@@ -507,7 +514,7 @@ fn an_upgrade_is_refused_under_supervise() {
     assert!(err.contains("runs under --supervise"), "{err}");
     // The server serves on.
     let (access, _ctrl, mut q) = r.client();
-    round(&access, &mut q, 1, true);
+    round(&r, &access, &mut q, 1, true);
 }
 
 #[test]
@@ -581,8 +588,8 @@ fn namespaces_added_or_resized_at_run_time_are_refused_under_supervise() {
     }
     // Nothing changed: the server serves namespace 1 as it was.
     let (access, _ctrl, mut q) = r.client();
-    round(&access, &mut q, 1, true);
-    round(&access, &mut q, 1, false);
+    round(&r, &access, &mut q, 1, true);
+    round(&r, &access, &mut q, 1, false);
 }
 
 /// Replies the client has not read at the kill reach it whole after the

@@ -21,6 +21,19 @@ pub fn block(lba: u64, round: u64) -> Vec<u8> {
 /// (unless `write` is false: a check of what an earlier round wrote), reads
 /// each back and compares. Panics on any error.
 pub fn round(access: &VfioUserAccess, q: &mut IoQueue, blocks: u64, r: u64, write: bool) {
+    round_or(access, q, blocks, r, write, &String::new);
+}
+
+/// As [`round`]; a timeout's panic also says what `server` returns (its
+/// log: why a server stopped completing is there, not in the client).
+pub fn round_or(
+    access: &VfioUserAccess,
+    q: &mut IoQueue,
+    blocks: u64,
+    r: u64,
+    write: bool,
+    server: &dyn Fn() -> String,
+) {
     if write {
         let bufs: Vec<_> = (0..blocks)
             .map(|lba| {
@@ -33,7 +46,7 @@ pub fn round(access: &VfioUserAccess, q: &mut IoQueue, blocks: u64, r: u64, writ
             q.enqueue_rw(NvmOpcode::WRITE, 1, lba as u64, 1, b).unwrap();
         }
         q.ring().unwrap();
-        reap(q, blocks as usize);
+        reap_or(q, blocks as usize, server);
     }
     let reads: Vec<_> = (0..blocks)
         .map(|_| access.dma_alloc(BLOCK).unwrap())
@@ -42,7 +55,7 @@ pub fn round(access: &VfioUserAccess, q: &mut IoQueue, blocks: u64, r: u64, writ
         q.enqueue_rw(NvmOpcode::READ, 1, lba as u64, 1, b).unwrap();
     }
     q.ring().unwrap();
-    reap(q, blocks as usize);
+    reap_or(q, blocks as usize, server);
     for (lba, b) in reads.iter().enumerate() {
         assert!(b.to_vec() == block(lba as u64, r), "LBA {lba}, round {r}");
     }
@@ -50,10 +63,21 @@ pub fn round(access: &VfioUserAccess, q: &mut IoQueue, blocks: u64, r: u64, writ
 
 /// Reaps `n` completions: all successful, each command once.
 pub fn reap(q: &mut IoQueue, n: usize) {
+    reap_or(q, n, &String::new);
+}
+
+/// As [`reap`]; a timeout's panic also says what `server` returns.
+pub fn reap_or(q: &mut IoQueue, n: usize, server: &dyn Fn() -> String) {
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut done = Vec::new();
     while done.len() < n {
-        assert!(Instant::now() < deadline, "{} of {n} completed", done.len());
+        if Instant::now() >= deadline {
+            panic!(
+                "{} of {n} completed; the server said:\n{}",
+                done.len(),
+                server()
+            );
+        }
         let want = n - done.len();
         let _ = q.wait(&mut done, want, Duration::from_secs(1));
     }
