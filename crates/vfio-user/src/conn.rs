@@ -374,18 +374,7 @@ impl Conn {
         }
         let mut sent = 0usize;
         while sent < total {
-            let mut skip = sent;
-            let mut iov = [IoSlice::new(&[]); 4];
-            let mut n_iov = 0;
-            for s in slices {
-                if skip >= s.len() {
-                    skip -= s.len();
-                    continue;
-                }
-                iov[n_iov] = IoSlice::new(&s[skip..]);
-                n_iov += 1;
-                skip = 0;
-            }
+            let (iov, n_iov) = unsent(&slices, sent);
             let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_MSG_FDS))];
             let mut control = SendAncillaryBuffer::new(&mut space);
             // The fds travel with the first byte of the message.
@@ -713,6 +702,24 @@ impl Receiver<'_> {
         }
         Ok(got)
     }
+}
+
+/// What is left of a message's `parts` after its first `done` bytes (a
+/// send or a write may take part of it): an iovec and how many of its
+/// entries are used.
+fn unsent<'a>(parts: &[&'a [u8]; 4], done: usize) -> ([IoSlice<'a>; 4], usize) {
+    let (mut skip, mut n) = (done, 0);
+    let mut iov = [IoSlice::new(&[]); 4];
+    for p in parts {
+        if skip >= p.len() {
+            skip -= p.len();
+            continue;
+        }
+        iov[n] = IoSlice::new(&p[skip..]);
+        n += 1;
+        skip = 0;
+    }
+    (iov, n)
 }
 
 /// Builds a reply header for `req`.

@@ -31,7 +31,7 @@
 //! larger than the pipe are staged; the others (region info with the
 //! doorbell page's fd, at set-up) are sent straight, with the old doubt.
 
-use std::io::{self, IoSlice};
+use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -121,17 +121,7 @@ impl ReplyPipe {
         let total: usize = parts.iter().map(|p| p.len()).sum();
         let mut done = 0;
         while done < total {
-            let (mut skip, mut n) = (done, 0);
-            let mut iov = [IoSlice::new(&[]); 4];
-            for p in parts {
-                if skip >= p.len() {
-                    skip -= p.len();
-                    continue;
-                }
-                iov[n] = IoSlice::new(&p[skip..]);
-                n += 1;
-                skip = 0;
-            }
+            let (iov, n) = super::unsent(parts, done);
             match rustix::io::writev(&self.tx, &iov[..n]) {
                 Ok(n) => done += n,
                 Err(rustix::io::Errno::INTR) => continue,
