@@ -132,7 +132,17 @@ impl Rig {
             .filter(|l| !l.is_empty() && !l.starts_with("/memfd:vnvme-dma"))
             .collect();
         fds.sort();
-        (dir("task").count(), fds)
+        // The kernel's io_uring workers (`iou-wrk-TID`) come and go with
+        // the file backend's blocking I/O: not the server's threads.
+        let threads = dir("task")
+            .filter(|e| {
+                let comm = e.as_ref().map(|e| e.path().join("comm")).ok();
+                !comm
+                    .and_then(|c| std::fs::read_to_string(c).ok())
+                    .is_some_and(|n| n.starts_with("iou-wrk"))
+            })
+            .count();
+        (threads, fds)
     }
 
     /// [`counts`](Self::counts) once they are `want`, or as they are after
