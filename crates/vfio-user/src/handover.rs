@@ -384,8 +384,8 @@ impl Adopted {
         if bytes.len() > MAX_REDO_BYTES {
             return Err(bad("longer than a kept message can be"));
         }
-        // A size error is the only one: the bytes are fewer than a header.
         let (header, payload) = crate::wire::Header::read_from_prefix(bytes)
+            // A size error is the only one: the bytes are fewer than a header.
             .map_err(|_| bad("shorter than a header"))?;
         if header.msg_size as usize != bytes.len() {
             return Err(bad("its header's size is not its length"));
