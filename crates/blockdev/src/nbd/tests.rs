@@ -245,8 +245,10 @@ fn a_structured_reply_fails_the_connection() {
 fn a_short_read_reply_fails_the_request() {
     read_fails_when(|s, cookie| {
         simple_reply(s, 0x6744_6698, 0, cookie);
-        s.write_all(&[7; 100]).unwrap();
-        s.shutdown(std::net::Shutdown::Write).unwrap();
+        // A client that gave up first (its I/O timeout on a loaded
+        // machine) has closed the socket: the read failed either way.
+        let _ = s.write_all(&[7; 100]);
+        let _ = s.shutdown(std::net::Shutdown::Write);
     });
 }
 
