@@ -599,7 +599,27 @@ fn read_message(
     if got < HEADER_SIZE {
         return Err(Error::Protocol(format!("truncated header ({got} bytes)")));
     }
-    let header = crate::wire::read_prefix::<Header>(&hbuf)
+    let (header, mut payload) = header_and_room(&hbuf)?;
+    let got = rx.fill(&mut payload, false)?;
+    if got < payload.len() {
+        return Err(Error::Protocol(format!(
+            "truncated message: {got} of {} payload bytes",
+            payload.len()
+        )));
+    }
+    Ok(Some(Message {
+        header,
+        payload,
+        fds: rx.fds,
+        fds_truncated: rx.fds_truncated,
+    }))
+}
+
+/// A whole header checked, with room made for its payload: a size past
+/// [`MAX_MSG_SIZE`] (or one the allocator refuses) is refused before
+/// anything is allocated, so the reply can name the message.
+pub(crate) fn header_and_room(hbuf: &[u8; HEADER_SIZE]) -> Result<(Header, Vec<u8>), Error> {
+    let header = crate::wire::read_prefix::<Header>(hbuf)
         .ok_or_else(|| Error::Protocol("short header".into()))?;
     let size = header.msg_size as usize;
     if size < HEADER_SIZE {
@@ -607,7 +627,6 @@ fn read_message(
             "message size {size} smaller than its header"
         )));
     }
-    // Checked before anything is allocated for the body.
     let refused = |errno| Error::Refused {
         msg_id: header.msg_id,
         command: header.command,
@@ -623,19 +642,7 @@ fn read_message(
         // An allocation failure says nothing more than ENOMEM.
         .map_err(|_| refused(libc::ENOMEM))?;
     payload.resize(size - HEADER_SIZE, 0);
-    let got = rx.fill(&mut payload, false)?;
-    if got < payload.len() {
-        return Err(Error::Protocol(format!(
-            "truncated message: {got} of {} payload bytes",
-            payload.len()
-        )));
-    }
-    Ok(Some(Message {
-        header,
-        payload,
-        fds: rx.fds,
-        fds_truncated: rx.fds_truncated,
-    }))
+    Ok((header, payload))
 }
 
 /// Waits until the socket is readable; false on timeout.

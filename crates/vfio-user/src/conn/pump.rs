@@ -18,7 +18,7 @@ use rustix::net::{
 };
 
 use super::{Message, MAX_MSG_FDS, MAX_MSG_SIZE};
-use crate::wire::{read_prefix, Header, HEADER_SIZE};
+use crate::wire::{Header, HEADER_SIZE};
 use crate::Error;
 
 /// Most replies (and DMA requests) waiting for room in one peer's socket;
@@ -106,29 +106,7 @@ impl Partial {
 
     /// The header is whole: checks its size and makes room for the body.
     fn begin_body(&mut self) -> Result<(), Error> {
-        let header = read_prefix::<Header>(&self.header)
-            .ok_or_else(|| Error::Protocol("short header".into()))?;
-        let size = header.msg_size as usize;
-        if size < HEADER_SIZE {
-            return Err(Error::Protocol(format!(
-                "message size {size} smaller than its header"
-            )));
-        }
-        let refused = |errno| Error::Refused {
-            msg_id: header.msg_id,
-            command: header.command,
-            size,
-            errno,
-        };
-        if size > MAX_MSG_SIZE {
-            return Err(refused(libc::E2BIG));
-        }
-        let mut payload = Vec::new();
-        payload
-            .try_reserve_exact(size - HEADER_SIZE)
-            // An allocation failure says nothing more than ENOMEM.
-            .map_err(|_| refused(libc::ENOMEM))?;
-        payload.resize(size - HEADER_SIZE, 0);
+        let (header, payload) = super::header_and_room(&self.header)?;
         self.body = Some((header, payload, 0));
         Ok(())
     }
