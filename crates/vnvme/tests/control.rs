@@ -476,14 +476,32 @@ fn hostile_control_clients_neither_crash_nor_wedge_the_server() {
     assert!(r.server.terminate().success(), "SIGTERM still stops it");
 }
 
-/// A thread of process `pid` named `name`: its voluntary context switches
-/// (each a wake-up after it slept).
-fn thread_wakeups(pid: u32, name: &str) -> u64 {
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
-    let task = tasks
-        .map(|t| t.unwrap().path())
-        .find(|t| std::fs::read_to_string(t.join("comm")).is_ok_and(|c| c.trim() == name))
-        .unwrap_or_else(|| panic!("no thread {name} in process {pid}"));
+/// The thread of process `pid` named `name`, once it sleeps in poll(2):
+/// the server is ready when its socket is bound, which can be before the
+/// thread has started or reached its wait (a loaded CI machine found it
+/// not yet named).
+fn polling_thread(pid: u32, name: &str) -> std::path::PathBuf {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
+        let task = tasks
+            .map(|t| t.unwrap().path())
+            .find(|t| std::fs::read_to_string(t.join("comm")).is_ok_and(|c| c.trim() == name));
+        let polling = |t: &std::path::Path| {
+            std::fs::read_to_string(t.join("wchan")).is_ok_and(|w| w.contains("poll"))
+        };
+        match task {
+            Some(t) if polling(&t) => return t,
+            _ if std::time::Instant::now() > deadline => {
+                panic!("no thread {name} waiting in poll in process {pid} after 20 s")
+            }
+            _ => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+}
+
+/// A thread's voluntary context switches (each a wake-up after it slept).
+fn thread_wakeups(task: &std::path::Path) -> u64 {
     let status = std::fs::read_to_string(task.join("status")).unwrap();
     status
         .lines()
@@ -500,12 +518,12 @@ fn thread_wakeups(pid: u32, name: &str) -> u64 {
 #[test]
 fn an_idle_control_socket_never_wakes_its_thread() {
     let r = rig("control-idle", &[]);
-    let pid = r.server.pid();
-    let before = thread_wakeups(pid, "vnvme-control");
+    let task = polling_thread(r.server.pid(), "vnvme-control");
+    let before = thread_wakeups(&task);
     std::thread::sleep(Duration::from_secs(1));
-    assert_eq!(thread_wakeups(pid, "vnvme-control"), before, "idle for 1 s");
+    assert_eq!(thread_wakeups(&task), before, "idle for 1 s");
     ctl_ok(&r.control, &["stats"]);
-    let after = thread_wakeups(pid, "vnvme-control");
+    let after = thread_wakeups(&task);
     assert!(after > before, "a connection wakes it");
     ctl_ok(&r.control, &["shutdown"]);
     let (status, _) = r.server.exit_with_stderr(Duration::from_secs(5));
