@@ -22,6 +22,7 @@ mod clock;
 mod cq;
 pub(crate) mod group;
 mod held;
+mod idle_table;
 mod look;
 mod ops;
 mod poll_window;

@@ -128,6 +128,11 @@ impl Doorbells {
         self.page.as_deref()
     }
 
+    /// The page itself, for a poll group's idle table to hold.
+    pub fn page_arc(&self) -> Option<&Arc<dyn DoorbellPage>> {
+        self.page.as_ref()
+    }
+
     /// Whether `db`'s queue exists and belongs to `worker`.
     pub fn owned_by(&self, db: Doorbell, worker: usize) -> bool {
         self.slot(db).is_some_and(|s| {

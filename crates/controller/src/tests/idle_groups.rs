@@ -108,6 +108,16 @@ fn an_idle_poll_group_wakes_once_to_look_at_every_members_doorbell_page() {
         0,
         "no look at the joining list: nothing rang the group's bell"
     );
+    let table = after.idle_table_wakeups - before.idle_table_wakeups;
+    assert_eq!(
+        after.idle_members_touched - before.idle_members_touched,
+        MEMBERS * (idle - table),
+        "a pass reads each member once; a wake-up the deep-idle table served, none"
+    );
+    assert_eq!(
+        after.idle_table_rows - before.idle_table_rows,
+        CONTROLLERS as u64 * table
+    );
     // The looks serve a client that rings through the page: a read on each
     // controller, its tail stored to the page only (no trap).
     reads_rung_through_the_pages_are_served(&mut hosts, &pages);
@@ -116,7 +126,9 @@ fn an_idle_poll_group_wakes_once_to_look_at_every_members_doorbell_page() {
 /// After a second of silence every member's back-off reaches its ceiling
 /// (5 ms, 25 ms for an admin worker), and a look then changes nothing in it
 /// but its next deadline: the group looks at the page from its own copy
-/// (`look::Card`) and touches no member; a moved page still brings a round.
+/// (`look::Card`), gathered in its deep-idle table (`worker::idle_table`,
+/// one row per controller), and touches no member, not even its own record
+/// of it; a moved page still brings a round.
 #[test]
 fn a_deep_idle_group_looks_at_the_pages_without_touching_its_members() {
     let groups = PollGroups::new(1).unwrap();
@@ -134,7 +146,10 @@ fn a_deep_idle_group_looks_at_the_pages_without_touching_its_members() {
         );
         let b = settled(&groups);
         let n = counts_when(&groups, |c| c.wakeups >= b.wakeups + 5);
-        if n.idle_wakeups - b.idle_wakeups == 5 && n.idle_member_looks == b.idle_member_looks {
+        // (The deep-idle table hands its counts over 16 wake-ups at a
+        // time.)
+        let all_idle = n.idle_wakeups - b.idle_wakeups == n.wakeups - b.wakeups;
+        if all_idle && n.idle_member_looks == b.idle_member_looks {
             break n;
         }
     };
@@ -151,6 +166,21 @@ fn a_deep_idle_group_looks_at_the_pages_without_touching_its_members() {
     assert_eq!(after.idle_kick_checks - before.idle_kick_checks, 0);
     assert_eq!(after.idle_sleep_calls - before.idle_sleep_calls, idle);
     assert_eq!(after.idle_join_checks - before.idle_join_checks, 0);
+    assert_eq!(
+        after.idle_table_wakeups - before.idle_table_wakeups,
+        idle,
+        "every wake-up served by the group's deep-idle table alone"
+    );
+    assert_eq!(
+        after.idle_members_touched - before.idle_members_touched,
+        0,
+        "no member's record in the group read"
+    );
+    assert_eq!(
+        after.idle_table_rows - before.idle_table_rows,
+        CONTROLLERS as u64 * idle,
+        "one row per controller: its admin and I/O workers' dwords side by side"
+    );
     reads_rung_through_the_pages_are_served(&mut hosts, &pages);
 }
 

@@ -61,9 +61,10 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use super::clock::Clock;
+use super::idle_table::IdleTable;
 use super::look::Card;
 use super::{Member, Take, TIMER_SLACK_NS};
-use crate::queue::bell::Bell;
+use crate::queue::bell::{Bell, Woke};
 use crate::queue::mailbox::Wait;
 
 /// Most poll groups a process may have.
@@ -141,6 +142,15 @@ pub struct GroupCounts {
     /// Looks that asked the member (its back-off still growing, or the
     /// page moved); the others the group took from the member's card.
     pub idle_member_looks: u64,
+    /// Members (the group's own record of each) those wake-ups read: all
+    /// of them on a pass, none when the deep-idle table served it.
+    pub idle_members_touched: u64,
+    /// Of the idle wake-ups, those the deep-idle table served alone
+    /// (every member at its back-off's ceiling, `worker::idle_table`).
+    pub idle_table_wakeups: u64,
+    /// Controller pages those wake-ups read (one row each, whatever the
+    /// number of its members in the group).
+    pub idle_table_rows: u64,
     /// Passes that followed a pass without a sleep (a member was busy).
     pub busy_passes: u64,
     /// Members' mailboxes those passes read for kicks (none unless one
@@ -342,6 +352,7 @@ struct Pass {
     kick_checks: u64,
     member_looks: u64,
     join_checks: u64,
+    members_touched: u64,
 }
 
 /// Busy passes counted on the thread before they go into the group's
@@ -357,6 +368,71 @@ fn flush_busy(group: &Group, busy: (u64, u64)) -> (u64, u64) {
         c.busy_kick_checks += busy.1;
     }
     (0, 0)
+}
+
+/// Table wake-ups counted on the thread before they go into the group's
+/// counts: the counts' lock is one more cold line per wake-up.
+const TABLE_COUNTS_EVERY: u64 = 16;
+
+/// How a stretch of deep idle ended.
+struct DeepIdle {
+    /// The wake-up the members must see: the bell rang, or a page moved.
+    woke: Woke,
+    /// When the table last looked for them (none: at once).
+    looked: Option<Instant>,
+}
+
+/// Deep idle: every member sleeps at its back-off's ceiling and holds a
+/// card. Wakes at `deadline`, looks at the pages from the table alone
+/// (`worker::idle_table`), and sleeps again one back-off later, until a
+/// wake-up needs the members: the bell rang (a kick, a join, the groups'
+/// stop), or a page moved (a look through the member, then its round).
+/// That wake-up is the caller's to serve and count.
+fn deep_idle(group: &Group, table: &IdleTable, mut deadline: Instant) -> DeepIdle {
+    let mut looked = None;
+    let mut counted = GroupCounts::default();
+    let woke = loop {
+        let woke = group.bell.wait(Some(deadline));
+        if woke.rung {
+            break woke;
+        }
+        if !table.quiet() {
+            break woke;
+        }
+        let mut clock = Clock::read();
+        let now = clock.now();
+        looked = Some(now);
+        deadline = now + table.backoff();
+        counted.wakeups += 1;
+        counted.idle_wakeups += 1;
+        counted.idle_rounds += table.members();
+        counted.idle_looks += table.members();
+        counted.idle_clock_reads += u64::from(clock.reads());
+        counted.idle_sleep_calls += u64::from(woke.calls);
+        counted.idle_table_wakeups += 1;
+        counted.idle_table_rows += table.rows();
+        if counted.wakeups == TABLE_COUNTS_EVERY {
+            counted = flush_table(group, counted);
+        }
+    };
+    flush_table(group, counted);
+    DeepIdle { woke, looked }
+}
+
+/// Adds the table's wake-ups to the group's counts; returns zeros.
+fn flush_table(group: &Group, t: GroupCounts) -> GroupCounts {
+    if t.wakeups > 0 {
+        let mut c = group.counts.lock();
+        c.wakeups += t.wakeups;
+        c.idle_wakeups += t.idle_wakeups;
+        c.idle_rounds += t.idle_rounds;
+        c.idle_looks += t.idle_looks;
+        c.idle_clock_reads += t.idle_clock_reads;
+        c.idle_sleep_calls += t.idle_sleep_calls;
+        c.idle_table_wakeups += t.idle_table_wakeups;
+        c.idle_table_rows += t.idle_table_rows;
+    }
+    GroupCounts::default()
 }
 
 /// A group's thread: passes over its members until the groups stop.
@@ -377,6 +453,7 @@ fn serve(group: &Group) {
     let mut busy = (0u64, 0u64);
     // System calls of the last sleep.
     let mut sleep_calls = 0u32;
+    let mut table = IdleTable::default();
     loop {
         if group.stop.load(Ordering::Acquire) {
             break;
@@ -411,6 +488,7 @@ fn serve(group: &Group) {
         let now = clock.now();
         // One look for all (see the module's comment).
         let look = members.iter().any(|s| s.look_due(now));
+        pass.members_touched = members.len() as u64;
         let mut i = 0;
         while let Some(s) = members.get_mut(i) {
             let asleep = !matches!(s.wait, Wait::No);
@@ -472,6 +550,7 @@ fn serve(group: &Group) {
                 c.idle_member_looks += pass.member_looks;
                 c.idle_sleep_calls += u64::from(sleep_calls);
                 c.idle_join_checks += pass.join_checks;
+                c.idle_members_touched += pass.members_touched;
             }
         }
         group.members.store(members.len(), Ordering::Relaxed);
@@ -496,7 +575,26 @@ fn serve(group: &Group) {
         busy = flush_busy(group, busy);
         // A kick after a member's prepare rang the bell: the wait returns
         // at once for it.
-        let woke = group.bell.wait(deadline);
+        let deep = all_idle && table.fill(members.iter().map(|s| s.card.as_ref()));
+        let woke = match deadline {
+            Some(deadline) if deep => {
+                let idle = deep_idle(group, &table, deadline);
+                // Their deadlines as the table's looks left them (the next
+                // look one back-off after the last).
+                if let Some(at) = idle.looked {
+                    for s in &mut members {
+                        if let Some(backoff) = s.card.as_ref().map(|c| c.backoff) {
+                            s.wait = Wait::Until(Some(at + backoff));
+                            s.due = Some(at + backoff);
+                        }
+                    }
+                }
+                idle.woke
+            }
+            _ => group.bell.wait(deadline),
+        };
+        // The controllers it holds may be going.
+        table.clear();
         rung = woke.rung;
         sleep_calls = woke.calls;
         slept = true;

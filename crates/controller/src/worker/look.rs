@@ -164,6 +164,22 @@ pub(crate) struct Card {
 }
 
 impl Card {
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// The doorbell generation its dwords are of.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// (page dword index, value seen) of each owned SQ's tail doorbell.
+    pub fn dwords(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+        self.seen[..self.len]
+            .iter()
+            .map(|&(q, v)| (Doorbell::SqTail(q).index(), v))
+    }
+
     /// As [`PageLook::quiet`]: no owned SQ's doorbell changed in the page.
     pub fn quiet(&self) -> bool {
         let doorbells = &self.shared.doorbells;
