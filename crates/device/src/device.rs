@@ -4,6 +4,7 @@
 //! (MSI-X, or MSI when [`DeviceConfig::interrupts`] asks for it, and INTx).
 
 use std::os::fd::{BorrowedFd, OwnedFd};
+use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
 
 use vnvme_controller::{Controller, DoorbellPage, DEFAULT_VENDOR_ID};
@@ -71,6 +72,15 @@ impl DoorbellPage for SharedDoorbells {
 
     fn kept(&self) -> bool {
         self.1
+    }
+
+    fn dword(&self, index: u32) -> Option<&AtomicU32> {
+        let page = Bar0Layout::DOORBELLS;
+        if u64::from(index) * 4 < page.end - page.start {
+            self.0.atomic_u32(doorbell_at(index))
+        } else {
+            None
+        }
     }
 }
 

@@ -128,9 +128,10 @@ impl Doorbells {
         self.page.as_deref()
     }
 
-    /// The page itself, for a poll group's idle table to hold.
-    pub fn page_arc(&self) -> Option<&Arc<dyn DoorbellPage>> {
-        self.page.as_ref()
+    /// The generation's word itself, for a poll group's deep-idle table
+    /// to read without going through the controller.
+    pub fn generation_word(&self) -> &AtomicU64 {
+        &self.generation
     }
 
     /// Whether `db`'s queue exists and belongs to `worker`.

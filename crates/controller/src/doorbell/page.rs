@@ -25,6 +25,16 @@ pub trait DoorbellPage: Send + Sync {
     fn kept(&self) -> bool {
         false
     }
+    /// The dword itself, where the page is memory the server may hold a
+    /// reference into; it holds the value little-endian (`load` is
+    /// `u32::from_le` of it). A poll group's deep-idle table reads the
+    /// dwords of many pages this way, each one load with no call and no
+    /// pointer to follow first (`worker::idle_table`). `None`: go
+    /// through `load`.
+    fn dword(&self, index: u32) -> Option<&AtomicU32> {
+        let _ = index;
+        None
+    }
 }
 
 /// Dwords in the doorbell page.
@@ -52,20 +62,29 @@ impl DoorbellPage for HeapDoorbellPage {
     fn load(&self, index: u32) -> u32 {
         self.dwords
             .get(index as usize)
-            .map_or(0, |d| d.load(Ordering::Acquire))
+            .map_or(0, |d| u32::from_le(d.load(Ordering::Acquire)))
     }
 
     fn store(&self, index: u32, value: u32) {
         if let Some(d) = self.dwords.get(index as usize) {
-            d.store(value, Ordering::Release);
+            d.store(value.to_le(), Ordering::Release);
         }
     }
 
     fn replace(&self, index: u32, current: u32, new: u32) -> bool {
         self.dwords.get(index as usize).is_some_and(|d| {
-            d.compare_exchange(current, new, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
+            d.compare_exchange(
+                current.to_le(),
+                new.to_le(),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
         })
+    }
+
+    fn dword(&self, index: u32) -> Option<&AtomicU32> {
+        self.dwords.get(index as usize)
     }
 }
 

@@ -115,8 +115,12 @@ fn an_idle_poll_group_wakes_once_to_look_at_every_members_doorbell_page() {
         "a pass reads each member once; a wake-up the deep-idle table served, none"
     );
     assert_eq!(
-        after.idle_table_rows - before.idle_table_rows,
+        after.idle_table_controllers - before.idle_table_controllers,
         CONTROLLERS as u64 * table
+    );
+    assert_eq!(
+        after.idle_table_dwords - before.idle_table_dwords,
+        MEMBERS * table
     );
     // The looks serve a client that rings through the page: a read on each
     // controller, its tail stored to the page only (no trap).
@@ -126,8 +130,8 @@ fn an_idle_poll_group_wakes_once_to_look_at_every_members_doorbell_page() {
 /// After a second of silence every member's back-off reaches its ceiling
 /// (5 ms, 25 ms for an admin worker), and a look then changes nothing in it
 /// but its next deadline: the group looks at the page from its own copy
-/// (`look::Card`), gathered in its deep-idle table (`worker::idle_table`,
-/// one row per controller), and touches no member, not even its own record
+/// (`look::Card`), gathered in its deep-idle table (`worker::idle_table`:
+/// a generation per controller, a dword per SQ), and touches no member, not even its own record
 /// of it; a moved page still brings a round.
 #[test]
 fn a_deep_idle_group_looks_at_the_pages_without_touching_its_members() {
@@ -177,9 +181,14 @@ fn a_deep_idle_group_looks_at_the_pages_without_touching_its_members() {
         "no member's record in the group read"
     );
     assert_eq!(
-        after.idle_table_rows - before.idle_table_rows,
+        after.idle_table_controllers - before.idle_table_controllers,
         CONTROLLERS as u64 * idle,
-        "one row per controller: its admin and I/O workers' dwords side by side"
+        "one generation read per controller, shared by its admin and I/O workers"
+    );
+    assert_eq!(
+        after.idle_table_dwords - before.idle_table_dwords,
+        MEMBERS * idle,
+        "one page dword per owned SQ: SQ 0 of each admin worker, SQ 1 of each I/O worker"
     );
     reads_rung_through_the_pages_are_served(&mut hosts, &pages);
 }

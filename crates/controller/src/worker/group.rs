@@ -148,9 +148,11 @@ pub struct GroupCounts {
     /// Of the idle wake-ups, those the deep-idle table served alone
     /// (every member at its back-off's ceiling, `worker::idle_table`).
     pub idle_table_wakeups: u64,
-    /// Controller pages those wake-ups read (one row each, whatever the
-    /// number of its members in the group).
-    pub idle_table_rows: u64,
+    /// Controllers whose doorbell generation those wake-ups read (one
+    /// each, whatever the number of its members in the group).
+    pub idle_table_controllers: u64,
+    /// Page dwords those wake-ups read (one per SQ its members own).
+    pub idle_table_dwords: u64,
     /// Passes that followed a pass without a sleep (a member was busy).
     pub busy_passes: u64,
     /// Members' mailboxes those passes read for kicks (none unless one
@@ -388,7 +390,7 @@ struct DeepIdle {
 /// wake-up needs the members: the bell rang (a kick, a join, the groups'
 /// stop), or a page moved (a look through the member, then its round).
 /// That wake-up is the caller's to serve and count.
-fn deep_idle(group: &Group, table: &IdleTable, mut deadline: Instant) -> DeepIdle {
+fn deep_idle(group: &Group, table: &IdleTable<'_>, mut deadline: Instant) -> DeepIdle {
     let mut looked = None;
     let mut counted = GroupCounts::default();
     let woke = loop {
@@ -410,7 +412,8 @@ fn deep_idle(group: &Group, table: &IdleTable, mut deadline: Instant) -> DeepIdl
         counted.idle_clock_reads += u64::from(clock.reads());
         counted.idle_sleep_calls += u64::from(woke.calls);
         counted.idle_table_wakeups += 1;
-        counted.idle_table_rows += table.rows();
+        counted.idle_table_controllers += table.controllers();
+        counted.idle_table_dwords += table.dwords();
         if counted.wakeups == TABLE_COUNTS_EVERY {
             counted = flush_table(group, counted);
         }
@@ -430,7 +433,8 @@ fn flush_table(group: &Group, t: GroupCounts) -> GroupCounts {
         c.idle_clock_reads += t.idle_clock_reads;
         c.idle_sleep_calls += t.idle_sleep_calls;
         c.idle_table_wakeups += t.idle_table_wakeups;
-        c.idle_table_rows += t.idle_table_rows;
+        c.idle_table_controllers += t.idle_table_controllers;
+        c.idle_table_dwords += t.idle_table_dwords;
     }
     GroupCounts::default()
 }
@@ -453,7 +457,6 @@ fn serve(group: &Group) {
     let mut busy = (0u64, 0u64);
     // System calls of the last sleep.
     let mut sleep_calls = 0u32;
-    let mut table = IdleTable::default();
     loop {
         if group.stop.load(Ordering::Acquire) {
             break;
@@ -575,10 +578,13 @@ fn serve(group: &Group) {
         busy = flush_busy(group, busy);
         // A kick after a member's prepare rang the bell: the wait returns
         // at once for it.
-        let deep = all_idle && table.fill(members.iter().map(|s| s.card.as_ref()));
-        let woke = match deadline {
-            Some(deadline) if deep => {
+        let table = all_idle
+            .then(|| IdleTable::new(members.iter().map(|s| s.card.as_ref())))
+            .flatten();
+        let woke = match (table, deadline) {
+            (Some(table), Some(deadline)) => {
                 let idle = deep_idle(group, &table, deadline);
+                drop(table);
                 // Their deadlines as the table's looks left them (the next
                 // look one back-off after the last).
                 if let Some(at) = idle.looked {
@@ -593,8 +599,6 @@ fn serve(group: &Group) {
             }
             _ => group.bell.wait(deadline),
         };
-        // The controllers it holds may be going.
-        table.clear();
         rung = woke.rung;
         sleep_calls = woke.calls;
         slept = true;
