@@ -88,8 +88,9 @@ pub struct Conn {
     /// Held for a whole send, so concurrent senders never interleave; with
     /// [`Conn::pumped`], what the socket had no room for yet.
     send_lock: Mutex<Outbox>,
-    /// Set for a connection read without blocking (see [`Conn::pumped`]).
-    pumped: Option<Pumped>,
+    /// Set for a connection read without blocking (see [`Conn::pumped`],
+    /// [`Conn::pump_with`]).
+    pumped: OnceLock<Pumped>,
     state: Mutex<RecvState>,
     cv: Condvar,
     next_id: AtomicU16,
@@ -132,7 +133,7 @@ impl Conn {
             stream,
             message_timeout,
             send_lock: Mutex::default(),
-            pumped: None,
+            pumped: OnceLock::new(),
             state: Mutex::new(RecvState::default()),
             cv: Condvar::new(),
             next_id: AtomicU16::new(0),
@@ -153,21 +154,31 @@ impl Conn {
         message_timeout: Duration,
         bell: Arc<Bell>,
     ) -> io::Result<Self> {
-        stream.set_nonblocking(true)?;
-        Ok(Self {
-            stream,
-            message_timeout,
-            send_lock: Mutex::default(),
-            pumped: Some(Pumped {
-                partial: Mutex::default(),
-                bell,
-            }),
-            state: Mutex::new(RecvState::default()),
-            cv: Condvar::new(),
-            next_id: AtomicU16::new(0),
-            negotiated: AtomicBool::new(false),
-            staging: OnceLock::new(),
-        })
+        let conn = Self::new(stream, message_timeout)?;
+        conn.pump_with(bell)?;
+        Ok(conn)
+    }
+
+    /// Makes a connection made with [`Conn::new`] one read as
+    /// [`Conn::pumped`] is: a client a live upgrade's old process handed
+    /// over, adopted by a thread that serves many (`server/hub.rs`). Before
+    /// anything else reads or writes it (the adopting thread has not
+    /// started serving it, and the device's workers wait for no reply from
+    /// a client they never sent a request to).
+    pub(crate) fn pump_with(&self, bell: Arc<Bell>) -> io::Result<()> {
+        self.stream.set_nonblocking(true)?;
+        // Set once: a second call keeps the first bell.
+        let _ = self.pumped.set(Pumped {
+            partial: Mutex::default(),
+            bell,
+        });
+        Ok(())
+    }
+
+    /// Whether replies wait for room in the socket (a [`Conn::pumped`]
+    /// connection): a handover passes the socket only once they are sent.
+    pub(crate) fn has_unsent(&self) -> bool {
+        self.send_lock.lock().holds()
     }
 
     /// Reads what has arrived (a [`Conn::pumped`] connection, without
@@ -176,7 +187,7 @@ impl Conn {
     /// will not say so again). Another thread reading it meanwhile rings
     /// the bell when done, so nothing is missed.
     pub(crate) fn pump(&self) -> Result<bool, Error> {
-        let Some(p) = &self.pumped else {
+        let Some(p) = self.pumped.get() else {
             return Ok(false);
         };
         {
@@ -222,7 +233,7 @@ impl Conn {
     /// When the message under way must be whole (a [`Conn::pumped`]
     /// connection), if one is under way.
     pub(crate) fn message_deadline(&self) -> Option<Instant> {
-        let p = self.pumped.as_ref()?;
+        let p = self.pumped.get()?;
         // The reader role's holder has it: its own wait is bounded.
         let partial = p.partial.try_lock()?;
         partial.deadline(self.message_timeout)
@@ -347,7 +358,7 @@ impl Conn {
             }
         }
         let mut guard = self.send_lock.lock();
-        if self.pumped.is_some() {
+        if self.pumped.get().is_some() {
             let res = guard.send(&self.stream, &slices, total, fds);
             drop(guard);
             return match res {
@@ -465,7 +476,7 @@ impl Conn {
                 st.reader_busy = true;
                 drop(st);
                 let timeout = deadline.map(|d| d.saturating_duration_since(now));
-                if let Some(p) = &self.pumped {
+                if let Some(p) = self.pumped.get() {
                     let res = self.read_pumped(p, timeout, wake);
                     st = self.state.lock();
                     st.reader_busy = false;

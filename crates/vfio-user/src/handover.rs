@@ -152,6 +152,37 @@ pub trait Handover<D>: Sync {
     fn transfer(&self, device: &mut D, client: Option<ClientParts<'_>>) -> String;
 }
 
+/// What the binary does for a live upgrade of every server one
+/// [`serve_many`](crate::serve_many) thread serves (`[[controllers]]`):
+/// they go to the next process together, since they share the process.
+/// That thread waits until every client is between two messages (none half
+/// read, no reply waiting for room in its socket, none in a helper), at
+/// most [`gather_bound`](Self::gather_bound), then pauses each device with
+/// a client, answers the requests their workers read meanwhile, and calls
+/// [`transfer`](Self::transfer) with every server's parts.
+pub trait HandoverAll<D>: Sync {
+    /// Whether a handover is asked for.
+    fn asked(&self) -> bool;
+    /// A non-blocking fd readable once a handover is asked (see
+    /// [`Handover::wake_fd`]); emptied by the serving thread.
+    fn wake_fd(&self) -> BorrowedFd<'_>;
+    /// Most time to wait for every client to reach a point between two
+    /// messages before the request is refused.
+    fn gather_bound(&self) -> std::time::Duration;
+    /// Takes the request back, refused for `why`; serving goes on.
+    fn refuse(&self, why: String);
+    /// Stops server `index`'s device's work for a save (bounded); `Err`:
+    /// why not, and the device runs on.
+    fn pause(&self, index: usize, device: &mut D) -> Result<(), String>;
+    /// Starts server `index`'s device's work again after a failed handover.
+    fn resume(&self, index: usize, device: &mut D);
+    /// Gives every server's device and client (`None`: no client) to the
+    /// next process, in the order the servers were given. On success it
+    /// ends this process without touching what the next one serves, so it
+    /// returns only on failure, with why.
+    fn transfer(&self, servers: Vec<(&mut D, Option<ClientParts<'_>>)>) -> String;
+}
+
 /// Which file an fd is, for sharing one kept fd among the maps in it: the
 /// access mode too, since a read-only fd cannot back a writable map.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -42,7 +42,7 @@ pub use door::Door;
 /// Most fd-backed DMA maps the whole process can hold (the SIGBUS guard's
 /// registry): the highest `max_dma_maps` worth configuring.
 pub use fault::CAPACITY as MAX_FD_DMA_MAPS;
-pub use server::{serve_many, Server, ServerOptions, HANDSHAKE_TIMEOUT};
+pub use server::{serve_many, serve_many_with, Server, ServerOptions, HANDSHAKE_TIMEOUT};
 pub use shared::SharedRegion;
 pub use stop::StopWake;
 /// [`DmaSpace`] is guest memory in `vnvme-memory`'s words: its accesses are

@@ -38,7 +38,7 @@ mod hub;
 mod irqs;
 mod regions;
 
-pub use hub::serve_many;
+pub use hub::{serve_many, serve_many_with};
 
 /// How long a new connection has to send a valid VERSION (the default of
 /// [`ServerOptions::handshake_timeout`]).

@@ -91,7 +91,9 @@ pub struct ServeOptions {
     /// tables (each a controller with its own socket = "PATH", control = "PATH" and namespaces),
     /// one process serves them all, their queues on --workers poll-group threads (default 1, or
     /// the file's top-level workers); --socket, --control, --ns, --stats and --metrics are refused
-    /// then, the other flags apply to every controller.
+    /// then, the other flags apply to every controller. `vnvme ctl upgrade` on any of their control
+    /// sockets (or SIGUSR2) hands every controller to one new process, started with the same file,
+    /// which refuses if a controller was added to it or removed since.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Write the controller's counters as JSON to FILE every second and at
@@ -217,10 +219,7 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
                 workers,
                 controllers,
             } => {
-                if handover.is_some() {
-                    bail!("a [[controllers]] configuration cannot be upgraded (yet)");
-                }
-                return many::run(&opts, inherited, workers, controllers);
+                return many::run(&opts, inherited, workers, controllers, handover);
             }
         };
         faults = file.faults.clone();

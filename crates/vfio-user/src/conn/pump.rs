@@ -247,6 +247,11 @@ impl Outbox {
         Ok(Ok(()))
     }
 
+    /// Whether anything waits for room in the socket.
+    pub(crate) fn holds(&self) -> bool {
+        !self.queue.is_empty()
+    }
+
     /// Sends what waits, as far as the socket takes it.
     pub(crate) fn flush(&mut self, stream: &UnixStream) -> Result<(), Error> {
         while let Some(q) = self.queue.front_mut() {

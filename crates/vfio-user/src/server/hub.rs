@@ -19,6 +19,10 @@
 //! their later requests wait in the connection's queue (in order), their
 //! replies and DMA replies are still read here, and every other client is
 //! served meanwhile. The helper rings the bell when done.
+//!
+//! A live upgrade of every server at once ([`serve_many_with`] with a
+//! [`HandoverAll`]) is gathered here too (`hub/gather.rs`): between two
+//! turns, once every client is between two messages.
 
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -33,13 +37,18 @@ use super::{ClientState, Server};
 use crate::conn::Message;
 use crate::conn::{error_header, Bell, Conn};
 use crate::door::Door;
+use crate::handover::{Adopted, HandoverAll};
 use crate::stop::StopWake;
 use crate::wire::{cmd, read_prefix, Header, RegionAccess};
 use crate::{Device, Error};
 
+mod gather;
+
 /// Epoll tokens besides the connections' (their slot's index).
 const WAKE: u64 = u64::MAX;
 const BELL: u64 = u64::MAX - 1;
+/// A live upgrade is asked ([`HandoverAll::wake_fd`]).
+const UPGRADE: u64 = u64::MAX - 2;
 
 /// One server among many: its door, and its server and client.
 struct Slot<'a, D: Device> {
@@ -82,13 +91,36 @@ pub fn serve_many<D: Device + 'static>(
     wake: &StopWake,
     idle: &AtomicU64,
 ) -> Result<(), Error> {
+    let servers = servers
+        .into_iter()
+        .map(|(name, server, door)| (name, server, door, None))
+        .collect();
+    serve_many_with(servers, stop, wake, idle, None)
+}
+
+/// As [`serve_many`], each server serving its `Option<Adopted>` (a client
+/// a live upgrade's old process handed over) first, and every server's
+/// client handed over at once when `handover` asks (see `hub/gather.rs`).
+pub fn serve_many_with<D: Device + 'static>(
+    servers: Vec<(String, Server<D>, &Door, Option<Adopted>)>,
+    stop: &AtomicBool,
+    wake: &StopWake,
+    idle: &AtomicU64,
+    handover: Option<&dyn HandoverAll<D>>,
+) -> Result<(), Error> {
     let bell = Arc::new(Bell::new()?);
     let ep = epoll::create(epoll::CreateFlags::CLOEXEC).map_err(io)?;
     epoll::add(&ep, wake.fd(), EventData::new_u64(WAKE), EventFlags::IN).map_err(io)?;
     epoll::add(&ep, bell.fd(), EventData::new_u64(BELL), EventFlags::IN).map_err(io)?;
+    if let Some(h) = handover {
+        let token = EventData::new_u64(UPGRADE);
+        epoll::add(&ep, h.wake_fd(), token, EventFlags::IN).map_err(io)?;
+    }
+    let mut adopted = Vec::new();
     let mut slots: Vec<Slot<'_, D>> = servers
         .into_iter()
-        .map(|(name, server, door)| {
+        .map(|(name, server, door, a)| {
+            adopted.push(a);
             door.set_bell(Arc::clone(&bell));
             Slot {
                 name,
@@ -104,6 +136,13 @@ pub fn serve_many<D: Device + 'static>(
         })
         .collect();
     let hub = Hub { ep, bell };
+    for (i, (slot, a)) in slots.iter_mut().zip(adopted).enumerate() {
+        if let Some(a) = a {
+            hub.adopt(slot, i, a);
+        }
+    }
+    // When the upgrade being asked was first looked at.
+    let mut asked_since: Option<Instant> = None;
     let mut events = Vec::with_capacity(64);
     // Every slot is looked at: at start, and when the bell rang (a door
     // has a connection, a waiting worker read a socket, a helper is done).
@@ -117,15 +156,22 @@ pub fn serve_many<D: Device + 'static>(
             }
             all = false;
         }
-        let timeout = next_deadline(&slots).map(|d| {
-            // Rounded up to epoll's milliseconds, so the wait does not end
-            // just before the deadline and spin to it.
-            let t = d.saturating_duration_since(Instant::now()) + Duration::from_nanos(999_999);
-            Timespec {
-                tv_sec: i64::try_from(t.as_secs()).unwrap_or(i64::MAX),
-                tv_nsec: i64::from(t.subsec_nanos()),
-            }
-        });
+        // While an upgrade waits for every client to be between two
+        // messages, looked at again soon.
+        let retry = asked_since.map(|_| Instant::now() + gather::RETRY);
+        let timeout = [next_deadline(&slots), retry]
+            .into_iter()
+            .flatten()
+            .min()
+            .map(|d| {
+                // Rounded up to epoll's milliseconds, so the wait does not end
+                // just before the deadline and spin to it.
+                let t = d.saturating_duration_since(Instant::now()) + Duration::from_nanos(999_999);
+                Timespec {
+                    tv_sec: i64::try_from(t.as_secs()).unwrap_or(i64::MAX),
+                    tv_nsec: i64::from(t.subsec_nanos()),
+                }
+            });
         events.clear();
         match epoll::wait(
             &hub.ep,
@@ -142,6 +188,13 @@ pub fn serve_many<D: Device + 'static>(
             match ev.data.u64() {
                 WAKE => {}
                 BELL => all = true,
+                UPGRADE => {
+                    // Emptied before `asked` is looked at: a request is
+                    // flagged before its byte is written.
+                    if let Some(h) = handover {
+                        super::handing::drain_wake(h.wake_fd());
+                    }
+                }
                 i => {
                     if let Some(slot) = usize::try_from(i).ok().and_then(|i| slots.get_mut(i)) {
                         hub.service(slot);
@@ -152,6 +205,9 @@ pub fn serve_many<D: Device + 'static>(
         let now = Instant::now();
         for slot in &mut slots {
             hub.look_at_deadlines(slot, now);
+        }
+        if let Some(h) = handover {
+            asked_since = hub.gather(&mut slots, h, asked_since, now);
         }
     }
     for slot in &mut slots {
@@ -228,6 +284,37 @@ struct Hub {
 }
 
 impl Hub {
+    /// Serves `a`, a client the previous process handed over, as `slot`'s
+    /// (number `index`); if its connection cannot be watched it is dropped.
+    fn adopt<D: Device>(&self, slot: &mut Slot<'_, D>, index: usize, a: Adopted) {
+        let _span = tracing::info_span!("controller", name = %slot.name).entered();
+        let conn = Arc::clone(&a.conn);
+        let parts_arc = Arc::clone(&slot.parts);
+        let mut parts = parts_arc.lock();
+        let state = parts.server.adopted_state(a);
+        // More may wait in its socket already: looked at on the first turn.
+        parts.client = Some(Served {
+            state,
+            handshake: Instant::now(),
+            more: true,
+        });
+        slot.door.set_owner(Some(Arc::clone(&conn)));
+        slot.conn = Some(Arc::clone(&conn));
+        let token = EventData::new_u64(index as u64);
+        let flags = EventFlags::IN | EventFlags::OUT | EventFlags::RDHUP | EventFlags::ET;
+        let watched = conn
+            .pump_with(Arc::clone(&self.bell))
+            .map_err(Error::Io)
+            .and_then(|()| epoll::add(&self.ep, conn.fd(), token, flags).map_err(io));
+        match watched {
+            Ok(()) => tracing::info!("vfio-user client handed over by the previous process"),
+            Err(e) => {
+                tracing::warn!(error = %e, "the handed-over vfio-user client is dropped: watching its socket");
+                self.finish(slot, &mut parts, Err(e));
+            }
+        }
+    }
+
     /// Takes the connection `slot`'s door has ready, if it has no client.
     fn admit<D: Device>(&self, slot: &mut Slot<'_, D>, index: usize) {
         if slot.conn.is_some() {
@@ -424,6 +511,10 @@ impl Hub {
         }
         parts.server.end_client(&mut c.state);
         slot.door.set_owner(None);
+        // A connection the door took while this client was being dropped
+        // (its bell rang then, and `admit` found the slot still taken)
+        // is admitted on the next turn, not left waiting for another bell.
+        self.bell.ring();
         match result {
             Ok(()) | Err(Error::Disconnected) => tracing::info!("vfio-user client disconnected"),
             Err(e) => tracing::warn!(error = %e, "vfio-user client dropped"),

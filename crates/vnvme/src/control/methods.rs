@@ -145,8 +145,7 @@ pub fn upgrade(
         return (
             Err(RpcError::new(
                 code::REFUSED,
-                "this server cannot be upgraded: only a single-controller vnvme serve can (a \
-                 [[controllers]] configuration cannot yet)",
+                "this server cannot be upgraded: it offers no upgrade on this socket",
             )),
             None,
         );

@@ -321,6 +321,9 @@ fn handed_controllers(t: &mut Taken, opts: &ServeOptions) -> Result<Vec<TakenCon
             opts.socket.len()
         );
     }
+    if handed.iter().any(|c| c.socket.is_some()) {
+        bail!("the handover is a [[controllers]] server's: not this subsystem's handover");
+    }
     // The first's socket again, where a one-controller handover has it.
     drop(t.listener.take());
     Ok(handed)

@@ -154,34 +154,13 @@ impl Upgrader {
         };
         let client = match client {
             None => None,
-            Some(c) => {
-                let irqs = device
-                    .irq_fds()
-                    .map_err(|e| format!("copying the interrupt eventfds: {e}"))?;
-                let mut vector_fds = Vec::new();
-                for v in &irqs.vectors {
-                    vector_fds.push(v.as_ref().map(|fd| pass(fd.as_fd())).transpose()?);
-                }
-                let intx_fd = irqs.intx.as_ref().map(|fd| pass(fd.as_fd())).transpose()?;
-                let doorbell_fd = device.doorbell_fd().map(&mut pass).transpose()?;
-                let file_fds = c
-                    .files
-                    .iter()
-                    .map(|fd| pass(*fd))
-                    .collect::<Result<Vec<_>, _>>()?;
-                Some(HandedClient {
-                    conn_fd: pass(c.conn)?,
-                    max_xfer: c.max_xfer,
-                    maps: c.maps,
-                    file_fds,
-                    vector_fds,
-                    intx_fd,
-                    doorbell_fd,
-                    function: device.function_state(),
-                    state_len: state.len() as u64,
-                    commands: handed,
-                })
-            }
+            Some(c) => Some(handed_client(
+                device,
+                c,
+                state.len() as u64,
+                handed,
+                &mut pass,
+            )?),
         };
         let mut ram = Vec::new();
         for (nsid, fd) in super::ram::memfds(&device.controller().namespace_backends()) {
@@ -223,6 +202,42 @@ impl Upgrader {
             "total_ms": ms(asked_ns, successor.ready_ns),
         }))
     }
+}
+
+/// `c`, the client of `device`, as the manifest names it: its fds (and
+/// the device's interrupt eventfds and doorbell memfd) given to `pass`,
+/// with `state_len` bytes of state and the `commands` held back.
+pub(super) fn handed_client(
+    device: &NvmeDevice,
+    c: ClientParts<'_>,
+    state_len: u64,
+    commands: Vec<vnvme_controller::HandedCommand>,
+    pass: &mut dyn FnMut(BorrowedFd<'_>) -> Result<i32, String>,
+) -> Result<HandedClient, String> {
+    let irqs = device
+        .irq_fds()
+        .map_err(|e| format!("copying the interrupt eventfds: {e}"))?;
+    let mut vector_fds = Vec::new();
+    for v in &irqs.vectors {
+        vector_fds.push(v.as_ref().map(|fd| pass(fd.as_fd())).transpose()?);
+    }
+    let intx_fd = irqs.intx.as_ref().map(|fd| pass(fd.as_fd())).transpose()?;
+    let doorbell_fd = device.doorbell_fd().map(&mut *pass).transpose()?;
+    let file_fds = (c.files.iter())
+        .map(|fd| pass(*fd))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(HandedClient {
+        conn_fd: pass(c.conn)?,
+        max_xfer: c.max_xfer,
+        maps: c.maps,
+        file_fds,
+        vector_fds,
+        intx_fd,
+        doorbell_fd,
+        function: device.function_state(),
+        state_len,
+        commands,
+    })
 }
 
 /// A new process that said it is ready: its pid, the binary it runs, and

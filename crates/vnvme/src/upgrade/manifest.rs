@@ -75,6 +75,22 @@ pub struct HandedController {
     /// controller has one, client or not: the first's carries the
     /// subsystem's shared parts).
     pub state_len: u64,
+    /// A `[[controllers]]` server's controller (each its own subsystem):
+    /// its vfio-user socket's path as the configuration names it, by which
+    /// the new process matches it to its `[[controllers]]` table. Absent
+    /// for a subsystem's controllers.
+    #[serde(default)]
+    pub socket: Option<std::path::PathBuf>,
+    /// A `[[controllers]]` controller's control socket, if it has one.
+    #[serde(default)]
+    pub control: Option<HandedSocket>,
+    /// A `[[controllers]]` controller's `ram` namespaces' memfds (the
+    /// top-level `ram` is a subsystem's, whose NSIDs are the process's).
+    #[serde(default)]
+    pub ram: Vec<HandedRam>,
+    /// A `[[controllers]]` controller's limits now.
+    #[serde(default)]
+    pub qos: Option<crate::qos::HandedQos>,
 }
 
 /// A `ram` namespace's memfd ([`super::ram`]).
@@ -172,15 +188,17 @@ impl Manifest {
             }
             v.extend(crash.replies.iter().flatten());
         }
-        for c in &self.controllers {
-            v.push(c.listener_fd);
-            if let Some(c) = &c.client {
+        for one in &self.controllers {
+            v.push(one.listener_fd);
+            if let Some(c) = &one.client {
                 v.push(c.conn_fd);
                 v.extend(&c.file_fds);
                 v.extend(c.vector_fds.iter().flatten());
                 v.extend(c.intx_fd);
                 v.extend(c.doorbell_fd);
             }
+            v.extend(one.control.as_ref().map(|c| c.fd));
+            v.extend(one.ram.iter().map(|r| r.fd));
         }
         v.extend(self.ram.iter().map(|r| r.fd));
         v

@@ -34,8 +34,10 @@
 //! messages, after the requests already read are answered), and no reset.
 //!
 //! A server with several controllers (`--socket A --socket B`, one
-//! subsystem) hands them all over at once ([`Several`]); `[[controllers]]`
-//! refuses.
+//! subsystem) hands them all over at once ([`Several`]), and so does a
+//! `[[controllers]]` server, every controller its own subsystem, their
+//! clients on one connection thread ([`Many`]; a controller added to or
+//! removed from its file since makes the new process refuse).
 
 use std::io::Write;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -51,12 +53,14 @@ use serde_json::Value;
 
 mod handoff;
 pub mod manifest;
+mod many;
 pub mod ram;
 mod several;
 mod successor;
 
 pub(crate) use handoff::wait_ready;
 pub use handoff::{OtherSockets, Upgrader};
+pub use many::{Many, Member as ManyMember};
 pub use several::{Door, Several};
 pub use successor::{take, CrashedFds, Reporter, Taken, TakenClient, TakenController, TakenCrash};
 

@@ -340,6 +340,10 @@ impl Several {
                 socket_owned: door.owned,
                 client,
                 state_len: state.len() as u64,
+                socket: None,
+                control: None,
+                ram: Vec::new(),
+                qos: None,
             });
             bytes.extend_from_slice(state);
         }

@@ -42,6 +42,13 @@ pub struct TakenController {
     /// Its client (whose `state` is the controller's, as below).
     pub client: Option<TakenClient>,
     pub state: SavedState,
+    /// A `[[controllers]]` controller's: its socket's path, control
+    /// socket, `ram` memfds (by NSID) and limits (see
+    /// [`HandedController`](super::manifest::HandedController)).
+    pub socket: Option<std::path::PathBuf>,
+    pub control: Option<UnixListener>,
+    pub ram: Vec<(u32, OwnedFd)>,
+    pub qos: Option<crate::qos::HandedQos>,
 }
 
 /// The crash area, and a dead child's client to restore from it.
@@ -252,11 +259,26 @@ fn take_rest(
             None => None,
             Some(client) => Some(take_client(client, state.clone(), next)?),
         };
+        let control = match c.control {
+            Some(_) => Some(UnixListener::from(expect_socket(
+                next()?,
+                "control socket",
+            )?)),
+            None => None,
+        };
+        // Checked when they are mapped (super::ram::adopt).
+        let ram = (c.ram.iter())
+            .map(|r| Ok((r.nsid, next()?)))
+            .collect::<Result<Vec<_>>>()?;
         controllers.push(TakenController {
             listener,
             socket_owned: c.socket_owned,
             client,
             state,
+            socket: c.socket,
+            control,
+            ram,
+            qos: c.qos,
         });
     }
     // Checked when they are mapped (super::ram::adopt).

@@ -12,6 +12,7 @@ use vnvme_driver::VfioUserAccess;
 pub mod client;
 pub mod crc32c;
 pub mod pattern;
+pub mod proc_counts;
 pub mod rounds;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_vnvme");
