@@ -39,6 +39,9 @@ pub(crate) struct Scratch {
     /// What the completion of a Preempt and Abort just run waits for
     /// ([`Outcome::Fenced`]).
     pub fence: Option<Fence>,
+    /// The command just run changed the saved state under a crash record
+    /// ([`Outcome::Owed`]).
+    pub owed: bool,
 }
 
 /// What a command handler has at hand.
@@ -73,6 +76,13 @@ pub(crate) enum Outcome {
     /// A Zone Append succeeded, at this LBA: completion DW0 (bits 31:0)
     /// and DW1 (bits 63:32), ZNS 1.1 §3.4.1.
     Appended(u64),
+    /// Done, and the saved state changed (a reservation command), under a
+    /// crash record: the completion is owed until a kept state holds the
+    /// change ([`crate::queue::owed`]).
+    Owed {
+        dw0: u32,
+        status: Status,
+    },
 }
 
 impl Outcome {

@@ -13,6 +13,10 @@
 //! dropped with its queue), and every doorbell value a trap stored (in
 //! `trap` mode no memory holds it until a worker takes it).
 //!
+//! With a record, an admin command's completion is owed until the record's
+//! keeper kept a state holding its effect (`queue::owed`): it is
+//! recorded in flight (`fetched`) until posted.
+//!
 //! A restore takes the newest whole saved state and puts the positions
 //! recorded since over its queues, completing the commands still in
 //! flight with Command Interrupted (`SavedState::put_positions`).

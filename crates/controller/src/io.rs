@@ -94,6 +94,10 @@ pub(crate) fn execute(ctx: &mut Ctx<'_>, cmd: &Command) -> Outcome {
         Ok(Some(token)) => Outcome::Submitted(token),
         // A Preempt and Abort waiting for the commands before it.
         Ok(None) if ctx.scratch.fence.is_some() => Outcome::Fenced,
+        Ok(None) if std::mem::take(&mut ctx.scratch.owed) => Outcome::Owed {
+            dw0: 0,
+            status: Status::SUCCESS,
+        },
         Ok(None) => Outcome::ok(0),
         Err(status) => Outcome::Done { dw0: 0, status },
     }
@@ -125,8 +129,12 @@ fn run(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Option<u64>, Status> {
         if op != NvmOpcode::RESERVATION_REPORT {
             // A registrant or a reservation changed: saved state, which a
             // supervised server keeps at its next checkpoint as after an
-            // admin command (a crash would otherwise forget it).
-            crate::crash_record::admin_done(ctx.shared.crash.get());
+            // admin command (a crash would otherwise forget it), its
+            // completion owed until then (a fenced one's when its fence
+            // is done: `worker::held`).
+            let rec = ctx.shared.crash.get();
+            ctx.scratch.owed = rec.is_some() && ctx.scratch.fence.is_none();
+            crate::crash_record::admin_done(rec);
         }
         return Ok(None);
     }

@@ -25,6 +25,7 @@ mod held;
 mod idle_table;
 mod look;
 mod ops;
+mod owe;
 mod poll_window;
 mod priority;
 mod reap;
@@ -694,7 +695,18 @@ fn process_sq(
                 outcome => outcome,
             };
             match outcome {
-                Outcome::Done { dw0, status } => {
+                // Supervised: an admin command's completion (a reservation
+                // command's that changed something) waits for a crash-area
+                // slot holding its effect (`owe`).
+                Outcome::Done { dw0, status } | Outcome::Owed { dw0, status }
+                    if (qid == 0 || matches!(outcome, Outcome::Owed { .. }))
+                        && owe::owing(shared).is_some() =>
+                {
+                    if let Some(rec) = owe::owing(shared) {
+                        owe::owe(shared, rec, sq, cq, &cmd, u64::from(dw0), status);
+                    }
+                }
+                Outcome::Owed { dw0, status } | Outcome::Done { dw0, status } => {
                     let dw = u64::from(dw0);
                     if !post(shared, session, sq.head as u16, qid, cq, &cmd, dw, status) {
                         return (Pass::Idle, done);
@@ -745,10 +757,13 @@ fn process_sq(
     };
     if qid == 0 {
         refresh_admin_sources(&shared.doorbells, sq, cq);
-        deliver_events(shared, session, cq, sq.head as u16);
-        post_answers(shared, session, cq, sq.head as u16);
+        deliver_events(shared, session, sq, cq);
+        post_answers(shared, session, sq, cq);
     } else if done > 0 {
         shared.interrupts.fetched(cq, Instant::now());
+    }
+    if !owe::post_owed(shared, session, sq, cq) {
+        return (Pass::Idle, done);
     }
     if !matches!(pass, Pass::Stalled(_)) {
         match policy {

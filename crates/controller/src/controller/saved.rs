@@ -29,6 +29,23 @@ impl Controller {
         self.shared.crash.set(record).is_ok()
     }
 
+    /// Lets the queue workers post every completion owed so far (under a
+    /// crash record, an admin command's completion waits until the state
+    /// holding its effect is kept: `queue::owed`): the keeper
+    /// calls it once the crash area's slot is written, or when a
+    /// checkpoint failed (the guest does not wait on a slot that may not
+    /// come). Each SQ with one is looked at. Returns how many were
+    /// released.
+    pub fn release_owed(&self) -> usize {
+        let owed = &self.shared.queues.owed;
+        let before = owed.released();
+        let sqs = owed.release_all();
+        for qid in sqs {
+            self.shared.kick_sq(qid);
+        }
+        owed.released() - before
+    }
+
     /// Stops the queue workers between two commands: when it returns, no
     /// worker runs, every command fetched has completed or waits on an
     /// asynchronous backend (then [`save_state`](Self::save_state) says
@@ -255,6 +272,11 @@ impl Controller {
         ctl.clean_shutdown = body.clean_shutdown;
         let (cc, csts) = (ctl.regs.cc, ctl.regs.csts);
         let running = cc.en() && !csts.cfs() && csts.shst() == shutdown::NONE;
+        if running {
+            // Their commands' effect is in the state: the host may see
+            // them complete, before the workers run (`queue::owed`).
+            shared.queues.post_owed(&body.queues.owed, &*mem)?;
+        }
         // Parked before the workers start: they take them as their own.
         handed::hold_again(&shared.faults, &shared.queues, &state.handed, running, now)?;
         if running {

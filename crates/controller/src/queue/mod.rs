@@ -3,6 +3,7 @@
 
 pub(crate) mod bell;
 pub(crate) mod mailbox;
+pub(crate) mod owed;
 pub(crate) mod rings;
 mod saved;
 pub(crate) mod table;

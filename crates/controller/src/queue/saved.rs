@@ -12,6 +12,7 @@
 use serde::{Deserialize, Serialize};
 use vnvme_spec::regs::Doorbell;
 
+use super::owed::SavedOwed;
 use super::table::QueueTable;
 use super::{Cq, Sq};
 use crate::doorbell::{DoorbellSource, Doorbells};
@@ -68,6 +69,11 @@ pub(crate) struct SavedQueues {
     /// In queue id order; the admin queue's first when it exists.
     pub sqs: Vec<SavedSq>,
     pub cqs: Vec<SavedCq>,
+    /// Completions owed (`--supervise`, [`super::owed`]): their commands'
+    /// effect is in this state, their CQ entries not yet posted. Absent
+    /// in a format 1 or 2 state, and when none is owed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub owed: Vec<SavedOwed>,
 }
 
 impl From<DoorbellSource> for SavedSource {
@@ -121,6 +127,7 @@ impl QueueTable {
         let mut saved = SavedQueues {
             sqs: Vec::new(),
             cqs: Vec::new(),
+            owed: self.owed.save(),
         };
         for slot in &self.sqs {
             let g = slot.lock();
@@ -150,7 +157,9 @@ impl QueueTable {
                 .iter()
                 .filter(|h| h.cqid == cq.qid && h.cq_instance == cq.instance)
                 .count();
-            let left = (cq.reserved as usize).saturating_sub(mine);
+            // The entries owed completions hold are saved with them.
+            let owed = self.owed.on_cq(cq.qid) as usize;
+            let left = (cq.reserved as usize).saturating_sub(mine + owed);
             if left > 0 {
                 return Err(format!(
                     "CQ {} has {left} entries promised to commands in flight",
@@ -311,6 +320,52 @@ impl QueueTable {
             }
         }
         self.list_resting();
+        Ok(())
+    }
+
+    /// Posts the completions a restored state owes (`saved`, see
+    /// [`super::owed`]) on the resting CQs, before any worker runs: the
+    /// state holds their commands' effect, so the host may see them
+    /// complete. Each with its SQ's head now. A SQ or CQ missing, or a CQ
+    /// without room, refuses the restore.
+    pub fn post_owed(
+        &self,
+        saved: &[SavedOwed],
+        mem: &dyn crate::memory::GuestMemory,
+    ) -> Result<(), InvalidState> {
+        for o in saved {
+            let missing = || {
+                inconsistent(format!(
+                    "a completion is owed on SQ {}, which is not saved",
+                    o.sqid
+                ))
+            };
+            let sq_slot = self.sqs.get(usize::from(o.sqid)).ok_or_else(missing)?;
+            let (cqid, head) = {
+                let g = sq_slot.lock();
+                let sq = g.as_ref().ok_or_else(missing)?;
+                (sq.cqid, sq.head)
+            };
+            let cq_slot = self.cqs.get(usize::from(cqid)).ok_or_else(missing)?;
+            let mut g = cq_slot.lock();
+            let cq = g.as_mut().ok_or_else(missing)?;
+            if cq.is_full() {
+                return Err(inconsistent(format!(
+                    "CQ {cqid} has no room for the completion owed to command {} of SQ {}",
+                    o.cid, o.sqid
+                )));
+            }
+            let status = vnvme_spec::Status::from_raw(o.status);
+            let mut cqe =
+                vnvme_spec::Completion::new(o.dw as u32, head as u16, o.sqid, o.cid, false, status);
+            cqe.dw1 = zerocopy::little_endian::U32::new((o.dw >> 32) as u32);
+            cq.post(mem, cqe).map_err(|e| {
+                inconsistent(format!(
+                    "posting the completion owed to command {} of SQ {} on CQ {cqid}: {e}",
+                    o.cid, o.sqid
+                ))
+            })?;
+        }
         Ok(())
     }
 }

@@ -33,6 +33,7 @@ use vnvme_spec::Status;
 
 use super::bell::Bell;
 use super::mailbox::Mailbox;
+use super::owed::OwedList;
 use super::{Cq, CqView, Sq};
 use crate::doorbell::Doorbells;
 
@@ -193,6 +194,8 @@ pub(crate) struct QueueTable {
     answers: Mutex<Vec<Answer>>,
     /// Admin commands sent to a worker and not posted yet.
     awaited: AtomicU32,
+    /// Completions waiting for a crash-area slot (`--supervise` only).
+    pub owed: OwedList,
     /// Turns at every clear: a worker that stops after its controller's
     /// queues were cleared (blocked in storage past the reset's wait) drops
     /// its rings instead of putting stale ones back.
@@ -229,6 +232,7 @@ impl QueueTable {
             mailboxes,
             answers: Mutex::new(Vec::new()),
             awaited: AtomicU32::new(0),
+            owed: OwedList::default(),
             epoch: Mutex::new(0),
             drain_until: Mutex::new(None),
         }
@@ -313,7 +317,7 @@ impl QueueTable {
     }
 
     /// Deletes every queue (the workers stopped): slots, directory,
-    /// operations not taken, answers.
+    /// operations not taken, answers, completions owed.
     pub fn clear(&self) {
         let mut epoch = self.epoch.lock();
         *epoch = epoch.wrapping_add(1);
@@ -329,6 +333,7 @@ impl QueueTable {
         }
         self.answers.lock().clear();
         self.awaited.store(0, Ordering::Release);
+        self.owed.clear();
     }
 
     /// Lists the queues resting in the slots in the directory (after a

@@ -18,12 +18,14 @@ use super::StateBody;
 pub const MAGIC: [u8; 8] = *b"VNVMESTA";
 /// The format this code writes. 2: a namespace's attachment to every
 /// controller of the subsystem (`attached_to`) and the subsystem's ANA
-/// states (`subsystem.ana`).
-pub const FORMAT_VERSION: u32 = 2;
-/// The oldest format this code reads. Format 1 needs no conversion: its
-/// body is format 2's without `attached_to` and `ana`, which read as
-/// absent (attached to the saved controller only, as `attached` says;
-/// every ANA group optimized), what a format 1 state meant.
+/// states (`subsystem.ana`). 3: the completions owed (`queues.owed`,
+/// `--supervise`), which a reader of format 2 would drop unseen.
+pub const FORMAT_VERSION: u32 = 3;
+/// The oldest format this code reads. Formats 1 and 2 need no
+/// conversion: a format 2 body is format 3's without `queues.owed` (none
+/// owed), a format 1 body also without `attached_to` and `ana`, which
+/// read as absent (attached to the saved controller only, as `attached`
+/// says; every ANA group optimized), what a format 1 state meant.
 pub const OLDEST_READABLE_VERSION: u32 = 1;
 pub const HEADER_LEN: usize = 32;
 

@@ -122,6 +122,23 @@ impl SavedState {
         (sqs, cqs)
     }
 
+    /// The completions owed in this state (`--supervise`,
+    /// `crate::queue::owed`), by SQ: each command's CID and the SQ's head
+    /// right after its fetch, as a keeper records it in flight again when
+    /// it keeps this state.
+    pub fn owed(&self) -> Vec<(u16, Open)> {
+        let owed = self.body.queues.owed.iter();
+        owed.map(|w| {
+            let open = Open {
+                cid: w.cid,
+                head: w.head,
+                late: false,
+            };
+            (w.sqid, open)
+        })
+        .collect()
+    }
+
     /// Puts what `rec` kept since this state was saved over its queues,
     /// and brings them up to what the guest saw at the crash. The
     /// positions are stored after each worker round (and a SQ's at each
@@ -133,7 +150,9 @@ impl SavedState {
     /// clear: the host retries it), in the order fetched, with the SQ's
     /// head and the CQ's phase; `run` raises the CQs' interrupts. The
     /// doorbell registers take the host's last trapped values. Returns the
-    /// commands completed so, `(sqid, cid)`; `Err` says why the state
+    /// commands completed so, `(sqid, cid)`. A completion owed whose
+    /// command is still recorded in flight stays owed (the restore posts
+    /// it); one that is not was posted, and is dropped. `Err` says why the state
     /// cannot go on (a CQ without room for them, an unwritable CQ,
     /// positions that contradict each other). Not checked here: the
     /// restore checks every position against its queue.
@@ -186,6 +205,19 @@ impl SavedState {
                     open.remove(i);
                 }
             }
+            // A completion owed (`queue::owed`) whose command is still
+            // recorded in flight was not posted: the state holds its
+            // effect, so the restore posts it (`QueueTable::post_owed`),
+            // not as interrupted. One no longer in flight was posted.
+            q.owed.retain(|w| {
+                w.sqid != s.qid || open.iter().any(|o| o.cid == w.cid && o.head == w.head)
+            });
+            let owed = &q.owed;
+            open.retain(|o| {
+                !owed
+                    .iter()
+                    .any(|w| w.sqid == s.qid && w.cid == o.cid && w.head == o.head)
+            });
             for o in open.iter().filter(|o| o.late) {
                 s.head = later(s.head, o.head, tail, s.size);
             }

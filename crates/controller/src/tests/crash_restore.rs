@@ -43,13 +43,14 @@ impl Recorder {
         f(&mut self.0.lock().unwrap())
     }
 
-    /// The words of a saved state, as a checkpoint stores them.
+    /// The words of a saved state, as a checkpoint stores them, and its
+    /// completions owed in flight again.
     fn checkpoint(&self, state: &SavedState) {
         let (sqs, cqs) = state.positions();
         self.with(|k| {
             (k.sqs, k.cqs) = (sqs, cqs);
             k.doorbells.clear();
-            k.open.clear();
+            k.open = state.owed();
         });
     }
 }
@@ -142,12 +143,67 @@ fn recorded_host(config: ControllerConfig) -> (Host, Arc<Recorder>) {
     (h, rec)
 }
 
-/// Saved now (paused, then resumed), the recorder's words set from it.
+/// Saved now (paused, then resumed), the recorder's words set from it,
+/// the completions owed released after it, as the keeper does.
 fn checkpoint(h: &Host, rec: &Recorder) -> SavedState {
+    checkpoint_then(h, rec, true)
+}
+
+/// As [`checkpoint`], releasing the completions owed if `release` (else
+/// a crash falls between the slot and their release).
+fn checkpoint_then(h: &Host, rec: &Recorder, release: bool) -> SavedState {
     h.ctrl.pause();
     let saved = h.ctrl.save_state().expect("quiescent");
     rec.checkpoint(&saved);
+    if release {
+        h.ctrl.release_owed();
+    }
     h.ctrl.resume().unwrap();
+    saved
+}
+
+/// Waits until admin command `cid` ran: its completion owed (recorded in
+/// flight on SQ 0, nothing posted), or posted (a controller that does
+/// not owe it).
+fn await_admin_ran(h: &Host, rec: &Recorder, cid: u16) {
+    await_ran(h, rec, 0, cid);
+}
+
+/// As [`await_admin_ran`], for command `cid` of SQ `qid` (on CQ `qid`).
+fn await_ran(h: &Host, rec: &Recorder, qid: u16, cid: u16) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let owed = || rec.with(|k| k.open.iter().any(|(q, o)| *q == qid && o.cid == cid));
+    while !owed() && h.peek_cqe(qid).is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "command {cid} of SQ {qid} did not run"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Runs an admin command under a recorder, as the keeper would: its
+/// completion comes after the checkpoint its effect is in.
+fn admin_kept(h: &mut Host, rec: &Recorder, cmd: Command) -> (Completion, SavedState) {
+    let cid = h.push(0, cmd);
+    h.ring_sq(0);
+    await_admin_ran(h, rec, cid);
+    let saved = checkpoint(h, rec);
+    let c = h.reap(0);
+    assert_eq!(c.cid(), cid);
+    (c, saved)
+}
+
+/// [`Host::create_pair`] under a recorder: the last checkpoint.
+fn create_pair_kept(h: &mut Host, rec: &Recorder, qid: u16, size: u16) -> SavedState {
+    h.mem
+        .zero(GuestAddress(cq_base(qid)), u64::from(size) * 16)
+        .unwrap();
+    let (c, _) = admin_kept(h, rec, create_cq(qid, size, qid, cq_base(qid)));
+    assert_eq!(c.status(), Status::SUCCESS, "create cq {qid}");
+    let (c, saved) = admin_kept(h, rec, create_sq(qid, size, qid, sq_base(qid)));
+    assert_eq!(c.status(), Status::SUCCESS, "create sq {qid}");
+    h.rings[usize::from(qid)] = Some(Ring::new(sq_base(qid), cq_base(qid), size));
     saved
 }
 
@@ -230,11 +286,10 @@ fn await_entry(h: &Host, i: u64, phase: bool) {
 #[test]
 fn commands_in_flight_complete_as_interrupted_after_the_entries_posted() {
     let (mut h, rec) = recorded_host(config());
-    h.create_pair(1, 8);
-    let c = h.admin(create_sq(2, 8, 1, sq_base(2)));
+    create_pair_kept(&mut h, &rec, 1, 8);
+    let (c, saved) = admin_kept(&mut h, &rec, create_sq(2, 8, 1, sq_base(2)));
     assert_eq!(c.status(), Status::SUCCESS);
     h.rings[2] = Some(Ring::new(sq_base(2), cq_base(1), 8));
-    let saved = checkpoint(&h, &rec);
     for lba in 0..6 {
         assert_eq!(h.submit(1, read(lba)).status(), Status::SUCCESS);
     }
@@ -305,8 +360,7 @@ fn commands_in_flight_complete_as_interrupted_after_the_entries_posted() {
 fn a_trapped_doorbell_no_worker_took_is_fetched_after_the_restore() {
     let trap = mode_config(DoorbellMode::Trap);
     let (mut h, rec) = recorded_host(trap.clone());
-    h.create_pair(1, 8);
-    let saved = checkpoint(&h, &rec);
+    let saved = create_pair_kept(&mut h, &rec, 1, 8);
     for lba in 0..2 {
         assert_eq!(h.submit(1, read(lba)).status(), Status::SUCCESS);
     }
@@ -391,4 +445,227 @@ fn the_cq_is_read_past_its_tail_by_phase() {
     };
     let err = read_posted(&mut c, &mem).unwrap_err();
     assert!(err.starts_with("reading CQ 1's entry 0: "), "{err}");
+}
+
+/// Reads LBA `slba` on queue pair 1: its status.
+fn read_on_1(h: &mut Host, slba: u64) -> Status {
+    h.submit(1, read(slba)).status()
+}
+
+/// The gap of issue 35 item 3: an admin command whose completion the
+/// guest saw must be in the state a crash restores. Its completion is
+/// owed until a checkpoint holds its effect: killed before (the last
+/// checkpoint without the new queue), the restored controller completes
+/// it with Command Interrupted (the guest never saw it succeed), and the
+/// host's retry creates the queue, which then serves I/O. (Before,
+/// the completion was posted at once: the guest saw its CQ created, and
+/// the restored controller did not know it.)
+#[test]
+fn an_admin_completion_is_not_visible_before_a_checkpoint_holds_its_effect() {
+    let (mut h, rec) = recorded_host(config());
+    let saved = checkpoint(&h, &rec);
+    h.mem.zero(GuestAddress(cq_base(1)), 8 * 16).unwrap();
+    let cid = h.push(0, create_cq(1, 8, 1, cq_base(1)));
+    h.ring_sq(0);
+    await_admin_ran(&h, &rec, cid);
+    assert!(
+        h.peek_cqe(0).is_none(),
+        "Create I/O CQ completed before a checkpoint held the new CQ"
+    );
+    let interrupted = crash_and_restore(&mut h, config(), &rec, &saved);
+    assert_eq!(interrupted, vec![(0, cid)]);
+    let c = h.reap(0);
+    assert_eq!((c.cid(), c.status()), (cid, Status::COMMAND_INTERRUPTED));
+    assert!(h.peek_cqe(0).is_none(), "a second completion");
+    // The retry, kept as the keeper would.
+    assert!(h.ctrl.record_crash_state(rec.clone()));
+    rec.with(|k| k.dead = false);
+    create_pair_kept(&mut h, &rec, 1, 8);
+    assert_eq!(read_on_1(&mut h, 0), Status::SUCCESS);
+}
+
+/// Killed after the checkpoint that holds the new queues and before their
+/// completion was posted: the restored controller posts it, once, and
+/// the queue pair serves I/O. Killed after the post: it is not posted
+/// again.
+#[test]
+fn a_completion_owed_at_the_crash_is_posted_once_by_the_restore() {
+    let (mut h, rec) = recorded_host(config());
+    create_pair_kept(&mut h, &rec, 1, 8);
+    // Create I/O SQ 2 on CQ 1: the checkpoint holds it, no post yet.
+    let cid = h.push(0, create_sq(2, 8, 1, sq_base(2)));
+    h.ring_sq(0);
+    await_admin_ran(&h, &rec, cid);
+    let saved = checkpoint_then(&h, &rec, false);
+    assert!(h.peek_cqe(0).is_none(), "posted before its release");
+    let interrupted = crash_and_restore(&mut h, config(), &rec, &saved);
+    assert_eq!(interrupted, vec![]);
+    let c = h.reap(0);
+    assert_eq!((c.cid(), c.status()), (cid, Status::SUCCESS));
+    h.rings[2] = Some(Ring::new(sq_base(2), cq_base(1), 8));
+    // The queue is there: a read on it completes on CQ 1.
+    let r = h.push(2, read(1));
+    h.ring_sq(2);
+    let x = h.reap(1);
+    assert_eq!((x.sqid(), x.cid(), x.status()), (2, r, Status::SUCCESS));
+    // Once: the next admin completion is the next command's.
+    assert!(h.ctrl.record_crash_state(rec.clone()));
+    rec.with(|k| k.dead = false);
+    let (c, saved) = admin_kept(&mut h, &rec, delete(AdminOpcode::DELETE_IO_SQ, 2));
+    assert_eq!(c.status(), Status::SUCCESS);
+    // Killed after that one was posted (its checkpoint released it):
+    // the restore posts nothing.
+    let interrupted = crash_and_restore(&mut h, config(), &rec, &saved);
+    assert_eq!(interrupted, vec![]);
+    // The restored controller has no record: posted at once.
+    let c = h.admin(get_features(0x07, 0, 0));
+    assert_eq!(c.status(), Status::SUCCESS);
+    assert_eq!(read_on_1(&mut h, 2), Status::SUCCESS);
+}
+
+/// The completions owed are in the encoded state (format 3) and read
+/// back; a format 2 state (never any) reads as none owed; a state owing
+/// a completion on a SQ it does not hold, or more than its CQ has room
+/// for, is refused at the restore by name.
+#[test]
+fn owed_completions_are_encoded_and_a_hostile_list_is_refused() {
+    let (mut h, rec) = recorded_host(config());
+    create_pair_kept(&mut h, &rec, 1, 8);
+    let cid = h.push(0, create_sq(2, 8, 1, sq_base(2)));
+    h.ring_sq(0);
+    await_admin_ran(&h, &rec, cid);
+    let saved = checkpoint_then(&h, &rec, false);
+    assert_eq!(
+        saved.owed(),
+        vec![(
+            0,
+            Open {
+                cid,
+                head: 3,
+                late: false
+            }
+        )]
+    );
+    let bytes = saved.encode();
+    assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 3);
+    assert_eq!(SavedState::decode(&bytes).unwrap(), saved);
+    // Format 2: the same body without `owed`.
+    let mut none = saved.clone();
+    none.body.queues.owed.clear();
+    let mut v2 = none.encode();
+    v2[8..12].copy_from_slice(&2u32.to_le_bytes());
+    assert_eq!(SavedState::decode(&v2).unwrap(), none);
+    let restore = |state: &SavedState| {
+        let mem = Arc::new(VecMemory::new(MEM_SIZE));
+        let backend = Arc::new(RamDevice::new(h.backend.size()));
+        let err = Controller::restore(
+            config(),
+            vec![NamespaceConfig::new(1, 512, backend)],
+            state,
+            mem,
+            Arc::new(CountingIrq::default()),
+        )
+        .map(drop)
+        .unwrap_err();
+        let why = std::error::Error::source(&err).map(|e| e.to_string());
+        format!("{err}: {}", why.unwrap_or_default())
+    };
+    let mut hostile = saved.clone();
+    hostile.body.queues.owed[0].sqid = 9;
+    let err = restore(&hostile);
+    assert!(
+        err.contains("a completion is owed on SQ 9, which is not saved"),
+        "{err}"
+    );
+    // The admin CQ has 32 entries (31 usable); the first that finds no
+    // room refuses the restore.
+    let mut hostile = saved.clone();
+    hostile.body.queues.owed = vec![hostile.body.queues.owed[0]; 40];
+    let err = restore(&hostile);
+    assert!(
+        err.contains("CQ 0 has no room for the completion owed"),
+        "{err}"
+    );
+}
+
+/// Reservation Register (RREGA 0: register `key`) on SQ 1, its data at
+/// `DATA`.
+fn register(h: &mut Host, key: u64) -> u16 {
+    let data = [0u64.to_le_bytes(), key.to_le_bytes()].concat();
+    h.mem.write(GuestAddress(DATA), &data).unwrap();
+    let mut c = cmd(NvmOpcode::RESERVATION_REGISTER.0);
+    c.nsid = U32::new(1);
+    c.prp1 = U64::new(DATA);
+    h.push(1, c)
+}
+
+/// Reservation Acquire (Write Exclusive) with `key`: its status.
+fn acquire(h: &mut Host, key: u64) -> Status {
+    let data = [key.to_le_bytes(), 0u64.to_le_bytes()].concat();
+    h.mem.write(GuestAddress(DATA), &data).unwrap();
+    let mut c = cmd(NvmOpcode::RESERVATION_ACQUIRE.0);
+    c.nsid = U32::new(1);
+    c.prp1 = U64::new(DATA);
+    c.cdw10 = U32::new(1 << 8);
+    h.submit(1, c).status()
+}
+
+/// Host Identifier 7, queue pair 1 and a Reservation Register of `key`
+/// run, its completion owed: the checkpoint before it.
+fn registered_and_owed(key: u64) -> (Host, Arc<Recorder>, SavedState, u16) {
+    let (mut h, rec) = recorded_host(config());
+    h.mem.write(GuestAddress(DATA), &[7; 8]).unwrap();
+    let mut c = set_features(0x81, 0);
+    c.prp1 = U64::new(DATA);
+    assert_eq!(admin_kept(&mut h, &rec, c).0.status(), Status::SUCCESS);
+    let before = create_pair_kept(&mut h, &rec, 1, 8);
+    let cid = register(&mut h, key);
+    h.ring_sq(1);
+    await_ran(&h, &rec, 1, cid);
+    assert!(
+        h.peek_cqe(1).is_none(),
+        "posted before a checkpoint held it"
+    );
+    (h, rec, before, cid)
+}
+
+/// A reservation command that changed something is owed as an admin
+/// command is: a crash before the checkpoint that holds the new
+/// registrant completes the Register with Command Interrupted, and the
+/// key is unknown (an Acquire with it is a conflict); retried, it
+/// registers.
+#[test]
+fn a_registrant_the_host_did_not_see_registered_is_interrupted() {
+    const KEY: u64 = 0xA1;
+    let (mut h, rec, before, cid) = registered_and_owed(KEY);
+    let interrupted = crash_and_restore(&mut h, config(), &rec, &before);
+    assert_eq!(interrupted, vec![(1, cid)]);
+    let x = h.reap(1);
+    assert_eq!((x.cid(), x.status()), (cid, Status::COMMAND_INTERRUPTED));
+    let conflict = Status::RESERVATION_CONFLICT.with_dnr(true);
+    assert_eq!(acquire(&mut h, KEY), conflict);
+    let again = register(&mut h, KEY);
+    h.ring_sq(1);
+    let x = h.reap(1);
+    assert_eq!((x.cid(), x.status()), (again, Status::SUCCESS));
+    assert_eq!(acquire(&mut h, KEY), Status::SUCCESS);
+}
+
+/// A crash after the checkpoint that holds the new registrant and before
+/// the Register's completion was posted: the restore posts it, once, and
+/// the key is registered (an Acquire with it succeeds). (Before, the
+/// Register was posted at once, and a crash before the next checkpoint
+/// forgot the registrant the host had seen registered.)
+#[test]
+fn a_registrant_the_host_saw_registered_survives_the_crash() {
+    const KEY: u64 = 0xA1;
+    let (mut h, rec, _, cid) = registered_and_owed(KEY);
+    let slot = checkpoint_then(&h, &rec, false);
+    assert!(h.peek_cqe(1).is_none(), "posted before its release");
+    let interrupted = crash_and_restore(&mut h, config(), &rec, &slot);
+    assert_eq!(interrupted, vec![]);
+    let x = h.reap(1);
+    assert_eq!((x.cid(), x.status()), (cid, Status::SUCCESS));
+    assert_eq!(acquire(&mut h, KEY), Status::SUCCESS);
+    assert!(h.peek_cqe(1).is_none(), "a second completion");
 }

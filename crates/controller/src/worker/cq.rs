@@ -13,7 +13,7 @@ use zerocopy::little_endian::U32;
 use crate::doorbell::{barrier, behind};
 use crate::interrupts::Interrupts;
 use crate::queue::rings::Rings;
-use crate::queue::Cq;
+use crate::queue::{Cq, Sq};
 use crate::state::{Session, Shared};
 
 /// When the worker should look again at the CQs whose interrupts wait.
@@ -141,7 +141,7 @@ pub(super) fn post(
 /// Queue, Abort). Runs on the admin queue's worker, as long as its CQ has
 /// room. The whole [`Shared`]: the answers are the queue table's, and
 /// posting needs it ([`post`], [`refresh_cq_head`]).
-pub(super) fn post_answers(shared: &Shared, session: &Session, cq: &mut Cq, sq_head: u16) {
+pub(super) fn post_answers(shared: &Shared, session: &Session, sq: &Sq, cq: &mut Cq) {
     let table = &shared.queues;
     if table.awaited() == 0 {
         return;
@@ -157,16 +157,13 @@ pub(super) fn post_answers(shared: &Shared, session: &Session, cq: &mut Cq, sq_h
         table.answered();
         let mut cmd = Command::default();
         cmd.set_cid(a.cid);
-        if !post(
-            shared,
-            session,
-            sq_head,
-            0,
-            cq,
-            &cmd,
-            u64::from(a.dw0),
-            a.status,
-        ) {
+        let dw = u64::from(a.dw0);
+        // Supervised: owed until a slot holds the deletion (`owe`).
+        if let Some(rec) = super::owe::owing(shared) {
+            super::owe::owe(shared, rec, sq, cq, &cmd, dw, a.status);
+            continue;
+        }
+        if !post(shared, session, sq.head as u16, 0, cq, &cmd, dw, a.status) {
             return;
         }
     }
@@ -176,7 +173,7 @@ pub(super) fn post_answers(shared: &Shared, session: &Session, cq: &mut Cq, sq_h
 /// The whole [`Shared`]: the events are the reporting's, the counters
 /// the statistics', an unwritable CQ sets CSTS.CFS, and the head is
 /// re-read ([`refresh_cq_head`]).
-pub(super) fn deliver_events(shared: &Shared, session: &Session, cq: &mut Cq, sq_head: u16) {
+pub(super) fn deliver_events(shared: &Shared, session: &Session, sq: &Sq, cq: &mut Cq) {
     loop {
         refresh_cq_head(shared, session, cq);
         if cq.is_full() {
@@ -193,8 +190,16 @@ pub(super) fn deliver_events(shared: &Shared, session: &Session, cq: &mut Cq, sq
             };
             (cid, dw0)
         };
+        // Supervised: owed until a slot holds the event taken (`owe`).
+        if let Some(rec) = super::owe::owing(shared) {
+            let mut cmd = Command::default();
+            cmd.set_cid(cid);
+            let dw = u64::from(dw0);
+            super::owe::owe(shared, rec, sq, cq, &cmd, dw, Status::SUCCESS);
+            continue;
+        }
         shared.stats.completion(0, Status::SUCCESS);
-        let cqe = Completion::new(dw0, sq_head, 0, cid, false, Status::SUCCESS);
+        let cqe = Completion::new(dw0, sq.head as u16, 0, cid, false, Status::SUCCESS);
         if cq.post(&*session.mem, cqe).is_err() {
             shared.set_fatal("completion queue unwritable");
             return;

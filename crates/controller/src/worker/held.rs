@@ -277,8 +277,15 @@ fn release_one(
             status: Status::ABORTED_BY_REQUEST,
         }
     } else if h.fence.is_some() {
-        // A Preempt and Abort whose fence is ready: its change was made.
-        Outcome::ok(0)
+        // A Preempt and Abort whose fence is ready: its change was made
+        // (owed under a crash record, as any reservation change).
+        match shared.crash.get() {
+            Some(_) => Outcome::Owed {
+                dw0: 0,
+                status: Status::SUCCESS,
+            },
+            None => Outcome::ok(0),
+        }
     } else {
         let mut ctx = Ctx {
             shared,
@@ -290,6 +297,15 @@ fn release_one(
         io::execute(&mut ctx, &h.cmd)
     };
     let (dw0, status) = match outcome {
+        Outcome::Owed { dw0, status } => match shared.crash.get() {
+            // Its entry back for the completion owed, recorded in flight
+            // again until posted (`owe`).
+            Some(rec) => {
+                super::owe::owe(shared, rec, sq, cq, &h.cmd, u64::from(dw0), status);
+                return None;
+            }
+            None => (u64::from(dw0), status),
+        },
         Outcome::Done { dw0, status } => (u64::from(dw0), status),
         Outcome::Appended(lba) => (lba, Status::SUCCESS),
         Outcome::Submitted(token) => {

@@ -94,7 +94,15 @@ pub(super) fn finish_delete(
     if !done {
         return;
     }
-    let Some(cid) = rings.remove_sq(qid).and_then(|sq| sq.deleting) else {
+    let Some(sq) = rings.remove_sq(qid) else {
+        return;
+    };
+    // A completion still owed on it (`queue::owed`) goes with it.
+    let owed = queues.owed.drop_sq(qid);
+    if let Some(cq) = rings.cq_mut(sq.cqid) {
+        cq.reserved = cq.reserved.saturating_sub(owed);
+    }
+    let Some(cid) = sq.deleting else {
         return;
     };
     doorbells.close(Doorbell::SqTail(qid));

@@ -119,7 +119,7 @@ fn another_format_version_is_refused_by_name() {
         );
         let text = err.to_string();
         assert!(
-            text.contains(&version.to_string()) && text.contains("1 to 2"),
+            text.contains(&version.to_string()) && text.contains("1 to 3"),
             "{text}"
         );
     }

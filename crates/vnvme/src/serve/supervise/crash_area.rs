@@ -300,6 +300,21 @@ impl CrashArea {
         w.store(sq_word(p) | (serial << SERIAL_SHIFT), Ordering::Release);
     }
 
+    /// Command `cid` of SQ `qid` is in flight since its head stood at
+    /// `head`, as the SQ word already says (a keeper's checkpoint, for a
+    /// completion owed): its entry only, with the word's serial.
+    pub fn store_open(&self, qid: u16, cid: u16, head: u32) {
+        let (Some(w), Some(e)) = (self.word(qid, false), self.entry(qid, cid)) else {
+            return;
+        };
+        let serial = (w.load(Ordering::Relaxed) >> SERIAL_SHIFT) & SERIAL_MASK;
+        let gen = u64::from(self.generation());
+        e.store(
+            (gen << 32) | (serial << 16) | u64::from(head & 0xffff),
+            Ordering::Release,
+        );
+    }
+
     /// Command `cid` of SQ `qid` is done.
     pub fn store_completed(&self, qid: u16, cid: u16) {
         if let Some(e) = self.entry(qid, cid) {

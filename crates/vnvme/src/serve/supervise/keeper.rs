@@ -11,6 +11,17 @@
 //!   (the admin worker counts them and wakes the thread). A checkpoint
 //!   pauses the workers for the save (bounded by [`CHECKPOINT_DRAIN`];
 //!   with a command still in flight it is tried again at the next one).
+//! * A command the guest sees complete is in the slot first: the workers
+//!   owe an admin command's completion (and the admin queue's answers and
+//!   events) instead of posting it (`vnvme_controller`'s `queue::owed`);
+//!   the checkpoint saves them with the state, stores them in flight again
+//!   in the new generation, writes the slot, then releases them
+//!   ([`Controller::release_owed`](vnvme_controller::Controller::release_owed))
+//!   and the workers post them. A crash before the slot restores the
+//!   previous one and completes the command with Command Interrupted; one
+//!   after restores the slot, which posts each still in flight once. A
+//!   checkpoint that fails releases them all the same (logged): the guest
+//!   is not kept waiting for a slot that may not come.
 //! * The queue positions are stored by the workers after each round
 //!   ([`CrashRecord`]), as single words; the commands that go in flight
 //!   and come back, and the doorbell values traps store, as they happen.
@@ -182,6 +193,8 @@ impl Keeper {
         }
         let client = self.client.lock();
         let Some(c) = client.as_ref() else {
+            // No client to keep (it went): nothing waits for a slot.
+            device.controller().release_owed();
             return;
         };
         // Before the save: a change during it is kept by the next one.
@@ -206,13 +219,29 @@ impl Keeper {
                 for (qid, p) in cqs {
                     self.area.store_cq(qid, p);
                 }
+                // The completions owed: in flight again in this
+                // generation, before the slot that owes them (a crash
+                // after it posts each once, see `vnvme_controller::queue::owed`).
+                for (qid, o) in state.owed() {
+                    self.area.store_open(qid, o.cid, o.head);
+                }
                 let seq = self.seq.fetch_add(1, Ordering::Relaxed);
                 self.area
                     .write_slot(seq, &encode(&c, &state.encode()))
                     .map_err(|e| e.to_string())
             });
+        // Kept or not: a failed checkpoint does not hold the guest's
+        // commands until a slot that may not come (a crash before the
+        // next slot then forgets them, as the warning below says).
+        let released = ctrl.release_owed();
         if let Err(e) = ctrl.resume() {
             tracing::error!("resuming the workers after a crash-state checkpoint: {e}");
+        }
+        if let (Err(why), 1..) = (&result, released) {
+            tracing::warn!(
+                "{released} commands completed without a slot holding their effect ({why}): a \
+                 crash before the next slot forgets them"
+            );
         }
         match result {
             Ok(()) => {
