@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use common::rounds::{self, block, BLOCK};
 use common::{ctl_ok, temp_dir, TempDir, BIN};
 use vnvme_driver::{Controller, DeviceAccess, IoQueue, VfioUserAccess};
+use vnvme_spec::feature::FeatureId;
 use vnvme_spec::NvmOpcode;
 
 const BLOCKS: u64 = 16;
@@ -685,4 +686,74 @@ fn in_splice(pid: i32) -> bool {
         std::fs::read_to_string(t.path().join("syscall"))
             .is_ok_and(|s| s.split_whitespace().next() == Some(&libc::SYS_splice.to_string()))
     })
+}
+
+/// Arbitration (Set Features 01h) as the server has it now.
+fn arbitration(ctrl: &Controller) -> u32 {
+    let get = vnvme_driver::admin::get_features(FeatureId::ARBITRATION, 0);
+    let c = ctrl.admin(get, None).unwrap();
+    assert!(c.status().is_success(), "{c:?}");
+    c.dw0.get()
+}
+
+/// An admin command's completion waits for the slot holding its effect
+/// (issue 35 item 3): a Set Features the client saw complete is what the
+/// server restored after a kill says. A checkpoint that fails (a write a
+/// fault holds keeps the state from being saved) does not hold the next
+/// Set Features' completion: it completes, the log says it was not kept,
+/// and the kill that follows restores the value before it (the loss the
+/// docs name) and completes the held write with Command Interrupted.
+#[test]
+fn admin_completions_wait_for_their_slot_and_a_failed_checkpoint_does_not_hold_them() {
+    let control_dir = temp_dir("owed-control");
+    let control = control_dir.join("control.sock");
+    let control_arg = control.display().to_string();
+    let r = file_rig_with("owed", "trap", &["--control", &control_arg]);
+    let (access, ctrl, mut q) = r.client();
+    let set = |v: u32| {
+        let cmd = vnvme_driver::admin::set_features(FeatureId::ARBITRATION, v);
+        let c = ctrl.admin(cmd, None).unwrap();
+        assert!(c.status().is_success(), "{c:?}");
+    };
+    set(3);
+    kill(r.server_pid(), rustix::process::Signal::KILL);
+    r.wait_log("died (signal: 9 (SIGKILL))", 1);
+    r.wait_log("supervising the server, pid", 2);
+    assert_eq!(arbitration(&ctrl) & 7, 3);
+    let fetched = || -> u64 {
+        let stats = ctl_ok(&control, &["stats"]);
+        stats["io_commands"]
+            .as_object()
+            .map_or(0, |m| m.values().filter_map(|v| v.as_u64()).sum())
+    };
+    let before = fetched();
+    ctl_ok(
+        &control,
+        &[
+            "fault_add",
+            "kind=never-complete",
+            "opcodes=write",
+            "count=1",
+        ],
+    );
+    let buf = access.dma_alloc(BLOCK).unwrap();
+    buf.write_bytes(0, &block(1, 1)).unwrap();
+    let cid = q.enqueue_rw(NvmOpcode::WRITE, 1, 1, 1, &buf).unwrap();
+    q.ring().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while fetched() != before + 1 {
+        assert!(Instant::now() < deadline, "the write was not held");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    set(5);
+    r.wait_log("commands completed without a slot holding their effect", 1);
+    kill(r.server_pid(), rustix::process::Signal::KILL);
+    r.wait_log("died (signal: 9 (SIGKILL))", 2);
+    r.wait_log("supervising the server, pid", 3);
+    let mut done = Vec::new();
+    let _ = q.wait(&mut done, 1, Duration::from_secs(30));
+    assert_eq!(done.len(), 1, "{}", r.log());
+    let st = done[0].status();
+    assert_eq!((done[0].cid(), st.sct(), st.sc()), (cid, 0, 0x21));
+    assert_eq!(arbitration(&ctrl) & 7, 3);
 }
