@@ -128,12 +128,6 @@ impl Doorbells {
         self.page.as_deref()
     }
 
-    /// The generation's word itself, for a poll group's deep-idle table
-    /// to read without going through the controller.
-    pub fn generation_word(&self) -> &AtomicU64 {
-        &self.generation
-    }
-
     /// Whether `db`'s queue exists and belongs to `worker`.
     pub fn owned_by(&self, db: Doorbell, worker: usize) -> bool {
         self.slot(db).is_some_and(|s| {

@@ -115,10 +115,6 @@ fn an_idle_poll_group_wakes_once_to_look_at_every_members_doorbell_page() {
         "a pass reads each member once; a wake-up the deep-idle table served, none"
     );
     assert_eq!(
-        after.idle_table_controllers - before.idle_table_controllers,
-        CONTROLLERS as u64 * table
-    );
-    assert_eq!(
         after.idle_table_dwords - before.idle_table_dwords,
         MEMBERS * table
     );
@@ -131,7 +127,7 @@ fn an_idle_poll_group_wakes_once_to_look_at_every_members_doorbell_page() {
 /// (5 ms, 25 ms for an admin worker), and a look then changes nothing in it
 /// but its next deadline: the group looks at the page from its own copy
 /// (`look::Card`), gathered in its deep-idle table (`worker::idle_table`:
-/// a generation per controller, a dword per SQ), and touches no member, not even its own record
+/// a dword per SQ, no controller read), and touches no member, not even its own record
 /// of it; a moved page still brings a round.
 #[test]
 fn a_deep_idle_group_looks_at_the_pages_without_touching_its_members() {
@@ -181,16 +177,59 @@ fn a_deep_idle_group_looks_at_the_pages_without_touching_its_members() {
         "no member's record in the group read"
     );
     assert_eq!(
-        after.idle_table_controllers - before.idle_table_controllers,
-        CONTROLLERS as u64 * idle,
-        "one generation read per controller, shared by its admin and I/O workers"
-    );
-    assert_eq!(
         after.idle_table_dwords - before.idle_table_dwords,
         MEMBERS * idle,
         "one page dword per owned SQ: SQ 0 of each admin worker, SQ 1 of each I/O worker"
     );
     reads_rung_through_the_pages_are_served(&mut hosts, &pages);
+}
+
+/// The group's counts once a stretch of wake-ups was served by its
+/// deep-idle table alone (every member a second silent, at its back-off's
+/// ceiling).
+fn deep(groups: &PollGroups) -> GroupCounts {
+    let mut before = settled(groups);
+    loop {
+        let next = counts_when(groups, |c| c.wakeups >= before.wakeups + 16);
+        let table = next.idle_table_wakeups - before.idle_table_wakeups;
+        let done = table == next.wakeups - before.wakeups;
+        before = next;
+        if done {
+            return before;
+        }
+    }
+}
+
+/// The deep-idle table reads no doorbell generation (`worker::idle_table`):
+/// a queue created meanwhile reaches its worker through its mailbox, whose
+/// ring ends the table's sleep; the worker's next card, and the table made
+/// from it, watch the new SQ too, and a command rung through the page only
+/// on it is served.
+#[test]
+fn a_queue_created_in_deep_idle_is_watched_from_the_table() {
+    let groups = PollGroups::new(1).unwrap();
+    let page = Arc::new(HeapDoorbellPage::default());
+    let mut h = host_in(&groups, &page, false);
+    let before = deep(&groups);
+    let after = counts_when(&groups, |c| c.idle_wakeups >= before.idle_wakeups + 16);
+    let idle = after.idle_wakeups - before.idle_wakeups;
+    assert_eq!(after.idle_table_wakeups - before.idle_table_wakeups, idle);
+    assert_eq!(after.idle_table_dwords - before.idle_table_dwords, 2 * idle);
+    h.create_pair(2, 16);
+    let before = deep(&groups);
+    let after = counts_when(&groups, |c| c.idle_wakeups >= before.idle_wakeups + 16);
+    let idle = after.idle_wakeups - before.idle_wakeups;
+    assert_eq!(after.idle_table_wakeups - before.idle_table_wakeups, idle);
+    assert_eq!(
+        after.idle_table_dwords - before.idle_table_dwords,
+        3 * idle,
+        "SQ 0, SQ 1 and the new SQ 2 watched"
+    );
+    h.push(2, rw(NvmOpcode::READ, 1, 0, 1, DATA, 0));
+    page.store(4, u32::from(h.rings[2].unwrap().tail));
+    assert!(h.wait_cqe(2).is_some_and(|c| c.status().is_success()));
+    assert_eq!(h.ctrl.stats().queue(2).sq_doorbell_traps, 0);
+    assert_eq!(h.ctrl.stats().queue(2).commands, 1);
 }
 
 /// A kick to an idle group (a doorbell register write that traps, as

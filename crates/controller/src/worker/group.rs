@@ -148,9 +148,6 @@ pub struct GroupCounts {
     /// Of the idle wake-ups, those the deep-idle table served alone
     /// (every member at its back-off's ceiling, `worker::idle_table`).
     pub idle_table_wakeups: u64,
-    /// Controllers whose doorbell generation those wake-ups read (one
-    /// each, whatever the number of its members in the group).
-    pub idle_table_controllers: u64,
     /// Page dwords those wake-ups read (one per SQ its members own).
     pub idle_table_dwords: u64,
     /// Passes that followed a pass without a sleep (a member was busy).
@@ -401,18 +398,17 @@ fn deep_idle(group: &Group, table: &IdleTable<'_>, mut deadline: Instant) -> Dee
         if !table.quiet() {
             break woke;
         }
-        let mut clock = Clock::read();
-        let now = clock.now();
+        // The one clock read of the wake-up.
+        let now = group.bell.now();
         looked = Some(now);
         deadline = now + table.backoff();
         counted.wakeups += 1;
         counted.idle_wakeups += 1;
         counted.idle_rounds += table.members();
         counted.idle_looks += table.members();
-        counted.idle_clock_reads += u64::from(clock.reads());
+        counted.idle_clock_reads += 1;
         counted.idle_sleep_calls += u64::from(woke.calls);
         counted.idle_table_wakeups += 1;
-        counted.idle_table_controllers += table.controllers();
         counted.idle_table_dwords += table.dwords();
         if counted.wakeups == TABLE_COUNTS_EVERY {
             counted = flush_table(group, counted);
@@ -433,7 +429,6 @@ fn flush_table(group: &Group, t: GroupCounts) -> GroupCounts {
         c.idle_clock_reads += t.idle_clock_reads;
         c.idle_sleep_calls += t.idle_sleep_calls;
         c.idle_table_wakeups += t.idle_table_wakeups;
-        c.idle_table_controllers += t.idle_table_controllers;
         c.idle_table_dwords += t.idle_table_dwords;
     }
     GroupCounts::default()

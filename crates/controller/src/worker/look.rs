@@ -168,11 +168,6 @@ impl Card {
         &self.shared
     }
 
-    /// The doorbell generation its dwords are of.
-    pub fn generation(&self) -> u64 {
-        self.generation
-    }
-
     /// (page dword index, value seen) of each owned SQ's tail doorbell.
     pub fn dwords(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
         self.seen[..self.len]
