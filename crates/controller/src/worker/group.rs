@@ -39,7 +39,10 @@
 //! slept (every kick rings the bell after it marks the mailbox, so a quiet
 //! bell means no kicks the last pass did not see). On a virtual machine
 //! each of those, after 5 ms asleep, is a cache miss or a clock read per
-//! member. It sleeps in one system call (`queue::bell`: a futex wait
+//! member. In deep idle (every member at its back-off's ceiling, holding
+//! a card) it reads not even its members: a table of the page dwords their
+//! cards compare with (`worker::idle_table`) serves each wake-up until the
+//! bell rings or a dword moves. It sleeps in one system call (`queue::bell`: a futex wait
 //! whose timeout is the deadline itself) and takes the lock of the members
 //! waiting to join only when the bell rang (a join rings it). A busy pass (one that follows a pass without sleeping) reads
 //! the mailboxes of its sleeping members only if the bell rang since the
