@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use common::rounds::{self, block, BLOCK};
 use common::{ctl_ok, temp_dir, TempDir, BIN};
-use vnvme_driver::{Controller, DeviceAccess, IoQueue, VfioUserAccess};
+use vnvme_driver::{admin, Controller, DeviceAccess, IoQueue, VfioUserAccess};
 use vnvme_spec::feature::FeatureId;
 use vnvme_spec::NvmOpcode;
 
@@ -463,6 +463,49 @@ fn commands_in_flight_complete_as_interrupted(mode: &str) {
             "LBA {lba} in the file"
         );
     }
+}
+
+/// A checkpoint refused by a command in flight (a write a latency fault
+/// holds past the drain bound) is tried again without a message: the
+/// client rings through the doorbell page (`mmap-poll`), so none comes.
+/// Before, the try waited for the next message, and a kill restored the
+/// state from before a Set Features the client saw complete (the clean-
+/// clone check of 381286c lost a Create I/O SQ so, under load).
+#[test]
+fn a_checkpoint_refused_by_a_command_in_flight_is_tried_again_without_a_message() {
+    let control_dir = temp_dir("retry-control");
+    let control = control_dir.join("control.sock");
+    let control_arg = control.display().to_string();
+    let r = file_rig_with("retry", "mmap-poll", &["--control", &control_arg]);
+    let (access, ctrl, mut q) = r.client();
+    let fetched = || ctl_ok(&control, &["stats"])["io_commands"]["write"].as_u64();
+    ctl_ok(
+        &control,
+        &["fault_add", "kind=latency", "latency=2s", "opcodes=write"],
+    );
+    let buf = access.dma_alloc(BLOCK).unwrap();
+    buf.write_bytes(0, &block(3, 1)).unwrap();
+    let cid = q.enqueue_rw(NvmOpcode::WRITE, 1, 3, 1, &buf).unwrap();
+    q.ring().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while fetched() != Some(1) {
+        assert!(Instant::now() < deadline, "the write was not fetched");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let threshold = FeatureId::TEMPERATURE_THRESHOLD;
+    let set = ctrl.admin_passthru(admin::set_features(threshold, 0x150), None);
+    assert!(set.unwrap().status.is_success());
+    r.wait_log("keeping the crash state: ", 1);
+    assert!(q.wait_cid(cid).unwrap().status().is_success());
+    // No message from here on: the write's completion was reaped from
+    // memory and its CQ head written to the mapped page.
+    r.wait_log("the crash state is kept again", 1);
+    kill(r.server_pid(), rustix::process::Signal::KILL);
+    r.wait_log("restoring the client from the crash area's slot", 1);
+    r.wait_log("supervising the server, pid", 2);
+    let got = ctrl.admin_passthru(admin::get_features(threshold, 0), None);
+    assert_eq!(got.unwrap().result & 0xffff, 0x150, "{}", r.log());
+    round(&r, &access, &mut q, 1, true);
 }
 
 #[test]

@@ -10,7 +10,10 @@
 //!   registers, a reset ([`NvmeDevice::state_writes`]), or an admin command
 //!   (the admin worker counts them and wakes the thread). A checkpoint
 //!   pauses the workers for the save (bounded by [`CHECKPOINT_DRAIN`];
-//!   with a command still in flight it is tried again at the next one).
+//!   with a command still in flight it is tried again after a back-off,
+//!   [`RETRY_FIRST`] doubling to [`RETRY_MOST`], or at the next message if
+//!   one comes first: a client ringing through the doorbell page or
+//!   shadow doorbells may send none for as long as it likes).
 //! * A command the guest sees complete is in the slot first: the workers
 //!   owe an admin command's completion (and the admin queue's answers and
 //!   events) instead of posting it (`vnvme_controller`'s `queue::owed`);
@@ -46,8 +49,17 @@ use vnvme_vfio_user::ReplyPipe;
 use super::crash_area::{CrashArea, CrashAreaError};
 
 /// Most time a checkpoint lets the commands in flight complete before it
-/// gives up (and tries again at the next one).
+/// gives up (and tries again after a back-off, see [`RETRY_FIRST`]).
 pub const CHECKPOINT_DRAIN: Duration = Duration::from_millis(100);
+
+/// The first wait before a failed checkpoint is tried again without a
+/// message; each failure in a row doubles it, up to [`RETRY_MOST`]. A
+/// failure paused the workers for up to [`CHECKPOINT_DRAIN`], so the
+/// back-off keeps a storage that stays slow from being paused most of
+/// the time.
+pub const RETRY_FIRST: Duration = Duration::from_millis(10);
+/// The longest wait between two tries of a failed checkpoint.
+pub const RETRY_MOST: Duration = Duration::from_secs(1);
 
 /// The client part of a slot (JSON): which client, its negotiated
 /// transfer size, its maps (each [`HandedMap::file`] the id the supervisor
@@ -110,6 +122,11 @@ pub struct Keeper {
     waker: UnixStream,
     /// Why the last checkpoint failed, logged once per reason.
     failed: Mutex<Option<String>>,
+    /// A try after a failed checkpoint is on its way (a thread sleeping
+    /// its back-off, then waking the client's thread with `waker`).
+    retry_due: Arc<AtomicBool>,
+    /// The next back-off.
+    retry_wait: Mutex<Duration>,
 }
 
 impl Keeper {
@@ -141,6 +158,8 @@ impl Keeper {
             seq: AtomicU64::new(seq),
             waker,
             failed: Mutex::new(None),
+            retry_due: Arc::default(),
+            retry_wait: Mutex::new(RETRY_FIRST),
         })
     }
 
@@ -247,6 +266,7 @@ impl Keeper {
             Ok(()) => {
                 self.kept_writes.store(writes, Ordering::Relaxed);
                 self.kept_admin.store(admin, Ordering::Relaxed);
+                *self.retry_wait.lock() = RETRY_FIRST;
                 if self.failed.lock().take().is_some() {
                     tracing::info!("the crash state is kept again");
                 }
@@ -256,12 +276,49 @@ impl Keeper {
                 let mut failed = self.failed.lock();
                 if failed.as_deref() != Some(why.as_str()) {
                     tracing::warn!(
-                        "keeping the crash state: {why}; tried again at the next message (a \
-                         crash meanwhile restores the state kept before)"
+                        "keeping the crash state: {why}; tried again shortly (a crash meanwhile \
+                         restores the state kept before)"
                     );
                     *failed = Some(why);
                 }
+                drop(failed);
+                self.retry_later();
             }
+        }
+    }
+
+    /// Wakes the client's thread for another checkpoint after the
+    /// back-off, unless a wake is on its way already. A short-lived
+    /// thread: failures are rare, and a keeper that never fails keeps no
+    /// thread for them.
+    fn retry_later(&self) {
+        if self.retry_due.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let wait = {
+            let mut next = self.retry_wait.lock();
+            let wait = *next;
+            *next = (wait * 2).min(RETRY_MOST);
+            wait
+        };
+        let due = Arc::clone(&self.retry_due);
+        let spawned = self.waker.try_clone().and_then(|waker| {
+            std::thread::Builder::new()
+                .name("vnvme-keep-retry".into())
+                .spawn(move || {
+                    std::thread::sleep(wait);
+                    // Cleared first: the checkpoint this wakes may fail
+                    // again and must be able to ask for the next try.
+                    due.store(false, Ordering::Release);
+                    // A full socket already wakes the thread.
+                    let _ = (&waker).write(&[1]);
+                })
+        });
+        if let Err(e) = spawned {
+            self.retry_due.store(false, Ordering::Release);
+            tracing::warn!(
+                "cannot schedule the next crash-state checkpoint ({e}): at the next message"
+            );
         }
     }
 
