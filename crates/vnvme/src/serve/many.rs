@@ -8,6 +8,12 @@
 //! controller: its messages are read piece by piece and its replies
 //! queued, so it never holds the connection thread, and a reset stops only
 //! its workers (see `vnvme_controller::PollGroups`).
+//!
+//! A live upgrade hands every controller to one new process at once
+//! (`crate::upgrade::Many`, asked on any controller's control socket or
+//! by SIGUSR2); that process, started with the same file, matches each
+//! controller it is handed to its table by socket path (`run`'s
+//! `handed_controllers`) and refuses if a table was added or removed.
 
 use std::os::unix::net::UnixListener;
 use std::path::Path;
