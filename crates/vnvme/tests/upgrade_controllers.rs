@@ -9,7 +9,8 @@
 //! fds the old one had. A successor that cannot start, and a file that
 //! gained or lost a controller, leave the old process serving every one;
 //! a client still connecting delays the upgrade (or refuses it, saying
-//! which), never hangs it.
+//! which), never hangs it; each controller's `ram` namespace keeps its
+//! own data.
 
 mod common;
 
@@ -393,5 +394,44 @@ fn a_connecting_client_delays_or_refuses_the_upgrade_and_never_hangs_it() {
     let report = r.upgrade(0);
     assert_eq!(report["clients"], 1, "{report}");
     round_or(&a0, &mut q0, BLOCKS, 2, true, &|| r.log());
+    assert!(ctl(&r.controls[0], &["shutdown"]).status.success());
+}
+
+/// Each controller's `ram` namespace keeps its data across an upgrade:
+/// its memfd is in the handover under its controller (both have NSID 1).
+#[test]
+fn each_controllers_ram_namespace_keeps_its_data_across_an_upgrade() {
+    let mut r = rig("upgrade-many-ram");
+    // The same server, its namespaces in ram.
+    let mut text = String::from("workers = 1\n");
+    for i in 0..3 {
+        text.push_str(&format!(
+            "\n[[controllers]]\nsocket = \"{}\"\ncontrol = \"{}\"\n\
+             [[controllers.namespaces]]\nsize = \"16M\"\n",
+            r.sockets[i].display(),
+            r.controls[i].display(),
+        ));
+    }
+    assert!(ctl(&r.controls[0], &["shutdown"]).status.success());
+    r.wait_gone();
+    std::fs::write(&r.config, text).unwrap();
+    let log = std::fs::File::create(r.dir.join("serve.log")).unwrap();
+    r.first = Command::new(BIN)
+        .arg("serve")
+        .arg("--config")
+        .arg(&r.config)
+        .stderr(Stdio::from(log))
+        .spawn()
+        .unwrap();
+    r.pid = r.first.id();
+    let (a0, _c0, mut q0) = client_once_free(&r.sockets[0]);
+    let (a1, _c1, mut q1) = client_once_free(&r.sockets[1]);
+    // Different rounds on each: each must read back its own.
+    round_or(&a0, &mut q0, BLOCKS, 10, true, &|| r.log());
+    round_or(&a1, &mut q1, BLOCKS, 20, true, &|| r.log());
+    let report = r.upgrade(1);
+    assert_eq!(report["clients"], 2, "{report}");
+    round_or(&a0, &mut q0, BLOCKS, 10, false, &|| r.log());
+    round_or(&a1, &mut q1, BLOCKS, 20, false, &|| r.log());
     assert!(ctl(&r.controls[0], &["shutdown"]).status.success());
 }
