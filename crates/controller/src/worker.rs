@@ -669,7 +669,9 @@ fn process_sq(
                 }
             } else if qid == 0 {
                 let outcome = admin::execute(ctx, &cmd);
-                crate::crash_record::admin_done(shared.crash.get());
+                if owe::changes_state(&cmd) {
+                    crate::crash_record::admin_done(shared.crash.get());
+                }
                 outcome
             } else {
                 shared
@@ -695,11 +697,13 @@ fn process_sq(
                 outcome => outcome,
             };
             match outcome {
-                // Supervised: an admin command's completion (a reservation
-                // command's that changed something) waits for a crash-area
-                // slot holding its effect (`owe`).
+                // Supervised: an admin command's completion (but a read's:
+                // Identify, Get Features), a reservation command's that
+                // changed something, waits for a crash-area slot holding
+                // its effect (`owe`).
                 Outcome::Done { dw0, status } | Outcome::Owed { dw0, status }
-                    if (qid == 0 || matches!(outcome, Outcome::Owed { .. }))
+                    if (qid == 0 && owe::changes_state(&cmd)
+                        || matches!(outcome, Outcome::Owed { .. }))
                         && owe::owing(shared).is_some() =>
                 {
                     if let Some(rec) = owe::owing(shared) {

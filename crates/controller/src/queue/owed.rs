@@ -1,6 +1,8 @@
 //! Completions owed (`vnvme serve --supervise`, issue 35 item 3): a
-//! command that changed the saved state (every admin command, an answer or
-//! an event the admin queue completes with) is not completed until a
+//! command that changed the saved state (every admin command but Identify
+//! and Get Features, an answer or an event the admin queue completes with,
+//! a reservation command that changed a registrant or a reservation) is
+//! not completed until a
 //! crash-area slot holding its effect was written, so a crash never
 //! forgets a command the guest saw complete.
 //!

@@ -464,6 +464,8 @@ fn read_on_1(h: &mut Host, slba: u64) -> Status {
 fn an_admin_completion_is_not_visible_before_a_checkpoint_holds_its_effect() {
     let (mut h, rec) = recorded_host(config());
     let saved = checkpoint(&h, &rec);
+    // A read of the state (Identify) is posted at once.
+    assert_eq!(h.admin(identify(1, 0, DATA)).status(), Status::SUCCESS);
     h.mem.zero(GuestAddress(cq_base(1)), 8 * 16).unwrap();
     let cid = h.push(0, create_cq(1, 8, 1, cq_base(1)));
     h.ring_sq(0);

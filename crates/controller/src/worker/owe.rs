@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use vnvme_spec::{Command, Completion, Status};
+use vnvme_spec::{AdminOpcode, Command, Completion, Status};
 use zerocopy::little_endian::U32;
 
 use crate::crash_record::CrashRecord;
@@ -17,6 +17,18 @@ use crate::state::{Session, Shared};
 /// `--supervise`.
 pub(super) fn owing(shared: &Shared) -> Option<&Arc<dyn CrashRecord>> {
     shared.crash.get()
+}
+
+/// Whether admin command `cmd` may change the saved state: all but
+/// Identify and Get Features, which read it only. Those post at once and
+/// ask for no checkpoint (a crash after them forgets nothing; Get Log
+/// Page is not among them: reading a log may clear events or take a
+/// capture).
+pub(super) fn changes_state(cmd: &Command) -> bool {
+    !matches!(
+        AdminOpcode(cmd.opcode()),
+        AdminOpcode::IDENTIFY | AdminOpcode::GET_FEATURES
+    )
 }
 
 /// Owes the completion of `cmd` of `sq` (run: its effect is made) on
