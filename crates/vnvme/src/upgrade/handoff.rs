@@ -126,19 +126,9 @@ impl Upgrader {
             }
         };
         let handed_count = handed.len();
-        // Copies without close-on-exec: the new process inherits them at
-        // the same numbers. Ours are closed once it has started.
         let mut passed: Vec<OwnedFd> = Vec::new();
-        let mut pass = |fd: BorrowedFd<'_>| -> Result<i32, String> {
-            let copy = rustix::io::dup(fd).map_err(|e| format!("copying an fd to pass: {e}"))?;
-            let n = copy.as_raw_fd();
-            passed.push(copy);
-            Ok(n)
-        };
-        let (status_rx, status_tx) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
-            .map_err(|e| format!("making the status pipe: {e}"))?;
-        let status_fd = pass(status_tx.as_fd())?;
-        drop(status_tx);
+        let (status_rx, status_fd) = status_pipe(&mut passed)?;
+        let mut pass = |fd: BorrowedFd<'_>| pass_copy(&mut passed, fd);
         let listener_fd = pass(self.listener.as_fd())?;
         let control = match &self.control.control {
             Some(l) => Some(HandedSocket {
@@ -279,10 +269,7 @@ pub(super) fn start_successor(
 ) -> Result<Successor, String> {
     let handover =
         manifest::write(manifest, state).map_err(|e| format!("writing the handover memfd: {e}"))?;
-    let handover_copy =
-        rustix::io::dup(&handover).map_err(|e| format!("copying an fd to pass: {e}"))?;
-    let handover_fd = handover_copy.as_raw_fd();
-    passed.push(handover_copy);
+    let handover_fd = pass_copy(&mut passed, handover.as_fd())?;
     drop(handover);
     release_locks(backends)?;
     let spawned_ns = now_ns();
@@ -455,6 +442,25 @@ pub(super) fn retake_locks(backends: &[Arc<dyn BlockDevice>]) {
             );
         }
     }
+}
+
+/// Passes a copy of `fd` to the process about to start: the copy has no
+/// close-on-exec, so the new process inherits it at the same number, the
+/// one returned (to tell it). `passed` keeps the copies until the start;
+/// ours are closed then.
+pub(crate) fn pass_copy(passed: &mut Vec<OwnedFd>, fd: BorrowedFd<'_>) -> Result<i32, String> {
+    let copy = rustix::io::dup(fd).map_err(|e| format!("copying an fd to pass: {e}"))?;
+    let n = copy.as_raw_fd();
+    passed.push(copy);
+    Ok(n)
+}
+
+/// The pipe the new process says on whether it is ready: our read end,
+/// and the number of its write end, passed as [`pass_copy`] does.
+pub(crate) fn status_pipe(passed: &mut Vec<OwnedFd>) -> Result<(OwnedFd, i32), String> {
+    let (rx, tx) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .map_err(|e| format!("making the status pipe: {e}"))?;
+    Ok((rx, pass_copy(passed, tx.as_fd())?))
 }
 
 /// Waits for the new process's status line: its `ready` object, or why

@@ -15,7 +15,7 @@
 //! file since makes it refuse, and this process serves on.
 
 use std::ffi::OsString;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -28,7 +28,7 @@ use vnvme_controller::Controller;
 use vnvme_device::NvmeDevice;
 use vnvme_vfio_user::handover::{ClientParts, HandoverAll};
 
-use super::handoff::{added_at_run_time, handed_client, start_successor};
+use super::handoff::{added_at_run_time, handed_client, pass_copy, start_successor, status_pipe};
 use super::manifest::{ms, now_ns, HandedController, HandedRam, HandedSocket, Manifest};
 use super::{Requests, DRAIN_BOUND};
 
@@ -120,19 +120,9 @@ impl Many {
             })?;
             states.push((state.encode(), state.handed().to_vec()));
         }
-        // Copies without close-on-exec: the new process inherits them at
-        // the same numbers. Ours are closed once it has started.
         let mut passed: Vec<OwnedFd> = Vec::new();
-        let mut pass = |fd: BorrowedFd<'_>| -> Result<i32, String> {
-            let copy = rustix::io::dup(fd).map_err(|e| format!("copying an fd to pass: {e}"))?;
-            let n = copy.as_raw_fd();
-            passed.push(copy);
-            Ok(n)
-        };
-        let (status_rx, status_tx) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
-            .map_err(|e| format!("making the status pipe: {e}"))?;
-        let status_fd = pass(status_tx.as_fd())?;
-        drop(status_tx);
+        let (status_rx, status_fd) = status_pipe(&mut passed)?;
+        let mut pass = |fd: BorrowedFd<'_>| pass_copy(&mut passed, fd);
         let mut entries = Vec::new();
         let mut bytes = Vec::new();
         let (mut maps, mut clients, mut handed_commands) = (0, 0, 0);

@@ -58,7 +58,7 @@ pub mod ram;
 mod several;
 mod successor;
 
-pub(crate) use handoff::wait_ready;
+pub(crate) use handoff::{pass_copy, status_pipe, wait_ready};
 pub use handoff::{OtherSockets, Upgrader};
 pub use many::{Many, Member as ManyMember};
 pub use several::{Door, Several};

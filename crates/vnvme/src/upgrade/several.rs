@@ -17,7 +17,7 @@
 //! not, and every thread resumes: nothing waits without bound.
 
 use std::ffi::OsString;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,7 +29,7 @@ use vnvme_controller::Controller;
 use vnvme_device::{FunctionState, IrqFds, NvmeDevice};
 use vnvme_vfio_user::handover::{ClientChange, ClientParts, HandedMap, Handover};
 
-use super::handoff::{added_at_run_time, start_successor};
+use super::handoff::{added_at_run_time, pass_copy, start_successor, status_pipe};
 use super::manifest::{
     ms, now_ns, HandedClient, HandedController, HandedRam, HandedSocket, Manifest,
 };
@@ -271,16 +271,8 @@ impl Several {
             states.push((state.encode(), state.handed().to_vec()));
         }
         let mut passed: Vec<OwnedFd> = Vec::new();
-        let mut pass = |fd: BorrowedFd<'_>| -> Result<i32, String> {
-            let copy = rustix::io::dup(fd).map_err(|e| format!("copying an fd to pass: {e}"))?;
-            let n = copy.as_raw_fd();
-            passed.push(copy);
-            Ok(n)
-        };
-        let (status_rx, status_tx) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
-            .map_err(|e| format!("making the status pipe: {e}"))?;
-        let status_fd = pass(status_tx.as_fd())?;
-        drop(status_tx);
+        let (status_rx, status_fd) = status_pipe(&mut passed)?;
+        let mut pass = |fd: BorrowedFd<'_>| pass_copy(&mut passed, fd);
         let control = match &self.control.control {
             Some(l) => Some(HandedSocket {
                 fd: pass(l.as_fd())?,

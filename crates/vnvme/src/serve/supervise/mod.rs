@@ -30,7 +30,7 @@
 //! control socket's `shutdown`) ends the supervisor too.
 
 use std::ffi::OsString;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
 use std::sync::atomic::{AtomicI32, Ordering::SeqCst};
@@ -45,6 +45,7 @@ use crate::stopping::Stop;
 use crate::upgrade::manifest::{
     self, now_ns, CrashedClient, HandedCrash, HandedRam, HandedSocket, Manifest,
 };
+use crate::upgrade::{pass_copy, status_pipe};
 
 pub mod crash_area;
 mod forward;
@@ -324,16 +325,8 @@ fn start(
     // Copies without close-on-exec: the child inherits them at the same
     // numbers. Ours are closed once it has started.
     let mut passed: Vec<OwnedFd> = Vec::new();
-    let mut pass = |fd: BorrowedFd<'_>| -> Result<i32, String> {
-        let copy = rustix::io::dup(fd).map_err(|e| format!("copying an fd to pass: {e}"))?;
-        let n = copy.as_raw_fd();
-        passed.push(copy);
-        Ok(n)
-    };
-    let (status_rx, status_tx) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
-        .map_err(|e| format!("making the status pipe: {e}"))?;
-    let status_fd = pass(status_tx.as_fd())?;
-    drop(status_tx);
+    let (status_rx, status_fd) = status_pipe(&mut passed)?;
+    let mut pass = |fd: BorrowedFd<'_>| pass_copy(&mut passed, fd);
     let mut ram = Vec::new();
     for (nsid, fd) in &handed.memories.ram {
         ram.push(HandedRam {
