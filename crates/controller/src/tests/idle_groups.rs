@@ -236,25 +236,40 @@ fn a_queue_created_in_deep_idle_is_watched_from_the_table() {
 /// from a client that does not map the page) rings its bell: the wake-up
 /// it brings reads every member's mailbox, once, and serves the command;
 /// the timed wake-ups before and after it read none.
+///
+/// The trap stores the value in the page before it kicks (see
+/// `Controller::doorbell_write`), so a look falling due between the two
+/// serves the command from the page, and the kick then finds its member
+/// awake: no idle mailbox read at all (a loaded CI machine saw it once).
+/// That order is told apart (0 reads) and the kick tried again.
 #[test]
 fn a_kick_rings_an_idle_group_awake_to_read_its_members_mailboxes_once() {
     let groups = PollGroups::new(1).unwrap();
     let mut hosts: Vec<Host> = (0..CONTROLLERS)
         .map(|_| host_in(&groups, &Arc::new(HeapDoorbellPage::default()), false))
         .collect();
-    let before = settled(&groups);
     let h = &mut hosts[3];
-    h.push(1, rw(NvmOpcode::READ, 1, 0, 1, DATA, 0));
-    assert!(h.ring_sq(1), "a register write traps");
-    assert!(h.wait_cqe(1).is_some_and(|c| c.status().is_success()));
-    let after = settled(&groups);
-    assert_eq!(
-        after.idle_kick_checks - before.idle_kick_checks,
-        MEMBERS,
-        "the kick's wake-up read each of the {MEMBERS} mailboxes once, the others none"
-    );
-    assert_eq!(h.ctrl.stats().queue(1).sq_doorbell_traps, 1);
-    assert_eq!(h.ctrl.stats().queue(1).commands, 1);
+    for kick in 1..=5u64 {
+        let before = settled(&groups);
+        h.push(1, rw(NvmOpcode::READ, 1, 0, 1, DATA, 0));
+        assert!(h.ring_sq(1), "a register write traps");
+        assert!(h.wait_cqe(1).is_some_and(|c| c.status().is_success()));
+        let after = settled(&groups);
+        assert_eq!(h.ctrl.stats().queue(1).sq_doorbell_traps, kick);
+        assert_eq!(h.ctrl.stats().queue(1).commands, kick);
+        match after.idle_kick_checks - before.idle_kick_checks {
+            // A look took the command first.
+            0 => continue,
+            reads => {
+                assert_eq!(
+                    reads, MEMBERS,
+                    "the kick's wake-up read each of the {MEMBERS} mailboxes once, the others none"
+                );
+                return;
+            }
+        }
+    }
+    panic!("a look took the command before the kick five times in a row");
 }
 
 /// Linux's doorbell update with shadow doorbells, its register write
