@@ -67,6 +67,11 @@
 #              upgrades (tests/vnvme-upgrade-background.sh): a firmware image downloaded half before an upgrade
 #              and half after is committed and runs (FR); a block erase under way at an upgrade is still in
 #              progress in the new process, then completes (SSTAT 0x101) and the namespace reads zeroes
+#   upgrade-many  a `[[controllers]]` config (two controllers, each a 128M `file` namespace, one process):
+#              one VM with both disks runs fio randrw 4k-64k with crc32c verify on both for 40 s
+#              (tests/vnvme-upgrade-many.sh) while the host upgrades the process 5 times through the first
+#              controller's control socket: 0 verify errors on either disk, no nvme timeout/abort/reset,
+#              5 upgrades reported, the last process serving both at the end
 #   crash      --supervise --ns 256M:file=F: fio randwrite 4k-64k with crc32c verify (verify_backlog) for 40 s
 #              (tests/vnvme-crash.sh) while the host SIGKILLs the supervised server 5 times (one every 5 s;
 #              each new server restores the client on its connection, the commands in flight completed
@@ -189,7 +194,7 @@ set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 GT=$HERE/tests
-ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io sanitize file-backed-ram hugepage-ram viommu nvme-cli-admin logs firmware directives pi zns faults reservations nbd nbd-restart boot-uefi boot-bios unprivileged hotplug many-disks multipath shared-disk shared-reservations upgrade upgrade-background crash"
+ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io sanitize file-backed-ram hugepage-ram viommu nvme-cli-admin logs firmware directives pi zns faults reservations nbd nbd-restart boot-uefi boot-bios unprivileged hotplug many-disks multipath shared-disk shared-reservations upgrade upgrade-background upgrade-many crash"
 COMPARE=0 KEEP=0 ONLY=''
 while [ $# -gt 0 ]; do
   case $1 in
@@ -1188,6 +1193,56 @@ t_crash() {
   fi
   cat "$TMP/$name.summary"
 }
+# upgrade-many: a server of several controllers ([[controllers]]) upgraded live under a VM using both
+t_upgrade-many() {
+  local name=upgrade-many cfg=$TMP/upgrade-many.toml reports=$TMP/upgrade-many.reports t0 why='' watcher
+  local first n pids i log=$TMP/upgrade-many.serve.log; t0=$(now)
+  : > "$reports"
+  {
+    echo "workers = 1"
+    for i in 1 2; do
+      printf '\n[[controllers]]\nsocket = "%s"\n' "$TMP/$name.$i.sock"
+      [ $i = 1 ] && printf 'control = "%s"\n' "$TMP/$name.ctl"
+      printf '[[controllers.namespaces]]\nsize = "128M"\nbackend = "file"\npath = "%s"\n' "$TMP/$name.$i.img"
+    done
+  } > "$cfg"
+  "$VNVME" serve --config "$cfg" > "$log" 2>&1 &
+  first=$!
+  for _ in $(seq 100); do [ -S "$TMP/$name.2.sock" ] && [ -S "$TMP/$name.ctl" ] && break; sleep 0.1; done
+  if ! [ -S "$TMP/$name.2.sock" ]; then
+    report FAIL $name "$(since "$t0")" "server did not start: $(tail -3 "$log" | tr '\n' ' ')"
+    kill -TERM $first 2>/dev/null; wait $first 2>/dev/null; return
+  fi
+  ( for _ in $(seq 600); do grep -q 'upgrade-many: I/O running' "$TMP/$name.console" 2>/dev/null && break; sleep 0.5; done
+    sleep 3
+    for i in $(seq 5); do
+      "$VNVME" ctl --control "$TMP/$name.ctl" upgrade >> "$reports" 2>&1 || echo "upgrade $i failed" >> "$reports"
+      sleep 5
+    done ) &
+  watcher=$!
+  OUT=$TMP/$name.results LOG=$TMP/$name.console
+  "$HERE/run-test.sh" --vfio-user "$TMP/$name.1.sock" --vfio-user "$TMP/$name.2.sock" --log "$LOG" \
+    --results "$OUT" --timeout 400 "$GT/vnvme-upgrade-many.sh" > /dev/null 2> "$TMP/$name.harness"
+  RC=$?
+  [ $RC = 0 ] || why="$(fail_detail $name)"
+  for _ in $(seq 100); do kill -0 "$watcher" 2>/dev/null || break; sleep 0.5; done
+  kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null
+  wait "$first" 2>/dev/null   # the first process exits at its handover: reap it
+  n=$(grep -c '"phases_ms"' "$reports")
+  [ "$n" = 5 ] || why="${why:+$why; }$n of 5 upgrades done: $(grep -v phases_ms "$reports" | head -3 | tr '\n' ' ')"
+  pids=$(sed -n 's/.*"pid":\([0-9]*\).*/\1/p' "$reports" | tr '\n' ' ')
+  # The last process serves now: it must be alive, stop on SIGTERM, and have logged no error.
+  XPID=$(echo "$pids" | awk '{print $NF}') XLOG=$log
+  [ -n "$XPID" ] || XPID=$first
+  stop_xserver; [ -z "$XMSG" ] || why="${why:+$why; }$XMSG"
+  rm -f "$TMP/$name".*.img
+  if [ -z "$why" ]; then
+    report PASS $name "$(since "$t0")" "5 upgrades (pids $pids); $(tr '\n' ' ' < "$OUT")"
+  else
+    report FAIL $name "$(since "$t0")" "$why"
+  fi
+}
+
 t_upgrade-background() {
   local name=upgrade-background img=$TMP/upgrade-background.img ctlsock=$TMP/upgrade-background.ctl
   local reports=$TMP/upgrade-background.reports t0 why='' watcher first pids; t0=$(now)
