@@ -136,6 +136,15 @@ fn held(mode: &str) -> String {
     )
 }
 
+/// The I/O commands the server behind `control` has fetched (its stats),
+/// for a test to know a command a fault holds has reached it.
+fn fetched(control: &std::path::Path) -> u64 {
+    let stats = ctl_ok(control, &["stats"]);
+    stats["io_commands"]
+        .as_object()
+        .map_or(0, |m| m.values().filter_map(|v| v.as_u64()).sum())
+}
+
 /// The client at the kill keeps its disk (stage 2): the same connection,
 /// with the same queues, reads back what it wrote before each kill and
 /// writes the next round, with no reset and no reconnection; a client
@@ -368,13 +377,7 @@ fn commands_in_flight_complete_as_interrupted(mode: &str) {
     let (access, _ctrl, mut q) = r.client();
     round(&r, &access, &mut q, 1, true);
     assert!(q.flush(1).unwrap().status().is_success());
-    let fetched = || -> u64 {
-        let stats = ctl_ok(&control, &["stats"]);
-        stats["io_commands"]
-            .as_object()
-            .map_or(0, |m| m.values().filter_map(|v| v.as_u64()).sum())
-    };
-    let before = fetched();
+    let before = fetched(&control);
     ctl_ok(
         &control,
         &[
@@ -398,7 +401,7 @@ fn commands_in_flight_complete_as_interrupted(mode: &str) {
     q.ring().unwrap();
     // The writes are held: the server counted them.
     let deadline = Instant::now() + Duration::from_secs(30);
-    while fetched() != before + 3 {
+    while fetched(&control) != before + 3 {
         assert!(Instant::now() < deadline, "the writes were not fetched");
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -478,7 +481,6 @@ fn a_checkpoint_refused_by_a_command_in_flight_is_tried_again_without_a_message(
     let control_arg = control.display().to_string();
     let r = file_rig_with("retry", "mmap-poll", &["--control", &control_arg]);
     let (access, ctrl, mut q) = r.client();
-    let fetched = || ctl_ok(&control, &["stats"])["io_commands"]["write"].as_u64();
     ctl_ok(
         &control,
         &["fault_add", "kind=latency", "latency=2s", "opcodes=write"],
@@ -488,7 +490,7 @@ fn a_checkpoint_refused_by_a_command_in_flight_is_tried_again_without_a_message(
     let cid = q.enqueue_rw(NvmOpcode::WRITE, 1, 3, 1, &buf).unwrap();
     q.ring().unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
-    while fetched() != Some(1) {
+    while fetched(&control) != 1 {
         assert!(Instant::now() < deadline, "the write was not fetched");
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -763,13 +765,7 @@ fn admin_completions_wait_for_their_slot_and_a_failed_checkpoint_does_not_hold_t
     r.wait_log("died (signal: 9 (SIGKILL))", 1);
     r.wait_log("supervising the server, pid", 2);
     assert_eq!(arbitration(&ctrl) & 7, 3);
-    let fetched = || -> u64 {
-        let stats = ctl_ok(&control, &["stats"]);
-        stats["io_commands"]
-            .as_object()
-            .map_or(0, |m| m.values().filter_map(|v| v.as_u64()).sum())
-    };
-    let before = fetched();
+    let before = fetched(&control);
     ctl_ok(
         &control,
         &[
@@ -784,7 +780,7 @@ fn admin_completions_wait_for_their_slot_and_a_failed_checkpoint_does_not_hold_t
     let cid = q.enqueue_rw(NvmOpcode::WRITE, 1, 1, 1, &buf).unwrap();
     q.ring().unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
-    while fetched() != before + 1 {
+    while fetched(&control) != before + 1 {
         assert!(Instant::now() < deadline, "the write was not held");
         std::thread::sleep(Duration::from_millis(20));
     }
