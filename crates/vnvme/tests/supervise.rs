@@ -77,6 +77,19 @@ fn file_rig_with(name: &str, mode: &str, extra: &[&str]) -> Rig {
     r
 }
 
+/// [`file_rig`] with a control socket (`--control`): the rig, the
+/// folder the socket is in (kept while the test runs) and its path.
+fn controlled_file_rig(name: &str, mode: &str) -> (Rig, TempDir, PathBuf) {
+    let dir = temp_dir(&format!("{name}-control"));
+    let control = dir.join("control.sock");
+    let arg = control.display().to_string();
+    (
+        file_rig_with(name, mode, &["--control", &arg]),
+        dir,
+        control,
+    )
+}
+
 impl Rig {
     fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("serve.log")).unwrap_or_default()
@@ -366,14 +379,7 @@ fn a_corrupt_crash_area_is_refused_and_the_next_client_is_served() {
 /// retried, they complete; what completed before the kill (a round of
 /// writes and a Flush) reads back, through the server and in the file.
 fn commands_in_flight_complete_as_interrupted(mode: &str) {
-    let control_dir = temp_dir(&format!("inflight-control-{mode}"));
-    let control = control_dir.join("control.sock");
-    let control_arg = control.display().to_string();
-    let r = file_rig_with(
-        &format!("inflight-{mode}"),
-        mode,
-        &["--control", &control_arg],
-    );
+    let (r, _control_dir, control) = controlled_file_rig(&format!("inflight-{mode}"), mode);
     let (access, _ctrl, mut q) = r.client();
     round(&r, &access, &mut q, 1, true);
     assert!(q.flush(1).unwrap().status().is_success());
@@ -476,10 +482,7 @@ fn commands_in_flight_complete_as_interrupted(mode: &str) {
 /// clone check of 381286c lost a Create I/O SQ so, under load).
 #[test]
 fn a_checkpoint_refused_by_a_command_in_flight_is_tried_again_without_a_message() {
-    let control_dir = temp_dir("retry-control");
-    let control = control_dir.join("control.sock");
-    let control_arg = control.display().to_string();
-    let r = file_rig_with("retry", "mmap-poll", &["--control", &control_arg]);
+    let (r, _control_dir, control) = controlled_file_rig("retry", "mmap-poll");
     let (access, ctrl, mut q) = r.client();
     ctl_ok(
         &control,
@@ -550,10 +553,7 @@ fn sigterm_right_after_start_stops_both_cleanly() {
 
 #[test]
 fn an_upgrade_is_refused_under_supervise() {
-    let control_dir = temp_dir("upgrade-refused-control");
-    let control = control_dir.join("control.sock");
-    let control_arg = control.display().to_string();
-    let r = file_rig_with("upgrade-refused", "shadow", &["--control", &control_arg]);
+    let (r, _control_dir, control) = controlled_file_rig("upgrade-refused", "shadow");
     let out = common::ctl(&control, &["upgrade"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
@@ -750,10 +750,7 @@ fn arbitration(ctrl: &Controller) -> u32 {
 /// docs name) and completes the held write with Command Interrupted.
 #[test]
 fn admin_completions_wait_for_their_slot_and_a_failed_checkpoint_does_not_hold_them() {
-    let control_dir = temp_dir("owed-control");
-    let control = control_dir.join("control.sock");
-    let control_arg = control.display().to_string();
-    let r = file_rig_with("owed", "trap", &["--control", &control_arg]);
+    let (r, _control_dir, control) = controlled_file_rig("owed", "trap");
     let (access, ctrl, mut q) = r.client();
     let set = |v: u32| {
         let cmd = vnvme_driver::admin::set_features(FeatureId::ARBITRATION, v);
