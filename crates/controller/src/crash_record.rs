@@ -17,8 +17,13 @@
 //! keeper kept a state holding its effect (`queue::owed`): it is
 //! recorded in flight (`fetched`) until posted.
 //!
+//! A zoned namespace's zones are recorded as they change, a word per
+//! zone (and one per write not yet completed), under the zones' lock
+//! (`crate::zoned`'s `record.rs`): every write, Zone Append and zone
+//! action moves them, I/O commands no checkpoint follows.
+//!
 //! A restore takes the newest whole saved state and puts the positions
-//! recorded since over its queues, completing the commands still in
+//! and zones recorded since over it, completing the commands still in
 //! flight with Command Interrupted (`SavedState::put_positions`).
 
 use std::sync::Arc;
@@ -27,6 +32,7 @@ use vnvme_spec::regs::Doorbell;
 
 use crate::queue::rings::Rings;
 use crate::queue::Sq;
+pub use crate::zoned::ZoneRecorder;
 
 /// Where a SQ stands: the head past the commands fetched, and the last
 /// valid tail seen (in `trap` mode no memory holds it but this).
@@ -48,8 +54,9 @@ pub struct CqPosition {
     pub reserved: u32,
 }
 
-/// Told by the controller what a crash would otherwise lose.
-pub trait CrashRecord: Send + Sync + std::fmt::Debug {
+/// Told by the controller what a crash would otherwise lose (the zones'
+/// changes too: [`ZoneRecorder`]).
+pub trait CrashRecord: ZoneRecorder {
     /// SQ `qid` stands at `pos` (a worker, after a round).
     fn sq(&self, qid: u16, pos: SqPosition);
     /// CQ `qid` stands at `pos` (a worker, after a round).
@@ -80,6 +87,9 @@ pub trait CrashRecorded {
     /// The value a trap last stored in doorbell `db`, if any since the
     /// saved state.
     fn doorbell(&self, db: Doorbell) -> Option<u32>;
+    /// Zone `zone` of namespace `nsid`'s word and write word, as last
+    /// stored (0 for one never stored).
+    fn zone(&self, nsid: u32, zone: u32) -> (u64, u64);
 }
 
 /// A command recorded in flight.

@@ -120,10 +120,31 @@ fn run(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<Option<u64>, Status> {
     }
     let ns = usable_namespace(ctx, cmd, op)?;
     if let Some(zones) = &ns.zones {
-        if !zone::admit(ctx, cmd, op, &ns, zones)? {
-            return Ok(None);
+        match zone::admit(ctx, cmd, op, &ns, zones)? {
+            zone::Admitted::Done => return Ok(None),
+            zone::Admitted::Run => {}
+            zone::Admitted::Write(slba, nlb) => {
+                let r = run_admitted(ctx, cmd, op, &ns);
+                // Done in its pass (or failed): settled before its
+                // completion is posted; in flight: when `finish` runs.
+                if !matches!(r, Ok(Some(_))) {
+                    zones.settled(slba, nlb);
+                }
+                return r;
+            }
         }
     }
+    run_admitted(ctx, cmd, op, &ns)
+}
+
+/// Runs `cmd` on `ns`, admitted by its zones if it has any.
+fn run_admitted(
+    ctx: &mut Ctx<'_>,
+    cmd: &Command,
+    op: NvmOpcode,
+    ns: &Arc<Namespace>,
+) -> Result<Option<u64>, Status> {
+    let ns = ns.clone();
     if let Some(r) = reservation::command(ctx, cmd, &ns, op) {
         ctx.scratch.fence = r?;
         if op != NvmOpcode::RESERVATION_REPORT {
@@ -233,6 +254,10 @@ pub(crate) fn finish(
     guards: &[u64],
     admitted: &Admitted,
 ) -> Status {
+    if let (Kind::Write(rw), Some(zones)) = (kind, &ns.zones) {
+        // Before its completion: a crash now no longer undoes the write.
+        zones.settled(rw.slba, rw.nlb);
+    }
     if ns.reservations.aborted(admitted, || host_id(ctx)) {
         if let (Kind::Write(rw), Ok(())) = (kind, &done.result) {
             // Its blocks were written: counted, no longer uncorrectable.

@@ -85,4 +85,4 @@ pub use subsystem::ana::AnaState;
 pub use vendor::{VendorCommand, VendorCommands};
 pub use vnvme_blockdev::BlockDevice;
 pub use worker::group::{GroupCounts, PollGroupError, PollGroups, MAX_POLL_GROUPS};
-pub use zoned::{ZoneChange, ZoneOpError, ZonedConfig, ZonedError, MAX_ZONES};
+pub use zoned::{ZoneChange, ZoneOpError, ZonedConfig, ZonedError, MAX_RECORDED_ZCAP, MAX_ZONES};

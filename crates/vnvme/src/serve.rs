@@ -144,11 +144,11 @@ pub struct ServeOptions {
     /// client is served). A `ram` namespace's data is kept (the supervisor holds its memfd and
     /// the new server maps it). Costs a process, an fd per file the client shares, a pause of the workers
     /// and a state write per state change (admin command, register write, DMA map), two stores per
-    /// queue per worker round, two per command that goes in flight (on the `file` backend, or held)
-    /// and one per doorbell trap. Refused under it, as a crash would not keep them: live upgrade,
-    /// zoned namespaces (their write pointers), room for Namespace Management (`--nvm-capacity`)
-    /// and the control socket's `namespace_add` and `namespace_resize`. See docs/deployment.md,
-    /// "Crash recovery".
+    /// queue per worker round, two per command that goes in flight (on the `file` backend, or held),
+    /// one per doorbell trap and one or two per zone a command changes. Refused under it, as a crash
+    /// would not keep them: live upgrade, zoned namespaces with more than 2^20 zones in all, room for
+    /// Namespace Management (`--nvm-capacity`) and the control socket's `namespace_add` and
+    /// `namespace_resize`. See docs/deployment.md, "Crash recovery".
     #[arg(long)]
     pub supervise: bool,
     #[command(flatten)]
@@ -280,20 +280,13 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
     }
     let backends: Vec<_> = namespaces.iter().map(|n| Arc::clone(&n.backend)).collect();
     let supervised = handover.as_ref().is_some_and(|(t, _)| t.crash.is_some());
-    if let Some(i) = namespaces.iter().position(|n| n.zoned.is_some()) {
-        if supervised {
-            // Writes, appends and zone actions move write pointers and
-            // zone states, I/O commands the crash area does not keep: a
-            // new server after a crash would restore older ones, and the
-            // host's next write at its write pointer would fail.
-            bail!(
-                "namespace {} is zoned: --supervise does not keep its write pointers and zone \
-                 states as they change, so a new server after a crash would restore older \
-                 ones (issue 35); serve it without --supervise (live upgrade keeps them)",
-                i + 1
-            );
-        }
-    }
+    // Where a supervised server keeps its zones' words in the crash area.
+    let zone_room = match supervised {
+        true => supervise::zone_room::ZoneRoom::plan(&namespaces)
+            .map_err(|e| anyhow::anyhow!("{e}"))
+            .context("--supervise")?,
+        false => supervise::zone_room::ZoneRoom::default(),
+    };
     let configured: u64 = namespaces.iter().map(|n| n.backend.size()).sum();
     if supervised && opts.device.nvm_capacity.is_some_and(|c| c > configured) {
         // Namespace Management would create ram namespaces whose memory is
@@ -328,7 +321,7 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
     if let (Some(fds), Some(area)) = (crashed, &crash_area) {
         let area = supervise::crash_area::CrashArea::open(area.as_fd())
             .context("the supervisor's crash area")?;
-        let (c, words) = supervise::restore::client(&area, fds)
+        let (c, words) = supervise::restore::client(&area, fds, &zone_room)
             .context("restoring the client of the server that died")?;
         client = Some(c);
         recorded = Some(words);
@@ -450,7 +443,7 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
     let keeper = match &crash_area {
         Some(fd) => {
             let k = Arc::new(
-                supervise::Keeper::new(fd.as_fd(), requests.waker()?, replies)
+                supervise::Keeper::new(fd.as_fd(), requests.waker()?, replies, zone_room)
                     .context("the supervisor's crash area")?,
             );
             device.controller().record_crash_state(

@@ -325,6 +325,18 @@ pub(super) fn format_nvm(ctx: &mut Ctx<'_>, cmd: &Command) -> Result<u32, Status
         .checked_add(shared.config.format_duration)
         .filter(|_| !shared.config.format_duration.is_zero());
     let result = format_namespaces(&shared.subsystem, &shared.stats, &targets, format, until);
+    if let Some(rec) = shared.crash.get() {
+        // A format cuts new zones: recorded from now on, each one stored.
+        for &id in &targets {
+            let ns = shared.subsystem.namespaces.active(id);
+            if let Some(zones) = ns.as_ref().and_then(|ns| ns.zones.as_ref()) {
+                zones.record_to(
+                    rec.clone() as Arc<dyn crate::crash_record::ZoneRecorder>,
+                    id,
+                );
+            }
+        }
+    }
     let done = match (&result, until) {
         (Ok(()), Some(until)) => until,
         _ => Instant::now(),

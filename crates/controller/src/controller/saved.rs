@@ -22,11 +22,23 @@ use crate::state::{Session, ACL};
 use crate::PollGroups;
 
 impl Controller {
-    /// Reports queue positions and admin commands to `record` from now on
-    /// (`vnvme serve --supervise`); a controller without one pays nothing.
-    /// Set once: a second call is ignored (and says so).
+    /// Reports queue positions, admin commands and zones to `record` from
+    /// now on (`vnvme serve --supervise`); a controller without one pays
+    /// nothing. Set once: a second call is ignored (and says so). Each
+    /// zoned namespace's zones are all stored now.
     pub fn record_crash_state(&self, record: Arc<dyn crate::crash_record::CrashRecord>) -> bool {
-        self.shared.crash.set(record).is_ok()
+        if self.shared.crash.set(record.clone()).is_err() {
+            return false;
+        }
+        for ns in self.shared.subsystem.namespaces.allocated_list() {
+            if let Some(zones) = &ns.zones {
+                zones.record_to(
+                    record.clone() as Arc<dyn crate::crash_record::ZoneRecorder>,
+                    ns.nsid,
+                );
+            }
+        }
+        true
     }
 
     /// Lets the queue workers post every completion owed so far (under a

@@ -38,6 +38,10 @@ pub(super) fn execute(ctx: &mut Ctx<'_>, cmd: &Command) -> Option<Outcome> {
     }
     Some(match run(ctx, cmd, op) {
         Ok(Some(lba)) => Outcome::Appended(lba),
+        Ok(None) if std::mem::take(&mut ctx.scratch.owed) => Outcome::Owed {
+            dw0: 0,
+            status: Status::SUCCESS,
+        },
         Ok(None) => Outcome::ok(0),
         Err(status) => Outcome::Done { dw0: 0, status },
     })
@@ -68,33 +72,48 @@ fn run(ctx: &mut Ctx<'_>, cmd: &Command, op: NvmOpcode) -> Result<Option<u64>, S
 /// undefined, as on a device); reads (Read, Compare, Verify) may cross
 /// zones but not reach an offline one. Copy is not supported on a zoned
 /// namespace; Dataset Management's deallocation, a hint, is not taken
-/// (it would undo writes below a write pointer). `Ok(false)`: the command
-/// is done.
+/// (it would undo writes below a write pointer). `Ok(Admitted::Done)`:
+/// the command is done; `Ok(Admitted::Write(slba, nlb))`: a write moved
+/// the write pointer, and [`Zones::settled`] is told when it is done.
 pub(super) fn admit(
     ctx: &Ctx<'_>,
     cmd: &Command,
     op: NvmOpcode,
     ns: &Namespace,
     zones: &Zones,
-) -> Result<bool, Status> {
+) -> Result<Admitted, Status> {
     match op {
         NvmOpcode::WRITE => {
             let rw = ReadWrite::parse(cmd, ns, ctx.shared.config.max_transfer())?;
             zones.write(rw.slba, rw.nlb)?;
+            return Ok(Admitted::Write(rw.slba, rw.nlb));
         }
         NvmOpcode::WRITE_ZEROES | NvmOpcode::WRITE_UNCORRECTABLE => {
             let e = Extent::of(cmd, ns)?;
             zones.write(e.slba, e.nlb)?;
+            return Ok(Admitted::Write(e.slba, e.nlb));
         }
         NvmOpcode::READ | NvmOpcode::COMPARE | NvmOpcode::VERIFY => {
             let e = Extent::of(cmd, ns)?;
             zones.check_read(e.slba, e.nlb)?;
         }
-        NvmOpcode::DATASET_MANAGEMENT => return Ok(false),
+        NvmOpcode::DATASET_MANAGEMENT => return Ok(Admitted::Done),
         NvmOpcode::COPY => return Err(Status::INVALID_OPCODE.with_dnr(true)),
         _ => {}
     }
-    Ok(true)
+    Ok(Admitted::Run)
+}
+
+/// What [`admit`] let through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Admitted {
+    /// Nothing more to do.
+    Done,
+    /// Run it; it moves no write pointer.
+    Run,
+    /// Run it: a write of `nlb` blocks at `slba`, which moved its zone's
+    /// write pointer.
+    Write(u64, u64),
 }
 
 /// Zone Management Send (§3.4.3): SLBA in CDW10-11, the action and
@@ -137,7 +156,14 @@ fn set_extension(
     zones.zone_start(cmd.slba())?;
     let mut data = Vec::new();
     ctx.receive(cmd, size, &mut data)?;
-    zones.set_extension(cmd.slba(), &data)
+    zones.set_extension(cmd.slba(), &data)?;
+    // The extension is saved state the zone's word does not hold: a
+    // supervised server keeps it at its next checkpoint, as a reservation
+    // command's change, its completion owed until then.
+    let rec = ctx.shared.crash.get();
+    ctx.scratch.owed = rec.is_some();
+    crate::crash_record::admin_done(rec);
+    Ok(())
 }
 
 /// Zone Management Receive (§3.4.2): Report Zones, or Extended Report

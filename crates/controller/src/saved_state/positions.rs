@@ -139,8 +139,9 @@ impl SavedState {
         .collect()
     }
 
-    /// Puts what `rec` kept since this state was saved over its queues,
-    /// and brings them up to what the guest saw at the crash. The
+    /// Puts what `rec` kept since this state was saved over its queues
+    /// and zoned namespaces' zones (`SavedZones::put_words`), and brings
+    /// them up to what the guest saw at the crash. The
     /// positions are stored after each worker round (and a SQ's at each
     /// command that goes in flight), so a crash inside a round leaves them
     /// behind: each CQ is read in guest memory `mem` from its recorded
@@ -161,6 +162,12 @@ impl SavedState {
         rec: &dyn CrashRecorded,
         mem: &dyn GuestMemory,
     ) -> Result<Vec<(u16, u16)>, String> {
+        for ns in &mut self.body.subsystem.namespaces {
+            let nsid = ns.nsid;
+            if let Some(zones) = &mut ns.zones {
+                zones.put_words(|i| rec.zone(nsid, i));
+            }
+        }
         let q = &mut self.body.queues;
         let mut posted: Vec<Posted> = Vec::new();
         for c in &mut q.cqs {

@@ -10,11 +10,13 @@ use std::sync::Mutex;
 use vnvme_spec::regs::Doorbell;
 
 use super::*;
-use crate::crash_record::{CqPosition, CrashRecord, CrashRecorded, Open, SqPosition};
+use crate::crash_record::{CqPosition, CrashRecord, CrashRecorded, Open, SqPosition, ZoneRecorder};
 use crate::faults::{FaultKind, FaultSpec};
 use crate::queue::{SavedCq, SavedSource};
 use crate::saved_state::positions::{read_posted, Posted};
 use crate::SavedState;
+
+mod zones;
 
 /// What the crash area would hold.
 #[derive(Debug, Default, Clone)]
@@ -23,11 +25,16 @@ struct Kept {
     cqs: Vec<(u16, CqPosition)>,
     open: Vec<(u16, Open)>,
     doorbells: Vec<(Doorbell, u32)>,
+    /// Zone words and write words by NSID and zone.
+    zones: std::collections::HashMap<(u32, u32), (u64, u64)>,
     /// Rounds' positions are no longer stored (a crash inside a long
     /// round): commands going in flight are stored late.
     words_frozen: bool,
     /// The process is dead: nothing is stored.
     dead: bool,
+    /// Write words are no longer cleared (each write's completion falls
+    /// after the crash).
+    unsettled: bool,
 }
 
 fn set<K: PartialEq, V>(v: &mut Vec<(K, V)>, k: K, val: V) {
@@ -112,6 +119,25 @@ impl CrashRecord for Recorder {
     }
 }
 
+impl ZoneRecorder for Recorder {
+    fn zone(&self, nsid: u32, zone: u32, word: u64) {
+        self.with(|k| {
+            if !k.dead {
+                k.zones.entry((nsid, zone)).or_default().0 = word;
+            }
+        });
+    }
+
+    fn zone_write(&self, nsid: u32, zone: u32, word: u64) {
+        self.with(|k| {
+            let lost = k.unsettled && word == 0;
+            if !k.dead && !lost {
+                k.zones.entry((nsid, zone)).or_default().1 = word;
+            }
+        });
+    }
+}
+
 impl CrashRecorded for Kept {
     fn sq(&self, qid: u16) -> Option<SqPosition> {
         self.sqs.iter().find(|(q, _)| *q == qid).map(|(_, p)| *p)
@@ -131,6 +157,10 @@ impl CrashRecorded for Kept {
             .iter()
             .find(|(d, _)| *d == db)
             .map(|(_, v)| *v)
+    }
+
+    fn zone(&self, nsid: u32, zone: u32) -> (u64, u64) {
+        self.zones.get(&(nsid, zone)).copied().unwrap_or_default()
     }
 }
 
@@ -217,6 +247,18 @@ fn crash_and_restore(
     rec: &Recorder,
     saved: &SavedState,
 ) -> Vec<(u16, u16)> {
+    crash_and_restore_with(h, config, rec, saved, Vec::new())
+}
+
+/// As [`crash_and_restore`], with namespaces `more` beside namespace 1
+/// (on copies the caller made at the crash).
+fn crash_and_restore_with(
+    h: &mut Host,
+    config: ControllerConfig,
+    rec: &Recorder,
+    saved: &SavedState,
+    more: Vec<NamespaceConfig>,
+) -> Vec<(u16, u16)> {
     let kept = rec.with(|k| {
         k.dead = true;
         k.clone()
@@ -235,7 +277,7 @@ fn crash_and_restore(
     let irq = Arc::new(CountingIrq::default());
     let ctrl = Controller::restore(
         config,
-        vec![NamespaceConfig::new(1, 512, backend.clone())],
+        [vec![NamespaceConfig::new(1, 512, backend.clone())], more].concat(),
         &state,
         mem.clone(),
         irq.clone(),

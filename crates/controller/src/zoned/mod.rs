@@ -21,10 +21,12 @@
 //! ([`ZonedConfig::read_only_zones`]).
 
 mod changed;
+mod record;
 mod saved;
 mod table;
 
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
 
 use parking_lot::Mutex;
 use vnvme_spec::status::invalid_field;
@@ -32,6 +34,8 @@ use vnvme_spec::zns::{ZoneDescriptor, ZDES_UNIT};
 use vnvme_spec::Status;
 
 use changed::ChangedZones;
+use record::ZoneRecord;
+pub use record::{ZoneRecorder, MAX_RECORDED_ZCAP};
 pub(crate) use saved::SavedZones;
 use table::Table;
 pub(crate) use table::ZoneAction;
@@ -208,6 +212,8 @@ pub(crate) struct Zones {
     offline: AtomicU32,
     /// The Changed Zone List (log page BFh).
     changed: Mutex<ChangedZones>,
+    /// Under `--supervise`, where each change is recorded (`record.rs`).
+    record: OnceLock<ZoneRecord>,
 }
 
 impl Zones {
@@ -254,6 +260,7 @@ impl Zones {
             table: Mutex::new(table),
             offline: AtomicU32::new(0),
             changed: Mutex::new(ChangedZones::default()),
+            record: OnceLock::new(),
         })
     }
 
@@ -276,7 +283,10 @@ impl Zones {
     /// (§3.4.3.6): `data` is its extension, as the host sent it.
     pub fn set_extension(&self, zslba: u64, data: &[u8]) -> Result<(), Status> {
         let i = self.zone_start(zslba)?;
-        self.table.lock().set_extension(i, data, self.limits())
+        let mut table = self.table.lock();
+        let r = table.set_extension(i, data, self.limits());
+        self.keep(&mut table, None);
+        r
     }
 
     /// The controller changes the zone starting at `zslba` by itself
@@ -291,7 +301,9 @@ impl Zones {
             });
         }
         let mut table = self.table.lock();
-        let changed = table.change(i, to, self.zcap)?;
+        let changed = table.change(i, to, self.zcap);
+        self.keep(&mut table, None);
+        let changed = changed?;
         self.offline.store(table.offline(), Ordering::Relaxed);
         if changed {
             // Listed before the table lock is let go: a host that sees
@@ -328,18 +340,21 @@ impl Zones {
     pub fn write(&self, slba: u64, nlb: u64) -> Result<(), Status> {
         let i = self.index(slba).ok_or(lba_out_of_range())?;
         let offset = slba % self.zsze;
-        self.table
-            .lock()
-            .write(i, Some(offset), nlb, self.limits())
-            .map(|_| ())
+        let mut table = self.table.lock();
+        let r = table.write(i, Some(offset), nlb, self.limits());
+        let end = offset.saturating_add(nlb);
+        self.keep(&mut table, r.is_ok().then_some((i, offset, end)));
+        r.map(|_| ())
     }
 
     /// A Zone Append of `nlb` blocks to the zone starting at `zslba`:
     /// the LBA it was written at (§3.4.1).
     pub fn append(&self, zslba: u64, nlb: u64) -> Result<u64, Status> {
         let i = self.zone_start(zslba)?;
-        let offset = self.table.lock().write(i, None, nlb, self.limits())?;
-        Ok(zslba + offset)
+        let mut table = self.table.lock();
+        let offset = table.write(i, None, nlb, self.limits());
+        self.keep(&mut table, None);
+        Ok(zslba + offset?)
     }
 
     /// A read of `nlb` blocks at `slba`: Zone Is Offline if it reaches an
@@ -374,6 +389,7 @@ impl Zones {
         let mut table = self.table.lock();
         let mut reset = Vec::new();
         let r = table.act(action, zones, select_all, self.limits(), &mut reset);
+        self.keep(&mut table, None);
         self.offline.store(table.offline(), Ordering::Relaxed);
         // Erased under the lock: a write after the reset cannot land
         // before the erase and be lost to it.

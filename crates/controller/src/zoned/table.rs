@@ -1,7 +1,7 @@
 //! The zone state machine (ZNS 1.1 §2.1.1, Figure 7): each zone's state
 //! and write pointer, and the open and active resources they hold.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 
 use vnvme_spec::status::invalid_field;
@@ -159,6 +159,12 @@ pub(super) struct Table {
     /// ZDES is 0); meaningful where the zone's ZDEV attribute is set.
     pub(super) ext: Vec<u8>,
     pub(super) ext_size: usize,
+    /// Under a crash record (`record.rs`): the zones changed since their
+    /// words were last stored, and the writes not yet completed, by zone
+    /// (their first block and end in it). Empty without one.
+    pub(super) recording: bool,
+    pub(super) dirty: Vec<usize>,
+    pub(super) writes: HashMap<usize, (u64, u64)>,
 }
 
 fn status(s: Status) -> Status {
@@ -192,6 +198,16 @@ impl Table {
             implicit: VecDeque::new(),
             ext,
             ext_size,
+            recording: false,
+            dirty: Vec::new(),
+            writes: HashMap::new(),
+        }
+    }
+
+    /// Zone `i` changed: its word is stored once the step is done.
+    fn touch(&mut self, i: usize) {
+        if self.recording {
+            self.dirty.push(i);
         }
     }
 
@@ -323,6 +339,7 @@ impl Table {
     /// Moves zone `i`'s write pointer to `written` blocks: Full at its
     /// capacity, which frees its resources.
     fn set_written(&mut self, i: usize, written: u64, l: Limits) {
+        self.touch(i);
         if written >= l.zcap {
             self.set_state(i, State::Full);
         }
@@ -357,6 +374,7 @@ impl Table {
     /// zones, a reset not to empty, read only or offline ones; an empty
     /// zone has none (no extension, not finished by the controller).
     fn set_state(&mut self, i: usize, to: State) {
+        self.touch(i);
         let Some(zone) = self.zones.get_mut(i) else {
             return;
         };

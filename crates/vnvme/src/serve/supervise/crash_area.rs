@@ -16,6 +16,9 @@
 //!   area's generation (a checkpoint, which saves with none in flight,
 //!   starts a new one, and so does each child) and the SQ head after its
 //!   fetch;
+//! * per zone of the zoned namespaces, its word (state, attributes,
+//!   write pointer) and the write not yet completed on it, stored as
+//!   they change (`vnvme_controller`'s zone record);
 //! * two slots, written alternately, each holding a whole saved client
 //!   (its DMA maps, PCI function and the controller's saved state) behind
 //!   a header with a sequence number, a length and a checksum: a child
@@ -38,7 +41,7 @@ pub const MAGIC: &[u8; 8] = b"VNVMECA1";
 /// A slot's first bytes.
 pub const SLOT_MAGIC: &[u8; 8] = b"VNVMECS1";
 /// The layout and slot format this binary writes and reads.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 
 /// Where the message-being-handled word is in the header page.
 const HANDLING: usize = 16;
@@ -63,8 +66,13 @@ const SLOT_HEADER: usize = 64;
 const TABLES: usize = SLOTS + 2 * SLOT_LEN;
 pub const TABLE_QIDS: usize = 512;
 const TABLE_LEN: usize = (1 << 16) * 8;
+/// The zone room: two words per zone of the zoned namespaces
+/// ([`zone_room`](super::zone_room) places each namespace's zones).
+const ZONES: usize = TABLES + TABLE_QIDS * TABLE_LEN;
+/// Zones the room holds, all zoned namespaces together.
+pub const ZONE_WORDS: usize = 1 << 20;
 /// The area's size.
-pub const AREA_LEN: usize = TABLES + TABLE_QIDS * TABLE_LEN;
+pub const AREA_LEN: usize = ZONES + ZONE_WORDS * 16;
 
 /// A word's "set" bit.
 const SET: u64 = 1 << 63;
@@ -388,6 +396,30 @@ impl CrashArea {
         }
     }
 
+    /// Zone `i` of the room's words: its word, and its write word.
+    fn zone_words(&self, i: usize) -> Option<[&std::sync::atomic::AtomicU64; 2]> {
+        if i >= ZONE_WORDS {
+            return None;
+        }
+        let at = ZONES + i * 16;
+        Some([self.region.atomic_u64(at)?, self.region.atomic_u64(at + 8)?])
+    }
+
+    /// Stores zone `i`'s word (`write`: its write word), release: a
+    /// reader that sees it sees what was stored before.
+    pub fn store_zone(&self, i: usize, write: bool, word: u64) {
+        if let Some(w) = self.zone_words(i) {
+            w[usize::from(write)].store(word, Ordering::Release);
+        }
+    }
+
+    /// Zone `i`'s word and write word (0: never stored).
+    pub fn zone(&self, i: usize) -> (u64, u64) {
+        self.zone_words(i).map_or((0, 0), |[z, w]| {
+            (z.load(Ordering::Acquire), w.load(Ordering::Acquire))
+        })
+    }
+
     /// Unsets every queue's words (a new saved state sets its own).
     pub fn clear_words(&self) {
         self.region.fill(WORDS, QUEUE_IDS * WORDS_PER_QID, 0);
@@ -487,6 +519,19 @@ mod tests {
     }
 
     #[test]
+    fn zone_words_are_kept_by_place_and_the_last_place_is_the_last() {
+        let (_fd, a) = area();
+        assert_eq!(a.zone(7), (0, 0));
+        a.store_zone(7, true, 0x8000_0000_0000_0004);
+        a.store_zone(7, false, 0x8200_0000_0000_0006);
+        a.store_zone(ZONE_WORDS - 1, false, 1);
+        a.store_zone(ZONE_WORDS, false, 1);
+        assert_eq!(a.zone(7), (0x8200_0000_0000_0006, 0x8000_0000_0000_0004));
+        assert_eq!(a.zone(ZONE_WORDS - 1), (1, 0));
+        assert_eq!(a.zone(ZONE_WORDS), (0, 0), "beyond the room");
+    }
+
+    #[test]
     fn a_slot_or_an_area_of_another_version_is_refused_by_name() {
         let (fd, a) = area();
         a.write_slot(0, b"x").unwrap();
@@ -494,12 +539,12 @@ mod tests {
         assert_eq!(
             a.newest().unwrap_err().to_string(),
             "no whole saved state in the crash area: slot 0: version 7, this binary reads \
-             version 2; slot 1: never written"
+             version 3; slot 1: never written"
         );
         a.region.write(8, &1u32.to_le_bytes());
         assert_eq!(
             CrashArea::open(fd.as_fd()).unwrap_err().to_string(),
-            "the crash area is version 1; this binary reads version 2"
+            "the crash area is version 1; this binary reads version 3"
         );
         a.region.write(0, b"NOTVNVME");
         assert!(matches!(

@@ -28,6 +28,8 @@
 //! * The queue positions are stored by the workers after each round
 //!   ([`CrashRecord`]), as single words; the commands that go in flight
 //!   and come back, and the doorbell values traps store, as they happen.
+//! * A zoned namespace's zones are stored as they change, a word each (and
+//!   one per write not yet completed), where [`ZoneRoom`] places them.
 //! * The message being handled is a word, set before and cleared after.
 
 use std::io::Write;
@@ -39,7 +41,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
-use vnvme_controller::crash_record::{CqPosition, CrashRecord, SqPosition};
+use vnvme_controller::crash_record::{CqPosition, CrashRecord, SqPosition, ZoneRecorder};
 use vnvme_controller::SavedState;
 use vnvme_device::{FunctionState, NvmeDevice};
 use vnvme_spec::regs::Doorbell;
@@ -47,6 +49,7 @@ use vnvme_vfio_user::handover::{HandedMap, Marked};
 use vnvme_vfio_user::ReplyPipe;
 
 use super::crash_area::{CrashArea, CrashAreaError};
+use super::zone_room::ZoneRoom;
 
 /// Most time a checkpoint lets the commands in flight complete before it
 /// gives up (and tries again after a back-off, see [`RETRY_FIRST`]).
@@ -117,6 +120,8 @@ pub struct Keeper {
     kept_writes: AtomicU64,
     /// The next slot's sequence number.
     seq: AtomicU64,
+    /// Where each zoned namespace's zones are in the area.
+    zones: ZoneRoom,
     /// Wakes the thread serving the client (the upgrade requests' wake
     /// socket) after an admin command, for its checkpoint.
     waker: UnixStream,
@@ -137,6 +142,7 @@ impl Keeper {
         fd: BorrowedFd<'_>,
         waker: UnixStream,
         replies: Option<(OwnedFd, OwnedFd)>,
+        zones: ZoneRoom,
     ) -> Result<Self, CrashAreaError> {
         let area = CrashArea::open(fd)?;
         let replies = replies
@@ -149,6 +155,7 @@ impl Keeper {
         area.next_generation();
         Ok(Self {
             area,
+            zones,
             replies,
             client: Mutex::new(None),
             dirty: AtomicBool::new(false),
@@ -354,5 +361,19 @@ impl CrashRecord for Keeper {
         self.admin.fetch_add(1, Ordering::AcqRel);
         // A full socket already wakes the thread.
         let _ = (&self.waker).write(&[1]);
+    }
+}
+
+impl ZoneRecorder for Keeper {
+    fn zone(&self, nsid: u32, zone: u32, word: u64) {
+        if let Some(i) = self.zones.index(nsid, zone) {
+            self.area.store_zone(i, false, word);
+        }
+    }
+
+    fn zone_write(&self, nsid: u32, zone: u32, word: u64) {
+        if let Some(i) = self.zones.index(nsid, zone) {
+            self.area.store_zone(i, true, word);
+        }
     }
 }

@@ -53,6 +53,7 @@ pub mod keeper;
 mod notes;
 pub mod restore;
 mod table;
+pub mod zone_room;
 
 use crash_area::CrashArea;
 pub use forward::Forwarder;

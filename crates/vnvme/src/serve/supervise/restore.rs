@@ -5,6 +5,7 @@
 //! over ([`TakenClient`]), which the child then serves on the same
 //! connection.
 
+use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 
 use anyhow::{bail, Context, Result};
@@ -15,11 +16,16 @@ use vnvme_spec::regs::Doorbell;
 
 use super::crash_area::{CrashArea, QueueWords};
 use super::keeper;
+use super::zone_room::ZoneRoom;
 use crate::upgrade::{CrashedFds, TakenClient};
 
 /// The client `fds` names, restored from `area`; `Err` says why it cannot
 /// be (the supervisor then closes its connection).
-pub fn client(area: &CrashArea, fds: CrashedFds) -> Result<(TakenClient, Recorded)> {
+pub fn client(
+    area: &CrashArea,
+    fds: CrashedFds,
+    room: &ZoneRoom,
+) -> Result<(TakenClient, Recorded)> {
     let redo = area.redo();
     if let (Some((msg_id, command)), None) = (area.handling(), &redo) {
         bail!(
@@ -65,6 +71,11 @@ pub fn client(area: &CrashArea, fds: CrashedFds) -> Result<(TakenClient, Recorde
             .map(|(qid, _)| (*qid, area.in_flight(*qid)))
             .filter(|(_, o)| !o.is_empty())
             .collect(),
+        zones: room
+            .places()
+            .map(|(nsid, zone, i)| ((nsid, zone), area.zone(i)))
+            .filter(|(_, (w, _))| *w != 0)
+            .collect(),
         redo,
     };
     // The slot's maps name files by the supervisor's ids; the handover
@@ -109,6 +120,8 @@ pub struct Recorded {
     words: Vec<(u16, QueueWords)>,
     doorbells: Vec<(Doorbell, u32)>,
     open: Vec<(u16, Vec<Open>)>,
+    /// The zones' words stored, by NSID and zone.
+    zones: HashMap<(u32, u32), (u64, u64)>,
     redo: Option<Vec<u8>>,
 }
 
@@ -134,6 +147,10 @@ impl CrashRecorded for Recorded {
             .iter()
             .find(|(d, _)| *d == db)
             .map(|(_, v)| *v)
+    }
+
+    fn zone(&self, nsid: u32, zone: u32) -> (u64, u64) {
+        self.zones.get(&(nsid, zone)).copied().unwrap_or_default()
     }
 }
 
