@@ -108,6 +108,12 @@ impl Client {
         })
     }
 
+    /// Replies the server sent that answered no message waiting for one
+    /// (dropped): a server answering a message twice shows here.
+    pub fn unexpected_replies(&self) -> u64 {
+        self.inner.conn.unexpected_replies()
+    }
+
     pub fn device_info(&self) -> Result<DeviceInfo, Error> {
         let req = DeviceInfoWire {
             argsz: size_of::<DeviceInfoWire>() as u32,

@@ -77,6 +77,9 @@ struct RecvState {
     closed: bool,
     /// The error that closed the connection, for the control thread.
     fatal: Option<Error>,
+    /// Replies no one waited for (dropped): a server that answers a
+    /// message twice shows here.
+    unexpected: u64,
 }
 
 /// A framed, thread-safe vfio-user connection.
@@ -297,6 +300,11 @@ impl Conn {
         st.replies.clear();
         st.requests.clear();
         self.cv.notify_all();
+    }
+
+    /// How many replies arrived that no one waited for (and were dropped).
+    pub fn unexpected_replies(&self) -> u64 {
+        self.state.lock().unexpected
     }
 
     /// From now on replies without fds wait in `pipe` until
@@ -567,6 +575,7 @@ fn file_message(st: &mut RecvState, msg: Message) {
         if st.waiting.contains(&msg.header.msg_id) {
             st.replies.insert(msg.header.msg_id, msg);
         } else {
+            st.unexpected += 1;
             tracing::debug!(msg_id = msg.header.msg_id, "dropping unexpected reply");
         }
     } else {

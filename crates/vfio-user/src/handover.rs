@@ -62,9 +62,46 @@ pub struct ClientParts<'a> {
 }
 
 /// Most bytes of a message (header included) a supervised server keeps
-/// to handle it again after a crash ([`Marked::redo`]): a region access
-/// of up to 64 bytes of data.
-pub const MAX_REDO_BYTES: usize = crate::wire::HEADER_SIZE + 16 + 64;
+/// to handle it again after a crash ([`Marked::redo`]): a DMA_MAP (48
+/// bytes), a DMA_UNMAP (40), a region info request (48) or a SET_IRQS
+/// (36, and one byte per vector with DATA_BOOL: up to 476 vectors) fit.
+/// The crash area's header page gives it its room.
+pub const MAX_REDO_BYTES: usize = 512;
+
+/// Most bytes of a region access kept to handle it again: up to 64 bytes
+/// of data (registers, doorbells, the MSI-X table, config space).
+pub const REGION_REDO_BYTES: usize = crate::wire::HEADER_SIZE + 16 + 64;
+
+/// Whether a message of `command`, `len` bytes (header included) and
+/// carrying the `fds` it needs, handled a second time after a crash ends
+/// as handling it once, against a state that may or may not hold its
+/// effect already:
+///
+/// * a region read or write without fds: NVMe's registers, doorbells, the
+///   MSI-X table and config space take the same write twice to the same
+///   end, and a read changes nothing;
+/// * DMA_MAP (its fd, if any): a map already there exactly as asked is
+///   answered as done (the server's `dma_map`); another one overlapping
+///   is refused as ever;
+/// * DMA_UNMAP (an fd SPDK sends with it means nothing and is not kept):
+///   a range already empty unmaps nothing and is answered as done;
+/// * SET_IRQS (its eventfds): the same fds set again are the same state;
+///   a DATA_BOOL trigger fires its interrupts again (a spurious
+///   interrupt, which drivers tolerate);
+/// * a region info request: it changes nothing. Its reply carries the
+///   doorbell page's fd and is sent straight, not staged, so the server
+///   drops the kept bytes just before it sends that reply (see
+///   `server.rs`): a kill from there on leaves the old doubt.
+pub fn may_redo(command: u16, len: usize, fds: usize) -> bool {
+    use crate::wire::cmd;
+    match command {
+        cmd::REGION_READ | cmd::REGION_WRITE => fds == 0 && len <= REGION_REDO_BYTES,
+        cmd::DMA_MAP => fds <= 1 && len <= MAX_REDO_BYTES,
+        cmd::DMA_UNMAP | cmd::DEVICE_GET_REGION_INFO => fds == 0 && len <= MAX_REDO_BYTES,
+        cmd::DEVICE_SET_IRQS => fds <= crate::conn::MAX_MSG_FDS && len <= MAX_REDO_BYTES,
+        _ => false,
+    }
+}
 
 /// The message a supervised server starts handling (see
 /// [`Handover::handling`]).
@@ -73,12 +110,12 @@ pub struct Marked<'a> {
     pub msg_id: u16,
     pub command: u16,
     /// The whole message (header, payload), when handling it a second
-    /// time after a crash ends as handling it once: a region read or write
-    /// without fds, of at most [`MAX_REDO_BYTES`] (NVMe's registers,
-    /// doorbells, the MSI-X table and config space take the same write
-    /// twice to the same end, and a read changes nothing). `None`: a
-    /// crash while it is marked ends the connection.
+    /// time after a crash ends as handling it once ([`may_redo`]). `None`:
+    /// a crash while it is marked ends the connection.
     pub redo: Option<[&'a [u8]; 2]>,
+    /// The fds handling it again needs (with [`redo`](Self::redo) only):
+    /// the supervisor must hold copies before the message is handled.
+    pub fds: &'a [OwnedFd],
 }
 
 /// What changed in the client's fds, for a supervisor (see
@@ -192,6 +229,18 @@ struct FileKey {
     writable: bool,
 }
 
+/// Which file `fd` is (see [`FileKey`]).
+fn file_key(fd: &OwnedFd) -> Result<FileKey, String> {
+    let st = rustix::fs::fstat(fd).map_err(|e| format!("fstat of a DMA map's fd: {e}"))?;
+    let writable = rustix::fs::fcntl_getfl(fd)
+        .is_ok_and(|f| f & rustix::fs::OFlags::ACCMODE == rustix::fs::OFlags::RDWR);
+    Ok(FileKey {
+        dev: st.st_dev,
+        ino: st.st_ino,
+        writable,
+    })
+}
+
 #[derive(Debug)]
 struct KeptFile {
     fd: Arc<OwnedFd>,
@@ -226,14 +275,7 @@ impl DmaLedger {
     }
 
     fn keep(&mut self, fd: OwnedFd) -> Result<FileKey, String> {
-        let st = rustix::fs::fstat(&fd).map_err(|e| format!("fstat of a DMA map's fd: {e}"))?;
-        let writable = rustix::fs::fcntl_getfl(&fd)
-            .is_ok_and(|f| f & rustix::fs::OFlags::ACCMODE == rustix::fs::OFlags::RDWR);
-        let key = FileKey {
-            dev: st.st_dev,
-            ino: st.st_ino,
-            writable,
-        };
+        let key = file_key(&fd)?;
         if let Some(kept) = self.files.get_mut(&key) {
             kept.maps += 1;
             return Ok(key);
@@ -251,6 +293,22 @@ impl DmaLedger {
             },
         );
         Ok(key)
+    }
+
+    /// Whether `map` (over `fd`'s file) is recorded exactly so: its
+    /// range, offset, access and file.
+    pub(crate) fn holds(&self, map: &HandedMap, fd: Option<&OwnedFd>) -> bool {
+        let Some((kept, key)) = self.maps.get(&map.iova) else {
+            return false;
+        };
+        let same_file = match (fd, key) {
+            (None, None) => true,
+            (Some(fd), Some(key)) => file_key(fd).is_ok_and(|k| k == *key),
+            _ => false,
+        };
+        same_file
+            && (kept.size, kept.offset, kept.readable, kept.writable)
+                == (map.size, map.offset, map.readable, map.writable)
     }
 
     /// Forgets the maps in `[iova, iova + size)` (the space removed them).
@@ -406,10 +464,11 @@ impl Adopted {
         })
     }
 
-    /// Handles the message `bytes` (a [`Marked::redo`] a crashed server
-    /// left) before any the client sends, its reply the client's next;
-    /// `Err` if `bytes` is not one such message.
-    pub fn redo(&mut self, bytes: &[u8]) -> Result<(), AdoptError> {
+    /// Handles the message `bytes` with `fds` (a [`Marked::redo`] and its
+    /// [`Marked::fds`], which a crashed server left) before any the client
+    /// sends, its reply the client's next; `Err` if `bytes` is not one
+    /// such message.
+    pub fn redo(&mut self, bytes: &[u8], fds: Vec<OwnedFd>) -> Result<(), AdoptError> {
         use zerocopy::FromBytes;
         let bad = |why: &str| AdoptError::Redo(why.to_string());
         if bytes.len() > MAX_REDO_BYTES {
@@ -421,16 +480,15 @@ impl Adopted {
         if header.msg_size as usize != bytes.len() {
             return Err(bad("its header's size is not its length"));
         }
-        if !matches!(
-            header.command,
-            crate::wire::cmd::REGION_READ | crate::wire::cmd::REGION_WRITE
-        ) {
-            return Err(bad("not a region read or write"));
+        if !may_redo(header.command, bytes.len(), fds.len()) {
+            return Err(bad(
+                "not a message that may be handled again, or not with these fds",
+            ));
         }
         self.redo = Some(crate::conn::Message {
             header,
             payload: payload.to_vec(),
-            fds: Vec::new(),
+            fds,
             fds_truncated: false,
         });
         Ok(())

@@ -26,7 +26,7 @@ use crate::conn::{
 };
 use crate::dma::{DmaLimits, DmaSpace};
 use crate::door::{Door, RateLimit, STOP_POLL};
-use crate::handover::{Adopted, ClientChange, DmaLedger, HandedMap, Handover};
+use crate::handover::{Adopted, ClientChange, DmaLedger, HandedMap, Handover, Marked};
 use crate::msg_times::MessageTimes;
 use crate::stop::StopWake;
 use crate::version::parse_version_caps;
@@ -99,6 +99,9 @@ struct ClientState {
     ledger: DmaLedger,
     /// A message a crashed server was handling, handled first.
     redo: Option<Message>,
+    /// That message is being handled (again): its effect may be there
+    /// already (see `handover::may_redo`).
+    redoing: bool,
 }
 
 impl ClientState {
@@ -112,6 +115,7 @@ impl ClientState {
             times: MessageTimes::default(),
             ledger: DmaLedger::default(),
             redo: None,
+            redoing: false,
         }
     }
 }
@@ -284,6 +288,7 @@ impl<D: Device> Server<D> {
             times: MessageTimes::default(),
             ledger: a.ledger,
             redo: a.redo,
+            redoing: false,
         }
     }
 
@@ -366,7 +371,10 @@ impl<D: Device> Server<D> {
                 command = msg.header.command,
                 "handling again the vfio-user message the dead server was handling"
             );
-            self.serve_message(s, msg, supervisor)?;
+            s.redoing = true;
+            let served = self.serve_message(s, msg, supervisor);
+            s.redoing = false;
+            served?;
         }
         loop {
             if stop.is_some_and(|f| f.load(Ordering::Relaxed)) {
@@ -455,7 +463,7 @@ impl<D: Device> Server<D> {
         if let Some(h) = supervisor {
             h.handling(Some(handing::marked(&msg)));
         }
-        self.handle(s, msg)?;
+        self.handle_marked(s, msg, supervisor)?;
         s.times.add(command, started.elapsed());
         if let Some(h) = supervisor {
             // The effect kept, then the mark cleared, then the staged
@@ -472,6 +480,17 @@ impl<D: Device> Server<D> {
 
     /// Handles one request and sends its reply (unless NO_REPLY).
     fn handle(&mut self, s: &mut ClientState, msg: Message) -> Result<(), Error> {
+        self.handle_marked(s, msg, None)
+    }
+
+    /// As [`handle`](Self::handle); `supervisor`: the message is marked
+    /// (see `serve_message`).
+    fn handle_marked(
+        &mut self,
+        s: &mut ClientState,
+        msg: Message,
+        supervisor: Option<&dyn Handover<D>>,
+    ) -> Result<(), Error> {
         let hdr = msg.header;
         let no_reply = hdr.no_reply();
         // One line per message at trace (`vnvme -vv serve`): how a client
@@ -536,6 +555,19 @@ impl<D: Device> Server<D> {
                     Ok((bytes, fd)) => (Ok(bytes), fd),
                     Err(e) => (Err(e), None),
                 };
+                if let (Some(h), Some(_), false) = (supervisor, fd, no_reply) {
+                    // An fd cannot be staged: the reply goes straight to
+                    // the socket, while the message is marked. Kept no
+                    // more from here on: a kill before this handles it
+                    // again (nothing of it reached the client), one after
+                    // cannot tell whether the client got the reply.
+                    h.handling(Some(Marked {
+                        msg_id: hdr.msg_id,
+                        command: hdr.command,
+                        redo: None,
+                        fds: &[],
+                    }));
+                }
                 send_result(s, &hdr, no_reply, r, fd)
             }
             cmd::DEVICE_GET_IRQ_INFO => {
@@ -623,10 +655,6 @@ impl<D: Device> Server<D> {
         let dma = s.dma.as_ref().ok_or(libc::EINVAL)?;
         let readable = m.flags & DMA_MAP_FLAG_READ != 0;
         let writable = m.flags & DMA_MAP_FLAG_WRITE != 0;
-        match &fd {
-            Some(fd) => dma.map_fd(m.address, m.size, fd.as_fd(), m.offset, readable, writable)?,
-            None => dma.map_remote(m.address, m.size, readable, writable)?,
-        }
         let map = HandedMap {
             iova: m.address,
             size: m.size,
@@ -635,6 +663,20 @@ impl<D: Device> Server<D> {
             writable,
             file: None,
         };
+        if s.redoing && s.ledger.holds(&map, fd.as_ref()) {
+            // Handled again after a crash that came once its map was
+            // kept: done already.
+            tracing::info!(
+                iova = m.address,
+                size = m.size,
+                "DMA_MAP handled again: the map is there already, answered as done"
+            );
+            return Ok(Vec::new());
+        }
+        match &fd {
+            Some(fd) => dma.map_fd(m.address, m.size, fd.as_fd(), m.offset, readable, writable)?,
+            None => dma.map_remote(m.address, m.size, readable, writable)?,
+        }
         s.ledger.add(map, fd);
         Ok(Vec::new())
     }

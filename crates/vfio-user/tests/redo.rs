@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use vnvme_vfio_user::handover::{Adopted, MAX_REDO_BYTES};
+use vnvme_vfio_user::handover::{Adopted, MAX_REDO_BYTES, REGION_REDO_BYTES};
 use vnvme_vfio_user::wire::{cmd, flags, Header, RegionAccess, HEADER_SIZE};
 use vnvme_vfio_user::*;
 use zerocopy::{FromBytes, IntoBytes};
@@ -62,16 +62,38 @@ fn a_kept_region_write_is_handled_again_before_the_clients_next_message() {
     .unwrap();
     // Refused: what no kept message can be.
     let info = access(1, cmd::DEVICE_GET_INFO, 0, 0, &[], 0);
-    assert!(adopted.redo(&info).is_err(), "not a region access");
+    assert!(
+        adopted.redo(&info, Vec::new()).is_err(),
+        "not a message handled again"
+    );
     let long = access(2, cmd::REGION_WRITE, 0x40, 80, &[0; 80], 0);
-    assert!(long.len() > MAX_REDO_BYTES);
-    assert!(adopted.redo(&long).is_err(), "longer than kept");
+    assert!(long.len() > REGION_REDO_BYTES);
+    assert!(adopted.redo(&long, Vec::new()).is_err(), "longer than kept");
+    let longer = access(2, cmd::REGION_WRITE, 0x40, 500, &[0; 500], 0);
+    assert!(longer.len() > MAX_REDO_BYTES);
+    assert!(
+        adopted.redo(&longer, Vec::new()).is_err(),
+        "longer than kept"
+    );
+    // A region access with an fd, a DMA_MAP with two: not as kept.
+    let null = || -> std::os::fd::OwnedFd { std::fs::File::open("/dev/null").unwrap().into() };
+    let small = access(4, cmd::REGION_WRITE, 0x40, 4, &[1, 2, 3, 4], 0);
+    assert!(
+        adopted.redo(&small, vec![null()]).is_err(),
+        "an fd too many"
+    );
+    // Header and 32 bytes, a DMA_MAP's size.
+    let map = access(5, cmd::DMA_MAP, 0, 0, &[0; 16], 0);
+    assert!(adopted.redo(&map, vec![null(), null()]).is_err(), "two fds");
     let mut torn = access(3, cmd::REGION_WRITE, 0x40, 4, &[1, 2, 3, 4], 0);
     torn.pop();
-    assert!(adopted.redo(&torn).is_err(), "size not its length");
+    assert!(
+        adopted.redo(&torn, Vec::new()).is_err(),
+        "size not its length"
+    );
     // The write the dead server was handling, its reply asked for.
     let kept = access(7, cmd::REGION_WRITE, 0x40, 4, &[0xde, 0xad, 0xbe, 0xef], 0);
-    adopted.redo(&kept).unwrap();
+    adopted.redo(&kept, Vec::new()).unwrap();
 
     let stop = Arc::new(AtomicBool::new(false));
     let door = Arc::new(Door::default());

@@ -338,13 +338,13 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
                 c.files,
             )
             .context("serving the handed-over client's guest memory")?;
-            if let Some(words) = &recorded {
+            if let Some(words) = &mut recorded {
                 words
                     .apply(&mut c.state, &adopted.dma())
                     .context("restoring the client of the server that died")?;
-                if let Some(bytes) = words.redo() {
+                if let Some((bytes, fds)) = words.take_redo() {
                     adopted
-                        .redo(bytes)
+                        .redo(&bytes, fds)
                         .context("restoring the client of the server that died")?;
                 }
             }

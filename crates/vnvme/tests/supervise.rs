@@ -11,6 +11,8 @@
 //! number of tries.
 
 mod common;
+#[path = "supervise/fdmsg.rs"]
+mod fdmsg;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};

@@ -11,7 +11,7 @@ use zerocopy::IntoBytes;
 
 use super::{ClientState, Server};
 use crate::conn::{Message, Wanted};
-use crate::handover::{ClientChange, ClientParts, Handover, Marked, MAX_REDO_BYTES};
+use crate::handover::{may_redo, ClientChange, ClientParts, Handover, Marked};
 use crate::wire::{cmd, HEADER_SIZE};
 use crate::{Device, Error};
 
@@ -152,15 +152,24 @@ pub(super) fn discard_staged(pipe: &crate::ReplyPipe) -> bool {
     }
 }
 
-/// `msg` as a supervised server marks it (see [`Marked::redo`]).
+/// `msg` as a supervised server marks it (see [`Marked::redo`]): kept to
+/// handle again where [`may_redo`] says so, with the fds that needs (a
+/// DMA_UNMAP's fd means nothing, and is not kept).
 pub(super) fn marked(msg: &Message) -> Marked<'_> {
-    let redo = matches!(msg.header.command, cmd::REGION_READ | cmd::REGION_WRITE)
-        && msg.fds.is_empty()
-        && !msg.fds_truncated
-        && HEADER_SIZE + msg.payload.len() <= MAX_REDO_BYTES;
+    let fds: &[std::os::fd::OwnedFd] = match msg.header.command {
+        cmd::DMA_UNMAP => &[],
+        _ => &msg.fds,
+    };
+    let redo = !msg.fds_truncated
+        && may_redo(
+            msg.header.command,
+            HEADER_SIZE + msg.payload.len(),
+            fds.len(),
+        );
     Marked {
         msg_id: msg.header.msg_id,
         command: msg.header.command,
         redo: redo.then(|| [msg.header.as_bytes(), &msg.payload[..]]),
+        fds: if redo { fds } else { &[] },
     }
 }

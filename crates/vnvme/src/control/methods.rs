@@ -48,6 +48,7 @@ pub const METHODS: &[&str] = &[
     "controller_fatal",
     "shutdown",
     "upgrade",
+    "hold_message",
 ];
 
 #[derive(Deserialize)]
@@ -114,6 +115,34 @@ struct AnaSet {
     group: Option<u32>,
     state: String,
 }
+
+/// Parameters of `hold_message` (a fault for tests of crash recovery,
+/// `serve::supervise::hold`).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HoldMessage {
+    /// The vfio-user command: a number or one of [`HELD_COMMANDS`].
+    command: CommandParam,
+    at: crate::serve::supervise::hold::At,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum CommandParam {
+    Number(u16),
+    Name(String),
+}
+
+/// The vfio-user commands `hold_message` names, with their numbers.
+const HELD_COMMANDS: &[(&str, u16)] = &[
+    ("dma_map", 2),
+    ("dma_unmap", 3),
+    ("region_info", 5),
+    ("set_irqs", 8),
+    ("region_read", 9),
+    ("region_write", 10),
+    ("reset", 13),
+];
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -318,6 +347,39 @@ pub fn call(
                 .reason
                 .unwrap_or_else(|| "controller_fatal from the control socket".into());
             ctrl.controller_fatal(&reason);
+            Ok(json!({}))
+        }
+        "hold_message" => {
+            if !hooks.supervised {
+                return Err(refused(
+                    "hold_message is a fault for tests of crash recovery: offered under \
+                     --supervise only",
+                ));
+            }
+            let h: HoldMessage = params(method, p)?;
+            let command = match &h.command {
+                CommandParam::Number(n) => Some(*n),
+                CommandParam::Name(name) => HELD_COMMANDS
+                    .iter()
+                    .find(|(known, _)| known == name)
+                    .map(|(_, n)| *n),
+            }
+            .filter(|n| (1..=13).contains(n))
+            .ok_or_else(|| {
+                let names: Vec<&str> = HELD_COMMANDS.iter().map(|(n, _)| *n).collect();
+                RpcError::new(
+                    code::INVALID_PARAMS,
+                    format!(
+                        "{method}: command is a vfio-user command number (1-13) or one of {}",
+                        names.join(", ")
+                    ),
+                )
+            })?;
+            crate::serve::supervise::hold::arm(command, h.at);
+            tracing::warn!(
+                "hold_message: the next vfio-user message of command {command} is held until \
+                 this process dies"
+            );
             Ok(json!({}))
         }
         "shutdown" => {

@@ -129,6 +129,13 @@ pub struct CrashedClient {
     pub vector_fds: Vec<Option<i32>>,
     pub intx_fd: Option<i32>,
     pub doorbell_fd: Option<i32>,
+    /// The fds of the message the dead child marked last that carried
+    /// some, and the id it forwarded them under (the crash area's mark
+    /// names the id of the message to handle again).
+    #[serde(default)]
+    pub message_fds_id: u64,
+    #[serde(default)]
+    pub message_fds: Vec<i32>,
 }
 
 /// A listening socket besides the vfio-user one: the control socket, the
@@ -185,6 +192,7 @@ impl Manifest {
                 v.extend(c.vector_fds.iter().flatten());
                 v.extend(c.intx_fd);
                 v.extend(c.doorbell_fd);
+                v.extend(&c.message_fds);
             }
             v.extend(crash.replies.iter().flatten());
         }

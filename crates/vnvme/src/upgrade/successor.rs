@@ -70,6 +70,9 @@ pub struct CrashedFds {
     pub files: Vec<(u64, OwnedFd)>,
     pub irqs: IrqFds,
     pub doorbells: Option<OwnedFd>,
+    /// The fds of the message the dead child marked last that carried
+    /// some, and the id they were forwarded under.
+    pub message: (u64, Vec<OwnedFd>),
 }
 
 /// The client, with everything needed to serve it again.
@@ -230,6 +233,11 @@ fn take_rest(
                         Some(_) => Some(next()?),
                         None => None,
                     };
+                    let message_fds = c
+                        .message_fds
+                        .iter()
+                        .map(|_| next())
+                        .collect::<Result<Vec<_>>>()?;
                     Some(CrashedFds {
                         conn,
                         max_xfer: c.max_xfer,
@@ -237,6 +245,7 @@ fn take_rest(
                         files,
                         irqs: IrqFds { vectors, intx },
                         doorbells,
+                        message: (c.message_fds_id, message_fds),
                     })
                 }
             };

@@ -5,7 +5,8 @@
 //! * a header page: the magic `VNVMECA1`, the area's version, and the
 //!   vfio-user message the child is handling (a word; 0 once its effect
 //!   is kept, before its reply, staged in the supervisor's reply pipe, is
-//!   sent: see `vnvme_vfio_user::ReplyPipe`);
+//!   sent: see `vnvme_vfio_user::ReplyPipe`), with its bytes and the id
+//!   of its fds when it may be handled again ([`handling`]);
 //! * per queue id, two words the queue workers store after each round:
 //!   the SQ's head and tail, the CQ's head, tail and phase
 //!   ([`QueueWords`]), each with a bit saying it is set (the SQ's also
@@ -33,22 +34,28 @@ use std::sync::atomic::Ordering;
 
 use vnvme_controller::crash_record::{CqPosition, Open, SqPosition};
 use vnvme_spec::regs::Doorbell;
-use vnvme_vfio_user::handover::{Marked, MAX_REDO_BYTES};
 use vnvme_vfio_user::SharedRegion;
+
+mod handling;
+pub use handling::Kept;
 
 /// The header page's first bytes.
 pub const MAGIC: &[u8; 8] = b"VNVMECA1";
 /// A slot's first bytes.
 pub const SLOT_MAGIC: &[u8; 8] = b"VNVMECS1";
-/// The layout and slot format this binary writes and reads.
-pub const VERSION: u32 = 3;
+/// The layout this binary writes. Version 4 added the id and count of
+/// the kept message's fds ([`handling`]); it reads version 3 too, whose
+/// bytes there are zero (a version 3 child kept no message with fds).
+/// Version 3 added the zone room (a longer area): version 2 is refused.
+pub const VERSION: u32 = 4;
+/// The oldest layout this binary reads.
+pub const OLDEST_VERSION: u32 = 3;
+/// The slot format this binary writes and reads (its own number since
+/// version 4: the area's header may change without it).
+pub const SLOT_VERSION: u32 = 3;
 
 /// Where the message-being-handled word is in the header page.
 const HANDLING: usize = 16;
-/// Where the length of the message kept to handle again is (a u64; 0:
-/// none), and its bytes.
-const REDO_LEN: usize = 32;
-const REDO: usize = 64;
 /// Where the generation word is in the header page.
 const GENERATION: usize = 24;
 /// Queue words: from here, 32 bytes per queue id (SQ word, CQ word, SQ
@@ -78,8 +85,6 @@ pub const AREA_LEN: usize = ZONES + ZONE_WORDS * 16;
 const SET: u64 = 1 << 63;
 /// A CQ word's phase bit.
 const PHASE: u64 = 1 << 62;
-/// A message word's "handling" bit.
-const BUSY: u64 = 1 << 63;
 /// A SQ word's serial: counts the commands gone in flight, so an entry
 /// stored just before the word (a crash between the two) is told apart.
 const SERIAL_SHIFT: u32 = 48;
@@ -94,7 +99,7 @@ pub enum CrashAreaError {
     Replies(#[source] std::io::Error),
     #[error("the crash area does not start with {MAGIC:?}: not a vnvme crash area")]
     Magic,
-    #[error("the crash area is version {found}; this binary reads version {VERSION}")]
+    #[error("the crash area is version {found}; this binary reads versions {OLDEST_VERSION} to {VERSION}")]
     Version { found: u32 },
     #[error("no whole saved state in the crash area: slot 0: {0}; slot 1: {1}")]
     NoSlot(String, String),
@@ -160,7 +165,7 @@ impl CrashArea {
             return Err(CrashAreaError::Magic);
         }
         let found = u32::from_le_bytes([head[8], head[9], head[10], head[11]]);
-        if found != VERSION {
+        if !(OLDEST_VERSION..=VERSION).contains(&found) {
             return Err(CrashAreaError::Version { found });
         }
         Ok(Self { region })
@@ -178,7 +183,7 @@ impl CrashArea {
         std::sync::atomic::fence(Ordering::Release);
         self.region.write(at + SLOT_HEADER, payload);
         let mut head = [0u8; SLOT_HEADER];
-        head[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        head[8..12].copy_from_slice(&SLOT_VERSION.to_le_bytes());
         head[16..24].copy_from_slice(&seq.to_le_bytes());
         head[24..32].copy_from_slice(&(payload.len() as u64).to_le_bytes());
         head[32..40].copy_from_slice(&checksum(seq, payload).to_le_bytes());
@@ -205,9 +210,9 @@ impl CrashArea {
             u64::from_le_bytes(b)
         };
         let version = u32::from_le_bytes([head[8], head[9], head[10], head[11]]);
-        if version != VERSION {
+        if version != SLOT_VERSION {
             return Err(format!(
-                "version {version}, this binary reads version {VERSION}"
+                "version {version}, this binary reads version {SLOT_VERSION}"
             ));
         }
         let (seq, len, sum) = (word(16..24), word(24..32), word(32..40));
@@ -424,71 +429,13 @@ impl CrashArea {
     pub fn clear_words(&self) {
         self.region.fill(WORDS, QUEUE_IDS * WORDS_PER_QID, 0);
     }
-
-    /// Says the message `msg` is being handled (`Some`), with its bytes
-    /// if it may be handled again ([`Marked::redo`]), or none is
-    /// (`None`). The bytes go first, the word last, so a word names the
-    /// bytes beside it.
-    pub fn set_handling(&self, msg: Option<Marked<'_>>) {
-        let mut len = 0;
-        if let Some([header, payload]) = msg.and_then(|m| m.redo) {
-            len = header.len() + payload.len();
-            if len > MAX_REDO_BYTES
-                || !self.region.write(REDO, header)
-                || !self.region.write(REDO + header.len(), payload)
-            {
-                len = 0;
-            }
-        }
-        if msg.is_some() {
-            if let Some(w) = self.region.atomic_u64(REDO_LEN) {
-                w.store(len as u64, Ordering::Relaxed);
-            }
-        }
-        if let Some(w) = self.region.atomic_u64(HANDLING) {
-            let v = msg.map_or(0, |m| {
-                BUSY | (u64::from(m.msg_id) << 16) | u64::from(m.command)
-            });
-            w.store(v, Ordering::Release);
-        }
-    }
-
-    /// The bytes of the message the child was handling, if it may be
-    /// handled again (see [`set_handling`](Self::set_handling)) and they
-    /// are the message the word names.
-    pub fn redo(&self) -> Option<Vec<u8>> {
-        let (msg_id, command) = self.handling()?;
-        let len = self
-            .region
-            .atomic_u64(REDO_LEN)
-            .map_or(0, |w| w.load(Ordering::Relaxed)) as usize;
-        if len == 0 || len > MAX_REDO_BYTES {
-            return None;
-        }
-        let mut bytes = vec![0u8; len];
-        let named = |b: &[u8]| {
-            b.len() >= 4
-                && u16::from_le_bytes([b[0], b[1]]) == msg_id
-                && u16::from_le_bytes([b[2], b[3]]) == command
-        };
-        (self.region.read(REDO, &mut bytes) && named(&bytes)).then_some(bytes)
-    }
-
-    /// The message the child was handling, if any: `(msg_id, command)`.
-    pub fn handling(&self) -> Option<(u16, u16)> {
-        let v = self
-            .region
-            .atomic_u64(HANDLING)
-            .map_or(0, |w| w.load(Ordering::Acquire));
-        (v & BUSY != 0).then_some((((v >> 16) & 0xffff) as u16, (v & 0xffff) as u16))
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn area() -> (OwnedFd, CrashArea) {
+    pub(super) fn area() -> (OwnedFd, CrashArea) {
         let fd = create().unwrap();
         let a = CrashArea::open(fd.as_fd()).unwrap();
         (fd, a)
@@ -544,7 +491,7 @@ mod tests {
         a.region.write(8, &1u32.to_le_bytes());
         assert_eq!(
             CrashArea::open(fd.as_fd()).unwrap_err().to_string(),
-            "the crash area is version 1; this binary reads version 3"
+            "the crash area is version 1; this binary reads versions 3 to 4"
         );
         a.region.write(0, b"NOTVNVME");
         assert!(matches!(
@@ -558,7 +505,7 @@ mod tests {
     }
 
     #[test]
-    fn queue_words_and_the_message_word_read_back() {
+    fn queue_words_read_back() {
         let (_fd, a) = area();
         assert_eq!(a.load(3), QueueWords { sq: None, cq: None });
         a.store_sq(
@@ -612,34 +559,6 @@ mod tests {
         );
         a.clear_words();
         assert_eq!(a.load(3), QueueWords { sq: None, cq: None });
-        assert_eq!(a.handling(), None);
-        a.set_handling(Some(Marked {
-            msg_id: 9,
-            command: 2,
-            redo: None,
-        }));
-        assert_eq!(a.handling(), Some((9, 2)));
-        assert_eq!(a.redo(), None);
-        a.set_handling(None);
-        assert_eq!(a.handling(), None);
-        // A region write kept whole reads back while it is marked, and
-        // only then; one marked without bytes hides an older one's.
-        let header = [10u8, 0, 10, 0, 36, 0, 0, 0];
-        let payload = [1u8; 28];
-        a.set_handling(Some(Marked {
-            msg_id: 10,
-            command: 10,
-            redo: Some([&header, &payload]),
-        }));
-        assert_eq!(a.redo(), Some([&header[..], &payload[..]].concat()));
-        a.set_handling(None);
-        assert_eq!(a.redo(), None);
-        a.set_handling(Some(Marked {
-            msg_id: 10,
-            command: 10,
-            redo: None,
-        }));
-        assert_eq!(a.redo(), None);
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use vnvme_blockdev::BlockDevice;
 use vnvme_device::NvmeDevice;
-use vnvme_vfio_user::handover::{ClientChange, ClientParts};
+use vnvme_vfio_user::handover::{ClientChange, ClientParts, Marked};
 
 use super::keeper::{Keeper, SlotClient};
 use super::notes::{self, Note};
@@ -66,9 +66,10 @@ impl Forwarder {
     }
 }
 
-/// A serial for a new client: unique among the clients of one supervisor
-/// (this process's id and a count), so a crash area slot names its client.
-fn new_serial() -> u64 {
+/// An id unique among those of one supervisor's children (this process's
+/// id and a count): a new client's serial, so a crash area slot names its
+/// client; a marked message's fds', so the crash area's mark names them.
+fn new_id() -> u64 {
     static COUNT: AtomicU64 = AtomicU64::new(0);
     (u64::from(std::process::id()) << 32) | (COUNT.fetch_add(1, Ordering::Relaxed) + 1)
 }
@@ -112,10 +113,26 @@ impl crate::upgrade::ClientWatch for Forwarder {
         }
     }
 
-    fn handling(&self, msg: Option<vnvme_vfio_user::handover::Marked<'_>>) {
-        if let Some(k) = &self.keeper {
-            k.handling(msg);
+    fn handling(&self, msg: Option<Marked<'_>>) {
+        let Some(k) = &self.keeper else {
+            return;
+        };
+        let Some(mut m) = msg else {
+            super::hold::at_clear();
+            k.handling(None, 0);
+            return;
+        };
+        let mut fds_id = 0;
+        if m.redo.is_some() && !m.fds.is_empty() {
+            match self.message_fds(m.fds) {
+                Some(id) => fds_id = id,
+                // The supervisor does not hold them: a crash while it is
+                // marked ends the connection.
+                None => m.redo = None,
+            }
         }
+        k.handling(Some(m), fds_id);
+        super::hold::at_mark(m.msg_id, m.command);
     }
 
     fn reply_pipe(&self) -> Option<Arc<vnvme_vfio_user::ReplyPipe>> {
@@ -124,6 +141,32 @@ impl crate::upgrade::ClientWatch for Forwarder {
 }
 
 impl Forwarder {
+    /// Sends the fds of the message about to be marked, under a new id
+    /// (see `crash_area::handling`); `None` if they could not be.
+    fn message_fds(&self, fds: &[OwnedFd]) -> Option<u64> {
+        let mut sent = self.sent.lock();
+        if sent.broken {
+            return None;
+        }
+        let id = new_id();
+        for (index, fd) in fds.iter().enumerate() {
+            let note = Note::MessageFd {
+                id,
+                index,
+                of: fds.len(),
+            };
+            if let Err(e) = self.send(&note, Some(fd.as_fd())) {
+                sent.broken = true;
+                tracing::error!(
+                    "forwarding a message's fds to the supervisor failed: {e}; a crash of this \
+                     process from now on loses the client"
+                );
+                return None;
+            }
+        }
+        Some(id)
+    }
+
     fn send(&self, note: &Note, fd: Option<BorrowedFd<'_>>) -> std::io::Result<()> {
         notes::send(self.sock.as_fd(), note, fd)
     }
@@ -135,7 +178,7 @@ impl Forwarder {
         parts: &ClientParts<'_>,
     ) -> std::io::Result<()> {
         sent.files.clear();
-        let serial = new_serial();
+        let serial = new_id();
         if let Some(k) = &self.keeper {
             k.set_client(SlotClient {
                 serial,

@@ -196,9 +196,10 @@ impl Keeper {
         *self.client.lock() = None;
     }
 
-    /// The message being handled (see [`CrashArea::set_handling`]).
-    pub fn handling(&self, msg: Option<Marked<'_>>) {
-        self.area.set_handling(msg);
+    /// The message being handled, its fds forwarded under `fds_id` (see
+    /// [`CrashArea::set_handling`]).
+    pub fn handling(&self, msg: Option<Marked<'_>>, fds_id: u64) {
+        self.area.set_handling(msg, fds_id);
     }
 
     /// The pipe replies wait in (`vnvme_vfio_user::ReplyPipe`).

@@ -49,6 +49,7 @@ use crate::upgrade::{pass_copy, status_pipe};
 
 pub mod crash_area;
 mod forward;
+pub mod hold;
 pub mod keeper;
 mod notes;
 pub mod restore;
@@ -291,11 +292,13 @@ fn restorable(area: &CrashArea, table: &Table) -> Result<u64, String> {
     if table.conn.is_none() {
         return Err("no client was connected".into());
     }
-    if let (Some((msg_id, command)), None) = (area.handling(), area.redo()) {
-        return Err(format!(
-            "the server died handling vfio-user message {msg_id} (command {command}), which \
-             cannot be handled again"
-        ));
+    if let Some((msg_id, command)) = area.handling() {
+        let held = (table.message.as_ref()).map_or((0, 0), |(id, _, fds)| (*id, fds.len()));
+        restore::redo_fds(area.redo().as_ref(), held).map_err(|why| {
+            format!(
+                "the server died handling vfio-user message {msg_id} (command {command}), {why}"
+            )
+        })?;
     }
     let seq = area
         .newest()
@@ -423,6 +426,11 @@ fn crashed(
             .as_ref()
             .map(|fd| pass(fd.as_fd()))
             .transpose()?,
+        message_fds_id: t.message.as_ref().map_or(0, |(id, ..)| *id),
+        message_fds: (t.message.iter())
+            .flat_map(|(_, _, fds)| fds)
+            .map(|fd| pass(fd.as_fd()))
+            .collect::<Result<_, _>>()?,
     })
 }
 

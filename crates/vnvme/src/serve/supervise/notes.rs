@@ -44,6 +44,12 @@ pub enum Note {
     Intx,
     /// The client went: everything of it is forgotten.
     Gone,
+    /// Fd `index` of the `of` a vfio-user message carries, with the fd,
+    /// sent before the message is marked as handled, under an `id` the
+    /// crash area's mark names (see `crash_area::handling`): the next
+    /// child handles the message again with them. An id other than the
+    /// one held replaces the fds held.
+    MessageFd { id: u64, index: usize, of: usize },
     /// The memfd `ram` namespace `nsid` keeps its data in, with the fd:
     /// the server's, not the client's, so kept across clients and
     /// children (it replaces the one sent before for `nsid`).
@@ -60,6 +66,7 @@ impl Note {
                 | Note::File { .. }
                 | Note::Vector { .. }
                 | Note::Intx
+                | Note::MessageFd { .. }
                 | Note::Ram { .. }
         )
     }

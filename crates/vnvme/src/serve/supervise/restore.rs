@@ -14,7 +14,7 @@ use vnvme_controller::crash_record::{CqPosition, CrashRecorded, Open, SqPosition
 use vnvme_controller::{GuestMemory, SavedState};
 use vnvme_spec::regs::Doorbell;
 
-use super::crash_area::{CrashArea, QueueWords};
+use super::crash_area::{CrashArea, Kept, QueueWords};
 use super::keeper;
 use super::zone_room::ZoneRoom;
 use crate::upgrade::{CrashedFds, TakenClient};
@@ -26,14 +26,21 @@ pub fn client(
     fds: CrashedFds,
     room: &ZoneRoom,
 ) -> Result<(TakenClient, Recorded)> {
-    let redo = area.redo();
-    if let (Some((msg_id, command)), None) = (area.handling(), &redo) {
-        bail!(
-            "the dead server was handling vfio-user message {msg_id} (command {command}): its \
-             reply is owed, and whether it took effect is not known, so the connection cannot \
-             be resumed"
-        );
+    let kept = area.redo();
+    let (message_id, message_fds) = fds.message;
+    if let Some((msg_id, command)) = area.handling() {
+        if let Err(why) = redo_fds(kept.as_ref(), (message_id, message_fds.len())) {
+            bail!(
+                "the dead server was handling vfio-user message {msg_id} (command {command}), \
+                 {why}: its reply is owed, and whether it took effect is not known, so the \
+                 connection cannot be resumed"
+            );
+        }
     }
+    let redo = kept.map(|k| {
+        let fds = if k.fds > 0 { message_fds } else { Vec::new() };
+        (k.bytes, fds)
+    });
     let (seq, payload) = area.newest().context("the crash area")?;
 
     let (slot, state) = keeper::decode(&payload)
@@ -112,9 +119,24 @@ pub fn client(
     Ok((client, words))
 }
 
+/// Whether the message marked in the crash area, `kept` there, can be
+/// handled again with the fds held under `held` (id, count): it must be
+/// kept, and its fds (if it has any) be those held.
+pub fn redo_fds(kept: Option<&Kept>, held: (u64, usize)) -> Result<(), String> {
+    match kept {
+        None => Err("which cannot be handled again".into()),
+        Some(k) if k.fds > 0 && (k.fds_id, k.fds) != held => Err(format!(
+            "whose {} fds the supervisor does not hold (it holds {} under id {:#x}, the mark \
+             names id {:#x})",
+            k.fds, held.1, held.0, k.fds_id
+        )),
+        Some(_) => Ok(()),
+    }
+}
+
 /// What the crash area kept, as the dead child left it: the queue words,
 /// the doorbell values traps stored, the commands in flight by SQ, the
-/// message it was handling if it may be handled again.
+/// message it was handling (with its fds) if it may be handled again.
 #[derive(Debug)]
 pub struct Recorded {
     words: Vec<(u16, QueueWords)>,
@@ -122,7 +144,7 @@ pub struct Recorded {
     open: Vec<(u16, Vec<Open>)>,
     /// The zones' words stored, by NSID and zone.
     zones: HashMap<(u32, u32), (u64, u64)>,
-    redo: Option<Vec<u8>>,
+    redo: Option<(Vec<u8>, Vec<OwnedFd>)>,
 }
 
 impl CrashRecorded for Recorded {
@@ -155,10 +177,10 @@ impl CrashRecorded for Recorded {
 }
 
 impl Recorded {
-    /// The message the dead child was handling, to handle again first
-    /// (`vnvme_vfio_user::handover::Marked::redo`).
-    pub fn redo(&self) -> Option<&[u8]> {
-        self.redo.as_deref()
+    /// The message the dead child was handling and its fds, to handle
+    /// again first (`vnvme_vfio_user::handover::Marked::redo`).
+    pub fn take_redo(&mut self) -> Option<(Vec<u8>, Vec<OwnedFd>)> {
+        self.redo.take()
     }
 
     /// Puts them over `state`, read against the guest's memory `mem`

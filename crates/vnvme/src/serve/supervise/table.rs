@@ -22,6 +22,9 @@ pub struct Table {
     /// The `ram` namespaces' memfds, by NSID: the server's data, which
     /// every next child is handed, client or not (kept by [`Table::clear`]).
     pub ram: BTreeMap<u32, OwnedFd>,
+    /// The fds of the message the child marked last that carried some
+    /// (`Note::MessageFd`): its id, how many it has, those received.
+    pub message: Option<(u64, usize, Vec<OwnedFd>)>,
 }
 
 impl Table {
@@ -31,9 +34,14 @@ impl Table {
         match note {
             Note::Client { max_xfer, serial } => {
                 let fd = fd.ok_or_else(no_fd)?;
+                // A restored child tells its client as a new one before
+                // it handles the dead child's message again: that
+                // message's fds are still needed if it dies first.
+                let message = self.message.take();
                 self.clear();
                 self.conn = Some((fd, max_xfer));
                 self.serial = serial;
+                self.message = message;
             }
             Note::Doorbells => self.doorbells = Some(fd.ok_or_else(no_fd)?),
             Note::File { id } => {
@@ -58,6 +66,24 @@ impl Table {
             Note::Gone => self.clear(),
             Note::Ram { nsid } => {
                 self.ram.insert(nsid, fd.ok_or_else(no_fd)?);
+            }
+            Note::MessageFd { id, index, of } => {
+                let fd = fd.ok_or_else(no_fd)?;
+                if self.message.as_ref().is_none_or(|(held, ..)| *held != id) {
+                    self.message = Some((id, of, Vec::new()));
+                }
+                let Some((_, count, fds)) = self.message.as_mut() else {
+                    return Err("no message to add an fd to".into());
+                };
+                if *count != of || fds.len() != index || index >= of {
+                    let why = format!(
+                        "fd {index} of {of} of message {id}, after {} of {count}",
+                        fds.len()
+                    );
+                    self.message = None;
+                    return Err(why);
+                }
+                fds.push(fd);
             }
         }
         Ok(())
@@ -167,5 +193,33 @@ mod tests {
         );
         t.apply(Note::Gone, None).unwrap();
         assert_eq!(t.summary(), "no client");
+    }
+
+    #[test]
+    fn a_messages_fds_are_held_by_id_in_order_and_outlive_a_client_note() {
+        let mut t = Table::default();
+        let fd_note = |id, index, of| Note::MessageFd { id, index, of };
+        t.apply(fd_note(7, 0, 2), fd()).unwrap();
+        t.apply(fd_note(7, 1, 2), fd()).unwrap();
+        assert!(matches!(&t.message, Some((7, 2, fds)) if fds.len() == 2));
+        // A restored child's client note keeps them.
+        t.apply(
+            Note::Client {
+                max_xfer: 4096,
+                serial: 2,
+            },
+            fd(),
+        )
+        .unwrap();
+        assert!(matches!(&t.message, Some((7, 2, fds)) if fds.len() == 2));
+        // A new id replaces them; one out of order drops what was held.
+        t.apply(fd_note(8, 0, 1), fd()).unwrap();
+        assert!(matches!(&t.message, Some((8, 1, fds)) if fds.len() == 1));
+        assert!(t.apply(fd_note(9, 1, 2), fd()).is_err());
+        assert!(t.message.is_none());
+        assert!(t.apply(fd_note(9, 0, 1), None).is_err());
+        t.apply(fd_note(9, 0, 1), fd()).unwrap();
+        t.apply(Note::Gone, None).unwrap();
+        assert!(t.message.is_none());
     }
 }
