@@ -74,6 +74,14 @@ fn served(name: &str, mode: &str) -> Served {
     }
 }
 
+/// Round 1 read back, round 2 written and read back, and no reply came
+/// that no call waited for.
+fn verified_on(r: &Rig, access: &VfioUserAccess, q: &mut IoQueue) {
+    round(r, access, q, 1, false);
+    round(r, access, q, 2, true);
+    assert_eq!(access.client().unexpected_replies(), 0, "{}", r.log());
+}
+
 /// Arms `hold_message` for `command` at `at`.
 fn hold(control: &std::path::Path, command: &str, at: &str) {
     ctl_ok(
@@ -116,22 +124,16 @@ fn assert_handled_again(log: &str, command: u16) {
 /// already), I/O through it both ways, and the disk's data from before
 /// intact.
 fn a_dma_map_survives_a_kill(at: &str) {
-    let Served {
-        r,
-        _dir,
-        control,
-        access,
-        ctrl: _ctrl,
-        mut q,
-    } = served(&format!("fdmsg-map-{at}"), "trap");
-    hold(&control, "dma_map", at);
+    let mut s = served(&format!("fdmsg-map-{at}"), "trap");
+    let (r, control, access, q) = (&s.r, &s.control, &s.access, &mut s.q);
+    hold(control, "dma_map", at);
     let mem = Arc::new(DmaRegion::new(REGION_LEN, IOVA).unwrap());
     mem.buffer(0, BLOCK)
         .unwrap()
         .write_bytes(0, &block(3, 9))
         .unwrap();
-    let (a, m) = (Arc::clone(&access), Arc::clone(&mem));
-    let (mapped, log) = kill_while_held(&r, 1, move || {
+    let (a, m) = (Arc::clone(access), Arc::clone(&mem));
+    let (mapped, log) = kill_while_held(r, 1, move || {
         a.client().dma_map(IOVA, REGION_LEN as u64, m.fd(), 0, true)
     });
     mapped.unwrap_or_else(|e| panic!("DMA_MAP: {e}\n{}", r.log()));
@@ -140,17 +142,17 @@ fn a_dma_map_survives_a_kill(at: &str) {
     assert_eq!(done_already, at == "kept", "{log}");
     // Written from the new map, read back into it elsewhere.
     let from = mem.buffer(0, BLOCK).unwrap();
-    assert!(ok(&io(&mut q, NvmOpcode::WRITE, 3, &from)));
+    assert!(ok(&io(q, NvmOpcode::WRITE, 3, &from)));
     let into = mem.buffer(BLOCK, BLOCK).unwrap();
-    assert!(ok(&io(&mut q, NvmOpcode::READ, 3, &into)));
+    assert!(ok(&io(q, NvmOpcode::READ, 3, &into)));
     assert!(into.to_vec() == block(3, 9));
     // The rest of the disk as round 1 left it (block 3 excepted).
     let check = access.dma_alloc(BLOCK).unwrap();
     for lba in (0..BLOCKS).filter(|&l| l != 3) {
-        assert!(ok(&io(&mut q, NvmOpcode::READ, lba, &check)));
+        assert!(ok(&io(q, NvmOpcode::READ, lba, &check)));
         assert!(check.to_vec() == block(lba, 1), "LBA {lba}");
     }
-    round(&r, &access, &mut q, 2, true);
+    round(r, access, q, 2, true);
     assert_eq!(access.client().unexpected_replies(), 0, "{}", r.log());
 }
 
@@ -168,35 +170,27 @@ fn a_dma_map_kept_at_the_kill_is_answered_as_done_by_the_next_server() {
 /// the range gone (a command into it fails, the server says the map is
 /// not there), the rest of the client's I/O verified on.
 fn a_dma_unmap_survives_a_kill(at: &str) {
-    let Served {
-        r,
-        _dir,
-        control,
-        access,
-        ctrl: _ctrl,
-        mut q,
-    } = served(&format!("fdmsg-unmap-{at}"), "trap");
+    let mut s = served(&format!("fdmsg-unmap-{at}"), "trap");
+    let (r, control, access, q) = (&s.r, &s.control, &s.access, &mut s.q);
     let mem = Arc::new(DmaRegion::new(REGION_LEN, IOVA).unwrap());
     access
         .client()
         .dma_map(IOVA, REGION_LEN as u64, mem.fd(), 0, true)
         .unwrap();
     let buf = mem.buffer(0, BLOCK).unwrap();
-    assert!(ok(&io(&mut q, NvmOpcode::READ, 2, &buf)));
+    assert!(ok(&io(q, NvmOpcode::READ, 2, &buf)));
     assert!(buf.to_vec() == block(2, 1));
-    hold(&control, "dma_unmap", at);
-    let a = Arc::clone(&access);
+    hold(control, "dma_unmap", at);
+    let a = Arc::clone(access);
     let (unmapped, log) =
-        kill_while_held(&r, 1, move || a.client().dma_unmap(IOVA, REGION_LEN as u64));
+        kill_while_held(r, 1, move || a.client().dma_unmap(IOVA, REGION_LEN as u64));
     unmapped.unwrap_or_else(|e| panic!("DMA_UNMAP: {e}\n{}", r.log()));
     assert_handled_again(&log, 3);
     buf.fill(0, BLOCK, 0xa5).unwrap();
-    let refused = io(&mut q, NvmOpcode::READ, 2, &buf);
+    let refused = io(q, NvmOpcode::READ, 2, &buf);
     assert!(!ok(&refused), "a read into the unmapped range: {refused:?}");
     assert!(buf.to_vec().iter().all(|&b| b == 0xa5));
-    round(&r, &access, &mut q, 1, false);
-    round(&r, &access, &mut q, 2, true);
-    assert_eq!(access.client().unexpected_replies(), 0, "{}", r.log());
+    verified_on(r, access, q);
 }
 
 #[test]
@@ -213,14 +207,8 @@ fn a_dma_unmap_kept_at_the_kill_is_answered_as_done_by_the_next_server() {
 /// and killed there, is handled again with that eventfd: one reply, and
 /// the I/O queue's interrupts arrive on the new eventfd.
 fn a_set_irqs_survives_a_kill(at: &str) {
-    let Served {
-        r,
-        _dir,
-        control,
-        access,
-        ctrl: _ctrl,
-        mut q,
-    } = served(&format!("fdmsg-irqs-{at}"), "trap");
+    let mut s = served(&format!("fdmsg-irqs-{at}"), "trap");
+    let (r, control, access, q) = (&s.r, &s.control, &s.access, &mut s.q);
     let vector = q.interrupt_vector().expect("the I/O queue has a vector");
     let new = Arc::new(
         rustix::event::eventfd(
@@ -229,16 +217,15 @@ fn a_set_irqs_survives_a_kill(at: &str) {
         )
         .unwrap(),
     );
-    hold(&control, "set_irqs", at);
-    let (a, fd) = (Arc::clone(&access), Arc::clone(&new));
-    let (set, log) = kill_while_held(&r, 1, move || {
+    hold(control, "set_irqs", at);
+    let (a, fd) = (Arc::clone(access), Arc::clone(&new));
+    let (set, log) = kill_while_held(r, 1, move || {
         a.client()
             .set_irqs_eventfds(irq::MSIX, u32::from(vector), &[fd.as_fd()])
     });
     set.unwrap_or_else(|e| panic!("SET_IRQS: {e}\n{}", r.log()));
     assert_handled_again(&log, 8);
-    round(&r, &access, &mut q, 1, false);
-    round(&r, &access, &mut q, 2, true);
+    verified_on(r, access, q);
     // The completions of those rounds signal the new eventfd (within the
     // coalescing time: the poll is a hang guard).
     let mut fds = [rustix::event::PollFd::new(
@@ -253,7 +240,6 @@ fn a_set_irqs_survives_a_kill(at: &str) {
     let mut count = [0u8; 8];
     rustix::io::read(&*new, &mut count).expect("no interrupt on the new eventfd");
     assert!(u64::from_ne_bytes(count) > 0);
-    assert_eq!(access.client().unexpected_replies(), 0, "{}", r.log());
 }
 
 #[test]
