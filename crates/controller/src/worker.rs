@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use vnvme_blockdev::BlockCompletion;
 use vnvme_spec::regs::Doorbell;
-use vnvme_spec::Status;
+use vnvme_spec::{AdminOpcode, Status};
 
 mod clock;
 mod cq;
@@ -729,9 +729,15 @@ fn process_sq(
                     crate::crash_record::fetched(shared.crash.get(), sq, cmd.cid());
                 }
                 // On an I/O queue only a hold defers (a fault, a QoS
-                // limit, a fence); the admin queue's deferred commands
-                // (AERs, queue deletions) are in its saved state.
+                // limit, a fence).
                 Outcome::Deferred | Outcome::Fenced if qid != 0 => {
+                    crate::crash_record::fetched(shared.crash.get(), sq, cmd.cid());
+                }
+                // The admin queue's deferred commands (AERs, queue
+                // deletions) are in its saved state, but an AER taken
+                // after the last slot is not: recorded in flight, a
+                // restore keeps it outstanding.
+                Outcome::Deferred if cmd.opcode() == AdminOpcode::ASYNC_EVENT_REQUEST.0 => {
                     crate::crash_record::fetched(shared.crash.get(), sq, cmd.cid());
                 }
                 Outcome::Deferred | Outcome::Fenced => {}

@@ -19,7 +19,7 @@ use zerocopy::IntoBytes;
 use crate::doorbell::{DoorbellSource, Doorbells, EventIdx};
 use crate::irq_batch::Batch;
 use crate::memory::{DmaError, GuestAddress, GuestMemory};
-pub(crate) use saved::{Limits, SavedCq, SavedQueues, SavedSource};
+pub(crate) use saved::{Limits, SavedCq, SavedQueues, SavedSource, SavedSq};
 
 /// Numbers every queue created, so a completion owed to a queue that was
 /// deleted (or reset) and re-created under the same id is recognised.

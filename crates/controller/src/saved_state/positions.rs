@@ -4,12 +4,12 @@
 //! flight, completed here with Command Interrupted.
 
 use vnvme_spec::regs::Doorbell;
-use vnvme_spec::{Completion, Status};
+use vnvme_spec::{AdminOpcode, Completion, Status};
 use zerocopy::IntoBytes;
 
 use crate::crash_record::{CqPosition, CrashRecorded, Open, SqPosition};
 use crate::memory::{GuestAddress, GuestMemory};
-use crate::queue::{SavedCq, SavedSource};
+use crate::queue::{SavedCq, SavedSource, SavedSq};
 
 use super::SavedState;
 
@@ -23,6 +23,28 @@ pub(crate) struct Posted {
     pub cid: u16,
     /// The SQ head it reports.
     pub sqhd: u32,
+}
+
+/// Whether command `o` of the admin SQ `s` is an Asynchronous Event
+/// Request: outstanding in `aers` (the slot's), or its entry in guest
+/// memory (just before the head it was taken at) is one with its CID,
+/// then added to `aers`.
+fn outstanding_aer(aers: &mut Vec<u16>, s: &SavedSq, o: &Open, mem: &dyn GuestMemory) -> bool {
+    if aers.contains(&o.cid) {
+        return true;
+    }
+    let slot = (o.head + s.size - 1) % s.size;
+    let mut sqe = [0u8; 4];
+    let at = s.base.wrapping_add(u64::from(slot) * 64);
+    if mem.read(GuestAddress(at), &mut sqe).is_err() {
+        return false;
+    }
+    let aer = sqe[0] == AdminOpcode::ASYNC_EVENT_REQUEST.0;
+    if aer && u16::from_le_bytes([sqe[2], sqe[3]]) == o.cid {
+        aers.push(o.cid);
+        return true;
+    }
+    false
 }
 
 /// Entries from `from` to `to` on a ring of `size`.
@@ -126,6 +148,14 @@ impl SavedState {
     /// `crate::queue::owed`), by SQ: each command's CID and the SQ's head
     /// right after its fetch, as a keeper records it in flight again when
     /// it keeps this state.
+    /// The CIDs of the outstanding Asynchronous Event Requests. A crash
+    /// record keeps each in flight across a checkpoint (with the head it
+    /// was taken at): a crash before the slot holding it is whole then
+    /// restores it from the entry, one after from the slot (once).
+    pub fn outstanding_aers(&self) -> Vec<u16> {
+        self.body.reporting.aer_cids.clone()
+    }
+
     pub fn owed(&self) -> Vec<(u16, Open)> {
         let owed = self.body.queues.owed.iter();
         owed.map(|w| {
@@ -232,6 +262,14 @@ impl SavedState {
                 // The head passed the last tail the words hold: the worker
                 // read a newer one since.
                 s.tail = s.head;
+            }
+            if s.qid == 0 {
+                // An Asynchronous Event Request taken after the slot stays
+                // outstanding: Linux re-arms one only after a successful
+                // completion, so Command Interrupted would end the guest's
+                // events. One the slot holds is outstanding already.
+                let aers = &mut self.body.reporting.aer_cids;
+                open.retain(|o| !outstanding_aer(aers, s, o, mem));
             }
             open.sort_by_key(|o| ring(s.head, o.head, s.size));
             let Some(c) = q.cqs.iter_mut().find(|c| c.qid == s.cqid) else {

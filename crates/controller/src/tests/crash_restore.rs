@@ -16,6 +16,7 @@ use crate::queue::{SavedCq, SavedSource};
 use crate::saved_state::positions::{read_posted, Posted};
 use crate::SavedState;
 
+mod aer;
 mod zones;
 
 /// What the crash area would hold.
@@ -51,13 +52,18 @@ impl Recorder {
     }
 
     /// The words of a saved state, as a checkpoint stores them, and its
-    /// completions owed in flight again.
+    /// completions owed and the AERs taken in flight again.
     fn checkpoint(&self, state: &SavedState) {
         let (sqs, cqs) = state.positions();
+        let aers = state.outstanding_aers();
         self.with(|k| {
             (k.sqs, k.cqs) = (sqs, cqs);
             k.doorbells.clear();
-            k.open = state.owed();
+            let taken = k
+                .open
+                .iter()
+                .filter(|(q, o)| *q == 0 && aers.contains(&o.cid));
+            k.open = [taken.copied().collect(), state.owed()].concat();
         });
     }
 }

@@ -335,6 +335,14 @@ impl CrashArea {
         }
     }
 
+    /// Command `cid` of SQ `qid`'s head after its fetch, if it is in
+    /// flight in this generation.
+    pub fn open_head(&self, qid: u16, cid: u16) -> Option<u32> {
+        let gen = u64::from(self.generation());
+        let v = self.entry(qid, cid)?.load(Ordering::Acquire);
+        (gen != 0 && v >> 32 == gen).then_some((v & 0xffff) as u32)
+    }
+
     /// The commands of SQ `qid` in flight in this generation.
     pub fn in_flight(&self, qid: u16) -> Vec<Open> {
         let gen = u64::from(self.generation());

@@ -237,6 +237,12 @@ impl Keeper {
                 // The words first: a crash before the slot is whole pairs
                 // the previous slot with the positions of now.
                 let (sqs, cqs) = state.positions();
+                // The outstanding AERs taken since the last slot: in
+                // flight again in the new generation, or a crash before
+                // this slot is whole would forget them.
+                let aers: Vec<(u16, u32)> = (state.outstanding_aers().into_iter())
+                    .filter_map(|cid| Some((cid, self.area.open_head(0, cid)?)))
+                    .collect();
                 // Saved with none in flight: the tables' entries are void.
                 self.area.clear_words();
                 self.area.next_generation();
@@ -251,6 +257,9 @@ impl Keeper {
                 // after it posts each once, see `vnvme_controller::queue::owed`).
                 for (qid, o) in state.owed() {
                     self.area.store_open(qid, o.cid, o.head);
+                }
+                for (cid, head) in aers {
+                    self.area.store_open(0, cid, head);
                 }
                 let seq = self.seq.fetch_add(1, Ordering::Relaxed);
                 self.area
