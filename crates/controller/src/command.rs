@@ -102,6 +102,18 @@ impl Outcome {
 }
 
 impl Ctx<'_> {
+    /// The I/O command being run changed saved state no crash record word
+    /// holds (a reservation, a zone descriptor extension, a Write
+    /// Uncorrectable mark set or cleared): a supervised server keeps it at
+    /// its next checkpoint, which this asks for, and the command's
+    /// completion, if it is done in its pass, is owed until then
+    /// ([`Outcome::Owed`]).
+    pub fn state_changed(&mut self) {
+        let rec = self.shared.crash.get();
+        self.scratch.owed |= rec.is_some();
+        crate::crash_record::admin_done(rec);
+    }
+
     /// Maps the command's data pointer for `len` bytes into the scratch
     /// segment list: PRPs, or (PSDT 01b, I/O commands) an SGL, whose
     /// direction the opcode's data transfer bits give.

@@ -90,15 +90,18 @@ pub(crate) fn execute(ctx: &mut Ctx<'_>, cmd: &Command) -> Outcome {
     if let Some(outcome) = zone::execute(ctx, cmd) {
         return outcome;
     }
-    match run(ctx, cmd) {
+    let r = run(ctx, cmd);
+    let owed = std::mem::take(&mut ctx.scratch.owed);
+    match r {
         Ok(Some(token)) => Outcome::Submitted(token),
         // A Preempt and Abort waiting for the commands before it.
         Ok(None) if ctx.scratch.fence.is_some() => Outcome::Fenced,
-        Ok(None) if std::mem::take(&mut ctx.scratch.owed) => Outcome::Owed {
+        Ok(None) if owed => Outcome::Owed {
             dw0: 0,
             status: Status::SUCCESS,
         },
         Ok(None) => Outcome::ok(0),
+        Err(status) if owed => Outcome::Owed { dw0: 0, status },
         Err(status) => Outcome::Done { dw0: 0, status },
     }
 }
@@ -153,9 +156,8 @@ fn run_admitted(
             // admin command (a crash would otherwise forget it), its
             // completion owed until then (a fenced one's when its fence
             // is done: `worker::held`).
-            let rec = ctx.shared.crash.get();
-            ctx.scratch.owed = rec.is_some() && ctx.scratch.fence.is_none();
-            crate::crash_record::admin_done(rec);
+            ctx.state_changed();
+            ctx.scratch.owed &= ctx.scratch.fence.is_none();
         }
         return Ok(None);
     }
@@ -173,7 +175,9 @@ fn run_admitted(
         NvmOpcode::VERIFY => verify(ctx, cmd, &ns).map(|()| None),
         NvmOpcode::WRITE_UNCORRECTABLE => {
             let e = Extent::of(cmd, &ns)?;
-            ns.uncorrectable.mark(e.slba, e.nlb).map(|()| None)
+            ns.uncorrectable.mark(e.slba, e.nlb)?;
+            ctx.state_changed();
+            Ok(None)
         }
         NvmOpcode::COPY => copy::copy(ctx, cmd, &ns).map(|()| None),
         _ => Err(Status::INVALID_OPCODE.with_dnr(true)),
@@ -620,8 +624,10 @@ fn write(
 }
 
 /// A write is done: its blocks are no longer uncorrectable, and counted.
-fn write_done(ctx: &Ctx<'_>, ns: &Namespace, rw: &ReadWrite) {
-    ns.uncorrectable.clear(rw.slba, rw.nlb);
+fn write_done(ctx: &mut Ctx<'_>, ns: &Namespace, rw: &ReadWrite) {
+    if ns.uncorrectable.clear(rw.slba, rw.nlb) {
+        ctx.state_changed();
+    }
     ns.counters.written(rw.len);
     let stats = &ctx.shared.stats;
     stats.written(ctx.qid, rw.block_bytes >> 9);
@@ -720,7 +726,9 @@ fn write_zeroes(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace) -> Result<(), 
         }
     });
     r.map_err(|e| ctx.shared.stats.backend_error(op, ns.nsid, &e))?;
-    ns.uncorrectable.clear(b.slba, b.nlb);
+    if ns.uncorrectable.clear(b.slba, b.nlb) {
+        ctx.state_changed();
+    }
     Ok(())
 }
 
@@ -758,7 +766,9 @@ fn dataset_management(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace) -> Resul
                 .stats
                 .backend_error(BackendOp::Deallocate, ns.nsid, &err)
         })?;
-        ns.uncorrectable.clear(e.slba, e.nlb);
+        if ns.uncorrectable.clear(e.slba, e.nlb) {
+            ctx.state_changed();
+        }
     }
     Ok(())
 }

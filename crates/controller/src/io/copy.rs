@@ -119,6 +119,8 @@ pub(super) fn copy(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace) -> Result<(
         ctx.scratch.buf2 = buf;
         r?;
     }
-    ns.uncorrectable.clear(d.slba, d.nlb);
+    if ns.uncorrectable.clear(d.slba, d.nlb) {
+        ctx.state_changed();
+    }
     Ok(())
 }

@@ -36,13 +36,18 @@ pub(super) fn execute(ctx: &mut Ctx<'_>, cmd: &Command) -> Option<Outcome> {
     if !OPCODES.contains(&op) {
         return None;
     }
-    Some(match run(ctx, cmd, op) {
+    let r = run(ctx, cmd, op);
+    let owed = std::mem::take(&mut ctx.scratch.owed);
+    Some(match r {
+        // An append that cleared a mark asked for a checkpoint; its LBA
+        // takes both dwords an owed completion does not keep.
         Ok(Some(lba)) => Outcome::Appended(lba),
-        Ok(None) if std::mem::take(&mut ctx.scratch.owed) => Outcome::Owed {
+        Ok(None) if owed => Outcome::Owed {
             dw0: 0,
             status: Status::SUCCESS,
         },
         Ok(None) => Outcome::ok(0),
+        Err(status) if owed => Outcome::Owed { dw0: 0, status },
         Err(status) => Outcome::Done { dw0: 0, status },
     })
 }
@@ -126,15 +131,20 @@ fn send(ctx: &mut Ctx<'_>, cmd: &Command, ns: &Namespace, zones: &Zones) -> Resu
     }
     let action = ZoneAction::parse(cdw13.zsa())?;
     let stats = &ctx.shared.stats;
+    let mut unmarked = false;
     let mut erase = |zslba: u64| {
         let e = Extent::new(ns, zslba, zones.zsze)?;
         ns.backend
             .discard(e.offset, e.len)
             .map_err(|err| stats.backend_error(BackendOp::Deallocate, ns.nsid, &err))?;
-        ns.uncorrectable.clear(e.slba, e.nlb);
+        unmarked |= ns.uncorrectable.clear(e.slba, e.nlb);
         Ok(())
     };
-    zones.send(action, cdw13.select_all(), cmd.slba(), &mut erase)
+    let r = zones.send(action, cdw13.select_all(), cmd.slba(), &mut erase);
+    if unmarked {
+        ctx.state_changed();
+    }
+    r
 }
 
 /// Set Zone Descriptor Extension (§3.4.3.6): the data, ZDES × 64 bytes,
@@ -157,12 +167,8 @@ fn set_extension(
     let mut data = Vec::new();
     ctx.receive(cmd, size, &mut data)?;
     zones.set_extension(cmd.slba(), &data)?;
-    // The extension is saved state the zone's word does not hold: a
-    // supervised server keeps it at its next checkpoint, as a reservation
-    // command's change, its completion owed until then.
-    let rec = ctx.shared.crash.get();
-    ctx.scratch.owed = rec.is_some();
-    crate::crash_record::admin_done(rec);
+    // Saved state the zone's word does not hold.
+    ctx.state_changed();
     Ok(())
 }
 

@@ -91,16 +91,15 @@ impl Uncorrectable {
     }
 
     /// Unmarks `nlb` blocks at `slba`: they were written or deallocated.
+    /// Returns whether any was marked.
     #[inline]
-    pub fn clear(&self, slba: u64, nlb: u64) {
-        if self.marked.load(Ordering::Relaxed) {
-            self.clear_marked(slba, nlb);
-        }
+    pub fn clear(&self, slba: u64, nlb: u64) -> bool {
+        self.marked.load(Ordering::Relaxed) && self.clear_marked(slba, nlb)
     }
 
-    fn clear_marked(&self, slba: u64, nlb: u64) {
+    fn clear_marked(&self, slba: u64, nlb: u64) -> bool {
         if nlb == 0 {
-            return;
+            return false;
         }
         let end = slba.saturating_add(nlb);
         let mut ranges = self.ranges.lock();
@@ -111,6 +110,7 @@ impl Uncorrectable {
             .take_while(|(_, &e)| e > slba)
             .map(|(&s, &e)| (s, e))
             .collect();
+        let unmarked = !overlapping.is_empty();
         for (s, e) in overlapping {
             ranges.map.remove(&s);
             let left = (s < slba).then_some((s, slba));
@@ -144,6 +144,7 @@ impl Uncorrectable {
         if ranges.map.is_empty() {
             self.marked.store(false, Ordering::Relaxed);
         }
+        unmarked
     }
 
     /// The lowest marked block (a device self-test's failing LBA).

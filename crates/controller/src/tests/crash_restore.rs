@@ -17,6 +17,7 @@ use crate::saved_state::positions::{read_posted, Posted};
 use crate::SavedState;
 
 mod aer;
+mod uncorrectable;
 mod zones;
 
 /// What the crash area would hold.

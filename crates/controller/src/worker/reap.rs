@@ -151,6 +151,10 @@ fn complete_one(
         &[],
         &request.admitted,
     );
+    // A write that cleared a Write Uncorrectable mark asked for a
+    // checkpoint; its completion, posted here into its reserved entry,
+    // is not owed (docs/deployment.md, "Crash recovery").
+    ctx.scratch.owed = false;
     let done = Reserved {
         cmd: &request.cmd,
         dw0: 0,
