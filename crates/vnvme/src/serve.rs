@@ -145,10 +145,11 @@ pub struct ServeOptions {
     /// the new server maps it). Costs a process, an fd per file the client shares, a pause of the workers
     /// and a state write per state change (admin command, register write, DMA map), two stores per
     /// queue per worker round, two per command that goes in flight (on the `file` backend, or held),
-    /// one per doorbell trap and one or two per zone a command changes. Refused under it, as a crash
-    /// would not keep them: live upgrade, zoned namespaces with more than 2^20 zones in all, room for
-    /// Namespace Management (`--nvm-capacity`) and the control socket's `namespace_add` and
-    /// `namespace_resize`. See docs/deployment.md, "Crash recovery".
+    /// one per doorbell trap and one or two per zone a command changes. Live upgrade (`vnvme ctl
+    /// upgrade`, or SIGUSR2 to the supervisor) replaces the server, which the supervisor then
+    /// watches. Refused under it, as a crash would not keep them: zoned namespaces with more than
+    /// 2^20 zones in all, room for Namespace Management (`--nvm-capacity`) and the control socket's
+    /// `namespace_add` and `namespace_resize`. See docs/deployment.md, "Crash recovery".
     #[arg(long)]
     pub supervise: bool,
     #[command(flatten)]
@@ -440,7 +441,7 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
         }
         None => None,
     };
-    let keeper = match &crash_area {
+    let keeper = match crash_area {
         Some(fd) => {
             let k = Arc::new(
                 supervise::Keeper::new(fd.as_fd(), requests.waker()?, replies, zone_room)
@@ -449,31 +450,29 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
             device.controller().record_crash_state(
                 Arc::clone(&k) as Arc<dyn vnvme_controller::crash_record::CrashRecord>
             );
-            Some(k)
+            Some((k, fd))
         }
         None => None,
     };
-    let forwarder = handover
-        .as_mut()
-        .and_then(|(t, _)| t.supervisor.take())
-        .map(|fd| supervise::Forwarder::new(fd, keeper));
+    let forwarder = match handover.as_mut() {
+        Some((t, _)) => match t.supervisor.take() {
+            // A supervisor killed outright cannot pass its stop on: stop then.
+            Some(fd) => Some(supervise::Forwarder::new(
+                fd,
+                keeper,
+                supervise::parent::die_with_supervisor(t.supervisor_pid)?,
+            )),
+            None => None,
+        },
+        None => None,
+    };
     if let Some(f) = &forwarder {
         // Before this server is ready, so before any write: the next one
         // after a crash serves the same data.
         f.memories(&device.controller().namespace_backends())
             .context("passing the ram namespaces' memory to the supervisor")?;
-        // A supervisor killed outright cannot pass its stop on: stop then.
-        rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))
-            .context("asking for a signal at the supervisor's death")?;
     }
-    let unsupported = match &forwarder {
-        Some(_) => Some(
-            "the server runs under --supervise, whose supervisor would not know the new process: \
-             restart it instead"
-                .to_string(),
-        ),
-        None => cannot_upgrade(&backends),
-    };
+    let unsupported = cannot_upgrade(&backends);
     let upgrader = Upgrader::new(
         requests,
         listening

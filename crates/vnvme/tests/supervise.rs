@@ -14,130 +14,17 @@ mod common;
 #[path = "supervise/fdmsg.rs"]
 mod fdmsg;
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::rounds::{self, block, BLOCK};
-use common::{ctl_ok, temp_dir, TempDir, BIN};
+use common::supervised::{alive, controlled_file_rig, file_rig, kill, rig, Rig};
+use common::{ctl_ok, temp_dir, BIN};
 use vnvme_driver::{admin, Controller, DeviceAccess, IoQueue, VfioUserAccess};
 use vnvme_spec::feature::FeatureId;
 use vnvme_spec::NvmOpcode;
 
 const BLOCKS: u64 = 16;
-
-/// A supervised server of a 16 MiB `file` namespace.
-struct Rig {
-    dir: TempDir,
-    socket: PathBuf,
-    supervisor: Child,
-    /// The namespace's folder, apart from the log's.
-    ns_dir: Option<TempDir>,
-}
-
-impl Drop for Rig {
-    fn drop(&mut self) {
-        // The server gets SIGTERM when its supervisor dies.
-        let _ = self.supervisor.kill();
-        let _ = self.supervisor.wait();
-    }
-}
-
-fn rig(name: &str, args: &[&str]) -> Rig {
-    let dir = temp_dir(name);
-    let socket = dir.join("vnvme.sock");
-    let log = std::fs::File::create(dir.join("serve.log")).unwrap();
-    let supervisor = Command::new(BIN)
-        .args(["serve", "--supervise", "--socket"])
-        .arg(&socket)
-        .args(args)
-        .stderr(Stdio::from(log))
-        .spawn()
-        .unwrap();
-    let r = Rig {
-        dir,
-        socket,
-        supervisor,
-        ns_dir: None,
-    };
-    r.wait_log("supervising the server, pid", 1);
-    r
-}
-
-fn file_rig(name: &str, mode: &str) -> Rig {
-    file_rig_with(name, mode, &[])
-}
-
-fn file_rig_with(name: &str, mode: &str, extra: &[&str]) -> Rig {
-    let dir = temp_dir(&format!("{name}-ns"));
-    let ns = format!("16M:file={}", dir.join("ns1.img").display());
-    let mut args = vec!["--ns", &ns, "--doorbells", mode];
-    args.extend_from_slice(extra);
-    let mut r = rig(name, &args);
-    r.ns_dir = Some(dir);
-    r
-}
-
-/// [`file_rig`] with a control socket (`--control`): the rig, the
-/// folder the socket is in (kept while the test runs) and its path.
-fn controlled_file_rig(name: &str, mode: &str) -> (Rig, TempDir, PathBuf) {
-    let dir = temp_dir(&format!("{name}-control"));
-    let control = dir.join("control.sock");
-    let arg = control.display().to_string();
-    (
-        file_rig_with(name, mode, &["--control", &arg]),
-        dir,
-        control,
-    )
-}
-
-impl Rig {
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("serve.log")).unwrap_or_default()
-    }
-
-    /// Waits until `what` is in the log `n` times.
-    fn wait_log(&self, what: &str, n: usize) -> String {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let log = self.log();
-            if log.matches(what).count() >= n {
-                return log;
-            }
-            assert!(
-                Instant::now() < deadline && alive(self.supervisor.id() as i32),
-                "{what:?} not {n} times in the log:\n{log}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// The pid of the server the supervisor started last.
-    fn server_pid(&self) -> i32 {
-        let log = self.log();
-        let at = log.rfind("supervising the server, pid ").unwrap();
-        let rest = &log[at + "supervising the server, pid ".len()..];
-        let end = rest.find(|c: char| !c.is_ascii_digit()).unwrap();
-        rest[..end].parse().unwrap()
-    }
-
-    fn client(&self) -> (Arc<VfioUserAccess>, Controller, IoQueue) {
-        common::client::default_client(&self.socket)
-    }
-}
-
-fn kill(pid: i32, sig: rustix::process::Signal) {
-    rustix::process::kill_process(rustix::process::Pid::from_raw(pid).unwrap(), sig).unwrap();
-}
-
-/// Whether `pid` runs (a zombie, exited and not yet reaped, does not).
-fn alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-        s.rsplit_once(')')
-            .is_some_and(|(_, rest)| !rest.starts_with(" Z"))
-    })
-}
 
 /// What the supervisor must say it held for our driver's client in
 /// `mode`: its connection, the one memfd the driver maps all its memory
@@ -551,18 +438,6 @@ fn sigterm_right_after_start_stops_both_cleanly() {
     assert!(out.status.success(), "{}\n{err}", out.status);
     assert!(!err.contains("failed to start"), "{err}");
     assert!(!socket.exists(), "the socket file was left behind");
-}
-
-#[test]
-fn an_upgrade_is_refused_under_supervise() {
-    let (r, _control_dir, control) = controlled_file_rig("upgrade-refused", "shadow");
-    let out = common::ctl(&control, &["upgrade"]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("runs under --supervise"), "{err}");
-    // The server serves on.
-    let (access, _ctrl, mut q) = r.client();
-    round(&r, &access, &mut q, 1, true);
 }
 
 #[test]

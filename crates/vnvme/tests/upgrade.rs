@@ -15,10 +15,10 @@ mod common;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::io_thread::IoThread;
 use common::rounds::{self, block, reap, BLOCK};
 use common::{ctl, temp_dir, TempDir, BIN};
 use serde_json::Value;
@@ -136,48 +136,16 @@ impl Rig {
 /// Verified I/O on a thread while the main thread upgrades `upgrades`
 /// times; returns the reports and the rounds done.
 fn io_across_upgrades(r: &mut Rig, upgrades: usize) -> (Vec<Value>, u64) {
-    let (access, ctrl, mut q) = r.client();
-    let stop = Arc::new(AtomicBool::new(false));
-    let rounds = Arc::new(AtomicU64::new(0));
-    let io = {
-        let (access, stop, rounds) = (access.clone(), stop.clone(), rounds.clone());
-        std::thread::spawn(move || {
-            let mut n = 0;
-            while !stop.load(Ordering::Acquire) {
-                round(&access, &mut q, n);
-                n += 1;
-                rounds.store(n, Ordering::Release);
-            }
-            q
-        })
-    };
+    let (access, ctrl, q) = r.client();
+    let io = IoThread::start(access.clone(), q, BLOCKS, 0);
     let mut reports = Vec::new();
     for _ in 0..upgrades {
         // I/O running before each upgrade.
-        let before = rounds.load(Ordering::Acquire);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while rounds.load(Ordering::Acquire) < before + 2 {
-            assert!(!io.is_finished(), "the I/O thread failed\n{}", r.log());
-            assert!(Instant::now() < deadline, "no I/O\n{}", r.log());
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        io.wait_more(2, &|| r.log());
         reports.push(r.upgrade(&[]));
     }
-    let after = rounds.load(Ordering::Acquire);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while rounds.load(Ordering::Acquire) < after + 2 {
-        assert!(!io.is_finished(), "the I/O thread failed\n{}", r.log());
-        assert!(
-            Instant::now() < deadline,
-            "no I/O after the last upgrade\n{}",
-            r.log()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    stop.store(true, Ordering::Release);
-    let q = io
-        .join()
-        .unwrap_or_else(|_| panic!("the I/O thread failed\n{}", r.log()));
+    io.wait_more(2, &|| r.log());
+    let (q, rounds) = io.finish(&|| r.log());
     drop(q);
     // The controller was never reset: still enabled and ready, and the
     // admin queue answers as before.
@@ -187,7 +155,7 @@ fn io_across_upgrades(r: &mut Rig, upgrades: usize) -> (Vec<Value>, u64) {
     let admin = ctrl.admin_commands();
     assert_eq!(ctrl.rescan().unwrap().len(), 1);
     assert!(ctrl.admin_commands() > admin);
-    (reports, rounds.load(Ordering::Acquire))
+    (reports, rounds)
 }
 
 /// A server of a 16 MiB `file` namespace (in the folder returned, kept

@@ -16,7 +16,7 @@ use vnvme_device::NvmeDevice;
 use vnvme_vfio_user::handover::{ClientChange, ClientParts, Handover};
 
 use super::manifest::{self, ms, now_ns, HandedClient, HandedRam, HandedSocket, Manifest};
-use super::{Requests, DRAIN_BOUND, HANDOVER_TIMEOUT};
+use super::{Requests, SuccessorEvent, DRAIN_BOUND, HANDOVER_TIMEOUT};
 
 /// The control socket and the metrics socket, to pass on.
 #[derive(Debug, Default)]
@@ -104,6 +104,28 @@ impl Upgrader {
         })
     }
 
+    /// Supervised: keeps the `state` a pause saved in the crash area, so
+    /// the new process continues from a slot holding what it restores.
+    /// Commands held back refuse it: the new process would hold them
+    /// again with no record of them in the area, and a crash of it would
+    /// forget them.
+    fn keep_paused(
+        &self,
+        device: &NvmeDevice,
+        state: &vnvme_controller::SavedState,
+    ) -> Result<(), String> {
+        let Some(f) = &self.forward else {
+            return Ok(());
+        };
+        match state.handed().len() {
+            0 => f.keep_paused(device, state),
+            n => Err(format!(
+                "{n} commands are held back (a QoS limit, a fault, a Preempt and Abort's fence): \
+                 under --supervise an upgrade hands none over; try again once they ran"
+            )),
+        }
+    }
+
     /// Starts the new process on `client` and waits for it; `Ok` with the
     /// report once it is ready, `Err` with why not (it is gone then).
     fn pass(&self, device: &NvmeDevice, client: Option<ClientParts<'_>>) -> Result<Value, String> {
@@ -159,7 +181,7 @@ impl Upgrader {
                 fd: pass(fd)?,
             });
         }
-        let manifest = Manifest {
+        let mut manifest = Manifest {
             ram,
             status_fd,
             listener_fd,
@@ -168,19 +190,46 @@ impl Upgrader {
             metrics,
             qos: Some(crate::qos::HandedQos::of(device.controller())),
             supervisor: None,
+            supervisor_pid: None,
             client,
             crash: None,
             spawned_ns: now_ns(),
             controllers: Vec::new(),
         };
+        if let Some(f) = &self.forward {
+            f.hand_on(&mut manifest, &mut pass)?;
+        }
+        // The supervisor hears of a new process that started, and then
+        // how it ended; of nothing if none started.
+        let started_pid = std::cell::Cell::new(None);
+        let started = |pid| {
+            started_pid.set(Some(pid));
+            if let Some(f) = &self.forward {
+                f.successor(SuccessorEvent::Started(pid));
+            }
+        };
         let successor = start_successor(
             &exe.map_or_else(|| self.program.clone(), OsString::from),
             &self.args,
             (&manifest, &state),
-            passed,
+            (passed, &started),
             &status_rx,
             &self.backends,
-        )?;
+        );
+        if let Some(f) = self
+            .forward
+            .as_ref()
+            .filter(|_| started_pid.get().is_some())
+        {
+            f.successor(match &successor {
+                Ok(s) => SuccessorEvent::TookOver {
+                    pid: s.pid,
+                    exe: &s.exe,
+                },
+                Err(_) => SuccessorEvent::Failed,
+            });
+        }
+        let successor = successor?;
         Ok(json!({
             "pid": successor.pid,
             "exe": successor.exe,
@@ -257,13 +306,14 @@ impl Successor {
 /// Writes the handover (`manifest` and the states after it) to a sealed
 /// memfd, lets the `backends`' locks go, starts `program` with `args` and
 /// `--handover-fd`, which inherits `passed` (closed here once it started),
-/// and waits for it to say it is ready on `status`. On any failure the
-/// locks are taken back and the new process is gone: this one serves on.
+/// tells `started` its pid, and waits for it to say it is ready on
+/// `status`. On any failure the locks are taken back and the new process
+/// is gone: this one serves on.
 pub(super) fn start_successor(
     program: &OsString,
     args: &[OsString],
     (manifest, state): (&Manifest, &[u8]),
-    mut passed: Vec<OwnedFd>,
+    (mut passed, started): (Vec<OwnedFd>, &dyn Fn(u32)),
     status: &OwnedFd,
     backends: &[Arc<dyn BlockDevice>],
 ) -> Result<Successor, String> {
@@ -287,6 +337,7 @@ pub(super) fn start_successor(
             return Err(format!("starting {exe}: {e}"));
         }
     };
+    started(child.id());
     match wait_ready(status, &mut child) {
         Ok(ready) => {
             let started_ns =
@@ -368,6 +419,12 @@ impl Handover<NvmeDevice> for Upgrader {
         let save_started_ns = now_ns();
         match ctrl.save_state_handing() {
             Ok(state) => {
+                if let Err(why) = self.keep_paused(device, &state) {
+                    if let Err(e) = ctrl.resume() {
+                        tracing::error!("resuming after a refused upgrade: {e}");
+                    }
+                    return Err(why);
+                }
                 *self.saved.lock() = Some(Saved {
                     state: state.encode(),
                     handed: state.handed().to_vec(),

@@ -43,6 +43,13 @@ pub struct Manifest {
     /// fds on (`vnvme serve --supervise`; absent otherwise).
     #[serde(default)]
     pub supervisor: Option<HandedSocket>,
+    /// The supervisor's pid, when a supervised server hands over to a new
+    /// process it starts itself: the new process is its child until the
+    /// old one exits and the supervisor (a child subreaper) adopts it, so
+    /// it asks for a signal at its parent's death only once its parent is
+    /// this pid (absent for a child the supervisor starts).
+    #[serde(default)]
+    pub supervisor_pid: Option<u32>,
     pub client: Option<HandedClient>,
     /// The supervisor's crash area, and the client to restore from it
     /// after a crash (`--supervise`; absent otherwise).

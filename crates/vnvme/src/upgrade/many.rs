@@ -176,6 +176,7 @@ impl Many {
             metrics: None,
             qos: None,
             supervisor: None,
+            supervisor_pid: None,
             client: None,
             crash: None,
             spawned_ns: now_ns(),
@@ -189,7 +190,7 @@ impl Many {
             &exe.map_or_else(|| self.program.clone(), OsString::from),
             &self.args,
             (&manifest, &bytes),
-            passed,
+            (passed, &|_| {}),
             &status_rx,
             &backends,
         )?;

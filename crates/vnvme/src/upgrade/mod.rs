@@ -82,6 +82,36 @@ pub trait ClientWatch: Send + Sync + std::fmt::Debug {
     /// Where replies wait (see
     /// [`Handover::reply_pipe`](vnvme_vfio_user::handover::Handover::reply_pipe)).
     fn reply_pipe(&self) -> Option<std::sync::Arc<vnvme_vfio_user::ReplyPipe>>;
+    /// A live upgrade paused the workers and saved `state`: keeps it in
+    /// the crash area before the new process starts; `Err`: why not (the
+    /// upgrade is refused then).
+    fn keep_paused(
+        &self,
+        device: &vnvme_device::NvmeDevice,
+        state: &vnvme_controller::SavedState,
+    ) -> Result<(), String>;
+    /// Adds to `manifest` what the new process of a supervised server
+    /// serves on: the supervisor's socketpair, the crash area, the reply
+    /// pipe and the supervisor's pid, each fd given to `pass`.
+    fn hand_on(
+        &self,
+        manifest: &mut manifest::Manifest,
+        pass: &mut dyn FnMut(BorrowedFd<'_>) -> Result<i32, String>,
+    ) -> Result<(), String>;
+    /// Tells the supervisor how the upgrade's new process is doing.
+    fn successor(&self, event: SuccessorEvent<'_>);
+}
+
+/// What a supervised server tells its supervisor of an upgrade's new
+/// process, which the supervisor adopts once the old one exits.
+#[derive(Debug, Clone, Copy)]
+pub enum SuccessorEvent<'a> {
+    /// Started, with this pid; not ready yet.
+    Started(u32),
+    /// It failed and is gone: this process serves on.
+    Failed,
+    /// It is ready and serves from now on: this process exits next.
+    TookOver { pid: u32, exe: &'a str },
 }
 
 /// The signal that asks `vnvme serve` for an upgrade to the binary it was

@@ -358,6 +358,7 @@ impl Several {
             metrics,
             qos: None,
             supervisor: None,
+            supervisor_pid: None,
             client: None,
             crash: None,
             spawned_ns: now_ns(),
@@ -367,7 +368,7 @@ impl Several {
             &exe.map_or_else(|| self.program.clone(), OsString::from),
             &self.args,
             (&manifest, &bytes),
-            passed,
+            (passed, &|_| {}),
             &status_rx,
             &self.backends,
         )?;

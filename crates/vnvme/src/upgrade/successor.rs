@@ -24,6 +24,9 @@ pub struct Taken {
     pub qos: Option<crate::qos::HandedQos>,
     /// The socketpair to the supervisor (`--supervise`).
     pub supervisor: Option<OwnedFd>,
+    /// The supervisor's pid, if this process is a supervised server's
+    /// successor (see [`Manifest::supervisor_pid`]).
+    pub supervisor_pid: Option<u32>,
     pub client: Option<TakenClient>,
     /// The supervisor's crash area (`--supervise`).
     pub crash: Option<TakenCrash>,
@@ -186,6 +189,7 @@ fn take_rest(
     let Manifest {
         socket_owned,
         qos,
+        supervisor_pid,
         client,
         crash,
         controllers: handed_controllers,
@@ -303,6 +307,7 @@ fn take_rest(
         metrics,
         qos,
         supervisor,
+        supervisor_pid,
         client,
         crash,
         ram,

@@ -11,9 +11,11 @@ use vnvme_driver::VfioUserAccess;
 
 pub mod client;
 pub mod crc32c;
+pub mod io_thread;
 pub mod pattern;
 pub mod proc_counts;
 pub mod rounds;
+pub mod supervised;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_vnvme");
 

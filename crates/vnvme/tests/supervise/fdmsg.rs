@@ -9,12 +9,14 @@
 //! verified.
 
 use std::os::fd::AsFd;
+use std::sync::Arc;
 
 use vnvme_driver::access::DmaRegion;
 use vnvme_spec::Completion;
 use vnvme_vfio_user::{irq, region};
 
 use super::*;
+use crate::common::TempDir;
 use vnvme_driver::DmaBuffer;
 
 /// Where our maps go: far above the driver's pool (`DmaPool::BASE_IOVA`).

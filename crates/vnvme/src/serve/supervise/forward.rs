@@ -14,6 +14,8 @@ use vnvme_vfio_user::handover::{ClientChange, ClientParts, Marked};
 
 use super::keeper::{Keeper, SlotClient};
 use super::notes::{self, Note};
+use crate::upgrade::manifest::{HandedCrash, HandedSocket, Manifest};
+use crate::upgrade::SuccessorEvent;
 
 /// Which file a DMA fd is, as the vfio-user `DmaLedger` tells them apart
 /// (a read-only fd cannot stand for a writable one).
@@ -40,16 +42,24 @@ pub struct Forwarder {
     sock: OwnedFd,
     sent: Mutex<Sent>,
     keeper: Option<Arc<Keeper>>,
+    /// The crash area's memfd, for an upgrade's new process.
+    area: Option<OwnedFd>,
+    /// The supervisor's pid, for an upgrade's new process.
+    supervisor_pid: u32,
 }
 
 impl Forwarder {
-    /// Forwards on `sock`; keeps the crash state with `keeper` (absent: a
-    /// supervisor that made no crash area).
-    pub fn new(sock: OwnedFd, keeper: Option<Arc<Keeper>>) -> Self {
+    /// Forwards on `sock` to the supervisor `supervisor_pid`; keeps the
+    /// crash state in `area` with `keeper` (absent: a supervisor that made
+    /// no crash area).
+    pub fn new(sock: OwnedFd, keeper: Option<(Arc<Keeper>, OwnedFd)>, supervisor_pid: u32) -> Self {
+        let (keeper, area) = keeper.unzip();
         Self {
             sock,
             sent: Mutex::new(Sent::default()),
             keeper,
+            area,
+            supervisor_pid,
         }
     }
 }
@@ -137,6 +147,59 @@ impl crate::upgrade::ClientWatch for Forwarder {
 
     fn reply_pipe(&self) -> Option<Arc<vnvme_vfio_user::ReplyPipe>> {
         self.keeper.as_ref()?.replies()
+    }
+
+    fn keep_paused(
+        &self,
+        device: &NvmeDevice,
+        state: &vnvme_controller::SavedState,
+    ) -> Result<(), String> {
+        match &self.keeper {
+            Some(k) => k
+                .keep_paused(device, state)
+                .map_err(|e| format!("keeping the crash state for the upgrade: {e}; try again")),
+            None => Ok(()),
+        }
+    }
+
+    fn hand_on(
+        &self,
+        manifest: &mut Manifest,
+        pass: &mut dyn FnMut(BorrowedFd<'_>) -> Result<i32, String>,
+    ) -> Result<(), String> {
+        manifest.supervisor = Some(HandedSocket {
+            fd: pass(self.sock.as_fd())?,
+        });
+        manifest.supervisor_pid = Some(self.supervisor_pid);
+        if let Some(area) = &self.area {
+            let replies = match self.keeper.as_ref().and_then(|k| k.replies()) {
+                Some(pipe) => {
+                    let (rx, tx) = pipe.fds();
+                    Some([pass(rx)?, pass(tx)?])
+                }
+                None => None,
+            };
+            manifest.crash = Some(HandedCrash {
+                fd: pass(area.as_fd())?,
+                client: None,
+                replies,
+            });
+        }
+        Ok(())
+    }
+
+    fn successor(&self, event: SuccessorEvent<'_>) {
+        let note = match event {
+            SuccessorEvent::Started(pid) => Note::Successor { pid },
+            SuccessorEvent::Failed => Note::SuccessorFailed,
+            SuccessorEvent::TookOver { pid, exe } => Note::HandedOver {
+                pid,
+                exe: exe.to_string(),
+            },
+        };
+        if let Err(e) = self.send(&note, None) {
+            tracing::error!("telling the supervisor of the upgrade ({note:?}) failed: {e}");
+        }
     }
 }
 

@@ -231,41 +231,7 @@ impl Keeper {
         let result = ctrl
             .save_state()
             .map_err(|e| format!("the controller cannot be saved now: {e}"))
-            .and_then(|state| {
-                let mut c = c.clone();
-                c.function = device.function_state();
-                // The words first: a crash before the slot is whole pairs
-                // the previous slot with the positions of now.
-                let (sqs, cqs) = state.positions();
-                // The outstanding AERs taken since the last slot: in
-                // flight again in the new generation, or a crash before
-                // this slot is whole would forget them.
-                let aers: Vec<(u16, u32)> = (state.outstanding_aers().into_iter())
-                    .filter_map(|cid| Some((cid, self.area.open_head(0, cid)?)))
-                    .collect();
-                // Saved with none in flight: the tables' entries are void.
-                self.area.clear_words();
-                self.area.next_generation();
-                for (qid, p) in sqs {
-                    self.area.store_sq(qid, p);
-                }
-                for (qid, p) in cqs {
-                    self.area.store_cq(qid, p);
-                }
-                // The completions owed: in flight again in this
-                // generation, before the slot that owes them (a crash
-                // after it posts each once, see `vnvme_controller::queue::owed`).
-                for (qid, o) in state.owed() {
-                    self.area.store_open(qid, o.cid, o.head);
-                }
-                for (cid, head) in aers {
-                    self.area.store_open(0, cid, head);
-                }
-                let seq = self.seq.fetch_add(1, Ordering::Relaxed);
-                self.area
-                    .write_slot(seq, &encode(&c, &state.encode()))
-                    .map_err(|e| e.to_string())
-            });
+            .and_then(|state| self.write_slot(c, device, &state));
         // Kept or not: a failed checkpoint does not hold the guest's
         // commands until a slot that may not come (a crash before the
         // next slot then forgets them, as the warning below says).
@@ -302,6 +268,70 @@ impl Keeper {
                 self.retry_later();
             }
         }
+    }
+
+    /// Keeps `state`, saved by a live upgrade with the workers paused, as
+    /// a slot (`vnvme ctl upgrade` under `--supervise`): the new process
+    /// restores the same state and posts the completions it owes, so a
+    /// crash of the new process before its first checkpoint finds their
+    /// effect kept (a new child's keeper starts a new generation, so they
+    /// are not posted twice). The completions are released, for this
+    /// process to post if the upgrade fails. `Err`: why it was not kept
+    /// (the upgrade is refused then).
+    pub fn keep_paused(&self, device: &NvmeDevice, state: &SavedState) -> Result<(), String> {
+        let client = self.client.lock();
+        let Some(c) = client.as_ref() else {
+            return Ok(());
+        };
+        self.write_slot(c, device, state)?;
+        device.controller().release_owed();
+        self.kept_writes
+            .store(device.state_writes(), Ordering::Relaxed);
+        self.kept_admin
+            .store(self.admin.load(Ordering::Acquire), Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Writes `state` of client `c` as the next slot, the words first.
+    fn write_slot(
+        &self,
+        c: &SlotClient,
+        device: &NvmeDevice,
+        state: &SavedState,
+    ) -> Result<(), String> {
+        let mut c = c.clone();
+        c.function = device.function_state();
+        // The words first: a crash before the slot is whole pairs
+        // the previous slot with the positions of now.
+        let (sqs, cqs) = state.positions();
+        // The outstanding AERs taken since the last slot: in
+        // flight again in the new generation, or a crash before
+        // this slot is whole would forget them.
+        let aers: Vec<(u16, u32)> = (state.outstanding_aers().into_iter())
+            .filter_map(|cid| Some((cid, self.area.open_head(0, cid)?)))
+            .collect();
+        // Saved with none in flight: the tables' entries are void.
+        self.area.clear_words();
+        self.area.next_generation();
+        for (qid, p) in sqs {
+            self.area.store_sq(qid, p);
+        }
+        for (qid, p) in cqs {
+            self.area.store_cq(qid, p);
+        }
+        // The completions owed: in flight again in this
+        // generation, before the slot that owes them (a crash
+        // after it posts each once, see `vnvme_controller::queue::owed`).
+        for (qid, o) in state.owed() {
+            self.area.store_open(qid, o.cid, o.head);
+        }
+        for (cid, head) in aers {
+            self.area.store_open(0, cid, head);
+        }
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        self.area
+            .write_slot(seq, &encode(&c, &state.encode()))
+            .map_err(|e| e.to_string())
     }
 
     /// Wakes the client's thread for another checkpoint after the

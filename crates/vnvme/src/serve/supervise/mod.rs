@@ -33,7 +33,7 @@ use std::ffi::OsString;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
-use std::sync::atomic::{AtomicI32, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -52,14 +52,15 @@ mod forward;
 pub mod hold;
 pub mod keeper;
 mod notes;
+pub mod parent;
 pub mod restore;
 mod table;
+mod watch;
 pub mod zone_room;
 
 use crash_area::CrashArea;
 pub use forward::Forwarder;
 pub use keeper::Keeper;
-use notes::Received;
 use table::Table;
 
 /// Starts in a row that may fail (the child exits or refuses before it is
@@ -74,7 +75,7 @@ const CRASH_LOOP: Duration = Duration::from_secs(1);
 const POLL: Duration = Duration::from_millis(100);
 
 /// How the watch of one child ended.
-enum Ended {
+pub(super) enum Ended {
     /// Asked to stop (signal), and the child is gone with this status.
     Stopped(ExitStatus),
     /// The child exited by itself with this status.
@@ -119,6 +120,15 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
         .transpose()?;
     let stop = Stop::new()?;
     stop.on_signals()?;
+    // SIGUSR2 (what `systemctl reload` sends the main process) is passed
+    // to the server as an upgrade request.
+    let upgrade = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(crate::upgrade::SIGNAL, Arc::clone(&upgrade))
+        .context("installing the upgrade signal (SIGUSR2)")?;
+    // An upgrade's new process is started by the server: it becomes the
+    // supervisor's child when the server exits (watch.rs).
+    rustix::process::set_child_subreaper(Some(rustix::process::getpid()))
+        .context("becoming a child subreaper (prctl)")?;
     // Dropped (their files removed) when the supervisor returns.
     let listening = plan.listen()?;
     let control = match &opts.control {
@@ -131,7 +141,7 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
         metrics: metrics.as_ref().map(|l| l.as_fd()),
     };
     let mut argv = std::env::args_os();
-    let program = argv.next().unwrap_or_else(|| "vnvme".into());
+    let mut program = argv.next().unwrap_or_else(|| "vnvme".into());
     let args: Vec<OsString> = argv.collect();
     // A stop asked while a child starts (up to the upgrade's 20 s) is
     // passed to it at once: the watch below passes it on only later.
@@ -173,7 +183,7 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
         if stop.asked() && started.is_err() {
             return Ok(());
         }
-        let (mut child, ours, term_sent) = match started {
+        let (child, ours, term_sent) = match started {
             Ok(c) => c,
             Err(why) if restore => {
                 tracing::error!(
@@ -195,21 +205,29 @@ pub fn run(mut opts: ServeOptions) -> Result<()> {
             }
         };
         failed = 0;
-        let ready_at = Instant::now();
         let pid = child.id();
         tracing::info!("supervising the server, pid {pid}");
         if !told_ready {
             crate::notify::ready();
             told_ready = true;
         }
-        match watch(
-            &mut child,
-            &ours,
-            &mut table,
-            &stop,
+        // Watched by pid from now on (reaped there): an upgrade replaces it
+        // by a process that is no `Child` of ours.
+        drop(child);
+        let mut w = watch::Watch {
+            ours: &ours,
+            table: &mut table,
+            stop: &stop,
             stop_timeout,
-            term_sent,
-        )? {
+            upgrade: &upgrade,
+            program: &mut program,
+        };
+        let pid = rustix::process::Pid::from_raw(pid as i32).context("the server's pid")?;
+        let watched = watch::watch(&mut w, pid, term_sent)?;
+        let (pid, ready_at) = (watched.pid, watched.since);
+        // A restored server that upgraded is not counted as a restore.
+        restore &= !watched.upgraded;
+        match watched.ended {
             Ended::Stopped(status) | Ended::Exited(status) if status.success() => {
                 tracing::info!("the server (pid {pid}) stopped; the supervisor stops");
                 return Ok(());
@@ -358,6 +376,7 @@ fn start(
         supervisor: Some(HandedSocket {
             fd: pass(theirs.as_fd())?,
         }),
+        supervisor_pid: None,
         client: None,
         crash: Some(HandedCrash {
             fd: pass(handed.area)?,
@@ -372,7 +391,10 @@ fn start(
         manifest::write(&manifest, &[]).map_err(|e| format!("writing the handover memfd: {e}"))?;
     let handover_fd = pass(handover.as_fd())?;
     drop(handover);
+    // The supervisor alone talks to the service manager: the server's
+    // upgrades must not name their new process the main one.
     let child = Command::new(program)
+        .env_remove(crate::notify::SOCKET_VAR)
         .args(args)
         .arg("--handover-fd")
         .arg(handover_fd.to_string())
@@ -432,95 +454,4 @@ fn crashed(
             .map(|fd| pass(fd.as_fd()))
             .collect::<Result<_, _>>()?,
     })
-}
-
-/// Keeps `table` as the child's notes say until the child exits or a stop
-/// is asked (then passed on to the child, unless `term_sent` says it was
-/// already; it gets `stop_timeout` and two seconds more before it is
-/// killed).
-fn watch(
-    child: &mut Child,
-    ours: &OwnedFd,
-    table: &mut Table,
-    stop: &Stop,
-    stop_timeout: Duration,
-    term_sent: bool,
-) -> Result<Ended> {
-    let pid = rustix::process::Pid::from_raw(child.id() as i32).context("the child's pid")?;
-    let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
-        .context("watching the server (pidfd_open)")?;
-    // A second SIGTERM would make the child exit at once, without its
-    // clean stop: one only.
-    let mut stopping: Option<Instant> = term_sent.then(Instant::now);
-    let mut reading = true;
-    loop {
-        if let Some(status) = child.try_wait().context("waiting for the server")? {
-            // Notes sent just before the end still count.
-            while reading && read_notes(ours, table) {}
-            return Ok(match stopping {
-                Some(_) => Ended::Stopped(status),
-                None => Ended::Exited(status),
-            });
-        }
-        if stop.asked() {
-            match stopping {
-                None => {
-                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-                    stopping = Some(Instant::now());
-                }
-                Some(at) if at.elapsed() > stop_timeout + Duration::from_secs(2) => {
-                    tracing::error!(
-                        "the server (pid {pid:?}) did not stop within {stop_timeout:?}: killing it"
-                    );
-                    let _ = child.kill();
-                }
-                Some(_) => {}
-            }
-        }
-        let mut fds = vec![rustix::event::PollFd::new(
-            &pidfd,
-            rustix::event::PollFlags::IN,
-        )];
-        if reading {
-            fds.push(rustix::event::PollFd::new(
-                ours,
-                rustix::event::PollFlags::IN,
-            ));
-        }
-        let wait = rustix::event::Timespec {
-            tv_sec: 0,
-            tv_nsec: i64::from(POLL.subsec_nanos()),
-        };
-        match rustix::event::poll(&mut fds, Some(&wait)) {
-            Ok(_) | Err(rustix::io::Errno::INTR) => {}
-            Err(e) => return Err(e).context("waiting for the server"),
-        }
-        let readable = fds.get(1).is_some_and(|f| !f.revents().is_empty());
-        if readable {
-            reading = read_notes(ours, table);
-        }
-    }
-}
-
-/// Reads the notes waiting; `false` once the child's end is closed.
-fn read_notes(ours: &OwnedFd, table: &mut Table) -> bool {
-    // Bounded, so a child sending without end cannot keep the supervisor
-    // from looking at its stop flag.
-    for _ in 0..1024 {
-        match notes::recv(ours) {
-            Ok(Received::Note(note, fd)) => {
-                if let Err(why) = table.apply(note, fd) {
-                    tracing::warn!("the server sent a note that does not fit: {why}");
-                }
-            }
-            Ok(Received::Bad(why)) => tracing::warn!("the server sent {why}"),
-            Ok(Received::Empty) => return true,
-            Ok(Received::Closed) => return false,
-            Err(e) => {
-                tracing::warn!("reading the server's notes: {e}");
-                return false;
-            }
-        }
-    }
-    true
 }

@@ -54,6 +54,16 @@ pub enum Note {
     /// the server's, not the client's, so kept across clients and
     /// children (it replaces the one sent before for `nsid`).
     Ram { nsid: u32 },
+    /// A live upgrade started its new process, `pid`, which is not ready
+    /// yet: a crash of this server kills it (it must not serve the client
+    /// beside the server started after the crash).
+    Successor { pid: u32 },
+    /// The new process failed and is gone: this server serves on.
+    SuccessorFailed,
+    /// The new process `pid`, running `exe`, serves from now on: this
+    /// server exits next, and the supervisor adopts `pid` and starts
+    /// `exe` after a crash.
+    HandedOver { pid: u32, exe: String },
 }
 
 impl Note {

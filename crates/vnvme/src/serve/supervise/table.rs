@@ -85,6 +85,9 @@ impl Table {
                 }
                 fds.push(fd);
             }
+            Note::Successor { .. } | Note::SuccessorFailed | Note::HandedOver { .. } => {
+                return Err(format!("{note:?} is not about the client"));
+            }
         }
         Ok(())
     }
