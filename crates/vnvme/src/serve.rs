@@ -303,10 +303,12 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
     // A supervisor's crash area, and the client of a dead child to serve
     // again from it.
     let crash = handover.as_mut().and_then(|(t, _)| t.crash.take());
-    let (crash_area, crashed, replies) = match crash {
-        Some(c) => (Some(c.area), c.client, c.replies),
-        None => (None, None, None),
+    let (crash_area, crashed, replies, handed_serial) = match crash {
+        Some(c) => (Some(c.area), c.client, c.replies, c.serial),
+        None => (None, None, None, None),
     };
+    // The serial of the client adopted, which the slots already carry.
+    let adopted_serial = crashed.as_ref().map(|c| c.serial).or(handed_serial);
     if let Some((t, _)) = &handover {
         if !t.controllers.is_empty() {
             // Its clients would be dropped unserved.
@@ -461,6 +463,7 @@ fn serve(mut opts: ServeOptions, mut handover: Option<(Taken, &mut Reporter)>) -
                 fd,
                 keeper,
                 supervise::parent::die_with_supervisor(t.supervisor_pid)?,
+                adopted_serial,
             )),
             None => None,
         },

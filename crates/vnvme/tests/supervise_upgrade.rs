@@ -232,6 +232,24 @@ fn a_server_killed_while_its_new_process_starts_takes_it_along() {
     rounds::round_or(&access, &mut q, BLOCKS, 2, true, &|| r.log());
     let out = asked.join().unwrap();
     assert!(!out.status.success(), "the upgrade said it succeeded");
+    // The new binary's own child (its `sleep`), orphaned by the kill, was
+    // adopted by the supervisor and is reaped once it exits: in the end
+    // the supervisor's only child is the server.
+    let sup = r.supervisor.id();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let children =
+            std::fs::read_to_string(format!("/proc/{sup}/task/{sup}/children")).unwrap_or_default();
+        if children.split_whitespace().collect::<Vec<_>>() == [r.server_pid().to_string()] {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the supervisor's children: {children}\n{}",
+            r.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]
@@ -258,4 +276,17 @@ fn sigusr2_twice_at_once_upgrades_and_nothing_breaks() {
     never_reset(&access, &ctrl);
     let log = r.log();
     assert_eq!(log.matches(" died (").count(), 0, "{log}");
+    // The adopted server stops when its supervisor is killed outright
+    // (its parent-death signal, asked for once adopted).
+    let server = r.server_pid();
+    kill(sup, Signal::KILL);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while alive(server) {
+        assert!(
+            Instant::now() < deadline,
+            "the server outlived its supervisor\n{}",
+            r.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

@@ -119,6 +119,11 @@ pub struct HandedCrash {
     /// left in it is owed to its client (`vnvme_vfio_user::ReplyPipe`).
     #[serde(default)]
     pub replies: Option<[i32; 2]>,
+    /// The serial of the client an upgrade hands over (the manifest's
+    /// `client`) in the crash area's slots: the new process keeps it, so
+    /// the slots written before it took over stay this client's.
+    #[serde(default)]
+    pub serial: Option<u64>,
 }
 
 /// The client of a dead child, as the supervisor's table holds it: its

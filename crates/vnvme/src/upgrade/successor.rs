@@ -61,6 +61,8 @@ pub struct TakenCrash {
     pub client: Option<CrashedFds>,
     /// The reply pipe's ends (read, write).
     pub replies: Option<(OwnedFd, OwnedFd)>,
+    /// The serial of the client an upgrade handed over.
+    pub serial: Option<u64>,
 }
 
 /// A dead child's client as the supervisor handed it: its fds.
@@ -261,6 +263,7 @@ fn take_rest(
                 area,
                 client,
                 replies,
+                serial: c.serial,
             })
         }
     };

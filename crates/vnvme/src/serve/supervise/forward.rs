@@ -33,6 +33,10 @@ struct Sent {
     next_id: u64,
     /// A send failed (the supervisor is gone): nothing more is sent.
     broken: bool,
+    /// The serial of the client this process adopted (restored after a
+    /// crash, or handed over by an upgrade), which it keeps: the slots
+    /// written before its first checkpoint are this client's.
+    adopted: Option<u64>,
 }
 
 /// The supervisor's socketpair and what was sent on it, and the crash
@@ -51,12 +55,20 @@ pub struct Forwarder {
 impl Forwarder {
     /// Forwards on `sock` to the supervisor `supervisor_pid`; keeps the
     /// crash state in `area` with `keeper` (absent: a supervisor that made
-    /// no crash area).
-    pub fn new(sock: OwnedFd, keeper: Option<(Arc<Keeper>, OwnedFd)>, supervisor_pid: u32) -> Self {
+    /// no crash area); `adopted`: the serial of the client adopted, if any.
+    pub fn new(
+        sock: OwnedFd,
+        keeper: Option<(Arc<Keeper>, OwnedFd)>,
+        supervisor_pid: u32,
+        adopted: Option<u64>,
+    ) -> Self {
         let (keeper, area) = keeper.unzip();
         Self {
             sock,
-            sent: Mutex::new(Sent::default()),
+            sent: Mutex::new(Sent {
+                adopted,
+                ..Sent::default()
+            }),
             keeper,
             area,
             supervisor_pid,
@@ -183,6 +195,7 @@ impl crate::upgrade::ClientWatch for Forwarder {
                 fd: pass(area.as_fd())?,
                 client: None,
                 replies,
+                serial: self.keeper.as_ref().and_then(|k| k.serial()),
             });
         }
         Ok(())
@@ -241,7 +254,8 @@ impl Forwarder {
         parts: &ClientParts<'_>,
     ) -> std::io::Result<()> {
         sent.files.clear();
-        let serial = new_id();
+        // The first client is the adopted one, if any.
+        let serial = sent.adopted.take().unwrap_or_else(new_id);
         if let Some(k) = &self.keeper {
             k.set_client(SlotClient {
                 serial,

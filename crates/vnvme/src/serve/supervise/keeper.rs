@@ -191,6 +191,11 @@ impl Keeper {
         self.dirty.store(true, Ordering::Release);
     }
 
+    /// The serial of the client kept, if any.
+    pub fn serial(&self) -> Option<u64> {
+        self.client.lock().as_ref().map(|c| c.serial)
+    }
+
     /// The client went: nothing is kept for it any more.
     pub fn clear_client(&self) {
         *self.client.lock() = None;

@@ -28,6 +28,11 @@
 //! with the last reason. SIGTERM or SIGINT to the supervisor is passed to
 //! the child, and both stop; a child that stops cleanly by itself (the
 //! control socket's `shutdown`) ends the supervisor too.
+//!
+//! A live upgrade (`vnvme ctl upgrade`, or SIGUSR2 to the supervisor,
+//! passed to the child) is the child's, as unsupervised: it starts the new
+//! process, which the supervisor (a child subreaper) adopts and watches
+//! once the old one exits (`watch.rs`).
 
 use std::ffi::OsString;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -382,6 +387,7 @@ fn start(
             fd: pass(handed.area)?,
             client: handed.client.map(|t| crashed(t, &mut pass)).transpose()?,
             replies: Some([pass(handed.replies.0)?, pass(handed.replies.1)?]),
+            serial: None,
         }),
         spawned_ns: now_ns(),
         controllers: Vec::new(),

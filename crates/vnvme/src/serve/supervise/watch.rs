@@ -80,11 +80,28 @@ impl Server {
         let _ = rustix::process::pidfd_send_signal(&self.pidfd, sig);
     }
 
-    /// Its exit status once it exited (reaped then).
+    /// Its exit status once it exited (reaped then). Reaps any other
+    /// child that exited too: as a subreaper the supervisor adopts every
+    /// orphan below it (a new binary's own children, left when it was
+    /// killed as it started), which nobody else would reap.
     fn exited(&self) -> Result<Option<ExitStatus>> {
-        let got = rustix::process::waitpid(Some(self.pid), WaitOptions::NOHANG)
-            .context("waiting for the server")?;
-        Ok(got.map(|(_, status)| ExitStatus::from_raw(status.as_raw())))
+        loop {
+            let got = match rustix::process::waitpid(None, WaitOptions::NOHANG) {
+                Ok(got) => got,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(e).context("waiting for the server"),
+            };
+            match got {
+                None => return Ok(None),
+                Some((pid, status)) if pid == self.pid => {
+                    return Ok(Some(ExitStatus::from_raw(status.as_raw())))
+                }
+                Some((pid, status)) => tracing::debug!(
+                    "reaped pid {pid:?}, an orphan the supervisor adopted ({})",
+                    ExitStatus::from_raw(status.as_raw())
+                ),
+            }
+        }
     }
 }
 
