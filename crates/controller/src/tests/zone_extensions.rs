@@ -9,10 +9,10 @@ use super::*;
 use crate::memory::GuestAddress;
 
 /// 128-byte extensions: ZDES 2.
-const EXT: usize = 128;
+pub(super) const EXT: usize = 128;
 
 /// Set Zone Descriptor Extension on the zone at `zslba`, its data at DATA.
-fn set_ext(zslba: u64, all: bool) -> Command {
+pub(super) fn set_ext(zslba: u64, all: bool) -> Command {
     let mut c = send(2, zslba, zsa::SET_ZONE_DESCRIPTOR_EXTENSION, all);
     c.prp1 = U64::new(DATA);
     c
@@ -27,7 +27,7 @@ fn extended(slba: u64, bytes: u32, filter: u8, partial: bool) -> Command {
 impl Host {
     /// Extended Report Zones into a 4 KiB buffer: the count, and each
     /// descriptor with its extension.
-    fn ext_report(
+    pub(super) fn ext_report(
         &mut self,
         slba: u64,
         filter: u8,

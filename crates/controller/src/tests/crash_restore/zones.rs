@@ -2,16 +2,18 @@
 //! as they changed go over the older slot's zones
 //! (`zoned/record.rs`, [`SavedState::put_positions`]).
 
-use vnvme_spec::zns::{zone_state, zrasf, zsa, ZoneDescriptor};
+use vnvme_spec::zns::{za, zone_state, zrasf, zsa, ZoneDescriptor};
 
+use super::super::zone_extensions::{set_ext, EXT};
 use super::super::zoned::{dnr, send, write, zoned_host, ZONES, ZSZE};
 use super::*;
 use crate::ZonedConfig;
 
-/// At most 2 zones open, the last zone read only.
+/// At most 2 zones open, the last zone read only, 128-byte extensions.
 fn zones(z: &mut ZonedConfig) {
     z.max_open = Some(2);
     z.read_only_zones = 1;
+    z.extension_size = EXT as u32;
 }
 
 /// The zoned host (namespace 2 zoned, pairs 1 and 2) recording into a
@@ -121,4 +123,30 @@ fn a_write_not_completed_at_the_crash_is_undone_to_its_start() {
         ok,
         "the retry"
     );
+}
+
+/// A zone descriptor extension (which no zone word holds) set after the
+/// slot: its completion is owed until a checkpoint holds it, and the
+/// extended report after the crash returns it. Failed before it counted as
+/// a state change: posted at once, the extension in no slot.
+#[test]
+fn a_zone_extension_the_host_saw_set_survives_the_crash() {
+    let (mut h, backend, rec, _) = recorded_zoned_host();
+    let data: Vec<u8> = (0..EXT as u8).collect();
+    h.mem.write(GuestAddress(DATA), &data).unwrap();
+    let cid = h.push(1, set_ext(3 * ZSZE, false));
+    h.ring_sq(1);
+    await_ran(&h, &rec, 1, cid);
+    assert_eq!(
+        h.peek_cqe(1),
+        None,
+        "posted before a slot held the extension"
+    );
+    let saved = checkpoint(&h, &rec);
+    let c = h.reap(1);
+    assert_eq!((c.cid(), c.status()), (cid, Status::SUCCESS));
+    crash_zoned(&mut h, &rec, &saved, &backend);
+    let (_, zones) = h.ext_report(0, zrasf::ALL, false);
+    assert_eq!((zones[3].0.za, &zones[3].1), (za::ZDEV, &data));
+    assert_eq!(h.zone_state(3), (zone_state::CLOSED, 3 * ZSZE));
 }
