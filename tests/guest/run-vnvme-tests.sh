@@ -79,6 +79,11 @@
 #              lines printed), every kill followed by a restore, no other error in the server's log. Prints
 #              the stall the guest saw (fio's largest completion latency, runs of 100 ms windows without a
 #              completion) and the commands completed as interrupted per kill
+#   crash-upgrade  --supervise --ns 256M:file=F --control C: the crash test's fio (tests/vnvme-crash.sh,
+#              rig.name=crash-upgrade) while the host upgrades the supervised server 3 times (vnvme ctl
+#              upgrade twice, SIGUSR2 to the supervisor once) and SIGKILLs it 3 times, interleaved (upgrade,
+#              3 s, kill, 3 s): 0 verify errors, no nvme timeout/abort/reset, the supervisor following each
+#              upgrade to its new process and restoring the client after each kill, no other error
 #   many-disks  eight `vnvme serve --ns 64M:ram` with default settings (no --serial), one VM with all eight
 #              (tests/vnvme-many-disks.sh): eight controllers and namespaces, no "Duplicate cntlid" or
 #              "duplicate IDs" in dmesg, distinct serials, NQNs, EUI-64s, NGUIDs, UUIDs and wwids, and a
@@ -194,7 +199,7 @@ set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 GT=$HERE/tests
-ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io sanitize file-backed-ram hugepage-ram viommu nvme-cli-admin logs firmware directives pi zns faults reservations nbd nbd-restart boot-uefi boot-bios unprivileged hotplug many-disks multipath shared-disk shared-reservations upgrade upgrade-background upgrade-many crash"
+ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io sanitize file-backed-ram hugepage-ram viommu nvme-cli-admin logs firmware directives pi zns faults reservations nbd nbd-restart boot-uefi boot-bios unprivileged hotplug many-disks multipath shared-disk shared-reservations upgrade upgrade-background upgrade-many crash crash-upgrade"
 COMPARE=0 KEEP=0 ONLY=''
 while [ $# -gt 0 ]; do
   case $1 in
@@ -1143,6 +1148,19 @@ t_upgrade() {
   fi
   cat "$TMP/$name.summary"
 }
+# The supervisor's log lines that name the server it watches, in $XLOG.
+supervising() { grep -c 'supervising the server, pid' "$XLOG"; }
+wait_supervising() { for _ in $(seq 100); do [ "$(supervising)" -gt "$1" ] && break; sleep 0.1; done; }
+# kill_supervised WHAT FILE: SIGKILLs the server the supervisor logging to $XLOG watches, waits until
+# it watches the next (restored) one, and says so in FILE.
+kill_supervised() {
+  local n pid
+  n=$(supervising)
+  pid=$(sed -n 's/.*supervising the server, pid \([0-9]*\).*/\1/p' "$XLOG" | tail -1)
+  if [ -z "$pid" ] || ! kill -KILL "$pid" 2>/dev/null; then echo "$1: no server to kill" >> "$2"; return; fi
+  wait_supervising "$n"
+  echo "$1: pid $pid" >> "$2"
+}
 t_crash() {
   local name=crash img=$TMP/crash.img kills=$TMP/crash.kills t0 why='' watcher n pid
   t0=$(now)
@@ -1156,11 +1174,7 @@ t_crash() {
   ( for _ in $(seq 600); do grep -q 'crash: I/O running' "$TMP/$name.console" 2>/dev/null && break; sleep 0.5; done
     sleep 4
     for i in $(seq 5); do
-      n=$(grep -c 'supervising the server, pid' "$XLOG")
-      pid=$(sed -n 's/.*supervising the server, pid \([0-9]*\).*/\1/p' "$XLOG" | tail -1)
-      if [ -z "$pid" ] || ! kill -KILL "$pid" 2>/dev/null; then echo "kill $i: no server to kill" >> "$kills"; continue; fi
-      for _ in $(seq 100); do [ "$(grep -c 'supervising the server, pid' "$XLOG")" -gt "$n" ] && break; sleep 0.1; done
-      echo "kill $i: pid $pid" >> "$kills"
+      kill_supervised "kill $i" "$kills"
       sleep 5
     done ) &
   watcher=$!
@@ -1188,6 +1202,63 @@ t_crash() {
   } > "$TMP/$name.summary"
   if [ -z "$why" ]; then
     report PASS $name "$(since "$t0")" "5 kills, 5 restores on the same connection; $(grep -h '"name":"crash"' "$OUT" | sed 's/^RESULT //'); $(grep -h 'stalls_ms' "$OUT" | sed 's/^RESULT //'); details in $TMP/$name.summary"
+  else
+    report FAIL $name "$(since "$t0")" "$why"
+  fi
+  cat "$TMP/$name.summary"
+}
+# crash-upgrade: a supervised server upgraded 3 times (vnvme ctl upgrade twice, SIGUSR2 to the
+# supervisor once) and SIGKILLed 3 times, interleaved, while the guest runs the crash test's fio verify
+t_crash-upgrade() {
+  local name=crash-upgrade img=$TMP/crash-upgrade.img ctlsock=$TMP/crash-upgrade.ctl
+  local events=$TMP/crash-upgrade.events t0 why='' watcher n other
+  t0=$(now)
+  if ! has_opt --supervise; then report SKIP $name 0 "server has no '--supervise' option"; return; fi
+  : > "$events"
+  if ! start_xserver $name --supervise --ns "256M:file=$img" --control "$ctlsock"; then
+    report FAIL $name "$(since "$t0")" "server did not start: $(tail -3 "$XLOG" | tr '\n' ' ')"; stop_xserver; return
+  fi
+  # Once the guest's fio runs: an upgrade, 3 s, a kill, 3 s; three times. Each waits until the
+  # supervisor watches the next server.
+  ( for _ in $(seq 600); do grep -q "$name: I/O running" "$TMP/$name.console" 2>/dev/null && break; sleep 0.5; done
+    sleep 4
+    for i in 1 2 3; do
+      n=$(supervising)
+      if [ $i = 3 ]; then
+        kill -USR2 "$XPID" && echo "upgrade $i: SIGUSR2 to the supervisor" >> "$events"
+      else
+        "$VNVME" ctl --control "$ctlsock" upgrade >> "$events" 2>&1 || echo "upgrade $i failed" >> "$events"
+      fi
+      wait_supervising "$n"
+      sleep 3
+      kill_supervised "kill $i" "$events"
+      sleep 3
+    done ) &
+  watcher=$!
+  boot $name "$GT/vnvme-crash.sh" --timeout 240 --append "rig.name=$name"
+  [ $RC = 0 ] || why="$(fail_detail $name)"
+  for _ in $(seq 100); do kill -0 "$watcher" 2>/dev/null || break; sleep 0.5; done
+  kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null
+  n=$(grep -c 'handed over to a new process running' "$XLOG")
+  [ "$n" = 3 ] || why="${why:+$why; }$n of 3 upgrades seen by the supervisor: $(grep upgrade "$events" | head -3 | tr '\n' ' ')"
+  n=$(grep -c 'died (signal: 9 (SIGKILL)) holding a client' "$XLOG")
+  [ "$n" = 3 ] || why="${why:+$why; }$n of 3 kills seen by the supervisor: $(grep kill "$events" | head -3 | tr '\n' ' ')"
+  n=$(grep -c 'starting a new server that serves the client on its connection' "$XLOG")
+  [ "$n" = 3 ] || why="${why:+$why; }$n of 3 restores: $(grep -o 'the client cannot be restored.*' "$XLOG" | head -2 | tr '\n' ' ')"
+  other=$(grep -iE 'panic|ERROR' "$XLOG" | grep -v 'died (signal: 9 (SIGKILL)) holding a client' | head -2 | tr '\n' ' ')
+  kill -0 "$XPID" 2>/dev/null || why="${why:+$why; }the supervisor died (log $XLOG)"
+  stop_xserver
+  [ -z "$other" ] || why="${why:+$why; }errors in the server's log: $other"
+  rm -f "$img"
+  {
+    echo "$name: the host's events, then the supervisor's log:"
+    sed 's/^/  /' "$events"
+    grep -E 'died \(signal|handed over to a new process|supervising the server, pid|restoring the client from' "$XLOG" \
+      | sed -E 's/^([^ ]*) .*(died|handed over|supervising the server, pid [0-9]*|restoring the client from the crash area.s slot [0-9]*).*/  \1 \2/'
+    grep -h '^RESULT' "$OUT" 2>/dev/null
+  } > "$TMP/$name.summary"
+  if [ -z "$why" ]; then
+    report PASS $name "$(since "$t0")" "3 upgrades and 3 kills on the same connection; $(grep -h "\"name\":\"$name\"" "$OUT" | sed 's/^RESULT //'); $(grep -h 'stalls_ms' "$OUT" | sed 's/^RESULT //'); details in $TMP/$name.summary"
   else
     report FAIL $name "$(since "$t0")" "$why"
   fi

@@ -7,14 +7,17 @@
 # or reset in dmesg (every nvme line of dmesg is printed). Prints the pause the guest saw: fio's largest
 # completion latency, and a per-100 ms IOPS trace as RESULT crash-trace {"stalls_ms":[..]} (each run of
 # 100 ms windows with no completion) and TEST: iops100ms N N N ...
+# The test crash-upgrade runs it as rig.name=crash-upgrade (its marker and RESULT name), while the host
+# upgrades the supervised server too.
 . /guest-lib.sh
 wait_nvme 10 || die "no /dev/nvme0n1"
 D=/dev/nvme0n1
 SECS=$(cmdline_get secs 40)
-log "crash: I/O running"
-fio_verify_trace crash randwrite 4k-64k "$SECS"
+NAME=$(cmdline_get name crash)
+log "$NAME: I/O running"
+fio_verify_trace "$NAME" randwrite 4k-64k "$SECS"
 echo "TEST: dmesg nvme lines: $(dmesg | grep -ic nvme)"
 dmesg | grep -i nvme | sed 's/^/TEST: dmesg: /'
-[ "$fio_err" = 0 ] && [ $fio_rc = 0 ] || { tail -5 /tmp/crash.out; die "fio failed (status $fio_rc, error $fio_err): verify errors or I/O errors across the kills"; }
+[ "$fio_err" = 0 ] && [ $fio_rc = 0 ] || { tail -5 "/tmp/$NAME.out"; die "fio failed (status $fio_rc, error $fio_err): verify errors or I/O errors across the kills"; }
 check_no_nvme_errors || die "nvme timeouts or resets in dmesg"
-log "crash: $SECS s of verified randwrite across the kills, no error"
+log "$NAME: $SECS s of verified randwrite across the kills, no error"
