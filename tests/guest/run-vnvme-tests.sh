@@ -1161,6 +1161,16 @@ kill_supervised() {
   wait_supervising "$n"
   echo "$1: pid $pid" >> "$2"
 }
+# restored_kills N FILE: why the supervisor's $XLOG does not show N SIGKILLs, each followed by a
+# restore on the same connection (FILE: the host's record of its kills), if so.
+restored_kills() {
+  local n w=''
+  n=$(grep -c 'died (signal: 9 (SIGKILL)) holding a client' "$XLOG")
+  [ "$n" = "$1" ] || w="$n of $1 kills seen by the supervisor: $(grep kill "$2" | head -5 | tr '\n' ' ')"
+  n=$(grep -c 'starting a new server that serves the client on its connection' "$XLOG")
+  [ "$n" = "$1" ] || w="${w:+$w; }$n of $1 restores: $(grep -o 'the client cannot be restored.*' "$XLOG" | head -2 | tr '\n' ' ')"
+  echo "$w"
+}
 t_crash() {
   local name=crash img=$TMP/crash.img kills=$TMP/crash.kills t0 why='' watcher n pid
   t0=$(now)
@@ -1182,10 +1192,7 @@ t_crash() {
   [ $RC = 0 ] || why="$(fail_detail $name)"
   for _ in $(seq 100); do kill -0 "$watcher" 2>/dev/null || break; sleep 0.5; done
   kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null
-  n=$(grep -c 'died (signal: 9 (SIGKILL)) holding a client' "$XLOG")
-  [ "$n" = 5 ] || why="${why:+$why; }$n of 5 kills seen by the supervisor: $(head -5 "$kills" | tr '\n' ' ')"
-  n=$(grep -c 'starting a new server that serves the client on its connection' "$XLOG")
-  [ "$n" = 5 ] || why="${why:+$why; }$n of 5 restores: $(grep -o 'the client cannot be restored.*' "$XLOG" | head -2 | tr '\n' ' ')"
+  n=$(restored_kills 5 "$kills"); [ -z "$n" ] || why="${why:+$why; }$n"
   # The deaths are errors in the log by design; anything else is not.
   local other; other=$(grep -iE 'panic|ERROR' "$XLOG" | grep -v 'died (signal: 9 (SIGKILL)) holding a client' | head -2 | tr '\n' ' ')
   kill -0 "$XPID" 2>/dev/null || why="${why:+$why; }the supervisor died (log $XLOG)"
@@ -1241,10 +1248,7 @@ t_crash-upgrade() {
   kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null
   n=$(grep -c 'handed over to a new process running' "$XLOG")
   [ "$n" = 3 ] || why="${why:+$why; }$n of 3 upgrades seen by the supervisor: $(grep upgrade "$events" | head -3 | tr '\n' ' ')"
-  n=$(grep -c 'died (signal: 9 (SIGKILL)) holding a client' "$XLOG")
-  [ "$n" = 3 ] || why="${why:+$why; }$n of 3 kills seen by the supervisor: $(grep kill "$events" | head -3 | tr '\n' ' ')"
-  n=$(grep -c 'starting a new server that serves the client on its connection' "$XLOG")
-  [ "$n" = 3 ] || why="${why:+$why; }$n of 3 restores: $(grep -o 'the client cannot be restored.*' "$XLOG" | head -2 | tr '\n' ' ')"
+  n=$(restored_kills 3 "$events"); [ -z "$n" ] || why="${why:+$why; }$n"
   other=$(grep -iE 'panic|ERROR' "$XLOG" | grep -v 'died (signal: 9 (SIGKILL)) holding a client' | head -2 | tr '\n' ' ')
   kill -0 "$XPID" 2>/dev/null || why="${why:+$why; }the supervisor died (log $XLOG)"
   stop_xserver
