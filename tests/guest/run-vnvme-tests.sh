@@ -1258,7 +1258,8 @@ t_crash-upgrade() {
     echo "$name: the host's events, then the supervisor's log:"
     sed 's/^/  /' "$events"
     grep -E 'died \(signal|handed over to a new process|supervising the server, pid|restoring the client from' "$XLOG" \
-      | sed -E 's/^([^ ]*) .*(died|handed over|supervising the server, pid [0-9]*|restoring the client from the crash area.s slot [0-9]*).*/  \1 \2/'
+      | sed -E -e 's/^([^ ]*) .*(handed over to a new process).*(supervising the server, pid [0-9]*).*/  \1 \2, \3/;t' \
+        -e 's/^([^ ]*) .*(died|supervising the server, pid [0-9]*|restoring the client from the crash area.s slot [0-9]*).*/  \1 \2/'
     grep -h '^RESULT' "$OUT" 2>/dev/null
   } > "$TMP/$name.summary"
   if [ -z "$why" ]; then
