@@ -79,6 +79,10 @@
 #              lines printed), every kill followed by a restore, no other error in the server's log. Prints
 #              the stall the guest saw (fio's largest completion latency, runs of 100 ms windows without a
 #              completion) and the commands completed as interrupted per kill
+#   crash-zns  the same on --ns 256M:file=F,zoned,zone-size=2M (tests/vnvme-crash-zns.sh): rounds of fio
+#              --zonemode=zbd randwrite 4 KiB with crc32c verify, 64 MiB at QD 8, 4 zones open at most, the
+#              zones reset between rounds; every round verified, no I/O error (a write retried after
+#              Command Interrupted finds its write pointer), no nvme timeout/abort/reset
 #   crash-upgrade  --supervise --ns 256M:file=F --control C: the crash test's fio (tests/vnvme-crash.sh,
 #              rig.name=crash-upgrade) while the host upgrades the supervised server 3 times (vnvme ctl
 #              upgrade twice, SIGUSR2 to the supervisor once) and SIGKILLs it 3 times, interleaved (upgrade,
@@ -199,7 +203,7 @@ set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 GT=$HERE/tests
-ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io sanitize file-backed-ram hugepage-ram viommu nvme-cli-admin logs firmware directives pi zns faults reservations nbd nbd-restart boot-uefi boot-bios unprivileged hotplug many-disks multipath shared-disk shared-reservations upgrade upgrade-background upgrade-many crash crash-upgrade"
+ALL="identify verify randread shadow reset kill passthru passthru-table ns-ready ns-attach format file nvm-io sanitize file-backed-ram hugepage-ram viommu nvme-cli-admin logs firmware directives pi zns faults reservations nbd nbd-restart boot-uefi boot-bios unprivileged hotplug many-disks multipath shared-disk shared-reservations upgrade upgrade-background upgrade-many crash crash-upgrade crash-zns"
 COMPARE=0 KEEP=0 ONLY=''
 while [ $# -gt 0 ]; do
   case $1 in
@@ -1171,12 +1175,16 @@ restored_kills() {
   [ "$n" = "$1" ] || w="${w:+$w; }$n of $1 restores: $(grep -o 'the client cannot be restored.*' "$XLOG" | head -2 | tr '\n' ' ')"
   echo "$w"
 }
-t_crash() {
-  local name=crash img=$TMP/crash.img kills=$TMP/crash.kills t0 why='' watcher n pid
+t_crash() { crash_test crash "" vnvme-crash.sh; }
+# crash-zns: the crash test on a zoned file namespace (tests/vnvme-crash-zns.sh)
+t_crash-zns() { crash_test crash-zns ",zoned,zone-size=2M" vnvme-crash-zns.sh; }
+# crash_test NAME NS-OPTIONS SCRIPT: 5 SIGKILLs of the supervised server under the guest's SCRIPT
+crash_test() {
+  local name=$1 img=$TMP/$1.img kills=$TMP/$1.kills t0 why='' watcher n pid
   t0=$(now)
   if ! has_opt --supervise; then report SKIP $name 0 "server has no '--supervise' option"; return; fi
   : > "$kills"
-  if ! start_xserver $name --supervise --ns "256M:file=$img"; then
+  if ! start_xserver $name --supervise --ns "256M:file=$img$2"; then
     report FAIL $name "$(since "$t0")" "server did not start: $(tail -3 "$XLOG" | tr '\n' ' ')"; stop_xserver; return
   fi
   # Once the guest's fio runs: a SIGKILL of the supervised server every 5 s, 5 in all, each once the
@@ -1188,7 +1196,7 @@ t_crash() {
       sleep 5
     done ) &
   watcher=$!
-  boot $name "$GT/vnvme-crash.sh" --timeout 240
+  boot $name "$GT/$3" --timeout 240
   [ $RC = 0 ] || why="$(fail_detail $name)"
   for _ in $(seq 100); do kill -0 "$watcher" 2>/dev/null || break; sleep 0.5; done
   kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null
