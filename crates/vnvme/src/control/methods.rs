@@ -117,13 +117,13 @@ struct AnaSet {
 }
 
 /// Parameters of `hold_message` (a fault for tests of crash recovery,
-/// `serve::supervise::hold`).
+/// `control::hold`).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct HoldMessage {
     /// The vfio-user command: a number or one of [`HELD_COMMANDS`].
     command: CommandParam,
-    at: crate::serve::supervise::hold::At,
+    at: super::hold::At,
 }
 
 #[derive(Deserialize)]
@@ -375,7 +375,7 @@ pub fn call(
                     ),
                 )
             })?;
-            crate::serve::supervise::hold::arm(command, h.at);
+            super::hold::arm(command, h.at);
             tracing::warn!(
                 "hold_message: the next vfio-user message of command {command} is held until \
                  this process dies"

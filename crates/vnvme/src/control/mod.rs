@@ -31,6 +31,7 @@ use crate::upgrade::{Requests, Written};
 pub mod client;
 pub mod fault_params;
 pub(crate) mod faults;
+pub(crate) mod hold;
 mod methods;
 
 /// Longest request line, in bytes.

@@ -140,7 +140,7 @@ impl crate::upgrade::ClientWatch for Forwarder {
             return;
         };
         let Some(mut m) = msg else {
-            super::hold::at_clear();
+            crate::control::hold::at_clear();
             k.handling(None, 0);
             return;
         };
@@ -154,7 +154,7 @@ impl crate::upgrade::ClientWatch for Forwarder {
             }
         }
         k.handling(Some(m), fds_id);
-        super::hold::at_mark(m.msg_id, m.command);
+        crate::control::hold::at_mark(m.msg_id, m.command);
     }
 
     fn reply_pipe(&self) -> Option<Arc<vnvme_vfio_user::ReplyPipe>> {

@@ -54,7 +54,6 @@ use crate::upgrade::{pass_copy, status_pipe};
 
 pub mod crash_area;
 mod forward;
-pub mod hold;
 pub mod keeper;
 mod notes;
 pub mod parent;

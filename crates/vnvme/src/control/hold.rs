@@ -39,7 +39,7 @@ pub fn arm(command: u16, at: At) {
 
 /// The message `msg_id` of `command` is marked: held here if armed for it
 /// at [`At::Handling`], or later at [`at_clear`] if at [`At::Kept`].
-pub(super) fn at_mark(msg_id: u16, command: u16) {
+pub(crate) fn at_mark(msg_id: u16, command: u16) {
     let armed = ARMED.load(Ordering::Relaxed);
     if armed == 0 || armed as u16 != command {
         return;
@@ -59,7 +59,7 @@ pub(super) fn at_mark(msg_id: u16, command: u16) {
 }
 
 /// The marked message is done and kept: held here if [`at_mark`] said so.
-pub(super) fn at_clear() {
+pub(crate) fn at_clear() {
     if DUE_AT_CLEAR.load(Ordering::Relaxed) == 0 {
         return;
     }
