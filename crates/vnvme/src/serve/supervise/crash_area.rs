@@ -6,7 +6,7 @@
 //!   vfio-user message the child is handling (a word; 0 once its effect
 //!   is kept, before its reply, staged in the supervisor's reply pipe, is
 //!   sent: see `vnvme_vfio_user::ReplyPipe`), with its bytes and the id
-//!   of its fds when it may be handled again ([`handling`]);
+//!   of its fds when it may be handled again (`handling.rs`);
 //! * per queue id, two words the queue workers store after each round:
 //!   the SQ's head and tail, the CQ's head, tail and phase
 //!   ([`QueueWords`]), each with a bit saying it is set (the SQ's also
@@ -44,7 +44,7 @@ pub const MAGIC: &[u8; 8] = b"VNVMECA1";
 /// A slot's first bytes.
 pub const SLOT_MAGIC: &[u8; 8] = b"VNVMECS1";
 /// The layout this binary writes. Version 4 added the id and count of
-/// the kept message's fds ([`handling`]); it reads version 3 too, whose
+/// the kept message's fds (`handling.rs`); it reads version 3 too, whose
 /// bytes there are zero (a version 3 child kept no message with fds).
 /// Version 3 added the zone room (a longer area): version 2 is refused.
 pub const VERSION: u32 = 4;
