@@ -24,7 +24,9 @@
 //!
 //! A restore takes the newest whole saved state and puts the positions
 //! and zones recorded since over it, completing the commands still in
-//! flight with Command Interrupted (`SavedState::put_positions`).
+//! flight with Command Interrupted (`SavedState::put_positions`), but
+//! for the admin commands it runs again (their bytes are kept with
+//! their record: `saved_state::rerun`).
 
 use std::sync::Arc;
 
@@ -71,6 +73,12 @@ pub trait CrashRecord: ZoneRecorder {
     /// Command `cid` of SQ `qid` is done: its CQ entry is in guest memory
     /// (or it was dropped with its queue).
     fn completed(&self, qid: u16, cid: u16);
+    /// Admin command `sqe` (CID `cid`), run with its completion owed, is
+    /// about to be recorded in flight at admin SQ head `head`
+    /// ([`fetched`](Self::fetched)): its bytes are kept beside, so a
+    /// restore can run it again (`saved_state::rerun`). A record may keep
+    /// a bounded number; one it no longer holds is interrupted.
+    fn admin_command(&self, cid: u16, head: u32, sqe: &[u8; 64]);
     /// A trap stored `value` in doorbell `db` (before its reply is sent).
     fn doorbell(&self, db: Doorbell, value: u32);
 }
@@ -84,6 +92,9 @@ pub trait CrashRecorded {
     fn cq(&self, qid: u16) -> Option<CqPosition>;
     /// The commands of SQ `qid` recorded in flight.
     fn open(&self, qid: u16) -> Vec<Open>;
+    /// The bytes kept of admin command `cid` recorded in flight at head
+    /// `head` ([`CrashRecord::admin_command`]), if still kept.
+    fn admin_command(&self, cid: u16, head: u32) -> Option<[u8; 64]>;
     /// The value a trap last stored in doorbell `db`, if any since the
     /// saved state.
     fn doorbell(&self, db: Doorbell) -> Option<u32>;

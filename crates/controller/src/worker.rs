@@ -627,8 +627,12 @@ fn process_sq(
     }
     let mut budget = sq.size.min(cap);
     let mut done = 0u32;
+    // Admin commands a crash interrupted, run again before the SQ's next
+    // entries (`saved_state::rerun`); only under a record, which owes
+    // their completions to a slot as their first run did.
+    let reruns = || qid == 0 && owe::owing(shared).is_some() && shared.queues.owed.reruns();
     let pass = 'pass: loop {
-        while !sq.is_empty() {
+        while !sq.is_empty() || reruns() {
             if budget == 0 {
                 break 'pass Pass::More;
             }
@@ -649,7 +653,8 @@ fn process_sq(
                     break 'pass Pass::Stalled(cq.qid);
                 }
             }
-            let cmd = match sq.pop(mem) {
+            let again = reruns().then(|| shared.queues.owed.next_rerun());
+            let cmd = match again.flatten().map_or_else(|| sq.pop(mem), Ok) {
                 Ok(cmd) => cmd,
                 Err(e) => {
                     shared.set_fatal(&format!(

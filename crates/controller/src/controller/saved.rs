@@ -30,6 +30,10 @@ impl Controller {
         if self.shared.crash.set(record.clone()).is_err() {
             return false;
         }
+        if self.shared.queues.owed.reruns() {
+            // The admin worker waited for the record to run them.
+            self.shared.kick_sq(0);
+        }
         for ns in self.shared.subsystem.namespaces.allocated_list() {
             if let Some(zones) = &ns.zones {
                 zones.record_to(
@@ -150,7 +154,11 @@ impl Controller {
             subsystem: shared.subsystem.save(now),
             background,
         };
-        Ok(SavedState { body, handed })
+        Ok(SavedState {
+            body,
+            handed,
+            rerun: Vec::new(),
+        })
     }
 
     /// A controller of `config` and `namespaces` (their backends: the
@@ -288,6 +296,9 @@ impl Controller {
             // Their commands' effect is in the state: the host may see
             // them complete, before the workers run (`queue::owed`).
             shared.queues.post_owed(&body.queues.owed, &*mem)?;
+            // After them: commands the crash interrupted, run again by the
+            // admin worker once a crash record is attached.
+            shared.queues.owed.rerun(&state.rerun);
         }
         // Parked before the workers start: they take them as their own.
         handed::hold_again(&shared.faults, &shared.queues, &state.handed, running, now)?;

@@ -46,7 +46,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
-use vnvme_spec::Status;
+use vnvme_spec::{Command, Status};
 
 /// A completion owed: the CQ entry to post once a slot holds its effect.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,6 +82,11 @@ pub(crate) struct OwedList {
     /// Released and not yet posted: a worker's pass looks at the list only
     /// when this is not 0.
     released: AtomicU32,
+    /// Admin commands a restore runs again (`saved_state::rerun`), in the
+    /// order fetched: the admin worker takes them before its SQ's next
+    /// entries, once a crash record is attached (so their completions are
+    /// owed to a slot again, and kept to run again after another crash).
+    rerun: Mutex<Vec<Command>>,
 }
 
 impl OwedList {
@@ -171,9 +176,27 @@ impl OwedList {
             .collect()
     }
 
-    /// A reset: the queues go, and their completions with them.
+    /// `cmds` run again before the admin SQ's next entries.
+    pub fn rerun(&self, cmds: &[Command]) {
+        self.rerun.lock().extend_from_slice(cmds);
+    }
+
+    /// Whether commands wait to be run again.
+    pub fn reruns(&self) -> bool {
+        !self.rerun.lock().is_empty()
+    }
+
+    /// The next command to run again, the first first.
+    pub fn next_rerun(&self) -> Option<Command> {
+        let mut list = self.rerun.lock();
+        (!list.is_empty()).then(|| list.remove(0))
+    }
+
+    /// A reset: the queues go, and their completions with them (and the
+    /// commands to run again: their SQ is gone).
     pub fn clear(&self) {
         self.list.lock().clear();
+        self.rerun.lock().clear();
         self.released.store(0, Ordering::Release);
     }
 }

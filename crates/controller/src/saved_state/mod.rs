@@ -13,6 +13,7 @@ mod envelope;
 mod error;
 mod handed;
 pub(crate) mod positions;
+mod rerun;
 
 use serde::{Deserialize, Serialize};
 
@@ -40,6 +41,10 @@ pub struct SavedState {
     /// Commands held back at the save, for the new process of an upgrade
     /// ([`handed`]); not encoded: the upgrade's manifest carries them.
     pub(crate) handed: Vec<HandedCommand>,
+    /// Admin commands a crash interrupted that the restore runs again
+    /// ([`put_positions`](Self::put_positions), [`rerun`]); not encoded:
+    /// the crash area keeps their bytes.
+    pub(crate) rerun: Vec<vnvme_spec::Command>,
 }
 
 /// The body: one field per part, in the order a restore applies them.
@@ -75,6 +80,7 @@ impl SavedState {
         Ok(Self {
             body: envelope::decode(bytes)?,
             handed: Vec::new(),
+            rerun: Vec::new(),
         })
     }
 
@@ -90,6 +96,12 @@ impl SavedState {
     pub fn with_handed(mut self, handed: Vec<HandedCommand>) -> Self {
         self.handed = handed;
         self
+    }
+
+    /// How many admin commands the restore runs again (those a crash
+    /// interrupted that [`put_positions`](Self::put_positions) found kept).
+    pub fn reruns(&self) -> usize {
+        self.rerun.len()
     }
 
     /// The body as indented JSON, for a reader (the encoded body is the

@@ -1,10 +1,11 @@
 //! Queue positions of a saved state, and what a crash record kept since
 //! put over them (`vnvme serve --supervise`, [`crate::crash_record`]):
 //! the positions, the CQ entries posted after them, and the commands in
-//! flight, completed here with Command Interrupted.
+//! flight, completed here with Command Interrupted (or, admin commands
+//! kept to run again, left to the restored controller: `super::rerun`).
 
 use vnvme_spec::regs::Doorbell;
-use vnvme_spec::{AdminOpcode, Completion, Status};
+use vnvme_spec::{AdminOpcode, Command, Completion, Status};
 use zerocopy::IntoBytes;
 
 use crate::crash_record::{CqPosition, CrashRecorded, Open, SqPosition};
@@ -45,6 +46,14 @@ fn outstanding_aer(aers: &mut Vec<u16>, s: &SavedSq, o: &Open, mem: &dyn GuestMe
         return true;
     }
     false
+}
+
+/// The command to run again for admin command `o` (`super::rerun`): its
+/// bytes kept, its CID theirs, its opcode one that runs again.
+fn rerun_of(rec: &dyn CrashRecorded, o: &Open) -> Option<Command> {
+    let cmd: Command = zerocopy::transmute!(rec.admin_command(o.cid, o.head)?);
+    let op = AdminOpcode(cmd.opcode());
+    (cmd.cid() == o.cid && super::rerun::runs_again(op)).then_some(cmd)
 }
 
 /// Entries from `from` to `to` on a ring of `size`.
@@ -178,7 +187,9 @@ impl SavedState {
     /// tail (by phase), and each SQ's head moves to the latest head
     /// those entries report. Then each command recorded in flight and not
     /// among those entries is completed with Command Interrupted (DNR
-    /// clear: the host retries it), in the order fetched, with the SQ's
+    /// clear: the host retries it; an admin command kept to run again is
+    /// left to the restored controller instead, [`Self::reruns`]), in the
+    /// order fetched, with the SQ's
     /// head and the CQ's phase; `run` raises the CQs' interrupts. The
     /// doorbell registers take the host's last trapped values. Returns the
     /// commands completed so, `(sqid, cid)`. A completion owed whose
@@ -192,6 +203,7 @@ impl SavedState {
         rec: &dyn CrashRecorded,
         mem: &dyn GuestMemory,
     ) -> Result<Vec<(u16, u16)>, String> {
+        self.rerun.clear();
         for ns in &mut self.body.subsystem.namespaces {
             let nsid = ns.nsid;
             if let Some(zones) = &mut ns.zones {
@@ -271,7 +283,22 @@ impl SavedState {
                 let aers = &mut self.body.reporting.aer_cids;
                 open.retain(|o| !outstanding_aer(aers, s, o, mem));
             }
-            open.sort_by_key(|o| ring(s.head, o.head, s.size));
+            // The first fetched is the farthest behind the head.
+            open.sort_by_key(|o| std::cmp::Reverse(ring(o.head, s.head, s.size)));
+            if s.qid == 0 {
+                // An admin command whose bytes are kept and whose whole
+                // effect is in the saved state runs again, in the order
+                // fetched (`super::rerun`): Linux never retries an admin
+                // command that completes with Command Interrupted.
+                let rerun = &mut self.rerun;
+                open.retain(|o| match rerun_of(rec, o) {
+                    Some(cmd) => {
+                        rerun.push(cmd);
+                        false
+                    }
+                    None => true,
+                });
+            }
             let Some(c) = q.cqs.iter_mut().find(|c| c.qid == s.cqid) else {
                 if open.is_empty() {
                     continue;

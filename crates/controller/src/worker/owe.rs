@@ -60,6 +60,12 @@ pub(super) fn owe(
         status,
         released: false,
     });
+    if sq.qid == 0 {
+        // Before its record in flight: a restore that finds the record
+        // finds the bytes to run it again with.
+        let sqe: &[u8; 64] = zerocopy::transmute_ref!(cmd);
+        rec.admin_command(cmd.cid(), sq.head, sqe);
+    }
     crate::crash_record::fetched(Some(rec), sq, cmd.cid());
     crate::crash_record::admin_done(Some(rec));
 }

@@ -6,7 +6,9 @@
 //!   vfio-user message the child is handling (a word; 0 once its effect
 //!   is kept, before its reply, staged in the supervisor's reply pipe, is
 //!   sent: see `vnvme_vfio_user::ReplyPipe`), with its bytes and the id
-//!   of its fds when it may be handled again (`handling.rs`);
+//!   of its fds when it may be handled again (`handling.rs`)
+//!   and the admin commands in flight with their completion owed, kept
+//!   to run again after a crash (`admin_commands.rs`);
 //! * per queue id, two words the queue workers store after each round:
 //!   the SQ's head and tail, the CQ's head, tail and phase
 //!   ([`QueueWords`]), each with a bit saying it is set (the SQ's also
@@ -36,6 +38,7 @@ use vnvme_controller::crash_record::{CqPosition, Open, SqPosition};
 use vnvme_spec::regs::Doorbell;
 use vnvme_vfio_user::SharedRegion;
 
+mod admin_commands;
 mod handling;
 pub use handling::Kept;
 
@@ -43,11 +46,14 @@ pub use handling::Kept;
 pub const MAGIC: &[u8; 8] = b"VNVMECA1";
 /// A slot's first bytes.
 pub const SLOT_MAGIC: &[u8; 8] = b"VNVMECS1";
-/// The layout this binary writes. Version 4 added the id and count of
+/// The layout this binary writes. Version 5 added the admin commands
+/// kept to run again (`admin_commands.rs`); it reads versions 3 and 4,
+/// whose bytes there are zero (nothing kept: those commands are
+/// interrupted, as their children did). Version 4 added the id and count of
 /// the kept message's fds (`handling.rs`); it reads version 3 too, whose
 /// bytes there are zero (a version 3 child kept no message with fds).
 /// Version 3 added the zone room (a longer area): version 2 is refused.
-pub const VERSION: u32 = 4;
+pub const VERSION: u32 = 5;
 /// The oldest layout this binary reads.
 pub const OLDEST_VERSION: u32 = 3;
 /// The slot format this binary writes and reads (its own number since
@@ -499,7 +505,7 @@ mod tests {
         a.region.write(8, &1u32.to_le_bytes());
         assert_eq!(
             CrashArea::open(fd.as_fd()).unwrap_err().to_string(),
-            "the crash area is version 1; this binary reads versions 3 to 4"
+            "the crash area is version 1; this binary reads versions 3 to 5"
         );
         a.region.write(0, b"NOTVNVME");
         assert!(matches!(

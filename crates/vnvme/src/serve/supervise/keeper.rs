@@ -398,6 +398,10 @@ impl CrashRecord for Keeper {
         self.area.store_completed(qid, cid);
     }
 
+    fn admin_command(&self, cid: u16, head: u32, sqe: &[u8; 64]) {
+        self.area.store_admin_command(cid, head, sqe);
+    }
+
     fn doorbell(&self, db: Doorbell, value: u32) {
         self.area.store_doorbell(db, value);
     }

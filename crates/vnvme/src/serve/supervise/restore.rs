@@ -78,6 +78,11 @@ pub fn client(
             .map(|(qid, _)| (*qid, area.in_flight(*qid)))
             .filter(|(_, o)| !o.is_empty())
             .collect(),
+        admin: area
+            .in_flight(0)
+            .iter()
+            .filter_map(|o| Some(((o.cid, o.head), area.admin_command(o.cid, o.head)?)))
+            .collect(),
         zones: room
             .places()
             .map(|(nsid, zone, i)| ((nsid, zone), area.zone(i)))
@@ -142,6 +147,8 @@ pub struct Recorded {
     words: Vec<(u16, QueueWords)>,
     doorbells: Vec<(Doorbell, u32)>,
     open: Vec<(u16, Vec<Open>)>,
+    /// The admin commands in flight kept to run again, by CID and head.
+    admin: Vec<((u16, u32), [u8; 64])>,
     /// The zones' words stored, by NSID and zone.
     zones: HashMap<(u32, u32), (u64, u64)>,
     redo: Option<(Vec<u8>, Vec<OwnedFd>)>,
@@ -162,6 +169,11 @@ impl CrashRecorded for Recorded {
             .find(|(q, _)| *q == qid)
             .map(|(_, o)| o.clone())
             .unwrap_or_default()
+    }
+
+    fn admin_command(&self, cid: u16, head: u32) -> Option<[u8; 64]> {
+        let kept = self.admin.iter().find(|(k, _)| *k == (cid, head));
+        kept.map(|(_, sqe)| *sqe)
     }
 
     fn doorbell(&self, db: Doorbell) -> Option<u32> {
@@ -208,6 +220,12 @@ impl Recorded {
                 .collect::<Vec<_>>()
                 .join(", ")
         );
+        if state.reruns() > 0 {
+            tracing::info!(
+                "{} admin commands in flight at the crash run again once the crash record is                  attached (their effect is in no slot)",
+                state.reruns()
+            );
+        }
         if !interrupted.is_empty() {
             tracing::info!(
                 "{} commands in flight at the crash completed with Command Interrupted (the \
