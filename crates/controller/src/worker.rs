@@ -603,6 +603,11 @@ fn process_sq(
     if shared.lifecycle.fatal() {
         return (Pass::Idle, 0);
     }
+    if qid == 0 && owe::owing(shared).is_none() && shared.queues.owed.reruns() {
+        // Commands to run again go first, under a record: attaching it
+        // kicks this SQ.
+        return (Pass::Idle, 0);
+    }
     let mem = &*session.mem;
     if qid == 0 {
         shared.doorbells.sync_admin_page();
@@ -630,7 +635,7 @@ fn process_sq(
     // Admin commands a crash interrupted, run again before the SQ's next
     // entries (`saved_state::rerun`); only under a record, which owes
     // their completions to a slot as their first run did.
-    let reruns = || qid == 0 && owe::owing(shared).is_some() && shared.queues.owed.reruns();
+    let reruns = || qid == 0 && shared.queues.owed.reruns();
     let pass = 'pass: loop {
         while !sq.is_empty() || reruns() {
             if budget == 0 {

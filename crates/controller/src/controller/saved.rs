@@ -30,8 +30,17 @@ impl Controller {
         if self.shared.crash.set(record.clone()).is_err() {
             return false;
         }
-        if self.shared.queues.owed.reruns() {
-            // The admin worker waited for the record to run them.
+        let (rerun, (head, tail)) = self.shared.queues.owed.waiting();
+        if !rerun.is_empty() {
+            // In flight in the record (whose keeper voided the dead
+            // child's entries) before the admin worker, which waited for
+            // the record, runs them: a kill before it owes them finds
+            // them kept to run again.
+            let pos = crate::crash_record::SqPosition { head, tail };
+            for cmd in &rerun {
+                record.admin_command(cmd.cid(), head, zerocopy::transmute_ref!(cmd));
+                record.fetched(0, cmd.cid(), pos);
+            }
             self.shared.kick_sq(0);
         }
         for ns in self.shared.subsystem.namespaces.allocated_list() {
@@ -298,7 +307,9 @@ impl Controller {
             shared.queues.post_owed(&body.queues.owed, &*mem)?;
             // After them: commands the crash interrupted, run again by the
             // admin worker once a crash record is attached.
-            shared.queues.owed.rerun(&state.rerun);
+            let admin = body.queues.sqs.iter().find(|s| s.qid == 0);
+            let at = admin.map_or((0, 0), |s| (s.head, s.tail));
+            shared.queues.owed.rerun(&state.rerun, at);
         }
         // Parked before the workers start: they take them as their own.
         handed::hold_again(&shared.faults, &shared.queues, &state.handed, running, now)?;

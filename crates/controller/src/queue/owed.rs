@@ -87,6 +87,9 @@ pub(crate) struct OwedList {
     /// entries, once a crash record is attached (so their completions are
     /// owed to a slot again, and kept to run again after another crash).
     rerun: Mutex<Vec<Command>>,
+    /// The admin SQ's head and tail at the restore that left them: where
+    /// they are recorded in flight when the record is attached.
+    rerun_at: Mutex<(u32, u32)>,
 }
 
 impl OwedList {
@@ -176,9 +179,17 @@ impl OwedList {
             .collect()
     }
 
-    /// `cmds` run again before the admin SQ's next entries.
-    pub fn rerun(&self, cmds: &[Command]) {
+    /// `cmds` run again before the admin SQ's next entries, the SQ at
+    /// `(head, tail)`.
+    pub fn rerun(&self, cmds: &[Command], at: (u32, u32)) {
         self.rerun.lock().extend_from_slice(cmds);
+        *self.rerun_at.lock() = at;
+    }
+
+    /// The commands waiting to be run again, and the admin SQ's head and
+    /// tail they wait at.
+    pub fn waiting(&self) -> (Vec<Command>, (u32, u32)) {
+        (self.rerun.lock().clone(), *self.rerun_at.lock())
     }
 
     /// Whether commands wait to be run again.

@@ -30,6 +30,9 @@ struct Kept {
     doorbells: Vec<(Doorbell, u32)>,
     /// The admin commands kept to run again, by CID and head.
     admin: Vec<((u16, u32), [u8; 64])>,
+    /// Calls of `admin_done`: two per admin command owed (after it ran,
+    /// and as its completion is owed).
+    admin_done: usize,
     /// Zone words and write words by NSID and zone.
     zones: std::collections::HashMap<(u32, u32), (u64, u64)>,
     /// Rounds' positions are no longer stored (a crash inside a long
@@ -89,7 +92,9 @@ impl CrashRecord for Recorder {
         });
     }
 
-    fn admin_done(&self) {}
+    fn admin_done(&self) {
+        self.with(|k| k.admin_done += 1);
+    }
 
     fn fetched(&self, qid: u16, cid: u16, pos: SqPosition) {
         self.with(|k| {

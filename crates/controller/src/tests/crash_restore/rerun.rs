@@ -32,11 +32,21 @@ fn record_again(h: &Host, rec: &Arc<Recorder>) {
 /// their completions owed to the next checkpoint, which releases them.
 fn recorded_again(h: &mut Host, rec: &Arc<Recorder>, cids: &[u16]) -> SavedState {
     assert!(h.peek_cqe(0).is_none(), "posted before the record");
+    let before = rec.with(|k| k.admin_done);
     record_again(h, rec);
-    for &cid in cids {
-        await_admin_ran(h, rec, cid);
-    }
+    await_owed_again(rec, before, cids.len());
     checkpoint(h, rec)
+}
+
+/// Waits until the admin worker ran `n` commands again and owes their
+/// completions (`admin_done` called twice for each since `before`: the
+/// record already holds them in flight from its attaching).
+fn await_owed_again(rec: &Recorder, before: usize, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while rec.with(|k| k.admin_done) < before + 2 * n {
+        assert!(Instant::now() < deadline, "not run again");
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 /// Arbitration (FID 01h) with AB = 3.
@@ -100,8 +110,9 @@ fn a_command_run_again_completes_once() {
     let set = owed_admin(&mut h, &rec, set_features(0x01, ARBITRATION));
     crash_and_restore(&mut h, config(), &rec, &saved);
     // Run again, killed again before its slot: run a third time.
+    let before = rec.with(|k| k.admin_done);
     record_again(&h, &rec);
-    await_admin_ran(&h, &rec, set);
+    await_owed_again(&rec, before, 1);
     assert!(h.peek_cqe(0).is_none(), "posted before a slot held it");
     let interrupted = crash_and_restore(&mut h, config(), &rec, &saved);
     assert_eq!(interrupted, vec![]);
@@ -124,4 +135,25 @@ fn a_command_run_again_completes_once() {
         (c.status(), c.dw0.get() & 0x7),
         (Status::SUCCESS, ARBITRATION)
     );
+}
+
+/// Killed again as soon as the restored controller has its record (its
+/// keeper voided the dead child's entries), whether or not its admin
+/// worker ran the command yet: attaching the record keeps it in flight
+/// with its bytes, so the next restore runs it again.
+#[test]
+fn a_command_to_run_again_is_kept_from_the_moment_the_record_is_attached() {
+    let (mut h, rec) = recorded_host(config());
+    let saved = checkpoint(&h, &rec);
+    let set = owed_admin(&mut h, &rec, set_features(0x01, ARBITRATION));
+    crash_and_restore(&mut h, config(), &rec, &saved);
+    record_again(&h, &rec);
+    let kept = rec.with(|k| k.admin.len());
+    assert_eq!(kept, 1, "kept when the record was attached");
+    assert_eq!(crash_and_restore(&mut h, config(), &rec, &saved), vec![]);
+    recorded_again(&mut h, &rec, &[set]);
+    let c = h.reap(0);
+    assert_eq!((c.cid(), c.status()), (set, Status::SUCCESS));
+    let c = h.admin(get_features(0x01, 0, 0));
+    assert_eq!(c.dw0.get() & 0x7, ARBITRATION);
 }
