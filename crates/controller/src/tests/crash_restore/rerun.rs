@@ -52,6 +52,16 @@ fn await_owed_again(rec: &Recorder, before: usize, n: usize) {
 /// Arbitration (FID 01h) with AB = 3.
 const ARBITRATION: u32 = 3;
 
+/// A Set Features of Arbitration owed, then a crash before its slot: the
+/// host, the record, the slot restored and the command's CID.
+fn set_features_interrupted() -> (Host, Arc<Recorder>, SavedState, u16) {
+    let (mut h, rec) = recorded_host(config());
+    let saved = checkpoint(&h, &rec);
+    let set = owed_admin(&mut h, &rec, set_features(0x01, ARBITRATION));
+    crash_and_restore(&mut h, config(), &rec, &saved);
+    (h, rec, saved, set)
+}
+
 /// A Set Features and a Create I/O CQ killed before their slot complete
 /// with success after the restore, their effect there: the feature reads
 /// back, the CQ takes a SQ that serves I/O. Failed before: both were in
@@ -105,10 +115,7 @@ fn a_format_interrupted_before_its_slot_is_still_interrupted() {
 /// again before its slot is run again once more (its bytes kept anew).
 #[test]
 fn a_command_run_again_completes_once() {
-    let (mut h, rec) = recorded_host(config());
-    let saved = checkpoint(&h, &rec);
-    let set = owed_admin(&mut h, &rec, set_features(0x01, ARBITRATION));
-    crash_and_restore(&mut h, config(), &rec, &saved);
+    let (mut h, rec, saved, set) = set_features_interrupted();
     // Run again, killed again before its slot: run a third time.
     let before = rec.with(|k| k.admin_done);
     record_again(&h, &rec);
@@ -143,10 +150,7 @@ fn a_command_run_again_completes_once() {
 /// with its bytes, so the next restore runs it again.
 #[test]
 fn a_command_to_run_again_is_kept_from_the_moment_the_record_is_attached() {
-    let (mut h, rec) = recorded_host(config());
-    let saved = checkpoint(&h, &rec);
-    let set = owed_admin(&mut h, &rec, set_features(0x01, ARBITRATION));
-    crash_and_restore(&mut h, config(), &rec, &saved);
+    let (mut h, rec, saved, set) = set_features_interrupted();
     record_again(&h, &rec);
     let kept = rec.with(|k| k.admin.len());
     assert_eq!(kept, 1, "kept when the record was attached");
