@@ -166,7 +166,9 @@ impl Controller {
         Ok(SavedState {
             body,
             handed,
-            rerun: Vec::new(),
+            // Waiting for their first pass: a keeper records them in
+            // flight again with this state (`SavedState::rerun_commands`).
+            rerun: shared.queues.owed.waiting().0,
         })
     }
 

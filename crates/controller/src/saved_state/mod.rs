@@ -104,6 +104,22 @@ impl SavedState {
         self.rerun.len()
     }
 
+    /// The admin commands to run again (found by
+    /// [`put_positions`](Self::put_positions), or still waiting when this
+    /// state was saved: the slot does not carry them), each with its CID,
+    /// the admin SQ head it waits at (no entry is taken from the admin SQ
+    /// before them) and its bytes: a keeper records them in flight again
+    /// when it keeps this state, as it does the completions owed.
+    pub fn rerun_commands(&self) -> Vec<(u16, u32, [u8; 64])> {
+        let admin = self.body.queues.sqs.iter().find(|s| s.qid == 0);
+        let head = admin.map_or(0, |s| s.head);
+        let bytes = |c: &vnvme_spec::Command| *zerocopy::transmute_ref!(c);
+        self.rerun
+            .iter()
+            .map(|c| (c.cid(), head, bytes(c)))
+            .collect()
+    }
+
     /// The body as indented JSON, for a reader (the encoded body is the
     /// same JSON without the indentation).
     pub fn to_json_pretty(&self) -> String {

@@ -59,7 +59,8 @@ impl Recorder {
     }
 
     /// The words of a saved state, as a checkpoint stores them, and its
-    /// completions owed and the AERs taken in flight again.
+    /// completions owed, the AERs taken and the commands waiting to run
+    /// again in flight again.
     fn checkpoint(&self, state: &SavedState) {
         let (sqs, cqs) = state.positions();
         let aers = state.outstanding_aers();
@@ -71,6 +72,12 @@ impl Recorder {
                 .iter()
                 .filter(|(q, o)| *q == 0 && aers.contains(&o.cid));
             k.open = [taken.copied().collect(), state.owed()].concat();
+            // The commands waiting to run again, kept anew.
+            for (cid, head, sqe) in state.rerun_commands() {
+                set(&mut k.admin, (cid, head), sqe);
+                let late = false;
+                k.open.push((0, Open { cid, head, late }));
+            }
         });
     }
 }

@@ -161,3 +161,22 @@ fn a_command_to_run_again_is_kept_from_the_moment_the_record_is_attached() {
     let c = h.admin(get_features(0x01, 0, 0));
     assert_eq!(c.dw0.get() & 0x7, ARBITRATION);
 }
+
+/// A checkpoint between the attaching of the record and the admin
+/// worker's first pass (the slot lacks the command's effect and does not
+/// carry the list) keeps the command in flight with its bytes: a kill
+/// after its slot runs it again.
+#[test]
+fn a_checkpoint_before_the_first_pass_keeps_the_commands_to_run_again() {
+    let (mut h, rec, _, set) = set_features_interrupted();
+    h.ctrl.pause();
+    record_again(&h, &rec);
+    let saved = h.ctrl.save_state().expect("quiescent");
+    assert_eq!(saved.reruns(), 1, "waiting, saved with the state");
+    rec.checkpoint(&saved);
+    // Killed before the admin worker ran it.
+    assert_eq!(crash_and_restore(&mut h, config(), &rec, &saved), vec![]);
+    recorded_again(&mut h, &rec, &[set]);
+    let c = h.reap(0);
+    assert_eq!((c.cid(), c.status()), (set, Status::SUCCESS));
+}

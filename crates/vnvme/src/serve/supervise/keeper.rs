@@ -333,6 +333,12 @@ impl Keeper {
         for (cid, head) in aers {
             self.area.store_open(0, cid, head);
         }
+        // The admin commands a restore runs again and the admin worker
+        // has not yet: the slot lacks their effect and the list.
+        for (cid, head, sqe) in state.rerun_commands() {
+            self.area.store_admin_command(cid, head, &sqe);
+            self.area.store_open(0, cid, head);
+        }
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         self.area
             .write_slot(seq, &encode(&c, &state.encode()))
