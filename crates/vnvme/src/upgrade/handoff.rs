@@ -108,7 +108,9 @@ impl Upgrader {
     /// the new process continues from a slot holding what it restores.
     /// Commands held back refuse it: the new process would hold them
     /// again with no record of them in the area, and a crash of it would
-    /// forget them.
+    /// forget them. So do admin commands a restore runs again and the
+    /// admin worker has not yet (its first pass): the handed state does
+    /// not carry them.
     fn keep_paused(
         &self,
         device: &NvmeDevice,
@@ -117,6 +119,12 @@ impl Upgrader {
         let Some(f) = &self.forward else {
             return Ok(());
         };
+        if state.reruns() > 0 {
+            return Err(format!(
+                "{} admin commands a crash interrupted wait to run again: try again once they ran",
+                state.reruns()
+            ));
+        }
         match state.handed().len() {
             0 => f.keep_paused(device, state),
             n => Err(format!(
