@@ -149,7 +149,7 @@ pub struct ServeOptions {
     /// upgrade`, or SIGUSR2 to the supervisor) replaces the server, which the supervisor then
     /// watches. Refused under it, as a crash would not keep them: zoned namespaces with more than
     /// 2^20 zones in all, room for Namespace Management (`--nvm-capacity`) and the control socket's
-    /// `namespace_add` and `namespace_resize`. See docs/deployment.md, "Crash recovery".
+    /// `namespace_add` and `namespace_resize`. See docs/crash-recovery.md.
     #[arg(long)]
     pub supervise: bool,
     #[command(flatten)]

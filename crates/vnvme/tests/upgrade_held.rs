@@ -1,11 +1,10 @@
-//! Commands held back at a live upgrade (issue 35 item 2; docs/deployment.md,
-//! "Upgrading a running server"): fetched and not yet given to the
-//! storage, because a QoS limit, a fault's delay or a never-complete fault
-//! holds them, they are handed to the new process, which holds them again
-//! and runs them (or, never-complete, keeps them until Abort). Before,
-//! such a command refused the upgrade. A real `vnvme serve` driven by our
-//! driver over its vfio-user socket; the basic upgrade cases are in
-//! tests/upgrade.rs.
+//! Commands held back at a live upgrade (issue 35 item 2; docs/upgrade.md):
+//! fetched and not yet given to the storage, because a QoS limit, a fault's
+//! delay or a never-complete fault holds them, they are handed to the new
+//! process, which holds them again and runs them (or, never-complete, keeps
+//! them until Abort). Before, such a command refused the upgrade. A real
+//! `vnvme serve` driven by our driver over its vfio-user socket; the basic
+//! upgrade cases are in tests/upgrade.rs.
 
 mod common;
 

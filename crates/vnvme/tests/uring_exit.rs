@@ -1,4 +1,4 @@
-//! Crash recovery's open question (docs/deployment.md, "Crash recovery"):
+//! Crash recovery's open question (docs/crash-recovery.md):
 //! does `waitpid` on a server killed with io_uring writes in flight return
 //! only once the kernel is done with them? If a write could land after it,
 //! a new server's retry of the same blocks could be undone by the dead

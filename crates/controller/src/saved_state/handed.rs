@@ -1,11 +1,10 @@
-//! Commands a live upgrade hands to the new process (docs/deployment.md,
-//! "Upgrading a running server"): fetched and not yet given to a backend,
-//! because something holds them back (a QoS limit, a fault's delay or
-//! never-complete, a Preempt and Abort's fence). They are not in the
-//! saved state's body (its format is for a controller at rest): the
-//! upgrade's manifest carries them beside it, and
-//! [`Controller::restore`](crate::Controller::restore) holds them again
-//! in the new process before its workers start.
+//! Commands a live upgrade hands to the new process (docs/upgrade.md):
+//! fetched and not yet given to a backend, because something holds them back
+//! (a QoS limit, a fault's delay or never-complete, a Preempt and Abort's
+//! fence). They are not in the saved state's body (its format is for a
+//! controller at rest): the upgrade's manifest carries them beside it, and
+//! [`Controller::restore`](crate::Controller::restore) holds them again in
+//! the new process before its workers start.
 //!
 //! Commands already on a backend are never handed over: the drain waits
 //! for them, since a write run again while its first copy may still land

@@ -153,7 +153,7 @@ fn complete_one(
     );
     // A write that cleared a Write Uncorrectable mark asked for a
     // checkpoint; its completion, posted here into its reserved entry,
-    // is not owed (docs/deployment.md, "Crash recovery").
+    // is not owed (docs/crash-recovery.md).
     ctx.scratch.owed = false;
     let done = Reserved {
         cmd: &request.cmd,

@@ -42,10 +42,10 @@ the controller, namespace or group; none given: unlimited); qos_get; controller_
 default the server's own binary, with the same arguments; commands held back by a QoS limit, a
 fault or a Preempt and Abort are handed over, and a command on the storage that does not complete
 within 5 s refuses it; prints the handover's phases in ms, or why it was refused, the old server then
-serving on; see docs/deployment.md); hold_message command=NAME|N at=handling|kept (under --supervise
+serving on; see docs/upgrade.md); hold_message command=NAME|N at=handling|kept (under --supervise
 only, a fault for tests of crash recovery: the next vfio-user message of the command, e.g. dma_map,
 dma_unmap, set_irqs, region_info, holds the server until it is killed, marked and not handled, or
-handled and kept; see Crash recovery in docs/deployment.md).
+handled and kept; see docs/crash-recovery.md).
 
 Example: vnvme ctl fault_add kind=status nsid=1 opcodes=read status=unrecovered-read-error dnr=true count=1
 Example: vnvme ctl qos_set nsid=1 read_iops=5000 write_bps=50M";

@@ -1,6 +1,6 @@
-//! Live upgrade of `vnvme serve` (issue 35 item 2; docs/deployment.md,
-//! "Upgrading a running server"): the running server hands its client to a
-//! new process running a new binary, and the guest sees a pause.
+//! Live upgrade of `vnvme serve` (issue 35 item 2; docs/upgrade.md): the
+//! running server hands its client to a new process running a new binary,
+//! and the guest sees a pause.
 //!
 //! Asked on the control socket (`vnvme ctl upgrade [--exe PATH]`) or with
 //! [`SIGNAL`]. Between two vfio-user messages the server:
