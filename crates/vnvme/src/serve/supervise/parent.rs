@@ -20,7 +20,7 @@ use rustix::process::{Pid, Signal};
 /// old process exited and the supervisor adopted this one, on a thread
 /// that waits for it.
 pub fn die_with_supervisor(supervisor: Option<u32>) -> Result<u32> {
-    let parent = rustix::process::getppid().map_or(0, |p| p.as_raw_nonzero().get() as u32);
+    let parent = parent();
     let Some(supervisor) = supervisor else {
         ask().context("asking for a signal at the supervisor's death")?;
         return Ok(parent);
@@ -76,7 +76,7 @@ fn watch(old: OwnedFd, supervisor: u32) {
 /// then this process stops at once, as it would have been told to).
 fn adopted(supervisor: u32) -> std::io::Result<()> {
     ask()?;
-    let parent = rustix::process::getppid().map_or(0, |p| p.as_raw_nonzero().get() as u32);
+    let parent = parent();
     if parent != supervisor {
         tracing::error!(
             "the supervisor (pid {supervisor}) is gone (this process's parent is {parent}): \
@@ -85,6 +85,11 @@ fn adopted(supervisor: u32) -> std::io::Result<()> {
         rustix::process::kill_process(rustix::process::getpid(), Signal::TERM)?;
     }
     Ok(())
+}
+
+/// This process's parent's pid (0: none).
+fn parent() -> u32 {
+    rustix::process::getppid().map_or(0, |p| p.as_raw_nonzero().get() as u32)
 }
 
 fn ask() -> std::io::Result<()> {
